@@ -1,0 +1,15 @@
+//! `rlinf.io/v1alpha1`: rlark's resource types, their admission validation and CRD generation.
+//!
+//! No IO here: everything is a pure function of its input.
+
+pub mod crd;
+pub mod names;
+pub mod types;
+pub mod validation;
+
+/// API group of every rlark resource.
+pub const GROUP: &str = "rlinf.io";
+/// The one served version.
+pub const VERSION: &str = "v1alpha1";
+/// `apiVersion` field value.
+pub const API_VERSION: &str = "rlinf.io/v1alpha1";

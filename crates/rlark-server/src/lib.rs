@@ -1,0 +1,1 @@
+//! The rlark control-plane process.

@@ -1,0 +1,126 @@
+//! Versioned object store for rlark.
+//!
+//! Objects are JSON documents (Kubernetes-shaped: `apiVersion`, `kind`, `metadata`, ...)
+//! addressed by [`ObjectKey`]. Every successful write takes the next value of one global,
+//! monotonic revision (like etcd); that revision is written into the object's
+//! `metadata.resourceVersion` as a decimal string. A change log of recent events feeds
+//! watches; watching from a revision older than the log answers [`StoreError::Expired`].
+//!
+//! Contract for every backend (checked by [`conformance`]):
+//! - `create` fills `metadata.uid` (random UUID, unless already set), `metadata.creationTimestamp`
+//!   (RFC 3339, seconds precision, UTC), `metadata.generation = 1` and `resourceVersion`.
+//! - `update` keeps `uid` and `creationTimestamp` of the stored object, bumps `generation` only
+//!   when something outside `metadata` and `status` (and `apiVersion`/`kind`) changed, and
+//!   does not write at all (returns the stored object, same revision) when the new object
+//!   equals the stored one apart from `resourceVersion`.
+//! - A write is durable before it is acknowledged.
+
+pub mod conformance;
+mod error;
+mod sqlite;
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+pub use error::StoreError;
+pub use sqlite::{SqliteStore, SqliteStoreConfig};
+
+/// A global store revision. Revision 0 means "nothing written yet".
+pub type Revision = u64;
+
+/// Address of one object.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ObjectKey {
+    /// Resource name qualified by group, e.g. `jobs.rlinf.io`, `namespaces` (core), `leases.coordination.k8s.io`.
+    pub resource: String,
+    /// Namespace, or the empty string for cluster-scoped resources.
+    pub namespace: String,
+    /// `metadata.name`.
+    pub name: String,
+}
+
+impl ObjectKey {
+    pub fn new(resource: impl Into<String>, namespace: impl Into<String>, name: impl Into<String>) -> Self {
+        Self { resource: resource.into(), namespace: namespace.into(), name: name.into() }
+    }
+}
+
+/// Kind of change carried by a [`WatchEvent`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+/// One change. For `Deleted` the object is the last stored state with `resourceVersion`
+/// set to the revision of the deletion (as Kubernetes does).
+#[derive(Clone, Debug)]
+pub struct WatchEvent {
+    pub event_type: EventType,
+    pub key: ObjectKey,
+    pub object: Arc<Value>,
+    pub revision: Revision,
+}
+
+/// A page of a list, in key order (namespace, then name).
+#[derive(Clone, Debug)]
+pub struct ListResult {
+    pub items: Vec<Arc<Value>>,
+    /// Store revision at which the list was read.
+    pub revision: Revision,
+    /// Set when `limit` cut the list: the key of the last item returned, to pass as
+    /// `start_after` for the next page.
+    pub continue_after: Option<ObjectKey>,
+    /// Number of items after this page (when `continue_after` is set).
+    pub remaining: u64,
+}
+
+/// What to list.
+#[derive(Clone, Debug, Default)]
+pub struct ListOptions {
+    /// `None` = all namespaces.
+    pub namespace: Option<String>,
+    /// Resume strictly after this key (namespace, name).
+    pub start_after: Option<(String, String)>,
+    /// Maximum number of items; `None` or 0 = no limit.
+    pub limit: Option<usize>,
+}
+
+/// A stream of watch events. Ends when the store shuts down; yields `Err(Expired)` and
+/// ends if the watcher fell too far behind to be served from the change log.
+pub type WatchStream = futures::stream::BoxStream<'static, Result<WatchEvent, StoreError>>;
+
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// Create; `AlreadyExists` if the key exists.
+    async fn create(&self, key: &ObjectKey, object: Value) -> Result<Arc<Value>, StoreError>;
+
+    /// Get the current object, `None` if absent.
+    async fn get(&self, key: &ObjectKey) -> Result<Option<Arc<Value>>, StoreError>;
+
+    /// Replace. `expected` (a revision) must equal the stored `resourceVersion` when given,
+    /// else `Conflict`. `NotFound` if absent.
+    async fn update(&self, key: &ObjectKey, object: Value, expected: Option<Revision>) -> Result<Arc<Value>, StoreError>;
+
+    /// Delete, returning the removed object (with the deletion revision). `expected` as for update.
+    async fn delete(&self, key: &ObjectKey, expected: Option<Revision>) -> Result<Arc<Value>, StoreError>;
+
+    /// List objects of one resource.
+    async fn list(&self, resource: &str, options: &ListOptions) -> Result<ListResult, StoreError>;
+
+    /// Events for `resource` (optionally one namespace) with revision strictly greater than
+    /// `from`. `Expired` if `from` is older than the change log still holds.
+    async fn watch(&self, resource: &str, namespace: Option<&str>, from: Revision) -> Result<WatchStream, StoreError>;
+
+    /// Current (latest committed) revision.
+    fn revision(&self) -> Revision;
+
+    /// Drop change-log entries at or below `revision` (watches from there get `Expired`).
+    async fn compact(&self, revision: Revision) -> Result<(), StoreError>;
+
+    /// Oldest revision a watch may start from (anything lower is `Expired`).
+    fn compacted_revision(&self) -> Revision;
+}

@@ -1,0 +1,1 @@
+//! Test support: start an rlark server in-process on an ephemeral port.

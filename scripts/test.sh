@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# The one test command: installs what the tests need, then runs every tier.
+#   unit + integration (cargo test: in-process servers, real processes on loopback)
+#   end-to-end (real kubectl, the official Python Kubernetes client) — driven from cargo
+#   tests and pytest against the binary that `cargo test` built.
+# Environment:
+#   CARGO_TARGET_DIR   optional shared build cache (the script works without it)
+#   RLARK_SKIP_INSTALL=1  skip apt/pip installs (offline dev loops)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+
+log() { printf '\n=== %s\n' "$*"; }
+
+install_deps() {
+    [ "${RLARK_SKIP_INSTALL:-0}" = 1 ] && return 0
+    local apt_pkgs=()
+    command -v kubectl >/dev/null 2>&1 || apt_pkgs+=(kubectl)
+    command -v python3 >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip)
+    if [ ${#apt_pkgs[@]} -gt 0 ]; then
+        log "installing Debian packages: ${apt_pkgs[*]}"
+        export DEBIAN_FRONTEND=noninteractive
+        apt-get update -qq
+        apt-get install -y -qq "${apt_pkgs[@]}"
+    fi
+    log "installing Python test packages"
+    python3 -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+}
+
+install_deps
+
+export CARGO_TERM_COLOR=never
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+
+log "cargo fmt --check"
+cargo fmt --all -- --check
+
+log "cargo clippy (all targets, warnings are errors)"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+
+log "cargo test (unit, integration, end-to-end with kubectl)"
+cargo test --workspace --locked -- --test-threads=2
+
+log "python end-to-end tests (official kubernetes client)"
+export RLARK_BIN="$TARGET_DIR/debug/rlark"
+python3 -m pytest -q tests/python
