@@ -8,7 +8,11 @@ pub enum StoreError {
     #[error("{} {:?} not found", .0.resource, display_name(.0))]
     NotFound(ObjectKey),
     #[error("conflict on {} {:?}: expected resourceVersion {expected}, stored {actual}", .key.resource, display_name(.key))]
-    Conflict { key: ObjectKey, expected: u64, actual: u64 },
+    Conflict {
+        key: ObjectKey,
+        expected: u64,
+        actual: u64,
+    },
     #[error("revision {requested} has been compacted (oldest available is {oldest})")]
     Expired { requested: u64, oldest: u64 },
     #[error("invalid object: {0}")]
@@ -20,5 +24,9 @@ pub enum StoreError {
 }
 
 fn display_name(key: &ObjectKey) -> String {
-    if key.namespace.is_empty() { key.name.clone() } else { format!("{}/{}", key.namespace, key.name) }
+    if key.namespace.is_empty() {
+        key.name.clone()
+    } else {
+        format!("{}/{}", key.namespace, key.name)
+    }
 }

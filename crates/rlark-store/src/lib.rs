@@ -7,13 +7,34 @@
 //! watches; watching from a revision older than the log answers [`StoreError::Expired`].
 //!
 //! Contract for every backend (checked by [`conformance`]):
-//! - `create` fills `metadata.uid` (random UUID, unless already set), `metadata.creationTimestamp`
-//!   (RFC 3339, seconds precision, UTC), `metadata.generation = 1` and `resourceVersion`.
-//! - `update` keeps `uid` and `creationTimestamp` of the stored object, bumps `generation` only
-//!   when something outside `metadata` and `status` (and `apiVersion`/`kind`) changed, and
-//!   does not write at all (returns the stored object, same revision) when the new object
-//!   equals the stored one apart from `resourceVersion`.
-//! - A write is durable before it is acknowledged.
+//! - The object must be a JSON object whose `metadata.name` equals the key's name, and whose
+//!   `metadata.namespace` equals the key's namespace (absent, null or `""` for cluster-scoped
+//!   keys); otherwise [`StoreError::InvalidObject`].
+//! - `create` fills `metadata.uid` (random UUID v4, unless already set), `metadata.creationTimestamp`
+//!   (RFC 3339, seconds precision, UTC, e.g. `2026-11-30T04:00:00Z`), `metadata.generation = 1`
+//!   and `resourceVersion`. A `resourceVersion` sent by the caller is ignored.
+//! - `update` keeps `uid` and `creationTimestamp` of the stored object (whatever the caller sent),
+//!   sets `generation` to the stored one, plus one when something outside `metadata` and `status`
+//!   (and `apiVersion`/`kind`) changed, and does not write at all (returns the stored object, same
+//!   revision, no event) when the new object equals the stored one apart from `resourceVersion`.
+//!   The precondition is the `expected` argument only; the body's `resourceVersion` is ignored
+//!   (the API server parses it and passes it as `expected`).
+//! - `delete` returns the last stored state with `resourceVersion` = the deletion's revision;
+//!   the `Deleted` event carries the same object.
+//! - Revisions are strictly increasing across all resources. (The SQLite backend hands them out
+//!   densely, +1 per write; callers must not rely on that.)
+//! - A write is durable before it is acknowledged. A write whose caller stopped waiting (future
+//!   dropped) may still be applied.
+//! - Watches: events with revision > `from`, in revision order, each exactly once: first the
+//!   ones still in the change log, then live ones. `from < compacted_revision()` is
+//!   [`StoreError::Expired`]; a `from` beyond the current revision is allowed. A stream that
+//!   falls too far behind yields one `Err(Expired)` and ends (answer 410: the client relists and
+//!   watches again from the list's revision). A stream also ends (`None`) when the store closes.
+//! - After a restart the change log starts empty: `compacted_revision() == revision()`, so
+//!   watching from the current revision works and from any older revision is `Expired` (as
+//!   kube-apiserver's watch cache does). In particular `from = 0` is not "from the beginning"
+//!   once anything was written and compacted; the API server maps Kubernetes' `resourceVersion=0`
+//!   / unset ("any"/"most recent") to a list at the current revision followed by a watch from it.
 
 pub mod conformance;
 mod error;
@@ -25,7 +46,7 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 pub use error::StoreError;
-pub use sqlite::{SqliteStore, SqliteStoreConfig};
+pub use sqlite::{SqliteStore, SqliteStoreConfig, StoreStats};
 
 /// A global store revision. Revision 0 means "nothing written yet".
 pub type Revision = u64;
@@ -42,8 +63,16 @@ pub struct ObjectKey {
 }
 
 impl ObjectKey {
-    pub fn new(resource: impl Into<String>, namespace: impl Into<String>, name: impl Into<String>) -> Self {
-        Self { resource: resource.into(), namespace: namespace.into(), name: name.into() }
+    pub fn new(
+        resource: impl Into<String>,
+        namespace: impl Into<String>,
+        name: impl Into<String>,
+    ) -> Self {
+        Self {
+            resource: resource.into(),
+            namespace: namespace.into(),
+            name: name.into(),
+        }
     }
 }
 
@@ -71,8 +100,10 @@ pub struct ListResult {
     pub items: Vec<Arc<Value>>,
     /// Store revision at which the list was read.
     pub revision: Revision,
-    /// Set when `limit` cut the list: the key of the last item returned, to pass as
-    /// `start_after` for the next page.
+    /// Set when `limit` cut the list and more items follow: the key of the last item returned,
+    /// whose `(namespace, name)` is the `start_after` of the next page. Pages are read from the
+    /// live state, each at its own revision (no snapshot across pages, unlike etcd): an object
+    /// created behind the cursor during paging is missed, one created ahead of it is included.
     pub continue_after: Option<ObjectKey>,
     /// Number of items after this page (when `continue_after` is set).
     pub remaining: u64,
@@ -103,22 +134,37 @@ pub trait Store: Send + Sync + 'static {
 
     /// Replace. `expected` (a revision) must equal the stored `resourceVersion` when given,
     /// else `Conflict`. `NotFound` if absent.
-    async fn update(&self, key: &ObjectKey, object: Value, expected: Option<Revision>) -> Result<Arc<Value>, StoreError>;
+    async fn update(
+        &self,
+        key: &ObjectKey,
+        object: Value,
+        expected: Option<Revision>,
+    ) -> Result<Arc<Value>, StoreError>;
 
     /// Delete, returning the removed object (with the deletion revision). `expected` as for update.
-    async fn delete(&self, key: &ObjectKey, expected: Option<Revision>) -> Result<Arc<Value>, StoreError>;
+    async fn delete(
+        &self,
+        key: &ObjectKey,
+        expected: Option<Revision>,
+    ) -> Result<Arc<Value>, StoreError>;
 
     /// List objects of one resource.
     async fn list(&self, resource: &str, options: &ListOptions) -> Result<ListResult, StoreError>;
 
     /// Events for `resource` (optionally one namespace) with revision strictly greater than
     /// `from`. `Expired` if `from` is older than the change log still holds.
-    async fn watch(&self, resource: &str, namespace: Option<&str>, from: Revision) -> Result<WatchStream, StoreError>;
+    async fn watch(
+        &self,
+        resource: &str,
+        namespace: Option<&str>,
+        from: Revision,
+    ) -> Result<WatchStream, StoreError>;
 
     /// Current (latest committed) revision.
     fn revision(&self) -> Revision;
 
-    /// Drop change-log entries at or below `revision` (watches from there get `Expired`).
+    /// Drop change-log entries at or below `revision` (watches from below it get `Expired`).
+    /// Never goes backwards; a revision above the current one is clamped to the current one.
     async fn compact(&self, revision: Revision) -> Result<(), StoreError>;
 
     /// Oldest revision a watch may start from (anything lower is `Expired`).

@@ -31,8 +31,7 @@ use async_trait::async_trait;
 use futures::TryStreamExt;
 use serde_json::{Map, Value};
 use sqlx::sqlite::{
-    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteLockingMode,
-    SqliteSynchronous,
+    SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteLockingMode, SqliteSynchronous,
 };
 use sqlx::{Connection, Row};
 use tokio::sync::{broadcast, mpsc, oneshot};
@@ -46,6 +45,10 @@ use crate::{
 /// Version of the on-disk schema written by this code (`meta` row `schema_version`).
 const SCHEMA_VERSION: i64 = 1;
 
+/// Upper bounds for the configured sizes (the channels allocate or panic beyond sane values).
+const MAX_BATCH: usize = 1 << 16;
+const MAX_WATCH_BUFFER: usize = 1 << 24;
+
 /// Top-level fields whose changes do not bump `metadata.generation`.
 const NON_SPEC_FIELDS: [&str; 4] = ["apiVersion", "kind", "metadata", "status"];
 
@@ -58,10 +61,11 @@ pub struct SqliteStoreConfig {
     /// it, the oldest events are compacted away automatically (watches from there get
     /// [`StoreError::Expired`]). Default 50 000.
     pub log_capacity: usize,
-    /// Maximum number of write commands committed in one SQLite transaction. Default 512.
+    /// Maximum number of write commands committed in one SQLite transaction. Default 512;
+    /// clamped to 1..=65 536.
     pub max_batch: usize,
     /// Number of live events a watcher may fall behind before its stream yields
-    /// [`StoreError::Expired`] and ends. Default 16 384.
+    /// [`StoreError::Expired`] and ends. Default 16 384; clamped to 1..=2^24.
     pub watch_buffer: usize,
     /// How long SQLite waits for a lock held by someone else before failing. Default 5 s.
     pub busy_timeout: Duration,
@@ -125,14 +129,18 @@ struct Shared {
     commits: AtomicU64,
     writes: AtomicU64,
     failed_commits: AtomicU64,
+    /// Test hook: make commits fail (after the statements ran, before COMMIT).
+    #[cfg(test)]
+    fail_commits: std::sync::atomic::AtomicBool,
 }
 
 struct State {
     objects: HashMap<String, BTreeMap<(String, String), Stored>>,
     /// Recent events in revision order (revisions are dense: every write takes the next one).
-    log: VecDeque<WatchEvent>,
-    /// Live fan-out. `None` once the store is closed, which ends every watch stream.
-    events: Option<broadcast::Sender<WatchEvent>>,
+    log: VecDeque<Arc<WatchEvent>>,
+    /// Live fan-out. `None` once the store is closed, which ends every watch stream. Events are
+    /// shared (`Arc`) so that a watcher pays a deep copy only for the events it delivers.
+    events: Option<broadcast::Sender<Arc<WatchEvent>>>,
 }
 
 #[derive(Clone)]
@@ -181,11 +189,13 @@ fn db_err(context: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
 }
 
 fn to_db_int(revision: Revision) -> Result<i64, StoreError> {
-    i64::try_from(revision).map_err(|_| StoreError::Database(format!("revision {revision} exceeds SQLite INTEGER")))
+    i64::try_from(revision)
+        .map_err(|_| StoreError::Database(format!("revision {revision} exceeds SQLite INTEGER")))
 }
 
 fn from_db_int(value: i64, what: &str) -> Result<Revision, StoreError> {
-    u64::try_from(value).map_err(|_| StoreError::Database(format!("negative {what} {value} in database")))
+    u64::try_from(value)
+        .map_err(|_| StoreError::Database(format!("negative {what} {value} in database")))
 }
 
 impl SqliteStore {
@@ -196,9 +206,9 @@ impl SqliteStore {
     /// the current revision work and watches from older ones get [`StoreError::Expired`].
     pub async fn open(config: SqliteStoreConfig) -> Result<Self, StoreError> {
         if let Some(parent) = config.path.parent().filter(|p| !p.as_os_str().is_empty()) {
-            tokio::fs::create_dir_all(parent).await.map_err(|e| {
-                StoreError::Database(format!("creating {}: {e}", parent.display()))
-            })?;
+            tokio::fs::create_dir_all(parent)
+                .await
+                .map_err(|e| StoreError::Database(format!("creating {}: {e}", parent.display())))?;
         }
         let options = SqliteConnectOptions::new()
             .filename(&config.path)
@@ -216,17 +226,23 @@ impl SqliteStore {
         let (objects, revision) = load(&mut conn).await?;
         let object_count: usize = objects.values().map(BTreeMap::len).sum();
 
-        let (events, _) = broadcast::channel(config.watch_buffer.max(1));
+        let (events, _) = broadcast::channel(config.watch_buffer.clamp(1, MAX_WATCH_BUFFER));
         let shared = Arc::new(Shared {
-            state: RwLock::new(State { objects, log: VecDeque::new(), events: Some(events) }),
+            state: RwLock::new(State {
+                objects,
+                log: VecDeque::new(),
+                events: Some(events),
+            }),
             revision: AtomicU64::new(revision),
             compacted: Arc::new(AtomicU64::new(revision)),
             log_capacity: config.log_capacity,
             commits: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             failed_commits: AtomicU64::new(0),
+            #[cfg(test)]
+            fail_commits: std::sync::atomic::AtomicBool::new(false),
         });
-        let max_batch = config.max_batch.max(1);
+        let max_batch = config.max_batch.clamp(1, MAX_BATCH);
         // Room for a few batches: enough to keep the writer busy, small enough to push back on
         // callers instead of queueing without bound.
         let (commands, rx) = mpsc::channel(max_batch.saturating_mul(4));
@@ -254,11 +270,22 @@ impl SqliteStore {
     /// keep serving the last state. Idempotent.
     pub async fn close(&self) {
         let (done, done_rx) = oneshot::channel();
-        if self.inner.commands.send(Command::Shutdown(done)).await.is_ok() {
+        if self
+            .inner
+            .commands
+            .send(Command::Shutdown(done))
+            .await
+            .is_ok()
+        {
             // An error only means the writer is already gone.
             let _ = done_rx.await;
         }
-        let handle = self.inner.writer.lock().unwrap_or_else(PoisonError::into_inner).take();
+        let handle = self
+            .inner
+            .writer
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
         if let Some(handle) = handle
             && let Err(e) = handle.await
         {
@@ -283,7 +310,11 @@ impl SqliteStore {
 
     async fn submit(&self, key: &ObjectKey, op: Op) -> Result<Arc<Value>, StoreError> {
         let (reply, reply_rx) = oneshot::channel();
-        let request = Request { key: key.clone(), op, reply };
+        let request = Request {
+            key: key.clone(),
+            op,
+            reply,
+        };
         self.inner
             .commands
             .send(Command::Write(request))
@@ -298,7 +329,10 @@ impl fmt::Debug for SqliteStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("SqliteStore")
             .field("path", &self.inner.path)
-            .field("revision", &self.inner.shared.revision.load(Ordering::Acquire))
+            .field(
+                "revision",
+                &self.inner.shared.revision.load(Ordering::Acquire),
+            )
             .finish_non_exhaustive()
     }
 }
@@ -312,6 +346,18 @@ impl Shared {
 
     fn write(&self) -> RwLockWriteGuard<'_, State> {
         self.state.write().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    #[cfg(test)]
+    fn injected_failure(&self) -> Option<StoreError> {
+        self.fail_commits
+            .load(Ordering::Relaxed)
+            .then(|| StoreError::Database("injected commit failure".into()))
+    }
+
+    #[cfg(not(test))]
+    fn injected_failure(&self) -> Option<StoreError> {
+        None
     }
 }
 
@@ -406,7 +452,10 @@ async fn load(conn: &mut SqliteConnection) -> Result<(ObjectMap, Revision), Stor
         revision = revision.max(object_revision);
         objects.entry(resource).or_default().insert(
             (namespace, name),
-            Stored { revision: object_revision, object: Arc::new(object) },
+            Stored {
+                revision: object_revision,
+                object: Arc::new(object),
+            },
         );
     }
     Ok((objects, revision))
@@ -509,7 +558,7 @@ async fn process_batch(conn: &mut SqliteConnection, shared: &Shared, requests: V
 
     if !changes.is_empty() {
         let started = Instant::now();
-        let result = persist(conn, &changes).await;
+        let result = persist(conn, &changes, shared.injected_failure()).await;
         let elapsed = started.elapsed();
         if let Err(e) = result {
             shared.failed_commits.fetch_add(1, Ordering::Relaxed);
@@ -522,7 +571,9 @@ async fn process_batch(conn: &mut SqliteConnection, shared: &Shared, requests: V
             return;
         }
         shared.commits.fetch_add(1, Ordering::Relaxed);
-        shared.writes.fetch_add(changes.len() as u64, Ordering::Relaxed);
+        shared
+            .writes
+            .fetch_add(changes.len() as u64, Ordering::Relaxed);
         tracing::debug!(
             commands,
             writes = changes.len(),
@@ -544,7 +595,11 @@ async fn process_batch(conn: &mut SqliteConnection, shared: &Shared, requests: V
 }
 
 /// Write the net effect of `changes` and the new revision in one transaction.
-async fn persist(conn: &mut SqliteConnection, changes: &[Change]) -> Result<(), StoreError> {
+async fn persist(
+    conn: &mut SqliteConnection,
+    changes: &[Change],
+    injected_failure: Option<StoreError>,
+) -> Result<(), StoreError> {
     // Several changes of one key in a batch: only the last one reaches the table.
     let mut last: HashMap<&ObjectKey, &Change> = HashMap::with_capacity(changes.len());
     for change in changes {
@@ -592,6 +647,10 @@ async fn persist(conn: &mut SqliteConnection, changes: &[Change]) -> Result<(), 
         .execute(&mut *tx)
         .await
         .map_err(db_err("updating revision"))?;
+    if let Some(e) = injected_failure {
+        // Dropping `tx` rolls back, exactly as after a failed statement.
+        return Err(e);
+    }
     tx.commit().await.map_err(db_err("commit"))
 }
 
@@ -611,20 +670,26 @@ fn apply(shared: &Shared, changes: &[Change]) {
                 }
             }
             EventType::Added | EventType::Modified => {
-                let stored =
-                    Stored { revision: change.revision, object: Arc::clone(&change.object) };
-                state.objects.entry(key.resource.clone()).or_default().insert(slot, stored);
+                let stored = Stored {
+                    revision: change.revision,
+                    object: Arc::clone(&change.object),
+                };
+                state
+                    .objects
+                    .entry(key.resource.clone())
+                    .or_default()
+                    .insert(slot, stored);
             }
         }
-        let event = WatchEvent {
+        let event = Arc::new(WatchEvent {
             event_type: change.event_type,
             key: key.clone(),
             object: Arc::clone(&change.object),
             revision: change.revision,
-        };
+        });
         if let Some(events) = &state.events {
             // An error only means nobody is watching.
-            let _ = events.send(event.clone());
+            let _ = events.send(Arc::clone(&event));
         }
         state.log.push_back(event);
     }
@@ -652,17 +717,18 @@ fn evaluate(
     current: Option<&Stored>,
     revision: Revision,
 ) -> Result<Evaluated, StoreError> {
-    let check = |stored: Option<&Stored>, expected: Option<Revision>| -> Result<Stored, StoreError> {
-        let stored = stored.ok_or_else(|| StoreError::NotFound(key.clone()))?;
-        match expected {
-            Some(expected) if expected != stored.revision => Err(StoreError::Conflict {
-                key: key.clone(),
-                expected,
-                actual: stored.revision,
-            }),
-            _ => Ok(stored.clone()),
-        }
-    };
+    let check =
+        |stored: Option<&Stored>, expected: Option<Revision>| -> Result<Stored, StoreError> {
+            let stored = stored.ok_or_else(|| StoreError::NotFound(key.clone()))?;
+            match expected {
+                Some(expected) if expected != stored.revision => Err(StoreError::Conflict {
+                    key: key.clone(),
+                    expected,
+                    actual: stored.revision,
+                }),
+                _ => Ok(stored.clone()),
+            }
+        };
     match op {
         Op::Create(mut object) => {
             if current.is_some() {
@@ -676,11 +742,18 @@ fn evaluate(
                 object: Arc::new(object),
             }))
         }
-        Op::Update { mut object, expected } => {
+        Op::Update {
+            mut object,
+            expected,
+        } => {
             let stored = check(current, expected)?;
             let old = &*stored.object;
             let generation = generation_of(old);
-            let generation = if same_spec(old, &object) { generation } else { generation + 1 };
+            let generation = if same_spec(old, &object) {
+                generation
+            } else {
+                generation + 1
+            };
             let old_meta = old.get("metadata").and_then(Value::as_object);
             if let Some(meta) = metadata_mut(&mut object) {
                 for field in ["uid", "creationTimestamp"] {
@@ -728,7 +801,10 @@ fn evaluate(
 /// `metadata` of an object, created if absent; `None` only for a non-object, which never reaches
 /// the writer (validated on the way in, checked at load).
 fn metadata_mut(object: &mut Value) -> Option<&mut Map<String, Value>> {
-    let meta = object.as_object_mut()?.entry("metadata").or_insert_with(|| Value::Object(Map::new()));
+    let meta = object
+        .as_object_mut()?
+        .entry("metadata")
+        .or_insert_with(|| Value::Object(Map::new()));
     if !meta.is_object() {
         *meta = Value::Object(Map::new());
     }
@@ -737,18 +813,27 @@ fn metadata_mut(object: &mut Value) -> Option<&mut Map<String, Value>> {
 
 fn set_resource_version(object: &mut Value, revision: Revision) {
     if let Some(meta) = metadata_mut(object) {
-        meta.insert("resourceVersion".to_owned(), Value::String(revision.to_string()));
+        meta.insert(
+            "resourceVersion".to_owned(),
+            Value::String(revision.to_string()),
+        );
     }
 }
 
 fn generation_of(object: &Value) -> i64 {
-    object.pointer("/metadata/generation").and_then(Value::as_i64).unwrap_or(0)
+    object
+        .pointer("/metadata/generation")
+        .and_then(Value::as_i64)
+        .unwrap_or(0)
 }
 
 /// Whether two objects agree on every top-level field outside [`NON_SPEC_FIELDS`].
 fn same_spec(a: &Value, b: &Value) -> bool {
     fn spec(v: &Value) -> impl Iterator<Item = (&String, &Value)> {
-        v.as_object().into_iter().flatten().filter(|(k, _)| !NON_SPEC_FIELDS.contains(&k.as_str()))
+        v.as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| !NON_SPEC_FIELDS.contains(&k.as_str()))
     }
     spec(a).count() == spec(b).count() && spec(a).all(|(k, v)| b.get(k) == Some(v))
 }
@@ -774,7 +859,11 @@ fn validate<'a>(
     match meta.get("name") {
         Some(Value::String(name)) if *name == key.name => {}
         other => {
-            return invalid(format!("metadata.name is {}, expected {:?}", show(other), key.name));
+            return invalid(format!(
+                "metadata.name is {}, expected {:?}",
+                show(other),
+                key.name
+            ));
         }
     }
     let namespace_ok = match meta.get("namespace") {
@@ -785,9 +874,14 @@ fn validate<'a>(
     if !namespace_ok {
         let got = show(meta.get("namespace"));
         return if key.namespace.is_empty() {
-            invalid(format!("metadata.namespace is {got} on a cluster-scoped object"))
+            invalid(format!(
+                "metadata.namespace is {got} on a cluster-scoped object"
+            ))
         } else {
-            invalid(format!("metadata.namespace is {got}, expected {:?}", key.namespace))
+            invalid(format!(
+                "metadata.namespace is {got}, expected {:?}",
+                key.namespace
+            ))
         };
     }
     Ok(meta)
@@ -805,11 +899,16 @@ fn prepare_create(key: &ObjectKey, mut object: Value) -> Result<Value, StoreErro
         None | Some(Value::Null) => false,
         Some(Value::String(uid)) => !uid.is_empty(),
         Some(other) => {
-            return Err(StoreError::InvalidObject(format!("metadata.uid is {other}, expected a string")));
+            return Err(StoreError::InvalidObject(format!(
+                "metadata.uid is {other}, expected a string"
+            )));
         }
     };
     if !has_uid {
-        meta.insert("uid".to_owned(), Value::String(uuid::Uuid::new_v4().to_string()));
+        meta.insert(
+            "uid".to_owned(),
+            Value::String(uuid::Uuid::new_v4().to_string()),
+        );
     }
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     meta.insert("creationTimestamp".to_owned(), Value::String(now));
@@ -843,7 +942,11 @@ impl Store for SqliteStore {
         self.submit(key, Op::Update { object, expected }).await
     }
 
-    async fn delete(&self, key: &ObjectKey, expected: Option<Revision>) -> Result<Arc<Value>, StoreError> {
+    async fn delete(
+        &self,
+        key: &ObjectKey,
+        expected: Option<Revision>,
+    ) -> Result<Arc<Value>, StoreError> {
         self.submit(key, Op::Delete { expected }).await
     }
 
@@ -852,7 +955,12 @@ impl Store for SqliteStore {
         let state = shared.read();
         // Read under the same lock as the items: the writer stores it under the write lock.
         let revision = shared.revision.load(Ordering::Acquire);
-        let empty = ListResult { items: Vec::new(), revision, continue_after: None, remaining: 0 };
+        let empty = ListResult {
+            items: Vec::new(),
+            revision,
+            continue_after: None,
+            remaining: 0,
+        };
         let Some(objects) = state.objects.get(resource) else {
             return Ok(empty);
         };
@@ -860,10 +968,15 @@ impl Store for SqliteStore {
         let (lower, namespace) = match (&options.namespace, start) {
             (None, None) => (Bound::Unbounded, None),
             (None, Some(after)) => (Bound::Excluded(after), None),
-            (Some(ns), Some(after)) if after.0 == *ns => (Bound::Excluded(after), Some(ns.as_str())),
+            (Some(ns), Some(after)) if after.0 == *ns => {
+                (Bound::Excluded(after), Some(ns.as_str()))
+            }
             // Resuming after a later namespace: nothing of `ns` is left.
             (Some(ns), Some(after)) if after.0 > *ns => return Ok(empty),
-            (Some(ns), _) => (Bound::Included((ns.clone(), String::new())), Some(ns.as_str())),
+            (Some(ns), _) => (
+                Bound::Included((ns.clone(), String::new())),
+                Some(ns.as_str()),
+            ),
         };
         let mut matching = objects
             .range::<(String, String), _>((lower, Bound::Unbounded))
@@ -880,7 +993,12 @@ impl Store for SqliteStore {
             Some((ns, name)) if remaining > 0 => Some(ObjectKey::new(resource, ns, name)),
             _ => None,
         };
-        Ok(ListResult { items, revision, continue_after, remaining })
+        Ok(ListResult {
+            items,
+            revision,
+            continue_after,
+            remaining,
+        })
     }
 
     async fn watch(
@@ -901,12 +1019,19 @@ impl Store for SqliteStore {
             let state = shared.read();
             let oldest = shared.compacted.load(Ordering::Acquire);
             if from < oldest {
-                return Err(StoreError::Expired { requested: from, oldest });
+                return Err(StoreError::Expired {
+                    requested: from,
+                    oldest,
+                });
             }
             let receiver = state.events.as_ref().ok_or(StoreError::Closed)?.subscribe();
             let first = state.log.partition_point(|event| event.revision <= from);
-            let backlog: Vec<WatchEvent> =
-                state.log.range(first..).filter(|event| filter.matches(event)).cloned().collect();
+            let backlog: Vec<WatchEvent> = state
+                .log
+                .range(first..)
+                .filter(|event| filter.matches(event))
+                .map(|event| WatchEvent::clone(event))
+                .collect();
             (backlog, receiver)
         };
         let watch = Watch {
@@ -931,7 +1056,11 @@ impl Store for SqliteStore {
         if target <= shared.compacted.load(Ordering::Acquire) {
             return Ok(());
         }
-        while state.log.front().is_some_and(|event| event.revision <= target) {
+        while state
+            .log
+            .front()
+            .is_some_and(|event| event.revision <= target)
+        {
             state.log.pop_front();
         }
         shared.compacted.store(target, Ordering::Release);
@@ -957,14 +1086,17 @@ impl Filter {
     fn matches(&self, event: &WatchEvent) -> bool {
         event.revision > self.after
             && event.key.resource == self.resource
-            && self.namespace.as_ref().is_none_or(|ns| *ns == event.key.namespace)
+            && self
+                .namespace
+                .as_ref()
+                .is_none_or(|ns| *ns == event.key.namespace)
     }
 }
 
 struct Watch {
     backlog: std::vec::IntoIter<WatchEvent>,
     /// `None` once the stream has ended.
-    receiver: Option<broadcast::Receiver<WatchEvent>>,
+    receiver: Option<broadcast::Receiver<Arc<WatchEvent>>>,
     filter: Filter,
     /// Revision of the last event delivered (or the start revision).
     last: Revision,
@@ -982,6 +1114,7 @@ impl Watch {
             match received {
                 Ok(event) if self.filter.matches(&event) => {
                     self.last = event.revision;
+                    let event = Arc::unwrap_or_clone(event);
                     return Some((Ok(event), self));
                 }
                 Ok(_) => {}
@@ -998,5 +1131,651 @@ impl Watch {
                 Err(broadcast::error::RecvError::Closed) => return None,
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Instant;
+
+    use futures::StreamExt;
+    use serde_json::json;
+    use tempfile::TempDir;
+
+    use super::*;
+    use crate::conformance;
+
+    /// A store in its own temporary directory (removed on drop).
+    struct TempStore {
+        store: SqliteStore,
+        _dir: TempDir,
+    }
+
+    impl TempStore {
+        async fn new() -> Self {
+            let dir = tempfile::tempdir().expect("temp dir");
+            let config = SqliteStoreConfig::new(dir.path().join("rlark.db"));
+            let store = SqliteStore::open(config).await.expect("open store");
+            Self { store, _dir: dir }
+        }
+    }
+
+    #[async_trait]
+    impl Store for TempStore {
+        async fn create(&self, key: &ObjectKey, object: Value) -> Result<Arc<Value>, StoreError> {
+            self.store.create(key, object).await
+        }
+        async fn get(&self, key: &ObjectKey) -> Result<Option<Arc<Value>>, StoreError> {
+            self.store.get(key).await
+        }
+        async fn update(
+            &self,
+            key: &ObjectKey,
+            object: Value,
+            expected: Option<Revision>,
+        ) -> Result<Arc<Value>, StoreError> {
+            self.store.update(key, object, expected).await
+        }
+        async fn delete(
+            &self,
+            key: &ObjectKey,
+            expected: Option<Revision>,
+        ) -> Result<Arc<Value>, StoreError> {
+            self.store.delete(key, expected).await
+        }
+        async fn list(
+            &self,
+            resource: &str,
+            options: &ListOptions,
+        ) -> Result<ListResult, StoreError> {
+            self.store.list(resource, options).await
+        }
+        async fn watch(
+            &self,
+            resource: &str,
+            namespace: Option<&str>,
+            from: Revision,
+        ) -> Result<WatchStream, StoreError> {
+            self.store.watch(resource, namespace, from).await
+        }
+        fn revision(&self) -> Revision {
+            self.store.revision()
+        }
+        async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
+            self.store.compact(revision).await
+        }
+        fn compacted_revision(&self) -> Revision {
+            self.store.compacted_revision()
+        }
+    }
+
+    const R: &str = "widgets.test.rlark.io";
+
+    fn key(ns: &str, name: &str) -> ObjectKey {
+        ObjectKey::new(R, ns, name)
+    }
+
+    fn obj(k: &ObjectKey, spec: Value) -> Value {
+        json!({
+            "apiVersion": "test.rlark.io/v1",
+            "kind": "Widget",
+            "metadata": {"name": k.name, "namespace": k.namespace},
+            "spec": spec,
+        })
+    }
+
+    fn rv(o: &Value) -> Revision {
+        o["metadata"]["resourceVersion"]
+            .as_str()
+            .expect("resourceVersion")
+            .parse()
+            .expect("number")
+    }
+
+    async fn open(path: &Path) -> SqliteStore {
+        SqliteStore::open(SqliteStoreConfig::new(path))
+            .await
+            .expect("open store")
+    }
+
+    async fn next(stream: &mut WatchStream) -> Option<Result<WatchEvent, StoreError>> {
+        tokio::time::timeout(Duration::from_secs(10), stream.next())
+            .await
+            .expect("watch timed out")
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn conformance_suite() {
+        conformance::run_all(TempStore::new).await;
+    }
+
+    #[tokio::test]
+    async fn data_survives_close_and_reopen() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        // A missing parent directory is created.
+        let path = dir.path().join("data").join("rlark.db");
+        let store = open(&path).await;
+        let (a, b, c) = (
+            key("ns", "a"),
+            key("ns", "b"),
+            ObjectKey::new("gadgets", "", "c"),
+        );
+        store
+            .create(&a, obj(&a, json!({"v": 1})))
+            .await
+            .expect("create a");
+        store
+            .create(&b, obj(&b, json!({})))
+            .await
+            .expect("create b");
+        let c_obj = json!({"kind": "Gadget", "metadata": {"name": "c"}});
+        let c_stored = store.create(&c, c_obj).await.expect("create c");
+        let a_stored = store
+            .update(&a, obj(&a, json!({"v": 2})), None)
+            .await
+            .expect("update a");
+        store.delete(&b, None).await.expect("delete b");
+        let revision = store.revision();
+        assert_eq!(revision, 5, "five writes on a fresh store");
+        store.close().await;
+        assert!(matches!(
+            store.create(&b, obj(&b, json!({}))).await,
+            Err(StoreError::Closed)
+        ));
+
+        let store = open(&path).await;
+        assert_eq!(store.revision(), revision, "revision restored");
+        assert_eq!(
+            store.compacted_revision(),
+            revision,
+            "log starts empty after restart"
+        );
+        assert_eq!(
+            store.get(&a).await.expect("get").as_deref(),
+            Some(&*a_stored)
+        );
+        assert_eq!(
+            store.get(&c).await.expect("get").as_deref(),
+            Some(&*c_stored)
+        );
+        assert!(
+            store.get(&b).await.expect("get").is_none(),
+            "deleted object came back"
+        );
+        let listed = store.list(R, &ListOptions::default()).await.expect("list");
+        assert_eq!(listed.items.len(), 1);
+        assert_eq!(listed.revision, revision);
+
+        match store.watch(R, None, revision - 1).await {
+            Err(StoreError::Expired { requested, oldest }) => {
+                assert_eq!((requested, oldest), (revision - 1, revision));
+            }
+            other => panic!(
+                "watch from before the restart should be Expired, got {:?}",
+                other.map(|_| ())
+            ),
+        }
+        let mut stream = store
+            .watch(R, None, revision)
+            .await
+            .expect("watch from current");
+        let d = key("ns", "d");
+        let d_stored = store
+            .create(&d, obj(&d, json!({})))
+            .await
+            .expect("create d");
+        assert_eq!(
+            rv(&d_stored),
+            revision + 1,
+            "revision continues where it stopped"
+        );
+        let event = next(&mut stream)
+            .await
+            .expect("event")
+            .expect("not an error");
+        assert_eq!(
+            (event.event_type, event.revision),
+            (EventType::Added, revision + 1)
+        );
+        // A no-op update after restart is still a no-op (stored objects compare equal).
+        let same = store
+            .update(&a, (*a_stored).clone(), Some(rv(&a_stored)))
+            .await
+            .expect("noop");
+        assert_eq!(rv(&same), rv(&a_stored));
+        assert_eq!(store.revision(), revision + 1);
+        store.close().await;
+
+        // The schema is versioned and the revision is persisted in `meta`.
+        let mut conn = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(&path))
+            .await
+            .expect("raw connection");
+        let version: i64 =
+            sqlx::query_scalar("SELECT value FROM meta WHERE key = 'schema_version'")
+                .fetch_one(&mut conn)
+                .await
+                .expect("schema_version");
+        assert_eq!(version, SCHEMA_VERSION);
+        let stored: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'revision'")
+            .fetch_one(&mut conn)
+            .await
+            .expect("revision");
+        assert_eq!(stored, 6);
+        // A schema from the future is refused rather than misread.
+        sqlx::query("UPDATE meta SET value = 99 WHERE key = 'schema_version'")
+            .execute(&mut conn)
+            .await
+            .expect("bump schema version");
+        conn.close().await.expect("close raw connection");
+        match SqliteStore::open(SqliteStoreConfig::new(&path)).await {
+            Err(StoreError::Database(msg)) => assert!(msg.contains("99"), "message: {msg}"),
+            other => panic!("future schema should be refused, got {other:?}"),
+        }
+    }
+
+    /// What a kill -9 leaves behind: the files as they are while the store runs. Every
+    /// acknowledged write must be in them.
+    #[tokio::test]
+    async fn acknowledged_writes_are_on_disk_before_close() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rlark.db");
+        let store = open(&path).await;
+        for i in 0..20 {
+            let k = key("ns", &format!("o{i}"));
+            store
+                .create(&k, obj(&k, json!({"i": i})))
+                .await
+                .expect("create");
+        }
+        let a = key("ns", "o0");
+        store.delete(&a, None).await.expect("delete");
+        let revision = store.revision();
+
+        let snapshot = tempfile::tempdir().expect("temp dir");
+        for entry in std::fs::read_dir(dir.path()).expect("read dir") {
+            let entry = entry.expect("dir entry");
+            std::fs::copy(entry.path(), snapshot.path().join(entry.file_name())).expect("copy");
+        }
+        let copy = open(&snapshot.path().join("rlark.db")).await;
+        assert_eq!(copy.revision(), revision);
+        let listed = copy.list(R, &ListOptions::default()).await.expect("list");
+        assert_eq!(listed.items.len(), 19);
+        assert!(copy.get(&a).await.expect("get").is_none());
+        copy.close().await;
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn group_commit_batches_concurrent_writes() {
+        let store = TempStore::new().await;
+        let store = Arc::new(store.store.clone());
+        let handles: Vec<_> = (0..256)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    let k = key("ns", &format!("o{i}"));
+                    store.create(&k, obj(&k, json!({"i": i}))).await
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.await.expect("task").expect("create");
+        }
+        let stats = store.stats();
+        eprintln!("group commit: {stats:?}");
+        assert_eq!(stats.writes, 256);
+        assert_eq!(stats.failed_commits, 0);
+        assert!(
+            stats.commits >= 1 && stats.commits < stats.writes,
+            "no batching: {stats:?}"
+        );
+        store.close().await;
+    }
+
+    /// Commands of one batch see each other: duplicates, preconditions and delete/re-create are
+    /// decided against the earlier commands, with consecutive revisions, in one transaction.
+    #[tokio::test(flavor = "current_thread")]
+    async fn batch_sees_earlier_commands_of_the_same_batch() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rlark.db");
+        let store = open(&path).await;
+        let a = key("ns", "a");
+        let base = store.revision();
+        let mut stream = store.watch(R, None, base).await.expect("watch");
+        // join_all polls every call once, in order, before this task yields: on a current-thread
+        // runtime all five commands are queued before the writer runs, so they form one batch.
+        let results = futures::future::join_all([
+            store.create(&a, obj(&a, json!({"v": 1}))),
+            store.create(&a, obj(&a, json!({"v": 99}))),
+            store.update(&a, obj(&a, json!({"v": 2})), Some(base + 1)),
+            store.delete(&a, Some(base + 2)),
+            store.create(&a, obj(&a, json!({"v": 3}))),
+        ])
+        .await;
+        assert_eq!(
+            store.stats().commits,
+            1,
+            "one batch, one transaction: {:?}",
+            store.stats()
+        );
+        let revisions: Vec<_> = results
+            .iter()
+            .map(|r| r.as_ref().map(|o| rv(o)).map_err(|e| format!("{e:?}")))
+            .collect();
+        assert_eq!(revisions[0], Ok(base + 1));
+        assert!(
+            matches!(&results[1], Err(StoreError::AlreadyExists(_))),
+            "{:?}",
+            results[1]
+        );
+        assert_eq!(revisions[2], Ok(base + 2));
+        assert_eq!(revisions[3], Ok(base + 3));
+        assert_eq!(revisions[4], Ok(base + 4));
+        let expected = [
+            (EventType::Added, 1),
+            (EventType::Modified, 2),
+            (EventType::Deleted, 2),
+            (EventType::Added, 3),
+        ];
+        for (i, (event_type, v)) in expected.into_iter().enumerate() {
+            let event = next(&mut stream)
+                .await
+                .expect("event")
+                .expect("not an error");
+            assert_eq!(
+                (event.event_type, event.revision),
+                (event_type, base + 1 + i as u64)
+            );
+            assert_eq!(event.object["spec"]["v"], json!(v));
+        }
+        let last = store.get(&a).await.expect("get").expect("present");
+        assert_eq!(
+            last["metadata"]["generation"],
+            json!(1),
+            "re-created object"
+        );
+        store.close().await;
+
+        let store = open(&path).await;
+        assert_eq!(
+            store.get(&a).await.expect("get").as_deref(),
+            Some(&*last),
+            "net effect persisted"
+        );
+        assert_eq!(store.revision(), base + 4);
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn failed_commit_fails_the_batch_and_changes_nothing() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rlark.db");
+        let store = Arc::new(open(&path).await);
+        let a = key("ns", "a");
+        let a_stored = store
+            .create(&a, obj(&a, json!({"v": 1})))
+            .await
+            .expect("create a");
+        let revision = store.revision();
+        let mut stream = store.watch(R, None, revision).await.expect("watch");
+
+        store
+            .inner
+            .shared
+            .fail_commits
+            .store(true, Ordering::Relaxed);
+        let handles: Vec<_> = (0..3)
+            .map(|i| {
+                let store = Arc::clone(&store);
+                tokio::spawn(async move {
+                    let b = key("ns", "b");
+                    match i {
+                        0 => store.create(&b, obj(&b, json!({}))).await,
+                        1 => {
+                            store
+                                .update(
+                                    &key("ns", "a"),
+                                    obj(&key("ns", "a"), json!({"v": 2})),
+                                    None,
+                                )
+                                .await
+                        }
+                        // Evaluated against the create of `b` earlier in the batch (if batched).
+                        _ => store.delete(&b, None).await,
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            match handle.await.expect("task") {
+                Err(StoreError::Database(_)) | Err(StoreError::NotFound(_)) => {}
+                other => panic!("expected Database error, got {other:?}"),
+            }
+        }
+        assert!(store.stats().failed_commits >= 1);
+        assert_eq!(
+            store.revision(),
+            revision,
+            "failed commit advanced the revision"
+        );
+        assert_eq!(
+            store.get(&a).await.expect("get").as_deref(),
+            Some(&*a_stored)
+        );
+        assert!(store.get(&key("ns", "b")).await.expect("get").is_none());
+        assert!(
+            tokio::time::timeout(Duration::from_millis(100), stream.next())
+                .await
+                .is_err(),
+            "event published"
+        );
+
+        store
+            .inner
+            .shared
+            .fail_commits
+            .store(false, Ordering::Relaxed);
+        let b = key("ns", "b");
+        let b_stored = store
+            .create(&b, obj(&b, json!({})))
+            .await
+            .expect("create after failure");
+        assert_eq!(
+            rv(&b_stored),
+            revision + 1,
+            "revisions of the failed batch are reused"
+        );
+        let event = next(&mut stream)
+            .await
+            .expect("event")
+            .expect("not an error");
+        assert_eq!(event.revision, revision + 1);
+        store.close().await;
+
+        let store = open(&path).await;
+        assert_eq!(
+            store.get(&a).await.expect("get").as_deref(),
+            Some(&*a_stored),
+            "rolled back"
+        );
+        assert_eq!(
+            store.get(&b).await.expect("get").as_deref(),
+            Some(&*b_stored)
+        );
+        assert_eq!(store.revision(), revision + 1);
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn close_ends_watches_and_refuses_writes() {
+        let store = TempStore::new().await;
+        let store = store.store.clone();
+        let a = key("ns", "a");
+        store.create(&a, obj(&a, json!({}))).await.expect("create");
+        let mut stream = store.watch(R, None, 0).await.expect("watch");
+        assert!(next(&mut stream).await.expect("replayed event").is_ok());
+        store.close().await;
+        assert!(
+            next(&mut stream).await.is_none(),
+            "stream must end at close"
+        );
+        assert!(matches!(
+            store.watch(R, None, store.revision()).await,
+            Err(StoreError::Closed)
+        ));
+        assert!(matches!(
+            store.update(&a, obj(&a, json!({"v": 1})), None).await,
+            Err(StoreError::Closed)
+        ));
+        assert!(matches!(
+            store.delete(&a, None).await,
+            Err(StoreError::Closed)
+        ));
+        // Reads keep serving the last state.
+        assert!(store.get(&a).await.expect("get").is_some());
+        store.close().await; // idempotent
+    }
+
+    #[tokio::test]
+    async fn dropping_the_store_releases_the_database() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rlark.db");
+        let store = open(&path).await;
+        let a = key("ns", "a");
+        store.create(&a, obj(&a, json!({}))).await.expect("create");
+        let mut stream = store.watch(R, None, store.revision()).await.expect("watch");
+        drop(store);
+        // The writer stops and drops the event sender: the stream ends.
+        assert!(next(&mut stream).await.is_none());
+        // The busy timeout covers the writer closing the connection in the background.
+        let store = open(&path).await;
+        assert!(store.get(&a).await.expect("get").is_some());
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn second_open_of_a_database_in_use_fails() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rlark.db");
+        let store = open(&path).await;
+        let mut config = SqliteStoreConfig::new(&path);
+        config.busy_timeout = Duration::from_millis(100);
+        match SqliteStore::open(config).await {
+            Err(StoreError::Database(msg)) => eprintln!("second open: {msg}"),
+            other => panic!("second open should fail, got {other:?}"),
+        }
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn lagging_watcher_gets_expired_and_the_stream_ends() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = SqliteStoreConfig::new(dir.path().join("rlark.db"));
+        config.watch_buffer = 4;
+        let store = SqliteStore::open(config).await.expect("open");
+        let mut stream = store.watch(R, None, 0).await.expect("watch");
+        for i in 0..20 {
+            let k = key("ns", &format!("o{i}"));
+            store.create(&k, obj(&k, json!({}))).await.expect("create");
+        }
+        match next(&mut stream).await {
+            Some(Err(StoreError::Expired { requested, .. })) => assert_eq!(requested, 0),
+            other => panic!("lagging watcher should get Expired, got {other:?}"),
+        }
+        assert!(
+            next(&mut stream).await.is_none(),
+            "stream must end after Expired"
+        );
+        store.close().await;
+    }
+
+    #[tokio::test]
+    async fn change_log_is_compacted_at_capacity() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = SqliteStoreConfig::new(dir.path().join("rlark.db"));
+        config.log_capacity = 10;
+        let store = SqliteStore::open(config).await.expect("open");
+        for i in 0..25 {
+            let k = key("ns", &format!("o{i}"));
+            store.create(&k, obj(&k, json!({}))).await.expect("create");
+        }
+        assert_eq!(store.revision(), 25);
+        assert_eq!(store.compacted_revision(), 15);
+        assert!(matches!(
+            store.watch(R, None, 14).await,
+            Err(StoreError::Expired { .. })
+        ));
+        let mut stream = store.watch(R, None, 15).await.expect("watch");
+        for revision in 16..=25 {
+            let event = next(&mut stream)
+                .await
+                .expect("event")
+                .expect("not an error");
+            assert_eq!(event.revision, revision);
+        }
+        store.close().await;
+    }
+
+    /// Figures for the report, not assertions: `cargo test -p rlark-store --release -- --ignored
+    /// --nocapture throughput`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "timing report; run explicitly"]
+    async fn throughput_report() {
+        const CLIENTS: usize = 64;
+        const PER_CLIENT: usize = 160;
+        let store = TempStore::new().await;
+        let store = Arc::new(store.store.clone());
+        let filler = "x".repeat(800);
+        let started = Instant::now();
+        let handles: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                let (store, filler) = (Arc::clone(&store), filler.clone());
+                tokio::spawn(async move {
+                    for i in 0..PER_CLIENT {
+                        let k = key(&format!("ns{}", c % 8), &format!("c{c}-{i}"));
+                        let mut o = obj(&k, json!({"filler": filler, "i": i}));
+                        o["metadata"]["labels"] = json!({"app": "bench", "client": c.to_string()});
+                        store.create(&k, o).await.expect("create");
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.await.expect("task");
+        }
+        let elapsed = started.elapsed();
+        let total = CLIENTS * PER_CLIENT;
+        let stats = store.stats();
+        eprintln!(
+            "{total} creates by {CLIENTS} clients in {elapsed:?}: {:.0} creates/s, {} commits (mean batch {:.1})",
+            total as f64 / elapsed.as_secs_f64(),
+            stats.commits,
+            stats.writes as f64 / stats.commits as f64
+        );
+        let sample = store
+            .get(&key("ns0", "c0-0"))
+            .await
+            .expect("get")
+            .expect("present");
+        eprintln!(
+            "object size: {} bytes",
+            serde_json::to_vec(&*sample).expect("json").len()
+        );
+
+        let options = ListOptions {
+            limit: Some(10_000),
+            ..Default::default()
+        };
+        let started = Instant::now();
+        let listed = store.list(R, &options).await.expect("list");
+        let list_time = started.elapsed();
+        let body = serde_json::to_vec(&listed.items).expect("serialize");
+        eprintln!(
+            "list of {} objects: {list_time:?} from memory, {:?} including JSON serialization ({} bytes)",
+            listed.items.len(),
+            started.elapsed(),
+            body.len()
+        );
+        store.close().await;
     }
 }
