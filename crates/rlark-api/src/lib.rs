@@ -3,7 +3,9 @@
 //! No IO here: everything is a pure function of its input.
 
 pub mod crd;
+pub mod labels;
 pub mod names;
+pub mod quantity;
 pub mod types;
 pub mod validation;
 

@@ -262,7 +262,10 @@ mod tests {
         for bad in ["", "-a", "a-", "A", "a_b", "a b", "ä"] {
             assert_eq!(dns1123_label(bad), Err(LABEL_MSG.to_string()), "{bad:?}");
         }
-        assert_eq!(dns1123_label("a.b"), Err("must not contain dots".to_string()));
+        assert_eq!(
+            dns1123_label("a.b"),
+            Err("must not contain dots".to_string())
+        );
         assert_eq!(
             dns1123_label(&"a".repeat(64)),
             Err("must be no more than 63 characters".to_string())
@@ -323,7 +326,11 @@ mod tests {
                 .unwrap_err()
                 .starts_with("name part must consist of alphanumeric characters")
         );
-        assert!(qualified_name("a/").unwrap_err().contains("name part must be non-empty"));
+        assert!(
+            qualified_name("a/")
+                .unwrap_err()
+                .contains("name part must be non-empty")
+        );
         assert!(
             qualified_name(&"a".repeat(64))
                 .unwrap_err()
@@ -346,7 +353,10 @@ mod tests {
     #[test]
     fn child_names() {
         assert_eq!(task_name("ppo-train", "actor"), "ppo-train-actor");
-        assert_eq!(workflow_job_name("train-eval", "eval-a"), "train-eval-eval-a");
+        assert_eq!(
+            workflow_job_name("train-eval", "eval-a"),
+            "train-eval-eval-a"
+        );
         assert_eq!(agent_namespace("c1"), "rlark-c1");
     }
 }

@@ -24,7 +24,8 @@ use std::str::FromStr;
 pub const MAX_DIGITS: u32 = 38;
 
 /// Kubernetes' message for a string that is not a quantity at all.
-pub const FORMAT_ERROR: &str = "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'";
+pub const FORMAT_ERROR: &str =
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'";
 
 /// Why a string is not a quantity.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -128,7 +129,7 @@ impl QuantityValue {
                         q
                     })
                 }
-                // |mantissa| < 10^38 < d: the quotient is in (-1, 1).
+                // |mantissa| <= i128::MAX < 10^39 <= d: the quotient is in (-1, 1).
                 None => Some(i128::from(self.mantissa > 0)),
             }
         }
@@ -428,7 +429,9 @@ mod tests {
 
     #[test]
     fn rejects_malformed() {
-        for bad in ["", "-", "+", ".", "abc", "1 ", " 1", "1..2", "1.2.3", "1Kii", "--1", "1e"] {
+        for bad in [
+            "", "-", "+", ".", "abc", "1 ", " 1", "1..2", "1.2.3", "1Kii", "--1", "1e",
+        ] {
             assert!(parse_quantity(bad).is_err(), "{bad:?}");
         }
         assert_eq!(parse_quantity("abc"), Err(QuantityError::Format));
@@ -469,7 +472,17 @@ mod tests {
 
     #[test]
     fn display_round_trips() {
-        for s in ["0", "1", "100m", "1.5Gi", "-0.25", "1e100", "1e-100", "12345678n", "7E"] {
+        for s in [
+            "0",
+            "1",
+            "100m",
+            "1.5Gi",
+            "-0.25",
+            "1e100",
+            "1e-100",
+            "12345678n",
+            "7E",
+        ] {
             let v = q(s);
             assert_eq!(q(&v.to_string()), v, "{s} -> {v}");
         }

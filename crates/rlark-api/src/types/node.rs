@@ -1,0 +1,120 @@
+//! `Node` (namespaced): a machine an agent runs tasks on (namespace = agent namespace).
+
+use k8s_openapi::api::core::v1::NodeAddress;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{AgentType, NodeEvent, PullProgress, ResourceList, string_enum};
+
+/// Whether a node is reachable and accepts tasks.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum NodePhase {
+    /// Agent connected, node healthy.
+    Online,
+    /// Agent gone, node not ready, or cordoned.
+    Offline,
+}
+string_enum!(NodePhase { Online => "Online", Offline => "Offline" });
+
+/// Where a node sits; value of the `rlark.io/node-category` label.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum NodeCategory {
+    /// A GPU/CPU server in a data center.
+    Cloud,
+    /// A machine at an edge site.
+    Edge,
+    /// A robot's own computer.
+    Robot,
+}
+string_enum!(NodeCategory { Cloud => "cloud", Edge => "edge", Robot => "robot" });
+
+/// Desired state of a Node.
+// Repeated `type_ = "string"` in the printcolumn(...) lists is not a mistake.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "rlinf.io",
+    version = "v1alpha1",
+    kind = "Node",
+    namespaced,
+    status = "NodeStatus",
+    derive = "PartialEq",
+    shortname = "rlnode",
+    category = "rlark",
+    doc = "Node: a machine of a cluster where the cluster's agent runs tasks.",
+    printcolumn(name = "Agent", type_ = "string", json_path = ".spec.agentType"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSpec {
+    /// Runtime of the node's agent.
+    pub agent_type: AgentType,
+    /// Cordon: no new task is placed on the node.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub unschedulable: bool,
+}
+
+/// Observed state of a Node, reported by its agent.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    /// Online or Offline.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<NodePhase>,
+    /// Why the node is in its phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Facts about the machine.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_info: Option<NodeInfo>,
+    /// Addresses of the machine.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub addresses: Vec<NodeAddress>,
+    /// The node's disk is nearly full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub disk_pressure: Option<bool>,
+    /// Total resources of the machine.
+    #[serde(default, skip_serializing_if = "ResourceList::is_empty")]
+    pub capacity: ResourceList,
+    /// Resources available to tasks.
+    #[serde(default, skip_serializing_if = "ResourceList::is_empty")]
+    pub allocatable: ResourceList,
+    /// Resources requested by the tasks on the node.
+    #[serde(default, skip_serializing_if = "ResourceList::is_empty")]
+    pub used: ResourceList,
+    /// Last time the agent reported the node.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub heartbeat_time: Option<Time>,
+    /// Image pulls in progress.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pull_progress: Vec<PullProgress>,
+    /// Recent events of the node and its pods.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<NodeEvent>,
+}
+
+/// Facts about a node's machine.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeInfo {
+    /// CPU architecture (`amd64`, `arm64`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub architecture: Option<String>,
+    /// Kernel release.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_version: Option<String>,
+    /// Version of the rlark agent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent_version: Option<String>,
+    /// Operating system (`linux`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub operating_system: Option<String>,
+}

@@ -1,0 +1,106 @@
+//! `Pod` (namespaced): control-plane mirror of one replica of a Task.
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::string_enum;
+
+/// Phase of a Pod.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum PodPhase {
+    /// Created, not running yet.
+    Pending,
+    /// Running.
+    Running,
+    /// Exited 0.
+    Succeeded,
+    /// Exited non-zero, killed, or lost.
+    Failed,
+}
+string_enum!(PodPhase {
+    Pending => "Pending",
+    Running => "Running",
+    Succeeded => "Succeeded",
+    Failed => "Failed",
+});
+
+/// Desired state of a Pod (written by the agent; namespace = agent namespace).
+// Repeated `type_ = "string"` in the printcolumn(...) lists is not a mistake.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[kube(
+    group = "rlinf.io",
+    version = "v1alpha1",
+    kind = "Pod",
+    namespaced,
+    status = "PodStatus",
+    derive = "PartialEq",
+    derive = "Default",
+    shortname = "rlpod",
+    category = "rlark",
+    doc = "Pod: control-plane mirror of one replica (pod, container or process group) of a Task.",
+    printcolumn(name = "Task", type_ = "string", json_path = ".spec.taskName"),
+    printcolumn(name = "Node", type_ = "string", json_path = ".status.node"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct PodSpec {
+    /// Domain the pod joins (from its Task).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// Namespace of the Task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_namespace: Option<String>,
+    /// Name of the Task.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub task_name: Option<String>,
+    /// Namespace of the pod in its own cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_namespace: Option<String>,
+    /// Name of the pod (or process group) in its own cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pod_name: Option<String>,
+    /// Index of this replica within the Task (0-based).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replica_index: Option<i32>,
+}
+
+/// Observed state of a Pod, reported by the agent.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodStatus {
+    /// Phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<PodPhase>,
+    /// Human-readable detail.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Short CamelCase reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// Node the pod runs on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+    /// Real IP of the pod in its own cluster.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ip: Option<String>,
+    /// Exit code of the (main) process once finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Times the pod's processes were restarted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restart_count: Option<i32>,
+    /// When it started.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When it finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub finish_time: Option<Time>,
+}

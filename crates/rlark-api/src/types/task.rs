@@ -1,0 +1,395 @@
+//! `Task` (namespaced): one role of a Job, run by the agent of one cluster.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::PodTemplateSpec;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
+use kube::CustomResource;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::common::{
+    AgentType, EnvVar, NodeEvent, PullProgress, ResourceRequirements, string_enum,
+};
+
+/// Lifecycle phase of a Task (and of a Job, see [`super::JobPhase`]).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum TaskPhase {
+    /// Accepted, not running yet (scheduling, pulling, starting).
+    Pending,
+    /// All replicas started.
+    Running,
+    /// Finished: every replica exited 0 / the workload completed.
+    Succeeded,
+    /// Finished with an error.
+    Failed,
+    /// Stopped on request.
+    Stopped,
+}
+string_enum!(TaskPhase {
+    Pending => "Pending",
+    Running => "Running",
+    Succeeded => "Succeeded",
+    Failed => "Failed",
+    Stopped => "Stopped",
+});
+
+/// What a task does in the RL loop.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum TaskRole {
+    /// Policy training.
+    Actor,
+    /// Experience generation.
+    Rollout,
+    /// Environment (simulator, robot).
+    Env,
+}
+string_enum!(TaskRole { Actor => "Actor", Rollout => "Rollout", Env => "Env" });
+
+/// Kind of Kubernetes workload a `kubernetes` task creates.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
+pub enum KubernetesWorkloadKind {
+    /// apps/v1 Deployment.
+    Deployment,
+    /// apps/v1 StatefulSet.
+    StatefulSet,
+    /// apps/v1 DaemonSet (ignores `replicas`).
+    DaemonSet,
+    /// batch/v1 Job (`replicas` = parallelism = completions).
+    Job,
+}
+string_enum!(KubernetesWorkloadKind {
+    Deployment => "Deployment",
+    StatefulSet => "StatefulSet",
+    DaemonSet => "DaemonSet",
+    Job => "Job",
+});
+
+/// When the agent restarts an exited `raw` replica.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum RestartPolicy {
+    /// Never: the exit code decides the replica's outcome.
+    #[default]
+    Never,
+    /// Restart after a non-zero exit.
+    OnFailure,
+    /// Restart after any exit.
+    Always,
+}
+string_enum!(RestartPolicy { Never => "Never", OnFailure => "OnFailure", Always => "Always" });
+
+/// Desired state of a Task. Also the body of a Job's task template (flattened into
+/// [`super::JobTaskTemplate`]).
+///
+/// Exactly one of `kubernetes`, `docker`, `raw` is set, the one that `agentType` names.
+// Repeated `type_ = "string"` in the printcolumn(...) lists is not a mistake.
+#[allow(clippy::duplicated_attributes)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[kube(
+    group = "rlinf.io",
+    version = "v1alpha1",
+    kind = "Task",
+    namespaced,
+    status = "TaskStatus",
+    derive = "PartialEq",
+    shortname = "task",
+    shortname = "rltask",
+    category = "rlark",
+    doc = "Task: one role of a Job (actor, rollout or env), run by the agent of one cluster.",
+    printcolumn(name = "Role", type_ = "string", json_path = ".spec.role"),
+    printcolumn(name = "Agent", type_ = "string", json_path = ".spec.agentType"),
+    printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "Age",
+        type_ = "date",
+        json_path = ".metadata.creationTimestamp"
+    )
+)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskSpec {
+    /// Runtime that executes the task; selects the `kubernetes`, `docker` or `raw` block.
+    pub agent_type: AgentType,
+    /// Role in the RL loop.
+    pub role: TaskRole,
+    /// Domain (virtual network) the task's pods join; copied from the Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub domain: Option<String>,
+    /// Unused; kept so RLark manifests apply unchanged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub downstream_name: Option<String>,
+    /// Node labels the task's node must carry; a value may be a comma-separated list,
+    /// meaning any of them.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
+    /// Pins the task to this Node (by name) instead of letting the scheduler choose.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// Workload for `agentType: Kubernetes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kubernetes: Option<KubernetesTaskSpec>,
+    /// Containers for `agentType: Docker`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub docker: Option<DockerTaskSpec>,
+    /// Processes for `agentType: Raw`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<RawTaskSpec>,
+    /// Directory of TensorBoard logs to proxy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_board_dir: Option<String>,
+    /// Shell script run before Ray starts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub prepare_script: Option<String>,
+    /// Shell script run on the head once Ray is ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_script: Option<String>,
+    /// SSH public key authorized in the task's pods; copied from the Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ssh_public_key: Option<String>,
+}
+
+impl TaskSpec {
+    /// Names of the runtime blocks that are set, in `kubernetes`, `docker`, `raw` order.
+    pub fn runtime_blocks(&self) -> Vec<&'static str> {
+        let mut blocks = Vec::new();
+        if self.kubernetes.is_some() {
+            blocks.push("kubernetes");
+        }
+        if self.docker.is_some() {
+            blocks.push("docker");
+        }
+        if self.raw.is_some() {
+            blocks.push("raw");
+        }
+        blocks
+    }
+
+    /// Number of replicas (Ray nodes) the task runs: `raw.replicas`,
+    /// `kubernetes.workload.replicas` (1 when unset), 1 for `docker`.
+    pub fn replicas(&self) -> i32 {
+        if let Some(raw) = &self.raw {
+            raw.replicas
+        } else if let Some(k) = &self.kubernetes {
+            k.workload.replicas.unwrap_or(1)
+        } else {
+            1
+        }
+    }
+}
+
+/// `kubernetes` runtime block.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesTaskSpec {
+    /// The workload the agent creates in its cluster.
+    pub workload: KubernetesWorkloadSpec,
+}
+
+/// A Kubernetes workload.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct KubernetesWorkloadSpec {
+    /// Workload kind.
+    pub kind: KubernetesWorkloadKind,
+    /// Desired replicas (default 1; ignored by DaemonSet).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Pod template of the workload (Kubernetes `core/v1` PodTemplateSpec; see
+    /// `kubectl explain deployment.spec.template`).
+    #[schemars(schema_with = "pod_template_schema")]
+    pub template: PodTemplateSpec,
+    /// Persistent volume claim name → storage class, for claims the agent creates.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub pvc_storage_map: BTreeMap<String, String>,
+}
+
+/// `docker` runtime block.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DockerTaskSpec {
+    /// Containers started together on the node.
+    #[serde(default)]
+    pub containers: Vec<DockerContainerSpec>,
+}
+
+/// One Docker container.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DockerContainerSpec {
+    /// Container name, unique within the task (DNS-1123 label).
+    pub name: String,
+    /// Image reference.
+    pub image: String,
+    /// Replaces the image's entrypoint.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub command: Vec<String>,
+    /// Replaces the image's command.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub args: Vec<String>,
+    /// Environment variables.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub environment: Vec<EnvVar>,
+    /// Bind mounts.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<DockerVolumeRef>,
+    /// CPU/memory/device requests and limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+/// A bind mount of a Docker container.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct DockerVolumeRef {
+    /// Host path or volume name.
+    pub source: String,
+    /// Absolute path in the container.
+    pub target: String,
+}
+
+/// Schema of the embedded PodTemplateSpec: Kubernetes' own, with its descriptions removed.
+///
+/// With descriptions it is ~470 KB of YAML per occurrence, which makes the Job, Task and
+/// Workflow CRDs larger than the 256 KiB `kubectl apply` can record in its
+/// last-applied-configuration annotation. The structure (and so validation and pruning) is
+/// kept whole.
+fn pod_template_schema(generator: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    let mut value = generator.subschema_for::<PodTemplateSpec>().to_value();
+    strip_descriptions(&mut value);
+    // Removing keys keeps an object schema an object, so the conversion cannot fail; the
+    // fallback (the accept-anything schema) is never taken.
+    schemars::Schema::try_from(value).unwrap_or_default()
+}
+
+/// Removes `description` from a schema and every schema nested in it (properties, items,
+/// additionalProperties, allOf/anyOf/oneOf, not), but never a property that happens to be
+/// named `description`.
+fn strip_descriptions(schema: &mut serde_json::Value) {
+    let Some(obj) = schema.as_object_mut() else {
+        return;
+    };
+    obj.remove("description");
+    if let Some(props) = obj.get_mut("properties").and_then(|p| p.as_object_mut()) {
+        props.values_mut().for_each(strip_descriptions);
+    }
+    for key in ["items", "additionalProperties", "not"] {
+        if let Some(sub) = obj.get_mut(key) {
+            if sub.is_array() {
+                sub.as_array_mut()
+                    .into_iter()
+                    .flatten()
+                    .for_each(strip_descriptions);
+            } else {
+                strip_descriptions(sub);
+            }
+        }
+    }
+    for key in ["allOf", "anyOf", "oneOf"] {
+        if let Some(list) = obj.get_mut(key).and_then(|l| l.as_array_mut()) {
+            list.iter_mut().for_each(strip_descriptions);
+        }
+    }
+}
+
+fn default_replicas() -> i32 {
+    1
+}
+
+/// `raw` runtime block: processes on the node.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct RawTaskSpec {
+    /// URL of an archive or file fetched into the working directory before start.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact: Option<String>,
+    /// Expected SHA-256 of the artifact (64 hex digits); the fetch fails on mismatch.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub artifact_sha256: Option<String>,
+    /// Program and arguments (no shell); at least one element.
+    pub entrypoint: Vec<String>,
+    /// Environment variables, added to rlark's `RLARK_*` ones.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub environment: Vec<EnvVar>,
+    /// Working directory (default: the task's own directory on the node).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub working_dir: Option<String>,
+    /// Number of process replicas (default 1).
+    #[serde(default = "default_replicas")]
+    pub replicas: i32,
+    /// When an exited replica is restarted (default `Never`).
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+    /// Seconds after start when the whole process group is killed and the task fails.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_deadline_seconds: Option<i64>,
+    /// Seconds between SIGTERM and SIGKILL on stop.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period_seconds: Option<i64>,
+    /// CPU/memory/device requests (used for placement) and limits.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resources: Option<ResourceRequirements>,
+}
+
+impl Default for RawTaskSpec {
+    fn default() -> Self {
+        Self {
+            artifact: None,
+            artifact_sha256: None,
+            entrypoint: Vec::new(),
+            environment: Vec::new(),
+            working_dir: None,
+            replicas: default_replicas(),
+            restart_policy: RestartPolicy::Never,
+            active_deadline_seconds: None,
+            termination_grace_period_seconds: None,
+            resources: None,
+        }
+    }
+}
+
+/// Observed state of a Task, written by the agent and the Task controller.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskStatus {
+    /// Lifecycle phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase: Option<TaskPhase>,
+    /// Nodes the task's replicas run on.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub observed_nodes: Vec<String>,
+    /// Standard conditions (`Scheduled`, `Ready`, ...).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+    /// When the task started running.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_time: Option<Time>,
+    /// When the task finished.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub completion_time: Option<Time>,
+    /// Human-readable detail of the phase.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// Times the task was restarted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_count: Option<i32>,
+    /// Desired replicas.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replicas: Option<i32>,
+    /// Replicas running and ready.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready_replicas: Option<i32>,
+    /// Replicas that exited successfully.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub succeeded_replicas: Option<i32>,
+    /// Replicas that failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_replicas: Option<i32>,
+    /// URL path of the TensorBoard proxy (filled in on read).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_board_proxy: Option<String>,
+    /// Image pulls for this task on its nodes (while Pending).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pull_progress: Vec<PullProgress>,
+    /// Events of the task's nodes and pods (while Pending), newest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub events: Vec<NodeEvent>,
+}
