@@ -1,0 +1,204 @@
+//! kube-runtime's `watcher` (what every kube-rs controller is built on) against rlark:
+//! it must survive a server restart without relisting, and a compacted revision with
+//! exactly one relist, then keep streaming.
+//!
+//! The watcher reaches the server through a small TCP proxy the test controls, so the
+//! test can hold the watch connection still while the server's change log is compacted
+//! past the watcher's revision, then cut it: a deterministic way to make the watcher come
+//! back with an expired resourceVersion.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, Result, bail};
+use futures::StreamExt;
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::watcher::{self, Event};
+use rlark_testkit::TestServer;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+fn jobs() -> ApiResource {
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("rlinf.io", "v1alpha1", "Job"), "jobs")
+}
+
+fn job(name: &str) -> Result<DynamicObject> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "rlinf.io/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"tasks": [{"name": "actor", "role": "Actor", "agentType": "Raw", "raw": {"entrypoint": ["true"]}}]}
+    }))?)
+}
+
+/// A TCP forwarder that can be paused (stops moving bytes) and severed (drops every
+/// connection it carries).
+struct Proxy {
+    addr: SocketAddr,
+    paused: watch::Sender<bool>,
+    generation: std::sync::Mutex<CancellationToken>,
+}
+
+impl Proxy {
+    async fn start(upstream: SocketAddr) -> Result<Arc<Proxy>> {
+        let listener = TcpListener::bind("127.0.0.1:0").await?;
+        let (paused, _) = watch::channel(false);
+        let proxy =
+            Arc::new(Proxy { addr: listener.local_addr()?, paused, generation: std::sync::Mutex::new(CancellationToken::new()) });
+        let p = proxy.clone();
+        tokio::spawn(async move {
+            while let Ok((client, _)) = listener.accept().await {
+                let Ok(server) = TcpStream::connect(upstream).await else { continue };
+                let cancel = p.generation.lock().expect("lock").clone();
+                let (cr, cw) = client.into_split();
+                let (sr, sw) = server.into_split();
+                tokio::spawn(pump(cr, sw, p.paused.subscribe(), cancel.clone()));
+                tokio::spawn(pump(sr, cw, p.paused.subscribe(), cancel));
+            }
+        });
+        Ok(proxy)
+    }
+
+    fn pause(&self, paused: bool) {
+        self.paused.send_replace(paused);
+    }
+
+    fn sever(&self) {
+        let mut generation = self.generation.lock().expect("lock");
+        generation.cancel();
+        *generation = CancellationToken::new();
+    }
+}
+
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut paused: watch::Receiver<bool>,
+    cancel: CancellationToken,
+) {
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        // While paused, move nothing (the peer's bytes wait in the kernel buffers).
+        while *paused.borrow() {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                changed = paused.changed() => if changed.is_err() { return },
+            }
+        }
+        let n = tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = paused.changed() => continue,
+            n = from.read(&mut buf) => match n { Ok(0) | Err(_) => return, Ok(n) => n },
+        };
+        if to.write_all(&buf[..n]).await.is_err() {
+            return;
+        }
+    }
+}
+
+#[derive(Debug)]
+enum Seen {
+    Init,
+    InitApply(String),
+    InitDone,
+    Apply(String),
+    Delete(String),
+}
+
+async fn next_apply(rx: &mut mpsc::UnboundedReceiver<Seen>, name: &str, inits: &mut usize) -> Result<()> {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let seen = tokio::time::timeout_at(deadline, rx.recv())
+            .await
+            .with_context(|| format!("watcher never delivered {name}"))?
+            .context("watcher ended")?;
+        match seen {
+            Seen::Init => *inits += 1,
+            Seen::Apply(n) | Seen::InitApply(n) if n == name => return Ok(()),
+            _ => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_survives_restart_and_compaction() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut config = TestServer::config_for(dir.path());
+    // A tiny change log so that a few writes compact past a stalled watcher.
+    config.store_log_capacity = 5;
+    let server = TestServer::start_with(config.clone()).await?;
+    let addr = server.addr();
+    config.listen = addr; // restart on the same port
+    let admin = server.client().await?;
+    let writer: Api<DynamicObject> = Api::all_with(admin, &jobs());
+
+    let proxy = Proxy::start(addr).await?;
+    let kubeconfig = kube::config::Kubeconfig::read_from(server.kubeconfig_path())?;
+    let mut proxied = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    proxied.cluster_url = format!("https://{}", proxy.addr).parse()?;
+    let watched: Api<DynamicObject> = Api::all_with(kube::Client::try_from(proxied)?, &jobs());
+
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let stopped = stop.clone();
+    let watcher_task = tokio::spawn(async move {
+        let mut stream = watcher::watcher(watched, watcher::Config::default()).boxed();
+        loop {
+            let item = tokio::select! { _ = stopped.cancelled() => return, item = stream.next() => item };
+            let Some(item) = item else { return };
+            let seen = match item {
+                Ok(Event::Init) => Seen::Init,
+                Ok(Event::InitApply(o)) => Seen::InitApply(o.metadata.name.unwrap_or_default()),
+                Ok(Event::InitDone) => Seen::InitDone,
+                Ok(Event::Apply(o)) => Seen::Apply(o.metadata.name.unwrap_or_default()),
+                Ok(Event::Delete(o)) => Seen::Delete(o.metadata.name.unwrap_or_default()),
+                Err(_) => continue, // errors are retried by the watcher itself
+            };
+            if tx.send(seen).is_err() {
+                return;
+            }
+        }
+    });
+
+    let mut inits = 0usize;
+    writer.create(&PostParams::default(), &job("before-restart")?).await?;
+    next_apply(&mut rx, "before-restart", &mut inits).await?;
+    assert_eq!(inits, 1, "one initial list");
+
+    // 1. Restart: the watcher reconnects from its revision; no relist.
+    server.stop().await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let server = TestServer::start_with(config.clone()).await?;
+    let writer: Api<DynamicObject> = Api::all_with(server.client().await?, &jobs());
+    writer.create(&PostParams::default(), &job("after-restart")?).await?;
+    next_apply(&mut rx, "after-restart", &mut inits).await?;
+    assert_eq!(inits, 1, "a server restart must not force a relist");
+
+    // 2. Compaction: hold the watch still, write past the change log, cut the connection.
+    proxy.pause(true);
+    for i in 0..20 {
+        writer.create(&PostParams::default(), &job(&format!("while-stalled-{i}"))?).await?;
+    }
+    proxy.sever();
+    proxy.pause(false);
+    // The watcher comes back with an expired revision, gets the in-stream 410 and relists.
+    next_apply(&mut rx, "while-stalled-19", &mut inits).await?;
+    assert_eq!(inits, 2, "an expired revision must cause exactly one relist");
+
+    // 3. Then it streams again.
+    writer.create(&PostParams::default(), &job("after-relist")?).await?;
+    next_apply(&mut rx, "after-relist", &mut inits).await?;
+    assert_eq!(inits, 2, "no further relist after recovering");
+
+    stop.cancel();
+    watcher_task.await?;
+    server.stop().await?;
+    if inits != 2 {
+        bail!("unexpected relist count {inits}");
+    }
+    Ok(())
+}
