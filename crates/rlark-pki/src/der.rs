@@ -30,7 +30,10 @@ fn push_len(out: &mut Vec<u8>, len: usize) {
         out.push(len as u8);
     } else {
         let bytes = len.to_be_bytes();
-        let first = bytes.iter().position(|b| *b != 0).unwrap_or(bytes.len() - 1);
+        let first = bytes
+            .iter()
+            .position(|b| *b != 0)
+            .unwrap_or(bytes.len() - 1);
         let significant = &bytes[first..];
         // At most size_of::<usize>() = 8 bytes, so the count fits in the 7-bit field.
         out.push(0x80 | significant.len() as u8);
@@ -74,7 +77,9 @@ fn header(input: &[u8]) -> Option<(usize, usize)> {
         return None;
     }
     let bytes = input.get(2..2 + count)?;
-    let len = bytes.iter().fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
+    let len = bytes
+        .iter()
+        .fold(0usize, |acc, b| (acc << 8) | usize::from(*b));
     Some((2 + count, len))
 }
 
@@ -151,9 +156,17 @@ mod tests {
         let der = encode_name("alice", &["dev".to_string(), "ops".to_string()]);
         let (rest, name) = x509_parser::x509::X509Name::from_der(&der).expect("parse name");
         assert!(rest.is_empty());
-        let orgs: Vec<_> = name.iter_organization().map(|a| a.as_str().expect("utf8")).collect();
+        let orgs: Vec<_> = name
+            .iter_organization()
+            .map(|a| a.as_str().expect("utf8"))
+            .collect();
         assert_eq!(orgs, ["dev", "ops"]);
-        let cn = name.iter_common_name().next().expect("cn").as_str().expect("utf8");
+        let cn = name
+            .iter_common_name()
+            .next()
+            .expect("cn")
+            .as_str()
+            .expect("utf8");
         assert_eq!(cn, "alice");
     }
 

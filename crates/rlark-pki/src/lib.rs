@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use rcgen::{
-    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose,
-    IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
+    BasicConstraints, CertificateParams, DistinguishedName, DnType, ExtendedKeyUsagePurpose, IsCa,
+    Issuer, KeyPair, KeyUsagePurpose, SanType, SerialNumber,
 };
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, UnixTime};
@@ -172,12 +172,11 @@ impl Ca {
                 key: key_path.to_path_buf(),
             });
         }
-        let issuer = Issuer::from_ca_cert_der(&cert_der, key).map_err(|e| {
-            PkiError::ParseCertificate {
+        let issuer =
+            Issuer::from_ca_cert_der(&cert_der, key).map_err(|e| PkiError::ParseCertificate {
                 what: cert_path.display().to_string(),
                 reason: e.to_string(),
-            }
-        })?;
+            })?;
         tracing::debug!(path = %cert_path.display(), "loaded CA");
         Ok(Ca {
             cert_pem,
@@ -368,7 +367,9 @@ impl Ca {
         }
         let key = KeyPair::generate().map_err(PkiError::GenerateKey)?;
         params.distinguished_name = DistinguishedName::new();
-        params.distinguished_name.push(DnType::CommonName, common_name);
+        params
+            .distinguished_name
+            .push(DnType::CommonName, common_name);
         params.use_authority_key_identifier_extension = true;
         params.serial_number = Some(random_serial());
         set_validity(&mut params, validity);
@@ -406,10 +407,7 @@ fn parse_san(name: &str) -> Result<SanType> {
         if label.is_empty() || label.len() > 63 {
             return Err(invalid("each DNS label must be 1 to 63 characters"));
         }
-        if !label
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || c == '-')
-        {
+        if !label.chars().all(|c| c.is_ascii_alphanumeric() || c == '-') {
             return Err(invalid(
                 "not an IP address, and a DNS name may only hold letters, digits, '-' and '.'",
             ));

@@ -1,1 +1,455 @@
 //! The rlark control-plane process.
+//!
+//! [`start`] prepares the data directory (CA, serving and admin certificates, SQLite store),
+//! binds the HTTPS listener, writes `admin.kubeconfig` with the bound address and serves the
+//! Kubernetes-compatible API plus `/healthz`, `/livez`, `/readyz` and `/metrics` until shut
+//! down. [`run`] does the same until a [`CancellationToken`] fires.
+//!
+//! Data directory layout:
+//!
+//! | path | what |
+//! |---|---|
+//! | `pki/ca.crt`, `pki/ca.key` | installation CA (created once) |
+//! | `pki/admin.crt`, `pki/admin.key` | admin client certificate (`CN=admin, O=system:masters`) |
+//! | `rlark.db` | the SQLite store |
+//! | `admin.kubeconfig` | kubeconfig for the admin, rewritten at every start |
+
+mod auth;
+mod config;
+mod http;
+mod metrics;
+mod tls;
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use rlark_apiserver::ApiServer;
+use rlark_pki::Ca;
+use rlark_store::{SqliteStore, SqliteStoreConfig, StoreError};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
+
+pub use config::{
+    ApiConfigFile, ConfigError, DEFAULT_LISTEN, ServerConfig, ServerConfigFile, ServerOverrides,
+};
+
+/// User name of the admin client certificate.
+pub const ADMIN_USER: &str = "admin";
+/// File name of the admin kubeconfig inside the data directory.
+pub const ADMIN_KUBECONFIG: &str = "admin.kubeconfig";
+/// Sub-directory of the data directory that holds certificates and keys.
+pub const PKI_DIR: &str = "pki";
+/// File name of the SQLite database inside the data directory.
+pub const DATABASE_FILE: &str = "rlark.db";
+
+/// Errors of starting or running the server, named by the failed step.
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("PKI: {0}")]
+    Pki(#[from] rlark_pki::PkiError),
+    #[error("open store {path}: {source}")]
+    OpenStore { path: PathBuf, source: StoreError },
+    #[error("bind {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("TLS setup: {0}")]
+    Tls(String),
+    #[error("initialize API: {0}")]
+    InitApi(String),
+    #[error("server task failed: {0}")]
+    Task(String),
+}
+
+/// Path of the admin kubeconfig for a data directory.
+pub fn admin_kubeconfig_path(data_dir: &Path) -> PathBuf {
+    data_dir.join(ADMIN_KUBECONFIG)
+}
+
+/// A started server. Dropping it does not stop the server; call [`RunningServer::shutdown`]
+/// (or cancel [`RunningServer::shutdown_token`] and then [`RunningServer::wait`]).
+#[derive(Debug)]
+pub struct RunningServer {
+    /// The bound listener address (the real port when the config asked for port 0).
+    pub local_addr: SocketAddr,
+    /// `DATA_DIR/admin.kubeconfig`, already written with [`RunningServer::url`].
+    pub kubeconfig_path: PathBuf,
+    /// The data directory.
+    pub data_dir: PathBuf,
+    /// `sha256:<hex>` of the CA public key (for `--discovery-token-ca-cert-hash`-style pinning).
+    pub ca_cert_hash: String,
+    shutdown: CancellationToken,
+    task: JoinHandle<Result<(), ServerError>>,
+}
+
+impl RunningServer {
+    /// `https://HOST:PORT` clients should use (loopback when listening on a wildcard address).
+    pub fn url(&self) -> String {
+        server_url(self.local_addr)
+    }
+
+    /// Cancelling this token starts a graceful shutdown.
+    pub fn shutdown_token(&self) -> CancellationToken {
+        self.shutdown.clone()
+    }
+
+    /// Graceful shutdown: stop accepting, let in-flight requests finish (bounded by
+    /// `shutdown_grace`), stop background work, close the store.
+    pub async fn shutdown(self) -> Result<(), ServerError> {
+        self.shutdown.cancel();
+        self.wait().await
+    }
+
+    /// Wait until the server has stopped (after the token was cancelled, or on a fatal error).
+    pub async fn wait(self) -> Result<(), ServerError> {
+        match self.task.await {
+            Ok(result) => result,
+            Err(e) => Err(ServerError::Task(e.to_string())),
+        }
+    }
+}
+
+/// Start the server and return once it accepts connections and the kubeconfig is written.
+///
+/// The configuration is validated before anything touches the disk or the network.
+pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
+    start_with_token(config, CancellationToken::new()).await
+}
+
+/// Run the server until `shutdown` is cancelled, then shut down gracefully.
+pub async fn run(config: ServerConfig, shutdown: CancellationToken) -> Result<(), ServerError> {
+    let server = start_with_token(config, shutdown.child_token()).await?;
+    server.wait().await
+}
+
+fn server_url(addr: SocketAddr) -> String {
+    let ip = match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
+        IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
+        ip => ip,
+    };
+    format!("https://{}", SocketAddr::new(ip, addr.port()))
+}
+
+fn serving_sans(config: &ServerConfig) -> Vec<String> {
+    let mut sans = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    let ip = config.listen.ip();
+    if !ip.is_unspecified() && !ip.is_loopback() {
+        sans.push(ip.to_string());
+    }
+    sans.extend(config.tls_sans.iter().cloned());
+    sans
+}
+
+async fn start_with_token(
+    config: ServerConfig,
+    shutdown: CancellationToken,
+) -> Result<RunningServer, ServerError> {
+    config.validate()?;
+    let data_dir = config.data_dir.clone();
+    rlark_pki::create_private_dir(&data_dir)?;
+
+    // PKI: CA (once), serving certificate (every start), admin certificate (reused).
+    let pki_dir = data_dir.join(PKI_DIR);
+    let ca = Ca::load_or_create(&pki_dir)?;
+    let ca_cert_hash = ca.cert_hash()?;
+    let serving = ca.issue_serving(&serving_sans(&config), config.serving_cert_validity)?;
+    let admin = ca.load_or_issue_client(
+        &pki_dir.join("admin.crt"),
+        &pki_dir.join("admin.key"),
+        ADMIN_USER,
+        &[rlark_apiserver::auth::ADMIN_GROUP.to_string()],
+        config.admin_cert_validity,
+    )?;
+    let tls_config = tls::server_config(&ca, &serving)?;
+
+    // Store and API.
+    let db_path = data_dir.join(DATABASE_FILE);
+    let mut store_config = SqliteStoreConfig::new(&db_path);
+    store_config.log_capacity = config.store_log_capacity;
+    let store = SqliteStore::open(store_config)
+        .await
+        .map_err(|source| ServerError::OpenStore {
+            path: db_path.clone(),
+            source,
+        })?;
+    let mut registry = prometheus_client::registry::Registry::default();
+    registry.register_collector(Box::new(metrics::StoreCollector {
+        store: store.clone(),
+    }));
+    let api = ApiServer::new(Arc::new(store.clone()), config.api.clone(), &mut registry);
+    let prepared = prepare_listener(&config, &api, &data_dir, &ca, &admin).await;
+    let (listener, local_addr, url, kubeconfig_path) = match prepared {
+        Ok(prepared) => prepared,
+        Err(e) => {
+            store.close().await;
+            return Err(e);
+        }
+    };
+    let ready = Arc::new(AtomicBool::new(false));
+    let router = http::router(
+        http::ProcessState {
+            ready: ready.clone(),
+            metrics: Arc::new(registry),
+        },
+        api.router(),
+    );
+
+    let background = CancellationToken::new();
+    let background_task = {
+        let api = api.clone();
+        let token = background.clone();
+        tokio::spawn(async move { api.run_background(token).await })
+    };
+    ready.store(true, Ordering::Release);
+    tracing::info!(
+        addr = %local_addr,
+        %url,
+        kubeconfig = %kubeconfig_path.display(),
+        ca_cert_hash = %ca_cert_hash,
+        "listening"
+    );
+
+    let serve = Serve {
+        listener,
+        acceptor: tokio_rustls::TlsAcceptor::from(tls_config),
+        router,
+        handshake_timeout: config.tls_handshake_timeout,
+        grace: config.shutdown_grace,
+        ready,
+    };
+    let token = shutdown.clone();
+    let task = tokio::spawn(async move {
+        // Background work stops (and open watches end) as soon as shutdown begins, so
+        // long-running watches do not hold the graceful shutdown for the whole grace period.
+        serve.run(token, &background).await;
+        if let Err(e) = background_task.await {
+            tracing::error!(error = %e, "API background task failed");
+        }
+        store.close().await;
+        tracing::info!("server stopped");
+        Ok(())
+    });
+
+    Ok(RunningServer {
+        local_addr,
+        kubeconfig_path,
+        data_dir,
+        ca_cert_hash,
+        shutdown,
+        task,
+    })
+}
+
+/// The steps of [`start`] between opening the store and serving: create the `default`
+/// namespace, bind, write the kubeconfig with the bound URL. On error the caller closes the
+/// store.
+async fn prepare_listener(
+    config: &ServerConfig,
+    api: &ApiServer,
+    data_dir: &Path,
+    ca: &Ca,
+    admin: &rlark_pki::IssuedCert,
+) -> Result<(TcpListener, SocketAddr, String, PathBuf), ServerError> {
+    // Before reporting ready, so clients can use the `default` namespace at once.
+    api.ensure_default_namespace()
+        .await
+        .map_err(|e| ServerError::InitApi(e.to_string()))?;
+    let bind_err = |source| ServerError::Bind {
+        addr: config.listen,
+        source,
+    };
+    let listener = TcpListener::bind(config.listen).await.map_err(bind_err)?;
+    let local_addr = listener.local_addr().map_err(bind_err)?;
+    let url = server_url(local_addr);
+    let kubeconfig_path = admin_kubeconfig_path(data_dir);
+    let kubeconfig = rlark_pki::kubeconfig_yaml(
+        &url,
+        ca.cert_pem(),
+        &admin.cert_pem,
+        &admin.key_pem,
+        ADMIN_USER,
+    );
+    rlark_pki::write_private_file(&kubeconfig_path, kubeconfig.as_bytes())?;
+    Ok((listener, local_addr, url, kubeconfig_path))
+}
+
+/// The accept loop and the connections it spawned.
+struct Serve {
+    listener: TcpListener,
+    acceptor: tokio_rustls::TlsAcceptor,
+    router: axum::Router,
+    handshake_timeout: Duration,
+    grace: Duration,
+    ready: Arc<AtomicBool>,
+}
+
+impl Serve {
+    /// Accept until `shutdown`; then cancel `background`, drain connections (bounded by the
+    /// grace period) and return.
+    async fn run(self, shutdown: CancellationToken, background: &CancellationToken) {
+        let graceful = GracefulShutdown::new();
+        let connections = TaskTracker::new();
+        // Cancelled when the grace period is over: in-flight connections are dropped.
+        let hard_stop = CancellationToken::new();
+        loop {
+            let accepted = tokio::select! {
+                _ = shutdown.cancelled() => break,
+                accepted = self.listener.accept() => accepted,
+            };
+            match accepted {
+                Ok((tcp, remote)) => {
+                    let conn = Connection {
+                        acceptor: self.acceptor.clone(),
+                        router: self.router.clone(),
+                        handshake_timeout: self.handshake_timeout,
+                        hard_stop: hard_stop.clone(),
+                    };
+                    let watcher = graceful.watcher();
+                    let span = tracing::info_span!(
+                        "conn",
+                        peer = %remote,
+                        user = tracing::field::Empty,
+                        alpn = tracing::field::Empty,
+                    );
+                    connections.spawn(conn.serve(tcp, remote, watcher).instrument(span));
+                }
+                Err(error) => {
+                    // E.g. EMFILE: back off instead of spinning.
+                    tracing::warn!(%error, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+        drop(self.listener);
+        self.ready.store(false, Ordering::Release);
+        background.cancel();
+        connections.close();
+        tracing::info!(
+            connections = connections.len(),
+            grace_secs = self.grace.as_secs_f64(),
+            "shutting down: no longer accepting connections"
+        );
+        let drained = tokio::time::timeout(self.grace, async {
+            graceful.shutdown().await;
+            connections.wait().await;
+        })
+        .await;
+        if drained.is_err() {
+            tracing::warn!(
+                connections = connections.len(),
+                "grace period over; closing remaining connections"
+            );
+            hard_stop.cancel();
+            connections.wait().await;
+        }
+    }
+}
+
+/// One accepted TCP connection.
+struct Connection {
+    acceptor: tokio_rustls::TlsAcceptor,
+    router: axum::Router,
+    handshake_timeout: Duration,
+    hard_stop: CancellationToken,
+}
+
+impl Connection {
+    async fn serve(
+        self,
+        tcp: TcpStream,
+        remote: SocketAddr,
+        watcher: hyper_util::server::graceful::Watcher,
+    ) {
+        let handshake = tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(tcp));
+        let tls = tokio::select! {
+            _ = self.hard_stop.cancelled() => return,
+            result = handshake => match result {
+                Ok(Ok(tls)) => tls,
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "TLS handshake failed");
+                    return;
+                }
+                Err(_) => {
+                    tracing::debug!("TLS handshake timed out");
+                    return;
+                }
+            },
+        };
+        let (_, session) = tls.get_ref();
+        let peer = auth::PeerCredentials::from_verified_chain(session.peer_certificates());
+        let span = tracing::Span::current();
+        if let Some(identity) = &peer.cert_identity {
+            span.record("user", identity.user.as_str());
+        }
+        if let Some(alpn) = session.alpn_protocol() {
+            span.record("alpn", String::from_utf8_lossy(alpn).as_ref());
+        }
+        tracing::debug!("connection established");
+
+        let service = http::connection_service(self.router, peer, remote);
+        let builder = auto::Builder::new(TokioExecutor::new());
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
+        let conn = watcher.watch(conn.into_owned());
+        tokio::select! {
+            _ = self.hard_stop.cancelled() => tracing::debug!("connection closed at end of grace period"),
+            result = conn => if let Err(error) = result {
+                tracing::debug!(%error, "connection ended with error");
+            },
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn url_uses_loopback_for_wildcard_listeners() {
+        assert_eq!(
+            server_url("0.0.0.0:8443".parse().expect("addr")),
+            "https://127.0.0.1:8443"
+        );
+        assert_eq!(
+            server_url("[::]:8443".parse().expect("addr")),
+            "https://[::1]:8443"
+        );
+        assert_eq!(
+            server_url("10.1.2.3:1".parse().expect("addr")),
+            "https://10.1.2.3:1"
+        );
+    }
+
+    #[test]
+    fn serving_sans_include_defaults_listen_ip_and_extras() {
+        let mut config = ServerConfig::new("/d");
+        config.listen = "10.1.2.3:8443".parse().expect("addr");
+        config.tls_sans = vec!["rlark.example.com".into()];
+        assert_eq!(
+            serving_sans(&config),
+            [
+                "localhost",
+                "127.0.0.1",
+                "::1",
+                "10.1.2.3",
+                "rlark.example.com"
+            ]
+        );
+    }
+}

@@ -161,9 +161,13 @@ async fn apply_get_delete_round_trip() -> anyhow::Result<()> {
         stderr.starts_with("Error from server (NotFound):"),
         "{stderr}"
     );
-    let out = cli.run(&["get", "pods"]).await?;
+    let out = cli.run(&["get", "gizmos"]).await?;
     assert_eq!(out.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("\"pods\""));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        stderr.trim(),
+        "error: the server doesn't have a resource type \"gizmos\""
+    );
 
     // Delete by name and by file.
     let deleted = cli.ok(&["delete", "task", "t1", "-n", "team-a"]).await?;
@@ -190,7 +194,13 @@ async fn apply_get_delete_round_trip() -> anyhow::Result<()> {
         String::from_utf8_lossy(&out.stderr)
     );
     let out = cli.run(&["delete", "domain", "demo-net"]).await?;
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     cli.ok(&["delete", "domain", "demo-net", "--ignore-not-found"])
         .await?;
 

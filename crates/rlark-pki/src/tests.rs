@@ -1,0 +1,282 @@
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+
+use rustls::client::danger::ServerCertVerifier;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+
+use super::*;
+
+const DAY: Duration = Duration::from_secs(24 * 3600);
+
+fn der_of(pem: &str) -> CertificateDer<'static> {
+    CertificateDer::from_pem_slice(pem.as_bytes()).expect("pem")
+}
+
+fn mode(path: &Path) -> u32 {
+    std::fs::metadata(path).expect("stat").permissions().mode() & 0o777
+}
+
+#[test]
+fn client_cert_carries_user_and_every_group() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("ca");
+    for groups in [
+        vec![],
+        vec!["system:masters".to_string()],
+        vec!["a".to_string(), "b".to_string(), "rlark:agents".to_string()],
+    ] {
+        let issued = ca.issue_client("alice", &groups, DAY).expect("issue");
+        let (user, got) = identity_from_cert_der(&der_of(&issued.cert_pem)).expect("parse");
+        assert_eq!(user, "alice");
+        assert_eq!(got, groups);
+        ca.verify_client_cert(&der_of(&issued.cert_pem))
+            .expect("client cert chains to the CA");
+        // The key is a usable PKCS#8 key.
+        KeyPair::from_pem(&issued.key_pem).expect("key");
+    }
+}
+
+#[test]
+fn client_cert_verifies_with_webpki_and_foreign_ca_is_rejected() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let other = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("ca");
+    let foreign = Ca::load_or_create(other.path()).expect("foreign ca");
+    let issued = foreign
+        .issue_client("mallory", &["system:masters".to_string()], DAY)
+        .expect("issue");
+    let err = ca
+        .verify_client_cert(&der_of(&issued.cert_pem))
+        .expect_err("foreign cert rejected");
+    assert!(matches!(err, PkiError::Verify(_)), "{err}");
+
+    // A serving certificate lacks the clientAuth EKU.
+    let serving = ca
+        .issue_serving(&["localhost".to_string()], DAY)
+        .expect("serving");
+    assert!(ca.verify_client_cert(&der_of(&serving.cert_pem)).is_err());
+}
+
+#[test]
+fn serving_cert_verifies_for_dns_and_ip_names() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("ca");
+    let sans = [
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+        "rlark.example.com".to_string(),
+        "localhost".to_string(),
+    ];
+    let issued = ca.issue_serving(&sans, DAY).expect("serving");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(der_of(ca.cert_pem())).expect("root");
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        Arc::new(rustls::crypto::ring::default_provider()),
+    )
+    .build()
+    .expect("verifier");
+    let cert = der_of(&issued.cert_pem);
+    for name in ["localhost", "127.0.0.1", "::1", "rlark.example.com"] {
+        let server_name = ServerName::try_from(name).expect("name").to_owned();
+        verifier
+            .verify_server_cert(&cert, &[], &server_name, &[], UnixTime::now())
+            .unwrap_or_else(|e| panic!("{name}: {e}"));
+    }
+    let wrong = ServerName::try_from("evil.example.com").expect("name");
+    assert!(
+        verifier
+            .verify_server_cert(&cert, &[], &wrong, &[], UnixTime::now())
+            .is_err()
+    );
+}
+
+#[test]
+fn invalid_sans_are_rejected() {
+    for bad in [
+        "",
+        "has space",
+        "a..b",
+        "-lead.example",
+        "white\tspace",
+        "ü.example",
+    ] {
+        assert!(validate_san(bad).is_err(), "{bad:?} accepted");
+    }
+    for good in ["localhost", "*.example.com", "10.0.0.1", "fe80::1", "a-b.c"] {
+        validate_san(good).unwrap_or_else(|e| panic!("{good:?}: {e}"));
+    }
+}
+
+#[test]
+fn ca_reload_keeps_identity_hash_and_issuance_chain() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let first = Ca::load_or_create(dir.path()).expect("create");
+    let issued_before = first.issue_client("bob", &[], DAY).expect("issue");
+    let hash = first.cert_hash().expect("hash");
+    assert!(hash.starts_with("sha256:"));
+    assert_eq!(hash.len(), "sha256:".len() + 64);
+
+    let second = Ca::load_or_create(dir.path()).expect("reload");
+    assert_eq!(second.cert_pem(), first.cert_pem());
+    assert_eq!(second.cert_hash().expect("hash"), hash);
+    assert_eq!(ca_cert_hash(second.cert_der()).expect("hash"), hash);
+    // Certificates issued before and after the reload chain to the same CA.
+    second
+        .verify_client_cert(&der_of(&issued_before.cert_pem))
+        .expect("old cert still valid");
+    let issued_after = second.issue_client("bob", &[], DAY).expect("issue");
+    first
+        .verify_client_cert(&der_of(&issued_after.cert_pem))
+        .expect("new cert valid for the first instance");
+}
+
+#[test]
+fn ca_hash_is_sha256_of_spki() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("ca");
+    let (_, cert) = x509_parser::parse_x509_certificate(ca.cert_der()).expect("parse");
+    let expected = format!(
+        "sha256:{}",
+        hex::encode(Sha256::digest(cert.tbs_certificate.subject_pki.raw))
+    );
+    assert_eq!(ca.cert_hash().expect("hash"), expected);
+    assert_eq!(
+        cert.subject()
+            .iter_common_name()
+            .next()
+            .and_then(|a| a.as_str().ok()),
+        Some(CA_COMMON_NAME)
+    );
+    assert!(cert.is_ca());
+    let years = (cert.validity().not_after.timestamp() - cert.validity().not_before.timestamp())
+        / (365 * 24 * 3600);
+    assert_eq!(years, 10);
+    assert!(ca_cert_hash(b"not a certificate").is_err());
+}
+
+#[test]
+fn files_are_private() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let pki = dir.path().join("pki");
+    let ca = Ca::load_or_create(&pki).expect("ca");
+    assert_eq!(mode(&pki), 0o700);
+    assert_eq!(mode(&pki.join(CA_CERT_FILE)), 0o600);
+    assert_eq!(mode(&pki.join(CA_KEY_FILE)), 0o600);
+    let (crt, key) = (pki.join("admin.crt"), pki.join("admin.key"));
+    ca.load_or_issue_client(&crt, &key, "admin", &["system:masters".to_string()], DAY)
+        .expect("admin");
+    assert_eq!(mode(&crt), 0o600);
+    assert_eq!(mode(&key), 0o600);
+    let kubeconfig = dir.path().join("admin.kubeconfig");
+    write_private_file(&kubeconfig, b"x").expect("write");
+    write_private_file(&kubeconfig, b"y").expect("overwrite");
+    assert_eq!(mode(&kubeconfig), 0o600);
+    assert_eq!(std::fs::read(&kubeconfig).expect("read"), b"y");
+    // No temporary files are left behind.
+    let leftovers: Vec<_> = std::fs::read_dir(dir.path())
+        .expect("ls")
+        .filter_map(|e| e.ok())
+        .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+        .collect();
+    assert!(leftovers.is_empty(), "{leftovers:?}");
+}
+
+#[test]
+fn incomplete_or_mismatched_ca_is_an_error() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    Ca::load_or_create(dir.path()).expect("ca");
+    std::fs::remove_file(dir.path().join(CA_KEY_FILE)).expect("rm");
+    let err = Ca::load_or_create(dir.path()).expect_err("incomplete");
+    assert!(
+        matches!(
+            err,
+            PkiError::IncompleteCa {
+                missing: CA_KEY_FILE,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert!(err.to_string().contains("ca.key"), "{err}");
+
+    let other = tempfile::tempdir().expect("tempdir");
+    Ca::load_or_create(other.path()).expect("other ca");
+    std::fs::copy(other.path().join(CA_KEY_FILE), dir.path().join(CA_KEY_FILE)).expect("cp");
+    let err = Ca::load_or_create(dir.path()).expect_err("mismatch");
+    assert!(matches!(err, PkiError::KeyMismatch { .. }), "{err}");
+}
+
+#[test]
+fn client_cert_is_reused_only_when_still_right() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(&dir.path().join("pki")).expect("ca");
+    let (crt, key) = (dir.path().join("admin.crt"), dir.path().join("admin.key"));
+    let masters = ["system:masters".to_string()];
+    let first = ca
+        .load_or_issue_client(&crt, &key, "admin", &masters, DAY * 365)
+        .expect("issue");
+    let again = ca
+        .load_or_issue_client(&crt, &key, "admin", &masters, DAY * 365)
+        .expect("reuse");
+    assert_eq!(first.cert_pem, again.cert_pem);
+    // Different groups: re-issued.
+    let other = ca
+        .load_or_issue_client(&crt, &key, "admin", &[], DAY * 365)
+        .expect("reissue");
+    assert_ne!(other.cert_pem, first.cert_pem);
+    // Expiring within a day: re-issued.
+    let short = ca
+        .issue_client("admin", &[], Duration::from_secs(60))
+        .expect("short");
+    write_private_file(&crt, short.cert_pem.as_bytes()).expect("write");
+    write_private_file(&key, short.key_pem.as_bytes()).expect("write");
+    let renewed = ca
+        .load_or_issue_client(&crt, &key, "admin", &[], DAY * 365)
+        .expect("renew");
+    assert_ne!(renewed.cert_pem, short.cert_pem);
+}
+
+#[test]
+fn kubeconfig_has_the_expected_shape() {
+    let yaml = kubeconfig_yaml(
+        "https://127.0.0.1:8443",
+        "CA PEM",
+        "CERT PEM",
+        "KEY PEM",
+        "admin",
+    );
+    let doc: serde_json::Value = serde_saphyr::from_str(&yaml).expect("yaml");
+    use base64::Engine as _;
+    let decode = |v: &serde_json::Value| {
+        String::from_utf8(
+            base64::engine::general_purpose::STANDARD
+                .decode(v.as_str().expect("str"))
+                .expect("b64"),
+        )
+        .expect("utf8")
+    };
+    assert_eq!(doc["kind"], "Config");
+    assert_eq!(doc["current-context"], "rlark");
+    assert_eq!(doc["clusters"][0]["name"], "rlark");
+    assert_eq!(
+        doc["clusters"][0]["cluster"]["server"],
+        "https://127.0.0.1:8443"
+    );
+    assert_eq!(
+        decode(&doc["clusters"][0]["cluster"]["certificate-authority-data"]),
+        "CA PEM"
+    );
+    assert_eq!(doc["contexts"][0]["context"]["cluster"], "rlark");
+    assert_eq!(doc["contexts"][0]["context"]["user"], "rlark");
+    assert_eq!(doc["users"][0]["name"], "rlark");
+    assert_eq!(
+        decode(&doc["users"][0]["user"]["client-certificate-data"]),
+        "CERT PEM"
+    );
+    assert_eq!(
+        decode(&doc["users"][0]["user"]["client-key-data"]),
+        "KEY PEM"
+    );
+}

@@ -1,0 +1,326 @@
+//! Server configuration: built-in defaults, an optional YAML file, command-line overrides.
+//!
+//! Precedence, lowest first: defaults < config file < flags. Everything is validated by
+//! [`ServerConfig::validate`] before any port is bound.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use rlark_apiserver::ApiServerOptions;
+use serde::Deserialize;
+
+/// Default listen address: loopback only.
+pub const DEFAULT_LISTEN: SocketAddr =
+    SocketAddr::new(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST), 8443);
+
+/// Errors of loading or validating configuration. Messages name the file and the field.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("read config file {path}: {source}")]
+    Read {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("config file {path}: {message}")]
+    Parse { path: PathBuf, message: String },
+    #[error("invalid configuration: {field}: {message}")]
+    Invalid { field: String, message: String },
+    #[error("no data directory: pass --data-dir or set dataDir in the config file")]
+    MissingDataDir,
+}
+
+/// Everything the server process needs to start.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// Holds `pki/`, `rlark.db` and `admin.kubeconfig`. Created with mode 0700 when missing.
+    pub data_dir: PathBuf,
+    /// Address of the HTTPS listener. Port 0 picks a free port (see `RunningServer::local_addr`).
+    pub listen: SocketAddr,
+    /// Extra subject alternative names (DNS names or IP addresses) of the serving
+    /// certificate, besides `localhost`, `127.0.0.1`, `::1` and a specific listen IP.
+    pub tls_sans: Vec<String>,
+    /// API server tunables.
+    pub api: ApiServerOptions,
+    /// On shutdown, how long in-flight requests may run before connections are closed.
+    pub shutdown_grace: Duration,
+    /// A client that has not finished the TLS handshake after this long is disconnected.
+    pub tls_handshake_timeout: Duration,
+    /// Lifetime of the serving certificate (re-issued at every start).
+    pub serving_cert_validity: Duration,
+    /// Lifetime of the admin client certificate (re-issued when it expires within a day).
+    pub admin_cert_validity: Duration,
+    /// Change-log events the store keeps for watches; older ones are compacted (a watch from
+    /// there gets 410 Gone). See `rlark_store::SqliteStoreConfig::log_capacity`.
+    pub store_log_capacity: usize,
+}
+
+impl ServerConfig {
+    /// Defaults for everything but the data directory.
+    pub fn new(data_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            data_dir: data_dir.into(),
+            listen: DEFAULT_LISTEN,
+            tls_sans: Vec::new(),
+            api: ApiServerOptions::default(),
+            shutdown_grace: Duration::from_secs(10),
+            tls_handshake_timeout: Duration::from_secs(10),
+            serving_cert_validity: Duration::from_secs(365 * 24 * 3600),
+            admin_cert_validity: Duration::from_secs(365 * 24 * 3600),
+            store_log_capacity: rlark_store::SqliteStoreConfig::new("").log_capacity,
+        }
+    }
+
+    /// Defaults, then `file` (when given), then `overrides`; validated.
+    pub fn resolve(
+        file: Option<ServerConfigFile>,
+        overrides: ServerOverrides,
+    ) -> Result<ServerConfig, ConfigError> {
+        let file = file.unwrap_or_default();
+        let data_dir = overrides
+            .data_dir
+            .or(file.data_dir)
+            .ok_or(ConfigError::MissingDataDir)?;
+        let mut config = ServerConfig::new(data_dir);
+        if let Some(listen) = &file.listen {
+            config.listen = listen.parse().map_err(|e| ConfigError::Invalid {
+                field: "listen".to_string(),
+                message: format!("{listen:?} is not an address like 127.0.0.1:8443 ({e})"),
+            })?;
+        }
+        if let Some(sans) = file.tls_sans {
+            config.tls_sans = sans;
+        }
+        if let Some(secs) = file.shutdown_grace_seconds {
+            config.shutdown_grace = Duration::from_secs(secs);
+        }
+        if let Some(api) = file.api {
+            if let Some(v) = api.max_request_bytes {
+                config.api.max_request_bytes = v;
+            }
+            if let Some(v) = api.bookmark_interval_seconds {
+                config.api.bookmark_interval = Duration::from_secs(v);
+            }
+            if let Some(v) = api.default_watch_timeout_seconds {
+                config.api.default_watch_timeout = Duration::from_secs(v);
+            }
+        }
+        if let Some(listen) = overrides.listen {
+            config.listen = listen;
+        }
+        if !overrides.tls_sans.is_empty() {
+            config.tls_sans = overrides.tls_sans;
+        }
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Check every field; the error names the offending one.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let invalid = |field: &str, message: String| ConfigError::Invalid {
+            field: field.to_string(),
+            message,
+        };
+        if self.data_dir.as_os_str().is_empty() {
+            return Err(ConfigError::MissingDataDir);
+        }
+        for (i, san) in self.tls_sans.iter().enumerate() {
+            rlark_pki::validate_san(san)
+                .map_err(|e| invalid(&format!("tlsSans[{i}]"), e.to_string()))?;
+        }
+        if self.api.max_request_bytes == 0 {
+            return Err(invalid("api.maxRequestBytes", "must be positive".into()));
+        }
+        if self.api.bookmark_interval.is_zero() {
+            return Err(invalid(
+                "api.bookmarkIntervalSeconds",
+                "must be positive".into(),
+            ));
+        }
+        if self.api.default_watch_timeout.is_zero() {
+            return Err(invalid(
+                "api.defaultWatchTimeoutSeconds",
+                "must be positive".into(),
+            ));
+        }
+        if self.store_log_capacity == 0 {
+            return Err(invalid("storeLogCapacity", "must be positive".into()));
+        }
+        if self.tls_handshake_timeout.is_zero() {
+            return Err(invalid("tlsHandshakeTimeout", "must be positive".into()));
+        }
+        if self.serving_cert_validity < Duration::from_secs(3600)
+            || self.admin_cert_validity < Duration::from_secs(3600)
+        {
+            return Err(invalid(
+                "certificate validity",
+                "must be at least one hour".into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Command-line values that override the config file. `None`/empty = not given.
+#[derive(Clone, Debug, Default)]
+pub struct ServerOverrides {
+    /// `--data-dir`.
+    pub data_dir: Option<PathBuf>,
+    /// `--listen`.
+    pub listen: Option<SocketAddr>,
+    /// `--tls-san` (repeatable); when non-empty it replaces the file's `tlsSans`.
+    pub tls_sans: Vec<String>,
+}
+
+/// The YAML config file. Every field is optional; unknown fields are an error.
+///
+/// ```yaml
+/// dataDir: /var/lib/rlark
+/// listen: 0.0.0.0:8443
+/// tlsSans: [rlark.example.com, 10.0.0.5]
+/// shutdownGraceSeconds: 10
+/// api:
+///   maxRequestBytes: 3145728
+///   bookmarkIntervalSeconds: 60
+///   defaultWatchTimeoutSeconds: 1800
+/// ```
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ServerConfigFile {
+    /// `dataDir`: see [`ServerConfig::data_dir`].
+    pub data_dir: Option<PathBuf>,
+    /// `listen`: see [`ServerConfig::listen`]. Kept as text here; parsed (and reported
+    /// naming the field) by [`ServerConfig::resolve`].
+    pub listen: Option<String>,
+    /// `tlsSans`: see [`ServerConfig::tls_sans`].
+    pub tls_sans: Option<Vec<String>>,
+    /// `shutdownGraceSeconds`: see [`ServerConfig::shutdown_grace`].
+    pub shutdown_grace_seconds: Option<u64>,
+    /// `api`: API server tunables.
+    pub api: Option<ApiConfigFile>,
+}
+
+/// The `api` section of [`ServerConfigFile`].
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ApiConfigFile {
+    /// `maxRequestBytes`: larger request bodies get 413.
+    pub max_request_bytes: Option<usize>,
+    /// `bookmarkIntervalSeconds`: how often idle watches get a BOOKMARK.
+    pub bookmark_interval_seconds: Option<u64>,
+    /// `defaultWatchTimeoutSeconds`: watch duration when the client gives none.
+    pub default_watch_timeout_seconds: Option<u64>,
+}
+
+impl ServerConfigFile {
+    /// Read and parse `path`. An empty file is an empty config.
+    pub fn load(path: &Path) -> Result<ServerConfigFile, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(&text, path)
+    }
+
+    /// Parse YAML `text`; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &Path) -> Result<ServerConfigFile, ConfigError> {
+        if text.trim().is_empty() {
+            return Ok(ServerConfigFile::default());
+        }
+        serde_saphyr::from_str(text).map_err(|e| {
+            let message = e.to_string();
+            ConfigError::Parse {
+                path: origin.to_path_buf(),
+                message: message
+                    .strip_prefix("error: ")
+                    .unwrap_or(&message)
+                    .to_string(),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(text: &str) -> Result<ServerConfigFile, ConfigError> {
+        ServerConfigFile::parse(text, Path::new("test.yaml"))
+    }
+
+    #[test]
+    fn file_values_apply_and_flags_override_them() {
+        let file = parse(
+            "dataDir: /from/file\nlisten: 0.0.0.0:9443\ntlsSans: [a.example, 10.1.2.3]\n\
+             shutdownGraceSeconds: 3\napi:\n  maxRequestBytes: 1024\n",
+        )
+        .expect("parse");
+        let config =
+            ServerConfig::resolve(Some(file.clone()), ServerOverrides::default()).expect("resolve");
+        assert_eq!(config.data_dir, PathBuf::from("/from/file"));
+        assert_eq!(config.listen, "0.0.0.0:9443".parse().expect("addr"));
+        assert_eq!(config.tls_sans, ["a.example", "10.1.2.3"]);
+        assert_eq!(config.shutdown_grace, Duration::from_secs(3));
+        assert_eq!(config.api.max_request_bytes, 1024);
+
+        let config = ServerConfig::resolve(
+            Some(file),
+            ServerOverrides {
+                data_dir: Some("/from/flag".into()),
+                listen: Some("127.0.0.1:0".parse().expect("addr")),
+                tls_sans: vec!["b.example".into()],
+            },
+        )
+        .expect("resolve");
+        assert_eq!(config.data_dir, PathBuf::from("/from/flag"));
+        assert_eq!(config.listen.port(), 0);
+        assert_eq!(config.tls_sans, ["b.example"]);
+    }
+
+    #[test]
+    fn unknown_fields_are_named() {
+        let err = parse("dataDir: /x\nlistne: 1.2.3.4:5\n").expect_err("unknown field");
+        assert!(err.to_string().contains("listne"), "{err}");
+        let err = parse("api:\n  maxRequestByte: 1\n").expect_err("unknown nested field");
+        assert!(err.to_string().contains("maxRequestByte"), "{err}");
+    }
+
+    #[test]
+    fn bad_values_name_the_field() {
+        let file = parse("listen: not-an-address\n").expect("parse");
+        let err = ServerConfig::resolve(
+            Some(file),
+            ServerOverrides {
+                data_dir: Some("/d".into()),
+                ..Default::default()
+            },
+        )
+        .expect_err("bad listen");
+        assert!(err.to_string().contains("listen"), "{err}");
+
+        let err = ServerConfig::resolve(
+            None,
+            ServerOverrides {
+                data_dir: Some("/d".into()),
+                tls_sans: vec!["ok.example".into(), "not valid".into()],
+                ..Default::default()
+            },
+        )
+        .expect_err("bad san");
+        assert!(err.to_string().contains("tlsSans[1]"), "{err}");
+
+        let err = parse("shutdownGraceSeconds: soon\n").expect_err("type error");
+        assert!(
+            err.to_string().contains("shutdownGraceSeconds") || err.to_string().contains("soon"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn data_dir_is_required_and_empty_file_is_fine() {
+        let err =
+            ServerConfig::resolve(Some(parse("").expect("empty")), ServerOverrides::default())
+                .expect_err("no data dir");
+        assert!(matches!(err, ConfigError::MissingDataDir));
+    }
+}

@@ -1,0 +1,129 @@
+//! HTTP layer: the routes the process adds around the API router, and serving one TLS
+//! connection with hyper (HTTP/1.1 and HTTP/2, upgrades allowed).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use http::{Request, StatusCode, header};
+use hyper::body::Incoming;
+use prometheus_client::registry::Registry;
+use rlark_apiserver::auth::Identity;
+use tower::ServiceExt as _;
+
+use crate::auth::{self, PeerCredentials};
+
+/// Shared state of the process routes.
+#[derive(Clone)]
+pub(crate) struct ProcessState {
+    /// True once the store is open and the API is being served; false again on shutdown.
+    pub ready: Arc<AtomicBool>,
+    /// Complete once serving starts (all metrics registered); read-only afterwards.
+    pub metrics: Arc<Registry>,
+}
+
+/// `/healthz`, `/livez`, `/readyz` (anonymous) and `/metrics` (authenticated), merged with
+/// the API router.
+pub(crate) fn router(state: ProcessState, api: Router) -> Router {
+    let process = Router::new()
+        .route("/healthz", get(ok))
+        .route("/livez", get(ok))
+        .route("/readyz", get(readyz))
+        .route("/metrics", get(metrics))
+        .with_state(state);
+    process.merge(api)
+}
+
+async fn ok() -> &'static str {
+    "ok"
+}
+
+async fn readyz(State(state): State<ProcessState>) -> Response {
+    if state.ready.load(Ordering::Acquire) {
+        "ok".into_response()
+    } else {
+        (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    }
+}
+
+async fn metrics(
+    State(state): State<ProcessState>,
+    identity: Option<axum::Extension<Identity>>,
+) -> Response {
+    if identity.is_none() {
+        return unauthorized();
+    }
+    let mut text = String::new();
+    if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &state.metrics) {
+        tracing::error!(%error, "encoding metrics failed");
+        return (StatusCode::INTERNAL_SERVER_ERROR, "encoding metrics failed").into_response();
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response()
+}
+
+/// A Kubernetes `Status` 401, as kube-apiserver answers anonymous requests.
+pub(crate) fn unauthorized() -> Response {
+    let body = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401}"#;
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::CONTENT_TYPE, "application/json")],
+        body,
+    )
+        .into_response()
+}
+
+/// The hyper service of one connection: authenticates each request, then hands it to the
+/// router.
+pub(crate) fn connection_service(
+    router: Router,
+    peer: PeerCredentials,
+    remote: SocketAddr,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<Body>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
+> + Clone {
+    let peer = Arc::new(peer);
+    hyper::service::service_fn(move |mut request: Request<Incoming>| {
+        let router = router.clone();
+        let identity = auth::authenticate(&peer, request.headers());
+        let span = tracing::debug_span!(
+            "request",
+            method = %request.method(),
+            path = %request.uri().path(),
+            user = identity.as_ref().map(|i| i.user.as_str()).unwrap_or(""),
+        );
+        if let Some(identity) = identity {
+            request.extensions_mut().insert(identity);
+        }
+        request.extensions_mut().insert(ConnectInfo(remote));
+        let started = Instant::now();
+        let fut = async move {
+            let response = router.oneshot(request).await;
+            if let Ok(response) = &response {
+                tracing::debug!(
+                    status = response.status().as_u16(),
+                    elapsed_ms = started.elapsed().as_millis() as u64,
+                    "request done"
+                );
+            }
+            response
+        };
+        tracing::Instrument::instrument(fut, span)
+    })
+}

@@ -1,0 +1,75 @@
+//! Process metrics that are read at scrape time.
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::gauge::ConstGauge;
+use rlark_store::{SqliteStore, Store};
+
+/// Store revision and write-path counters, read from the store on every scrape.
+pub(crate) struct StoreCollector {
+    pub store: SqliteStore,
+}
+
+impl std::fmt::Debug for StoreCollector {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoreCollector")
+            .field("path", &self.store.path())
+            .finish()
+    }
+}
+
+fn gauge(encoder: &mut DescriptorEncoder, name: &str, help: &str, value: u64) -> std::fmt::Result {
+    // Revisions stay far below i64::MAX; saturate rather than wrap if one ever does not.
+    let metric = ConstGauge::new(i64::try_from(value).unwrap_or(i64::MAX));
+    let metric_encoder = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+    metric.encode(metric_encoder)
+}
+
+fn counter(
+    encoder: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    value: u64,
+) -> std::fmt::Result {
+    let metric = ConstCounter::new(value);
+    let metric_encoder = encoder.encode_descriptor(name, help, None, metric.metric_type())?;
+    metric.encode(metric_encoder)
+}
+
+impl Collector for StoreCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        gauge(
+            &mut encoder,
+            "rlark_store_revision",
+            "Latest committed store revision.",
+            self.store.revision(),
+        )?;
+        gauge(
+            &mut encoder,
+            "rlark_store_compacted_revision",
+            "Oldest revision a watch may start from.",
+            self.store.compacted_revision(),
+        )?;
+        let stats = self.store.stats();
+        counter(
+            &mut encoder,
+            "rlark_store_commits",
+            "SQLite transactions committed.",
+            stats.commits,
+        )?;
+        counter(
+            &mut encoder,
+            "rlark_store_writes",
+            "Object writes committed.",
+            stats.writes,
+        )?;
+        counter(
+            &mut encoder,
+            "rlark_store_failed_commits",
+            "SQLite transactions that failed.",
+            stats.failed_commits,
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,82 @@
+//! `rlark delete KIND NAME... [-n NS]` and `rlark delete -f FILE|DIR|-`.
+
+use clap::Args;
+use kube::api::{Api, DeleteParams, DynamicObject};
+
+use super::ClientArgs;
+use super::apply::place;
+use super::client::{Reported, Session, format_status, is_not_found};
+use super::discovery::{Catalog, ResourceInfo};
+use super::manifest;
+
+#[derive(Debug, Args)]
+pub(crate) struct DeleteArgs {
+    /// Resource type (jobs, job, rljob, tasks, ns, ...).
+    #[arg(
+        required_unless_present = "filenames",
+        conflicts_with = "filenames",
+        requires = "names"
+    )]
+    pub kind: Option<String>,
+    /// Names of the objects to delete.
+    pub names: Vec<String>,
+    /// Delete the objects of these manifests (file, directory or `-`). Repeatable.
+    #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-")]
+    pub filenames: Vec<String>,
+    /// Namespace (default: the kubeconfig context's, else `default`).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Treat "not found" as success.
+    #[arg(long)]
+    pub ignore_not_found: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+pub(crate) async fn delete(args: DeleteArgs) -> anyhow::Result<()> {
+    // Read the manifests before connecting, so a bad file fails fast.
+    let manifests = manifest::read_sources(&args.filenames)?;
+    let session = Session::connect(&args.client, args.namespace.as_deref()).await?;
+    let catalog = Catalog::discover(&session.client).await?;
+    let mut targets: Vec<(&ResourceInfo, Option<String>, String)> = Vec::new();
+    if let Some(kind) = &args.kind {
+        let info = catalog.resolve(kind)?;
+        let namespace = info.namespaced.then(|| session.namespace.clone());
+        for name in &args.names {
+            targets.push((info, namespace.clone(), name.clone()));
+        }
+    }
+    for manifest in &manifests {
+        let (info, namespace, _) = place(
+            &catalog,
+            manifest,
+            &session.namespace,
+            session.namespace_explicit,
+        )?;
+        targets.push((info, namespace, manifest.name().to_string()));
+    }
+
+    let mut errors = 0;
+    for (info, namespace, name) in targets {
+        let api: Api<DynamicObject> = match &namespace {
+            Some(ns) => Api::namespaced_with(session.client.clone(), ns, &info.ar),
+            None => Api::all_with(session.client.clone(), &info.ar),
+        };
+        match api.delete(&name, &DeleteParams::default()).await {
+            Ok(_) => println!("{} {name:?} deleted", info.qualified_kind()),
+            Err(e) if args.ignore_not_found && is_not_found(&e) => {}
+            Err(kube::Error::Api(status)) => {
+                errors += 1;
+                eprintln!("{}", format_status(&status));
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e)
+                    .context(format!("delete {} {name}", info.qualified_kind())));
+            }
+        }
+    }
+    if errors > 0 {
+        return Err(Reported { count: errors }.into());
+    }
+    Ok(())
+}

@@ -1,0 +1,237 @@
+//! `rlark get KIND [NAME...] [-n NS | -A] [-o yaml|json|wide|name] [-l SELECTOR]`.
+
+use anyhow::{Context as _, bail};
+use clap::{Args, ValueEnum};
+use kube::api::ListParams;
+use kube::core::Request;
+use serde_json::{Value, json};
+
+use super::ClientArgs;
+use super::client::{Reported, Session, format_status};
+use super::discovery::{Catalog, ResourceInfo};
+use super::table::{self, TABLE_ACCEPT, TableOptions};
+
+#[derive(Debug, Args)]
+pub(crate) struct GetArgs {
+    /// Resource type: plural, singular, kind or short name (jobs, job, rljob, tasks, ns, leases).
+    pub kind: String,
+    /// Names of the objects (default: all).
+    pub names: Vec<String>,
+    /// Namespace (default: the kubeconfig context's, else `default`).
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// List across all namespaces.
+    #[arg(short = 'A', long)]
+    pub all_namespaces: bool,
+    /// Output format (default: a table).
+    #[arg(short = 'o', long, value_enum)]
+    pub output: Option<OutputFormat>,
+    /// Label selector, e.g. `app=ppo,tier!=gpu`.
+    #[arg(short = 'l', long)]
+    pub selector: Option<String>,
+    /// Omit the table header.
+    #[arg(long)]
+    pub no_headers: bool,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OutputFormat {
+    Yaml,
+    Json,
+    Wide,
+    Name,
+}
+
+pub(crate) async fn get(args: GetArgs) -> anyhow::Result<()> {
+    if !args.names.is_empty() && args.all_namespaces {
+        bail!("a resource cannot be retrieved by name across all namespaces");
+    }
+    if !args.names.is_empty() && args.selector.is_some() {
+        bail!("name cannot be provided when a selector is specified");
+    }
+    let session = Session::connect(&args.client, args.namespace.as_deref()).await?;
+    let catalog = Catalog::discover(&session.client).await?;
+    let info = catalog.resolve(&args.kind)?;
+    let namespace = match (info.namespaced, args.all_namespaces) {
+        (true, false) => Some(session.namespace.as_str()),
+        _ => None,
+    };
+    let path = info.collection_path(namespace);
+    match args.output {
+        None | Some(OutputFormat::Wide) => {
+            let options = TableOptions {
+                wide: args.output == Some(OutputFormat::Wide),
+                with_namespace: info.namespaced && args.all_namespaces,
+                no_headers: args.no_headers,
+            };
+            print_table(&session, info, &path, namespace, &args, options).await
+        }
+        Some(format) => print_objects(&session, info, &path, &args, format).await,
+    }
+}
+
+async fn print_table(
+    session: &Session,
+    info: &ResourceInfo,
+    path: &str,
+    namespace: Option<&str>,
+    args: &GetArgs,
+    options: TableOptions,
+) -> anyhow::Result<()> {
+    let mut errors = 0;
+    let table = if args.names.is_empty() {
+        let list_params = list_params(args);
+        let request = Request::new(path).list(&list_params)?;
+        let response = table_request(session, request)
+            .await
+            .with_context(|| format!("list {}", info.qualified_plural()))?;
+        let table = into_table(response);
+        if table::rows(&table).is_empty() {
+            match namespace {
+                Some(ns) => eprintln!("No resources found in {ns} namespace."),
+                None => eprintln!("No resources found"),
+            }
+            return Ok(());
+        }
+        table
+    } else {
+        let mut merged: Option<Value> = None;
+        for name in &args.names {
+            let request = Request::new(path).get(name, &Default::default())?;
+            match table_request(session, request).await {
+                Ok(response) => {
+                    let t = into_table(response);
+                    match merged.as_mut() {
+                        Some(m) => table::merge(m, t),
+                        None => merged = Some(t),
+                    }
+                }
+                Err(kube::Error::Api(status)) => {
+                    eprintln!("{}", format_status(&status));
+                    errors += 1;
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("get {} {name}", info.qualified_kind()));
+                }
+            }
+        }
+        match merged {
+            Some(t) => t,
+            None => return Err(Reported { count: errors }.into()),
+        }
+    };
+    print!("{}", table::render(&table, options));
+    if errors > 0 {
+        return Err(Reported { count: errors }.into());
+    }
+    Ok(())
+}
+
+/// GET asking for a Table.
+async fn table_request(
+    session: &Session,
+    mut request: http::Request<Vec<u8>>,
+) -> Result<Value, kube::Error> {
+    request.headers_mut().insert(
+        http::header::ACCEPT,
+        http::HeaderValue::from_static(TABLE_ACCEPT),
+    );
+    session.client.request::<Value>(request).await
+}
+
+/// A Table response as is; a list or an object (server without Table support) converted.
+fn into_table(response: Value) -> Value {
+    if response["kind"] == "Table" {
+        return response;
+    }
+    let objects: Vec<Value> = match response.get("items").and_then(Value::as_array) {
+        Some(items) => items.clone(),
+        None => vec![response],
+    };
+    table::synthesize(&objects, chrono::Utc::now())
+}
+
+fn list_params(args: &GetArgs) -> ListParams {
+    let mut params = ListParams::default();
+    if let Some(selector) = &args.selector {
+        params = params.labels(selector);
+    }
+    params
+}
+
+async fn print_objects(
+    session: &Session,
+    info: &ResourceInfo,
+    path: &str,
+    args: &GetArgs,
+    format: OutputFormat,
+) -> anyhow::Result<()> {
+    let mut errors = 0;
+    let mut objects = Vec::new();
+    let single = args.names.len() == 1;
+    if args.names.is_empty() {
+        let request = Request::new(path).list(&list_params(args))?;
+        let list: Value = session
+            .client
+            .request(request)
+            .await
+            .with_context(|| format!("list {}", info.qualified_plural()))?;
+        objects.extend(list["items"].as_array().cloned().unwrap_or_default());
+    } else {
+        for name in &args.names {
+            let request = Request::new(path).get(name, &Default::default())?;
+            match session.client.request::<Value>(request).await {
+                Ok(object) => objects.push(object),
+                Err(kube::Error::Api(status)) => {
+                    eprintln!("{}", format_status(&status));
+                    errors += 1;
+                }
+                Err(e) => {
+                    return Err(e).with_context(|| format!("get {} {name}", info.qualified_kind()));
+                }
+            }
+        }
+    }
+    // List items come without apiVersion/kind; kubectl fills them in.
+    for object in &mut objects {
+        if let Value::Object(map) = object {
+            map.entry("apiVersion")
+                .or_insert_with(|| Value::String(info.ar.api_version.clone()));
+            map.entry("kind")
+                .or_insert_with(|| Value::String(info.ar.kind.clone()));
+        }
+    }
+    if format == OutputFormat::Name {
+        for object in &objects {
+            println!(
+                "{}/{}",
+                info.qualified_kind(),
+                object["metadata"]["name"].as_str().unwrap_or_default()
+            );
+        }
+    } else if !(objects.is_empty() && errors > 0) {
+        let document = if single && objects.len() == 1 {
+            objects.remove(0)
+        } else {
+            json!({"apiVersion": "v1", "kind": "List", "items": objects, "metadata": {"resourceVersion": ""}})
+        };
+        print_document(&document, format)?;
+    }
+    if errors > 0 {
+        return Err(Reported { count: errors }.into());
+    }
+    Ok(())
+}
+
+fn print_document(document: &Value, format: OutputFormat) -> anyhow::Result<()> {
+    match format {
+        OutputFormat::Json => println!("{}", serde_json::to_string_pretty(document)?),
+        _ => print!(
+            "{}",
+            serde_saphyr::to_string(document).context("render YAML")?
+        ),
+    }
+    Ok(())
+}

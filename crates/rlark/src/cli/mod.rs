@@ -1,0 +1,132 @@
+//! Command-line interface: flags, logging setup, dispatch and error reporting.
+
+mod apply;
+mod client;
+mod delete;
+mod discovery;
+mod get;
+mod manifest;
+mod server;
+mod table;
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+pub(crate) use client::report;
+
+/// rlark: cross-cluster control plane for embodied-AI reinforcement learning.
+#[derive(Debug, Parser)]
+#[command(name = "rlark", version, about, propagate_version = true)]
+pub(crate) struct Cli {
+    /// Log format on stderr. The level comes from RUST_LOG (default: info for `server`
+    /// and `up`, warn otherwise).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the control-plane server until SIGTERM or SIGINT.
+    Server(server::ServerArgs),
+    /// Start a local control plane on loopback with embedded defaults and print how to use it.
+    Up(server::UpArgs),
+    /// Print the admin kubeconfig of a data directory.
+    Kubeconfig(server::KubeconfigArgs),
+    /// Print the CustomResourceDefinitions of the rlinf.io API (for a real Kubernetes cluster).
+    Crds,
+    /// Create or update resources from files, directories or stdin.
+    Apply(apply::ApplyArgs),
+    /// Display resources.
+    Get(get::GetArgs),
+    /// Delete resources by kind and name, or from files.
+    Delete(delete::DeleteArgs),
+}
+
+/// Flags shared by the commands that talk to a server.
+#[derive(Clone, Debug, Default, Args)]
+pub(crate) struct ClientArgs {
+    /// Kubeconfig file. Default: $KUBECONFIG, else ./.rlark/admin.kubeconfig.
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
+}
+
+/// Set up `tracing` on stderr: `RUST_LOG` filter, text or JSON lines.
+pub(crate) fn init_tracing(cli: &Cli) {
+    let default_level = match cli.command {
+        Command::Server(_) | Command::Up(_) => "info",
+        _ => "warn",
+    };
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    use std::io::IsTerminal as _;
+    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(ansi)
+        .with_writer(std::io::stderr);
+    // Err only if a subscriber is already set, which cannot happen in `main`.
+    let _ = match cli.log_format {
+        LogFormat::Text => builder.try_init(),
+        LogFormat::Json => builder.json().try_init(),
+    };
+}
+
+/// Run the parsed command.
+pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
+    match cli.command {
+        Command::Server(args) => server::server(args).await,
+        Command::Up(args) => server::up(args).await,
+        Command::Kubeconfig(args) => server::kubeconfig(args),
+        Command::Crds => {
+            print!("{}", rlark_api::crd::crds_yaml());
+            Ok(())
+        }
+        Command::Apply(args) => apply::apply(args).await,
+        Command::Get(args) => get::get(args).await,
+        Command::Delete(args) => delete::delete(args).await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_definition_is_consistent() {
+        use clap::CommandFactory as _;
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn parses_client_commands() {
+        let cli = Cli::try_parse_from(["rlark", "get", "jobs", "-A", "-o", "wide", "-l", "a=b"])
+            .expect("parse");
+        let Command::Get(args) = cli.command else {
+            panic!("not get")
+        };
+        assert!(args.all_namespaces);
+        assert_eq!(args.selector.as_deref(), Some("a=b"));
+
+        let cli = Cli::try_parse_from(["rlark", "apply", "-f", "-", "-f", "dir", "-n", "x"])
+            .expect("parse");
+        let Command::Apply(args) = cli.command else {
+            panic!("not apply")
+        };
+        assert_eq!(args.filenames, ["-", "dir"]);
+
+        assert!(Cli::try_parse_from(["rlark", "get"]).is_err());
+        assert!(Cli::try_parse_from(["rlark", "delete", "jobs"]).is_err());
+        assert!(Cli::try_parse_from(["rlark", "delete", "-f", "x", "jobs"]).is_err());
+        assert!(Cli::try_parse_from(["rlark", "delete", "jobs", "a"]).is_ok());
+    }
+}

@@ -1,0 +1,151 @@
+//! `rlark server`, `rlark up` and `rlark kubeconfig`.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context as _, bail};
+use clap::Args;
+use rlark_server::{ServerConfig, ServerConfigFile, ServerOverrides};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio_util::sync::CancellationToken;
+
+/// Data directory of `rlark up` and `rlark kubeconfig` when none is given.
+const DEFAULT_DATA_DIR: &str = ".rlark";
+
+#[derive(Debug, Args)]
+pub(crate) struct ServerArgs {
+    /// Data directory (CA, database, admin kubeconfig). Required unless the config file sets dataDir.
+    #[arg(long, value_name = "DIR")]
+    data_dir: Option<PathBuf>,
+    /// HTTPS listen address [default: 127.0.0.1:8443]. Port 0 picks a free port.
+    #[arg(long, value_name = "ADDR")]
+    listen: Option<SocketAddr>,
+    /// Extra DNS name or IP address for the serving certificate. Repeatable; replaces the
+    /// config file's tlsSans.
+    #[arg(long = "tls-san", value_name = "NAME")]
+    tls_sans: Vec<String>,
+    /// YAML config file (fields: dataDir, listen, tlsSans, shutdownGraceSeconds, api).
+    /// Flags override its values.
+    #[arg(long, value_name = "FILE")]
+    config: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct UpArgs {
+    /// Data directory.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+    /// HTTPS listen address; must be a loopback address (use `rlark server` otherwise).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8443")]
+    listen: SocketAddr,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct KubeconfigArgs {
+    /// Data directory of the server.
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_DATA_DIR)]
+    data_dir: PathBuf,
+    /// Print the file's path instead of its content.
+    #[arg(long)]
+    path: bool,
+}
+
+pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
+    let file = args
+        .config
+        .as_deref()
+        .map(ServerConfigFile::load)
+        .transpose()?;
+    let config = ServerConfig::resolve(
+        file,
+        ServerOverrides {
+            data_dir: args.data_dir,
+            listen: args.listen,
+            tls_sans: args.tls_sans,
+        },
+    )?;
+    let shutdown = CancellationToken::new();
+    watch_signals(shutdown.clone())?;
+    rlark_server::run(config, shutdown).await?;
+    Ok(())
+}
+
+pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
+    if !args.listen.ip().is_loopback() {
+        bail!(
+            "rlark up listens on loopback only, not {}: use `rlark server --listen {}`",
+            args.listen,
+            args.listen
+        );
+    }
+    let mut config = ServerConfig::new(&args.data_dir);
+    config.listen = args.listen;
+    let shutdown = CancellationToken::new();
+    watch_signals(shutdown.clone())?;
+    let server = rlark_server::start(config).await?;
+    let kubeconfig = std::path::absolute(&server.kubeconfig_path)
+        .unwrap_or_else(|_| server.kubeconfig_path.clone());
+    println!(
+        "rlark is running at {url} (data in {data})\n\n\
+         Use it with kubectl or rlark:\n\n\
+         \x20 export KUBECONFIG={kubeconfig}\n\
+         \x20 kubectl get jobs -A\n\
+         \x20 rlark get jobs\n\
+         \x20 rlark apply -f examples/\n\n\
+         Press Ctrl-C to stop.",
+        url = server.url(),
+        data = args.data_dir.display(),
+        kubeconfig = kubeconfig.display(),
+    );
+    shutdown.cancelled().await;
+    server.shutdown().await?;
+    Ok(())
+}
+
+pub(crate) fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<()> {
+    let path = rlark_server::admin_kubeconfig_path(&args.data_dir);
+    if !path.exists() {
+        bail!(
+            "no kubeconfig at {}: start the server first (`rlark up` or `rlark server --data-dir {}`)",
+            path.display(),
+            args.data_dir.display()
+        );
+    }
+    if args.path {
+        println!("{}", absolute(&path).display());
+    } else {
+        let text =
+            std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+        print!("{text}");
+    }
+    Ok(())
+}
+
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
+/// Cancel `shutdown` on the first SIGTERM or SIGINT; exit at once on a second one.
+/// Handlers are installed before returning, so no early signal is lost.
+fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
+    let mut terminate = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
+    let mut interrupt = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
+    tokio::spawn(async move {
+        let name = tokio::select! {
+            _ = terminate.recv() => "SIGTERM",
+            _ = interrupt.recv() => "SIGINT",
+        };
+        tracing::info!(
+            signal = name,
+            "shutting down gracefully (send it again to exit at once)"
+        );
+        shutdown.cancel();
+        tokio::select! {
+            _ = terminate.recv() => {},
+            _ = interrupt.recv() => {},
+        }
+        tracing::warn!("second signal: exiting without waiting");
+        std::process::exit(1);
+    });
+    Ok(())
+}
