@@ -72,11 +72,12 @@ impl ApiError {
 
     /// `jobs.rlinf.io "x" not found`
     pub fn not_found(rt: &ResourceType, name: &str) -> Self {
-        Self::new(404, "NotFound", format!("{} \"{}\" not found", rt.qualified_name(), name)).about(
-            rt,
-            name,
-            rt.plural.clone(),
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{}\" not found", rt.qualified_name(), name),
         )
+        .about(rt, name, rt.plural.clone())
     }
 
     /// A path or resource that this server does not serve.
@@ -85,11 +86,12 @@ impl ApiError {
     }
 
     pub fn already_exists(rt: &ResourceType, name: &str) -> Self {
-        Self::new(409, "AlreadyExists", format!("{} \"{}\" already exists", rt.qualified_name(), name)).about(
-            rt,
-            name,
-            rt.plural.clone(),
+        Self::new(
+            409,
+            "AlreadyExists",
+            format!("{} \"{}\" already exists", rt.qualified_name(), name),
         )
+        .about(rt, name, rt.plural.clone())
     }
 
     /// Optimistic-concurrency failure, worded as kube-apiserver words it.
@@ -111,11 +113,23 @@ impl ApiError {
     pub fn invalid(rt: &ResourceType, name: &str, causes: Vec<Cause>) -> Self {
         let summary: Vec<String> = causes
             .iter()
-            .map(|c| if c.field.is_empty() { c.message.clone() } else { format!("{}: {}", c.field, c.message) })
+            .map(|c| {
+                if c.field.is_empty() {
+                    c.message.clone()
+                } else {
+                    format!("{}: {}", c.field, c.message)
+                }
+            })
             .collect();
+        // Kubernetes qualifies the kind with its group (`Job.rlinf.io "x" is invalid`).
+        let kind = if rt.group.is_empty() {
+            rt.kind.clone()
+        } else {
+            format!("{}.{}", rt.kind, rt.group)
+        };
         let message = match summary.len() {
-            1 => format!("{} \"{}\" is invalid: {}", rt.kind, name, summary[0]),
-            _ => format!("{} \"{}\" is invalid: [{}]", rt.kind, name, summary.join(", ")),
+            1 => format!("{} \"{}\" is invalid: {}", kind, name, summary[0]),
+            _ => format!("{} \"{}\" is invalid: [{}]", kind, name, summary.join(", ")),
         };
         let mut error = Self::new(422, "Invalid", message).about(rt, name, rt.kind.clone());
         error.causes = causes;
@@ -131,11 +145,21 @@ impl ApiError {
     }
 
     pub fn unsupported_media_type(content_type: &str) -> Self {
-        Self::new(415, "UnsupportedMediaType", format!("the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/merge-patch+json, application/json-patch+json (got {content_type:?})"))
+        Self::new(
+            415,
+            "UnsupportedMediaType",
+            format!(
+                "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/merge-patch+json, application/json-patch+json (got {content_type:?})"
+            ),
+        )
     }
 
     pub fn request_entity_too_large(limit: usize) -> Self {
-        Self::new(413, "RequestEntityTooLarge", format!("Request entity too large: limit is {limit} bytes"))
+        Self::new(
+            413,
+            "RequestEntityTooLarge",
+            format!("Request entity too large: limit is {limit} bytes"),
+        )
     }
 
     /// A resourceVersion too old to serve (watch or continue token).
@@ -144,7 +168,11 @@ impl ApiError {
     }
 
     pub fn internal(message: impl Into<String>) -> Self {
-        Self::new(500, "InternalError", format!("Internal error occurred: {}", message.into()))
+        Self::new(
+            500,
+            "InternalError",
+            format!("Internal error occurred: {}", message.into()),
+        )
     }
 
     pub fn service_unavailable(message: impl Into<String>) -> Self {
@@ -158,12 +186,14 @@ impl ApiError {
         match error {
             StoreError::AlreadyExists(_) => Self::already_exists(rt, name),
             StoreError::NotFound(_) => Self::not_found(rt, name),
-            StoreError::Conflict { .. } => {
-                Self::conflict(rt, name, "the object has been modified; please apply your changes to the latest version and try again")
+            StoreError::Conflict { .. } => Self::conflict(
+                rt,
+                name,
+                "the object has been modified; please apply your changes to the latest version and try again",
+            ),
+            StoreError::Expired { requested, oldest } => {
+                Self::gone(format!("too old resource version: {requested} ({oldest})"))
             }
-            StoreError::Expired { requested, oldest } => Self::gone(format!(
-                "too old resource version: {requested} ({oldest})"
-            )),
             StoreError::InvalidObject(message) => Self::bad_request(message),
             StoreError::Database(message) => Self::internal(message),
             StoreError::Closed => Self::service_unavailable("the server is shutting down"),
@@ -211,7 +241,11 @@ impl ApiError {
 
 impl From<&rlark_api::validation::FieldError> for Cause {
     fn from(error: &rlark_api::validation::FieldError) -> Self {
-        Self { reason: error.cause_type().to_string(), message: error.message.clone(), field: error.field.clone() }
+        Self {
+            reason: error.cause_type().to_string(),
+            message: error.body(),
+            field: error.field.clone(),
+        }
     }
 }
 
@@ -219,11 +253,18 @@ impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let code = StatusCode::from_u16(self.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         let body = self.status().to_string();
-        let mut response = (code, [(http::header::CONTENT_TYPE, "application/json")], body).into_response();
+        let mut response = (
+            code,
+            [(http::header::CONTENT_TYPE, "application/json")],
+            body,
+        )
+            .into_response();
         if let Some(seconds) = self.retry_after_seconds
             && let Ok(value) = http::HeaderValue::from_str(&seconds.to_string())
         {
-            response.headers_mut().insert(http::header::RETRY_AFTER, value);
+            response
+                .headers_mut()
+                .insert(http::header::RETRY_AFTER, value);
         }
         response
     }
@@ -240,12 +281,23 @@ mod tests {
             &rt,
             "x",
             vec![
-                Cause { reason: "FieldValueRequired".into(), message: "Required value".into(), field: "spec.a".into() },
-                Cause { reason: "FieldValueInvalid".into(), message: "bad".into(), field: "spec.b".into() },
+                Cause {
+                    reason: "FieldValueRequired".into(),
+                    message: "Required value".into(),
+                    field: "spec.a".into(),
+                },
+                Cause {
+                    reason: "FieldValueInvalid".into(),
+                    message: "bad".into(),
+                    field: "spec.b".into(),
+                },
             ],
         );
         assert_eq!(error.code, 422);
-        assert_eq!(error.message, "Namespace \"x\" is invalid: [spec.a: Required value, spec.b: bad]");
+        assert_eq!(
+            error.message,
+            "Namespace \"x\" is invalid: [spec.a: Required value, spec.b: bad]"
+        );
         let status = error.status();
         assert_eq!(status["details"]["causes"][1]["field"], "spec.b");
         assert_eq!(status["details"]["kind"], "Namespace");
@@ -256,7 +308,10 @@ mod tests {
     fn not_found_names_the_resource() {
         let rt = ResourceType::lease();
         let status = ApiError::not_found(&rt, "l1").status();
-        assert_eq!(status["message"], "leases.coordination.k8s.io \"l1\" not found");
+        assert_eq!(
+            status["message"],
+            "leases.coordination.k8s.io \"l1\" not found"
+        );
         assert_eq!(status["details"]["group"], "coordination.k8s.io");
         assert_eq!(status["code"], 404);
     }

@@ -6,15 +6,46 @@
 //! process around it (TLS, identity extraction) lives in `rlark-server`, which inserts an
 //! [`auth::Identity`] request extension for every authenticated request.
 
+// `ApiError` (a whole Kubernetes `Status`) is the error of every request path. It is built
+// at most once per failed request, so its size does not matter; boxing it everywhere would.
+#![allow(clippy::result_large_err)]
+
 pub mod auth;
+pub mod discovery;
 pub mod error;
+pub mod jsonpath;
+pub mod openapi;
+pub mod protobuf;
 pub mod registry;
+pub mod table;
+
+mod admission;
+mod body;
+mod fieldvalidation;
+mod gc;
+mod handlers;
+mod lifecycle;
+mod list;
+mod metrics;
+mod output;
+mod patch;
+mod request;
+mod selectors;
+mod watch;
+
+#[cfg(test)]
+mod tests;
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::Request;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 use rlark_store::Store;
 use tokio_util::sync::CancellationToken;
+
+use crate::error::ApiError;
 
 /// Tunables of the API server. Defaults follow kube-apiserver.
 #[derive(Clone, Debug)]
@@ -43,11 +74,15 @@ pub struct ApiServer {
     inner: Arc<Inner>,
 }
 
-#[allow(dead_code)] // filled in by the handlers being written
-struct Inner {
-    store: Arc<dyn Store>,
-    registry: Arc<registry::Registry>,
-    options: ApiServerOptions,
+/// State shared by the router, the watches and the garbage collector.
+pub(crate) struct Inner {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) registry: Arc<registry::Registry>,
+    pub(crate) options: ApiServerOptions,
+    pub(crate) metrics: metrics::Metrics,
+    /// Cancelled when the process shuts down ([`ApiServer::run_background`]'s token fired):
+    /// open watches end.
+    pub(crate) shutdown: CancellationToken,
 }
 
 impl ApiServer {
@@ -55,18 +90,49 @@ impl ApiServer {
     pub fn new(
         store: Arc<dyn Store>,
         options: ApiServerOptions,
-        _metrics: &mut prometheus_client::registry::Registry,
+        metrics: &mut prometheus_client::registry::Registry,
     ) -> Self {
-        Self { inner: Arc::new(Inner { store, registry: Arc::new(registry::Registry::builtin()), options }) }
+        Self {
+            inner: Arc::new(Inner {
+                store,
+                registry: Arc::new(registry::Registry::builtin()),
+                options,
+                metrics: metrics::Metrics::new(metrics),
+                shutdown: CancellationToken::new(),
+            }),
+        }
     }
 
-    /// The HTTP API. Expects an [`auth::Identity`] extension on authenticated requests.
+    /// The HTTP API: discovery, OpenAPI and every resource URL. Every route requires an
+    /// [`auth::Identity`] request extension (401 `Status` otherwise).
     pub fn router(&self) -> axum::Router {
+        let inner = Arc::clone(&self.inner);
         axum::Router::new()
+            .merge(discovery::router(Arc::clone(&self.inner.registry)))
+            .merge(openapi::router(Arc::clone(&self.inner.registry)))
+            .fallback(move |request: Request| handlers::serve(Arc::clone(&inner), request))
+            .layer(axum::middleware::from_fn(require_identity))
     }
 
-    /// Background work (ownerReference garbage collection) until `shutdown` fires.
-    pub async fn run_background(&self, shutdown: CancellationToken) {
-        shutdown.cancelled().await;
+    /// Create the `default` namespace unless it exists (also done by [`Self::run_background`]).
+    pub async fn ensure_default_namespace(&self) -> Result<(), ApiError> {
+        self.inner.ensure_default_namespace().await
     }
+
+    /// Background work until `shutdown` fires: ensures the `default` namespace, then runs
+    /// ownerReference / namespace / foreground garbage collection. When `shutdown` fires,
+    /// open watches end too.
+    pub async fn run_background(&self, shutdown: CancellationToken) {
+        gc::run(Arc::clone(&self.inner), shutdown.clone()).await;
+        shutdown.cancelled().await;
+        self.inner.shutdown.cancel();
+    }
+}
+
+/// 401 unless the transport layer authenticated the caller.
+async fn require_identity(request: Request, next: Next) -> Response {
+    if request.extensions().get::<auth::Identity>().is_none() {
+        return ApiError::unauthorized().into_response();
+    }
+    next.run(request).await
 }

@@ -71,18 +71,29 @@ pub enum RegistryError {
     #[error("CRD {name}: has no openAPIV3Schema")]
     NoSchema { name: String },
     #[error("CRD {name}: schema does not serialize: {source}")]
-    Schema { name: String, source: serde_json::Error },
+    Schema {
+        name: String,
+        source: serde_json::Error,
+    },
 }
 
 impl ResourceType {
     /// `group/version`, or `version` for the core group.
     pub fn api_version(&self) -> String {
-        if self.group.is_empty() { self.version.clone() } else { format!("{}/{}", self.group, self.version) }
+        if self.group.is_empty() {
+            self.version.clone()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
     }
 
     /// Key prefix in the store: `plural.group`, or `plural` for the core group.
     pub fn store_resource(&self) -> String {
-        if self.group.is_empty() { self.plural.clone() } else { format!("{}.{}", self.plural, self.group) }
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
     }
 
     /// `plural.group` as kubectl prints it in messages (`jobs.rlinf.io`), `plural` for core.
@@ -91,17 +102,24 @@ impl ResourceType {
     }
 
     /// Describe the first served version of a CRD.
-    pub fn from_crd(crd: &CustomResourceDefinition, validator: Option<Validator>) -> Result<Self, RegistryError> {
+    pub fn from_crd(
+        crd: &CustomResourceDefinition,
+        validator: Option<Validator>,
+    ) -> Result<Self, RegistryError> {
         let name = crd.metadata.name.clone().unwrap_or_default();
         let spec = &crd.spec;
-        let version =
-            spec.versions.iter().find(|v| v.served).ok_or_else(|| RegistryError::NoVersion { name: name.clone() })?;
+        let version = spec
+            .versions
+            .iter()
+            .find(|v| v.served)
+            .ok_or_else(|| RegistryError::NoVersion { name: name.clone() })?;
         let schema = version
             .schema
             .as_ref()
             .and_then(|s| s.open_api_v3_schema.as_ref())
             .ok_or_else(|| RegistryError::NoSchema { name: name.clone() })?;
-        let schema = serde_json::to_value(schema).map_err(|source| RegistryError::Schema { name, source })?;
+        let schema = serde_json::to_value(schema)
+            .map_err(|source| RegistryError::Schema { name, source })?;
         let printer_columns = version
             .additional_printer_columns
             .iter()
@@ -125,13 +143,24 @@ impl ResourceType {
             group: spec.group.clone(),
             version: version.name.clone(),
             kind: spec.names.kind.clone(),
-            list_kind: spec.names.list_kind.clone().unwrap_or_else(|| format!("{}List", spec.names.kind)),
+            list_kind: spec
+                .names
+                .list_kind
+                .clone()
+                .unwrap_or_else(|| format!("{}List", spec.names.kind)),
             plural: spec.names.plural.clone(),
-            singular: spec.names.singular.clone().unwrap_or_else(|| spec.names.kind.to_lowercase()),
+            singular: spec
+                .names
+                .singular
+                .clone()
+                .unwrap_or_else(|| spec.names.kind.to_lowercase()),
             short_names: spec.names.short_names.clone().unwrap_or_default(),
             categories: spec.names.categories.clone().unwrap_or_default(),
             namespaced: spec.scope == "Namespaced",
-            status_subresource: version.subresources.as_ref().is_some_and(|s| s.status.is_some()),
+            status_subresource: version
+                .subresources
+                .as_ref()
+                .is_some_and(|s| s.status.is_some()),
             printer_columns,
             selectable_fields,
             schema,
@@ -250,7 +279,8 @@ impl Registry {
         registry.add(ResourceType::lease());
         for crd in rlark_api::crd::crds() {
             let kind = crd.spec.names.kind.clone();
-            let validator: Validator = Arc::new(move |object: &Value| rlark_api::validation::validate(&kind, object));
+            let validator: Validator =
+                Arc::new(move |object: &Value| rlark_api::validation::validate(&kind, object));
             // The CRDs are generated from our own types and covered by rlark-api's tests,
             // so a failure here is a programming error worth failing loudly on at startup.
             match ResourceType::from_crd(&crd, Some(validator)) {
@@ -271,12 +301,18 @@ impl Registry {
 
     /// Look up by URL coordinates (group empty for core).
     pub fn get(&self, group: &str, version: &str, plural: &str) -> Option<Arc<ResourceType>> {
-        self.types.iter().find(|t| t.group == group && t.version == version && t.plural == plural).cloned()
+        self.types
+            .iter()
+            .find(|t| t.group == group && t.version == version && t.plural == plural)
+            .cloned()
     }
 
     /// Look up by group and kind (for ownerReferences and manifests).
     pub fn by_kind(&self, group: &str, kind: &str) -> Option<Arc<ResourceType>> {
-        self.types.iter().find(|t| t.group == group && t.kind == kind).cloned()
+        self.types
+            .iter()
+            .find(|t| t.group == group && t.kind == kind)
+            .cloned()
     }
 
     /// Served groups (core excluded) with their versions, in registration order.
@@ -284,7 +320,9 @@ impl Registry {
         let mut groups: Vec<(String, Vec<String>)> = Vec::new();
         for t in self.types.iter().filter(|t| !t.group.is_empty()) {
             match groups.iter_mut().find(|(g, _)| *g == t.group) {
-                Some((_, versions)) if !versions.contains(&t.version) => versions.push(t.version.clone()),
+                Some((_, versions)) if !versions.contains(&t.version) => {
+                    versions.push(t.version.clone())
+                }
                 Some(_) => {}
                 None => groups.push((t.group.clone(), vec![t.version.clone()])),
             }

@@ -1,0 +1,239 @@
+//! Admission: the checks every object passes before it is written. Object metadata is
+//! validated as Kubernetes validates `ObjectMeta`; the body by the schema walk
+//! ([`crate::fieldvalidation`]) and by the kind's validator from `rlark-api`.
+
+use serde_json::Value;
+
+use crate::error::{ApiError, Cause};
+use crate::registry::ResourceType;
+
+/// Kubernetes' limit on the total size of annotations.
+const TOTAL_ANNOTATION_SIZE_LIMIT: usize = 256 * 1024;
+
+fn invalid(field: &str, value: &str, message: &str) -> Cause {
+    Cause {
+        reason: "FieldValueInvalid".into(),
+        message: format!("Invalid value: {value:?}: {message}"),
+        field: field.into(),
+    }
+}
+
+/// Every problem with `object`'s metadata.
+pub(crate) fn metadata_causes(rt: &ResourceType, object: &Value) -> Vec<Cause> {
+    let mut causes = Vec::new();
+    let meta = object.get("metadata");
+    let str_at = |key: &str| {
+        meta.and_then(|m| m.get(key))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
+
+    let name = str_at("name");
+    if name.is_empty() {
+        causes.push(Cause {
+            reason: "FieldValueRequired".into(),
+            message: "Required value: name or generateName is required".into(),
+            field: "metadata.name".into(),
+        });
+    } else {
+        // Namespaces become DNS labels (and label values), everything else a subdomain.
+        let errors = if rt.group.is_empty() && rt.kind == "Namespace" {
+            rlark_api::names::dns1123_label_errors(name)
+        } else {
+            rlark_api::names::dns1123_subdomain_errors(name)
+        };
+        causes.extend(errors.iter().map(|e| invalid("metadata.name", name, e)));
+    }
+
+    if let Some(labels) = meta
+        .and_then(|m| m.get("labels"))
+        .and_then(Value::as_object)
+    {
+        for (key, value) in labels {
+            for error in rlark_api::names::qualified_name_errors(key) {
+                causes.push(invalid("metadata.labels", key, &error));
+            }
+            if let Some(value) = value.as_str() {
+                for error in rlark_api::names::label_value_errors(value) {
+                    causes.push(invalid("metadata.labels", value, &error));
+                }
+            }
+        }
+    }
+
+    if let Some(annotations) = meta
+        .and_then(|m| m.get("annotations"))
+        .and_then(Value::as_object)
+    {
+        let mut total = 0;
+        for (key, value) in annotations {
+            total += key.len() + value.as_str().map_or(0, str::len);
+            for error in rlark_api::names::qualified_name_errors(&key.to_ascii_lowercase()) {
+                causes.push(invalid("metadata.annotations", key, &error));
+            }
+        }
+        if total > TOTAL_ANNOTATION_SIZE_LIMIT {
+            causes.push(Cause {
+                reason: "FieldValueTooLong".into(),
+                message: format!(
+                    "Too long: may not be more than {TOTAL_ANNOTATION_SIZE_LIMIT} bytes"
+                ),
+                field: "metadata.annotations".into(),
+            });
+        }
+    }
+
+    for (i, finalizer) in meta
+        .and_then(|m| m.get("finalizers"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .enumerate()
+    {
+        if let Some(finalizer) = finalizer.as_str() {
+            for error in rlark_api::names::qualified_name_errors(finalizer) {
+                causes.push(invalid(
+                    &format!("metadata.finalizers[{i}]"),
+                    finalizer,
+                    &error,
+                ));
+            }
+        }
+    }
+
+    let owners = meta
+        .and_then(|m| m.get("ownerReferences"))
+        .and_then(Value::as_array);
+    let mut controllers = 0;
+    for (i, owner) in owners.into_iter().flatten().enumerate() {
+        for key in ["apiVersion", "kind", "name", "uid"] {
+            if owner.get(key).and_then(Value::as_str) == Some("") {
+                causes.push(invalid(
+                    &format!("metadata.ownerReferences[{i}].{key}"),
+                    "",
+                    &format!("{key} must not be empty"),
+                ));
+            }
+        }
+        if owner.get("controller").and_then(Value::as_bool) == Some(true) {
+            controllers += 1;
+        }
+    }
+    if controllers > 1 {
+        causes.push(Cause {
+            reason: "FieldValueInvalid".into(),
+            message: "Invalid value: \"\": Only one reference can have Controller set to true"
+                .into(),
+            field: "metadata.ownerReferences".into(),
+        });
+    }
+    causes
+}
+
+/// Admit `object` for writing: 422 (`Invalid`, one cause per problem) unless its metadata,
+/// the schema walk (`schema_causes`) and the kind's validator all accept it. The validator
+/// only sees well-typed objects: when the schema walk found type errors those are reported
+/// instead, so one mistake does not come back twice in two wordings.
+pub(crate) fn admit(
+    rt: &ResourceType,
+    object: &Value,
+    schema_causes: Vec<Cause>,
+) -> Result<(), ApiError> {
+    let mut causes = metadata_causes(rt, object);
+    if schema_causes.is_empty() {
+        if let Some(validator) = &rt.validator
+            && let Err(errors) = validator(object)
+        {
+            causes.extend(errors.iter().map(Cause::from));
+        }
+    } else {
+        causes.extend(schema_causes);
+    }
+    if causes.is_empty() {
+        return Ok(());
+    }
+    // The same field reported twice (metadata check and validator) is one problem.
+    let mut seen = std::collections::HashSet::new();
+    causes.retain(|c| seen.insert((c.field.clone(), c.message.clone())));
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    Err(ApiError::invalid(rt, name, causes))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn names_follow_the_kind() {
+        let ns = ResourceType::namespace();
+        let lease = ResourceType::lease();
+        assert!(metadata_causes(&ns, &json!({"metadata": {"name": "dev"}})).is_empty());
+        let causes = metadata_causes(&ns, &json!({"metadata": {"name": "a.b"}}));
+        assert_eq!(causes.len(), 1);
+        assert_eq!(causes[0].field, "metadata.name");
+        assert!(metadata_causes(&lease, &json!({"metadata": {"name": "a.b"}})).is_empty());
+        let causes = metadata_causes(&lease, &json!({"metadata": {"name": "Bad_Name"}}));
+        assert_eq!(causes[0].reason, "FieldValueInvalid");
+        assert!(
+            causes[0]
+                .message
+                .starts_with("Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain"),
+            "{}",
+            causes[0].message
+        );
+        let causes = metadata_causes(&lease, &json!({"metadata": {}}));
+        assert_eq!(
+            (causes[0].field.as_str(), causes[0].reason.as_str()),
+            ("metadata.name", "FieldValueRequired")
+        );
+    }
+
+    #[test]
+    fn labels_annotations_finalizers_owners() {
+        let lease = ResourceType::lease();
+        let object = json!({"metadata": {
+            "name": "ok",
+            "labels": {"good": "v", "bad key": "v", "k": "-bad-"},
+            "annotations": {"rlark.io/x": "anything at all", "/bad": ""},
+            "finalizers": ["rlinf.io/cleanup", "not valid!"],
+            "ownerReferences": [
+                {"apiVersion": "v1", "kind": "X", "name": "a", "uid": "", "controller": true},
+                {"apiVersion": "v1", "kind": "X", "name": "b", "uid": "u", "controller": true}
+            ]
+        }});
+        let fields: Vec<String> = metadata_causes(&lease, &object)
+            .into_iter()
+            .map(|c| c.field)
+            .collect();
+        assert_eq!(
+            fields,
+            vec![
+                "metadata.labels",
+                "metadata.labels",
+                "metadata.annotations",
+                "metadata.finalizers[1]",
+                "metadata.ownerReferences[0].uid",
+                "metadata.ownerReferences"
+            ]
+        );
+    }
+
+    #[test]
+    fn admit_reports_schema_causes_instead_of_validator() {
+        let lease = ResourceType::lease();
+        assert!(admit(&lease, &json!({"metadata": {"name": "l"}}), vec![]).is_ok());
+        let cause = Cause {
+            reason: "FieldValueTypeInvalid".into(),
+            message: "bad".into(),
+            field: "spec.x".into(),
+        };
+        let error = admit(&lease, &json!({"metadata": {"name": "BAD"}}), vec![cause]).unwrap_err();
+        assert_eq!(error.code, 422);
+        assert_eq!(error.causes.len(), 2);
+        assert_eq!(error.causes[1].field, "spec.x");
+    }
+}

@@ -1,0 +1,898 @@
+//! Object lifecycle over the store, with Kubernetes' rules: create, update (status
+//! subresource, immutable metadata, finalizers), delete (finalizers, `deletionTimestamp`,
+//! propagation policies). The HTTP handlers and the garbage collector both go through here,
+//! so an object is deleted the same way whoever deletes it.
+//!
+//! Every write is validated completely before it is attempted, and every read-modify-write
+//! uses the read revision as precondition (retrying a few times on conflict when the client
+//! gave no `resourceVersion` of its own), so nothing is ever half-written or lost.
+
+use std::sync::Arc;
+
+use chrono::{SecondsFormat, Utc};
+use rlark_store::{ListOptions, ObjectKey, Revision, StoreError};
+use serde_json::{Map, Value, json};
+
+use crate::Inner;
+use crate::admission;
+use crate::body::Decoded;
+use crate::error::{ApiError, Cause};
+use crate::fieldvalidation::{self, FieldValidation};
+use crate::patch::DecodedPatch;
+use crate::registry::ResourceType;
+use crate::selectors::Selectors;
+
+/// Finalizer that holds an owner until its dependents are gone (foreground deletion).
+pub(crate) const FOREGROUND_FINALIZER: &str = "foregroundDeletion";
+/// `spec.finalizers` entry that holds a Namespace until its content is deleted.
+pub(crate) const NAMESPACE_FINALIZER: &str = "kubernetes";
+/// Label every Namespace carries, as in Kubernetes.
+const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+/// How often a read-modify-write is retried after losing a race.
+const MAX_ATTEMPTS: usize = 5;
+/// Kubernetes truncates `generateName` so the result stays a valid name.
+const MAX_GENERATE_NAME_PREFIX: usize = 58;
+
+/// Options shared by create, update and patch.
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct WriteOptions {
+    pub dry_run: bool,
+    pub field_validation: FieldValidation,
+}
+
+/// A written (or, for dry runs, would-be-written) object and the warnings for the client.
+#[derive(Debug)]
+pub(crate) struct Written {
+    pub object: Arc<Value>,
+    pub warnings: Vec<String>,
+}
+
+/// `DeleteOptions.propagationPolicy`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) enum Propagation {
+    /// Delete the object now; the garbage collector deletes dependents afterwards.
+    #[default]
+    Background,
+    /// Keep the object (with the `foregroundDeletion` finalizer) until its dependents are gone.
+    Foreground,
+    /// Remove the object's ownerReferences from its dependents, then delete it.
+    Orphan,
+}
+
+impl Propagation {
+    /// Parse `propagationPolicy`; unknown values are 422 as in Kubernetes.
+    pub(crate) fn parse(value: &str) -> Result<Self, ApiError> {
+        match value {
+            "Background" => Ok(Self::Background),
+            "Foreground" => Ok(Self::Foreground),
+            "Orphan" => Ok(Self::Orphan),
+            other => {
+                let mut error = ApiError::new(
+                    422,
+                    "Invalid",
+                    format!(
+                        "DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+                    ),
+                );
+                error.causes.push(Cause {
+                    reason: "FieldValueNotSupported".into(),
+                    message: format!("Unsupported value: {other:?}"),
+                    field: "propagationPolicy".into(),
+                });
+                Err(error)
+            }
+        }
+    }
+}
+
+/// `DeleteOptions` as this server honours them.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct DeleteOptions {
+    pub propagation: Propagation,
+    pub precondition_uid: Option<String>,
+    pub precondition_resource_version: Option<String>,
+    pub dry_run: bool,
+}
+
+/// The store key of object `name` of `rt` in `namespace` (`""` for cluster-scoped kinds).
+pub(crate) fn key(rt: &ResourceType, namespace: &str, name: &str) -> ObjectKey {
+    ObjectKey::new(rt.store_resource(), namespace, name)
+}
+
+/// The key of a stored object of `rt`, from its metadata.
+pub(crate) fn key_of(rt: &ResourceType, object: &Value) -> ObjectKey {
+    key(
+        rt,
+        meta_str(object, "namespace").unwrap_or(""),
+        meta_str(object, "name").unwrap_or(""),
+    )
+}
+
+pub(crate) fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
+    object
+        .get("metadata")
+        .and_then(|m| m.get(field))
+        .and_then(Value::as_str)
+}
+
+/// `metadata.resourceVersion` of a stored object (always a decimal revision).
+pub(crate) fn revision_of(object: &Value) -> Revision {
+    meta_str(object, "resourceVersion")
+        .and_then(|rv| rv.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Parse a client-supplied resourceVersion; 400 when it is not a revision.
+pub(crate) fn parse_resource_version(value: &str) -> Result<Revision, ApiError> {
+    value
+        .parse()
+        .map_err(|_| ApiError::bad_request(format!("invalid resource version: {value:?}")))
+}
+
+pub(crate) fn finalizers(object: &Value) -> Vec<String> {
+    object
+        .pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|list| {
+            list.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+pub(crate) fn is_deleting(object: &Value) -> bool {
+    object
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+}
+
+pub(crate) fn is_namespace(rt: &ResourceType) -> bool {
+    rt.group.is_empty() && rt.kind == "Namespace"
+}
+
+/// `metadata` as a mutable map, created when absent or not an object.
+pub(crate) fn metadata_mut(object: &mut Value) -> &mut Map<String, Value> {
+    if !object.get("metadata").is_some_and(Value::is_object) {
+        object["metadata"] = json!({});
+    }
+    match object.get_mut("metadata") {
+        Some(Value::Object(map)) => map,
+        // Just made sure `metadata` is an object.
+        _ => unreachable!("metadata was set to an object above"),
+    }
+}
+
+/// Remove the elements of the array at JSON pointer `pointer` that `drop` selects; whether
+/// anything was removed (for [`Inner::modify`]).
+pub(crate) fn remove_from(
+    object: &mut Value,
+    pointer: &str,
+    drop: impl Fn(&Value) -> bool,
+) -> bool {
+    let Some(Value::Array(items)) = object.pointer_mut(pointer) else {
+        return false;
+    };
+    let before = items.len();
+    items.retain(|item| !drop(item));
+    items.len() != before
+}
+
+/// Whether owner reference `reference` names an owner with uid `uid`.
+pub(crate) fn names_uid(reference: &Value, uid: &str) -> bool {
+    reference.get("uid").and_then(Value::as_str) == Some(uid)
+}
+
+/// Set `object[section][field]`, making `section` an object if it is not one.
+pub(crate) fn set_field(object: &mut Value, section: &str, field: &str, value: Value) {
+    let Some(map) = object.as_object_mut() else {
+        return;
+    };
+    let entry = map.entry(section).or_insert_with(|| json!({}));
+    if !entry.is_object() {
+        *entry = json!({});
+    }
+    if let Some(section) = entry.as_object_mut() {
+        section.insert(field.into(), value);
+    }
+}
+
+fn now() -> String {
+    Utc::now().to_rfc3339_opts(SecondsFormat::Secs, true)
+}
+
+/// Five characters from Kubernetes' `generateName` alphabet (no vowels, no look-alikes).
+fn random_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    uuid::Uuid::new_v4().as_bytes()[..5]
+        .iter()
+        .map(|b| ALPHABET[*b as usize % ALPHABET.len()] as char)
+        .collect()
+}
+
+/// Check `kind`/`apiVersion` of a body against the endpoint, filling them when absent.
+fn check_type_meta(rt: &ResourceType, object: &mut Value) -> Result<(), ApiError> {
+    let expected_version = rt.api_version();
+    match object.get("apiVersion").and_then(Value::as_str) {
+        None | Some("") => object["apiVersion"] = json!(expected_version),
+        Some(v) if v == expected_version => {}
+        Some(v) => {
+            return Err(ApiError::bad_request(format!(
+                "the API version in the data ({v}) does not match the expected API version ({expected_version})"
+            )));
+        }
+    }
+    match object.get("kind").and_then(Value::as_str) {
+        None | Some("") => object["kind"] = json!(rt.kind),
+        Some(k) if k == rt.kind => {}
+        Some(k) => {
+            return Err(ApiError::bad_request(format!(
+                "the kind in the data ({k}) does not match the expected kind ({}) of {}",
+                rt.kind,
+                rt.qualified_name()
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Reconcile `metadata.namespace` of a body with the URL's namespace: 400 on mismatch,
+/// filled when absent; removed for cluster-scoped kinds (as Kubernetes does).
+fn check_namespace(
+    rt: &ResourceType,
+    object: &mut Value,
+    url_namespace: Option<&str>,
+) -> Result<String, ApiError> {
+    let meta = metadata_mut(object);
+    if !rt.namespaced {
+        meta.shift_remove("namespace");
+        return Ok(String::new());
+    }
+    let url_namespace = url_namespace.unwrap_or("");
+    match meta.get("namespace").and_then(Value::as_str) {
+        Some(ns) if !ns.is_empty() && ns != url_namespace => Err(ApiError::bad_request(
+            "the namespace of the provided object does not match the namespace sent on the request",
+        )),
+        _ => {
+            meta.insert("namespace".into(), json!(url_namespace));
+            Ok(url_namespace.to_string())
+        }
+    }
+}
+
+fn immutable(rt: &ResourceType, name: &str, field: &str, value: &Value) -> ApiError {
+    let shown = value
+        .as_str()
+        .map_or_else(|| value.to_string(), str::to_string);
+    ApiError::invalid(
+        rt,
+        name,
+        vec![Cause {
+            reason: "FieldValueInvalid".into(),
+            message: format!("Invalid value: {shown:?}: field is immutable"),
+            field: field.into(),
+        }],
+    )
+}
+
+/// Namespace defaults: the `kubernetes.io/metadata.name` label, and on create the
+/// `kubernetes` spec finalizer and phase `Active`.
+fn namespace_defaults(object: &mut Value, creating: bool) {
+    let name = meta_str(object, "name").unwrap_or("").to_string();
+    let meta = metadata_mut(object);
+    if !meta.get("labels").is_some_and(Value::is_object) {
+        meta.insert("labels".into(), json!({}));
+    }
+    if let Some(Value::Object(labels)) = meta.get_mut("labels") {
+        labels.insert(NAMESPACE_NAME_LABEL.into(), json!(name));
+    }
+    if creating {
+        if object.pointer("/spec/finalizers").is_none() {
+            set_field(object, "spec", "finalizers", json!([NAMESPACE_FINALIZER]));
+        }
+        object["status"] = json!({"phase": "Active"});
+    }
+}
+
+/// Walk the schema, judge unknown/duplicate fields per the directive and return the
+/// warnings plus the schema's type/enum/required causes.
+fn field_check(
+    rt: &ResourceType,
+    object: &mut Value,
+    duplicates: &[String],
+    directive: FieldValidation,
+) -> Result<(Vec<String>, Vec<Cause>), ApiError> {
+    let report = fieldvalidation::check(&rt.schema, object);
+    let warnings = directive.judge(&report.unknown, duplicates)?;
+    Ok((warnings, report.causes))
+}
+
+/// Whether an update of an object being deleted has released it (no finalizers left), so
+/// the write becomes the deletion.
+fn released(rt: &ResourceType, object: &Value) -> bool {
+    is_deleting(object)
+        && finalizers(object).is_empty()
+        && (!is_namespace(rt)
+            || object
+                .pointer("/spec/finalizers")
+                .and_then(Value::as_array)
+                .is_none_or(Vec::is_empty))
+}
+
+impl Inner {
+    async fn get_object(&self, rt: &ResourceType, key: &ObjectKey) -> Result<Arc<Value>, ApiError> {
+        self.store
+            .get(key)
+            .await
+            .map_err(|e| ApiError::from_store(e, rt, &key.name))?
+            .ok_or_else(|| ApiError::not_found(rt, &key.name))
+    }
+
+    /// 404 unless namespace `namespace` exists; 403 while it is terminating.
+    async fn check_namespace_open(
+        &self,
+        rt: &ResourceType,
+        name: &str,
+        namespace: &str,
+    ) -> Result<(), ApiError> {
+        let ns_rt = ResourceType::namespace();
+        let ns = self
+            .store
+            .get(&key(&ns_rt, "", namespace))
+            .await
+            .map_err(|e| ApiError::from_store(e, &ns_rt, namespace))?
+            .ok_or_else(|| ApiError::not_found(&ns_rt, namespace))?;
+        if is_deleting(&ns) {
+            let mut error = ApiError::forbidden(format!(
+                "{} \"{name}\" is forbidden: unable to create new content in namespace {namespace} because it is being terminated",
+                rt.qualified_name()
+            ));
+            error.name = Some(name.to_string());
+            error.group = Some(rt.group.clone());
+            error.kind = Some(rt.plural.clone());
+            error.causes.push(Cause {
+                reason: "NamespaceTerminating".into(),
+                message: format!("namespace {namespace} is being terminated"),
+                field: "metadata.namespace".into(),
+            });
+            return Err(error);
+        }
+        Ok(())
+    }
+
+    /// Create an object from a request body. 201-worthy on success.
+    pub(crate) async fn create(
+        &self,
+        rt: &ResourceType,
+        url_namespace: Option<&str>,
+        body: Decoded,
+        options: WriteOptions,
+    ) -> Result<Written, ApiError> {
+        let mut object = body.value;
+        check_type_meta(rt, &mut object)?;
+        let namespace = check_namespace(rt, &mut object, url_namespace)?;
+        let (warnings, schema_causes) =
+            field_check(rt, &mut object, &body.duplicates, options.field_validation)?;
+        if meta_str(&object, "resourceVersion").is_some_and(|rv| !rv.is_empty()) {
+            return Err(ApiError::bad_request(
+                "resourceVersion should not be set on objects to be created",
+            ));
+        }
+        // System fields are the server's to set.
+        let meta = metadata_mut(&mut object);
+        for field in [
+            "uid",
+            "resourceVersion",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+            "managedFields",
+            "selfLink",
+        ] {
+            meta.shift_remove(field);
+        }
+        let generate_name = match (
+            meta.get("name").and_then(Value::as_str),
+            meta.get("generateName"),
+        ) {
+            (None | Some(""), Some(Value::String(prefix))) if !prefix.is_empty() => Some(
+                prefix
+                    .chars()
+                    .take(MAX_GENERATE_NAME_PREFIX)
+                    .collect::<String>(),
+            ),
+            _ => None,
+        };
+        if rt.status_subresource
+            && let Some(map) = object.as_object_mut()
+        {
+            map.shift_remove("status");
+        }
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            if let Some(prefix) = &generate_name {
+                metadata_mut(&mut object)
+                    .insert("name".into(), json!(format!("{prefix}{}", random_suffix())));
+            }
+            if is_namespace(rt) {
+                namespace_defaults(&mut object, true);
+            }
+            admission::admit(rt, &object, schema_causes.clone())?;
+            let name = meta_str(&object, "name").unwrap_or("").to_string();
+            if rt.namespaced {
+                self.check_namespace_open(rt, &name, &namespace).await?;
+            }
+            if options.dry_run {
+                let meta = metadata_mut(&mut object);
+                meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
+                meta.insert("creationTimestamp".into(), json!(now()));
+                meta.insert("generation".into(), json!(1));
+                return Ok(Written {
+                    object: Arc::new(object),
+                    warnings,
+                });
+            }
+            match self
+                .store
+                .create(&key(rt, &namespace, &name), object.clone())
+                .await
+            {
+                Ok(created) => {
+                    return Ok(Written {
+                        object: created,
+                        warnings,
+                    });
+                }
+                // A generated name that collided: draw another suffix.
+                Err(StoreError::AlreadyExists(_))
+                    if generate_name.is_some() && attempts < MAX_ATTEMPTS => {}
+                Err(error) => return Err(ApiError::from_store(error, rt, &name)),
+            }
+        }
+    }
+
+    /// The object an update of `old` to `new` stores, or why it may not. `status_only` is the
+    /// `/status` subresource: only `status` is taken from `new`. Otherwise, with a status
+    /// subresource, `status` is kept from `old`; system metadata is kept or checked as
+    /// Kubernetes does (`uid` immutable, timestamps kept, no new finalizers while deleting).
+    fn prepare_update(
+        rt: &ResourceType,
+        old: &Value,
+        mut new: Value,
+        status_only: bool,
+    ) -> Result<Value, ApiError> {
+        let name = meta_str(old, "name").unwrap_or("").to_string();
+        if status_only {
+            let mut result = old.clone();
+            if let Some(map) = result.as_object_mut() {
+                match new.get_mut("status").map(Value::take) {
+                    Some(status) if !status.is_null() => {
+                        map.insert("status".into(), status);
+                    }
+                    _ => {
+                        map.shift_remove("status");
+                    }
+                }
+            }
+            return Ok(result);
+        }
+        if let Some(map) = new.as_object_mut() {
+            if rt.status_subresource {
+                match old.get("status") {
+                    Some(status) => map.insert("status".into(), status.clone()),
+                    None => map.shift_remove("status"),
+                };
+            }
+            // A Namespace's spec.finalizers change only through its controller (here: GC).
+            if is_namespace(rt) {
+                let old_finalizers = old.pointer("/spec/finalizers").cloned();
+                if !map.get("spec").is_some_and(Value::is_object) {
+                    map.insert("spec".into(), json!({}));
+                }
+                if let Some(Value::Object(spec)) = map.get_mut("spec") {
+                    match old_finalizers {
+                        Some(f) => spec.insert("finalizers".into(), f),
+                        None => spec.shift_remove("finalizers"),
+                    };
+                }
+            }
+        }
+        let old_meta = old.get("metadata").cloned().unwrap_or_else(|| json!({}));
+        let deleting = is_deleting(old);
+        let meta = metadata_mut(&mut new);
+        match meta.get("uid").and_then(Value::as_str) {
+            None | Some("") => {
+                if let Some(uid) = old_meta.get("uid") {
+                    meta.insert("uid".into(), uid.clone());
+                }
+            }
+            Some(uid) if Some(uid) == old_meta.get("uid").and_then(Value::as_str) => {}
+            Some(uid) => return Err(immutable(rt, &name, "metadata.uid", &json!(uid))),
+        }
+        let new_deletion = meta
+            .get("deletionTimestamp")
+            .filter(|v| !v.is_null())
+            .cloned();
+        if let (Some(value), false) = (&new_deletion, deleting) {
+            return Err(immutable(rt, &name, "metadata.deletionTimestamp", value));
+        }
+        for field in [
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+            "generation",
+        ] {
+            match old_meta.get(field) {
+                Some(value) => meta.insert(field.into(), value.clone()),
+                None => meta.shift_remove(field),
+            };
+        }
+        meta.shift_remove("managedFields");
+        meta.shift_remove("selfLink");
+        if deleting {
+            let old_finalizers = finalizers(old);
+            let added: Vec<String> = finalizers(&new)
+                .into_iter()
+                .filter(|f| !old_finalizers.contains(f))
+                .collect();
+            if !added.is_empty() {
+                return Err(ApiError::invalid(
+                    rt,
+                    &name,
+                    vec![Cause {
+                        reason: "FieldValueForbidden".into(),
+                        message: format!(
+                            "Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers {added:?}"
+                        ),
+                        field: "metadata.finalizers".into(),
+                    }],
+                ));
+            }
+        }
+        if is_namespace(rt) {
+            namespace_defaults(&mut new, false);
+        }
+        Ok(new)
+    }
+
+    /// Store an update of an object read at revision `expected`; when the object is being
+    /// deleted and no finalizer is left, the update is the deletion.
+    pub(crate) async fn write_update(
+        &self,
+        rt: &ResourceType,
+        key: &ObjectKey,
+        object: Value,
+        expected: Revision,
+    ) -> Result<Arc<Value>, StoreError> {
+        if released(rt, &object) {
+            self.store.delete(key, Some(expected)).await
+        } else {
+            self.store.update(key, object, Some(expected)).await
+        }
+    }
+
+    /// Replace an object (PUT), the whole of it or (`status_only`) its status.
+    pub(crate) async fn update(
+        &self,
+        rt: &ResourceType,
+        url_namespace: Option<&str>,
+        name: &str,
+        status_only: bool,
+        body: Decoded,
+        options: WriteOptions,
+    ) -> Result<Written, ApiError> {
+        let mut new = body.value;
+        check_type_meta(rt, &mut new)?;
+        let namespace = check_namespace(rt, &mut new, url_namespace)?;
+        match meta_str(&new, "name") {
+            None | Some("") => {
+                metadata_mut(&mut new).insert("name".into(), json!(name));
+            }
+            Some(n) if n == name => {}
+            Some(n) => {
+                return Err(ApiError::bad_request(format!(
+                    "the name of the object ({n}) does not match the name on the URL ({name})"
+                )));
+            }
+        }
+        let (warnings, _) = field_check(rt, &mut new, &body.duplicates, options.field_validation)?;
+        let precondition = match meta_str(&new, "resourceVersion") {
+            Some(rv) if !rv.is_empty() => Some(parse_resource_version(rv)?),
+            _ => None,
+        };
+        let key = key(rt, &namespace, name);
+        for _ in 0..MAX_ATTEMPTS {
+            let old = self.get_object(rt, &key).await?;
+            let expected = precondition.unwrap_or_else(|| revision_of(&old));
+            let mut candidate = Self::prepare_update(rt, &old, new.clone(), status_only)?;
+            let (_, causes) = field_check(rt, &mut candidate, &[], FieldValidation::Ignore)?;
+            admission::admit(rt, &candidate, causes)?;
+            if options.dry_run {
+                return Ok(Written {
+                    object: Arc::new(candidate),
+                    warnings,
+                });
+            }
+            match self.write_update(rt, &key, candidate, expected).await {
+                Ok(object) => return Ok(Written { object, warnings }),
+                Err(StoreError::Conflict { .. }) if precondition.is_none() => continue,
+                Err(error) => return Err(ApiError::from_store(error, rt, name)),
+            }
+        }
+        Err(ApiError::conflict(
+            rt,
+            name,
+            "the object is being modified too often; please try again",
+        ))
+    }
+
+    /// Apply a patch (PATCH) to the object or (`status_only`) its status.
+    pub(crate) async fn patch(
+        &self,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+        status_only: bool,
+        patch: DecodedPatch,
+        options: WriteOptions,
+    ) -> Result<Written, ApiError> {
+        let key = key(rt, namespace, name);
+        let pinned = patch.patch.sets_resource_version();
+        for _ in 0..MAX_ATTEMPTS {
+            let old = self.get_object(rt, &key).await?;
+            let mut patched = Value::clone(&old);
+            patch.patch.apply(rt, name, &mut patched)?;
+            check_type_meta(rt, &mut patched)?;
+            check_namespace(rt, &mut patched, Some(namespace))?;
+            if meta_str(&patched, "name") != Some(name) {
+                return Err(immutable(
+                    rt,
+                    name,
+                    "metadata.name",
+                    patched.pointer("/metadata/name").unwrap_or(&Value::Null),
+                ));
+            }
+            let (warnings, _) = field_check(
+                rt,
+                &mut patched,
+                &patch.duplicates,
+                options.field_validation,
+            )?;
+            let expected = if pinned {
+                parse_resource_version(meta_str(&patched, "resourceVersion").unwrap_or(""))?
+            } else {
+                revision_of(&old)
+            };
+            let mut candidate = Self::prepare_update(rt, &old, patched, status_only)?;
+            let (_, causes) = field_check(rt, &mut candidate, &[], FieldValidation::Ignore)?;
+            admission::admit(rt, &candidate, causes)?;
+            if options.dry_run {
+                return Ok(Written {
+                    object: Arc::new(candidate),
+                    warnings,
+                });
+            }
+            match self.write_update(rt, &key, candidate, expected).await {
+                Ok(object) => return Ok(Written { object, warnings }),
+                Err(StoreError::Conflict { .. }) if !pinned => continue,
+                Err(error) => return Err(ApiError::from_store(error, rt, name)),
+            }
+        }
+        Err(ApiError::conflict(
+            rt,
+            name,
+            "the object is being modified too often; please try again",
+        ))
+    }
+
+    /// Read-modify-write without admission (server-side bookkeeping: finalizers, owner
+    /// references). `change` returns whether it changed anything. `Ok(None)` when the object
+    /// does not exist (any more).
+    pub(crate) async fn modify(
+        &self,
+        rt: &ResourceType,
+        key: &ObjectKey,
+        mut change: impl FnMut(&mut Value) -> bool,
+    ) -> Result<Option<Arc<Value>>, ApiError> {
+        for _ in 0..MAX_ATTEMPTS {
+            let Some(old) = self
+                .store
+                .get(key)
+                .await
+                .map_err(|e| ApiError::from_store(e, rt, &key.name))?
+            else {
+                return Ok(None);
+            };
+            let mut new = Value::clone(&old);
+            if !change(&mut new) {
+                return Ok(Some(old));
+            }
+            match self.write_update(rt, key, new, revision_of(&old)).await {
+                Ok(object) => return Ok(Some(object)),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(StoreError::NotFound(_)) => return Ok(None),
+                Err(error) => return Err(ApiError::from_store(error, rt, &key.name)),
+            }
+        }
+        Err(ApiError::conflict(
+            rt,
+            &key.name,
+            "the object is being modified too often; please try again",
+        ))
+    }
+
+    /// Delete an object. With finalizers (or for a Namespace, or with `Foreground`) it gets
+    /// `deletionTimestamp` and stays until released; otherwise it is removed at once. Returns
+    /// the object as it now is (or was, when removed).
+    pub(crate) async fn delete(
+        &self,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+        options: &DeleteOptions,
+    ) -> Result<Arc<Value>, ApiError> {
+        let key = key(rt, namespace, name);
+        if is_namespace(rt) && name == "default" {
+            return Err(ApiError::forbidden(format!(
+                "namespaces \"{name}\" is forbidden: this namespace may not be deleted"
+            )));
+        }
+        for _ in 0..MAX_ATTEMPTS {
+            let old = self.get_object(rt, &key).await?;
+            let uid = meta_str(&old, "uid").unwrap_or("").to_string();
+            let rv = revision_of(&old);
+            if let Some(want) = &options.precondition_uid
+                && *want != uid
+            {
+                return Err(ApiError::conflict(
+                    rt,
+                    name,
+                    &format!(
+                        "Precondition failed: UID in precondition: {want}, UID in object meta: {uid}"
+                    ),
+                ));
+            }
+            if let Some(want) = &options.precondition_resource_version
+                && *want != rv.to_string()
+            {
+                return Err(ApiError::conflict(
+                    rt,
+                    name,
+                    &format!(
+                        "Precondition failed: ResourceVersion in precondition: {want}, ResourceVersion in object meta: {rv}"
+                    ),
+                ));
+            }
+            if is_deleting(&old) {
+                // Deletion is already under way; repeating it changes nothing.
+                return Ok(old);
+            }
+            if options.propagation == Propagation::Orphan && !options.dry_run {
+                self.orphan_dependents(&uid).await?;
+            }
+            let mut finalizers = finalizers(&old);
+            if options.propagation == Propagation::Foreground
+                && !finalizers.iter().any(|f| f == FOREGROUND_FINALIZER)
+            {
+                finalizers.push(FOREGROUND_FINALIZER.to_string());
+            }
+            let result = if finalizers.is_empty() && !is_namespace(rt) {
+                if options.dry_run {
+                    return Ok(old);
+                }
+                self.store.delete(&key, Some(rv)).await
+            } else {
+                let mut marked = Value::clone(&old);
+                let meta = metadata_mut(&mut marked);
+                meta.insert("deletionTimestamp".into(), json!(now()));
+                meta.insert("deletionGracePeriodSeconds".into(), json!(0));
+                if !finalizers.is_empty() {
+                    meta.insert("finalizers".into(), json!(finalizers));
+                }
+                if is_namespace(rt) {
+                    // The namespace's content goes first (see gc.rs), held by this finalizer.
+                    set_field(
+                        &mut marked,
+                        "spec",
+                        "finalizers",
+                        json!([NAMESPACE_FINALIZER]),
+                    );
+                    set_field(&mut marked, "status", "phase", json!("Terminating"));
+                }
+                if options.dry_run {
+                    return Ok(Arc::new(marked));
+                }
+                self.store.update(&key, marked, Some(rv)).await
+            };
+            match result {
+                Ok(object) => return Ok(object),
+                Err(StoreError::Conflict { .. }) => continue,
+                Err(error) => return Err(ApiError::from_store(error, rt, name)),
+            }
+        }
+        Err(ApiError::conflict(
+            rt,
+            name,
+            "the object is being modified too often; please try again",
+        ))
+    }
+
+    /// Remove ownerReferences naming `owner_uid` from every object that has one.
+    pub(crate) async fn orphan_dependents(&self, owner_uid: &str) -> Result<(), ApiError> {
+        if owner_uid.is_empty() {
+            return Ok(());
+        }
+        let names_owner = |object: &Value| {
+            object
+                .pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .is_some_and(|refs| refs.iter().any(|r| names_uid(r, owner_uid)))
+        };
+        for rt in self.registry.all() {
+            let all = self
+                .store
+                .list(&rt.store_resource(), &ListOptions::default())
+                .await
+                .map_err(|e| ApiError::from_store(e, rt, ""))?;
+            for dependent in all.items.iter().filter(|o| names_owner(o)) {
+                self.modify(rt, &key_of(rt, dependent), |object| {
+                    remove_from(object, "/metadata/ownerReferences", |r| {
+                        names_uid(r, owner_uid)
+                    })
+                })
+                .await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Delete every object of `rt` (in `namespace`, or everywhere) that `selectors` match,
+    /// one by one. Objects that vanish meanwhile are skipped. Returns what was deleted or
+    /// marked for deletion.
+    pub(crate) async fn delete_collection(
+        &self,
+        rt: &ResourceType,
+        namespace: Option<&str>,
+        selectors: &Selectors,
+        options: &DeleteOptions,
+    ) -> Result<(Vec<Arc<Value>>, Revision), ApiError> {
+        let listed = self
+            .store
+            .list(
+                &rt.store_resource(),
+                &ListOptions {
+                    namespace: namespace.map(str::to_string),
+                    ..ListOptions::default()
+                },
+            )
+            .await
+            .map_err(|e| ApiError::from_store(e, rt, ""))?;
+        let mut deleted = Vec::new();
+        for object in listed.items.iter().filter(|o| selectors.matches(o)) {
+            let key = key_of(rt, object);
+            match self.delete(rt, &key.namespace, &key.name, options).await {
+                Ok(object) => deleted.push(object),
+                Err(error) if error.code == 404 => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok((deleted, self.store.revision()))
+    }
+
+    /// Create the `default` namespace unless it exists.
+    pub(crate) async fn ensure_default_namespace(&self) -> Result<(), ApiError> {
+        let rt = ResourceType::namespace();
+        let body = Decoded {
+            value: json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}),
+            duplicates: Vec::new(),
+        };
+        match self.create(&rt, None, body, WriteOptions::default()).await {
+            Ok(_) => Ok(()),
+            Err(error) if error.code == 409 => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+}

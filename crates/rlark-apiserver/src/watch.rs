@@ -1,0 +1,496 @@
+//! Watches: a stream of newline-delimited JSON events
+//! `{"type":"ADDED|MODIFIED|DELETED|BOOKMARK|ERROR","object":...}`, one chunk per event.
+//!
+//! - No `resourceVersion` (or `0`): an `ADDED` event for every current object, then live
+//!   events. `resourceVersion=N`: events after `N` from the store's change log; when `N` has
+//!   been compacted the stream carries one `ERROR` event with a 410 `Expired` Status and
+//!   ends (an HTTP 410 would make kube-runtime retry the same revision forever).
+//! - `sendInitialEvents=true`: the initial `ADDED` events end with a BOOKMARK annotated
+//!   `k8s.io/initial-events-end: "true"`.
+//! - Selectors apply with transitions, as in Kubernetes: an object that starts matching
+//!   arrives as `ADDED`, one that stops matching as `DELETED`. The store's events carry no
+//!   previous state, so the watcher remembers which objects the client holds; for events
+//!   replayed from before the watch started (from `N` to the moment it started) the first
+//!   event of each object cannot know that, and a non-matching modification is sent as
+//!   `DELETED` to be safe (a client ignores deletes of objects it does not hold).
+//! - Bookmarks (`allowWatchBookmarks=true`) every `bookmark_interval` and right before the
+//!   `timeoutSeconds` close. A periodic bookmark's revision is the last event seen, or the
+//!   store revision read at the previous tick if that is higher: every event up to that
+//!   revision was committed a whole interval ago, and events ready on the store's stream are
+//!   always handled before a tick. The closing bookmark first delivers the events already
+//!   waiting, then reports the revision reached.
+//! - The stream ends at the timeout, when the store closes, and when the server shuts down.
+
+use std::collections::{HashSet, VecDeque};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::response::Response;
+use bytes::Bytes;
+use futures::{FutureExt, StreamExt};
+use rlark_store::{
+    EventType, ListOptions, ObjectKey, Revision, StoreError, WatchEvent, WatchStream,
+};
+use serde_json::{Value, json};
+use tokio::time::{Instant, Interval, MissedTickBehavior};
+use tokio_util::sync::CancellationToken;
+
+use crate::Inner;
+use crate::error::ApiError;
+use crate::lifecycle::key_of;
+use crate::list::{Freshness, freshness, wait_for_revision};
+use crate::metrics::WatchGuard;
+use crate::output::{Output, event_line};
+use crate::registry::ResourceType;
+use crate::request::Query;
+use crate::selectors::Selectors;
+
+/// Annotation of the bookmark that ends the initial events of `sendInitialEvents=true`.
+const INITIAL_EVENTS_END: &str = "k8s.io/initial-events-end";
+
+/// What to watch and how to render it.
+#[derive(Debug)]
+pub(crate) struct WatchRequest {
+    pub rt: Arc<ResourceType>,
+    pub namespace: Option<String>,
+    pub selectors: Selectors,
+    pub query: Query,
+    pub output: Output,
+}
+
+/// Which objects the client holds, to turn store events into selector transitions.
+struct Tracker {
+    selectors: Selectors,
+    /// Keys of matching objects the client is believed to hold (only kept with selectors).
+    held: HashSet<ObjectKey>,
+    /// Events up to this revision are replays whose previous state is unknown.
+    replay_until: Revision,
+    /// Objects seen in the replay window (their later events are certain again).
+    replayed: HashSet<ObjectKey>,
+}
+
+impl Tracker {
+    /// The event type to send for `event`, if any.
+    fn classify(&mut self, event: &WatchEvent) -> Option<&'static str> {
+        if self.selectors.is_empty() {
+            return Some(match event.event_type {
+                EventType::Added => "ADDED",
+                EventType::Modified => "MODIFIED",
+                EventType::Deleted => "DELETED",
+            });
+        }
+        let key = &event.key;
+        let matches = self.selectors.matches(&event.object);
+        let uncertain = event.revision <= self.replay_until && self.replayed.insert(key.clone());
+        let held = self.held.contains(key);
+        match event.event_type {
+            EventType::Deleted => (self.held.remove(key) || matches).then_some("DELETED"),
+            EventType::Added | EventType::Modified if matches => {
+                let fresh = self.held.insert(key.clone());
+                Some(if fresh || event.event_type == EventType::Added {
+                    "ADDED"
+                } else {
+                    "MODIFIED"
+                })
+            }
+            EventType::Added => None,
+            EventType::Modified => {
+                self.held.remove(key);
+                (held || uncertain).then_some("DELETED")
+            }
+        }
+    }
+}
+
+fn bookmark(rt: &ResourceType, revision: Revision, initial_events_end: bool) -> Value {
+    let mut metadata = json!({"resourceVersion": revision.to_string()});
+    if initial_events_end {
+        metadata["annotations"] = json!({INITIAL_EVENTS_END: "true"});
+    }
+    json!({"kind": rt.kind, "apiVersion": rt.api_version(), "metadata": metadata})
+}
+
+/// A watch stream in progress.
+struct State {
+    rt: Arc<ResourceType>,
+    output: Output,
+    events: WatchStream,
+    pending: VecDeque<Bytes>,
+    tracker: Tracker,
+    store: Arc<dyn rlark_store::Store>,
+    shutdown: CancellationToken,
+    deadline: Instant,
+    /// Present when the client asked for bookmarks.
+    ticker: Option<Interval>,
+    /// Highest revision the client may resume from without missing events.
+    progress: Revision,
+    /// Store revision read at the previous bookmark tick.
+    previous_tick_revision: Revision,
+    /// Whether the next Table event still needs column definitions.
+    columns: bool,
+    done: bool,
+    _guard: WatchGuard,
+}
+
+enum Step {
+    End,
+    Timeout,
+    Event(Option<Result<WatchEvent, StoreError>>),
+    Tick,
+}
+
+impl State {
+    fn push_object(&mut self, event_type: &str, object: &Arc<Value>) {
+        let rendered = self.output.object(&self.rt, object, self.columns);
+        self.columns = false;
+        self.pending.push_back(event_line(event_type, &rendered));
+    }
+
+    fn push_bookmark(&mut self, revision: Revision, initial_events_end: bool) {
+        self.pending.push_back(event_line(
+            "BOOKMARK",
+            &bookmark(&self.rt, revision, initial_events_end),
+        ));
+    }
+
+    fn push_error(&mut self, error: &ApiError) {
+        self.pending.push_back(event_line("ERROR", &error.status()));
+    }
+
+    /// Handle one item of the store's stream; `false` when it ended the watch.
+    fn on_event(&mut self, item: Result<WatchEvent, StoreError>) -> bool {
+        match item {
+            Ok(event) => {
+                self.progress = self.progress.max(event.revision);
+                if let Some(event_type) = self.tracker.classify(&event) {
+                    self.push_object(event_type, &event.object);
+                }
+                true
+            }
+            Err(error) => {
+                self.push_error(&ApiError::from_store(error, &self.rt, ""));
+                self.done = true;
+                false
+            }
+        }
+    }
+
+    async fn next(mut self) -> Option<(Result<Bytes, Infallible>, Self)> {
+        loop {
+            if let Some(line) = self.pending.pop_front() {
+                return Some((Ok(line), self));
+            }
+            if self.done {
+                return None;
+            }
+            let step = {
+                let State {
+                    shutdown,
+                    deadline,
+                    events,
+                    ticker,
+                    ..
+                } = &mut self;
+                let tick = async move {
+                    match ticker {
+                        Some(ticker) => {
+                            ticker.tick().await;
+                        }
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    // Order matters: shutdown and timeout win over a busy stream, and
+                    // ready events are drained before a bookmark is cut.
+                    biased;
+                    () = shutdown.cancelled() => Step::End,
+                    () = tokio::time::sleep_until(*deadline) => Step::Timeout,
+                    event = events.next() => Step::Event(event),
+                    () = tick => Step::Tick,
+                }
+            };
+            match step {
+                Step::End => self.done = true,
+                Step::Timeout => {
+                    // Deliver what happened before the deadline but was not read yet (a slow
+                    // client), so the closing bookmark is only as recent as what was sent.
+                    while let Some(Some(item)) = self.events.next().now_or_never() {
+                        if !self.on_event(item) {
+                            break;
+                        }
+                    }
+                    if self.ticker.is_some() && !self.done {
+                        self.push_bookmark(self.progress, false);
+                    }
+                    self.done = true;
+                }
+                Step::Event(None) => self.done = true,
+                Step::Event(Some(item)) => {
+                    self.on_event(item);
+                }
+                Step::Tick => {
+                    self.progress = self.progress.max(self.previous_tick_revision);
+                    self.previous_tick_revision = self.store.revision();
+                    self.push_bookmark(self.progress, false);
+                }
+            }
+        }
+    }
+}
+
+fn stream_response(body: Body) -> Response {
+    let mut response = Response::new(body);
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+impl Inner {
+    /// Start a watch. Errors before the first event (bad options, a revision the store
+    /// cannot reach) are ordinary HTTP errors; later ones are `ERROR` events.
+    pub(crate) async fn watch(
+        self: &Arc<Self>,
+        request: WatchRequest,
+    ) -> Result<Response, ApiError> {
+        let WatchRequest {
+            rt,
+            namespace,
+            selectors,
+            query,
+            output,
+        } = request;
+        let freshness = freshness(&query)?;
+        let initial = match query.send_initial_events {
+            Some(send) => send,
+            None => matches!(freshness, Freshness::MostRecent | Freshness::Any),
+        };
+        let resource = rt.store_resource();
+        let list_options = ListOptions {
+            namespace: namespace.clone(),
+            ..ListOptions::default()
+        };
+        let list = |what: &'static str| {
+            let store = Arc::clone(&self.store);
+            let resource = resource.clone();
+            let list_options = list_options.clone();
+            let rt = Arc::clone(&rt);
+            async move {
+                store.list(&resource, &list_options).await.map_err(|e| {
+                    tracing::debug!(error = %e, what, "watch list failed");
+                    ApiError::from_store(e, &rt, "")
+                })
+            }
+        };
+
+        let mut tracker = Tracker {
+            selectors: selectors.clone(),
+            held: HashSet::new(),
+            replay_until: 0,
+            replayed: HashSet::new(),
+        };
+        let mut initial_objects = Vec::new();
+        let from = if initial {
+            if let Freshness::NotOlderThan(rv) = freshness {
+                wait_for_revision(self.store.as_ref(), rv).await?;
+            }
+            let current = list("initial events").await?;
+            for object in current.items.into_iter().filter(|o| selectors.matches(o)) {
+                if !selectors.is_empty() {
+                    tracker.held.insert(key_of(&rt, &object));
+                }
+                initial_objects.push(object);
+            }
+            current.revision
+        } else {
+            let from = match freshness {
+                Freshness::NotOlderThan(rv) | Freshness::Exact(rv) => rv,
+                Freshness::MostRecent | Freshness::Any => self.store.revision(),
+            };
+            if !selectors.is_empty() {
+                // Who matches now; see the module docs for the replay window before it.
+                let current = list("selector seed").await?;
+                tracker.replay_until = current.revision;
+                tracker.held = current
+                    .items
+                    .iter()
+                    .filter(|o| selectors.matches(o))
+                    .map(|o| key_of(&rt, o))
+                    .collect();
+            }
+            from
+        };
+
+        let guard = self.metrics.watch_opened();
+        let events = match self
+            .store
+            .watch(&resource, namespace.as_deref(), from)
+            .await
+        {
+            Ok(events) => events,
+            Err(error @ StoreError::Expired { .. }) => {
+                let line = event_line("ERROR", &ApiError::from_store(error, &rt, "").status());
+                return Ok(stream_response(Body::from(line)));
+            }
+            Err(error) => return Err(ApiError::from_store(error, &rt, "")),
+        };
+
+        let timeout = match query.timeout_seconds {
+            Some(seconds) if seconds > 0 => Duration::from_secs(seconds),
+            _ => self.options.default_watch_timeout,
+        };
+        let ticker = query.allow_watch_bookmarks.then(|| {
+            let period = self.options.bookmark_interval;
+            let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
+            ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
+            ticker
+        });
+        let mut state = State {
+            rt: Arc::clone(&rt),
+            output,
+            events,
+            pending: VecDeque::new(),
+            tracker,
+            store: Arc::clone(&self.store),
+            shutdown: self.shutdown.clone(),
+            deadline: Instant::now() + timeout,
+            ticker,
+            progress: from,
+            previous_tick_revision: from,
+            columns: true,
+            done: false,
+            _guard: guard,
+        };
+        for object in &initial_objects {
+            state.push_object("ADDED", object);
+        }
+        if query.send_initial_events == Some(true) {
+            state.push_bookmark(from, true);
+        }
+        let stream = futures::stream::unfold(state, State::next);
+        Ok(stream_response(Body::from_stream(stream)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(event_type: EventType, name: &str, phase: &str, revision: Revision) -> WatchEvent {
+        WatchEvent {
+            event_type,
+            key: ObjectKey::new("namespaces", "", name),
+            object: Arc::new(json!({"metadata": {"name": name}, "status": {"phase": phase}})),
+            revision,
+        }
+    }
+
+    fn tracker(replay_until: Revision, held: &[&str]) -> Tracker {
+        let rt = ResourceType::namespace();
+        Tracker {
+            selectors: Selectors::parse(None, Some("status.phase=Active"), &rt).unwrap(),
+            held: held
+                .iter()
+                .map(|n| ObjectKey::new("namespaces", "", *n))
+                .collect(),
+            replay_until,
+            replayed: HashSet::new(),
+        }
+    }
+
+    #[test]
+    fn selector_transitions() {
+        let mut t = tracker(0, &[]);
+        assert_eq!(
+            t.classify(&event(EventType::Added, "a", "Pending", 1)),
+            None
+        );
+        assert_eq!(
+            t.classify(&event(EventType::Modified, "a", "Active", 2)),
+            Some("ADDED")
+        );
+        assert_eq!(
+            t.classify(&event(EventType::Modified, "a", "Active", 3)),
+            Some("MODIFIED")
+        );
+        assert_eq!(
+            t.classify(&event(EventType::Modified, "a", "Terminating", 4)),
+            Some("DELETED")
+        );
+        assert_eq!(
+            t.classify(&event(EventType::Modified, "a", "Pending", 5)),
+            None
+        );
+        assert_eq!(
+            t.classify(&event(EventType::Deleted, "a", "Pending", 6)),
+            None
+        );
+        assert_eq!(
+            t.classify(&event(EventType::Added, "b", "Active", 7)),
+            Some("ADDED")
+        );
+        assert_eq!(
+            t.classify(&event(EventType::Deleted, "b", "Active", 8)),
+            Some("DELETED")
+        );
+    }
+
+    #[test]
+    fn replayed_events_err_on_the_side_of_deleting() {
+        // Watching from 10 with the store at 20: "a" matched at 10 (client holds it) but not
+        // at 20, so the seed does not know it.
+        let mut t = tracker(20, &[]);
+        assert_eq!(
+            t.classify(&event(EventType::Modified, "a", "Pending", 12)),
+            Some("DELETED")
+        );
+        // Its next replayed event is certain again.
+        assert_eq!(
+            t.classify(&event(EventType::Modified, "a", "Pending", 13)),
+            None
+        );
+        // After the window, unknown non-matching objects are not the client's.
+        assert_eq!(
+            t.classify(&event(EventType::Modified, "c", "Pending", 21)),
+            None
+        );
+    }
+
+    #[test]
+    fn without_selectors_events_pass_through() {
+        let mut t = Tracker {
+            selectors: Selectors::default(),
+            held: HashSet::new(),
+            replay_until: 0,
+            replayed: HashSet::new(),
+        };
+        assert_eq!(
+            t.classify(&event(EventType::Added, "a", "x", 1)),
+            Some("ADDED")
+        );
+        assert_eq!(
+            t.classify(&event(EventType::Modified, "a", "x", 2)),
+            Some("MODIFIED")
+        );
+        assert_eq!(
+            t.classify(&event(EventType::Deleted, "a", "x", 3)),
+            Some("DELETED")
+        );
+    }
+
+    #[test]
+    fn bookmarks() {
+        let rt = ResourceType::lease();
+        assert_eq!(
+            bookmark(&rt, 5, false),
+            json!({"kind": "Lease", "apiVersion": "coordination.k8s.io/v1", "metadata": {"resourceVersion": "5"}})
+        );
+        assert_eq!(
+            bookmark(&rt, 5, true)["metadata"]["annotations"][INITIAL_EVENTS_END],
+            "true"
+        );
+    }
+}
