@@ -14,7 +14,10 @@ use kube::core::{ApiResource, GroupVersionKind};
 use rlark_testkit::ServerProcess;
 
 fn domains_resource() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("rlinf.io", "v1alpha1", "Domain"), "domains")
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("rlinf.io", "v1alpha1", "Domain"),
+        "domains",
+    )
 }
 
 async fn client_for(kubeconfig: &Path) -> Result<kube::Client> {
@@ -50,7 +53,9 @@ async fn acknowledged_writes_survive_sigkill() -> Result<()> {
             // Bounded: at most 2,000 writes per writer; the kill ends it much sooner.
             for i in 0..2000 {
                 let name = format!("d-{w}-{i}");
-                let Ok(object) = domain(&name, w * 2000 + i) else { return };
+                let Ok(object) = domain(&name, w * 2000 + i) else {
+                    return;
+                };
                 match api.create(&PostParams::default(), &object).await {
                     Ok(_) => acknowledged.lock().expect("lock").push(name),
                     Err(_) => return, // the server is gone
@@ -61,7 +66,10 @@ async fn acknowledged_writes_survive_sigkill() -> Result<()> {
     // Let the writers get going, then kill mid-stream.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     while acknowledged.lock().expect("lock").len() < 300 {
-        anyhow::ensure!(tokio::time::Instant::now() < deadline, "writers made no progress");
+        anyhow::ensure!(
+            tokio::time::Instant::now() < deadline,
+            "writers made no progress"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     server.kill_9()?;
@@ -74,17 +82,46 @@ async fn acknowledged_writes_survive_sigkill() -> Result<()> {
     let server = ServerProcess::spawn(binary, data_dir.path())?;
     let client = client_for(server.kubeconfig_path()).await?;
     let api: Api<DynamicObject> = Api::all_with(client, &domains_resource());
-    let listed = api.list(&ListParams::default()).await.context("list after restart")?;
-    let present: std::collections::HashSet<String> =
-        listed.items.iter().filter_map(|d| d.metadata.name.clone()).collect();
-    let lost: Vec<&String> = acknowledged.iter().filter(|n| !present.contains(*n)).collect();
-    assert!(lost.is_empty(), "{} acknowledged writes lost after kill -9, e.g. {:?}", lost.len(), &lost[..lost.len().min(5)]);
+    let listed = api
+        .list(&ListParams::default())
+        .await
+        .context("list after restart")?;
+    let present: std::collections::HashSet<String> = listed
+        .items
+        .iter()
+        .filter_map(|d| d.metadata.name.clone())
+        .collect();
+    let lost: Vec<&String> = acknowledged
+        .iter()
+        .filter(|n| !present.contains(*n))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} acknowledged writes lost after kill -9, e.g. {:?}",
+        lost.len(),
+        &lost[..lost.len().min(5)]
+    );
 
     // Revisions keep increasing after the restart.
-    let before: u64 = listed.metadata.resource_version.as_deref().unwrap_or("0").parse()?;
-    let created = api.create(&PostParams::default(), &domain("after-restart", 60_000)?).await?;
-    let after: u64 = created.metadata.resource_version.as_deref().unwrap_or("0").parse()?;
-    assert!(after > before, "revision went backwards: {after} <= {before}");
+    let before: u64 = listed
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or("0")
+        .parse()?;
+    let created = api
+        .create(&PostParams::default(), &domain("after-restart", 60_000)?)
+        .await?;
+    let after: u64 = created
+        .metadata
+        .resource_version
+        .as_deref()
+        .unwrap_or("0")
+        .parse()?;
+    assert!(
+        after > before,
+        "revision went backwards: {after} <= {before}"
+    );
     server.terminate()?;
     Ok(())
 }

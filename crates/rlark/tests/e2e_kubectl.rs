@@ -14,7 +14,10 @@ use anyhow::{Context, Result, bail};
 use rlark_testkit::ServerProcess;
 
 fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repo root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repo root")
 }
 
 struct Kubectl {
@@ -35,7 +38,10 @@ impl Kubectl {
     }
 
     fn run(&self, args: &[&str]) -> Result<Output> {
-        let output = self.command(args).output().with_context(|| format!("running kubectl {args:?}"))?;
+        let output = self
+            .command(args)
+            .output()
+            .with_context(|| format!("running kubectl {args:?}"))?;
         Ok(output)
     }
 
@@ -45,14 +51,22 @@ impl Kubectl {
         let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
         let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
         if !output.status.success() {
-            bail!("kubectl {args:?} failed ({}):\nstdout: {stdout}\nstderr: {stderr}", output.status);
+            bail!(
+                "kubectl {args:?} failed ({}):\nstdout: {stdout}\nstderr: {stderr}",
+                output.status
+            );
         }
         Ok(stdout)
     }
 }
 
 fn kubectl_available() -> bool {
-    Command::new("kubectl").arg("version").arg("--client").output().map(|o| o.status.success()).unwrap_or(false)
+    Command::new("kubectl")
+        .arg("version")
+        .arg("--client")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
 }
 
 #[test]
@@ -64,27 +78,48 @@ fn kubectl_end_to_end() -> Result<()> {
     }
     let data_dir = tempfile::tempdir()?;
     let server = ServerProcess::spawn(Path::new(env!("CARGO_BIN_EXE_rlark")), data_dir.path())?;
-    let k = Kubectl { kubeconfig: server.kubeconfig_path().to_path_buf(), cache: tempfile::tempdir()? };
+    let k = Kubectl {
+        kubeconfig: server.kubeconfig_path().to_path_buf(),
+        cache: tempfile::tempdir()?,
+    };
     let examples = repo_root().join("examples");
     let examples = examples.to_str().context("examples path")?;
 
     // Discovery as kubectl sees it.
     let resources = k.ok(&["api-resources", "--api-group=rlinf.io"])?;
-    for (name, short, kind) in [("jobs", "rljob", "Job"), ("tasks", "task", "Task"), ("workflows", "rlwf", "Workflow")] {
+    for (name, short, kind) in [
+        ("jobs", "rljob", "Job"),
+        ("tasks", "task", "Task"),
+        ("workflows", "rlwf", "Workflow"),
+    ] {
         assert!(
-            resources.lines().any(|l| l.starts_with(name) && l.contains(short) && l.contains(kind)),
+            resources
+                .lines()
+                .any(|l| l.starts_with(name) && l.contains(short) && l.contains(kind)),
             "api-resources misses {name}:\n{resources}"
         );
     }
 
     // Apply the examples (a Domain, a Job, a Workflow).
     let applied = k.ok(&["apply", "-f", examples])?;
-    assert!(applied.contains("job.rlinf.io/ppo-train created"), "{applied}");
-    assert!(applied.contains("workflow.rlinf.io/train-eval created"), "{applied}");
-    assert!(applied.contains("domain.rlinf.io/demo-net created"), "{applied}");
+    assert!(
+        applied.contains("job.rlinf.io/ppo-train created"),
+        "{applied}"
+    );
+    assert!(
+        applied.contains("workflow.rlinf.io/train-eval created"),
+        "{applied}"
+    );
+    assert!(
+        applied.contains("domain.rlinf.io/demo-net created"),
+        "{applied}"
+    );
     // Applying again changes nothing.
     let again = k.ok(&["apply", "-f", examples])?;
-    assert!(again.contains("job.rlinf.io/ppo-train unchanged"), "{again}");
+    assert!(
+        again.contains("job.rlinf.io/ppo-train unchanged"),
+        "{again}"
+    );
 
     // A Task (namespaced), as the Job controller will create them.
     k.ok(&["create", "namespace", "rlark-edge"])?;
@@ -100,27 +135,64 @@ spec:
   raw:
     entrypoint: ["python3", "-c", "print('actor')"]
 "#;
-    let mut apply = k.command(&["apply", "-f", "-"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
+    let mut apply = k
+        .command(&["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
     std::io::Write::write_all(apply.stdin.as_mut().context("stdin")?, task.as_bytes())?;
     let out = apply.wait_with_output()?;
-    assert!(out.status.success(), "apply task: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "apply task: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
 
     // Printer columns.
     let listed = k.ok(&["get", "jobs,tasks,workflows", "-A"])?;
-    assert!(listed.contains("PHASE") && listed.contains("AGE"), "no printer columns:\n{listed}");
-    assert!(listed.contains("ppo-train") && listed.contains("train-eval") && listed.contains("ppo-train-actor"));
+    assert!(
+        listed.contains("PHASE") && listed.contains("AGE"),
+        "no printer columns:\n{listed}"
+    );
+    assert!(
+        listed.contains("ppo-train")
+            && listed.contains("train-eval")
+            && listed.contains("ppo-train-actor")
+    );
     let tasks = k.ok(&["get", "tasks", "-n", "rlark-edge"])?;
-    assert!(tasks.lines().next().is_some_and(|h| h.contains("ROLE") && h.contains("AGENT")), "{tasks}");
+    assert!(
+        tasks
+            .lines()
+            .next()
+            .is_some_and(|h| h.contains("ROLE") && h.contains("AGENT")),
+        "{tasks}"
+    );
     assert!(tasks.contains("Actor") && tasks.contains("Raw"), "{tasks}");
 
     // Full object.
     let yaml = k.ok(&["get", "job", "ppo-train", "-o", "yaml"])?;
-    assert!(yaml.contains("apiVersion: rlinf.io/v1alpha1") && yaml.contains("kind: Job"), "{yaml}");
-    assert!(yaml.contains("resourceVersion:") && yaml.contains("uid:") && yaml.contains("generation: 1"), "{yaml}");
+    assert!(
+        yaml.contains("apiVersion: rlinf.io/v1alpha1") && yaml.contains("kind: Job"),
+        "{yaml}"
+    );
+    assert!(
+        yaml.contains("resourceVersion:")
+            && yaml.contains("uid:")
+            && yaml.contains("generation: 1"),
+        "{yaml}"
+    );
 
     // Watch: start `get tasks -w`, change the task from another client, see the change stream.
     let mut watcher = k
-        .command(&["get", "tasks", "-n", "rlark-edge", "-w", "-o", "custom-columns=NAME:.metadata.name,DOMAIN:.spec.domain"])
+        .command(&[
+            "get",
+            "tasks",
+            "-n",
+            "rlark-edge",
+            "-w",
+            "-o",
+            "custom-columns=NAME:.metadata.name,DOMAIN:.spec.domain",
+        ])
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()?;
@@ -133,25 +205,64 @@ spec:
             }
         }
     });
-    let first = rx.recv_timeout(Duration::from_secs(20)).context("watch printed nothing")?;
+    let first = rx
+        .recv_timeout(Duration::from_secs(20))
+        .context("watch printed nothing")?;
     assert!(first.contains("NAME"), "header expected, got {first:?}");
-    let initial = rx.recv_timeout(Duration::from_secs(20)).context("no initial row")?;
+    let initial = rx
+        .recv_timeout(Duration::from_secs(20))
+        .context("no initial row")?;
     assert!(initial.contains("ppo-train-actor"), "{initial}");
-    k.ok(&["patch", "task", "ppo-train-actor", "-n", "rlark-edge", "--type", "merge", "-p", r#"{"spec":{"domain":"demo-net"}}"#])?;
-    let changed = rx.recv_timeout(Duration::from_secs(20)).context("watch did not stream the patch")?;
-    assert!(changed.contains("ppo-train-actor") && changed.contains("demo-net"), "{changed}");
+    k.ok(&[
+        "patch",
+        "task",
+        "ppo-train-actor",
+        "-n",
+        "rlark-edge",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"domain":"demo-net"}}"#,
+    ])?;
+    let changed = rx
+        .recv_timeout(Duration::from_secs(20))
+        .context("watch did not stream the patch")?;
+    assert!(
+        changed.contains("ppo-train-actor") && changed.contains("demo-net"),
+        "{changed}"
+    );
     watcher.kill()?;
     let _ = watcher.wait();
 
     // Merge patch on a cluster-scoped Job bumps generation.
-    k.ok(&["patch", "job", "ppo-train", "--type", "merge", "-p", r#"{"spec":{"stopped":true}}"#])?;
-    let stopped = k.ok(&["get", "job", "ppo-train", "-o", "jsonpath={.spec.stopped} {.metadata.generation}"])?;
+    k.ok(&[
+        "patch",
+        "job",
+        "ppo-train",
+        "--type",
+        "merge",
+        "-p",
+        r#"{"spec":{"stopped":true}}"#,
+    ])?;
+    let stopped = k.ok(&[
+        "get",
+        "job",
+        "ppo-train",
+        "-o",
+        "jsonpath={.spec.stopped} {.metadata.generation}",
+    ])?;
     assert_eq!(stopped.trim(), "true 2");
 
     // Explain reads the published OpenAPI schema.
     let explain = k.ok(&["explain", "job.spec.tasks"])?;
-    assert!(explain.contains("KIND:") && explain.contains("Job") && explain.contains("FIELDS:"), "{explain}");
-    assert!(explain.contains("role") && explain.contains("agentType"), "{explain}");
+    assert!(
+        explain.contains("KIND:") && explain.contains("Job") && explain.contains("FIELDS:"),
+        "{explain}"
+    );
+    assert!(
+        explain.contains("role") && explain.contains("agentType"),
+        "{explain}"
+    );
 
     // Bad input is refused with a message naming the problem.
     let bad = k.run(&["patch", "job", "ppo-train", "--type", "merge", "-p", r#"{"spec":{"tasks":[{"name":"x","role":"Driver","agentType":"Raw","raw":{"entrypoint":["true"]}}]}}"#])?;
@@ -160,23 +271,52 @@ spec:
     assert!(err.contains("Driver") && err.contains("role"), "{err}");
 
     // Cascading delete: Workflow -> Job -> Task by ownerReferences.
-    let wf_uid = k.ok(&["get", "workflow", "train-eval", "-o", "jsonpath={.metadata.uid}"])?;
+    let wf_uid = k.ok(&[
+        "get",
+        "workflow",
+        "train-eval",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ])?;
     let owned_job = format!(
         r#"{{"apiVersion":"rlinf.io/v1alpha1","kind":"Job","metadata":{{"name":"train-eval-train","ownerReferences":[{{"apiVersion":"rlinf.io/v1alpha1","kind":"Workflow","name":"train-eval","uid":"{wf_uid}","controller":true,"blockOwnerDeletion":true}}]}},"spec":{{"tasks":[{{"name":"learner","role":"Actor","agentType":"Raw","raw":{{"entrypoint":["true"]}}}}]}}}}"#
     );
-    let mut create = k.command(&["create", "-f", "-"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
-    std::io::Write::write_all(create.stdin.as_mut().context("stdin")?, owned_job.as_bytes())?;
+    let mut create = k
+        .command(&["create", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    std::io::Write::write_all(
+        create.stdin.as_mut().context("stdin")?,
+        owned_job.as_bytes(),
+    )?;
     assert!(create.wait_with_output()?.status.success());
-    let job_uid = k.ok(&["get", "job", "train-eval-train", "-o", "jsonpath={.metadata.uid}"])?;
+    let job_uid = k.ok(&[
+        "get",
+        "job",
+        "train-eval-train",
+        "-o",
+        "jsonpath={.metadata.uid}",
+    ])?;
     let owned_task = format!(
         r#"{{"apiVersion":"rlinf.io/v1alpha1","kind":"Task","metadata":{{"name":"train-eval-train-learner","namespace":"rlark-edge","ownerReferences":[{{"apiVersion":"rlinf.io/v1alpha1","kind":"Job","name":"train-eval-train","uid":"{job_uid}","controller":true}}]}},"spec":{{"role":"Actor","agentType":"Raw","raw":{{"entrypoint":["true"]}}}}}}"#
     );
-    let mut create = k.command(&["create", "-f", "-"]).stdin(Stdio::piped()).stdout(Stdio::piped()).spawn()?;
-    std::io::Write::write_all(create.stdin.as_mut().context("stdin")?, owned_task.as_bytes())?;
+    let mut create = k
+        .command(&["create", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()?;
+    std::io::Write::write_all(
+        create.stdin.as_mut().context("stdin")?,
+        owned_task.as_bytes(),
+    )?;
     assert!(create.wait_with_output()?.status.success());
 
     let deleted = k.ok(&["delete", "workflow", "train-eval"])?;
-    assert!(deleted.contains("workflow.rlinf.io \"train-eval\" deleted"), "{deleted}");
+    assert!(
+        deleted.contains("workflow.rlinf.io \"train-eval\" deleted"),
+        "{deleted}"
+    );
     // Garbage collection is asynchronous (background propagation): poll, bounded.
     let mut gone = false;
     for _ in 0..100 {
@@ -188,10 +328,27 @@ spec:
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    assert!(gone, "dependents of the deleted Workflow were not garbage-collected");
+    assert!(
+        gone,
+        "dependents of the deleted Workflow were not garbage-collected"
+    );
     // Unrelated objects stay.
-    assert!(k.ok(&["get", "job", "ppo-train", "-o", "name"])?.contains("ppo-train"));
-    assert!(k.ok(&["get", "task", "ppo-train-actor", "-n", "rlark-edge", "-o", "name"])?.contains("ppo-train-actor"));
+    assert!(
+        k.ok(&["get", "job", "ppo-train", "-o", "name"])?
+            .contains("ppo-train")
+    );
+    assert!(
+        k.ok(&[
+            "get",
+            "task",
+            "ppo-train-actor",
+            "-n",
+            "rlark-edge",
+            "-o",
+            "name"
+        ])?
+        .contains("ppo-train-actor")
+    );
 
     server.terminate()?;
     Ok(())

@@ -23,7 +23,10 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 fn jobs() -> ApiResource {
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("rlinf.io", "v1alpha1", "Job"), "jobs")
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("rlinf.io", "v1alpha1", "Job"),
+        "jobs",
+    )
 }
 
 fn job(name: &str) -> Result<DynamicObject> {
@@ -47,12 +50,17 @@ impl Proxy {
     async fn start(upstream: SocketAddr) -> Result<Arc<Proxy>> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let (paused, _) = watch::channel(false);
-        let proxy =
-            Arc::new(Proxy { addr: listener.local_addr()?, paused, generation: std::sync::Mutex::new(CancellationToken::new()) });
+        let proxy = Arc::new(Proxy {
+            addr: listener.local_addr()?,
+            paused,
+            generation: std::sync::Mutex::new(CancellationToken::new()),
+        });
         let p = proxy.clone();
         tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
-                let Ok(server) = TcpStream::connect(upstream).await else { continue };
+                let Ok(server) = TcpStream::connect(upstream).await else {
+                    continue;
+                };
                 let cancel = p.generation.lock().expect("lock").clone();
                 let (cr, cw) = client.into_split();
                 let (sr, sw) = server.into_split();
@@ -82,18 +90,19 @@ async fn pump(
 ) {
     let mut buf = vec![0u8; 16 * 1024];
     loop {
-        // While paused, move nothing (the peer's bytes wait in the kernel buffers).
-        while *paused.borrow() {
+        let n = tokio::select! {
+            _ = cancel.cancelled() => return,
+            n = from.read(&mut buf) => match n { Ok(0) | Err(_) => return, Ok(n) => n },
+        };
+        // Bytes read while paused are held (and dropped by a sever). Checking after the
+        // read, not before, matters: under load this task may read bytes that were sent
+        // after `pause(true)` returned, and those must not get through.
+        while *paused.borrow_and_update() {
             tokio::select! {
                 _ = cancel.cancelled() => return,
                 changed = paused.changed() => if changed.is_err() { return },
             }
         }
-        let n = tokio::select! {
-            _ = cancel.cancelled() => return,
-            _ = paused.changed() => continue,
-            n = from.read(&mut buf) => match n { Ok(0) | Err(_) => return, Ok(n) => n },
-        };
         if to.write_all(&buf[..n]).await.is_err() {
             return;
         }
@@ -106,10 +115,14 @@ enum Seen {
     InitApply(String),
     InitDone,
     Apply(String),
-    Delete(String),
+    Delete,
 }
 
-async fn next_apply(rx: &mut mpsc::UnboundedReceiver<Seen>, name: &str, inits: &mut usize) -> Result<()> {
+async fn next_apply(
+    rx: &mut mpsc::UnboundedReceiver<Seen>,
+    name: &str,
+    inits: &mut usize,
+) -> Result<()> {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
         let seen = tokio::time::timeout_at(deadline, rx.recv())
@@ -148,14 +161,15 @@ async fn watcher_survives_restart_and_compaction() -> Result<()> {
     let watcher_task = tokio::spawn(async move {
         let mut stream = watcher::watcher(watched, watcher::Config::default()).boxed();
         loop {
-            let item = tokio::select! { _ = stopped.cancelled() => return, item = stream.next() => item };
+            let item =
+                tokio::select! { _ = stopped.cancelled() => return, item = stream.next() => item };
             let Some(item) = item else { return };
             let seen = match item {
                 Ok(Event::Init) => Seen::Init,
                 Ok(Event::InitApply(o)) => Seen::InitApply(o.metadata.name.unwrap_or_default()),
                 Ok(Event::InitDone) => Seen::InitDone,
                 Ok(Event::Apply(o)) => Seen::Apply(o.metadata.name.unwrap_or_default()),
-                Ok(Event::Delete(o)) => Seen::Delete(o.metadata.name.unwrap_or_default()),
+                Ok(Event::Delete(_)) => Seen::Delete,
                 Err(_) => continue, // errors are retried by the watcher itself
             };
             if tx.send(seen).is_err() {
@@ -165,7 +179,9 @@ async fn watcher_survives_restart_and_compaction() -> Result<()> {
     });
 
     let mut inits = 0usize;
-    writer.create(&PostParams::default(), &job("before-restart")?).await?;
+    writer
+        .create(&PostParams::default(), &job("before-restart")?)
+        .await?;
     next_apply(&mut rx, "before-restart", &mut inits).await?;
     assert_eq!(inits, 1, "one initial list");
 
@@ -174,23 +190,32 @@ async fn watcher_survives_restart_and_compaction() -> Result<()> {
     tokio::time::sleep(Duration::from_millis(500)).await;
     let server = TestServer::start_with(config.clone()).await?;
     let writer: Api<DynamicObject> = Api::all_with(server.client().await?, &jobs());
-    writer.create(&PostParams::default(), &job("after-restart")?).await?;
+    writer
+        .create(&PostParams::default(), &job("after-restart")?)
+        .await?;
     next_apply(&mut rx, "after-restart", &mut inits).await?;
     assert_eq!(inits, 1, "a server restart must not force a relist");
 
     // 2. Compaction: hold the watch still, write past the change log, cut the connection.
     proxy.pause(true);
     for i in 0..20 {
-        writer.create(&PostParams::default(), &job(&format!("while-stalled-{i}"))?).await?;
+        writer
+            .create(&PostParams::default(), &job(&format!("while-stalled-{i}"))?)
+            .await?;
     }
     proxy.sever();
     proxy.pause(false);
     // The watcher comes back with an expired revision, gets the in-stream 410 and relists.
     next_apply(&mut rx, "while-stalled-19", &mut inits).await?;
-    assert_eq!(inits, 2, "an expired revision must cause exactly one relist");
+    assert_eq!(
+        inits, 2,
+        "an expired revision must cause exactly one relist"
+    );
 
     // 3. Then it streams again.
-    writer.create(&PostParams::default(), &job("after-relist")?).await?;
+    writer
+        .create(&PostParams::default(), &job("after-relist")?)
+        .await?;
     next_apply(&mut rx, "after-relist", &mut inits).await?;
     assert_eq!(inits, 2, "no further relist after recovering");
 

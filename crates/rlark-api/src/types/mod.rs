@@ -25,8 +25,8 @@ pub use node::{Node, NodeCategory, NodeInfo, NodePhase, NodeSpec, NodeStatus};
 pub use pod::{Pod, PodPhase, PodSpec, PodStatus};
 pub use task::{
     DockerContainerSpec, DockerTaskSpec, DockerVolumeRef, KubernetesTaskSpec,
-    KubernetesWorkloadKind, KubernetesWorkloadSpec, RawTaskSpec, RestartPolicy, Task, TaskPhase,
-    TaskRole, TaskSpec, TaskStatus,
+    KubernetesWorkloadKind, KubernetesWorkloadSpec, NodeLostPolicy, RawTaskSpec, RestartPolicy,
+    Task, TaskPhase, TaskPlacement, TaskRole, TaskSpec, TaskStatus,
 };
 pub use workflow::{
     Workflow, WorkflowJobStatus, WorkflowJobTemplate, WorkflowPhase, WorkflowSpec, WorkflowStatus,

@@ -78,6 +78,31 @@ pub enum RestartPolicy {
 }
 string_enum!(RestartPolicy { Never => "Never", OnFailure => "OnFailure", Always => "Always" });
 
+/// What happens to a Task whose Node stops heartbeating.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum NodeLostPolicy {
+    /// The Task fails (its Job fails); the default, because a lost robot run is not
+    /// silently repeated.
+    #[default]
+    Fail,
+    /// The Task is placed again on another Node that fits.
+    Reschedule,
+}
+string_enum!(NodeLostPolicy { Fail => "Fail", Reschedule => "Reschedule" });
+
+/// Where the scheduler placed a Task: the cluster (its agent namespace is
+/// `rlark-<clusterID>`) and one Node per replica, by replica index.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskPlacement {
+    /// Cluster ID of the chosen Nodes.
+    #[serde(rename = "clusterID")]
+    pub cluster_id: String,
+    /// Node name for each replica (index = replica index).
+    #[serde(default)]
+    pub nodes: Vec<String>,
+}
+
 /// Desired state of a Task. Also the body of a Job's task template (flattened into
 /// [`super::JobTaskTemplate`]).
 ///
@@ -124,6 +149,17 @@ pub struct TaskSpec {
     /// Pins the task to this Node (by name) instead of letting the scheduler choose.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
+    /// Set by the scheduler (Job controller) on created Tasks: the chosen cluster and
+    /// nodes. Not meant for Job templates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub placement: Option<TaskPlacement>,
+    /// Set when the owning Job is stopped: runtimes stop the work (replicas 0 for
+    /// Kubernetes workloads) and the Task ends `Stopped`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub stopped: bool,
+    /// What to do when the Task's Node is lost (`Fail` by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node_lost_policy: Option<NodeLostPolicy>,
     /// Workload for `agentType: Kubernetes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesTaskSpec>,
