@@ -144,6 +144,11 @@ pub(crate) fn admit(
         if let Some(validator) = &rt.validator
             && let Err(errors) = validator(object)
         {
+            // A kind's own naming rule (e.g. Job names must be DNS labels, stricter than the
+            // generic subdomain rule) is the one to report: one problem, one message.
+            if errors.iter().any(|e| e.field == "metadata.name") {
+                causes.retain(|c| c.field != "metadata.name");
+            }
             causes.extend(errors.iter().map(Cause::from));
         }
     } else {
@@ -219,6 +224,31 @@ mod tests {
                 "metadata.ownerReferences[0].uid",
                 "metadata.ownerReferences"
             ]
+        );
+    }
+
+    #[test]
+    fn a_bad_name_is_reported_once_by_the_kinds_own_rule() {
+        let registry = crate::registry::Registry::builtin();
+        let workflows = registry
+            .get("rlinf.io", "v1alpha1", "workflows")
+            .expect("workflows");
+        let object = json!({
+            "apiVersion": "rlinf.io/v1alpha1", "kind": "Workflow", "metadata": {"name": "Bad_Name"},
+            "spec": {"jobTemplates": [{"name": "a", "spec": {"tasks": [
+                {"name": "t", "role": "Actor", "agentType": "Raw", "raw": {"entrypoint": ["true"]}}]}}]}
+        });
+        let error = admit(&workflows, &object, Vec::new()).expect_err("invalid name");
+        let name_causes: Vec<&Cause> = error
+            .causes
+            .iter()
+            .filter(|c| c.field == "metadata.name")
+            .collect();
+        assert_eq!(name_causes.len(), 1, "{:?}", error.causes);
+        assert!(
+            name_causes[0].message.contains("RFC 1123 label"),
+            "{}",
+            name_causes[0].message
         );
     }
 
