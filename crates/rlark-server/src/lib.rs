@@ -315,6 +315,12 @@ impl Serve {
             };
             match accepted {
                 Ok((tcp, remote)) => {
+                    // Watch events and small responses are written as separate small
+                    // chunks; with Nagle's algorithm each one after the first waits for the
+                    // client's delayed ACK (~40 ms). API servers always disable it.
+                    if let Err(error) = tcp.set_nodelay(true) {
+                        tracing::debug!(%error, %remote, "setting TCP_NODELAY failed");
+                    }
                     let conn = Connection {
                         acceptor: self.acceptor.clone(),
                         router: self.router.clone(),

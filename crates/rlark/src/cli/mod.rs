@@ -36,6 +36,9 @@ pub(crate) enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
+    /// Benchmarks that run on this machine (network on 127.0.0.1 only).
+    #[command(subcommand)]
+    Bench(crate::bench::BenchCommand),
     /// Run the control-plane server until SIGTERM or SIGINT.
     Server(server::ServerArgs),
     /// Start a local control plane on loopback with embedded defaults and print how to use it.
@@ -87,6 +90,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Server(args) => server::server(args).await,
         Command::Up(args) => server::up(args).await,
         Command::Kubeconfig(args) => server::kubeconfig(args),
+        Command::Bench(command) => crate::bench::run(command).await,
         Command::Crds => {
             print!("{}", rlark_api::crd::crds_yaml());
             Ok(())
