@@ -45,6 +45,27 @@ impl Kubectl {
         Ok(output)
     }
 
+    /// Run with `input` on stdin and require success; returns stdout.
+    fn ok_with_stdin(&self, args: &[&str], input: &str) -> Result<String> {
+        let mut child = self
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        std::io::Write::write_all(child.stdin.as_mut().context("stdin")?, input.as_bytes())?;
+        let output = child.wait_with_output()?;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        if !output.status.success() {
+            bail!(
+                "kubectl {args:?} failed ({}):\nstdout: {stdout}\nstderr: {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr)
+            );
+        }
+        Ok(stdout)
+    }
+
     /// Run and require success; returns stdout.
     fn ok(&self, args: &[&str]) -> Result<String> {
         let output = self.run(args)?;
@@ -135,18 +156,7 @@ spec:
   raw:
     entrypoint: ["python3", "-c", "print('actor')"]
 "#;
-    let mut apply = k
-        .command(&["apply", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    std::io::Write::write_all(apply.stdin.as_mut().context("stdin")?, task.as_bytes())?;
-    let out = apply.wait_with_output()?;
-    assert!(
-        out.status.success(),
-        "apply task: {}",
-        String::from_utf8_lossy(&out.stdout)
-    );
+    k.ok_with_stdin(&["apply", "-f", "-"], task)?;
 
     // Printer columns.
     let listed = k.ok(&["get", "jobs,tasks,workflows", "-A"])?;
@@ -281,16 +291,7 @@ spec:
     let owned_job = format!(
         r#"{{"apiVersion":"rlinf.io/v1alpha1","kind":"Job","metadata":{{"name":"train-eval-train","ownerReferences":[{{"apiVersion":"rlinf.io/v1alpha1","kind":"Workflow","name":"train-eval","uid":"{wf_uid}","controller":true,"blockOwnerDeletion":true}}]}},"spec":{{"tasks":[{{"name":"learner","role":"Actor","agentType":"Raw","raw":{{"entrypoint":["true"]}}}}]}}}}"#
     );
-    let mut create = k
-        .command(&["create", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    std::io::Write::write_all(
-        create.stdin.as_mut().context("stdin")?,
-        owned_job.as_bytes(),
-    )?;
-    assert!(create.wait_with_output()?.status.success());
+    k.ok_with_stdin(&["create", "-f", "-"], &owned_job)?;
     let job_uid = k.ok(&[
         "get",
         "job",
@@ -301,16 +302,7 @@ spec:
     let owned_task = format!(
         r#"{{"apiVersion":"rlinf.io/v1alpha1","kind":"Task","metadata":{{"name":"train-eval-train-learner","namespace":"rlark-edge","ownerReferences":[{{"apiVersion":"rlinf.io/v1alpha1","kind":"Job","name":"train-eval-train","uid":"{job_uid}","controller":true}}]}},"spec":{{"role":"Actor","agentType":"Raw","raw":{{"entrypoint":["true"]}}}}}}"#
     );
-    let mut create = k
-        .command(&["create", "-f", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .spawn()?;
-    std::io::Write::write_all(
-        create.stdin.as_mut().context("stdin")?,
-        owned_task.as_bytes(),
-    )?;
-    assert!(create.wait_with_output()?.status.success());
+    k.ok_with_stdin(&["create", "-f", "-"], &owned_task)?;
 
     let deleted = k.ok(&["delete", "workflow", "train-eval"])?;
     assert!(
