@@ -33,3 +33,8 @@ pub const RAY_ROLE_WORKER: &str = "worker";
 /// Annotation (on a Job, Task or Workflow): RFC 3339 time of the last user-requested
 /// restart; changing it asks the controllers to restart.
 pub const RESTARTED_AT: &str = "rlark.io/restarted-at";
+
+/// Task annotation: fingerprint of the spec the Job controller last wrote from its
+/// template (placement and `stopped` excluded); a different fingerprint means the
+/// template changed and the Task's spec is updated.
+pub const TEMPLATE_HASH: &str = "rlark.io/template-hash";

@@ -683,7 +683,7 @@ mod tests {
             .iter()
             .map(|r| r["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["namespaces", "namespaces/status"]);
+        assert_eq!(names, ["namespaces", "namespaces/status", "events"]);
         assert_eq!(core["resources"][0]["shortNames"], json!(["ns"]));
         assert_eq!(core["resources"][0]["namespaced"], false);
         assert_eq!(
@@ -764,7 +764,7 @@ mod tests {
                 .unwrap()
                 .resources
                 .len(),
-            2
+            3
         );
         let (_, _, apis) = get("/apis", None).await;
         let groups = serde_json::from_value::<APIGroupList>(apis).unwrap().groups;

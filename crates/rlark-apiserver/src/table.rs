@@ -413,7 +413,9 @@ mod tests {
         let registry = Registry::builtin();
         for rt in registry.all() {
             let object = Arc::new(
-                json!({"metadata": {"name": "o", "creationTimestamp": "2026-11-30T11:00:00Z"}}),
+                // `lastTimestamp`: the date column of core Events.
+                json!({"metadata": {"name": "o", "creationTimestamp": "2026-11-30T11:00:00Z"},
+                       "lastTimestamp": "2026-11-30T11:00:00Z"}),
             );
             let table = to_table_at(rt, &[object], json!({}), true, now());
             let columns = table["columnDefinitions"].as_array().unwrap();

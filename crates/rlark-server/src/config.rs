@@ -53,6 +53,39 @@ pub struct ServerConfig {
     /// Change-log events the store keeps for watches; older ones are compacted (a watch from
     /// there gets 410 Gone). See `rlark_store::SqliteStoreConfig::log_capacity`.
     pub store_log_capacity: usize,
+    /// The controllers run in-process (see [`ControllersConfig`]).
+    pub controllers: ControllersConfig,
+}
+
+/// The controllers the server runs in its own process.
+///
+/// [`ServerConfig::new`] leaves them **off** (embedders and tests start
+/// `rlark_controllers::manager` themselves, with their own tunables);
+/// [`ServerConfig::resolve`] — what `rlark server` uses — turns them **on** unless the
+/// config file says `controllers: {enabled: false}` or the flag `--controllers=false`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControllersConfig {
+    /// Run the Job, Workflow, Task and Node controllers in this process.
+    pub enabled: bool,
+    /// Run them only while holding the `default/rlark-controller-manager` Lease (default
+    /// true), so this server and an `rlark controller-manager` (or another replica) never
+    /// both act. It costs one Lease update every 2 s. The server's identity is stable
+    /// across restarts (host name + data directory), so a restarted server takes its Lease
+    /// back at once instead of waiting for it to expire.
+    pub leader_election: bool,
+    /// A Node whose heartbeat is older than this becomes `Offline` (default 40 s).
+    pub node_grace_period: Duration,
+}
+
+impl Default for ControllersConfig {
+    /// Off; leader election on; 40 s grace period.
+    fn default() -> Self {
+        Self {
+            enabled: false,
+            leader_election: true,
+            node_grace_period: Duration::from_secs(40),
+        }
+    }
 }
 
 impl ServerConfig {
@@ -68,6 +101,7 @@ impl ServerConfig {
             serving_cert_validity: Duration::from_secs(365 * 24 * 3600),
             admin_cert_validity: Duration::from_secs(365 * 24 * 3600),
             store_log_capacity: rlark_store::SqliteStoreConfig::new("").log_capacity,
+            controllers: ControllersConfig::default(),
         }
     }
 
@@ -104,6 +138,21 @@ impl ServerConfig {
             if let Some(v) = api.default_watch_timeout_seconds {
                 config.api.default_watch_timeout = Duration::from_secs(v);
             }
+        }
+        config.controllers.enabled = true;
+        if let Some(controllers) = file.controllers {
+            if let Some(v) = controllers.enabled {
+                config.controllers.enabled = v;
+            }
+            if let Some(v) = controllers.leader_election {
+                config.controllers.leader_election = v;
+            }
+            if let Some(v) = controllers.node_grace_period_seconds {
+                config.controllers.node_grace_period = Duration::from_secs(v);
+            }
+        }
+        if let Some(enabled) = overrides.controllers {
+            config.controllers.enabled = enabled;
         }
         if let Some(listen) = overrides.listen {
             config.listen = listen;
@@ -143,6 +192,12 @@ impl ServerConfig {
                 "must be positive".into(),
             ));
         }
+        if self.controllers.node_grace_period.is_zero() {
+            return Err(invalid(
+                "controllers.nodeGracePeriodSeconds",
+                "must be positive".into(),
+            ));
+        }
         if self.store_log_capacity == 0 {
             return Err(invalid("storeLogCapacity", "must be positive".into()));
         }
@@ -170,6 +225,8 @@ pub struct ServerOverrides {
     pub listen: Option<SocketAddr>,
     /// `--tls-san` (repeatable); when non-empty it replaces the file's `tlsSans`.
     pub tls_sans: Vec<String>,
+    /// `--controllers=BOOL`: run the controllers in-process.
+    pub controllers: Option<bool>,
 }
 
 /// The YAML config file. Every field is optional; unknown fields are an error.
@@ -183,6 +240,10 @@ pub struct ServerOverrides {
 ///   maxRequestBytes: 3145728
 ///   bookmarkIntervalSeconds: 60
 ///   defaultWatchTimeoutSeconds: 1800
+/// controllers:
+///   enabled: true
+///   leaderElection: true
+///   nodeGracePeriodSeconds: 40
 /// ```
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -198,6 +259,20 @@ pub struct ServerConfigFile {
     pub shutdown_grace_seconds: Option<u64>,
     /// `api`: API server tunables.
     pub api: Option<ApiConfigFile>,
+    /// `controllers`: the in-process controllers.
+    pub controllers: Option<ControllersConfigFile>,
+}
+
+/// The `controllers` section of [`ServerConfigFile`]; see [`ControllersConfig`].
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ControllersConfigFile {
+    /// `enabled` (default true for `rlark server`).
+    pub enabled: Option<bool>,
+    /// `leaderElection` (default true).
+    pub leader_election: Option<bool>,
+    /// `nodeGracePeriodSeconds` (default 40).
+    pub node_grace_period_seconds: Option<u64>,
 }
 
 /// The `api` section of [`ServerConfigFile`].
@@ -269,12 +344,56 @@ mod tests {
                 data_dir: Some("/from/flag".into()),
                 listen: Some("127.0.0.1:0".parse().expect("addr")),
                 tls_sans: vec!["b.example".into()],
+                controllers: None,
             },
         )
         .expect("resolve");
         assert_eq!(config.data_dir, PathBuf::from("/from/flag"));
         assert_eq!(config.listen.port(), 0);
         assert_eq!(config.tls_sans, ["b.example"]);
+    }
+
+    #[test]
+    fn controllers_default_on_for_the_server_and_can_be_turned_off() {
+        let dir = ServerOverrides {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        };
+        assert!(!ServerConfig::new("/d").controllers.enabled);
+        let config = ServerConfig::resolve(None, dir.clone()).expect("resolve");
+        assert!(config.controllers.enabled);
+        assert!(config.controllers.leader_election);
+
+        let file = parse(
+            "controllers:\n  enabled: false\n  leaderElection: false\n  nodeGracePeriodSeconds: 5\n",
+        )
+        .expect("parse");
+        let config = ServerConfig::resolve(Some(file.clone()), dir.clone()).expect("resolve");
+        assert!(!config.controllers.enabled);
+        assert!(!config.controllers.leader_election);
+        assert_eq!(config.controllers.node_grace_period, Duration::from_secs(5));
+
+        let config = ServerConfig::resolve(
+            Some(file),
+            ServerOverrides {
+                controllers: Some(true),
+                ..dir.clone()
+            },
+        )
+        .expect("resolve");
+        assert!(config.controllers.enabled);
+        let config = ServerConfig::resolve(
+            None,
+            ServerOverrides {
+                controllers: Some(false),
+                ..dir
+            },
+        )
+        .expect("resolve");
+        assert!(!config.controllers.enabled);
+
+        let err = parse("controllers:\n  enable: false\n").expect_err("unknown field");
+        assert!(err.to_string().contains("enable"), "{err}");
     }
 
     #[test]

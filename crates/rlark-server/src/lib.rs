@@ -5,6 +5,12 @@
 //! Kubernetes-compatible API plus `/healthz`, `/livez`, `/readyz` and `/metrics` until shut
 //! down. [`run`] does the same until a [`CancellationToken`] fires.
 //!
+//! With [`ServerConfig::controllers`] enabled (what `rlark server` does unless
+//! `--controllers=false`), the Job, Workflow, Task and Node controllers run in the same
+//! process, as a client of the server's own listener with the admin certificate, under
+//! leader election on the `default/rlark-controller-manager` Lease. On shutdown they stop
+//! (and release the Lease) before the listener closes.
+//!
 //! Data directory layout:
 //!
 //! | path | what |
@@ -16,6 +22,7 @@
 
 mod auth;
 mod config;
+mod controllers;
 mod http;
 mod metrics;
 mod tls;
@@ -39,7 +46,8 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 pub use config::{
-    ApiConfigFile, ConfigError, DEFAULT_LISTEN, ServerConfig, ServerConfigFile, ServerOverrides,
+    ApiConfigFile, ConfigError, ControllersConfig, ControllersConfigFile, DEFAULT_LISTEN,
+    ServerConfig, ServerConfigFile, ServerOverrides,
 };
 
 /// User name of the admin client certificate.
@@ -71,6 +79,8 @@ pub enum ServerError {
     InitApi(String),
     #[error("server task failed: {0}")]
     Task(String),
+    #[error("start controllers: {0}")]
+    Controllers(String),
 }
 
 /// Path of the admin kubeconfig for a data directory.
@@ -202,6 +212,26 @@ async fn start_with_token(
             return Err(e);
         }
     };
+    let controllers = if config.controllers.enabled {
+        let kubeconfig = rlark_pki::kubeconfig_yaml(
+            &url,
+            ca.cert_pem(),
+            &admin.cert_pem,
+            &admin.key_pem,
+            ADMIN_USER,
+        );
+        let prepared =
+            controllers::prepare(&config.controllers, &data_dir, &kubeconfig, &mut registry).await;
+        match prepared {
+            Ok(prepared) => Some(prepared),
+            Err(e) => {
+                store.close().await;
+                return Err(e);
+            }
+        }
+    } else {
+        None
+    };
     let ready = Arc::new(AtomicBool::new(false));
     let router = http::router(
         http::ProcessState {
@@ -234,11 +264,31 @@ async fn start_with_token(
         grace: config.shutdown_grace,
         ready,
     };
+    let controllers = controllers.map(|c| {
+        tracing::info!(
+            leader_election = config.controllers.leader_election,
+            "starting in-process controllers"
+        );
+        c.start()
+    });
     let token = shutdown.clone();
     let task = tokio::spawn(async move {
+        // The controllers stop first (releasing their Lease through the still-open
+        // listener); then the listener closes.
+        let serve_token = CancellationToken::new();
+        let stopper = {
+            let serve_token = serve_token.clone();
+            async move {
+                token.cancelled().await;
+                if let Some(controllers) = controllers {
+                    controllers.stop().await;
+                }
+                serve_token.cancel();
+            }
+        };
         // Background work stops (and open watches end) as soon as shutdown begins, so
         // long-running watches do not hold the graceful shutdown for the whole grace period.
-        serve.run(token, &background).await;
+        tokio::join!(serve.run(serve_token, &background), stopper);
         if let Err(e) = background_task.await {
             tracing::error!(error = %e, "API background task failed");
         }

@@ -10,6 +10,10 @@
 //! # Ok(()) }
 //! ```
 
+pub mod sim_agent;
+
+pub use sim_agent::{Behaviour, HeartbeatMode, SimAgent, SimAgentBuilder, SimAgentError, SimNode};
+
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};

@@ -100,6 +100,10 @@ pub struct JobStatus {
     /// When the Job finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub end_time: Option<Time>,
+    /// Value of the `rlark.io/restarted-at` annotation the controller last acted on; a
+    /// different value on a finished Job restarts it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed_restarted_at: Option<String>,
 }
 
 /// Phase of one task of a Job.

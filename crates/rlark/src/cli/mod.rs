@@ -2,7 +2,10 @@
 
 mod apply;
 mod client;
+mod controller_manager;
+mod cordon;
 mod delete;
+mod describe;
 mod discovery;
 mod get;
 mod manifest;
@@ -53,6 +56,15 @@ enum Command {
     Get(get::GetArgs),
     /// Delete resources by kind and name, or from files.
     Delete(delete::DeleteArgs),
+    /// Show an object with its conditions and the Events recorded about it.
+    Describe(describe::DescribeArgs),
+    /// Mark a Node unschedulable: no new Task is placed on it.
+    Cordon(cordon::CordonArgs),
+    /// Mark a Node schedulable again.
+    Uncordon(cordon::CordonArgs),
+    /// Run the Job, Workflow, Task and Node controllers against an API server, with leader
+    /// election, until SIGTERM or SIGINT.
+    ControllerManager(controller_manager::ControllerManagerArgs),
 }
 
 /// Flags shared by the commands that talk to a server.
@@ -66,7 +78,7 @@ pub(crate) struct ClientArgs {
 /// Set up `tracing` on stderr: `RUST_LOG` filter, text or JSON lines.
 pub(crate) fn init_tracing(cli: &Cli) {
     let default_level = match cli.command {
-        Command::Server(_) | Command::Up(_) => "info",
+        Command::Server(_) | Command::Up(_) | Command::ControllerManager(_) => "info",
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -98,6 +110,10 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Apply(args) => apply::apply(args).await,
         Command::Get(args) => get::get(args).await,
         Command::Delete(args) => delete::delete(args).await,
+        Command::Describe(args) => describe::describe(args).await,
+        Command::Cordon(args) => cordon::cordon(args, true).await,
+        Command::Uncordon(args) => cordon::cordon(args, false).await,
+        Command::ControllerManager(args) => controller_manager::controller_manager(args).await,
     }
 }
 
@@ -132,5 +148,54 @@ mod tests {
         assert!(Cli::try_parse_from(["rlark", "delete", "jobs"]).is_err());
         assert!(Cli::try_parse_from(["rlark", "delete", "-f", "x", "jobs"]).is_err());
         assert!(Cli::try_parse_from(["rlark", "delete", "jobs", "a"]).is_ok());
+    }
+
+    #[test]
+    fn parses_controller_commands() {
+        let cli = Cli::try_parse_from(["rlark", "cordon", "rlark-c1/n1"]).expect("parse");
+        assert!(matches!(cli.command, Command::Cordon(ref a) if a.node == "rlark-c1/n1"));
+        let cli =
+            Cli::try_parse_from(["rlark", "uncordon", "n1", "-n", "rlark-c1"]).expect("parse");
+        assert!(
+            matches!(cli.command, Command::Uncordon(ref a) if a.namespace.as_deref() == Some("rlark-c1"))
+        );
+        let cli = Cli::try_parse_from(["rlark", "describe", "job", "ppo"]).expect("parse");
+        assert!(
+            matches!(cli.command, Command::Describe(ref a) if a.kind == "job" && a.name == "ppo")
+        );
+        assert!(Cli::try_parse_from(["rlark", "describe", "job"]).is_err());
+
+        let cli = Cli::try_parse_from([
+            "rlark",
+            "controller-manager",
+            "--leader-elect=false",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--node-grace-period",
+            "2s",
+        ])
+        .expect("parse");
+        let Command::ControllerManager(args) = cli.command else {
+            panic!("not controller-manager")
+        };
+        assert!(!args.leader_elect);
+        assert_eq!(args.node_grace_period, std::time::Duration::from_secs(2));
+        assert_eq!(args.metrics_listen.port(), 0);
+        let cli = Cli::try_parse_from(["rlark", "controller-manager"]).expect("parse");
+        let Command::ControllerManager(args) = cli.command else {
+            panic!("not controller-manager")
+        };
+        assert!(args.leader_elect);
+        assert!(
+            Cli::try_parse_from(["rlark", "controller-manager", "--node-grace-period", "soon"])
+                .is_err()
+        );
+
+        let cli =
+            Cli::try_parse_from(["rlark", "server", "--data-dir", "d", "--controllers=false"])
+                .expect("parse");
+        assert!(matches!(cli.command, Command::Server(ref a) if a.controllers == Some(false)));
+        let cli = Cli::try_parse_from(["rlark", "server", "--data-dir", "d"]).expect("parse");
+        assert!(matches!(cli.command, Command::Server(ref a) if a.controllers.is_none()));
     }
 }

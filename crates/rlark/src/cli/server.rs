@@ -24,10 +24,16 @@ pub(crate) struct ServerArgs {
     /// config file's tlsSans.
     #[arg(long = "tls-san", value_name = "NAME")]
     tls_sans: Vec<String>,
-    /// YAML config file (fields: dataDir, listen, tlsSans, shutdownGraceSeconds, api).
-    /// Flags override its values.
+    /// YAML config file (fields: dataDir, listen, tlsSans, shutdownGraceSeconds, api,
+    /// controllers). Flags override its values.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
+    /// Run the Job, Workflow, Task and Node controllers in this process (default true,
+    /// under leader election). `--controllers=false` when `rlark controller-manager` runs
+    /// them instead.
+    #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,
+          default_missing_value = "true")]
+    pub(crate) controllers: Option<bool>,
 }
 
 #[derive(Debug, Args)]
@@ -62,6 +68,7 @@ pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
             data_dir: args.data_dir,
             listen: args.listen,
             tls_sans: args.tls_sans,
+            controllers: args.controllers,
         },
     )?;
     let shutdown = CancellationToken::new();
@@ -80,6 +87,7 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
     }
     let mut config = ServerConfig::new(&args.data_dir);
     config.listen = args.listen;
+    config.controllers.enabled = true;
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
     let server = rlark_server::start(config).await?;
@@ -127,7 +135,7 @@ fn absolute(path: &Path) -> PathBuf {
 
 /// Cancel `shutdown` on the first SIGTERM or SIGINT; exit at once on a second one.
 /// Handlers are installed before returning, so no early signal is lost.
-fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
+pub(crate) fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
     tokio::spawn(async move {

@@ -164,7 +164,8 @@ fn format_cell(cell: &Value) -> String {
     }
 }
 
-fn align(lines: &[Vec<String>]) -> String {
+/// Left-aligned columns (3 spaces apart, at least 10 wide), as kubectl prints tables.
+pub(crate) fn align(lines: &[Vec<String>]) -> String {
     const PADDING: usize = 3;
     const MIN_WIDTH: usize = 10;
     let columns = lines.iter().map(Vec::len).max().unwrap_or(0);

@@ -1,0 +1,286 @@
+//! What every reconciler shares: client, tunables, event recorder, metrics, and the error
+//! backoff the error policies use.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Tunables of the controllers.
+#[derive(Clone, Debug)]
+pub struct ControllerConfig {
+    /// A Node whose heartbeat is older than this becomes `Offline` (default 40 s, as the
+    /// kubelet's node-monitor grace period).
+    pub node_grace_period: Duration,
+    /// How often the Node controller checks heartbeats.
+    pub node_check_interval: Duration,
+    /// Requeue interval of a Job waiting for capacity (it is also woken by Node and Task
+    /// changes).
+    pub unschedulable_requeue: Duration,
+    /// Name written as the `reportingController` / `source.component` of Events.
+    pub component: String,
+    /// Identity used for leader election (unique per process).
+    pub identity: String,
+}
+
+impl Default for ControllerConfig {
+    fn default() -> Self {
+        Self {
+            node_grace_period: Duration::from_secs(40),
+            node_check_interval: Duration::from_secs(5),
+            unschedulable_requeue: Duration::from_secs(30),
+            component: "rlark-controller-manager".into(),
+            identity: format!("rlark-controller-manager-{}", uuid::Uuid::new_v4()),
+        }
+    }
+}
+
+/// Shared state handed to every reconciler.
+#[derive(Clone)]
+pub struct Context {
+    pub client: kube::Client,
+    pub config: ControllerConfig,
+    pub recorder: crate::events::Recorder,
+    /// Reconcile counters and durations, per controller.
+    pub metrics: Arc<Metrics>,
+}
+
+impl Context {
+    /// A context whose recorder writes as `config.component` and with fresh metrics
+    /// (register them with [`Metrics::register`] to expose them).
+    pub fn new(client: kube::Client, config: ControllerConfig) -> Self {
+        let recorder = crate::events::Recorder::new(client.clone(), config.component.clone());
+        Self {
+            client,
+            config,
+            recorder,
+            metrics: Arc::new(Metrics::default()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Labels of `rlark_controller_reconciles_total`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReconcileLabels {
+    /// `job`, `task`, `workflow`, `node`.
+    pub controller: String,
+    /// `success` or `error`.
+    pub result: String,
+}
+
+/// Label of the per-controller duration histogram.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ControllerLabel {
+    pub controller: String,
+}
+
+/// Prometheus metrics of the controllers:
+///
+/// - `rlark_controller_reconciles_total{controller,result}` (result `success`|`error`),
+/// - `rlark_controller_reconcile_duration_seconds{controller}` (histogram),
+/// - `rlark_controller_leader` (1 while this process runs the controllers).
+#[derive(Debug)]
+pub struct Metrics {
+    reconciles: Family<ReconcileLabels, Counter>,
+    durations: Family<ControllerLabel, Histogram>,
+    leader: Gauge,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self {
+            reconciles: Family::default(),
+            durations: Family::new_with_constructor(|| {
+                // 1 ms .. ~16 s.
+                Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+                    0.001, 2.0, 15,
+                ))
+            }),
+            leader: Gauge::default(),
+        }
+    }
+}
+
+impl Metrics {
+    /// Add these metrics to `registry` (they are shared: clones of the handles are
+    /// registered, so later observations show up).
+    pub fn register(&self, registry: &mut Registry) {
+        registry.register(
+            "rlark_controller_reconciles",
+            "Reconciles by controller and result (success, error).",
+            self.reconciles.clone(),
+        );
+        registry.register(
+            "rlark_controller_reconcile_duration_seconds",
+            "Duration of reconciles by controller.",
+            self.durations.clone(),
+        );
+        registry.register(
+            "rlark_controller_leader",
+            "1 while this process holds leadership and runs the controllers.",
+            self.leader.clone(),
+        );
+    }
+
+    /// Count one reconcile of `controller` that took `elapsed`.
+    pub fn observe(&self, controller: &str, success: bool, elapsed: Duration) {
+        self.reconciles
+            .get_or_create(&ReconcileLabels {
+                controller: controller.to_string(),
+                result: if success { "success" } else { "error" }.to_string(),
+            })
+            .inc();
+        self.durations
+            .get_or_create(&ControllerLabel {
+                controller: controller.to_string(),
+            })
+            .observe(elapsed.as_secs_f64());
+    }
+
+    /// Run one reconcile future and observe its outcome and duration.
+    pub async fn measure<T, E>(
+        &self,
+        controller: &str,
+        reconcile: impl Future<Output = Result<T, E>>,
+    ) -> Result<T, E> {
+        let started = Instant::now();
+        let result = reconcile.await;
+        self.observe(controller, result.is_ok(), started.elapsed());
+        result
+    }
+
+    /// Reconciles of `controller` with `result` so far (for tests and benchmarks).
+    pub fn reconciles(&self, controller: &str, result: &str) -> u64 {
+        self.reconciles
+            .get_or_create(&ReconcileLabels {
+                controller: controller.to_string(),
+                result: result.to_string(),
+            })
+            .get()
+    }
+
+    /// Set the leader gauge.
+    pub fn set_leader(&self, leader: bool) {
+        self.leader.set(i64::from(leader));
+    }
+}
+
+/// Capped exponential backoff per object for error policies: the n-th consecutive failure
+/// of one object waits `base * 2^(n-1)`, at most `cap`; a success resets it.
+#[derive(Debug)]
+pub struct ErrorBackoff {
+    base: Duration,
+    cap: Duration,
+    failures: Mutex<HashMap<String, u32>>,
+}
+
+impl ErrorBackoff {
+    pub fn new(base: Duration, cap: Duration) -> Self {
+        Self {
+            base,
+            cap,
+            failures: Mutex::default(),
+        }
+    }
+
+    /// Record a failure of `key` and return how long to wait before retrying it.
+    pub fn next(&self, key: &str) -> Duration {
+        let mut failures = self.lock();
+        let n = failures.entry(key.to_string()).or_insert(0);
+        *n = n.saturating_add(1);
+        backoff_delay(self.base, self.cap, *n)
+    }
+
+    /// Forget the failures of `key` (after a successful reconcile).
+    pub fn reset(&self, key: &str) {
+        let mut failures = self.lock();
+        if !failures.is_empty() {
+            failures.remove(key);
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, u32>> {
+        // Plain counters: a poisoned map is still consistent.
+        self.failures
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+impl Default for ErrorBackoff {
+    /// 500 ms doubling up to 5 minutes.
+    fn default() -> Self {
+        Self::new(Duration::from_millis(500), Duration::from_secs(300))
+    }
+}
+
+/// `base * 2^(failures-1)`, capped (pure).
+pub fn backoff_delay(base: Duration, cap: Duration, failures: u32) -> Duration {
+    let exponent = failures.saturating_sub(1).min(30);
+    base.saturating_mul(1u32 << exponent).min(cap)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_caps() {
+        let base = Duration::from_millis(500);
+        let cap = Duration::from_secs(5);
+        assert_eq!(backoff_delay(base, cap, 1), base);
+        assert_eq!(backoff_delay(base, cap, 2), Duration::from_secs(1));
+        assert_eq!(backoff_delay(base, cap, 4), Duration::from_secs(4));
+        assert_eq!(backoff_delay(base, cap, 5), cap);
+        assert_eq!(backoff_delay(base, cap, u32::MAX), cap);
+
+        let backoff = ErrorBackoff::new(base, cap);
+        assert_eq!(backoff.next("a"), base);
+        assert_eq!(backoff.next("a"), Duration::from_secs(1));
+        assert_eq!(backoff.next("b"), base);
+        backoff.reset("a");
+        assert_eq!(backoff.next("a"), base);
+    }
+
+    #[test]
+    fn metrics_count_and_encode() {
+        let metrics = Metrics::default();
+        metrics.observe("task", true, Duration::from_millis(3));
+        metrics.observe("task", false, Duration::from_millis(3));
+        metrics.observe("task", true, Duration::from_millis(3));
+        metrics.set_leader(true);
+        assert_eq!(metrics.reconciles("task", "success"), 2);
+        assert_eq!(metrics.reconciles("task", "error"), 1);
+        let mut registry = Registry::default();
+        metrics.register(&mut registry);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(
+                r#"rlark_controller_reconciles_total{controller="task",result="success"} 2"#
+            ),
+            "{text}"
+        );
+        assert!(text.contains("rlark_controller_leader 1"), "{text}");
+        assert!(
+            text.contains(
+                "rlark_controller_reconcile_duration_seconds_count{controller=\"task\"} 3"
+            ),
+            "{text}"
+        );
+    }
+}

@@ -1,0 +1,255 @@
+//! `rlark controller-manager`: the Job, Workflow, Task and Node controllers as a process of
+//! their own, against any rlark API server (use with `rlark server --controllers=false`, or
+//! as a standby: with leader election only one manager — or server — acts at a time).
+//!
+//! Serves `/metrics` (Prometheus text) and `/healthz` on a small plain-HTTP listener
+//! (loopback by default). SIGTERM or SIGINT stops the controllers gracefully and releases
+//! the Lease.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use bytes::Bytes;
+use clap::{ArgAction, Args};
+use http::{Request, Response, StatusCode, header};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use rlark_controllers::ControllerConfig;
+use rlark_controllers::manager::{Manager, ManagerOptions};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::ClientArgs;
+use super::client::Session;
+use super::server::watch_signals;
+
+#[derive(Debug, Args)]
+pub(crate) struct ControllerManagerArgs {
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// Act only while holding the leader-election Lease (`--leader-elect=false` to run
+    /// unconditionally: only when no other manager or server runs the controllers).
+    #[arg(long, value_name = "BOOL", action = ArgAction::Set, num_args = 0..=1,
+          default_value_t = true, default_missing_value = "true")]
+    pub leader_elect: bool,
+    /// Namespace of the leader-election Lease.
+    #[arg(long, value_name = "NS", default_value = "default")]
+    pub leader_elect_namespace: String,
+    /// Name of the leader-election Lease (shared with `rlark server`'s in-process
+    /// controllers).
+    #[arg(long, value_name = "NAME", default_value = "rlark-controller-manager")]
+    pub leader_elect_name: String,
+    /// Identity in the Lease (default: host name plus a random suffix).
+    #[arg(long, value_name = "ID")]
+    pub identity: Option<String>,
+    /// Address of the plain-HTTP `/metrics` and `/healthz` listener; port 0 picks one
+    /// (printed on stdout).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:10257")]
+    pub metrics_listen: SocketAddr,
+    /// A Node whose heartbeat is older than this becomes Offline (e.g. `40s`, `2m`,
+    /// `1500ms`).
+    #[arg(long, value_name = "DURATION", default_value = "40s", value_parser = parse_duration)]
+    pub node_grace_period: Duration,
+    /// How often Node heartbeats are checked.
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
+    pub node_check_interval: Duration,
+}
+
+/// `1500ms`, `40s`, `2m`, `1h`, or plain seconds.
+pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let value: f64 = number
+        .parse()
+        .map_err(|_| format!("invalid duration {text:?}: expected e.g. 40s, 2m, 1500ms"))?;
+    let seconds = match unit {
+        "ms" => value / 1000.0,
+        "" | "s" => value,
+        "m" => value * 60.0,
+        "h" => value * 3600.0,
+        other => {
+            return Err(format!(
+                "invalid duration unit {other:?} in {text:?}: use ms, s, m or h"
+            ));
+        }
+    };
+    if !(seconds.is_finite() && seconds > 0.0) {
+        return Err(format!("duration {text:?} must be positive"));
+    }
+    Ok(Duration::from_secs_f64(seconds))
+}
+
+fn default_identity(random: &str) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into());
+    format!("{host}_{random}")
+}
+
+pub(crate) async fn controller_manager(args: ControllerManagerArgs) -> anyhow::Result<()> {
+    let shutdown = CancellationToken::new();
+    watch_signals(shutdown.clone())?;
+    let session = Session::connect(&args.client, None).await?;
+    let defaults = ControllerConfig::default();
+    let config = ControllerConfig {
+        node_grace_period: args.node_grace_period,
+        node_check_interval: args.node_check_interval,
+        identity: args
+            .identity
+            .clone()
+            .unwrap_or_else(|| default_identity(&defaults.identity)),
+        ..defaults
+    };
+    let options = ManagerOptions {
+        leader_election: args.leader_elect,
+        lease_namespace: args.leader_elect_namespace.clone(),
+        lease_name: args.leader_elect_name.clone(),
+        ..ManagerOptions::default()
+    };
+    tracing::info!(
+        identity = %config.identity,
+        leader_election = options.leader_election,
+        lease = %format!("{}/{}", options.lease_namespace, options.lease_name),
+        "starting controller-manager"
+    );
+    let manager = Manager::new(session.client, config, options);
+    let mut registry = Registry::default();
+    manager.register_metrics(&mut registry);
+    let leading = manager.leading();
+
+    let listener = TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("bind metrics listener {}", args.metrics_listen))?;
+    let addr = listener.local_addr().context("metrics listener address")?;
+    println!("rlark controller-manager: /metrics and /healthz on http://{addr}");
+    let http = tokio::spawn(serve_http(
+        listener,
+        Arc::new(registry),
+        leading,
+        shutdown.clone(),
+    ));
+
+    let result = manager.run(shutdown.clone()).await;
+    shutdown.cancel();
+    let _ = http.await;
+    result.context("controllers")?;
+    tracing::info!("controller-manager stopped");
+    Ok(())
+}
+
+/// The tiny HTTP server: `/metrics`, `/healthz`, `/readyz`, `/leader`.
+async fn serve_http(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    leading: watch::Receiver<bool>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!(%error, "metrics listener accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let registry = registry.clone();
+        let leading = leading.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                let response = respond(request.uri().path(), &registry, *leading.borrow());
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                _ = shutdown.cancelled() => {}
+                result = conn => if let Err(error) = result {
+                    tracing::debug!(%error, "metrics connection ended with error");
+                },
+            }
+        });
+    }
+}
+
+fn respond(path: &str, registry: &Registry, leading: bool) -> Response<Full<Bytes>> {
+    let text = |status: StatusCode, content_type: &'static str, body: String| {
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            header::HeaderValue::from_static(content_type),
+        );
+        response
+    };
+    match path {
+        "/healthz" | "/livez" | "/readyz" => text(StatusCode::OK, "text/plain", "ok".into()),
+        "/leader" => text(StatusCode::OK, "text/plain", leading.to_string()),
+        "/metrics" => {
+            let mut body = String::new();
+            match prometheus_client::encoding::text::encode(&mut body, registry) {
+                Ok(()) => text(
+                    StatusCode::OK,
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    body,
+                ),
+                Err(_) => text(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain",
+                    "encoding metrics failed".into(),
+                ),
+            }
+        }
+        _ => text(StatusCode::NOT_FOUND, "text/plain", "not found".into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("40s"), Ok(Duration::from_secs(40)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
+        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
+        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
+        assert_eq!(parse_duration("0.5s"), Ok(Duration::from_millis(500)));
+        assert!(parse_duration("0s").is_err());
+        assert!(parse_duration("5d").is_err());
+        assert!(parse_duration("s").is_err());
+    }
+
+    #[test]
+    fn routes() {
+        let registry = Registry::default();
+        assert_eq!(
+            respond("/healthz", &registry, false).status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            respond("/metrics", &registry, true).status(),
+            StatusCode::OK
+        );
+        assert_eq!(
+            respond("/nope", &registry, true).status(),
+            StatusCode::NOT_FOUND
+        );
+    }
+}
