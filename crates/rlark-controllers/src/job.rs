@@ -1008,6 +1008,8 @@ struct JobState {
     /// True once the usage index holds a complete list.
     usage_ready: tokio::sync::watch::Receiver<bool>,
     nodes: Store<Node>,
+    /// True once the Node cache holds a complete list.
+    nodes_ready: tokio::sync::watch::Receiver<bool>,
     /// Serializes placement; guards the ledger.
     placement: tokio::sync::Mutex<Ledger>,
     namespaces: StdMutex<HashSet<String>>,
@@ -1043,12 +1045,21 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
             })
     };
     let (node_cache, node_writer) = reflector::store::<Node>();
+    // Readiness of the Node cache as a watch channel: kube-runtime's
+    // `Store::wait_until_ready` keeps only the last waiter's waker, so concurrent
+    // reconciles waiting on it could hang forever.
+    let (nodes_ready_tx, nodes_ready) = tokio::sync::watch::channel(false);
     let node_reflector = reflector::reflector(
         node_writer,
         watcher(nodes.clone(), watcher::Config::default()),
     )
     .default_backoff()
-    .for_each(|_| futures::future::ready(()));
+    .for_each(move |event| {
+        if matches!(event, Ok(watcher::Event::InitDone)) {
+            nodes_ready_tx.send_replace(true);
+        }
+        futures::future::ready(())
+    });
 
     let controller = Controller::new(jobs, watcher::Config::default());
     let job_cache = controller.store();
@@ -1057,6 +1068,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         usage,
         usage_ready,
         nodes: node_cache,
+        nodes_ready,
         placement: tokio::sync::Mutex::new(Ledger::default()),
         namespaces: StdMutex::default(),
         backoff: ErrorBackoff::default(),
@@ -1434,8 +1446,9 @@ async fn place_missing(
         .await
         .map_err(|_| Error::CacheUnavailable("tasks".into()))?;
     state
-        .nodes
-        .wait_until_ready()
+        .nodes_ready
+        .clone()
+        .wait_for(|ready| *ready)
         .await
         .map_err(|_| Error::CacheUnavailable("nodes".into()))?;
     let ray = ray_annotations(&job.name_any(), &job.spec.tasks);

@@ -232,11 +232,13 @@ impl Cluster {
                 .iter()
                 .map(|p| p.status.as_ref().and_then(|s| s.phase))
                 .collect();
-            Ok(if pods.len() == count && phases.iter().all(|p| *p == Some(phase)) {
-                Ok(())
-            } else {
-                Err(format!("{phases:?}"))
-            })
+            Ok(
+                if pods.len() == count && phases.iter().all(|p| *p == Some(phase)) {
+                    Ok(())
+                } else {
+                    Err(format!("{phases:?}"))
+                },
+            )
         })
         .await
     }
@@ -258,7 +260,12 @@ fn describe_job(job: &Job) -> String {
                 .collect::<Vec<_>>(),
             s.conditions
                 .iter()
-                .map(|c| (c.type_.clone(), c.status.clone(), c.reason.clone(), c.message.clone()))
+                .map(|c| (
+                    c.type_.clone(),
+                    c.status.clone(),
+                    c.reason.clone(),
+                    c.message.clone()
+                ))
                 .collect::<Vec<_>>()
         ),
     }
@@ -336,7 +343,11 @@ async fn a_job_is_placed_across_clusters_by_selector_and_capacity() -> anyhow::R
                 .resource("cpu", "4")
                 .resource("rlinf.io/device", "1"),
         )
-        .node(SimNode::new("edge-box").category(NodeCategory::Edge).resource("cpu", "8"))
+        .node(
+            SimNode::new("edge-box")
+                .category(NodeCategory::Edge)
+                .resource("cpu", "8"),
+        )
         .default_behaviour(run)
         .start(cluster.client.clone())
         .await?;
@@ -405,10 +416,16 @@ async fn a_job_is_placed_across_clusters_by_selector_and_capacity() -> anyhow::R
     assert_eq!(actor_cluster, "gpu");
     actor_nodes.sort();
     assert_eq!(actor_nodes, ["gpu-b", "gpu-c"]);
-    assert_eq!(by_name["rl-actor"].namespace().as_deref(), Some("rlark-gpu"));
+    assert_eq!(
+        by_name["rl-actor"].namespace().as_deref(),
+        Some("rlark-gpu")
+    );
     assert_eq!(placement("rl-rollout")?.0, "gpu");
     // Selector with a comma list, and capacity: only robot-0 has the device.
-    assert_eq!(placement("rl-env")?, ("edge".into(), vec!["robot-0".into()]));
+    assert_eq!(
+        placement("rl-env")?,
+        ("edge".into(), vec!["robot-0".into()])
+    );
     assert_eq!(by_name["rl-env"].namespace().as_deref(), Some("rlark-edge"));
 
     // What the Job controller stamps on every Task.
@@ -422,9 +439,15 @@ async fn a_job_is_placed_across_clusters_by_selector_and_capacity() -> anyhow::R
         let task = &by_name[name];
         assert_eq!(task.labels()["rlinf.io/job"], "rl", "{name}");
         let owner = task.owner_references().first().context("owner reference")?;
-        assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("Job", uid.as_str()));
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("Job", uid.as_str())
+        );
         assert_eq!(task.spec.domain.as_deref(), Some("d1"));
-        assert_eq!(task.spec.ssh_public_key.as_deref(), Some("ssh-ed25519 AAAA test"));
+        assert_eq!(
+            task.spec.ssh_public_key.as_deref(),
+            Some("ssh-ed25519 AAAA test")
+        );
         let ann = task.annotations();
         assert_eq!(ann["rlark.io/ray-role"], role, "{name}");
         assert_eq!(ann["rlark.io/ray-head-task-name"], "rl-actor", "{name}");
@@ -435,7 +458,9 @@ async fn a_job_is_placed_across_clusters_by_selector_and_capacity() -> anyhow::R
         assert!(task_status.completion_time.is_some(), "{name}");
         assert!(!task_status.observed_nodes.is_empty(), "{name}");
     }
-    cluster.wait_pods("rl-actor", 2, PodPhase::Succeeded).await?;
+    cluster
+        .wait_pods("rl-actor", 2, PodPhase::Succeeded)
+        .await?;
 
     // Events explain what happened to the Job.
     let events: Api<Event> = Api::all(cluster.client.clone());
@@ -468,7 +493,10 @@ async fn b_failed_job_restarts_to_success() -> anyhow::Result<()> {
     let manager = Manager::start(&cluster.client, "m-b", false);
     let agent = SimAgent::builder("gpu")
         .node(gpu_node("gpu-0", 2))
-        .behaviour("flaky-main", Behaviour::fail_after(Duration::from_millis(100), 3))
+        .behaviour(
+            "flaky-main",
+            Behaviour::fail_after(Duration::from_millis(100), 3),
+        )
         .default_behaviour(Behaviour::succeed_after(Duration::from_millis(100)))
         .start(cluster.client.clone())
         .await?;
@@ -476,8 +504,20 @@ async fn b_failed_job_restarts_to_success() -> anyhow::Result<()> {
         .create_job(job_manifest(
             "flaky",
             vec![
-                raw_task("main", true, 1, &[("rlark.io/cluster-id", "gpu")], &[("cpu", "1")]),
-                raw_task("side", false, 1, &[("rlark.io/cluster-id", "gpu")], &[("cpu", "1")]),
+                raw_task(
+                    "main",
+                    true,
+                    1,
+                    &[("rlark.io/cluster-id", "gpu")],
+                    &[("cpu", "1")],
+                ),
+                raw_task(
+                    "side",
+                    false,
+                    1,
+                    &[("rlark.io/cluster-id", "gpu")],
+                    &[("cpu", "1")],
+                ),
             ],
         ))
         .await?;
@@ -505,7 +545,10 @@ async fn b_failed_job_restarts_to_success() -> anyhow::Result<()> {
     );
 
     // The fault is fixed; restart.
-    agent.set_behaviour("flaky-main", Behaviour::succeed_after(Duration::from_millis(100)));
+    agent.set_behaviour(
+        "flaky-main",
+        Behaviour::succeed_after(Duration::from_millis(100)),
+    );
     cluster
         .patch_job(
             "flaky",
@@ -524,10 +567,20 @@ async fn b_failed_job_restarts_to_success() -> anyhow::Result<()> {
     );
     // Each task ran exactly twice (once before and once after the restart); no duplicates.
     let log = agent.run_log();
-    assert_eq!(log.iter().filter(|t| *t == "flaky-main").count(), 2, "{log:?}");
-    assert_eq!(log.iter().filter(|t| *t == "flaky-side").count(), 2, "{log:?}");
+    assert_eq!(
+        log.iter().filter(|t| *t == "flaky-main").count(),
+        2,
+        "{log:?}"
+    );
+    assert_eq!(
+        log.iter().filter(|t| *t == "flaky-side").count(),
+        2,
+        "{log:?}"
+    );
     assert_eq!(cluster.tasks_of("flaky").await?.len(), 2);
-    cluster.wait_pods("flaky-main", 1, PodPhase::Succeeded).await?;
+    cluster
+        .wait_pods("flaky-main", 1, PodPhase::Succeeded)
+        .await?;
 
     agent.stop().await?;
     manager.stop().await?;
@@ -561,7 +614,9 @@ async fn c_stop_and_resume() -> anyhow::Result<()> {
         ))
         .await?;
     cluster.wait_job("pausable", JobPhase::Running).await?;
-    cluster.wait_pods("pausable-w", 2, PodPhase::Running).await?;
+    cluster
+        .wait_pods("pausable-w", 2, PodPhase::Running)
+        .await?;
 
     cluster
         .patch_job("pausable", json!({"spec": {"stopped": true}}))
@@ -593,7 +648,10 @@ async fn c_stop_and_resume() -> anyhow::Result<()> {
     );
 
     // Resume: the run starts again, and this time it completes.
-    agent.set_behaviour("pausable-*", Behaviour::succeed_after(Duration::from_millis(300)));
+    agent.set_behaviour(
+        "pausable-*",
+        Behaviour::succeed_after(Duration::from_millis(300)),
+    );
     cluster
         .patch_job("pausable", json!({"spec": {"stopped": false}}))
         .await?;
@@ -601,7 +659,9 @@ async fn c_stop_and_resume() -> anyhow::Result<()> {
     let tasks = cluster.tasks_of("pausable").await?;
     assert_eq!(tasks.len(), 1, "no duplicate Task after resume");
     assert!(!tasks[0].spec.stopped);
-    cluster.wait_pods("pausable-w", 2, PodPhase::Succeeded).await?;
+    cluster
+        .wait_pods("pausable-w", 2, PodPhase::Succeeded)
+        .await?;
     assert_eq!(agent.run_log(), ["pausable-w", "pausable-w"]);
 
     agent.stop().await?;
@@ -614,9 +674,7 @@ async fn c_stop_and_resume() -> anyhow::Result<()> {
 // ---------------------------------------------------------------------------------------
 
 fn diamond_workflow(name: &str) -> anyhow::Result<Workflow> {
-    let spec = |task: &str| {
-        json!({"tasks": [raw_task(task, true, 1, &[("rlark.io/cluster-id", "gpu")], &[("cpu", "1")])]})
-    };
+    let spec = |task: &str| json!({"tasks": [raw_task(task, true, 1, &[("rlark.io/cluster-id", "gpu")], &[("cpu", "1")])]});
     let wf = json!({
         "apiVersion": "rlinf.io/v1alpha1",
         "kind": "Workflow",
@@ -652,8 +710,14 @@ fn assert_diamond_order(wf: &str, log: &[String]) -> anyhow::Result<()> {
     let eval_a = at("eval-a", "eval")?;
     let eval_b = at("eval-b", "eval")?;
     let report = at("report", "summarize")?;
-    ensure!(train < eval_a && train < eval_b, "evals before train: {log:?}");
-    ensure!(eval_a < report && eval_b < report, "report before evals: {log:?}");
+    ensure!(
+        train < eval_a && train < eval_b,
+        "evals before train: {log:?}"
+    );
+    ensure!(
+        eval_a < report && eval_b < report,
+        "report before evals: {log:?}"
+    );
     Ok(())
 }
 
@@ -670,18 +734,50 @@ async fn assert_diamond_objects(cluster: &Cluster, wf: &str) -> anyhow::Result<(
     let workflow = cluster.workflows().get(wf).await?;
     let uid = workflow.meta().uid.clone().context("workflow uid")?;
     for job in &jobs {
-        assert_eq!(job_phase(job), Some(JobPhase::Succeeded), "{}", job.name_any());
+        assert_eq!(
+            job_phase(job),
+            Some(JobPhase::Succeeded),
+            "{}",
+            job.name_any()
+        );
         let owner = job.owner_references().first().context("owner reference")?;
-        assert_eq!((owner.kind.as_str(), owner.uid.as_str()), ("Workflow", uid.as_str()));
+        assert_eq!(
+            (owner.kind.as_str(), owner.uid.as_str()),
+            ("Workflow", uid.as_str())
+        );
         // Exactly one Task per Job and one Pod per Task.
         let tasks = cluster.tasks_of(&job.name_any()).await?;
         assert_eq!(tasks.len(), 1, "tasks of {}", job.name_any());
         let pods = cluster.pods_of(&tasks[0].name_any()).await?;
         assert_eq!(pods.len(), 1, "pods of {}", tasks[0].name_any());
     }
-    assert_eq!(cluster.jobs().list(&ListParams::default()).await?.items.len(), 4);
-    assert_eq!(cluster.all_tasks().list(&ListParams::default()).await?.items.len(), 4);
-    assert_eq!(cluster.all_pods().list(&ListParams::default()).await?.items.len(), 4);
+    assert_eq!(
+        cluster
+            .jobs()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .len(),
+        4
+    );
+    assert_eq!(
+        cluster
+            .all_tasks()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .len(),
+        4
+    );
+    assert_eq!(
+        cluster
+            .all_pods()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .len(),
+        4
+    );
     let status = workflow.status.context("workflow status")?;
     let mut job_status: Vec<_> = status
         .jobs
@@ -709,7 +805,9 @@ async fn d_workflow_diamond_with_unordered_dependencies_succeeds() -> anyhow::Re
         .workflows()
         .create(&PostParams::default(), &diamond_workflow("wf")?)
         .await?;
-    cluster.wait_workflow("wf", WorkflowPhase::Succeeded).await?;
+    cluster
+        .wait_workflow("wf", WorkflowPhase::Succeeded)
+        .await?;
     assert_diamond_objects(&cluster, "wf").await?;
     assert_diamond_order("wf", &agent.run_log())?;
     assert_eq!(agent.runs_started(), 4);
@@ -738,7 +836,13 @@ async fn e_gang_job_waits_unschedulable_until_capacity_appears() -> anyhow::Resu
             "big",
             vec![
                 // Fits on its own; must not start without its gang.
-                raw_task("helper", false, 1, &[("rlark.io/cluster-id", "small")], &[("cpu", "1")]),
+                raw_task(
+                    "helper",
+                    false,
+                    1,
+                    &[("rlark.io/cluster-id", "small")],
+                    &[("cpu", "1")],
+                ),
                 raw_task(
                     "train",
                     true,
@@ -781,7 +885,10 @@ async fn e_gang_job_waits_unschedulable_until_capacity_appears() -> anyhow::Resu
     let job = cluster.wait_job("big", JobPhase::Succeeded).await?;
     let status = job.status.context("status")?;
     if let Some(c) = condition(&status.conditions, "Unschedulable") {
-        assert_ne!(c.status, "True", "still Unschedulable after placement: {c:?}");
+        assert_ne!(
+            c.status, "True",
+            "still Unschedulable after placement: {c:?}"
+        );
     }
     let tasks = cluster.tasks_of("big").await?;
     assert_eq!(tasks.len(), 2);
@@ -896,8 +1003,20 @@ async fn g_leader_election_fails_over_without_duplicates() -> anyhow::Result<()>
     ];
     let tasks = || {
         vec![
-            raw_task("actor", true, 2, &[("rlark.io/cluster-id", "gpu")], &[("nvidia.com/gpu", "1")]),
-            raw_task("rollout", false, 1, &[("rlark.io/cluster-id", "gpu")], &[("cpu", "1")]),
+            raw_task(
+                "actor",
+                true,
+                2,
+                &[("rlark.io/cluster-id", "gpu")],
+                &[("nvidia.com/gpu", "1")],
+            ),
+            raw_task(
+                "rollout",
+                false,
+                1,
+                &[("rlark.io/cluster-id", "gpu")],
+                &[("cpu", "1")],
+            ),
         ]
     };
     cluster.create_job(job_manifest("ha", tasks())).await?;
@@ -945,11 +1064,23 @@ async fn g_leader_election_fails_over_without_duplicates() -> anyhow::Result<()>
         );
         assert_eq!(cluster.pods_of(&format!("{job}-actor")).await?.len(), 2);
     }
-    assert_eq!(cluster.all_tasks().list(&ListParams::default()).await?.items.len(), 4);
+    assert_eq!(
+        cluster
+            .all_tasks()
+            .list(&ListParams::default())
+            .await?
+            .items
+            .len(),
+        4
+    );
     // Every Task ran once: no Task was created twice.
     let log = agent.run_log();
     for name in ["ha-actor", "ha-rollout", "ha2-actor", "ha2-rollout"] {
-        assert_eq!(log.iter().filter(|t| *t == name).count(), 1, "{name}: {log:?}");
+        assert_eq!(
+            log.iter().filter(|t| *t == name).count(),
+            1,
+            "{name}: {log:?}"
+        );
     }
 
     agent.stop().await?;
@@ -973,7 +1104,11 @@ async fn fingerprint(cluster: &Cluster, wf: &str) -> anyhow::Result<String> {
     for job in jobs {
         parts.push(format!("{}={:?}", job.name_any(), job_phase(&job)));
     }
-    let mut tasks = cluster.all_tasks().list(&ListParams::default()).await?.items;
+    let mut tasks = cluster
+        .all_tasks()
+        .list(&ListParams::default())
+        .await?
+        .items;
     tasks.sort_by_key(|t| t.name_any());
     for task in tasks {
         parts.push(format!(
@@ -1020,7 +1155,7 @@ async fn h_workflow_converges_across_manager_restarts() -> anyhow::Result<()> {
         })
         .await?;
         // Alternate crash and graceful stop.
-        if restarts % 2 == 0 || std::env::var_os("DIAG_KILL_ONLY").is_some() {
+        if restarts % 2 == 0 {
             manager.kill().await;
         } else {
             manager.stop().await?;
@@ -1043,30 +1178,9 @@ async fn h_workflow_converges_across_manager_restarts() -> anyhow::Result<()> {
     }
     // One more manager over the final state must change nothing.
     let before = fingerprint(&cluster, "conv").await?;
-    let ctx = std::sync::Arc::new(rlark_controllers::Context::new(cluster.client.clone(), test_config("diag")));
-    let mut joins = Vec::new();
-    let token = CancellationToken::new();
-    for which in ["task", "job", "workflow", "node"] {
-        let c = ctx.clone();
-        let t = token.clone();
-        joins.push((which, tokio::spawn(async move {
-            match which {
-                "task" => rlark_controllers::task::run(c, t).await,
-                "job" => rlark_controllers::job::run(c, t).await,
-                "workflow" => rlark_controllers::workflow::run(c, t).await,
-                _ => rlark_controllers::node::run(c, t).await,
-            }
-        })));
-    }
+    let manager = Manager::start(&cluster.client, "m-h-final", false);
     tokio::time::sleep(Duration::from_secs(1)).await;
-    token.cancel();
-    let mut hung = Vec::new();
-    for (which, join) in joins {
-        if tokio::time::timeout(Duration::from_secs(5), join).await.is_err() {
-            hung.push(which);
-        }
-    }
-    ensure!(hung.is_empty(), "DIAG hung: {hung:?}");
+    manager.stop().await?;
     assert_eq!(fingerprint(&cluster, "conv").await?, before);
 
     println!("converged after {restarts} manager restarts");
@@ -1084,3 +1198,55 @@ async fn h_workflow_converges_across_manager_restarts() -> anyhow::Result<()> {
     cluster.stop().await
 }
 
+// ---------------------------------------------------------------------------------------
+// (i) a graceful stop completes whenever it comes, even during start-up
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test]
+async fn i_manager_stops_gracefully_at_any_point() -> anyhow::Result<()> {
+    /// A stop must not take longer than this (the manager's own bound is 10 s).
+    const STOP_BOUND: Duration = Duration::from_secs(15);
+    let cluster = Cluster::start().await?;
+    let agent = SimAgent::builder("gpu")
+        .node(gpu_node("gpu-0", 8))
+        .default_behaviour(Behaviour::run_forever())
+        .start(cluster.client.clone())
+        .await?;
+    // Some state for the controllers to list and reconcile.
+    let manager = Manager::start(&cluster.client, "m-i-setup", false);
+    for i in 0..5 {
+        cluster
+            .create_job(job_manifest(
+                &format!("busy-{i}"),
+                vec![raw_task("w", true, 1, &[], &[("cpu", "100m")])],
+            ))
+            .await?;
+    }
+    cluster.wait_job("busy-4", JobPhase::Running).await?;
+    manager.stop().await?;
+
+    let mut hung = Vec::new();
+    for (i, after_ms) in [0u64, 1, 5, 20, 100, 500].into_iter().enumerate() {
+        for leader_election in [false, true] {
+            let identity = format!("m-i-{i}-{leader_election}");
+            let manager = Manager::start(&cluster.client, &identity, leader_election);
+            tokio::time::sleep(Duration::from_millis(after_ms)).await;
+            manager.shutdown.cancel();
+            match tokio::time::timeout(STOP_BOUND, manager.join).await {
+                Ok(joined) => joined
+                    .context("manager task panicked")?
+                    .with_context(|| format!("manager {identity} failed"))?,
+                Err(_) => hung.push(format!(
+                    "stop {after_ms} ms after start (leader election {leader_election})"
+                )),
+            }
+        }
+    }
+    ensure!(
+        hung.is_empty(),
+        "manager::run did not return within {STOP_BOUND:?} of cancellation: {hung:?}"
+    );
+
+    agent.stop().await?;
+    cluster.stop().await
+}

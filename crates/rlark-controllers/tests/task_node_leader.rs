@@ -7,11 +7,14 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Event, Namespace};
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, MicroTime, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
+    Condition, MicroTime, ObjectMeta, OwnerReference, Time,
+};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use rlark_api::types::{
-    AgentType, Node, NodePhase, NodeSpec, Pod, PodSpec, Task, TaskPhase, TaskPlacement,
+    AgentType, Job, Node, NodeLostPolicy, NodePhase, NodeSpec, Pod, PodSpec, Task, TaskPhase,
+    TaskPlacement,
 };
 use rlark_controllers::leader::LeaderElector;
 use rlark_controllers::manager::{Manager, ManagerOptions};
@@ -358,9 +361,30 @@ async fn lost_node_goes_offline_and_its_tasks_get_node_lost() -> anyhow::Result<
     tasks
         .create(&PostParams::default(), &raw_task("fail", 1, &["n1"]))
         .await?;
+    // Reschedule, owned by a Job (whose controller, not running here, would recreate it),
+    // and Reschedule without a Job (nothing would recreate it: it fails instead).
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "rlinf.io/v1alpha1", "kind": "Job", "metadata": {"name": "j"},
+        "spec": {"tasks": [{"name": "resched", "role": "Actor", "agentType": "Raw",
+                            "raw": {"entrypoint": ["train"]}}]}
+    }))?;
+    let job = Api::<Job>::all(client.clone())
+        .create(&PostParams::default(), &job)
+        .await?;
     let mut reschedule = raw_task("resched", 1, &["n1"]);
-    reschedule.spec.node_lost_policy = Some(rlark_api::types::NodeLostPolicy::Reschedule);
+    reschedule.spec.node_lost_policy = Some(NodeLostPolicy::Reschedule);
+    reschedule.metadata.owner_references = Some(vec![OwnerReference {
+        api_version: "rlinf.io/v1alpha1".into(),
+        kind: "Job".into(),
+        name: "j".into(),
+        uid: job.metadata.uid.clone().context("job uid")?,
+        controller: Some(true),
+        block_owner_deletion: Some(true),
+    }]);
     tasks.create(&PostParams::default(), &reschedule).await?;
+    let mut orphan = raw_task("orphan", 1, &["n1"]);
+    orphan.spec.node_lost_policy = Some(NodeLostPolicy::Reschedule);
+    tasks.create(&PostParams::default(), &orphan).await?;
     tasks
         .create(&PostParams::default(), &raw_task("done", 1, &["n1"]))
         .await?;
@@ -369,7 +393,8 @@ async fn lost_node_goes_offline_and_its_tasks_get_node_lost() -> anyhow::Result<
         .await?;
     let running = json!({"phase": "Running", "node": "n1", "startTime": Time(Timestamp::now())});
     create_pod(&client, "fail", 0, running.clone()).await?;
-    create_pod(&client, "resched", 0, running).await?;
+    create_pod(&client, "resched", 0, running.clone()).await?;
+    create_pod(&client, "orphan", 0, running).await?;
     create_pod(
         &client,
         "done",
@@ -440,18 +465,17 @@ async fn lost_node_goes_offline_and_its_tasks_get_node_lost() -> anyhow::Result<
         "message names the node"
     );
 
-    let resched = task_where(&client, "resched", "resched un-placed with NodeLost", |t| {
-        t.spec.placement.is_none()
+    // Reschedule: the Task is deleted, for its Job to place it again.
+    eventually("resched deleted", || async {
+        Ok(tasks.get_opt("resched").await?.is_none().then_some(()))
     })
     .await?;
-    let status = resched.status.clone().unwrap_or_default();
-    assert!(
-        status
-            .conditions
-            .iter()
-            .any(|c| c.type_ == node::CONDITION_NODE_LOST && c.status == "True")
-    );
-    assert_ne!(status.phase, Some(TaskPhase::Failed));
+    let orphan = task_where(&client, "orphan", "orphan Failed", |t| {
+        phase(t) == Some(TaskPhase::Failed)
+    })
+    .await?;
+    let message = orphan.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(message.contains("no Job owns"), "{message}");
 
     // The Task controller does not undo the failure although the (stale) Pod says Running,
     // and the finished and the healthy Tasks are untouched.
@@ -474,13 +498,15 @@ async fn lost_node_goes_offline_and_its_tasks_get_node_lost() -> anyhow::Result<
             .any(|e| e.reason.as_deref() == Some("NodeNotReady")),
         "{events:?}"
     );
-    let events = events_of(&client, "fail").await?;
-    assert!(
-        events
-            .iter()
-            .any(|e| e.reason.as_deref() == Some(node::CONDITION_NODE_LOST)),
-        "{events:?}"
-    );
+    for task in ["fail", "resched", "orphan"] {
+        let events = events_of(&client, task).await?;
+        assert!(
+            events
+                .iter()
+                .any(|e| e.reason.as_deref() == Some(node::CONDITION_NODE_LOST)),
+            "{task}: {events:?}"
+        );
+    }
 
     // n1 comes back: Online again, with an Event.
     heartbeat(&client, "n1", Timestamp::now()).await?;

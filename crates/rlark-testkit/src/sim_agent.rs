@@ -52,8 +52,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use rlark_api::labels;
 use rlark_api::types::{
-    AgentType, Node, NodeCategory, NodeInfo, NodeSpec, NodeStatus, Pod, PodSpec, ResourceList,
-    Task,
+    AgentType, Node, NodeCategory, NodeInfo, NodeSpec, NodeStatus, Pod, PodSpec, ResourceList, Task,
 };
 use serde_json::json;
 use tokio::sync::watch;
@@ -261,8 +260,7 @@ impl SimNode {
 
     /// Add a resource to the capacity (Kubernetes quantity syntax: `"8"`, `"500m"`, `"64Gi"`).
     pub fn resource(mut self, name: impl Into<String>, quantity: impl Into<String>) -> Self {
-        self.capacity
-            .insert(name.into(), Quantity(quantity.into()));
+        self.capacity.insert(name.into(), Quantity(quantity.into()));
         self
     }
 
@@ -636,7 +634,8 @@ impl Shared {
             self.renew_lease(node).await?;
         }
         if self.heartbeat_mode != HeartbeatMode::Lease {
-            let patch = json!({"status": {"phase": "Online", "heartbeatTime": Time(Timestamp::now())}});
+            let patch =
+                json!({"status": {"phase": "Online", "heartbeatTime": Time(Timestamp::now())}});
             self.nodes_api()
                 .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
@@ -1300,7 +1299,10 @@ mod tests {
         let mut b = Behaviours::default();
         b.set("wf-*", Behaviour::run_forever());
         b.set("wf-train-*", Behaviour::fail_after(Duration::ZERO, 2));
-        b.set("wf-train-actor", Behaviour::succeed_after(Duration::from_secs(1)));
+        b.set(
+            "wf-train-actor",
+            Behaviour::succeed_after(Duration::from_secs(1)),
+        );
         assert_eq!(
             b.lookup("wf-train-actor"),
             &Behaviour::succeed_after(Duration::from_secs(1))
@@ -1310,10 +1312,7 @@ mod tests {
             &Behaviour::fail_after(Duration::ZERO, 2)
         );
         assert_eq!(b.lookup("wf-eval-x"), &Behaviour::run_forever());
-        assert_eq!(
-            b.lookup("other"),
-            &Behaviour::succeed_after(Duration::ZERO)
-        );
+        assert_eq!(b.lookup("other"), &Behaviour::succeed_after(Duration::ZERO));
         b.set_default(Behaviour::run_forever());
         assert_eq!(b.lookup("other"), &Behaviour::run_forever());
         // Replacing a pattern keeps one entry.
@@ -1334,11 +1333,7 @@ mod tests {
             .expect("ends");
         assert_eq!(failed["phase"], "Failed");
         assert_eq!(failed["exitCode"], 7);
-        assert!(
-            failed["message"]
-                .as_str()
-                .is_some_and(|m| m.contains('7'))
-        );
+        assert!(failed["message"].as_str().is_some_and(|m| m.contains('7')));
         assert!(Behaviour::run_forever().final_status(now).is_none());
         assert_eq!(Behaviour::run_forever().runs_for(), None);
         let stopped = stopped_status(now);

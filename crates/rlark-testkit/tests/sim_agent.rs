@@ -55,11 +55,7 @@ async fn pod_phases(pods: &Api<Pod>, task: &str) -> anyhow::Result<Vec<Option<Po
         .collect())
 }
 
-async fn wait_phases(
-    pods: &Api<Pod>,
-    task: &str,
-    want: &[Option<PodPhase>],
-) -> anyhow::Result<()> {
+async fn wait_phases(pods: &Api<Pod>, task: &str, want: &[Option<PodPhase>]) -> anyhow::Result<()> {
     eventually(&format!("pods of {task} to be {want:?}"), || async {
         let phases = pod_phases(pods, task).await?;
         Ok((phases == want).then_some(()))
@@ -90,7 +86,10 @@ async fn sim_agent_speaks_the_agent_protocol() -> anyhow::Result<()> {
     let status = node.status.context("node status")?;
     assert_eq!(status.phase, Some(NodePhase::Online));
     assert_eq!(status.allocatable["nvidia.com/gpu"].0, "2");
-    assert_eq!(node.metadata.labels.context("labels")?["rlark.io/cluster-id"], "a");
+    assert_eq!(
+        node.metadata.labels.context("labels")?["rlark.io/cluster-id"],
+        "a"
+    );
     let leases: Api<Lease> = Api::namespaced(client.clone(), "rlark-a");
     let renew = |l: Lease| l.spec.and_then(|s| s.renew_time).map(|t| t.0);
     let first = renew(leases.get("node-n1").await?).context("renewTime")?;
@@ -103,12 +102,19 @@ async fn sim_agent_speaks_the_agent_protocol() -> anyhow::Result<()> {
     let tasks: Api<Task> = Api::namespaced(client.clone(), "rlark-a");
     let pods: Api<Pod> = Api::namespaced(client.clone(), "rlark-a");
     let pp = PostParams::default();
-    tasks.create(&pp, &placed_task("t-ok", &["n1", "n1"])?).await?;
+    tasks
+        .create(&pp, &placed_task("t-ok", &["n1", "n1"])?)
+        .await?;
     tasks.create(&pp, &placed_task("t-fail", &["n1"])?).await?;
     tasks.create(&pp, &placed_task("t-run", &["n1"])?).await?;
     // A Task placed elsewhere is not this agent's.
     let mut other = placed_task("t-other", &["x"])?;
-    other.spec.placement.as_mut().context("placement")?.cluster_id = "b".into();
+    other
+        .spec
+        .placement
+        .as_mut()
+        .context("placement")?
+        .cluster_id = "b".into();
     tasks.create(&pp, &other).await?;
 
     let ok = Some(PodPhase::Succeeded);
@@ -140,7 +146,8 @@ async fn sim_agent_speaks_the_agent_protocol() -> anyhow::Result<()> {
     assert_eq!(agent.runs_started(), runs_before + 1);
 
     // A restart annotation reruns a finished Task.
-    let restart = json!({"metadata": {"annotations": {"rlark.io/restarted-at": "2030-01-01T00:00:00Z"}}});
+    let restart =
+        json!({"metadata": {"annotations": {"rlark.io/restarted-at": "2030-01-01T00:00:00Z"}}});
     agent.set_behaviour("t-fail", Behaviour::succeed_after(Duration::ZERO));
     tasks
         .patch("t-fail", &params, &Patch::Merge(&restart))

@@ -367,3 +367,62 @@ async fn controller_manager_process_and_describe_show_why() -> anyhow::Result<()
     server.terminate()?;
     Ok(())
 }
+
+#[tokio::test]
+async fn rlark_server_runs_the_controllers_in_process() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let server = ServerProcess::spawn(Path::new(env!("CARGO_BIN_EXE_rlark")), dir.path())?;
+    let client = server.client().await?;
+    create_namespace(&client, "rlark-a").await?;
+    let mut task = Task::new(
+        "solo",
+        serde_json::from_value(serde_json::json!({
+            "agentType": "Raw", "role": "Env", "raw": {"entrypoint": ["sim"]}
+        }))?,
+    );
+    task.metadata.namespace = Some("rlark-a".into());
+    let tasks: Api<Task> = Api::namespaced(client.clone(), "rlark-a");
+    tasks.create(&PostParams::default(), &task).await?;
+    let mut pod = rlark_api::types::Pod::new(
+        "solo-0",
+        rlark_api::types::PodSpec {
+            task_name: Some("solo".into()),
+            task_namespace: Some("rlark-a".into()),
+            replica_index: Some(0),
+            ..Default::default()
+        },
+    );
+    pod.metadata.namespace = Some("rlark-a".into());
+    let pods: Api<rlark_api::types::Pod> = Api::namespaced(client.clone(), "rlark-a");
+    pods.create(&PostParams::default(), &pod).await?;
+    pods.patch_status(
+        "solo-0",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"status": {"phase": "Running", "node": "n1"}})),
+    )
+    .await?;
+
+    // The in-process Task controller aggregates the Pod.
+    poll("task Running", || async {
+        let task = tasks.get("solo").await?;
+        Ok((task.status.and_then(|s| s.phase) == Some(TaskPhase::Running)).then_some(()))
+    })
+    .await?;
+    // Under leader election, as the server.
+    let leases = Api::<Lease>::namespaced(client.clone(), "default");
+    let holder = leases
+        .get("rlark-controller-manager")
+        .await?
+        .spec
+        .and_then(|s| s.holder_identity)
+        .unwrap_or_default();
+    assert!(holder.starts_with("rlark-server-"), "{holder}");
+
+    // SIGTERM releases the Lease before the listener closes.
+    let data_dir = server.data_dir().to_path_buf();
+    let status = server.terminate()?;
+    assert!(status.success(), "{status}");
+    let log = std::fs::read_to_string(data_dir.join("server.log"))?;
+    assert!(log.contains("released leadership"), "{log}");
+    Ok(())
+}

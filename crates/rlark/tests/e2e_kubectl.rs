@@ -98,7 +98,13 @@ fn kubectl_end_to_end() -> Result<()> {
         return Ok(());
     }
     let data_dir = tempfile::tempdir()?;
-    let server = ServerProcess::spawn(Path::new(env!("CARGO_BIN_EXE_rlark")), data_dir.path())?;
+    // The API alone: this test creates the Workflow's Job itself to check garbage
+    // collection, which the Workflow controller would otherwise do (and race with).
+    let server = ServerProcess::spawn_with_args(
+        Path::new(env!("CARGO_BIN_EXE_rlark")),
+        data_dir.path(),
+        &["--controllers=false"],
+    )?;
     let k = Kubectl {
         kubeconfig: server.kubeconfig_path().to_path_buf(),
         cache: tempfile::tempdir()?,
