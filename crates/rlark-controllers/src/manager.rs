@@ -119,7 +119,25 @@ impl Manager {
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), Error> {
         if !self.options.leader_election {
             self.set_leading(true);
-            let result = run_controllers(self.ctx.clone(), shutdown).await;
+            // Same bounded stop as under leader election: a controller that does not
+            // honour cancellation in time is aborted rather than hanging the shutdown.
+            let mut running = AbortOnDrop(tokio::spawn(run_controllers(
+                self.ctx.clone(),
+                shutdown.child_token(),
+            )));
+            let result = tokio::select! {
+                result = &mut running.0 => match result {
+                    Ok(result) => result,
+                    Err(join) => Err(Error::ControllerStopped {
+                        controller: "manager",
+                        message: join.to_string(),
+                    }),
+                },
+                _ = shutdown.cancelled() => {
+                    stop_bounded(&mut running.0).await;
+                    Ok(())
+                }
+            };
             self.set_leading(false);
             return result;
         }

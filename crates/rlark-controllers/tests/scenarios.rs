@@ -118,12 +118,12 @@ impl Manager {
         result.with_context(|| format!("manager {} failed", self.identity))
     }
 
-    /// Crash: abort the task (no graceful shutdown, no lease release). The token is
-    /// cancelled only afterwards, to clean up anything the manager leaked.
+    /// Crash: abort the task (no graceful shutdown, no lease release). The token is never
+    /// cancelled, so anything the manager leaked would keep running and show up as
+    /// duplicate work.
     async fn kill(self) {
         self.join.abort();
         let _ = self.join.await;
-        self.shutdown.cancel();
     }
 
     fn finished(&self) -> bool {
@@ -242,6 +242,13 @@ impl Cluster {
         })
         .await
     }
+}
+
+/// The current time as `kubectl annotate ... restarted-at="$(date -u +%FT%TZ)"` writes it.
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now()
+        .strftime("%Y-%m-%dT%H:%M:%SZ")
+        .to_string()
 }
 
 fn job_phase(job: &Job) -> Option<JobPhase> {
@@ -552,7 +559,7 @@ async fn b_failed_job_restarts_to_success() -> anyhow::Result<()> {
     cluster
         .patch_job(
             "flaky",
-            json!({"metadata": {"annotations": {"rlark.io/restarted-at": "2030-01-01T00:00:00Z"}}}),
+            json!({"metadata": {"annotations": {"rlark.io/restarted-at": now_rfc3339()}}}),
         )
         .await?;
     let job = cluster.wait_job("flaky", JobPhase::Succeeded).await?;
@@ -973,6 +980,87 @@ async fn f_heartbeat_loss_marks_node_offline_and_task_node_lost() -> anyhow::Res
     cluster.stop().await
 }
 
+#[tokio::test]
+async fn f2_node_loss_with_reschedule_policy_places_the_task_again() -> anyhow::Result<()> {
+    let cluster = Cluster::start().await?;
+    let manager = Manager::start(&cluster.client, "m-f2", false);
+    let agent = SimAgent::builder("lossy")
+        .node(gpu_node("l-0", 1))
+        .heartbeat_interval(Duration::from_millis(200))
+        .lease_duration(Duration::from_secs(2))
+        .default_behaviour(Behaviour::run_forever())
+        .start(cluster.client.clone())
+        .await?;
+    let mut task = raw_task(
+        "w",
+        true,
+        1,
+        &[("rlark.io/cluster-id", "lossy")],
+        &[("nvidia.com/gpu", "1")],
+    );
+    task["nodeLostPolicy"] = json!("Reschedule");
+    cluster
+        .create_job(job_manifest("moving", vec![task]))
+        .await?;
+    cluster.wait_job("moving", JobPhase::Running).await?;
+    let tasks: Api<Task> = Api::namespaced(cluster.client.clone(), "rlark-lossy");
+    let placed_on = |t: &Task| t.spec.placement.as_ref().map(|p| p.nodes.clone());
+    assert_eq!(
+        placed_on(&tasks.get("moving-w").await?),
+        Some(vec!["l-0".into()])
+    );
+
+    // A second machine appears; the first one's heartbeat stops.
+    agent.add_node(gpu_node("l-1", 1)).await?;
+    agent.pause_node_heartbeat("l-0");
+    // Policy `Reschedule`: placed again on the Node that is left, and running there.
+    eventually("Task moving-w running on l-1", || async {
+        let task = tasks.get("moving-w").await?;
+        let pod = cluster.pods_of("moving-w").await?.into_iter().next();
+        let pod_on = pod
+            .and_then(|p| p.status)
+            .map(|s| (s.phase, s.node.unwrap_or_default()));
+        Ok(match (placed_on(&task), pod_on) {
+            (Some(nodes), Some((Some(PodPhase::Running), node)))
+                if nodes == ["l-1"] && node == "l-1" =>
+            {
+                Ok(())
+            }
+            (placement, pod) => Err(format!(
+                "placement {placement:?}, pod {pod:?}, status {:?}",
+                task.status
+            )),
+        })
+    })
+    .await?;
+    let nodes: Api<Node> = Api::namespaced(cluster.client.clone(), "rlark-lossy");
+    assert_eq!(
+        nodes.get("l-0").await?.status.and_then(|s| s.phase),
+        Some(NodePhase::Offline)
+    );
+    // The loss is on record (the condition itself may already be cleared by the new run).
+    let events: Api<Event> = Api::all(cluster.client.clone());
+    let lost = events
+        .list(&ListParams::default())
+        .await?
+        .items
+        .into_iter()
+        .any(|e| {
+            e.involved_object.name.as_deref() == Some("moving-w")
+                && e.reason.as_deref() == Some("NodeLost")
+        });
+    ensure!(lost, "no NodeLost Event about Task moving-w");
+    assert_eq!(cluster.tasks_of("moving").await?.len(), 1);
+    assert_eq!(
+        job_phase(&cluster.jobs().get("moving").await?),
+        Some(JobPhase::Running)
+    );
+
+    agent.stop().await?;
+    manager.stop().await?;
+    cluster.stop().await
+}
+
 // ---------------------------------------------------------------------------------------
 // (g) two managers with leader election: kill the leader, the other takes over, no
 //     duplicate Tasks
@@ -1155,7 +1243,7 @@ async fn h_workflow_converges_across_manager_restarts() -> anyhow::Result<()> {
         })
         .await?;
         // Alternate crash and graceful stop.
-        if restarts % 2 == 0 {
+        if restarts.is_multiple_of(2) {
             manager.kill().await;
         } else {
             manager.stop().await?;

@@ -1,18 +1,20 @@
 //! `rlark bench controllers`: how fast the controllers turn declarations into placed and
 //! finished work, on this machine.
 //!
-//! Phases, in order, on one in-process server (`rlark_server::start`, `127.0.0.1:0`,
-//! temporary data directory) and one controller manager (`manager::run`, in-process, no
-//! leader election), with simulated agents (`rlark_testkit::SimAgent`):
-//! 1. baseline, before any controller runs: raw creates of as many Task objects as the
-//!    placement phase places, through the API with the same client and 64 concurrent
-//!    requests (this bounds placement throughput: every placed Task is one such create),
-//!    and the latency of one sequential create;
-//! 2. placement: `--jobs` Jobs × `--tasks-per-job` Tasks on the Nodes of a simulated
+//! Phases, in order (everything in this process, network on 127.0.0.1 only):
+//! 1. baseline, on a server without controllers (`rlark_server::start`, temporary data
+//!    directory): raw creates of as many Task objects as the placement phase places,
+//!    through the API with one kube client and 64 concurrent requests (every placed Task
+//!    is one such create, so this bounds placement throughput), and the latency of one
+//!    create issued after another;
+//! 2. a second server on a fresh data directory with its controllers in-process, as
+//!    `rlark server` runs them (leader election on), plus simulated agents
+//!    (`rlark_testkit::SimAgent`); a one-Task warm-up Job shows the controllers act;
+//! 3. placement: `--jobs` Jobs × `--tasks-per-job` Tasks on the Nodes of a simulated
 //!    cluster that only registers and heartbeats (it runs nothing, so only placement is
 //!    measured), from the first create to the moment every Task exists with
-//!    `spec.placement` (observed through a watch);
-//! 3. chain: a Workflow of `--chain` Jobs, each depending on the previous, one Task each,
+//!    `spec.placement` (observed through a watch); the Jobs are then deleted;
+//! 4. chain: a Workflow of `--chain` Jobs, each depending on the previous, one Task each,
 //!    on a simulated cluster whose replicas succeed at once, from creation to `Succeeded`.
 
 use std::collections::HashSet;
@@ -29,13 +31,10 @@ use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use rlark_api::types::{Job, Task, Workflow, WorkflowPhase};
-use rlark_controllers::ControllerConfig;
-use rlark_controllers::manager::{self, ManagerOptions};
 use rlark_testkit::{Behaviour, SimAgent, SimNode};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::time::Instant as TokioInstant;
-use tokio_util::sync::CancellationToken;
 
 /// The target: this many Tasks placed ...
 pub const TARGET_TASKS: usize = 4000;
@@ -207,7 +206,7 @@ impl fmt::Display for ControllerBenchReport {
         )?;
         writeln!(
             f,
-            "(server, controller manager, simulated agents and client share these CPUs)"
+            "(server, its in-process controllers, simulated agents and client share these CPUs)"
         )?;
         writeln!(f)?;
         writeln!(
@@ -221,7 +220,10 @@ impl fmt::Display for ControllerBenchReport {
         writeln!(
             f,
             "  {:<46} {:>9.2} s",
-            format!("submit {} Jobs ({} concurrent creates)", p.jobs, CONCURRENCY),
+            format!(
+                "submit {} Jobs ({} concurrent creates)",
+                p.jobs, CONCURRENCY
+            ),
             p.submit_seconds
         )?;
         let verdict = match self.target_met {
@@ -328,6 +330,22 @@ async fn admin_client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
     kube::Client::try_from(config).context("build kube client")
 }
 
+/// A server on `dir` listening on `127.0.0.1:0`, with or without its controllers.
+async fn start_server(
+    dir: PathBuf,
+    controllers: bool,
+) -> anyhow::Result<rlark_server::RunningServer> {
+    let mut config = rlark_server::ServerConfig::new(dir);
+    config.listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
+    config.shutdown_grace = Duration::from_secs(2);
+    config.controllers.enabled = controllers;
+    let server = rlark_server::start(config)
+        .await
+        .context("start the server")?;
+    tracing::info!(addr = %server.local_addr, controllers, "benchmark server started");
+    Ok(server)
+}
+
 /// Run the benchmark (see the module documentation).
 pub async fn run_controllers(
     options: ControllerBenchOptions,
@@ -335,19 +353,31 @@ pub async fn run_controllers(
     options.validate()?;
     let deadline = TokioInstant::now() + Duration::from_secs(options.timeout);
     let data_dir = DataDir::new(options.data_dir.as_deref())?;
-    let mut config = rlark_server::ServerConfig::new(data_dir.path.join("server"));
-    config.listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    config.shutdown_grace = Duration::from_secs(2);
-    let server = rlark_server::start(config)
+    let mut notes = Vec::new();
+
+    // 1. Baseline, on a server without controllers.
+    let creates = options.jobs * options.tasks_per_job;
+    let server = start_server(data_dir.path.join("baseline"), false).await?;
+    let baseline = async {
+        let client = admin_client(&server.kubeconfig_path).await?;
+        within(deadline, "baseline", create_baseline(&client, creates)).await?
+    }
+    .await;
+    server
+        .shutdown()
         .await
-        .context("start the server")?;
-    tracing::info!(addr = %server.local_addr, "benchmark server started");
-    let result = run_phases(&options, &server.kubeconfig_path, deadline).await;
+        .context("shut the baseline server down")?;
+    let baseline = baseline?;
+
+    // 2.-4. The server with its controllers, and the simulated agents.
+    let server = start_server(data_dir.path.join("server"), true).await?;
+    let measured = measure(&options, &server.kubeconfig_path, deadline, &mut notes).await;
     let stopped = server.shutdown().await.context("shut the server down");
-    let (baseline, placement, chain, notes) = result?;
+    let (placement, chain) = measured?;
     stopped?;
-    let target_met =
-        (placement.tasks_placed >= TARGET_TASKS).then_some(placement.placed_seconds < TARGET_SECONDS);
+
+    let target_met = (placement.tasks_placed >= TARGET_TASKS)
+        .then_some(placement.placed_seconds < TARGET_SECONDS);
     Ok(ControllerBenchReport {
         environment: BenchEnvironment {
             cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
@@ -370,87 +400,52 @@ pub async fn run_controllers(
     })
 }
 
-type Phases = (CreateBaseline, PlacementFigures, ChainFigures, Vec<String>);
-
-async fn run_phases(
+async fn measure(
     options: &ControllerBenchOptions,
     kubeconfig: &Path,
     deadline: TokioInstant,
-) -> anyhow::Result<Phases> {
+    notes: &mut Vec<String>,
+) -> anyhow::Result<(PlacementFigures, ChainFigures)> {
     let client = admin_client(kubeconfig).await?;
-    let mut notes = Vec::new();
+    let mut placer = SimAgent::builder(PLACE_CLUSTER).run_tasks(false);
+    for i in 0..options.nodes {
+        placer = placer.node(
+            SimNode::new(format!("place-{i:03}"))
+                .resource("cpu", "256")
+                .resource("memory", "1Ti"),
+        );
+    }
+    let placer = placer.start(client.clone()).await?;
+    let runner = SimAgent::builder(RUN_CLUSTER)
+        .node(
+            SimNode::new("run-0")
+                .resource("cpu", "64")
+                .resource("memory", "256Gi"),
+        )
+        .default_behaviour(Behaviour::succeed_after(Duration::ZERO))
+        .start(client.clone())
+        .await?;
 
-    // 1. Baseline, with nothing else running.
-    let creates = options.jobs * options.tasks_per_job;
-    let baseline = within(deadline, "baseline", create_baseline(&client, creates)).await??;
-    if !within(deadline, "baseline clean-up", delete_all_tasks(&client, BASELINE_NAMESPACE))
-        .await??
+    // The controllers have started, listed and act.
+    within(deadline, "warm-up", warm_up(&client)).await??;
+
+    // Placement.
+    let placement = within(deadline, "placement", placement(&client, options)).await??;
+    placer.stop().await?;
+    if !within(
+        deadline,
+        "placement clean-up",
+        delete_placement_jobs(&client),
+    )
+    .await??
     {
-        notes.push("baseline Tasks were not all deleted before the placement phase".into());
+        notes.push("the placement phase's Tasks were not all gone before the chain phase".into());
     }
 
-    // The controllers (their own client, as a separate process would have) and the agents.
-    let manager_client = admin_client(kubeconfig).await?;
-    let shutdown = CancellationToken::new();
-    let manager_options = ManagerOptions {
-        leader_election: false,
-        ..Default::default()
-    };
-    let mut manager = tokio::spawn(manager::run(
-        manager_client,
-        ControllerConfig::default(),
-        manager_options,
-        shutdown.clone(),
-    ));
-    let phases = async {
-        let mut placer = SimAgent::builder(PLACE_CLUSTER).run_tasks(false);
-        for i in 0..options.nodes {
-            placer = placer.node(
-                SimNode::new(format!("place-{i:03}"))
-                    .resource("cpu", "256")
-                    .resource("memory", "1Ti"),
-            );
-        }
-        let placer = placer.start(client.clone()).await?;
-        let runner = SimAgent::builder(RUN_CLUSTER)
-            .node(
-                SimNode::new("run-0")
-                    .resource("cpu", "64")
-                    .resource("memory", "256Gi"),
-            )
-            .default_behaviour(Behaviour::succeed_after(Duration::ZERO))
-            .start(client.clone())
-            .await?;
-
-        // Warm-up: the manager has listed and acts.
-        within(deadline, "warm-up", warm_up(&client)).await??;
-
-        // 2. Placement.
-        let placement = within(deadline, "placement", placement(&client, options)).await??;
-        placer.stop().await?;
-        if !within(deadline, "placement clean-up", delete_placement_jobs(&client)).await?? {
-            notes.push("placement Jobs were not all gone before the chain phase".into());
-        }
-
-        // 3. Chain.
-        let chain = within(deadline, "chain", chain(&client, options.chain)).await??;
-        runner.stop().await?;
-        anyhow::Ok((placement, chain))
-    }
-    .await;
-    shutdown.cancel();
-    let stopped = match tokio::time::timeout(Duration::from_secs(30), &mut manager).await {
-        Ok(Ok(Ok(()))) => Ok(()),
-        Ok(Ok(Err(e))) => Err(anyhow::Error::new(e).context("controller manager failed")),
-        Ok(Err(e)) => Err(anyhow::anyhow!("controller manager panicked: {e}")),
-        Err(_) => {
-            manager.abort();
-            Err(anyhow::anyhow!("controller manager did not stop within 30 s"))
-        }
-    };
-    let (placement, chain) = phases?;
-    stopped?;
-    Ok((baseline, placement, chain, notes))
+    // Chain.
+    let chain = within(deadline, "chain", chain(&client, options.chain)).await??;
+    runner.stop().await?;
+    Ok((placement, chain))
 }
 
 /// `fut`, or an error naming `what` once `deadline` passed.
@@ -537,24 +532,8 @@ async fn create_baseline(client: &kube::Client, creates: usize) -> anyhow::Resul
         concurrency: CONCURRENCY,
         seconds: seconds(elapsed),
         creates_per_second: per_second(creates, elapsed),
-        sequential_create_ms: sequential_elapsed.as_secs_f64() * 1000.0
-            / SEQUENTIAL_CREATES as f64,
+        sequential_create_ms: sequential_elapsed.as_secs_f64() * 1000.0 / SEQUENTIAL_CREATES as f64,
     })
-}
-
-/// Delete every Task of `namespace` and wait (bounded) until none is left; false if some
-/// remain after [`CLEANUP_TIMEOUT`].
-async fn delete_all_tasks(client: &kube::Client, namespace: &str) -> anyhow::Result<bool> {
-    let api: Api<Task> = Api::namespaced(client.clone(), namespace);
-    let names: Vec<String> = api
-        .list(&ListParams::default())
-        .await?
-        .items
-        .iter()
-        .map(|t| t.name_any())
-        .collect();
-    delete_each(&api, &names).await?;
-    wait_until_empty(&api, &ListParams::default()).await
 }
 
 async fn delete_each<K>(api: &Api<K>, names: &[String]) -> anyhow::Result<()>
@@ -626,12 +605,15 @@ fn is_placed(task: &Task) -> bool {
         .is_some_and(|p| !p.nodes.is_empty())
 }
 
-/// One small Job placed and run end to end: the manager is up and has synced.
+/// One small Job placed and run end to end: the controllers are up and have synced.
 async fn warm_up(client: &kube::Client) -> anyhow::Result<()> {
     let jobs: Api<Job> = Api::all(client.clone());
-    jobs.create(&PostParams::default(), &job_manifest("warmup", RUN_CLUSTER, 1)?)
-        .await
-        .context("create the warm-up Job")?;
+    jobs.create(
+        &PostParams::default(),
+        &job_manifest("warmup", RUN_CLUSTER, 1)?,
+    )
+    .await
+    .context("create the warm-up Job")?;
     loop {
         let job = jobs.get("warmup").await?;
         let phase = job.status.and_then(|s| s.phase);
@@ -664,7 +646,13 @@ async fn placement(
     }
 
     let objects = (0..options.jobs)
-        .map(|i| job_manifest(&format!("{JOB_PREFIX}{i:05}"), PLACE_CLUSTER, options.tasks_per_job))
+        .map(|i| {
+            job_manifest(
+                &format!("{JOB_PREFIX}{i:05}"),
+                PLACE_CLUSTER,
+                options.tasks_per_job,
+            )
+        })
         .collect::<anyhow::Result<Vec<_>>>()?;
     let jobs: Api<Job> = Api::all(client.clone());
     let started = Instant::now();
