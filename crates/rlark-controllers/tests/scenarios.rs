@@ -1314,7 +1314,7 @@ async fn i_manager_stops_gracefully_at_any_point() -> anyhow::Result<()> {
     manager.stop().await?;
 
     let mut hung = Vec::new();
-    for (i, after_ms) in [0u64, 1, 5, 20, 100, 500].into_iter().enumerate() {
+    for (i, after_ms) in [0u64, 20, 500].into_iter().enumerate() {
         for leader_election in [false, true] {
             let identity = format!("m-i-{i}-{leader_election}");
             let manager = Manager::start(&cluster.client, &identity, leader_election);

@@ -4,6 +4,7 @@
 mod api;
 mod baseline;
 mod client;
+mod controllers;
 mod micro;
 mod object;
 mod report;
@@ -11,6 +12,7 @@ mod stats;
 mod watch;
 
 pub use api::{ApiBenchOptions, run_api};
+pub use controllers::{ControllerBenchOptions, ControllerBenchReport, run_controllers};
 pub use report::ApiBenchReport;
 
 /// The `rlark bench` subcommands.
@@ -20,6 +22,10 @@ pub enum BenchCommand {
     /// 10 000 objects, watch delivery latency with 100 watchers, plus baselines (loopback
     /// TCP, HTTPS /healthz, store-only creates).
     Api(ApiBenchOptions),
+    /// Controllers: 1,000 Jobs x 4 Tasks from creation to all Tasks placed (target: 4,000
+    /// Tasks in under 10 s), and a 100-deep Workflow chain from creation to `Succeeded`,
+    /// with simulated agents, next to raw Task creates/s through the API.
+    Controllers(ControllerBenchOptions),
 }
 
 /// Run a `rlark bench` subcommand and print its report (a table, or JSON with `--json`).
@@ -28,6 +34,16 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Api(options) => {
             let json = options.json;
             let report: ApiBenchReport = run_api(options).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{report}");
+            }
+            Ok(())
+        }
+        BenchCommand::Controllers(options) => {
+            let json = options.json;
+            let report: ControllerBenchReport = run_controllers(options).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
