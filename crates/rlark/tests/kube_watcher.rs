@@ -96,12 +96,17 @@ async fn pump(
         };
         // Bytes read while paused are held (and dropped by a sever). Checking after the
         // read, not before, matters: under load this task may read bytes that were sent
-        // after `pause(true)` returned, and those must not get through.
+        // after `pause(true)` returned, and those must not get through. A sever that comes
+        // together with the unpause must win, hence `biased` and the check below.
         while *paused.borrow_and_update() {
             tokio::select! {
+                biased;
                 _ = cancel.cancelled() => return,
                 changed = paused.changed() => if changed.is_err() { return },
             }
+        }
+        if cancel.is_cancelled() {
+            return;
         }
         if to.write_all(&buf[..n]).await.is_err() {
             return;
