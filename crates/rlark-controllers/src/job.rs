@@ -1185,6 +1185,12 @@ fn error_policy(job: Arc<Job>, error: &Error, state: Arc<JobState>) -> Action {
         tracing::debug!(job = %name, "write conflicted; retrying");
         return Action::requeue(Duration::from_millis(100));
     }
+    if error.is_not_found() {
+        // The Job (or a Task it was writing) was deleted while the reconcile ran; the
+        // recheck sees the deletion and stops. Not worth a warning.
+        tracing::debug!(job = %name, %error, "object vanished during reconcile; rechecking");
+        return Action::requeue(Duration::from_millis(500));
+    }
     let delay = state.backoff.next(&name);
     tracing::warn!(job = %name, %error, retry_in_ms = delay.as_millis() as u64, "job reconcile failed");
     Action::requeue(delay)
