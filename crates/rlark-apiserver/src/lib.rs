@@ -10,6 +10,7 @@
 // at most once per failed request, so its size does not matter; boxing it everywhere would.
 #![allow(clippy::result_large_err)]
 
+pub mod audit;
 pub mod auth;
 pub mod discovery;
 pub mod error;
