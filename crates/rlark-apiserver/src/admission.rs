@@ -1,9 +1,11 @@
 //! Admission: the checks every object passes before it is written. Object metadata is
 //! validated as Kubernetes validates `ObjectMeta`; the body by the schema walk
-//! ([`crate::fieldvalidation`]) and by the kind's validator from `rlark-api`.
+//! ([`crate::fieldvalidation`]) and by the kind's validator from `rlark-api`. Some
+//! identities are further restricted in what they may write ([`identity_admission`]).
 
 use serde_json::Value;
 
+use crate::auth::{Identity, Role};
 use crate::error::{ApiError, Cause};
 use crate::registry::ResourceType;
 
@@ -167,10 +169,83 @@ pub(crate) fn admit(
     Err(ApiError::invalid(rt, name, causes))
 }
 
+/// Identity-specific admission of a new object, beyond what [`crate::authz`] can decide
+/// from the URL: a task token may only create core Events whose `involvedObject` is its
+/// own Task (kind `Task`, its name, its namespace when given, group `rlinf.io` when an
+/// `apiVersion` is given). `Err` carries the reason for a 403 (`... is forbidden: <reason>`).
+pub(crate) fn identity_admission(
+    identity: &Identity,
+    rt: &ResourceType,
+    object: &Value,
+) -> Result<(), String> {
+    let Role::Task { namespace, name } = identity.role() else {
+        return Ok(());
+    };
+    if !(rt.group.is_empty() && rt.plural == "events") {
+        return Ok(());
+    }
+    let involved = object.get("involvedObject");
+    let field = |key: &str| {
+        involved
+            .and_then(|o| o.get(key))
+            .and_then(Value::as_str)
+            .unwrap_or("")
+    };
+    let group_ok = match field("apiVersion") {
+        "" => true,
+        api_version => api_version.split_once('/').map(|(group, _)| group) == Some("rlinf.io"),
+    };
+    let namespace_ok = field("namespace").is_empty() || field("namespace") == namespace;
+    if field("kind") == "Task" && field("name") == name && namespace_ok && group_ok {
+        return Ok(());
+    }
+    Err(format!(
+        "User {:?} may only create events whose involvedObject is its own Task (kind \"Task\", name {name:?}, namespace {namespace:?})",
+        identity.user
+    ))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn task_tokens_post_events_about_themselves_only() {
+        let events = ResourceType::event();
+        let token = Identity::task("rlark-a", "t1");
+        let about =
+            |involved: Value| json!({"metadata": {"name": "e"}, "involvedObject": involved});
+        for good in [
+            json!({"kind": "Task", "name": "t1", "namespace": "rlark-a", "apiVersion": "rlinf.io/v1alpha1"}),
+            json!({"kind": "Task", "name": "t1"}),
+        ] {
+            assert_eq!(
+                identity_admission(&token, &events, &about(good.clone())),
+                Ok(()),
+                "{good}"
+            );
+        }
+        for bad in [
+            json!({"kind": "Task", "name": "t2", "namespace": "rlark-a"}),
+            json!({"kind": "Task", "name": "t1", "namespace": "rlark-b"}),
+            json!({"kind": "Pod", "name": "t1"}),
+            json!({"kind": "Task", "name": "t1", "apiVersion": "v1"}),
+            json!({}),
+            Value::Null,
+        ] {
+            let reason =
+                identity_admission(&token, &events, &about(bad.clone())).expect_err("refused");
+            assert_eq!(
+                reason,
+                r#"User "system:rlark:task:rlark-a:t1" may only create events whose involvedObject is its own Task (kind "Task", name "t1", namespace "rlark-a")"#,
+                "{bad}"
+            );
+        }
+        // Other identities and other kinds are not this check's business.
+        assert!(identity_admission(&Identity::agent("a"), &events, &about(json!({}))).is_ok());
+        assert!(identity_admission(&token, &ResourceType::lease(), &json!({})).is_ok());
+    }
 
     #[test]
     fn names_follow_the_kind() {

@@ -70,6 +70,34 @@ impl ApiError {
         Self::new(403, "Forbidden", message)
     }
 
+    /// A request the caller may not make, worded as kube-apiserver's `NewForbidden`:
+    /// `jobs.rlinf.io "j1" is forbidden: <reason>` (`plural` alone for the core group; no
+    /// quoted name when `name` is `None` or empty), with `details: {name, group, kind:
+    /// <plural>}` (empty name and group omitted). `resource` is the plural without
+    /// subresource; the reason names the subresource when there is one.
+    pub fn forbidden_resource(
+        group: &str,
+        resource: &str,
+        name: Option<&str>,
+        reason: &str,
+    ) -> Self {
+        let qualified = if group.is_empty() {
+            resource.to_string()
+        } else {
+            format!("{resource}.{group}")
+        };
+        let name = name.filter(|n| !n.is_empty());
+        let message = match name {
+            Some(name) => format!("{qualified} \"{name}\" is forbidden: {reason}"),
+            None => format!("{qualified} is forbidden: {reason}"),
+        };
+        let mut error = Self::new(403, "Forbidden", message);
+        error.name = name.map(str::to_string);
+        error.group = Some(group.to_string());
+        error.kind = Some(resource.to_string());
+        error
+    }
+
     /// `jobs.rlinf.io "x" not found`
     pub fn not_found(rt: &ResourceType, name: &str) -> Self {
         Self::new(
@@ -302,6 +330,27 @@ mod tests {
         assert_eq!(status["details"]["causes"][1]["field"], "spec.b");
         assert_eq!(status["details"]["kind"], "Namespace");
         assert_eq!(status["reason"], "Invalid");
+    }
+
+    #[test]
+    fn forbidden_resource_follows_kube_apiserver() {
+        let status =
+            ApiError::forbidden_resource("rlinf.io", "jobs", Some("j1"), "because").status();
+        assert_eq!(
+            status["message"],
+            "jobs.rlinf.io \"j1\" is forbidden: because"
+        );
+        assert_eq!(
+            (status["code"].as_u64(), status["reason"].as_str()),
+            (Some(403), Some("Forbidden"))
+        );
+        assert_eq!(
+            status["details"],
+            json!({"name": "j1", "group": "rlinf.io", "kind": "jobs"})
+        );
+        let status = ApiError::forbidden_resource("", "events", None, "no").status();
+        assert_eq!(status["message"], "events is forbidden: no");
+        assert_eq!(status["details"], json!({"kind": "events"}));
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! The entry point for every resource URL: parse the request, dispatch on the verb, render
-//! the answer, and record metrics and a tracing span per request.
+//! The entry point for every resource URL: parse the request, authorize it, dispatch on the
+//! verb, render the answer, and record metrics and a tracing span per request.
 
 use std::sync::Arc;
 
@@ -12,6 +12,10 @@ use serde::Deserialize;
 use tracing::Instrument;
 
 use crate::Inner;
+use crate::admission;
+use crate::audit::AuditEntry;
+use crate::auth::Identity;
+use crate::authz::{self, Attributes, Decision};
 use crate::body;
 use crate::error::ApiError;
 use crate::fieldvalidation::FieldValidation;
@@ -24,6 +28,8 @@ use crate::selectors::Selectors;
 use crate::watch::WatchRequest;
 
 /// Serve one request to a resource URL. Never fails: errors become `Status` responses.
+/// The request is authorized right after its URL is parsed, before its body is read or the
+/// store is touched; a denial is a 403 `Status` and a `denied` audit record.
 pub(crate) async fn serve(inner: Arc<Inner>, request: Request) -> Response {
     let started = tokio::time::Instant::now();
     let (parts, body) = request.into_parts();
@@ -40,7 +46,10 @@ pub(crate) async fn serve(inner: Arc<Inner>, request: Request) -> Response {
     let span = tracing::info_span!("api_request", verb, resource = %resource, namespace = %namespace, name = %name);
     let response = async {
         let result = match parsed {
-            Ok((target, query, verb)) => handle(&inner, target, query, verb, &parts, body).await,
+            Ok((target, query, verb)) => match authorize(&inner, &parts, &target, verb) {
+                Ok(()) => handle(&inner, target, query, verb, &parts, body).await,
+                Err(error) => Err(error),
+            },
             Err(error) => Err(error),
         };
         match result {
@@ -71,6 +80,64 @@ fn parse(inner: &Inner, parts: &Parts) -> Result<(Target, Query, Verb), ApiError
     let query = request::parse_query(&parts.uri)?;
     let verb = Verb::of(&parts.method, &target, &query)?;
     Ok((target, query, verb))
+}
+
+/// Authorize `verb` on `target` for the request's [`Identity`] (401 without one, which the
+/// router's `require_identity` layer already rules out).
+fn authorize(inner: &Inner, parts: &Parts, target: &Target, verb: Verb) -> Result<(), ApiError> {
+    let identity = parts
+        .extensions
+        .get::<Identity>()
+        .ok_or_else(ApiError::unauthorized)?;
+    let attrs = authz::resource_attributes(target, verb);
+    match authz::authorize(identity, &attrs) {
+        Decision::Allow => Ok(()),
+        Decision::Deny(reason) => Err(deny(inner, identity, &attrs, attrs.name.as_deref(), reason)),
+    }
+}
+
+/// Record a denial to the audit sink and build its 403: `<resource>[ "<name>"] is
+/// forbidden: <reason>`.
+fn deny(
+    inner: &Inner,
+    identity: &Identity,
+    attrs: &Attributes,
+    name: Option<&str>,
+    reason: String,
+) -> ApiError {
+    let error = ApiError::forbidden_resource(&attrs.group, &attrs.resource, name, &reason);
+    inner.audit.record(AuditEntry {
+        verb: attrs.verb.clone(),
+        resource: attrs.qualified_resource(),
+        namespace: attrs.namespace.clone().unwrap_or_default(),
+        name: name.unwrap_or_default().to_string(),
+        reason,
+        ..AuditEntry::now("denied", "denied").by(Some(identity))
+    });
+    error
+}
+
+/// [`admission::identity_admission`] of a decoded create body: a 403 (and a `denied`
+/// audit record) when the caller may not create this object.
+fn admit_identity(
+    inner: &Inner,
+    parts: &Parts,
+    target: &Target,
+    object: &serde_json::Value,
+) -> Result<(), ApiError> {
+    let Some(identity) = parts.extensions.get::<Identity>() else {
+        return Err(ApiError::unauthorized());
+    };
+    match admission::identity_admission(identity, &target.rt, object) {
+        Ok(()) => Ok(()),
+        Err(reason) => {
+            let attrs = authz::resource_attributes(target, Verb::Create);
+            let name = object
+                .pointer("/metadata/name")
+                .and_then(serde_json::Value::as_str);
+            Err(deny(inner, identity, &attrs, name, reason))
+        }
+    }
 }
 
 fn write_options(query: &Query) -> Result<WriteOptions, ApiError> {
@@ -207,6 +274,7 @@ async fn handle(
         }
         Verb::Create => {
             let decoded = body::decode_object(&read_body(body).await?, &media_type)?;
+            admit_identity(inner, parts, &target, &decoded.value)?;
             let written = inner
                 .create(&rt, namespace, decoded, write_options(&query)?)
                 .await?;

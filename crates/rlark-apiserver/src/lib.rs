@@ -12,6 +12,7 @@
 
 pub mod audit;
 pub mod auth;
+pub mod authz;
 pub mod discovery;
 pub mod error;
 pub mod jsonpath;
@@ -46,6 +47,7 @@ use axum::response::{IntoResponse, Response};
 use rlark_store::Store;
 use tokio_util::sync::CancellationToken;
 
+use crate::audit::{AuditSink, TracingAudit};
 use crate::error::ApiError;
 
 /// Tunables of the API server. Defaults follow kube-apiserver.
@@ -84,10 +86,13 @@ pub(crate) struct Inner {
     /// Cancelled when the process shuts down ([`ApiServer::run_background`]'s token fired):
     /// open watches end.
     pub(crate) shutdown: CancellationToken,
+    /// Where denied requests are recorded ([`ApiServer::with_audit`]).
+    pub(crate) audit: Arc<dyn AuditSink>,
 }
 
 impl ApiServer {
     /// Build over a store. Metrics are registered into `metrics` (served by the process).
+    /// Audit records go to [`TracingAudit`] until [`Self::with_audit`] says otherwise.
     pub fn new(
         store: Arc<dyn Store>,
         options: ApiServerOptions,
@@ -100,12 +105,41 @@ impl ApiServer {
                 options,
                 metrics: metrics::Metrics::new(metrics),
                 shutdown: CancellationToken::new(),
+                audit: Arc::new(TracingAudit),
             }),
         }
     }
 
+    /// Send audit records (every denied request) to `sink`. Call it right after
+    /// [`Self::new`]: routers built and background work started before keep the previous
+    /// sink (clones of this server made before share everything else).
+    pub fn with_audit(mut self, sink: Arc<dyn AuditSink>) -> Self {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.audit = sink,
+            None => {
+                let shared = &self.inner;
+                self.inner = Arc::new(Inner {
+                    store: Arc::clone(&shared.store),
+                    registry: Arc::clone(&shared.registry),
+                    options: shared.options.clone(),
+                    metrics: shared.metrics.clone(),
+                    shutdown: shared.shutdown.clone(),
+                    audit: sink,
+                });
+            }
+        }
+        self
+    }
+
+    /// The audit sink in use (the process's security routes write to the same one).
+    pub fn audit(&self) -> Arc<dyn AuditSink> {
+        Arc::clone(&self.inner.audit)
+    }
+
     /// The HTTP API: discovery, OpenAPI and every resource URL. Every route requires an
-    /// [`auth::Identity`] request extension (401 `Status` otherwise).
+    /// [`auth::Identity`] request extension (401 `Status` otherwise). Discovery and OpenAPI
+    /// are open to every authenticated identity; resource requests are authorized by
+    /// [`authz::authorize`] (403 `Status` and a `denied` audit record otherwise).
     pub fn router(&self) -> axum::Router {
         let inner = Arc::clone(&self.inner);
         axum::Router::new()
@@ -118,6 +152,12 @@ impl ApiServer {
     /// Create the `default` namespace unless it exists (also done by [`Self::run_background`]).
     pub async fn ensure_default_namespace(&self) -> Result<(), ApiError> {
         self.inner.ensure_default_namespace().await
+    }
+
+    /// Create namespace `name` unless it exists (e.g. an agent's `rlark-<clusterID>` when it
+    /// joins). Validated like any API create: an invalid name is a 422 `ApiError`.
+    pub async fn ensure_namespace(&self, name: &str) -> Result<(), ApiError> {
+        self.inner.ensure_namespace(name).await
     }
 
     /// Background work until `shutdown` fires: ensures the `default` namespace, then runs

@@ -884,9 +884,14 @@ impl Inner {
 
     /// Create the `default` namespace unless it exists.
     pub(crate) async fn ensure_default_namespace(&self) -> Result<(), ApiError> {
+        self.ensure_namespace("default").await
+    }
+
+    /// Create namespace `name` unless it exists.
+    pub(crate) async fn ensure_namespace(&self, name: &str) -> Result<(), ApiError> {
         let rt = ResourceType::namespace();
         let body = Decoded {
-            value: json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "default"}}),
+            value: json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}),
             duplicates: Vec::new(),
         };
         match self.create(&rt, None, body, WriteOptions::default()).await {

@@ -4,9 +4,14 @@
 //! attribute is a group. Keys are ECDSA P-256. Every file this crate writes is mode 0600 and
 //! is written atomically (temporary file + rename), so a reader never sees half a file.
 
+mod certinfo;
+mod csr;
 mod der;
 mod files;
 mod kubeconfig;
+mod pin;
+pub mod ssh;
+mod token;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -21,8 +26,15 @@ use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, UnixTime};
 use sha2::{Digest, Sha256};
 
+pub use certinfo::{CertInfo, normalize_serial, serial_hex};
+pub use csr::{
+    CsrError, KeyAndCsr, KeyType, MAX_CSR_BYTES, ParsedCsr, csr_for_key, generate_key_and_csr,
+    parse_csr,
+};
 pub use files::{create_private_dir, write_private_file};
 pub use kubeconfig::kubeconfig_yaml;
+pub use pin::{BadPin, PinnedCaVerifier};
+pub use token::{BEARER_PREFIX, MAX_TOKEN_LEN, Token, TokenError, TokenKind, constant_time_eq};
 
 /// Subject CN of the installation CA.
 pub const CA_COMMON_NAME: &str = "rlark-ca";
@@ -32,8 +44,17 @@ pub const CA_VALIDITY: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
 pub const CA_CERT_FILE: &str = "ca.crt";
 /// File name of the CA private key inside the PKI directory.
 pub const CA_KEY_FILE: &str = "ca.key";
-/// How far `notBefore` is back-dated, to tolerate clock skew between hosts.
-const BACKDATE: Duration = Duration::from_secs(5 * 60);
+/// How far `notBefore` is back-dated at most, to tolerate clock skew between hosts. Short
+/// certificates are back-dated by a tenth of their validity instead, so that "renew at 2/3
+/// of the lifetime" stays in the future for them.
+const MAX_BACKDATE: Duration = Duration::from_secs(5 * 60);
+/// Directory (inside the PKI directory) of CA certificates that are still trusted but no
+/// longer sign: the previous CA during a rotation.
+pub const TRUSTED_DIR: &str = "trusted";
+/// File name of the active CA's certificate cross-signed by the previous CA (present during
+/// a rotation; sent in the serving chain so clients that trust only the old CA still
+/// verify the server).
+pub const CA_CROSS_FILE: &str = "ca-cross.crt";
 /// Subject CN of serving certificates.
 const SERVING_COMMON_NAME: &str = "rlark-server";
 
@@ -82,6 +103,8 @@ pub enum PkiError {
     MissingCommonName,
     #[error("certificate not accepted: {0}")]
     Verify(String),
+    #[error("CA rotation: {0}")]
+    Rotation(String),
 }
 
 /// Result alias of this crate.
@@ -113,6 +136,10 @@ pub struct Ca {
     cert_pem: String,
     cert_der: CertificateDer<'static>,
     issuer: Issuer<'static, KeyPair>,
+    /// Previous CAs still trusted for client certificates (rotation in progress).
+    previous: Vec<CertificateDer<'static>>,
+    /// The active CA cross-signed by the previous one, if a rotation is in progress.
+    cross: Option<CertificateDer<'static>>,
 }
 
 impl std::fmt::Debug for Ca {
@@ -135,20 +162,31 @@ impl Ca {
         create_private_dir(dir)?;
         let cert_path = dir.join(CA_CERT_FILE);
         let key_path = dir.join(CA_KEY_FILE);
-        match (cert_path.exists(), key_path.exists()) {
-            (true, true) => Self::load(&cert_path, &key_path),
-            (false, false) => Self::create(&cert_path, &key_path),
-            (true, false) => Err(PkiError::IncompleteCa {
-                dir: dir.to_path_buf(),
-                present: CA_CERT_FILE,
-                missing: CA_KEY_FILE,
-            }),
-            (false, true) => Err(PkiError::IncompleteCa {
-                dir: dir.to_path_buf(),
-                present: CA_KEY_FILE,
-                missing: CA_CERT_FILE,
-            }),
+        let mut ca = match (cert_path.exists(), key_path.exists()) {
+            (true, true) => Self::load(&cert_path, &key_path)?,
+            (false, false) => Self::create(&cert_path, &key_path, CA_COMMON_NAME)?,
+            (true, false) => {
+                return Err(PkiError::IncompleteCa {
+                    dir: dir.to_path_buf(),
+                    present: CA_CERT_FILE,
+                    missing: CA_KEY_FILE,
+                });
+            }
+            (false, true) => {
+                return Err(PkiError::IncompleteCa {
+                    dir: dir.to_path_buf(),
+                    present: CA_KEY_FILE,
+                    missing: CA_CERT_FILE,
+                });
+            }
+        };
+        ca.previous = load_previous(dir)?;
+        let cross_path = dir.join(CA_CROSS_FILE);
+        if cross_path.exists() {
+            let pem = files::read_to_string(&cross_path)?;
+            ca.cross = Some(parse_pem_cert(&pem, &cross_path.display().to_string())?);
         }
+        Ok(ca)
     }
 
     fn load(cert_path: &Path, key_path: &Path) -> Result<Ca> {
@@ -182,16 +220,17 @@ impl Ca {
             cert_pem,
             cert_der,
             issuer,
+            previous: Vec::new(),
+            cross: None,
         })
     }
 
-    fn create(cert_path: &Path, key_path: &Path) -> Result<Ca> {
-        let key = KeyPair::generate().map_err(PkiError::GenerateKey)?;
+    fn ca_params(common_name: &str) -> CertificateParams {
         let mut params = CertificateParams::default();
         params.distinguished_name = DistinguishedName::new();
         params
             .distinguished_name
-            .push(DnType::CommonName, CA_COMMON_NAME);
+            .push(DnType::CommonName, common_name);
         params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
         params.key_usages = vec![
             KeyUsagePurpose::KeyCertSign,
@@ -200,6 +239,12 @@ impl Ca {
         ];
         set_validity(&mut params, CA_VALIDITY);
         params.serial_number = Some(random_serial());
+        params
+    }
+
+    fn create(cert_path: &Path, key_path: &Path, common_name: &str) -> Result<Ca> {
+        let key = KeyPair::generate().map_err(PkiError::GenerateKey)?;
+        let params = Self::ca_params(common_name);
         let cert = params
             .self_signed(&key)
             .map_err(|e| PkiError::Sign(e.to_string()))?;
@@ -213,7 +258,40 @@ impl Ca {
             cert_pem,
             cert_der: cert.der().clone(),
             issuer: Issuer::new(params, key),
+            previous: Vec::new(),
+            cross: None,
         })
+    }
+
+    /// Every CA certificate clients should trust, active first: the active CA and, during a
+    /// rotation, the previous one. Client certificates issued by any of them are accepted.
+    pub fn trust_anchors(&self) -> Vec<CertificateDer<'static>> {
+        let mut anchors = vec![self.cert_der.clone()];
+        anchors.extend(self.previous.iter().cloned());
+        anchors
+    }
+
+    /// [`Ca::trust_anchors`] as one PEM bundle: what kubeconfigs and joined agents get as
+    /// `certificate-authority-data`.
+    pub fn bundle_pem(&self) -> String {
+        self.trust_anchors()
+            .iter()
+            .map(|der| pem_encode("CERTIFICATE", der.as_ref()))
+            .collect()
+    }
+
+    /// Certificates to send after the serving certificate: the active CA itself (so a
+    /// joining agent can check it against its pinned hash) and, during a rotation, the
+    /// cross-signed active CA (so clients that trust only the previous CA still verify).
+    pub fn serving_chain_tail(&self) -> Vec<CertificateDer<'static>> {
+        let mut chain = vec![self.cert_der.clone()];
+        chain.extend(self.cross.iter().cloned());
+        chain
+    }
+
+    /// Whether a rotation is in progress (a previous CA is still trusted).
+    pub fn rotation_in_progress(&self) -> bool {
+        !self.previous.is_empty()
     }
 
     /// The CA certificate, PEM.
@@ -333,9 +411,11 @@ impl Ca {
 
     fn verify_client_cert_at(&self, cert_der: &[u8], at: SystemTime) -> Result<()> {
         let mut roots = rustls::RootCertStore::empty();
-        roots
-            .add(self.cert_der.clone())
-            .map_err(|e| PkiError::Verify(e.to_string()))?;
+        for anchor in self.trust_anchors() {
+            roots
+                .add(anchor)
+                .map_err(|e| PkiError::Verify(e.to_string()))?;
+        }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let verifier =
             rustls::server::WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider)
@@ -366,22 +446,61 @@ impl Ca {
             return Err(PkiError::InvalidSubject("empty group name".to_string()));
         }
         let key = KeyPair::generate().map_err(PkiError::GenerateKey)?;
+        let cert_der = self.sign_leaf(&mut params, &key, common_name, organizations, validity)?;
+        Ok(IssuedCert {
+            cert_pem: pem_encode("CERTIFICATE", &cert_der),
+            key_pem: key.serialize_pem(),
+        })
+    }
+
+    /// Sign a leaf for `public_key` with subject CN = `common_name`, one O per entry of
+    /// `organizations`; returns the DER certificate.
+    fn sign_leaf(
+        &self,
+        params: &mut CertificateParams,
+        public_key: &impl rcgen::PublicKeyData,
+        common_name: &str,
+        organizations: &[String],
+        validity: Duration,
+    ) -> Result<Vec<u8>> {
         params.distinguished_name = DistinguishedName::new();
         params
             .distinguished_name
             .push(DnType::CommonName, common_name);
         params.use_authority_key_identifier_extension = true;
         params.serial_number = Some(random_serial());
-        set_validity(&mut params, validity);
+        set_validity(params, validity);
         let cert = params
-            .signed_by(&key, &self.issuer)
+            .signed_by(public_key, &self.issuer)
             .map_err(|e| PkiError::Sign(e.to_string()))?;
         let subject = der::encode_name(common_name, organizations);
-        let cert_der = der::replace_subject(cert.der(), &subject, self.issuer.key())?;
-        Ok(IssuedCert {
-            cert_pem: pem_encode("CERTIFICATE", &cert_der),
-            key_pem: key.serialize_pem(),
-        })
+        der::replace_subject(cert.der(), &subject, self.issuer.key())
+    }
+
+    /// Issue a client certificate (EKU clientAuth) for the key of a verified CSR (see
+    /// [`parse_csr`]), with subject CN = `common_name` and one O per group. The CSR's own
+    /// subject is ignored. Returns the certificate PEM and what it says.
+    pub fn sign_client_csr(
+        &self,
+        csr: &ParsedCsr,
+        common_name: &str,
+        groups: &[String],
+        validity: Duration,
+    ) -> Result<(String, CertInfo)> {
+        if common_name.is_empty() {
+            return Err(PkiError::InvalidSubject("empty common name".to_string()));
+        }
+        if groups.iter().any(String::is_empty) {
+            return Err(PkiError::InvalidSubject("empty group name".to_string()));
+        }
+        let public_key = rcgen::SubjectPublicKeyInfo::from_der(&csr.spki_der)
+            .map_err(|e| PkiError::Sign(format!("CSR public key: {e}")))?;
+        let mut params = CertificateParams::default();
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![ExtendedKeyUsagePurpose::ClientAuth];
+        let der = self.sign_leaf(&mut params, &public_key, common_name, groups, validity)?;
+        let info = CertInfo::from_der(&der)?;
+        Ok((pem_encode("CERTIFICATE", &der), info))
     }
 }
 
@@ -475,8 +594,128 @@ fn set_validity(params: &mut CertificateParams, validity: Duration) {
         .duration_since(UNIX_EPOCH)
         .unwrap_or_default();
     let now = rcgen::date_time_ymd(1970, 1, 1) + since_epoch;
-    params.not_before = now - BACKDATE;
+    params.not_before = now - MAX_BACKDATE.min(validity / 10);
     params.not_after = now + validity;
+}
+
+fn parse_pem_cert(pem: &str, what: &str) -> Result<CertificateDer<'static>> {
+    CertificateDer::from_pem_slice(pem.as_bytes()).map_err(|e| PkiError::ParseCertificate {
+        what: what.to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// The previous CA certificates in `dir/trusted/*.crt`, in file-name order.
+fn load_previous(dir: &Path) -> Result<Vec<CertificateDer<'static>>> {
+    let trusted = dir.join(TRUSTED_DIR);
+    if !trusted.exists() {
+        return Ok(Vec::new());
+    }
+    let read_err = |source| PkiError::Read {
+        path: trusted.clone(),
+        source,
+    };
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(&trusted)
+        .map_err(read_err)?
+        .filter_map(|entry| entry.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|ext| ext == "crt"))
+        .collect();
+    paths.sort();
+    paths
+        .iter()
+        .map(|path| parse_pem_cert(&files::read_to_string(path)?, &path.display().to_string()))
+        .collect()
+}
+
+/// What [`rotate_ca`] did.
+#[derive(Debug, Clone)]
+pub struct Rotation {
+    /// `sha256:` pin of the CA that signed until now (still trusted).
+    pub previous_hash: String,
+    /// `sha256:` pin of the new active CA.
+    pub active_hash: String,
+}
+
+/// Start a CA rotation in the PKI directory `dir` (the server must be restarted to use it):
+/// a new CA becomes the signer; the current one moves to `trusted/` and stays trusted for
+/// client certificates; the new CA is cross-signed by the old one (`ca-cross.crt`) so that
+/// clients that only know the old CA still verify the server. Fails when a rotation is
+/// already in progress (retire the previous CA first).
+pub fn rotate_ca(dir: &Path) -> Result<Rotation> {
+    let old = Ca::load_or_create(dir)?;
+    if old.rotation_in_progress() {
+        return Err(PkiError::Rotation(
+            "a rotation is already in progress; run `rlark ca retire` first".to_string(),
+        ));
+    }
+    let old_info = CertInfo::from_der(old.cert_der())?;
+    let trusted = dir.join(TRUSTED_DIR);
+    create_private_dir(&trusted)?;
+    write_private_file(
+        &trusted.join(format!("ca-{}.crt", old_info.serial)),
+        old.cert_pem.as_bytes(),
+    )?;
+    let since_epoch = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_secs();
+    // A distinct name per CA keeps certificate path building unambiguous.
+    let common_name = format!("{CA_COMMON_NAME}-{since_epoch}");
+    let key = KeyPair::generate().map_err(PkiError::GenerateKey)?;
+    let params = Ca::ca_params(&common_name);
+    let cert = params
+        .self_signed(&key)
+        .map_err(|e| PkiError::Sign(e.to_string()))?;
+    let cross = params
+        .signed_by(&key, &old.issuer)
+        .map_err(|e| PkiError::Sign(e.to_string()))?;
+    write_private_file(&dir.join(CA_CROSS_FILE), cross.pem().as_bytes())?;
+    // The key and the certificate are each replaced atomically; a crash between the two is
+    // reported at the next start as a key mismatch (restore from `trusted/`).
+    write_private_file(&dir.join(CA_KEY_FILE), key.serialize_pem().as_bytes())?;
+    write_private_file(&dir.join(CA_CERT_FILE), cert.pem().as_bytes())?;
+    tracing::info!(dir = %dir.display(), ca = %common_name, "CA rotated; previous CA still trusted");
+    Ok(Rotation {
+        previous_hash: old.cert_hash()?,
+        active_hash: ca_cert_hash(cert.der())?,
+    })
+}
+
+/// Finish a CA rotation: stop trusting the previous CA(s). Certificates they issued stop
+/// working at the next server start. Returns the pins of the retired CAs (empty when no
+/// rotation was in progress).
+pub fn retire_previous_cas(dir: &Path) -> Result<Vec<String>> {
+    let previous = load_previous(dir)?;
+    let mut retired = Vec::new();
+    for der in &previous {
+        retired.push(ca_cert_hash(der.as_ref())?);
+    }
+    let remove = |path: PathBuf| -> Result<()> {
+        match std::fs::remove_file(&path) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(PkiError::Write { path, source }),
+        }
+    };
+    remove(dir.join(CA_CROSS_FILE))?;
+    let trusted = dir.join(TRUSTED_DIR);
+    if trusted.exists() {
+        for entry in std::fs::read_dir(&trusted).map_err(|source| PkiError::Read {
+            path: trusted.clone(),
+            source,
+        })? {
+            let path = entry
+                .map_err(|source| PkiError::Read {
+                    path: trusted.clone(),
+                    source,
+                })?
+                .path();
+            if path.extension().is_some_and(|ext| ext == "crt") {
+                remove(path)?;
+            }
+        }
+    }
+    Ok(retired)
 }
 
 fn random_serial() -> SerialNumber {

@@ -55,6 +55,8 @@ pub struct ServerConfig {
     pub store_log_capacity: usize,
     /// The controllers run in-process (see [`ControllersConfig`]).
     pub controllers: ControllersConfig,
+    /// Lifetimes of agent and user certificates and bootstrap tokens.
+    pub security: crate::security::SecurityConfig,
 }
 
 /// The controllers the server runs in its own process.
@@ -102,6 +104,7 @@ impl ServerConfig {
             admin_cert_validity: Duration::from_secs(365 * 24 * 3600),
             store_log_capacity: rlark_store::SqliteStoreConfig::new("").log_capacity,
             controllers: ControllersConfig::default(),
+            security: crate::security::SecurityConfig::default(),
         }
     }
 
@@ -151,6 +154,17 @@ impl ServerConfig {
                 config.controllers.node_grace_period = Duration::from_secs(v);
             }
         }
+        if let Some(security) = file.security {
+            if let Some(v) = security.agent_cert_validity_seconds {
+                config.security.agent_cert_validity = Duration::from_secs(v);
+            }
+            if let Some(v) = security.user_cert_validity_seconds {
+                config.security.user_cert_validity = Duration::from_secs(v);
+            }
+            if let Some(v) = security.max_bootstrap_token_ttl_seconds {
+                config.security.max_bootstrap_token_ttl = Duration::from_secs(v);
+            }
+        }
         if let Some(enabled) = overrides.controllers {
             config.controllers.enabled = enabled;
         }
@@ -191,6 +205,24 @@ impl ServerConfig {
                 "api.defaultWatchTimeoutSeconds",
                 "must be positive".into(),
             ));
+        }
+        for (field, value) in [
+            (
+                "security.agentCertValiditySeconds",
+                self.security.agent_cert_validity,
+            ),
+            (
+                "security.userCertValiditySeconds",
+                self.security.user_cert_validity,
+            ),
+            (
+                "security.maxBootstrapTokenTtlSeconds",
+                self.security.max_bootstrap_token_ttl,
+            ),
+        ] {
+            if value < Duration::from_secs(1) {
+                return Err(invalid(field, "must be at least 1".into()));
+            }
         }
         if self.controllers.node_grace_period.is_zero() {
             return Err(invalid(
@@ -261,6 +293,20 @@ pub struct ServerConfigFile {
     pub api: Option<ApiConfigFile>,
     /// `controllers`: the in-process controllers.
     pub controllers: Option<ControllersConfigFile>,
+    /// `security`: certificate and token lifetimes.
+    pub security: Option<SecurityConfigFile>,
+}
+
+/// The `security` section of [`ServerConfigFile`]; see `SecurityConfig`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SecurityConfigFile {
+    /// `agentCertValiditySeconds` (default 30 days). Agents renew at 2/3 of it.
+    pub agent_cert_validity_seconds: Option<u64>,
+    /// `userCertValiditySeconds` (default 1 year).
+    pub user_cert_validity_seconds: Option<u64>,
+    /// `maxBootstrapTokenTtlSeconds` (default 7 days).
+    pub max_bootstrap_token_ttl_seconds: Option<u64>,
 }
 
 /// The `controllers` section of [`ServerConfigFile`]; see [`ControllersConfig`].

@@ -19,6 +19,7 @@ use rlark_apiserver::auth::Identity;
 use tower::ServiceExt as _;
 
 use crate::auth::{self, PeerCredentials};
+use crate::security::Security;
 
 /// Shared state of the process routes.
 #[derive(Clone)]
@@ -75,6 +76,20 @@ async fn metrics(
         .into_response()
 }
 
+/// A Kubernetes `Status` 401 whose message says why the credentials were refused.
+pub(crate) fn unauthorized_because(why: &str) -> Response {
+    let body = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": format!("Unauthorized: {why}"), "reason": "Unauthorized", "code": 401,
+    });
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
+}
+
 /// A Kubernetes `Status` 401, as kube-apiserver answers anonymous requests.
 pub(crate) fn unauthorized() -> Response {
     let body = r#"{"kind":"Status","apiVersion":"v1","metadata":{},"status":"Failure","message":"Unauthorized","reason":"Unauthorized","code":401}"#;
@@ -87,10 +102,11 @@ pub(crate) fn unauthorized() -> Response {
 }
 
 /// The hyper service of one connection: authenticates each request, then hands it to the
-/// router.
+/// router. Presented-but-invalid credentials get a 401 `Status` naming the problem.
 pub(crate) fn connection_service(
     router: Router,
-    peer: PeerCredentials,
+    peer: Arc<PeerCredentials>,
+    security: Arc<Security>,
     remote: SocketAddr,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
@@ -98,22 +114,31 @@ pub(crate) fn connection_service(
     Error = Infallible,
     Future = impl Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
 > + Clone {
-    let peer = Arc::new(peer);
     hyper::service::service_fn(move |mut request: Request<Incoming>| {
         let router = router.clone();
-        let identity = auth::authenticate(&peer, request.headers());
+        let peer = Arc::clone(&peer);
+        let security = Arc::clone(&security);
         let span = tracing::debug_span!(
             "request",
             method = %request.method(),
             path = %request.uri().path(),
-            user = identity.as_ref().map(|i| i.user.as_str()).unwrap_or(""),
+            user = tracing::field::Empty,
         );
-        if let Some(identity) = identity {
-            request.extensions_mut().insert(identity);
-        }
-        request.extensions_mut().insert(ConnectInfo(remote));
         let started = Instant::now();
         let fut = async move {
+            match auth::authenticate(&peer, request.headers(), &security).await {
+                Ok(Some((identity, method))) => {
+                    tracing::Span::current().record("user", identity.user.as_str());
+                    request.extensions_mut().insert(identity);
+                    request.extensions_mut().insert(method);
+                }
+                Ok(None) => {}
+                Err(error) => {
+                    tracing::debug!(reason = %error.message, "authentication failed");
+                    return Ok(unauthorized_because(&error.message));
+                }
+            }
+            request.extensions_mut().insert(ConnectInfo(remote));
             let response = router.oneshot(request).await;
             if let Ok(response) = &response {
                 tracing::debug!(

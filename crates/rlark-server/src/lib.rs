@@ -17,14 +17,18 @@
 //! |---|---|
 //! | `pki/ca.crt`, `pki/ca.key` | installation CA (created once) |
 //! | `pki/admin.crt`, `pki/admin.key` | admin client certificate (`CN=admin, O=system:masters`) |
-//! | `rlark.db` | the SQLite store |
+//! | `pki/trusted/*.crt`, `pki/ca-cross.crt` | previous CA and cross-signed active CA, during a CA rotation |
+//! | `pki/ssh_ca`, `pki/ssh_ca.pub` | the installation's OpenSSH user CA (Ed25519) |
+//! | `rlark.db` | the SQLite store (also issued certificates, revocations, tokens) |
 //! | `admin.kubeconfig` | kubeconfig for the admin, rewritten at every start |
+//! | `audit.log` | audit records, one JSON object per line |
 
 mod auth;
 mod config;
 mod controllers;
 mod http;
 mod metrics;
+pub mod security;
 mod tls;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
@@ -47,8 +51,10 @@ use tracing::Instrument as _;
 
 pub use config::{
     ApiConfigFile, ConfigError, ControllersConfig, ControllersConfigFile, DEFAULT_LISTEN,
-    ServerConfig, ServerConfigFile, ServerOverrides,
+    SecurityConfigFile, ServerConfig, ServerConfigFile, ServerOverrides,
 };
+pub use security::audit_file::AUDIT_LOG_FILE;
+pub use security::{CertRole, SecurityConfig};
 
 /// User name of the admin client certificate.
 pub const ADMIN_USER: &str = "admin";
@@ -81,6 +87,10 @@ pub enum ServerError {
     Task(String),
     #[error("start controllers: {0}")]
     Controllers(String),
+    #[error("security: {0}")]
+    Security(String),
+    #[error("SSH CA: {0}")]
+    SshCa(#[from] rlark_pki::ssh::SshError),
 }
 
 /// Path of the admin kubeconfig for a data directory.
@@ -177,7 +187,8 @@ async fn start_with_token(
 
     // PKI: CA (once), serving certificate (every start), admin certificate (reused).
     let pki_dir = data_dir.join(PKI_DIR);
-    let ca = Ca::load_or_create(&pki_dir)?;
+    let ca = Arc::new(Ca::load_or_create(&pki_dir)?);
+    let ssh_ca = Arc::new(rlark_pki::ssh::SshCa::load_or_create(&pki_dir)?);
     let ca_cert_hash = ca.cert_hash()?;
     let serving = ca.issue_serving(&serving_sans(&config), config.serving_cert_validity)?;
     let admin = ca.load_or_issue_client(
@@ -187,7 +198,6 @@ async fn start_with_token(
         &[rlark_apiserver::auth::ADMIN_GROUP.to_string()],
         config.admin_cert_validity,
     )?;
-    let tls_config = tls::server_config(&ca, &serving)?;
 
     // Store and API.
     let db_path = data_dir.join(DATABASE_FILE);
@@ -199,11 +209,46 @@ async fn start_with_token(
             path: db_path.clone(),
             source,
         })?;
+    let audit_path = data_dir.join(AUDIT_LOG_FILE);
+    let audit: Arc<dyn rlark_apiserver::audit::AuditSink> =
+        match security::audit_file::FileAudit::open(&audit_path) {
+            Ok(audit) => Arc::new(audit),
+            Err(e) => {
+                store.close().await;
+                return Err(ServerError::Security(format!(
+                    "open audit log {}: {e}",
+                    audit_path.display()
+                )));
+            }
+        };
+    let security = match prepare_security(
+        &config,
+        Arc::clone(&ca),
+        Arc::new(store.clone()),
+        Arc::clone(&audit),
+        &admin,
+    )
+    .await
+    {
+        Ok(security) => security,
+        Err(e) => {
+            store.close().await;
+            return Err(e);
+        }
+    };
+    let tls_config = match tls::server_config(&ca, &serving, Arc::clone(&security)) {
+        Ok(tls_config) => tls_config,
+        Err(e) => {
+            store.close().await;
+            return Err(e);
+        }
+    };
     let mut registry = prometheus_client::registry::Registry::default();
     registry.register_collector(Box::new(metrics::StoreCollector {
         store: store.clone(),
     }));
-    let api = ApiServer::new(Arc::new(store.clone()), config.api.clone(), &mut registry);
+    let api = ApiServer::new(Arc::new(store.clone()), config.api.clone(), &mut registry)
+        .with_audit(Arc::clone(&audit));
     let prepared = prepare_listener(&config, &api, &data_dir, &ca, &admin).await;
     let (listener, local_addr, url, kubeconfig_path) = match prepared {
         Ok(prepared) => prepared,
@@ -215,7 +260,7 @@ async fn start_with_token(
     let controllers = if config.controllers.enabled {
         let kubeconfig = rlark_pki::kubeconfig_yaml(
             &url,
-            ca.cert_pem(),
+            &ca.bundle_pem(),
             &admin.cert_pem,
             &admin.key_pem,
             ADMIN_USER,
@@ -233,19 +278,31 @@ async fn start_with_token(
         None
     };
     let ready = Arc::new(AtomicBool::new(false));
+    let security_routes = security::routes::router(security::routes::RoutesState {
+        security: Arc::clone(&security),
+        ssh_ca,
+        api: api.clone(),
+    });
     let router = http::router(
         http::ProcessState {
             ready: ready.clone(),
             metrics: Arc::new(registry),
         },
         api.router(),
-    );
+    )
+    .merge(security_routes);
 
     let background = CancellationToken::new();
     let background_task = {
         let api = api.clone();
         let token = background.clone();
-        tokio::spawn(async move { api.run_background(token).await })
+        let security = Arc::clone(&security);
+        tokio::spawn(async move {
+            tokio::join!(
+                api.run_background(token.clone()),
+                security.follow_revocations(token)
+            );
+        })
     };
     ready.store(true, Ordering::Release);
     tracing::info!(
@@ -260,6 +317,7 @@ async fn start_with_token(
         listener,
         acceptor: tokio_rustls::TlsAcceptor::from(tls_config),
         router,
+        security,
         handshake_timeout: config.tls_handshake_timeout,
         grace: config.shutdown_grace,
         ready,
@@ -331,7 +389,7 @@ async fn prepare_listener(
     let kubeconfig_path = admin_kubeconfig_path(data_dir);
     let kubeconfig = rlark_pki::kubeconfig_yaml(
         &url,
-        ca.cert_pem(),
+        &ca.bundle_pem(),
         &admin.cert_pem,
         &admin.key_pem,
         ADMIN_USER,
@@ -340,11 +398,38 @@ async fn prepare_listener(
     Ok((listener, local_addr, url, kubeconfig_path))
 }
 
+/// Load the security state and register the admin certificate in it (so that it is listed
+/// and can be revoked like any other).
+async fn prepare_security(
+    config: &ServerConfig,
+    ca: Arc<Ca>,
+    store: Arc<dyn rlark_store::Store>,
+    audit: Arc<dyn rlark_apiserver::audit::AuditSink>,
+    admin: &rlark_pki::IssuedCert,
+) -> Result<Arc<security::Security>, ServerError> {
+    let security = security::Security::load(ca, store, audit, config.security.clone())
+        .await
+        .map_err(|e| ServerError::Security(e.to_string()))?;
+    let info = rlark_pki::CertInfo::from_pem(&admin.cert_pem)?;
+    security
+        .record_certificate(&info, "admin", None, "startup")
+        .await
+        .map_err(|e| ServerError::Security(e.to_string()))?;
+    if security.is_revoked(&info.serial) {
+        tracing::warn!(
+            serial = %info.serial,
+            "the admin certificate in the data directory is revoked; delete pki/admin.crt and pki/admin.key and restart to issue a new one"
+        );
+    }
+    Ok(security)
+}
+
 /// The accept loop and the connections it spawned.
 struct Serve {
     listener: TcpListener,
     acceptor: tokio_rustls::TlsAcceptor,
     router: axum::Router,
+    security: Arc<security::Security>,
     handshake_timeout: Duration,
     grace: Duration,
     ready: Arc<AtomicBool>,
@@ -374,6 +459,7 @@ impl Serve {
                     let conn = Connection {
                         acceptor: self.acceptor.clone(),
                         router: self.router.clone(),
+                        security: Arc::clone(&self.security),
                         handshake_timeout: self.handshake_timeout,
                         hard_stop: hard_stop.clone(),
                     };
@@ -422,6 +508,7 @@ impl Serve {
 struct Connection {
     acceptor: tokio_rustls::TlsAcceptor,
     router: axum::Router,
+    security: Arc<security::Security>,
     handshake_timeout: Duration,
     hard_stop: CancellationToken,
 }
@@ -449,7 +536,9 @@ impl Connection {
             },
         };
         let (_, session) = tls.get_ref();
-        let peer = auth::PeerCredentials::from_verified_chain(session.peer_certificates());
+        let peer = Arc::new(auth::PeerCredentials::from_verified_chain(
+            session.peer_certificates(),
+        ));
         let span = tracing::Span::current();
         if let Some(identity) = &peer.cert_identity {
             span.record("user", identity.user.as_str());
@@ -459,12 +548,33 @@ impl Connection {
         }
         tracing::debug!("connection established");
 
-        let service = http::connection_service(self.router, peer, remote);
+        // Subscribe before serving, so a revocation between now and the first request is
+        // not missed.
+        let mut revocations = self.security.subscribe();
+        let service = http::connection_service(
+            self.router,
+            Arc::clone(&peer),
+            Arc::clone(&self.security),
+            remote,
+        );
         let builder = auto::Builder::new(TokioExecutor::new());
         let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
         let conn = watcher.watch(conn.into_owned());
+        // A revocation of this connection's certificate or of a token it used closes the
+        // connection at once, ending its watches (and, later, tunnels).
+        let revoked = async {
+            loop {
+                if revocations.changed().await.is_err() {
+                    return std::future::pending().await;
+                }
+                if peer.revoked(&self.security).await {
+                    return;
+                }
+            }
+        };
         tokio::select! {
             _ = self.hard_stop.cancelled() => tracing::debug!("connection closed at end of grace period"),
+            () = revoked => tracing::info!("connection closed: its credentials were revoked"),
             result = conn => if let Err(error) = result {
                 tracing::debug!(%error, "connection ended with error");
             },

@@ -1,6 +1,7 @@
 //! Router tests: the whole API (`ApiServer::router`) driven with `tower::ServiceExt::oneshot`
 //! (no sockets) over a real SQLite store in a temporary directory.
 
+mod authz;
 mod bad_input;
 mod collection;
 mod crud;
@@ -21,8 +22,17 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tower::ServiceExt;
 
+use crate::audit::MemoryAudit;
 use crate::auth::{ADMIN_GROUP, Identity};
 use crate::{ApiServer, ApiServerOptions};
+
+/// The identity `send` and friends act as: a member of the admin group.
+pub(super) fn admin() -> Identity {
+    Identity {
+        user: "admin".into(),
+        groups: vec![ADMIN_GROUP.into()],
+    }
+}
 
 /// A server over a fresh store.
 pub(super) struct Harness {
@@ -30,6 +40,8 @@ pub(super) struct Harness {
     pub router: Router,
     pub store: Arc<SqliteStore>,
     pub metrics: prometheus_client::registry::Registry,
+    /// Every audit record of the server.
+    pub audit: MemoryAudit,
     _dir: tempfile::TempDir,
 }
 
@@ -164,7 +176,9 @@ impl Harness {
                 .unwrap(),
         );
         let mut metrics = prometheus_client::registry::Registry::default();
-        let server = ApiServer::new(store.clone(), options, &mut metrics);
+        let audit = MemoryAudit::default();
+        let server = ApiServer::new(store.clone(), options, &mut metrics)
+            .with_audit(Arc::new(audit.clone()));
         server.ensure_default_namespace().await.unwrap();
         let router = server.router();
         Self {
@@ -172,6 +186,7 @@ impl Harness {
             router,
             store,
             metrics,
+            audit,
             _dir: dir,
         }
     }
@@ -198,6 +213,20 @@ impl Harness {
         accept: Option<&str>,
         body: Bytes,
     ) -> http::Response<Body> {
+        self.send_as(Some(&admin()), method, uri, content_type, accept, body)
+            .await
+    }
+
+    /// Send a request as `identity` (`None`: unauthenticated).
+    pub async fn send_as(
+        &self,
+        identity: Option<&Identity>,
+        method: Method,
+        uri: &str,
+        content_type: &str,
+        accept: Option<&str>,
+        body: Bytes,
+    ) -> http::Response<Body> {
         let mut builder = Request::builder().method(method).uri(uri);
         if !body.is_empty() {
             builder = builder.header(http::header::CONTENT_TYPE, content_type);
@@ -206,10 +235,9 @@ impl Harness {
             builder = builder.header(http::header::ACCEPT, accept);
         }
         let mut request = builder.body(Body::from(body)).unwrap();
-        request.extensions_mut().insert(Identity {
-            user: "admin".into(),
-            groups: vec![ADMIN_GROUP.into()],
-        });
+        if let Some(identity) = identity {
+            request.extensions_mut().insert(identity.clone());
+        }
         self.router.clone().oneshot(request).await.unwrap()
     }
 
@@ -235,9 +263,20 @@ impl Harness {
     }
 
     pub async fn call(&self, method: Method, uri: &str, body: Option<&Value>) -> Answer {
+        self.call_as(Some(&admin()), method, uri, body).await
+    }
+
+    /// A JSON request as `identity` (`None`: unauthenticated).
+    pub async fn call_as(
+        &self,
+        identity: Option<&Identity>,
+        method: Method,
+        uri: &str,
+        body: Option<&Value>,
+    ) -> Answer {
         let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
         Self::answer(
-            self.send(method, uri, "application/json", None, bytes)
+            self.send_as(identity, method, uri, "application/json", None, bytes)
                 .await,
         )
         .await

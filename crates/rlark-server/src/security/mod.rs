@@ -1,0 +1,942 @@
+//! Identity and security of the server process: issuing certificates for CSRs (join,
+//! renewal, admin signing), bootstrap and bearer tokens, revocation, and the audit trail.
+//!
+//! State lives in the store ([`records`]); the set of revoked serials is also kept in memory
+//! because the TLS handshake checks it synchronously. Every revocation — made here or, with
+//! a shared store, by another replica — bumps [`Security::subscribe`]'s counter; open
+//! connections of the revoked identity close on that signal (see `lib.rs`).
+
+pub(crate) mod audit_file;
+pub(crate) mod records;
+pub(crate) mod routes;
+
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt as _;
+use rlark_apiserver::audit::{AuditEntry, AuditSink};
+use rlark_apiserver::auth::{self, Identity, Role};
+use rlark_pki::{Ca, CertInfo, ParsedCsr, Token, TokenKind};
+use rlark_store::{ListOptions, ObjectKey, Store, StoreError};
+use serde_json::Value;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use records::{
+    BEARER_TOKENS, BOOTSTRAP_TOKENS, BearerTokenRecord, BootstrapTokenRecord, CERTIFICATES,
+    CertificateRecord, REVOCATIONS, RevocationRecord, TaskBinding,
+};
+
+/// Lifetimes of what the security layer issues.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SecurityConfig {
+    /// Agent certificates (join and renewal). Agents renew at 2/3 of it.
+    pub agent_cert_validity: Duration,
+    /// Certificates of users (`admin`, `viewer`) and peers signed through the API.
+    pub user_cert_validity: Duration,
+    /// Longest lifetime of a bootstrap token.
+    pub max_bootstrap_token_ttl: Duration,
+}
+
+impl Default for SecurityConfig {
+    /// Agents 30 days, users 1 year, bootstrap tokens at most 7 days.
+    fn default() -> Self {
+        Self {
+            agent_cert_validity: Duration::from_secs(30 * 24 * 3600),
+            user_cert_validity: Duration::from_secs(365 * 24 * 3600),
+            max_bootstrap_token_ttl: Duration::from_secs(7 * 24 * 3600),
+        }
+    }
+}
+
+/// A refused or failed security operation; `code` is the HTTP status it maps to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct SecurityError {
+    pub code: u16,
+    pub message: String,
+}
+
+impl SecurityError {
+    pub(crate) fn bad_request(message: impl Into<String>) -> Self {
+        Self {
+            code: 400,
+            message: message.into(),
+        }
+    }
+    pub(crate) fn unauthorized(message: impl Into<String>) -> Self {
+        Self {
+            code: 401,
+            message: message.into(),
+        }
+    }
+    pub(crate) fn forbidden(message: impl Into<String>) -> Self {
+        Self {
+            code: 403,
+            message: message.into(),
+        }
+    }
+    pub(crate) fn not_found(message: impl Into<String>) -> Self {
+        Self {
+            code: 404,
+            message: message.into(),
+        }
+    }
+    pub(crate) fn internal(message: impl Into<String>) -> Self {
+        Self {
+            code: 500,
+            message: message.into(),
+        }
+    }
+    fn store(error: StoreError) -> Self {
+        Self::internal(format!("store: {error}"))
+    }
+}
+
+type SecResult<T> = Result<T, SecurityError>;
+
+/// The certificate roles the server signs for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum CertRole {
+    Admin { user: String },
+    Viewer { user: String },
+    Agent { cluster_id: String },
+    Peer { name: String },
+}
+
+impl CertRole {
+    /// Parse an API/CLI role name with its subject.
+    pub fn from_parts(
+        role: &str,
+        name: Option<&str>,
+        cluster_id: Option<&str>,
+    ) -> SecResult<CertRole> {
+        let need_name = |what: &str| {
+            name.filter(|n| !n.is_empty())
+                .map(str::to_string)
+                .ok_or_else(|| SecurityError::bad_request(format!("role {what} needs a name")))
+        };
+        let role = match role {
+            "admin" => CertRole::Admin {
+                user: need_name("admin")?,
+            },
+            "viewer" => CertRole::Viewer {
+                user: need_name("viewer")?,
+            },
+            "peer" => CertRole::Peer {
+                name: need_name("peer")?,
+            },
+            "agent" => CertRole::Agent {
+                cluster_id: cluster_id
+                    .or(name)
+                    .map(str::to_string)
+                    .ok_or_else(|| SecurityError::bad_request("role agent needs a clusterID"))?,
+            },
+            other => {
+                return Err(SecurityError::bad_request(format!(
+                    "unknown role {other:?}; expected admin, viewer, agent or peer"
+                )));
+            }
+        };
+        role.validate()?;
+        Ok(role)
+    }
+
+    fn validate(&self) -> SecResult<()> {
+        match self {
+            CertRole::Admin { user } | CertRole::Viewer { user } => validate_user_name(user),
+            CertRole::Agent { cluster_id } => validate_cluster_id(cluster_id),
+            CertRole::Peer { name } => validate_cluster_id(name).map_err(|e| {
+                SecurityError::bad_request(e.message.replace("cluster ID", "peer name"))
+            }),
+        }
+    }
+
+    /// `admin`, `viewer`, `agent` or `peer`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CertRole::Admin { .. } => "admin",
+            CertRole::Viewer { .. } => "viewer",
+            CertRole::Agent { .. } => "agent",
+            CertRole::Peer { .. } => "peer",
+        }
+    }
+
+    /// The certificate subject: (CN, O values).
+    pub fn subject(&self) -> Identity {
+        match self {
+            CertRole::Admin { user } => Identity {
+                user: user.clone(),
+                groups: vec![auth::ADMIN_GROUP.to_string()],
+            },
+            CertRole::Viewer { user } => Identity {
+                user: user.clone(),
+                groups: vec![auth::VIEWER_GROUP.to_string()],
+            },
+            CertRole::Agent { cluster_id } => Identity::agent(cluster_id),
+            CertRole::Peer { name } => Identity::peer(name),
+        }
+    }
+
+    /// The role a certificate subject was issued for (renewal keeps it).
+    pub fn from_identity(identity: &Identity) -> Option<CertRole> {
+        match identity.role() {
+            Role::Admin => Some(CertRole::Admin {
+                user: identity.user.clone(),
+            }),
+            Role::Viewer => Some(CertRole::Viewer {
+                user: identity.user.clone(),
+            }),
+            Role::Agent { cluster_id } => Some(CertRole::Agent { cluster_id }),
+            Role::Peer { name } => Some(CertRole::Peer { name }),
+            Role::Task { .. } | Role::Other => None,
+        }
+    }
+
+    fn cluster_id(&self) -> Option<String> {
+        match self {
+            CertRole::Agent { cluster_id } => Some(cluster_id.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// A cluster ID must make a valid namespace `rlark-<id>`: a DNS-1123 label of at most 57
+/// characters.
+pub fn validate_cluster_id(id: &str) -> SecResult<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 57
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && !id.starts_with('-')
+        && !id.ends_with('-');
+    if ok {
+        Ok(())
+    } else {
+        Err(SecurityError::bad_request(format!(
+            "cluster ID {id:?} is invalid: use 1 to 57 lowercase letters, digits and '-', \
+             starting and ending with a letter or digit"
+        )))
+    }
+}
+
+/// A human user name: 1–253 printable characters, no whitespace or ':'-free `system:` prefix.
+pub fn validate_user_name(user: &str) -> SecResult<()> {
+    if user.is_empty() || user.len() > 253 {
+        return Err(SecurityError::bad_request(format!(
+            "user name {user:?} must be 1 to 253 characters"
+        )));
+    }
+    if user.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err(SecurityError::bad_request(format!(
+            "user name {user:?} may not contain whitespace or control characters"
+        )));
+    }
+    if user.starts_with(auth::SYSTEM_USER_PREFIX) {
+        return Err(SecurityError::bad_request(format!(
+            "user name {user:?} is reserved: names starting with {:?} belong to built-in roles",
+            auth::SYSTEM_USER_PREFIX
+        )));
+    }
+    Ok(())
+}
+
+/// The result of a successful join or renewal.
+#[derive(Clone, Debug)]
+pub struct Issued {
+    pub certificate_pem: String,
+    pub info: CertInfo,
+    pub ca_bundle_pem: String,
+}
+
+/// The server's security state. Cheap to share (`Arc`).
+pub struct Security {
+    ca: Arc<Ca>,
+    store: Arc<dyn Store>,
+    audit: Arc<dyn AuditSink>,
+    config: SecurityConfig,
+    revoked: RwLock<HashSet<String>>,
+    changes: watch::Sender<u64>,
+}
+
+impl std::fmt::Debug for Security {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Security").finish_non_exhaustive()
+    }
+}
+
+fn rfc3339(t: SystemTime) -> String {
+    chrono::DateTime::<chrono::Utc>::from(t).to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+fn parse_rfc3339(s: &str) -> Option<SystemTime> {
+    chrono::DateTime::parse_from_rfc3339(s)
+        .ok()
+        .map(|t| SystemTime::from(t.with_timezone(&chrono::Utc)))
+}
+
+fn key(resource: &str, name: &str) -> ObjectKey {
+    ObjectKey::new(resource, "", name)
+}
+
+impl Security {
+    /// Load revocations from the store.
+    pub(crate) async fn load(
+        ca: Arc<Ca>,
+        store: Arc<dyn Store>,
+        audit: Arc<dyn AuditSink>,
+        config: SecurityConfig,
+    ) -> SecResult<Arc<Security>> {
+        let (changes, _) = watch::channel(0);
+        let security = Arc::new(Security {
+            ca,
+            store,
+            audit,
+            config,
+            revoked: RwLock::new(HashSet::new()),
+            changes,
+        });
+        let revocations = security.list::<RevocationRecord>(REVOCATIONS).await?;
+        {
+            let mut revoked = security.revoked_write();
+            revoked.extend(revocations.into_iter().map(|r| r.serial));
+        }
+        Ok(security)
+    }
+
+    fn revoked_write(&self) -> std::sync::RwLockWriteGuard<'_, HashSet<String>> {
+        self.revoked
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The installation CA.
+    pub(crate) fn ca(&self) -> &Ca {
+        &self.ca
+    }
+
+    /// The audit sink.
+    pub(crate) fn audit(&self) -> &Arc<dyn AuditSink> {
+        &self.audit
+    }
+
+    /// Whether the certificate with `serial` (normalized hex) is revoked. Synchronous: the
+    /// TLS handshake calls it.
+    pub fn is_revoked(&self, serial: &str) -> bool {
+        self.revoked
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(serial)
+    }
+
+    /// A receiver that changes whenever something was revoked (certificate or token).
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
+    }
+
+    fn notify(&self) {
+        self.changes.send_modify(|n| *n += 1);
+    }
+
+    async fn list<T: for<'de> serde::Deserialize<'de>>(&self, resource: &str) -> SecResult<Vec<T>> {
+        let listed = self
+            .store
+            .list(resource, &ListOptions::default())
+            .await
+            .map_err(SecurityError::store)?;
+        Ok(listed
+            .items
+            .iter()
+            .filter_map(|o| {
+                let record = records::from_object(o);
+                if record.is_none() {
+                    tracing::error!(resource, object = %o, "malformed security record ignored");
+                }
+                record
+            })
+            .collect())
+    }
+
+    async fn get<T: for<'de> serde::Deserialize<'de>>(
+        &self,
+        resource: &str,
+        name: &str,
+    ) -> SecResult<Option<(T, Option<u64>)>> {
+        let object = self
+            .store
+            .get(&key(resource, name))
+            .await
+            .map_err(SecurityError::store)?;
+        Ok(object.and_then(|o| records::from_object(&o).map(|r| (r, records::revision_of(&o)))))
+    }
+
+    /// Record an issued certificate (idempotent by serial).
+    pub(crate) async fn record_certificate(
+        &self,
+        info: &CertInfo,
+        role: &str,
+        cluster_id: Option<String>,
+        issued_by: &str,
+    ) -> SecResult<()> {
+        let record = CertificateRecord {
+            serial: info.serial.clone(),
+            user: info.common_name.clone(),
+            groups: info.groups.clone(),
+            role: role.to_string(),
+            cluster_id,
+            issuer: info.issuer.clone(),
+            not_before: rfc3339(info.not_before),
+            not_after: rfc3339(info.not_after),
+            key_hash: info.key_hash.clone(),
+            issued_by: issued_by.to_string(),
+            revoked_at: None,
+        };
+        match self
+            .store
+            .create(
+                &key(CERTIFICATES, &info.serial),
+                records::to_object(&info.serial, &record),
+            )
+            .await
+        {
+            Ok(_) | Err(StoreError::AlreadyExists(_)) => Ok(()),
+            Err(e) => Err(SecurityError::store(e)),
+        }
+    }
+
+    /// Sign `csr` for `role`, record the certificate and audit it. `by` is the acting
+    /// identity (`None` for a bootstrap-token join).
+    pub(crate) async fn issue(
+        &self,
+        csr: &ParsedCsr,
+        role: &CertRole,
+        validity: Option<Duration>,
+        action: &str,
+        by: Option<&Identity>,
+    ) -> SecResult<Issued> {
+        role.validate()?;
+        let validity = validity.unwrap_or(match role {
+            CertRole::Agent { .. } => self.config.agent_cert_validity,
+            _ => self.config.user_cert_validity,
+        });
+        let subject = role.subject();
+        let (pem, info) = self
+            .ca
+            .sign_client_csr(csr, &subject.user, &subject.groups, validity)
+            .map_err(|e| SecurityError::internal(format!("sign certificate: {e}")))?;
+        let issued_by = by
+            .map(|i| i.user.clone())
+            .unwrap_or_else(|| action.to_string());
+        self.record_certificate(&info, role.name(), role.cluster_id(), &issued_by)
+            .await?;
+        let mut entry = AuditEntry::now(action, "allowed").by(by);
+        entry.verb = action.to_string();
+        entry.resource = "certificates".to_string();
+        entry.name = info.serial.clone();
+        entry.reason = format!(
+            "issued {} certificate for {} (groups {:?}) until {}",
+            role.name(),
+            info.common_name,
+            info.groups,
+            rfc3339(info.not_after)
+        );
+        self.audit.record(entry);
+        Ok(Issued {
+            certificate_pem: pem,
+            info,
+            ca_bundle_pem: self.ca.bundle_pem(),
+        })
+    }
+
+    /// All issued certificates, by serial.
+    pub(crate) async fn certificates(&self) -> SecResult<Vec<CertificateRecord>> {
+        let mut records = self.list::<CertificateRecord>(CERTIFICATES).await?;
+        let revoked = self
+            .revoked
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        for record in &mut records {
+            if record.revoked_at.is_none() && revoked.contains(&record.serial) {
+                record.revoked_at = Some(String::from("(revoked)"));
+            }
+        }
+        Ok(records)
+    }
+
+    /// All revocations.
+    pub(crate) async fn revocations(&self) -> SecResult<Vec<RevocationRecord>> {
+        self.list(REVOCATIONS).await
+    }
+
+    /// Revoke one certificate serial (normalized). Idempotent. Takes effect at once: the
+    /// in-memory set is updated before this returns and open connections are signalled.
+    pub(crate) async fn revoke_serial(
+        &self,
+        serial: &str,
+        reason: &str,
+        by: &Identity,
+    ) -> SecResult<RevocationRecord> {
+        let cert = self.get::<CertificateRecord>(CERTIFICATES, serial).await?;
+        let record = RevocationRecord {
+            serial: serial.to_string(),
+            user: cert
+                .as_ref()
+                .map(|(c, _)| c.user.clone())
+                .unwrap_or_default(),
+            reason: reason.to_string(),
+            revoked_by: by.user.clone(),
+            revoked_at: rfc3339(SystemTime::now()),
+        };
+        let name = format!("serial-{serial}");
+        match self
+            .store
+            .create(&key(REVOCATIONS, &name), records::to_object(&name, &record))
+            .await
+        {
+            Ok(_) | Err(StoreError::AlreadyExists(_)) => {}
+            Err(e) => return Err(SecurityError::store(e)),
+        }
+        if let Some((mut cert, revision)) = cert
+            && cert.revoked_at.is_none()
+        {
+            cert.revoked_at = Some(record.revoked_at.clone());
+            let object = records::to_object(serial, &cert);
+            if let Err(error) = self
+                .store
+                .update(&key(CERTIFICATES, serial), object, revision)
+                .await
+            {
+                // The revocation itself is stored; only the listing's mark is late.
+                tracing::warn!(%error, serial, "marking certificate record revoked failed");
+            }
+        }
+        self.revoked_write().insert(serial.to_string());
+        self.notify();
+        let mut entry = AuditEntry::now("revoke", "allowed").by(Some(by));
+        entry.verb = "revoke".into();
+        entry.resource = "certificates".into();
+        entry.name = serial.to_string();
+        entry.reason = format!("user {:?}: {reason}", record.user);
+        self.audit.record(entry);
+        Ok(record)
+    }
+
+    /// Revoke every certificate issued to `user` (and every bearer token of that user).
+    /// Returns the revoked serials.
+    pub(crate) async fn revoke_user(
+        &self,
+        user: &str,
+        reason: &str,
+        by: &Identity,
+    ) -> SecResult<Vec<String>> {
+        let mut serials = Vec::new();
+        for cert in self.list::<CertificateRecord>(CERTIFICATES).await? {
+            if cert.user == user && !self.is_revoked(&cert.serial) {
+                self.revoke_serial(&cert.serial, reason, by).await?;
+                serials.push(cert.serial);
+            }
+        }
+        for token in self.list::<BearerTokenRecord>(BEARER_TOKENS).await? {
+            if token.user == user && token.revoked_at.is_none() {
+                self.revoke_bearer_token(&token.id, by).await?;
+            }
+        }
+        Ok(serials)
+    }
+
+    // ---- bootstrap tokens and join ----
+
+    /// Make a bootstrap token valid for `ttl`, optionally bound to one cluster ID.
+    pub(crate) async fn create_bootstrap_token(
+        &self,
+        ttl: Duration,
+        cluster_id: Option<String>,
+        by: &Identity,
+    ) -> SecResult<(Token, BootstrapTokenRecord)> {
+        if ttl.is_zero() || ttl > self.config.max_bootstrap_token_ttl {
+            return Err(SecurityError::bad_request(format!(
+                "token TTL must be between 1s and {}s",
+                self.config.max_bootstrap_token_ttl.as_secs()
+            )));
+        }
+        if let Some(id) = &cluster_id {
+            validate_cluster_id(id)?;
+        }
+        let token = Token::generate(TokenKind::Bootstrap);
+        let record = BootstrapTokenRecord {
+            id: token.id.clone(),
+            secret_hash: token.secret_hash(),
+            expires_at: rfc3339(SystemTime::now() + ttl),
+            cluster_id,
+            used_by: Vec::new(),
+            created_by: by.user.clone(),
+        };
+        self.store
+            .create(
+                &key(BOOTSTRAP_TOKENS, &record.id),
+                records::to_object(&record.id, &record),
+            )
+            .await
+            .map_err(SecurityError::store)?;
+        let mut entry = AuditEntry::now("token-create", "allowed").by(Some(by));
+        entry.verb = "create".into();
+        entry.resource = "bootstraptokens".into();
+        entry.name = record.id.clone();
+        entry.reason = format!(
+            "expires {}; cluster {}",
+            record.expires_at,
+            record.cluster_id.as_deref().unwrap_or("(any)")
+        );
+        self.audit.record(entry);
+        Ok((token, record))
+    }
+
+    fn join_denied(&self, token_id: &str, cluster_id: &str, reason: &str) -> SecurityError {
+        let mut entry = AuditEntry::now("join", "denied");
+        entry.verb = "join".into();
+        entry.resource = "bootstraptokens".into();
+        entry.name = token_id.to_string();
+        entry.namespace = auth::agent_namespace(cluster_id);
+        entry.reason = reason.to_string();
+        self.audit.record(entry);
+        SecurityError::unauthorized(reason.to_string())
+    }
+
+    /// Join: check the bootstrap token (exists, secret matches, not expired, bound cluster,
+    /// not used by this cluster yet), mark it used for `cluster_id`, make the agent
+    /// namespace, and sign the CSR as that cluster's agent. The token is marked used before
+    /// the certificate is issued, with an optimistic-concurrency update, so two concurrent
+    /// joins with one token cannot both succeed.
+    pub(crate) async fn join(
+        &self,
+        token_text: &str,
+        cluster_id: Option<&str>,
+        csr: &ParsedCsr,
+        ensure_namespace: impl AsyncFnOnce(&str) -> SecResult<()>,
+    ) -> SecResult<(String, Issued)> {
+        let token = Token::parse(TokenKind::Bootstrap, token_text.trim())
+            .map_err(|e| SecurityError::bad_request(format!("bootstrap token: {e}")))?;
+        let Some((mut record, revision)) = self
+            .get::<BootstrapTokenRecord>(BOOTSTRAP_TOKENS, &token.id)
+            .await?
+        else {
+            return Err(self.join_denied(&token.id, "", "bootstrap token is unknown"));
+        };
+        if !token.matches(&record.secret_hash) {
+            return Err(self.join_denied(&token.id, "", "bootstrap token is invalid"));
+        }
+        let cluster_id = match (cluster_id.filter(|c| !c.is_empty()), &record.cluster_id) {
+            (Some(asked), Some(bound)) if asked != bound => {
+                return Err(self.join_denied(
+                    &token.id,
+                    asked,
+                    &format!("bootstrap token is for cluster {bound:?}, not {asked:?}"),
+                ));
+            }
+            (Some(asked), _) => asked.to_string(),
+            (None, Some(bound)) => bound.clone(),
+            (None, None) => {
+                return Err(SecurityError::bad_request(
+                    "cluster ID required: the token is not bound to one, pass --cluster-id",
+                ));
+            }
+        };
+        validate_cluster_id(&cluster_id)?;
+        let expired = parse_rfc3339(&record.expires_at).is_none_or(|t| t <= SystemTime::now());
+        if expired {
+            return Err(self.join_denied(
+                &token.id,
+                &cluster_id,
+                &format!("bootstrap token expired at {}", record.expires_at),
+            ));
+        }
+        if record.used_by.contains(&cluster_id) {
+            return Err(self.join_denied(
+                &token.id,
+                &cluster_id,
+                &format!("bootstrap token was already used to join cluster {cluster_id:?}"),
+            ));
+        }
+        record.used_by.push(cluster_id.clone());
+        match self
+            .store
+            .update(
+                &key(BOOTSTRAP_TOKENS, &record.id),
+                records::to_object(&record.id, &record),
+                revision,
+            )
+            .await
+        {
+            Ok(_) => {}
+            Err(StoreError::Conflict { .. }) => {
+                return Err(self.join_denied(
+                    &token.id,
+                    &cluster_id,
+                    "bootstrap token was used concurrently; retry",
+                ));
+            }
+            Err(e) => return Err(SecurityError::store(e)),
+        }
+        ensure_namespace(&auth::agent_namespace(&cluster_id)).await?;
+        let role = CertRole::Agent {
+            cluster_id: cluster_id.clone(),
+        };
+        let issued = self.issue(csr, &role, None, "join", None).await?;
+        Ok((cluster_id, issued))
+    }
+
+    // ---- bearer tokens ----
+
+    /// Mint a bearer token for `identity`, valid for `ttl` (`None`: until revoked), bound to
+    /// a task run when `task` is given.
+    pub(crate) async fn create_bearer_token(
+        &self,
+        identity: &Identity,
+        ttl: Option<Duration>,
+        task: Option<TaskBinding>,
+        by: &Identity,
+    ) -> SecResult<(Token, BearerTokenRecord)> {
+        let token = Token::generate(TokenKind::Bearer);
+        let record = BearerTokenRecord {
+            id: token.id.clone(),
+            secret_hash: token.secret_hash(),
+            user: identity.user.clone(),
+            groups: identity.groups.clone(),
+            expires_at: ttl.map(|ttl| rfc3339(SystemTime::now() + ttl)),
+            task,
+            created_by: by.user.clone(),
+            revoked_at: None,
+        };
+        self.store
+            .create(
+                &key(BEARER_TOKENS, &record.id),
+                records::to_object(&record.id, &record),
+            )
+            .await
+            .map_err(SecurityError::store)?;
+        let mut entry = AuditEntry::now("token-create", "allowed").by(Some(by));
+        entry.verb = "create".into();
+        entry.resource = "bearertokens".into();
+        entry.name = record.id.clone();
+        entry.reason = format!("for {} {:?}", record.user, record.groups);
+        self.audit.record(entry);
+        Ok((token, record))
+    }
+
+    /// Revoke a bearer token by id.
+    pub(crate) async fn revoke_bearer_token(&self, id: &str, by: &Identity) -> SecResult<()> {
+        let Some((mut record, revision)) = self.get::<BearerTokenRecord>(BEARER_TOKENS, id).await?
+        else {
+            return Err(SecurityError::not_found(format!("no token with id {id:?}")));
+        };
+        if record.revoked_at.is_none() {
+            record.revoked_at = Some(rfc3339(SystemTime::now()));
+            self.store
+                .update(
+                    &key(BEARER_TOKENS, id),
+                    records::to_object(id, &record),
+                    revision,
+                )
+                .await
+                .map_err(SecurityError::store)?;
+        }
+        self.notify();
+        let mut entry = AuditEntry::now("revoke", "allowed").by(Some(by));
+        entry.verb = "revoke".into();
+        entry.resource = "bearertokens".into();
+        entry.name = id.to_string();
+        entry.reason = format!("token of {}", record.user);
+        self.audit.record(entry);
+        Ok(())
+    }
+
+    /// Resolve an `Authorization: Bearer` credential. Returns the identity and the token id
+    /// (connections remember it, to close themselves when it is revoked). Every failure is a
+    /// 401 with a reason; the secret never appears in messages or logs.
+    pub(crate) async fn authenticate_bearer(&self, text: &str) -> SecResult<(Identity, String)> {
+        let token = Token::parse(TokenKind::Bearer, text.trim())
+            .map_err(|e| SecurityError::unauthorized(format!("bearer token: {e}")))?;
+        let Some((record, _)) = self
+            .get::<BearerTokenRecord>(BEARER_TOKENS, &token.id)
+            .await?
+        else {
+            return Err(SecurityError::unauthorized("bearer token is unknown"));
+        };
+        if !token.matches(&record.secret_hash) {
+            return Err(SecurityError::unauthorized("bearer token is invalid"));
+        }
+        if record.revoked_at.is_some() {
+            return Err(SecurityError::unauthorized("bearer token was revoked"));
+        }
+        if let Some(expires) = &record.expires_at
+            && parse_rfc3339(expires).is_none_or(|t| t <= SystemTime::now())
+        {
+            return Err(SecurityError::unauthorized(format!(
+                "bearer token expired at {expires}"
+            )));
+        }
+        if let Some(task) = &record.task {
+            self.check_task_running(task).await?;
+        }
+        Ok((
+            Identity {
+                user: record.user,
+                groups: record.groups,
+            },
+            record.id,
+        ))
+    }
+
+    /// A task token is valid only while its Task (this very run: same uid) exists and has
+    /// not finished.
+    async fn check_task_running(&self, task: &TaskBinding) -> SecResult<()> {
+        let object = self
+            .store
+            .get(&ObjectKey::new(
+                "tasks.rlinf.io",
+                &task.namespace,
+                &task.name,
+            ))
+            .await
+            .map_err(SecurityError::store)?;
+        let Some(object) = object else {
+            return Err(SecurityError::unauthorized(format!(
+                "token of task {}/{}, which no longer exists",
+                task.namespace, task.name
+            )));
+        };
+        let uid = object.pointer("/metadata/uid").and_then(Value::as_str);
+        if uid != Some(task.uid.as_str()) {
+            return Err(SecurityError::unauthorized(format!(
+                "token of an earlier run of task {}/{}",
+                task.namespace, task.name
+            )));
+        }
+        let phase = object
+            .pointer("/status/phase")
+            .and_then(Value::as_str)
+            .unwrap_or("Pending");
+        if matches!(phase, "Succeeded" | "Failed" | "Stopped")
+            || object.pointer("/metadata/deletionTimestamp").is_some()
+        {
+            return Err(SecurityError::unauthorized(format!(
+                "token of task {}/{}, which is no longer running (phase {phase})",
+                task.namespace, task.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Mint a token for the current run of Task `namespace/name` (which must exist and not
+    /// be finished).
+    pub(crate) async fn create_task_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        by: &Identity,
+    ) -> SecResult<(Token, BearerTokenRecord)> {
+        let object = self
+            .store
+            .get(&ObjectKey::new("tasks.rlinf.io", namespace, name))
+            .await
+            .map_err(SecurityError::store)?
+            .ok_or_else(|| {
+                SecurityError::not_found(format!(
+                    "tasks.rlinf.io \"{name}\" not found in {namespace}"
+                ))
+            })?;
+        let uid = object
+            .pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string();
+        let binding = TaskBinding {
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            uid,
+        };
+        self.check_task_running(&binding)
+            .await
+            .map_err(|e| SecurityError::bad_request(e.message))?;
+        self.create_bearer_token(&Identity::task(namespace, name), None, Some(binding), by)
+            .await
+    }
+
+    /// Whether bearer token `id` has been revoked (or deleted). Used by connections that
+    /// authenticated with it when a revocation is signalled.
+    pub(crate) async fn bearer_token_revoked(&self, id: &str) -> bool {
+        match self.get::<BearerTokenRecord>(BEARER_TOKENS, id).await {
+            Ok(Some((record, _))) => record.revoked_at.is_some(),
+            Ok(None) => true,
+            // Unknown: keep the connection; the next request re-checks.
+            Err(_) => false,
+        }
+    }
+
+    /// Follow revocations written by other replicas (a shared store) until `shutdown`:
+    /// add them to the in-memory set and signal connections. Restarts the watch from a
+    /// fresh list when the store says the position expired.
+    pub(crate) async fn follow_revocations(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut from = self.store.revision();
+        loop {
+            let stream = match self.store.watch(REVOCATIONS, None, from).await {
+                Ok(stream) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, "watching revocations failed; relisting");
+                    from = self.relist_revocations().await;
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    }
+                }
+            };
+            let mut stream = stream;
+            loop {
+                let next = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    next = stream.next() => next,
+                };
+                match next {
+                    Some(Ok(event)) => {
+                        if let Some(record) =
+                            records::from_object::<RevocationRecord>(&event.object)
+                            && self.revoked_write().insert(record.serial)
+                        {
+                            self.notify();
+                        }
+                    }
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "revocation watch ended; relisting");
+                        from = self.relist_revocations().await;
+                        break;
+                    }
+                    None => return,
+                }
+            }
+        }
+    }
+
+    async fn relist_revocations(&self) -> u64 {
+        let revision = self.store.revision();
+        match self.list::<RevocationRecord>(REVOCATIONS).await {
+            Ok(records) => {
+                let mut revoked = self.revoked_write();
+                let before = revoked.len();
+                revoked.extend(records.into_iter().map(|r| r.serial));
+                let grew = revoked.len() != before;
+                drop(revoked);
+                if grew {
+                    self.notify();
+                }
+            }
+            Err(error) => tracing::warn!(%error, "listing revocations failed"),
+        }
+        revision
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,555 @@
+//! The security HTTP API under `/rlark/v1/`. Errors are Kubernetes `Status` objects.
+//!
+//! | route | who | what |
+//! |---|---|---|
+//! | `GET /rlark/v1/ca` | anyone | CA bundle and the pin of the active CA |
+//! | `POST /rlark/v1/join` | anyone with a bootstrap token | sign the agent's CSR |
+//! | `POST /rlark/v1/renew` | certificate holders | sign a new CSR for the same subject |
+//! | `GET/POST /rlark/v1/certificates` | admin | list issued / sign a CSR for a role |
+//! | `POST /rlark/v1/sshcertificates` | admin | sign an OpenSSH certificate (`domain`, `ssh-guest`) |
+//! | `GET/POST /rlark/v1/revocations` | admin | list / revoke a serial, user, cluster or token |
+//! | `POST /rlark/v1/tokens` | admin | bootstrap token, or bearer token of a user |
+//! | `POST /rlark/v1/namespaces/{ns}/tasks/{name}/token` | admin, agent of `ns` | task token |
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Path, Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use rlark_apiserver::ApiServer;
+use rlark_apiserver::audit::AuditEntry;
+use rlark_apiserver::auth::{self, Identity, Role};
+use rlark_apiserver::error::ApiError;
+use rlark_pki::ssh::{SshCa, SshCertRole};
+use serde::Deserialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::{CertRole, Security, SecurityError, rfc3339};
+use crate::auth::AuthMethod;
+
+/// Largest request body of these routes.
+pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;
+
+/// Shared state of the security routes.
+#[derive(Clone)]
+pub(crate) struct RoutesState {
+    pub security: Arc<Security>,
+    pub ssh_ca: Arc<SshCa>,
+    pub api: ApiServer,
+}
+
+/// The routes; merged into the process router.
+pub(crate) fn router(state: RoutesState) -> Router {
+    Router::new()
+        .route("/rlark/v1/ca", get(ca))
+        .route("/rlark/v1/join", post(join))
+        .route("/rlark/v1/renew", post(renew))
+        .route("/rlark/v1/certificates", get(list_certificates).post(sign))
+        .route("/rlark/v1/sshcertificates", post(sign_ssh))
+        .route("/rlark/v1/revocations", get(list_revocations).post(revoke))
+        .route("/rlark/v1/tokens", post(create_token))
+        .route(
+            "/rlark/v1/namespaces/{namespace}/tasks/{name}/token",
+            post(task_token),
+        )
+        .with_state(state)
+}
+
+fn error_response(error: SecurityError) -> Response {
+    let reason = match error.code {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        409 => "Conflict",
+        _ => "InternalError",
+    };
+    ApiError::new(error.code, reason, error.message).into_response()
+}
+
+fn ok(value: Value) -> Response {
+    axum::Json(value).into_response()
+}
+
+/// Read and decode a JSON body of at most [`MAX_BODY_BYTES`]; every failure is a 400 that
+/// names the problem.
+async fn json_body<T: DeserializeOwned>(request: Request) -> Result<T, SecurityError> {
+    let bytes = axum::body::to_bytes(request.into_body(), MAX_BODY_BYTES)
+        .await
+        .map_err(|_| {
+            SecurityError::bad_request(format!(
+                "request body is larger than {MAX_BODY_BYTES} bytes"
+            ))
+        })?;
+    if bytes.is_empty() {
+        return Err(SecurityError::bad_request(
+            "request body is empty; expected JSON",
+        ));
+    }
+    let mut de = serde_json::Deserializer::from_slice(&bytes);
+    serde_path_to_error::deserialize(&mut de)
+        .map_err(|e| SecurityError::bad_request(format!("invalid request body: {e}")))
+}
+
+fn identity_of(request: &Request) -> Option<Identity> {
+    request.extensions().get::<Identity>().cloned()
+}
+
+/// 401 for anonymous callers, 403 (audited) for non-admins.
+fn require_admin(
+    security: &Security,
+    request: &Request,
+    verb: &str,
+    resource: &str,
+) -> Result<Identity, SecurityError> {
+    let Some(identity) = identity_of(request) else {
+        return Err(SecurityError::unauthorized("Unauthorized"));
+    };
+    if identity.role() == Role::Admin {
+        return Ok(identity);
+    }
+    Err(deny(
+        security,
+        &identity,
+        verb,
+        resource,
+        "",
+        "only admins may do this",
+    ))
+}
+
+fn deny(
+    security: &Security,
+    identity: &Identity,
+    verb: &str,
+    resource: &str,
+    namespace: &str,
+    why: &str,
+) -> SecurityError {
+    let message = format!(
+        "{resource} is forbidden: User \"{}\" cannot {verb} {resource}: {why}",
+        identity.user
+    );
+    let mut entry = AuditEntry::now("denied", "denied").by(Some(identity));
+    entry.verb = verb.to_string();
+    entry.resource = resource.to_string();
+    entry.namespace = namespace.to_string();
+    entry.reason = message.clone();
+    security.audit().record(entry);
+    SecurityError::forbidden(message)
+}
+
+fn cert_json(issued: &super::Issued) -> Value {
+    json!({
+        "certificate": issued.certificate_pem,
+        "caBundle": issued.ca_bundle_pem,
+        "serial": issued.info.serial,
+        "user": issued.info.common_name,
+        "groups": issued.info.groups,
+        "notAfter": rfc3339(issued.info.not_after),
+    })
+}
+
+fn parse_csr(text: &str) -> Result<rlark_pki::ParsedCsr, SecurityError> {
+    rlark_pki::parse_csr(text.as_bytes())
+        .map_err(|e| SecurityError::bad_request(format!("csr: {e}")))
+}
+
+async fn ca(State(state): State<RoutesState>) -> Response {
+    let ca = state.security.ca();
+    match ca.cert_hash() {
+        Ok(hash) => ok(json!({"caBundle": ca.bundle_pem(), "caHash": hash})),
+        Err(e) => error_response(SecurityError::internal(e.to_string())),
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct JoinRequest {
+    token: String,
+    #[serde(default, rename = "clusterID")]
+    cluster_id: Option<String>,
+    csr: String,
+}
+
+async fn join(State(state): State<RoutesState>, request: Request) -> Response {
+    let result = async move {
+        let body: JoinRequest = json_body(request).await?;
+        let csr = parse_csr(&body.csr)?;
+        let api = state.api.clone();
+        let (cluster_id, issued) = state
+            .security
+            .join(
+                &body.token,
+                body.cluster_id.as_deref(),
+                &csr,
+                async |ns: &str| {
+                    api.ensure_namespace(ns).await.map_err(|e| {
+                        SecurityError::internal(format!("create namespace {ns}: {}", e.message))
+                    })
+                },
+            )
+            .await?;
+        let mut value = cert_json(&issued);
+        value["clusterID"] = json!(cluster_id);
+        value["namespace"] = json!(auth::agent_namespace(&cluster_id));
+        Ok::<_, SecurityError>(value)
+    }
+    .await;
+    result.map(ok).unwrap_or_else(error_response)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RenewRequest {
+    csr: String,
+}
+
+async fn renew(State(state): State<RoutesState>, request: Request) -> Response {
+    let result = async move {
+        let Some(identity) = identity_of(&request) else {
+            return Err(SecurityError::unauthorized("Unauthorized"));
+        };
+        if !matches!(
+            request.extensions().get::<AuthMethod>(),
+            Some(AuthMethod::Certificate { .. })
+        ) {
+            return Err(deny(
+                &state.security,
+                &identity,
+                "renew",
+                "certificates",
+                "",
+                "renewal needs a client certificate",
+            ));
+        }
+        let Some(role) = CertRole::from_identity(&identity) else {
+            return Err(deny(
+                &state.security,
+                &identity,
+                "renew",
+                "certificates",
+                "",
+                "the certificate has no renewable role",
+            ));
+        };
+        let body: RenewRequest = json_body(request).await?;
+        let csr = parse_csr(&body.csr)?;
+        let issued = state
+            .security
+            .issue(&csr, &role, None, "renew", Some(&identity))
+            .await?;
+        Ok(cert_json(&issued))
+    }
+    .await;
+    result.map(ok).unwrap_or_else(error_response)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SignRequest {
+    role: String,
+    #[serde(default)]
+    name: Option<String>,
+    #[serde(default, rename = "clusterID")]
+    cluster_id: Option<String>,
+    csr: String,
+    #[serde(default)]
+    validity_seconds: Option<u64>,
+}
+
+fn validity(seconds: Option<u64>) -> Result<Option<Duration>, SecurityError> {
+    match seconds {
+        None => Ok(None),
+        Some(0) => Err(SecurityError::bad_request(
+            "validitySeconds must be positive",
+        )),
+        Some(s) if s > 10 * 365 * 24 * 3600 => Err(SecurityError::bad_request(
+            "validitySeconds may be at most 10 years",
+        )),
+        Some(s) => Ok(Some(Duration::from_secs(s))),
+    }
+}
+
+async fn sign(State(state): State<RoutesState>, request: Request) -> Response {
+    let result = async move {
+        let admin = require_admin(&state.security, &request, "create", "certificates")?;
+        let body: SignRequest = json_body(request).await?;
+        let role =
+            CertRole::from_parts(&body.role, body.name.as_deref(), body.cluster_id.as_deref())?;
+        let csr = parse_csr(&body.csr)?;
+        let issued = state
+            .security
+            .issue(
+                &csr,
+                &role,
+                validity(body.validity_seconds)?,
+                "sign",
+                Some(&admin),
+            )
+            .await?;
+        Ok(cert_json(&issued))
+    }
+    .await;
+    result.map(ok).unwrap_or_else(error_response)
+}
+
+async fn list_certificates(State(state): State<RoutesState>, request: Request) -> Response {
+    let result = async move {
+        require_admin(&state.security, &request, "list", "certificates")?;
+        let items = state.security.certificates().await?;
+        Ok(json!({"items": items}))
+    }
+    .await;
+    result.map(ok).unwrap_or_else(error_response)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct SshSignRequest {
+    role: String,
+    public_key: String,
+    #[serde(default)]
+    domain: Option<String>,
+    #[serde(default, rename = "clusterID")]
+    cluster_id: Option<String>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default)]
+    validity_seconds: Option<u64>,
+}
+
+async fn sign_ssh(State(state): State<RoutesState>, request: Request) -> Response {
+    let result = async move {
+        let admin = require_admin(&state.security, &request, "create", "sshcertificates")?;
+        let body: SshSignRequest = json_body(request).await?;
+        let missing =
+            |field: &str| SecurityError::bad_request(format!("role {} needs {field}", body.role));
+        let role = match body.role.as_str() {
+            "domain" => SshCertRole::Domain {
+                domain: body.domain.clone().ok_or_else(|| missing("domain"))?,
+                cluster_id: body
+                    .cluster_id
+                    .clone()
+                    .ok_or_else(|| missing("clusterID"))?,
+            },
+            "ssh-guest" => SshCertRole::Guest {
+                user: body.user.clone().ok_or_else(|| missing("user"))?,
+            },
+            other => {
+                return Err(SecurityError::bad_request(format!(
+                    "unknown SSH role {other:?}; expected domain or ssh-guest"
+                )));
+            }
+        };
+        let validity = validity(body.validity_seconds)?.unwrap_or(Duration::from_secs(24 * 3600));
+        let signed = state
+            .ssh_ca
+            .sign(&body.public_key, &role, validity)
+            .map_err(|e| SecurityError::bad_request(e.to_string()))?;
+        let mut entry = AuditEntry::now("sign", "allowed").by(Some(&admin));
+        entry.verb = "sign".into();
+        entry.resource = "sshcertificates".into();
+        entry.name = signed.serial.to_string();
+        entry.reason = format!("{} principals {:?}", signed.key_id, signed.principals);
+        state.security.audit().record(entry);
+        Ok(json!({
+            "certificate": signed.certificate_openssh,
+            "serial": signed.serial,
+            "keyID": signed.key_id,
+            "principals": signed.principals,
+            "validBefore": signed.valid_before,
+            "caPublicKey": state.ssh_ca.public_key_openssh(),
+        }))
+    }
+    .await;
+    result.map(ok).unwrap_or_else(error_response)
+}
+
+async fn list_revocations(State(state): State<RoutesState>, request: Request) -> Response {
+    let result = async move {
+        require_admin(&state.security, &request, "list", "revocations")?;
+        let items = state.security.revocations().await?;
+        Ok(json!({"items": items}))
+    }
+    .await;
+    result.map(ok).unwrap_or_else(error_response)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct RevokeRequest {
+    #[serde(default)]
+    serial: Option<String>,
+    #[serde(default)]
+    user: Option<String>,
+    #[serde(default, rename = "clusterID")]
+    cluster_id: Option<String>,
+    #[serde(default, rename = "tokenID")]
+    token_id: Option<String>,
+    #[serde(default)]
+    reason: Option<String>,
+}
+
+async fn revoke(State(state): State<RoutesState>, request: Request) -> Response {
+    let result = async move {
+        let admin = require_admin(&state.security, &request, "create", "revocations")?;
+        let body: RevokeRequest = json_body(request).await?;
+        let reason = body
+            .reason
+            .unwrap_or_else(|| "revoked by an admin".to_string());
+        let given = [&body.serial, &body.user, &body.cluster_id, &body.token_id]
+            .iter()
+            .filter(|f| f.is_some())
+            .count();
+        if given != 1 {
+            return Err(SecurityError::bad_request(
+                "give exactly one of serial, user, clusterID, tokenID",
+            ));
+        }
+        let security = &state.security;
+        let serials = if let Some(serial) = body.serial {
+            let normalized = rlark_pki::normalize_serial(&serial).ok_or_else(|| {
+                SecurityError::bad_request(format!("serial {serial:?} is not hexadecimal"))
+            })?;
+            security.revoke_serial(&normalized, &reason, &admin).await?;
+            vec![normalized]
+        } else if let Some(user) = body.user {
+            security.revoke_user(&user, &reason, &admin).await?
+        } else if let Some(cluster_id) = body.cluster_id {
+            super::validate_cluster_id(&cluster_id)?;
+            security
+                .revoke_user(&Identity::agent(&cluster_id).user, &reason, &admin)
+                .await?
+        } else if let Some(token_id) = body.token_id {
+            security.revoke_bearer_token(&token_id, &admin).await?;
+            Vec::new()
+        } else {
+            Vec::new()
+        };
+        Ok(json!({"revoked": serials}))
+    }
+    .await;
+    result.map(ok).unwrap_or_else(error_response)
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct TokenRequest {
+    /// `bootstrap` (default) or `user`.
+    #[serde(default)]
+    kind: Option<String>,
+    #[serde(default)]
+    ttl_seconds: Option<u64>,
+    #[serde(default, rename = "clusterID")]
+    cluster_id: Option<String>,
+    #[serde(default)]
+    user: Option<String>,
+    /// For user tokens: `viewer` or `admin`.
+    #[serde(default)]
+    role: Option<String>,
+}
+
+async fn create_token(State(state): State<RoutesState>, request: Request) -> Response {
+    let result = async move {
+        let admin = require_admin(&state.security, &request, "create", "tokens")?;
+        let body: TokenRequest = json_body(request).await?;
+        match body.kind.as_deref().unwrap_or("bootstrap") {
+            "bootstrap" => {
+                let ttl = Duration::from_secs(body.ttl_seconds.unwrap_or(3600));
+                let (token, record) = state
+                    .security
+                    .create_bootstrap_token(ttl, body.cluster_id, &admin)
+                    .await?;
+                let ca_hash = state
+                    .security
+                    .ca()
+                    .cert_hash()
+                    .map_err(|e| SecurityError::internal(e.to_string()))?;
+                Ok(json!({
+                    "kind": "bootstrap",
+                    "id": record.id,
+                    "token": token.expose(),
+                    "expiresAt": record.expires_at,
+                    "clusterID": record.cluster_id,
+                    "caHash": ca_hash,
+                }))
+            }
+            "user" => {
+                let user = body
+                    .user
+                    .ok_or_else(|| SecurityError::bad_request("a user token needs user"))?;
+                let role = CertRole::from_parts(
+                    body.role.as_deref().unwrap_or("viewer"),
+                    Some(&user),
+                    None,
+                )?;
+                if !matches!(role, CertRole::Admin { .. } | CertRole::Viewer { .. }) {
+                    return Err(SecurityError::bad_request(
+                        "a user token's role must be viewer or admin",
+                    ));
+                }
+                let ttl = validity(body.ttl_seconds)?;
+                let (token, record) = state
+                    .security
+                    .create_bearer_token(&role.subject(), ttl, None, &admin)
+                    .await?;
+                Ok(json!({
+                    "kind": "user",
+                    "id": record.id,
+                    "token": token.expose(),
+                    "user": record.user,
+                    "groups": record.groups,
+                    "expiresAt": record.expires_at,
+                }))
+            }
+            other => Err(SecurityError::bad_request(format!(
+                "unknown token kind {other:?}; expected bootstrap or user"
+            ))),
+        }
+    }
+    .await;
+    result.map(ok).unwrap_or_else(error_response)
+}
+
+async fn task_token(
+    State(state): State<RoutesState>,
+    Path((namespace, name)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    let result = async move {
+        let Some(identity) = identity_of(&request) else {
+            return Err(SecurityError::unauthorized("Unauthorized"));
+        };
+        let allowed = match identity.role() {
+            Role::Admin => true,
+            Role::Agent { cluster_id } => auth::agent_namespace(&cluster_id) == namespace,
+            _ => false,
+        };
+        if !allowed {
+            return Err(deny(
+                &state.security,
+                &identity,
+                "create",
+                "tasks/token",
+                &namespace,
+                "only admins and the agent owning the namespace may mint task tokens",
+            ));
+        }
+        let (token, record) = state
+            .security
+            .create_task_token(&namespace, &name, &identity)
+            .await?;
+        Ok(json!({
+            "id": record.id,
+            "token": token.expose(),
+            "user": record.user,
+            "groups": record.groups,
+        }))
+    }
+    .await;
+    result.map(ok).unwrap_or_else(error_response)
+}
