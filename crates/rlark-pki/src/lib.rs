@@ -8,6 +8,7 @@ mod certinfo;
 mod csr;
 mod der;
 mod files;
+pub mod join;
 mod kubeconfig;
 mod pin;
 pub mod ssh;

@@ -280,3 +280,168 @@ fn kubeconfig_has_the_expected_shape() {
         "KEY PEM"
     );
 }
+
+#[test]
+fn csr_is_signed_with_the_callers_subject_not_the_requested_one() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("ca");
+    let made = generate_key_and_csr("system:masters-wannabe").expect("csr");
+    let csr = parse_csr(made.csr_pem.as_bytes()).expect("parse");
+    let groups = vec!["rlark:agents".to_string()];
+    let (pem, info) = ca
+        .sign_client_csr(&csr, "system:rlark:agent:a", &groups, DAY)
+        .expect("sign");
+    assert_eq!(info.common_name, "system:rlark:agent:a");
+    assert_eq!(info.groups, groups);
+    assert_eq!(info.issuer, CA_COMMON_NAME);
+    ca.verify_client_cert(&der_of(&pem)).expect("chains to CA");
+    // The certificate is for the requester's key.
+    let key = KeyPair::from_pem(&made.key_pem).expect("key");
+    let spki = rcgen::PublicKeyData::subject_public_key_info(&key);
+    assert_eq!(
+        info.key_hash,
+        format!("sha256:{}", hex::encode(Sha256::digest(&spki)))
+    );
+    // Renewal timing: 2/3 of the lifetime, after now and before expiry.
+    let renew_at = info.renew_at();
+    assert!(renew_at > SystemTime::now() && renew_at < info.not_after);
+    assert!(ca.sign_client_csr(&csr, "", &[], DAY).is_err());
+}
+
+#[test]
+fn short_certificates_are_backdated_proportionally() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("ca");
+    let issued = ca
+        .issue_client("a", &[], Duration::from_secs(60))
+        .expect("issue");
+    let info = CertInfo::from_pem(&issued.cert_pem).expect("info");
+    let lifetime = info
+        .not_after
+        .duration_since(info.not_before)
+        .expect("order");
+    // 60 s validity + 6 s back-dating (a tenth), not 5 minutes.
+    assert!(lifetime <= Duration::from_secs(67), "{lifetime:?}");
+    assert!(info.renew_at() > SystemTime::now());
+}
+
+fn verify_serving(
+    verifier: &dyn ServerCertVerifier,
+    chain: &[CertificateDer<'static>],
+) -> Result<(), rustls::Error> {
+    verifier
+        .verify_server_cert(
+            &chain[0],
+            &chain[1..],
+            &ServerName::try_from("localhost").expect("name"),
+            &[],
+            UnixTime::now(),
+        )
+        .map(|_| ())
+}
+
+#[test]
+fn pinned_verifier_accepts_only_the_pinned_ca() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let other = tempfile::tempdir().expect("tempdir");
+    let ca = Ca::load_or_create(dir.path()).expect("ca");
+    let mitm = Ca::load_or_create(other.path()).expect("mitm");
+    let chain_of = |ca: &Ca| {
+        let serving = ca
+            .issue_serving(&["localhost".to_string()], DAY)
+            .expect("serving");
+        let mut chain = vec![der_of(&serving.cert_pem)];
+        chain.extend(ca.serving_chain_tail());
+        chain
+    };
+    let verifier = PinnedCaVerifier::new(&ca.cert_hash().expect("hash")).expect("pin");
+    verify_serving(&verifier, &chain_of(&ca)).expect("pinned CA accepted");
+    let error = verify_serving(&verifier, &chain_of(&mitm)).expect_err("other CA refused");
+    assert!(error.to_string().contains("does not match"), "{error}");
+    // A MITM that forwards the real CA certificate but signs with its own key still fails.
+    let mut forged = chain_of(&mitm);
+    forged.push(CertificateDer::from(ca.cert_der().to_vec()));
+    assert!(verify_serving(&verifier, &forged).is_err());
+    // Pins are validated.
+    for bad in ["", "sha256:", "sha256:xyz", "md5:00", &"sha256:".repeat(2)] {
+        assert!(PinnedCaVerifier::new(bad).is_err(), "{bad:?}");
+    }
+    let upper = ca
+        .cert_hash()
+        .expect("hash")
+        .to_uppercase()
+        .replace("SHA256", "sha256");
+    assert!(PinnedCaVerifier::new(&upper).is_ok());
+}
+
+#[test]
+fn ca_rotation_keeps_old_clients_working_until_retired() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let old = Ca::load_or_create(dir.path()).expect("ca");
+    let old_anchor = CertificateDer::from(old.cert_der().to_vec());
+    let old_client = old.issue_client("alice", &[], DAY).expect("client");
+    drop(old);
+
+    let rotation = rotate_ca(dir.path()).expect("rotate");
+    assert_ne!(rotation.previous_hash, rotation.active_hash);
+    assert!(rotate_ca(dir.path()).is_err(), "second rotation refused");
+    let ca = Ca::load_or_create(dir.path()).expect("reload");
+    assert!(ca.rotation_in_progress());
+    assert_eq!(ca.cert_hash().expect("hash"), rotation.active_hash);
+    assert_eq!(ca.trust_anchors().len(), 2);
+    assert_eq!(ca.bundle_pem().matches("BEGIN CERTIFICATE").count(), 2);
+    // Client certificates of the old CA still verify; new ones come from the new CA.
+    ca.verify_client_cert(&der_of(&old_client.cert_pem))
+        .expect("old client accepted during rotation");
+    let new_client = ca.issue_client("bob", &[], DAY).expect("client");
+    ca.verify_client_cert(&der_of(&new_client.cert_pem))
+        .expect("new client accepted");
+    assert_ne!(
+        CertInfo::from_pem(&new_client.cert_pem)
+            .expect("info")
+            .issuer,
+        CA_COMMON_NAME
+    );
+    // A client that only trusts the old CA verifies the new serving chain through the
+    // cross-signed certificate; one that trusts the new CA verifies it directly.
+    let serving = ca
+        .issue_serving(&["localhost".to_string()], DAY)
+        .expect("serving");
+    let mut chain = vec![der_of(&serving.cert_pem)];
+    chain.extend(ca.serving_chain_tail());
+    assert_eq!(chain.len(), 3);
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    for anchors in [vec![old_anchor.clone()], ca.trust_anchors()[..1].to_vec()] {
+        let mut roots = rustls::RootCertStore::empty();
+        for anchor in &anchors {
+            roots.add(anchor.clone()).expect("root");
+        }
+        let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .expect("verifier");
+        verify_serving(verifier.as_ref(), &chain).expect("serving chain verifies");
+    }
+    // Joining agents pin the new CA.
+    let pinned = PinnedCaVerifier::new(&rotation.active_hash).expect("pin");
+    verify_serving(&pinned, &chain).expect("pin of the new CA");
+
+    let retired = retire_previous_cas(dir.path()).expect("retire");
+    assert_eq!(retired, vec![rotation.previous_hash.clone()]);
+    let ca = Ca::load_or_create(dir.path()).expect("reload");
+    assert!(!ca.rotation_in_progress());
+    assert!(
+        ca.verify_client_cert(&der_of(&old_client.cert_pem))
+            .is_err()
+    );
+    ca.verify_client_cert(&der_of(&new_client.cert_pem))
+        .expect("new client still accepted");
+    assert_eq!(ca.serving_chain_tail().len(), 1);
+    assert!(
+        retire_previous_cas(dir.path())
+            .expect("idempotent")
+            .is_empty()
+    );
+}
