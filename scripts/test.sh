@@ -17,6 +17,8 @@ install_deps() {
     local apt_pkgs=()
     command -v kubectl >/dev/null 2>&1 || apt_pkgs+=(kubectl)
     command -v python3 >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip)
+    # ssh-keygen checks the OpenSSH certificates rlark signs.
+    command -v ssh-keygen >/dev/null 2>&1 || apt_pkgs+=(openssh-client)
     if [ ${#apt_pkgs[@]} -gt 0 ]; then
         log "installing Debian packages: ${apt_pkgs[*]}"
         export DEBIAN_FRONTEND=noninteractive

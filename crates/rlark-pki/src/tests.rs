@@ -445,3 +445,86 @@ fn ca_rotation_keeps_old_clients_working_until_retired() {
             .is_empty()
     );
 }
+
+/// A small deterministic mutation fuzzer for the parsers of untrusted input, run on stable
+/// in every test run (the cargo-fuzz targets in `fuzz/` go further on nightly). Each parser
+/// must either accept or return an error with a reason — never panic — for thousands of
+/// mutations of valid inputs.
+#[test]
+fn parsers_survive_mutated_input() {
+    struct XorShift(u64);
+    impl XorShift {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+        fn below(&mut self, n: usize) -> usize {
+            (self.next() % n.max(1) as u64) as usize
+        }
+    }
+    fn mutate(rng: &mut XorShift, seed: &[u8]) -> Vec<u8> {
+        let mut data = seed.to_vec();
+        for _ in 0..=rng.below(4) {
+            match rng.below(5) {
+                0 if !data.is_empty() => {
+                    let i = rng.below(data.len());
+                    data[i] ^= 1 << rng.below(8);
+                }
+                1 if !data.is_empty() => data.truncate(rng.below(data.len())),
+                2 => {
+                    let i = rng.below(data.len() + 1);
+                    data.insert(i, rng.next() as u8);
+                }
+                3 if data.len() > 1 => {
+                    let i = rng.below(data.len());
+                    data.remove(i);
+                }
+                _ => {
+                    let i = rng.below(data.len() + 1);
+                    let j = rng.below(data.len() + 1);
+                    let (a, b) = (i.min(j), i.max(j));
+                    let chunk = data[a..b].to_vec();
+                    data.splice(a..a, chunk);
+                }
+            }
+        }
+        data
+    }
+
+    let made = generate_key_and_csr("fuzz").expect("csr");
+    let der = rustls::pki_types::CertificateSigningRequestDer::from_pem_slice(
+        made.csr_pem.as_bytes(),
+    )
+    .expect("der")
+    .as_ref()
+    .to_vec();
+    let csr_seeds: Vec<Vec<u8>> = vec![
+        made.csr_pem.clone().into_bytes(),
+        der,
+        include_bytes!("testdata/rsa.csr").to_vec(),
+    ];
+    let token_seeds = [
+        Token::generate(TokenKind::Bootstrap).expose(),
+        Token::generate(TokenKind::Bearer).expose(),
+    ];
+    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut accepted = 0;
+    for round in 0..4000 {
+        let seed = &csr_seeds[round % csr_seeds.len()];
+        let input = mutate(&mut rng, seed);
+        match parse_csr(&input) {
+            Ok(_) => accepted += 1,
+            Err(error) => assert!(!error.to_string().is_empty()),
+        }
+        let token_input = mutate(&mut rng, token_seeds[round % 2].as_bytes());
+        if let Ok(text) = std::str::from_utf8(&token_input) {
+            if let Ok(token) = Token::parse_any(text) {
+                assert_eq!(token.expose(), text, "accepted tokens round-trip");
+            }
+        }
+    }
+    // Mutations that keep the DER intact (e.g. PEM whitespace) may still parse; most not.
+    assert!(accepted < 4000, "the mutator never produced an invalid CSR");
+}
