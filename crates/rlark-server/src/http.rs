@@ -30,7 +30,7 @@ pub(crate) struct ProcessState {
     pub metrics: Arc<Registry>,
 }
 
-/// `/healthz`, `/livez`, `/readyz` (anonymous) and `/metrics` (authenticated), merged with
+/// `/healthz`, `/livez`, `/readyz` (anonymous) and `/metrics` (admin, viewer, peer), merged with
 /// the API router.
 pub(crate) fn router(state: ProcessState, api: Router) -> Router {
     let process = Router::new()
@@ -58,8 +58,23 @@ async fn metrics(
     State(state): State<ProcessState>,
     identity: Option<axum::Extension<Identity>>,
 ) -> Response {
-    if identity.is_none() {
+    let Some(axum::Extension(identity)) = identity else {
         return unauthorized();
+    };
+    // Scrapers run as admin, viewer or peer; agents and task tokens have no business here.
+    use rlark_apiserver::auth::Role;
+    if !matches!(identity.role(), Role::Admin | Role::Viewer | Role::Peer { .. }) {
+        let body = serde_json::json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+            "message": format!("forbidden: User \"{}\" cannot get path \"/metrics\"", identity.user),
+            "reason": "Forbidden", "code": 403,
+        });
+        return (
+            StatusCode::FORBIDDEN,
+            [(header::CONTENT_TYPE, "application/json")],
+            body.to_string(),
+        )
+            .into_response();
     }
     let mut text = String::new();
     if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &state.metrics) {
