@@ -14,7 +14,12 @@ pub(crate) struct JoinArgs {
     #[arg(long, value_name = "URL")]
     server: String,
     /// Bootstrap token from `rlark token create`.
-    #[arg(long, value_name = "TOKEN", env = "RLARK_JOIN_TOKEN", hide_env_values = true)]
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "RLARK_JOIN_TOKEN",
+        hide_env_values = true
+    )]
     token: String,
     /// sha256:<hex> of the CA's public key, from `rlark token create`. The join refuses a
     /// server whose CA does not match.
@@ -59,9 +64,7 @@ pub(crate) async fn join(args: JoinArgs) -> anyhow::Result<()> {
     );
     println!(
         "credentials: {}",
-        std::path::absolute(&args.dir)
-            .unwrap_or(args.dir)
-            .display()
+        std::path::absolute(&args.dir).unwrap_or(args.dir).display()
     );
     Ok(())
 }

@@ -8,7 +8,9 @@ mod delete;
 mod describe;
 mod discovery;
 mod get;
+mod join;
 mod manifest;
+mod security;
 mod server;
 mod table;
 
@@ -46,8 +48,18 @@ enum Command {
     Server(server::ServerArgs),
     /// Start a local control plane on loopback with embedded defaults and print how to use it.
     Up(server::UpArgs),
-    /// Print the admin kubeconfig of a data directory.
+    /// Print the admin kubeconfig of a data directory, or (with --user) make a kubeconfig
+    /// for a user with a new certificate signed by the server.
     Kubeconfig(server::KubeconfigArgs),
+    /// Create bootstrap tokens (agent join) and user bearer tokens.
+    #[command(subcommand)]
+    Token(security::TokenCommand),
+    /// List, revoke and sign client certificates.
+    #[command(subcommand)]
+    Cert(security::CertCommand),
+    /// Rotate the installation CA of a data directory (offline).
+    #[command(subcommand)]
+    Ca(security::CaCommand),
     /// Print the CustomResourceDefinitions of the rlinf.io API (for a real Kubernetes cluster).
     Crds,
     /// Create or update resources from files, directories or stdin.
@@ -65,6 +77,9 @@ enum Command {
     /// Run the Job, Workflow, Task and Node controllers against an API server, with leader
     /// election, until SIGTERM or SIGINT.
     ControllerManager(controller_manager::ControllerManagerArgs),
+    /// Join this host to an installation as the agent of a cluster: verify the server's CA
+    /// against --ca-hash, make a key here, and get a certificate with a bootstrap token.
+    Join(join::JoinArgs),
 }
 
 /// Flags shared by the commands that talk to a server.
@@ -101,7 +116,10 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Server(args) => server::server(args).await,
         Command::Up(args) => server::up(args).await,
-        Command::Kubeconfig(args) => server::kubeconfig(args),
+        Command::Kubeconfig(args) => server::kubeconfig(args).await,
+        Command::Token(command) => security::token(command).await,
+        Command::Cert(command) => security::cert(command).await,
+        Command::Ca(command) => security::ca(command),
         Command::Bench(command) => crate::bench::run(command).await,
         Command::Crds => {
             print!("{}", rlark_api::crd::crds_yaml());
@@ -114,6 +132,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cordon(args) => cordon::cordon(args, true).await,
         Command::Uncordon(args) => cordon::cordon(args, false).await,
         Command::ControllerManager(args) => controller_manager::controller_manager(args).await,
+        Command::Join(args) => join::join(args).await,
     }
 }
 

@@ -9,8 +9,10 @@ use rlark_server::{ServerConfig, ServerConfigFile, ServerOverrides};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-/// Data directory of `rlark up` and `rlark kubeconfig` when none is given.
-const DEFAULT_DATA_DIR: &str = ".rlark";
+use super::security::{self, SecurityClient, UserRole, parse_seconds};
+
+/// Data directory of `rlark up`, `rlark kubeconfig` and `rlark ca` when none is given.
+pub(crate) const DEFAULT_DATA_DIR: &str = ".rlark";
 
 #[derive(Debug, Args)]
 pub(crate) struct ServerArgs {
@@ -51,9 +53,27 @@ pub(crate) struct KubeconfigArgs {
     /// Data directory of the server.
     #[arg(long, value_name = "DIR", default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
-    /// Print the file's path instead of its content.
-    #[arg(long)]
+    /// Print the admin kubeconfig's path instead of its content.
+    #[arg(long, conflicts_with_all = ["user", "output"])]
     path: bool,
+    /// Make a kubeconfig for this user instead: a key is generated here and the server signs
+    /// a certificate for it (needs admin credentials, see --kubeconfig).
+    #[arg(long, value_name = "NAME")]
+    user: Option<String>,
+    /// Role of the user's certificate (with --user) [default: viewer].
+    #[arg(long, value_enum, requires = "user")]
+    role: Option<UserRole>,
+    /// Validity of the user's certificate: `1h`, `30d`, `365d` or plain seconds (with
+    /// --user) [default: the server's].
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds, requires = "user")]
+    validity: Option<u64>,
+    /// Admin kubeconfig used to have the user's certificate signed (with --user). Default:
+    /// $KUBECONFIG, else DIR/admin.kubeconfig.
+    #[arg(long, value_name = "PATH", requires = "user")]
+    kubeconfig: Option<PathBuf>,
+    /// Write the kubeconfig to FILE (mode 0600) instead of stdout.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
 }
 
 pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
@@ -110,8 +130,24 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(crate) fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<()> {
+pub(crate) async fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<()> {
     let path = rlark_server::admin_kubeconfig_path(&args.data_dir);
+    if let Some(user) = &args.user {
+        let missing = format!(
+            "no admin kubeconfig: pass --kubeconfig, set KUBECONFIG, or give the server's \
+             --data-dir (looked for {})",
+            path.display()
+        );
+        let api = SecurityClient::connect(args.kubeconfig.as_deref(), &path, &missing).await?;
+        return security::user_kubeconfig(
+            &api,
+            user,
+            args.role.unwrap_or(UserRole::Viewer),
+            args.validity,
+            args.output.as_deref(),
+        )
+        .await;
+    }
     if !path.exists() {
         bail!(
             "no kubeconfig at {}: start the server first (`rlark up` or `rlark server --data-dir {}`)",
@@ -121,10 +157,14 @@ pub(crate) fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<()> {
     }
     if args.path {
         println!("{}", absolute(&path).display());
-    } else {
-        let text =
-            std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
-        print!("{text}");
+        return Ok(());
+    }
+    let text =
+        std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))?;
+    match &args.output {
+        Some(output) => rlark_pki::write_private_file(output, text.as_bytes())
+            .with_context(|| format!("write {}", output.display()))?,
+        None => print!("{text}"),
     }
     Ok(())
 }
