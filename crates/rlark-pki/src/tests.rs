@@ -494,12 +494,11 @@ fn parsers_survive_mutated_input() {
     }
 
     let made = generate_key_and_csr("fuzz").expect("csr");
-    let der = rustls::pki_types::CertificateSigningRequestDer::from_pem_slice(
-        made.csr_pem.as_bytes(),
-    )
-    .expect("der")
-    .as_ref()
-    .to_vec();
+    let der =
+        rustls::pki_types::CertificateSigningRequestDer::from_pem_slice(made.csr_pem.as_bytes())
+            .expect("der")
+            .as_ref()
+            .to_vec();
     let csr_seeds: Vec<Vec<u8>> = vec![
         made.csr_pem.clone().into_bytes(),
         der,

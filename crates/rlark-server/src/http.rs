@@ -63,7 +63,10 @@ async fn metrics(
     };
     // Scrapers run as admin, viewer or peer; agents and task tokens have no business here.
     use rlark_apiserver::auth::Role;
-    if !matches!(identity.role(), Role::Admin | Role::Viewer | Role::Peer { .. }) {
+    if !matches!(
+        identity.role(),
+        Role::Admin | Role::Viewer | Role::Peer { .. }
+    ) {
         let body = serde_json::json!({
             "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
             "message": format!("forbidden: User \"{}\" cannot get path \"/metrics\"", identity.user),

@@ -120,6 +120,8 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
          \x20 kubectl get jobs -A\n\
          \x20 rlark get jobs\n\
          \x20 rlark apply -f examples/\n\n\
+         Join an agent host: rlark token create --cluster-id ID   (prints the join command)\n\
+         Read-only user:     rlark kubeconfig --user NAME --role viewer -o NAME.kubeconfig\n\n\
          Press Ctrl-C to stop.",
         url = server.url(),
         data = args.data_dir.display(),
