@@ -74,6 +74,11 @@ pub enum JoinError {
     Response(String),
     #[error("agent directory {dir}: {reason}")]
     State { dir: PathBuf, reason: String },
+    #[error(
+        "the agent certificate {serial} expired at {not_after}; it can no longer renew itself: \
+         join again with a new bootstrap token"
+    )]
+    Expired { serial: String, not_after: String },
     #[error(transparent)]
     Pki(#[from] crate::PkiError),
 }
@@ -370,6 +375,13 @@ pub async fn join(options: &JoinOptions) -> Result<AgentCredentials, JoinError> 
 /// returns the new credentials.
 pub async fn renew(dir: &Path) -> Result<AgentCredentials, JoinError> {
     let current = AgentCredentials::load(dir)?;
+    if current.info.not_after <= SystemTime::now() {
+        return Err(JoinError::Expired {
+            serial: current.info.serial.clone(),
+            not_after: chrono::DateTime::<chrono::Utc>::from(current.info.not_after)
+                .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        });
+    }
     let key_and_csr = generate_key_and_csr(&current.info.common_name)?;
     let value = post_json(
         &current.state.server,

@@ -518,10 +518,10 @@ fn parsers_survive_mutated_input() {
             Err(error) => assert!(!error.to_string().is_empty()),
         }
         let token_input = mutate(&mut rng, token_seeds[round % 2].as_bytes());
-        if let Ok(text) = std::str::from_utf8(&token_input) {
-            if let Ok(token) = Token::parse_any(text) {
-                assert_eq!(token.expose(), text, "accepted tokens round-trip");
-            }
+        if let Ok(text) = std::str::from_utf8(&token_input)
+            && let Ok(token) = Token::parse_any(text)
+        {
+            assert_eq!(token.expose(), text, "accepted tokens round-trip");
         }
     }
     // Mutations that keep the DER intact (e.g. PEM whitespace) may still parse; most not.

@@ -36,6 +36,9 @@ pub(crate) struct PeerCredentials {
     pub cert_identity: Option<Identity>,
     /// Serial of that certificate.
     pub cert_serial: Option<String>,
+    /// Expiry of that certificate: checked per request, like Kubernetes' x509
+    /// authenticator, so a long-lived connection does not outlive its certificate.
+    pub cert_not_after: Option<std::time::SystemTime>,
     /// Ids of bearer tokens accepted on this connection.
     pub used_tokens: Mutex<HashSet<String>>,
 }
@@ -54,6 +57,7 @@ impl PeerCredentials {
                     groups: info.groups,
                 }),
                 cert_serial: Some(info.serial),
+                cert_not_after: Some(info.not_after),
                 used_tokens: Mutex::default(),
             },
             Err(error) => {
@@ -125,6 +129,14 @@ pub(crate) async fn authenticate(
             if security.is_revoked(serial) {
                 return Err(SecurityError::unauthorized(format!(
                     "client certificate {serial} has been revoked"
+                )));
+            }
+            if peer
+                .cert_not_after
+                .is_some_and(|t| t <= std::time::SystemTime::now())
+            {
+                return Err(SecurityError::unauthorized(format!(
+                    "client certificate {serial} has expired"
                 )));
             }
             Ok(Some((

@@ -599,7 +599,9 @@ impl Security {
         entry.verb = "join".into();
         entry.resource = "bootstraptokens".into();
         entry.name = token_id.to_string();
-        entry.namespace = auth::agent_namespace(cluster_id);
+        if !cluster_id.is_empty() {
+            entry.namespace = auth::agent_namespace(cluster_id);
+        }
         entry.reason = reason.to_string();
         self.audit.record(entry);
         SecurityError::unauthorized(reason.to_string())
@@ -623,10 +625,18 @@ impl Security {
             .get::<BootstrapTokenRecord>(BOOTSTRAP_TOKENS, &token.id)
             .await?
         else {
-            return Err(self.join_denied(&token.id, "", "bootstrap token is unknown"));
+            return Err(self.join_denied(
+                &token.id,
+                cluster_id.unwrap_or(""),
+                "bootstrap token is unknown",
+            ));
         };
         if !token.matches(&record.secret_hash) {
-            return Err(self.join_denied(&token.id, "", "bootstrap token is invalid"));
+            return Err(self.join_denied(
+                &token.id,
+                cluster_id.unwrap_or(""),
+                "bootstrap token is invalid",
+            ));
         }
         let cluster_id = match (cluster_id.filter(|c| !c.is_empty()), &record.cluster_id) {
             (Some(asked), Some(bound)) if asked != bound => {

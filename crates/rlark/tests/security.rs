@@ -1,0 +1,1605 @@
+//! Security end-to-end (DESIGN §5): agents join with a bootstrap token and a CA pin, renew
+//! their certificates, are confined to their namespace; viewers read; task tokens read their
+//! Task and post Events; revocation cuts open connections and survives a restart; bad input
+//! gets a 400 that names the problem. Everything over real TLS against an in-process server.
+
+use std::future::Future;
+use std::os::unix::fs::PermissionsExt as _;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant, SystemTime};
+
+use anyhow::{Context as _, Result, bail, ensure};
+use futures::StreamExt as _;
+use http_body_util::BodyExt as _;
+use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use rlark_pki::join::{
+    AGENT_CA, AGENT_KUBECONFIG, AGENT_PEM, AGENT_STATE, AgentCredentials, JoinError, JoinOptions,
+    Renewer,
+};
+use rlark_testkit::{TestServer, client_from_kubeconfig};
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+/// Hang guard of every test.
+const TEST_TIMEOUT: Duration = Duration::from_secs(180);
+
+/// Run `test` with the hang guard.
+async fn bounded(test: impl Future<Output = Result<()>>) -> Result<()> {
+    tokio::time::timeout(TEST_TIMEOUT, test)
+        .await
+        .with_context(|| format!("test did not finish within {TEST_TIMEOUT:?}"))?
+}
+
+// ---------------------------------------------------------------------------------------
+// HTTP helpers
+// ---------------------------------------------------------------------------------------
+
+/// A response: status code, body text and the body as JSON (`Null` when not JSON).
+#[derive(Debug)]
+struct Resp {
+    code: u16,
+    text: String,
+    json: Value,
+}
+
+impl Resp {
+    fn message(&self) -> &str {
+        self.json["message"].as_str().unwrap_or_default()
+    }
+}
+
+/// Send `body` (raw bytes, with `content_type`) and return whatever the server answered.
+async fn call_raw(
+    client: &kube::Client,
+    method: &str,
+    path: &str,
+    content_type: &str,
+    body: Vec<u8>,
+) -> Result<Resp> {
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::CONTENT_TYPE, content_type)
+        .header(http::header::ACCEPT, "application/json")
+        .body(kube::client::Body::from(body))
+        .context("build request")?;
+    let response = client
+        .send(request)
+        .await
+        .with_context(|| format!("{method} {path}"))?;
+    let code = response.status().as_u16();
+    let bytes = response
+        .into_body()
+        .collect()
+        .await
+        .with_context(|| format!("read body of {method} {path}"))?
+        .to_bytes();
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    Ok(Resp { code, text, json })
+}
+
+/// Send a JSON body (merge patch for `PATCH`); `None` sends an empty body.
+async fn call(
+    client: &kube::Client,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Resp> {
+    let content_type = if method == "PATCH" {
+        "application/merge-patch+json"
+    } else {
+        "application/json"
+    };
+    let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
+    call_raw(client, method, path, content_type, bytes).await
+}
+
+/// Like [`call`], requiring a 2xx answer; returns its JSON.
+async fn call_ok(
+    client: &kube::Client,
+    method: &str,
+    path: &str,
+    body: Option<&Value>,
+) -> Result<Value> {
+    let resp = call(client, method, path, body).await?;
+    ensure!(
+        (200..300).contains(&resp.code),
+        "{method} {path}: {} {}",
+        resp.code,
+        resp.text
+    );
+    Ok(resp.json)
+}
+
+// ---------------------------------------------------------------------------------------
+// Security API helpers
+// ---------------------------------------------------------------------------------------
+
+/// Mint a bootstrap token (admin); the answer has `token`, `caHash`, `expiresAt`, ...
+async fn bootstrap_token(admin: &kube::Client, cluster: Option<&str>, ttl: u64) -> Result<Value> {
+    let mut body = json!({"kind": "bootstrap", "ttlSeconds": ttl});
+    if let Some(cluster) = cluster {
+        body["clusterID"] = json!(cluster);
+    }
+    let value = call_ok(admin, "POST", "/rlark/v1/tokens", Some(&body)).await?;
+    ensure!(value["token"].is_string(), "no token in {value}");
+    Ok(value)
+}
+
+fn str_of<'a>(value: &'a Value, field: &str) -> Result<&'a str> {
+    value[field]
+        .as_str()
+        .with_context(|| format!("no string {field:?} in {value}"))
+}
+
+fn join_options(
+    server: &str,
+    token: &str,
+    ca_hash: &str,
+    cluster: Option<&str>,
+    dir: &Path,
+) -> JoinOptions {
+    JoinOptions {
+        server: server.to_string(),
+        token: token.to_string(),
+        ca_hash: ca_hash.to_string(),
+        cluster_id: cluster.map(str::to_string),
+        dir: dir.to_path_buf(),
+    }
+}
+
+/// Mint a token bound to `cluster` and join with it into `dir`.
+async fn join_cluster(
+    server: &TestServer,
+    admin: &kube::Client,
+    cluster: &str,
+    dir: &Path,
+) -> Result<AgentCredentials> {
+    let token = bootstrap_token(admin, Some(cluster), 600).await?;
+    let options = join_options(
+        &server.url(),
+        str_of(&token, "token")?,
+        str_of(&token, "caHash")?,
+        None,
+        dir,
+    );
+    rlark_pki::join::join(&options)
+        .await
+        .with_context(|| format!("join cluster {cluster}"))
+}
+
+/// The certificate records (GET /rlark/v1/certificates) of the agent of `cluster`.
+async fn agent_certificates(admin: &kube::Client, cluster: &str) -> Result<Vec<Value>> {
+    let list = call_ok(admin, "GET", "/rlark/v1/certificates", None).await?;
+    let user = format!("system:rlark:agent:{cluster}");
+    Ok(list["items"]
+        .as_array()
+        .context("certificate list has no items")?
+        .iter()
+        .filter(|c| c["user"] == user.as_str())
+        .cloned()
+        .collect())
+}
+
+/// The CA bundle of the installation (GET /rlark/v1/ca).
+async fn ca_bundle(admin: &kube::Client) -> Result<String> {
+    let ca = call_ok(admin, "GET", "/rlark/v1/ca", None).await?;
+    Ok(str_of(&ca, "caBundle")?.to_string())
+}
+
+/// `data` as base64 (no line breaks), via k8s-openapi's `ByteString` serialization.
+fn base64(data: &[u8]) -> String {
+    serde_json::to_value(k8s_openapi::ByteString(data.to_vec()))
+        .ok()
+        .and_then(|v| v.as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// A kubeconfig whose user is `user_yaml` (a flow mapping), trusting `ca_pem`.
+fn kubeconfig_with_user(server: &str, ca_pem: &str, user_yaml: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: rlark\n  cluster:\n    server: \"{server}\"\n    \
+         certificate-authority-data: {ca}\ncontexts:\n- name: rlark\n  context:\n    cluster: rlark\n    \
+         user: t\ncurrent-context: rlark\nusers:\n- name: t\n  user: {user_yaml}\n",
+        ca = base64(ca_pem.as_bytes()),
+    )
+}
+
+/// Write `yaml` to `dir/name` and build a client from it.
+async fn client_from_yaml(dir: &Path, name: &str, yaml: &str) -> Result<(kube::Client, PathBuf)> {
+    let path = dir.join(name);
+    std::fs::write(&path, yaml).with_context(|| format!("write {}", path.display()))?;
+    Ok((client_from_kubeconfig(&path).await?, path))
+}
+
+/// A kubeconfig with a client certificate signed by the admin for role `viewer`, user
+/// `name`.
+async fn viewer_kubeconfig(
+    server: &TestServer,
+    admin: &kube::Client,
+    name: &str,
+) -> Result<String> {
+    let key_and_csr = rlark_pki::generate_key_and_csr(name)?;
+    let signed = call_ok(
+        admin,
+        "POST",
+        "/rlark/v1/certificates",
+        Some(&json!({"role": "viewer", "name": name, "csr": key_and_csr.csr_pem})),
+    )
+    .await?;
+    Ok(rlark_pki::kubeconfig_yaml(
+        &server.url(),
+        str_of(&signed, "caBundle")?,
+        str_of(&signed, "certificate")?,
+        &key_and_csr.key_pem,
+        name,
+    ))
+}
+
+/// A kubeconfig for `creds` (certificate and key from `agent.pem`) against `url`.
+fn agent_kubeconfig(url: &str, creds: &AgentCredentials) -> String {
+    rlark_pki::kubeconfig_yaml(
+        url,
+        &creds.ca_pem,
+        &creds.cert_pem,
+        &creds.key_pem,
+        &creds.info.common_name,
+    )
+}
+
+// ---------------------------------------------------------------------------------------
+// Objects
+// ---------------------------------------------------------------------------------------
+
+fn task_resource() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("rlinf.io", "v1alpha1", "Task"),
+        "tasks",
+    )
+}
+
+fn tasks(client: &kube::Client, namespace: &str) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), namespace, &task_resource())
+}
+
+fn task_json(namespace: &str, name: &str) -> Value {
+    json!({
+        "apiVersion": "rlinf.io/v1alpha1",
+        "kind": "Task",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"role": "Actor", "agentType": "Raw", "raw": {"entrypoint": ["true"]}},
+    })
+}
+
+fn task_object(namespace: &str, name: &str) -> Result<DynamicObject> {
+    Ok(serde_json::from_value(task_json(namespace, name))?)
+}
+
+fn job_json(name: &str) -> Value {
+    json!({
+        "apiVersion": "rlinf.io/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"tasks": [{
+            "name": "actor", "head": true, "agentType": "Raw", "role": "Actor",
+            "raw": {"entrypoint": ["true"], "replicas": 1},
+        }]},
+    })
+}
+
+fn event_json(namespace: &str, name: &str, about: &str) -> Value {
+    json!({
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"name": name, "namespace": namespace},
+        "involvedObject": {
+            "apiVersion": "rlinf.io/v1alpha1", "kind": "Task",
+            "name": about, "namespace": namespace,
+        },
+        "reason": "Progress",
+        "message": "step 1",
+        "type": "Normal",
+    })
+}
+
+/// Set `status.phase` of Task `namespace/name` through the status subresource (admin).
+async fn set_task_phase(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+    phase: &str,
+) -> Result<()> {
+    call_ok(
+        admin,
+        "PATCH",
+        &format!("/apis/rlinf.io/v1alpha1/namespaces/{namespace}/tasks/{name}/status"),
+        Some(&json!({"status": {"phase": phase}})),
+    )
+    .await?;
+    Ok(())
+}
+
+fn mode_of(path: &Path) -> Result<u32> {
+    Ok(std::fs::metadata(path)
+        .with_context(|| format!("stat {}", path.display()))?
+        .permissions()
+        .mode()
+        & 0o777)
+}
+
+/// Whether `dir` is missing or empty.
+fn dir_is_empty(dir: &Path) -> bool {
+    match std::fs::read_dir(dir) {
+        Ok(mut entries) => entries.next().is_none(),
+        Err(e) => e.kind() == std::io::ErrorKind::NotFound,
+    }
+}
+
+/// The `JoinError::Refused` parts of `result`, or a failure describing what came instead.
+fn refused<T>(result: Result<T, JoinError>) -> Result<(u16, String)> {
+    match result {
+        Err(JoinError::Refused { code, message }) => Ok((code, message)),
+        Err(other) => bail!("expected a refusal, got {other:?} ({other})"),
+        Ok(_) => bail!("expected a refusal, but the join succeeded"),
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// 1. Join
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_works_once_per_cluster() -> Result<()> {
+    bounded(async {
+        let server = TestServer::start().await?;
+        let admin = server.client().await?;
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("agent-a");
+
+        let token = bootstrap_token(&admin, Some("a"), 600).await?;
+        let options = join_options(
+            &server.url(),
+            str_of(&token, "token")?,
+            str_of(&token, "caHash")?,
+            None,
+            &dir,
+        );
+        let creds = rlark_pki::join::join(&options)
+            .await
+            .context("first join")?;
+        assert_eq!(creds.state.cluster_id, "a");
+        assert_eq!(creds.info.common_name, "system:rlark:agent:a");
+        assert_eq!(creds.info.groups, ["rlark:agents"]);
+
+        // Private files in a private directory.
+        assert_eq!(mode_of(&dir)?, 0o700, "agent directory mode");
+        for file in [AGENT_PEM, AGENT_CA, AGENT_STATE, AGENT_KUBECONFIG] {
+            assert_eq!(mode_of(&dir.join(file))?, 0o600, "mode of {file}");
+        }
+
+        // The agent works in its own namespace (created by the join) and nowhere else.
+        let agent = client_from_kubeconfig(&dir.join(AGENT_KUBECONFIG)).await?;
+        let own = tasks(&agent, "rlark-a");
+        own.create(&PostParams::default(), &task_object("rlark-a", "t-agent")?)
+            .await
+            .context("agent creates a Task in rlark-a")?;
+        let listed = own.list(&ListParams::default()).await?;
+        assert_eq!(
+            listed
+                .items
+                .iter()
+                .filter_map(|t| t.metadata.name.as_deref())
+                .collect::<Vec<_>>(),
+            ["t-agent"]
+        );
+        let denied = call(
+            &agent,
+            "POST",
+            "/apis/rlinf.io/v1alpha1/namespaces/default/tasks",
+            Some(&task_json("default", "t-agent")),
+        )
+        .await?;
+        assert_eq!(denied.code, 403, "create in default: {}", denied.text);
+        assert!(
+            denied.message().contains("User \"system:rlark:agent:a\""),
+            "{}",
+            denied.text
+        );
+        let denied = call(
+            &agent,
+            "GET",
+            "/apis/rlinf.io/v1alpha1/namespaces/default/tasks",
+            None,
+        )
+        .await?;
+        assert_eq!(denied.code, 403, "list in default: {}", denied.text);
+
+        // The same token for the same cluster again: refused, nothing written.
+        let again_dir = tmp.path().join("agent-a-again");
+        let (code, message) = refused(
+            rlark_pki::join::join(&JoinOptions {
+                dir: again_dir.clone(),
+                ..options.clone()
+            })
+            .await,
+        )?;
+        assert_eq!(code, 401, "{message}");
+        assert!(message.contains("already used"), "{message}");
+        assert!(
+            dir_is_empty(&again_dir),
+            "a refused join wrote files to {}",
+            again_dir.display()
+        );
+        // Also with the cluster ID given explicitly.
+        let (code, message) = refused(
+            rlark_pki::join::join(&JoinOptions {
+                dir: again_dir.clone(),
+                cluster_id: Some("a".into()),
+                ..options.clone()
+            })
+            .await,
+        )?;
+        assert_eq!(
+            (code, message.contains("already used")),
+            (401, true),
+            "{message}"
+        );
+        assert!(dir_is_empty(&again_dir));
+        assert_eq!(agent_certificates(&admin, "a").await?.len(), 1);
+
+        // A token not bound to a cluster needs a cluster ID.
+        let unbound = bootstrap_token(&admin, None, 600).await?;
+        let (code, message) = refused(
+            rlark_pki::join::join(&join_options(
+                &server.url(),
+                str_of(&unbound, "token")?,
+                str_of(&unbound, "caHash")?,
+                None,
+                &tmp.path().join("agent-unbound"),
+            ))
+            .await,
+        )?;
+        assert_eq!(code, 400, "{message}");
+        assert!(message.contains("cluster ID required"), "{message}");
+        assert!(dir_is_empty(&tmp.path().join("agent-unbound")));
+
+        server.stop().await
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------
+// 2. Expired, malformed and unknown tokens
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_and_wrong_tokens_fail() -> Result<()> {
+    bounded(async {
+        let server = TestServer::start().await?;
+        let admin = server.client().await?;
+        let tmp = tempfile::tempdir()?;
+        let ca_hash = server.ca_cert_hash().to_string();
+
+        // A 1 s token, used only once its expiry has passed (joining earlier would consume it).
+        let token = bootstrap_token(&admin, Some("exp"), 1).await?;
+        let expires_at: SystemTime =
+            chrono::DateTime::parse_from_rfc3339(str_of(&token, "expiresAt")?)
+                .context("expiresAt is RFC 3339")?
+                .with_timezone(&chrono::Utc)
+                .into();
+        let deadline = Instant::now() + Duration::from_secs(3);
+        while SystemTime::now() <= expires_at + Duration::from_millis(100) {
+            ensure!(Instant::now() < deadline, "token did not expire within 3 s");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let dir = tmp.path().join("exp");
+        let (code, message) = refused(
+            rlark_pki::join::join(&join_options(
+                &server.url(),
+                str_of(&token, "token")?,
+                &ca_hash,
+                None,
+                &dir,
+            ))
+            .await,
+        )?;
+        assert_eq!(code, 401, "{message}");
+        assert!(message.contains("expired"), "{message}");
+        assert!(dir_is_empty(&dir));
+
+        // Garbage: 400 naming the expected format.
+        let dir = tmp.path().join("garbage");
+        let (code, message) = refused(
+            rlark_pki::join::join(&join_options(
+                &server.url(),
+                "not-a-token!",
+                &ca_hash,
+                Some("garbage"),
+                &dir,
+            ))
+            .await,
+        )?;
+        assert_eq!(code, 400, "{message}");
+        assert!(message.contains("[a-z0-9]{6}.[a-z0-9]{16}"), "{message}");
+        assert!(dir_is_empty(&dir));
+
+        // Well-formed but unknown: 401.
+        let dir = tmp.path().join("unknown");
+        let (code, message) = refused(
+            rlark_pki::join::join(&join_options(
+                &server.url(),
+                "abcdef.0123456789abcdef",
+                &ca_hash,
+                Some("unknown"),
+                &dir,
+            ))
+            .await,
+        )?;
+        assert_eq!(code, 401, "{message}");
+        assert!(message.contains("unknown"), "{message}");
+        assert!(dir_is_empty(&dir));
+
+        // A real token with a wrong secret: 401 too.
+        let real = str_of(&token, "token")?;
+        let (id, _) = real.split_once('.').context("token has an id")?;
+        let (code, message) = refused(
+            rlark_pki::join::join(&join_options(
+                &server.url(),
+                &format!("{id}.zzzzzzzzzzzzzzzz"),
+                &ca_hash,
+                None,
+                &tmp.path().join("wrong-secret"),
+            ))
+            .await,
+        )?;
+        assert_eq!(code, 401, "{message}");
+        assert!(message.contains("invalid"), "{message}");
+
+        for cluster in ["exp", "garbage", "unknown"] {
+            let certs = agent_certificates(&admin, cluster).await?;
+            assert!(
+                certs.is_empty(),
+                "certificates issued for {cluster}: {certs:?}"
+            );
+        }
+        let all = call_ok(&admin, "GET", "/rlark/v1/certificates", None).await?;
+        let agents: Vec<&Value> = all["items"]
+            .as_array()
+            .context("items")?
+            .iter()
+            .filter(|c| c["role"] == "agent")
+            .collect();
+        assert!(
+            agents.is_empty(),
+            "agent certificates were issued: {agents:?}"
+        );
+
+        server.stop().await
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------
+// 3. Pinned CA (man in the middle)
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_ca_hash_is_refused_before_anything_is_sent() -> Result<()> {
+    bounded(async {
+        let server_a = TestServer::start().await?;
+        let server_b = TestServer::start().await?;
+        assert_ne!(
+            server_a.ca_cert_hash(),
+            server_b.ca_cert_hash(),
+            "two installations, two CAs"
+        );
+        let admin_a = server_a.client().await?;
+        let admin_b = server_b.client().await?;
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("agent");
+
+        // The agent was told server A's pin, but is talking to server B.
+        let token = bootstrap_token(&admin_a, Some("mitm"), 600).await?;
+        let result = rlark_pki::join::join(&join_options(
+            &server_b.url(),
+            str_of(&token, "token")?,
+            str_of(&token, "caHash")?,
+            None,
+            &dir,
+        ))
+        .await;
+        match &result {
+            Err(error @ JoinError::Tls { .. }) => {
+                let text = error.to_string();
+                assert!(text.contains("does not match"), "{text}");
+                assert!(
+                    text.contains(server_a.ca_cert_hash()),
+                    "names the pin: {text}"
+                );
+            }
+            Err(other) => bail!("expected a TLS error about the pin, got {other:?}"),
+            Ok(_) => bail!("join with a wrong CA pin succeeded"),
+        }
+        assert!(
+            dir_is_empty(&dir),
+            "files written after a refused handshake"
+        );
+        // Server B saw no join at all (the handshake failed before the request was sent).
+        let audit_b =
+            std::fs::read_to_string(server_b.data_dir().join(rlark_server::AUDIT_LOG_FILE))?;
+        assert!(
+            !audit_b.lines().any(|l| l.contains("\"join\"")),
+            "server B recorded a join:\n{audit_b}"
+        );
+        assert!(agent_certificates(&admin_b, "mitm").await?.is_empty());
+        let all_b = call_ok(&admin_b, "GET", "/rlark/v1/certificates", None).await?;
+        assert!(
+            all_b["items"]
+                .as_array()
+                .context("items")?
+                .iter()
+                .all(|c| c["role"] != "agent"),
+            "server B issued an agent certificate: {all_b}"
+        );
+        // Nothing reached server A either, and its token is still unused.
+        assert!(agent_certificates(&admin_a, "mitm").await?.is_empty());
+        let creds = rlark_pki::join::join(&join_options(
+            &server_a.url(),
+            str_of(&token, "token")?,
+            str_of(&token, "caHash")?,
+            None,
+            &dir,
+        ))
+        .await
+        .context("the token still works against the right server")?;
+        assert_eq!(creds.state.cluster_id, "mitm");
+
+        // A malformed pin is refused before connecting.
+        let bare_hex = str_of(&token, "caHash")?.replace("sha256:", "");
+        for pin in ["sha256:xyz", "md5:abcd", "", bare_hex.as_str()] {
+            let result = rlark_pki::join::join(&join_options(
+                &server_a.url(),
+                str_of(&token, "token")?,
+                pin,
+                None,
+                &tmp.path().join("bad-pin"),
+            ))
+            .await;
+            assert!(
+                matches!(result, Err(JoinError::BadPin(_))),
+                "pin {pin:?}: {result:?}"
+            );
+        }
+        assert!(dir_is_empty(&tmp.path().join("bad-pin")));
+
+        server_a.stop().await?;
+        server_b.stop().await
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------
+// 4. The agent's private key stays on the agent
+// ---------------------------------------------------------------------------------------
+
+/// Every regular file under `dir`, recursively.
+fn files_under(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(d) = pending.pop() {
+        for entry in std::fs::read_dir(&d).with_context(|| format!("read {}", d.display()))? {
+            let entry = entry?;
+            let kind = entry.file_type()?;
+            if kind.is_dir() {
+                pending.push(entry.path());
+            } else if kind.is_file() {
+                out.push(entry.path());
+            }
+        }
+    }
+    out.sort();
+    Ok(out)
+}
+
+fn contains(haystack: &[u8], needle: &[u8]) -> bool {
+    !needle.is_empty() && haystack.windows(needle.len()).any(|w| w == needle)
+}
+
+/// The secrets of a PEM private key as byte strings to look for: the whole base64 body,
+/// each full line of it, and the DER bytes.
+fn key_needles(key_pem: &str) -> Result<Vec<Vec<u8>>> {
+    use rustls::pki_types::PrivateKeyDer;
+    use rustls::pki_types::pem::PemObject as _;
+    let lines: Vec<&str> = key_pem
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with("-----"))
+        .collect();
+    ensure!(!lines.is_empty(), "empty key PEM");
+    let der = PrivateKeyDer::from_pem_slice(key_pem.as_bytes()).context("parse private key")?;
+    let mut needles = vec![lines.concat().into_bytes(), der.secret_der().to_vec()];
+    needles.extend(
+        lines
+            .iter()
+            .filter(|l| l.len() >= 32)
+            .map(|l| l.as_bytes().to_vec()),
+    );
+    Ok(needles)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_private_key_never_reaches_the_server() -> Result<()> {
+    bounded(async {
+        let server = TestServer::start().await?;
+        let admin = server.client().await?;
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("agent");
+        let joined = join_cluster(&server, &admin, "a", &dir).await?;
+        // Renewal makes and sends a second key's CSR: check that key too.
+        let renewed = rlark_pki::join::renew(&dir).await.context("renew")?;
+        assert_ne!(joined.info.serial, renewed.info.serial);
+        assert_ne!(joined.key_pem, renewed.key_pem);
+        // The key in agent.pem is the one the credentials carry.
+        let pem = std::fs::read_to_string(dir.join(AGENT_PEM))?;
+        let start = pem
+            .find("-----BEGIN PRIVATE KEY-----")
+            .context("key block in agent.pem")?;
+        assert_eq!(pem[start..].trim(), renewed.key_pem.trim());
+
+        let mut needles = key_needles(&joined.key_pem)?;
+        needles.extend(key_needles(&renewed.key_pem)?);
+
+        let files = files_under(server.data_dir())?;
+        let names: Vec<String> = files
+            .iter()
+            .filter_map(|f| f.file_name().map(|n| n.to_string_lossy().into_owned()))
+            .collect();
+        assert!(names.iter().any(|n| n == "rlark.db"), "scanned {names:?}");
+        let mut saw_serial = false;
+        for file in &files {
+            let bytes = std::fs::read(file).with_context(|| format!("read {}", file.display()))?;
+            for needle in &needles {
+                assert!(
+                    !contains(&bytes, needle),
+                    "{} contains the agent's private key (or part of it)",
+                    file.display()
+                );
+            }
+            saw_serial |= contains(&bytes, renewed.info.serial.as_bytes());
+        }
+        // Positive control: the server did record the certificate it issued.
+        assert!(
+            saw_serial,
+            "no file of the data dir mentions serial {}",
+            renewed.info.serial
+        );
+        eprintln!("scanned {} files: {names:?}", files.len());
+
+        server.stop().await
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------
+// 5. Renewal
+// ---------------------------------------------------------------------------------------
+
+/// The next watch event on `stream` that is an ADDED of `name`, within `within`.
+async fn await_added(
+    stream: &mut (impl futures::Stream<Item = kube::Result<WatchEvent<DynamicObject>>> + Unpin),
+    name: &str,
+    within: Duration,
+) -> Result<()> {
+    tokio::time::timeout(within, async {
+        loop {
+            match stream.next().await {
+                Some(Ok(WatchEvent::Added(object)))
+                    if object.metadata.name.as_deref() == Some(name) =>
+                {
+                    return Ok(());
+                }
+                Some(Ok(WatchEvent::Error(status))) => bail!("watch error event: {status:?}"),
+                Some(Ok(_)) => {}
+                Some(Err(error)) => bail!("watch failed: {error}"),
+                None => bail!("watch ended"),
+            }
+        }
+    })
+    .await
+    .with_context(|| format!("no ADDED event for {name} within {within:?}"))?
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_renews_before_expiry() -> Result<()> {
+    bounded(async {
+        let data = tempfile::tempdir()?;
+        let mut config = TestServer::config_for(data.path());
+        config.security.agent_cert_validity = Duration::from_secs(6);
+        let server = TestServer::start_with(config).await?;
+        let admin = server.client().await?;
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("agent");
+        let old = join_cluster(&server, &admin, "a", &dir).await?;
+        let lifetime = old.info.not_after.duration_since(old.info.not_before)?;
+        ensure!(
+            lifetime <= Duration::from_secs(8),
+            "validity not applied: {lifetime:?}"
+        );
+
+        // A watch with the old certificate, opened before the renewal.
+        let old_client = client_from_kubeconfig(&dir.join(AGENT_KUBECONFIG)).await?;
+        let old_tasks = tasks(&old_client, "rlark-a");
+        let rv = old_tasks
+            .list(&ListParams::default())
+            .await?
+            .metadata
+            .resource_version
+            .context("list has a resourceVersion")?;
+        let mut watch = old_tasks
+            .watch(&WatchParams::default().timeout(290), &rv)
+            .await
+            .context("open watch with the old certificate")?
+            .boxed();
+
+        let renewer = Renewer::new(&dir)?;
+        let mut updates = renewer.subscribe();
+        assert_eq!(updates.borrow().info.serial, old.info.serial);
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(renewer.run(shutdown.clone()));
+        let renewal = tokio::time::timeout(Duration::from_secs(15), updates.changed()).await;
+        let renewed_at = SystemTime::now();
+        shutdown.cancel();
+        running.await.context("renewer task")?;
+        renewal
+            .context("no renewal within 15 s")?
+            .context("renewer dropped its channel")?;
+        let new = updates.borrow().clone();
+        assert_ne!(
+            new.info.serial, old.info.serial,
+            "renewal issued a new serial"
+        );
+        assert_eq!(new.info.common_name, old.info.common_name);
+        assert_eq!(new.info.groups, old.info.groups);
+        assert!(
+            renewed_at < old.info.not_after,
+            "renewed at {renewed_at:?}, after the old certificate expired at {:?}",
+            old.info.not_after
+        );
+        assert_ne!(new.key_pem, old.key_pem, "renewal makes a new key");
+        let on_disk = AgentCredentials::load(&dir)?;
+        assert_eq!(on_disk.info.serial, new.info.serial);
+
+        // The new credentials work.
+        let new_client = client_from_kubeconfig(&dir.join(AGENT_KUBECONFIG)).await?;
+        tasks(&new_client, "rlark-a")
+            .list(&ListParams::default())
+            .await
+            .context("list with the renewed certificate")?;
+
+        // The watch opened with the old certificate keeps delivering.
+        tasks(&admin, "rlark-a")
+            .create(
+                &PostParams::default(),
+                &task_object("rlark-a", "after-renewal")?,
+            )
+            .await?;
+        await_added(&mut watch, "after-renewal", Duration::from_secs(10))
+            .await
+            .context("the old certificate's watch after the renewal")?;
+
+        let certs = agent_certificates(&admin, "a").await?;
+        assert_eq!(certs.len(), 2, "agent certificates of a: {certs:?}");
+        let serials: Vec<&str> = certs.iter().filter_map(|c| c["serial"].as_str()).collect();
+        assert!(
+            serials.contains(&old.info.serial.as_str())
+                && serials.contains(&new.info.serial.as_str()),
+            "{serials:?}"
+        );
+
+        drop(watch);
+        server.stop().await
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------
+// 6. Authorization matrix
+// ---------------------------------------------------------------------------------------
+
+/// A certificate is checked for expiry on every request, not only at the handshake (as
+/// Kubernetes' x509 authenticator does), and an expired agent cannot renew itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn expired_certificate_is_refused_on_an_open_connection() -> Result<()> {
+    bounded(async {
+        let data = tempfile::tempdir()?;
+        let mut config = TestServer::config_for(data.path());
+        config.security.agent_cert_validity = Duration::from_secs(2);
+        let server = TestServer::start_with(config).await?;
+        let admin = server.client().await?;
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("agent");
+        let creds = join_cluster(&server, &admin, "a", &dir).await?;
+        let client = client_from_kubeconfig(&dir.join(AGENT_KUBECONFIG)).await?;
+        tasks(&client, "rlark-a")
+            .list(&ListParams::default())
+            .await
+            .context("list before expiry")?;
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while SystemTime::now() <= creds.info.not_after + Duration::from_millis(200) {
+            ensure!(Instant::now() < deadline, "certificate never expired");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        // The same client (its pooled connection predates expiry) is now refused.
+        match tasks(&client, "rlark-a").list(&ListParams::default()).await {
+            Err(kube::Error::Api(status)) => {
+                ensure!(status.code == 401, "{status:?}");
+                ensure!(status.message.contains("expired"), "{}", status.message);
+            }
+            Err(other) => bail!("expected a 401 Status, got {other}"),
+            Ok(_) => bail!("an expired certificate was accepted"),
+        }
+        match rlark_pki::join::renew(&dir).await {
+            Err(JoinError::Expired { serial, .. }) => ensure!(serial == creds.info.serial),
+            other => bail!("renewing an expired certificate: {other:?}"),
+        }
+        server.stop().await?;
+        Ok(())
+    })
+    .await
+}
+
+const WHO: [&str; 6] = ["admin", "agentA", "agentB", "viewer", "task", "anonymous"];
+
+/// One request of the matrix; `{who}` in paths and bodies makes names unique per identity.
+struct Row {
+    what: &'static str,
+    method: &'static str,
+    path: &'static str,
+    body: fn(&str) -> Option<Value>,
+    expect: [u16; 6],
+}
+
+#[rustfmt::skip]
+fn matrix() -> Vec<Row> {
+    const TASKS_A: &str = "/apis/rlinf.io/v1alpha1/namespaces/rlark-a/tasks";
+    vec![
+        // expect: [admin, agentA, agentB, viewer, task, anonymous]
+        Row { what: "list jobs", method: "GET", path: "/apis/rlinf.io/v1alpha1/jobs", body: |_| None,
+              expect: [200, 403, 403, 200, 403, 401] },
+        Row { what: "create job", method: "POST", path: "/apis/rlinf.io/v1alpha1/jobs",
+              body: |who| Some(job_json(&format!("job-{}", who.to_lowercase()))),
+              expect: [201, 403, 403, 403, 403, 401] },
+        Row { what: "get task rlark-a/t1", method: "GET", path: "/apis/rlinf.io/v1alpha1/namespaces/rlark-a/tasks/t1", body: |_| None,
+              expect: [200, 200, 403, 200, 200, 401] },
+        Row { what: "list tasks in rlark-b", method: "GET", path: "/apis/rlinf.io/v1alpha1/namespaces/rlark-b/tasks", body: |_| None,
+              expect: [200, 403, 200, 200, 403, 401] },
+        Row { what: "create task in rlark-a", method: "POST", path: TASKS_A,
+              body: |who| Some(task_json("rlark-a", &format!("t-{}", who.to_lowercase()))),
+              expect: [201, 201, 403, 403, 403, 401] },
+        Row { what: "patch tasks/status in rlark-a", method: "PATCH", path: "/apis/rlinf.io/v1alpha1/namespaces/rlark-a/tasks/t1/status",
+              body: |_| Some(json!({"status": {"phase": "Running"}})),
+              expect: [200, 200, 403, 403, 403, 401] },
+        Row { what: "create event about t1 in rlark-a", method: "POST", path: "/api/v1/namespaces/rlark-a/events",
+              body: |who| Some(event_json("rlark-a", &format!("t1.{}", who.to_lowercase()), "t1")),
+              expect: [201, 201, 403, 403, 201, 401] },
+        Row { what: "GET /rlark/v1/certificates", method: "GET", path: "/rlark/v1/certificates", body: |_| None,
+              expect: [200, 403, 403, 403, 403, 401] },
+        Row { what: "POST /rlark/v1/tokens", method: "POST", path: "/rlark/v1/tokens",
+              body: |_| Some(json!({"kind": "bootstrap", "ttlSeconds": 60})),
+              expect: [200, 403, 403, 403, 403, 401] },
+    ]
+}
+
+/// A 403 must be a `Status` whose message names `user`; a 401 must be a `Status` too.
+fn check_refusal(resp: &Resp, user: &str) -> Option<String> {
+    match resp.code {
+        403 => {
+            let named = format!("User \"{user}\"");
+            (resp.json["kind"] != "Status"
+                || resp.json["code"] != 403
+                || !resp.message().contains(&named))
+            .then(|| format!("403 body is not a Status naming {named}: {}", resp.text))
+        }
+        401 => (resp.json["kind"] != "Status" || resp.json["code"] != 401)
+            .then(|| format!("401 body is not a Status: {}", resp.text)),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authorization_matrix_over_tls() -> Result<()> {
+    bounded(async {
+        let server = TestServer::start().await?;
+        let admin = server.client().await?;
+        let tmp = tempfile::tempdir()?;
+        let url = server.url();
+        let ca = ca_bundle(&admin).await?;
+
+        let a_dir = tmp.path().join("agent-a");
+        let b_dir = tmp.path().join("agent-b");
+        join_cluster(&server, &admin, "a", &a_dir).await?;
+        join_cluster(&server, &admin, "b", &b_dir).await?;
+        let agent_a = client_from_kubeconfig(&a_dir.join(AGENT_KUBECONFIG)).await?;
+        let agent_b = client_from_kubeconfig(&b_dir.join(AGENT_KUBECONFIG)).await?;
+        let (viewer, _) = client_from_yaml(
+            tmp.path(),
+            "viewer.kubeconfig",
+            &viewer_kubeconfig(&server, &admin, "alice").await?,
+        )
+        .await?;
+
+        // Task rlark-a/t1, running, and its token.
+        tasks(&admin, "rlark-a")
+            .create(&PostParams::default(), &task_object("rlark-a", "t1")?)
+            .await?;
+        set_task_phase(&admin, "rlark-a", "t1", "Running").await?;
+        let minted = call_ok(
+            &admin,
+            "POST",
+            "/rlark/v1/namespaces/rlark-a/tasks/t1/token",
+            None,
+        )
+        .await?;
+        let task_token = str_of(&minted, "token")?.to_string();
+        let (task, _) = client_from_yaml(
+            tmp.path(),
+            "task.kubeconfig",
+            &kubeconfig_with_user(&url, &ca, &format!("{{token: \"{task_token}\"}}")),
+        )
+        .await?;
+        // TLS that trusts the CA, but no credentials at all.
+        let (anonymous, _) = client_from_yaml(
+            tmp.path(),
+            "anonymous.kubeconfig",
+            &kubeconfig_with_user(&url, &ca, "{}"),
+        )
+        .await?;
+
+        let users = [
+            "admin",
+            "system:rlark:agent:a",
+            "system:rlark:agent:b",
+            "alice",
+            "system:rlark:task:rlark-a:t1",
+            "",
+        ];
+        let clients = [&admin, &agent_a, &agent_b, &viewer, &task, &anonymous];
+
+        let mut table = String::new();
+        let mut failures = Vec::new();
+        for row in matrix() {
+            let mut got = Vec::new();
+            for (i, client) in clients.iter().enumerate() {
+                let body = (row.body)(WHO[i]);
+                let resp = call(client, row.method, row.path, body.as_ref()).await?;
+                if resp.code != row.expect[i] {
+                    failures.push(format!(
+                        "{} as {}: got {}, want {}: {}",
+                        row.what, WHO[i], resp.code, row.expect[i], resp.text
+                    ));
+                }
+                if let Some(problem) = check_refusal(&resp, users[i]) {
+                    failures.push(format!("{} as {}: {problem}", row.what, WHO[i]));
+                }
+                got.push(resp.code);
+            }
+            table.push_str(&format!(
+                "{:<34} {}\n",
+                row.what,
+                got.iter().map(|c| format!("{c:>6}")).collect::<String>()
+            ));
+        }
+        eprintln!(
+            "{:<34} {}\n{table}",
+            "",
+            WHO.iter()
+                .map(|w| format!("{:>6}", &w[..w.len().min(6)]))
+                .collect::<String>()
+        );
+
+        // Agent A gets nothing in rlark-b.
+        let b_requests: &[(&str, &str, Option<Value>)] = &[
+            (
+                "GET",
+                "/apis/rlinf.io/v1alpha1/namespaces/rlark-b/tasks",
+                None,
+            ),
+            (
+                "GET",
+                "/apis/rlinf.io/v1alpha1/namespaces/rlark-b/tasks?watch=true&timeoutSeconds=1",
+                None,
+            ),
+            (
+                "GET",
+                "/apis/rlinf.io/v1alpha1/namespaces/rlark-b/tasks/t1",
+                None,
+            ),
+            (
+                "POST",
+                "/apis/rlinf.io/v1alpha1/namespaces/rlark-b/tasks",
+                Some(task_json("rlark-b", "x")),
+            ),
+            (
+                "PATCH",
+                "/apis/rlinf.io/v1alpha1/namespaces/rlark-b/tasks/t1",
+                Some(json!({"metadata": {"labels": {"x": "y"}}})),
+            ),
+            (
+                "PATCH",
+                "/apis/rlinf.io/v1alpha1/namespaces/rlark-b/tasks/t1/status",
+                Some(json!({"status": {"phase": "Failed"}})),
+            ),
+            (
+                "DELETE",
+                "/apis/rlinf.io/v1alpha1/namespaces/rlark-b/tasks/t1",
+                None,
+            ),
+            (
+                "GET",
+                "/apis/rlinf.io/v1alpha1/namespaces/rlark-b/nodes",
+                None,
+            ),
+            (
+                "POST",
+                "/apis/rlinf.io/v1alpha1/namespaces/rlark-b/nodes",
+                Some(json!({"metadata": {"name": "n"}})),
+            ),
+            (
+                "GET",
+                "/apis/rlinf.io/v1alpha1/namespaces/rlark-b/pods",
+                None,
+            ),
+            (
+                "GET",
+                "/apis/rlinf.io/v1alpha1/namespaces/rlark-b/domainpeers",
+                None,
+            ),
+            (
+                "GET",
+                "/apis/coordination.k8s.io/v1/namespaces/rlark-b/leases",
+                None,
+            ),
+            (
+                "POST",
+                "/apis/coordination.k8s.io/v1/namespaces/rlark-b/leases",
+                Some(json!({"metadata": {"name": "hb"}})),
+            ),
+            ("GET", "/api/v1/namespaces/rlark-b/events", None),
+            (
+                "POST",
+                "/api/v1/namespaces/rlark-b/events",
+                Some(event_json("rlark-b", "e", "t1")),
+            ),
+            ("GET", "/api/v1/namespaces/rlark-b", None),
+            ("POST", "/rlark/v1/namespaces/rlark-b/tasks/t1/token", None),
+        ];
+        for (method, path, body) in b_requests {
+            let resp = call(&agent_a, method, path, body.as_ref()).await?;
+            if resp.code != 403 {
+                failures.push(format!(
+                    "agentA {method} {path}: got {}, want 403: {}",
+                    resp.code, resp.text
+                ));
+            } else if let Some(problem) = check_refusal(&resp, users[1]) {
+                failures.push(format!("agentA {method} {path}: {problem}"));
+            }
+        }
+
+        // Once the Task has finished, its token is worthless.
+        set_task_phase(&admin, "rlark-a", "t1", "Succeeded").await?;
+        let resp = call(
+            &task,
+            "GET",
+            "/apis/rlinf.io/v1alpha1/namespaces/rlark-a/tasks/t1",
+            None,
+        )
+        .await?;
+        if resp.code != 401 {
+            failures.push(format!(
+                "task token after Succeeded: got {}, want 401: {}",
+                resp.code, resp.text
+            ));
+        } else if !resp.message().contains("no longer running") {
+            failures.push(format!(
+                "task token after Succeeded: 401 without the reason: {}",
+                resp.text
+            ));
+        }
+
+        assert!(
+            failures.is_empty(),
+            "{} failures:\n{}",
+            failures.len(),
+            failures.join("\n")
+        );
+        server.stop().await
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------
+// 7. Revocation
+// ---------------------------------------------------------------------------------------
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revocation_cuts_an_open_watch_and_survives_restart() -> Result<()> {
+    bounded(async {
+        let server = TestServer::start().await?;
+        let admin = server.client().await?;
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("agent");
+        let creds = join_cluster(&server, &admin, "a", &dir).await?;
+        let agent = client_from_kubeconfig(&dir.join(AGENT_KUBECONFIG)).await?;
+        // Another cluster's agent, which the revocation must not touch.
+        let b_dir = tmp.path().join("agent-b");
+        let creds_b = join_cluster(&server, &admin, "b", &b_dir).await?;
+
+        // A forbidden request first, for the audit trail.
+        let denied = call(
+            &agent,
+            "GET",
+            "/apis/rlinf.io/v1alpha1/namespaces/rlark-b/tasks",
+            None,
+        )
+        .await?;
+        assert_eq!(denied.code, 403, "{}", denied.text);
+
+        let agent_tasks = tasks(&agent, "rlark-a");
+        let rv = agent_tasks
+            .list(&ListParams::default())
+            .await?
+            .metadata
+            .resource_version
+            .context("resourceVersion")?;
+        let mut watch = agent_tasks
+            .watch(&WatchParams::default().timeout(290), &rv)
+            .await
+            .context("open watch")?
+            .boxed();
+        // The watch is live: it sees a Task the admin creates.
+        tasks(&admin, "rlark-a")
+            .create(&PostParams::default(), &task_object("rlark-a", "before")?)
+            .await?;
+        await_added(&mut watch, "before", Duration::from_secs(10)).await?;
+
+        let started = Instant::now();
+        let revoked = call_ok(
+            &admin,
+            "POST",
+            "/rlark/v1/revocations",
+            Some(&json!({"clusterID": "a"})),
+        )
+        .await?;
+        let serials: Vec<&str> = revoked["revoked"]
+            .as_array()
+            .context("revoked serials")?
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert_eq!(serials, [creds.info.serial.as_str()], "{revoked}");
+
+        // The watch must end (hang guard only; the latency is reported, not asserted).
+        let ending = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match watch.next().await {
+                    None => return "end of stream".to_string(),
+                    Some(Err(error)) => return format!("error: {error}"),
+                    Some(Ok(WatchEvent::Error(status))) => {
+                        return format!("error event: {status:?}");
+                    }
+                    Some(Ok(_)) => {}
+                }
+            }
+        })
+        .await
+        .context("the revoked agent's watch did not end within 10 s")?;
+        eprintln!(
+            "watch ended {:?} after the revocation ({ending})",
+            started.elapsed()
+        );
+
+        // New requests with the revoked certificate fail (handshake or 401).
+        let expect_refused = |result: kube::Result<kube::core::ObjectList<DynamicObject>>,
+                              when: &str|
+         -> Result<()> {
+            match result {
+                Ok(_) => bail!("{when}: the revoked certificate still works"),
+                Err(kube::Error::Api(status)) => {
+                    ensure!(
+                        status.code == 401,
+                        "{when}: refused with {status:?}, want 401"
+                    );
+                    Ok(())
+                }
+                Err(other) => {
+                    eprintln!("{when}: refused: {other}");
+                    Ok(())
+                }
+            }
+        };
+        expect_refused(
+            agent_tasks.list(&ListParams::default()).await,
+            "same client",
+        )?;
+        let fresh = client_from_kubeconfig(&dir.join(AGENT_KUBECONFIG)).await?;
+        expect_refused(
+            tasks(&fresh, "rlark-a").list(&ListParams::default()).await,
+            "new connection",
+        )?;
+        // The refusal is about that certificate: agent B still gets in on a new connection.
+        let agent_b = client_from_kubeconfig(&b_dir.join(AGENT_KUBECONFIG)).await?;
+        tasks(&agent_b, "rlark-b")
+            .list(&ListParams::default())
+            .await
+            .context("agent B after the revocation of cluster a")?;
+
+        // Still refused after a restart.
+        let server = server.restart().await?;
+        let admin = server.client().await?;
+        let (after_restart, _) = client_from_yaml(
+            tmp.path(),
+            "revoked.kubeconfig",
+            &agent_kubeconfig(&server.url(), &creds),
+        )
+        .await?;
+        expect_refused(
+            tasks(&after_restart, "rlark-a")
+                .list(&ListParams::default())
+                .await,
+            "after restart",
+        )?;
+        let (b_after_restart, _) = client_from_yaml(
+            tmp.path(),
+            "b.kubeconfig",
+            &agent_kubeconfig(&server.url(), &creds_b),
+        )
+        .await?;
+        tasks(&b_after_restart, "rlark-b")
+            .list(&ListParams::default())
+            .await
+            .context("agent B after the restart")?;
+        // The admin still gets in, and the revocation is listed.
+        let revocations = call_ok(&admin, "GET", "/rlark/v1/revocations", None).await?;
+        let listed = revocations["items"]
+            .as_array()
+            .context("revocation items")?
+            .iter()
+            .any(|r| {
+                r["serial"] == creds.info.serial.as_str() && r["user"] == "system:rlark:agent:a"
+            });
+        assert!(
+            listed,
+            "revocation of {} not listed: {revocations}",
+            creds.info.serial
+        );
+        let certs = agent_certificates(&admin, "a").await?;
+        assert!(
+            certs.iter().all(|c| c["revokedAt"].is_string()),
+            "certificate listing does not mark the revocation: {certs:?}"
+        );
+
+        // The audit trail.
+        let audit = std::fs::read_to_string(server.data_dir().join(rlark_server::AUDIT_LOG_FILE))?;
+        let records: Vec<Value> = audit
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()
+            .context("audit.log is JSON lines")?;
+        assert!(
+            records
+                .iter()
+                .any(|r| r["action"] == "revoke" && r["name"] == creds.info.serial.as_str()),
+            "no revoke record for {} in:\n{audit}",
+            creds.info.serial
+        );
+        assert!(
+            records
+                .iter()
+                .any(|r| r["decision"] == "denied" && r["user"] == "system:rlark:agent:a"),
+            "no denied record of the agent in:\n{audit}"
+        );
+
+        server.stop().await
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------
+// 8. Bad CSRs and bodies
+// ---------------------------------------------------------------------------------------
+
+/// `csr_pem` with one bit of its signature flipped: still well-formed, no longer valid.
+fn tampered_csr(csr_pem: &str) -> Result<String> {
+    use rustls::pki_types::CertificateSigningRequestDer;
+    use rustls::pki_types::pem::PemObject as _;
+    let der = CertificateSigningRequestDer::from_pem_slice(csr_pem.as_bytes())
+        .context("parse CSR PEM")?;
+    let mut der = der.as_ref().to_vec();
+    let last = der.last_mut().context("empty CSR")?;
+    *last ^= 0x01;
+    let body = base64(&der);
+    let lines: Vec<&str> = body
+        .as_bytes()
+        .chunks(64)
+        .map(|c| std::str::from_utf8(c).unwrap_or_default())
+        .collect();
+    Ok(format!(
+        "-----BEGIN CERTIFICATE REQUEST-----\n{}\n-----END CERTIFICATE REQUEST-----\n",
+        lines.join("\n")
+    ))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_csrs_and_bodies_get_400_with_a_reason() -> Result<()> {
+    bounded(async {
+        let server = TestServer::start().await?;
+        let admin = server.client().await?;
+        let tmp = tempfile::tempdir()?;
+        let ca = ca_bundle(&admin).await?;
+        let (anonymous, _) = client_from_yaml(
+            tmp.path(),
+            "anonymous.kubeconfig",
+            &kubeconfig_with_user(&server.url(), &ca, "{}"),
+        )
+        .await?;
+        let token_value = bootstrap_token(&admin, Some("c8"), 600).await?;
+        let token = str_of(&token_value, "token")?;
+        let good = rlark_pki::generate_key_and_csr("c8")?;
+
+        let rsa = include_str!("../../rlark-pki/src/testdata/rsa.csr");
+        let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+            (
+                "not a CSR",
+                json!({"token": token, "csr": "hello, I am not a CSR"})
+                    .to_string()
+                    .into_bytes(),
+                "not a PEM",
+            ),
+            (
+                "an RSA CSR",
+                json!({"token": token, "csr": rsa}).to_string().into_bytes(),
+                "RSA",
+            ),
+            (
+                "a tampered CSR",
+                json!({"token": token, "csr": tampered_csr(&good.csr_pem)?})
+                    .to_string()
+                    .into_bytes(),
+                "signature does not verify",
+            ),
+            (
+                "a 100 KiB body",
+                json!({"token": token, "csr": "A".repeat(100 * 1024)})
+                    .to_string()
+                    .into_bytes(),
+                "larger than 65536 bytes",
+            ),
+            ("an empty body", Vec::new(), "request body is empty"),
+            (
+                "an unknown field",
+                json!({"token": token, "csr": good.csr_pem, "clusterId": "c8"})
+                    .to_string()
+                    .into_bytes(),
+                "unknown field `clusterId`",
+            ),
+            ("not JSON", b"{token: nope".to_vec(), "invalid request body"),
+            (
+                "a CSR that is a number",
+                json!({"token": token, "csr": 42}).to_string().into_bytes(),
+                "csr",
+            ),
+        ];
+        let mut failures = Vec::new();
+        for (what, body, reason) in cases {
+            let resp = call_raw(
+                &anonymous,
+                "POST",
+                "/rlark/v1/join",
+                "application/json",
+                body,
+            )
+            .await?;
+            let ok = resp.code == 400
+                && resp.json["kind"] == "Status"
+                && resp.json["reason"] == "BadRequest"
+                && resp.message().contains(reason);
+            if !ok {
+                failures.push(format!(
+                    "{what}: want 400 naming {reason:?}, got {} {}",
+                    resp.code, resp.text
+                ));
+            }
+            eprintln!("{what}: {} {}", resp.code, resp.message());
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+        assert!(agent_certificates(&admin, "c8").await?.is_empty());
+
+        // None of that used up the token.
+        let creds = rlark_pki::join::join(&join_options(
+            &server.url(),
+            token,
+            str_of(&token_value, "caHash")?,
+            None,
+            &tmp.path().join("agent"),
+        ))
+        .await
+        .context("join after the bad requests")?;
+        assert_eq!(creds.state.cluster_id, "c8");
+        assert_eq!(agent_certificates(&admin, "c8").await?.len(), 1);
+
+        server.stop().await
+    })
+    .await
+}
+
+// ---------------------------------------------------------------------------------------
+// 9. kubectl as a viewer
+// ---------------------------------------------------------------------------------------
+
+const KUBECTL: &str = "/usr/bin/kubectl";
+
+async fn kubectl(kubeconfig: &Path, cache: &Path, args: &[&str]) -> Result<std::process::Output> {
+    let mut command = tokio::process::Command::new(KUBECTL);
+    command
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .arg("--cache-dir")
+        .arg(cache)
+        .args(args)
+        .env("HOME", cache)
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    tokio::time::timeout(Duration::from_secs(60), command.output())
+        .await
+        .with_context(|| format!("kubectl {args:?} did not finish within 60 s"))?
+        .with_context(|| format!("run kubectl {args:?}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubectl_viewer_can_get_but_not_apply() -> Result<()> {
+    if !Path::new(KUBECTL).exists() {
+        eprintln!("SKIPPED: {KUBECTL} not found");
+        return Ok(());
+    }
+    bounded(async {
+        let server = TestServer::start().await?;
+        let admin = server.client().await?;
+        let tmp = tempfile::tempdir()?;
+        let cache = tmp.path().join("cache");
+        std::fs::create_dir_all(&cache)?;
+        let kubeconfig = tmp.path().join("alice.kubeconfig");
+        std::fs::write(
+            &kubeconfig,
+            viewer_kubeconfig(&server, &admin, "alice").await?,
+        )?;
+
+        let out = kubectl(&kubeconfig, &cache, &["get", "jobs"]).await?;
+        assert!(
+            out.status.success(),
+            "kubectl get jobs as a viewer failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+
+        let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/job.yaml");
+        let manifest = manifest.to_str().context("manifest path")?;
+        let out = kubectl(&kubeconfig, &cache, &["apply", "-f", manifest]).await?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success(),
+            "kubectl apply as a viewer succeeded: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+        assert!(stderr.contains("forbidden"), "{stderr}");
+        assert!(stderr.contains("User \"alice\""), "{stderr}");
+        eprintln!("kubectl apply as alice: {}", stderr.trim());
+
+        // Nothing was created.
+        let jobs = call_ok(&admin, "GET", "/apis/rlinf.io/v1alpha1/jobs", None).await?;
+        assert_eq!(jobs["items"].as_array().map(Vec::len), Some(0), "{jobs}");
+
+        server.stop().await
+    })
+    .await
+}
