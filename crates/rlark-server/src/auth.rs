@@ -93,7 +93,11 @@ impl PeerCredentials {
 /// The bearer token of `Authorization: Bearer <token>`, if the header is present. A
 /// malformed header is an error (401).
 fn bearer(headers: &HeaderMap) -> Result<Option<&str>, SecurityError> {
-    let Some(value) = headers.get(http::header::AUTHORIZATION) else {
+    // `Proxy-Authorization` is what HTTP clients send to a proxy (CONNECT): accepted too.
+    let Some(value) = headers
+        .get(http::header::AUTHORIZATION)
+        .or_else(|| headers.get(http::header::PROXY_AUTHORIZATION))
+    else {
         return Ok(None);
     };
     let value = value

@@ -57,6 +57,8 @@ pub struct ServerConfig {
     pub controllers: ControllersConfig,
     /// Lifetimes of agent and user certificates and bootstrap tokens.
     pub security: crate::security::SecurityConfig,
+    /// Agent tunnels: multiplexer windows and limits, dial deadline.
+    pub tunnel: crate::tunnel::TunnelConfig,
 }
 
 /// The controllers the server runs in its own process.
@@ -105,6 +107,7 @@ impl ServerConfig {
             store_log_capacity: rlark_store::SqliteStoreConfig::new("").log_capacity,
             controllers: ControllersConfig::default(),
             security: crate::security::SecurityConfig::default(),
+            tunnel: crate::tunnel::TunnelConfig::default(),
         }
     }
 

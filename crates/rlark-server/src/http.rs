@@ -125,6 +125,7 @@ pub(crate) fn connection_service(
     router: Router,
     peer: Arc<PeerCredentials>,
     security: Arc<Security>,
+    hub: Arc<crate::tunnel::Hub>,
     remote: SocketAddr,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
@@ -136,6 +137,7 @@ pub(crate) fn connection_service(
         let router = router.clone();
         let peer = Arc::clone(&peer);
         let security = Arc::clone(&security);
+        let hub = Arc::clone(&hub);
         let span = tracing::debug_span!(
             "request",
             method = %request.method(),
@@ -157,6 +159,10 @@ pub(crate) fn connection_service(
                 }
             }
             request.extensions_mut().insert(ConnectInfo(remote));
+            // CONNECT carries an authority, not a path: it never reaches the router.
+            if request.method() == http::Method::CONNECT {
+                return Ok(crate::tunnel::connect::handle(hub, request).await);
+            }
             let response = router.oneshot(request).await;
             if let Ok(response) = &response {
                 tracing::debug!(

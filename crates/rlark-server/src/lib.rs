@@ -30,6 +30,7 @@ mod http;
 mod metrics;
 pub mod security;
 mod tls;
+pub mod tunnel;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -55,6 +56,7 @@ pub use config::{
 };
 pub use security::audit_file::AUDIT_LOG_FILE;
 pub use security::{CertRole, SecurityConfig};
+pub use tunnel::{TunnelConfig, TunnelInfo};
 
 /// User name of the admin client certificate.
 pub const ADMIN_USER: &str = "admin";
@@ -152,6 +154,16 @@ pub async fn start(config: ServerConfig) -> Result<RunningServer, ServerError> {
 pub async fn run(config: ServerConfig, shutdown: CancellationToken) -> Result<(), ServerError> {
     let server = start_with_token(config, shutdown.child_token()).await?;
     server.wait().await
+}
+
+/// This replica's name in tunnel listings: host name and listen port.
+fn replica_name(addr: SocketAddr) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_string());
+    format!("{host}:{}", addr.port())
 }
 
 fn server_url(addr: SocketAddr) -> String {
@@ -278,6 +290,10 @@ async fn start_with_token(
         None
     };
     let ready = Arc::new(AtomicBool::new(false));
+    let hub = tunnel::Hub::new(replica_name(local_addr), config.tunnel.clone());
+    registry.register_collector(Box::new(tunnel::HubCollector {
+        hub: Arc::clone(&hub),
+    }));
     let security_routes = security::routes::router(security::routes::RoutesState {
         security: Arc::clone(&security),
         ssh_ca,
@@ -290,17 +306,20 @@ async fn start_with_token(
         },
         api.router(),
     )
-    .merge(security_routes);
+    .merge(security_routes)
+    .merge(tunnel::routes::router(Arc::clone(&hub)));
 
     let background = CancellationToken::new();
     let background_task = {
         let api = api.clone();
         let token = background.clone();
         let security = Arc::clone(&security);
+        let hub = Arc::clone(&hub);
         tokio::spawn(async move {
             tokio::join!(
                 api.run_background(token.clone()),
-                security.follow_revocations(token)
+                Arc::clone(&security).follow_revocations(token.clone()),
+                hub.enforce_revocations(security, token)
             );
         })
     };
@@ -318,6 +337,7 @@ async fn start_with_token(
         acceptor: tokio_rustls::TlsAcceptor::from(tls_config),
         router,
         security,
+        hub: Arc::clone(&hub),
         handshake_timeout: config.tls_handshake_timeout,
         grace: config.shutdown_grace,
         ready,
@@ -341,6 +361,9 @@ async fn start_with_token(
                 if let Some(controllers) = controllers {
                     controllers.stop().await;
                 }
+                // Upgraded tunnel connections are not HTTP connections any more: the
+                // graceful drain does not see them, so close them here.
+                hub.close_all();
                 serve_token.cancel();
             }
         };
@@ -430,6 +453,7 @@ struct Serve {
     acceptor: tokio_rustls::TlsAcceptor,
     router: axum::Router,
     security: Arc<security::Security>,
+    hub: Arc<tunnel::Hub>,
     handshake_timeout: Duration,
     grace: Duration,
     ready: Arc<AtomicBool>,
@@ -460,6 +484,7 @@ impl Serve {
                         acceptor: self.acceptor.clone(),
                         router: self.router.clone(),
                         security: Arc::clone(&self.security),
+                        hub: Arc::clone(&self.hub),
                         handshake_timeout: self.handshake_timeout,
                         hard_stop: hard_stop.clone(),
                     };
@@ -509,6 +534,7 @@ struct Connection {
     acceptor: tokio_rustls::TlsAcceptor,
     router: axum::Router,
     security: Arc<security::Security>,
+    hub: Arc<tunnel::Hub>,
     handshake_timeout: Duration,
     hard_stop: CancellationToken,
 }
@@ -555,6 +581,7 @@ impl Connection {
             self.router,
             Arc::clone(&peer),
             Arc::clone(&self.security),
+            self.hub,
             remote,
         );
         let builder = auto::Builder::new(TokioExecutor::new());

@@ -9,11 +9,13 @@ mod micro;
 mod object;
 mod report;
 mod stats;
+mod tunnel;
 mod watch;
 
 pub use api::{ApiBenchOptions, run_api};
 pub use controllers::{ControllerBenchOptions, ControllerBenchReport, run_controllers};
 pub use report::ApiBenchReport;
+pub use tunnel::{TunnelBenchOptions, run_tunnel};
 
 /// The `rlark bench` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -26,6 +28,11 @@ pub enum BenchCommand {
     /// Tasks in under 10 s), and a 100-deep Workflow chain from creation to `Succeeded`,
     /// with simulated agents, next to raw Task creates/s through the API.
     Controllers(ControllerBenchOptions),
+    /// Reverse tunnel on loopback (TLS + WebSocket + mux + agent dial): single-stream and
+    /// 8-stream throughput, stream setup p50/p99 and head-of-line isolation, next to direct
+    /// TCP measured in the same run. Targets: >= 25% / >= 30% of direct TCP, setup p99 <= 2
+    /// ms, a stalled stream's neighbour >= 80% of its unstalled throughput.
+    Tunnel(TunnelBenchOptions),
 }
 
 /// Run a `rlark bench` subcommand and print its report (a table, or JSON with `--json`).
@@ -34,6 +41,16 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Api(options) => {
             let json = options.json;
             let report: ApiBenchReport = run_api(options).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{report}");
+            }
+            Ok(())
+        }
+        BenchCommand::Tunnel(options) => {
+            let json = options.json;
+            let report = run_tunnel(options).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

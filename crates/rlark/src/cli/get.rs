@@ -52,6 +52,10 @@ pub(crate) async fn get(args: GetArgs) -> anyhow::Result<()> {
         bail!("name cannot be provided when a selector is specified");
     }
     let session = Session::connect(&args.client, args.namespace.as_deref()).await?;
+    // Tunnels are live state of the server's hub, not stored objects (`/api/v1/tunnels`).
+    if matches!(args.kind.as_str(), "tunnels" | "tunnel") {
+        return print_tunnels(&session, &args).await;
+    }
     let catalog = Catalog::discover(&session.client).await?;
     let info = catalog.resolve(&args.kind)?;
     let namespace = match (info.namespaced, args.all_namespaces) {
@@ -235,3 +239,69 @@ fn print_document(document: &Value, format: OutputFormat) -> anyhow::Result<()> 
     }
     Ok(())
 }
+
+/// `rlark get tunnels`: the agent sessions of the server the kubeconfig points at.
+async fn print_tunnels(session: &Session, args: &GetArgs) -> anyhow::Result<()> {
+    let request = http::Request::get("/api/v1/tunnels")
+        .header(http::header::ACCEPT, "application/json")
+        .body(Vec::new())
+        .context("build request")?;
+    let list: Value = match session.client.request(request).await {
+        Ok(list) => list,
+        Err(kube::Error::Api(status)) => bail!("{}", format_status(&status)),
+        Err(e) => return Err(e).context("GET /api/v1/tunnels"),
+    };
+    let mut items: Vec<&Value> = list["items"].as_array().map(|a| a.iter().collect()).unwrap_or_default();
+    if !args.names.is_empty() {
+        items.retain(|t| args.names.iter().any(|n| t["clusterID"].as_str() == Some(n)));
+    }
+    match args.output {
+        Some(OutputFormat::Json) => println!("{}", serde_json::to_string_pretty(&list)?),
+        Some(OutputFormat::Yaml) => print!("{}", serde_saphyr::to_string(&list)?),
+        Some(OutputFormat::Name) => {
+            for t in items {
+                println!("tunnel/{}", t["clusterID"].as_str().unwrap_or_default());
+            }
+        }
+        None | Some(OutputFormat::Wide) => {
+            let mut rows = Vec::new();
+            if !args.no_headers {
+                rows.push(
+                    ["AGENT", "NODE", "REPLICA", "REMOTE", "SINCE", "STREAMS", "BYTES-IN", "BYTES-OUT"]
+                        .map(String::from)
+                        .to_vec(),
+                );
+            }
+            for t in &items {
+                let text = |f: &str| t[f].as_str().unwrap_or("<none>").to_string();
+                let num = |f: &str| t[f].as_u64().unwrap_or(0).to_string();
+                rows.push(vec![
+                    text("clusterID"),
+                    text("node"),
+                    text("replica"),
+                    text("remote"),
+                    text("connectedSince"),
+                    num("streamsOpen"),
+                    num("bytesIn"),
+                    num("bytesOut"),
+                ]);
+            }
+            if items.is_empty() {
+                eprintln!("No tunnels connected to this server.");
+            }
+            let widths: Vec<usize> = (0..8)
+                .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
+                .collect();
+            for row in rows {
+                let line: Vec<String> = row
+                    .iter()
+                    .zip(&widths)
+                    .map(|(cell, w)| format!("{cell:<w$}"))
+                    .collect();
+                println!("{}", line.join("   ").trim_end());
+            }
+        }
+    }
+    Ok(())
+}
+

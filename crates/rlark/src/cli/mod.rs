@@ -10,6 +10,7 @@ mod discovery;
 mod get;
 mod join;
 mod manifest;
+mod port_forward;
 mod security;
 mod server;
 mod table;
@@ -80,6 +81,9 @@ enum Command {
     /// Join this host to an installation as the agent of a cluster: verify the server's CA
     /// against --ca-hash, make a key here, and get a certificate with a bootstrap token.
     Join(join::JoinArgs),
+    /// Forward a local port to HOST:PORT as the agent of a cluster reaches it, through the
+    /// server (HTTP CONNECT over the tunnel), until interrupted.
+    PortForward(port_forward::PortForwardArgs),
 }
 
 /// Flags shared by the commands that talk to a server.
@@ -133,6 +137,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Uncordon(args) => cordon::cordon(args, false).await,
         Command::ControllerManager(args) => controller_manager::controller_manager(args).await,
         Command::Join(args) => join::join(args).await,
+        Command::PortForward(args) => port_forward::port_forward(args).await,
     }
 }
 

@@ -1,0 +1,394 @@
+//! The hub: agents' tunnel sessions, and what the server does with them.
+//!
+//! An agent opens `GET /api/connect` (WebSocket upgrade, agent client certificate); the
+//! upgraded connection carries an `rlark_tunnel::mux` session in which the hub opens
+//! streams towards the agent. The [`Hub`] keeps every live session by cluster ID (and node,
+//! for node agents). Several sessions of one agent may be live at once (a reconnect while
+//! the old connection drains, or one per server address); new streams go to the newest.
+//! Uses: the HTTP reverse proxy (`/api/proxy/...`), HTTP `CONNECT` on the HTTPS port, and
+//! `rlark port-forward`, all through [`Hub::dial`].
+
+pub(crate) mod connect;
+pub(crate) mod routes;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric as _};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::ConstGauge;
+use rlark_tunnel::dial::DialError;
+use rlark_tunnel::header::{Status, StreamRequest};
+use rlark_tunnel::mux::{Control, MuxConfig, MuxStream};
+use serde::Serialize;
+
+use crate::security::Security;
+
+/// Tunnel tunables (the agent side has its own copy of the mux settings).
+#[derive(Clone, Debug)]
+pub struct TunnelConfig {
+    /// Multiplexer settings of hub sessions (windows, stream limit, keep-alive).
+    pub mux: MuxConfig,
+    /// Deadline of a dial through an agent when the caller gives none.
+    pub dial_timeout: Duration,
+}
+
+impl Default for TunnelConfig {
+    /// The mux defaults; 10 s dials.
+    fn default() -> Self {
+        Self {
+            mux: MuxConfig::default(),
+            dial_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One live tunnel session of an agent.
+pub(crate) struct AgentSession {
+    pub id: u64,
+    pub cluster_id: String,
+    pub node: Option<String>,
+    pub remote: std::net::SocketAddr,
+    pub connected_since: SystemTime,
+    /// Serial of the client certificate the session was opened with.
+    pub serial: String,
+    pub control: Control,
+}
+
+/// What `GET /api/v1/tunnels` and `rlark get tunnels` show per session.
+#[derive(Clone, Debug, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TunnelInfo {
+    #[serde(rename = "clusterID")]
+    pub cluster_id: String,
+    pub node: Option<String>,
+    /// The server replica holding the session.
+    pub replica: String,
+    pub remote: String,
+    pub connected_since: String,
+    pub streams_open: usize,
+    pub streams_total: u64,
+    pub bytes_in: u64,
+    pub bytes_out: u64,
+}
+
+/// Dial counters by outcome.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
+struct DialLabels {
+    status: String,
+}
+
+/// The registry of agent sessions.
+pub(crate) struct Hub {
+    replica: String,
+    config: TunnelConfig,
+    next_id: AtomicU64,
+    sessions: Mutex<HashMap<String, Vec<Arc<AgentSession>>>>,
+    dials: Family<DialLabels, Counter>,
+    connects: Counter,
+}
+
+impl std::fmt::Debug for Hub {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hub")
+            .field("replica", &self.replica)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Hub {
+    pub(crate) fn new(replica: String, config: TunnelConfig) -> Arc<Hub> {
+        Arc::new(Hub {
+            replica,
+            config,
+            next_id: AtomicU64::new(1),
+            sessions: Mutex::new(HashMap::new()),
+            dials: Family::default(),
+            connects: Counter::default(),
+        })
+    }
+
+    pub(crate) fn config(&self) -> &TunnelConfig {
+        &self.config
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Arc<AgentSession>>>> {
+        self.sessions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Register a session; returns its id (for [`Hub::unregister`]).
+    pub(crate) fn register(
+        &self,
+        cluster_id: String,
+        node: Option<String>,
+        remote: std::net::SocketAddr,
+        serial: String,
+        control: Control,
+    ) -> u64 {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let session = Arc::new(AgentSession {
+            id,
+            cluster_id: cluster_id.clone(),
+            node,
+            remote,
+            connected_since: SystemTime::now(),
+            serial,
+            control,
+        });
+        self.lock().entry(cluster_id).or_default().push(session);
+        self.connects.inc();
+        id
+    }
+
+    /// Forget a session (it ended).
+    pub(crate) fn unregister(&self, cluster_id: &str, id: u64) {
+        let mut sessions = self.lock();
+        if let Some(list) = sessions.get_mut(cluster_id) {
+            list.retain(|s| s.id != id);
+            if list.is_empty() {
+                sessions.remove(cluster_id);
+            }
+        }
+    }
+
+    /// The newest live session of `cluster_id`, preferring one of `node` when given
+    /// (falling back to any session of the cluster).
+    fn pick(&self, cluster_id: &str, node: Option<&str>) -> Option<Control> {
+        let sessions = self.lock();
+        let list = sessions.get(cluster_id)?;
+        let live = |s: &&Arc<AgentSession>| !s.control.is_closed();
+        let by_node = node.and_then(|n| {
+            list.iter()
+                .rev()
+                .filter(live)
+                .find(|s| s.node.as_deref() == Some(n))
+        });
+        by_node
+            .or_else(|| list.iter().rev().find(live))
+            .map(|s| s.control.clone())
+    }
+
+    /// Open a stream to `host:port` as seen from the agent of `cluster_id`, with the
+    /// tunnel's deadline; typed errors (`no-such-agent`, `refused`, `timeout`, ...).
+    pub(crate) async fn dial(
+        &self,
+        cluster_id: &str,
+        node: Option<&str>,
+        host: &str,
+        port: u16,
+    ) -> Result<MuxStream, DialError> {
+        let result = match self.pick(cluster_id, node) {
+            None => Err(DialError {
+                status: Status::NoSuchAgent,
+                message: format!("no agent of cluster {cluster_id:?} is connected to this server"),
+            }),
+            Some(control) => {
+                let request = StreamRequest::DialTcp {
+                    host: host.to_string(),
+                    port,
+                    timeout: self.config.dial_timeout,
+                };
+                rlark_tunnel::dial::open(
+                    &control,
+                    &request,
+                    self.config.dial_timeout + Duration::from_secs(1),
+                )
+                .await
+            }
+        };
+        let status = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.status.as_str(),
+        };
+        self.dials
+            .get_or_create(&DialLabels {
+                status: status.to_string(),
+            })
+            .inc();
+        result
+    }
+
+    /// Every live session, oldest first per cluster.
+    pub(crate) fn list(&self) -> Vec<TunnelInfo> {
+        let sessions = self.lock();
+        let mut out: Vec<TunnelInfo> = sessions
+            .values()
+            .flatten()
+            .filter(|s| !s.control.is_closed())
+            .map(|s| {
+                let stats = s.control.stats();
+                TunnelInfo {
+                    cluster_id: s.cluster_id.clone(),
+                    node: s.node.clone(),
+                    replica: self.replica.clone(),
+                    remote: s.remote.to_string(),
+                    connected_since: chrono::DateTime::<chrono::Utc>::from(s.connected_since)
+                        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+                    streams_open: stats.streams_open,
+                    streams_total: stats.streams_total,
+                    bytes_in: stats.bytes_in,
+                    bytes_out: stats.bytes_out,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (&a.cluster_id, &a.connected_since).cmp(&(&b.cluster_id, &b.connected_since))
+        });
+        out
+    }
+
+    /// Close every session whose certificate has been revoked, whenever a revocation
+    /// happens, until `shutdown`. (An upgraded connection no longer belongs to the HTTP
+    /// connection task that would otherwise close it.)
+    pub(crate) async fn enforce_revocations(
+        self: Arc<Self>,
+        security: Arc<Security>,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) {
+        let mut changes = security.subscribe();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                changed = changes.changed() => if changed.is_err() { return },
+            }
+            let revoked: Vec<Arc<AgentSession>> = self
+                .lock()
+                .values()
+                .flatten()
+                .filter(|s| security.is_revoked(&s.serial))
+                .cloned()
+                .collect();
+            for session in revoked {
+                tracing::info!(
+                    cluster = %session.cluster_id,
+                    serial = %session.serial,
+                    "closing tunnel: its certificate was revoked"
+                );
+                session.control.close();
+            }
+        }
+    }
+
+    /// Close every session (server shutdown).
+    pub(crate) fn close_all(&self) {
+        for session in self.lock().values().flatten() {
+            session.control.close();
+        }
+    }
+}
+
+/// Prometheus view of the hub.
+#[derive(Debug)]
+pub(crate) struct HubCollector {
+    pub hub: Arc<Hub>,
+}
+
+impl prometheus_client::collector::Collector for HubCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let list = self.hub.list();
+        let sessions = ConstGauge::new(list.len() as i64);
+        sessions.encode(encoder.encode_descriptor(
+            "rlark_tunnel_sessions",
+            "Live agent tunnel sessions on this server",
+            None,
+            sessions.metric_type(),
+        )?)?;
+        let streams = ConstGauge::new(list.iter().map(|t| t.streams_open as i64).sum::<i64>());
+        streams.encode(encoder.encode_descriptor(
+            "rlark_tunnel_streams_open",
+            "Open streams over all tunnel sessions",
+            None,
+            streams.metric_type(),
+        )?)?;
+        let bytes_in = prometheus_client::metrics::counter::ConstCounter::new(
+            list.iter().map(|t| t.bytes_in).sum::<u64>(),
+        );
+        bytes_in.encode(encoder.encode_descriptor(
+            "rlark_tunnel_live_received_bytes",
+            "Payload bytes received from agents over the live sessions",
+            None,
+            bytes_in.metric_type(),
+        )?)?;
+        let bytes_out = prometheus_client::metrics::counter::ConstCounter::new(
+            list.iter().map(|t| t.bytes_out).sum::<u64>(),
+        );
+        bytes_out.encode(encoder.encode_descriptor(
+            "rlark_tunnel_live_sent_bytes",
+            "Payload bytes sent to agents over the live sessions",
+            None,
+            bytes_out.metric_type(),
+        )?)?;
+        self.hub.dials.encode(encoder.encode_descriptor(
+            "rlark_tunnel_dials",
+            "Dials through agents by outcome (ok, refused, timeout, no-such-agent, ...)",
+            None,
+            self.hub.dials.metric_type(),
+        )?)?;
+        self.hub.connects.encode(encoder.encode_descriptor(
+            "rlark_tunnel_connects",
+            "Agent tunnel sessions accepted",
+            None,
+            self.hub.connects.metric_type(),
+        )?)?;
+        Ok(())
+    }
+}
+
+/// Parse a CONNECT authority `<host>.<clusterID>.agent:<port>` (the host may itself contain
+/// dots, e.g. an IPv4 address). Returns (host, cluster ID, port).
+pub(crate) fn parse_agent_authority(authority: &str) -> Result<(String, String, u16), String> {
+    let (name, port) = authority
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{authority:?} has no port; use <host>.<clusterID>.agent:<port>"))?;
+    let port: u16 = port
+        .parse()
+        .ok()
+        .filter(|p| *p > 0)
+        .ok_or_else(|| format!("{authority:?}: port {port:?} is not a number in 1..=65535"))?;
+    let rest = name.strip_suffix(".agent").ok_or_else(|| {
+        format!("{authority:?} is not an agent address; use <host>.<clusterID>.agent:<port>")
+    })?;
+    let (host, cluster) = rest
+        .rsplit_once('.')
+        .ok_or_else(|| format!("{authority:?} names no host; use <host>.<clusterID>.agent:<port>"))?;
+    if host.is_empty() || cluster.is_empty() {
+        return Err(format!(
+            "{authority:?}: host and cluster ID must not be empty"
+        ));
+    }
+    crate::security::validate_cluster_id(cluster).map_err(|e| e.message)?;
+    Ok((host.to_string(), cluster.to_string(), port))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_authorities_parse() {
+        assert_eq!(
+            parse_agent_authority("127.0.0.1.edge.agent:9100").unwrap(),
+            ("127.0.0.1".to_string(), "edge".to_string(), 9100)
+        );
+        assert_eq!(
+            parse_agent_authority("db.internal.site-2.agent:5432").unwrap(),
+            ("db.internal".to_string(), "site-2".to_string(), 5432)
+        );
+        for bad in [
+            "127.0.0.1.edge.agent",
+            "127.0.0.1.edge:80",
+            "edge.agent:80",
+            ".edge.agent:80",
+            "h.EDGE.agent:80",
+            "h.edge.agent:0",
+            "h.edge.agent:x",
+        ] {
+            assert!(parse_agent_authority(bad).is_err(), "{bad}");
+        }
+    }
+}

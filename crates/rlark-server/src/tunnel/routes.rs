@@ -1,0 +1,356 @@
+//! HTTP routes of the hub:
+//!
+//! | route | who | what |
+//! |---|---|---|
+//! | `GET /api/connect` | agents (client certificate) | WebSocket upgrade carrying the tunnel session |
+//! | `ANY /api/proxy/{clusterID}/http/{host}:{port}/{path}` | admin | HTTP reverse proxy through the agent, WebSocket upgrades included |
+//! | `GET /api/v1/tunnels` | admin, viewer, peer | live sessions (agent, node, replica, since, streams, bytes) |
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get};
+use futures::StreamExt as _;
+use http::{HeaderMap, HeaderValue, StatusCode, header};
+use hyper_util::rt::TokioIo;
+use rlark_apiserver::auth::{Identity, Role};
+use rlark_apiserver::error::ApiError;
+use rlark_tunnel::dial::DialError;
+use rlark_tunnel::header::Status;
+use serde_json::json;
+
+use super::Hub;
+use crate::auth::AuthMethod;
+
+/// Header an agent's node-level connection names its node with.
+pub(crate) const NODE_HEADER: &str = "x-rlark-node";
+
+pub(crate) fn router(hub: Arc<Hub>) -> Router {
+    Router::new()
+        .route("/api/connect", get(connect))
+        .route("/api/proxy/{cluster}/{scheme}/{target}", any(proxy_root))
+        .route("/api/proxy/{cluster}/{scheme}/{target}/{*path}", any(proxy))
+        .route("/api/v1/tunnels", get(list))
+        .with_state(hub)
+}
+
+fn identity_of(request: &Request) -> Option<Identity> {
+    request.extensions().get::<Identity>().cloned()
+}
+
+fn forbidden(identity: &Identity, what: &str) -> Response {
+    ApiError::new(
+        403,
+        "Forbidden",
+        format!("forbidden: User \"{}\" cannot {what}", identity.user),
+    )
+    .into_response()
+}
+
+/// The `Status` of a failed dial: 503 when no agent is there, 502 when the agent could
+/// not reach the target, 504 on timeout.
+pub(crate) fn dial_error_response(target: &str, cluster: &str, error: &DialError) -> Response {
+    let (code, reason) = match error.status {
+        Status::NoSuchAgent | Status::Limit => (503, "ServiceUnavailable"),
+        Status::Timeout => (504, "Timeout"),
+        Status::Forbidden => (403, "Forbidden"),
+        Status::BadRequest => (400, "BadRequest"),
+        _ => (502, "BadGateway"),
+    };
+    ApiError::new(
+        code,
+        reason,
+        format!("dial {target} through cluster {cluster:?}: {error}"),
+    )
+    .into_response()
+}
+
+/// `GET /api/connect`: an agent's tunnel. Only an agent certificate may open one: its
+/// cluster ID comes from the certificate, never from the request.
+async fn connect(State(hub): State<Arc<Hub>>, mut request: Request) -> Response {
+    let Some(identity) = identity_of(&request) else {
+        return ApiError::unauthorized().into_response();
+    };
+    let Role::Agent { cluster_id } = identity.role() else {
+        return forbidden(&identity, "open an agent tunnel (agent certificates only)");
+    };
+    let Some(AuthMethod::Certificate { serial }) = request.extensions().get::<AuthMethod>().cloned()
+    else {
+        return forbidden(&identity, "open an agent tunnel without a client certificate");
+    };
+    let node = match request.headers().get(NODE_HEADER).map(HeaderValue::to_str) {
+        None => None,
+        Some(Ok(node)) if valid_node_name(node) => Some(node.to_string()),
+        Some(_) => {
+            return ApiError::bad_request(format!(
+                "{NODE_HEADER} must be a node name (lowercase letters, digits, '-' and '.')"
+            ))
+            .into_response();
+        }
+    };
+    let key = match websocket_key(request.headers()) {
+        Ok(key) => key,
+        Err(message) => return ApiError::bad_request(message).into_response(),
+    };
+    let remote = request
+        .extensions()
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0)
+        .unwrap_or_else(|| std::net::SocketAddr::from(([0, 0, 0, 0], 0)));
+    let on_upgrade = hyper::upgrade::on(&mut request);
+    let accept = tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes());
+    tokio::spawn(async move {
+        let upgraded = match on_upgrade.await {
+            Ok(upgraded) => upgraded,
+            Err(error) => {
+                tracing::debug!(%error, cluster = %cluster_id, "tunnel upgrade failed");
+                return;
+            }
+        };
+        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+            TokioIo::new(upgraded),
+            tokio_tungstenite::tungstenite::protocol::Role::Server,
+            Some(rlark_tunnel::transport::ws_config()),
+        )
+        .await;
+        let transport = rlark_tunnel::transport::WsTransport::new(ws);
+        let (control, mut incoming) = rlark_tunnel::mux::Session::new(
+            transport,
+            rlark_tunnel::mux::Role::Server,
+            hub.config().mux.clone(),
+        );
+        let id = hub.register(
+            cluster_id.clone(),
+            node.clone(),
+            remote,
+            serial,
+            control.clone(),
+        );
+        tracing::info!(cluster = %cluster_id, node = ?node, %remote, "agent tunnel connected");
+        // Agent-opened streams (the pod-network relay) are not served yet: refuse them.
+        let refuse = tokio::spawn(async move {
+            while let Some(stream) = incoming.next().await {
+                drop(stream);
+            }
+        });
+        control.closed().await;
+        refuse.abort();
+        hub.unregister(&cluster_id, id);
+        tracing::info!(cluster = %cluster_id, node = ?node, %remote, "agent tunnel disconnected");
+    });
+    Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "Upgrade")
+        .header(header::UPGRADE, "websocket")
+        .header(header::SEC_WEBSOCKET_ACCEPT, accept)
+        .body(Body::empty())
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+fn valid_node_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+}
+
+/// The `Sec-WebSocket-Key` of a valid WebSocket upgrade request, or why it is not one.
+fn websocket_key(headers: &HeaderMap) -> Result<String, String> {
+    let has = |name: header::HeaderName, token: &str| {
+        headers.get_all(name).iter().any(|v| {
+            v.to_str().is_ok_and(|v| {
+                v.split(',')
+                    .any(|part| part.trim().eq_ignore_ascii_case(token))
+            })
+        })
+    };
+    if !has(header::CONNECTION, "upgrade") || !has(header::UPGRADE, "websocket") {
+        return Err("/api/connect is a WebSocket endpoint: send Connection: Upgrade and Upgrade: websocket".into());
+    }
+    if headers
+        .get(header::SEC_WEBSOCKET_VERSION)
+        .and_then(|v| v.to_str().ok())
+        != Some("13")
+    {
+        return Err("Sec-WebSocket-Version must be 13".into());
+    }
+    headers
+        .get(header::SEC_WEBSOCKET_KEY)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string)
+        .ok_or_else(|| "Sec-WebSocket-Key is missing".to_string())
+}
+
+/// Headers that describe one hop and are not forwarded (RFC 9110 §7.6.1).
+const HOP_BY_HOP: [&str; 8] = [
+    "connection",
+    "keep-alive",
+    "proxy-authenticate",
+    "proxy-authorization",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+];
+
+async fn proxy_root(
+    State(hub): State<Arc<Hub>>,
+    Path((cluster, scheme, target)): Path<(String, String, String)>,
+    request: Request,
+) -> Response {
+    forward(hub, cluster, scheme, target, String::new(), request).await
+}
+
+async fn proxy(
+    State(hub): State<Arc<Hub>>,
+    Path((cluster, scheme, target, path)): Path<(String, String, String, String)>,
+    request: Request,
+) -> Response {
+    forward(hub, cluster, scheme, target, path, request).await
+}
+
+async fn forward(
+    hub: Arc<Hub>,
+    cluster: String,
+    scheme: String,
+    target: String,
+    path: String,
+    mut request: Request,
+) -> Response {
+    let Some(identity) = identity_of(&request) else {
+        return ApiError::unauthorized().into_response();
+    };
+    if identity.role() != Role::Admin {
+        return forbidden(&identity, &format!("proxy to cluster {cluster:?} (admins only)"));
+    }
+    if scheme != "http" {
+        return ApiError::bad_request(format!(
+            "proxy scheme {scheme:?} is not supported: use http (WebSocket upgrades included), \
+             or HTTP CONNECT for TLS targets"
+        ))
+        .into_response();
+    }
+    let Some((host, port)) = target
+        .rsplit_once(':')
+        .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok().filter(|p| *p > 0)?)))
+    else {
+        return ApiError::bad_request(format!(
+            "proxy target {target:?} must be <host>:<port>"
+        ))
+        .into_response();
+    };
+    let stream = match hub.dial(&cluster, None, &host, port).await {
+        Ok(stream) => stream,
+        Err(error) => return dial_error_response(&target, &cluster, &error),
+    };
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+    {
+        Ok(pair) => pair,
+        Err(error) => {
+            return ApiError::new(502, "BadGateway", format!("proxy to {target}: {error}"))
+                .into_response();
+        }
+    };
+    tokio::spawn(async move {
+        if let Err(error) = conn.with_upgrades().await {
+            tracing::debug!(%error, "proxied connection ended");
+        }
+    });
+
+    let upgrade = request
+        .headers()
+        .get(header::UPGRADE)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_string);
+    let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
+    let bearer = matches!(
+        request.extensions().get::<AuthMethod>(),
+        Some(AuthMethod::Bearer { .. })
+    );
+    let query = request
+        .uri()
+        .query()
+        .map(|q| format!("?{q}"))
+        .unwrap_or_default();
+    let (parts, body) = request.into_parts();
+    let mut out = http::Request::builder()
+        .method(parts.method.clone())
+        .uri(format!("/{path}{query}"));
+    for (name, value) in &parts.headers {
+        let lower = name.as_str();
+        if HOP_BY_HOP.contains(&lower) || lower == "host" {
+            continue;
+        }
+        // A bearer token authenticated the caller to rlark; it is not the target's.
+        if bearer && name == header::AUTHORIZATION {
+            continue;
+        }
+        out = out.header(name, value);
+    }
+    out = out.header(header::HOST, &target);
+    if let Some(upgrade) = &upgrade {
+        out = out
+            .header(header::CONNECTION, "Upgrade")
+            .header(header::UPGRADE, upgrade);
+    }
+    let out = match out.body(body) {
+        Ok(out) => out,
+        Err(error) => return ApiError::bad_request(error.to_string()).into_response(),
+    };
+    let mut response = match sender.send_request(out).await {
+        Ok(response) => response,
+        Err(error) => {
+            return ApiError::new(502, "BadGateway", format!("proxy to {target}: {error}"))
+                .into_response();
+        }
+    };
+    if response.status() == StatusCode::SWITCHING_PROTOCOLS {
+        if let Some(client_upgrade) = client_upgrade {
+            let target_upgrade = hyper::upgrade::on(&mut response);
+            tokio::spawn(async move {
+                match tokio::try_join!(client_upgrade, target_upgrade) {
+                    Ok((client, target)) => {
+                        let mut client = TokioIo::new(client);
+                        let mut target = TokioIo::new(target);
+                        if let Err(error) =
+                            tokio::io::copy_bidirectional(&mut client, &mut target).await
+                        {
+                            tracing::debug!(%error, "proxied upgrade ended");
+                        }
+                    }
+                    Err(error) => tracing::debug!(%error, "proxied upgrade failed"),
+                }
+            });
+        }
+        let (parts, _) = response.into_parts();
+        return Response::from_parts(parts, Body::empty());
+    }
+    let (mut parts, body) = response.into_parts();
+    for name in HOP_BY_HOP {
+        parts.headers.remove(name);
+    }
+    Response::from_parts(parts, Body::new(body))
+}
+
+/// `GET /api/v1/tunnels`.
+async fn list(State(hub): State<Arc<Hub>>, request: Request) -> Response {
+    let Some(identity) = identity_of(&request) else {
+        return ApiError::unauthorized().into_response();
+    };
+    if !matches!(
+        identity.role(),
+        Role::Admin | Role::Viewer | Role::Peer { .. }
+    ) {
+        return forbidden(&identity, "list tunnels");
+    }
+    axum::Json(json!({
+        "kind": "TunnelList",
+        "apiVersion": "v1",
+        "items": hub.list(),
+    }))
+    .into_response()
+}

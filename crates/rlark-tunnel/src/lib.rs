@@ -1,0 +1,21 @@
+//! The reverse tunnel between agents and the hub (DESIGN §6, `docs/tunnel.md`).
+//!
+//! Agents dial out (`wss://SERVER/api/connect` with their client certificate); on that one
+//! WebSocket runs a stream multiplexer with per-stream credit windows, so the hub can open
+//! any number of independent streams to the agent — a TCP dial from the agent's host, the
+//! agent's local API, later the pod-network relay — and one slow stream never stalls the
+//! others.
+//!
+//! Layers, bottom up: [`transport`] (messages over WebSocket, or in memory for tests),
+//! [`frame`] and [`mux`] (the multiplexer; frame codec is sans-IO), [`header`] (the
+//! versioned request/response that starts every stream; sans-IO), [`dial`] (hub side of
+//! opening a stream), [`agent`] (agent side of serving streams), [`client`] (the agent's
+//! reconnecting connection loop).
+
+pub mod agent;
+pub mod client;
+pub mod dial;
+pub mod frame;
+pub mod header;
+pub mod mux;
+pub mod transport;

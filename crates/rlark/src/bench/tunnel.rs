@@ -1,0 +1,389 @@
+//! `rlark bench tunnel`: the reverse tunnel on loopback, next to direct TCP measured in the
+//! same run.
+//!
+//! Setup, all in this process on 127.0.0.1: a hub end (TLS with a required client
+//! certificate, WebSocket, mux session in the server role) and an agent end (TLS client,
+//! WebSocket, mux session in the client role, `agent::serve`) joined by one TCP
+//! connection — exactly the layers of an agent's `wss://SERVER/api/connect`. Targets are
+//! local TCP servers that the agent dials. Figures:
+//!
+//! - single-stream throughput: N bytes through one tunnel stream to a sink that reports the
+//!   byte count at EOF, vs the same to the sink over direct TCP;
+//! - 8 parallel streams (N/8 each) vs 8 direct TCP connections;
+//! - stream setup: `dial::open` (OPEN, header, the agent's TCP connect, the answer) p50/p99
+//!   vs a direct TCP connect;
+//! - head-of-line: a stream whose target never reads is stalled at its window while a
+//!   second stream transfers N bytes; its throughput vs the unstalled single stream.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use rlark_tunnel::header::StreamRequest;
+use rlark_tunnel::mux::{Control, MuxConfig, Role, Session};
+use rlark_tunnel::transport::{WsTransport, ws_config};
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde::Serialize;
+use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::stats::LatencySummary;
+
+/// Options of `rlark bench tunnel`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct TunnelBenchOptions {
+    /// Bytes per throughput measurement (MiB).
+    #[arg(long, default_value_t = 512)]
+    pub mib: usize,
+    /// Stream setups timed.
+    #[arg(long, default_value_t = 1000)]
+    pub setups: usize,
+    /// Per-stream window of the mux (bytes); default: the mux default.
+    #[arg(long)]
+    pub window: Option<u32>,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Figures of one run.
+#[derive(Debug, Clone, Serialize)]
+pub struct TunnelBenchReport {
+    pub bytes: u64,
+    pub window: u32,
+    pub direct_single_mib_s: f64,
+    pub tunnel_single_mib_s: f64,
+    pub direct_parallel8_mib_s: f64,
+    pub tunnel_parallel8_mib_s: f64,
+    pub direct_connect: LatencySummary,
+    pub tunnel_setup: LatencySummary,
+    pub stalled_neighbour_mib_s: f64,
+    pub stalled_bytes_in_flight: u64,
+}
+
+impl TunnelBenchReport {
+    fn single_ratio(&self) -> f64 {
+        self.tunnel_single_mib_s / self.direct_single_mib_s
+    }
+    fn parallel_ratio(&self) -> f64 {
+        self.tunnel_parallel8_mib_s / self.direct_parallel8_mib_s
+    }
+    fn hol_ratio(&self) -> f64 {
+        self.stalled_neighbour_mib_s / self.tunnel_single_mib_s
+    }
+}
+
+fn verdict(ok: bool) -> &'static str {
+    if ok { "meets target" } else { "BELOW TARGET" }
+}
+
+impl std::fmt::Display for TunnelBenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "rlark bench tunnel: {} MiB per measurement, mux window {} KiB, TLS + WebSocket on 127.0.0.1",
+            self.bytes / (1024 * 1024),
+            self.window / 1024
+        )?;
+        writeln!(f)?;
+        writeln!(f, "{:<34} {:>12} {:>12} {:>8}  target", "", "direct TCP", "tunnel", "ratio")?;
+        writeln!(
+            f,
+            "{:<34} {:>9.0} MiB/s {:>9.0} MiB/s {:>7.0}%  >= 25%: {}",
+            "single stream throughput",
+            self.direct_single_mib_s,
+            self.tunnel_single_mib_s,
+            self.single_ratio() * 100.0,
+            verdict(self.single_ratio() >= 0.25)
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>9.0} MiB/s {:>9.0} MiB/s {:>7.0}%  >= 30%: {}",
+            "8 parallel streams (aggregate)",
+            self.direct_parallel8_mib_s,
+            self.tunnel_parallel8_mib_s,
+            self.parallel_ratio() * 100.0,
+            verdict(self.parallel_ratio() >= 0.30)
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>9.3} ms {:>12.3} ms {:>8}  p99 <= 2 ms: {}",
+            "stream setup p50",
+            self.direct_connect.p50_ms,
+            self.tunnel_setup.p50_ms,
+            "",
+            ""
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>9.3} ms {:>12.3} ms {:>8}  {}",
+            "stream setup p99",
+            self.direct_connect.p99_ms,
+            self.tunnel_setup.p99_ms,
+            "",
+            verdict(self.tunnel_setup.p99_ms <= 2.0)
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>12} {:>9.0} MiB/s {:>7.0}%  >= 80% of unstalled: {}",
+            "neighbour of a stalled stream",
+            "",
+            self.stalled_neighbour_mib_s,
+            self.hol_ratio() * 100.0,
+            verdict(self.hol_ratio() >= 0.80)
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>12} {:>9} KiB",
+            "stalled stream bytes in flight",
+            "",
+            self.stalled_bytes_in_flight / 1024
+        )
+    }
+}
+
+/// A TCP server that reads everything and answers the byte count (8 bytes, big-endian) at
+/// EOF.
+async fn sink_server() -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 256 * 1024];
+                let mut total = 0u64;
+                loop {
+                    match socket.read(&mut buf).await {
+                        Ok(0) => break,
+                        Ok(n) => total += n as u64,
+                        Err(_) => return,
+                    }
+                }
+                let _ = socket.write_all(&total.to_be_bytes()).await;
+                let _ = socket.shutdown().await;
+            });
+        }
+    });
+    Ok(addr)
+}
+
+/// A TCP server that accepts and holds connections without reading them.
+async fn stall_server() -> anyhow::Result<SocketAddr> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = listener.accept().await {
+            held.push(socket);
+        }
+    });
+    Ok(addr)
+}
+
+/// Write `bytes` then half-close, and read the sink's count.
+async fn push<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, bytes: u64) -> anyhow::Result<()> {
+    let chunk = vec![0x5au8; 256 * 1024];
+    let mut left = bytes;
+    while left > 0 {
+        let n = left.min(chunk.len() as u64) as usize;
+        stream.write_all(&chunk[..n]).await?;
+        left -= n as u64;
+    }
+    stream.shutdown().await?;
+    let mut count = [0u8; 8];
+    stream.read_exact(&mut count).await.context("read the sink's count")?;
+    let got = u64::from_be_bytes(count);
+    if got != bytes {
+        bail!("the sink received {got} bytes, {bytes} were sent");
+    }
+    Ok(())
+}
+
+fn mib_s(bytes: u64, elapsed: Duration) -> f64 {
+    bytes as f64 / (1024.0 * 1024.0) / elapsed.as_secs_f64().max(1e-9)
+}
+
+/// A connected hub/agent pair over TLS + WebSocket on loopback.
+struct Pair {
+    hub: Control,
+    _agent: Control,
+}
+
+async fn tunnel_pair(mux: MuxConfig) -> anyhow::Result<Pair> {
+    let dir = tempfile::tempdir()?;
+    let ca = rlark_pki::Ca::load_or_create(dir.path())?;
+    let serving = ca.issue_serving(&["127.0.0.1".to_string()], Duration::from_secs(3600))?;
+    let agent = ca.issue_client(
+        "system:rlark:agent:bench",
+        &["rlark:agents".to_string()],
+        Duration::from_secs(3600),
+    )?;
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from(ca.cert_der().to_vec()))?;
+    let roots = Arc::new(roots);
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
+            .build()?;
+    let server_tls = rustls::ServerConfig::builder_with_provider(provider.clone())
+        .with_safe_default_protocol_versions()?
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![CertificateDer::from_pem_slice(serving.cert_pem.as_bytes())?],
+            PrivateKeyDer::from_pem_slice(serving.key_pem.as_bytes())?,
+        )?;
+    let client_tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(
+            vec![CertificateDer::from_pem_slice(agent.cert_pem.as_bytes())?],
+            PrivateKeyDer::from_pem_slice(agent.key_pem.as_bytes())?,
+        )?;
+
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(server_tls));
+    let hub_mux = mux.clone();
+    let hub = tokio::spawn(async move {
+        let (tcp, _) = listener.accept().await?;
+        tcp.set_nodelay(true)?;
+        let tls = acceptor.accept(tcp).await?;
+        let ws = tokio_tungstenite::accept_async_with_config(tls, Some(ws_config())).await?;
+        let (control, _incoming) = Session::new(WsTransport::new(ws), Role::Server, hub_mux);
+        anyhow::Ok(control)
+    });
+    let tcp = TcpStream::connect(addr).await?;
+    tcp.set_nodelay(true)?;
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(client_tls))
+        .connect(ServerName::try_from("127.0.0.1")?, tcp)
+        .await?;
+    let (ws, _) = tokio_tungstenite::client_async_with_config(
+        format!("wss://{addr}/api/connect"),
+        tls,
+        Some(ws_config()),
+    )
+    .await?;
+    let (agent, incoming) = Session::new(WsTransport::new(ws), Role::Client, mux);
+    tokio::spawn(rlark_tunnel::agent::serve(
+        incoming,
+        rlark_tunnel::agent::AgentConfig::default(),
+    ));
+    let hub = hub.await??;
+    drop(dir);
+    Ok(Pair { hub, _agent: agent })
+}
+
+async fn dial(hub: &Control, addr: SocketAddr) -> anyhow::Result<rlark_tunnel::mux::MuxStream> {
+    let request = StreamRequest::DialTcp {
+        host: addr.ip().to_string(),
+        port: addr.port(),
+        timeout: Duration::from_secs(10),
+    };
+    rlark_tunnel::dial::open(hub, &request, Duration::from_secs(11))
+        .await
+        .map_err(|e| anyhow::anyhow!("dial {addr}: {e}"))
+}
+
+/// Run the benchmark.
+pub async fn run_tunnel(options: TunnelBenchOptions) -> anyhow::Result<TunnelBenchReport> {
+    let bytes = (options.mib as u64).max(1) * 1024 * 1024;
+    let mut mux = MuxConfig::default();
+    if let Some(window) = options.window {
+        mux.window = window;
+    }
+    let window = mux.window;
+    let sink = sink_server().await?;
+    let stall = stall_server().await?;
+    let pair = tunnel_pair(mux).await.context("set up the tunnel")?;
+
+    // Warm-up: one small transfer each way.
+    push(&mut TcpStream::connect(sink).await?, 1 << 20).await?;
+    push(&mut dial(&pair.hub, sink).await?, 1 << 20).await?;
+
+    let started = Instant::now();
+    let mut direct = TcpStream::connect(sink).await?;
+    direct.set_nodelay(true)?;
+    push(&mut direct, bytes).await?;
+    let direct_single = mib_s(bytes, started.elapsed());
+
+    let started = Instant::now();
+    push(&mut dial(&pair.hub, sink).await?, bytes).await?;
+    let tunnel_single = mib_s(bytes, started.elapsed());
+
+    let per = bytes / 8;
+    let started = Instant::now();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        set.spawn(async move {
+            let mut s = TcpStream::connect(sink).await?;
+            s.set_nodelay(true)?;
+            push(&mut s, per).await
+        });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    let direct_parallel = mib_s(per * 8, started.elapsed());
+
+    let started = Instant::now();
+    for _ in 0..8 {
+        let hub = pair.hub.clone();
+        set.spawn(async move { push(&mut dial(&hub, sink).await?, per).await });
+    }
+    while let Some(r) = set.join_next().await {
+        r??;
+    }
+    let tunnel_parallel = mib_s(per * 8, started.elapsed());
+
+    let mut direct_samples = Vec::with_capacity(options.setups);
+    let mut tunnel_samples = Vec::with_capacity(options.setups);
+    let mut held = Vec::new();
+    for _ in 0..options.setups {
+        let t = Instant::now();
+        let s = TcpStream::connect(stall).await?;
+        direct_samples.push(t.elapsed());
+        held.push(s);
+        let t = Instant::now();
+        let s = dial(&pair.hub, stall).await?;
+        tunnel_samples.push(t.elapsed());
+        drop(s);
+        if held.len() >= 100 {
+            held.clear();
+        }
+    }
+    drop(held);
+
+    // Head-of-line: stall one stream at its window, then measure a neighbour.
+    let mut stalled = dial(&pair.hub, stall).await?;
+    let chunk = vec![0u8; 64 * 1024];
+    let mut in_flight = 0u64;
+    loop {
+        match tokio::time::timeout(Duration::from_millis(500), stalled.write(&chunk)).await {
+            Ok(Ok(n)) => in_flight += n as u64,
+            Ok(Err(e)) => bail!("stalled stream failed: {e}"),
+            Err(_) => break,
+        }
+        if in_flight > 4 * u64::from(window) + (64 << 20) {
+            bail!("the stalled stream accepted {in_flight} bytes: no flow control");
+        }
+    }
+    let started = Instant::now();
+    push(&mut dial(&pair.hub, sink).await?, bytes).await?;
+    let neighbour = mib_s(bytes, started.elapsed());
+    drop(stalled);
+
+    Ok(TunnelBenchReport {
+        bytes,
+        window,
+        direct_single_mib_s: direct_single,
+        tunnel_single_mib_s: tunnel_single,
+        direct_parallel8_mib_s: direct_parallel,
+        tunnel_parallel8_mib_s: tunnel_parallel,
+        direct_connect: LatencySummary::from_samples(&mut direct_samples),
+        tunnel_setup: LatencySummary::from_samples(&mut tunnel_samples),
+        stalled_neighbour_mib_s: neighbour,
+        stalled_bytes_in_flight: in_flight,
+    })
+}

@@ -1,0 +1,323 @@
+//! `rlark port-forward CLUSTER LOCAL_PORT:REMOTE_HOST:REMOTE_PORT`: listen on loopback and
+//! carry every accepted connection to `REMOTE_HOST:REMOTE_PORT` as the agent of `CLUSTER`
+//! reaches it, through the server's HTTP `CONNECT` (see `docs/tunnel.md`).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use anyhow::{Context as _, bail};
+use base64::Engine as _;
+use clap::Args;
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde::Deserialize;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+
+use super::ClientArgs;
+use super::client::DEFAULT_KUBECONFIG;
+
+#[derive(Debug, Args)]
+pub(crate) struct PortForwardArgs {
+    /// Cluster ID of the agent that makes the connections.
+    cluster: String,
+    /// LOCAL_PORT:REMOTE_HOST:REMOTE_PORT (REMOTE_HOST as the agent resolves it; 127.0.0.1
+    /// is the agent's own host). LOCAL_PORT 0 picks a free port.
+    mapping: String,
+    /// Local address to listen on.
+    #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
+    address: IpAddr,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+/// A parsed `LOCAL:HOST:PORT`.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Mapping {
+    pub local: u16,
+    pub host: String,
+    pub port: u16,
+}
+
+pub(crate) fn parse_mapping(text: &str) -> anyhow::Result<Mapping> {
+    let bad = || {
+        anyhow::anyhow!(
+            "port mapping {text:?} must be LOCAL_PORT:REMOTE_HOST:REMOTE_PORT, e.g. 8080:127.0.0.1:80"
+        )
+    };
+    let (local, rest) = text.split_once(':').ok_or_else(bad)?;
+    let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let local: u16 = local.parse().map_err(|_| bad())?;
+    let port: u16 = port.parse().ok().filter(|p| *p > 0).ok_or_else(bad)?;
+    if host.is_empty() || host.contains(char::is_whitespace) {
+        return Err(bad());
+    }
+    Ok(Mapping {
+        local,
+        host: host.to_string(),
+        port,
+    })
+}
+
+/// What a kubeconfig says about reaching and authenticating to its current cluster.
+pub(crate) struct Endpoint {
+    pub host: String,
+    pub port: u16,
+    pub tls: Arc<rustls::ClientConfig>,
+    pub bearer: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct KubeconfigFile {
+    #[serde(default)]
+    current_context: Option<String>,
+    #[serde(default)]
+    contexts: Vec<Named<ContextEntry>>,
+    #[serde(default)]
+    clusters: Vec<Named<ClusterEntry>>,
+    #[serde(default)]
+    users: Vec<Named<UserEntry>>,
+}
+
+#[derive(Deserialize)]
+struct Named<T> {
+    name: String,
+    #[serde(alias = "context", alias = "cluster", alias = "user")]
+    value: T,
+}
+
+#[derive(Deserialize)]
+struct ContextEntry {
+    cluster: String,
+    user: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct ClusterEntry {
+    server: String,
+    #[serde(default)]
+    certificate_authority_data: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "kebab-case")]
+struct UserEntry {
+    #[serde(default)]
+    client_certificate_data: Option<String>,
+    #[serde(default)]
+    client_key_data: Option<String>,
+    #[serde(default)]
+    token: Option<String>,
+}
+
+fn kubeconfig_path(flag: Option<&Path>) -> PathBuf {
+    if let Some(path) = flag {
+        return path.to_path_buf();
+    }
+    if let Some(first) = std::env::var_os("KUBECONFIG")
+        .and_then(|v| std::env::split_paths(&v).find(|p| !p.as_os_str().is_empty()))
+    {
+        return first;
+    }
+    PathBuf::from(DEFAULT_KUBECONFIG)
+}
+
+/// Read the current context's server, CA and credentials (embedded `*-data` and `token`
+/// fields, as rlark writes them).
+pub(crate) fn endpoint(flag: Option<&Path>) -> anyhow::Result<Endpoint> {
+    let path = kubeconfig_path(flag);
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("read kubeconfig {}", path.display()))?;
+    let file: KubeconfigFile = serde_saphyr::from_str(&text)
+        .with_context(|| format!("parse kubeconfig {}", path.display()))?;
+    let context_name = file
+        .current_context
+        .clone()
+        .or_else(|| file.contexts.first().map(|c| c.name.clone()))
+        .context("kubeconfig has no context")?;
+    let context = &file
+        .contexts
+        .iter()
+        .find(|c| c.name == context_name)
+        .with_context(|| format!("kubeconfig has no context {context_name:?}"))?
+        .value;
+    let cluster = &file
+        .clusters
+        .iter()
+        .find(|c| c.name == context.cluster)
+        .with_context(|| format!("kubeconfig has no cluster {:?}", context.cluster))?
+        .value;
+    let user = &file
+        .users
+        .iter()
+        .find(|u| u.name == context.user)
+        .with_context(|| format!("kubeconfig has no user {:?}", context.user))?
+        .value;
+    let uri: http::Uri = cluster
+        .server
+        .parse()
+        .with_context(|| format!("server {:?}", cluster.server))?;
+    if uri.scheme_str() != Some("https") {
+        bail!("server {:?} must be https://", cluster.server);
+    }
+    let host = uri
+        .host()
+        .context("server URL has no host")?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_string();
+    let port = uri.port_u16().unwrap_or(443);
+    let decode = |what: &str, data: &str| {
+        base64::engine::general_purpose::STANDARD
+            .decode(data.trim())
+            .with_context(|| format!("kubeconfig {what} is not base64"))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    let ca = cluster
+        .certificate_authority_data
+        .as_deref()
+        .context("kubeconfig cluster has no certificate-authority-data")?;
+    for cert in CertificateDer::pem_slice_iter(&decode("certificate-authority-data", ca)?) {
+        roots
+            .add(cert.context("CA certificate")?)
+            .context("CA certificate")?;
+    }
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots);
+    let tls = match (&user.client_certificate_data, &user.client_key_data) {
+        (Some(cert), Some(key)) => {
+            let certs = CertificateDer::pem_slice_iter(&decode("client-certificate-data", cert)?)
+                .collect::<Result<Vec<_>, _>>()
+                .context("client certificate")?;
+            let key = PrivateKeyDer::from_pem_slice(&decode("client-key-data", key)?)
+                .context("client key")?;
+            builder
+                .with_client_auth_cert(certs, key)
+                .context("client certificate")?
+        }
+        _ => builder.with_no_client_auth(),
+    };
+    Ok(Endpoint {
+        host,
+        port,
+        tls: Arc::new(tls),
+        bearer: user.token.clone(),
+    })
+}
+
+/// Open a TLS connection to the server and `CONNECT` to `authority`; the returned stream
+/// carries the tunnelled bytes.
+pub(crate) async fn connect_through(
+    endpoint: &Endpoint,
+    authority: &str,
+) -> anyhow::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let tcp = TcpStream::connect((endpoint.host.as_str(), endpoint.port))
+        .await
+        .with_context(|| format!("connect to {}:{}", endpoint.host, endpoint.port))?;
+    tcp.set_nodelay(true)?;
+    let name = ServerName::try_from(endpoint.host.clone()).context("server name")?;
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::clone(&endpoint.tls))
+        .connect(name, tcp)
+        .await
+        .context("TLS handshake with the server")?;
+    let mut request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
+    if let Some(token) = &endpoint.bearer {
+        request.push_str(&format!("Proxy-Authorization: Bearer {token}\r\n"));
+    }
+    request.push_str("\r\n");
+    tls.write_all(request.as_bytes()).await?;
+    // Read the response head byte by byte: nothing after it may be consumed here.
+    let mut head = Vec::new();
+    while !head.ends_with(b"\r\n\r\n") {
+        if head.len() > 16 * 1024 {
+            bail!("the server's CONNECT response head is over 16 KiB");
+        }
+        let byte = tls.read_u8().await.context("read CONNECT response")?;
+        head.push(byte);
+    }
+    let head = String::from_utf8_lossy(&head);
+    let status_line = head.lines().next().unwrap_or_default().to_string();
+    let code = status_line.split_whitespace().nth(1).unwrap_or_default();
+    if code != "200" {
+        // The body is a Status; read what is there (bounded) to show its message.
+        let mut body = vec![0u8; 8192];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(2), tls.read(&mut body))
+            .await
+            .ok()
+            .and_then(Result::ok)
+            .unwrap_or(0);
+        let text = String::from_utf8_lossy(&body[..n]);
+        let message = serde_json::from_str::<serde_json::Value>(text.trim())
+            .ok()
+            .and_then(|v| v["message"].as_str().map(str::to_string))
+            .unwrap_or_else(|| text.trim().to_string());
+        bail!("CONNECT {authority}: {status_line}: {message}");
+    }
+    Ok(tls)
+}
+
+pub(crate) async fn port_forward(args: PortForwardArgs) -> anyhow::Result<()> {
+    let mapping = parse_mapping(&args.mapping)?;
+    let endpoint = Arc::new(endpoint(args.client.kubeconfig.as_deref())?);
+    let authority = format!("{}.{}.agent:{}", mapping.host, args.cluster, mapping.port);
+    let listener = TcpListener::bind(SocketAddr::new(args.address, mapping.local))
+        .await
+        .with_context(|| format!("listen on {}:{}", args.address, mapping.local))?;
+    let local = listener.local_addr()?;
+    println!(
+        "Forwarding from {local} -> {}:{} on cluster {}",
+        mapping.host, mapping.port, args.cluster
+    );
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    super::server::watch_signals(shutdown.clone())?;
+    loop {
+        let (socket, peer) = tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            accepted = listener.accept() => accepted.context("accept")?,
+        };
+        let endpoint = Arc::clone(&endpoint);
+        let authority = authority.clone();
+        tokio::spawn(async move {
+            let mut socket = socket;
+            let _ = socket.set_nodelay(true);
+            match connect_through(&endpoint, &authority).await {
+                Ok(mut remote) => {
+                    if let Err(error) = tokio::io::copy_bidirectional(&mut socket, &mut remote).await
+                    {
+                        tracing::debug!(%error, %peer, "forwarded connection ended");
+                    }
+                }
+                Err(error) => eprintln!("error forwarding connection from {peer}: {error:#}"),
+            }
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mappings_parse() {
+        assert_eq!(
+            parse_mapping("8080:127.0.0.1:80").unwrap(),
+            Mapping {
+                local: 8080,
+                host: "127.0.0.1".into(),
+                port: 80
+            }
+        );
+        assert_eq!(parse_mapping("0:db.internal:5432").unwrap().local, 0);
+        assert_eq!(parse_mapping("1:[::1]:22").unwrap().host, "::1");
+        for bad in ["8080", "8080:80", "x:h:80", "1:h:0", "1::80", "1:h:x"] {
+            assert!(parse_mapping(bad).is_err(), "{bad}");
+        }
+    }
+}
