@@ -168,6 +168,23 @@ impl ServerConfig {
                 config.security.max_bootstrap_token_ttl = Duration::from_secs(v);
             }
         }
+        if let Some(tunnel) = file.tunnel {
+            if let Some(v) = tunnel.window_bytes {
+                config.tunnel.mux.window = v;
+            }
+            if let Some(v) = tunnel.max_streams {
+                config.tunnel.mux.max_streams = v;
+            }
+            if let Some(v) = tunnel.idle_stream_timeout_seconds {
+                config.tunnel.mux.idle_stream_timeout = (v > 0).then(|| Duration::from_secs(v));
+            }
+            if let Some(v) = tunnel.keepalive_timeout_seconds {
+                config.tunnel.mux.keepalive_timeout = Duration::from_secs(v);
+            }
+            if let Some(v) = tunnel.dial_timeout_seconds {
+                config.tunnel.dial_timeout = Duration::from_secs(v);
+            }
+        }
         if let Some(enabled) = overrides.controllers {
             config.controllers.enabled = enabled;
         }
@@ -226,6 +243,35 @@ impl ServerConfig {
             if value < Duration::from_secs(1) {
                 return Err(invalid(field, "must be at least 1".into()));
             }
+        }
+        if self.tunnel.mux.window < rlark_tunnel::mux::INITIAL_WINDOW {
+            return Err(invalid(
+                "tunnel.windowBytes",
+                format!("must be at least {}", rlark_tunnel::mux::INITIAL_WINDOW),
+            ));
+        }
+        if self.tunnel.mux.max_streams == 0 {
+            return Err(invalid("tunnel.maxStreams", "must be positive".into()));
+        }
+        if self.tunnel.mux.keepalive_timeout <= self.tunnel.mux.keepalive_interval {
+            return Err(invalid(
+                "tunnel.keepaliveTimeoutSeconds",
+                format!(
+                    "must be longer than the keep-alive interval ({}s)",
+                    self.tunnel.mux.keepalive_interval.as_secs()
+                ),
+            ));
+        }
+        if self.tunnel.dial_timeout.is_zero()
+            || self.tunnel.dial_timeout > rlark_tunnel::header::MAX_DIAL_TIMEOUT
+        {
+            return Err(invalid(
+                "tunnel.dialTimeoutSeconds",
+                format!(
+                    "must be between 1 and {}",
+                    rlark_tunnel::header::MAX_DIAL_TIMEOUT.as_secs()
+                ),
+            ));
         }
         if self.controllers.node_grace_period.is_zero() {
             return Err(invalid(
@@ -298,6 +344,25 @@ pub struct ServerConfigFile {
     pub controllers: Option<ControllersConfigFile>,
     /// `security`: certificate and token lifetimes.
     pub security: Option<SecurityConfigFile>,
+    /// `tunnel`: agent tunnel windows, limits and deadlines.
+    pub tunnel: Option<TunnelConfigFile>,
+}
+
+/// The `tunnel` section of [`ServerConfigFile`]; see `TunnelConfig` and `docs/tunnel.md`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TunnelConfigFile {
+    /// `windowBytes`: per-stream receive window (default 8 MiB, at least 64 KiB).
+    pub window_bytes: Option<u32>,
+    /// `maxStreams`: concurrent streams per agent session (default 4096).
+    pub max_streams: Option<usize>,
+    /// `idleStreamTimeoutSeconds`: a stream without data either way is reset (default 600;
+    /// 0 = never).
+    pub idle_stream_timeout_seconds: Option<u64>,
+    /// `keepaliveTimeoutSeconds`: a session with no frame for this long is dead (default 15).
+    pub keepalive_timeout_seconds: Option<u64>,
+    /// `dialTimeoutSeconds`: deadline of a dial through an agent (default 10).
+    pub dial_timeout_seconds: Option<u64>,
 }
 
 /// The `security` section of [`ServerConfigFile`]; see `SecurityConfig`.
@@ -482,6 +547,44 @@ mod tests {
             err.to_string().contains("shutdownGraceSeconds") || err.to_string().contains("soon"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn security_and_tunnel_sections_apply_and_are_validated() {
+        let overrides = || ServerOverrides {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        };
+        let file = parse(
+            "security: {agentCertValiditySeconds: 60}\ntunnel: {windowBytes: 1048576, maxStreams: 10, idleStreamTimeoutSeconds: 0, dialTimeoutSeconds: 3}\n",
+        )
+        .expect("parse");
+        let config = ServerConfig::resolve(Some(file), overrides()).expect("valid");
+        assert_eq!(config.security.agent_cert_validity, Duration::from_secs(60));
+        assert_eq!(config.tunnel.mux.window, 1_048_576);
+        assert_eq!(config.tunnel.mux.max_streams, 10);
+        assert_eq!(config.tunnel.mux.idle_stream_timeout, None);
+        assert_eq!(config.tunnel.dial_timeout, Duration::from_secs(3));
+        for (yaml, field) in [
+            ("tunnel: {windowBytes: 100}\n", "tunnel.windowBytes"),
+            ("tunnel: {maxStreams: 0}\n", "tunnel.maxStreams"),
+            (
+                "tunnel: {keepaliveTimeoutSeconds: 1}\n",
+                "tunnel.keepaliveTimeoutSeconds",
+            ),
+            (
+                "tunnel: {dialTimeoutSeconds: 0}\n",
+                "tunnel.dialTimeoutSeconds",
+            ),
+            (
+                "security: {agentCertValiditySeconds: 0}\n",
+                "security.agentCertValiditySeconds",
+            ),
+        ] {
+            let err = ServerConfig::resolve(Some(parse(yaml).expect("parse")), overrides())
+                .expect_err(yaml);
+            assert!(err.to_string().contains(field), "{yaml}: {err}");
+        }
     }
 
     #[test]

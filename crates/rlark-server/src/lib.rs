@@ -52,7 +52,7 @@ use tracing::Instrument as _;
 
 pub use config::{
     ApiConfigFile, ConfigError, ControllersConfig, ControllersConfigFile, DEFAULT_LISTEN,
-    SecurityConfigFile, ServerConfig, ServerConfigFile, ServerOverrides,
+    SecurityConfigFile, ServerConfig, ServerConfigFile, ServerOverrides, TunnelConfigFile,
 };
 pub use security::audit_file::AUDIT_LOG_FILE;
 pub use security::{CertRole, SecurityConfig};

@@ -27,9 +27,10 @@ pub(crate) async fn handle(hub: Arc<Hub>, mut request: Request<Incoming>) -> Res
             "CONNECT needs a client certificate or Proxy-Authorization: Bearer <token>",
         )
         .into_response();
-        response
-            .headers_mut()
-            .insert(header::PROXY_AUTHENTICATE, http::HeaderValue::from_static("Bearer"));
+        response.headers_mut().insert(
+            header::PROXY_AUTHENTICATE,
+            http::HeaderValue::from_static("Bearer"),
+        );
         return response;
     };
     if identity.role() != Role::Admin {
@@ -72,8 +73,12 @@ pub(crate) async fn handle(hub: Arc<Hub>, mut request: Request<Incoming>) -> Res
         let mut client = TokioIo::new(upgraded);
         let mut stream = stream;
         match tokio::io::copy_bidirectional(&mut client, &mut stream).await {
-            Ok((up, down)) => tracing::debug!(%user, %cluster, %host, port, up, down, "CONNECT tunnel closed"),
-            Err(error) => tracing::debug!(%user, %cluster, %host, port, %error, "CONNECT tunnel ended"),
+            Ok((up, down)) => {
+                tracing::debug!(%user, %cluster, %host, port, up, down, "CONNECT tunnel closed")
+            }
+            Err(error) => {
+                tracing::debug!(%user, %cluster, %host, port, %error, "CONNECT tunnel ended")
+            }
         }
     });
     let mut response = Response::new(Body::empty());

@@ -353,9 +353,9 @@ pub(crate) fn parse_agent_authority(authority: &str) -> Result<(String, String, 
     let rest = name.strip_suffix(".agent").ok_or_else(|| {
         format!("{authority:?} is not an agent address; use <host>.<clusterID>.agent:<port>")
     })?;
-    let (host, cluster) = rest
-        .rsplit_once('.')
-        .ok_or_else(|| format!("{authority:?} names no host; use <host>.<clusterID>.agent:<port>"))?;
+    let (host, cluster) = rest.rsplit_once('.').ok_or_else(|| {
+        format!("{authority:?} names no host; use <host>.<clusterID>.agent:<port>")
+    })?;
     if host.is_empty() || cluster.is_empty() {
         return Err(format!(
             "{authority:?}: host and cluster ID must not be empty"

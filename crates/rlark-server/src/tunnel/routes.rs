@@ -77,9 +77,13 @@ async fn connect(State(hub): State<Arc<Hub>>, mut request: Request) -> Response 
     let Role::Agent { cluster_id } = identity.role() else {
         return forbidden(&identity, "open an agent tunnel (agent certificates only)");
     };
-    let Some(AuthMethod::Certificate { serial }) = request.extensions().get::<AuthMethod>().cloned()
+    let Some(AuthMethod::Certificate { serial }) =
+        request.extensions().get::<AuthMethod>().cloned()
     else {
-        return forbidden(&identity, "open an agent tunnel without a client certificate");
+        return forbidden(
+            &identity,
+            "open an agent tunnel without a client certificate",
+        );
     };
     let node = match request.headers().get(NODE_HEADER).map(HeaderValue::to_str) {
         None => None,
@@ -169,7 +173,10 @@ fn websocket_key(headers: &HeaderMap) -> Result<String, String> {
         })
     };
     if !has(header::CONNECTION, "upgrade") || !has(header::UPGRADE, "websocket") {
-        return Err("/api/connect is a WebSocket endpoint: send Connection: Upgrade and Upgrade: websocket".into());
+        return Err(
+            "/api/connect is a WebSocket endpoint: send Connection: Upgrade and Upgrade: websocket"
+                .into(),
+        );
     }
     if headers
         .get(header::SEC_WEBSOCKET_VERSION)
@@ -225,7 +232,10 @@ async fn forward(
         return ApiError::unauthorized().into_response();
     };
     if identity.role() != Role::Admin {
-        return forbidden(&identity, &format!("proxy to cluster {cluster:?} (admins only)"));
+        return forbidden(
+            &identity,
+            &format!("proxy to cluster {cluster:?} (admins only)"),
+        );
     }
     if scheme != "http" {
         return ApiError::bad_request(format!(
@@ -238,10 +248,8 @@ async fn forward(
         .rsplit_once(':')
         .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok().filter(|p| *p > 0)?)))
     else {
-        return ApiError::bad_request(format!(
-            "proxy target {target:?} must be <host>:<port>"
-        ))
-        .into_response();
+        return ApiError::bad_request(format!("proxy target {target:?} must be <host>:<port>"))
+            .into_response();
     };
     let stream = match hub.dial(&cluster, None, &host, port).await {
         Ok(stream) => stream,
