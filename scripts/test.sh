@@ -19,6 +19,8 @@ install_deps() {
     command -v python3 >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip)
     # ssh-keygen checks the OpenSSH certificates rlark signs.
     command -v ssh-keygen >/dev/null 2>&1 || apt_pkgs+=(openssh-client)
+    # curl drives the tunnel's HTTP CONNECT as an unmodified client would.
+    command -v curl >/dev/null 2>&1 || apt_pkgs+=(curl)
     if [ ${#apt_pkgs[@]} -gt 0 ]; then
         log "installing Debian packages: ${apt_pkgs[*]}"
         export DEBIAN_FRONTEND=noninteractive

@@ -11,6 +11,7 @@
 //! ```
 
 pub mod sim_agent;
+pub mod tunnel_agent;
 
 pub use sim_agent::{Behaviour, HeartbeatMode, SimAgent, SimAgentBuilder, SimAgentError, SimNode};
 

@@ -88,7 +88,11 @@ impl std::fmt::Display for TunnelBenchReport {
             self.window / 1024
         )?;
         writeln!(f)?;
-        writeln!(f, "{:<34} {:>12} {:>12} {:>8}  target", "", "direct TCP", "tunnel", "ratio")?;
+        writeln!(
+            f,
+            "{:<34} {:>12} {:>12} {:>8}  target",
+            "", "direct TCP", "tunnel", "ratio"
+        )?;
         writeln!(
             f,
             "{:<34} {:>9.0} MiB/s {:>9.0} MiB/s {:>7.0}%  >= 25%: {}",
@@ -110,11 +114,7 @@ impl std::fmt::Display for TunnelBenchReport {
         writeln!(
             f,
             "{:<34} {:>9.3} ms {:>12.3} ms {:>8}  p99 <= 2 ms: {}",
-            "stream setup p50",
-            self.direct_connect.p50_ms,
-            self.tunnel_setup.p50_ms,
-            "",
-            ""
+            "stream setup p50", self.direct_connect.p50_ms, self.tunnel_setup.p50_ms, "", ""
         )?;
         writeln!(
             f,
@@ -193,7 +193,10 @@ async fn push<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, bytes: u64) -> 
     }
     stream.shutdown().await?;
     let mut count = [0u8; 8];
-    stream.read_exact(&mut count).await.context("read the sink's count")?;
+    stream
+        .read_exact(&mut count)
+        .await
+        .context("read the sink's count")?;
     let got = u64::from_be_bytes(count);
     if got != bytes {
         bail!("the sink received {got} bytes, {bytes} were sent");
@@ -224,9 +227,11 @@ async fn tunnel_pair(mux: MuxConfig) -> anyhow::Result<Pair> {
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from(ca.cert_der().to_vec()))?;
     let roots = Arc::new(roots);
-    let verifier =
-        rustls::server::WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone())
-            .build()?;
+    let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+        roots.clone(),
+        provider.clone(),
+    )
+    .build()?;
     let server_tls = rustls::ServerConfig::builder_with_provider(provider.clone())
         .with_safe_default_protocol_versions()?
         .with_client_cert_verifier(verifier)

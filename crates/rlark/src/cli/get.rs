@@ -251,9 +251,16 @@ async fn print_tunnels(session: &Session, args: &GetArgs) -> anyhow::Result<()> 
         Err(kube::Error::Api(status)) => bail!("{}", format_status(&status)),
         Err(e) => return Err(e).context("GET /api/v1/tunnels"),
     };
-    let mut items: Vec<&Value> = list["items"].as_array().map(|a| a.iter().collect()).unwrap_or_default();
+    let mut items: Vec<&Value> = list["items"]
+        .as_array()
+        .map(|a| a.iter().collect())
+        .unwrap_or_default();
     if !args.names.is_empty() {
-        items.retain(|t| args.names.iter().any(|n| t["clusterID"].as_str() == Some(n)));
+        items.retain(|t| {
+            args.names
+                .iter()
+                .any(|n| t["clusterID"].as_str() == Some(n))
+        });
     }
     match args.output {
         Some(OutputFormat::Json) => println!("{}", serde_json::to_string_pretty(&list)?),
@@ -267,9 +274,18 @@ async fn print_tunnels(session: &Session, args: &GetArgs) -> anyhow::Result<()> 
             let mut rows = Vec::new();
             if !args.no_headers {
                 rows.push(
-                    ["AGENT", "NODE", "REPLICA", "REMOTE", "SINCE", "STREAMS", "BYTES-IN", "BYTES-OUT"]
-                        .map(String::from)
-                        .to_vec(),
+                    [
+                        "AGENT",
+                        "NODE",
+                        "REPLICA",
+                        "REMOTE",
+                        "SINCE",
+                        "STREAMS",
+                        "BYTES-IN",
+                        "BYTES-OUT",
+                    ]
+                    .map(String::from)
+                    .to_vec(),
                 );
             }
             for t in &items {
@@ -304,4 +320,3 @@ async fn print_tunnels(session: &Session, args: &GetArgs) -> anyhow::Result<()> 
     }
     Ok(())
 }
-

@@ -289,7 +289,8 @@ pub(crate) async fn port_forward(args: PortForwardArgs) -> anyhow::Result<()> {
             let _ = socket.set_nodelay(true);
             match connect_through(&endpoint, &authority).await {
                 Ok(mut remote) => {
-                    if let Err(error) = tokio::io::copy_bidirectional(&mut socket, &mut remote).await
+                    if let Err(error) =
+                        tokio::io::copy_bidirectional(&mut socket, &mut remote).await
                     {
                         tracing::debug!(%error, %peer, "forwarded connection ended");
                     }
