@@ -32,6 +32,8 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
     Router::new()
         .route("/api/connect", get(connect))
         .route("/api/proxy/{cluster}/{scheme}/{target}", any(proxy_root))
+        // `{*path}` does not match an empty path: the target's root with a trailing slash.
+        .route("/api/proxy/{cluster}/{scheme}/{target}/", any(proxy_root))
         .route("/api/proxy/{cluster}/{scheme}/{target}/{*path}", any(proxy))
         .route("/api/v1/tunnels", get(list))
         .with_state(hub)
