@@ -40,7 +40,8 @@
 //!   (RST cancel unless fully closed; nothing is sent for a stream whose OPEN never left).
 //!   A reset by the peer keeps data that already arrived readable; reads then fail with
 //!   `ConnectionReset` (`ConnectionRefused` for refused-limit), or end with EOF if the peer's
-//!   FIN had arrived. When the session ends, reads return the buffered data then EOF and
+//!   FIN had arrived. When the session ends, reads return the buffered data then `ConnectionAborted` (a
+//!   stream the peer never finished is not a complete one) and
 //!   writes fail with `BrokenPipe`.
 //! * **Liveness**: PING after `keepalive_interval` without any frame received; the session
 //!   ends after `keepalive_timeout` without any frame. Streams without DATA either way for
@@ -564,7 +565,8 @@ impl Control {
     }
 
     /// Sends GOAWAY and closes the transport; all streams end at once (reads: buffered
-    /// data then EOF; writes: `BrokenPipe`).
+    /// data then `ConnectionAborted`, unless the peer had finished the stream; writes:
+    /// `BrokenPipe`).
     pub fn close(&self) {
         let wakers = lock(&self.shared().inner).begin_close();
         wakers.into_iter().for_each(Waker::wake);
@@ -796,7 +798,12 @@ impl AsyncRead for MuxStream {
             return Poll::Ready(Ok(()));
         }
         match st.end {
-            Some(End::SessionClosed) => Poll::Ready(Ok(())),
+            // Not EOF: the peer never finished the stream, and a truncated transfer must not
+            // look like a complete one to a proxy or a copy loop.
+            Some(End::SessionClosed) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "tunnel session ended before the peer finished the stream",
+            ))),
             Some(end) => Poll::Ready(Err(end.error())),
             None => {
                 st.read_waker = Some(cx.waker().clone());
@@ -2031,7 +2038,10 @@ mod tests {
         assert!(control.is_closed());
         assert_eq!(control.open().unwrap_err(), MuxError::Closed);
         assert!(incoming.next().await.is_none());
-        assert_eq!(s.read(&mut [0u8; 1]).await.unwrap(), 0);
+        assert_eq!(
+            s.read(&mut [0u8; 1]).await.unwrap_err().kind(),
+            io::ErrorKind::ConnectionAborted
+        );
         assert_eq!(
             s.write(b"x").await.unwrap_err().kind(),
             io::ErrorKind::BrokenPipe
@@ -2070,16 +2080,23 @@ mod tests {
         .expect("both sessions end");
         let err = blocked.await.unwrap().unwrap_err();
         assert_eq!(err.kind(), io::ErrorKind::BrokenPipe);
-        // Hub side: reads EOF, writes BrokenPipe.
-        assert_eq!(h1.read(&mut buf).await.unwrap(), 0);
+        // Hub side: reads fail (the stream was never finished), writes BrokenPipe.
+        assert_eq!(
+            h1.read(&mut buf).await.unwrap_err().kind(),
+            io::ErrorKind::ConnectionAborted
+        );
         assert_eq!(
             h1.write(b"x").await.unwrap_err().kind(),
             io::ErrorKind::BrokenPipe
         );
-        assert_eq!(h2.read(&mut buf).await.unwrap(), 0);
-        // Agent side: data that arrived is still readable, then EOF.
+        assert_eq!(
+            h2.read(&mut buf).await.unwrap_err().kind(),
+            io::ErrorKind::ConnectionAborted
+        );
+        // Agent side: data that arrived is still readable, then the abort.
         let mut got = Vec::new();
-        a1.read_to_end(&mut got).await.unwrap();
+        let err = a1.read_to_end(&mut got).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::ConnectionAborted);
         assert_eq!(got, b"abc");
         assert_eq!(
             a2.write(b"x").await.unwrap_err().kind(),
