@@ -175,14 +175,12 @@ impl AgentCredentials {
             .map_err(|e| JoinError::Response(format!("certificate: {e}")))?;
         let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
             .map_err(|e| JoinError::Response(format!("key: {e}")))?;
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| JoinError::Http(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_client_auth_cert(vec![cert], key)
-        .map_err(|e| JoinError::Response(format!("client certificate: {e}")))?;
+        let config = rustls::ClientConfig::builder_with_provider(Arc::new(crate::tls_provider()))
+            .with_safe_default_protocol_versions()
+            .map_err(|e| JoinError::Http(e.to_string()))?
+            .with_root_certificates(roots)
+            .with_client_auth_cert(vec![cert], key)
+            .map_err(|e| JoinError::Response(format!("client certificate: {e}")))?;
         Ok(Arc::new(config))
     }
 }
@@ -338,14 +336,12 @@ fn write_credentials(
 pub async fn join(options: &JoinOptions) -> Result<AgentCredentials, JoinError> {
     parse_server(&options.server)?;
     let verifier = Arc::new(PinnedCaVerifier::new(&options.ca_hash)?);
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| JoinError::Http(e.to_string()))?
-    .dangerous()
-    .with_custom_certificate_verifier(verifier)
-    .with_no_client_auth();
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(crate::tls_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| JoinError::Http(e.to_string()))?
+        .dangerous()
+        .with_custom_certificate_verifier(verifier)
+        .with_no_client_auth();
     let key_and_csr = generate_key_and_csr(&format!(
         "join:{}",
         options.cluster_id.as_deref().unwrap_or("")

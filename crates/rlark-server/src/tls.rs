@@ -28,7 +28,7 @@ pub(crate) fn server_config(
     security: Arc<Security>,
 ) -> Result<Arc<rustls::ServerConfig>, ServerError> {
     let tls_err = |what: &str, e: &dyn std::fmt::Display| ServerError::Tls(format!("{what}: {e}"));
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rlark_pki::tls_provider());
     let mut roots = rustls::RootCertStore::empty();
     for anchor in ca.trust_anchors() {
         roots
@@ -56,6 +56,9 @@ pub(crate) fn server_config(
         .with_single_cert(chain, key)
         .map_err(|e| tls_err("serving certificate", &e))?;
     config.alpn_protocols = ALPN.iter().map(|p| p.to_vec()).collect();
+    // Our preference (AES-128-GCM first, see `rlark_pki::tls_provider`) over the client's:
+    // Go clients (kubectl) list AES-128 first anyway; the tunnel carries bulk data.
+    config.ignore_client_order = true;
     Ok(Arc::new(config))
 }
 

@@ -617,7 +617,7 @@ mod tests {
     }
 
     fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-        Arc::new(rustls::crypto::ring::default_provider())
+        Arc::new(rlark_pki::tls_provider())
     }
 
     fn pki() -> Pki {

@@ -29,7 +29,7 @@ use serde::Serialize;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 
-use super::stats::LatencySummary;
+use super::stats::{LatencySummary, process_cpu_time};
 
 /// Options of `rlark bench tunnel`.
 #[derive(Debug, Clone, clap::Args)]
@@ -61,6 +61,9 @@ pub struct TunnelBenchReport {
     pub tunnel_setup: LatencySummary,
     pub stalled_neighbour_mib_s: f64,
     pub stalled_bytes_in_flight: u64,
+    /// CPU cores busy (process CPU time / wall time) during each throughput phase:
+    /// direct single, tunnel single, direct 8, tunnel 8.
+    pub cpu_cores: [f64; 4],
 }
 
 impl TunnelBenchReport {
@@ -140,6 +143,15 @@ impl std::fmt::Display for TunnelBenchReport {
             "stalled stream bytes in flight",
             "",
             self.stalled_bytes_in_flight / 1024
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>9.2} / {:.2} {:>8.2} / {:.2}   (single / 8 streams)",
+            "CPU cores busy",
+            self.cpu_cores[0],
+            self.cpu_cores[2],
+            self.cpu_cores[1],
+            self.cpu_cores[3]
         )
     }
 }
@@ -204,6 +216,32 @@ async fn push<S: AsyncRead + AsyncWrite + Unpin>(stream: &mut S, bytes: u64) -> 
     Ok(())
 }
 
+/// Process CPU time over wall time since `start`.
+struct CpuClock {
+    wall: Instant,
+    cpu: Option<Duration>,
+}
+
+impl CpuClock {
+    fn start() -> Self {
+        Self {
+            wall: Instant::now(),
+            cpu: process_cpu_time(),
+        }
+    }
+
+    /// Average number of cores this process kept busy (0 when /proc is unavailable).
+    fn cores(&self) -> f64 {
+        match (self.cpu, process_cpu_time()) {
+            (Some(before), Some(after)) => {
+                after.saturating_sub(before).as_secs_f64()
+                    / self.wall.elapsed().as_secs_f64().max(1e-9)
+            }
+            _ => 0.0,
+        }
+    }
+}
+
 fn mib_s(bytes: u64, elapsed: Duration) -> f64 {
     bytes as f64 / (1024.0 * 1024.0) / elapsed.as_secs_f64().max(1e-9)
 }
@@ -223,7 +261,7 @@ async fn tunnel_pair(mux: MuxConfig) -> anyhow::Result<Pair> {
         &["rlark:agents".to_string()],
         Duration::from_secs(3600),
     )?;
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let provider = Arc::new(rlark_pki::tls_provider());
     let mut roots = rustls::RootCertStore::empty();
     roots.add(CertificateDer::from(ca.cert_der().to_vec()))?;
     let roots = Arc::new(roots);
@@ -307,17 +345,23 @@ pub async fn run_tunnel(options: TunnelBenchOptions) -> anyhow::Result<TunnelBen
     push(&mut TcpStream::connect(sink).await?, 1 << 20).await?;
     push(&mut dial(&pair.hub, sink).await?, 1 << 20).await?;
 
+    let mut cpu_cores = [0.0; 4];
+    let cpu = CpuClock::start();
     let started = Instant::now();
     let mut direct = TcpStream::connect(sink).await?;
     direct.set_nodelay(true)?;
     push(&mut direct, bytes).await?;
     let direct_single = mib_s(bytes, started.elapsed());
+    cpu_cores[0] = cpu.cores();
 
+    let cpu = CpuClock::start();
     let started = Instant::now();
     push(&mut dial(&pair.hub, sink).await?, bytes).await?;
     let tunnel_single = mib_s(bytes, started.elapsed());
+    cpu_cores[1] = cpu.cores();
 
     let per = bytes / 8;
+    let cpu = CpuClock::start();
     let started = Instant::now();
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..8 {
@@ -331,7 +375,9 @@ pub async fn run_tunnel(options: TunnelBenchOptions) -> anyhow::Result<TunnelBen
         r??;
     }
     let direct_parallel = mib_s(per * 8, started.elapsed());
+    cpu_cores[2] = cpu.cores();
 
+    let cpu = CpuClock::start();
     let started = Instant::now();
     for _ in 0..8 {
         let hub = pair.hub.clone();
@@ -341,6 +387,7 @@ pub async fn run_tunnel(options: TunnelBenchOptions) -> anyhow::Result<TunnelBen
         r??;
     }
     let tunnel_parallel = mib_s(per * 8, started.elapsed());
+    cpu_cores[3] = cpu.cores();
 
     let mut direct_samples = Vec::with_capacity(options.setups);
     let mut tunnel_samples = Vec::with_capacity(options.setups);
@@ -390,5 +437,6 @@ pub async fn run_tunnel(options: TunnelBenchOptions) -> anyhow::Result<TunnelBen
         tunnel_setup: LatencySummary::from_samples(&mut tunnel_samples),
         stalled_neighbour_mib_s: neighbour,
         stalled_bytes_in_flight: in_flight,
+        cpu_cores,
     })
 }

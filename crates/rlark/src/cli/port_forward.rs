@@ -186,11 +186,9 @@ pub(crate) fn endpoint(flag: Option<&Path>) -> anyhow::Result<Endpoint> {
             .add(cert.context("CA certificate")?)
             .context("CA certificate")?;
     }
-    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()?
-    .with_root_certificates(roots);
+    let builder = rustls::ClientConfig::builder_with_provider(Arc::new(rlark_pki::tls_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots);
     let tls = match (&user.client_certificate_data, &user.client_key_data) {
         (Some(cert), Some(key)) => {
             let certs = CertificateDer::pem_slice_iter(&decode("client-certificate-data", cert)?)
