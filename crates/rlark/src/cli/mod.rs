@@ -1,5 +1,6 @@
 //! Command-line interface: flags, logging setup, dispatch and error reporting.
 
+mod agent;
 mod apply;
 mod client;
 mod controller_manager;
@@ -25,8 +26,8 @@ pub(crate) use client::report;
 #[derive(Debug, Parser)]
 #[command(name = "rlark", version, about, propagate_version = true)]
 pub(crate) struct Cli {
-    /// Log format on stderr. The level comes from RUST_LOG (default: info for `server`
-    /// and `up`, warn otherwise).
+    /// Log format on stderr. The level comes from RUST_LOG (default: info for `server`,
+    /// `up`, `agent` and `controller-manager`, warn otherwise).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
 
@@ -78,6 +79,10 @@ enum Command {
     /// Run the Job, Workflow, Task and Node controllers against an API server, with leader
     /// election, until SIGTERM or SIGINT.
     ControllerManager(controller_manager::ControllerManagerArgs),
+    /// Run the agent of a cluster on this host until SIGTERM or SIGINT: report the host as
+    /// a Node, run the Tasks placed on it, keep a tunnel to every server. The first start
+    /// joins with --token and --ca-hash.
+    Agent(agent::AgentArgs),
     /// Join this host to an installation as the agent of a cluster: verify the server's CA
     /// against --ca-hash, make a key here, and get a certificate with a bootstrap token.
     Join(join::JoinArgs),
@@ -97,7 +102,9 @@ pub(crate) struct ClientArgs {
 /// Set up `tracing` on stderr: `RUST_LOG` filter, text or JSON lines.
 pub(crate) fn init_tracing(cli: &Cli) {
     let default_level = match cli.command {
-        Command::Server(_) | Command::Up(_) | Command::ControllerManager(_) => "info",
+        Command::Server(_) | Command::Up(_) | Command::ControllerManager(_) | Command::Agent(_) => {
+            "info"
+        }
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -136,6 +143,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Cordon(args) => cordon::cordon(args, true).await,
         Command::Uncordon(args) => cordon::cordon(args, false).await,
         Command::ControllerManager(args) => controller_manager::controller_manager(args).await,
+        Command::Agent(args) => agent::agent(args).await,
         Command::Join(args) => join::join(args).await,
         Command::PortForward(args) => port_forward::port_forward(args).await,
     }

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use clap::Args;
+use rlark_api::types::NodeCategory;
 use rlark_server::{ServerConfig, ServerConfigFile, ServerOverrides};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
@@ -111,8 +112,22 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
     let server = rlark_server::start(config).await?;
+    let agents = match start_up_agents(&server, &args.data_dir).await {
+        Ok(agents) => agents,
+        Err(error) => {
+            if let Err(e) = server.shutdown().await {
+                tracing::warn!(error = %e, "server shutdown after a failed start");
+            }
+            return Err(error);
+        }
+    };
     let kubeconfig = std::path::absolute(&server.kubeconfig_path)
         .unwrap_or_else(|_| server.kubeconfig_path.clone());
+    let agent_list = agents
+        .iter()
+        .map(|a| format!("{} (node {})", a.cluster_id(), a.node_name()))
+        .collect::<Vec<_>>()
+        .join(", ");
     println!(
         "rlark is running at {url} (data in {data})\n\n\
          Use it with kubectl or rlark:\n\n\
@@ -120,7 +135,7 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
          \x20 kubectl get jobs -A\n\
          \x20 rlark get jobs\n\
          \x20 rlark apply -f examples/\n\n\
-         Join an agent host: rlark token create --cluster-id ID   (prints the join command)\n\
+         Local agents:       {agent_list}   (rlark get nodes -A)\n\
          Read-only user:     rlark kubeconfig --user NAME --role viewer -o NAME.kubeconfig\n\n\
          Press Ctrl-C to stop.",
         url = server.url(),
@@ -128,8 +143,110 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
         kubeconfig = kubeconfig.display(),
     );
     shutdown.cancelled().await;
+    stop_agents(agents).await;
     server.shutdown().await?;
     Ok(())
+}
+
+/// The agents `rlark up` runs in-process: cluster ID (also the node-name suffix) and node
+/// category.
+const UP_AGENTS: [(&str, NodeCategory); 2] =
+    [("cloud", NodeCategory::Cloud), ("edge", NodeCategory::Edge)];
+
+/// Start the [`UP_AGENTS`], each with its data directory `DATA_DIR/agents/<id>` and node
+/// `<host>-<id>` (they share this host). An agent that has not joined yet gets a bootstrap
+/// token minted as the admin; a restarted `rlark up` reuses their identities.
+async fn start_up_agents(
+    server: &rlark_server::RunningServer,
+    data_dir: &Path,
+) -> anyhow::Result<Vec<rlark_agent::RunningAgent>> {
+    let host = up_node_prefix();
+    let mut admin: Option<SecurityClient> = None;
+    let mut agents = Vec::new();
+    for (id, category) in UP_AGENTS {
+        let dir = data_dir.join("agents").join(id);
+        let mut config = rlark_agent::AgentConfig::new(vec![server.url()], id, &dir);
+        config.node_name = Some(format!("{host}-{id}"));
+        config.node_category = category;
+        let started = async {
+            if !rlark_agent::config::is_joined(&dir) {
+                let api = match &mut admin {
+                    Some(api) => api,
+                    slot @ None => slot.insert(
+                        SecurityClient::connect(
+                            Some(&server.kubeconfig_path),
+                            &server.kubeconfig_path,
+                            "no admin kubeconfig",
+                        )
+                        .await?,
+                    ),
+                };
+                let body = serde_json::json!({
+                    "kind": "bootstrap",
+                    "clusterID": id,
+                    "ttlSeconds": 600,
+                });
+                let response = api.post("/rlark/v1/tokens", &body).await?;
+                let text = |name: &str| {
+                    response[name]
+                        .as_str()
+                        .map(str::to_string)
+                        .with_context(|| {
+                            format!("the server's token response has no {name}: {response}")
+                        })
+                };
+                config.join = Some(rlark_agent::JoinParams {
+                    token: text("token")?,
+                    ca_hash: text("caHash")?,
+                });
+            }
+            rlark_agent::start(config)
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))
+        }
+        .await;
+        match started {
+            Ok(agent) => agents.push(agent),
+            Err(error) => {
+                stop_agents(agents).await;
+                return Err(error.context(format!("start the local agent {id}")));
+            }
+        }
+    }
+    Ok(agents)
+}
+
+async fn stop_agents(agents: Vec<rlark_agent::RunningAgent>) {
+    for agent in agents {
+        let id = agent.cluster_id().to_string();
+        if let Err(error) = agent.stop().await {
+            tracing::warn!(agent = %id, %error, "local agent stopped with an error");
+        }
+    }
+}
+
+/// This host's name made fit for a Node name prefix (lowercase letters, digits, '-'),
+/// `localhost` when there is none.
+fn up_node_prefix() -> String {
+    let host = rlark_agent::config::host_name().unwrap_or_default();
+    let first = host.split('.').next().unwrap_or_default();
+    let mut name: String = first
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .take(48)
+        .collect();
+    name = name.trim_matches('-').to_string();
+    if name.is_empty() {
+        "localhost".to_string()
+    } else {
+        name
+    }
 }
 
 pub(crate) async fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<()> {

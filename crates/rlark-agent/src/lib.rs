@@ -1,0 +1,726 @@
+//! The rlark agent (DESIGN §7): one per cluster. It joins the installation (bootstrap token
+//! and CA pin, `rlark_pki::join`), keeps its certificate renewed, reports its host as a
+//! `Node` with heartbeats, runs the Tasks placed on it as processes (`raw` runtime), reports
+//! one `Pod` per replica, and keeps its tunnel to every server address.
+//!
+//! [`run`] is the whole agent until a shutdown token is cancelled (`rlark agent`);
+//! [`start`] returns a [`RunningAgent`] handle instead (tests, `rlark up`).
+//!
+//! What runs, once started:
+//! - **identity**: the credentials in `DATA_DIR/identity/` (written by the first join) and
+//!   a [`Renewer`] that renews the certificate at 2/3 of its life; each renewal rebuilds the
+//!   API client and the tunnel's TLS config, so new requests and connections use it;
+//! - **node**: the [`NodeReporter`] (registration, Lease and status heartbeats);
+//! - **tunnel**: [`rlark_tunnel::client`] to every server, as node `<node name>`;
+//! - **tasks**: the Task reconciler ([`tasks::run_tasks`]);
+//! - **metrics** (optional): `GET /metrics` on a loopback address.
+
+pub mod config;
+pub mod node;
+pub mod runtime;
+pub mod tasks;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::{Duration, SystemTime};
+
+use futures::future::BoxFuture;
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::TokioIo;
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use rlark_pki::join::{AgentCredentials, JoinError, JoinOptions, Renewer};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio_util::sync::{CancellationToken, DropGuard};
+
+pub use config::{AgentConfig, ConfigError, JoinParams};
+pub use node::{NodeDescription, NodeError, NodeReporter};
+
+/// How long [`RunningAgent::stop`] waits for each part other than the task reconciler.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Failures of the agent, named by the failed step.
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error(
+        "not joined: pass --token and --ca-hash once (no agent credentials in {})",
+        dir.display()
+    )]
+    NotJoined { dir: PathBuf },
+    #[error("join as cluster {cluster_id} through {server}: {source}")]
+    Join {
+        cluster_id: String,
+        server: String,
+        #[source]
+        source: JoinError,
+    },
+    #[error("load the agent credentials: {0}")]
+    LoadIdentity(#[source] JoinError),
+    #[error(
+        "the credentials in {} belong to cluster {found:?}, not {expected:?}: use another \
+         data directory, or remove that one to join again",
+        dir.display()
+    )]
+    ClusterMismatch {
+        dir: PathBuf,
+        found: String,
+        expected: String,
+    },
+    #[error(
+        "the agent certificate {serial} expired at {not_after}: join again (pass --token and \
+         --ca-hash)"
+    )]
+    Expired { serial: String, not_after: String },
+    #[error("create the data directory {}: {reason}", dir.display())]
+    DataDir { dir: PathBuf, reason: String },
+    #[error("API client from {}: {reason}", path.display())]
+    Client { path: PathBuf, reason: String },
+    #[error("TLS config for the tunnel: {0}")]
+    Tls(#[source] JoinError),
+    #[error(transparent)]
+    Node(#[from] NodeError),
+    #[error("metrics listener on {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("task reconciler: {0}")]
+    Tasks(#[source] tasks::TaskError),
+    #[error("agent part {part} failed: {reason}")]
+    Crashed { part: &'static str, reason: String },
+}
+
+/// Run the agent until `shutdown` is cancelled (or a part of it fails for good).
+/// Configuration errors are reported before anything touches the network.
+pub async fn run(config: AgentConfig, shutdown: CancellationToken) -> Result<(), AgentError> {
+    let started = tokio::select! {
+        () = shutdown.cancelled() => return Ok(()),
+        started = start_with(config, shutdown.child_token()) => started?,
+    };
+    tracing::info!(
+        cluster = %started.cluster_id(),
+        node = %started.node_name(),
+        "agent running"
+    );
+    started.wait().await
+}
+
+/// Start the agent: validate, join or load the identity, register the Node, then run
+/// heartbeats, renewal, tunnel and tasks in the background until [`RunningAgent::stop`].
+pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
+    start_with(config, CancellationToken::new()).await
+}
+
+/// A running agent. Dropping it stops it too, without waiting.
+pub struct RunningAgent {
+    cluster_id: String,
+    node: NodeDescription,
+    client: kube::Client,
+    metrics_addr: Option<SocketAddr>,
+    tunnel: watch::Receiver<Vec<String>>,
+    shutdown: CancellationToken,
+    supervisor: JoinHandle<Result<(), AgentError>>,
+    _stop_on_drop: DropGuard,
+}
+
+impl std::fmt::Debug for RunningAgent {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RunningAgent")
+            .field("cluster_id", &self.cluster_id)
+            .field("node", &self.node.name)
+            .field("tunnel_connected", &*self.tunnel.borrow())
+            .finish_non_exhaustive()
+    }
+}
+
+impl RunningAgent {
+    /// The cluster ID.
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    /// The name of the Node this agent reports.
+    pub fn node_name(&self) -> &str {
+        &self.node.name
+    }
+
+    /// The Node as reported at start (resources, facts).
+    pub fn node(&self) -> &NodeDescription {
+        &self.node
+    }
+
+    /// The agent's API client (its own identity; follows certificate renewals).
+    pub fn client(&self) -> kube::Client {
+        self.client.clone()
+    }
+
+    /// The address of the `/metrics` listener, when one was configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// The servers the tunnel is connected to right now.
+    pub fn tunnel_connected(&self) -> Vec<String> {
+        self.tunnel.borrow().clone()
+    }
+
+    /// A receiver of the connected-servers list, to wait for a condition.
+    pub fn tunnel_watch(&self) -> watch::Receiver<Vec<String>> {
+        self.tunnel.clone()
+    }
+
+    /// Stop everything and wait for it (the task reconciler as long as it takes, the other
+    /// parts at most [`STOP_TIMEOUT`] each). The error of a part that failed, if any.
+    pub async fn stop(self) -> Result<(), AgentError> {
+        self.shutdown.cancel();
+        self.wait().await
+    }
+
+    /// Wait until the agent stops by itself: a part failed for good, or (in [`run`]) the
+    /// shutdown token was cancelled.
+    pub async fn wait(self) -> Result<(), AgentError> {
+        let RunningAgent {
+            supervisor,
+            _stop_on_drop,
+            ..
+        } = self;
+        match supervisor.await {
+            Ok(result) => result,
+            Err(e) => Err(AgentError::Crashed {
+                part: "supervisor",
+                reason: e.to_string(),
+            }),
+        }
+    }
+}
+
+async fn start_with(
+    config: AgentConfig,
+    shutdown: CancellationToken,
+) -> Result<RunningAgent, AgentError> {
+    config.validate()?;
+    // kube's client builds its TLS config with the process-wide provider. Err only means
+    // one is installed already.
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let node_name = config.resolved_node_name()?;
+    rlark_pki::create_private_dir(&config.data_dir).map_err(|e| AgentError::DataDir {
+        dir: config.data_dir.clone(),
+        reason: e.to_string(),
+    })?;
+
+    // Identity.
+    let identity_dir = config.identity_dir();
+    let credentials = identity(&config).await?;
+    tracing::info!(
+        cluster = %config.cluster_id,
+        serial = %credentials.info.serial,
+        "agent identity loaded"
+    );
+    let renewer = Renewer::new(&identity_dir).map_err(AgentError::LoadIdentity)?;
+    let renewals = renewer.subscribe();
+    let base_client = kube_client(&identity_dir).await?;
+    let (client_tx, client_rx) = watch::channel(base_client);
+    let client = kube::Client::new(CurrentClient(client_rx), config.namespace());
+    let tls = credentials.client_config().map_err(AgentError::Tls)?;
+    let (tls_tx, tls_rx) = watch::channel(tls);
+
+    // Metrics.
+    let metrics = Metrics::new();
+    let metrics_listener = match config.metrics_listen {
+        Some(addr) => Some(
+            tokio::net::TcpListener::bind(addr)
+                .await
+                .map_err(|source| AgentError::Metrics { addr, source })?,
+        ),
+        None => None,
+    };
+    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+
+    // Node.
+    let description = node::detect(&config, &node_name).await;
+    let reporter = NodeReporter::new(
+        client.clone(),
+        &config.cluster_id,
+        description.clone(),
+        config.heartbeat_interval,
+    )
+    .with_counters(metrics.heartbeats.clone());
+    let registered = match reporter.register().await {
+        Ok(()) => true,
+        Err(error) if error.is_permanent() => return Err(error.into()),
+        Err(error) => {
+            tracing::warn!(%error, "cannot register the node yet; retrying in the background");
+            false
+        }
+    };
+
+    // Everything else runs in the background from here on.
+    let mut parts: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
+    parts.push(("renewer", tokio::spawn(renewer.run(shutdown.clone()))));
+    parts.push((
+        "renewal follower",
+        tokio::spawn(follow_renewals(
+            renewals,
+            identity_dir.clone(),
+            client_tx,
+            tls_tx,
+            shutdown.clone(),
+        )),
+    ));
+    parts.push((
+        "node reporter",
+        tokio::spawn(reporter.run(config.heartbeat_interval, registered, shutdown.clone())),
+    ));
+    let mut tunnel_config = rlark_tunnel::client::ClientConfig::new(config.servers.clone(), tls_rx);
+    tunnel_config.node = Some(node_name.clone());
+    let tunnel = rlark_tunnel::client::spawn(tunnel_config, shutdown.clone());
+    let tunnel_watch = tunnel.watch();
+    parts.push((
+        "tunnel",
+        tokio::spawn(async move {
+            tunnel.join().await;
+        }),
+    ));
+    parts.push((
+        "tunnel gauge",
+        tokio::spawn(track_tunnel(
+            tunnel_watch.clone(),
+            metrics.tunnel_connected.clone(),
+            shutdown.clone(),
+        )),
+    ));
+    if let Some(listener) = metrics_listener {
+        if let Some(addr) = metrics_addr {
+            tracing::info!(%addr, "agent metrics at http://{addr}/metrics");
+        }
+        parts.push((
+            "metrics",
+            tokio::spawn(serve_metrics(
+                listener,
+                Arc::new(metrics.registry),
+                shutdown.clone(),
+            )),
+        ));
+    }
+    let context = tasks::TaskContext {
+        cluster_id: config.cluster_id.clone(),
+        node_name: node_name.clone(),
+        data_dir: config.tasks_dir(),
+        server_url: config.servers[0].clone(),
+        stop_tasks_on_exit: config.stop_tasks_on_exit,
+    };
+    let tasks = tokio::spawn(tasks::run_tasks(client.clone(), context, shutdown.clone()));
+    let supervisor = tokio::spawn(supervise(tasks, parts, shutdown.clone()));
+
+    Ok(RunningAgent {
+        cluster_id: config.cluster_id.clone(),
+        node: description,
+        client,
+        metrics_addr,
+        tunnel: tunnel_watch,
+        _stop_on_drop: shutdown.clone().drop_guard(),
+        shutdown,
+        supervisor,
+    })
+}
+
+/// Wait for shutdown (or a failed task reconciler), then for every part.
+async fn supervise(
+    mut tasks: JoinHandle<Result<(), tasks::TaskError>>,
+    parts: Vec<(&'static str, JoinHandle<()>)>,
+    shutdown: CancellationToken,
+) -> Result<(), AgentError> {
+    let early = tokio::select! {
+        () = shutdown.cancelled() => None,
+        result = &mut tasks => Some(result),
+    };
+    let tasks_result = match early {
+        Some(Ok(Ok(()))) if !shutdown.is_cancelled() => {
+            tracing::warn!(
+                "task reconciler returned before shutdown; the agent keeps reporting its node"
+            );
+            shutdown.cancelled().await;
+            Ok(Ok(()))
+        }
+        Some(result) => result,
+        None => tasks.await,
+    };
+    // A failed reconciler stops the whole agent.
+    shutdown.cancel();
+    let result = match tasks_result {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(error)) => Err(AgentError::Tasks(error)),
+        Err(e) => Err(AgentError::Crashed {
+            part: "task reconciler",
+            reason: e.to_string(),
+        }),
+    };
+    for (part, handle) in parts {
+        let abort = handle.abort_handle();
+        match tokio::time::timeout(STOP_TIMEOUT, handle).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if e.is_cancelled() => {}
+            Ok(Err(e)) => tracing::error!(part, error = %e, "agent part failed"),
+            Err(_) => {
+                tracing::warn!(part, timeout = ?STOP_TIMEOUT, "agent part did not stop in time; aborted");
+                abort.abort();
+            }
+        }
+    }
+    tracing::info!("agent stopped");
+    result
+}
+
+/// The agent's credentials: loaded from `DATA_DIR/identity`, or made by joining with
+/// `config.join` (also when the loaded certificate has expired).
+async fn identity(config: &AgentConfig) -> Result<AgentCredentials, AgentError> {
+    let dir = config.identity_dir();
+    if config::is_joined(&config.data_dir) {
+        let credentials = AgentCredentials::load(&dir).map_err(AgentError::LoadIdentity)?;
+        if credentials.state.cluster_id != config.cluster_id {
+            return Err(AgentError::ClusterMismatch {
+                dir,
+                found: credentials.state.cluster_id,
+                expected: config.cluster_id.clone(),
+            });
+        }
+        if credentials.info.not_after > SystemTime::now() {
+            if config.join.is_some() {
+                tracing::info!(dir = %dir.display(), "already joined; the join token is not used");
+            }
+            return follow_server(&dir, credentials, &config.servers[0]);
+        }
+        let Some(join) = &config.join else {
+            return Err(AgentError::Expired {
+                serial: credentials.info.serial.clone(),
+                not_after: chrono::DateTime::<chrono::Utc>::from(credentials.info.not_after)
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            });
+        };
+        tracing::warn!(serial = %credentials.info.serial, "the agent certificate expired; joining again");
+        return join_now(config, join, &dir).await;
+    }
+    let Some(join) = &config.join else {
+        return Err(AgentError::NotJoined { dir });
+    };
+    join_now(config, join, &dir).await
+}
+
+/// Point the saved identity (`agent.json`, `agent.kubeconfig`) at `server` when the agent
+/// was joined through another address (the server moved, or `rlark up` got another port):
+/// the configured servers are the truth, and renewals go where the API client goes.
+fn follow_server(
+    dir: &Path,
+    mut credentials: AgentCredentials,
+    server: &str,
+) -> Result<AgentCredentials, AgentError> {
+    let server = server.trim_end_matches('/');
+    if credentials.state.server == server {
+        return Ok(credentials);
+    }
+    let write_err = |e: rlark_pki::PkiError| AgentError::DataDir {
+        dir: dir.to_path_buf(),
+        reason: e.to_string(),
+    };
+    let state = rlark_pki::join::AgentState {
+        server: server.to_string(),
+        cluster_id: credentials.state.cluster_id.clone(),
+    };
+    let state_json = serde_json::to_string_pretty(&state).map_err(|e| AgentError::DataDir {
+        dir: dir.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    let kubeconfig = rlark_pki::kubeconfig_yaml(
+        server,
+        &credentials.ca_pem,
+        &credentials.cert_pem,
+        &credentials.key_pem,
+        &credentials.info.common_name,
+    );
+    rlark_pki::write_private_file(
+        &dir.join(rlark_pki::join::AGENT_KUBECONFIG),
+        kubeconfig.as_bytes(),
+    )
+    .map_err(write_err)?;
+    rlark_pki::write_private_file(
+        &dir.join(rlark_pki::join::AGENT_STATE),
+        state_json.as_bytes(),
+    )
+    .map_err(write_err)?;
+    tracing::info!(from = %credentials.state.server, to = %server, "the agent identity now points at the configured server");
+    credentials.state = state;
+    Ok(credentials)
+}
+
+async fn join_now(
+    config: &AgentConfig,
+    join: &JoinParams,
+    dir: &Path,
+) -> Result<AgentCredentials, AgentError> {
+    let server = config.servers[0].clone();
+    let options = JoinOptions {
+        server: server.clone(),
+        token: join.token.clone(),
+        ca_hash: join.ca_hash.clone(),
+        cluster_id: Some(config.cluster_id.clone()),
+        dir: dir.to_path_buf(),
+    };
+    let credentials = rlark_pki::join::join(&options)
+        .await
+        .map_err(|source| AgentError::Join {
+            cluster_id: config.cluster_id.clone(),
+            server,
+            source,
+        })?;
+    if credentials.state.cluster_id != config.cluster_id {
+        return Err(AgentError::ClusterMismatch {
+            dir: dir.to_path_buf(),
+            found: credentials.state.cluster_id,
+            expected: config.cluster_id.clone(),
+        });
+    }
+    tracing::info!(cluster = %config.cluster_id, serial = %credentials.info.serial, "joined the installation");
+    Ok(credentials)
+}
+
+/// A kube client from `DIR/agent.kubeconfig` (the agent identity).
+async fn kube_client(identity_dir: &Path) -> Result<kube::Client, AgentError> {
+    let path = identity_dir.join(rlark_pki::join::AGENT_KUBECONFIG);
+    let err = |reason: String| AgentError::Client {
+        path: path.clone(),
+        reason,
+    };
+    let kubeconfig = Kubeconfig::read_from(&path).map_err(|e| err(e.to_string()))?;
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+        .await
+        .map_err(|e| err(e.to_string()))?;
+    kube::Client::try_from(config).map_err(|e| err(e.to_string()))
+}
+
+/// A `kube::Client` service that sends each request through the latest client (rebuilt after
+/// each certificate renewal), so one `kube::Client` handed out at start never goes stale.
+#[derive(Clone)]
+struct CurrentClient(watch::Receiver<kube::Client>);
+
+impl tower::Service<http::Request<kube::client::Body>> for CurrentClient {
+    type Response = http::Response<kube::client::Body>;
+    type Error = kube::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
+        let client = self.0.borrow().clone();
+        Box::pin(async move { client.send(request).await })
+    }
+}
+
+/// After each renewal: a new API client and a new TLS config for the tunnel.
+async fn follow_renewals(
+    mut renewals: watch::Receiver<Arc<AgentCredentials>>,
+    identity_dir: PathBuf,
+    client: watch::Sender<kube::Client>,
+    tls: watch::Sender<Arc<rustls::ClientConfig>>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = renewals.changed() => if changed.is_err() { return },
+        }
+        let credentials = renewals.borrow_and_update().clone();
+        match credentials.client_config() {
+            Ok(config) => {
+                tls.send_replace(config);
+            }
+            Err(error) => tracing::error!(%error, "renewed credentials: TLS config"),
+        }
+        match kube_client(&identity_dir).await {
+            Ok(new) => {
+                client.send_replace(new);
+            }
+            Err(error) => tracing::error!(%error, "renewed credentials: API client"),
+        }
+        tracing::info!(serial = %credentials.info.serial, "using the renewed certificate");
+    }
+}
+
+/// The agent's Prometheus metrics.
+struct Metrics {
+    registry: Registry,
+    heartbeats: node::HeartbeatCounters,
+    tunnel_connected: Gauge,
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut registry = Registry::with_prefix("rlark_agent");
+        let heartbeats = node::HeartbeatCounters::default();
+        let tunnel_connected = Gauge::default();
+        registry.register(
+            "heartbeats",
+            "Node heartbeats written (Lease and status)",
+            heartbeats.beats.clone(),
+        );
+        registry.register(
+            "heartbeat_failures",
+            "Node heartbeats or registrations that failed",
+            heartbeats.failures.clone(),
+        );
+        registry.register(
+            "tunnel_connected",
+            "Servers the tunnel is connected to",
+            tunnel_connected.clone(),
+        );
+        Metrics {
+            registry,
+            heartbeats,
+            tunnel_connected,
+        }
+    }
+}
+
+async fn track_tunnel(
+    mut connected: watch::Receiver<Vec<String>>,
+    gauge: Gauge,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let n = connected.borrow_and_update().len();
+        gauge.set(i64::try_from(n).unwrap_or(i64::MAX));
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            changed = connected.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
+/// Plain HTTP/1: `GET /metrics` (Prometheus text), anything else 404.
+async fn serve_metrics(
+    listener: tokio::net::TcpListener,
+    registry: Arc<Registry>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let stream = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, "metrics listener accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let registry = registry.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
+                let response = metrics_response(request.uri().path(), &registry);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                result = conn => if let Err(error) = result {
+                    tracing::debug!(%error, "metrics connection ended");
+                },
+            }
+        });
+    }
+}
+
+fn metrics_response(path: &str, registry: &Registry) -> http::Response<Full<Bytes>> {
+    let (status, content_type, body) = if path == "/metrics" {
+        let mut text = String::new();
+        match prometheus_client::encoding::text::encode(&mut text, registry) {
+            Ok(()) => (
+                http::StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                text,
+            ),
+            Err(e) => (
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain; charset=utf-8",
+                format!("encode metrics: {e}\n"),
+            ),
+        }
+    } else {
+        (
+            http::StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "not found: try /metrics\n".to_string(),
+        )
+    };
+    let mut response = http::Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn metrics_are_served_in_prometheus_text() {
+        let metrics = Metrics::new();
+        metrics.heartbeats.beats.inc();
+        metrics.tunnel_connected.set(2);
+        let response = metrics_response("/metrics", &metrics.registry);
+        assert_eq!(response.status(), http::StatusCode::OK);
+        let body = format!("{:?}", response.body());
+        assert!(body.contains("rlark_agent_heartbeats_total 1"), "{body}");
+        assert!(
+            body.contains("rlark_agent_heartbeat_failures_total 0"),
+            "{body}"
+        );
+        assert!(body.contains("rlark_agent_tunnel_connected 2"), "{body}");
+        assert_eq!(
+            metrics_response("/", &metrics.registry).status(),
+            http::StatusCode::NOT_FOUND
+        );
+    }
+
+    #[tokio::test]
+    async fn a_bad_config_is_refused_before_any_network_use() {
+        let dir = std::env::temp_dir().join(format!("rlark-agent-bad-{}", std::process::id()));
+        let config = AgentConfig::new(vec!["http://x".into()], "Bad_ID", &dir);
+        let err = start(config).await.expect_err("refused");
+        let AgentError::Config(config_err) = &err else {
+            panic!("not a config error: {err}");
+        };
+        assert_eq!(config_err.fields(), ["server URL", "cluster ID"]);
+        assert!(!dir.exists(), "nothing written");
+    }
+
+    #[tokio::test]
+    async fn an_agent_that_never_joined_says_how_to_join() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut config = AgentConfig::new(vec!["https://127.0.0.1:1".into()], "c1", dir.path());
+        config.node_name = Some("n1".into());
+        let err = start(config).await.expect_err("not joined");
+        assert!(matches!(err, AgentError::NotJoined { .. }), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with("not joined: pass --token and --ca-hash once"),
+            "{err}"
+        );
+    }
+}

@@ -1,0 +1,1637 @@
+//! The Task reconciler: runs the replicas of the Tasks placed on this node as processes
+//! ([`crate::runtime`]) and reports one `Pod` per replica (docs/concepts.md, "Agent
+//! protocol"; DESIGN §7). The control plane's Task is the truth; each pass makes reality
+//! match it.
+//!
+//! # What it does, for cluster `C` and node `N`
+//!
+//! - watches the Tasks of `rlark-C` (plus a full pass every [`RESYNC_INTERVAL`], which
+//!   also re-asserts the Pod status of every replica that runs or waits to restart);
+//! - for every replica `i` of a Task with `spec.placement.clusterID == C` and
+//!   `placement.nodes[i] == N` (`i < spec.raw.replicas`) it keeps one worker, which
+//!   creates the Pod `<task>-<i>` (label `rlark.io/task-name`, annotations
+//!   `rlark.io/task-uid` and [`RUN_KEY_ANNOTATION`], spec `taskNamespace`, `taskName`,
+//!   `podNamespace`, `podName`, `replicaIndex`, `domain`), reports it `Pending` then
+//!   `Running` (`node`, `startTime`, `restartCount`), and when it ends `Succeeded`
+//!   (exit code 0, reason `Completed`) or `Failed` (`exitCode`, `reason`, `message`),
+//!   with `finishTime`;
+//! - restarts exited replicas per `raw.restartPolicy` (`Never`, `OnFailure`, `Always`)
+//!   after an exponential backoff ([`BACKOFF_INITIAL`] doubling up to [`BACKOFF_MAX`],
+//!   reset after [`BACKOFF_RESET_AFTER`] of running), counting `restartCount`; while it
+//!   waits the Pod stays `Running` with reason [`REASON_BACKOFF`] (as a Kubernetes Pod in
+//!   CrashLoopBackOff does), so `Failed` always means "beyond the restart policy";
+//! - `activeDeadlineSeconds` (counted from the first start of the run, restarts included)
+//!   kills the process group: `Failed`, reason [`REASON_DEADLINE_EXCEEDED`];
+//! - `spec.stopped: true` → SIGTERM to the process group, SIGKILL after
+//!   `terminationGracePeriodSeconds` (default 30 s): `Failed`, reason [`REASON_STOPPED`],
+//!   `exitCode` as observed (143 when SIGTERM ended it, 137 when SIGKILL was needed).
+//!   Clearing it starts fresh replicas (old Pods deleted, new ones created);
+//! - a new run (new Task UID, changed `rlark.io/restarted-at`, changed placement — see
+//!   [`run_key`]) kills the old replicas, deletes their Pods and starts new ones;
+//! - a deleted Task (or one no longer placed on this node, or scaled down) has its
+//!   replicas killed and its Pods deleted; Pods on this node of Tasks that no longer exist
+//!   are deleted when the watch (re)lists;
+//! - a replica that cannot start (missing program, bad working directory, artifact) is
+//!   `Failed` with the runtime's reason ([`crate::runtime::RuntimeError::reason`]) and a
+//!   message naming the problem; it is not restarted (retrying cannot fix it);
+//! - a Task whose `agentType` is not `Raw` is `Failed` with reason
+//!   [`REASON_UNSUPPORTED_AGENT_TYPE`].
+//!
+//! Every Pod write is a merge patch on the `status` subresource, retried until it
+//! succeeds (a Pod deleted meanwhile is created again while its replica runs), so a
+//! replica whose process is gone is never left `Running`.
+//!
+//! # Agent restarts (current behaviour)
+//!
+//! Each started process gets `DATA_DIR/<ns>/<task>/<uid>/<i>/state.json`
+//! ([`ReplicaState`]: pid, process group, start time, run key; and, once it exited, the
+//! status to report), removed once the final status is written. Adopting running
+//! processes after an agent restart is not implemented yet. Instead, at startup, for every
+//! state file left behind:
+//! - if the exit was recorded, that final status is reported;
+//! - otherwise, if the process is gone, the Pod is reported `Failed` with reason
+//!   [`REASON_AGENT_LOST`] and a message saying the outcome is unknown;
+//! - otherwise (it still runs) its process group is killed (SIGTERM, SIGKILL after its
+//!   grace period) and the Pod is reported `Failed`, reason [`REASON_AGENT_LOST`], too.
+//!
+//! A Pod found `Running` for the current run without any state file is reported the same
+//! way. On shutdown, processes keep running (their state files stay, so the next start
+//! handles them as above) unless [`TaskContext::stop_tasks_on_exit`], in which case they
+//! are stopped and their Pods reported `Failed`, reason [`REASON_AGENT_SHUTDOWN`].
+
+use std::collections::BTreeMap;
+use std::io;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt as _;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt as _;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, Preconditions};
+use kube::runtime::{WatchStreamExt as _, watcher};
+use rlark_api::labels;
+use rlark_api::types::{Pod, PodPhase, PodSpec, RawTaskSpec, RestartPolicy, Task};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime::{
+    self, DEFAULT_GRACE, ExitCause, ReplicaExit, ReplicaHandle, ReplicaSpec, process,
+};
+
+/// Pod annotation: UID of the Task the Pod runs.
+pub const TASK_UID_ANNOTATION: &str = "rlark.io/task-uid";
+/// Pod annotation: the run the Pod belongs to ([`run_key`]).
+pub const RUN_KEY_ANNOTATION: &str = "rlark.io/run-key";
+/// Name of a replica's state file.
+pub const STATE_FILE: &str = "state.json";
+
+/// Reason of a replica that exited 0.
+pub const REASON_COMPLETED: &str = "Completed";
+/// Reason of a replica that exited non-zero or was killed by a signal.
+pub const REASON_ERROR: &str = "Error";
+/// Reason of a replica ended by `spec.stopped`.
+pub const REASON_STOPPED: &str = "Stopped";
+/// Reason of a replica killed at its `activeDeadlineSeconds`.
+pub const REASON_DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+/// Reason of a replica whose outcome the agent lost (see the module documentation).
+pub const REASON_AGENT_LOST: &str = "AgentLost";
+/// Reason of a replica stopped because the agent shut down with `stop_tasks_on_exit`.
+pub const REASON_AGENT_SHUTDOWN: &str = "AgentShutdown";
+/// Reason of a `Running` replica waiting to be restarted.
+pub const REASON_BACKOFF: &str = "BackOff";
+/// Reason of a replica of a Task this agent cannot run (not `agentType: Raw`).
+pub const REASON_UNSUPPORTED_AGENT_TYPE: &str = "UnsupportedAgentType";
+
+/// Full resync period of the Task watch.
+pub const RESYNC_INTERVAL: Duration = Duration::from_secs(30);
+/// First restart delay.
+pub const BACKOFF_INITIAL: Duration = Duration::from_secs(1);
+/// Longest restart delay.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(300);
+/// A replica that ran this long restarts after [`BACKOFF_INITIAL`] again.
+pub const BACKOFF_RESET_AFTER: Duration = Duration::from_secs(600);
+/// First pause between retries of a failed API call (doubling up to [`RETRY_MAX`]).
+const RETRY_MIN: Duration = Duration::from_millis(200);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+/// While shutting down, a failing API call is tried this many times, then given up.
+const SHUTDOWN_ATTEMPTS: u32 = 3;
+
+/// What the reconciler needs to know about this agent.
+#[derive(Clone, Debug)]
+pub struct TaskContext {
+    /// Cluster ID `C`: Tasks are watched in `rlark-C`.
+    pub cluster_id: String,
+    /// This node's name: replicas placed on it run here.
+    pub node_name: String,
+    /// Where replicas live: `<data_dir>/<namespace>/<task>/<uid>/<index>/` (normally
+    /// `DATA_DIR/tasks`).
+    pub data_dir: PathBuf,
+    /// The control plane's URL, given to processes as `RLARK_SERVER`.
+    pub server_url: String,
+    /// Stop every replica when the agent shuts down (default: leave them running).
+    pub stop_tasks_on_exit: bool,
+}
+
+/// Errors that end [`run_tasks`]. API errors never do: they are retried.
+#[derive(Debug, thiserror::Error)]
+pub enum TaskError {
+    #[error("cluster id {0:?} is not a DNS-1123 label")]
+    InvalidClusterId(String),
+    #[error("the node name is empty")]
+    EmptyNodeName,
+    #[error("create the task data directory {}: {source}", path.display())]
+    DataDir { path: PathBuf, source: io::Error },
+    #[error("the Task watch ended")]
+    WatchEnded,
+}
+
+/// Identity of one run of a Task on `cluster_id`: UID, restart annotation and placement
+/// (the same key as the simulated agent's). `None` when the Task is not placed on this
+/// cluster, or is being deleted. `spec.stopped` is not part of it.
+pub fn run_key(task: &Task, cluster_id: &str) -> Option<String> {
+    if task.metadata.deletion_timestamp.is_some() {
+        return None;
+    }
+    let placement = task.spec.placement.as_ref()?;
+    if placement.cluster_id != cluster_id || placement.nodes.is_empty() {
+        return None;
+    }
+    let uid = task.metadata.uid.as_deref().unwrap_or_default();
+    let restarted = task
+        .annotations()
+        .get(labels::RESTARTED_AT)
+        .map(String::as_str)
+        .unwrap_or_default();
+    Some(format!("{uid}/{restarted}/{}", placement.nodes.join(",")))
+}
+
+/// Name of the Pod of replica `index` of `task_name`.
+pub fn pod_name(task_name: &str, index: usize) -> String {
+    format!("{task_name}-{index}")
+}
+
+/// The directory of replica `index` of Task `task` (UID `uid`) in `namespace`:
+/// `<data_dir>/<namespace>/<task>/<uid>/<index>` (`work/`, `logs/`, `state.json`).
+pub fn replica_dir(
+    data_dir: &Path,
+    namespace: &str,
+    task: &str,
+    uid: &str,
+    index: usize,
+) -> PathBuf {
+    let uid = if uid.is_empty() { "no-uid" } else { uid };
+    data_dir
+        .join(namespace)
+        .join(task)
+        .join(uid)
+        .join(index.to_string())
+}
+
+/// The environment of replica `index` of `task`, in order (a later entry wins): the
+/// Task's `raw.environment`, then rlark's contract, which cannot be overridden:
+/// `RLARK_SERVER`, `RLARK_CLUSTER_ID`, `RLARK_NODE_NAME`, `RLARK_NAMESPACE`, `RLARK_JOB`
+/// (the Task's `rlinf.io/job` label, else its Job owner; empty for a bare Task),
+/// `RLARK_TASK`, `RLARK_TASK_UID`, `RLARK_TASK_ROLE` (`Actor`, `Rollout`, `Env`),
+/// `RLARK_POD_NAME`, `RLARK_REPLICA_INDEX`, `RLARK_TOTAL_NODES` (the Task's replicas).
+/// The process also inherits the agent's own environment underneath.
+pub fn replica_env(task: &Task, index: usize, ctx: &TaskContext) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = task
+        .spec
+        .raw
+        .iter()
+        .flat_map(|raw| raw.environment.iter())
+        .map(|v| (v.name.clone(), v.value.clone()))
+        .collect();
+    let name = task.name_any();
+    let job = task
+        .labels()
+        .get(labels::JOB)
+        .cloned()
+        .or_else(|| {
+            task.owner_references()
+                .iter()
+                .find(|o| o.kind == "Job")
+                .map(|o| o.name.clone())
+        })
+        .unwrap_or_default();
+    let contract = [
+        ("RLARK_SERVER", ctx.server_url.clone()),
+        ("RLARK_CLUSTER_ID", ctx.cluster_id.clone()),
+        ("RLARK_NODE_NAME", ctx.node_name.clone()),
+        ("RLARK_NAMESPACE", task.namespace().unwrap_or_default()),
+        ("RLARK_JOB", job),
+        ("RLARK_TASK", name.clone()),
+        ("RLARK_TASK_UID", task.uid().unwrap_or_default()),
+        ("RLARK_TASK_ROLE", task.spec.role.as_str().to_string()),
+        ("RLARK_POD_NAME", pod_name(&name, index)),
+        ("RLARK_REPLICA_INDEX", index.to_string()),
+        ("RLARK_TOTAL_NODES", task.spec.replicas().max(0).to_string()),
+    ];
+    env.extend(contract.into_iter().map(|(k, v)| (k.to_string(), v)));
+    env
+}
+
+/// `state.json` of a started replica (see the module documentation).
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaState {
+    /// Namespace of the Task (and Pod).
+    pub namespace: String,
+    /// Task name.
+    pub task: String,
+    /// Task UID.
+    pub uid: String,
+    /// Replica index.
+    pub index: usize,
+    /// [`run_key`] of the run.
+    pub run_key: String,
+    /// Pid of the main process.
+    pub pid: u32,
+    /// Its process group.
+    pub pgid: i32,
+    /// Its start in clock ticks after boot (`/proc/<pid>/stat`), to tell it from a later
+    /// process with the same pid.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub proc_start_ticks: Option<u64>,
+    /// When it was started (RFC 3339).
+    pub start_time: String,
+    /// SIGTERM → SIGKILL grace period.
+    pub grace_seconds: u64,
+    /// The final Pod status, once the exit was seen but before it was reported.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub final_status: Option<Value>,
+}
+
+impl ReplicaState {
+    /// Read a state file.
+    pub fn read(path: &Path) -> io::Result<ReplicaState> {
+        let text = std::fs::read(path)?;
+        serde_json::from_slice(&text).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, e))
+    }
+
+    /// Write a state file atomically (temporary file, then rename).
+    pub fn write(&self, path: &Path) -> io::Result<()> {
+        let text = serde_json::to_vec_pretty(self).map_err(io::Error::other)?;
+        let tmp = path.with_extension("json.tmp");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, path)
+    }
+}
+
+/// Run the reconciler until `shutdown` is cancelled (see the module documentation).
+/// Returns an error only for a bad context or when the data directory cannot be created.
+pub async fn run_tasks(
+    client: kube::Client,
+    ctx: TaskContext,
+    shutdown: CancellationToken,
+) -> Result<(), TaskError> {
+    if rlark_api::names::dns1123_label(&ctx.cluster_id).is_err() {
+        return Err(TaskError::InvalidClusterId(ctx.cluster_id));
+    }
+    if ctx.node_name.is_empty() {
+        return Err(TaskError::EmptyNodeName);
+    }
+    std::fs::create_dir_all(&ctx.data_dir).map_err(|source| TaskError::DataDir {
+        path: ctx.data_dir.clone(),
+        source,
+    })?;
+    let namespace = rlark_api::names::agent_namespace(&ctx.cluster_id);
+    let shared = Arc::new(Shared {
+        client,
+        ctx,
+        namespace,
+        shutdown,
+    });
+    tokio::select! {
+        _ = shared.shutdown.cancelled() => return Ok(()),
+        _ = recover(&shared) => {}
+    }
+    let mut reconciler = Reconciler {
+        shared,
+        tasks: BTreeMap::new(),
+        workers: BTreeMap::new(),
+        retired: BTreeMap::new(),
+        generation: 0,
+    };
+    let result = reconciler.watch().await;
+    reconciler.stop_workers().await;
+    result
+}
+
+/// State shared by the reconciler and its workers.
+struct Shared {
+    client: kube::Client,
+    ctx: TaskContext,
+    namespace: String,
+    shutdown: CancellationToken,
+}
+
+impl Shared {
+    fn pods(&self) -> Api<Pod> {
+        Api::namespaced(self.client.clone(), &self.namespace)
+    }
+}
+
+/// Retry bookkeeping for one API operation: growing pauses; gives up only while the
+/// agent shuts down.
+struct Retry {
+    pause: Duration,
+    after_shutdown: u32,
+}
+
+impl Retry {
+    fn new() -> Self {
+        Self {
+            pause: RETRY_MIN,
+            after_shutdown: 0,
+        }
+    }
+
+    /// Log `error`, pause, and say whether to try again.
+    async fn again(&mut self, shared: &Shared, what: &str, error: &kube::Error) -> bool {
+        if shared.shutdown.is_cancelled() {
+            self.after_shutdown += 1;
+            if self.after_shutdown >= SHUTDOWN_ATTEMPTS {
+                tracing::warn!(%error, what, "giving up: the agent is shutting down");
+                return false;
+            }
+            self.pause = RETRY_MIN;
+        }
+        tracing::warn!(%error, what, retry_in_ms = self.pause.as_millis() as u64, "API call failed");
+        tokio::select! {
+            _ = tokio::time::sleep(self.pause) => {}
+            // Shutting down: hurry through the last attempts.
+            _ = shared.shutdown.cancelled(), if self.after_shutdown == 0 => {}
+        }
+        self.pause = (self.pause * 2).min(RETRY_MAX);
+        true
+    }
+}
+
+fn is_status(error: &kube::Error, code: u16) -> bool {
+    matches!(error, kube::Error::Api(s) if s.code == code)
+}
+
+// ---------------------------------------------------------------------------------------
+// Startup recovery
+// ---------------------------------------------------------------------------------------
+
+/// Handle the state files left by an earlier agent (see the module documentation).
+async fn recover(shared: &Shared) {
+    let root = shared.ctx.data_dir.join(&shared.namespace);
+    let files = tokio::task::spawn_blocking(move || find_state_files(&root))
+        .await
+        .unwrap_or_default();
+    futures::future::join_all(files.iter().map(|path| recover_one(shared, path))).await;
+}
+
+/// `<root>/<task>/<uid>/<index>/state.json` files.
+fn find_state_files(root: &Path) -> Vec<PathBuf> {
+    let subdirs = |dir: &Path| -> Vec<PathBuf> {
+        std::fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .filter_map(Result::ok)
+                    .map(|e| e.path())
+                    .filter(|p| p.is_dir())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let mut files = Vec::new();
+    for task in subdirs(root) {
+        for uid in subdirs(&task) {
+            for index in subdirs(&uid) {
+                let file = index.join(STATE_FILE);
+                if file.is_file() {
+                    files.push(file);
+                }
+            }
+        }
+    }
+    files
+}
+
+async fn recover_one(shared: &Shared, path: &Path) {
+    let state = match ReplicaState::read(path) {
+        Ok(state) if state.namespace == shared.namespace => state,
+        Ok(_) => return,
+        Err(error) => {
+            tracing::warn!(file = %path.display(), %error, "unreadable replica state file; removing it");
+            let _ = std::fs::remove_file(path);
+            return;
+        }
+    };
+    let leader_running = process::process_running(state.pid, state.proc_start_ticks);
+    // Without its leader, the group can only still exist with our stragglers in it (a
+    // process group id is not reused while any member lives).
+    let leader_pid_taken = process::proc_stat(state.pid).is_some();
+    let group_left = leader_running || (!leader_pid_taken && process::group_exists(state.pgid));
+    let killed = if group_left {
+        let grace = Duration::from_secs(state.grace_seconds);
+        process::kill_group(state.pgid, grace).await;
+        true
+    } else {
+        false
+    };
+    let status = match &state.final_status {
+        Some(status) => status.clone(),
+        None => {
+            let message = if leader_running {
+                format!(
+                    "the agent restarted while this replica was running; it cannot adopt running \
+                     replicas yet, so it killed the replica's process group (pid {}); the outcome \
+                     of the run is unknown",
+                    state.pid
+                )
+            } else if killed {
+                format!(
+                    "the agent restarted while this replica was running; its main process (pid {}) \
+                     had exited unseen and the rest of its process group was killed; the outcome \
+                     of the run is unknown",
+                    state.pid
+                )
+            } else {
+                format!(
+                    "the agent restarted while this replica was running and its process (pid {}) \
+                     has exited since without the agent seeing how; the outcome of the run is \
+                     unknown",
+                    state.pid
+                )
+            };
+            json!({
+                "phase": "Failed",
+                "reason": REASON_AGENT_LOST,
+                "message": message,
+                "finishTime": Time(Timestamp::now()),
+            })
+        }
+    };
+    let api: Api<Pod> = shared.pods();
+    let name = pod_name(&state.task, state.index);
+    let mut retry = Retry::new();
+    loop {
+        let attempt = async {
+            let Some(pod) = api.get_opt(&name).await? else {
+                return Ok(());
+            };
+            let ours = pod.annotations().get(TASK_UID_ANNOTATION) == Some(&state.uid)
+                && pod.annotations().get(RUN_KEY_ANNOTATION) == Some(&state.run_key);
+            if ours && !pod_is_terminal(&pod) {
+                api.patch_status(
+                    &name,
+                    &PatchParams::default(),
+                    &Patch::Merge(json!({ "status": status })),
+                )
+                .await?;
+            }
+            Ok(())
+        };
+        match attempt.await {
+            Ok(()) => break,
+            Err(error) if is_status(&error, 404) => break,
+            Err(error) => {
+                if !retry
+                    .again(shared, "report a replica lost by the agent", &error)
+                    .await
+                {
+                    return;
+                }
+            }
+        }
+    }
+    tracing::info!(task = %state.task, index = state.index, pid = state.pid, killed, "handled a replica left by an earlier agent");
+    if let Err(error) = std::fs::remove_file(path) {
+        tracing::warn!(file = %path.display(), %error, "remove replica state file");
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The reconciler
+// ---------------------------------------------------------------------------------------
+
+/// One replica: Task name and index.
+type ReplicaId = (String, usize);
+
+/// What the reconciler wants from a worker.
+#[derive(Clone, Debug)]
+enum Command {
+    /// Run (or keep running) this Task's replica; `resync` changes on every resync.
+    Run { task: Arc<Task>, resync: u64 },
+    /// A new run replaces this one: kill the process; the next worker replaces the Pod.
+    Supersede,
+    /// The replica is no longer wanted here: kill the process and delete the Pod.
+    Remove,
+    /// The agent stops: leave the process (or stop it, per `stop_tasks_on_exit`).
+    Shutdown,
+}
+
+struct WorkerHandle {
+    key: String,
+    commands: watch::Sender<Command>,
+    join: JoinHandle<()>,
+}
+
+impl WorkerHandle {
+    fn update(&self, task: Arc<Task>, resync: u64) {
+        self.commands.send_if_modified(|current| {
+            let same = matches!(current, Command::Run { task: old, resync: r }
+                if *r == resync && old.resource_version() == task.resource_version());
+            if !same {
+                *current = Command::Run { task, resync };
+            }
+            !same
+        });
+    }
+}
+
+struct Reconciler {
+    shared: Arc<Shared>,
+    /// The Tasks of the namespace, by name, as last listed and watched.
+    tasks: BTreeMap<String, Arc<Task>>,
+    workers: BTreeMap<ReplicaId, WorkerHandle>,
+    /// Workers told to go that may still be running; a new worker for the same replica
+    /// waits for the old one.
+    retired: BTreeMap<ReplicaId, JoinHandle<()>>,
+    generation: u64,
+}
+
+impl Reconciler {
+    async fn watch(&mut self) -> Result<(), TaskError> {
+        let api: Api<Task> = Api::namespaced(self.shared.client.clone(), &self.shared.namespace);
+        let mut stream = watcher(api, watcher::Config::default())
+            .default_backoff()
+            .boxed();
+        let mut listing: Option<BTreeMap<String, Arc<Task>>> = None;
+        let mut synced = false;
+        let mut resync =
+            tokio::time::interval_at(Instant::now() + RESYNC_INTERVAL, RESYNC_INTERVAL);
+        let shutdown = self.shared.shutdown.clone();
+        loop {
+            tokio::select! {
+                _ = shutdown.cancelled() => return Ok(()),
+                _ = resync.tick() => self.generation += 1,
+                event = stream.next() => match event {
+                    None => return Err(TaskError::WatchEnded),
+                    Some(Ok(watcher::Event::Apply(task))) => {
+                        self.tasks.insert(task.name_any(), Arc::new(task));
+                    }
+                    Some(Ok(watcher::Event::Delete(task))) => {
+                        self.tasks.remove(&task.name_any());
+                    }
+                    Some(Ok(watcher::Event::Init)) => listing = Some(BTreeMap::new()),
+                    Some(Ok(watcher::Event::InitApply(task))) => {
+                        if let Some(listing) = listing.as_mut() {
+                            listing.insert(task.name_any(), Arc::new(task));
+                        }
+                    }
+                    Some(Ok(watcher::Event::InitDone)) => {
+                        if let Some(listing) = listing.take() {
+                            self.tasks = listing;
+                        }
+                        synced = true;
+                        self.delete_orphan_pods().await;
+                    }
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "task watch failed (retrying)");
+                        continue;
+                    }
+                },
+            }
+            if synced {
+                self.reconcile();
+            }
+            self.retired.retain(|_, join| !join.is_finished());
+        }
+    }
+
+    /// The replicas that should run here: id → (run key, Task).
+    fn desired(&self) -> BTreeMap<ReplicaId, (String, Arc<Task>)> {
+        let ctx = &self.shared.ctx;
+        let mut desired = BTreeMap::new();
+        for (name, task) in &self.tasks {
+            let Some(key) = run_key(task, &ctx.cluster_id) else {
+                continue;
+            };
+            let replicas = usize::try_from(task.spec.replicas().max(0)).unwrap_or(0);
+            let nodes = task
+                .spec
+                .placement
+                .as_ref()
+                .map(|p| p.nodes.as_slice())
+                .unwrap_or_default();
+            for (index, node) in nodes.iter().enumerate().take(replicas) {
+                if *node == ctx.node_name {
+                    desired.insert((name.clone(), index), (key.clone(), task.clone()));
+                }
+            }
+        }
+        desired
+    }
+
+    /// One pass: start, update, replace and retire workers so they match the Tasks.
+    fn reconcile(&mut self) {
+        let desired = self.desired();
+        let unwanted: Vec<ReplicaId> = self
+            .workers
+            .keys()
+            .filter(|id| !desired.contains_key(*id))
+            .cloned()
+            .collect();
+        for id in unwanted {
+            if let Some(worker) = self.workers.remove(&id) {
+                worker.commands.send_replace(Command::Remove);
+                self.retired.insert(id, worker.join);
+            }
+        }
+        for (id, (key, task)) in desired {
+            if let Some(worker) = self.workers.get(&id)
+                && worker.key == key
+            {
+                worker.update(task, self.generation);
+                continue;
+            }
+            let previous = match self.workers.remove(&id) {
+                Some(old) => {
+                    old.commands.send_replace(Command::Supersede);
+                    Some(old.join)
+                }
+                None => self.retired.remove(&id),
+            };
+            let (commands, receiver) = watch::channel(Command::Run {
+                task: task.clone(),
+                resync: self.generation,
+            });
+            let worker = Worker {
+                shared: self.shared.clone(),
+                pod: pod_name(&id.0, id.1),
+                index: id.1,
+                key: key.clone(),
+                commands: receiver,
+                task,
+                resync: self.generation,
+                reported: Map::new(),
+                state: None,
+            };
+            let join = tokio::spawn(worker.run(previous));
+            self.workers.insert(
+                id,
+                WorkerHandle {
+                    key,
+                    commands,
+                    join,
+                },
+            );
+        }
+    }
+
+    /// Delete the Pods on this node whose Task no longer exists (deleted while the agent
+    /// was away or the watch was down). One attempt; the next relist tries again.
+    async fn delete_orphan_pods(&self) {
+        let api = self.shared.pods();
+        let pods = match api
+            .list(&ListParams::default().labels(labels::TASK_NAME))
+            .await
+        {
+            Ok(list) => list.items,
+            Err(error) => {
+                tracing::warn!(%error, "list pods to clean up");
+                return;
+            }
+        };
+        for pod in pods {
+            let task = pod
+                .labels()
+                .get(labels::TASK_NAME)
+                .cloned()
+                .unwrap_or_default();
+            let on_this_node = pod.status.as_ref().and_then(|s| s.node.as_deref())
+                == Some(self.shared.ctx.node_name.as_str());
+            let ours_running = self.workers.keys().any(|(t, _)| *t == task);
+            if on_this_node && !ours_running && !self.tasks.contains_key(&task) {
+                tracing::info!(pod = %pod.name_any(), task = %task, "deleting the pod of a deleted task");
+                if let Err(error) = delete_pod(&api, &pod).await {
+                    tracing::warn!(%error, pod = %pod.name_any(), "delete orphan pod");
+                }
+            }
+        }
+    }
+
+    /// Tell every worker the agent stops and wait for all of them.
+    async fn stop_workers(&mut self) {
+        let mut joins: Vec<JoinHandle<()>> = Vec::new();
+        for (_, worker) in std::mem::take(&mut self.workers) {
+            worker.commands.send_replace(Command::Shutdown);
+            joins.push(worker.join);
+        }
+        joins.extend(std::mem::take(&mut self.retired).into_values());
+        for join in joins {
+            if let Err(error) = join.await {
+                tracing::warn!(%error, "replica worker failed");
+            }
+        }
+    }
+}
+
+/// Delete `pod` (that very object: UID precondition); absent or replaced is fine.
+async fn delete_pod(api: &Api<Pod>, pod: &Pod) -> Result<(), kube::Error> {
+    let params = DeleteParams {
+        preconditions: pod.uid().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    match api.delete(&pod.name_any(), &params).await {
+        Ok(_) => Ok(()),
+        Err(e) if is_status(&e, 404) || is_status(&e, 409) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+fn pod_phase(pod: &Pod) -> Option<PodPhase> {
+    pod.status.as_ref().and_then(|s| s.phase)
+}
+
+fn pod_is_terminal(pod: &Pod) -> bool {
+    matches!(pod_phase(pod), Some(PodPhase::Succeeded | PodPhase::Failed))
+}
+
+fn pod_reason(pod: &Pod) -> Option<&str> {
+    pod.status.as_ref().and_then(|s| s.reason.as_deref())
+}
+
+// ---------------------------------------------------------------------------------------
+// One replica's worker
+// ---------------------------------------------------------------------------------------
+
+/// Where a worker stands between steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Step {
+    /// Start the replica (its Pod exists, or is created by the first status write).
+    Start,
+    /// The run ended (succeeded, failed, lost): nothing runs, nothing will.
+    Finished,
+    /// Ended by `spec.stopped`: a resume starts it again.
+    Stopped,
+    /// The worker ends.
+    Exit,
+}
+
+/// How supervising a running process ended.
+enum Supervised {
+    Exited(ReplicaExit),
+    Stopped(ReplicaExit),
+    Leave(Step),
+}
+
+/// How waiting for a restart ended.
+enum Waited {
+    Restart,
+    Stopped,
+    Deadline,
+    Leave(Step),
+}
+
+struct Worker {
+    shared: Arc<Shared>,
+    pod: String,
+    index: usize,
+    key: String,
+    commands: watch::Receiver<Command>,
+    /// The Task as last seen.
+    task: Arc<Task>,
+    resync: u64,
+    /// The Pod status as this worker last wrote it (re-asserted on resync).
+    reported: Map<String, Value>,
+    /// The state file of the running process.
+    state: Option<ReplicaState>,
+}
+
+impl Worker {
+    async fn run(mut self, previous: Option<JoinHandle<()>>) {
+        if let Some(previous) = previous {
+            let _ = previous.await;
+        }
+        let mut step = self.first_step().await;
+        loop {
+            step = match step {
+                Step::Start => self.run_replica().await,
+                Step::Finished | Step::Stopped => self.idle(step).await,
+                Step::Exit => return,
+            };
+        }
+    }
+
+    fn uid(&self) -> String {
+        self.task.uid().unwrap_or_default()
+    }
+
+    fn replica_dir(&self) -> PathBuf {
+        replica_dir(
+            &self.shared.ctx.data_dir,
+            &self.shared.namespace,
+            &self.task.name_any(),
+            &self.uid(),
+            self.index,
+        )
+    }
+
+    fn grace(&self) -> Duration {
+        self.task
+            .spec
+            .raw
+            .as_ref()
+            .and_then(|r| r.termination_grace_period_seconds)
+            .map_or(DEFAULT_GRACE, |s| {
+                Duration::from_secs(u64::try_from(s).unwrap_or(0))
+            })
+    }
+
+    fn is_ours(&self, pod: &Pod) -> bool {
+        pod.annotations().get(RUN_KEY_ANNOTATION) == Some(&self.key)
+    }
+
+    /// Decide from the existing Pod (an earlier agent's, an earlier run's, or none).
+    async fn first_step(&mut self) -> Step {
+        let Some(existing) = self.get_pod().await else {
+            return Step::Exit;
+        };
+        let existing = existing.filter(|pod| {
+            // A Pod under deletion is as good as gone.
+            pod.metadata.deletion_timestamp.is_none()
+        });
+        let ours = existing.as_ref().filter(|pod| self.is_ours(pod));
+        if let Some(pod) = ours {
+            self.reported = status_map(pod);
+        }
+        if self.task.spec.stopped {
+            if let Some(pod) = ours
+                && !pod_is_terminal(pod)
+            {
+                let status = json!({
+                    "phase": "Failed",
+                    "reason": REASON_STOPPED,
+                    "message": "stopped on request before this agent ran the replica",
+                    "finishTime": Time(Timestamp::now()),
+                });
+                self.write_status(status, false).await;
+            }
+            return Step::Stopped;
+        }
+        match (ours, &existing) {
+            (Some(pod), _) => match pod_phase(pod) {
+                Some(PodPhase::Succeeded) => Step::Finished,
+                Some(PodPhase::Failed) if pod_reason(pod) == Some(REASON_STOPPED) => {
+                    // Stopped, and the Task is not stopped any more: a resume.
+                    self.fresh_pod(existing.as_ref()).await
+                }
+                Some(PodPhase::Failed) => Step::Finished,
+                Some(PodPhase::Running) => {
+                    let status = json!({
+                        "phase": "Failed",
+                        "reason": REASON_AGENT_LOST,
+                        "message": "the agent has no record of this replica's process (it was \
+                                    reported Running before the agent restarted); the outcome \
+                                    of the run is unknown",
+                        "finishTime": Time(Timestamp::now()),
+                    });
+                    self.write_status(status, false).await;
+                    Step::Finished
+                }
+                // Created but never started: start it.
+                Some(PodPhase::Pending) | None => Step::Start,
+            },
+            (None, _) => self.fresh_pod(existing.as_ref()).await,
+        }
+    }
+
+    /// Replace `existing` (if any) by a new Pod for this run.
+    async fn fresh_pod(&mut self, existing: Option<&Pod>) -> Step {
+        self.reported = Map::new();
+        if let Some(pod) = existing
+            && !self.delete_pod(pod).await
+        {
+            return Step::Exit;
+        }
+        if self.create_pod().await {
+            Step::Start
+        } else {
+            Step::Exit
+        }
+    }
+
+    /// Nothing runs: follow the Task until a resume, a removal or the end.
+    async fn idle(&mut self, step: Step) -> Step {
+        loop {
+            match self.next_command().await {
+                Command::Run { task, resync } => {
+                    self.task = task;
+                    if step == Step::Stopped && !self.task.spec.stopped {
+                        let existing = match self.get_pod().await {
+                            Some(pod) => pod.filter(|p| self.is_ours(p)),
+                            None => return Step::Exit,
+                        };
+                        return self.fresh_pod(existing.as_ref()).await;
+                    }
+                    // A final status was written successfully (or is kept in the state
+                    // file): nothing to re-assert for a replica that does not run.
+                    self.resync = resync;
+                }
+                Command::Supersede | Command::Shutdown => return Step::Exit,
+                Command::Remove => {
+                    self.delete_own_pod().await;
+                    return Step::Exit;
+                }
+            }
+        }
+    }
+
+    /// Run the replica, with restarts, until it ends for good or the worker is told
+    /// otherwise.
+    async fn run_replica(&mut self) -> Step {
+        let node = self.shared.ctx.node_name.clone();
+        let pending = json!({
+            "phase": "Pending",
+            "node": node,
+            "reason": null,
+            "message": null,
+            "exitCode": null,
+            "startTime": null,
+            "finishTime": null,
+            "restartCount": 0,
+        });
+        self.write_status(pending, true).await;
+        let Some(raw) = self.task.spec.raw.clone() else {
+            let status = json!({
+                "phase": "Failed",
+                "reason": REASON_UNSUPPORTED_AGENT_TYPE,
+                "message": format!(
+                    "this agent runs raw tasks only; the task's agentType is {}",
+                    self.task.spec.agent_type
+                ),
+                "finishTime": Time(Timestamp::now()),
+            });
+            self.write_status(status, true).await;
+            return Step::Finished;
+        };
+        let deadline_secs = raw
+            .active_deadline_seconds
+            .and_then(|s| u64::try_from(s).ok());
+        let mut deadline: Option<Instant> = None;
+        let mut first_start: Option<Timestamp> = None;
+        let mut restarts: i32 = 0;
+        let mut backoff = BACKOFF_INITIAL;
+        loop {
+            let raw = self.task.spec.raw.clone().unwrap_or_else(|| raw.clone());
+            if deadline.is_none() {
+                deadline = deadline_secs.map(|s| Instant::now() + Duration::from_secs(s));
+            }
+            let spec = self.replica_spec(&raw, deadline);
+            let mut handle = match runtime::spawn_replica(spec).await {
+                Ok(handle) => handle,
+                Err(error) => {
+                    tracing::warn!(pod = %self.pod, %error, "replica did not start");
+                    let status = json!({
+                        "phase": "Failed",
+                        "reason": error.reason(),
+                        "message": error.to_string(),
+                        "finishTime": Time(Timestamp::now()),
+                        "restartCount": restarts,
+                    });
+                    self.write_status(status, true).await;
+                    return Step::Finished;
+                }
+            };
+            let started = timestamp(handle.started_at());
+            let start_time = *first_start.get_or_insert(started);
+            self.save_state(&handle);
+            tracing::info!(pod = %self.pod, pid = handle.pid(), restarts, "replica started");
+            let running = json!({
+                "phase": "Running",
+                "node": node,
+                "startTime": Time(start_time),
+                "restartCount": restarts,
+                "reason": null,
+                "message": null,
+                "exitCode": null,
+                "finishTime": null,
+            });
+            self.write_status(running, true).await;
+            let ran_from = Instant::now();
+
+            let exit = match self.supervise(&mut handle).await {
+                Supervised::Leave(step) => return step,
+                Supervised::Stopped(exit) => {
+                    let status = stopped_status(Some(&exit), self.grace(), restarts);
+                    self.finish(status).await;
+                    return Step::Stopped;
+                }
+                Supervised::Exited(exit) => exit,
+            };
+            if exit.cause == ExitCause::DeadlineExceeded {
+                let status = deadline_status(deadline_secs, Some(&exit), self.grace(), restarts);
+                self.finish(status).await;
+                return Step::Finished;
+            }
+            let restart = match raw.restart_policy {
+                RestartPolicy::Never => false,
+                RestartPolicy::OnFailure => !exit.status.success(),
+                RestartPolicy::Always => true,
+            };
+            if !restart {
+                self.finish(final_status(&exit, restarts)).await;
+                return Step::Finished;
+            }
+            // Restart after a backoff; the Pod stays Running meanwhile.
+            if ran_from.elapsed() >= BACKOFF_RESET_AFTER {
+                backoff = BACKOFF_INITIAL;
+            }
+            self.remove_state();
+            let waiting = json!({
+                "phase": "Running",
+                "reason": REASON_BACKOFF,
+                "message": format!(
+                    "the process {}; restarting in {}s (restart {})",
+                    exit.status,
+                    backoff.as_secs(),
+                    restarts + 1
+                ),
+                "exitCode": exit.status.code(),
+            });
+            self.write_status(waiting, true).await;
+            match self.wait_restart(backoff, deadline).await {
+                Waited::Restart => {}
+                Waited::Leave(step) => return step,
+                Waited::Stopped => {
+                    let status = stopped_status(None, self.grace(), restarts);
+                    self.finish(status).await;
+                    return Step::Stopped;
+                }
+                Waited::Deadline => {
+                    let status = deadline_status(deadline_secs, None, self.grace(), restarts);
+                    self.finish(status).await;
+                    return Step::Finished;
+                }
+            }
+            restarts += 1;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    fn replica_spec(&self, raw: &RawTaskSpec, deadline: Option<Instant>) -> ReplicaSpec {
+        let mut spec = ReplicaSpec::new(raw.entrypoint.clone(), self.replica_dir());
+        spec.env = replica_env(&self.task, self.index, &self.shared.ctx);
+        spec.working_dir = raw.working_dir.as_ref().map(PathBuf::from);
+        spec.artifact = raw.artifact.clone();
+        spec.artifact_sha256 = raw.artifact_sha256.clone();
+        spec.deadline = deadline;
+        spec.grace = self.grace();
+        spec
+    }
+
+    /// Watch the running process and the Task together.
+    async fn supervise(&mut self, handle: &mut ReplicaHandle) -> Supervised {
+        loop {
+            let command = tokio::select! {
+                exit = handle.wait() => return Supervised::Exited(exit),
+                command = self.next_command() => command,
+            };
+            match command {
+                Command::Run { task, resync } => {
+                    self.task = task;
+                    if self.task.spec.stopped {
+                        tracing::info!(pod = %self.pod, "stopping replica (task stopped)");
+                        return Supervised::Stopped(handle.terminate(self.grace()).await);
+                    }
+                    self.maybe_resync(resync).await;
+                }
+                Command::Supersede => {
+                    handle.terminate(self.grace()).await;
+                    self.remove_state();
+                    return Supervised::Leave(Step::Exit);
+                }
+                Command::Remove => {
+                    handle.terminate(self.grace()).await;
+                    self.remove_state();
+                    self.delete_own_pod().await;
+                    return Supervised::Leave(Step::Exit);
+                }
+                Command::Shutdown => {
+                    if self.shared.ctx.stop_tasks_on_exit {
+                        let exit = handle.terminate(self.grace()).await;
+                        self.finish(shutdown_status(Some(&exit))).await;
+                    } else {
+                        // Keep running; the state file tells the next agent about it.
+                        tracing::info!(pod = %self.pod, pid = handle.pid(), "leaving replica running");
+                    }
+                    return Supervised::Leave(Step::Exit);
+                }
+            }
+        }
+    }
+
+    /// Wait `backoff` before a restart, following the Task meanwhile.
+    async fn wait_restart(&mut self, backoff: Duration, deadline: Option<Instant>) -> Waited {
+        let restart_at = Instant::now() + backoff;
+        loop {
+            let command = tokio::select! {
+                _ = tokio::time::sleep_until(restart_at) => return Waited::Restart,
+                _ = sleep_until_opt(deadline) => return Waited::Deadline,
+                command = self.next_command() => command,
+            };
+            match command {
+                Command::Run { task, resync } => {
+                    self.task = task;
+                    if self.task.spec.stopped {
+                        return Waited::Stopped;
+                    }
+                    self.maybe_resync(resync).await;
+                }
+                Command::Supersede => return Waited::Leave(Step::Exit),
+                Command::Remove => {
+                    self.delete_own_pod().await;
+                    return Waited::Leave(Step::Exit);
+                }
+                Command::Shutdown => {
+                    if self.shared.ctx.stop_tasks_on_exit {
+                        self.finish(shutdown_status(None)).await;
+                    }
+                    return Waited::Leave(Step::Exit);
+                }
+            }
+        }
+    }
+
+    /// The next command (the reconciler gone counts as a shutdown).
+    async fn next_command(&mut self) -> Command {
+        match self.commands.changed().await {
+            Ok(()) => self.commands.borrow_and_update().clone(),
+            Err(_) => Command::Shutdown,
+        }
+    }
+
+    /// On a resync, write the whole status again (a lost write is repaired, a deleted
+    /// Pod of a running replica created again).
+    async fn maybe_resync(&mut self, resync: u64) {
+        if resync == self.resync {
+            return;
+        }
+        self.resync = resync;
+        if !self.reported.is_empty() {
+            self.write_status(Value::Object(self.reported.clone()), true)
+                .await;
+        }
+    }
+
+    /// Report the final status: first into the state file (so it survives an agent
+    /// crash before the write), then to the Pod; then drop the state file.
+    async fn finish(&mut self, status: Value) {
+        let path = self.replica_dir().join(STATE_FILE);
+        if let Some(state) = self.state.as_mut() {
+            state.final_status = Some(status.clone());
+            if let Err(error) = state.write(&path) {
+                tracing::warn!(file = %path.display(), %error, "write replica state file");
+            }
+        }
+        if self.write_status(status, true).await {
+            self.remove_state();
+        }
+    }
+
+    fn save_state(&mut self, handle: &ReplicaHandle) {
+        let state = ReplicaState {
+            namespace: self.shared.namespace.clone(),
+            task: self.task.name_any(),
+            uid: self.uid(),
+            index: self.index,
+            run_key: self.key.clone(),
+            pid: handle.pid(),
+            pgid: handle.pgid(),
+            proc_start_ticks: handle.start_ticks(),
+            start_time: timestamp(handle.started_at()).to_string(),
+            grace_seconds: self.grace().as_secs(),
+            final_status: None,
+        };
+        let path = self.replica_dir().join(STATE_FILE);
+        if let Err(error) = state.write(&path) {
+            tracing::warn!(file = %path.display(), %error, "write replica state file");
+        }
+        self.state = Some(state);
+    }
+
+    fn remove_state(&mut self) {
+        if self.state.take().is_some() {
+            let path = self.replica_dir().join(STATE_FILE);
+            match std::fs::remove_file(&path) {
+                Err(error) if error.kind() != io::ErrorKind::NotFound => {
+                    tracing::warn!(file = %path.display(), %error, "remove replica state file");
+                }
+                _ => {}
+            }
+        }
+    }
+
+    // --- Pod API -----------------------------------------------------------------------
+
+    /// The Pod, if any; `None` when the agent shut down before it could be read.
+    async fn get_pod(&self) -> Option<Option<Pod>> {
+        let api = self.shared.pods();
+        let mut retry = Retry::new();
+        loop {
+            match api.get_opt(&self.pod).await {
+                Ok(pod) => return Some(pod),
+                Err(error) => {
+                    if !retry.again(&self.shared, "read pod", &error).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The Pod object of this replica for this run (no status).
+    fn new_pod(&self) -> Pod {
+        let name = self.task.name_any();
+        let namespace = self.shared.namespace.clone();
+        let mut pod = Pod::new(
+            &self.pod,
+            PodSpec {
+                domain: self.task.spec.domain.clone(),
+                task_namespace: Some(namespace.clone()),
+                task_name: Some(name.clone()),
+                pod_namespace: Some(namespace.clone()),
+                pod_name: Some(self.pod.clone()),
+                replica_index: Some(i32::try_from(self.index).unwrap_or(i32::MAX)),
+            },
+        );
+        pod.metadata = ObjectMeta {
+            name: Some(self.pod.clone()),
+            namespace: Some(namespace),
+            labels: Some(BTreeMap::from([(labels::TASK_NAME.to_string(), name)])),
+            annotations: Some(BTreeMap::from([
+                (TASK_UID_ANNOTATION.to_string(), self.uid()),
+                (RUN_KEY_ANNOTATION.to_string(), self.key.clone()),
+            ])),
+            ..ObjectMeta::default()
+        };
+        pod
+    }
+
+    /// Create this run's Pod; one of another run in the way is deleted first. Returns
+    /// false only when the agent shut down first.
+    async fn create_pod(&self) -> bool {
+        let api = self.shared.pods();
+        let pod = self.new_pod();
+        let mut retry = Retry::new();
+        loop {
+            let error = match api.create(&PostParams::default(), &pod).await {
+                Ok(_) => return true,
+                Err(error) if is_status(&error, 409) => match api.get_opt(&self.pod).await {
+                    Ok(Some(existing)) if self.is_ours(&existing) => return true,
+                    Ok(Some(existing)) => match delete_pod(&api, &existing).await {
+                        Ok(()) => error,
+                        Err(e) => e,
+                    },
+                    Ok(None) => error,
+                    Err(e) => e,
+                },
+                Err(error) => error,
+            };
+            if !retry.again(&self.shared, "create pod", &error).await {
+                return false;
+            }
+        }
+    }
+
+    /// Delete `pod`; false only when the agent shut down first.
+    async fn delete_pod(&self, pod: &Pod) -> bool {
+        let api = self.shared.pods();
+        let mut retry = Retry::new();
+        loop {
+            match delete_pod(&api, pod).await {
+                Ok(()) => return true,
+                Err(error) => {
+                    if !retry.again(&self.shared, "delete pod", &error).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Delete this run's Pod (not one another run or node put under the same name).
+    async fn delete_own_pod(&self) {
+        if let Some(Some(pod)) = self.get_pod().await
+            && self.is_ours(&pod)
+        {
+            self.delete_pod(&pod).await;
+        }
+    }
+
+    /// Merge-patch the Pod's status with `patch` (retried). With `recreate`, a Pod that
+    /// disappeared is created again with everything reported so far. Returns whether the
+    /// write happened.
+    async fn write_status(&mut self, patch: Value, recreate: bool) -> bool {
+        if let Value::Object(fields) = &patch {
+            for (key, value) in fields {
+                if value.is_null() {
+                    self.reported.remove(key);
+                } else {
+                    self.reported.insert(key.clone(), value.clone());
+                }
+            }
+        }
+        let api = self.shared.pods();
+        let params = PatchParams::default();
+        let mut retry = Retry::new();
+        loop {
+            let body = json!({ "status": patch });
+            let error = match api
+                .patch_status(&self.pod, &params, &Patch::Merge(&body))
+                .await
+            {
+                Ok(_) => return true,
+                Err(error) if is_status(&error, 404) && !recreate => return false,
+                Err(error) if is_status(&error, 404) => {
+                    if !self.create_pod().await {
+                        return false;
+                    }
+                    let full = json!({ "status": Value::Object(self.reported.clone()) });
+                    match api
+                        .patch_status(&self.pod, &params, &Patch::Merge(&full))
+                        .await
+                    {
+                        Ok(_) => return true,
+                        Err(error) => error,
+                    }
+                }
+                Err(error) => error,
+            };
+            if !retry.again(&self.shared, "write pod status", &error).await {
+                return false;
+            }
+        }
+    }
+}
+
+fn status_map(pod: &Pod) -> Map<String, Value> {
+    match pod.status.as_ref().map(serde_json::to_value) {
+        Some(Ok(Value::Object(map))) => map,
+        _ => Map::new(),
+    }
+}
+
+fn timestamp(time: SystemTime) -> Timestamp {
+    Timestamp::try_from(time).unwrap_or_else(|_| Timestamp::now())
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The final status of a replica that exited (beyond its restart policy).
+fn final_status(exit: &ReplicaExit, restarts: i32) -> Value {
+    let finish = Time(timestamp(exit.finished_at));
+    if exit.status.success() {
+        json!({
+            "phase": "Succeeded",
+            "exitCode": 0,
+            "reason": REASON_COMPLETED,
+            "message": "process exited with code 0",
+            "finishTime": finish,
+            "restartCount": restarts,
+        })
+    } else {
+        json!({
+            "phase": "Failed",
+            "exitCode": exit.status.code(),
+            "reason": REASON_ERROR,
+            "message": format!("process {}", exit.status),
+            "finishTime": finish,
+            "restartCount": restarts,
+        })
+    }
+}
+
+/// What happened to the group when it was stopped.
+fn kill_detail(exit: &ReplicaExit, grace: Duration) -> String {
+    if exit.killed {
+        format!(
+            "SIGTERM sent to the process group, SIGKILL after the {}s grace period; the process {}",
+            grace.as_secs(),
+            exit.status
+        )
+    } else {
+        format!(
+            "SIGTERM sent to the process group; the process {}",
+            exit.status
+        )
+    }
+}
+
+fn stopped_status(exit: Option<&ReplicaExit>, grace: Duration, restarts: i32) -> Value {
+    let message = match exit {
+        Some(exit) => format!("stopped on request: {}", kill_detail(exit, grace)),
+        None => "stopped on request while waiting to restart".to_string(),
+    };
+    json!({
+        "phase": "Failed",
+        "reason": REASON_STOPPED,
+        "exitCode": exit.and_then(|e| e.status.code()),
+        "message": message,
+        "finishTime": Time(Timestamp::now()),
+        "restartCount": restarts,
+    })
+}
+
+fn deadline_status(
+    seconds: Option<u64>,
+    exit: Option<&ReplicaExit>,
+    grace: Duration,
+    restarts: i32,
+) -> Value {
+    let limit = seconds.map_or_else(String::new, |s| format!(" of {s}s"));
+    let message = match exit {
+        Some(exit) => format!(
+            "active deadline{limit} exceeded: {}",
+            kill_detail(exit, grace)
+        ),
+        None => format!("active deadline{limit} exceeded while waiting to restart"),
+    };
+    json!({
+        "phase": "Failed",
+        "reason": REASON_DEADLINE_EXCEEDED,
+        "exitCode": exit.and_then(|e| e.status.code()),
+        "message": message,
+        "finishTime": Time(Timestamp::now()),
+        "restartCount": restarts,
+    })
+}
+
+fn shutdown_status(exit: Option<&ReplicaExit>) -> Value {
+    json!({
+        "phase": "Failed",
+        "reason": REASON_AGENT_SHUTDOWN,
+        "exitCode": exit.and_then(|e| e.status.code()),
+        "message": "the agent shut down and stops its tasks on exit",
+        "finishTime": Time(Timestamp::now()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlark_api::types::TaskPlacement;
+
+    fn task(uid: &str, nodes: &[&str]) -> Task {
+        let mut task = Task::new(
+            "j-a",
+            serde_json::from_value(json!({
+                "agentType": "Raw",
+                "role": "Rollout",
+                "raw": {"entrypoint": ["true"], "replicas": nodes.len(),
+                        "environment": [{"name": "A", "value": "1"},
+                                        {"name": "RLARK_TASK", "value": "spoofed"}]},
+            }))
+            .expect("spec"),
+        );
+        task.metadata.namespace = Some("rlark-c".into());
+        task.metadata.uid = Some(uid.into());
+        task.metadata.labels = Some(BTreeMap::from([(labels::JOB.into(), "j".into())]));
+        task.spec.placement = Some(TaskPlacement {
+            cluster_id: "c".into(),
+            nodes: nodes.iter().map(|n| n.to_string()).collect(),
+        });
+        task
+    }
+
+    fn ctx() -> TaskContext {
+        TaskContext {
+            cluster_id: "c".into(),
+            node_name: "n1".into(),
+            data_dir: "/data/tasks".into(),
+            server_url: "https://cp:6443".into(),
+            stop_tasks_on_exit: false,
+        }
+    }
+
+    #[test]
+    fn run_keys_change_with_a_new_run_only() {
+        let t = task("u1", &["n1", "n2"]);
+        let key = run_key(&t, "c").expect("placed");
+        assert_eq!(run_key(&t, "other"), None);
+        let mut stopped = t.clone();
+        stopped.spec.stopped = true;
+        assert_eq!(run_key(&stopped, "c").as_ref(), Some(&key));
+        let mut restarted = t.clone();
+        restarted
+            .annotations_mut()
+            .insert(labels::RESTARTED_AT.into(), "2026-01-01T00:00:00Z".into());
+        assert_ne!(run_key(&restarted, "c").as_ref(), Some(&key));
+        assert_ne!(
+            run_key(&task("u2", &["n1", "n2"]), "c").as_ref(),
+            Some(&key)
+        );
+        assert_ne!(
+            run_key(&task("u1", &["n2", "n1"]), "c").as_ref(),
+            Some(&key)
+        );
+    }
+
+    #[test]
+    fn the_environment_contract_wins_over_the_task_environment() {
+        let t = task("u1", &["n1", "n2"]);
+        let env: BTreeMap<String, String> = replica_env(&t, 1, &ctx()).into_iter().collect();
+        assert_eq!(env["A"], "1");
+        assert_eq!(env["RLARK_TASK"], "j-a");
+        assert_eq!(env["RLARK_JOB"], "j");
+        assert_eq!(env["RLARK_TASK_ROLE"], "Rollout");
+        assert_eq!(env["RLARK_REPLICA_INDEX"], "1");
+        assert_eq!(env["RLARK_TOTAL_NODES"], "2");
+        assert_eq!(env["RLARK_SERVER"], "https://cp:6443");
+        assert_eq!(env["RLARK_CLUSTER_ID"], "c");
+        assert_eq!(env["RLARK_NODE_NAME"], "n1");
+        assert_eq!(env["RLARK_POD_NAME"], "j-a-1");
+    }
+
+    #[test]
+    fn replica_dirs_and_state_files_round_trip() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let replica = replica_dir(dir.path(), "rlark-c", "j-a", "u1", 0);
+        assert!(replica.ends_with("rlark-c/j-a/u1/0"));
+        std::fs::create_dir_all(&replica).expect("mkdir");
+        let state = ReplicaState {
+            namespace: "rlark-c".into(),
+            task: "j-a".into(),
+            uid: "u1".into(),
+            index: 0,
+            run_key: "u1//n1".into(),
+            pid: 42,
+            pgid: 42,
+            proc_start_ticks: Some(7),
+            start_time: "2026-01-01T00:00:00Z".into(),
+            grace_seconds: 30,
+            final_status: None,
+        };
+        let path = replica.join(STATE_FILE);
+        state.write(&path).expect("write");
+        assert_eq!(ReplicaState::read(&path).expect("read"), state);
+        assert_eq!(find_state_files(&dir.path().join("rlark-c")), vec![path]);
+    }
+
+    #[test]
+    fn statuses_say_how_the_replica_ended() {
+        let exit = |status, cause, killed| ReplicaExit {
+            status,
+            cause,
+            killed,
+            finished_at: SystemTime::now(),
+        };
+        use runtime::ExitStatus::{Code, Signal};
+        let ok = final_status(&exit(Code(0), ExitCause::Exited, false), 0);
+        assert_eq!(
+            (ok["phase"].as_str(), ok["exitCode"].as_i64()),
+            (Some("Succeeded"), Some(0))
+        );
+        let failed = final_status(&exit(Code(3), ExitCause::Exited, false), 2);
+        assert_eq!(failed["phase"], "Failed");
+        assert_eq!(failed["exitCode"], 3);
+        assert_eq!(failed["restartCount"], 2);
+        assert_eq!(failed["message"], "process exited with code 3");
+        let stopped = stopped_status(
+            Some(&exit(Signal(9), ExitCause::Terminated, true)),
+            Duration::from_secs(5),
+            0,
+        );
+        assert_eq!(stopped["reason"], REASON_STOPPED);
+        assert_eq!(stopped["exitCode"], 137);
+        assert!(
+            stopped["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("SIGKILL after the 5s"))
+        );
+        let deadline = deadline_status(
+            Some(1),
+            Some(&exit(Signal(15), ExitCause::DeadlineExceeded, false)),
+            DEFAULT_GRACE,
+            0,
+        );
+        assert_eq!(deadline["reason"], REASON_DEADLINE_EXCEEDED);
+        assert_eq!(deadline["exitCode"], 143);
+        assert!(
+            deadline["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("of 1s"))
+        );
+    }
+}

@@ -1,0 +1,244 @@
+//! `rlark agent`: run the agent of a cluster on this host (see `rlark_agent`) until SIGTERM
+//! or SIGINT. The first start joins with `--token` and `--ca-hash`; later starts reuse the
+//! credentials in `DATA_DIR/identity`.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::{Args, ValueEnum};
+use rlark_agent::{AgentConfig, JoinParams};
+use rlark_api::types::NodeCategory;
+use tokio_util::sync::CancellationToken;
+
+use super::controller_manager::parse_duration;
+use super::server::watch_signals;
+
+#[derive(Debug, Args)]
+pub(crate) struct AgentArgs {
+    /// URL of the server, https://HOST:PORT. Several replicas: comma-separated or repeated
+    /// (the agent keeps a tunnel to each; the first is used to join).
+    #[arg(
+        long = "server",
+        value_name = "URL",
+        value_delimiter = ',',
+        required = true
+    )]
+    pub servers: Vec<String>,
+    /// Cluster ID this agent runs (its objects live in namespace rlark-ID).
+    #[arg(long, value_name = "ID")]
+    pub cluster_id: String,
+    /// Data directory: credentials in DIR/identity, task state and logs in DIR/tasks.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: PathBuf,
+    /// Bootstrap token from `rlark token create`, for the first start (ignored once the
+    /// agent has joined).
+    #[arg(
+        long,
+        value_name = "TOKEN",
+        env = "RLARK_JOIN_TOKEN",
+        hide_env_values = true,
+        requires = "ca_hash"
+    )]
+    pub token: Option<String>,
+    /// sha256:<hex> of the CA's public key, from `rlark token create` (with --token): the
+    /// join refuses a server whose CA does not match.
+    #[arg(long, value_name = "sha256:HEX", requires = "token")]
+    pub ca_hash: Option<String>,
+    /// Name of this host's Node [default: the host name].
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// Where the node sits (label rlark.io/node-category).
+    #[arg(long, value_enum, default_value_t = Category::Cloud)]
+    pub node_category: Category,
+    /// Extra label of the Node. Repeatable.
+    #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// Stop the tasks running on this host when the agent exits (default: leave them
+    /// running; today the next agent start then stops them and reports them `AgentLost`,
+    /// as it cannot yet adopt them).
+    #[arg(long)]
+    pub stop_tasks_on_exit: bool,
+    /// Serve Prometheus metrics at http://ADDR/metrics (a loopback address; port 0 picks
+    /// one).
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
+    /// How often the Node's heartbeat (Lease and status) is renewed (e.g. 10s, 500ms).
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
+    pub heartbeat_interval: Duration,
+}
+
+/// `--node-category`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Category {
+    Cloud,
+    Edge,
+    Robot,
+}
+
+impl From<Category> for NodeCategory {
+    fn from(category: Category) -> Self {
+        match category {
+            Category::Cloud => NodeCategory::Cloud,
+            Category::Edge => NodeCategory::Edge,
+            Category::Robot => NodeCategory::Robot,
+        }
+    }
+}
+
+/// `KEY=VALUE` (the value may be empty).
+fn parse_label(text: &str) -> Result<(String, String), String> {
+    match text.split_once('=') {
+        Some((key, value)) if !key.is_empty() => Ok((key.to_string(), value.to_string())),
+        _ => Err(format!("label {text:?} must be KEY=VALUE")),
+    }
+}
+
+impl AgentArgs {
+    /// The agent configuration (validated later, by the agent, before any network use).
+    pub(crate) fn into_config(self) -> anyhow::Result<AgentConfig> {
+        let mut labels = BTreeMap::new();
+        for (key, value) in self.labels {
+            if let Some(previous) = labels.insert(key.clone(), value.clone())
+                && previous != value
+            {
+                bail!("label {key} given twice ({previous:?} and {value:?})");
+            }
+        }
+        let join = match (self.token, self.ca_hash) {
+            (Some(token), Some(ca_hash)) => Some(JoinParams { token, ca_hash }),
+            _ => None,
+        };
+        let mut config = AgentConfig::new(self.servers, self.cluster_id, self.data_dir);
+        config.node_name = self.node_name;
+        config.node_category = self.node_category.into();
+        config.labels = labels;
+        config.heartbeat_interval = self.heartbeat_interval;
+        config.stop_tasks_on_exit = self.stop_tasks_on_exit;
+        config.join = join;
+        config.metrics_listen = self.metrics_listen;
+        Ok(config)
+    }
+}
+
+pub(crate) async fn agent(args: AgentArgs) -> anyhow::Result<()> {
+    let config = args.into_config()?;
+    // Refuse a bad configuration before installing handlers or touching anything.
+    config.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+    let shutdown = CancellationToken::new();
+    watch_signals(shutdown.clone())?;
+    // The agent's errors already carry their causes in their text.
+    rlark_agent::run(config, shutdown)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{Cli, Command};
+    use super::*;
+    use clap::Parser as _;
+
+    fn parse(args: &[&str]) -> Result<AgentArgs, clap::Error> {
+        let cli = Cli::try_parse_from(["rlark", "agent"].iter().chain(args))?;
+        match cli.command {
+            Command::Agent(args) => Ok(args),
+            other => panic!("not agent: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn flags_make_the_config() {
+        let args = parse(&[
+            "--server",
+            "https://a:1,https://b:2",
+            "--server",
+            "https://c:3",
+            "--cluster-id",
+            "edge",
+            "--data-dir",
+            "d",
+            "--token",
+            "abcdef.0123456789abcdef",
+            "--ca-hash",
+            "sha256:00",
+            "--node-name",
+            "n1",
+            "--node-category",
+            "robot",
+            "--label",
+            "zone=lab",
+            "--label",
+            "empty=",
+            "--stop-tasks-on-exit",
+            "--metrics-listen",
+            "127.0.0.1:0",
+            "--heartbeat-interval",
+            "500ms",
+        ])
+        .expect("parse");
+        let config = args.into_config().expect("config");
+        assert_eq!(
+            config.servers,
+            ["https://a:1", "https://b:2", "https://c:3"]
+        );
+        assert_eq!(config.cluster_id, "edge");
+        assert_eq!(config.data_dir, PathBuf::from("d"));
+        assert_eq!(config.node_name.as_deref(), Some("n1"));
+        assert_eq!(config.node_category, NodeCategory::Robot);
+        assert_eq!(config.labels["zone"], "lab");
+        assert_eq!(config.labels["empty"], "");
+        assert!(config.stop_tasks_on_exit);
+        assert_eq!(config.heartbeat_interval, Duration::from_millis(500));
+        assert_eq!(config.metrics_listen, Some("127.0.0.1:0".parse().unwrap()));
+        let join = config.join.expect("join");
+        assert_eq!(join.ca_hash, "sha256:00");
+
+        let args = parse(&[
+            "--server",
+            "https://a:1",
+            "--cluster-id",
+            "c",
+            "--data-dir",
+            "d",
+        ])
+        .expect("parse");
+        let config = args.into_config().expect("config");
+        assert_eq!(config.node_category, NodeCategory::Cloud);
+        assert_eq!(config.heartbeat_interval, Duration::from_secs(10));
+        assert!(config.join.is_none() && !config.stop_tasks_on_exit);
+    }
+
+    #[test]
+    fn bad_flags_are_usage_errors() {
+        let base = [
+            "--server",
+            "https://a:1",
+            "--cluster-id",
+            "c",
+            "--data-dir",
+            "d",
+        ];
+        let with = |extra: &[&str]| {
+            let mut all: Vec<&str> = base.to_vec();
+            all.extend_from_slice(extra);
+            parse(&all)
+        };
+        assert!(
+            parse(&["--cluster-id", "c", "--data-dir", "d"]).is_err(),
+            "no server"
+        );
+        assert!(with(&["--token", "t"]).is_err(), "token without CA hash");
+        assert!(
+            with(&["--ca-hash", "sha256:00"]).is_err(),
+            "CA hash without token"
+        );
+        assert!(with(&["--label", "novalue"]).is_err());
+        assert!(with(&["--node-category", "moon"]).is_err());
+        assert!(with(&["--heartbeat-interval", "soon"]).is_err());
+        let twice = with(&["--label", "a=1", "--label", "a=2"]).expect("parse");
+        assert!(twice.into_config().is_err(), "a label given twice");
+    }
+}
