@@ -11,10 +11,12 @@
 //!   a [`Renewer`] that renews the certificate at 2/3 of its life; each renewal rebuilds the
 //!   API client and the tunnel's TLS config, so new requests and connections use it;
 //! - **node**: the [`NodeReporter`] (registration, Lease and status heartbeats);
-//! - **tunnel**: [`rlark_tunnel::client`] to every server, as node `<node name>`;
+//! - **tunnel**: [`rlark_tunnel::client`] to every server, as node `<node name>`, serving
+//!   the local API ([`api`]: replica logs) on the hub's `agent-api` streams;
 //! - **tasks**: the Task reconciler ([`tasks::run_tasks`]);
 //! - **metrics** (optional): `GET /metrics` on a loopback address.
 
+pub mod api;
 pub mod config;
 pub mod node;
 pub mod runtime;
@@ -282,6 +284,11 @@ async fn start_with(
     ));
     let mut tunnel_config = rlark_tunnel::client::ClientConfig::new(config.servers.clone(), tls_rx);
     tunnel_config.node = Some(node_name.clone());
+    tunnel_config.agent.agent_api = Some(Arc::new(api::LocalApi::new(
+        config.tasks_dir(),
+        &node_name,
+        shutdown.clone(),
+    )));
     let tunnel = rlark_tunnel::client::spawn(tunnel_config, shutdown.clone());
     let tunnel_watch = tunnel.watch();
     parts.push((

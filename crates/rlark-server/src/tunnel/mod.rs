@@ -9,6 +9,7 @@
 //! `rlark port-forward`, all through [`Hub::dial`].
 
 pub(crate) mod connect;
+pub(crate) mod logs;
 pub(crate) mod routes;
 
 use std::collections::HashMap;
@@ -197,6 +198,41 @@ impl Hub {
                     &control,
                     &request,
                     self.config.dial_timeout + Duration::from_secs(1),
+                )
+                .await
+            }
+        };
+        let status = match &result {
+            Ok(_) => "ok",
+            Err(e) => e.status.as_str(),
+        };
+        self.dials
+            .get_or_create(&DialLabels {
+                status: status.to_string(),
+            })
+            .inc();
+        result
+    }
+
+    /// Open a stream to the local API of the agent of `cluster_id` (HTTP/1.1 on the
+    /// returned stream; see `rlark_agent::api`), preferring a session of `node`. Counted
+    /// with the dials; typed errors (`no-such-agent`, `forbidden` when the agent serves no
+    /// local API, `timeout`, ...).
+    pub(crate) async fn dial_agent_api(
+        &self,
+        cluster_id: &str,
+        node: Option<&str>,
+    ) -> Result<MuxStream, DialError> {
+        let result = match self.pick(cluster_id, node) {
+            None => Err(DialError {
+                status: Status::NoSuchAgent,
+                message: format!("no agent of cluster {cluster_id:?} is connected to this server"),
+            }),
+            Some(control) => {
+                rlark_tunnel::dial::open(
+                    &control,
+                    &StreamRequest::AgentApi,
+                    self.config.dial_timeout,
                 )
                 .await
             }

@@ -5,6 +5,7 @@
 //! | `GET /api/connect` | agents (client certificate) | WebSocket upgrade carrying the tunnel session |
 //! | `ANY /api/proxy/{clusterID}/http/{host}:{port}/{path}` | admin | HTTP reverse proxy through the agent, WebSocket upgrades included |
 //! | `GET /api/v1/tunnels` | admin, viewer, peer | live sessions (agent, node, replica, since, streams, bytes) |
+//! | `GET /rlark/v1/namespaces/{ns}/pods/{pod}/log` | admin, viewer | a replica's log from its agent (`logs.rs`) |
 
 use std::sync::Arc;
 
@@ -36,6 +37,7 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .route("/api/proxy/{cluster}/{scheme}/{target}/", any(proxy_root))
         .route("/api/proxy/{cluster}/{scheme}/{target}/{*path}", any(proxy))
         .route("/api/v1/tunnels", get(list))
+        .route(super::logs::ROUTE, get(super::logs::pod_log))
         .with_state(hub)
 }
 

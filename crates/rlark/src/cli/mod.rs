@@ -10,6 +10,7 @@ mod describe;
 mod discovery;
 mod get;
 mod join;
+mod logs;
 mod manifest;
 mod port_forward;
 mod security;
@@ -86,6 +87,9 @@ enum Command {
     /// Join this host to an installation as the agent of a cluster: verify the server's CA
     /// against --ca-hash, make a key here, and get a certificate with a bootstrap token.
     Join(join::JoinArgs),
+    /// Print the output of replicas (pod/NAME, task/NAME or job/NAME), read by their
+    /// agents through the server; -f follows it until they exit.
+    Logs(logs::LogsArgs),
     /// Forward a local port to HOST:PORT as the agent of a cluster reaches it, through the
     /// server (HTTP CONNECT over the tunnel), until interrupted.
     PortForward(port_forward::PortForwardArgs),
@@ -145,6 +149,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::ControllerManager(args) => controller_manager::controller_manager(args).await,
         Command::Agent(args) => agent::agent(args).await,
         Command::Join(args) => join::join(args).await,
+        Command::Logs(args) => logs::logs(args).await,
         Command::PortForward(args) => port_forward::port_forward(args).await,
     }
 }

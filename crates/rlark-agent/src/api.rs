@@ -1,0 +1,747 @@
+//! The agent's local API: HTTP/1.1 served on the tunnel's `agent-api` streams (DESIGN §6).
+//!
+//! # Reachability and authentication
+//!
+//! This API is never bound to a socket. The hub opens an `agent-api` stream on the agent's
+//! tunnel session (`rlark_tunnel::dial::open` with `StreamRequest::AgentApi`), the tunnel
+//! answers `ok` and hands the stream to [`LocalApi`] ([`rlark_tunnel::agent::AgentApi`]).
+//! The tunnel is a TLS connection the agent itself opened to a server it verified against
+//! the installation CA, so every stream on it comes from the hub. There is therefore **no
+//! authentication or authorization here**: the hub authorizes the caller (e.g. the
+//! server's `GET /rlark/v1/namespaces/{ns}/pods/{pod}/log`: admins and viewers) before it
+//! opens a stream.
+//!
+//! # Routes
+//!
+//! `GET /logs/{namespace}/{pod}?tail=N&follow=true&previous=false&limitBytes=N`: the log
+//! of replica `i` of Task `task`, where the Pod is `<task>-<i>` ([`crate::tasks::pod_name`]),
+//! as `text/plain`:
+//!
+//! - the replica is found by scanning `DATA_DIR/tasks/<namespace>/<task>/*/<i>/`
+//!   ([`crate::tasks::replica_dir`]): one directory per Task UID. The *current* run is the
+//!   one whose process runs (its `state.json` names a live process), else the most recently
+//!   modified directory (a directory changes whenever its state file is written or removed,
+//!   and runs of one replica never overlap); `previous=true` selects the run before it
+//!   (an earlier Task of the same name). Restarts under a restart policy append to the same
+//!   `current.log`, so there is no "previous" per restart;
+//! - only `logs/current.log` is read (not the rotated `current.log.1`, `.2`), like the
+//!   kubelet; `tail=N` starts at the N-th line from its end; `limitBytes=N` stops after N
+//!   bytes;
+//! - `follow=true` keeps sending what is appended until the replica's process has exited
+//!   (its `state.json` is gone, carries a final status, or names a dead process) and the
+//!   file is fully read, or the client goes away, or the agent stops. A copy-truncate
+//!   rotation ([`crate::runtime::logs`]) is followed: the bytes not sent yet are read from
+//!   `current.log.1`, then `current.log` from its start. A replica that restarts after a
+//!   backoff ends the follow at the exit (as `kubectl logs -f` does at a container exit);
+//! - `404` with a message when no such replica ever ran on this agent (or no previous
+//!   run), `400` for a bad name or parameter, `405` for another method.
+
+use std::convert::Infallible;
+use std::io;
+use std::os::unix::fs::FileExt as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use http_body_util::combinators::UnsyncBoxBody;
+use http_body_util::{BodyExt as _, Full, StreamBody};
+use hyper::body::{Bytes, Frame};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use rlark_tunnel::agent::AgentApi;
+use rlark_tunnel::mux::MuxStream;
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::runtime::{LOG_FILE, process};
+use crate::tasks::{ReplicaState, STATE_FILE};
+
+/// How often a followed log is checked for new bytes and its replica for an exit.
+pub const FOLLOW_POLL: Duration = Duration::from_millis(200);
+/// Largest piece of a log sent at once.
+const CHUNK: usize = 32 * 1024;
+/// How long the agent waits for a request's headers on a new stream.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A response body of the local API.
+pub type ApiBody = UnsyncBoxBody<Bytes, io::Error>;
+
+/// The local API (see the module documentation). Cheap to clone.
+#[derive(Clone, Debug)]
+pub struct LocalApi {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    tasks_dir: PathBuf,
+    node: String,
+    shutdown: CancellationToken,
+}
+
+impl LocalApi {
+    /// The API of the agent whose replicas live under `tasks_dir` (`DATA_DIR/tasks`), on
+    /// node `node` (named in messages). Every connection and follow ends on `shutdown`.
+    pub fn new(tasks_dir: impl Into<PathBuf>, node: &str, shutdown: CancellationToken) -> Self {
+        LocalApi {
+            inner: Arc::new(Inner {
+                tasks_dir: tasks_dir.into(),
+                node: node.to_string(),
+                shutdown,
+            }),
+        }
+    }
+
+    /// Serve HTTP/1.1 on `io` until the peer closes it, it fails, or the agent stops.
+    pub async fn serve_connection<S>(&self, io: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let inner = self.inner.clone();
+        let service =
+            hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                let inner = inner.clone();
+                async move { Ok::<_, Infallible>(inner.handle(&request).await) }
+            });
+        let conn = hyper::server::conn::http1::Builder::new()
+            .timer(TokioTimer::new())
+            .header_read_timeout(HEADER_TIMEOUT)
+            .serve_connection(TokioIo::new(io), service);
+        tokio::select! {
+            () = self.inner.shutdown.cancelled() => {}
+            result = conn => if let Err(error) = result {
+                tracing::debug!(%error, "agent API connection ended");
+            },
+        }
+    }
+}
+
+impl AgentApi for LocalApi {
+    fn serve(&self, stream: MuxStream) {
+        let api = self.clone();
+        tokio::spawn(async move { api.serve_connection(stream).await });
+    }
+}
+
+/// Parameters of `GET /logs/...`.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LogOptions {
+    /// Start at the N-th line from the end (`tail`).
+    pub tail: Option<u64>,
+    /// Keep sending appended bytes until the replica exits (`follow`).
+    pub follow: bool,
+    /// The run before the current one (`previous`).
+    pub previous: bool,
+    /// Stop after this many bytes (`limitBytes`).
+    pub limit_bytes: Option<u64>,
+}
+
+impl LogOptions {
+    /// Parse a query string (`tail`, `follow`, `previous`, `limitBytes`; other parameters
+    /// are ignored). Booleans are `true`/`false`/`1`/`0`; numbers are non-negative integers
+    /// (`limitBytes` at least 1).
+    pub fn parse(query: Option<&str>) -> Result<LogOptions, String> {
+        let mut options = LogOptions::default();
+        for pair in query
+            .unwrap_or_default()
+            .split('&')
+            .filter(|p| !p.is_empty())
+        {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "tail" => options.tail = Some(parse_number(key, value)?),
+                "follow" => options.follow = parse_bool(key, value)?,
+                "previous" => options.previous = parse_bool(key, value)?,
+                "limitBytes" => {
+                    let n = parse_number(key, value)?;
+                    if n == 0 {
+                        return Err("limitBytes must be at least 1".into());
+                    }
+                    options.limit_bytes = Some(n);
+                }
+                _ => {}
+            }
+        }
+        Ok(options)
+    }
+
+    /// The query string of these options (no leading `?`; empty for the defaults).
+    pub fn to_query(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(tail) = self.tail {
+            parts.push(format!("tail={tail}"));
+        }
+        if self.follow {
+            parts.push("follow=true".to_string());
+        }
+        if self.previous {
+            parts.push("previous=true".to_string());
+        }
+        if let Some(limit) = self.limit_bytes {
+            parts.push(format!("limitBytes={limit}"));
+        }
+        parts.join("&")
+    }
+}
+
+fn parse_number(key: &str, value: &str) -> Result<u64, String> {
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{key}={value:?} is not a non-negative integer"));
+    }
+    value
+        .parse()
+        .map_err(|_| format!("{key}={value:?} is too large"))
+}
+
+fn parse_bool(key: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "true" | "1" | "" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(format!("{key}={value:?} is not true or false")),
+    }
+}
+
+/// Split a Pod name `<task>-<i>` into the Task name and the replica index.
+pub fn parse_pod_name(pod: &str) -> Option<(&str, usize)> {
+    let (task, index) = pod.rsplit_once('-')?;
+    if task.is_empty() || index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((task, index.parse().ok()?))
+}
+
+/// One run of a replica found on disk.
+#[derive(Clone, Debug)]
+struct Run {
+    dir: PathBuf,
+    running: bool,
+    modified: SystemTime,
+}
+
+/// The runs of replica `index` of `task` in `namespace`, newest first.
+fn find_runs(tasks_dir: &Path, namespace: &str, task: &str, index: usize) -> Vec<Run> {
+    let task_dir = tasks_dir.join(namespace).join(task);
+    let Ok(entries) = std::fs::read_dir(&task_dir) else {
+        return Vec::new();
+    };
+    let mut runs: Vec<Run> = entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let dir = entry.path().join(index.to_string());
+            let meta = std::fs::metadata(&dir).ok().filter(|m| m.is_dir())?;
+            Some(Run {
+                running: replica_running(&dir),
+                modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                dir,
+            })
+        })
+        .collect();
+    runs.sort_by(|a, b| (b.running, b.modified, &b.dir).cmp(&(a.running, a.modified, &a.dir)));
+    runs
+}
+
+/// Whether the replica in `dir` has a live process: its state file exists, carries no
+/// final status, and names a running process.
+fn replica_running(dir: &Path) -> bool {
+    match ReplicaState::read(&dir.join(STATE_FILE)) {
+        Ok(state) => {
+            state.final_status.is_none()
+                && process::process_running(state.pid, state.proc_start_ticks)
+        }
+        Err(_) => false,
+    }
+}
+
+/// Offset of the start of the `lines`-th line from the end of `file` (a last line without
+/// its newline counts as a line).
+fn tail_offset(file: &std::fs::File, len: u64, lines: u64) -> io::Result<u64> {
+    if lines == 0 {
+        return Ok(len);
+    }
+    let mut end = len;
+    let mut buf = vec![0u8; 8192];
+    let mut found = 0u64;
+    // The newline that ends the file ends the last line; it does not start one.
+    let mut skip_last = true;
+    while end > 0 {
+        let start = end.saturating_sub(buf.len() as u64);
+        let chunk = &mut buf[..usize::try_from(end - start).unwrap_or(0)];
+        file.read_exact_at(chunk, start)?;
+        for (i, byte) in chunk.iter().enumerate().rev() {
+            let at = start + i as u64;
+            if *byte != b'\n' {
+                skip_last = false;
+                continue;
+            }
+            if skip_last && at + 1 == len {
+                skip_last = false;
+                continue;
+            }
+            found += 1;
+            if found == lines {
+                return Ok(at + 1);
+            }
+        }
+        end = start;
+    }
+    Ok(0)
+}
+
+fn text_response(status: http::StatusCode, message: impl Into<String>) -> http::Response<ApiBody> {
+    let mut text = message.into();
+    if !text.ends_with('\n') {
+        text.push('\n');
+    }
+    let body = Full::new(Bytes::from(text))
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    let mut response = http::Response::new(body);
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    response
+}
+
+impl Inner {
+    async fn handle<B>(self: &Arc<Self>, request: &http::Request<B>) -> http::Response<ApiBody> {
+        let path = request.uri().path();
+        let Some(rest) = path.strip_prefix("/logs/") else {
+            return text_response(
+                http::StatusCode::NOT_FOUND,
+                format!("not found: {path}; the agent API serves GET /logs/{{namespace}}/{{pod}}"),
+            );
+        };
+        if request.method() != http::Method::GET {
+            return text_response(
+                http::StatusCode::METHOD_NOT_ALLOWED,
+                format!("{} is not allowed: use GET", request.method()),
+            );
+        }
+        let Some((namespace, pod)) = rest.split_once('/').filter(|(_, p)| !p.contains('/')) else {
+            return text_response(
+                http::StatusCode::NOT_FOUND,
+                format!("not found: {path}; use GET /logs/{{namespace}}/{{pod}}"),
+            );
+        };
+        let options = match LogOptions::parse(request.uri().query()) {
+            Ok(options) => options,
+            Err(message) => return text_response(http::StatusCode::BAD_REQUEST, message),
+        };
+        self.logs(namespace, pod, options).await
+    }
+
+    async fn logs(
+        self: &Arc<Self>,
+        namespace: &str,
+        pod: &str,
+        options: LogOptions,
+    ) -> http::Response<ApiBody> {
+        // The names become path components: only DNS-1123 names, never `..` or `/`.
+        if let Err(e) = rlark_api::names::dns1123_label(namespace) {
+            return text_response(
+                http::StatusCode::BAD_REQUEST,
+                format!("invalid namespace {namespace:?}: {e}"),
+            );
+        }
+        if let Err(e) = rlark_api::names::dns1123_subdomain(pod) {
+            return text_response(
+                http::StatusCode::BAD_REQUEST,
+                format!("invalid pod name {pod:?}: {e}"),
+            );
+        }
+        let Some((task, index)) = parse_pod_name(pod) else {
+            return text_response(
+                http::StatusCode::NOT_FOUND,
+                format!(
+                    "pod {namespace}/{pod} is not a replica of a task (replica pods are named \
+                     <task>-<index>)"
+                ),
+            );
+        };
+        let (tasks_dir, ns, task_name) = (
+            self.tasks_dir.clone(),
+            namespace.to_string(),
+            task.to_string(),
+        );
+        let runs =
+            tokio::task::spawn_blocking(move || find_runs(&tasks_dir, &ns, &task_name, index))
+                .await
+                .unwrap_or_default();
+        let node = &self.node;
+        let run = match (runs.as_slice(), options.previous) {
+            ([], _) => {
+                return text_response(
+                    http::StatusCode::NOT_FOUND,
+                    format!(
+                        "pod {namespace}/{pod}: replica {index} of task {task:?} has not run on \
+                         node {node:?}"
+                    ),
+                );
+            }
+            ([_], true) => {
+                return text_response(
+                    http::StatusCode::NOT_FOUND,
+                    format!(
+                        "pod {namespace}/{pod}: no previous run of replica {index} of task \
+                         {task:?} on node {node:?} (only the current one)"
+                    ),
+                );
+            }
+            (_, true) => runs[1].clone(),
+            ([current, ..], false) => current.clone(),
+        };
+        let logs = run.dir.join("logs");
+        let mut follower = Follower {
+            path: logs.join(LOG_FILE),
+            rotated: logs.join(format!("{LOG_FILE}.1")),
+            offset: 0,
+            remaining: options.limit_bytes,
+            dir: run.dir,
+        };
+        if let Some(lines) = options.tail {
+            let path = follower.path.clone();
+            let offset = tokio::task::spawn_blocking(move || -> io::Result<u64> {
+                let file = std::fs::File::open(&path)?;
+                let len = file.metadata()?.len();
+                tail_offset(&file, len, lines)
+            })
+            .await
+            .unwrap_or_else(|e| Err(io::Error::other(e)));
+            match offset {
+                Ok(offset) => follower.offset = offset,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    return text_response(
+                        http::StatusCode::INTERNAL_SERVER_ERROR,
+                        format!("read the log of pod {namespace}/{pod}: {e}"),
+                    );
+                }
+            }
+        }
+        let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(4);
+        let shutdown = self.shutdown.clone();
+        let follow = options.follow;
+        tokio::spawn(async move {
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                () = follower.run(&tx, follow) => {}
+            }
+        });
+        let stream = futures::stream::unfold(rx, |mut rx| async move {
+            let item = rx.recv().await?;
+            Some((item.map(Frame::data), rx))
+        });
+        let mut response = http::Response::new(StreamBody::new(stream).boxed_unsync());
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        response
+    }
+}
+
+/// Whether to go on after sending.
+#[derive(Debug, PartialEq, Eq)]
+enum Flow {
+    Continue,
+    /// The byte limit was reached, or the client went away.
+    Stop,
+}
+
+/// Sends a replica's `current.log` from `offset` on.
+struct Follower {
+    dir: PathBuf,
+    path: PathBuf,
+    rotated: PathBuf,
+    offset: u64,
+    remaining: Option<u64>,
+}
+
+impl Follower {
+    async fn run(&mut self, tx: &mpsc::Sender<io::Result<Bytes>>, follow: bool) {
+        // Set once the replica was seen not running: one more poll, then the end.
+        let mut exited = false;
+        loop {
+            match self.pump(tx).await {
+                Ok(Flow::Continue) => {}
+                Ok(Flow::Stop) => return,
+                Err(error) => {
+                    tracing::debug!(log = %self.path.display(), %error, "read replica log");
+                    let _ = tx.send(Err(error)).await;
+                    return;
+                }
+            }
+            if !follow {
+                return;
+            }
+            let dir = self.dir.clone();
+            let running = tokio::task::spawn_blocking(move || replica_running(&dir))
+                .await
+                .unwrap_or(false);
+            if running {
+                exited = false;
+            } else if exited {
+                // Seen exited twice, one poll apart, and everything read since: done.
+                return;
+            } else {
+                exited = true;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(FOLLOW_POLL) => {}
+                () = tx.closed() => return,
+            }
+        }
+    }
+
+    /// Send whatever the file holds past `offset` (following a copy-truncate first).
+    async fn pump(&mut self, tx: &mpsc::Sender<io::Result<Bytes>>) -> io::Result<Flow> {
+        let file = match std::fs::File::open(&self.path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Flow::Continue),
+            Err(e) => return Err(e),
+        };
+        let len = file.metadata()?.len();
+        if len < self.offset {
+            // Rotated (copied to `.1`, then truncated): the rest of what we were reading
+            // is at the end of the copy.
+            if let Ok(copy) = std::fs::File::open(&self.rotated) {
+                let copy_len = copy.metadata()?.len();
+                if copy_len >= self.offset
+                    && self.send_range(&copy, copy_len, tx).await? == Flow::Stop
+                {
+                    return Ok(Flow::Stop);
+                }
+            }
+            self.offset = 0;
+        }
+        self.send_range(&file, len, tx).await
+    }
+
+    /// Send `file` from `offset` to `end`, advancing `offset`.
+    async fn send_range(
+        &mut self,
+        file: &std::fs::File,
+        end: u64,
+        tx: &mpsc::Sender<io::Result<Bytes>>,
+    ) -> io::Result<Flow> {
+        while self.offset < end {
+            let mut want = (end - self.offset).min(CHUNK as u64);
+            if let Some(remaining) = self.remaining {
+                want = want.min(remaining);
+            }
+            let mut buf = vec![0u8; usize::try_from(want).unwrap_or(CHUNK)];
+            let n = file.read_at(&mut buf, self.offset)?;
+            if n == 0 {
+                // Truncated meanwhile: the next pump sees it.
+                return Ok(Flow::Continue);
+            }
+            buf.truncate(n);
+            self.offset += n as u64;
+            if tx.send(Ok(Bytes::from(buf))).await.is_err() {
+                return Ok(Flow::Stop);
+            }
+            if let Some(remaining) = self.remaining.as_mut() {
+                *remaining -= n as u64;
+                if *remaining == 0 {
+                    return Ok(Flow::Stop);
+                }
+            }
+        }
+        Ok(Flow::Continue)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write as _;
+
+    #[test]
+    fn options_parse_and_print() {
+        assert_eq!(LogOptions::parse(None), Ok(LogOptions::default()));
+        let options =
+            LogOptions::parse(Some("tail=3&follow=true&previous=0&limitBytes=10&x=y")).unwrap();
+        assert_eq!(
+            options,
+            LogOptions {
+                tail: Some(3),
+                follow: true,
+                previous: false,
+                limit_bytes: Some(10),
+            }
+        );
+        assert_eq!(options.to_query(), "tail=3&follow=true&limitBytes=10");
+        for bad in ["tail=-1", "tail=x", "follow=yes", "limitBytes=0", "tail=+1"] {
+            assert!(LogOptions::parse(Some(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pod_names_split_into_task_and_index() {
+        assert_eq!(parse_pod_name("ppo-actor-0"), Some(("ppo-actor", 0)));
+        assert_eq!(parse_pod_name("a-12"), Some(("a", 12)));
+        for bad in ["a", "a-", "-1", "a-x", "a-+1"] {
+            assert_eq!(parse_pod_name(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn tail_counts_lines_from_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("log");
+        let check = |content: &str, lines: u64, expect: &str| {
+            std::fs::write(&path, content).unwrap();
+            let file = std::fs::File::open(&path).unwrap();
+            let offset = tail_offset(&file, content.len() as u64, lines).unwrap();
+            assert_eq!(
+                &content[offset as usize..],
+                expect,
+                "{content:?} tail {lines}"
+            );
+        };
+        check("a\nb\nc\n", 1, "c\n");
+        check("a\nb\nc\n", 2, "b\nc\n");
+        check("a\nb\nc\n", 5, "a\nb\nc\n");
+        check("a\nb\nc", 1, "c");
+        check("a\nb\nc", 2, "b\nc");
+        check("a\nb\nc\n", 0, "");
+        check("", 3, "");
+        check("\n\n", 1, "\n");
+        let long: String = (0..5000).map(|i| format!("line {i}\n")).collect();
+        check(&long, 2, "line 4998\nline 4999\n");
+    }
+
+    /// `GET path` on a fresh connection to `api`; status and the whole body.
+    async fn get(api: &LocalApi, path: &str) -> (http::StatusCode, String) {
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let serving = api.clone();
+        tokio::spawn(async move { serving.serve_connection(server).await });
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        let request = http::Request::get(path)
+            .body(http_body_util::Empty::<Bytes>::new())
+            .expect("request");
+        let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
+            .await
+            .expect("response in time")
+            .expect("response");
+        let status = response.status();
+        let body = tokio::time::timeout(Duration::from_secs(10), response.into_body().collect())
+            .await
+            .expect("body in time")
+            .expect("body")
+            .to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    fn replica(tasks: &Path, uid: &str, content: &str) -> PathBuf {
+        let dir = tasks.join("rlark-a/job-main").join(uid).join("0");
+        std::fs::create_dir_all(dir.join("logs")).unwrap();
+        std::fs::write(dir.join("logs").join(LOG_FILE), content).unwrap();
+        dir
+    }
+
+    #[tokio::test]
+    async fn logs_of_the_current_and_previous_runs() {
+        let dir = tempfile::tempdir().unwrap();
+        let api = LocalApi::new(dir.path(), "n1", CancellationToken::new());
+        assert_eq!(
+            get(&api, "/logs/rlark-a/job-main-0").await.0,
+            http::StatusCode::NOT_FOUND
+        );
+        replica(dir.path(), "uid-1", "old 1\nold 2\n");
+        std::thread::sleep(Duration::from_millis(20));
+        replica(dir.path(), "uid-2", "new 1\nnew 2\nnew 3\n");
+        assert_eq!(
+            get(&api, "/logs/rlark-a/job-main-0").await,
+            (http::StatusCode::OK, "new 1\nnew 2\nnew 3\n".into())
+        );
+        assert_eq!(
+            get(&api, "/logs/rlark-a/job-main-0?tail=1").await,
+            (http::StatusCode::OK, "new 3\n".into())
+        );
+        assert_eq!(
+            get(&api, "/logs/rlark-a/job-main-0?limitBytes=8").await,
+            (http::StatusCode::OK, "new 1\nne".into())
+        );
+        assert_eq!(
+            get(&api, "/logs/rlark-a/job-main-0?previous=true").await,
+            (http::StatusCode::OK, "old 1\nold 2\n".into())
+        );
+        // Following a replica without a live process ends at the end of its file.
+        assert_eq!(
+            get(&api, "/logs/rlark-a/job-main-0?follow=true&tail=2").await,
+            (http::StatusCode::OK, "new 2\nnew 3\n".into())
+        );
+        let (status, text) = get(&api, "/logs/rlark-a/job-main-1").await;
+        assert_eq!(status, http::StatusCode::NOT_FOUND);
+        assert!(text.contains("has not run on node \"n1\""), "{text}");
+        for bad in [
+            "/logs/rlark-a/..",
+            "/logs/../x-0",
+            "/logs/rlark-a/job-main-0?tail=x",
+        ] {
+            assert_eq!(
+                get(&api, bad).await.0,
+                http::StatusCode::BAD_REQUEST,
+                "{bad}"
+            );
+        }
+        assert_eq!(get(&api, "/other").await.0, http::StatusCode::NOT_FOUND);
+    }
+
+    #[tokio::test]
+    async fn follow_streams_appends_across_a_rotation_until_the_process_exits() {
+        let dir = tempfile::tempdir().unwrap();
+        let replica_dir = replica(dir.path(), "uid-1", "first\n");
+        // A live process: this test's own, named in the state file.
+        let state = ReplicaState {
+            namespace: "rlark-a".into(),
+            task: "job-main".into(),
+            uid: "uid-1".into(),
+            index: 0,
+            run_key: "k".into(),
+            pid: std::process::id(),
+            pgid: 0,
+            proc_start_ticks: None,
+            start_time: String::new(),
+            grace_seconds: 1,
+            final_status: None,
+        };
+        state.write(&replica_dir.join(STATE_FILE)).unwrap();
+        let api = LocalApi::new(dir.path(), "n1", CancellationToken::new());
+        let fetch = tokio::spawn({
+            let api = api.clone();
+            async move { get(&api, "/logs/rlark-a/job-main-0?follow=true").await }
+        });
+        let log = replica_dir.join("logs").join(LOG_FILE);
+        let logs = crate::runtime::LogFiles::new(
+            log.parent().unwrap(),
+            crate::runtime::LogLimits {
+                max_bytes: 1,
+                files: 2,
+            },
+        );
+        tokio::time::sleep(FOLLOW_POLL * 2).await;
+        let mut writer = logs.open_append().unwrap();
+        writeln!(writer, "second").unwrap();
+        tokio::time::sleep(FOLLOW_POLL * 2).await;
+        // Written and rotated before the follower looks again.
+        writeln!(writer, "third").unwrap();
+        assert!(logs.rotate_if_needed().unwrap());
+        writeln!(writer, "fourth").unwrap();
+        tokio::time::sleep(FOLLOW_POLL * 2).await;
+        assert!(!fetch.is_finished(), "the process still runs");
+        std::fs::remove_file(replica_dir.join(STATE_FILE)).unwrap();
+        let (status, text) = tokio::time::timeout(Duration::from_secs(10), fetch)
+            .await
+            .expect("the follow ends once the process is gone")
+            .unwrap();
+        assert_eq!(status, http::StatusCode::OK);
+        assert_eq!(text, "first\nsecond\nthird\nfourth\n");
+    }
+}

@@ -1,0 +1,318 @@
+//! `GET /rlark/v1/namespaces/{ns}/pods/{pod}/log`: the log of a replica, read by its agent.
+//!
+//! | parameter | meaning |
+//! |---|---|
+//! | `tail=N` (or `tailLines=N`) | only the last N lines |
+//! | `follow=true` | keep streaming until the replica's process exits (or the client leaves) |
+//! | `previous=true` | the previous run of the replica (an earlier Task of the same name) |
+//! | `limitBytes=N` | at most N bytes |
+//!
+//! **Who**: admins and viewers (a viewer may read every replica's output: logs are part of
+//! what "read everything" means in rlark; do not print secrets in task output). Anyone
+//! else, agents and task tokens included, gets 403. Reads are not audited.
+//!
+//! **How**: the namespace names the cluster (`rlark-<clusterID>`; any other namespace is a
+//! 400). The hub opens an `agent-api` stream to the agent of that cluster
+//! ([`super::Hub::dial_agent_api`]; any session of the cluster, since the route does not
+//! read the Pod's node — node-level agents come later), sends
+//! `GET /logs/{ns}/{pod}?...` over HTTP/1.1 on it, and streams the answer back as
+//! `text/plain`. The agent's errors come back as `Status` objects with the agent's code
+//! (404 for a replica that never ran there) and message; tunnel errors as 502 with the
+//! reason (no agent connected, timeout, ...: not 503/504, which Kubernetes
+//! clients retry for minutes).
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt as _;
+use http::{StatusCode, header};
+use hyper_util::rt::TokioIo;
+use rlark_apiserver::auth::{Identity, Role};
+use rlark_apiserver::error::ApiError;
+use rlark_tunnel::header::Status;
+
+use super::Hub;
+use rlark_tunnel::dial::DialError;
+
+/// The route, as registered.
+pub(crate) const ROUTE: &str = "/rlark/v1/namespaces/{namespace}/pods/{pod}/log";
+/// Prefix of agent namespaces.
+const AGENT_NAMESPACE_PREFIX: &str = "rlark-";
+/// Most of an agent's error answer that is read.
+const MAX_ERROR_BODY: usize = 64 * 1024;
+
+/// What the caller asked for, validated (and passed on to the agent in canonical form).
+#[derive(Debug, Default, PartialEq, Eq)]
+struct LogQuery {
+    tail: Option<u64>,
+    follow: bool,
+    previous: bool,
+    limit_bytes: Option<u64>,
+}
+
+impl LogQuery {
+    fn parse(query: Option<&str>) -> Result<LogQuery, String> {
+        let mut out = LogQuery::default();
+        for pair in query
+            .unwrap_or_default()
+            .split('&')
+            .filter(|p| !p.is_empty())
+        {
+            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+            match key {
+                "tail" | "tailLines" => out.tail = Some(number(key, value)?),
+                "follow" => out.follow = boolean(key, value)?,
+                "previous" => out.previous = boolean(key, value)?,
+                "limitBytes" => {
+                    let n = number(key, value)?;
+                    if n == 0 {
+                        return Err("limitBytes must be at least 1".into());
+                    }
+                    out.limit_bytes = Some(n);
+                }
+                _ => {}
+            }
+        }
+        Ok(out)
+    }
+
+    fn to_query(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(tail) = self.tail {
+            parts.push(format!("tail={tail}"));
+        }
+        if self.follow {
+            parts.push("follow=true".to_string());
+        }
+        if self.previous {
+            parts.push("previous=true".to_string());
+        }
+        if let Some(limit) = self.limit_bytes {
+            parts.push(format!("limitBytes={limit}"));
+        }
+        parts.join("&")
+    }
+}
+
+fn number(key: &str, value: &str) -> Result<u64, String> {
+    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(format!("{key}={value:?} is not a non-negative integer"));
+    }
+    value
+        .parse()
+        .map_err(|_| format!("{key}={value:?} is too large"))
+}
+
+fn boolean(key: &str, value: &str) -> Result<bool, String> {
+    match value {
+        "true" | "1" | "" => Ok(true),
+        "false" | "0" => Ok(false),
+        _ => Err(format!("{key}={value:?} is not true or false")),
+    }
+}
+
+/// Whether `name` can be a Pod name (and so a path component on the agent).
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 253
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && name
+            .bytes()
+            .next()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+        && name
+            .bytes()
+            .last()
+            .is_some_and(|b| b.is_ascii_alphanumeric())
+}
+
+/// `GET /rlark/v1/namespaces/{namespace}/pods/{pod}/log`.
+pub(crate) async fn pod_log(
+    State(hub): State<Arc<Hub>>,
+    Path((namespace, pod)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    let Some(identity) = request.extensions().get::<Identity>().cloned() else {
+        return ApiError::unauthorized().into_response();
+    };
+    if !matches!(identity.role(), Role::Admin | Role::Viewer) {
+        return ApiError::new(
+            403,
+            "Forbidden",
+            format!(
+                "forbidden: User \"{}\" cannot get pods/log in namespace \"{namespace}\" \
+                 (admins and viewers only)",
+                identity.user
+            ),
+        )
+        .into_response();
+    }
+    let query = match LogQuery::parse(request.uri().query()) {
+        Ok(query) => query,
+        Err(message) => return ApiError::bad_request(message).into_response(),
+    };
+    let Some(cluster) = namespace
+        .strip_prefix(AGENT_NAMESPACE_PREFIX)
+        .filter(|c| crate::security::validate_cluster_id(c).is_ok())
+        .map(str::to_string)
+    else {
+        return ApiError::bad_request(format!(
+            "namespace {namespace:?} is not an agent namespace: replica logs are read from \
+             the agent of the cluster, so the namespace must be rlark-<clusterID>"
+        ))
+        .into_response();
+    };
+    if !valid_name(&pod) {
+        return ApiError::bad_request(format!("invalid pod name {pod:?}")).into_response();
+    }
+
+    let stream = match hub.dial_agent_api(&cluster, None).await {
+        Ok(stream) => stream,
+        Err(error) => return tunnel_error(&cluster, &error),
+    };
+    let bad_gateway = |error: String| {
+        ApiError::new(
+            502,
+            "BadGateway",
+            format!("logs of pod {namespace}/{pod} from the agent of cluster {cluster:?}: {error}"),
+        )
+        .into_response()
+    };
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+    {
+        Ok(pair) => pair,
+        Err(error) => return bad_gateway(error.to_string()),
+    };
+    let conn = tokio::spawn(async move {
+        if let Err(error) = conn.await {
+            tracing::debug!(%error, "agent API connection ended");
+        }
+    });
+    // The connection (and its tunnel stream) ends with the response body at the latest.
+    let guard = AbortOnDrop(conn.abort_handle());
+    let mut uri = format!("/logs/{namespace}/{pod}");
+    let q = query.to_query();
+    if !q.is_empty() {
+        uri.push('?');
+        uri.push_str(&q);
+    }
+    let out = match http::Request::get(&uri)
+        .header(header::HOST, "agent")
+        .body(Body::empty())
+    {
+        Ok(out) => out,
+        Err(error) => return ApiError::bad_request(error.to_string()).into_response(),
+    };
+    let deadline = hub.config().dial_timeout;
+    let response = match tokio::time::timeout(deadline, sender.send_request(out)).await {
+        Ok(Ok(response)) => response,
+        Ok(Err(error)) => return bad_gateway(error.to_string()),
+        Err(_) => {
+            return ApiError::new(
+                502,
+                "BadGateway",
+                format!(
+                    "logs of pod {namespace}/{pod}: the agent of cluster {cluster:?} did not \
+                     answer within {deadline:?}"
+                ),
+            )
+            .into_response();
+        }
+    };
+    drop(sender);
+    let status = response.status();
+    if status != StatusCode::OK {
+        let body = axum::body::to_bytes(Body::new(response.into_body()), MAX_ERROR_BODY);
+        let text = match tokio::time::timeout(deadline, body).await {
+            Ok(Ok(bytes)) => String::from_utf8_lossy(&bytes).trim().to_string(),
+            _ => String::new(),
+        };
+        let message = if text.is_empty() {
+            format!("the agent of cluster {cluster:?} answered {status}")
+        } else {
+            text
+        };
+        return match status.as_u16() {
+            400 => ApiError::bad_request(message),
+            404 => ApiError::new(404, "NotFound", message),
+            code => ApiError::new(
+                502,
+                "BadGateway",
+                format!("the agent of cluster {cluster:?} answered {code}: {message}"),
+            ),
+        }
+        .into_response();
+    }
+    let body = Body::new(response.into_body())
+        .into_data_stream()
+        .map(move |chunk| {
+            let _keep = &guard;
+            chunk
+        });
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(body))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// The `Status` of a failed `agent-api` dial. Unlike the proxy's mapping
+/// (`routes::dial_error_response`), "no agent connected" and "timeout" are 502, not 503 and
+/// 504: Kubernetes clients (kube-rs, client-go) retry 503 and 504 for minutes with backoff,
+/// and an agent that is not connected is not a reason to hang `rlark logs`.
+fn tunnel_error(cluster: &str, error: &DialError) -> Response {
+    let message = match error.status {
+        Status::NoSuchAgent => format!(
+            "the agent of cluster {cluster:?} is not connected to this server: {}",
+            error.message
+        ),
+        Status::Forbidden => format!(
+            "the agent of cluster {cluster:?} serves no local API (an older agent?): {}",
+            error.message
+        ),
+        _ => format!("the agent API of cluster {cluster:?}: {error}"),
+    };
+    match error.status {
+        Status::BadRequest => ApiError::bad_request(message),
+        _ => ApiError::new(502, "BadGateway", message),
+    }
+    .into_response()
+}
+
+/// Aborts a task when dropped.
+struct AbortOnDrop(tokio::task::AbortHandle);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn queries_parse_and_pass_on_canonically() {
+        let q =
+            LogQuery::parse(Some("tailLines=5&follow=1&previous=false&limitBytes=9&x=1")).unwrap();
+        assert_eq!(q.to_query(), "tail=5&follow=true&limitBytes=9");
+        assert_eq!(LogQuery::parse(None).unwrap().to_query(), "");
+        for bad in ["tail=-2", "follow=maybe", "limitBytes=0", "tail="] {
+            assert!(LogQuery::parse(Some(bad)).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn pod_names_are_checked() {
+        assert!(valid_name("job-main-0"));
+        for bad in ["", "..", "a/b", "A-0", "-a", "a-"] {
+            assert!(!valid_name(bad), "{bad}");
+        }
+    }
+}
