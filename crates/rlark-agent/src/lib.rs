@@ -20,6 +20,7 @@ pub mod api;
 pub mod config;
 pub mod node;
 pub mod runtime;
+mod task_events;
 pub mod tasks;
 
 use std::convert::Infallible;
@@ -323,6 +324,7 @@ async fn start_with(
         node_name: node_name.clone(),
         data_dir: config.tasks_dir(),
         server_url: config.servers[0].clone(),
+        ca_file: identity_dir.join(rlark_pki::join::AGENT_CA),
         stop_tasks_on_exit: config.stop_tasks_on_exit,
     };
     let tasks = tokio::spawn(tasks::run_tasks(client.clone(), context, shutdown.clone()));

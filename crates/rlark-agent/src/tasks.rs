@@ -83,6 +83,7 @@ use tokio_util::sync::CancellationToken;
 use crate::runtime::{
     self, DEFAULT_GRACE, ExitCause, ReplicaExit, ReplicaHandle, ReplicaSpec, process,
 };
+use crate::task_events::TaskTokens;
 
 /// Pod annotation: UID of the Task the Pod runs.
 pub const TASK_UID_ANNOTATION: &str = "rlark.io/task-uid";
@@ -134,6 +135,9 @@ pub struct TaskContext {
     pub data_dir: PathBuf,
     /// The control plane's URL, given to processes as `RLARK_SERVER`.
     pub server_url: String,
+    /// The installation's CA bundle (`DATA_DIR/identity/ca.crt`), given to processes as
+    /// `RLARK_CA_FILE`.
+    pub ca_file: PathBuf,
     /// Stop every replica when the agent shuts down (default: leave them running).
     pub stop_tasks_on_exit: bool,
 }
@@ -199,6 +203,8 @@ pub fn replica_dir(
 /// (the Task's `rlinf.io/job` label, else its Job owner; empty for a bare Task),
 /// `RLARK_TASK`, `RLARK_TASK_UID`, `RLARK_TASK_ROLE` (`Actor`, `Rollout`, `Env`),
 /// `RLARK_POD_NAME`, `RLARK_REPLICA_INDEX`, `RLARK_TOTAL_NODES` (the Task's replicas).
+/// When the replica starts, `RLARK_EVENT_URL`, `RLARK_TOKEN` and `RLARK_CA_FILE` follow
+/// (see [`crate::task_events`]; absent when no task token could be minted).
 /// The process also inherits the agent's own environment underneath.
 pub fn replica_env(task: &Task, index: usize, ctx: &TaskContext) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = task
@@ -307,6 +313,7 @@ pub async fn run_tasks(
         ctx,
         namespace,
         shutdown,
+        task_tokens: TaskTokens::default(),
     });
     tokio::select! {
         _ = shared.shutdown.cancelled() => return Ok(()),
@@ -330,6 +337,8 @@ struct Shared {
     ctx: TaskContext,
     namespace: String,
     shutdown: CancellationToken,
+    /// Task tokens of the runs started here (the event environment).
+    task_tokens: TaskTokens,
 }
 
 impl Shared {
@@ -993,7 +1002,12 @@ impl Worker {
             if deadline.is_none() {
                 deadline = deadline_secs.map(|s| Instant::now() + Duration::from_secs(s));
             }
-            let spec = self.replica_spec(&raw, deadline);
+            let mut spec = self.replica_spec(&raw, deadline);
+            let shared = &self.shared;
+            let events = shared
+                .task_tokens
+                .env(&shared.client, &shared.ctx, &self.task);
+            spec.env.extend(events.await);
             let mut handle = match runtime::spawn_replica(spec).await {
                 Ok(handle) => handle,
                 Err(error) => {
@@ -1521,6 +1535,7 @@ mod tests {
             node_name: "n1".into(),
             data_dir: "/data/tasks".into(),
             server_url: "https://cp:6443".into(),
+            ca_file: "/data/identity/ca.crt".into(),
             stop_tasks_on_exit: false,
         }
     }

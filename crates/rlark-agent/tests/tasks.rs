@@ -104,6 +104,7 @@ impl Harness {
             node_name: NODE.into(),
             data_dir: self.tasks_dir(),
             server_url: self.server.url(),
+            ca_file: self.agent_dir.path().join("identity/ca.crt"),
             stop_tasks_on_exit,
         };
         let shutdown = CancellationToken::new();

@@ -26,6 +26,7 @@
 mod auth;
 mod config;
 mod controllers;
+pub(crate) mod events;
 mod http;
 mod metrics;
 pub mod security;
@@ -294,6 +295,12 @@ async fn start_with_token(
     registry.register_collector(Box::new(tunnel::HubCollector {
         hub: Arc::clone(&hub),
     }));
+    let background = CancellationToken::new();
+    let events_routes = events::router(events::EventsState::new(
+        Arc::new(store.clone()),
+        Arc::clone(&security),
+        background.clone(),
+    ));
     let security_routes = security::routes::router(security::routes::RoutesState {
         security: Arc::clone(&security),
         ssh_ca,
@@ -307,9 +314,9 @@ async fn start_with_token(
         api.router(),
     )
     .merge(security_routes)
+    .merge(events_routes)
     .merge(tunnel::routes::router(Arc::clone(&hub)));
 
-    let background = CancellationToken::new();
     let background_task = {
         let api = api.clone();
         let token = background.clone();

@@ -8,6 +8,7 @@ mod cordon;
 mod delete;
 mod describe;
 mod discovery;
+mod events;
 mod get;
 mod join;
 mod logs;
@@ -90,6 +91,9 @@ enum Command {
     /// Print the output of replicas (pod/NAME, task/NAME or job/NAME), read by their
     /// agents through the server; -f follows it until they exit.
     Logs(logs::LogsArgs),
+    /// Print the events a task posted (rewards, metrics) as a table (TIME, TYPE, STEP,
+    /// VALUE, DETAILS) or JSON; -f keeps printing new ones.
+    Events(events::EventsArgs),
     /// Forward a local port to HOST:PORT as the agent of a cluster reaches it, through the
     /// server (HTTP CONNECT over the tunnel), until interrupted.
     PortForward(port_forward::PortForwardArgs),
@@ -150,6 +154,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Agent(args) => agent::agent(args).await,
         Command::Join(args) => join::join(args).await,
         Command::Logs(args) => logs::logs(args).await,
+        Command::Events(args) => events::events(args).await,
         Command::PortForward(args) => port_forward::port_forward(args).await,
     }
 }

@@ -1,0 +1,323 @@
+//! Task events end to end: an in-process server with its controllers, a real agent
+//! (`rlark_agent::start`), raw tasks that post events with the environment the agent gives
+//! them (`RLARK_EVENT_URL`, `RLARK_TOKEN`, `RLARK_CA_FILE`), and
+//! `GET/POST /rlark/v1/namespaces/{ns}/tasks/{name}/events`.
+//!
+//! Every wait is bounded by [`DEADLINE`].
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use futures::AsyncBufReadExt as _;
+use kube::ResourceExt as _;
+use kube::api::{Api, PostParams};
+use rlark_agent::{AgentConfig, JoinParams, RunningAgent};
+use rlark_api::types::{Job, Pod, PodPhase, Task};
+use rlark_testkit::TestServer;
+use rlark_testkit::tunnel_agent::bootstrap_token;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+/// Upper bound of every wait.
+const DEADLINE: Duration = Duration::from_secs(60);
+const POLL: Duration = Duration::from_millis(100);
+const CLUSTER: &str = "a";
+const NAMESPACE: &str = "rlark-a";
+
+/// Posts one reward event with the task's own token.
+const POST_REWARD: &str = "curl -sS --fail --cacert \"$RLARK_CA_FILE\" \
+    -H \"Authorization: Bearer $RLARK_TOKEN\" -H 'Content-Type: application/json' \
+    -d '{\"type\":\"reward\",\"value\":1.5,\"step\":3}' \"$RLARK_EVENT_URL\"";
+
+/// Posts to the events of task `reward-main` with its own token; writes the HTTP code to
+/// `code` in its working directory.
+const POST_TO_ANOTHER: &str = "url=$(echo \"$RLARK_EVENT_URL\" | sed 's#/tasks/spy-main/#/tasks/reward-main/#'); \
+    curl -sS -o /dev/null -w '%{http_code}' --cacert \"$RLARK_CA_FILE\" \
+    -H \"Authorization: Bearer $RLARK_TOKEN\" -H 'Content-Type: application/json' \
+    -d '{\"type\":\"reward\",\"value\":99}' \"$url\" > code";
+
+/// Poll `check` until it returns `Ok(Some(value))`, at most [`DEADLINE`].
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut last = String::new();
+    loop {
+        match check().await {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => {}
+            Err(e) => last = format!("{e:#}"),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("timed out after {DEADLINE:?} waiting for {what}; last error: {last}");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A server with controllers and a real agent of cluster `a`.
+struct Harness {
+    server: TestServer,
+    _server_dir: TempDir,
+    admin: kube::Client,
+    agent: RunningAgent,
+    agent_dir: TempDir,
+}
+
+impl Harness {
+    async fn start() -> anyhow::Result<Harness> {
+        let server_dir = tempfile::tempdir()?;
+        let mut config = TestServer::config_for(server_dir.path());
+        config.controllers.enabled = true;
+        config.controllers.leader_election = false;
+        let server = TestServer::start_with(config).await?;
+        let admin = server.client().await?;
+        let token = bootstrap_token(&server, CLUSTER).await?;
+        let agent_dir = tempfile::tempdir()?;
+        let mut config = AgentConfig::new(vec![server.url()], CLUSTER, agent_dir.path());
+        config.node_name = Some("host-0".into());
+        config.heartbeat_interval = Duration::from_millis(500);
+        config.stop_tasks_on_exit = true;
+        config.join = Some(JoinParams {
+            token: token["token"].as_str().unwrap_or_default().to_string(),
+            ca_hash: token["caHash"].as_str().unwrap_or_default().to_string(),
+        });
+        let agent = tokio::time::timeout(DEADLINE, rlark_agent::start(config))
+            .await
+            .context("agent start timed out")??;
+        eventually("the agent's tunnel is up", || async {
+            Ok((!agent.tunnel_connected().is_empty()).then_some(()))
+        })
+        .await?;
+        Ok(Harness {
+            server,
+            _server_dir: server_dir,
+            admin,
+            agent,
+            agent_dir,
+        })
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        tokio::time::timeout(DEADLINE, self.agent.stop())
+            .await
+            .context("agent stop timed out")??;
+        self.server.stop().await
+    }
+
+    async fn create_job(&self, name: &str, script: &str) -> anyhow::Result<()> {
+        let job: Job = serde_json::from_value(json!({
+            "apiVersion": "rlinf.io/v1alpha1",
+            "kind": "Job",
+            "metadata": {"name": name},
+            "spec": {"tasks": [{
+                "name": "main",
+                "agentType": "Raw",
+                "role": "Actor",
+                "raw": {"entrypoint": ["sh", "-c", script]},
+            }]},
+        }))?;
+        Api::<Job>::all(self.admin.clone())
+            .create(&PostParams::default(), &job)
+            .await?;
+        Ok(())
+    }
+
+    async fn wait_pod(&self, name: &str, phase: PodPhase) -> anyhow::Result<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NAMESPACE);
+        eventually(&format!("pod {name} {phase}"), || async {
+            Ok(pods
+                .get_opt(name)
+                .await?
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(phase)))
+        })
+        .await
+    }
+
+    /// The working directory of replica 0 of `task`.
+    async fn work_dir(&self, task: &str) -> anyhow::Result<PathBuf> {
+        let task = Api::<Task>::namespaced(self.admin.clone(), NAMESPACE)
+            .get(task)
+            .await?;
+        Ok(rlark_agent::tasks::replica_dir(
+            &self.agent_dir.path().join("tasks"),
+            NAMESPACE,
+            &task.name_any(),
+            &task.uid().unwrap_or_default(),
+            0,
+        )
+        .join("work"))
+    }
+}
+
+fn events_path(task: &str, query: &str) -> String {
+    format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/{task}/events{query}")
+}
+
+/// `method path` with `body` as `client`: the JSON answer, or the status code and message.
+async fn call(
+    client: &kube::Client,
+    method: http::Method,
+    path: &str,
+    body: Vec<u8>,
+) -> anyhow::Result<Result<Value, (u16, String)>> {
+    let request = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(body)?;
+    match tokio::time::timeout(DEADLINE, client.request::<Value>(request))
+        .await
+        .with_context(|| format!("{path} timed out"))?
+    {
+        Ok(value) => Ok(Ok(value)),
+        Err(kube::Error::Api(status)) => Ok(Err((status.code, status.message.clone()))),
+        Err(e) => Err(e).with_context(|| path.to_string()),
+    }
+}
+
+async fn list(client: &kube::Client, task: &str) -> anyhow::Result<Vec<Value>> {
+    match call(
+        client,
+        http::Method::GET,
+        &events_path(task, ""),
+        Vec::new(),
+    )
+    .await?
+    {
+        Ok(list) => Ok(list["items"].as_array().context("items")?.clone()),
+        Err((code, message)) => bail!("list events: {code} {message}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tasks_post_events_with_their_own_token() -> anyhow::Result<()> {
+    let h = Harness::start().await?;
+    let admin = h.admin.clone();
+
+    // A task posts a reward with the environment the agent gave it.
+    h.create_job("reward", POST_REWARD).await?;
+    h.wait_pod("reward-main-0", PodPhase::Succeeded).await?;
+    let task = Api::<Task>::namespaced(admin.clone(), NAMESPACE)
+        .get("reward-main")
+        .await?;
+    let items = list(&admin, "reward-main").await?;
+    ensure!(items.len() == 1, "one event: {items:?}");
+    let spec = &items[0]["spec"];
+    assert_eq!(spec["task"], "reward-main");
+    assert_eq!(spec["taskUID"], json!(task.uid()));
+    assert_eq!(spec["seq"], 1);
+    assert_eq!(spec["event"]["type"], "reward");
+    assert_eq!(spec["event"]["value"], 1.5);
+    assert_eq!(spec["event"]["step"], 3);
+    assert!(
+        spec["time"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z') && t.contains('.'))
+    );
+
+    // Another task may not post to it with its own token.
+    h.create_job("spy", POST_TO_ANOTHER).await?;
+    h.wait_pod("spy-main-0", PodPhase::Succeeded).await?;
+    let code = std::fs::read_to_string(h.work_dir("spy-main").await?.join("code"))?;
+    assert_eq!(code.trim(), "403");
+    assert_eq!(list(&admin, "reward-main").await?.len(), 1);
+
+    // A viewer can list, not post.
+    let viewer_dir = tempfile::tempdir()?;
+    let viewer = viewer_client(&h.server, &admin, viewer_dir.path()).await?;
+    assert_eq!(list(&viewer, "reward-main").await?.len(), 1);
+    let post = call(
+        &viewer,
+        http::Method::POST,
+        &events_path("reward-main", ""),
+        br#"{"type":"x"}"#.to_vec(),
+    )
+    .await?;
+    let (code, message) = post.err().context("a viewer's post was accepted")?;
+    assert_eq!(code, 403);
+    assert!(message.contains("vera"), "{message}");
+
+    // Bad bodies.
+    let big = format!(r#"{{"type":"t","pad":"{}"}}"#, "x".repeat(20 * 1024));
+    let reward_path = events_path("reward-main", "");
+    for (body, expected) in [
+        (br#"{"value":1}"#.to_vec(), "type"),
+        (b"[1,2]".to_vec(), "JSON object"),
+        (big.into_bytes(), "larger than"),
+    ] {
+        let answer = call(&admin, http::Method::POST, &reward_path, body);
+        let (code, message) = answer.await?.err().context("a bad body was accepted")?;
+        assert_eq!(code, 400, "{message}");
+        assert!(message.contains(expected), "{message} lacks {expected}");
+    }
+    // A Task that does not exist.
+    let nope_path = events_path("nope", "");
+    let answer = call(
+        &admin,
+        http::Method::POST,
+        &nope_path,
+        br#"{"type":"x"}"#.to_vec(),
+    );
+    assert_eq!(answer.await?.err().map(|e| e.0), Some(404));
+
+    // Follow: the stored event, then one posted meanwhile.
+    let request = http::Request::get(events_path("reward-main", "?follow=true")).body(Vec::new())?;
+    let mut stream = tokio::time::timeout(DEADLINE, admin.request_stream(request))
+        .await
+        .context("follow request timed out")??;
+    let mut line = String::new();
+    tokio::time::timeout(DEADLINE, stream.read_line(&mut line))
+        .await
+        .context("first followed event")??;
+    let first: Value = serde_json::from_str(&line)?;
+    assert_eq!(first["spec"]["seq"], 1);
+    let posted = call(
+        &admin,
+        http::Method::POST,
+        &events_path("reward-main", ""),
+        br#"{"type":"metric","value":2}"#.to_vec(),
+    )
+    .await?
+    .map_err(|(code, message)| anyhow::anyhow!("{code} {message}"))?;
+    assert_eq!(posted["spec"]["seq"], 2);
+    line.clear();
+    tokio::time::timeout(DEADLINE, stream.read_line(&mut line))
+        .await
+        .context("second followed event")??;
+    let second: Value = serde_json::from_str(&line)?;
+    assert_eq!(second["spec"]["event"]["type"], "metric");
+    drop(stream);
+
+    h.stop().await
+}
+/// A viewer's client: a certificate for role `viewer`, signed through the admin.
+async fn viewer_client(
+    server: &TestServer,
+    admin: &kube::Client,
+    dir: &Path,
+) -> anyhow::Result<kube::Client> {
+    let key_and_csr = rlark_pki::generate_key_and_csr("vera")?;
+    let body = json!({"role": "viewer", "name": "vera", "csr": key_and_csr.csr_pem});
+    let request = http::Request::post("/rlark/v1/certificates")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(body.to_string().into_bytes())?;
+    let signed: Value = admin
+        .request(request)
+        .await
+        .context("sign a viewer certificate")?;
+    let yaml = rlark_pki::kubeconfig_yaml(
+        &server.url(),
+        signed["caBundle"].as_str().context("caBundle")?,
+        signed["certificate"].as_str().context("certificate")?,
+        &key_and_csr.key_pem,
+        "vera",
+    );
+    let path = dir.join("viewer.kubeconfig");
+    std::fs::write(&path, yaml)?;
+    rlark_testkit::client_from_kubeconfig(&path).await
+}

@@ -1,0 +1,645 @@
+//! Task events: what a running task posts back to the control plane (rewards, metrics,
+//! progress), under `/rlark/v1/namespaces/{ns}/tasks/{name}/events`.
+//!
+//! | route | who | what |
+//! |---|---|---|
+//! | `POST .../events` | the task's own token, the agent owning `ns`, admins | store one event |
+//! | `GET .../events[?follow=true]` | admins, viewers, the agent owning `ns`, the task | list (or follow) |
+//!
+//! **Storage**: one store object per event under resource [`TASK_EVENTS`] (not served by
+//! the API registry), namespace = the task's, name = `<task>.<seq>` with `seq` zero-padded
+//! to 16 digits (so key order is sequence order), shaped like the security records:
+//! `{"metadata": {"name", "namespace"}, "spec": {"task", "taskUID", "seq", "time", "event"}}`
+//! (`time` RFC 3339 with milliseconds; `event` the posted object; `taskUID` the run the
+//! event was posted for). Sequence numbers are per task and increase; two concurrent posts
+//! never share one (the store's `AlreadyExists` makes the loser take the next number).
+//!
+//! **Body**: a JSON object of at most [`MAX_EVENT_BYTES`] with a string field `type` of
+//! 1..=63 characters; anything else is a 400 naming the problem. The Task must exist (404).
+//!
+//! **Retention**: at most [`MAX_EVENTS_PER_TASK`] events per task name; storing one deletes
+//! the oldest beyond that. Events are not deleted with their Task (a new run of the same
+//! name continues the sequence; `taskUID` tells the runs apart).
+//!
+//! **Follow**: `follow=true` answers `application/x-ndjson`: the stored events, then new
+//! ones as they are stored (a store watch from the list's revision, filtered by task),
+//! until the client goes away or the server shuts down (or the watch falls too far behind:
+//! the stream ends and the client follows again).
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use futures::StreamExt as _;
+use http::{StatusCode, header};
+use rlark_apiserver::audit::AuditEntry;
+use rlark_apiserver::auth::{self, Identity, Role};
+use rlark_apiserver::error::ApiError;
+use rlark_store::{EventType, ListOptions, ObjectKey, Revision, Store, StoreError};
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+
+use crate::security::Security;
+
+/// Store resource of task events.
+pub(crate) const TASK_EVENTS: &str = "taskevents.rlark.io";
+/// Store resource of Tasks.
+const TASKS: &str = "tasks.rlinf.io";
+/// Largest event body.
+pub(crate) const MAX_EVENT_BYTES: usize = 16 * 1024;
+/// Events kept per task.
+pub(crate) const MAX_EVENTS_PER_TASK: u64 = 1000;
+/// Longest `type`.
+const MAX_TYPE_CHARS: usize = 63;
+/// Digits of the sequence number in the object name.
+const SEQ_DIGITS: usize = 16;
+/// Items per store page when listing a task's events.
+const PAGE: usize = 500;
+/// Sequence hints kept in memory before the map is cleared.
+const MAX_HINTS: usize = 4096;
+/// `AlreadyExists` retries before relisting for the current sequence.
+const RETRIES_BEFORE_RELIST: u32 = 16;
+/// Attempts of one post in all.
+const MAX_ATTEMPTS: u32 = 64;
+
+/// State of the event routes.
+#[derive(Clone)]
+pub(crate) struct EventsState {
+    store: Arc<dyn Store>,
+    security: Arc<Security>,
+    shutdown: CancellationToken,
+    /// Next sequence number per (namespace, task), as last seen by this process: a hint
+    /// only (another replica of a shared store may have moved on; `AlreadyExists` corrects it).
+    next_seq: Arc<Hints>,
+}
+
+impl EventsState {
+    pub(crate) fn new(
+        store: Arc<dyn Store>,
+        security: Arc<Security>,
+        shutdown: CancellationToken,
+    ) -> Self {
+        Self {
+            store,
+            security,
+            shutdown,
+            next_seq: Arc::default(),
+        }
+    }
+}
+
+/// The routes; merged into the process router.
+pub(crate) fn router(state: EventsState) -> Router {
+    Router::new()
+        .route(
+            "/rlark/v1/namespaces/{namespace}/tasks/{name}/events",
+            get(list_events).post(post_event),
+        )
+        .with_state(state)
+}
+
+/// Validate a posted body: a JSON object of at most [`MAX_EVENT_BYTES`] with a string `type`
+/// of 1..=63 characters. The error names the problem.
+pub(crate) fn validate_event(bytes: &[u8]) -> Result<Map<String, Value>, String> {
+    if bytes.len() > MAX_EVENT_BYTES {
+        return Err(format!(
+            "the event is larger than {MAX_EVENT_BYTES} bytes ({} bytes)",
+            bytes.len()
+        ));
+    }
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Err("the request body is empty; expected a JSON object".to_string());
+    }
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|e| format!("the event is not valid JSON: {e}"))?;
+    let Value::Object(object) = value else {
+        return Err(format!(
+            "the event must be a JSON object, not {}",
+            kind_of(&value)
+        ));
+    };
+    match object.get("type") {
+        None => Err("the event has no \"type\" field (a string of 1 to 63 characters)".to_string()),
+        Some(Value::String(t)) if t.is_empty() => Err("\"type\" is empty".to_string()),
+        Some(Value::String(t)) if t.chars().count() > MAX_TYPE_CHARS => Err(format!(
+            "\"type\" is longer than {MAX_TYPE_CHARS} characters"
+        )),
+        Some(Value::String(_)) => Ok(object),
+        Some(other) => Err(format!("\"type\" must be a string, not {}", kind_of(other))),
+    }
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Object name of event `seq` of `task`.
+fn event_name(task: &str, seq: u64) -> String {
+    format!("{task}.{seq:0width$}", width = SEQ_DIGITS)
+}
+
+/// The sequence number of `name` when it names an event of `task`.
+fn seq_of(task: &str, name: &str) -> Option<u64> {
+    let digits = name.strip_prefix(task)?.strip_prefix('.')?;
+    if digits.len() != SEQ_DIGITS || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+fn store_error(error: &StoreError) -> ApiError {
+    match error {
+        StoreError::Closed => ApiError::service_unavailable("the server is shutting down"),
+        other => ApiError::internal(format!("store: {other}")),
+    }
+}
+
+/// Who may do what: `None` when allowed, else the answer (401, or an audited 403).
+fn denied(
+    security: &Security,
+    request: &Request,
+    namespace: &str,
+    name: &str,
+    verb: &str,
+) -> Option<Response> {
+    let Some(identity) = request.extensions().get::<Identity>().cloned() else {
+        return Some(ApiError::unauthorized().into_response());
+    };
+    let allowed = match identity.role() {
+        Role::Admin => true,
+        Role::Viewer => verb != "create",
+        Role::Agent { cluster_id } => auth::agent_namespace(&cluster_id) == namespace,
+        Role::Task {
+            namespace: ns,
+            name: task,
+        } => ns == namespace && task == name,
+        _ => false,
+    };
+    if allowed {
+        return None;
+    }
+    let who = if verb == "create" {
+        "the task itself, the agent owning the namespace and admins"
+    } else {
+        "admins, viewers, the agent owning the namespace and the task itself"
+    };
+    let message = format!(
+        "tasks/events is forbidden: User \"{}\" cannot {verb} events of task {namespace}/{name}: \
+         only {who} may",
+        identity.user
+    );
+    let mut entry = AuditEntry::now("denied", "denied").by(Some(&identity));
+    entry.verb = verb.to_string();
+    entry.resource = "tasks/events".to_string();
+    entry.namespace = namespace.to_string();
+    entry.reason = message.clone();
+    security.audit().record(entry);
+    Some(ApiError::forbidden(message).into_response())
+}
+
+/// The stored events of `task` in sequence order, and the store revision of the first
+/// page (a watch from it misses nothing the list did not show).
+async fn list_task_events(
+    store: &dyn Store,
+    namespace: &str,
+    task: &str,
+) -> Result<(Vec<Arc<Value>>, Revision), StoreError> {
+    let prefix = format!("{task}.");
+    let mut options = ListOptions {
+        namespace: Some(namespace.to_string()),
+        start_after: Some((namespace.to_string(), prefix.clone())),
+        limit: Some(PAGE),
+    };
+    let mut items = Vec::new();
+    let mut revision = None;
+    loop {
+        let page = store.list(TASK_EVENTS, &options).await?;
+        revision.get_or_insert(page.revision);
+        let mut past_range = false;
+        for item in page.items {
+            let name = item
+                .pointer("/metadata/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
+            // Names of other tasks may sort in between ("<task>.x.<seq>"); anything past
+            // "<task>.9999..." is past this task's events.
+            match name.strip_prefix(&prefix) {
+                Some(rest) if rest.as_bytes().first().is_some_and(|b| *b <= b'9') => {
+                    if seq_of(task, name).is_some() {
+                        items.push(item);
+                    }
+                }
+                _ => {
+                    past_range = true;
+                    break;
+                }
+            }
+        }
+        match page.continue_after {
+            Some(last) if !past_range => options.start_after = Some((last.namespace, last.name)),
+            _ => break,
+        }
+    }
+    Ok((items, revision.unwrap_or_else(|| store.revision())))
+}
+
+fn seq_of_object(task: &str, object: &Value) -> Option<u64> {
+    seq_of(task, object.pointer("/metadata/name")?.as_str()?)
+}
+
+async fn delete_quietly(store: &dyn Store, namespace: &str, name: String) {
+    match store
+        .delete(&ObjectKey::new(TASK_EVENTS, namespace, name.clone()), None)
+        .await
+    {
+        Ok(_) | Err(StoreError::NotFound(_)) => {}
+        Err(error) => tracing::warn!(%error, namespace, name, "pruning a task event failed"),
+    }
+}
+
+type Hints = Mutex<HashMap<(String, String), u64>>;
+
+/// Store `event` as the next event of `namespace/task`, keeping at most `retention`.
+async fn append(
+    store: &dyn Store,
+    hints: &Hints,
+    retention: u64,
+    namespace: &str,
+    task: &str,
+    task_uid: &str,
+    event: Map<String, Value>,
+) -> Result<Arc<Value>, ApiError> {
+    let hint_key = (namespace.to_string(), task.to_string());
+    let hint = hints
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(&hint_key)
+        .copied();
+    let mut seq = match hint {
+        Some(seq) => seq,
+        None => relist(store, retention, namespace, task).await?,
+    };
+    let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
+    let event = Value::Object(event);
+    let mut taken_in_a_row = 0;
+    for _ in 0..MAX_ATTEMPTS {
+        let name = event_name(task, seq);
+        let object = json!({
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {
+                "task": task,
+                "taskUID": task_uid,
+                "seq": seq,
+                "time": time,
+                "event": event,
+            },
+        });
+        match store
+            .create(&ObjectKey::new(TASK_EVENTS, namespace, name), object)
+            .await
+        {
+            Ok(stored) => {
+                {
+                    let mut hints = hints.lock().unwrap_or_else(|e| e.into_inner());
+                    if hints.len() >= MAX_HINTS && !hints.contains_key(&hint_key) {
+                        hints.clear();
+                    }
+                    let next = hints.entry(hint_key).or_insert(0);
+                    *next = (*next).max(seq + 1);
+                }
+                if seq > retention {
+                    delete_quietly(store, namespace, event_name(task, seq - retention)).await;
+                }
+                return Ok(stored);
+            }
+            Err(StoreError::AlreadyExists(_)) => {
+                taken_in_a_row += 1;
+                seq = if taken_in_a_row >= RETRIES_BEFORE_RELIST {
+                    taken_in_a_row = 0;
+                    relist(store, retention, namespace, task)
+                        .await?
+                        .max(seq + 1)
+                } else {
+                    seq + 1
+                };
+            }
+            Err(error) => return Err(store_error(&error)),
+        }
+    }
+    Err(ApiError::new(
+        409,
+        "Conflict",
+        format!("too many concurrent events for task {namespace}/{task}; retry"),
+    ))
+}
+
+/// The next sequence number from the stored events; also deletes the oldest beyond the
+/// retention (catching up after a restart or another replica's writes).
+async fn relist(
+    store: &dyn Store,
+    retention: u64,
+    namespace: &str,
+    task: &str,
+) -> Result<u64, ApiError> {
+    let (items, _) = list_task_events(store, namespace, task)
+        .await
+        .map_err(|e| store_error(&e))?;
+    let next = items
+        .last()
+        .and_then(|o| seq_of_object(task, o))
+        .map_or(1, |s| s + 1);
+    // One more is about to be stored.
+    let keep = usize::try_from(retention.saturating_sub(1)).unwrap_or(usize::MAX);
+    if items.len() > keep {
+        for old in &items[..items.len() - keep] {
+            if let Some(seq) = seq_of_object(task, old) {
+                delete_quietly(store, namespace, event_name(task, seq)).await;
+            }
+        }
+    }
+    Ok(next)
+}
+
+async fn post_event(
+    State(state): State<EventsState>,
+    Path((namespace, name)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    if let Some(e) = denied(&state.security, &request, &namespace, &name, "create") {
+        return e;
+    }
+    let bytes = match axum::body::to_bytes(request.into_body(), MAX_EVENT_BYTES).await {
+        Ok(bytes) => bytes,
+        Err(_) => {
+            return ApiError::bad_request(format!(
+                "the event is larger than {MAX_EVENT_BYTES} bytes"
+            ))
+            .into_response();
+        }
+    };
+    let event = match validate_event(&bytes) {
+        Ok(event) => event,
+        Err(message) => return ApiError::bad_request(message).into_response(),
+    };
+    let task = match state
+        .store
+        .get(&ObjectKey::new(TASKS, &namespace, &name))
+        .await
+    {
+        Ok(Some(task)) => task,
+        Ok(None) => {
+            return ApiError::new(
+                404,
+                "NotFound",
+                format!("tasks.rlinf.io \"{name}\" not found in {namespace}"),
+            )
+            .into_response();
+        }
+        Err(error) => return store_error(&error).into_response(),
+    };
+    let uid = task
+        .pointer("/metadata/uid")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    let appended = append(
+        state.store.as_ref(),
+        &state.next_seq,
+        MAX_EVENTS_PER_TASK,
+        &namespace,
+        &name,
+        &uid,
+        event,
+    );
+    match appended.await {
+        Ok(stored) => (StatusCode::CREATED, axum::Json(stored.as_ref().clone())).into_response(),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn follow_requested(query: Option<&str>) -> Result<bool, String> {
+    let mut follow = false;
+    for pair in query.unwrap_or_default().split('&') {
+        let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if key == "follow" {
+            follow = match value {
+                "" | "true" | "1" => true,
+                "false" | "0" => false,
+                other => return Err(format!("follow={other}: expected true or false")),
+            };
+        }
+    }
+    Ok(follow)
+}
+
+async fn list_events(
+    State(state): State<EventsState>,
+    Path((namespace, name)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    if let Some(e) = denied(&state.security, &request, &namespace, &name, "list") {
+        return e;
+    }
+    let follow = match follow_requested(request.uri().query()) {
+        Ok(follow) => follow,
+        Err(message) => return ApiError::bad_request(message).into_response(),
+    };
+    let (items, revision) = match list_task_events(state.store.as_ref(), &namespace, &name).await {
+        Ok(listed) => listed,
+        Err(error) => return store_error(&error).into_response(),
+    };
+    if !follow {
+        let items: Vec<Value> = items.iter().map(|i| i.as_ref().clone()).collect();
+        return axum::Json(json!({ "items": items })).into_response();
+    }
+    let watch = match state
+        .store
+        .watch(TASK_EVENTS, Some(&namespace), revision)
+        .await
+    {
+        Ok(watch) => watch,
+        Err(error) => return store_error(&error).into_response(),
+    };
+    // Pages after the first may already show events the watch delivers again.
+    let listed: HashSet<String> = items
+        .iter()
+        .filter_map(|i| i.pointer("/metadata/name")?.as_str().map(str::to_string))
+        .collect();
+    let task = name.clone();
+    let live = watch
+        .take_while(|event| {
+            if let Err(error) = event {
+                tracing::debug!(%error, "task event watch ended");
+            }
+            std::future::ready(event.is_ok())
+        })
+        .filter_map(move |event| {
+            let keep = event.ok().filter(|e| {
+                e.event_type == EventType::Added
+                    && seq_of(&task, &e.key.name).is_some()
+                    && !listed.contains(&e.key.name)
+            });
+            std::future::ready(keep.map(|e| e.object))
+        });
+    let lines = futures::stream::iter(items)
+        .chain(live)
+        .map(|object| {
+            let mut line = serde_json::to_vec(object.as_ref()).unwrap_or_default();
+            line.push(b'\n');
+            Ok::<_, std::convert::Infallible>(line)
+        })
+        .take_until(state.shutdown.clone().cancelled_owned());
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(header::CONTENT_TYPE, "application/x-ndjson")
+        .header(header::CACHE_CONTROL, "no-cache")
+        .body(Body::from_stream(lines))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_are_validated() {
+        assert!(validate_event(br#"{"type":"reward","value":1.5}"#).is_ok());
+        let long = format!(r#"{{"type":"{}"}}"#, "x".repeat(63));
+        assert!(validate_event(long.as_bytes()).is_ok());
+        let cases: &[(&[u8], &str)] = &[
+            (b"", "empty"),
+            (b"  ", "empty"),
+            (b"{", "not valid JSON"),
+            (b"[1]", "not an array"),
+            (b"\"x\"", "not a string"),
+            (br#"{"value":1}"#, "no \"type\""),
+            (br#"{"type":""}"#, "empty"),
+            (br#"{"type":3}"#, "must be a string, not a number"),
+        ];
+        for (body, expected) in cases {
+            let error = validate_event(body).unwrap_err();
+            assert!(error.contains(expected), "{error} lacks {expected}");
+        }
+        let too_long = format!(r#"{{"type":"{}"}}"#, "x".repeat(64));
+        assert!(
+            validate_event(too_long.as_bytes())
+                .unwrap_err()
+                .contains("longer than 63")
+        );
+        let big = format!(r#"{{"type":"t","pad":"{}"}}"#, "x".repeat(MAX_EVENT_BYTES));
+        assert!(
+            validate_event(big.as_bytes())
+                .unwrap_err()
+                .contains("larger than")
+        );
+    }
+
+    #[test]
+    fn names_carry_the_sequence() {
+        assert_eq!(event_name("t", 7), "t.0000000000000007");
+        assert_eq!(seq_of("t", "t.0000000000000007"), Some(7));
+        assert_eq!(seq_of("t", "t.x.0000000000000007"), None);
+        assert_eq!(seq_of("t.x", "t.x.0000000000000007"), Some(7));
+        assert_eq!(seq_of("t", "t.000000000000007"), None);
+        assert_eq!(seq_of("t", "u.0000000000000007"), None);
+    }
+
+    #[test]
+    fn follow_is_parsed() {
+        assert!(!follow_requested(None).unwrap());
+        assert!(follow_requested(Some("follow=true")).unwrap());
+        assert!(follow_requested(Some("x=1&follow")).unwrap());
+        assert!(!follow_requested(Some("follow=false")).unwrap());
+        assert!(follow_requested(Some("follow=maybe")).is_err());
+    }
+
+    async fn test_store(dir: &std::path::Path) -> Arc<dyn Store> {
+        let config = rlark_store::SqliteStoreConfig::new(dir.join("db"));
+        Arc::new(rlark_store::SqliteStore::open(config).await.unwrap())
+    }
+
+    fn event(t: &str) -> Map<String, Value> {
+        let mut event = Map::new();
+        event.insert("type".into(), json!(t));
+        event
+    }
+
+    #[tokio::test]
+    async fn concurrent_posts_get_distinct_sequences() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = test_store(dir.path()).await;
+        // Two "replicas" (separate sequence hints) post at once.
+        let replicas: [Arc<Hints>; 2] = [Arc::default(), Arc::default()];
+        let mut posts = Vec::new();
+        for i in 0..40 {
+            let store = Arc::clone(&store);
+            let hints = Arc::clone(&replicas[i % 2]);
+            posts.push(tokio::spawn(async move {
+                let appended = append(store.as_ref(), &hints, 1000, "ns", "t", "u", event("m"));
+                appended.await
+            }));
+        }
+        let mut seqs = HashSet::new();
+        for post in posts {
+            let stored = post.await.unwrap().unwrap();
+            let seq = stored.pointer("/spec/seq").and_then(Value::as_u64).unwrap();
+            assert!(seqs.insert(seq), "sequence {seq} handed out twice");
+        }
+        assert_eq!(seqs, (1..=40).collect());
+        // Another task whose name extends this one's does not mix in.
+        append(
+            store.as_ref(),
+            &Hints::default(),
+            1000,
+            "ns",
+            "t.x",
+            "u",
+            event("m"),
+        )
+        .await
+        .unwrap();
+        let (items, _) = list_task_events(store.as_ref(), "ns", "t").await.unwrap();
+        let listed: Vec<u64> = items.iter().filter_map(|i| seq_of_object("t", i)).collect();
+        assert_eq!(listed, (1..=40).collect::<Vec<_>>());
+    }
+
+    #[tokio::test]
+    async fn the_oldest_events_beyond_the_retention_are_deleted() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = test_store(dir.path()).await;
+        let hints = Hints::default();
+        for _ in 0..8 {
+            append(store.as_ref(), &hints, 5, "ns", "t", "u", event("m"))
+                .await
+                .unwrap();
+        }
+        // A fresh process (no hint) relists and catches up, too.
+        for _ in 0..2 {
+            append(
+                store.as_ref(),
+                &Hints::default(),
+                3,
+                "ns",
+                "t",
+                "u",
+                event("m"),
+            )
+            .await
+            .unwrap();
+        }
+        let (items, _) = list_task_events(store.as_ref(), "ns", "t").await.unwrap();
+        let listed: Vec<u64> = items.iter().filter_map(|i| seq_of_object("t", i)).collect();
+        assert_eq!(listed, vec![8, 9, 10]);
+    }
+}

@@ -1,0 +1,229 @@
+//! `rlark events task/NAME [-n NS] [-f] [-o json]`: the events a task posted (rewards,
+//! metrics), read from `GET /rlark/v1/namespaces/{ns}/tasks/{name}/events` (admins,
+//! viewers, the agent owning the namespace).
+//!
+//! The table has the columns TIME, TYPE, STEP, VALUE and DETAILS (the event's other fields
+//! as compact JSON). `-o json` prints the server's list (with `-f`: one stored record per
+//! line). `-f` keeps printing new events as they are stored, until interrupted.
+//!
+//! Without `-n` the Task is looked up across namespaces (it lives in the agent namespace
+//! `rlark-<clusterID>`); with `-n` the events are read even when the Task is gone.
+
+use std::io::Write as _;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, ValueEnum};
+use futures::AsyncBufReadExt as _;
+use kube::ResourceExt as _;
+use kube::api::{Api, ListParams};
+use rlark_api::types::Task;
+use serde_json::{Map, Value};
+
+use super::ClientArgs;
+use super::client::Session;
+use super::table::align;
+
+#[derive(Debug, Args)]
+pub(crate) struct EventsArgs {
+    /// The task: `task/NAME` (or `NAME`).
+    pub target: String,
+    /// Namespace of the Task (`rlark-<clusterID>`). Default: looked up across namespaces.
+    #[arg(short = 'n', long)]
+    pub namespace: Option<String>,
+    /// Keep printing new events as they are stored.
+    #[arg(short = 'f', long)]
+    pub follow: bool,
+    /// Output format.
+    #[arg(short = 'o', long, value_enum)]
+    pub output: Option<OutputFormat>,
+    #[command(flatten)]
+    pub client: ClientArgs,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum OutputFormat {
+    Json,
+}
+
+const HEADER: [&str; 5] = ["TIME", "TYPE", "STEP", "VALUE", "DETAILS"];
+/// Column widths of followed rows (they cannot be measured in advance).
+const FOLLOW_WIDTHS: [usize; 4] = [27, 16, 8, 12];
+
+/// Parse `task/NAME` (or `NAME`).
+pub(crate) fn parse_target(target: &str) -> anyhow::Result<String> {
+    let name = match target.split_once('/') {
+        Some((kind, name)) => match kind.to_ascii_lowercase().as_str() {
+            "task" | "tasks" | "task.rlinf.io" | "tasks.rlinf.io" => name,
+            other => bail!("events are kept per task; use task/NAME, not {other}/..."),
+        },
+        None => target,
+    };
+    if name.is_empty() || name.contains('/') {
+        bail!("invalid target {target:?}: use task/NAME");
+    }
+    Ok(name.to_string())
+}
+
+/// The cells of one stored event record.
+pub(crate) fn row(record: &Value) -> Vec<String> {
+    let spec = &record["spec"];
+    let event = spec["event"].as_object().cloned().unwrap_or_default();
+    let cell = |key: &str| match event.get(key) {
+        None | Some(Value::Null) => String::new(),
+        Some(Value::String(s)) => s.clone(),
+        Some(other) => other.to_string(),
+    };
+    let details: Map<String, Value> = event
+        .iter()
+        .filter(|(k, _)| !matches!(k.as_str(), "type" | "step" | "value"))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    vec![
+        spec["time"].as_str().unwrap_or_default().to_string(),
+        cell("type"),
+        cell("step"),
+        cell("value"),
+        if details.is_empty() {
+            String::new()
+        } else {
+            Value::Object(details).to_string()
+        },
+    ]
+}
+
+fn fixed_width(cells: &[String]) -> String {
+    let mut line = String::new();
+    for (i, cell) in cells.iter().enumerate() {
+        line.push_str(cell);
+        if let Some(width) = FOLLOW_WIDTHS.get(i) {
+            let pad = width.saturating_sub(cell.chars().count()).max(1);
+            line.extend(std::iter::repeat_n(' ', pad));
+        }
+    }
+    line.trim_end().to_string()
+}
+
+/// The namespace of task `name`: `-n`, else the one namespace it exists in.
+async fn task_namespace(
+    client: &kube::Client,
+    name: &str,
+    namespace: Option<&str>,
+) -> anyhow::Result<String> {
+    if let Some(ns) = namespace {
+        return Ok(ns.to_string());
+    }
+    let found = Api::<Task>::all(client.clone())
+        .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+        .await
+        .context("list tasks")?;
+    let mut namespaces: Vec<String> = found.items.iter().filter_map(|t| t.namespace()).collect();
+    namespaces.sort();
+    match namespaces.len() {
+        0 => {
+            bail!("task {name:?} not found in any namespace (list them with `rlark get tasks -A`)")
+        }
+        1 => Ok(namespaces.remove(0)),
+        _ => bail!(
+            "task name {name:?} is ambiguous: it exists in {}; pass -n",
+            namespaces.join(", ")
+        ),
+    }
+}
+
+pub(crate) async fn events(args: EventsArgs) -> anyhow::Result<()> {
+    let name = parse_target(&args.target)?;
+    let session = Session::connect(&args.client, args.namespace.as_deref()).await?;
+    let namespace = session
+        .namespace_explicit
+        .then(|| session.namespace.clone());
+    let client = session.client;
+    let namespace = task_namespace(&client, &name, namespace.as_deref()).await?;
+    let path = format!("/rlark/v1/namespaces/{namespace}/tasks/{name}/events");
+    let json = args.output == Some(OutputFormat::Json);
+    if !args.follow {
+        let request = http::Request::get(&path).body(Vec::new())?;
+        let list: Value = client
+            .request(request)
+            .await
+            .with_context(|| format!("list the events of task {namespace}/{name}"))?;
+        if json {
+            println!("{}", serde_json::to_string_pretty(&list)?);
+            return Ok(());
+        }
+        let items = list["items"].as_array().cloned().unwrap_or_default();
+        if items.is_empty() {
+            eprintln!("No events found for task {namespace}/{name}.");
+            return Ok(());
+        }
+        let mut lines = vec![HEADER.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
+        lines.extend(items.iter().map(row));
+        print!("{}", align(&lines));
+        return Ok(());
+    }
+    let request = http::Request::get(format!("{path}?follow=true")).body(Vec::new())?;
+    let mut stream = client
+        .request_stream(request)
+        .await
+        .with_context(|| format!("follow the events of task {namespace}/{name}"))?;
+    let mut stdout = std::io::stdout();
+    if !json {
+        let header: Vec<String> = HEADER.iter().map(|h| h.to_string()).collect();
+        writeln!(stdout, "{}", fixed_width(&header))?;
+        stdout.flush()?;
+    }
+    let mut line = String::new();
+    loop {
+        line.clear();
+        let read = stream
+            .read_line(&mut line)
+            .await
+            .context("read the event stream")?;
+        if read == 0 {
+            return Ok(());
+        }
+        let text = line.trim();
+        if text.is_empty() {
+            continue;
+        }
+        if json {
+            writeln!(stdout, "{text}")?;
+        } else {
+            let record: Value = serde_json::from_str(text).context("an event of the stream")?;
+            writeln!(stdout, "{}", fixed_width(&row(&record)))?;
+        }
+        stdout.flush()?;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn targets_name_tasks() {
+        assert_eq!(parse_target("task/a").unwrap(), "a");
+        assert_eq!(parse_target("tasks/a").unwrap(), "a");
+        assert_eq!(parse_target("a").unwrap(), "a");
+        assert!(parse_target("pod/a").is_err());
+        assert!(parse_target("task/").is_err());
+    }
+
+    #[test]
+    fn rows_show_the_common_fields_and_the_rest() {
+        let record = json!({"spec": {"time": "2026-01-01T00:00:00.000Z", "event": {
+            "type": "reward", "value": 1.5, "step": 3, "episode": "e1", "ok": true}}});
+        assert_eq!(
+            row(&record),
+            [
+                "2026-01-01T00:00:00.000Z",
+                "reward",
+                "3",
+                "1.5",
+                r#"{"episode":"e1","ok":true}"#
+            ]
+        );
+        let bare = json!({"spec": {"time": "t", "event": {"type": "start"}}});
+        assert_eq!(row(&bare), ["t", "start", "", "", ""]);
+    }
+}
