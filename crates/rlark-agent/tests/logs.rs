@@ -5,26 +5,12 @@
 //!
 //! Every wait is bounded by [`DEADLINE`].
 
-use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::time::Duration;
-
 use anyhow::{Context as _, bail, ensure};
 use futures::AsyncBufReadExt as _;
-use kube::ResourceExt as _;
-use kube::api::{Api, PostParams};
-use rlark_agent::{AgentConfig, JoinParams, RunningAgent};
-use rlark_api::types::{Job, Pod, PodPhase, Task};
-use rlark_testkit::TestServer;
-use rlark_testkit::tunnel_agent::bootstrap_token;
-use serde_json::{Value, json};
-use tempfile::TempDir;
+use rlark_api::types::PodPhase;
+use rlark_testkit::real_agent::{DEADLINE, Harness, NAMESPACE, eventually, viewer_client};
+use serde_json::Value;
 
-/// Upper bound of every wait.
-const DEADLINE: Duration = Duration::from_secs(60);
-const POLL: Duration = Duration::from_millis(100);
-const CLUSTER: &str = "a";
-const NAMESPACE: &str = "rlark-a";
 const JOB: &str = "talk";
 const TASK: &str = "talk-main";
 const POD: &str = "talk-main-0";
@@ -34,122 +20,6 @@ const POD: &str = "talk-main-0";
 const SCRIPT: &str = "echo line-1; echo line-2; echo line-3; \
                       i=0; while [ ! -e go ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; \
                       sleep 2; echo line-4";
-
-/// Poll `check` until it returns `Ok(Some(value))`, at most [`DEADLINE`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let mut last = String::new();
-    loop {
-        match check().await {
-            Ok(Some(value)) => return Ok(value),
-            Ok(None) => {}
-            Err(e) => last = format!("{e:#}"),
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!("timed out after {DEADLINE:?} waiting for {what}; last error: {last}");
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
-
-/// A server with controllers and a real agent of cluster `a`.
-struct Harness {
-    server: TestServer,
-    _server_dir: TempDir,
-    admin: kube::Client,
-    agent: RunningAgent,
-    agent_dir: TempDir,
-}
-
-impl Harness {
-    async fn start() -> anyhow::Result<Harness> {
-        let server_dir = tempfile::tempdir()?;
-        let mut config = TestServer::config_for(server_dir.path());
-        config.controllers.enabled = true;
-        config.controllers.leader_election = false;
-        let server = TestServer::start_with(config).await?;
-        let admin = server.client().await?;
-        let token = bootstrap_token(&server, CLUSTER).await?;
-        let agent_dir = tempfile::tempdir()?;
-        let mut config = AgentConfig::new(vec![server.url()], CLUSTER, agent_dir.path());
-        config.node_name = Some("host-0".into());
-        config.heartbeat_interval = Duration::from_millis(500);
-        config.stop_tasks_on_exit = true;
-        config.join = Some(JoinParams {
-            token: token["token"].as_str().unwrap_or_default().to_string(),
-            ca_hash: token["caHash"].as_str().unwrap_or_default().to_string(),
-        });
-        let agent = tokio::time::timeout(DEADLINE, rlark_agent::start(config))
-            .await
-            .context("agent start timed out")??;
-        eventually("the agent's tunnel is up", || async {
-            Ok((!agent.tunnel_connected().is_empty()).then_some(()))
-        })
-        .await?;
-        Ok(Harness {
-            server,
-            _server_dir: server_dir,
-            admin,
-            agent,
-            agent_dir,
-        })
-    }
-
-    async fn stop(self) -> anyhow::Result<()> {
-        tokio::time::timeout(DEADLINE, self.agent.stop())
-            .await
-            .context("agent stop timed out")??;
-        self.server.stop().await
-    }
-
-    async fn create_job(&self, name: &str, script: &str) -> anyhow::Result<()> {
-        let job: Job = serde_json::from_value(json!({
-            "apiVersion": "rlinf.io/v1alpha1",
-            "kind": "Job",
-            "metadata": {"name": name},
-            "spec": {"tasks": [{
-                "name": "main",
-                "agentType": "Raw",
-                "role": "Actor",
-                "raw": {"entrypoint": ["sh", "-c", script]},
-            }]},
-        }))?;
-        Api::<Job>::all(self.admin.clone())
-            .create(&PostParams::default(), &job)
-            .await?;
-        Ok(())
-    }
-
-    async fn wait_pod(&self, name: &str, phase: PodPhase) -> anyhow::Result<Pod> {
-        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NAMESPACE);
-        eventually(&format!("pod {name} {phase}"), || async {
-            Ok(pods
-                .get_opt(name)
-                .await?
-                .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(phase)))
-        })
-        .await
-    }
-
-    /// The working directory of replica 0 of `task`.
-    async fn work_dir(&self, task: &str) -> anyhow::Result<PathBuf> {
-        let task = Api::<Task>::namespaced(self.admin.clone(), NAMESPACE)
-            .get(task)
-            .await?;
-        Ok(rlark_agent::tasks::replica_dir(
-            &self.agent_dir.path().join("tasks"),
-            NAMESPACE,
-            &task.name_any(),
-            &task.uid().unwrap_or_default(),
-            0,
-        )
-        .join("work"))
-    }
-}
 
 fn log_path(namespace: &str, pod: &str, query: &str) -> String {
     format!("/rlark/v1/namespaces/{namespace}/pods/{pod}/log{query}")
@@ -179,33 +49,6 @@ async fn expect_text(client: &kube::Client, path: &str) -> anyhow::Result<String
         Ok(text) => Ok(text),
         Err((code, message)) => bail!("GET {path}: {code} {message}"),
     }
-}
-
-/// A viewer's client: a certificate for role `viewer`, signed through the admin.
-async fn viewer_client(
-    server: &TestServer,
-    admin: &kube::Client,
-    dir: &Path,
-) -> anyhow::Result<kube::Client> {
-    let key_and_csr = rlark_pki::generate_key_and_csr("vera")?;
-    let body = json!({"role": "viewer", "name": "vera", "csr": key_and_csr.csr_pem});
-    let request = http::Request::post("/rlark/v1/certificates")
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(body.to_string().into_bytes())?;
-    let signed: Value = admin
-        .request(request)
-        .await
-        .context("sign a viewer certificate")?;
-    let yaml = rlark_pki::kubeconfig_yaml(
-        &server.url(),
-        signed["caBundle"].as_str().context("caBundle")?,
-        signed["certificate"].as_str().context("certificate")?,
-        &key_and_csr.key_pem,
-        "vera",
-    );
-    let path = dir.join("viewer.kubeconfig");
-    std::fs::write(&path, yaml)?;
-    rlark_testkit::client_from_kubeconfig(&path).await
 }
 
 /// Open tunnel streams on the server (`GET /api/v1/tunnels`).

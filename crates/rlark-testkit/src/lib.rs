@@ -10,6 +10,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod real_agent;
 pub mod sim_agent;
 pub mod tunnel_agent;
 

@@ -1,0 +1,241 @@
+//! A server with its controllers and real agents (`rlark_agent::start`), for end-to-end
+//! tests of what runs on an agent: Jobs of raw tasks, their pods, their working
+//! directories.
+//!
+//! Every wait is bounded by [`DEADLINE`].
+
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::Duration;
+
+use anyhow::{Context as _, bail};
+use kube::ResourceExt as _;
+use kube::api::{Api, PostParams};
+use rlark_agent::{AgentConfig, JoinParams, RunningAgent};
+use rlark_api::types::{Job, Pod, PodPhase, Task};
+use serde_json::{Value, json};
+use tempfile::TempDir;
+
+use crate::TestServer;
+use crate::tunnel_agent::bootstrap_token;
+
+/// Upper bound of every wait.
+pub const DEADLINE: Duration = Duration::from_secs(60);
+/// How often [`eventually`] checks.
+pub const POLL: Duration = Duration::from_millis(100);
+/// The cluster of [`Harness`]'s agent.
+pub const CLUSTER: &str = "a";
+/// The namespace of [`CLUSTER`].
+pub const NAMESPACE: &str = "rlark-a";
+
+/// Poll `check` until it returns `Ok(Some(value))`, at most [`DEADLINE`].
+pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + DEADLINE;
+    let mut last = String::new();
+    loop {
+        match check().await {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => {}
+            Err(e) => last = format!("{e:#}"),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("timed out after {DEADLINE:?} waiting for {what}; last error: {last}");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A server on a fresh temporary directory (returned: keep it until the server stops) with
+/// its controllers enabled, without leader election.
+pub async fn start_server_with_controllers() -> anyhow::Result<(TestServer, TempDir)> {
+    let server_dir = tempfile::tempdir()?;
+    let mut config = TestServer::config_for(server_dir.path());
+    config.controllers.enabled = true;
+    config.controllers.leader_election = false;
+    let server = TestServer::start_with(config).await?;
+    Ok((server, server_dir))
+}
+
+/// Start the agent of `cluster` as node `node_name` in `dir`, joined with a fresh token, and
+/// wait until its tunnel is up.
+pub async fn start_agent(
+    server: &TestServer,
+    cluster: &str,
+    node_name: &str,
+    dir: &Path,
+) -> anyhow::Result<RunningAgent> {
+    let token = bootstrap_token(server, cluster).await?;
+    let mut config = AgentConfig::new(vec![server.url()], cluster, dir);
+    config.node_name = Some(node_name.to_string());
+    config.heartbeat_interval = Duration::from_millis(500);
+    config.stop_tasks_on_exit = true;
+    config.join = Some(JoinParams {
+        token: token["token"].as_str().unwrap_or_default().to_string(),
+        ca_hash: token["caHash"].as_str().unwrap_or_default().to_string(),
+    });
+    let agent = tokio::time::timeout(DEADLINE, rlark_agent::start(config))
+        .await
+        .context("agent start timed out")??;
+    eventually("the agent's tunnel is up", || async {
+        Ok((!agent.tunnel_connected().is_empty()).then_some(()))
+    })
+    .await?;
+    Ok(agent)
+}
+
+/// Wait until pod `namespace/name` has succeeded.
+pub async fn wait_succeeded(
+    admin: &kube::Client,
+    namespace: &str,
+    name: &str,
+) -> anyhow::Result<()> {
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), namespace);
+    eventually(&format!("pod {namespace}/{name} Succeeded"), || async {
+        Ok(pods
+            .get_opt(name)
+            .await?
+            .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(PodPhase::Succeeded))
+            .map(|_| ()))
+    })
+    .await
+}
+
+/// A viewer's client: a certificate for role `viewer` (user `vera`), signed through the
+/// admin; its kubeconfig is written to `dir`.
+pub async fn viewer_client(
+    server: &TestServer,
+    admin: &kube::Client,
+    dir: &Path,
+) -> anyhow::Result<kube::Client> {
+    let key_and_csr = rlark_pki::generate_key_and_csr("vera")?;
+    let body = json!({"role": "viewer", "name": "vera", "csr": key_and_csr.csr_pem});
+    let request = http::Request::post("/rlark/v1/certificates")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(body.to_string().into_bytes())?;
+    let signed: Value = admin
+        .request(request)
+        .await
+        .context("sign a viewer certificate")?;
+    let yaml = rlark_pki::kubeconfig_yaml(
+        &server.url(),
+        signed["caBundle"].as_str().context("caBundle")?,
+        signed["certificate"].as_str().context("certificate")?,
+        &key_and_csr.key_pem,
+        "vera",
+    );
+    let path = dir.join("viewer.kubeconfig");
+    std::fs::write(&path, yaml)?;
+    crate::client_from_kubeconfig(&path).await
+}
+
+/// `BINARY ARGS --kubeconfig KUBECONFIG` as a child process (without `KUBECONFIG` and
+/// `RUST_LOG` from the environment; killed if dropped), bounded by [`DEADLINE`]. For the
+/// `rlark` CLI: pass `env!("CARGO_BIN_EXE_rlark")`.
+pub async fn run_cli(binary: &str, kubeconfig: &Path, args: &[&str]) -> anyhow::Result<Output> {
+    let mut command = tokio::process::Command::new(binary);
+    command
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .env_remove("KUBECONFIG")
+        .env_remove("RUST_LOG")
+        .kill_on_drop(true);
+    tokio::time::timeout(DEADLINE, command.output())
+        .await
+        .with_context(|| format!("rlark {args:?} timed out"))?
+        .with_context(|| format!("run rlark {args:?}"))
+}
+
+/// Output bytes as text (invalid UTF-8 replaced).
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// A server with controllers and a real agent of cluster [`CLUSTER`] (node `host-0`).
+pub struct Harness {
+    /// The server.
+    pub server: TestServer,
+    _server_dir: TempDir,
+    /// An admin client.
+    pub admin: kube::Client,
+    /// The agent.
+    pub agent: RunningAgent,
+    /// The agent's data directory.
+    pub agent_dir: TempDir,
+}
+
+impl Harness {
+    /// Start the server, then the agent, and wait until its tunnel is up.
+    pub async fn start() -> anyhow::Result<Harness> {
+        let (server, server_dir) = start_server_with_controllers().await?;
+        let admin = server.client().await?;
+        let agent_dir = tempfile::tempdir()?;
+        let agent = start_agent(&server, CLUSTER, "host-0", agent_dir.path()).await?;
+        Ok(Harness {
+            server,
+            _server_dir: server_dir,
+            admin,
+            agent,
+            agent_dir,
+        })
+    }
+
+    /// Stop the agent (at most [`DEADLINE`]), then the server.
+    pub async fn stop(self) -> anyhow::Result<()> {
+        tokio::time::timeout(DEADLINE, self.agent.stop())
+            .await
+            .context("agent stop timed out")??;
+        self.server.stop().await
+    }
+
+    /// Create Job `name` with one raw task `main` running `sh -c script`.
+    pub async fn create_job(&self, name: &str, script: &str) -> anyhow::Result<()> {
+        let job: Job = serde_json::from_value(json!({
+            "apiVersion": "rlinf.io/v1alpha1",
+            "kind": "Job",
+            "metadata": {"name": name},
+            "spec": {"tasks": [{
+                "name": "main",
+                "agentType": "Raw",
+                "role": "Actor",
+                "raw": {"entrypoint": ["sh", "-c", script]},
+            }]},
+        }))?;
+        Api::<Job>::all(self.admin.clone())
+            .create(&PostParams::default(), &job)
+            .await?;
+        Ok(())
+    }
+
+    /// Wait until pod `name` of [`NAMESPACE`] is in `phase`.
+    pub async fn wait_pod(&self, name: &str, phase: PodPhase) -> anyhow::Result<Pod> {
+        let pods: Api<Pod> = Api::namespaced(self.admin.clone(), NAMESPACE);
+        eventually(&format!("pod {name} {phase}"), || async {
+            Ok(pods
+                .get_opt(name)
+                .await?
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase) == Some(phase)))
+        })
+        .await
+    }
+
+    /// The working directory of replica 0 of `task`.
+    pub async fn work_dir(&self, task: &str) -> anyhow::Result<PathBuf> {
+        let task = Api::<Task>::namespaced(self.admin.clone(), NAMESPACE)
+            .get(task)
+            .await?;
+        Ok(rlark_agent::tasks::replica_dir(
+            &self.agent_dir.path().join("tasks"),
+            NAMESPACE,
+            &task.name_any(),
+            &task.uid().unwrap_or_default(),
+            0,
+        )
+        .join("work"))
+    }
+}
