@@ -6,6 +6,7 @@ mod client;
 mod controller_manager;
 mod cordon;
 mod delete;
+mod demo;
 mod describe;
 mod discovery;
 mod events;

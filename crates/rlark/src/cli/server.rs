@@ -47,6 +47,17 @@ pub(crate) struct UpArgs {
     /// HTTPS listen address; must be a loopback address (use `rlark server` otherwise).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8443")]
     listen: SocketAddr,
+    /// Once up, run the demo Workflow (`examples/demo/`, built in): an actor on `cloud`, two
+    /// rollout replicas on `edge` posting reward events; follow it and print a summary.
+    #[arg(long)]
+    demo: bool,
+    /// With --demo: stop once the demo Workflow ended; exit 0 when it succeeded.
+    #[arg(long, requires = "demo")]
+    once: bool,
+    /// With --demo: how long the demo Workflow may take (`90`, `5m`, plain seconds).
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds, default_value = "120",
+          requires = "demo")]
+    demo_timeout: u64,
 }
 
 #[derive(Debug, Args)]
@@ -136,12 +147,26 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
          \x20 rlark get jobs\n\
          \x20 rlark apply -f examples/\n\n\
          Local agents:       {agent_list}   (rlark get nodes -A)\n\
-         Read-only user:     rlark kubeconfig --user NAME --role viewer -o NAME.kubeconfig\n\n\
-         Press Ctrl-C to stop.",
+         Read-only user:     rlark kubeconfig --user NAME --role viewer -o NAME.kubeconfig\n",
         url = server.url(),
         data = args.data_dir.display(),
         kubeconfig = kubeconfig.display(),
     );
+    if args.demo {
+        println!("Running the demo workflow (examples/demo/):\n");
+        let timeout = std::time::Duration::from_secs(args.demo_timeout);
+        let result = super::demo::run(&server.kubeconfig_path, timeout, &shutdown).await;
+        if args.once {
+            stop_agents(agents).await;
+            server.shutdown().await?;
+            return result;
+        }
+        if let Err(error) = result {
+            eprintln!("demo: {error:#}");
+        }
+        println!();
+    }
+    println!("Press Ctrl-C to stop.");
     shutdown.cancelled().await;
     stop_agents(agents).await;
     server.shutdown().await?;
