@@ -1,6 +1,7 @@
 //! `rlark bench`: benchmarks that run entirely on this machine (network on 127.0.0.1 only)
 //! and print their figures next to baselines measured in the same run.
 
+mod agent;
 mod api;
 mod baseline;
 mod client;
@@ -12,6 +13,7 @@ mod stats;
 mod tunnel;
 mod watch;
 
+pub use agent::{AgentBenchOptions, AgentBenchReport, run_agent};
 pub use api::{ApiBenchOptions, run_api};
 pub use controllers::{ControllerBenchOptions, ControllerBenchReport, run_controllers};
 pub use report::ApiBenchReport;
@@ -33,6 +35,10 @@ pub enum BenchCommand {
     /// TCP measured in the same run. Targets: >= 25% / >= 30% of direct TCP, setup p99 <= 2
     /// ms, a stalled stream's neighbour >= 80% of its unstalled throughput.
     Tunnel(TunnelBenchOptions),
+    /// A real in-process agent: task start latency (Task created -> its Pod `Running`,
+    /// 500 short tasks; target p99 <= 300 ms) and, with 200 long-running tasks, the agent's
+    /// RSS (delta from the idle server + agent; target <= 50 MiB) and process CPU over 5 s.
+    Agent(AgentBenchOptions),
 }
 
 /// Run a `rlark bench` subcommand and print its report (a table, or JSON with `--json`).
@@ -51,6 +57,16 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Tunnel(options) => {
             let json = options.json;
             let report = run_tunnel(options).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{report}");
+            }
+            Ok(())
+        }
+        BenchCommand::Agent(options) => {
+            let json = options.json;
+            let report: AgentBenchReport = run_agent(options).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
