@@ -123,83 +123,7 @@ impl AgentApi for LocalApi {
     }
 }
 
-/// Parameters of `GET /logs/...`.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LogOptions {
-    /// Start at the N-th line from the end (`tail`).
-    pub tail: Option<u64>,
-    /// Keep sending appended bytes until the replica exits (`follow`).
-    pub follow: bool,
-    /// The run before the current one (`previous`).
-    pub previous: bool,
-    /// Stop after this many bytes (`limitBytes`).
-    pub limit_bytes: Option<u64>,
-}
-
-impl LogOptions {
-    /// Parse a query string (`tail`, `follow`, `previous`, `limitBytes`; other parameters
-    /// are ignored). Booleans are `true`/`false`/`1`/`0`; numbers are non-negative integers
-    /// (`limitBytes` at least 1).
-    pub fn parse(query: Option<&str>) -> Result<LogOptions, String> {
-        let mut options = LogOptions::default();
-        for pair in query
-            .unwrap_or_default()
-            .split('&')
-            .filter(|p| !p.is_empty())
-        {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            match key {
-                "tail" => options.tail = Some(parse_number(key, value)?),
-                "follow" => options.follow = parse_bool(key, value)?,
-                "previous" => options.previous = parse_bool(key, value)?,
-                "limitBytes" => {
-                    let n = parse_number(key, value)?;
-                    if n == 0 {
-                        return Err("limitBytes must be at least 1".into());
-                    }
-                    options.limit_bytes = Some(n);
-                }
-                _ => {}
-            }
-        }
-        Ok(options)
-    }
-
-    /// The query string of these options (no leading `?`; empty for the defaults).
-    pub fn to_query(&self) -> String {
-        let mut parts = Vec::new();
-        if let Some(tail) = self.tail {
-            parts.push(format!("tail={tail}"));
-        }
-        if self.follow {
-            parts.push("follow=true".to_string());
-        }
-        if self.previous {
-            parts.push("previous=true".to_string());
-        }
-        if let Some(limit) = self.limit_bytes {
-            parts.push(format!("limitBytes={limit}"));
-        }
-        parts.join("&")
-    }
-}
-
-fn parse_number(key: &str, value: &str) -> Result<u64, String> {
-    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("{key}={value:?} is not a non-negative integer"));
-    }
-    value
-        .parse()
-        .map_err(|_| format!("{key}={value:?} is too large"))
-}
-
-fn parse_bool(key: &str, value: &str) -> Result<bool, String> {
-    match value {
-        "true" | "1" | "" => Ok(true),
-        "false" | "0" => Ok(false),
-        _ => Err(format!("{key}={value:?} is not true or false")),
-    }
-}
+pub use rlark_tunnel::agent_api::LogOptions;
 
 /// Split a Pod name `<task>-<i>` into the Task name and the replica index.
 pub fn parse_pod_name(pod: &str) -> Option<(&str, usize)> {
@@ -557,26 +481,6 @@ impl Follower {
 mod tests {
     use super::*;
     use std::io::Write as _;
-
-    #[test]
-    fn options_parse_and_print() {
-        assert_eq!(LogOptions::parse(None), Ok(LogOptions::default()));
-        let options =
-            LogOptions::parse(Some("tail=3&follow=true&previous=0&limitBytes=10&x=y")).unwrap();
-        assert_eq!(
-            options,
-            LogOptions {
-                tail: Some(3),
-                follow: true,
-                previous: false,
-                limit_bytes: Some(10),
-            }
-        );
-        assert_eq!(options.to_query(), "tail=3&follow=true&limitBytes=10");
-        for bad in ["tail=-1", "tail=x", "follow=yes", "limitBytes=0", "tail=+1"] {
-            assert!(LogOptions::parse(Some(bad)).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn pod_names_split_into_task_and_index() {

@@ -13,6 +13,7 @@
 //! reconnecting connection loop).
 
 pub mod agent;
+pub mod agent_api;
 pub mod client;
 pub mod dial;
 pub mod frame;

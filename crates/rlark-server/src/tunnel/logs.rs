@@ -34,6 +34,7 @@ use rlark_apiserver::error::ApiError;
 use rlark_tunnel::header::Status;
 
 use super::Hub;
+use rlark_tunnel::agent_api::LogOptions;
 use rlark_tunnel::dial::DialError;
 
 /// The route, as registered.
@@ -42,76 +43,6 @@ pub(crate) const ROUTE: &str = "/rlark/v1/namespaces/{namespace}/pods/{pod}/log"
 const AGENT_NAMESPACE_PREFIX: &str = "rlark-";
 /// Most of an agent's error answer that is read.
 const MAX_ERROR_BODY: usize = 64 * 1024;
-
-/// What the caller asked for, validated (and passed on to the agent in canonical form).
-#[derive(Debug, Default, PartialEq, Eq)]
-struct LogQuery {
-    tail: Option<u64>,
-    follow: bool,
-    previous: bool,
-    limit_bytes: Option<u64>,
-}
-
-impl LogQuery {
-    fn parse(query: Option<&str>) -> Result<LogQuery, String> {
-        let mut out = LogQuery::default();
-        for pair in query
-            .unwrap_or_default()
-            .split('&')
-            .filter(|p| !p.is_empty())
-        {
-            let (key, value) = pair.split_once('=').unwrap_or((pair, ""));
-            match key {
-                "tail" | "tailLines" => out.tail = Some(number(key, value)?),
-                "follow" => out.follow = boolean(key, value)?,
-                "previous" => out.previous = boolean(key, value)?,
-                "limitBytes" => {
-                    let n = number(key, value)?;
-                    if n == 0 {
-                        return Err("limitBytes must be at least 1".into());
-                    }
-                    out.limit_bytes = Some(n);
-                }
-                _ => {}
-            }
-        }
-        Ok(out)
-    }
-
-    fn to_query(&self) -> String {
-        let mut parts = Vec::new();
-        if let Some(tail) = self.tail {
-            parts.push(format!("tail={tail}"));
-        }
-        if self.follow {
-            parts.push("follow=true".to_string());
-        }
-        if self.previous {
-            parts.push("previous=true".to_string());
-        }
-        if let Some(limit) = self.limit_bytes {
-            parts.push(format!("limitBytes={limit}"));
-        }
-        parts.join("&")
-    }
-}
-
-fn number(key: &str, value: &str) -> Result<u64, String> {
-    if value.is_empty() || !value.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(format!("{key}={value:?} is not a non-negative integer"));
-    }
-    value
-        .parse()
-        .map_err(|_| format!("{key}={value:?} is too large"))
-}
-
-fn boolean(key: &str, value: &str) -> Result<bool, String> {
-    match value {
-        "true" | "1" | "" => Ok(true),
-        "false" | "0" => Ok(false),
-        _ => Err(format!("{key}={value:?} is not true or false")),
-    }
-}
 
 /// Whether `name` can be a Pod name (and so a path component on the agent).
 fn valid_name(name: &str) -> bool {
@@ -151,7 +82,7 @@ pub(crate) async fn pod_log(
         )
         .into_response();
     }
-    let query = match LogQuery::parse(request.uri().query()) {
+    let query = match LogOptions::parse(request.uri().query()) {
         Ok(query) => query,
         Err(message) => return ApiError::bad_request(message).into_response(),
     };
@@ -194,7 +125,7 @@ pub(crate) async fn pod_log(
     });
     // The connection (and its tunnel stream) ends with the response body at the latest.
     let guard = AbortOnDrop(conn.abort_handle());
-    let mut uri = format!("/logs/{namespace}/{pod}");
+    let mut uri = rlark_tunnel::agent_api::logs_path(&namespace, &pod);
     let q = query.to_query();
     if !q.is_empty() {
         uri.push('?');
@@ -296,17 +227,6 @@ impl Drop for AbortOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn queries_parse_and_pass_on_canonically() {
-        let q =
-            LogQuery::parse(Some("tailLines=5&follow=1&previous=false&limitBytes=9&x=1")).unwrap();
-        assert_eq!(q.to_query(), "tail=5&follow=true&limitBytes=9");
-        assert_eq!(LogQuery::parse(None).unwrap().to_query(), "");
-        for bad in ["tail=-2", "follow=maybe", "limitBytes=0", "tail="] {
-            assert!(LogQuery::parse(Some(bad)).is_err(), "{bad}");
-        }
-    }
 
     #[test]
     fn pod_names_are_checked() {

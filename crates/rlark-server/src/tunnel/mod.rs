@@ -183,59 +183,45 @@ impl Hub {
         host: &str,
         port: u16,
     ) -> Result<MuxStream, DialError> {
-        let result = match self.pick(cluster_id, node) {
-            None => Err(DialError {
-                status: Status::NoSuchAgent,
-                message: format!("no agent of cluster {cluster_id:?} is connected to this server"),
-            }),
-            Some(control) => {
-                let request = StreamRequest::DialTcp {
-                    host: host.to_string(),
-                    port,
-                    timeout: self.config.dial_timeout,
-                };
-                rlark_tunnel::dial::open(
-                    &control,
-                    &request,
-                    self.config.dial_timeout + Duration::from_secs(1),
-                )
-                .await
-            }
+        let request = StreamRequest::DialTcp {
+            host: host.to_string(),
+            port,
+            timeout: self.config.dial_timeout,
         };
-        let status = match &result {
-            Ok(_) => "ok",
-            Err(e) => e.status.as_str(),
-        };
-        self.dials
-            .get_or_create(&DialLabels {
-                status: status.to_string(),
-            })
-            .inc();
-        result
+        // The agent gets the whole dial timeout; the answer may take a moment longer.
+        let deadline = self.config.dial_timeout + Duration::from_secs(1);
+        self.open(cluster_id, node, &request, deadline).await
     }
 
-    /// Open a stream to the local API of the agent of `cluster_id` (HTTP/1.1 on the
-    /// returned stream; see `rlark_agent::api`), preferring a session of `node`. Counted
-    /// with the dials; typed errors (`no-such-agent`, `forbidden` when the agent serves no
-    /// local API, `timeout`, ...).
+    /// Open a stream to the local API of the agent of `cluster_id` (logs; later exec).
     pub(crate) async fn dial_agent_api(
         &self,
         cluster_id: &str,
         node: Option<&str>,
+    ) -> Result<MuxStream, DialError> {
+        self.open(
+            cluster_id,
+            node,
+            &StreamRequest::AgentApi,
+            self.config.dial_timeout,
+        )
+        .await
+    }
+
+    /// Pick the agent's session, open a stream with `request`, and count the outcome.
+    async fn open(
+        &self,
+        cluster_id: &str,
+        node: Option<&str>,
+        request: &StreamRequest,
+        deadline: Duration,
     ) -> Result<MuxStream, DialError> {
         let result = match self.pick(cluster_id, node) {
             None => Err(DialError {
                 status: Status::NoSuchAgent,
                 message: format!("no agent of cluster {cluster_id:?} is connected to this server"),
             }),
-            Some(control) => {
-                rlark_tunnel::dial::open(
-                    &control,
-                    &StreamRequest::AgentApi,
-                    self.config.dial_timeout,
-                )
-                .await
-            }
+            Some(control) => rlark_tunnel::dial::open(&control, request, deadline).await,
         };
         let status = match &result {
             Ok(_) => "ok",
