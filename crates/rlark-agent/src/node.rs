@@ -479,46 +479,12 @@ impl NodeReporter {
 
     /// Renew the Lease `node-<name>` (created when missing).
     pub async fn renew_lease(&self) -> Result<(), NodeError> {
-        let api = self.leases();
-        let node = &self.node.name;
-        let name = format!("{LEASE_PREFIX}{node}");
-        let spec = LeaseSpec {
-            holder_identity: Some(node.clone()),
-            lease_duration_seconds: Some(self.lease_duration_seconds),
-            renew_time: Some(MicroTime(Timestamp::now())),
-            ..Default::default()
-        };
-        let lease_err = |source| NodeError::Lease {
-            node: node.clone(),
-            source,
-        };
-        let patch = json!({ "spec": spec });
-        match api
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        renew_node_lease(&self.leases(), &self.node.name, self.lease_duration_seconds)
             .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                let lease = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        namespace: Some(self.namespace.clone()),
-                        ..Default::default()
-                    },
-                    spec: Some(LeaseSpec {
-                        acquire_time: spec.renew_time.clone(),
-                        ..spec
-                    }),
-                };
-                match api.create(&PostParams::default(), &lease).await {
-                    // Created in between by someone else: the next beat renews it.
-                    Ok(_) => Ok(()),
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-                    Err(e) => Err(lease_err(e)),
-                }
-            }
-            Err(e) => Err(lease_err(e)),
-        }
+            .map_err(|source| NodeError::Lease {
+                node: self.node.name.clone(),
+                source,
+            })
     }
 
     /// One heartbeat: the Lease, then `status.phase: Online` and `heartbeatTime`.
@@ -587,6 +553,50 @@ impl NodeReporter {
                 }
             }
         }
+    }
+}
+
+/// Renew the heartbeat Lease `node-<node>` in `leases`' namespace, creating it when missing:
+/// a merge patch of `holderIdentity`, `leaseDurationSeconds` and `renewTime`, or a create
+/// with `acquireTime` too. A create that loses a race (409) counts as done: the next beat
+/// renews it. This is the agent protocol's heartbeat (the simulated agent in the testkit
+/// uses it as well).
+pub async fn renew_node_lease(
+    leases: &Api<Lease>,
+    node: &str,
+    lease_duration_seconds: i32,
+) -> Result<(), kube::Error> {
+    let name = format!("{LEASE_PREFIX}{node}");
+    let spec = LeaseSpec {
+        holder_identity: Some(node.to_string()),
+        lease_duration_seconds: Some(lease_duration_seconds),
+        renew_time: Some(MicroTime(Timestamp::now())),
+        ..Default::default()
+    };
+    let patch = json!({ "spec": spec });
+    match leases
+        .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.clone()),
+                    ..Default::default()
+                },
+                spec: Some(LeaseSpec {
+                    acquire_time: spec.renew_time.clone(),
+                    ..spec
+                }),
+            };
+            match leases.create(&PostParams::default(), &lease).await {
+                Ok(_) => Ok(()),
+                Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
     }
 }
 

@@ -42,10 +42,10 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
@@ -588,45 +588,12 @@ impl Shared {
     }
 
     async fn renew_lease(&self, node: &str) -> Result<(), SimAgentError> {
-        let api = self.leases_api();
-        let name = format!("node-{node}");
-        let spec = LeaseSpec {
-            holder_identity: Some(node.to_string()),
-            lease_duration_seconds: Some(self.lease_duration_seconds),
-            renew_time: Some(MicroTime(Timestamp::now())),
-            ..Default::default()
-        };
-        let lease_err = |source| SimAgentError::Lease {
-            node: node.to_string(),
-            source,
-        };
-        let patch = json!({ "spec": spec });
-        match api
-            .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+        rlark_agent::node::renew_node_lease(&self.leases_api(), node, self.lease_duration_seconds)
             .await
-        {
-            Ok(_) => Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 404 => {
-                let lease = Lease {
-                    metadata: ObjectMeta {
-                        name: Some(name.clone()),
-                        namespace: Some(self.namespace.clone()),
-                        ..Default::default()
-                    },
-                    spec: Some(LeaseSpec {
-                        acquire_time: spec.renew_time.clone(),
-                        ..spec
-                    }),
-                };
-                match api.create(&PostParams::default(), &lease).await {
-                    Ok(_) => Ok(()),
-                    // Someone created it in between; the next beat renews it.
-                    Err(kube::Error::Api(s)) if s.code == 409 => Ok(()),
-                    Err(e) => Err(lease_err(e)),
-                }
-            }
-            Err(e) => Err(lease_err(e)),
-        }
+            .map_err(|source| SimAgentError::Lease {
+                node: node.to_string(),
+                source,
+            })
     }
 
     async fn beat(&self, node: &str) -> Result<(), SimAgentError> {
