@@ -378,7 +378,7 @@ pub fn host_name() -> Result<String, String> {
 pub fn is_joined(data_dir: &Path) -> bool {
     data_dir
         .join(IDENTITY_DIR)
-        .join(rlark_pki::join::AGENT_PEM)
+        .join(crate::join::AGENT_PEM)
         .is_file()
 }
 

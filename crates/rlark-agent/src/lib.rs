@@ -1,5 +1,5 @@
 //! The rlark agent (DESIGN §7): one per cluster. It joins the installation (bootstrap token
-//! and CA pin, `rlark_pki::join`), keeps its certificate renewed, reports its host as a
+//! and CA pin, `crate::join`), keeps its certificate renewed, reports its host as a
 //! `Node` with heartbeats, runs the Tasks placed on it as processes (`raw` runtime), reports
 //! one `Pod` per replica, and keeps its tunnel to every server address.
 //!
@@ -18,6 +18,7 @@
 
 pub mod api;
 pub mod config;
+pub mod join;
 pub mod node;
 pub mod runtime;
 mod task_events;
@@ -30,6 +31,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
+use crate::join::{AgentCredentials, JoinError, JoinOptions, Renewer};
 use futures::future::BoxFuture;
 use http_body_util::Full;
 use hyper::body::{Bytes, Incoming};
@@ -37,7 +39,6 @@ use hyper_util::rt::TokioIo;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use rlark_pki::join::{AgentCredentials, JoinError, JoinOptions, Renewer};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -324,7 +325,7 @@ async fn start_with(
         node_name: node_name.clone(),
         data_dir: config.tasks_dir(),
         server_url: config.servers[0].clone(),
-        ca_file: identity_dir.join(rlark_pki::join::AGENT_CA),
+        ca_file: identity_dir.join(crate::join::AGENT_CA),
         stop_tasks_on_exit: config.stop_tasks_on_exit,
     };
     let tasks = tokio::spawn(tasks::run_tasks(client.clone(), context, shutdown.clone()));
@@ -440,7 +441,7 @@ fn follow_server(
         dir: dir.to_path_buf(),
         reason: e.to_string(),
     };
-    let state = rlark_pki::join::AgentState {
+    let state = crate::join::AgentState {
         server: server.to_string(),
         cluster_id: credentials.state.cluster_id.clone(),
     };
@@ -456,15 +457,12 @@ fn follow_server(
         &credentials.info.common_name,
     );
     rlark_pki::write_private_file(
-        &dir.join(rlark_pki::join::AGENT_KUBECONFIG),
+        &dir.join(crate::join::AGENT_KUBECONFIG),
         kubeconfig.as_bytes(),
     )
     .map_err(write_err)?;
-    rlark_pki::write_private_file(
-        &dir.join(rlark_pki::join::AGENT_STATE),
-        state_json.as_bytes(),
-    )
-    .map_err(write_err)?;
+    rlark_pki::write_private_file(&dir.join(crate::join::AGENT_STATE), state_json.as_bytes())
+        .map_err(write_err)?;
     tracing::info!(from = %credentials.state.server, to = %server, "the agent identity now points at the configured server");
     credentials.state = state;
     Ok(credentials)
@@ -483,7 +481,7 @@ async fn join_now(
         cluster_id: Some(config.cluster_id.clone()),
         dir: dir.to_path_buf(),
     };
-    let credentials = rlark_pki::join::join(&options)
+    let credentials = crate::join::join(&options)
         .await
         .map_err(|source| AgentError::Join {
             cluster_id: config.cluster_id.clone(),
@@ -503,7 +501,7 @@ async fn join_now(
 
 /// A kube client from `DIR/agent.kubeconfig` (the agent identity).
 async fn kube_client(identity_dir: &Path) -> Result<kube::Client, AgentError> {
-    let path = identity_dir.join(rlark_pki::join::AGENT_KUBECONFIG);
+    let path = identity_dir.join(crate::join::AGENT_KUBECONFIG);
     let err = |reason: String| AgentError::Client {
         path: path.clone(),
         reason,

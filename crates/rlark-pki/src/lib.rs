@@ -8,7 +8,6 @@ mod certinfo;
 mod csr;
 mod der;
 mod files;
-pub mod join;
 mod kubeconfig;
 mod pin;
 pub mod ssh;

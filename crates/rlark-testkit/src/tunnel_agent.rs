@@ -41,7 +41,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
-use rlark_pki::join::{AgentCredentials, JoinOptions};
+use rlark_agent::join::{AgentCredentials, JoinOptions};
 use rlark_tunnel::client::{ClientConfig, ClientHandle};
 use serde_json::{Value, json};
 use tempfile::TempDir;
@@ -168,7 +168,7 @@ impl TunnelAgent {
             cluster_id: None,
             dir: dir.path().to_path_buf(),
         };
-        let credentials = rlark_pki::join::join(&options)
+        let credentials = rlark_agent::join::join(&options)
             .await
             .with_context(|| format!("join as cluster {cluster_id}"))?;
         let tls_config = credentials

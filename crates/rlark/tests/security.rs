@@ -13,7 +13,7 @@ use futures::StreamExt as _;
 use http_body_util::BodyExt as _;
 use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
-use rlark_pki::join::{
+use rlark_agent::join::{
     AGENT_CA, AGENT_KUBECONFIG, AGENT_PEM, AGENT_STATE, AgentCredentials, JoinError, JoinOptions,
     Renewer,
 };
@@ -165,7 +165,7 @@ async fn join_cluster(
         None,
         dir,
     );
-    rlark_pki::join::join(&options)
+    rlark_agent::join::join(&options)
         .await
         .with_context(|| format!("join cluster {cluster}"))
 }
@@ -366,7 +366,7 @@ async fn join_works_once_per_cluster() -> Result<()> {
             None,
             &dir,
         );
-        let creds = rlark_pki::join::join(&options)
+        let creds = rlark_agent::join::join(&options)
             .await
             .context("first join")?;
         assert_eq!(creds.state.cluster_id, "a");
@@ -419,7 +419,7 @@ async fn join_works_once_per_cluster() -> Result<()> {
         // The same token for the same cluster again: refused, nothing written.
         let again_dir = tmp.path().join("agent-a-again");
         let (code, message) = refused(
-            rlark_pki::join::join(&JoinOptions {
+            rlark_agent::join::join(&JoinOptions {
                 dir: again_dir.clone(),
                 ..options.clone()
             })
@@ -434,7 +434,7 @@ async fn join_works_once_per_cluster() -> Result<()> {
         );
         // Also with the cluster ID given explicitly.
         let (code, message) = refused(
-            rlark_pki::join::join(&JoinOptions {
+            rlark_agent::join::join(&JoinOptions {
                 dir: again_dir.clone(),
                 cluster_id: Some("a".into()),
                 ..options.clone()
@@ -452,7 +452,7 @@ async fn join_works_once_per_cluster() -> Result<()> {
         // A token not bound to a cluster needs a cluster ID.
         let unbound = bootstrap_token(&admin, None, 600).await?;
         let (code, message) = refused(
-            rlark_pki::join::join(&join_options(
+            rlark_agent::join::join(&join_options(
                 &server.url(),
                 str_of(&unbound, "token")?,
                 str_of(&unbound, "caHash")?,
@@ -496,7 +496,7 @@ async fn expired_and_wrong_tokens_fail() -> Result<()> {
         }
         let dir = tmp.path().join("exp");
         let (code, message) = refused(
-            rlark_pki::join::join(&join_options(
+            rlark_agent::join::join(&join_options(
                 &server.url(),
                 str_of(&token, "token")?,
                 &ca_hash,
@@ -512,7 +512,7 @@ async fn expired_and_wrong_tokens_fail() -> Result<()> {
         // Garbage: 400 naming the expected format.
         let dir = tmp.path().join("garbage");
         let (code, message) = refused(
-            rlark_pki::join::join(&join_options(
+            rlark_agent::join::join(&join_options(
                 &server.url(),
                 "not-a-token!",
                 &ca_hash,
@@ -528,7 +528,7 @@ async fn expired_and_wrong_tokens_fail() -> Result<()> {
         // Well-formed but unknown: 401.
         let dir = tmp.path().join("unknown");
         let (code, message) = refused(
-            rlark_pki::join::join(&join_options(
+            rlark_agent::join::join(&join_options(
                 &server.url(),
                 "abcdef.0123456789abcdef",
                 &ca_hash,
@@ -545,7 +545,7 @@ async fn expired_and_wrong_tokens_fail() -> Result<()> {
         let real = str_of(&token, "token")?;
         let (id, _) = real.split_once('.').context("token has an id")?;
         let (code, message) = refused(
-            rlark_pki::join::join(&join_options(
+            rlark_agent::join::join(&join_options(
                 &server.url(),
                 &format!("{id}.zzzzzzzzzzzzzzzz"),
                 &ca_hash,
@@ -602,7 +602,7 @@ async fn wrong_ca_hash_is_refused_before_anything_is_sent() -> Result<()> {
 
         // The agent was told server A's pin, but is talking to server B.
         let token = bootstrap_token(&admin_a, Some("mitm"), 600).await?;
-        let result = rlark_pki::join::join(&join_options(
+        let result = rlark_agent::join::join(&join_options(
             &server_b.url(),
             str_of(&token, "token")?,
             str_of(&token, "caHash")?,
@@ -645,7 +645,7 @@ async fn wrong_ca_hash_is_refused_before_anything_is_sent() -> Result<()> {
         );
         // Nothing reached server A either, and its token is still unused.
         assert!(agent_certificates(&admin_a, "mitm").await?.is_empty());
-        let creds = rlark_pki::join::join(&join_options(
+        let creds = rlark_agent::join::join(&join_options(
             &server_a.url(),
             str_of(&token, "token")?,
             str_of(&token, "caHash")?,
@@ -659,7 +659,7 @@ async fn wrong_ca_hash_is_refused_before_anything_is_sent() -> Result<()> {
         // A malformed pin is refused before connecting.
         let bare_hex = str_of(&token, "caHash")?.replace("sha256:", "");
         for pin in ["sha256:xyz", "md5:abcd", "", bare_hex.as_str()] {
-            let result = rlark_pki::join::join(&join_options(
+            let result = rlark_agent::join::join(&join_options(
                 &server_a.url(),
                 str_of(&token, "token")?,
                 pin,
@@ -738,7 +738,7 @@ async fn agent_private_key_never_reaches_the_server() -> Result<()> {
         let dir = tmp.path().join("agent");
         let joined = join_cluster(&server, &admin, "a", &dir).await?;
         // Renewal makes and sends a second key's CSR: check that key too.
-        let renewed = rlark_pki::join::renew(&dir).await.context("renew")?;
+        let renewed = rlark_agent::join::renew(&dir).await.context("renew")?;
         assert_ne!(joined.info.serial, renewed.info.serial);
         assert_ne!(joined.key_pem, renewed.key_pem);
         // The key in agent.pem is the one the credentials carry.
@@ -940,7 +940,7 @@ async fn expired_certificate_is_refused_on_an_open_connection() -> Result<()> {
             Err(other) => bail!("expected a 401 Status, got {other}"),
             Ok(_) => bail!("an expired certificate was accepted"),
         }
-        match rlark_pki::join::renew(&dir).await {
+        match rlark_agent::join::renew(&dir).await {
             Err(JoinError::Expired { serial, .. }) => ensure!(serial == creds.info.serial),
             other => bail!("renewing an expired certificate: {other:?}"),
         }
@@ -1517,7 +1517,7 @@ async fn bad_csrs_and_bodies_get_400_with_a_reason() -> Result<()> {
         assert!(agent_certificates(&admin, "c8").await?.is_empty());
 
         // None of that used up the token.
-        let creds = rlark_pki::join::join(&join_options(
+        let creds = rlark_agent::join::join(&join_options(
             &server.url(),
             token,
             str_of(&token_value, "caHash")?,

@@ -1,4 +1,4 @@
-//! `rlark join`: the agent side of the bootstrap-token join (see `rlark_pki::join`).
+//! `rlark join`: the agent side of the bootstrap-token join (see `rlark_agent::join`).
 
 use std::path::PathBuf;
 
@@ -37,21 +37,21 @@ pub(crate) struct JoinArgs {
 }
 
 pub(crate) async fn join(args: JoinArgs) -> anyhow::Result<()> {
-    let existing = args.dir.join(rlark_pki::join::AGENT_PEM);
+    let existing = args.dir.join(rlark_agent::join::AGENT_PEM);
     if existing.exists() && !args.force {
         anyhow::bail!(
             "{} already holds agent credentials; pass --force to replace them",
             args.dir.display()
         );
     }
-    let options = rlark_pki::join::JoinOptions {
+    let options = rlark_agent::join::JoinOptions {
         server: args.server,
         token: args.token,
         ca_hash: args.ca_hash,
         cluster_id: args.cluster_id,
         dir: args.dir.clone(),
     };
-    let credentials = rlark_pki::join::join(&options)
+    let credentials = rlark_agent::join::join(&options)
         .await
         .context("join failed")?;
     println!(

@@ -32,7 +32,7 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use crate::{CertInfo, PinnedCaVerifier, generate_key_and_csr, write_private_file};
+use rlark_pki::{CertInfo, PinnedCaVerifier, generate_key_and_csr, write_private_file};
 
 /// Credentials file (certificate + key).
 pub const AGENT_PEM: &str = "agent.pem";
@@ -53,7 +53,7 @@ pub enum JoinError {
     #[error("server URL {0:?} must look like https://HOST:PORT")]
     BadUrl(String),
     #[error(transparent)]
-    BadPin(#[from] crate::BadPin),
+    BadPin(#[from] rlark_pki::BadPin),
     #[error("connect to {addr}: {source}")]
     Connect {
         addr: String,
@@ -80,7 +80,7 @@ pub enum JoinError {
     )]
     Expired { serial: String, not_after: String },
     #[error(transparent)]
-    Pki(#[from] crate::PkiError),
+    Pki(#[from] rlark_pki::PkiError),
 }
 
 /// What [`join`] needs.
@@ -175,12 +175,13 @@ impl AgentCredentials {
             .map_err(|e| JoinError::Response(format!("certificate: {e}")))?;
         let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes())
             .map_err(|e| JoinError::Response(format!("key: {e}")))?;
-        let config = rustls::ClientConfig::builder_with_provider(Arc::new(crate::tls_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(|e| JoinError::Http(e.to_string()))?
-            .with_root_certificates(roots)
-            .with_client_auth_cert(vec![cert], key)
-            .map_err(|e| JoinError::Response(format!("client certificate: {e}")))?;
+        let config =
+            rustls::ClientConfig::builder_with_provider(Arc::new(rlark_pki::tls_provider()))
+                .with_safe_default_protocol_versions()
+                .map_err(|e| JoinError::Http(e.to_string()))?
+                .with_root_certificates(roots)
+                .with_client_auth_cert(vec![cert], key)
+                .map_err(|e| JoinError::Response(format!("client certificate: {e}")))?;
         Ok(Arc::new(config))
     }
 }
@@ -320,7 +321,7 @@ fn write_credentials(
     let state_json =
         serde_json::to_string_pretty(state).map_err(|e| JoinError::Response(e.to_string()))?;
     write_private_file(&dir.join(AGENT_STATE), state_json.as_bytes())?;
-    let kubeconfig = crate::kubeconfig_yaml(
+    let kubeconfig = rlark_pki::kubeconfig_yaml(
         &state.server,
         &issued.ca_bundle,
         &issued.certificate,
@@ -336,7 +337,7 @@ fn write_credentials(
 pub async fn join(options: &JoinOptions) -> Result<AgentCredentials, JoinError> {
     parse_server(&options.server)?;
     let verifier = Arc::new(PinnedCaVerifier::new(&options.ca_hash)?);
-    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(crate::tls_provider()))
+    let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rlark_pki::tls_provider()))
         .with_safe_default_protocol_versions()
         .map_err(|e| JoinError::Http(e.to_string()))?
         .dangerous()
@@ -357,7 +358,7 @@ pub async fn join(options: &JoinOptions) -> Result<AgentCredentials, JoinError> 
         .cluster_id
         .clone()
         .ok_or_else(|| JoinError::Response("join response has no clusterID".into()))?;
-    crate::create_private_dir(&options.dir)?;
+    rlark_pki::create_private_dir(&options.dir)?;
     let state = AgentState {
         server: options.server.trim_end_matches('/').to_string(),
         cluster_id,
