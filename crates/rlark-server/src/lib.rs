@@ -292,6 +292,7 @@ async fn start_with_token(
     };
     let ready = Arc::new(AtomicBool::new(false));
     let hub = tunnel::Hub::new(replica_name(local_addr), config.tunnel.clone());
+    hub.proxy_tls().trust_pem(&ca.bundle_pem());
     registry.register_collector(Box::new(tunnel::HubCollector {
         hub: Arc::clone(&hub),
     }));

@@ -82,6 +82,50 @@ async fn http_target() -> Result<u16> {
     Ok(port)
 }
 
+/// A TLS HTTP server on loopback answering `GET /hello` with `hi`, presenting a serving
+/// certificate for 127.0.0.1 from a fresh CA that nobody trusts. Returns the port.
+async fn untrusted_https_target(dir: &Path) -> Result<u16> {
+    let ca = rlark_pki::Ca::load_or_create(dir).context("foreign CA")?;
+    let issued = ca
+        .issue_serving(&["127.0.0.1".to_string()], Duration::from_secs(3600))
+        .context("serving certificate")?;
+    let certs = CertificateDer::pem_slice_iter(issued.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()?;
+    let key = PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes())?;
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rlark_pki::tls_provider()))
+        .with_safe_default_protocol_versions()?
+        .with_no_client_auth()
+        .with_single_cert(certs, key)?;
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(
+                    |request: hyper::Request<hyper::body::Incoming>| async move {
+                        let (status, body) = match request.uri().path() {
+                            "/hello" => (200, "hi"),
+                            _ => (404, "not found"),
+                        };
+                        hyper::Response::builder()
+                            .status(status)
+                            .body(http_body_util::Full::new(bytes::Bytes::from(body)))
+                    },
+                );
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    Ok(port)
+}
+
 /// A WebSocket echo server on loopback (text and binary messages). Returns the port.
 async fn ws_echo_target() -> Result<u16> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
@@ -593,6 +637,63 @@ async fn proxy_http_and_websocket_through_an_agent() -> Result<()> {
             "no no-such-agent dials in:\n{}",
             resp.text
         );
+
+        agent.stop().await;
+        server.stop().await
+    })
+    .await
+}
+
+/// `https` proxy targets: the target's certificate is verified against the web roots and
+/// the installation CA (the server's own port is such a target); a certificate from an
+/// unknown CA is refused with 502, and accepted only when the URL says `https+insecure`.
+#[tokio::test]
+async fn proxy_https_targets_verified_and_insecure() -> Result<()> {
+    bounded(async {
+        let server = TestServer::start().await?;
+        let agent = TunnelAgent::start(&[&server], "edge").await?;
+        let admin = admin_client(&server).await?;
+
+        // The server itself, reached back through the agent: its certificate chains to
+        // the installation CA and names 127.0.0.1.
+        let own = format!(
+            "/api/proxy/edge/https/127.0.0.1:{}/healthz",
+            server.addr().port()
+        );
+        let resp = get(&admin, &own).await?;
+        assert_eq!(resp.code, 200, "{}", resp.text);
+
+        let foreign = tempfile::tempdir()?;
+        let port = untrusted_https_target(foreign.path()).await?;
+        let verified = format!("/api/proxy/edge/https/127.0.0.1:{port}/hello");
+        let resp = get(&admin, &verified).await?;
+        assert_eq!(resp.code, 502, "{}", resp.text);
+        assert!(
+            resp.message().contains("TLS handshake") && resp.message().contains("certificate"),
+            "{}",
+            resp.text
+        );
+        let insecure = format!("/api/proxy/edge/https+insecure/127.0.0.1:{port}/hello");
+        let resp = get(&admin, &insecure).await?;
+        assert_eq!((resp.code, resp.text.as_str()), (200, "hi"), "{resp:?}");
+
+        // A plain-HTTP target spoken to over TLS fails the handshake, by name.
+        let http_port = http_target().await?;
+        let resp = get(
+            &admin,
+            &format!("/api/proxy/edge/https+insecure/127.0.0.1:{http_port}/hello"),
+        )
+        .await?;
+        assert_eq!(resp.code, 502, "{}", resp.text);
+
+        // Unknown schemes are refused before any dial.
+        let resp = get(
+            &admin,
+            &format!("/api/proxy/edge/ftp/127.0.0.1:{port}/hello"),
+        )
+        .await?;
+        assert_eq!(resp.code, 400, "{}", resp.text);
+        assert!(resp.message().contains("ftp"), "{}", resp.text);
 
         agent.stop().await;
         server.stop().await

@@ -10,6 +10,7 @@
 
 pub(crate) mod connect;
 pub(crate) mod logs;
+pub(crate) mod proxy_tls;
 pub(crate) mod routes;
 
 use std::collections::HashMap;
@@ -27,6 +28,7 @@ use rlark_tunnel::mux::{Control, MuxConfig, MuxStream};
 use serde::Serialize;
 
 use crate::security::Security;
+pub(crate) use proxy_tls::ProxyTls;
 
 /// Tunnel tunables (the agent side has its own copy of the mux settings).
 #[derive(Clone, Debug)]
@@ -90,6 +92,7 @@ pub(crate) struct Hub {
     sessions: Mutex<HashMap<String, Vec<Arc<AgentSession>>>>,
     dials: Family<DialLabels, Counter>,
     connects: Counter,
+    proxy_tls: ProxyTls,
 }
 
 impl std::fmt::Debug for Hub {
@@ -109,11 +112,17 @@ impl Hub {
             sessions: Mutex::new(HashMap::new()),
             dials: Family::default(),
             connects: Counter::default(),
+            proxy_tls: ProxyTls::new(),
         })
     }
 
     pub(crate) fn config(&self) -> &TunnelConfig {
         &self.config
+    }
+
+    /// TLS towards `https` proxy targets.
+    pub(crate) fn proxy_tls(&self) -> &ProxyTls {
+        &self.proxy_tls
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Vec<Arc<AgentSession>>>> {

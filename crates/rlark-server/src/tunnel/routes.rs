@@ -3,7 +3,7 @@
 //! | route | who | what |
 //! |---|---|---|
 //! | `GET /api/connect` | agents (client certificate) | WebSocket upgrade carrying the tunnel session |
-//! | `ANY /api/proxy/{clusterID}/http/{host}:{port}/{path}` | admin | HTTP reverse proxy through the agent, WebSocket upgrades included |
+//! | `ANY /api/proxy/{clusterID}/{scheme}/{host}:{port}/{path}` | admin | HTTP reverse proxy through the agent, WebSocket upgrades included; `scheme` is `http`, `https` (the target's certificate verified, see [`super::ProxyTls`]) or `https+insecure` (TLS without verification, as kube-apiserver's service proxy) |
 //! | `GET /api/v1/tunnels` | admin, viewer, peer | live sessions (agent, node, replica, since, streams, bytes) |
 //! | `GET /rlark/v1/namespaces/{ns}/pods/{pod}/log` | admin, viewer | a replica's log from its agent (`logs.rs`) |
 
@@ -196,6 +196,10 @@ fn websocket_key(headers: &HeaderMap) -> Result<String, String> {
         .ok_or_else(|| "Sec-WebSocket-Key is missing".to_string())
 }
 
+/// The connection a proxied request goes over: a tunnel stream, or TLS on one.
+trait ProxyIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> ProxyIo for T {}
+
 /// Headers that describe one hop and are not forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
@@ -241,13 +245,18 @@ async fn forward(
             &format!("proxy to cluster {cluster:?} (admins only)"),
         );
     }
-    if scheme != "http" {
-        return ApiError::bad_request(format!(
-            "proxy scheme {scheme:?} is not supported: use http (WebSocket upgrades included), \
-             or HTTP CONNECT for TLS targets"
-        ))
-        .into_response();
-    }
+    let tls = match scheme.as_str() {
+        "http" => None,
+        "https" => Some(hub.proxy_tls().verified()),
+        "https+insecure" => Some(hub.proxy_tls().insecure()),
+        _ => {
+            return ApiError::bad_request(format!(
+                "proxy scheme {scheme:?} is not supported: use http, https (the target's \
+                 certificate is verified) or https+insecure (it is not)"
+            ))
+            .into_response();
+        }
+    };
     let Some((host, port)) = target
         .rsplit_once(':')
         .and_then(|(h, p)| Some((h.to_string(), p.parse::<u16>().ok().filter(|p| *p > 0)?)))
@@ -255,9 +264,44 @@ async fn forward(
         return ApiError::bad_request(format!("proxy target {target:?} must be <host>:<port>"))
             .into_response();
     };
+    let server_name = match &tls {
+        None => None,
+        Some(_) => match rustls::pki_types::ServerName::try_from(
+            host.trim_start_matches('[')
+                .trim_end_matches(']')
+                .to_string(),
+        ) {
+            Ok(name) => Some(name),
+            Err(_) => {
+                return ApiError::bad_request(format!(
+                    "proxy target host {host:?} is neither a DNS name nor an IP address"
+                ))
+                .into_response();
+            }
+        },
+    };
     let stream = match hub.dial(&cluster, None, &host, port).await {
         Ok(stream) => stream,
         Err(error) => return dial_error_response(&target, &cluster, &error),
+    };
+    let stream: Box<dyn ProxyIo> = match (tls, server_name) {
+        (Some(config), Some(name)) => {
+            match tokio_rustls::TlsConnector::from(config)
+                .connect(name, stream)
+                .await
+            {
+                Ok(tls) => Box::new(tls),
+                Err(error) => {
+                    return ApiError::new(
+                        502,
+                        "BadGateway",
+                        format!("proxy to {scheme}://{target}: TLS handshake: {error}"),
+                    )
+                    .into_response();
+                }
+            }
+        }
+        _ => Box::new(stream),
     };
     let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
     {
