@@ -18,6 +18,7 @@
 
 pub mod api;
 pub mod config;
+pub mod discovery;
 pub mod join;
 pub mod node;
 pub mod runtime;
@@ -291,6 +292,17 @@ async fn start_with(
         &node_name,
         shutdown.clone(),
     )));
+    let (replicas_tx, replicas_rx) = watch::channel(Vec::new());
+    tunnel_config.discovered = Some(replicas_rx);
+    parts.push((
+        "replica discovery",
+        tokio::spawn(discovery::follow_replicas(
+            client.clone(),
+            replicas_tx,
+            discovery::DISCOVERY_INTERVAL,
+            shutdown.clone(),
+        )),
+    ));
     let tunnel = rlark_tunnel::client::spawn(tunnel_config, shutdown.clone());
     let tunnel_watch = tunnel.watch();
     parts.push((

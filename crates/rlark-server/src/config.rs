@@ -184,6 +184,12 @@ impl ServerConfig {
             if let Some(v) = tunnel.dial_timeout_seconds {
                 config.tunnel.dial_timeout = Duration::from_secs(v);
             }
+            if let Some(v) = tunnel.advertise_url {
+                config.tunnel.advertise_url = Some(v);
+            }
+            if let Some(v) = tunnel.peers {
+                config.tunnel.peers = v;
+            }
         }
         if let Some(enabled) = overrides.controllers {
             config.controllers.enabled = enabled;
@@ -261,6 +267,14 @@ impl ServerConfig {
                     self.tunnel.mux.keepalive_interval.as_secs()
                 ),
             ));
+        }
+        if let Some(url) = &self.tunnel.advertise_url {
+            crate::tunnel::replicas::check_url(url)
+                .map_err(|reason| invalid("tunnel.advertiseURL", reason))?;
+        }
+        for (i, url) in self.tunnel.peers.iter().enumerate() {
+            crate::tunnel::replicas::check_url(url)
+                .map_err(|reason| invalid(&format!("tunnel.peers[{i}]"), reason))?;
         }
         if self.tunnel.dial_timeout.is_zero()
             || self.tunnel.dial_timeout > rlark_tunnel::header::MAX_DIAL_TIMEOUT
@@ -363,6 +377,12 @@ pub struct TunnelConfigFile {
     pub keepalive_timeout_seconds: Option<u64>,
     /// `dialTimeoutSeconds`: deadline of a dial through an agent (default 10).
     pub dial_timeout_seconds: Option<u64>,
+    /// `advertiseURL`: the `https://` URL agents reach this replica at (default: derived
+    /// from `listen`, see `TunnelConfig::advertise_url`).
+    #[serde(rename = "advertiseURL")]
+    pub advertise_url: Option<String>,
+    /// `peers`: other replicas' `https://` URLs, offered to agents.
+    pub peers: Option<Vec<String>>,
 }
 
 /// The `security` section of [`ServerConfigFile`]; see `SecurityConfig`.
@@ -556,7 +576,7 @@ mod tests {
             ..Default::default()
         };
         let file = parse(
-            "security: {agentCertValiditySeconds: 60}\ntunnel: {windowBytes: 1048576, maxStreams: 10, idleStreamTimeoutSeconds: 0, dialTimeoutSeconds: 3}\n",
+            "security: {agentCertValiditySeconds: 60}\ntunnel: {windowBytes: 1048576, maxStreams: 10, idleStreamTimeoutSeconds: 0, dialTimeoutSeconds: 3, advertiseURL: 'https://cp-1:8443', peers: ['https://cp-2:8443']}\n",
         )
         .expect("parse");
         let config = ServerConfig::resolve(Some(file), overrides()).expect("valid");
@@ -565,7 +585,17 @@ mod tests {
         assert_eq!(config.tunnel.mux.max_streams, 10);
         assert_eq!(config.tunnel.mux.idle_stream_timeout, None);
         assert_eq!(config.tunnel.dial_timeout, Duration::from_secs(3));
+        assert_eq!(
+            config.tunnel.advertise_url.as_deref(),
+            Some("https://cp-1:8443")
+        );
+        assert_eq!(config.tunnel.peers, ["https://cp-2:8443"]);
         for (yaml, field) in [
+            (
+                "tunnel: {advertiseURL: 'http://cp-1'}\n",
+                "tunnel.advertiseURL",
+            ),
+            ("tunnel: {peers: ['https://a', 'b:1']}\n", "tunnel.peers[1]"),
             ("tunnel: {windowBytes: 100}\n", "tunnel.windowBytes"),
             ("tunnel: {maxStreams: 0}\n", "tunnel.maxStreams"),
             (

@@ -293,6 +293,16 @@ async fn start_with_token(
     let ready = Arc::new(AtomicBool::new(false));
     let hub = tunnel::Hub::new(replica_name(local_addr), config.tunnel.clone());
     hub.proxy_tls().trust_pem(&ca.bundle_pem());
+    let replicas = tunnel::replicas::Replicas::new(
+        Arc::new(store.clone()),
+        replica_name(local_addr),
+        config
+            .tunnel
+            .advertise_url
+            .clone()
+            .or_else(|| tunnel::replicas::default_advertise_url(local_addr, &config.tls_sans)),
+        config.tunnel.peers.clone(),
+    );
     registry.register_collector(Box::new(tunnel::HubCollector {
         hub: Arc::clone(&hub),
     }));
@@ -316,7 +326,15 @@ async fn start_with_token(
     )
     .merge(security_routes)
     .merge(events_routes)
-    .merge(tunnel::routes::router(Arc::clone(&hub)));
+    .merge(tunnel::routes::router(Arc::clone(&hub)))
+    .merge(
+        axum::Router::new()
+            .route(
+                tunnel::replicas::ROUTE,
+                axum::routing::get(tunnel::replicas::list),
+            )
+            .with_state(Arc::clone(&replicas)),
+    );
 
     let background_task = {
         let api = api.clone();
@@ -327,7 +345,8 @@ async fn start_with_token(
             tokio::join!(
                 api.run_background(token.clone()),
                 Arc::clone(&security).follow_revocations(token.clone()),
-                hub.enforce_revocations(security, token)
+                hub.enforce_revocations(security, token.clone()),
+                Arc::clone(&replicas).run(token)
             );
         })
     };

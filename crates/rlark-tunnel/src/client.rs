@@ -64,6 +64,11 @@ pub struct ClientConfig {
     pub backoff_max: Duration,
     /// Sent as `X-Rlark-Node` (node agents); `None` for a cluster agent.
     pub node: Option<String>,
+    /// More servers, discovered at run time (the hub's `GET /rlark/v1/replicas`, polled by
+    /// the agent): every URL in the latest list that is not in [`ClientConfig::servers`]
+    /// gets its own connection loop, and loses it when a later list drops it. `None`: the
+    /// configured servers only.
+    pub discovered: Option<watch::Receiver<Vec<String>>>,
 }
 
 impl ClientConfig {
@@ -78,6 +83,7 @@ impl ClientConfig {
             backoff_min: Duration::from_secs(1),
             backoff_max: Duration::from_secs(30),
             node: None,
+            discovered: None,
         }
     }
 }
@@ -256,16 +262,93 @@ pub async fn run_with_observer(
     observer: watch::Sender<Vec<String>>,
 ) {
     let servers = config.servers.clone();
+    let mut discovered = config.discovered.clone();
     let config = Arc::new(config);
     let observer = Arc::new(observer);
     let mut tasks = JoinSet::new();
-    for url in servers {
+    let spawn_loop = |tasks: &mut JoinSet<()>, url: String, stop: CancellationToken| {
         let span = tracing::info_span!("tunnel_client", server = %url);
-        tasks.spawn(
-            server_loop(url, config.clone(), shutdown.clone(), observer.clone()).instrument(span),
-        );
+        tasks.spawn(server_loop(url, config.clone(), stop, observer.clone()).instrument(span));
+    };
+    for url in servers {
+        spawn_loop(&mut tasks, url, shutdown.clone());
     }
-    while tasks.join_next().await.is_some() {}
+    // Loops of discovered servers, each with its own stop token (a child of `shutdown`).
+    let mut extra: std::collections::HashMap<String, CancellationToken> = Default::default();
+    if let Some(rx) = discovered.as_mut() {
+        // A list published before this client started counts too.
+        let latest = rx.borrow_and_update().clone();
+        update_discovered(&config, latest, &mut extra, &shutdown, |url, stop| {
+            spawn_loop(&mut tasks, url, stop)
+        });
+    }
+    loop {
+        if tasks.is_empty() && (discovered.is_none() || shutdown.is_cancelled()) {
+            break;
+        }
+        tokio::select! {
+            Some(_) = tasks.join_next(), if !tasks.is_empty() => {}
+            listed = next_list(&mut discovered), if discovered.is_some() && !shutdown.is_cancelled() => {
+                match listed {
+                    Some(latest) => update_discovered(&config, latest, &mut extra, &shutdown, |url, stop| {
+                        spawn_loop(&mut tasks, url, stop)
+                    }),
+                    // The sender is gone: keep what runs, stop listening.
+                    None => discovered = None,
+                }
+            }
+            _ = shutdown.cancelled(), if tasks.is_empty() => {}
+        }
+    }
+}
+
+/// The next discovered list; `None` once its sender is gone.
+async fn next_list(discovered: &mut Option<watch::Receiver<Vec<String>>>) -> Option<Vec<String>> {
+    let rx = discovered.as_mut()?;
+    rx.changed().await.ok()?;
+    Some(rx.borrow_and_update().clone())
+}
+
+/// Start loops for newly discovered servers (not configured, not running) and stop the
+/// loops of discovered servers no longer listed.
+fn update_discovered(
+    config: &ClientConfig,
+    latest: Vec<String>,
+    extra: &mut std::collections::HashMap<String, CancellationToken>,
+    shutdown: &CancellationToken,
+    mut spawn: impl FnMut(String, CancellationToken),
+) {
+    let configured = |url: &str| config.servers.iter().any(|s| same_server(s, url));
+    extra.retain(|url, stop| {
+        let keep = latest.iter().any(|u| same_server(u, url));
+        if !keep {
+            tracing::info!(server = %url, "server no longer listed by the hub; disconnecting");
+            stop.cancel();
+        }
+        keep
+    });
+    for url in latest {
+        if configured(&url) || extra.keys().any(|u| same_server(u, &url)) {
+            continue;
+        }
+        tracing::info!(server = %url, "hub listed another server replica; connecting");
+        let stop = shutdown.child_token();
+        extra.insert(url.clone(), stop.clone());
+        spawn(url, stop);
+    }
+}
+
+/// Whether two server URLs name the same endpoint (scheme `https`/`wss` alike, case of the
+/// host and a trailing slash ignored).
+fn same_server(a: &str, b: &str) -> bool {
+    fn norm(url: &str) -> String {
+        let rest = url
+            .strip_prefix("https://")
+            .or_else(|| url.strip_prefix("wss://"))
+            .unwrap_or(url);
+        rest.trim_end_matches('/').to_ascii_lowercase()
+    }
+    norm(a) == norm(b)
 }
 
 /// Handle to a client started with [`spawn`].
@@ -318,7 +401,8 @@ impl<'a> Listed<'a> {
     fn new(observer: &'a watch::Sender<Vec<String>>, url: &'a str, order: &[String]) -> Self {
         observer.send_modify(|list| {
             list.push(url.to_owned());
-            list.sort_by_key(|u| order.iter().position(|s| s == u));
+            // Configured servers in configuration order, then discovered ones.
+            list.sort_by_key(|u| order.iter().position(|s| s == u).unwrap_or(usize::MAX));
         });
         Listed { observer, url }
     }
@@ -831,6 +915,68 @@ mod tests {
                 .await
                 .expect("hub sees the session end");
         }
+    }
+
+    #[tokio::test]
+    async fn connects_to_discovered_servers_and_drops_unlisted_ones() {
+        let pki = pki();
+        let mut hub_a = hub(&pki, "127.0.0.1", 0).await;
+        let mut hub_b = hub(&pki, "localhost", 0).await;
+        let (_tls_tx, tls) = watch::channel(pki.client.clone());
+        let mut config = fast(ClientConfig::new(vec![hub_a.url.clone()], tls));
+        // The hub lists itself (spelled differently: trailing slash, WSS) and one more.
+        let (list_tx, list) = watch::channel(vec![format!("{}/", hub_a.url)]);
+        config.discovered = Some(list);
+        let shutdown = CancellationToken::new();
+        let handle = spawn(config, shutdown.clone());
+        let a = next_session(&mut hub_a).await;
+        assert!(handle.wait_connected(1).await);
+        list_tx
+            .send(vec![
+                hub_a.url.replace("https://", "wss://"),
+                hub_b.url.clone(),
+            ])
+            .unwrap();
+        let b = next_session(&mut hub_b).await;
+        assert!(
+            tokio::time::timeout(Duration::from_secs(5), handle.wait_connected(2))
+                .await
+                .unwrap()
+        );
+        assert_eq!(
+            handle.connected(),
+            vec![hub_a.url.clone(), hub_b.url.clone()],
+            "configured first, then discovered"
+        );
+        echo_through(&b.control).await;
+        assert!(
+            hub_a.sessions.try_recv().is_err(),
+            "no second session to the same server"
+        );
+
+        // Dropped from the list: its session closes and is not re-opened; the configured
+        // server stays even when the list no longer names it.
+        list_tx.send(Vec::new()).unwrap();
+        tokio::time::timeout(Duration::from_secs(5), b.control.closed())
+            .await
+            .expect("the unlisted server's session closes");
+        let mut watch = handle.watch();
+        tokio::time::timeout(
+            Duration::from_secs(5),
+            watch.wait_for(|list| list.len() == 1),
+        )
+        .await
+        .expect("one server left")
+        .unwrap();
+        assert_eq!(handle.connected(), vec![hub_a.url.clone()]);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        assert!(hub_b.sessions.try_recv().is_err(), "no reconnect to b");
+        echo_through(&a.control).await;
+
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), handle.join())
+            .await
+            .expect("client stops after shutdown");
     }
 
     #[tokio::test]

@@ -977,6 +977,74 @@ async fn agent_with_two_servers_is_reachable_through_either() -> Result<()> {
     .await
 }
 
+/// An agent configured with one server finds the other replica in the hub's list
+/// (`GET /rlark/v1/replicas`: B's own registration plus its configured peer A) and keeps a
+/// session to it too, so A reaches the agent with no load balancer and no agent change.
+#[tokio::test]
+async fn an_agent_discovers_the_other_replica_from_the_hub() -> Result<()> {
+    bounded(async {
+        let a = TestServer::start().await?;
+        let dir_b = tempfile::tempdir()?;
+        share_pki(a.data_dir(), dir_b.path())?;
+        let mut config_b = TestServer::config_for(dir_b.path());
+        config_b.tunnel.peers = vec![a.url()];
+        let b = TestServer::start_with(config_b).await?;
+        let admin_a = admin_client(&a).await?;
+        let admin_b = admin_client(&b).await?;
+
+        let resp = get(&admin_b, "/rlark/v1/replicas").await?;
+        assert_eq!(resp.code, 200, "{}", resp.text);
+        let list: Value = serde_json::from_str(&resp.text)?;
+        let listed: Vec<(&str, &str)> = list["items"]
+            .as_array()
+            .context("items")?
+            .iter()
+            .map(|i| {
+                (
+                    i["url"].as_str().unwrap_or_default(),
+                    i["source"].as_str().unwrap_or_default(),
+                )
+            })
+            .collect();
+        let (a_url, b_url) = (a.url(), b.url());
+        assert_eq!(
+            listed,
+            vec![
+                (b_url.as_str(), "registered"),
+                (a_url.as_str(), "configured")
+            ],
+            "{}",
+            resp.text
+        );
+
+        let agent_dir = tempfile::tempdir()?;
+        let agent =
+            rlark_testkit::real_agent::start_agent(&b, "edge", "edge-node", agent_dir.path())
+                .await?;
+        within(
+            DEADLINE,
+            "the agent connects to the discovered replica",
+            async {
+                let mut watch = agent.tunnel_watch();
+                watch
+                    .wait_for(|connected| connected.len() == 2)
+                    .await
+                    .map(|_| ())
+            },
+        )
+        .await??;
+        assert_eq!(agent.tunnel_connected(), vec![b_url.clone(), a_url.clone()]);
+        let http_port = http_target().await?;
+        expect_hello(&admin_a, "edge", http_port).await?;
+        expect_hello(&admin_b, "edge", http_port).await?;
+
+        agent.stop().await?;
+        a.stop().await?;
+        b.stop().await
+    })
+    .await
+}
+
 // ---------------------------------------------------------------------------------------
 // f. Head-of-line: a stalled stream does not stall another
 // ---------------------------------------------------------------------------------------

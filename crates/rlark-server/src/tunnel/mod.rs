@@ -11,6 +11,7 @@
 pub(crate) mod connect;
 pub(crate) mod logs;
 pub(crate) mod proxy_tls;
+pub(crate) mod replicas;
 pub(crate) mod routes;
 
 use std::collections::HashMap;
@@ -37,6 +38,14 @@ pub struct TunnelConfig {
     pub mux: MuxConfig,
     /// Deadline of a dial through an agent when the caller gives none.
     pub dial_timeout: Duration,
+    /// The URL agents reach this replica at, published in `GET /rlark/v1/replicas`
+    /// (`replicas.rs`). `None`: derived from the listen address when it names one IP
+    /// (`https://IP:PORT`), else from the first `tlsSans` entry; not published when neither
+    /// gives one.
+    pub advertise_url: Option<String>,
+    /// Other replicas' URLs, listed in `GET /rlark/v1/replicas` besides the ones registered
+    /// in the store (for replicas that do not share a store).
+    pub peers: Vec<String>,
 }
 
 impl Default for TunnelConfig {
@@ -45,6 +54,8 @@ impl Default for TunnelConfig {
         Self {
             mux: MuxConfig::default(),
             dial_timeout: Duration::from_secs(10),
+            advertise_url: None,
+            peers: Vec::new(),
         }
     }
 }
