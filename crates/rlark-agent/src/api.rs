@@ -35,6 +35,9 @@
 //!   backoff ends the follow at the exit (as `kubectl logs -f` does at a container exit);
 //! - `404` with a message when no such replica ever ran on this agent (or no previous
 //!   run), `400` for a bad name or parameter, `405` for another method.
+//!
+//! `GET /exec/{namespace}/{pod}?command=...`: a command in the running replica, over a
+//! WebSocket (Kubernetes' remotecommand protocol); see [`crate::exec`].
 
 use std::convert::Infallible;
 use std::io;
@@ -101,12 +104,19 @@ impl LocalApi {
         let service =
             hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
                 let inner = inner.clone();
-                async move { Ok::<_, Infallible>(inner.handle(&request).await) }
+                async move {
+                    if request.uri().path().starts_with(crate::exec::EXEC_PREFIX) {
+                        let (dir, node, stop) = (&inner.tasks_dir, &inner.node, &inner.shutdown);
+                        return Ok(crate::exec::handle(dir, node, stop, request).await);
+                    }
+                    Ok::<_, Infallible>(inner.handle(&request).await)
+                }
             });
         let conn = hyper::server::conn::http1::Builder::new()
             .timer(TokioTimer::new())
             .header_read_timeout(HEADER_TIMEOUT)
-            .serve_connection(TokioIo::new(io), service);
+            .serve_connection(TokioIo::new(io), service)
+            .with_upgrades();
         tokio::select! {
             () = self.inner.shutdown.cancelled() => {}
             result = conn => if let Err(error) = result {
@@ -136,14 +146,14 @@ pub fn parse_pod_name(pod: &str) -> Option<(&str, usize)> {
 
 /// One run of a replica found on disk.
 #[derive(Clone, Debug)]
-struct Run {
-    dir: PathBuf,
-    running: bool,
+pub(crate) struct Run {
+    pub(crate) dir: PathBuf,
+    pub(crate) running: bool,
     modified: SystemTime,
 }
 
-/// The runs of replica `index` of `task` in `namespace`, newest first.
-fn find_runs(tasks_dir: &Path, namespace: &str, task: &str, index: usize) -> Vec<Run> {
+/// The runs of replica `index` of `task` in `namespace`, newest first (a running one first).
+pub(crate) fn find_runs(tasks_dir: &Path, namespace: &str, task: &str, index: usize) -> Vec<Run> {
     let task_dir = tasks_dir.join(namespace).join(task);
     let Ok(entries) = std::fs::read_dir(&task_dir) else {
         return Vec::new();
@@ -211,7 +221,10 @@ fn tail_offset(file: &std::fs::File, len: u64, lines: u64) -> io::Result<u64> {
     Ok(0)
 }
 
-fn text_response(status: http::StatusCode, message: impl Into<String>) -> http::Response<ApiBody> {
+pub(crate) fn text_response(
+    status: http::StatusCode,
+    message: impl Into<String>,
+) -> http::Response<ApiBody> {
     let mut text = message.into();
     if !text.ends_with('\n') {
         text.push('\n');

@@ -3,6 +3,7 @@
 //! the network, and names the offending field in its error.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -73,6 +74,11 @@ pub struct AgentConfig {
     /// Stop the running tasks when the agent exits (default: leave them running, to be
     /// adopted by the next agent).
     pub stop_tasks_on_exit: bool,
+    /// The replica supervisor command: program and leading arguments, e.g.
+    /// `[/usr/bin/rlark, supervise]` (see [`crate::supervisor`]). Default:
+    /// [`crate::runtime::default_supervisor`] (this executable + `supervise`, right when the
+    /// agent runs inside the `rlark` binary); tests set it (e.g. to `rlark-supervise`).
+    pub supervisor: Vec<OsString>,
     /// Bootstrap token and CA pin, for the first start only.
     pub join: Option<JoinParams>,
     /// Plain-HTTP `/metrics` listener (a loopback address; port 0 picks one).
@@ -82,7 +88,7 @@ pub struct AgentConfig {
 impl AgentConfig {
     /// A configuration with the defaults: node named after the host, category `cloud`, no
     /// extra labels, heartbeat every 10 s, tasks left running on exit, no join parameters,
-    /// no metrics listener.
+    /// no metrics listener, `<this executable> supervise` as the replica supervisor.
     pub fn new(
         servers: Vec<String>,
         cluster_id: impl Into<String>,
@@ -97,6 +103,7 @@ impl AgentConfig {
             labels: BTreeMap::new(),
             heartbeat_interval: DEFAULT_HEARTBEAT_INTERVAL,
             stop_tasks_on_exit: false,
+            supervisor: crate::runtime::default_supervisor(),
             join: None,
             metrics_listen: None,
         }
@@ -208,6 +215,22 @@ impl AgentConfig {
                         .into(),
                 );
             }
+        }
+
+        match self.supervisor.first() {
+            None => add(
+                "supervisor command",
+                "",
+                "must not be empty (the agent's own executable could not be found: set one)".into(),
+            ),
+            Some(program) if program.is_empty() => {
+                add(
+                    "supervisor command",
+                    "",
+                    "the program must not be empty".into(),
+                );
+            }
+            Some(_) => {}
         }
 
         if let Some(addr) = self.metrics_listen
@@ -446,6 +469,11 @@ mod tests {
             ("cluster ID", Box::new(|c| c.cluster_id = "a".repeat(58))),
             ("cluster ID", Box::new(|c| c.cluster_id = String::new())),
             ("cluster ID", Box::new(|c| c.cluster_id = "a.b".into())),
+            ("supervisor command", Box::new(|c| c.supervisor.clear())),
+            (
+                "supervisor command",
+                Box::new(|c| c.supervisor = vec![OsString::new()]),
+            ),
             (
                 "node name",
                 Box::new(|c| c.node_name = Some("Host_1".into())),

@@ -13,15 +13,19 @@
 //! - **node**: the [`NodeReporter`] (registration, Lease and status heartbeats);
 //! - **tunnel**: [`rlark_tunnel::client`] to every server, as node `<node name>`, serving
 //!   the local API ([`api`]: replica logs) on the hub's `agent-api` streams;
-//! - **tasks**: the Task reconciler ([`tasks::run_tasks`]);
+//! - **tasks**: the Task reconciler ([`tasks::run_tasks`]); each replica runs under its own
+//!   supervisor process ([`supervisor`], `rlark supervise`), so replicas outlive an agent
+//!   that exits or dies and the next agent adopts them;
 //! - **metrics** (optional): `GET /metrics` on a loopback address.
 
 pub mod api;
 pub mod config;
 pub mod discovery;
+pub mod exec;
 pub mod join;
 pub mod node;
 pub mod runtime;
+pub mod supervisor;
 mod task_events;
 pub mod tasks;
 
@@ -339,6 +343,7 @@ async fn start_with(
         server_url: config.servers[0].clone(),
         ca_file: identity_dir.join(crate::join::AGENT_CA),
         stop_tasks_on_exit: config.stop_tasks_on_exit,
+        supervisor: config.supervisor.clone(),
     };
     let tasks = tokio::spawn(tasks::run_tasks(client.clone(), context, shutdown.clone()));
     let supervisor = tokio::spawn(supervise(tasks, parts, shutdown.clone()));

@@ -41,28 +41,56 @@
 //! succeeds (a Pod deleted meanwhile is created again while its replica runs), so a
 //! replica whose process is gone is never left `Running`.
 //!
-//! # Agent restarts (current behaviour)
+//! # Crash safety: agent restarts
 //!
-//! Each started process gets `DATA_DIR/<ns>/<task>/<uid>/<i>/state.json`
-//! ([`ReplicaState`]: pid, process group, start time, run key; and, once it exited, the
-//! status to report), removed once the final status is written. Adopting running
-//! processes after an agent restart is not implemented yet. Instead, at startup, for every
-//! state file left behind:
-//! - if the exit was recorded, that final status is reported;
-//! - otherwise, if the process is gone, the Pod is reported `Failed` with reason
-//!   [`REASON_AGENT_LOST`] and a message saying the outcome is unknown;
-//! - otherwise (it still runs) its process group is killed (SIGTERM, SIGKILL after its
-//!   grace period) and the Pod is reported `Failed`, reason [`REASON_AGENT_LOST`], too.
+//! Each replica runs under its own supervisor process ([`crate::supervisor`], started by
+//! [`crate::runtime::spawn_replica`]), which is not a child the agent's death takes along:
+//! it writes `pid.json` (task pid, process group, start ticks, its own pid) when the
+//! process starts and `exit.json` (exit code or signal, finish time) when it ends, whether
+//! an agent runs or not. The agent adds `DATA_DIR/<ns>/<task>/<uid>/<i>/state.json`
+//! ([`ReplicaState`]: pid, process group, start time, run key, grace period; and, once the
+//! exit was seen, the final status to report), removed once the final status is written.
 //!
-//! A Pod found `Running` for the current run without any state file is reported the same
-//! way. On shutdown, processes keep running (their state files stay, so the next start
-//! handles them as above) unless [`TaskContext::stop_tasks_on_exit`], in which case they
-//! are stopped and their Pods reported `Failed`, reason [`REASON_AGENT_SHUTDOWN`].
+//! At startup, for every state file left behind:
+//! - a recorded final status is reported (if the Pod is still that run's and not final);
+//! - otherwise the replica waits for the worker of its replica (same Task name and
+//!   index), which, when the Task still wants that very run (same [`run_key`]), takes it
+//!   over ([`crate::runtime::adopt_replica`]):
+//!   - **supervisor still running → adopted**: the Pod stays `Running` with its
+//!     `startTime` and `restartCount`, the deadline is counted from that start, the log
+//!     keeps growing (the process writes it directly), and the later exit is reported as
+//!     any other (restart policy included); a stopped Task stops it (`Stopped`);
+//!   - **`exit.json` present → the real exit**: `Succeeded` / `Failed` with the recorded
+//!     exit code (reason `Completed` / `Error`), or a restart per the restart policy;
+//!   - **supervisor gone without `exit.json`** (a reboot, or the supervisor was
+//!     SIGKILLed) → `Failed` with reason [`REASON_AGENT_LOST`] and a message saying what
+//!     is unknown; what is left of its process group is killed (SIGTERM, SIGKILL after the
+//!     grace period); the same for a state file without `pid.json`;
+//! - replicas of another run (new Task UID, restart annotation or placement), of deleted
+//!   Tasks, or scaled down, are stopped through the normal kill path (the new run's worker
+//!   waits for that; Pods of runs no Task wants any more are deleted) once the first full
+//!   Task listing is in (the reconciler's sweep).
+//!
+//! A Pod found `Running` for the current run without any state file is reported
+//! `AgentLost`, unless its reason is [`REASON_BACKOFF`] (nothing runs while a replica waits
+//! to restart): then it restarts now. On shutdown, processes keep running (their state
+//! files stay, so the next start adopts them) unless [`TaskContext::stop_tasks_on_exit`],
+//! in which case they are stopped and their Pods reported `Failed`, reason
+//! [`REASON_AGENT_SHUTDOWN`]. If the agent dies (SIGKILL), its workers die with it and the
+//! supervisors carry on.
+//!
+//! # Old runs on disk
+//!
+//! The directories `<task>/<uid>/` of a Task name are pruned when a new run of it starts
+//! ([`prune_runs`]): the current run and the newest earlier one are kept ([`RUNS_KEPT`],
+//! for the logs API's `previous=true`), older ones are deleted unless a replica there still
+//! has a state file.
 
 use std::collections::BTreeMap;
+use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use futures::StreamExt as _;
@@ -76,12 +104,13 @@ use rlark_api::types::{Pod, PodPhase, PodSpec, RawTaskSpec, RestartPolicy, Task}
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
-use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::runtime::{
-    self, DEFAULT_GRACE, ExitCause, ReplicaExit, ReplicaHandle, ReplicaSpec, process,
+    self, Adoption, DEFAULT_GRACE, ExitCause, ExitStatus, LogLimits, ReplicaExit, ReplicaHandle,
+    ReplicaSpec, process,
 };
 use crate::task_events::TaskTokens;
 
@@ -140,6 +169,8 @@ pub struct TaskContext {
     pub ca_file: PathBuf,
     /// Stop every replica when the agent shuts down (default: leave them running).
     pub stop_tasks_on_exit: bool,
+    /// The replica supervisor command ([`ReplicaSpec::supervisor`]).
+    pub supervisor: Vec<OsString>,
 }
 
 /// Errors that end [`run_tasks`]. API errors never do: they are retried.
@@ -197,24 +228,54 @@ pub fn replica_dir(
         .join(index.to_string())
 }
 
-/// The environment of replica `index` of `task`, in order (a later entry wins): the
-/// Task's `raw.environment`, then rlark's contract, which cannot be overridden:
-/// `RLARK_SERVER`, `RLARK_CLUSTER_ID`, `RLARK_NODE_NAME`, `RLARK_NAMESPACE`, `RLARK_JOB`
-/// (the Task's `rlinf.io/job` label, else its Job owner; empty for a bare Task),
-/// `RLARK_TASK`, `RLARK_TASK_UID`, `RLARK_TASK_ROLE` (`Actor`, `Rollout`, `Env`),
-/// `RLARK_POD_NAME`, `RLARK_REPLICA_INDEX`, `RLARK_TOTAL_NODES` (the Task's replicas).
+/// Variables of the environment contract that are set only in some cases: the Task's
+/// `raw.environment` (or anything else) cannot provide them when rlark does not.
+const OPTIONAL_CONTRACT: &[&str] = &["RLARK_DOMAIN", "RLARK_RAY_ROLE", "RLARK_HEAD_ADDRESS"];
+
+/// The environment of replica `index` of `task`, in order (a later entry wins):
+///
+/// 1. `envFrom.input`: each variable gets the value its JSONPath selects in `spec.input`
+///    (a string as is, anything else as compact JSON). A path that parses to nothing is
+///    refused at admission; for a Task stored before that check (or written straight into
+///    the store) the variable is left unset and a warning logged;
+/// 2. the Task's `raw.environment` (it wins over `envFrom`, as `env` does in Kubernetes);
+/// 3. rlark's contract, which cannot be overridden: `RLARK_SERVER`, `RLARK_CLUSTER_ID`,
+///    `RLARK_NODE_NAME`, `RLARK_NAMESPACE`, `RLARK_JOB` (the Task's `rlinf.io/job` label,
+///    else its Job owner; empty for a bare Task), `RLARK_TASK`, `RLARK_TASK_UID`,
+///    `RLARK_TASK_ROLE` (`Actor`, `Rollout`, `Env`), `RLARK_POD_NAME`,
+///    `RLARK_REPLICA_INDEX`, `RLARK_NODE_RANK_START` (annotation
+///    `rlark.io/ray-node-rank-start`: the replicas of the Job's earlier tasks; 0 when absent
+///    or not a number), `RLARK_NODE_RANK` (= start + replica index: unique across the
+///    Job), `RLARK_TOTAL_NODES` (annotation `rlark.io/ray-total-nodes`, the Job's replicas
+///    over all its tasks as RLark counts them; the Task's own replicas when absent or not a
+///    number, so a bare Task keeps its earlier meaning); and only when known:
+///    `RLARK_DOMAIN` (`spec.domain`), `RLARK_RAY_ROLE` (`head` | `worker`, annotation
+///    `rlark.io/ray-role`), `RLARK_HEAD_ADDRESS` (`<head task>-0.<domain>`: replica 0 of
+///    the task named by `rlark.io/ray-head-task-name`, under the name the domain network
+///    gives it; the head task gets it too). The optional ones are removed from the Task's
+///    own variables when rlark does not set them.
+///
 /// When the replica starts, `RLARK_EVENT_URL`, `RLARK_TOKEN` and `RLARK_CA_FILE` follow
 /// (see [`crate::task_events`]; absent when no task token could be minted).
 /// The process also inherits the agent's own environment underneath.
 pub fn replica_env(task: &Task, index: usize, ctx: &TaskContext) -> Vec<(String, String)> {
-    let mut env: Vec<(String, String)> = task
-        .spec
-        .raw
-        .iter()
-        .flat_map(|raw| raw.environment.iter())
-        .map(|v| (v.name.clone(), v.value.clone()))
-        .collect();
     let name = task.name_any();
+    let (mut env, missing) = task.spec.input_env();
+    for error in &missing {
+        tracing::warn!(
+            namespace = task.namespace().unwrap_or_default(),
+            task = %name,
+            %error,
+            "an envFrom.input variable is left unset"
+        );
+    }
+    env.extend(
+        task.spec
+            .raw
+            .iter()
+            .flat_map(|raw| raw.environment.iter())
+            .map(|v| (v.name.clone(), v.value.clone())),
+    );
     let job = task
         .labels()
         .get(labels::JOB)
@@ -226,7 +287,13 @@ pub fn replica_env(task: &Task, index: usize, ctx: &TaskContext) -> Vec<(String,
                 .map(|o| o.name.clone())
         })
         .unwrap_or_default();
-    let contract = [
+    let annotations = task.annotations();
+    let number = |key: &str| annotations.get(key).and_then(|v| v.parse::<u64>().ok());
+    let rank_start = number(labels::RAY_NODE_RANK_START).unwrap_or(0);
+    let total_nodes = number(labels::RAY_TOTAL_NODES)
+        .unwrap_or_else(|| u64::try_from(task.spec.replicas()).unwrap_or(0));
+    let index_u64 = u64::try_from(index).unwrap_or(u64::MAX);
+    let mut contract: Vec<(&str, String)> = vec![
         ("RLARK_SERVER", ctx.server_url.clone()),
         ("RLARK_CLUSTER_ID", ctx.cluster_id.clone()),
         ("RLARK_NODE_NAME", ctx.node_name.clone()),
@@ -237,8 +304,30 @@ pub fn replica_env(task: &Task, index: usize, ctx: &TaskContext) -> Vec<(String,
         ("RLARK_TASK_ROLE", task.spec.role.as_str().to_string()),
         ("RLARK_POD_NAME", pod_name(&name, index)),
         ("RLARK_REPLICA_INDEX", index.to_string()),
-        ("RLARK_TOTAL_NODES", task.spec.replicas().max(0).to_string()),
+        ("RLARK_NODE_RANK_START", rank_start.to_string()),
+        (
+            "RLARK_NODE_RANK",
+            rank_start.saturating_add(index_u64).to_string(),
+        ),
+        ("RLARK_TOTAL_NODES", total_nodes.to_string()),
     ];
+    let domain = task.spec.domain.as_deref().filter(|d| !d.is_empty());
+    if let Some(domain) = domain {
+        contract.push(("RLARK_DOMAIN", domain.to_string()));
+    }
+    if let Some(role) = annotations.get(labels::RAY_ROLE).filter(|r| !r.is_empty()) {
+        contract.push(("RLARK_RAY_ROLE", role.clone()));
+    }
+    let head = annotations
+        .get(labels::RAY_HEAD_TASK_NAME)
+        .filter(|h| !h.is_empty());
+    if let (Some(head), Some(domain)) = (head, domain) {
+        contract.push((
+            "RLARK_HEAD_ADDRESS",
+            format!("{}.{domain}", pod_name(head, 0)),
+        ));
+    }
+    env.retain(|(key, _)| !OPTIONAL_CONTRACT.contains(&key.as_str()));
     env.extend(contract.into_iter().map(|(k, v)| (k.to_string(), v)));
     env
 }
@@ -314,6 +403,7 @@ pub async fn run_tasks(
         namespace,
         shutdown,
         task_tokens: TaskTokens::default(),
+        recovered: Mutex::new(BTreeMap::new()),
     });
     tokio::select! {
         _ = shared.shutdown.cancelled() => return Ok(()),
@@ -325,6 +415,7 @@ pub async fn run_tasks(
         workers: BTreeMap::new(),
         retired: BTreeMap::new(),
         generation: 0,
+        swept: false,
     };
     let result = reconciler.watch().await;
     reconciler.stop_workers().await;
@@ -339,11 +430,23 @@ struct Shared {
     shutdown: CancellationToken,
     /// Task tokens of the runs started here (the event environment).
     task_tokens: TaskTokens,
+    /// Replicas left by an earlier agent, by replica, until their worker (or the sweep)
+    /// takes them.
+    recovered: Mutex<BTreeMap<ReplicaId, Vec<Recovered>>>,
 }
 
 impl Shared {
     fn pods(&self) -> Api<Pod> {
         Api::namespaced(self.client.clone(), &self.namespace)
+    }
+
+    /// Take the replicas an earlier agent left for replica `id`.
+    fn take_recovered(&self, id: &ReplicaId) -> Vec<Recovered> {
+        self.recovered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(id)
+            .unwrap_or_default()
     }
 }
 
@@ -391,28 +494,84 @@ fn is_status(error: &kube::Error, code: u16) -> bool {
 // Startup recovery
 // ---------------------------------------------------------------------------------------
 
-/// Handle the state files left by an earlier agent (see the module documentation).
+/// A replica left by an earlier agent (its state file has no final status), waiting for
+/// the worker of its replica to adopt or end it (or for [`Reconciler::sweep`]).
+#[derive(Debug)]
+struct Recovered {
+    /// Its `state.json`.
+    path: PathBuf,
+    state: ReplicaState,
+}
+
+impl Recovered {
+    fn replica_dir(&self) -> PathBuf {
+        self.path
+            .parent()
+            .map_or_else(PathBuf::new, Path::to_path_buf)
+    }
+
+    fn grace(&self) -> Duration {
+        Duration::from_secs(self.state.grace_seconds)
+    }
+
+    fn remove_state(&self) {
+        remove_state_file(&self.path);
+    }
+}
+
+fn remove_state_file(path: &Path) {
+    match std::fs::remove_file(path) {
+        Err(error) if error.kind() != io::ErrorKind::NotFound => {
+            tracing::warn!(file = %path.display(), %error, "remove replica state file");
+        }
+        _ => {}
+    }
+}
+
+/// Handle the state files left by an earlier agent (see the module documentation): a
+/// recorded final status is reported now; every other replica waits in
+/// [`Shared::recovered`] for its worker.
 async fn recover(shared: &Shared) {
     let root = shared.ctx.data_dir.join(&shared.namespace);
     let files = tokio::task::spawn_blocking(move || find_state_files(&root))
         .await
         .unwrap_or_default();
-    futures::future::join_all(files.iter().map(|path| recover_one(shared, path))).await;
+    let mut left = Vec::new();
+    for path in files {
+        let state = match ReplicaState::read(&path) {
+            Ok(state) if state.namespace == shared.namespace => state,
+            Ok(_) => continue,
+            Err(error) => {
+                tracing::warn!(file = %path.display(), %error, "unreadable replica state file; removing it");
+                remove_state_file(&path);
+                continue;
+            }
+        };
+        left.push(Recovered { path, state });
+    }
+    let (reported, waiting): (Vec<Recovered>, Vec<Recovered>) = left
+        .into_iter()
+        .partition(|r| r.state.final_status.is_some());
+    futures::future::join_all(reported.iter().map(|r| async move {
+        let status = r.state.final_status.clone().unwrap_or_default();
+        if report_left_status(shared, &r.state, status).await {
+            tracing::info!(task = %r.state.task, index = r.state.index, "reported the final status an earlier agent recorded");
+            r.remove_state();
+        }
+    }))
+    .await;
+    let mut recovered = shared.recovered.lock().unwrap_or_else(|e| e.into_inner());
+    for r in waiting {
+        tracing::info!(task = %r.state.task, index = r.state.index, pid = r.state.pid, "found a replica left by an earlier agent");
+        recovered
+            .entry((r.state.task.clone(), r.state.index))
+            .or_default()
+            .push(r);
+    }
 }
 
 /// `<root>/<task>/<uid>/<index>/state.json` files.
 fn find_state_files(root: &Path) -> Vec<PathBuf> {
-    let subdirs = |dir: &Path| -> Vec<PathBuf> {
-        std::fs::read_dir(dir)
-            .map(|entries| {
-                entries
-                    .filter_map(Result::ok)
-                    .map(|e| e.path())
-                    .filter(|p| p.is_dir())
-                    .collect()
-            })
-            .unwrap_or_default()
-    };
     let mut files = Vec::new();
     for task in subdirs(root) {
         for uid in subdirs(&task) {
@@ -427,61 +586,22 @@ fn find_state_files(root: &Path) -> Vec<PathBuf> {
     files
 }
 
-async fn recover_one(shared: &Shared, path: &Path) {
-    let state = match ReplicaState::read(path) {
-        Ok(state) if state.namespace == shared.namespace => state,
-        Ok(_) => return,
-        Err(error) => {
-            tracing::warn!(file = %path.display(), %error, "unreadable replica state file; removing it");
-            let _ = std::fs::remove_file(path);
-            return;
-        }
-    };
-    let leader_running = process::process_running(state.pid, state.proc_start_ticks);
-    // Without its leader, the group can only still exist with our stragglers in it (a
-    // process group id is not reused while any member lives).
-    let leader_pid_taken = process::proc_stat(state.pid).is_some();
-    let group_left = leader_running || (!leader_pid_taken && process::group_exists(state.pgid));
-    let killed = if group_left {
-        let grace = Duration::from_secs(state.grace_seconds);
-        process::kill_group(state.pgid, grace).await;
-        true
-    } else {
-        false
-    };
-    let status = match &state.final_status {
-        Some(status) => status.clone(),
-        None => {
-            let message = if leader_running {
-                format!(
-                    "the agent restarted while this replica was running; it cannot adopt running \
-                     replicas yet, so it killed the replica's process group (pid {}); the outcome \
-                     of the run is unknown",
-                    state.pid
-                )
-            } else if killed {
-                format!(
-                    "the agent restarted while this replica was running; its main process (pid {}) \
-                     had exited unseen and the rest of its process group was killed; the outcome \
-                     of the run is unknown",
-                    state.pid
-                )
-            } else {
-                format!(
-                    "the agent restarted while this replica was running and its process (pid {}) \
-                     has exited since without the agent seeing how; the outcome of the run is \
-                     unknown",
-                    state.pid
-                )
-            };
-            json!({
-                "phase": "Failed",
-                "reason": REASON_AGENT_LOST,
-                "message": message,
-                "finishTime": Time(Timestamp::now()),
-            })
-        }
-    };
+/// The subdirectories of `dir` (none when it cannot be read).
+fn subdirs(dir: &Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .filter_map(Result::ok)
+                .map(|e| e.path())
+                .filter(|p| p.is_dir())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Write `status` to the Pod of `state`'s replica if the Pod is still that run's and not
+/// final yet. Returns false only when the agent shut down first.
+async fn report_left_status(shared: &Shared, state: &ReplicaState, status: Value) -> bool {
     let api: Api<Pod> = shared.pods();
     let name = pod_name(&state.task, state.index);
     let mut retry = Retry::new();
@@ -490,9 +610,7 @@ async fn recover_one(shared: &Shared, path: &Path) {
             let Some(pod) = api.get_opt(&name).await? else {
                 return Ok(());
             };
-            let ours = pod.annotations().get(TASK_UID_ANNOTATION) == Some(&state.uid)
-                && pod.annotations().get(RUN_KEY_ANNOTATION) == Some(&state.run_key);
-            if ours && !pod_is_terminal(&pod) {
+            if is_run_of(&pod, state) && !pod_is_terminal(&pod) {
                 api.patch_status(
                     &name,
                     &PatchParams::default(),
@@ -503,22 +621,102 @@ async fn recover_one(shared: &Shared, path: &Path) {
             Ok(())
         };
         match attempt.await {
-            Ok(()) => break,
-            Err(error) if is_status(&error, 404) => break,
+            Ok(()) => return true,
+            Err(error) if is_status(&error, 404) => return true,
             Err(error) => {
                 if !retry
-                    .again(shared, "report a replica lost by the agent", &error)
+                    .again(shared, "report a replica left by an earlier agent", &error)
                     .await
                 {
-                    return;
+                    return false;
                 }
             }
         }
     }
-    tracing::info!(task = %state.task, index = state.index, pid = state.pid, killed, "handled a replica left by an earlier agent");
-    if let Err(error) = std::fs::remove_file(path) {
-        tracing::warn!(file = %path.display(), %error, "remove replica state file");
+}
+
+/// Whether `pod` is the Pod of the run `state` was started for.
+fn is_run_of(pod: &Pod, state: &ReplicaState) -> bool {
+    pod.annotations().get(TASK_UID_ANNOTATION) == Some(&state.uid)
+        && pod.annotations().get(RUN_KEY_ANNOTATION) == Some(&state.run_key)
+}
+
+/// The `AgentLost` status of a replica whose outcome is unknown.
+fn lost_status(message: String) -> Value {
+    json!({
+        "phase": "Failed",
+        "reason": REASON_AGENT_LOST,
+        "exitCode": null,
+        "message": message,
+        "finishTime": Time(Timestamp::now()),
+    })
+}
+
+/// A replica recorded without a supervisor record (`pid.json`; a start by an agent that
+/// ran processes without supervisors): its process group is killed, its outcome unknown.
+/// Returns the `AgentLost` message.
+async fn end_unrecorded(state: &ReplicaState) -> String {
+    let leader_running = process::process_running(state.pid, state.proc_start_ticks);
+    // Without its leader, the group can only still exist with our stragglers in it (a
+    // process group id is not reused while any member lives).
+    let leader_pid_taken = process::proc_stat(state.pid).is_some();
+    let group_left = leader_running || (!leader_pid_taken && process::group_exists(state.pgid));
+    if group_left {
+        process::kill_group(state.pgid, Duration::from_secs(state.grace_seconds)).await;
     }
+    let what = if leader_running {
+        "it was still running without a supervisor, so the agent killed its process group"
+    } else if group_left {
+        "its main process had exited unseen and the rest of its process group was killed"
+    } else {
+        "it has exited since without the agent seeing how"
+    };
+    format!(
+        "the agent restarted while this replica (pid {}) was running, and no supervisor \
+         recorded its exit: {what}; the outcome of the run is unknown",
+        state.pid
+    )
+}
+
+/// End a replica left by an earlier agent that no worker takes over (another run, a Task
+/// deleted, stopped placing it here, or scaled down): a running one is stopped (SIGTERM,
+/// SIGKILL after its grace period), stragglers are killed; with `delete_own_pod`, the Pod is
+/// deleted if it is still that run's. The state file goes.
+async fn end_recovered(shared: &Shared, r: Recovered, delete_own_pod: bool) {
+    let mut spec = ReplicaSpec::new(Vec::new(), r.replica_dir());
+    spec.grace = r.grace();
+    spec.log_limits = LogLimits::default();
+    match runtime::adopt_replica(&spec).await {
+        Adoption::Running(mut handle) => {
+            let exit = handle.terminate(r.grace()).await;
+            tracing::info!(task = %r.state.task, index = r.state.index, status = %exit.status, "stopped a replica left by an earlier agent that is no longer wanted");
+        }
+        Adoption::Exited(_) | Adoption::Lost(_) => {}
+        Adoption::NoRecord => {
+            end_unrecorded(&r.state).await;
+        }
+    }
+    if delete_own_pod {
+        let api = shared.pods();
+        let name = pod_name(&r.state.task, r.state.index);
+        let mut retry = Retry::new();
+        loop {
+            let result = match api.get_opt(&name).await {
+                Ok(Some(pod)) if is_run_of(&pod, &r.state) => delete_pod(&api, &pod).await,
+                Ok(_) => Ok(()),
+                Err(error) => Err(error),
+            };
+            match result {
+                Ok(()) => break,
+                Err(error) => {
+                    if !retry.again(shared, "delete pod", &error).await {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    r.remove_state();
 }
 
 // ---------------------------------------------------------------------------------------
@@ -541,10 +739,12 @@ enum Command {
     Shutdown,
 }
 
+/// A worker: dropping it (the reconciler aborted, as when the agent crashes) aborts it,
+/// so nothing of a dead agent keeps acting on its replicas.
 struct WorkerHandle {
     key: String,
     commands: watch::Sender<Command>,
-    join: JoinHandle<()>,
+    join: AbortOnDropHandle<()>,
 }
 
 impl WorkerHandle {
@@ -565,10 +765,12 @@ struct Reconciler {
     /// The Tasks of the namespace, by name, as last listed and watched.
     tasks: BTreeMap<String, Arc<Task>>,
     workers: BTreeMap<ReplicaId, WorkerHandle>,
-    /// Workers told to go that may still be running; a new worker for the same replica
-    /// waits for the old one.
-    retired: BTreeMap<ReplicaId, JoinHandle<()>>,
+    /// Workers told to go (and ends of replicas left by an earlier agent) that may still
+    /// be running; a new worker for the same replica waits for the old one.
+    retired: BTreeMap<ReplicaId, AbortOnDropHandle<()>>,
     generation: u64,
+    /// [`Reconciler::sweep`] ran.
+    swept: bool,
 }
 
 impl Reconciler {
@@ -615,6 +817,10 @@ impl Reconciler {
             }
             if synced {
                 self.reconcile();
+                if !self.swept {
+                    self.sweep();
+                    self.swept = true;
+                }
             }
             self.retired.retain(|_, join| !join.is_finished());
         }
@@ -687,8 +893,9 @@ impl Reconciler {
                 resync: self.generation,
                 reported: Map::new(),
                 state: None,
+                resume: None,
             };
-            let join = tokio::spawn(worker.run(previous));
+            let join = AbortOnDropHandle::new(tokio::spawn(worker.run(previous)));
             self.workers.insert(
                 id,
                 WorkerHandle {
@@ -697,6 +904,40 @@ impl Reconciler {
                     join,
                 },
             );
+        }
+    }
+
+    /// End the replicas left by an earlier agent that no worker took over after the first
+    /// full listing (see [`end_recovered`]); a later worker of the same replica waits for
+    /// that end.
+    fn sweep(&mut self) {
+        let left: Vec<(ReplicaId, Vec<Recovered>)> = {
+            let mut recovered = self
+                .shared
+                .recovered
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            let ids: Vec<ReplicaId> = recovered
+                .keys()
+                .filter(|id| !self.workers.contains_key(*id))
+                .cloned()
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| recovered.remove(&id).map(|r| (id, r)))
+                .collect()
+        };
+        for (id, replicas) in left {
+            let shared = self.shared.clone();
+            let previous = self.retired.remove(&id);
+            let join = tokio::spawn(async move {
+                if let Some(previous) = previous {
+                    let _ = previous.await;
+                }
+                for r in replicas {
+                    end_recovered(&shared, r, true).await;
+                }
+            });
+            self.retired.insert(id, AbortOnDropHandle::new(join));
         }
     }
 
@@ -734,7 +975,7 @@ impl Reconciler {
 
     /// Tell every worker the agent stops and wait for all of them.
     async fn stop_workers(&mut self) {
-        let mut joins: Vec<JoinHandle<()>> = Vec::new();
+        let mut joins: Vec<AbortOnDropHandle<()>> = Vec::new();
         for (_, worker) in std::mem::take(&mut self.workers) {
             worker.commands.send_replace(Command::Shutdown);
             joins.push(worker.join);
@@ -821,14 +1062,40 @@ struct Worker {
     reported: Map<String, Value>,
     /// The state file of the running process.
     state: Option<ReplicaState>,
+    /// Where [`Worker::run_replica`] takes up a run an earlier agent started.
+    resume: Option<Resume>,
+}
+
+/// A run taken over from an earlier agent.
+struct Resume {
+    /// Restarts so far (the Pod's `restartCount`).
+    restarts: i32,
+    /// The run's first start (the Pod's `startTime`).
+    first_start: Timestamp,
+    /// `activeDeadlineSeconds` after `first_start`.
+    deadline: Option<Instant>,
+    /// Where the run stands.
+    at: Resumed,
+}
+
+enum Resumed {
+    /// Its process runs: supervise it.
+    Running(ReplicaHandle),
+    /// Its process ended while no agent watched: go on from that exit (restart policy).
+    Exited(ReplicaExit),
+    /// It was waiting to restart: start it again now.
+    Restart,
 }
 
 impl Worker {
-    async fn run(mut self, previous: Option<JoinHandle<()>>) {
+    async fn run(mut self, previous: Option<AbortOnDropHandle<()>>) {
         if let Some(previous) = previous {
             let _ = previous.await;
         }
-        let mut step = self.first_step().await;
+        let recovered = self
+            .shared
+            .take_recovered(&(self.task.name_any(), self.index));
+        let mut step = self.first_step(recovered).await;
         loop {
             step = match step {
                 Step::Start => self.run_replica().await,
@@ -867,8 +1134,18 @@ impl Worker {
         pod.annotations().get(RUN_KEY_ANNOTATION) == Some(&self.key)
     }
 
-    /// Decide from the existing Pod (an earlier agent's, an earlier run's, or none).
-    async fn first_step(&mut self) -> Step {
+    /// Decide from what an earlier agent left (`recovered`) and the existing Pod (an
+    /// earlier agent's, an earlier run's, or none).
+    async fn first_step(&mut self, recovered: Vec<Recovered>) -> Step {
+        // Replicas of other runs end first: this run may use the same directory.
+        let mut mine = None;
+        for r in recovered {
+            if mine.is_none() && r.state.run_key == self.key && r.state.uid == self.uid() {
+                mine = Some(r);
+            } else {
+                end_recovered(&self.shared, r, false).await;
+            }
+        }
         let Some(existing) = self.get_pod().await else {
             return Step::Exit;
         };
@@ -879,6 +1156,9 @@ impl Worker {
         let ours = existing.as_ref().filter(|pod| self.is_ours(pod));
         if let Some(pod) = ours {
             self.reported = status_map(pod);
+        }
+        if let Some(r) = mine {
+            return self.adopt(r, ours.cloned()).await;
         }
         if self.task.spec.stopped {
             if let Some(pod) = ours
@@ -902,15 +1182,25 @@ impl Worker {
                     self.fresh_pod(existing.as_ref()).await
                 }
                 Some(PodPhase::Failed) => Step::Finished,
-                Some(PodPhase::Running) => {
-                    let status = json!({
-                        "phase": "Failed",
-                        "reason": REASON_AGENT_LOST,
-                        "message": "the agent has no record of this replica's process (it was \
-                                    reported Running before the agent restarted); the outcome \
-                                    of the run is unknown",
-                        "finishTime": Time(Timestamp::now()),
+                Some(PodPhase::Running) if pod_reason(pod) == Some(REASON_BACKOFF) => {
+                    // An earlier agent stopped while the replica waited to restart
+                    // (nothing runs then): restart it now.
+                    let (restarts, first_start) = pod_progress(pod, None);
+                    tracing::info!(pod = %self.pod, restarts, "restarting a replica an earlier agent left waiting to restart");
+                    self.resume = Some(Resume {
+                        restarts: restarts.saturating_add(1),
+                        first_start,
+                        deadline: self.deadline_from(first_start),
+                        at: Resumed::Restart,
                     });
+                    Step::Start
+                }
+                Some(PodPhase::Running) => {
+                    let status = lost_status(
+                        "the agent has no record of this replica's process (it was reported \
+                         Running before the agent restarted); the outcome of the run is unknown"
+                            .to_string(),
+                    );
                     self.write_status(status, false).await;
                     Step::Finished
                 }
@@ -919,6 +1209,81 @@ impl Worker {
             },
             (None, _) => self.fresh_pod(existing.as_ref()).await,
         }
+    }
+
+    /// Take over this run's replica `r`, left by an earlier agent: adopt its running
+    /// process, or go on from its recorded exit, or report it lost.
+    async fn adopt(&mut self, r: Recovered, pod: Option<Pod>) -> Step {
+        let (restarts, first_start) = pod_progress_or_state(pod.as_ref(), &r.state);
+        let deadline = self.deadline_from(first_start);
+        let mut spec = ReplicaSpec::new(Vec::new(), self.replica_dir());
+        spec.deadline = deadline;
+        spec.grace = self.grace();
+        spec.supervisor = self.shared.ctx.supervisor.clone();
+        self.state = Some(r.state.clone());
+        let at = match runtime::adopt_replica(&spec).await {
+            Adoption::Running(handle) => {
+                tracing::info!(pod = %self.pod, pid = handle.pid(), supervisor = handle.supervisor_pid(), "adopted a running replica");
+                Resumed::Running(handle)
+            }
+            Adoption::Exited(exit) => {
+                tracing::info!(pod = %self.pod, status = %exit.status, "a replica ended while no agent ran");
+                Resumed::Exited(exit)
+            }
+            Adoption::Lost(message) => {
+                self.finish(lost_status(message)).await;
+                return self.after_final();
+            }
+            Adoption::NoRecord => {
+                let message = end_unrecorded(&r.state).await;
+                self.finish(lost_status(message)).await;
+                return self.after_final();
+            }
+        };
+        if self.task.spec.stopped {
+            let status = match at {
+                Resumed::Running(mut handle) => {
+                    tracing::info!(pod = %self.pod, "stopping replica (task stopped)");
+                    let exit = handle.terminate(self.grace()).await;
+                    stopped_status(Some(&exit), self.grace(), restarts)
+                }
+                Resumed::Exited(exit) => final_status(&exit, restarts),
+                Resumed::Restart => stopped_status(None, self.grace(), restarts),
+            };
+            self.finish(status).await;
+            return Step::Stopped;
+        }
+        self.resume = Some(Resume {
+            restarts,
+            first_start,
+            deadline,
+            at,
+        });
+        Step::Start
+    }
+
+    /// The step after a final status written at adoption.
+    fn after_final(&self) -> Step {
+        if self.task.spec.stopped {
+            Step::Stopped
+        } else {
+            Step::Finished
+        }
+    }
+
+    /// `activeDeadlineSeconds` after `first_start`, as an instant (now when it passed).
+    fn deadline_from(&self, first_start: Timestamp) -> Option<Instant> {
+        let seconds = self
+            .task
+            .spec
+            .raw
+            .as_ref()
+            .and_then(|r| r.active_deadline_seconds)
+            .and_then(|s| u64::try_from(s).ok())?;
+        let elapsed = SystemTime::now()
+            .duration_since(SystemTime::from(first_start))
+            .unwrap_or_default();
+        Some(Instant::now() + Duration::from_secs(seconds).saturating_sub(elapsed))
     }
 
     /// Replace `existing` (if any) by a new Pod for this run.
@@ -963,20 +1328,23 @@ impl Worker {
     }
 
     /// Run the replica, with restarts, until it ends for good or the worker is told
-    /// otherwise.
+    /// otherwise. Takes up [`Worker::resume`] when set.
     async fn run_replica(&mut self) -> Step {
         let node = self.shared.ctx.node_name.clone();
-        let pending = json!({
-            "phase": "Pending",
-            "node": node,
-            "reason": null,
-            "message": null,
-            "exitCode": null,
-            "startTime": null,
-            "finishTime": null,
-            "restartCount": 0,
-        });
-        self.write_status(pending, true).await;
+        let resume = self.resume.take();
+        if resume.is_none() {
+            let pending = json!({
+                "phase": "Pending",
+                "node": node,
+                "reason": null,
+                "message": null,
+                "exitCode": null,
+                "startTime": null,
+                "finishTime": null,
+                "restartCount": 0,
+            });
+            self.write_status(pending, true).await;
+        }
         let Some(raw) = self.task.spec.raw.clone() else {
             let status = json!({
                 "phase": "Failed",
@@ -993,61 +1361,59 @@ impl Worker {
         let deadline_secs = raw
             .active_deadline_seconds
             .and_then(|s| u64::try_from(s).ok());
-        let mut deadline: Option<Instant> = None;
-        let mut first_start: Option<Timestamp> = None;
-        let mut restarts: i32 = 0;
+        let fresh_run = resume.is_none();
+        let (mut deadline, mut first_start, mut restarts, mut resumed) = match resume {
+            None => (None, None, 0, None),
+            Some(r) => (r.deadline, Some(r.first_start), r.restarts, Some(r.at)),
+        };
         let mut backoff = BACKOFF_INITIAL;
         loop {
             let raw = self.task.spec.raw.clone().unwrap_or_else(|| raw.clone());
             if deadline.is_none() {
                 deadline = deadline_secs.map(|s| Instant::now() + Duration::from_secs(s));
             }
-            let mut spec = self.replica_spec(&raw, deadline);
-            let shared = &self.shared;
-            let events = shared
-                .task_tokens
-                .env(&shared.client, &shared.ctx, &self.task);
-            spec.env.extend(events.await);
-            let mut handle = match runtime::spawn_replica(spec).await {
-                Ok(handle) => handle,
-                Err(error) => {
-                    tracing::warn!(pod = %self.pod, %error, "replica did not start");
-                    let status = json!({
-                        "phase": "Failed",
-                        "reason": error.reason(),
-                        "message": error.to_string(),
-                        "finishTime": Time(Timestamp::now()),
+            let (exit, started_at) = match resumed.take() {
+                Some(Resumed::Exited(exit)) => {
+                    let started_at = self
+                        .state
+                        .as_ref()
+                        .and_then(|s| s.start_time.parse::<Timestamp>().ok())
+                        .map_or(exit.finished_at, SystemTime::from);
+                    (exit, started_at)
+                }
+                adopted => {
+                    let mut handle = match adopted {
+                        Some(Resumed::Running(handle)) => handle,
+                        _ => match self.start(&raw, deadline, restarts).await {
+                            Some(handle) => handle,
+                            None => return Step::Finished,
+                        },
+                    };
+                    let start_time = *first_start.get_or_insert(timestamp(handle.started_at()));
+                    let running = json!({
+                        "phase": "Running",
+                        "node": node,
+                        "startTime": Time(start_time),
                         "restartCount": restarts,
+                        "reason": null,
+                        "message": null,
+                        "exitCode": null,
+                        "finishTime": null,
                     });
-                    self.write_status(status, true).await;
-                    return Step::Finished;
+                    self.write_status(running, true).await;
+                    if fresh_run && restarts == 0 {
+                        self.prune_old_runs().await;
+                    }
+                    match self.supervise(&mut handle).await {
+                        Supervised::Leave(step) => return step,
+                        Supervised::Stopped(exit) => {
+                            let status = stopped_status(Some(&exit), self.grace(), restarts);
+                            self.finish(status).await;
+                            return Step::Stopped;
+                        }
+                        Supervised::Exited(exit) => (exit, handle.started_at()),
+                    }
                 }
-            };
-            let started = timestamp(handle.started_at());
-            let start_time = *first_start.get_or_insert(started);
-            self.save_state(&handle);
-            tracing::info!(pod = %self.pod, pid = handle.pid(), restarts, "replica started");
-            let running = json!({
-                "phase": "Running",
-                "node": node,
-                "startTime": Time(start_time),
-                "restartCount": restarts,
-                "reason": null,
-                "message": null,
-                "exitCode": null,
-                "finishTime": null,
-            });
-            self.write_status(running, true).await;
-            let ran_from = Instant::now();
-
-            let exit = match self.supervise(&mut handle).await {
-                Supervised::Leave(step) => return step,
-                Supervised::Stopped(exit) => {
-                    let status = stopped_status(Some(&exit), self.grace(), restarts);
-                    self.finish(status).await;
-                    return Step::Stopped;
-                }
-                Supervised::Exited(exit) => exit,
             };
             if exit.cause == ExitCause::DeadlineExceeded {
                 let status = deadline_status(deadline_secs, Some(&exit), self.grace(), restarts);
@@ -1064,10 +1430,13 @@ impl Worker {
                 return Step::Finished;
             }
             // Restart after a backoff; the Pod stays Running meanwhile.
-            if ran_from.elapsed() >= BACKOFF_RESET_AFTER {
+            let ran_for = exit
+                .finished_at
+                .duration_since(started_at)
+                .unwrap_or_default();
+            if ran_for >= BACKOFF_RESET_AFTER {
                 backoff = BACKOFF_INITIAL;
             }
-            self.remove_state();
             let waiting = json!({
                 "phase": "Running",
                 "reason": REASON_BACKOFF,
@@ -1080,6 +1449,9 @@ impl Worker {
                 "exitCode": exit.status.code(),
             });
             self.write_status(waiting, true).await;
+            // After the BackOff write: an agent that stops in between finds the exit
+            // again (state file) or the BackOff reason, and restarts either way.
+            self.remove_state();
             match self.wait_restart(backoff, deadline).await {
                 Waited::Restart => {}
                 Waited::Leave(step) => return step,
@@ -1099,14 +1471,73 @@ impl Worker {
         }
     }
 
+    /// Start the process (and record it in the state file); `None` after reporting a
+    /// start error.
+    async fn start(
+        &mut self,
+        raw: &RawTaskSpec,
+        deadline: Option<Instant>,
+        restarts: i32,
+    ) -> Option<ReplicaHandle> {
+        let mut spec = self.replica_spec(raw, deadline);
+        let shared = &self.shared;
+        let events = shared
+            .task_tokens
+            .env(&shared.client, &shared.ctx, &self.task);
+        spec.env.extend(events.await);
+        match runtime::spawn_replica(spec).await {
+            Ok(handle) => {
+                self.save_state(&handle);
+                tracing::info!(pod = %self.pod, pid = handle.pid(), restarts, "replica started");
+                Some(handle)
+            }
+            Err(error) => {
+                tracing::warn!(pod = %self.pod, %error, "replica did not start");
+                let status = json!({
+                    "phase": "Failed",
+                    "reason": error.reason(),
+                    "message": error.to_string(),
+                    "finishTime": Time(Timestamp::now()),
+                    "restartCount": restarts,
+                });
+                self.write_status(status, true).await;
+                None
+            }
+        }
+    }
+
+    /// Apply the retention rule to this Task's older runs ([`prune_runs`]).
+    async fn prune_old_runs(&self) {
+        let task_dir = self
+            .shared
+            .ctx
+            .data_dir
+            .join(&self.shared.namespace)
+            .join(self.task.name_any());
+        let current = self.uid();
+        let removed = tokio::task::spawn_blocking(move || prune_runs(&task_dir, &current))
+            .await
+            .unwrap_or_default();
+        for dir in removed {
+            tracing::info!(dir = %dir.display(), "removed the directory of an old run");
+        }
+    }
+
     fn replica_spec(&self, raw: &RawTaskSpec, deadline: Option<Instant>) -> ReplicaSpec {
         let mut spec = ReplicaSpec::new(raw.entrypoint.clone(), self.replica_dir());
         spec.env = replica_env(&self.task, self.index, &self.shared.ctx);
         spec.working_dir = raw.working_dir.as_ref().map(PathBuf::from);
         spec.artifact = raw.artifact.clone();
         spec.artifact_sha256 = raw.artifact_sha256.clone();
+        spec.artifact_cache = self
+            .shared
+            .ctx
+            .data_dir
+            .parent()
+            .map(|d| d.join("artifacts"));
         spec.deadline = deadline;
         spec.grace = self.grace();
+        spec.supervisor = self.shared.ctx.supervisor.clone();
         spec
     }
 
@@ -1395,6 +1826,70 @@ impl Worker {
     }
 }
 
+/// A Pod's `restartCount` (0 when unset) and `startTime` (else `start_time`, else now).
+fn pod_progress(pod: &Pod, start_time: Option<&str>) -> (i32, Timestamp) {
+    let status = pod.status.as_ref();
+    let restarts = status.and_then(|s| s.restart_count).unwrap_or(0);
+    let start = status
+        .and_then(|s| s.start_time.as_ref())
+        .map(|t| t.0)
+        .or_else(|| start_time.and_then(|t| t.parse().ok()))
+        .unwrap_or_else(Timestamp::now);
+    (restarts, start)
+}
+
+/// [`pod_progress`], from the state file alone when there is no Pod.
+fn pod_progress_or_state(pod: Option<&Pod>, state: &ReplicaState) -> (i32, Timestamp) {
+    match pod {
+        Some(pod) => pod_progress(pod, Some(&state.start_time)),
+        None => (
+            0,
+            state
+                .start_time
+                .parse()
+                .unwrap_or_else(|_| Timestamp::now()),
+        ),
+    }
+}
+
+/// Runs of one Task name kept on disk: the current one and the one before it (the logs
+/// API's `previous=true`).
+pub const RUNS_KEPT: usize = 2;
+
+/// Retention of a Task's run directories `<task_dir>/<uid>/`: besides `current_uid`, the
+/// newest other run is kept (by the latest change to it or its replica directories) and
+/// the older ones are deleted — except any that still holds a state file (a replica
+/// running, or whose final status is not reported yet). Returns the directories removed.
+pub fn prune_runs(task_dir: &Path, current_uid: &str) -> Vec<PathBuf> {
+    let modified = |dir: &Path| {
+        std::iter::once(dir.to_path_buf())
+            .chain(subdirs(dir))
+            .filter_map(|d| std::fs::metadata(d).and_then(|m| m.modified()).ok())
+            .max()
+            .unwrap_or(SystemTime::UNIX_EPOCH)
+    };
+    let mut others: Vec<(SystemTime, PathBuf)> = subdirs(task_dir)
+        .into_iter()
+        .filter(|dir| dir.file_name().and_then(|n| n.to_str()) != Some(current_uid))
+        .map(|dir| (modified(&dir), dir))
+        .collect();
+    others.sort_by(|a, b| b.cmp(a));
+    let mut removed = Vec::new();
+    for (_, dir) in others.into_iter().skip(RUNS_KEPT - 1) {
+        if subdirs(&dir).iter().any(|r| r.join(STATE_FILE).exists()) {
+            continue;
+        }
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => removed.push(dir),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => {}
+            Err(error) => {
+                tracing::warn!(dir = %dir.display(), %error, "remove the directory of an old run");
+            }
+        }
+    }
+    removed
+}
+
 fn status_map(pod: &Pod) -> Map<String, Value> {
     match pod.status.as_ref().map(serde_json::to_value) {
         Some(Ok(Value::Object(map))) => map,
@@ -1413,10 +1908,22 @@ async fn sleep_until_opt(at: Option<Instant>) {
     }
 }
 
-/// The final status of a replica that exited (beyond its restart policy).
+/// The final status of a replica that exited (beyond its restart policy). An unknown
+/// exit (the supervisor was killed before it could record it) is `AgentLost`.
 fn final_status(exit: &ReplicaExit, restarts: i32) -> Value {
     let finish = Time(timestamp(exit.finished_at));
-    if exit.status.success() {
+    if exit.status == ExitStatus::Unknown {
+        json!({
+            "phase": "Failed",
+            "exitCode": null,
+            "reason": REASON_AGENT_LOST,
+            "message": "the replica's supervisor process ended without recording how the \
+                        process ended (it was killed); what was left of the process group was \
+                        killed; the outcome of the run is unknown",
+            "finishTime": finish,
+            "restartCount": restarts,
+        })
+    } else if exit.status.success() {
         json!({
             "phase": "Succeeded",
             "exitCode": 0,
@@ -1537,6 +2044,7 @@ mod tests {
             server_url: "https://cp:6443".into(),
             ca_file: "/data/identity/ca.crt".into(),
             stop_tasks_on_exit: false,
+            supervisor: Vec::new(),
         }
     }
 
@@ -1577,6 +2085,114 @@ mod tests {
         assert_eq!(env["RLARK_CLUSTER_ID"], "c");
         assert_eq!(env["RLARK_NODE_NAME"], "n1");
         assert_eq!(env["RLARK_POD_NAME"], "j-a-1");
+        // A bare Task (no Ray annotations): ranks are the replica indexes, no domain.
+        assert_eq!(env["RLARK_NODE_RANK_START"], "0");
+        assert_eq!(env["RLARK_NODE_RANK"], "1");
+        for absent in ["RLARK_DOMAIN", "RLARK_RAY_ROLE", "RLARK_HEAD_ADDRESS"] {
+            assert!(!env.contains_key(absent), "{absent} set: {env:?}");
+        }
+    }
+
+    #[test]
+    fn ranks_roles_and_the_head_address_follow_the_job() {
+        let mut t = task("u1", &["n1", "n2"]);
+        t.spec.domain = Some("net1".into());
+        t.annotations_mut().extend([
+            (labels::RAY_NODE_RANK_START.to_string(), "3".to_string()),
+            (labels::RAY_TOTAL_NODES.to_string(), "7".to_string()),
+            (
+                labels::RAY_ROLE.to_string(),
+                labels::RAY_ROLE_WORKER.to_string(),
+            ),
+            (
+                labels::RAY_HEAD_TASK_NAME.to_string(),
+                "j-actor".to_string(),
+            ),
+        ]);
+        let env: BTreeMap<String, String> = replica_env(&t, 1, &ctx()).into_iter().collect();
+        assert_eq!(env["RLARK_NODE_RANK_START"], "3");
+        assert_eq!(env["RLARK_NODE_RANK"], "4");
+        assert_eq!(
+            env["RLARK_TOTAL_NODES"], "7",
+            "the Job's nodes, not the Task's 2"
+        );
+        assert_eq!(env["RLARK_DOMAIN"], "net1");
+        assert_eq!(env["RLARK_RAY_ROLE"], "worker");
+        assert_eq!(env["RLARK_HEAD_ADDRESS"], "j-actor-0.net1");
+
+        // Without a domain there is no name to give: no head address (and no domain).
+        let mut no_domain = t.clone();
+        no_domain.spec.domain = None;
+        let env: BTreeMap<String, String> =
+            replica_env(&no_domain, 0, &ctx()).into_iter().collect();
+        assert!(!env.contains_key("RLARK_HEAD_ADDRESS"), "{env:?}");
+        assert!(!env.contains_key("RLARK_DOMAIN"), "{env:?}");
+        assert_eq!(env["RLARK_NODE_RANK"], "3");
+
+        // Unreadable annotations fall back: rank start 0, the Task's replicas.
+        let mut garbled = t.clone();
+        garbled.annotations_mut().extend([
+            (labels::RAY_NODE_RANK_START.to_string(), "-1".to_string()),
+            (labels::RAY_TOTAL_NODES.to_string(), "many".to_string()),
+        ]);
+        let env: BTreeMap<String, String> = replica_env(&garbled, 1, &ctx()).into_iter().collect();
+        assert_eq!(env["RLARK_NODE_RANK"], "1");
+        assert_eq!(env["RLARK_TOTAL_NODES"], "2");
+
+        // The optional contract variables cannot be supplied by the Task when rlark sets
+        // none, and are rlark's when it does.
+        let mut spoofing = no_domain.clone();
+        spoofing.annotations_mut().remove(labels::RAY_ROLE);
+        if let Some(raw) = spoofing.spec.raw.as_mut() {
+            for name in ["RLARK_DOMAIN", "RLARK_HEAD_ADDRESS", "RLARK_RAY_ROLE"] {
+                raw.environment.push(rlark_api::types::EnvVar {
+                    name: name.into(),
+                    value: "spoofed".into(),
+                });
+            }
+        }
+        let env: BTreeMap<String, String> = replica_env(&spoofing, 0, &ctx()).into_iter().collect();
+        assert!(env.values().all(|v| v != "spoofed"), "{env:?}");
+    }
+
+    #[test]
+    fn env_from_input_sets_variables_from_the_task_input() {
+        let mut t = task("u1", &["n1"]);
+        t.spec.input = Some(json!({
+            "question": "2+2", "answer": 4, "exact": true, "none": null,
+            "sample": {"prompt": "hi", "ids": [1, 2]},
+        }));
+        t.spec.env_from = Some(
+            serde_json::from_value(json!({"input": [
+                {"name": "QUESTION", "path": "$.question"},
+                {"name": "ANSWER", "path": "$.answer"},
+                {"name": "EXACT", "path": "$['exact']"},
+                {"name": "NONE", "path": "$.none"},
+                {"name": "SAMPLE", "path": "$.sample"},
+                {"name": "IDS", "path": "$.sample.ids"},
+                {"name": "FIRST_ID", "path": "$.sample.ids[0]"},
+                {"name": "MISSING", "path": "$.sample.nothing"},
+                {"name": "A", "path": "$.question"},
+            ]}))
+            .expect("envFrom"),
+        );
+        let env: BTreeMap<String, String> = replica_env(&t, 0, &ctx()).into_iter().collect();
+        assert_eq!(env["QUESTION"], "2+2", "a string as is");
+        assert_eq!(env["ANSWER"], "4", "a number as JSON");
+        assert_eq!(env["EXACT"], "true");
+        assert_eq!(env["NONE"], "null");
+        assert_eq!(
+            env["SAMPLE"], r#"{"prompt":"hi","ids":[1,2]}"#,
+            "compact JSON"
+        );
+        assert_eq!(env["IDS"], "[1,2]");
+        assert_eq!(env["FIRST_ID"], "1");
+        assert!(
+            !env.contains_key("MISSING"),
+            "a path matching nothing: unset"
+        );
+        assert_eq!(env["A"], "1", "raw.environment wins over envFrom");
+        assert_eq!(env["RLARK_TASK"], "j-a", "the contract wins over both");
     }
 
     #[test]
@@ -1602,6 +2218,48 @@ mod tests {
         state.write(&path).expect("write");
         assert_eq!(ReplicaState::read(&path).expect("read"), state);
         assert_eq!(find_state_files(&dir.path().join("rlark-c")), vec![path]);
+    }
+
+    #[test]
+    fn old_runs_are_pruned_but_the_previous_one_and_unreported_ones_stay() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let task_dir = dir.path().join("rlark-c").join("j-a");
+        let run = |uid: &str, age_secs: u64, state: bool| {
+            let replica = task_dir.join(uid).join("0");
+            std::fs::create_dir_all(replica.join("logs")).expect("mkdir");
+            if state {
+                std::fs::write(replica.join(STATE_FILE), "{}").expect("state");
+            }
+            let when = SystemTime::now() - Duration::from_secs(age_secs);
+            for d in [task_dir.join(uid), replica] {
+                std::fs::File::open(&d)
+                    .and_then(|f| f.set_modified(when))
+                    .expect("set mtime");
+            }
+        };
+        run("u1", 400, false);
+        run("u2", 300, true);
+        run("u3", 200, false);
+        run("u4", 100, false);
+        run("u5", 0, false);
+        let mut removed = prune_runs(&task_dir, "u5");
+        removed.sort();
+        assert_eq!(removed, [task_dir.join("u1"), task_dir.join("u3")]);
+        let mut left: Vec<String> = subdirs(&task_dir)
+            .iter()
+            .filter_map(|d| d.file_name()?.to_str().map(str::to_string))
+            .collect();
+        left.sort();
+        assert_eq!(
+            left,
+            ["u2", "u4", "u5"],
+            "current, previous, and one with a state file"
+        );
+        assert!(
+            prune_runs(&task_dir, "u5").is_empty(),
+            "nothing more to prune"
+        );
+        assert!(prune_runs(&dir.path().join("missing"), "u1").is_empty());
     }
 
     #[test]
@@ -1634,6 +2292,17 @@ mod tests {
             stopped["message"]
                 .as_str()
                 .is_some_and(|m| m.contains("SIGKILL after the 5s"))
+        );
+        let unknown = final_status(
+            &exit(runtime::ExitStatus::Unknown, ExitCause::Exited, false),
+            1,
+        );
+        assert_eq!(unknown["reason"], REASON_AGENT_LOST);
+        assert_eq!(unknown["exitCode"], Value::Null);
+        assert!(
+            unknown["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("unknown"))
         );
         let deadline = deadline_status(
             Some(1),

@@ -106,6 +106,7 @@ impl Harness {
             server_url: self.server.url(),
             ca_file: self.agent_dir.path().join("identity/ca.crt"),
             stop_tasks_on_exit,
+            supervisor: vec![env!("CARGO_BIN_EXE_rlark-supervise").into()],
         };
         let shutdown = CancellationToken::new();
         let join = tokio::spawn(tasks::run_tasks(self.client.clone(), ctx, shutdown.clone()));
@@ -122,6 +123,32 @@ impl Harness {
                 .context("the agent failed")?;
         }
         Ok(())
+    }
+
+    /// End the agent as `kill -9` would: its tasks are aborted mid-flight, nothing of its
+    /// shutdown path runs, the replicas' supervisor processes carry on.
+    async fn crash_agent(&mut self) -> anyhow::Result<()> {
+        if let Some((_, join)) = self.agent.take() {
+            join.abort();
+            match tokio::time::timeout(DEADLINE, join).await {
+                Ok(Err(e)) if e.is_cancelled() => {}
+                Ok(other) => bail!("the agent ended before the crash: {other:?}"),
+                Err(_) => bail!("the aborted agent did not end"),
+            }
+        }
+        Ok(())
+    }
+
+    /// The directory of replica `index` of Task `task` (its current UID).
+    async fn replica_dir_of(&self, task: &str, index: usize) -> anyhow::Result<PathBuf> {
+        let task = self.tasks().get(task).await?;
+        Ok(tasks::replica_dir(
+            &self.tasks_dir(),
+            NAMESPACE,
+            &task.name_any(),
+            &task.uid().unwrap_or_default(),
+            index,
+        ))
     }
 
     async fn stop(mut self) -> anyhow::Result<()> {
@@ -447,16 +474,18 @@ async fn raw_jobs_run_to_completion_and_report_their_pods() -> anyhow::Result<()
         assert!(log.contains(&expected), "replica {index}: {log:?}");
     }
 
-    // Artifacts: http(s) is refused honestly; a file:// one is checked against its digest.
+    // Artifacts: an http one that cannot be fetched fails with the cause (nothing listens on
+    // port 1 of the loopback); a file:// one is checked against its digest. (HTTP fetches
+    // that work: tests/artifacts_env.rs.)
     h.create_job(
         "web",
-        json!({"entrypoint": ["true"], "artifact": "https://example.invalid/app.tar.gz"}),
+        json!({"entrypoint": ["true"], "artifact": "http://127.0.0.1:1/app.tar.gz"}),
     )
     .await?;
     let pod = h.wait_pod_phase("web-main-0", PodPhase::Failed).await?;
     assert_eq!(reason_of(&pod), Some("ArtifactError"));
     assert!(
-        message_of(&pod).contains("http artifacts are not supported by this agent yet"),
+        message_of(&pod).contains("artifact http://127.0.0.1:1/app.tar.gz: download failed"),
         "{}",
         message_of(&pod)
     );
@@ -622,10 +651,14 @@ async fn deadlines_stops_and_deletions_kill_the_whole_process_group() -> anyhow:
     h.stop().await
 }
 
-/// `restartPolicy: OnFailure` restarts with backoff; an agent restart reports a replica
-/// it left running as `AgentLost` and kills it.
+/// `restartPolicy: OnFailure` restarts with backoff; an agent killed while replicas run
+/// (the must-show of crash safety): on restart the running replica is adopted (same
+/// process, Pod `Running` with its start time, its log keeps growing, a later stop ends
+/// it `Stopped`), the ones that ended meanwhile are reported with their real exit codes,
+/// one whose supervisor was killed too is `AgentLost`, and no Pod stays `Running`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn restarts_back_off_and_an_agent_restart_loses_running_replicas() -> anyhow::Result<()> {
+async fn restarts_back_off_and_a_crashed_agent_adopts_or_reports_its_replicas() -> anyhow::Result<()>
+{
     let mut h = Harness::start().await?;
 
     h.create_job(
@@ -664,45 +697,166 @@ async fn restarts_back_off_and_an_agent_restart_loses_running_replicas() -> anyh
     })
     .await?;
 
-    // An agent that exits without stopping its tasks leaves the process running; the next
-    // agent cannot adopt it yet: it kills it and reports the Pod lost.
+    // An agent that exits without stopping its tasks and one killed outright both leave
+    // their replicas running under their supervisors.
     h.stop_agent().await?;
     h.start_agent(false);
     let scratch = tempfile::tempdir()?;
+    let gate = scratch.path().join("gate");
     let pidfile = scratch.path().join("long.pid");
     h.create_job(
         "long",
         json!({
-            "entrypoint": sh("echo $$ > \"$PIDFILE\"; sleep 300"),
+            "entrypoint": sh("echo $$ > \"$PIDFILE\"; i=0; while true; do echo tick $i; \
+                              i=$((i+1)); sleep 0.1; done"),
             "environment": [{"name": "PIDFILE", "value": pidfile.display().to_string()}],
-            "terminationGracePeriodSeconds": 2,
+            "terminationGracePeriodSeconds": 5,
         }),
     )
     .await?;
-    h.wait_pod_phase("long-main-0", PodPhase::Running).await?;
-    let pids = read_pids(&pidfile).await?;
-    h.stop_agent().await?;
-    assert!(
-        process::process_running(pids[0], None),
-        "the replica keeps running without its agent"
-    );
-    assert_eq!(
-        phase_of(&h.pods().get("long-main-0").await?),
-        Some(PodPhase::Running)
-    );
+    for (name, code) in [("zero", 0), ("three", 3), ("orphan", 4)] {
+        h.create_job(
+            name,
+            json!({
+                "entrypoint": sh(&format!(
+                    "echo waiting; while [ ! -e \"$GATE\" ]; do sleep 0.05; done; exit {code}"
+                )),
+                "environment": [{"name": "GATE", "value": gate.display().to_string()}],
+                "terminationGracePeriodSeconds": 1,
+            }),
+        )
+        .await?;
+    }
+    // A replica that keeps failing and restarting (mostly waiting in its backoff).
+    h.create_job(
+        "again",
+        json!({"entrypoint": sh("exit 1"), "restartPolicy": "Always"}),
+    )
+    .await?;
+    let mut start_times = Vec::new();
+    for name in ["long", "zero", "three", "orphan"] {
+        let pod = h
+            .wait_pod_phase(&format!("{name}-main-0"), PodPhase::Running)
+            .await?;
+        start_times.push(pod.status.and_then(|s| s.start_time).context("startTime")?);
+    }
+    let again = h
+        .wait_pod("again-main-0", "restarted", |p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.restart_count)
+                .is_some_and(|n| n >= 1)
+        })
+        .await?;
+    let long_pid = read_pids(&pidfile).await?[0];
+    let orphan_dir = h.replica_dir_of("orphan-main", 0).await?;
+    let orphan: Value = serde_json::from_slice(&std::fs::read(orphan_dir.join("pid.json"))?)?;
+    let orphan_pgid = i32::try_from(orphan["pgid"].as_i64().context("pgid")?)?;
+    let orphan_supervisor = i32::try_from(orphan["supervisorPid"].as_i64().context("pid")?)?;
+
+    h.crash_agent().await?;
+    let again_restarts = h
+        .pods()
+        .get("again-main-0")
+        .await?
+        .status
+        .and_then(|s| s.restart_count)
+        .context("restartCount")?;
+    // While no agent runs: two replicas end, and one loses its supervisor (SIGKILL).
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(orphan_supervisor),
+        nix::sys::signal::Signal::SIGKILL,
+    )?;
+    std::fs::write(&gate, "")?;
+    for name in ["zero-main", "three-main"] {
+        let exit_file = h.replica_dir_of(name, 0).await?.join("exit.json");
+        eventually(&format!("{name} exited"), || async {
+            Ok(if exit_file.exists() {
+                Ok(())
+            } else {
+                Err("no exit.json".into())
+            })
+        })
+        .await?;
+    }
+    for name in ["long", "zero", "three", "orphan"] {
+        assert_eq!(
+            phase_of(&h.pods().get(&format!("{name}-main-0")).await?),
+            Some(PodPhase::Running),
+            "nothing reported {name} while no agent ran"
+        );
+    }
+    let log_before = h.log_of("long-main", 0).await?.len();
+
     h.start_agent(true);
-    let pod = h.wait_pod_phase("long-main-0", PodPhase::Failed).await?;
+    let pod = h.wait_pod_phase("zero-main-0", PodPhase::Succeeded).await?;
+    assert_eq!(exit_code_of(&pod), Some(0));
+    assert_eq!(reason_of(&pod), Some("Completed"));
+    let pod = h.wait_pod_phase("three-main-0", PodPhase::Failed).await?;
+    assert_eq!(exit_code_of(&pod), Some(3), "{:?}", pod.status);
+    assert_eq!(reason_of(&pod), Some("Error"));
+    let pod = h.wait_pod_phase("orphan-main-0", PodPhase::Failed).await?;
     assert_eq!(reason_of(&pod), Some("AgentLost"), "{:?}", pod.status);
     assert!(message_of(&pod).contains("unknown"), "{}", message_of(&pod));
-    let group = i32::try_from(pids[0])?;
-    wait_gone(&pids, &[group]).await?;
-    h.wait_task("long-main", TaskPhase::Failed).await?;
-    // The lost replica is not started again.
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        phase_of(&h.pods().get("long-main-0").await?),
-        Some(PodPhase::Failed)
+    wait_gone(&[], &[orphan_pgid]).await?;
+
+    // The long one is adopted: the same process, its Pod untouched, its log growing.
+    eventually("long's log grows after the restart", || async {
+        let len = h.log_of("long-main", 0).await?.len();
+        Ok(if len > log_before + 20 {
+            Ok(())
+        } else {
+            Err(format!("{len} bytes (was {log_before})"))
+        })
+    })
+    .await?;
+    assert!(
+        process::process_running(long_pid, None),
+        "not restarted, not killed"
     );
+    assert_eq!(read_pids(&pidfile).await?, [long_pid], "started once");
+    let pod = h.pods().get("long-main-0").await?;
+    let status = pod.status.clone().context("status")?;
+    assert_eq!(status.phase, Some(PodPhase::Running), "{status:?}");
+    assert_eq!(status.start_time.as_ref(), Some(&start_times[0]));
+    assert_eq!(status.restart_count, Some(0));
+    // The restarting one goes on restarting (whether it was running, had exited unseen, or
+    // was waiting in its backoff when the agent died), counting on from its Pod.
+    let pod = h
+        .wait_pod("again-main-0", "restarted after the agent restart", |p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.restart_count)
+                .is_some_and(|n| n > again_restarts)
+        })
+        .await?;
+    assert_eq!(phase_of(&pod), Some(PodPhase::Running), "{:?}", pod.status);
+    assert_ne!(reason_of(&pod), Some("AgentLost"));
+    assert_eq!(
+        pod.status.and_then(|s| s.start_time),
+        again.status.and_then(|s| s.start_time)
+    );
+    for name in ["zero", "three", "orphan"] {
+        assert_ne!(
+            phase_of(&h.pods().get(&format!("{name}-main-0")).await?),
+            Some(PodPhase::Running),
+            "{name} stuck Running"
+        );
+    }
+    // Stopping it later goes through the adopted supervisor.
+    h.jobs()
+        .patch(
+            "long",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"stopped": true}})),
+        )
+        .await?;
+    let pod = h.wait_pod_phase("long-main-0", PodPhase::Failed).await?;
+    assert_eq!(reason_of(&pod), Some("Stopped"), "{:?}", pod.status);
+    assert_eq!(exit_code_of(&pod), Some(143), "{:?}", pod.status);
+    let group = i32::try_from(long_pid)?;
+    wait_gone(&[long_pid], &[group]).await?;
+    h.wait_task("long-main", TaskPhase::Stopped).await?;
 
     h.stop().await
 }

@@ -22,10 +22,15 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 use crate::names;
+use crate::types::task::{InputPath, TaskEnvFrom};
 use crate::types::{
     Domain, DomainPeer, EnvVar, Job, JobSpec, KINDS, Node, Pod, RawTaskSpec, ResourceList,
     ResourceRequirements, Task, TaskSpec, Workflow,
 };
+
+/// Prefix of the environment variables rlark sets for a task's processes; `envFrom.input`
+/// may not name one.
+pub const RLARK_ENV_PREFIX: &str = "RLARK_";
 
 pub use crate::quantity::{QuantityError, QuantityValue, parse_quantity};
 
@@ -585,6 +590,84 @@ fn task_spec_errors(errs: &mut Vec<FieldError>, path: &str, spec: &TaskSpec) {
 
     if let Some(raw) = &spec.raw {
         raw_errors(errs, &format!("{path}.raw"), raw);
+    }
+    if let Some(env_from) = &spec.env_from {
+        env_from_errors(errs, path, env_from, spec.input.as_ref());
+    }
+}
+
+/// A POSIX-portable environment variable name: `[A-Za-z_][A-Za-z0-9_]*`.
+fn is_env_name(name: &str) -> bool {
+    let mut bytes = name.bytes();
+    bytes
+        .next()
+        .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_')
+        && bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_')
+}
+
+/// `envFrom.input` of the TaskSpec at `path`: names are portable environment names outside
+/// rlark's `RLARK_` prefix and unique; paths parse and select a value of `input`.
+fn env_from_errors(
+    errs: &mut Vec<FieldError>,
+    path: &str,
+    env_from: &TaskEnvFrom,
+    input: Option<&Value>,
+) {
+    let mut seen = HashSet::new();
+    for (i, var) in env_from.input.iter().enumerate() {
+        let ep = format!("{path}.envFrom.input[{i}]");
+        let name_field = format!("{ep}.name");
+        let name = var.name.as_str();
+        if name.is_empty() {
+            errs.push(FieldError::required(name_field, ""));
+        } else if !is_env_name(name) {
+            errs.push(FieldError::invalid(
+                name_field,
+                format!(
+                    "{name:?}: a valid environment variable name must consist of letters, digits \
+                     and '_', and must not start with a digit (regex used for validation is \
+                     '[A-Za-z_][A-Za-z0-9_]*')"
+                ),
+            ));
+        } else if name.starts_with(RLARK_ENV_PREFIX) {
+            errs.push(FieldError::invalid(
+                name_field,
+                format!(
+                    "{name:?}: names starting with {RLARK_ENV_PREFIX} are reserved for the \
+                     variables rlark sets"
+                ),
+            ));
+        } else if !seen.insert(name) {
+            errs.push(FieldError::duplicate(name_field, name));
+        }
+        let path_field = format!("{ep}.path");
+        let text = var.path.as_str();
+        if text.is_empty() {
+            errs.push(FieldError::required(
+                path_field,
+                "a JSONPath such as '$.key'",
+            ));
+            continue;
+        }
+        match InputPath::parse(text) {
+            Err(error) => errs.push(FieldError::invalid(
+                path_field,
+                format!("{text:?}: {error}"),
+            )),
+            Ok(parsed) => match input {
+                None => errs.push(FieldError::invalid(
+                    path_field,
+                    format!("{text:?}: {path}.input is not set"),
+                )),
+                Some(input) if parsed.lookup(input).is_none() => {
+                    errs.push(FieldError::invalid(
+                        path_field,
+                        format!("{text:?}: matches nothing in {path}.input"),
+                    ));
+                }
+                Some(_) => {}
+            },
+        }
     }
 }
 

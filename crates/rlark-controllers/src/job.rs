@@ -1887,6 +1887,26 @@ mod tests {
     }
 
     #[test]
+    fn built_task_carries_input_and_env_from() {
+        let mut job = three_templates();
+        let template: JobTaskTemplate = serde_json::from_value(serde_json::json!({
+            "name": "rollout", "agentType": "Raw", "role": "Rollout",
+            "raw": {"entrypoint": ["x"]},
+            "input": {"question": "2+2", "samples": [1, 2]},
+            "envFrom": {"input": [{"name": "QUESTION", "path": "$.question"}]},
+        }))
+        .unwrap();
+        job.spec.tasks[1] = template.clone();
+        let spec = desired_spec(&job, &job.spec.tasks[1]);
+        assert_eq!(spec.input, template.spec.input);
+        assert_eq!(spec.env_from, template.spec.env_from);
+        assert_eq!(
+            spec.input_env().0,
+            [("QUESTION".to_string(), "2+2".to_string())]
+        );
+    }
+
+    #[test]
     fn built_task_carries_everything() {
         let job = three_templates();
         let decision = TaskPlacementDecision {

@@ -18,8 +18,15 @@
 //! 1..=63 characters; anything else is a 400 naming the problem. The Task must exist (404).
 //!
 //! **Retention**: at most [`MAX_EVENTS_PER_TASK`] events per task name; storing one deletes
-//! the oldest beyond that. Events are not deleted with their Task (a new run of the same
-//! name continues the sequence; `taskUID` tells the runs apart).
+//! the oldest beyond that. Events go with their Task: [`collect_deleted_task_events`]
+//! (run in the background of every server process) follows the Tasks in the store and,
+//! when one is deleted, deletes the events of that name whose `taskUID` is not the UID
+//! of a Task that exists now (so a Task re-created under the same name keeps only its own
+//! events). It sweeps all events the same way whenever it (re)starts, catching deletions
+//! made while no server ran. A post racing with the deletion of its Task checks the Task
+//! again after storing and removes its event when the Task is gone (404). Sequence
+//! numbers only increase within one Task: a re-created Task numbers on after whatever is
+//! left of the old one's events (from 1 once they are deleted).
 //!
 //! **Follow**: `follow=true` answers `application/x-ndjson`: the stored events, then new
 //! ones as they are stored (a store watch from the list's revision, filtered by task),
@@ -28,6 +35,7 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -268,7 +276,8 @@ async fn delete_quietly(store: &dyn Store, namespace: &str, name: String) {
     }
 }
 
-type Hints = Mutex<HashMap<(String, String), u64>>;
+/// Next sequence number per (namespace, task), and the Task UID it was learnt for.
+type Hints = Mutex<HashMap<(String, String), (u64, String)>>;
 
 /// Store `event` as the next event of `namespace/task`, keeping at most `retention`.
 async fn append(
@@ -281,11 +290,14 @@ async fn append(
     event: Map<String, Value>,
 ) -> Result<Arc<Value>, ApiError> {
     let hint_key = (namespace.to_string(), task.to_string());
+    // A hint learnt for another Task of the same name (deleted since) is not used: its
+    // events are about to go, so the numbering is taken from what the store holds.
     let hint = hints
         .lock()
         .unwrap_or_else(|e| e.into_inner())
         .get(&hint_key)
-        .copied();
+        .filter(|(_, uid)| uid == task_uid)
+        .map(|(seq, _)| *seq);
     let mut seq = match hint {
         Some(seq) => seq,
         None => relist(store, retention, namespace, task).await?,
@@ -315,8 +327,13 @@ async fn append(
                     if hints.len() >= MAX_HINTS && !hints.contains_key(&hint_key) {
                         hints.clear();
                     }
-                    let next = hints.entry(hint_key).or_insert(0);
-                    *next = (*next).max(seq + 1);
+                    let next = hints
+                        .entry(hint_key)
+                        .or_insert_with(|| (0, task_uid.to_string()));
+                    if next.1 != task_uid {
+                        *next = (0, task_uid.to_string());
+                    }
+                    next.0 = next.0.max(seq + 1);
                 }
                 if seq > retention {
                     delete_quietly(store, namespace, event_name(task, seq - retention)).await;
@@ -422,10 +439,192 @@ async fn post_event(
         &uid,
         event,
     );
-    match appended.await {
-        Ok(stored) => (StatusCode::CREATED, axum::Json(stored.as_ref().clone())).into_response(),
-        Err(e) => e.into_response(),
+    let stored = match appended.await {
+        Ok(stored) => stored,
+        Err(e) => return e.into_response(),
+    };
+    // The Task may have been deleted (and its events collected) between the check above
+    // and the store: check again, so that no event outlives its Task.
+    let current = state
+        .store
+        .get(&ObjectKey::new(TASKS, &namespace, &name))
+        .await;
+    let still_there = match &current {
+        Ok(Some(task)) => task.pointer("/metadata/uid").and_then(Value::as_str) == Some(&uid),
+        Ok(None) => false,
+        // Unknown (a store error): keep it; a later sweep deletes it if its Task is gone.
+        Err(_) => true,
+    };
+    if !still_there {
+        if let Some(event_name) = stored.pointer("/metadata/name").and_then(Value::as_str) {
+            delete_quietly(state.store.as_ref(), &namespace, event_name.to_string()).await;
+        }
+        return ApiError::new(
+            404,
+            "NotFound",
+            format!(
+                "tasks.rlinf.io \"{name}\" was deleted in {namespace} while the event was stored"
+            ),
+        )
+        .into_response();
     }
+    (StatusCode::CREATED, axum::Json(stored.as_ref().clone())).into_response()
+}
+
+/// Pause before the collector starts again after its watch failed.
+const COLLECT_RESTART_DELAY: Duration = Duration::from_secs(1);
+
+/// Deletes the events of deleted Tasks until `shutdown` (see the module documentation,
+/// "Retention"): a sweep of every stored event, then a watch of the Tasks from the
+/// revision read before the sweep, purging the events of each deleted Task's name; a
+/// failed watch (expired, store closed) starts over with a sweep. Store errors are logged
+/// and retried, never fatal.
+pub(crate) async fn collect_deleted_task_events(
+    store: Arc<dyn Store>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let from = store.revision();
+        if let Err(error) = sweep_orphaned_events(store.as_ref()).await {
+            tracing::warn!(%error, "sweeping the events of deleted tasks failed");
+        }
+        match store.watch(TASKS, None, from).await {
+            Ok(mut tasks) => loop {
+                let event = tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    event = tasks.next() => event,
+                };
+                match event {
+                    Some(Ok(event)) if event.event_type == EventType::Deleted => {
+                        let (namespace, name) = (&event.key.namespace, &event.key.name);
+                        if let Err(error) = purge_task_events(store.as_ref(), namespace, name).await
+                        {
+                            tracing::warn!(%error, namespace, task = name, "deleting the events of a deleted task failed");
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(error)) => {
+                        tracing::info!(%error, "the task watch of the event collector ended; sweeping again");
+                        break;
+                    }
+                    None => break,
+                }
+            },
+            Err(error) => tracing::warn!(%error, "the event collector cannot watch tasks"),
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return,
+            _ = tokio::time::sleep(COLLECT_RESTART_DELAY) => {}
+        }
+    }
+}
+
+/// The UID of Task `namespace/name` as stored now; `None` when there is no such Task.
+async fn current_task_uid(
+    store: &dyn Store,
+    namespace: &str,
+    name: &str,
+) -> Result<Option<String>, StoreError> {
+    let task = store.get(&ObjectKey::new(TASKS, namespace, name)).await?;
+    Ok(task.map(|t| {
+        t.pointer("/metadata/uid")
+            .and_then(Value::as_str)
+            .unwrap_or_default()
+            .to_string()
+    }))
+}
+
+fn event_task_uid(event: &Value) -> &str {
+    event
+        .pointer("/spec/taskUID")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+}
+
+/// Deletes the events of task name `name` that belong to no existing Task (all of them
+/// when no Task of that name exists; those of other UIDs when one does). Returns how many.
+async fn purge_task_events(
+    store: &dyn Store,
+    namespace: &str,
+    name: &str,
+) -> Result<usize, StoreError> {
+    // Listed before the Task is read: an event listed here was posted for a Task that
+    // existed before the read, so a different UID (or none) now means that Task is gone.
+    let (items, _) = list_task_events(store, namespace, name).await?;
+    let current = current_task_uid(store, namespace, name).await?;
+    let mut deleted = 0;
+    for item in items {
+        if current.as_deref() == Some(event_task_uid(&item)) {
+            continue;
+        }
+        if let Some(event_name) = item.pointer("/metadata/name").and_then(Value::as_str) {
+            delete_quietly(store, namespace, event_name.to_string()).await;
+            deleted += 1;
+        }
+    }
+    if deleted > 0 {
+        tracing::debug!(
+            namespace,
+            task = name,
+            deleted,
+            "deleted the events of a deleted task"
+        );
+    }
+    Ok(deleted)
+}
+
+/// Deletes every stored event whose Task (name and UID) does not exist. Returns how many.
+async fn sweep_orphaned_events(store: &dyn Store) -> Result<usize, StoreError> {
+    let mut options = ListOptions {
+        namespace: None,
+        start_after: None,
+        limit: Some(PAGE),
+    };
+    // Task UIDs read during this sweep, by (namespace, name).
+    let mut tasks: HashMap<(String, String), Option<String>> = HashMap::new();
+    let mut deleted = 0;
+    loop {
+        let page = store.list(TASK_EVENTS, &options).await?;
+        let mut read_this_page = HashSet::new();
+        for item in &page.items {
+            let field = |pointer: &str| item.pointer(pointer).and_then(Value::as_str);
+            let (Some(namespace), Some(name), Some(task)) = (
+                field("/metadata/namespace"),
+                field("/metadata/name"),
+                field("/spec/task"),
+            ) else {
+                continue;
+            };
+            let key = (namespace.to_string(), task.to_string());
+            let event_uid = event_task_uid(item);
+            let cached = tasks.get(&key).cloned();
+            let uid = match cached {
+                Some(uid) if uid.as_deref() == Some(event_uid) || read_this_page.contains(&key) => {
+                    uid
+                }
+                // Not known to match: read the Task now (after this page was listed, so a
+                // mismatch means the event's Task is gone, as in purge_task_events).
+                _ => {
+                    let uid = current_task_uid(store, namespace, task).await?;
+                    tasks.insert(key.clone(), uid.clone());
+                    read_this_page.insert(key);
+                    uid
+                }
+            };
+            if uid.as_deref() != Some(event_uid) {
+                delete_quietly(store, namespace, name.to_string()).await;
+                deleted += 1;
+            }
+        }
+        match page.continue_after {
+            Some(last) => options.start_after = Some((last.namespace, last.name)),
+            None => break,
+        }
+    }
+    if deleted > 0 {
+        tracing::info!(deleted, "deleted the events of tasks that no longer exist");
+    }
+    Ok(deleted)
 }
 
 fn follow_requested(query: Option<&str>) -> Result<bool, String> {
@@ -641,5 +840,122 @@ mod tests {
         let (items, _) = list_task_events(store.as_ref(), "ns", "t").await.unwrap();
         let listed: Vec<u64> = items.iter().filter_map(|i| seq_of_object("t", i)).collect();
         assert_eq!(listed, vec![8, 9, 10]);
+    }
+
+    async fn put_task(store: &dyn Store, name: &str, uid: &str) {
+        let task = json!({"metadata": {"name": name, "namespace": "ns", "uid": uid}});
+        store
+            .create(&ObjectKey::new(TASKS, "ns", name), task)
+            .await
+            .unwrap();
+    }
+
+    async fn seqs(store: &dyn Store, task: &str) -> Vec<u64> {
+        let (items, _) = list_task_events(store, "ns", task).await.unwrap();
+        items
+            .iter()
+            .filter_map(|i| seq_of_object(task, i))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn deleting_a_task_deletes_its_events() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = test_store(dir.path()).await;
+        put_task(store.as_ref(), "t", "u1").await;
+        put_task(store.as_ref(), "t.x", "x1").await;
+        let hints = Hints::default();
+        for _ in 0..3 {
+            append(store.as_ref(), &hints, 1000, "ns", "t", "u1", event("m"))
+                .await
+                .unwrap();
+        }
+        append(store.as_ref(), &hints, 1000, "ns", "t.x", "x1", event("m"))
+            .await
+            .unwrap();
+        let shutdown = CancellationToken::new();
+        let collector = tokio::spawn(collect_deleted_task_events(
+            Arc::clone(&store),
+            shutdown.clone(),
+        ));
+        store
+            .delete(&ObjectKey::new(TASKS, "ns", "t"), None)
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !seqs(store.as_ref(), "t").await.is_empty() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the events of the deleted task are still there"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(
+            seqs(store.as_ref(), "t.x").await,
+            [1],
+            "another task's stay"
+        );
+
+        // A Task re-created under the name numbers its own events from 1 (the hint learnt
+        // for the deleted one is not used), and the collector leaves them alone.
+        put_task(store.as_ref(), "t", "u2").await;
+        let stored = append(store.as_ref(), &hints, 1000, "ns", "t", "u2", event("m"))
+            .await
+            .unwrap();
+        assert_eq!(stored.pointer("/spec/seq"), Some(&json!(1)));
+        store
+            .delete(&ObjectKey::new(TASKS, "ns", "t.x"), None)
+            .await
+            .unwrap();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while !seqs(store.as_ref(), "t.x").await.is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "t.x events stay");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(seqs(store.as_ref(), "t").await, [1]);
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), collector)
+            .await
+            .expect("the collector stops on shutdown")
+            .unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_sweep_deletes_events_whose_task_is_gone() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = test_store(dir.path()).await;
+        let hints = Hints::default();
+        // "gone": no Task at all; "again": re-created (old events of uid a1, new of a2);
+        // "kept": still there.
+        put_task(store.as_ref(), "again", "a2").await;
+        put_task(store.as_ref(), "kept", "k1").await;
+        for (task, uid, n) in [("gone", "g1", 2), ("again", "a1", 2), ("kept", "k1", 2)] {
+            for _ in 0..n {
+                append(store.as_ref(), &hints, 1000, "ns", task, uid, event("m"))
+                    .await
+                    .unwrap();
+            }
+        }
+        append(
+            store.as_ref(),
+            &hints,
+            1000,
+            "ns",
+            "again",
+            "a2",
+            event("m"),
+        )
+        .await
+        .unwrap();
+        assert_eq!(sweep_orphaned_events(store.as_ref()).await.unwrap(), 4);
+        assert!(seqs(store.as_ref(), "gone").await.is_empty());
+        // a2's event was numbered after a1's, which were still stored then.
+        assert_eq!(
+            seqs(store.as_ref(), "again").await,
+            [3],
+            "only a2's event stays"
+        );
+        assert_eq!(seqs(store.as_ref(), "kept").await, [1, 2]);
+        assert_eq!(sweep_orphaned_events(store.as_ref()).await.unwrap(), 0);
     }
 }

@@ -327,6 +327,11 @@ async fn start_with_token(
     .merge(security_routes)
     .merge(events_routes)
     .merge(tunnel::routes::router(Arc::clone(&hub)))
+    .merge(tunnel::exec::router(tunnel::exec::ExecState::new(
+        Arc::clone(&hub),
+        Arc::new(store.clone()),
+        Arc::clone(&audit),
+    )))
     .merge(
         axum::Router::new()
             .route(
@@ -341,9 +346,11 @@ async fn start_with_token(
         let token = background.clone();
         let security = Arc::clone(&security);
         let hub = Arc::clone(&hub);
+        let events_store: Arc<dyn rlark_store::Store> = Arc::new(store.clone());
         tokio::spawn(async move {
             tokio::join!(
                 api.run_background(token.clone()),
+                events::collect_deleted_task_events(events_store, token.clone()),
                 Arc::clone(&security).follow_revocations(token.clone()),
                 hub.enforce_revocations(security, token.clone()),
                 Arc::clone(&replicas).run(token)

@@ -3,7 +3,14 @@
 //! directories.
 //!
 //! Every wait is bounded by [`DEADLINE`].
+//!
+//! The agents run each replica under a supervisor process (`rlark_agent::supervisor`), a
+//! binary: a test passes it with [`start_agent_with`] / [`Harness::start_with`]
+//! (`env!("CARGO_BIN_EXE_rlark-supervise")` in rlark-agent's tests, `[rlark, supervise]`
+//! with `env!("CARGO_BIN_EXE_rlark")` in rlark's); [`start_agent`] and [`Harness::start`]
+//! look for it next to the test binary ([`supervisor_near_test_binary`]).
 
+use std::ffi::OsString;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -61,19 +68,67 @@ pub async fn start_server_with_controllers() -> anyhow::Result<(TestServer, Temp
     Ok((server, server_dir))
 }
 
+/// The replica supervisor built with the running test: `target/<profile>/rlark-supervise`,
+/// or `target/<profile>/rlark supervise`, whichever was built last (cargo builds the one a
+/// test's package provides before running its tests; the other may be stale). Prefer
+/// passing it explicitly ([`start_agent_with`]).
+pub fn supervisor_near_test_binary() -> anyhow::Result<Vec<OsString>> {
+    let exe = std::env::current_exe().context("the test binary's path")?;
+    // target/<profile>/deps/<test>-<hash>
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .with_context(|| format!("no target directory above {}", exe.display()))?;
+    let built = |name: &str| {
+        let path = dir.join(name);
+        let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok()?;
+        Some((modified, path))
+    };
+    let supervise = built("rlark-supervise").map(|(t, p)| (t, vec![p.into_os_string()]));
+    let rlark = built("rlark").map(|(t, p)| (t, vec![p.into_os_string(), "supervise".into()]));
+    match (supervise, rlark) {
+        (Some(a), Some(b)) => Ok(if a.0 >= b.0 { a.1 } else { b.1 }),
+        (Some((_, command)), None) | (None, Some((_, command))) => Ok(command),
+        (None, None) => bail!(
+            "no replica supervisor (rlark-supervise or rlark) in {}: build one, or pass it \
+             with start_agent_with",
+            dir.display()
+        ),
+    }
+}
+
 /// Start the agent of `cluster` as node `node_name` in `dir`, joined with a fresh token, and
-/// wait until its tunnel is up.
+/// wait until its tunnel is up. Its supervisor is [`supervisor_near_test_binary`].
 pub async fn start_agent(
     server: &TestServer,
     cluster: &str,
     node_name: &str,
     dir: &Path,
 ) -> anyhow::Result<RunningAgent> {
+    start_agent_with(
+        server,
+        cluster,
+        node_name,
+        dir,
+        supervisor_near_test_binary()?,
+    )
+    .await
+}
+
+/// [`start_agent`] with `supervisor` as the replica supervisor command.
+pub async fn start_agent_with(
+    server: &TestServer,
+    cluster: &str,
+    node_name: &str,
+    dir: &Path,
+    supervisor: Vec<OsString>,
+) -> anyhow::Result<RunningAgent> {
     let token = bootstrap_token(server, cluster).await?;
     let mut config = AgentConfig::new(vec![server.url()], cluster, dir);
     config.node_name = Some(node_name.to_string());
     config.heartbeat_interval = Duration::from_millis(500);
     config.stop_tasks_on_exit = true;
+    config.supervisor = supervisor;
     config.join = Some(JoinParams {
         token: token["token"].as_str().unwrap_or_default().to_string(),
         ca_hash: token["caHash"].as_str().unwrap_or_default().to_string(),
@@ -170,12 +225,19 @@ pub struct Harness {
 }
 
 impl Harness {
-    /// Start the server, then the agent, and wait until its tunnel is up.
+    /// Start the server, then the agent, and wait until its tunnel is up. The agent's
+    /// supervisor is [`supervisor_near_test_binary`].
     pub async fn start() -> anyhow::Result<Harness> {
+        Self::start_with(supervisor_near_test_binary()?).await
+    }
+
+    /// [`Harness::start`] with `supervisor` as the replica supervisor command.
+    pub async fn start_with(supervisor: Vec<OsString>) -> anyhow::Result<Harness> {
         let (server, server_dir) = start_server_with_controllers().await?;
         let admin = server.client().await?;
         let agent_dir = tempfile::tempdir()?;
-        let agent = start_agent(&server, CLUSTER, "host-0", agent_dir.path()).await?;
+        let agent =
+            start_agent_with(&server, CLUSTER, "host-0", agent_dir.path(), supervisor).await?;
         Ok(Harness {
             server,
             _server_dir: server_dir,

@@ -1001,6 +1001,8 @@ fn placeholder_spec() -> rlark_api::types::TaskSpec {
         prepare_script: None,
         run_script: None,
         ssh_public_key: None,
+        input: None,
+        env_from: None,
     }
 }
 

@@ -9,6 +9,14 @@ use std::process::ExitCode;
 use clap::Parser as _;
 
 fn main() -> ExitCode {
+    // `rlark supervise ...`: the per-replica supervisor the agent starts (hidden; see
+    // rlark_agent::supervisor). Dispatched before anything else: it runs no async runtime
+    // and logs nothing but its own errors, so it stays small.
+    if std::env::args_os().nth(1).is_some_and(|a| a == "supervise") {
+        let code = rlark_agent::supervisor::main(std::env::args_os().skip(2));
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
+    }
+
     // kube's client and anything else using `ClientConfig::builder()` need one unambiguous
     // process-wide provider. Err means one is installed already, which is fine.
     let _ = rustls::crypto::ring::default_provider().install_default();

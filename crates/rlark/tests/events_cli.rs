@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use kube::api::{Api, PostParams};
 use rlark_api::types::Job;
 use rlark_testkit::real_agent::{
-    DEADLINE, run_cli, start_agent, start_server_with_controllers, text, wait_succeeded,
+    DEADLINE, run_cli, start_agent_with, start_server_with_controllers, text, wait_succeeded,
 };
 use serde_json::{Value, json};
 
@@ -26,7 +26,8 @@ async fn rlark_events_prints_what_a_task_posted() -> anyhow::Result<()> {
     let admin = server.client().await?;
     let kubeconfig = server.kubeconfig_path().to_path_buf();
     let agent_dir = tempfile::tempdir()?;
-    let agent = start_agent(&server, "a", "host-a", agent_dir.path()).await?;
+    let supervisor = vec![env!("CARGO_BIN_EXE_rlark").into(), "supervise".into()];
+    let agent = start_agent_with(&server, "a", "host-a", agent_dir.path(), supervisor).await?;
 
     let script = "curl -sS --fail --cacert \"$RLARK_CA_FILE\" \
         -H \"Authorization: Bearer $RLARK_TOKEN\" -H 'Content-Type: application/json' \

@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use kube::api::{Api, PostParams};
 use rlark_api::types::Job;
 use rlark_testkit::real_agent::{
-    DEADLINE, run_cli, start_agent, start_server_with_controllers, text, wait_succeeded,
+    DEADLINE, run_cli, start_agent_with, start_server_with_controllers, text, wait_succeeded,
 };
 use serde_json::json;
 use tempfile::TempDir;
@@ -27,8 +27,9 @@ async fn rlark_logs_reads_pods_tasks_and_jobs() -> anyhow::Result<()> {
     let admin = server.client().await?;
     let kubeconfig = server.kubeconfig_path().to_path_buf();
     let (dir_a, dir_b): (TempDir, TempDir) = (tempfile::tempdir()?, tempfile::tempdir()?);
-    let agent_a = start_agent(&server, "a", "host-a", dir_a.path()).await?;
-    let agent_b = start_agent(&server, "b", "host-b", dir_b.path()).await?;
+    let supervisor = || vec![env!("CARGO_BIN_EXE_rlark").into(), "supervise".into()];
+    let agent_a = start_agent_with(&server, "a", "host-a", dir_a.path(), supervisor()).await?;
+    let agent_b = start_agent_with(&server, "b", "host-b", dir_b.path(), supervisor()).await?;
 
     // One task per cluster.
     let task = |name: &str, cluster: &str, script: &str| {

@@ -1,31 +1,46 @@
-//! The `raw` runtime: one replica of a Task as a process group on this host.
+//! The `raw` runtime: one replica of a Task as a process group on this host, run under a
+//! small supervisor process so that its exit is never missed.
 //!
 //! [`spawn_replica`] prepares the replica's directory (`work/`, `logs/`), fetches its
-//! artifact, resolves the entrypoint (no shell), and starts the process as the leader of
-//! its own process group, with stdout and stderr appended to `logs/current.log`
-//! (size-capped rotation, see [`logs`]). A supervisor task then owns the child:
+//! artifact, resolves the entrypoint (no shell; these checks happen here, so start errors
+//! name the problem precisely), and starts the supervisor ([`crate::supervisor`], the
+//! program in [`ReplicaSpec::supervisor`]) in the working directory, with the environment
+//! and with stdout and stderr appended to `logs/current.log` (size-capped rotation, see
+//! [`logs`]). The supervisor leaves the agent's session, starts the program as the leader
+//! of its own process group with all of that, and records it in `pid.json` and its end in
+//! `exit.json` ([`record`]); `spawn_replica` returns once `pid.json` exists.
 //!
-//! - it records the exit once, so [`ReplicaHandle::wait`] returns it however late it is
-//!   called (and on every later call);
-//! - when the main process exits on its own, whatever is left of its group is killed
-//!   (SIGKILL): a replica is its whole process tree, as a container is;
-//! - [`ReplicaHandle::terminate`] sends SIGTERM to the group, waits up to the grace period
-//!   for every member to exit, then sends SIGKILL to the group;
+//! A task in the agent (the in-agent supervision) then owns the replica:
+//!
+//! - it waits for the supervisor process to end (`waitpid` on its own child; a replica
+//!   adopted by [`adopt_replica`] is not its child, so its supervisor's pid and start time
+//!   are polled in `/proc`), then reads `exit.json`: so [`ReplicaHandle::wait`] returns the
+//!   exit however late it is called (and on every later call). A supervisor that ended
+//!   without `exit.json` (someone SIGKILLed it) gives [`ExitStatus::Unknown`], and what is
+//!   left of the group is killed;
+//! - when the main process exits on its own, the supervisor kills whatever is left of its
+//!   group (SIGKILL): a replica is its whole process tree, as a container is;
+//! - [`ReplicaHandle::terminate`] sends SIGTERM to the supervisor, which forwards it to the
+//!   group; after the grace period the agent sends SIGKILL to the group (the supervisor
+//!   does the same after its own `--grace-ms`, [`ReplicaSpec::grace`], when the agent is
+//!   gone meanwhile); the rest of the group gets what is left of the grace period after
+//!   the main process exits;
 //! - [`ReplicaSpec::deadline`] (`activeDeadlineSeconds`) takes the same path and the exit
 //!   says [`ExitCause::DeadlineExceeded`];
 //! - `current.log` is rotated about every second when over its cap.
 //!
-//! Dropping a [`ReplicaHandle`] (or [`ReplicaHandle::detach`]) stops supervising and
-//! leaves the process running: the agent does this when it exits without stopping tasks.
+//! Dropping a [`ReplicaHandle`] (or [`ReplicaHandle::detach`]) stops supervising in the
+//! agent and leaves the process (and its supervisor) running: the agent does this when it
+//! exits without stopping tasks, and the next agent [`adopt_replica`]s it.
 
 mod artifact;
 pub mod logs;
 pub mod process;
+pub mod record;
 
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::PermissionsExt as _;
-use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, SystemTime};
@@ -35,14 +50,25 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-pub use artifact::HTTP_UNSUPPORTED;
+pub use artifact::CACHE_DIGEST_DIR;
 pub use logs::{LOG_FILE, LogFiles, LogLimits};
+pub use record::{EXIT_FILE, PID_FILE};
+
+use record::{ExitRecord, PidRecord};
 
 /// Grace period between SIGTERM and SIGKILL when the Task does not set
 /// `terminationGracePeriodSeconds`.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
-/// How often the supervisor checks the log size.
+/// How often the in-agent supervision checks the log size.
 const ROTATE_EVERY: Duration = Duration::from_secs(1);
+/// How often an adopted replica's supervisor process is checked.
+pub const ADOPTED_POLL: Duration = Duration::from_millis(100);
+/// How long [`spawn_replica`] waits for the supervisor's `pid.json`.
+const START_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause between checks for `pid.json`.
+const START_POLL: Duration = Duration::from_millis(5);
+/// The supervisor subcommand of the `rlark` binary.
+pub const SUPERVISE_SUBCOMMAND: &str = "supervise";
 
 /// `Pod.status.reason` of a replica that could not be started.
 pub const REASON_START_ERROR: &str = "StartError";
@@ -65,16 +91,36 @@ pub struct ReplicaSpec {
     pub replica_dir: PathBuf,
     /// `raw.workingDir`: must exist and be a readable directory; relative to `work/`.
     pub working_dir: Option<PathBuf>,
-    /// `raw.artifact` URL (only `file://` is fetched, see [`HTTP_UNSUPPORTED`]).
+    /// `raw.artifact` URL: `http://`, `https://` or `file://` (fetched, checked, cached and
+    /// unpacked as docs/tasks.md, "Artifacts", says).
     pub artifact: Option<String>,
     /// `raw.artifactSha256`.
     pub artifact_sha256: Option<String>,
+    /// Root of the artifact cache (`DATA_DIR/artifacts`); `None`: downloads are not cached.
+    pub artifact_cache: Option<PathBuf>,
     /// When the replica must be killed (`activeDeadlineSeconds` after its first start).
     pub deadline: Option<Instant>,
-    /// SIGTERM → SIGKILL grace period of a deadline kill.
+    /// SIGTERM → SIGKILL grace period of a deadline kill; also the supervisor's own
+    /// (`--grace-ms`), used when it is stopped while no agent watches.
     pub grace: Duration,
     /// Log size cap.
     pub log_limits: LogLimits,
+    /// The supervisor command (program and leading arguments), e.g. `[rlark, supervise]`;
+    /// its flags and the task's program follow. Default: [`default_supervisor`].
+    pub supervisor: Vec<OsString>,
+}
+
+/// `[<this executable>, supervise]`: right for the agent run by the `rlark` binary
+/// (`rlark agent`, `rlark up`). Empty when the executable's path cannot be read (a
+/// replica then fails to start with a message saying so).
+pub fn default_supervisor() -> Vec<OsString> {
+    match std::env::current_exe() {
+        Ok(exe) => vec![exe.into_os_string(), OsString::from(SUPERVISE_SUBCOMMAND)],
+        Err(error) => {
+            tracing::warn!(%error, "cannot find the agent's own executable for the supervisor");
+            Vec::new()
+        }
+    }
 }
 
 impl ReplicaSpec {
@@ -87,9 +133,11 @@ impl ReplicaSpec {
             working_dir: None,
             artifact: None,
             artifact_sha256: None,
+            artifact_cache: None,
             deadline: None,
             grace: DEFAULT_GRACE,
             log_limits: LogLimits::default(),
+            supervisor: default_supervisor(),
         }
     }
 
@@ -115,6 +163,8 @@ pub enum RuntimeError {
     WorkingDir { path: PathBuf, reason: String },
     #[error("start {program:?}: {source}")]
     Spawn { program: String, source: io::Error },
+    #[error("start the replica supervisor {program:?}: {detail}")]
+    Supervisor { program: String, detail: String },
     #[error("prepare {}: {source}", path.display())]
     Io { path: PathBuf, source: io::Error },
     #[error("artifact {url}: checksum mismatch: expected sha256 {expected}, got sha256 {actual}")]
@@ -147,7 +197,8 @@ pub enum ExitStatus {
     Code(i32),
     /// A signal killed it.
     Signal(i32),
-    /// Unknown: the supervisor ended without seeing the exit (it cannot normally happen).
+    /// Unknown: the supervisor process ended without recording the exit (it was
+    /// SIGKILLed), or the in-agent supervision failed.
     Unknown,
 }
 
@@ -164,14 +215,6 @@ impl ExitStatus {
     /// Exited with code 0.
     pub fn success(&self) -> bool {
         *self == ExitStatus::Code(0)
-    }
-
-    fn from_std(status: std::process::ExitStatus) -> Self {
-        match (status.code(), status.signal()) {
-            (Some(code), _) => ExitStatus::Code(code),
-            (None, Some(signal)) => ExitStatus::Signal(signal),
-            (None, None) => ExitStatus::Unknown,
-        }
     }
 }
 
@@ -213,7 +256,9 @@ pub struct ReplicaExit {
 #[derive(Debug)]
 pub struct ReplicaHandle {
     pid: u32,
+    pgid: i32,
     start_ticks: Option<u64>,
+    supervisor_pid: u32,
     started_at: SystemTime,
     work_dir: PathBuf,
     log_path: PathBuf,
@@ -230,7 +275,7 @@ impl ReplicaHandle {
 
     /// Its process group (= its pid).
     pub fn pgid(&self) -> i32 {
-        i32::try_from(self.pid).unwrap_or(i32::MAX)
+        self.pgid
     }
 
     /// Its start time in clock ticks after boot (`/proc/<pid>/stat`), when readable.
@@ -238,12 +283,18 @@ impl ReplicaHandle {
         self.start_ticks
     }
 
+    /// Pid of its supervisor process.
+    pub fn supervisor_pid(&self) -> u32 {
+        self.supervisor_pid
+    }
+
     /// When it was started.
     pub fn started_at(&self) -> SystemTime {
         self.started_at
     }
 
-    /// The working directory it runs in.
+    /// The working directory it runs in (for an adopted replica: the replica's default
+    /// working directory, `work/`, whatever `raw.workingDir` said).
     pub fn work_dir(&self) -> &Path {
         &self.work_dir
     }
@@ -262,16 +313,17 @@ impl ReplicaHandle {
     pub async fn wait(&mut self) -> ReplicaExit {
         let seen = match self.exit.wait_for(Option::is_some).await {
             Ok(exit) => *exit,
-            // The supervisor ended without recording an exit (a panic): say so.
+            // The supervision ended without recording an exit (a panic): say so.
             Err(_) => None,
         };
         seen.or_else(|| self.try_exit())
             .unwrap_or_else(unknown_exit)
     }
 
-    /// Stop the replica: SIGTERM to its process group, SIGKILL to the group after `grace`
-    /// if anything of it is left, and wait for the exit. Returns at once (the recorded
-    /// exit) when it has ended already; a deadline kill in progress is waited for.
+    /// Stop the replica: SIGTERM to its process group (through its supervisor), SIGKILL to
+    /// the group after `grace` if anything of it is left, and wait for the exit. Returns at
+    /// once (the recorded exit) when it has ended already; a deadline kill in progress is
+    /// waited for.
     pub async fn terminate(&mut self, grace: Duration) -> ReplicaExit {
         if self.try_exit().is_none() {
             self.terminate.send_if_modified(|current| {
@@ -287,7 +339,8 @@ impl ReplicaHandle {
     }
 
     /// Stop supervising and leave the process running (no more deadline, rotation, or
-    /// exit report). The same happens on drop.
+    /// exit report here; its supervisor process still records the exit). The same
+    /// happens on drop.
     pub fn detach(mut self) {
         if let Some(supervisor) = self.supervisor.take() {
             supervisor.abort();
@@ -320,51 +373,237 @@ pub async fn spawn_replica(spec: ReplicaSpec) -> Result<ReplicaHandle, RuntimeEr
     let prepared = tokio::task::spawn_blocking(move || prepare(&prepared_spec))
         .await
         .map_err(|e| RuntimeError::Internal(e.to_string()))??;
+    let Some((supervisor, leading)) = spec.supervisor.split_first() else {
+        return Err(RuntimeError::Supervisor {
+            program: String::new(),
+            detail: "no supervisor command is configured".to_string(),
+        });
+    };
+    let supervisor_name = supervisor.to_string_lossy().into_owned();
 
-    let mut command = tokio::process::Command::new(&prepared.program);
+    let mut command = tokio::process::Command::new(supervisor);
     command
-        .arg0(&spec.entrypoint[0])
+        .args(leading)
+        .arg("--dir")
+        .arg(&spec.replica_dir)
+        .arg("--grace-ms")
+        .arg(spec.grace.as_millis().to_string())
+        .arg("--arg0")
+        .arg(&spec.entrypoint[0])
+        .arg("--")
+        .arg(&prepared.program)
         .args(&spec.entrypoint[1..])
         .current_dir(&prepared.work_dir)
         .envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .stdin(Stdio::null())
         .stdout(Stdio::from(prepared.stdout))
         .stderr(Stdio::from(prepared.stderr))
-        .process_group(0)
         .kill_on_drop(false);
-    let child = command.spawn().map_err(|source| RuntimeError::Spawn {
-        program: prepared.program.display().to_string(),
-        source,
+    let mut child = command.spawn().map_err(|e| RuntimeError::Supervisor {
+        program: supervisor_name.clone(),
+        detail: e.to_string(),
     })?;
-    let started_at = SystemTime::now();
-    let Some(pid) = child.id() else {
-        // Only when it was reaped already, which cannot happen before a wait.
-        return Err(RuntimeError::Internal(
-            "the started process has no pid".to_string(),
-        ));
+    let started = wait_started(&mut child, &spec.replica_dir, &prepared.program).await?;
+    let watched = Watched::Child {
+        child,
+        pid: started.supervisor_pid,
     };
-    let start_ticks = process::proc_stat(pid).map(|s| s.start_ticks);
+    Ok(supervise_replica(
+        &spec,
+        &started,
+        watched,
+        prepared.work_dir,
+        prepared.logs,
+    ))
+}
+
+/// Wait until the supervisor wrote `pid.json` (at most [`START_TIMEOUT`]). A supervisor
+/// that exits first could not start the program: its `exit.json` says why.
+async fn wait_started(
+    child: &mut tokio::process::Child,
+    dir: &Path,
+    program: &Path,
+) -> Result<PidRecord, RuntimeError> {
+    let program_name = program.display().to_string();
+    let pid_path = dir.join(PID_FILE);
+    let until = Instant::now() + START_TIMEOUT;
+    loop {
+        match record::read::<PidRecord>(&pid_path) {
+            Ok(Some(started)) => return Ok(started),
+            Ok(None) => {}
+            Err(error) => {
+                return Err(RuntimeError::Internal(format!(
+                    "read {}: {error}",
+                    pid_path.display()
+                )));
+            }
+        }
+        match child.try_wait() {
+            Ok(Some(status)) => {
+                return Err(match record::read::<ExitRecord>(&dir.join(EXIT_FILE)) {
+                    Ok(Some(ExitRecord {
+                        error: Some(error),
+                        errno,
+                        ..
+                    })) => RuntimeError::Spawn {
+                        program: program_name,
+                        source: match errno {
+                            Some(errno) => io::Error::from_raw_os_error(errno),
+                            None => io::Error::other(error),
+                        },
+                    },
+                    _ => RuntimeError::Internal(format!(
+                        "the replica supervisor {status} before starting {program_name} \
+                         (its messages are in the replica log)"
+                    )),
+                });
+            }
+            Ok(None) => {}
+            Err(error) => {
+                return Err(RuntimeError::Internal(format!(
+                    "wait for the replica supervisor: {error}"
+                )));
+            }
+        }
+        if Instant::now() >= until {
+            // Whatever it started is unrecorded: stop it rather than lose track of it.
+            let _ = child.start_kill();
+            return Err(RuntimeError::Internal(format!(
+                "the replica supervisor did not record the start of {program_name} within \
+                 {START_TIMEOUT:?}"
+            )));
+        }
+        tokio::time::sleep(START_POLL).await;
+    }
+}
+
+/// What [`adopt_replica`] found in a replica directory left by an earlier agent.
+#[derive(Debug)]
+pub enum Adoption {
+    /// Its supervisor still runs: supervised from now on as a started one is.
+    Running(ReplicaHandle),
+    /// It ended while no agent watched; the exit as its supervisor recorded it.
+    Exited(ReplicaExit),
+    /// Its supervisor is gone without recording an exit (a reboot, or it was SIGKILLed).
+    /// What is left of the process group was killed; the message says what is unknown.
+    Lost(String),
+    /// No `pid.json`: no supervisor ever recorded a start here (a replica started by an
+    /// agent without supervisors, or a start that never completed).
+    NoRecord,
+}
+
+/// Take over the replica in `spec.replica_dir` that an earlier agent started (see
+/// [`Adoption`]). `spec` gives the deadline, grace period and log limits of the in-agent
+/// supervision (its entrypoint and environment are not used). Blocking reads of two small
+/// files; a process group left without its supervisor is killed (SIGTERM, SIGKILL after
+/// `spec.grace`) before this returns.
+pub async fn adopt_replica(spec: &ReplicaSpec) -> Adoption {
+    let dir = &spec.replica_dir;
+    let started = match record::read::<PidRecord>(&dir.join(PID_FILE)) {
+        Ok(Some(started)) => started,
+        Ok(None) => return Adoption::NoRecord,
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), %error, "unreadable pid.json");
+            return Adoption::NoRecord;
+        }
+    };
+    if process::process_running(started.supervisor_pid, started.supervisor_start_ticks) {
+        let watched = Watched::Adopted {
+            pid: started.supervisor_pid,
+            start_ticks: started.supervisor_start_ticks,
+        };
+        let handle = supervise_replica(
+            spec,
+            &started,
+            watched,
+            spec.default_work_dir(),
+            spec.log_files(),
+        );
+        return Adoption::Running(handle);
+    }
+    let exit = match record::read::<ExitRecord>(&dir.join(EXIT_FILE)) {
+        Ok(exit) => exit,
+        Err(error) => {
+            tracing::warn!(dir = %dir.display(), %error, "unreadable exit.json");
+            None
+        }
+    };
+    match exit.as_ref().and_then(|e| e.status().map(|s| (e, s))) {
+        Some((record, status)) => {
+            // The supervisor may have died between its record and its cleanup.
+            kill_stragglers(&started);
+            Adoption::Exited(ReplicaExit {
+                status,
+                cause: ExitCause::Exited,
+                killed: record.killed,
+                finished_at: record.finished_at(),
+            })
+        }
+        None => {
+            let leader_running = process::process_running(started.pid, started.proc_start_ticks);
+            let what = if leader_running {
+                process::kill_group(started.pgid, spec.grace).await;
+                "the process was still running unsupervised and its process group was killed"
+            } else if kill_stragglers(&started) {
+                "the process had exited unseen and the rest of its process group was killed"
+            } else {
+                "the process has exited unseen"
+            };
+            Adoption::Lost(format!(
+                "its supervisor (pid {}) ended without recording the exit of process {}: {what}; \
+                 the outcome of the run is unknown",
+                started.supervisor_pid, started.pid
+            ))
+        }
+    }
+}
+
+/// SIGKILL what is left of the group of a main process that is gone; returns whether
+/// anything was left. Without its leader, the group can only still exist with the
+/// replica's stragglers in it (a process group id is not reused while any member lives).
+fn kill_stragglers(started: &PidRecord) -> bool {
+    let leader_pid_taken = process::proc_stat(started.pid).is_some();
+    if leader_pid_taken || !process::group_exists(started.pgid) {
+        return false;
+    }
+    kill(started.pgid);
+    true
+}
+
+/// The handle of a replica whose supervisor is `watched`, with its in-agent supervision
+/// running.
+fn supervise_replica(
+    spec: &ReplicaSpec,
+    started: &PidRecord,
+    watched: Watched,
+    work_dir: PathBuf,
+    logs: LogFiles,
+) -> ReplicaHandle {
     let (terminate_tx, terminate_rx) = watch::channel(None);
     let (exit_tx, exit_rx) = watch::channel(None);
+    let log_path = logs.path().to_path_buf();
     let supervisor = tokio::spawn(supervise(Supervised {
-        child,
-        pgid: i32::try_from(pid).unwrap_or(i32::MAX),
+        watched,
+        pgid: started.pgid,
+        exit_path: spec.replica_dir.join(EXIT_FILE),
         deadline: spec.deadline,
         deadline_grace: spec.grace,
         terminate: terminate_rx,
         exit: exit_tx,
-        logs: prepared.logs.clone(),
+        logs,
     }));
-    Ok(ReplicaHandle {
-        pid,
-        start_ticks,
-        started_at,
-        work_dir: prepared.work_dir,
-        log_path: prepared.logs.path().to_path_buf(),
+    ReplicaHandle {
+        pid: started.pid,
+        pgid: started.pgid,
+        start_ticks: started.proc_start_ticks,
+        supervisor_pid: started.supervisor_pid,
+        started_at: started.started_at.into(),
+        work_dir,
+        log_path,
         terminate: terminate_tx,
         exit: exit_rx,
         supervisor: Some(supervisor),
-    })
+    }
 }
 
 /// What [`prepare`] made ready.
@@ -391,6 +630,12 @@ fn prepare(spec: &ReplicaSpec) -> Result<Prepared, RuntimeError> {
     if let Some(dir) = logs.path().parent() {
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
     }
+    // The records of an earlier start of this replica (a restart) must not be mistaken
+    // for this one's.
+    for name in [PID_FILE, EXIT_FILE] {
+        let path = spec.replica_dir.join(name);
+        record::remove(&path).map_err(io_err(&path))?;
+    }
     let work_dir = match &spec.working_dir {
         Some(dir) => {
             let dir = default_work.join(dir);
@@ -400,7 +645,8 @@ fn prepare(spec: &ReplicaSpec) -> Result<Prepared, RuntimeError> {
         None => default_work,
     };
     if let Some(url) = &spec.artifact {
-        artifact::fetch(url, spec.artifact_sha256.as_deref(), &work_dir)?;
+        let cache = spec.artifact_cache.as_deref();
+        artifact::fetch(url, spec.artifact_sha256.as_deref(), cache, &work_dir)?;
     }
     let path_var = spec
         .env
@@ -484,10 +730,66 @@ fn is_executable(meta: &std::fs::Metadata) -> bool {
     meta.permissions().mode() & 0o111 != 0
 }
 
-/// What the supervisor task owns.
+/// The supervisor process a replica's in-agent supervision watches.
+#[derive(Debug)]
+enum Watched {
+    /// Started by this agent: its child, waited for.
+    Child {
+        child: tokio::process::Child,
+        pid: u32,
+    },
+    /// Adopted: started by an earlier agent; polled in `/proc`.
+    Adopted { pid: u32, start_ticks: Option<u64> },
+}
+
+impl Watched {
+    /// Wait until the supervisor process has ended.
+    async fn ended(&mut self) {
+        match self {
+            Watched::Child { child, pid } => {
+                if let Err(error) = child.wait().await {
+                    tracing::warn!(pid = *pid, %error, "wait for the replica supervisor");
+                    // Not our child after all: watch it like an adopted one.
+                    while process::process_running(*pid, None) {
+                        tokio::time::sleep(ADOPTED_POLL).await;
+                    }
+                }
+            }
+            Watched::Adopted { pid, start_ticks } => {
+                while process::process_running(*pid, *start_ticks) {
+                    tokio::time::sleep(ADOPTED_POLL).await;
+                }
+            }
+        }
+    }
+
+    /// Send `signal` to the supervisor process (it forwards SIGTERM to the task's group).
+    fn signal(&self, signal: Signal) {
+        let pid = match self {
+            // Unreaped, so its pid cannot have been reused.
+            Watched::Child { pid, .. } => *pid,
+            Watched::Adopted { pid, start_ticks } => {
+                if !process::process_running(*pid, *start_ticks) {
+                    return;
+                }
+                *pid
+            }
+        };
+        let Ok(raw) = i32::try_from(pid) else {
+            return;
+        };
+        match nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), signal) {
+            Ok(()) | Err(nix::errno::Errno::ESRCH) => {}
+            Err(error) => tracing::warn!(pid, %error, %signal, "signal the replica supervisor"),
+        }
+    }
+}
+
+/// What the in-agent supervision task owns.
 struct Supervised {
-    child: tokio::process::Child,
+    watched: Watched,
     pgid: i32,
+    exit_path: PathBuf,
     deadline: Option<Instant>,
     deadline_grace: Duration,
     terminate: watch::Receiver<Option<Duration>>,
@@ -499,66 +801,69 @@ async fn supervise(mut s: Supervised) {
     // Set once a stop (or the deadline) began: why, and when SIGKILL follows.
     let mut stopping: Option<(ExitCause, Instant)> = None;
     let mut killed = false;
+    let mut kill_done = false;
     let mut terminate_open = true;
     let mut rotate = tokio::time::interval(ROTATE_EVERY);
     rotate.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let status = loop {
+    loop {
         let kill_at = stopping.map(|(_, at)| at);
         tokio::select! {
-            status = s.child.wait() => break status,
+            () = s.watched.ended() => break,
             _ = sleep_until_opt(s.deadline), if stopping.is_none() => {
-                term(s.pgid);
+                s.watched.signal(Signal::SIGTERM);
                 stopping = Some((ExitCause::DeadlineExceeded, Instant::now() + s.deadline_grace));
             }
             changed = s.terminate.changed(), if stopping.is_none() && terminate_open => {
                 match changed {
                     Ok(()) => {
                         if let Some(grace) = *s.terminate.borrow_and_update() {
-                            term(s.pgid);
+                            s.watched.signal(Signal::SIGTERM);
                             stopping = Some((ExitCause::Terminated, Instant::now() + grace));
                         }
                     }
                     Err(_) => terminate_open = false,
                 }
             }
-            _ = sleep_until_opt(kill_at), if !killed => {
-                kill(s.pgid);
-                killed = true;
-            }
-            _ = rotate.tick() => rotate_logs(&s.logs).await,
-        }
-    };
-    let cause = match stopping {
-        None => {
-            // The main process ended on its own: the rest of its tree goes with it.
-            kill(s.pgid);
-            ExitCause::Exited
-        }
-        Some((cause, kill_at)) => {
-            // Give the rest of the group what is left of the grace period.
-            if !killed {
-                let left = kill_at.saturating_duration_since(Instant::now());
-                if !process::wait_group_gone(s.pgid, left).await {
+            _ = sleep_until_opt(kill_at), if !kill_done => {
+                kill_done = true;
+                if process::group_exists(s.pgid) {
                     kill(s.pgid);
                     killed = true;
                 }
             }
-            cause
+            _ = rotate.tick() => rotate_logs(&s.logs).await,
         }
-    };
-    let status = match status {
-        Ok(status) => ExitStatus::from_std(status),
+    }
+    let recorded = match record::read::<ExitRecord>(&s.exit_path) {
+        Ok(recorded) => recorded,
         Err(error) => {
-            tracing::warn!(pgid = s.pgid, %error, "wait for replica process");
-            ExitStatus::Unknown
+            tracing::warn!(file = %s.exit_path.display(), %error, "read the replica's exit record");
+            None
         }
     };
+    let (status, finished_at) = match recorded.as_ref().and_then(|r| r.status().map(|st| (r, st))) {
+        Some((record, status)) => {
+            killed |= record.killed;
+            (status, record.finished_at())
+        }
+        None => {
+            // The supervisor died (SIGKILL) without recording the exit: nothing may be
+            // left of a replica nobody supervises any more.
+            tracing::warn!(
+                pgid = s.pgid,
+                "the replica supervisor ended without recording the exit; killing the group"
+            );
+            kill(s.pgid);
+            (ExitStatus::Unknown, SystemTime::now())
+        }
+    };
+    let cause = stopping.map_or(ExitCause::Exited, |(cause, _)| cause);
     rotate_logs(&s.logs).await;
     s.exit.send_replace(Some(ReplicaExit {
         status,
         cause,
         killed,
-        finished_at: SystemTime::now(),
+        finished_at,
     }));
 }
 
@@ -566,12 +871,6 @@ async fn sleep_until_opt(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-fn term(pgid: i32) {
-    if let Err(error) = process::signal_group(pgid, Signal::SIGTERM) {
-        tracing::warn!(pgid, %error, "SIGTERM replica process group");
     }
 }
 
@@ -589,127 +888,5 @@ async fn rotate_logs(logs: &LogFiles) {
             tracing::warn!(log = %logs.path().display(), %error, "rotate replica log");
         }
         Err(error) => tracing::warn!(%error, "rotate replica log"),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sh(script: &str, dir: &Path) -> ReplicaSpec {
-        ReplicaSpec::new(
-            vec!["sh".into(), "-c".into(), script.into()],
-            dir.join("replica"),
-        )
-    }
-
-    #[tokio::test]
-    async fn exit_is_recorded_even_when_nobody_waits_yet() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut spec = sh("echo out; echo err >&2; exit 3", dir.path());
-        spec.env.push(("X".into(), "1".into()));
-        let mut handle = spawn_replica(spec).await.expect("spawn");
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        let exit = handle.wait().await;
-        assert_eq!(exit.status, ExitStatus::Code(3));
-        assert_eq!(exit.cause, ExitCause::Exited);
-        assert_eq!(handle.wait().await, exit, "the same exit on every call");
-        assert_eq!(handle.terminate(Duration::ZERO).await, exit);
-        let log = std::fs::read_to_string(handle.log_path()).expect("log");
-        assert!(log.contains("out") && log.contains("err"), "{log}");
-        assert!(handle.work_dir().ends_with("replica/work"));
-    }
-
-    #[tokio::test]
-    async fn terminate_kills_the_group_after_the_grace_period() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let spec = sh("trap '' TERM; sleep 30 & sleep 30", dir.path());
-        let mut handle = spawn_replica(spec).await.expect("spawn");
-        let pgid = handle.pgid();
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert!(process::group_exists(pgid));
-        let exit = handle.terminate(Duration::from_millis(300)).await;
-        assert_eq!(exit.cause, ExitCause::Terminated);
-        assert!(exit.killed, "TERM is ignored, so KILL was needed");
-        assert_eq!(exit.status, ExitStatus::Signal(9));
-        assert!(process::wait_group_gone(pgid, Duration::from_secs(5)).await);
-    }
-
-    #[tokio::test]
-    async fn a_deadline_kills_the_group() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let mut spec = sh("sleep 30", dir.path());
-        spec.deadline = Some(Instant::now() + Duration::from_millis(200));
-        spec.grace = Duration::from_secs(5);
-        let mut handle = spawn_replica(spec).await.expect("spawn");
-        let exit = handle.wait().await;
-        assert_eq!(exit.cause, ExitCause::DeadlineExceeded);
-        assert!(!exit.killed, "sleep dies of SIGTERM");
-        assert_eq!(exit.status.code(), Some(143));
-    }
-
-    #[tokio::test]
-    async fn start_errors_name_what_is_wrong() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let spec = ReplicaSpec::new(vec!["/nonexistent/bin".into()], dir.path().join("r"));
-        let err = spawn_replica(spec).await.expect_err("missing binary");
-        assert!(err.to_string().contains("/nonexistent/bin"), "{err}");
-        assert_eq!(err.reason(), REASON_START_ERROR);
-
-        let spec = ReplicaSpec::new(vec!["no-such-program-xyz".into()], dir.path().join("r"));
-        let err = spawn_replica(spec).await.expect_err("not in PATH");
-        assert!(err.to_string().contains("no-such-program-xyz"), "{err}");
-
-        let mut spec = sh("true", dir.path());
-        spec.working_dir = Some("/nonexistent/dir".into());
-        let err = spawn_replica(spec).await.expect_err("missing working dir");
-        assert!(err.to_string().contains("/nonexistent/dir"), "{err}");
-
-        let spec = ReplicaSpec::new(Vec::new(), dir.path().join("r"));
-        assert!(matches!(
-            spawn_replica(spec).await,
-            Err(RuntimeError::EmptyEntrypoint)
-        ));
-    }
-
-    #[tokio::test]
-    async fn relative_programs_and_the_working_dir_are_honoured() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let work = dir.path().join("elsewhere");
-        std::fs::create_dir_all(&work).expect("mkdir");
-        let script = work.join("run.sh");
-        std::fs::write(&script, "#!/bin/sh\npwd\necho \"$GREETING\"\n").expect("write");
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let mut spec = ReplicaSpec::new(vec!["./run.sh".into()], dir.path().join("r"));
-        spec.working_dir = Some(work.clone());
-        spec.env.push(("GREETING".into(), "hi".into()));
-        let mut handle = spawn_replica(spec).await.expect("spawn");
-        assert!(handle.wait().await.status.success());
-        let log = std::fs::read_to_string(handle.log_path()).expect("log");
-        assert!(
-            log.contains(&work.display().to_string()) && log.contains("hi"),
-            "{log}"
-        );
-    }
-
-    #[tokio::test]
-    async fn the_rest_of_the_group_dies_with_the_main_process() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let spec = sh("sleep 30 & echo $! > child.pid; exit 0", dir.path());
-        let mut handle = spawn_replica(spec).await.expect("spawn");
-        assert!(handle.wait().await.status.success());
-        let pid: u32 = std::fs::read_to_string(handle.work_dir().join("child.pid"))
-            .expect("pid file")
-            .trim()
-            .parse()
-            .expect("pid");
-        let deadline = Instant::now() + Duration::from_secs(5);
-        while process::process_running(pid, None) && Instant::now() < deadline {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        assert!(
-            !process::process_running(pid, None),
-            "straggler {pid} survived"
-        );
     }
 }

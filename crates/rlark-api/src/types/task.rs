@@ -12,6 +12,9 @@ use super::common::{
     AgentType, EnvVar, NodeEvent, PullProgress, ResourceRequirements, string_enum,
 };
 
+mod input_path;
+pub use input_path::{InputPath, InputPathError, InputPathStep, input_env_value};
+
 /// Lifecycle phase of a Task (and of a Job, see [`super::JobPhase`]).
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
 pub enum TaskPhase {
@@ -181,6 +184,69 @@ pub struct TaskSpec {
     /// SSH public key authorized in the task's pods; copied from the Job.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_public_key: Option<String>,
+    /// Input of the task: any JSON value (an RL rollout's input, a job's parameters). rlark
+    /// does not interpret it; `envFrom.input` turns parts of it into environment variables.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_json_schema")]
+    pub input: Option<serde_json::Value>,
+    /// Environment variables taken from elsewhere in the Task (today: from `input`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub env_from: Option<TaskEnvFrom>,
+}
+
+/// `envFrom`: environment variables whose values come from the Task itself.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct TaskEnvFrom {
+    /// Variables set from values of `spec.input`, in order. A variable named here and in
+    /// `raw.environment` takes the `raw.environment` value (as `env` wins over `envFrom` in
+    /// a Kubernetes container); rlark's `RLARK_*` variables win over both.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub input: Vec<InputEnvVar>,
+}
+
+/// One `envFrom.input` entry: variable `name` gets the value at `path` of `spec.input`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct InputEnvVar {
+    /// Environment variable name: `[A-Za-z_][A-Za-z0-9_]*`, not starting with `RLARK_`.
+    pub name: String,
+    /// JSONPath of the value in `spec.input`: `$`, then `.key`, `['key']` or `[index]`
+    /// steps (e.g. `$.question`, `$.samples[0]['prompt text']`). A string value is used as
+    /// it is; numbers, booleans, null, objects and arrays as compact JSON text.
+    pub path: String,
+}
+
+/// Why an `envFrom.input` entry gives no value (see [`TaskSpec::input_env`]).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum InputEnvError {
+    /// The path does not parse.
+    #[error("envFrom.input {name}: path {path:?} is not valid: {error}")]
+    BadPath {
+        /// The variable.
+        name: String,
+        /// The path as written.
+        path: String,
+        /// What is wrong with it.
+        error: InputPathError,
+    },
+    /// The path selects nothing in `spec.input` (or there is no `spec.input`).
+    #[error("envFrom.input {name}: path {path:?} matches nothing in spec.input")]
+    NotFound {
+        /// The variable.
+        name: String,
+        /// The path as written.
+        path: String,
+    },
+}
+
+/// Schema of a field that holds any JSON value: structural schemas express "anything" as
+/// `x-kubernetes-preserve-unknown-fields: true` without a `type`.
+fn any_json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({
+        "description": "Any JSON value.",
+        "x-kubernetes-preserve-unknown-fields": true,
+    })
 }
 
 impl TaskSpec {
@@ -197,6 +263,36 @@ impl TaskSpec {
             blocks.push("raw");
         }
         blocks
+    }
+
+    /// The `envFrom.input` variables resolved against `input`, in order, as `(name, value)`
+    /// pairs (values rendered by [`input_env_value`]), and the entries that gave no value.
+    /// Names are not checked here (admission validation does that).
+    pub fn input_env(&self) -> (Vec<(String, String)>, Vec<InputEnvError>) {
+        let mut values = Vec::new();
+        let mut errors = Vec::new();
+        let entries = self.env_from.iter().flat_map(|e| e.input.iter());
+        for entry in entries {
+            let path = match InputPath::parse(&entry.path) {
+                Ok(path) => path,
+                Err(error) => {
+                    errors.push(InputEnvError::BadPath {
+                        name: entry.name.clone(),
+                        path: entry.path.clone(),
+                        error,
+                    });
+                    continue;
+                }
+            };
+            match self.input.as_ref().and_then(|input| path.lookup(input)) {
+                Some(value) => values.push((entry.name.clone(), input_env_value(value))),
+                None => errors.push(InputEnvError::NotFound {
+                    name: entry.name.clone(),
+                    path: entry.path.clone(),
+                }),
+            }
+        }
+        (values, errors)
     }
 
     /// Number of replicas (Ray nodes) the task runs: `raw.replicas`,

@@ -1164,3 +1164,138 @@ fn typed_objects_serialize_back_to_what_validates() {
     assert!(back["spec"]["tasks"][0].get("head").is_none());
     assert_eq!(validate("Job", &back), Ok(()));
 }
+
+// --- envFrom.input ------------------------------------------------------------------
+
+fn env_from_errors_of(input: Value, vars: Value) -> Vec<(String, FieldErrorKind, String)> {
+    let mut spec = raw_task(&["x"]);
+    if !input.is_null() {
+        spec["input"] = input;
+    }
+    spec["envFrom"] = json!({"input": vars});
+    errors("Task", &task(spec))
+}
+
+#[test]
+fn env_from_input_is_accepted_when_every_path_finds_a_value() {
+    let input = json!({"question": "2+2", "n": 4, "meta": {"tags": ["a", "b"]}, "odd key": null});
+    let vars = json!([
+        {"name": "QUESTION", "path": "$.question"},
+        {"name": "_n", "path": "$['n']"},
+        {"name": "TAG0", "path": "$.meta.tags[0]"},
+        {"name": "WHOLE", "path": "$"},
+        {"name": "NULLED", "path": "$['odd key']"},
+    ]);
+    assert_eq!(env_from_errors_of(input, vars), []);
+}
+
+#[test]
+fn env_from_input_names() {
+    let input = json!({"a": 1});
+    let vars = json!([
+        {"name": "", "path": "$.a"},
+        {"name": "1ST", "path": "$.a"},
+        {"name": "A-B", "path": "$.a"},
+        {"name": "RLARK_RANK", "path": "$.a"},
+        {"name": "OK", "path": "$.a"},
+        {"name": "OK", "path": "$.a"},
+        {"name": "rlark_lower", "path": "$.a"},
+    ]);
+    let regex_msg = "a valid environment variable name must consist of letters, digits and '_', \
+                     and must not start with a digit (regex used for validation is \
+                     '[A-Za-z_][A-Za-z0-9_]*')";
+    assert_eq!(
+        env_from_errors_of(input, vars),
+        [
+            e("spec.envFrom.input[0].name", Required, ""),
+            e(
+                "spec.envFrom.input[1].name",
+                Invalid,
+                &format!("\"1ST\": {regex_msg}")
+            ),
+            e(
+                "spec.envFrom.input[2].name",
+                Invalid,
+                &format!("\"A-B\": {regex_msg}")
+            ),
+            e(
+                "spec.envFrom.input[3].name",
+                Invalid,
+                r#""RLARK_RANK": names starting with RLARK_ are reserved for the variables rlark sets"#
+            ),
+            e("spec.envFrom.input[5].name", Duplicate, r#""OK""#),
+        ]
+    );
+}
+
+#[test]
+fn env_from_input_paths() {
+    let input = json!({"a": {"b": [1]}});
+    let vars = json!([
+        {"name": "EMPTY", "path": ""},
+        {"name": "NO_DOLLAR", "path": "a.b"},
+        {"name": "OPEN", "path": "$.a[0"},
+        {"name": "MISSING", "path": "$.a.c"},
+        {"name": "PAST_END", "path": "$.a.b[1]"},
+        {"name": "FOUND", "path": "$.a.b[0]"},
+    ]);
+    assert_eq!(
+        env_from_errors_of(input, vars),
+        [
+            e(
+                "spec.envFrom.input[0].path",
+                Required,
+                "a JSONPath such as '$.key'"
+            ),
+            e(
+                "spec.envFrom.input[1].path",
+                Invalid,
+                r#""a.b": a path must start with '$' at character 0"#
+            ),
+            e(
+                "spec.envFrom.input[2].path",
+                Invalid,
+                r#""$.a[0": expected ']' at character 5"#
+            ),
+            e(
+                "spec.envFrom.input[3].path",
+                Invalid,
+                r#""$.a.c": matches nothing in spec.input"#
+            ),
+            e(
+                "spec.envFrom.input[4].path",
+                Invalid,
+                r#""$.a.b[1]": matches nothing in spec.input"#
+            ),
+        ]
+    );
+    assert_eq!(
+        env_from_errors_of(Value::Null, json!([{"name": "X", "path": "$.a"}])),
+        [e(
+            "spec.envFrom.input[0].path",
+            Invalid,
+            r#""$.a": spec.input is not set"#
+        )]
+    );
+}
+
+#[test]
+fn env_from_input_in_job_templates_names_the_template() {
+    let mut t = template("rollout");
+    t["input"] = json!({"q": "x"});
+    t["envFrom"] = json!({"input": [{"name": "Q", "path": "$.q"}, {"name": "R", "path": "$.r"}]});
+    assert_eq!(
+        errors("Job", &job(json!([t.clone()]))),
+        [e(
+            "spec.tasks[0].envFrom.input[1].path",
+            Invalid,
+            r#""$.r": matches nothing in spec.tasks[0].input"#
+        )]
+    );
+    // A missing field inside a flattened template is still found at its exact path.
+    t["envFrom"] = json!({"input": [{"name": "Q"}]});
+    assert_eq!(
+        errors("Job", &job(json!([t]))),
+        [e("spec.tasks[0].envFrom.input[0].path", Required, "")]
+    );
+}

@@ -196,7 +196,7 @@ pub(crate) async fn pod_log(
 /// (`routes::dial_error_response`), "no agent connected" and "timeout" are 502, not 503 and
 /// 504: Kubernetes clients (kube-rs, client-go) retry 503 and 504 for minutes with backoff,
 /// and an agent that is not connected is not a reason to hang `rlark logs`.
-fn tunnel_error(cluster: &str, error: &DialError) -> Response {
+pub(super) fn tunnel_error(cluster: &str, error: &DialError) -> Response {
     let message = match error.status {
         Status::NoSuchAgent => format!(
             "the agent of cluster {cluster:?} is not connected to this server: {}",

@@ -9,6 +9,7 @@
 //! `rlark port-forward`, all through [`Hub::dial`].
 
 pub(crate) mod connect;
+pub(crate) mod exec;
 pub(crate) mod logs;
 pub(crate) mod proxy_tls;
 pub(crate) mod replicas;

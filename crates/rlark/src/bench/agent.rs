@@ -235,7 +235,7 @@ async fn create_in_batches(
 
 /// Run the agent benchmark.
 pub async fn run_agent(options: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
-    let harness = Harness::start().await?;
+    let harness = Harness::start_with(rlark_agent::runtime::default_supervisor()).await?;
     let result = measure(&harness, &options).await;
     let stopped = harness.stop().await;
     let report = result?;

@@ -57,8 +57,8 @@ pub(crate) struct AgentArgs {
     #[arg(long = "label", value_name = "KEY=VALUE", value_parser = parse_label)]
     pub labels: Vec<(String, String)>,
     /// Stop the tasks running on this host when the agent exits (default: leave them
-    /// running; today the next agent start then stops them and reports them `AgentLost`,
-    /// as it cannot yet adopt them).
+    /// running under their supervisors; the next agent start adopts them, and reports
+    /// those that ended meanwhile with their exit codes).
     #[arg(long)]
     pub stop_tasks_on_exit: bool,
     /// Serve Prometheus metrics at http://ADDR/metrics (a loopback address; port 0 picks

@@ -83,9 +83,9 @@ pub(crate) fn parse_target(target: &str) -> anyhow::Result<(Kind, String)> {
 
 /// One Pod to read.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct PodRef {
-    namespace: String,
-    name: String,
+pub(crate) struct PodRef {
+    pub(crate) namespace: String,
+    pub(crate) name: String,
 }
 
 pub(crate) async fn logs(args: LogsArgs) -> anyhow::Result<()> {
@@ -243,7 +243,7 @@ fn pod_ref(pod: &Pod) -> PodRef {
 }
 
 /// The Pod `name`: in `namespace`, else the only one of that name in any namespace.
-async fn find_pod(
+pub(crate) async fn find_pod(
     client: &kube::Client,
     name: &str,
     namespace: Option<&str>,
@@ -277,7 +277,7 @@ async fn find_pod(
 }
 
 /// The Task `name`: in `namespace`, else the only one of that name in any namespace.
-async fn find_task(
+pub(crate) async fn find_task(
     client: &kube::Client,
     name: &str,
     namespace: Option<&str>,

@@ -10,6 +10,7 @@ mod demo;
 mod describe;
 mod discovery;
 mod events;
+mod exec;
 mod get;
 mod join;
 mod logs;
@@ -95,6 +96,9 @@ enum Command {
     /// Print the events a task posted (rewards, metrics) as a table (TIME, TYPE, STEP,
     /// VALUE, DETAILS) or JSON; -f keeps printing new ones.
     Events(events::EventsArgs),
+    /// Run a command in a running replica (task/NAME picks replica 0), through the server
+    /// and its agent: -i sends stdin, -t gives it a terminal; exits with the command's code.
+    Exec(exec::ExecArgs),
     /// Forward a local port to HOST:PORT as the agent of a cluster reaches it, through the
     /// server (HTTP CONNECT over the tunnel), until interrupted.
     PortForward(port_forward::PortForwardArgs),
@@ -156,6 +160,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Join(args) => join::join(args).await,
         Command::Logs(args) => logs::logs(args).await,
         Command::Events(args) => events::events(args).await,
+        Command::Exec(args) => exec::exec(args).await,
         Command::PortForward(args) => port_forward::port_forward(args).await,
     }
 }

@@ -1,0 +1,494 @@
+//! The per-replica supervisor process: `rlark supervise` (and `rlark-supervise`, the same
+//! code as a tiny binary for this crate's tests).
+//!
+//! ```text
+//! rlark supervise --dir REPLICA_DIR [--grace-ms N] [--arg0 NAME] -- PROGRAM [ARGS...]
+//! ```
+//!
+//! The agent starts one per replica ([`crate::runtime::spawn_replica`]) with the replica's
+//! working directory, environment and log file (stdout and stderr) already set; the
+//! supervisor runs `PROGRAM` with them, so the task's exit is seen and recorded even when
+//! the agent is not running. It is plain `std` code (no async runtime, no threads), so it
+//! stays small. What it does:
+//!
+//! 1. it leaves the agent's session and process group (`setsid`), so signals aimed at the
+//!    agent (a terminal's Ctrl-C, `kill -9` of the agent) never reach it, and becomes a
+//!    child subreaper, so the task's orphaned descendants are reparented to it and reaped;
+//! 2. it starts `PROGRAM` (argv\[0\] = `NAME` when given) as the leader of a new process
+//!    group, stdin `/dev/null`, everything else inherited;
+//! 3. it writes `REPLICA_DIR/pid.json` ([`PidRecord`]: task pid, process group, `/proc`
+//!    start ticks, its own pid and start ticks, start time);
+//! 4. when the main process ends it writes `REPLICA_DIR/exit.json` ([`ExitRecord`]: `code`
+//!    or `signal`, `finishedAt`) before anything else; then it SIGKILLs what is left of the
+//!    process group (a replica is its whole tree) — except during a stop, see below — waits
+//!    (bounded) until the group is gone, and exits 0;
+//! 5. a start error (`ENOENT`, `EACCES`, `ENOEXEC`, ...) is written to `exit.json` as
+//!    `error` (+ `errno`) and the supervisor exits 1.
+//!
+//! # Signals
+//!
+//! SIGTERM and SIGINT sent to the supervisor are forwarded to the task's process group:
+//! that is how the agent stops a replica, and a human's `kill SUPERVISOR_PID` stops the task
+//! cleanly too. The first one starts a stop: when the main process has exited, the rest of
+//! the group gets what is left of the grace period (`--grace-ms`, default 30 s, counted from
+//! that first signal) before SIGKILL, and once the grace period is over the whole group is
+//! SIGKILLed (`exit.json` then says `"killed": true`). SIGHUP is ignored. SIGKILL of the
+//! supervisor cannot be caught: the task keeps running unsupervised and the agent reports
+//! its outcome as unknown (`AgentLost`).
+//!
+//! Signals are taken through a `signalfd` (blocked, then read). The task is started with
+//! `posix_spawn`, which resets for it what the supervisor changed: an empty signal mask
+//! (a blocked mask would otherwise be inherited across `exec`, and a shell would never see
+//! SIGTERM) and default dispositions (SIGPIPE included, which Rust programs ignore).
+
+use std::ffi::{CString, OsStr, OsString};
+use std::os::fd::{AsFd as _, AsRawFd as _};
+use std::os::unix::ffi::OsStrExt as _;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::spawn::{PosixSpawnAttr, PosixSpawnFileActions, PosixSpawnFlags, posix_spawn};
+use nix::sys::signal::{SigSet, Signal};
+use nix::sys::signalfd::{SfdFlags, SignalFd};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
+
+use crate::runtime::record::{self, EXIT_FILE, ExitRecord, PID_FILE, PidRecord};
+use crate::runtime::{ExitStatus, process};
+
+/// Grace period of a stop when `--grace-ms` is not given.
+pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+/// How long the supervisor waits for a SIGKILLed process group to be gone before it exits
+/// anyway (a process stuck in uninterruptible sleep cannot be waited for forever).
+const KILLED_GROUP_WAIT: Duration = Duration::from_secs(5);
+/// Longest pause between two checks of a dying process group.
+const GROUP_POLL: Duration = Duration::from_millis(50);
+
+const USAGE: &str =
+    "usage: rlark supervise --dir REPLICA_DIR [--grace-ms N] [--arg0 NAME] -- PROGRAM [ARGS...]";
+
+/// Parsed command line.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SupervisorArgs {
+    /// Where `pid.json` and `exit.json` go.
+    pub dir: PathBuf,
+    /// Grace period of a stop (SIGTERM → SIGKILL).
+    pub grace: Duration,
+    /// argv\[0\] of the task, when not `program`.
+    pub arg0: Option<OsString>,
+    /// The program to run: a path (absolute, or relative to the working directory; no
+    /// `PATH` lookup — the agent resolves the program before it starts the supervisor).
+    pub program: OsString,
+    /// Its arguments.
+    pub args: Vec<OsString>,
+}
+
+impl SupervisorArgs {
+    /// Parse the arguments after `supervise` (the program name excluded).
+    pub fn parse(args: impl IntoIterator<Item = OsString>) -> Result<Self, String> {
+        let mut args = args.into_iter();
+        let mut dir = None;
+        let mut grace = DEFAULT_GRACE;
+        let mut arg0 = None;
+        loop {
+            let Some(flag) = args.next() else {
+                return Err("missing `-- PROGRAM`".into());
+            };
+            let mut value = |name: &str| args.next().ok_or_else(|| format!("{name} needs a value"));
+            match flag.to_str() {
+                Some("--") => break,
+                Some("--dir") => dir = Some(PathBuf::from(value("--dir")?)),
+                Some("--arg0") => arg0 = Some(value("--arg0")?),
+                Some("--grace-ms") => {
+                    let text = value("--grace-ms")?;
+                    let ms: u64 = text
+                        .to_str()
+                        .and_then(|t| t.parse().ok())
+                        .ok_or_else(|| format!("--grace-ms {text:?} is not a number of ms"))?;
+                    grace = Duration::from_millis(ms);
+                }
+                _ => return Err(format!("unknown argument {flag:?}")),
+            }
+        }
+        let dir = dir.ok_or("--dir is required")?;
+        let program = args
+            .next()
+            .filter(|p| !p.is_empty())
+            .ok_or("missing PROGRAM after `--`")?;
+        Ok(SupervisorArgs {
+            dir,
+            grace,
+            arg0,
+            program,
+            args: args.collect(),
+        })
+    }
+}
+
+/// Run the supervisor with `args` (the arguments after `supervise`); returns the process
+/// exit code: 0 once the task ran and its exit was recorded, 1 when it could not be
+/// started or supervised, 2 for bad arguments. Messages go to stderr (the replica log).
+pub fn main(args: impl Iterator<Item = OsString>) -> i32 {
+    let args = match SupervisorArgs::parse(args) {
+        Ok(args) => args,
+        Err(message) => {
+            eprintln!("rlark supervise: {message}\n{USAGE}");
+            return 2;
+        }
+    };
+    match run(&args) {
+        Ok(()) => 0,
+        Err(message) => {
+            eprintln!("rlark supervise: {message}");
+            1
+        }
+    }
+}
+
+fn run(args: &SupervisorArgs) -> Result<(), String> {
+    // Blocked first, so no SIGCHLD or SIGTERM can be missed (or kill us by default).
+    let mut mask = SigSet::empty();
+    for signal in [
+        Signal::SIGCHLD,
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+    ] {
+        mask.add(signal);
+    }
+    mask.thread_block()
+        .map_err(|e| format!("block signals: {e}"))?;
+    let signals = SignalFd::with_flags(&mask, SfdFlags::SFD_NONBLOCK | SfdFlags::SFD_CLOEXEC)
+        .map_err(|e| format!("signalfd: {e}"))?;
+    // Out of the agent's session and group. EPERM means we lead a group already (started
+    // by hand from a job-control shell): keep going in it.
+    let _ = nix::unistd::setsid();
+    if let Err(error) = nix::sys::prctl::set_child_subreaper(true) {
+        eprintln!("rlark supervise: cannot become a child subreaper ({error}); continuing");
+    }
+
+    let exit_path = args.dir.join(EXIT_FILE);
+    let child = match spawn(args, &mask) {
+        Ok(child) => child,
+        Err(error) => {
+            let message = format!("start {:?}: {error}", args.program);
+            let record = ExitRecord::start_failed(message.clone(), error.raw_os_error());
+            if let Err(e) = record::write(&exit_path, &record) {
+                eprintln!("rlark supervise: write {}: {e}", exit_path.display());
+            }
+            return Err(message);
+        }
+    };
+    let pgid = child.as_raw();
+    let pid = u32::try_from(pgid).map_err(|_| format!("pid {pgid} out of range"))?;
+    let me = std::process::id();
+    let started = PidRecord {
+        pid,
+        pgid,
+        proc_start_ticks: process::proc_stat(pid).map(|s| s.start_ticks),
+        supervisor_pid: me,
+        supervisor_start_ticks: process::proc_stat(me).map(|s| s.start_ticks),
+        started_at: Utc::now(),
+    };
+    if let Err(error) = record::write(&args.dir.join(PID_FILE), &started) {
+        // Unrecorded, the agent could not find it again: do not leave it running.
+        signal_group(pgid, Signal::SIGKILL);
+        return Err(format!(
+            "write {}: {error}",
+            args.dir.join(PID_FILE).display()
+        ));
+    }
+    Supervision::new(pgid, args.grace, exit_path).run(&signals)
+}
+
+/// Start the task: `args.program` as the leader of a new process group, stdin
+/// `/dev/null`, stdout, stderr, working directory and environment inherited; the signals
+/// in `blocked` back to their defaults and unblocked (see the module documentation).
+fn spawn(args: &SupervisorArgs, blocked: &SigSet) -> std::io::Result<Pid> {
+    fn c_string(text: &OsStr) -> std::io::Result<CString> {
+        CString::new(text.as_bytes()).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("{text:?} contains a NUL byte"),
+            )
+        })
+    }
+    let argv = std::iter::once(args.arg0.as_deref().unwrap_or(&args.program))
+        .chain(args.args.iter().map(OsString::as_os_str))
+        .map(c_string)
+        .collect::<std::io::Result<Vec<CString>>>()?;
+    let envp = std::env::vars_os()
+        .map(|(key, value)| {
+            let mut pair = key;
+            pair.push("=");
+            pair.push(value);
+            c_string(&pair)
+        })
+        .collect::<std::io::Result<Vec<CString>>>()?;
+    let mut defaults = *blocked;
+    defaults.add(Signal::SIGPIPE);
+    let mut attr = PosixSpawnAttr::init()?;
+    attr.set_flags(
+        PosixSpawnFlags::POSIX_SPAWN_SETPGROUP
+            | PosixSpawnFlags::POSIX_SPAWN_SETSIGMASK
+            | PosixSpawnFlags::POSIX_SPAWN_SETSIGDEF,
+    )?;
+    attr.set_pgroup(Pid::from_raw(0))?;
+    attr.set_sigmask(&SigSet::empty())?;
+    attr.set_sigdefault(&defaults)?;
+    // Opened close-on-exec; the dup2 onto 0 is not.
+    let null = std::fs::File::open("/dev/null")?;
+    let mut actions = PosixSpawnFileActions::init()?;
+    actions.add_dup2(null.as_raw_fd(), 0)?;
+    Ok(posix_spawn(
+        args.program.as_os_str(),
+        &actions,
+        &attr,
+        &argv,
+        &envp,
+    )?)
+}
+
+/// The wait loop's state.
+struct Supervision {
+    pgid: i32,
+    grace: Duration,
+    exit_path: PathBuf,
+    /// How the main process ended, once it did.
+    status: Option<ExitStatus>,
+    /// The record written for it.
+    written: Option<ExitRecord>,
+    /// When the stop's grace period ends (set by the first SIGTERM/SIGINT).
+    kill_at: Option<Instant>,
+    /// When the group was sent SIGKILL.
+    killed_at: Option<Instant>,
+    /// That SIGKILL ended a stop's grace period (recorded as `killed`).
+    killed_after_grace: bool,
+}
+
+impl Supervision {
+    fn new(pgid: i32, grace: Duration, exit_path: PathBuf) -> Self {
+        Supervision {
+            pgid,
+            grace,
+            exit_path,
+            status: None,
+            written: None,
+            kill_at: None,
+            killed_at: None,
+            killed_after_grace: false,
+        }
+    }
+
+    fn run(mut self, signals: &SignalFd) -> Result<(), String> {
+        loop {
+            self.take_signals(signals)?;
+            self.reap();
+            let now = Instant::now();
+            if self.status.is_some() && self.written.is_none() {
+                if let Err(error) = self.record_exit() {
+                    // Unrecorded, the exit reads as unknown: leave nothing running.
+                    signal_group(self.pgid, Signal::SIGKILL);
+                    return Err(error);
+                }
+                if self.kill_at.is_none() {
+                    // Ended on its own: the rest of its tree goes with it.
+                    self.kill(now, false);
+                }
+            }
+            if let Some(kill_at) = self.kill_at
+                && now >= kill_at
+                && self.killed_at.is_none()
+                && process::group_exists(self.pgid)
+            {
+                self.kill(now, true);
+            }
+            if self.status.is_some() {
+                if !process::group_exists(self.pgid) {
+                    return Ok(());
+                }
+                if self
+                    .killed_at
+                    .is_some_and(|at| now.duration_since(at) >= KILLED_GROUP_WAIT)
+                {
+                    eprintln!(
+                        "rlark supervise: process group {} still has members {:?} after \
+                         its SIGKILL; exiting anyway",
+                        self.pgid, KILLED_GROUP_WAIT
+                    );
+                    return Ok(());
+                }
+            }
+            self.wait(signals, now)?;
+        }
+    }
+
+    /// Handle every pending signal.
+    fn take_signals(&mut self, signals: &SignalFd) -> Result<(), String> {
+        loop {
+            let info = match signals.read_signal() {
+                Ok(Some(info)) => info,
+                Ok(None) => return Ok(()),
+                Err(Errno::EINTR) => continue,
+                Err(error) => return Err(format!("read signals: {error}")),
+            };
+            let Ok(signal) = Signal::try_from(i32::try_from(info.ssi_signo).unwrap_or(0)) else {
+                continue;
+            };
+            if matches!(signal, Signal::SIGTERM | Signal::SIGINT) {
+                signal_group(self.pgid, signal);
+                if self.kill_at.is_none() {
+                    self.kill_at = Some(Instant::now() + self.grace);
+                }
+            }
+            // SIGCHLD: reaped below. SIGHUP: ignored.
+        }
+    }
+
+    /// Reap every exited child: the main process (its status is kept) and the orphans
+    /// reparented to this subreaper.
+    fn reap(&mut self) {
+        loop {
+            match waitpid(None::<Pid>, Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, code)) => {
+                    if pid.as_raw() == self.pgid {
+                        self.status = Some(ExitStatus::Code(code));
+                    }
+                }
+                Ok(WaitStatus::Signaled(pid, signal, _)) => {
+                    if pid.as_raw() == self.pgid {
+                        self.status = Some(ExitStatus::Signal(signal as i32));
+                    }
+                }
+                Ok(WaitStatus::StillAlive) | Err(Errno::ECHILD) => return,
+                Err(Errno::EINTR) => {}
+                Err(error) => {
+                    eprintln!("rlark supervise: waitpid: {error}");
+                    return;
+                }
+                // Stopped/continued (not asked for) and ptrace events.
+                Ok(_) => {}
+            }
+        }
+    }
+
+    /// Write `exit.json` for the main process's status.
+    fn record_exit(&mut self) -> Result<(), String> {
+        let status = self.status.unwrap_or(ExitStatus::Unknown);
+        let mut record = ExitRecord::exited(status);
+        record.killed = self.killed_after_grace;
+        record::write(&self.exit_path, &record)
+            .map_err(|e| format!("write {}: {e}", self.exit_path.display()))?;
+        self.written = Some(record);
+        Ok(())
+    }
+
+    /// SIGKILL the group; `after_grace` records it as the end of a stop's grace period.
+    fn kill(&mut self, now: Instant, after_grace: bool) {
+        signal_group(self.pgid, Signal::SIGKILL);
+        self.killed_at = Some(now);
+        self.killed_after_grace |= after_grace;
+        if after_grace && let Some(record) = self.written.as_mut() {
+            record.killed = true;
+            if let Err(error) = record::write(&self.exit_path, &*record) {
+                eprintln!(
+                    "rlark supervise: write {}: {error}",
+                    self.exit_path.display()
+                );
+            }
+        }
+    }
+
+    /// Sleep until a signal arrives or the next deadline (a dying group is polled).
+    fn wait(&mut self, signals: &SignalFd, now: Instant) -> Result<(), String> {
+        let mut timeout: Option<Duration> = None;
+        if let Some(kill_at) = self.kill_at
+            && self.killed_at.is_none()
+        {
+            timeout = Some(kill_at.saturating_duration_since(now));
+        }
+        if self.status.is_some() {
+            // Members reparented elsewhere (an intermediate subreaper) send no SIGCHLD here.
+            timeout = Some(timeout.map_or(GROUP_POLL, |t| t.min(GROUP_POLL)));
+        }
+        let timeout = match timeout {
+            None => PollTimeout::NONE,
+            Some(t) => {
+                PollTimeout::try_from(t.max(Duration::from_millis(1))).unwrap_or(PollTimeout::MAX)
+            }
+        };
+        let mut fds = [PollFd::new(signals.as_fd(), PollFlags::POLLIN)];
+        match poll(&mut fds, timeout) {
+            Ok(_) | Err(Errno::EINTR) => Ok(()),
+            Err(error) => Err(format!("poll: {error}")),
+        }
+    }
+}
+
+fn signal_group(pgid: i32, signal: Signal) {
+    if let Err(error) = process::signal_group(pgid, signal) {
+        eprintln!("rlark supervise: {signal} to process group {pgid}: {error}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<SupervisorArgs, String> {
+        SupervisorArgs::parse(args.iter().map(OsString::from))
+    }
+
+    #[test]
+    fn arguments_parse_and_bad_ones_are_named() {
+        let args = parse(&[
+            "--dir",
+            "/r",
+            "--grace-ms",
+            "1500",
+            "--arg0",
+            "sh",
+            "--",
+            "/bin/sh",
+            "-c",
+            "exit 3",
+        ])
+        .expect("parse");
+        assert_eq!(args.dir, PathBuf::from("/r"));
+        assert_eq!(args.grace, Duration::from_millis(1500));
+        assert_eq!(args.arg0, Some(OsString::from("sh")));
+        assert_eq!(args.program, OsString::from("/bin/sh"));
+        assert_eq!(args.args, [OsString::from("-c"), OsString::from("exit 3")]);
+        assert_eq!(
+            parse(&["--dir", "/r", "--", "x"]).expect("defaults").grace,
+            DEFAULT_GRACE
+        );
+
+        assert!(parse(&["--", "x"]).expect_err("no dir").contains("--dir"));
+        assert!(parse(&["--dir", "/r"]).expect_err("no --").contains("--"));
+        assert!(
+            parse(&["--dir", "/r", "--"])
+                .expect_err("no program")
+                .contains("PROGRAM")
+        );
+        assert!(
+            parse(&["--dir"])
+                .expect_err("no value")
+                .contains("--dir needs a value")
+        );
+        assert!(
+            parse(&["--grace-ms", "soon", "--dir", "/r", "--", "x"])
+                .expect_err("bad grace")
+                .contains("soon")
+        );
+        assert!(
+            parse(&["--what", "--", "x"])
+                .expect_err("unknown")
+                .contains("--what")
+        );
+        assert_eq!(main(["--bogus"].iter().map(OsString::from)), 2);
+    }
+}
