@@ -213,10 +213,17 @@ impl RunningAgent {
 }
 
 async fn start_with(
-    config: AgentConfig,
+    mut config: AgentConfig,
     shutdown: CancellationToken,
 ) -> Result<RunningAgent, AgentError> {
     config.validate()?;
+    // Replicas run in their own working directories and their supervisors are given paths
+    // under the data directory: a relative one (`rlark up`'s default `.rlark`) would be
+    // resolved against the wrong directory.
+    config.data_dir = std::path::absolute(&config.data_dir).map_err(|e| AgentError::DataDir {
+        dir: config.data_dir.clone(),
+        reason: format!("cannot make the path absolute: {e}"),
+    })?;
     // kube's client builds its TLS config with the process-wide provider. Err only means
     // one is installed already.
     let _ = rustls::crypto::ring::default_provider().install_default();

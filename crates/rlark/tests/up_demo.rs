@@ -10,14 +10,15 @@ use std::time::{Duration, Instant};
 /// The whole run, startup and shutdown included, must end within this.
 const HANG_GUARD: Duration = Duration::from_secs(120);
 
-fn run_demo(data_dir: &std::path::Path) -> (std::process::ExitStatus, String, String) {
+/// Runs `rlark up --demo --once` in `dir` with the default data directory, `./.rlark` —
+/// a relative path, as in the README's first command.
+fn run_demo(dir: &std::path::Path) -> (std::process::ExitStatus, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rlark"))
-        .args(["up", "--demo", "--once", "--data-dir"])
-        .arg(data_dir)
+        .args(["up", "--demo", "--once"])
         .args(["--listen", "127.0.0.1:0"])
         .env("RUST_LOG", "warn")
         .env_remove("KUBECONFIG")
-        .current_dir(data_dir)
+        .current_dir(dir)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -82,6 +83,7 @@ fn up_demo_once_runs_the_demo_workflow_to_success() {
         status.success(),
         "exit {status}\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
+    assert!(dir.path().join(".rlark").is_dir(), "state in ./.rlark");
     assert!(
         stdout.contains("workflow.rlinf.io/demo created"),
         "{stdout}"
