@@ -1,17 +1,22 @@
-//! `rlark bench agent`: a real in-process agent (`rlark_agent::start`) joined to a server
-//! with its controllers, both in this process on 127.0.0.1
-//! (`rlark_testkit::real_agent::Harness`). Figures:
+//! `rlark bench agent`: a server with its controllers in this process
+//! (`rlark_testkit::real_agent::start_server_with_controllers`) and a real agent as its own
+//! process — this binary's `rlark agent`, joined with a bootstrap token, heartbeat 500 ms —
+//! on 127.0.0.1, so the agent's resources are measured alone. Figures:
 //!
 //! - task start latency: `--tasks` Jobs of one raw task (`["true"]`), created in batches of
-//!   `--batch` concurrent creates; for each, the time from the start of its create call to
-//!   a Pod watch seeing its Pod `Running` (or already `Succeeded`). Measured client-side
-//!   because `creationTimestamp` and `startTime` have 1 s resolution;
+//!   `--batch` concurrent creates. Per task, from the moment a Task watch first sees its Task
+//!   (the "Task created") to the moment a Pod watch sees its Pod `Running` (or already
+//!   `Succeeded`): controllers' placement, the agent's watch, Pod creation, supervisor and
+//!   process start, the `Running` status write. The same end measured from the start of the
+//!   Job's create call is printed too (it adds the Job controller's Task creation). Measured
+//!   client-side because `creationTimestamp` and `startTime` have 1 s resolution;
 //! - agent resources with `--running` Jobs of `["sleep","3600"]`, once all their Pods are
-//!   `Running`: the process RSS, its delta from the idle server + agent (the agent's share:
-//!   the server holds only a few hundred small objects more), and the process CPU over a
-//!   5 s window (mostly the agent's heartbeats and reconcile).
+//!   `Running`: the agent process's RSS (`VmRSS`) and CPU over a 5 s window, and the
+//!   replicas' supervisor processes (count, and the sum of their proportional set sizes —
+//!   memory the agent's way of running tasks costs besides the agent itself).
 
 use std::collections::HashMap;
+use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -20,14 +25,16 @@ use futures::StreamExt as _;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use rlark_api::types::{Job, Pod, PodPhase};
-use rlark_testkit::real_agent::{Harness, NAMESPACE};
+use rlark_api::types::{Job, Node, Pod, PodPhase, Task};
+use rlark_testkit::TestServer;
+use rlark_testkit::real_agent::{CLUSTER, NAMESPACE, eventually, start_server_with_controllers};
+use rlark_testkit::tunnel_agent::bootstrap_token;
 use serde::Serialize;
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
-use super::stats::{LatencySummary, process_cpu_time};
+use super::stats::{LatencySummary, cpu_time_of};
 
 /// Target: p99 of task created → Pod running.
 const START_P99_TARGET_MS: f64 = 300.0;
@@ -37,6 +44,8 @@ const AGENT_RSS_TARGET_MIB: f64 = 50.0;
 const BATCH_DEADLINE: Duration = Duration::from_secs(120);
 /// CPU sampling window with the long-running tasks.
 const CPU_WINDOW: Duration = Duration::from_secs(5);
+/// The agent's node name.
+const NODE: &str = "bench-node";
 
 /// Options of `rlark bench agent`.
 #[derive(Debug, Clone, clap::Args)]
@@ -61,21 +70,25 @@ pub struct AgentBenchOptions {
 pub struct AgentBenchReport {
     pub tasks: usize,
     pub batch: usize,
-    /// Create call started → Pod seen `Running`/`Succeeded` by a watch.
+    /// Task seen by a watch → Pod seen `Running`/`Succeeded` by a watch.
     pub task_start: LatencySummary,
+    /// Job create call started → Pod seen `Running`/`Succeeded`.
+    pub job_start: LatencySummary,
     /// Short tasks whose Pod ended `Failed`.
     pub task_failures: usize,
     pub running: usize,
     /// Time until all `running` Pods were `Running`.
     pub running_ready_s: f64,
-    /// Process RSS (server + agent) after startup, before any task.
-    pub idle_rss_mib: f64,
-    /// Process RSS with the long-running tasks.
-    pub running_rss_mib: f64,
-    /// `running_rss_mib - idle_rss_mib`: the agent's share.
-    pub agent_rss_delta_mib: f64,
-    /// Process CPU cores busy over the 5 s window with the long-running tasks.
-    pub running_cpu_cores: f64,
+    /// Agent process RSS after startup, before any task.
+    pub agent_idle_rss_mib: f64,
+    /// Agent process RSS with the long-running tasks.
+    pub agent_rss_mib: f64,
+    /// Agent process CPU cores busy over the 5 s window with the long-running tasks.
+    pub agent_cpu_cores: f64,
+    /// Supervisor processes with the long-running tasks (one per replica).
+    pub supervisors: usize,
+    /// Sum of their proportional set sizes.
+    pub supervisors_pss_mib: f64,
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -86,75 +99,96 @@ impl std::fmt::Display for AgentBenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "rlark bench agent: {} short tasks (batches of {}), {} long-running tasks; server + real agent in one process on 127.0.0.1",
+            "rlark bench agent: {} short tasks (batches of {}), {} long-running tasks; server in this process, `rlark agent` as its own process, on 127.0.0.1",
             self.tasks, self.batch, self.running
         )?;
         writeln!(f)?;
-        writeln!(f, "{:<44} {:>12}  target", "", "value")?;
+        writeln!(f, "{:<48} {:>12}  target", "", "value")?;
         let s = &self.task_start;
         writeln!(
             f,
-            "{:<44} {:>9.1} ms",
-            "task start p50 (create -> Pod Running)", s.p50_ms
+            "{:<48} {:>9.1} ms",
+            "task start p50 (Task created -> Pod Running)", s.p50_ms
         )?;
         writeln!(
             f,
-            "{:<44} {:>9.1} ms  p99 <= {START_P99_TARGET_MS} ms: {}",
+            "{:<48} {:>9.1} ms  p99 <= {START_P99_TARGET_MS} ms: {}",
             "task start p99",
             s.p99_ms,
             verdict(s.p99_ms <= START_P99_TARGET_MS && s.count > 0)
         )?;
-        writeln!(f, "{:<44} {:>9.1} ms", "task start max", s.max_ms)?;
-        writeln!(f, "{:<44} {:>12}", "short tasks failed", self.task_failures)?;
+        writeln!(f, "{:<48} {:>9.1} ms", "task start max", s.max_ms)?;
+        let j = &self.job_start;
         writeln!(
             f,
-            "{:<44} {:>10.2} s",
+            "{:<48} {:>9.1} ms / {:.1} ms",
+            "Job create -> Pod Running p50 / p99", j.p50_ms, j.p99_ms
+        )?;
+        writeln!(f, "{:<48} {:>12}", "short tasks failed", self.task_failures)?;
+        writeln!(
+            f,
+            "{:<48} {:>10.2} s",
             format!("all {} long-running tasks Running after", self.running),
             self.running_ready_s
         )?;
         writeln!(
             f,
-            "{:<44} {:>8.1} MiB",
-            "process RSS, server + agent idle", self.idle_rss_mib
+            "{:<48} {:>8.1} MiB",
+            "agent RSS, idle", self.agent_idle_rss_mib
         )?;
         writeln!(
             f,
-            "{:<44} {:>8.1} MiB",
-            format!("process RSS, {} tasks running", self.running),
-            self.running_rss_mib
+            "{:<48} {:>8.1} MiB  <= {AGENT_RSS_TARGET_MIB} MiB: {}",
+            format!("agent RSS, {} tasks running", self.running),
+            self.agent_rss_mib,
+            verdict(self.agent_rss_mib <= AGENT_RSS_TARGET_MIB)
         )?;
         writeln!(
             f,
-            "{:<44} {:>8.1} MiB  <= {AGENT_RSS_TARGET_MIB} MiB: {}",
-            "agent RSS share (delta from idle)",
-            self.agent_rss_delta_mib,
-            verdict(self.agent_rss_delta_mib <= AGENT_RSS_TARGET_MIB)
+            "{:<48} {:>9.3}",
+            "agent CPU cores busy, 5 s with tasks running", self.agent_cpu_cores
         )?;
         writeln!(
             f,
-            "{:<44} {:>9.3}",
-            "process CPU cores busy, 5 s with tasks running", self.running_cpu_cores
-        )?;
-        writeln!(f)?;
-        writeln!(
-            f,
-            "The agent runs in-process with the server: process RSS includes the server; the agent's share is the RSS delta from the idle process."
+            "{:<48} {:>8.1} MiB",
+            format!("{} replica supervisors, PSS sum", self.supervisors),
+            self.supervisors_pss_mib
         )
     }
 }
 
-/// First time the watch saw each Pod in a started phase, and its phase then.
-type Seen = Arc<Mutex<HashMap<String, (Instant, PodPhase)>>>;
+/// First time a watch saw each object (Pods: in a started phase, with the phase).
+type Seen<T> = Arc<Mutex<HashMap<String, (Instant, T)>>>;
 
-/// Resident set size of this process, MiB, from `/proc/self/status`.
-fn rss_mib() -> anyhow::Result<f64> {
-    let status = std::fs::read_to_string("/proc/self/status")?;
-    let kib: f64 = status
+/// A `/proc/<pid>/status` or `smaps_rollup` figure in kB, as MiB.
+fn proc_kib(pid: u32, file: &str, field: &str) -> anyhow::Result<f64> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/{file}"))?;
+    let kib: f64 = text
         .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .find_map(|l| l.strip_prefix(field))
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .context("VmRSS in /proc/self/status")?;
+        .with_context(|| format!("{field} in /proc/{pid}/{file}"))?;
     Ok(kib / 1024.0)
+}
+
+/// Children of `parent` (from `/proc/*/stat`).
+fn children_of(parent: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    let rest = &stat[stat.rfind(')')? + 1..];
+                    rest.split_whitespace().nth(1)?.parse::<u32>().ok()
+                })
+                == Some(parent)
+        })
+        .collect()
 }
 
 fn job(name: &str, entrypoint: &[&str]) -> anyhow::Result<Job> {
@@ -171,18 +205,31 @@ fn job(name: &str, entrypoint: &[&str]) -> anyhow::Result<Job> {
     }))?)
 }
 
-/// Create Jobs `{prefix}-{i}` for `i` in `range`, `batch` at a time, each batch waiting
-/// until all its Pods are seen in one of `phases`; the latency of each (create call start →
-/// seen).
+/// One started task: its Task was seen at, its Job create started at, its Pod reached phase
+/// at.
+struct Start {
+    task_to_pod: Duration,
+    job_to_pod: Duration,
+    phase: PodPhase,
+}
+
+/// The watches the measurements read.
+struct Watches {
+    tasks: Seen<()>,
+    pods: Seen<PodPhase>,
+    notify: Arc<Notify>,
+}
+
+/// Create Jobs `{prefix}-{i}` for `i` in `0..count`, `batch` at a time, each batch waiting
+/// until all its Pods are seen started.
 async fn create_in_batches(
     jobs: &Api<Job>,
-    seen: &Seen,
-    notify: &Notify,
+    watches: &Watches,
     prefix: &str,
     count: usize,
     batch: usize,
     entrypoint: &'static [&'static str],
-) -> anyhow::Result<Vec<(Duration, PodPhase)>> {
+) -> anyhow::Result<Vec<Start>> {
     let mut out = Vec::with_capacity(count);
     let mut next = 0;
     while next < count {
@@ -197,7 +244,7 @@ async fn create_in_batches(
                 jobs.create(&PostParams::default(), &object)
                     .await
                     .with_context(|| format!("create job {name}"))?;
-                anyhow::Ok((format!("{name}-main-0"), started))
+                anyhow::Ok((format!("{name}-main"), started))
             });
         }
         let mut pending = Vec::with_capacity(end - next);
@@ -206,12 +253,15 @@ async fn create_in_batches(
         }
         let deadline = tokio::time::Instant::now() + BATCH_DEADLINE;
         loop {
-            let notified = notify.notified();
+            let notified = watches.notify.notified();
             let missing = {
-                let seen = seen.lock().expect("seen lock");
+                let pods = watches.pods.lock().expect("seen lock");
+                let tasks = watches.tasks.lock().expect("seen lock");
                 pending
                     .iter()
-                    .filter(|(p, _)| !seen.contains_key(p))
+                    .filter(|(task, _)| {
+                        !pods.contains_key(&format!("{task}-0")) || !tasks.contains_key(task)
+                    })
                     .count()
             };
             if missing == 0 {
@@ -223,52 +273,144 @@ async fn create_in_batches(
                 );
             }
         }
-        let seen = seen.lock().expect("seen lock");
-        for (pod, started) in &pending {
-            let (at, phase) = seen[pod];
-            out.push((at.saturating_duration_since(*started), phase));
+        let pods = watches.pods.lock().expect("seen lock");
+        let tasks = watches.tasks.lock().expect("seen lock");
+        for (task, job_started) in &pending {
+            let (pod_at, phase) = pods[&format!("{task}-0")];
+            let (task_at, ()) = tasks[task];
+            out.push(Start {
+                task_to_pod: pod_at.saturating_duration_since(task_at),
+                job_to_pod: pod_at.saturating_duration_since(*job_started),
+                phase,
+            });
         }
         next = end;
     }
     Ok(out)
 }
 
+/// The agent as its own process: `rlark agent` of this binary.
+struct AgentProcess {
+    child: tokio::process::Child,
+    pid: u32,
+    _dir: tempfile::TempDir,
+}
+
+impl AgentProcess {
+    async fn start(server: &TestServer, admin: &kube::Client) -> anyhow::Result<AgentProcess> {
+        let dir = tempfile::tempdir()?;
+        let token = bootstrap_token(server, CLUSTER).await?;
+        let log = std::fs::File::create(dir.path().join("agent.log"))?;
+        let mut command = tokio::process::Command::new(std::env::current_exe()?);
+        command
+            .args(["agent", "--server", &server.url(), "--cluster-id", CLUSTER])
+            .arg("--data-dir")
+            .arg(dir.path().join("agent"))
+            .args(["--node-name", NODE, "--heartbeat-interval", "500ms"])
+            .arg("--token")
+            .arg(token["token"].as_str().context("bootstrap token")?)
+            .arg("--ca-hash")
+            .arg(token["caHash"].as_str().context("CA hash")?)
+            .arg("--stop-tasks-on-exit")
+            .env("RUST_LOG", "warn")
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(true);
+        let child = command.spawn().context("start `rlark agent`")?;
+        let pid = child.id().context("agent pid")?;
+        let mut agent = AgentProcess {
+            child,
+            pid,
+            _dir: dir,
+        };
+        let nodes: Api<Node> = Api::namespaced(admin.clone(), NAMESPACE);
+        let registered = eventually("the agent's Node", || async {
+            Ok(nodes.get_opt(NODE).await?.map(|_| ()))
+        })
+        .await;
+        if let Err(error) = registered {
+            let log =
+                std::fs::read_to_string(agent._dir.path().join("agent.log")).unwrap_or_default();
+            let _ = agent.child.kill().await;
+            bail!("{error:#}\nagent log:\n{log}");
+        }
+        Ok(agent)
+    }
+
+    fn rss_mib(&self) -> anyhow::Result<f64> {
+        proc_kib(self.pid, "status", "VmRSS:")
+    }
+
+    /// The supervisors (children of the agent) and the sum of their PSS.
+    fn supervisors(&self) -> (usize, f64) {
+        let children = children_of(self.pid);
+        let pss: f64 = children
+            .iter()
+            .filter_map(|pid| proc_kib(*pid, "smaps_rollup", "Pss:").ok())
+            .sum();
+        (children.len(), pss)
+    }
+}
+
 /// Run the agent benchmark.
 pub async fn run_agent(options: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
-    let harness = Harness::start_with(rlark_agent::runtime::default_supervisor()).await?;
-    let result = measure(&harness, &options).await;
-    let stopped = harness.stop().await;
+    let (server, _server_dir) = start_server_with_controllers().await?;
+    let admin = server.client().await?;
+    let result = async {
+        let mut agent = AgentProcess::start(&server, &admin).await?;
+        let result = measure(&admin, &agent, &options).await;
+        // The Jobs are deleted by `measure`; the agent stops what is left on exit
+        // (`--stop-tasks-on-exit`), and kill_on_drop ends it should that hang.
+        let _ = agent.child.start_kill();
+        let _ = tokio::time::timeout(Duration::from_secs(10), agent.child.wait()).await;
+        result
+    }
+    .await;
+    let stopped = server.stop().await;
     let report = result?;
     stopped?;
     Ok(report)
 }
 
-async fn measure(
-    harness: &Harness,
-    options: &AgentBenchOptions,
-) -> anyhow::Result<AgentBenchReport> {
-    let admin = harness.admin.clone();
-    let jobs: Api<Job> = Api::all(admin.clone());
-    let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
-
-    // The Pod watch: records the first time each Pod is seen Running/Succeeded/Failed.
-    let seen: Seen = Arc::default();
-    let notify = Arc::new(Notify::new());
-    let mut events = watcher(pods, watcher::Config::default())
+/// A watch that records when each object is first seen (and for Pods, in a started phase).
+async fn start_watches(
+    admin: &kube::Client,
+) -> anyhow::Result<(Watches, Vec<tokio::task::JoinHandle<()>>)> {
+    let watches = Watches {
+        tasks: Arc::default(),
+        pods: Arc::default(),
+        notify: Arc::new(Notify::new()),
+    };
+    let mut pod_events = watcher(
+        Api::<Pod>::namespaced(admin.clone(), NAMESPACE),
+        watcher::Config::default(),
+    )
+    .default_backoff()
+    .boxed();
+    let mut task_events = watcher(Api::<Task>::all(admin.clone()), watcher::Config::default())
         .default_backoff()
         .boxed();
     loop {
-        match events.next().await {
+        match pod_events.next().await {
             Some(Ok(watcher::Event::InitDone)) => break,
             Some(_) => {}
             None => bail!("pod watch ended before it synced"),
         }
     }
-    let watch_task = {
-        let seen = seen.clone();
-        let notify = notify.clone();
+    loop {
+        match task_events.next().await {
+            Some(Ok(watcher::Event::InitDone)) => break,
+            Some(_) => {}
+            None => bail!("task watch ended before it synced"),
+        }
+    }
+    let pods_task = {
+        let seen = watches.pods.clone();
+        let notify = watches.notify.clone();
         tokio::spawn(async move {
-            while let Some(event) = events.next().await {
+            while let Some(event) = pod_events.next().await {
                 let pod = match event {
                     Ok(watcher::Event::Apply(pod) | watcher::Event::InitApply(pod)) => pod,
                     _ => continue,
@@ -280,24 +422,59 @@ async fn measure(
                     continue;
                 };
                 let now = Instant::now();
-                let mut seen = seen.lock().expect("seen lock");
-                seen.entry(pod.name_any()).or_insert((now, phase));
-                drop(seen);
+                seen.lock()
+                    .expect("seen lock")
+                    .entry(pod.name_any())
+                    .or_insert((now, phase));
                 notify.notify_waiters();
             }
         })
     };
+    let tasks_task = {
+        let seen = watches.tasks.clone();
+        let notify = watches.notify.clone();
+        tokio::spawn(async move {
+            while let Some(event) = task_events.next().await {
+                let task = match event {
+                    Ok(watcher::Event::Apply(task) | watcher::Event::InitApply(task)) => task,
+                    _ => continue,
+                };
+                let now = Instant::now();
+                seen.lock()
+                    .expect("seen lock")
+                    .entry(task.name_any())
+                    .or_insert((now, ()));
+                notify.notify_waiters();
+            }
+        })
+    };
+    Ok((watches, vec![pods_task, tasks_task]))
+}
 
+async fn delete_jobs(jobs: &Api<Job>, prefix: &str, count: usize) {
+    for i in 0..count {
+        let _ = jobs
+            .delete(&format!("{prefix}-{i}"), &DeleteParams::background())
+            .await;
+    }
+}
+
+async fn measure(
+    admin: &kube::Client,
+    agent: &AgentProcess,
+    options: &AgentBenchOptions,
+) -> anyhow::Result<AgentBenchReport> {
+    let jobs: Api<Job> = Api::all(admin.clone());
+    let (watches, watch_tasks) = start_watches(admin).await?;
     let result = async {
         // Let startup settle, then the idle figure.
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let idle_rss_mib = rss_mib()?;
+        let agent_idle_rss_mib = agent.rss_mib()?;
 
         // 1. Start latency of short tasks.
         let starts = create_in_batches(
             &jobs,
-            &seen,
-            &notify,
+            &watches,
             "start",
             options.tasks,
             options.batch,
@@ -306,22 +483,19 @@ async fn measure(
         .await?;
         let task_failures = starts
             .iter()
-            .filter(|(_, p)| *p == PodPhase::Failed)
+            .filter(|s| s.phase == PodPhase::Failed)
             .count();
-        let mut latencies: Vec<Duration> = starts.iter().map(|(d, _)| *d).collect();
+        let mut latencies: Vec<Duration> = starts.iter().map(|s| s.task_to_pod).collect();
         let task_start = LatencySummary::from_samples(&mut latencies);
-        for i in 0..options.tasks {
-            let _ = jobs
-                .delete(&format!("start-{i}"), &DeleteParams::background())
-                .await;
-        }
+        let mut latencies: Vec<Duration> = starts.iter().map(|s| s.job_to_pod).collect();
+        let job_start = LatencySummary::from_samples(&mut latencies);
+        delete_jobs(&jobs, "start", options.tasks).await;
 
         // 2. Resources with long-running tasks.
         let ready_clock = Instant::now();
         let running = create_in_batches(
             &jobs,
-            &seen,
-            &notify,
+            &watches,
             "run",
             options.running,
             options.batch,
@@ -331,41 +505,53 @@ async fn measure(
         let running_ready_s = ready_clock.elapsed().as_secs_f64();
         let not_running = running
             .iter()
-            .filter(|(_, p)| *p != PodPhase::Running)
+            .filter(|s| s.phase != PodPhase::Running)
             .count();
         if not_running > 0 {
             bail!("{not_running} long-running tasks did not stay Running");
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
-        let cpu_before = process_cpu_time().context("process CPU time")?;
+        let pid = agent.pid.to_string();
+        let cpu_before = cpu_time_of(&pid).context("agent CPU time")?;
         let wall = Instant::now();
         tokio::time::sleep(CPU_WINDOW).await;
-        let cpu_after = process_cpu_time().context("process CPU time")?;
-        let running_cpu_cores =
+        let cpu_after = cpu_time_of(&pid).context("agent CPU time")?;
+        let agent_cpu_cores =
             cpu_after.saturating_sub(cpu_before).as_secs_f64() / wall.elapsed().as_secs_f64();
-        let running_rss_mib = rss_mib()?;
+        let agent_rss_mib = agent.rss_mib()?;
+        let (supervisors, supervisors_pss_mib) = agent.supervisors();
 
-        // Clean up: stop the long-running jobs (the agent also stops its tasks on exit).
-        for i in 0..options.running {
-            let _ = jobs
-                .delete(&format!("run-{i}"), &DeleteParams::background())
-                .await;
-        }
+        // Clean up: the agent stops the replicas of deleted Jobs.
+        delete_jobs(&jobs, "run", options.running).await;
+        let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+        let _ = eventually("the long-running Pods are gone", || async {
+            Ok(pods
+                .list(&Default::default())
+                .await?
+                .items
+                .is_empty()
+                .then_some(()))
+        })
+        .await;
 
         anyhow::Ok(AgentBenchReport {
             tasks: options.tasks,
             batch: options.batch,
             task_start,
+            job_start,
             task_failures,
             running: options.running,
             running_ready_s,
-            idle_rss_mib,
-            running_rss_mib,
-            agent_rss_delta_mib: running_rss_mib - idle_rss_mib,
-            running_cpu_cores,
+            agent_idle_rss_mib,
+            agent_rss_mib,
+            agent_cpu_cores,
+            supervisors,
+            supervisors_pss_mib,
         })
     }
     .await;
-    watch_task.abort();
+    for task in watch_tasks {
+        task.abort();
+    }
     result
 }

@@ -268,7 +268,12 @@ pub fn machine_busy_time() -> Option<Duration> {
 /// Linux reports it in clock ticks of `USER_HZ`, which is 100 on every mainstream
 /// architecture; `None` on other systems or when the file cannot be parsed.
 pub fn process_cpu_time() -> Option<Duration> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    cpu_time_of("self")
+}
+
+/// CPU time (user + system) of process `pid` (`"self"` for this one), from `/proc`.
+pub fn cpu_time_of(pid: &str) -> Option<Duration> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name (field 2) is in parentheses and may contain spaces: skip past it.
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();

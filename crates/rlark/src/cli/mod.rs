@@ -9,6 +9,7 @@ mod delete;
 mod demo;
 mod describe;
 mod discovery;
+mod embodied;
 mod events;
 mod exec;
 mod get;
@@ -16,6 +17,7 @@ mod join;
 mod logs;
 mod manifest;
 mod port_forward;
+mod robot;
 mod security;
 mod server;
 mod table;
@@ -102,6 +104,12 @@ enum Command {
     /// Forward a local port to HOST:PORT as the agent of a cluster reaches it, through the
     /// server (HTTP CONNECT over the tunnel), until interrupted.
     PortForward(port_forward::PortForwardArgs),
+    /// Run the embodied runtime of an edge host until SIGTERM or SIGINT: robots (ROS 1,
+    /// ROS 2, simulated arm) as RobotController services on unix sockets.
+    Embodied(embodied::EmbodiedArgs),
+    /// Talk to the robots of `rlark embodied` on this host: list, status, start, stop,
+    /// switch, reset, logs.
+    Robot(robot::RobotArgs),
 }
 
 /// Flags shared by the commands that talk to a server.
@@ -118,6 +126,7 @@ pub(crate) fn init_tracing(cli: &Cli) {
         Command::Server(_) | Command::Up(_) | Command::ControllerManager(_) | Command::Agent(_) => {
             "info"
         }
+        Command::Embodied(_) => "info",
         _ => "warn",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -162,6 +171,8 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Events(args) => events::events(args).await,
         Command::Exec(args) => exec::exec(args).await,
         Command::PortForward(args) => port_forward::port_forward(args).await,
+        Command::Embodied(args) => embodied::embodied(args).await,
+        Command::Robot(args) => robot::robot(args).await,
     }
 }
 

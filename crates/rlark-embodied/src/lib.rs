@@ -1,0 +1,47 @@
+//! rlark's embodied runtime for edge hosts (DESIGN §9, `docs/embodied.md`): robots as the
+//! gRPC `RobotController` service of RLark's contract, on unix sockets.
+//!
+//! - [`config`]: the YAML configuration (robot types and modes, robots, allowed launch
+//!   packages, cameras, watchdog), validated up front with field paths.
+//! - [`robot`]: the controller (state machine per robot), its backends (ROS 1, ROS 2 and
+//!   a simulated arm), launch processes and logs, package discovery, the safety watchdog,
+//!   and the gRPC service.
+//! - [`server`]: serving on unix sockets; [`peer`]: who is connected (SO_PEERCRED);
+//!   [`client`]: dialing a socket.
+//!
+//! [`run`] is `rlark embodied`: serve until the shutdown token is cancelled, then stop
+//! every robot. [`server::serve`] returns a handle instead (tests).
+
+pub mod client;
+pub mod config;
+pub mod peer;
+pub mod robot;
+pub mod server;
+
+use std::path::Path;
+
+use tokio_util::sync::CancellationToken;
+
+pub use config::{ConfigError, EmbodiedConfig};
+pub use server::{Running, ServeError, serve};
+
+/// Default directory of the sockets (RLark's).
+pub const DEFAULT_SOCKET_DIR: &str = "/var/run/rlark";
+/// RobotController for ROS 1 and simulated robots.
+pub const ROS_SOCKET: &str = "ros-ctrl.sock";
+/// RobotController for ROS 2 robots.
+pub const ROS2_SOCKET: &str = "ros2-ctrl.sock";
+/// CameraController.
+pub const CAMERA_SOCKET: &str = "camera-ctrl.sock";
+/// DeviceService (devinit).
+pub const DEVINIT_SOCKET: &str = "devinit.sock";
+
+/// Serve `config` on the sockets in `socket_dir` until `shutdown` is cancelled; then stop
+/// every robot and remove the sockets.
+pub async fn run(
+    config: EmbodiedConfig,
+    socket_dir: &Path,
+    shutdown: CancellationToken,
+) -> Result<(), ServeError> {
+    serve(config, socket_dir, shutdown).await?.wait().await
+}

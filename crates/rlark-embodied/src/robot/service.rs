@@ -1,0 +1,320 @@
+//! The gRPC `ros.controller.v1.RobotController` service over a [`RobotController`]. One
+//! instance per socket: `ros-ctrl.sock` serves the ros1 and sim robots, `ros2-ctrl.sock`
+//! the ros2 robots; a robot of the other socket is NotFound here (with a hint).
+
+use std::sync::Arc;
+
+use rlark_proto::robot::v1 as pb;
+use rlark_proto::robot::v1::robot_controller_server::RobotController as RobotControllerRpc;
+use tonic::{Request, Response, Status};
+
+use super::packages::Catalog;
+use super::{Caller, RobotController, RobotError};
+use crate::config::Backend;
+use crate::peer::PeerInfo;
+
+/// Metadata key a StartRobot caller sets to `true` to start a robot without owning it.
+pub const DETACH_METADATA: &str = "rlark-detach";
+
+/// The RobotController service of one socket.
+pub struct RobotService {
+    controller: Arc<RobotController>,
+    /// Backends of the robots served here.
+    backends: Vec<Backend>,
+    catalog: Catalog,
+}
+
+impl RobotService {
+    /// The service for the robots whose backend is in `backends`.
+    pub fn new(controller: Arc<RobotController>, backends: &[Backend]) -> Self {
+        let catalog = Catalog::new(controller.config(), backends);
+        Self {
+            controller,
+            backends: backends.to_vec(),
+            catalog,
+        }
+    }
+
+    /// `id`, if it is a robot of this socket.
+    fn check_robot(&self, id: &str) -> Result<(), Status> {
+        if id.is_empty() {
+            return Err(Status::invalid_argument("robot_id is required"));
+        }
+        match self.controller.backend_of(id) {
+            Some(backend) if self.backends.contains(&backend) => Ok(()),
+            Some(backend) => {
+                let socket = match backend {
+                    Backend::Ros2 => crate::ROS2_SOCKET,
+                    Backend::Ros1 | Backend::Sim => crate::ROS_SOCKET,
+                };
+                Err(Status::not_found(format!(
+                    "robot {id:?} is not served on this socket: it is a {backend} robot, on {socket}"
+                )))
+            }
+            None => Err(RobotError::NotFound(format!("robot {id:?} not found")).into()),
+        }
+    }
+}
+
+fn caller<T>(request: &Request<T>) -> Caller {
+    let pid = request.extensions().get::<PeerInfo>().and_then(|p| p.pid);
+    let detach = request
+        .metadata()
+        .get(DETACH_METADATA)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| matches!(v.trim(), "true" | "1"));
+    Caller { pid, detach }
+}
+
+/// The calling process, if known.
+fn peer_pid<T>(request: &Request<T>) -> Option<i32> {
+    request.extensions().get::<PeerInfo>().and_then(|p| p.pid)
+}
+
+#[tonic::async_trait]
+impl RobotControllerRpc for RobotService {
+    async fn start_robot(
+        &self,
+        request: Request<pb::StartRobotRequest>,
+    ) -> Result<Response<pb::StartRobotResponse>, Status> {
+        let caller = caller(&request);
+        let r = request.into_inner();
+        self.check_robot(&r.robot_id)?;
+        let controller = self.controller.clone();
+        let info = to_completion(async move {
+            controller
+                .start(&r.robot_id, &r.mode, r.mode_config.as_ref(), &caller)
+                .await
+        })
+        .await?;
+        Ok(Response::new(pb::StartRobotResponse {
+            robot_id: info.robot_id,
+            state: info.state,
+            current_mode: info.current_mode,
+            ros_master_uri: info.ros_master_uri,
+            params: info.params,
+            ros_domain_id: info.ros_domain_id,
+            message: info.message,
+            backend: info.backend,
+            robot_type: info.robot_type,
+            owner_pid: info.owner_pid,
+            sim: info.sim,
+        }))
+    }
+
+    async fn stop_robot(
+        &self,
+        request: Request<pb::StopRobotRequest>,
+    ) -> Result<Response<pb::StopRobotResponse>, Status> {
+        let pid = peer_pid(&request);
+        let r = request.into_inner();
+        self.check_robot(&r.robot_id)?;
+        let reason = match pid {
+            Some(pid) => format!("stopped by process {pid}"),
+            None => "stopped by request".to_string(),
+        };
+        let controller = self.controller.clone();
+        let info =
+            to_completion(async move { controller.stop(&r.robot_id, &reason).await }).await?;
+        Ok(Response::new(pb::StopRobotResponse {
+            robot_id: info.robot_id,
+            state: info.state,
+        }))
+    }
+
+    async fn get_robot_status(
+        &self,
+        request: Request<pb::GetRobotStatusRequest>,
+    ) -> Result<Response<pb::GetRobotStatusResponse>, Status> {
+        let r = request.into_inner();
+        self.check_robot(&r.robot_id)?;
+        let info = self.controller.status(&r.robot_id)?;
+        Ok(Response::new(pb::GetRobotStatusResponse {
+            robot_id: info.robot_id,
+            mode: info.mode,
+            state: info.state,
+            current_mode: info.current_mode,
+            ros_master_uri: info.ros_master_uri,
+            params: info.params,
+            ros_domain_id: info.ros_domain_id,
+            message: info.message,
+            backend: info.backend,
+            robot_type: info.robot_type,
+            owner_pid: info.owner_pid,
+            sim: info.sim,
+        }))
+    }
+
+    async fn switch_mode(
+        &self,
+        request: Request<pb::SwitchModeRequest>,
+    ) -> Result<Response<pb::SwitchModeResponse>, Status> {
+        let r = request.into_inner();
+        self.check_robot(&r.robot_id)?;
+        let controller = self.controller.clone();
+        let info = to_completion(async move {
+            controller
+                .switch(&r.robot_id, &r.mode, r.mode_config.as_ref())
+                .await
+        })
+        .await?;
+        Ok(Response::new(pb::SwitchModeResponse {
+            robot_id: info.robot_id,
+            mode: info.mode,
+            state: info.state,
+            current_mode: info.current_mode,
+            ros_master_uri: info.ros_master_uri,
+            params: info.params,
+            ros_domain_id: info.ros_domain_id,
+            message: info.message,
+            backend: info.backend,
+            robot_type: info.robot_type,
+            owner_pid: info.owner_pid,
+            sim: info.sim,
+        }))
+    }
+
+    async fn list_robots(
+        &self,
+        _request: Request<pb::ListRobotsRequest>,
+    ) -> Result<Response<pb::ListRobotsResponse>, Status> {
+        let robots = self
+            .controller
+            .robot_ids()
+            .into_iter()
+            .filter(|id| {
+                self.controller
+                    .backend_of(id)
+                    .is_some_and(|b| self.backends.contains(&b))
+            })
+            .map(|id| self.controller.status(&id))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Response::new(pb::ListRobotsResponse { robots }))
+    }
+
+    async fn list_modes(
+        &self,
+        request: Request<pb::ListModesRequest>,
+    ) -> Result<Response<pb::ListModesResponse>, Status> {
+        let r = request.into_inner();
+        self.check_robot(&r.robot_id)?;
+        let modes = self.controller.modes(&r.robot_id)?;
+        Ok(Response::new(pb::ListModesResponse {
+            robot_id: r.robot_id,
+            modes,
+        }))
+    }
+
+    async fn get_robot_logs(
+        &self,
+        request: Request<pb::GetRobotLogsRequest>,
+    ) -> Result<Response<pb::GetRobotLogsResponse>, Status> {
+        let r = request.into_inner();
+        self.check_robot(&r.robot_id)?;
+        let tail = usize::try_from(r.tail).map_err(|_| {
+            Status::invalid_argument(format!("tail {} must not be negative", r.tail))
+        })?;
+        let lines = self.controller.logs(&r.robot_id, tail)?;
+        Ok(Response::new(pb::GetRobotLogsResponse {
+            robot_id: r.robot_id,
+            lines,
+        }))
+    }
+
+    async fn list_packages(
+        &self,
+        _request: Request<pb::ListPackagesRequest>,
+    ) -> Result<Response<pb::ListPackagesResponse>, Status> {
+        let catalog = self.catalog.clone();
+        // Package discovery reads the file system.
+        let packages = tokio::task::spawn_blocking(move || {
+            catalog
+                .packages()
+                .values()
+                .map(|p| catalog.info(p))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .map_err(|e| Status::internal(format!("package discovery failed: {e}")))?;
+        Ok(Response::new(pb::ListPackagesResponse { packages }))
+    }
+
+    async fn get_package_info(
+        &self,
+        request: Request<pb::GetPackageInfoRequest>,
+    ) -> Result<Response<pb::GetPackageInfoResponse>, Status> {
+        let name = request.into_inner().name;
+        let catalog = self.catalog.clone();
+        let package = blocking(move || catalog.package(&name).map(|p| catalog.info(&p))).await?;
+        Ok(Response::new(pb::GetPackageInfoResponse {
+            package: Some(package),
+        }))
+    }
+
+    async fn get_package_launch_files(
+        &self,
+        request: Request<pb::GetPackageLaunchFilesRequest>,
+    ) -> Result<Response<pb::GetPackageLaunchFilesResponse>, Status> {
+        let name = request.into_inner().name;
+        let catalog = self.catalog.clone();
+        let lookup = name.clone();
+        let launch_files = blocking(move || catalog.launch_files(&lookup)).await?;
+        Ok(Response::new(pb::GetPackageLaunchFilesResponse {
+            name,
+            launch_files,
+        }))
+    }
+
+    async fn get_launch_file_args(
+        &self,
+        request: Request<pb::GetLaunchFileArgsRequest>,
+    ) -> Result<Response<pb::GetLaunchFileArgsResponse>, Status> {
+        let r = request.into_inner();
+        let catalog = self.catalog.clone();
+        let (package, launch_file) = (r.package.clone(), r.launch_file.clone());
+        let args = blocking(move || catalog.launch_args(&package, &launch_file)).await?;
+        Ok(Response::new(pb::GetLaunchFileArgsResponse {
+            package: r.package,
+            launch_file: r.launch_file,
+            args,
+        }))
+    }
+
+    async fn reset_robot(
+        &self,
+        request: Request<pb::ResetRobotRequest>,
+    ) -> Result<Response<pb::ResetRobotResponse>, Status> {
+        let r = request.into_inner();
+        self.check_robot(&r.robot_id)?;
+        let controller = self.controller.clone();
+        let info = to_completion(async move { controller.reset(&r.robot_id).await }).await?;
+        Ok(Response::new(pb::ResetRobotResponse {
+            robot_id: info.robot_id,
+            state: info.state,
+            ros_master_uri: info.ros_master_uri,
+            ros_domain_id: info.ros_domain_id,
+        }))
+    }
+}
+
+/// Run a robot operation in its own task, so it completes even when the client goes away
+/// mid-call (tonic drops the handler of a cancelled request, which would otherwise leave a
+/// robot half-started).
+async fn to_completion<T: Send + 'static>(
+    operation: impl Future<Output = Result<T, RobotError>> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::spawn(operation)
+        .await
+        .map_err(|e| Status::internal(format!("robot operation failed: {e}")))?
+        .map_err(Status::from)
+}
+
+/// Run file-system work off the async threads.
+async fn blocking<T: Send + 'static>(
+    work: impl FnOnce() -> Result<T, RobotError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| Status::internal(format!("package lookup failed: {e}")))?
+        .map_err(Status::from)
+}

@@ -1,0 +1,236 @@
+//! Serving the controllers on unix sockets.
+//!
+//! Each socket file is created in the socket directory (made if missing) with mode 0660;
+//! a stale socket file left by a previous run is removed, but a socket some live server
+//! still answers on is refused, as is a path that is not a socket. Every accepted
+//! connection goes through the [`ConnTracker`] (peer PID for the watchdog). On shutdown the
+//! servers stop accepting, open connections get up to [`DRAIN_TIMEOUT`] to finish, every
+//! robot is stopped, and the socket files are removed.
+
+use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt as _;
+use rlark_proto::robot::v1::robot_controller_server::RobotControllerServer;
+use tokio::net::UnixListener;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_util::sync::CancellationToken;
+
+use crate::config::{Backend, EmbodiedConfig};
+use crate::peer::ConnTracker;
+use crate::robot::RobotController;
+use crate::robot::service::RobotService;
+
+/// How long open connections may keep a server alive after shutdown began.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why serving could not start (or failed).
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    #[error("create socket directory {}: {source}", path.display())]
+    CreateDir {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("{} is in use: another server answers on it", path.display())]
+    SocketInUse { path: PathBuf },
+    #[error("{} exists and is not a socket; refusing to replace it", path.display())]
+    NotASocket { path: PathBuf },
+    #[error("remove stale socket {}: {source}", path.display())]
+    RemoveStale {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("bind {}: {source}", path.display())]
+    Bind {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("set permissions of {}: {source}", path.display())]
+    Permissions {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("serve {}: {message}", path.display())]
+    Serve { path: PathBuf, message: String },
+    #[error("embodied runtime task failed: {0}")]
+    Task(String),
+}
+
+/// A running embodied runtime (see [`serve`]).
+pub struct Running {
+    robots: Arc<RobotController>,
+    sockets: Vec<PathBuf>,
+    task: JoinHandle<Result<(), ServeError>>,
+}
+
+impl Running {
+    /// The robot controller behind the sockets.
+    pub fn robots(&self) -> &Arc<RobotController> {
+        &self.robots
+    }
+
+    /// The socket files being served.
+    pub fn sockets(&self) -> &[PathBuf] {
+        &self.sockets
+    }
+
+    /// Wait until shutdown has completed (robots stopped, sockets removed).
+    pub async fn wait(self) -> Result<(), ServeError> {
+        match self.task.await {
+            Ok(result) => result,
+            Err(e) => Err(ServeError::Task(e.to_string())),
+        }
+    }
+}
+
+/// Bind the sockets of `config` in `socket_dir` and serve them until `shutdown` is
+/// cancelled. Returns once the sockets accept connections.
+pub async fn serve(
+    config: EmbodiedConfig,
+    socket_dir: &Path,
+    shutdown: CancellationToken,
+) -> Result<Running, ServeError> {
+    std::fs::create_dir_all(socket_dir).map_err(|source| ServeError::CreateDir {
+        path: socket_dir.to_path_buf(),
+        source,
+    })?;
+    let config = Arc::new(config);
+    let tracker = ConnTracker::new();
+    let robots = RobotController::new(config.clone(), tracker.clone());
+
+    // Which robots each RobotController socket serves: ros1 and sim on one, ros2 on the
+    // other; a socket exists only when it has robots.
+    let present = |wanted: &[Backend]| -> Vec<Backend> {
+        wanted
+            .iter()
+            .copied()
+            .filter(|b| config.robots.iter().any(|r| r.backend == *b))
+            .collect()
+    };
+    let mut plan: Vec<(&str, Vec<Backend>)> = Vec::new();
+    for (name, backends) in [
+        (crate::ROS_SOCKET, present(&[Backend::Ros1, Backend::Sim])),
+        (crate::ROS2_SOCKET, present(&[Backend::Ros2])),
+    ] {
+        if !backends.is_empty() {
+            plan.push((name, backends));
+        }
+    }
+    if plan.is_empty() {
+        tracing::warn!("the configuration has no robots: no RobotController socket is served");
+    }
+
+    let mut listeners = Vec::new();
+    for (name, backends) in plan {
+        let path = socket_dir.join(name);
+        match bind(&path).await {
+            Ok(listener) => listeners.push((path, listener, backends)),
+            Err(e) => {
+                robots.shutdown().await;
+                for (path, _, _) in &listeners {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(e);
+            }
+        }
+    }
+
+    let mut servers = Vec::new();
+    let mut sockets = Vec::new();
+    for (path, listener, backends) in listeners {
+        let ids: Vec<String> = config
+            .robots
+            .iter()
+            .filter(|r| backends.contains(&r.backend))
+            .map(|r| r.id.clone())
+            .collect();
+        tracing::info!(socket = %path.display(), robots = ?ids, "serving RobotController");
+        let service = RobotService::new(robots.clone(), &backends);
+        let tracker = tracker.clone();
+        let incoming = UnixListenerStream::new(listener)
+            .map(move |accepted| accepted.map(|stream| tracker.track(stream)));
+        let signal = shutdown.clone();
+        let server_path = path.clone();
+        servers.push(tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                // One span per call, named by its RPC path.
+                .trace_fn(|request| tracing::info_span!("rpc", path = %request.uri().path()))
+                .add_service(RobotControllerServer::new(service))
+                .serve_with_incoming_shutdown(incoming, signal.cancelled_owned())
+                .await
+                .map_err(|e| ServeError::Serve {
+                    path: server_path,
+                    message: e.to_string(),
+                })
+        }));
+        sockets.push(path);
+    }
+
+    let task_robots = robots.clone();
+    let task_sockets = sockets.clone();
+    let task = tokio::spawn(async move {
+        shutdown.cancelled().await;
+        let mut result = Ok(());
+        for mut server in servers {
+            match tokio::time::timeout(DRAIN_TIMEOUT, &mut server).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => result = Err(e),
+                Ok(Err(e)) => tracing::error!(error = %e, "server task failed"),
+                Err(_) => {
+                    tracing::warn!("connections still open after {DRAIN_TIMEOUT:?}; closing them");
+                    server.abort();
+                }
+            }
+        }
+        task_robots.shutdown().await;
+        for path in &task_sockets {
+            let _ = std::fs::remove_file(path);
+        }
+        tracing::info!("embodied runtime stopped");
+        result
+    });
+    Ok(Running {
+        robots,
+        sockets,
+        task,
+    })
+}
+
+/// Bind a socket at `path` (0660), replacing a stale socket file.
+async fn bind(path: &Path) -> Result<UnixListener, ServeError> {
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => {
+            if tokio::net::UnixStream::connect(path).await.is_ok() {
+                return Err(ServeError::SocketInUse {
+                    path: path.to_path_buf(),
+                });
+            }
+            std::fs::remove_file(path).map_err(|source| ServeError::RemoveStale {
+                path: path.to_path_buf(),
+                source,
+            })?;
+            tracing::info!(socket = %path.display(), "removed stale socket");
+        }
+        Ok(_) => {
+            return Err(ServeError::NotASocket {
+                path: path.to_path_buf(),
+            });
+        }
+        Err(_) => {}
+    }
+    let listener = UnixListener::bind(path).map_err(|source| ServeError::Bind {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(|source| {
+        ServeError::Permissions {
+            path: path.to_path_buf(),
+            source,
+        }
+    })?;
+    Ok(listener)
+}

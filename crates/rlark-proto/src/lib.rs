@@ -1,0 +1,40 @@
+//! The gRPC contract of rlark's embodied runtime: `RobotController`, `CameraController` and
+//! `DeviceService`, with RLark's package, service, RPC and field names so its clients can
+//! switch (`docs/embodied.md`, `docs/compat.md`).
+//!
+//! The `.proto` files live in `proto/rlark/embodied/v1/`. The Rust code generated from them
+//! (prost messages, tonic clients and servers) is checked in under `src/gen/`, so a build
+//! needs neither `protoc` nor a build script. `tests/regenerate.rs` regenerates it with
+//! protox and tonic-prost-build and fails on any difference; after editing a `.proto` file,
+//! rewrite the checked-in code with
+//!
+//! ```text
+//! RLARK_REGENERATE_PROTO=1 cargo test -p rlark-proto --test regenerate
+//! ```
+//!
+//! Clients are generated without tonic's `connect(url)` helpers: build them on a
+//! [`tonic::transport::Channel`] (e.g. one that dials a unix socket) with `Client::new`.
+
+/// `ros.controller.v1`: the RobotController service (ROS 1, ROS 2 and simulated robots).
+pub mod robot {
+    /// Version 1 of the RobotController contract.
+    pub mod v1 {
+        include!("gen/ros.controller.v1.rs");
+    }
+}
+
+/// `camera.controller.v1`: the CameraController service.
+pub mod camera {
+    /// Version 1 of the CameraController contract.
+    pub mod v1 {
+        include!("gen/camera.controller.v1.rs");
+    }
+}
+
+/// `device.v1`: the DeviceService (macvlan setup in the caller's network namespace).
+pub mod device {
+    /// Version 1 of the DeviceService contract.
+    pub mod v1 {
+        include!("gen/device.v1.rs");
+    }
+}
