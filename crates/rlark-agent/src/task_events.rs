@@ -8,12 +8,13 @@
 //! and a warning is logged (the next start of a replica of the run tries again).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use kube::ResourceExt as _;
 use rlark_api::types::Task;
 use serde_json::Value;
-use tokio::sync::Mutex;
+use tokio::sync::OnceCell;
 
 use crate::tasks::TaskContext;
 
@@ -25,7 +26,10 @@ const MAX_CACHED: usize = 1024;
 /// Task tokens by Task UID.
 #[derive(Default)]
 pub(crate) struct TaskTokens {
-    by_uid: Mutex<HashMap<String, String>>,
+    /// One cell per run: replicas of one run starting together mint one token, while
+    /// different runs mint in parallel (a single lock held across the mint serialized a
+    /// burst of 50 new Tasks behind 50 round trips).
+    by_uid: std::sync::Mutex<HashMap<String, Arc<OnceCell<String>>>>,
 }
 
 impl TaskTokens {
@@ -42,29 +46,30 @@ impl TaskTokens {
         let Some(uid) = task.uid() else {
             return Vec::new();
         };
-        // Held while minting, so replicas starting together mint one token.
-        let mut cache = self.by_uid.lock().await;
-        let token = match cache.get(&uid) {
-            Some(token) => token.clone(),
-            None => match mint(client, &namespace, &name).await {
-                Ok(token) => {
-                    if cache.len() >= MAX_CACHED {
-                        cache.clear();
-                    }
-                    cache.insert(uid, token.clone());
-                    token
-                }
-                Err(error) => {
-                    tracing::warn!(
-                        task = %format!("{namespace}/{name}"),
-                        %error,
-                        "could not mint a task token; starting without RLARK_EVENT_URL and RLARK_TOKEN"
-                    );
-                    return Vec::new();
-                }
-            },
+        let cell = {
+            let mut cache = self
+                .by_uid
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if cache.len() >= MAX_CACHED && !cache.contains_key(&uid) {
+                cache.clear();
+            }
+            Arc::clone(cache.entry(uid).or_default())
         };
-        drop(cache);
+        let token = match cell
+            .get_or_try_init(|| mint(client, &namespace, &name))
+            .await
+        {
+            Ok(token) => token.clone(),
+            Err(error) => {
+                tracing::warn!(
+                    task = %format!("{namespace}/{name}"),
+                    %error,
+                    "could not mint a task token; starting without RLARK_EVENT_URL and RLARK_TOKEN"
+                );
+                return Vec::new();
+            }
+        };
         vec![
             (
                 "RLARK_EVENT_URL".to_string(),
@@ -109,6 +114,83 @@ async fn mint(client: &kube::Client, namespace: &str, name: &str) -> Result<Stri
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A kube client whose every request takes 100 ms and answers a token; counts requests
+    /// and the most in flight at once.
+    fn slow_token_server(requests: Arc<AtomicUsize>, peak: Arc<AtomicUsize>) -> kube::Client {
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let service = tower::service_fn(move |_request: http::Request<kube::client::Body>| {
+            let (requests, peak, in_flight) = (requests.clone(), peak.clone(), in_flight.clone());
+            async move {
+                requests.fetch_add(1, Ordering::SeqCst);
+                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(br#"{"token":"rlk-x.y"}"#.to_vec()))
+                        .expect("response"),
+                )
+            }
+        });
+        kube::Client::new(service, "rlark-c")
+    }
+
+    fn task(name: &str, uid: &str) -> Task {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "rlinf.io/v1alpha1", "kind": "Task",
+            "metadata": {"name": name, "namespace": "rlark-c", "uid": uid},
+            "spec": {"agentType": "Raw", "role": "Actor"},
+        }))
+        .expect("task")
+    }
+
+    fn ctx() -> TaskContext {
+        TaskContext {
+            cluster_id: "c".into(),
+            node_name: "n".into(),
+            data_dir: "/tmp/x".into(),
+            server_url: "https://cp:6443".into(),
+            ca_file: "/tmp/ca.crt".into(),
+            stop_tasks_on_exit: false,
+            supervisor: Vec::new(),
+        }
+    }
+
+    #[tokio::test]
+    async fn runs_mint_in_parallel_and_replicas_of_a_run_share_one_token() {
+        let (requests, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let client = slow_token_server(requests.clone(), peak.clone());
+        let tokens = TaskTokens::default();
+        let ctx = ctx();
+        let tasks: Vec<Task> = (0..5)
+            .map(|i| task(&format!("t{i}"), &format!("u{i}")))
+            .collect();
+        let envs =
+            futures::future::join_all(tasks.iter().map(|t| tokens.env(&client, &ctx, t))).await;
+        assert!(envs.iter().all(|env| {
+            env.iter()
+                .any(|(k, v)| k == "RLARK_TOKEN" && v == "rlk-x.y")
+        }));
+        assert_eq!(requests.load(Ordering::SeqCst), 5);
+        assert_eq!(
+            peak.load(Ordering::SeqCst),
+            5,
+            "five runs mint at once, not one by one"
+        );
+
+        // Four replicas of one new run starting together: one mint.
+        let run = task("r", "u-r");
+        futures::future::join_all((0..4).map(|_| tokens.env(&client, &ctx, &run))).await;
+        assert_eq!(requests.load(Ordering::SeqCst), 6);
+        // Cached afterwards.
+        tokens.env(&client, &ctx, &run).await;
+        assert_eq!(requests.load(Ordering::SeqCst), 6);
+    }
 
     #[test]
     fn the_event_url_names_the_task() {

@@ -1289,6 +1289,19 @@ impl Worker {
     /// Replace `existing` (if any) by a new Pod for this run.
     async fn fresh_pod(&mut self, existing: Option<&Pod>) -> Step {
         self.reported = Map::new();
+        // A replica of a new run starts next: mint the run's task token (one API round trip)
+        // while the Pod is created and reported Pending, rather than after. `start` finds it
+        // in the cache, or waits for this very mint.
+        if self.task.spec.raw.is_some() {
+            let shared = Arc::clone(&self.shared);
+            let task = Arc::clone(&self.task);
+            tokio::spawn(async move {
+                shared
+                    .task_tokens
+                    .env(&shared.client, &shared.ctx, &task)
+                    .await;
+            });
+        }
         if let Some(pod) = existing
             && !self.delete_pod(pod).await
         {
@@ -1332,8 +1345,10 @@ impl Worker {
     async fn run_replica(&mut self) -> Step {
         let node = self.shared.ctx.node_name.clone();
         let resume = self.resume.take();
-        if resume.is_none() {
-            let pending = json!({
+        // A fresh run is reported Pending (fields of an earlier run cleared) while its first
+        // process starts, not before: one API round trip less on the way to Running.
+        let mut pending = resume.is_none().then(|| {
+            json!({
                 "phase": "Pending",
                 "node": node,
                 "reason": null,
@@ -1342,9 +1357,8 @@ impl Worker {
                 "startTime": null,
                 "finishTime": null,
                 "restartCount": 0,
-            });
-            self.write_status(pending, true).await;
-        }
+            })
+        });
         let Some(raw) = self.task.spec.raw.clone() else {
             let status = json!({
                 "phase": "Failed",
@@ -1384,7 +1398,7 @@ impl Worker {
                 adopted => {
                     let mut handle = match adopted {
                         Some(Resumed::Running(handle)) => handle,
-                        _ => match self.start(&raw, deadline, restarts).await {
+                        _ => match self.start(&raw, deadline, restarts, pending.take()).await {
                             Some(handle) => handle,
                             None => return Step::Finished,
                         },
@@ -1473,11 +1487,14 @@ impl Worker {
 
     /// Start the process (and record it in the state file); `None` after reporting a
     /// start error.
+    /// Start the replica's process; `pending` (the Pending status of a fresh run) is written
+    /// while it starts, and always before whatever is reported next.
     async fn start(
         &mut self,
         raw: &RawTaskSpec,
         deadline: Option<Instant>,
         restarts: i32,
+        pending: Option<Value>,
     ) -> Option<ReplicaHandle> {
         let mut spec = self.replica_spec(raw, deadline);
         let shared = &self.shared;
@@ -1485,7 +1502,17 @@ impl Worker {
             .task_tokens
             .env(&shared.client, &shared.ctx, &self.task);
         spec.env.extend(events.await);
-        match runtime::spawn_replica(spec).await {
+        let spawned = match pending {
+            Some(pending) => {
+                let (_, spawned) = tokio::join!(
+                    self.write_status(pending, true),
+                    runtime::spawn_replica(spec)
+                );
+                spawned
+            }
+            None => runtime::spawn_replica(spec).await,
+        };
+        match spawned {
             Ok(handle) => {
                 self.save_state(&handle);
                 tracing::info!(pod = %self.pod, pid = handle.pid(), restarts, "replica started");

@@ -74,6 +74,8 @@ pub struct AgentBenchReport {
     pub task_start: LatencySummary,
     /// Job create call started → Pod seen `Running`/`Succeeded`.
     pub job_start: LatencySummary,
+    /// Task seen placed → Pod seen started: the agent's part of `task_start`.
+    pub agent_start: LatencySummary,
     /// Short tasks whose Pod ended `Failed`.
     pub task_failures: usize,
     pub running: usize,
@@ -123,6 +125,12 @@ impl std::fmt::Display for AgentBenchReport {
             f,
             "{:<48} {:>9.1} ms / {:.1} ms",
             "Job create -> Pod Running p50 / p99", j.p50_ms, j.p99_ms
+        )?;
+        let a = &self.agent_start;
+        writeln!(
+            f,
+            "{:<48} {:>9.1} ms / {:.1} ms",
+            "  of which Task placed -> Pod Running p50 / p99", a.p50_ms, a.p99_ms
         )?;
         writeln!(f, "{:<48} {:>12}", "short tasks failed", self.task_failures)?;
         writeln!(
@@ -209,6 +217,9 @@ fn job(name: &str, entrypoint: &[&str]) -> anyhow::Result<Job> {
 /// at.
 struct Start {
     task_to_pod: Duration,
+    /// Task seen placed → Pod started (the agent's part); `None` if the placement was not
+    /// seen before the Pod (the watch may coalesce).
+    placed_to_pod: Option<Duration>,
     job_to_pod: Duration,
     phase: PodPhase,
 }
@@ -216,6 +227,8 @@ struct Start {
 /// The watches the measurements read.
 struct Watches {
     tasks: Seen<()>,
+    /// First time each Task was seen with a placement (the controllers' part done).
+    placed: Seen<()>,
     pods: Seen<PodPhase>,
     notify: Arc<Notify>,
 }
@@ -275,11 +288,16 @@ async fn create_in_batches(
         }
         let pods = watches.pods.lock().expect("seen lock");
         let tasks = watches.tasks.lock().expect("seen lock");
+        let placed = watches.placed.lock().expect("seen lock");
         for (task, job_started) in &pending {
             let (pod_at, phase) = pods[&format!("{task}-0")];
             let (task_at, ()) = tasks[task];
             out.push(Start {
                 task_to_pod: pod_at.saturating_duration_since(task_at),
+                placed_to_pod: placed
+                    .get(task)
+                    .filter(|(at, ())| *at <= pod_at)
+                    .map(|(at, ())| pod_at.saturating_duration_since(*at)),
                 job_to_pod: pod_at.saturating_duration_since(*job_started),
                 phase,
             });
@@ -380,6 +398,7 @@ async fn start_watches(
 ) -> anyhow::Result<(Watches, Vec<tokio::task::JoinHandle<()>>)> {
     let watches = Watches {
         tasks: Arc::default(),
+        placed: Arc::default(),
         pods: Arc::default(),
         notify: Arc::new(Notify::new()),
     };
@@ -432,6 +451,7 @@ async fn start_watches(
     };
     let tasks_task = {
         let seen = watches.tasks.clone();
+        let placed = watches.placed.clone();
         let notify = watches.notify.clone();
         tokio::spawn(async move {
             while let Some(event) = task_events.next().await {
@@ -444,6 +464,13 @@ async fn start_watches(
                     .expect("seen lock")
                     .entry(task.name_any())
                     .or_insert((now, ()));
+                if task.spec.placement.is_some() {
+                    placed
+                        .lock()
+                        .expect("seen lock")
+                        .entry(task.name_any())
+                        .or_insert((now, ()));
+                }
                 notify.notify_waiters();
             }
         })
@@ -489,6 +516,8 @@ async fn measure(
         let task_start = LatencySummary::from_samples(&mut latencies);
         let mut latencies: Vec<Duration> = starts.iter().map(|s| s.job_to_pod).collect();
         let job_start = LatencySummary::from_samples(&mut latencies);
+        let mut latencies: Vec<Duration> = starts.iter().filter_map(|s| s.placed_to_pod).collect();
+        let agent_start = LatencySummary::from_samples(&mut latencies);
         delete_jobs(&jobs, "start", options.tasks).await;
 
         // 2. Resources with long-running tasks.
@@ -539,6 +568,7 @@ async fn measure(
             batch: options.batch,
             task_start,
             job_start,
+            agent_start,
             task_failures,
             running: options.running,
             running_ready_s,
