@@ -3,6 +3,7 @@
 #   unit + integration (cargo test: in-process servers, real processes on loopback)
 #   end-to-end (real kubectl, the official Python Kubernetes client) — driven from cargo
 #   tests and pytest against the binary that `cargo test` built.
+#   Python SDK (sdk/python, pytest) against a real `rlark embodied` from that binary.
 # Environment:
 #   CARGO_TARGET_DIR   optional shared build cache (the script works without it)
 #   RLARK_SKIP_INSTALL=1  skip apt/pip installs (offline dev loops)
@@ -21,6 +22,8 @@ install_deps() {
     command -v ssh-keygen >/dev/null 2>&1 || apt_pkgs+=(openssh-client)
     # curl drives the tunnel's HTTP CONNECT as an unmodified client would.
     command -v curl >/dev/null 2>&1 || apt_pkgs+=(curl)
+    # ip netns: the devinit (macvlan) tests build their network namespaces with it.
+    command -v ip >/dev/null 2>&1 || apt_pkgs+=(iproute2)
     if [ ${#apt_pkgs[@]} -gt 0 ]; then
         log "installing Debian packages: ${apt_pkgs[*]}"
         export DEBIAN_FRONTEND=noninteractive
@@ -29,6 +32,9 @@ install_deps() {
     fi
     log "installing Python test packages"
     python3 -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+    # The Python SDK itself (as its users install it) and its test tools (pytest, Pillow,
+    # numpy, the pinned grpcio-tools the stub regeneration test needs).
+    python3 -m pip install -q --disable-pip-version-check "./sdk/python[test]"
 }
 
 install_deps
@@ -48,3 +54,6 @@ cargo test --workspace --locked -- --test-threads=2
 log "python end-to-end tests (official kubernetes client)"
 export RLARK_BIN="$TARGET_DIR/debug/rlark"
 python3 -m pytest -q tests/python
+
+log "python SDK tests (rlark-embodied against a real rlark embodied)"
+python3 -m pytest -q sdk/python/tests

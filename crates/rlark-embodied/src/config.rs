@@ -52,6 +52,11 @@ pub struct EmbodiedConfig {
     pub ros: RosSettings,
     /// ROS 2 settings.
     pub ros2: Ros2Settings,
+    /// The kubelet device plugin (`docs/embodied.md`, "Device plugin").
+    pub device_plugin: crate::deviceplugin::DevicePluginConfig,
+    /// Macvlan interfaces DeviceService.Setup creates in a caller's network namespace
+    /// (`docs/embodied.md`, "DeviceService (devinit)").
+    pub macvlans: Vec<crate::devinit::Macvlan>,
 }
 
 /// Which launch machinery runs a robot type.
@@ -260,6 +265,10 @@ struct RawConfig {
     ros: RawRos,
     #[serde(default)]
     ros2: RawRos2,
+    #[serde(default, alias = "device_plugin")]
+    device_plugin: crate::deviceplugin::DevicePluginConfig,
+    #[serde(default, alias = "host_macvlans")]
+    macvlans: Vec<crate::devinit::Macvlan>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -497,6 +506,8 @@ impl EmbodiedConfig {
             ros2: Ros2Settings {
                 prefix_path: raw.ros2.prefix_path,
             },
+            device_plugin: raw.device_plugin,
+            macvlans: raw.macvlans,
         };
         problems.extend(config.check(&type_paths));
         if problems.is_empty() {
@@ -571,6 +582,8 @@ impl EmbodiedConfig {
         self.check_robots(&mut problems);
         self.assign_masters(&mut problems);
         self.check_cameras(&mut problems);
+        crate::deviceplugin::config::check(self, &mut problems);
+        crate::devinit::config::check(&self.macvlans, &mut problems);
         if problems.is_empty() {
             // Resolve every preset mode of every robot as StartRobot would, so missing
             // parameters and bad simulator arguments are found now.

@@ -1,19 +1,27 @@
-//! rlark's embodied runtime for edge hosts (DESIGN §9, `docs/embodied.md`): robots as the
-//! gRPC `RobotController` service of RLark's contract, on unix sockets.
+//! rlark's embodied runtime for edge hosts (DESIGN §9, `docs/embodied.md`): robots and
+//! cameras as the gRPC `RobotController` and `CameraController` services of RLark's
+//! contract, on unix sockets.
 //!
 //! - [`config`]: the YAML configuration (robot types and modes, robots, allowed launch
 //!   packages, cameras, watchdog), validated up front with field paths.
 //! - [`robot`]: the controller (state machine per robot), its backends (ROS 1, ROS 2 and
 //!   a simulated arm), launch processes and logs, package discovery, the safety watchdog,
 //!   and the gRPC service.
+//! - [`camera`]: the camera controller (sim, V4L2, RTSP and file drivers, a capture loop
+//!   per open camera keeping its latest frame) and its gRPC service.
+//! - [`deviceplugin`]: the kubelet device plugin (robots and cameras as `rlinf.io/device`);
+//!   [`devinit`]: DeviceService.Setup, macvlan interfaces in a calling pod's namespace.
 //! - [`server`]: serving on unix sockets; [`peer`]: who is connected (SO_PEERCRED);
 //!   [`client`]: dialing a socket.
 //!
 //! [`run`] is `rlark embodied`: serve until the shutdown token is cancelled, then stop
-//! every robot. [`server::serve`] returns a handle instead (tests).
+//! every robot and close every camera. [`server::serve`] returns a handle instead (tests).
 
+pub mod camera;
 pub mod client;
 pub mod config;
+pub mod deviceplugin;
+pub mod devinit;
 pub mod peer;
 pub mod robot;
 pub mod server;

@@ -4,8 +4,9 @@
 //! a stale socket file left by a previous run is removed, but a socket some live server
 //! still answers on is refused, as is a path that is not a socket. Every accepted
 //! connection goes through the [`ConnTracker`] (peer PID for the watchdog). On shutdown the
-//! servers stop accepting, open connections get up to [`DRAIN_TIMEOUT`] to finish, every
-//! robot is stopped, and the socket files are removed.
+//! servers stop accepting, open connections get up to [`DRAIN_TIMEOUT`] to finish (frame
+//! streams end at once), every robot is stopped, every camera closed, and the socket files
+//! are removed.
 
 use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
@@ -13,12 +14,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use rlark_proto::camera::v1::camera_controller_server::CameraControllerServer;
 use rlark_proto::robot::v1::robot_controller_server::RobotControllerServer;
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::camera::service::CameraService;
+use crate::camera::{CameraController, v4l2};
 use crate::config::{Backend, EmbodiedConfig};
 use crate::peer::ConnTracker;
 use crate::robot::RobotController;
@@ -63,6 +67,7 @@ pub enum ServeError {
 /// A running embodied runtime (see [`serve`]).
 pub struct Running {
     robots: Arc<RobotController>,
+    cameras: Arc<CameraController>,
     sockets: Vec<PathBuf>,
     task: JoinHandle<Result<(), ServeError>>,
 }
@@ -71,6 +76,11 @@ impl Running {
     /// The robot controller behind the sockets.
     pub fn robots(&self) -> &Arc<RobotController> {
         &self.robots
+    }
+
+    /// The camera controller behind `camera-ctrl.sock`.
+    pub fn cameras(&self) -> &Arc<CameraController> {
+        &self.cameras
     }
 
     /// The socket files being served.
@@ -139,6 +149,48 @@ pub async fn serve(
         }
     }
 
+    // The camera socket exists when there are cameras: configured ones, or V4L2 devices
+    // found at startup.
+    let cameras = CameraController::new(
+        &config.cameras,
+        Some(PathBuf::from(v4l2::SYSFS_ROOT)),
+        shutdown.clone(),
+    );
+    let camera_listener = if cameras.has_cameras() {
+        let path = socket_dir.join(crate::CAMERA_SOCKET);
+        match bind(&path).await {
+            Ok(listener) => Some((path, listener)),
+            Err(e) => {
+                robots.shutdown().await;
+                for (path, _, _) in &listeners {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(e);
+            }
+        }
+    } else {
+        tracing::info!("no cameras configured or found: no CameraController socket is served");
+        None
+    };
+
+    // DeviceService (devinit) exists when macvlans are configured.
+    let devinit_listener = if config.macvlans.is_empty() {
+        None
+    } else {
+        let path = socket_dir.join(crate::DEVINIT_SOCKET);
+        match bind(&path).await {
+            Ok(listener) => Some((path, listener)),
+            Err(e) => {
+                robots.shutdown().await;
+                let bound = listeners.iter().map(|(path, _, _)| path);
+                for path in bound.chain(camera_listener.as_ref().map(|(path, _)| path)) {
+                    let _ = std::fs::remove_file(path);
+                }
+                return Err(e);
+            }
+        }
+    };
+
     let mut servers = Vec::new();
     let mut sockets = Vec::new();
     for (path, listener, backends) in listeners {
@@ -169,8 +221,63 @@ pub async fn serve(
         }));
         sockets.push(path);
     }
+    if let Some((path, listener)) = camera_listener {
+        let ids: Vec<String> = cameras.list().into_iter().map(|c| c.camera_id).collect();
+        tracing::info!(socket = %path.display(), cameras = ?ids, "serving CameraController");
+        let service = CameraService::new(cameras.clone());
+        let tracker = tracker.clone();
+        let incoming = UnixListenerStream::new(listener)
+            .map(move |accepted| accepted.map(|stream| tracker.track(stream)));
+        let signal = shutdown.clone();
+        let server_path = path.clone();
+        servers.push(tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .trace_fn(|request| tracing::info_span!("rpc", path = %request.uri().path()))
+                .add_service(CameraControllerServer::new(service))
+                .serve_with_incoming_shutdown(incoming, signal.cancelled_owned())
+                .await
+                .map_err(|e| ServeError::Serve {
+                    path: server_path,
+                    message: e.to_string(),
+                })
+        }));
+        sockets.push(path);
+    }
+    if let Some((path, listener)) = devinit_listener {
+        let names: Vec<&str> = config.macvlans.iter().map(|m| m.name.as_str()).collect();
+        tracing::info!(socket = %path.display(), macvlans = ?names, "serving DeviceService (devinit)");
+        let service = crate::devinit::Devinit::new(config.macvlans.clone(), socket_dir).server();
+        let tracker = tracker.clone();
+        let incoming = UnixListenerStream::new(listener)
+            .map(move |accepted| accepted.map(|stream| tracker.track(stream)));
+        let signal = shutdown.clone();
+        let server_path = path.clone();
+        servers.push(tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .trace_fn(|request| tracing::info_span!("rpc", path = %request.uri().path()))
+                .add_service(service)
+                .serve_with_incoming_shutdown(incoming, signal.cancelled_owned())
+                .await
+                .map_err(|e| ServeError::Serve {
+                    path: server_path,
+                    message: e.to_string(),
+                })
+        }));
+        sockets.push(path);
+    }
+    // The kubelet device plugin serves its own socket in the kubelet's directory.
+    let device_plugin = config.device_plugin.enabled.then(|| {
+        crate::deviceplugin::start(
+            config.clone(),
+            socket_dir,
+            robots.clone(),
+            cameras.clone(),
+            shutdown.clone(),
+        )
+    });
 
     let task_robots = robots.clone();
+    let task_cameras = cameras.clone();
     let task_sockets = sockets.clone();
     let task = tokio::spawn(async move {
         shutdown.cancelled().await;
@@ -186,7 +293,11 @@ pub async fn serve(
                 }
             }
         }
+        if let Some(plugin) = device_plugin {
+            let _ = plugin.await;
+        }
         task_robots.shutdown().await;
+        task_cameras.shutdown().await;
         for path in &task_sockets {
             let _ = std::fs::remove_file(path);
         }
@@ -195,13 +306,14 @@ pub async fn serve(
     });
     Ok(Running {
         robots,
+        cameras,
         sockets,
         task,
     })
 }
 
 /// Bind a socket at `path` (0660), replacing a stale socket file.
-async fn bind(path: &Path) -> Result<UnixListener, ServeError> {
+pub(crate) async fn bind(path: &Path) -> Result<UnixListener, ServeError> {
     match std::fs::symlink_metadata(path) {
         Ok(meta) if meta.file_type().is_socket() => {
             if tokio::net::UnixStream::connect(path).await.is_ok() {

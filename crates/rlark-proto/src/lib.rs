@@ -1,8 +1,9 @@
 //! The gRPC contract of rlark's embodied runtime: `RobotController`, `CameraController` and
 //! `DeviceService`, with RLark's package, service, RPC and field names so its clients can
-//! switch (`docs/embodied.md`, `docs/compat.md`).
+//! switch (`docs/embodied.md`, `docs/compat.md`); and the kubelet's device-plugin API
+//! (`v1beta1`) that the runtime's device plugin speaks.
 //!
-//! The `.proto` files live in `proto/rlark/embodied/v1/`. The Rust code generated from them
+//! The `.proto` files live in `proto/rlark/embodied/v1/` and `proto/k8s/deviceplugin/v1beta1/`. The Rust code generated from them
 //! (prost messages, tonic clients and servers) is checked in under `src/gen/`, so a build
 //! needs neither `protoc` nor a build script. `tests/regenerate.rs` regenerates it with
 //! protox and tonic-prost-build and fails on any difference; after editing a `.proto` file,
@@ -36,5 +37,14 @@ pub mod device {
     /// Version 1 of the DeviceService contract.
     pub mod v1 {
         include!("gen/device.v1.rs");
+    }
+}
+
+/// `v1beta1`: the kubelet device-plugin API (`Registration` on the kubelet's socket,
+/// `DevicePlugin` served by a plugin), as upstream Kubernetes defines it.
+pub mod deviceplugin {
+    /// Version v1beta1 of the device-plugin API.
+    pub mod v1beta1 {
+        include!("gen/v1beta1.rs");
     }
 }

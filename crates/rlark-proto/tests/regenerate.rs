@@ -14,10 +14,11 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 /// The compiled `.proto` files, relative to `proto/`.
-const PROTOS: [&str; 3] = [
+const PROTOS: [&str; 4] = [
     "rlark/embodied/v1/robot.proto",
     "rlark/embodied/v1/camera.proto",
     "rlark/embodied/v1/device.proto",
+    "k8s/deviceplugin/v1beta1/api.proto",
 ];
 
 fn crate_dir() -> PathBuf {

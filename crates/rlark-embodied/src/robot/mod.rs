@@ -31,10 +31,11 @@ pub mod sim;
 pub mod watchdog;
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::ops::{Deref, DerefMut};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use rlark_proto::robot::v1::{ModeConfig, ModeInfo, RobotInfo, RobotState};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use self::backend::{Backend, BackendEvent, EventKind, LaunchContext};
@@ -80,12 +81,48 @@ struct Robot {
     status: Mutex<Status>,
     ops: tokio::sync::Mutex<Ops>,
     arm: Option<Arc<Mutex<ArmState>>>,
+    /// The controller's state-change counter (see [`RobotController::state_changes`]).
+    changes: Arc<watch::Sender<u64>>,
+}
+
+/// A robot's locked status; announces a change of `state` when released.
+struct StatusGuard<'a> {
+    guard: MutexGuard<'a, Status>,
+    before: RobotState,
+    changes: &'a watch::Sender<u64>,
+}
+
+impl Deref for StatusGuard<'_> {
+    type Target = Status;
+    fn deref(&self) -> &Status {
+        &self.guard
+    }
+}
+
+impl DerefMut for StatusGuard<'_> {
+    fn deref_mut(&mut self) -> &mut Status {
+        &mut self.guard
+    }
+}
+
+impl Drop for StatusGuard<'_> {
+    fn drop(&mut self) {
+        if self.guard.state != self.before {
+            // Never blocks: watch receivers only see the counter move.
+            self.changes.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
 }
 
 impl Robot {
-    fn status(&self) -> std::sync::MutexGuard<'_, Status> {
+    fn status(&self) -> StatusGuard<'_> {
         // Status fields are replaced whole; a panic cannot leave them half-written.
-        self.status.lock().unwrap_or_else(PoisonError::into_inner)
+        let guard = self.status.lock().unwrap_or_else(PoisonError::into_inner);
+        StatusGuard {
+            before: guard.state,
+            guard,
+            changes: &self.changes,
+        }
     }
 
     fn set(&self, state: RobotState, message: impl Into<String>) {
@@ -108,6 +145,8 @@ pub struct RobotController {
     events: mpsc::UnboundedSender<BackendEvent>,
     /// Ends the background tasks (event handler, watchdog).
     background: CancellationToken,
+    /// Counts state changes of any robot (see [`RobotController::state_changes`]).
+    changes: Arc<watch::Sender<u64>>,
 }
 
 /// The upper-case name of a state, as RLark's clients print it.
@@ -129,6 +168,7 @@ impl RobotController {
     /// [`RobotController::shutdown`] to stop every robot and the tasks.
     pub fn new(config: Arc<EmbodiedConfig>, tracker: Arc<ConnTracker>) -> Arc<Self> {
         let (events, event_rx) = mpsc::unbounded_channel();
+        let changes = Arc::new(watch::Sender::new(0));
         let mut robots = Vec::new();
         let mut index = BTreeMap::new();
         for spec in &config.robots {
@@ -180,6 +220,7 @@ impl RobotController {
                     generation: 0,
                 }),
                 arm,
+                changes: changes.clone(),
             });
         }
         let controller = Arc::new(Self {
@@ -189,6 +230,7 @@ impl RobotController {
             tracker,
             events,
             background: CancellationToken::new(),
+            changes,
         });
         controller.spawn_event_handler(event_rx);
         watchdog::spawn(&controller);
@@ -198,6 +240,13 @@ impl RobotController {
     /// The configuration the controller runs.
     pub fn config(&self) -> &EmbodiedConfig {
         &self.config
+    }
+
+    /// A receiver marked changed whenever the state of any robot changes (every
+    /// transition, e.g. RUNNING → ERROR); read the states with [`Self::status`]. Consumers
+    /// that look later see only the latest state (e.g. the device plugin's health).
+    pub fn state_changes(&self) -> watch::Receiver<u64> {
+        self.changes.subscribe()
     }
 
     pub(crate) fn tracker(&self) -> &ConnTracker {

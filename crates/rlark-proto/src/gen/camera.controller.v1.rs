@@ -33,6 +33,16 @@ pub struct CameraDescriptor {
     pub supported_fps: ::prost::alloc::vec::Vec<u32>,
     #[prost(string, tag = "12")]
     pub pixel_format: ::prost::alloc::string::String,
+    /// rlark: the encoding frames are delivered in by default (the open session's, else the
+    /// configured one).
+    #[prost(string, tag = "20")]
+    pub encoding: ::prost::alloc::string::String,
+    /// rlark: why the camera is in ERROR (or why its last open failed); empty otherwise.
+    #[prost(string, tag = "21")]
+    pub message: ::prost::alloc::string::String,
+    /// rlark: sequence number of the latest frame of the open session; 0 when none.
+    #[prost(uint64, tag = "22")]
+    pub last_sequence: u64,
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ListCamerasRequest {}
@@ -74,6 +84,13 @@ pub struct OpenCameraResponse {
     pub state: i32,
     #[prost(string, tag = "3")]
     pub encoding: ::prost::alloc::string::String,
+    /// rlark: the settings the camera runs with.
+    #[prost(uint32, tag = "20")]
+    pub width: u32,
+    #[prost(uint32, tag = "21")]
+    pub height: u32,
+    #[prost(uint32, tag = "22")]
+    pub fps: u32,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct CloseCameraRequest {
@@ -94,6 +111,10 @@ pub struct CaptureFrameRequest {
     /// Seconds to wait for a first frame; unset = 5.
     #[prost(double, optional, tag = "2")]
     pub timeout: ::core::option::Option<f64>,
+    /// rlark: `jpeg`, `png` or `raw`; unset = the camera's encoding. Each frame is encoded
+    /// at most once per encoding, whoever asks.
+    #[prost(string, optional, tag = "20")]
+    pub encoding: ::core::option::Option<::prost::alloc::string::String>,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct CaptureFrameResponse {
@@ -110,6 +131,9 @@ pub struct CaptureFrameResponse {
     /// Capture time, nanoseconds since the Unix epoch.
     #[prost(int64, tag = "6")]
     pub timestamp_ns: i64,
+    /// rlark: the frame's sequence number (as in VideoFrame).
+    #[prost(uint64, tag = "20")]
+    pub sequence: u64,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct CaptureFramesRequest {
@@ -119,6 +143,9 @@ pub struct CaptureFramesRequest {
     /// Seconds to wait for each camera's first frame; unset = 5.
     #[prost(double, optional, tag = "2")]
     pub timeout: ::core::option::Option<f64>,
+    /// rlark: as in CaptureFrameRequest, for every camera.
+    #[prost(string, optional, tag = "20")]
+    pub encoding: ::core::option::Option<::prost::alloc::string::String>,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct CapturedFrame {
@@ -139,6 +166,9 @@ pub struct CapturedFrame {
     pub error_code: i32,
     #[prost(string, tag = "8")]
     pub error: ::prost::alloc::string::String,
+    /// rlark: the frame's sequence number (as in VideoFrame).
+    #[prost(uint64, tag = "20")]
+    pub sequence: u64,
 }
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct CaptureFramesResponse {
@@ -149,6 +179,9 @@ pub struct CaptureFramesResponse {
 pub struct WatchFramesRequest {
     #[prost(string, tag = "1")]
     pub camera_id: ::prost::alloc::string::String,
+    /// rlark: as in CaptureFrameRequest.
+    #[prost(string, optional, tag = "20")]
+    pub encoding: ::core::option::Option<::prost::alloc::string::String>,
 }
 #[derive(Clone, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct VideoFrame {
@@ -168,6 +201,10 @@ pub struct VideoFrame {
     /// Whether the frame decodes on its own (always for image encodings).
     #[prost(bool, tag = "7")]
     pub keyframe: bool,
+    /// rlark: frames of this camera this stream skipped so far because the client read more
+    /// slowly than the camera captured (the sum of the sequence gaps).
+    #[prost(uint64, tag = "20")]
+    pub dropped: u64,
 }
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, ::prost::Enumeration)]
 #[repr(i32)]

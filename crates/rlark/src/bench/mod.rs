@@ -4,6 +4,7 @@
 mod agent;
 mod api;
 mod baseline;
+mod camera;
 mod client;
 mod controllers;
 mod micro;
@@ -15,6 +16,7 @@ mod watch;
 
 pub use agent::{AgentBenchOptions, AgentBenchReport, run_agent};
 pub use api::{ApiBenchOptions, run_api};
+pub use camera::{CameraBenchOptions, CameraBenchReport, run_camera};
 pub use controllers::{ControllerBenchOptions, ControllerBenchReport, run_controllers};
 pub use report::ApiBenchReport;
 pub use tunnel::{TunnelBenchOptions, run_tunnel};
@@ -39,6 +41,10 @@ pub enum BenchCommand {
     /// 500 short tasks; target p99 <= 300 ms) and, with 200 long-running tasks, the agent's
     /// RSS (delta from the idle server + agent; target <= 50 MiB) and process CPU over 5 s.
     Agent(AgentBenchOptions),
+    /// The camera controller: WatchFrames from a sim camera (640x480 at 90 fps) over a unix
+    /// socket, JPEG and raw, to 1 and 4 clients: frames/s, MB/s, latency (capture ->
+    /// receipt) p50/p99. Target: >= 60 fps to each of 4 JPEG clients with p99 <= 50 ms.
+    Camera(CameraBenchOptions),
 }
 
 /// Run a `rlark bench` subcommand and print its report (a table, or JSON with `--json`).
@@ -67,6 +73,16 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Agent(options) => {
             let json = options.json;
             let report: AgentBenchReport = run_agent(options).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{report}");
+            }
+            Ok(())
+        }
+        BenchCommand::Camera(options) => {
+            let json = options.json;
+            let report: CameraBenchReport = run_camera(options).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {

@@ -2,12 +2,14 @@
 
 mod agent;
 mod apply;
+mod camera;
 mod client;
 mod controller_manager;
 mod cordon;
 mod delete;
 mod demo;
 mod describe;
+mod devinit;
 mod discovery;
 mod embodied;
 mod events;
@@ -110,6 +112,12 @@ enum Command {
     /// Talk to the robots of `rlark embodied` on this host: list, status, start, stop,
     /// switch, reset, logs.
     Robot(robot::RobotArgs),
+    /// Create the embodied runtime's macvlan interfaces in this process's network namespace
+    /// (DeviceService.Setup on devinit.sock), e.g. from a pod's init container.
+    Devinit(devinit::DevinitArgs),
+    /// Talk to the cameras of `rlark embodied` on this host: list, info, open, close, save
+    /// a frame, watch frames.
+    Camera(camera::CameraArgs),
 }
 
 /// Flags shared by the commands that talk to a server.
@@ -173,6 +181,8 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::PortForward(args) => port_forward::port_forward(args).await,
         Command::Embodied(args) => embodied::embodied(args).await,
         Command::Robot(args) => robot::robot(args).await,
+        Command::Devinit(args) => devinit::devinit(args).await,
+        Command::Camera(args) => camera::camera(args).await,
     }
 }
 
