@@ -8,9 +8,11 @@
 //! - **registered** replicas: each replica with an advertise URL
 //!   ([`super::TunnelConfig::advertise_url`]) keeps a record in the store
 //!   (`replicas.tunnel.rlark.io`, not served by the API), renewed every [`RENEW_EVERY`];
-//!   records not renewed for [`REPLICA_TTL`] are ignored (and deleted by the next replica
-//!   that notices). Replicas sharing a store therefore find each other with no
-//!   configuration; a replica stopping cleanly deletes its record;
+//!   records not renewed for [`REPLICA_TTL`] are ignored, and deleted by the next renewal of
+//!   any replica. Replicas sharing a store therefore find each other with no configuration.
+//!   A stopping replica does **not** delete its record (it expires): the store's change log
+//!   lives in memory, so a write at shutdown, after the last revision watchers have seen,
+//!   would make every watcher relist after a restart;
 //! - **configured** peers ([`super::TunnelConfig::peers`]): for replicas that do not share a
 //!   store.
 //!
@@ -121,8 +123,9 @@ impl Replicas {
         })
     }
 
-    /// Renew this replica's record every [`RENEW_EVERY`] until `shutdown`, then delete it.
-    /// Without an advertise URL there is nothing to do.
+    /// Renew this replica's record every [`RENEW_EVERY`] until `shutdown` (and delete stale
+    /// records of other replicas). The record is left to expire on shutdown (see the module
+    /// documentation). Without an advertise URL there is nothing to do.
     pub(crate) async fn run(self: Arc<Self>, shutdown: CancellationToken) {
         let Some((replica, url)) = self.me.clone() else {
             return;
@@ -131,17 +134,31 @@ impl Replicas {
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             tokio::select! {
+                biased;
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
             if let Err(error) = self.renew(&replica, &url).await {
                 tracing::warn!(%error, %url, "renew the replica record");
             }
+            if let Err(error) = self.prune_stale().await {
+                tracing::debug!(%error, "prune stale replica records");
+            }
         }
-        match self.store.delete(&key(&url), None).await {
-            Ok(_) | Err(StoreError::NotFound(_)) => {}
-            Err(error) => tracing::warn!(%error, %url, "delete the replica record"),
+    }
+
+    /// Delete records not renewed within [`REPLICA_TTL`].
+    async fn prune_stale(&self) -> Result<(), StoreError> {
+        let listed = self.store.list(REPLICAS, &ListOptions::default()).await?;
+        for record in listed.items.iter().filter_map(|o| record_of(o)) {
+            if !fresh(&record) {
+                match self.store.delete(&key(&record.url), None).await {
+                    Ok(_) | Err(StoreError::NotFound(_)) => {}
+                    Err(error) => return Err(error),
+                }
+            }
         }
+        Ok(())
     }
 
     async fn renew(&self, replica: &str, url: &str) -> Result<(), StoreError> {
@@ -168,21 +185,10 @@ impl Replicas {
     /// even before its first renewal), then configured peers not already listed.
     pub(crate) async fn list(&self) -> Result<Vec<ReplicaInfo>, StoreError> {
         let listed = self.store.list(REPLICAS, &ListOptions::default()).await?;
-        let cutoff = now() - chrono::Duration::from_std(REPLICA_TTL).unwrap_or_default();
         let mut out: Vec<ReplicaInfo> = Vec::new();
-        for object in &listed.items {
-            let Some(record) = object
-                .get("spec")
-                .cloned()
-                .and_then(|v| serde_json::from_value::<ReplicaRecord>(v).ok())
-            else {
-                continue;
-            };
-            let fresh = DateTime::parse_from_rfc3339(&record.renewed_at)
-                .is_ok_and(|at| at.with_timezone(&Utc) >= cutoff);
-            if !fresh {
-                // Stale: its replica stopped without deleting it. Best effort.
-                let _ = self.store.delete(&key(&record.url), None).await;
+        for record in listed.items.iter().filter_map(|o| record_of(o)) {
+            // A read never writes: stale records are pruned by the renewals.
+            if !fresh(&record) {
                 continue;
             }
             out.push(ReplicaInfo {
@@ -214,6 +220,17 @@ impl Replicas {
         }
         Ok(out)
     }
+}
+
+fn record_of(object: &serde_json::Value) -> Option<ReplicaRecord> {
+    serde_json::from_value(object.get("spec")?.clone()).ok()
+}
+
+/// Renewed within [`REPLICA_TTL`].
+fn fresh(record: &ReplicaRecord) -> bool {
+    let cutoff = now() - chrono::Duration::from_std(REPLICA_TTL).unwrap_or_default();
+    DateTime::parse_from_rfc3339(&record.renewed_at)
+        .is_ok_and(|at| at.with_timezone(&Utc) >= cutoff)
 }
 
 /// `GET /rlark/v1/replicas`.
@@ -354,7 +371,7 @@ mod tests {
             2
         );
 
-        // A record older than the TTL is ignored and removed.
+        // A record older than the TTL is ignored, and removed by the next renewal.
         let stale = json!({
             "metadata": {"name": record_name("https://gone:9")},
             "spec": {"url": "https://gone:9", "replica": "gone:9", "renewedAt": "2020-01-01T00:00:00Z"},
@@ -369,24 +386,24 @@ mod tests {
                 .get(&key("https://gone:9"))
                 .await
                 .expect("get")
+                .is_some(),
+            "a list does not write"
+        );
+        b.prune_stale().await.expect("prune");
+        assert!(
+            store
+                .get(&key("https://gone:9"))
+                .await
+                .expect("get")
                 .is_none()
         );
 
-        // Stopping deletes the record.
+        // Stopping leaves the record to expire: no write after the last one watchers saw.
+        let revision = store.revision();
         let token = CancellationToken::new();
         token.cancel();
         Arc::clone(&b).run(token).await;
-        assert_eq!(
-            urls(&a.list().await.expect("list")),
-            ["https://a:1", "https://c:3", "https://b:2"],
-            "b is gone from the store; it is still a configured peer of a"
-        );
-        assert!(
-            a.list()
-                .await
-                .expect("list")
-                .iter()
-                .any(|r| r.url == "https://b:2" && r.source == "configured")
-        );
+        assert_eq!(store.revision(), revision, "stopping writes nothing");
+        assert!(store.get(&key("https://b:2")).await.expect("get").is_some());
     }
 }
