@@ -40,6 +40,8 @@ install_deps() {
 install_deps
 
 export CARGO_TERM_COLOR=never
+# One build per run: incremental compilation data would only cost time and several GiB of disk.
+export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 
 log "cargo fmt --check"
