@@ -18,11 +18,13 @@
 
 use std::fmt;
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use futures::StreamExt;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, AsyncWriteExt, ReadBuf};
 use tokio::net::TcpStream;
 use tokio::task::JoinSet;
 use tracing::{Instrument, field};
@@ -34,9 +36,10 @@ use crate::mux::{Incoming, MuxStream};
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long writing an error answer (and its FIN) may take before the stream is dropped.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
-/// Copy buffer per direction of a dial-tcp stream. Larger than tokio's 8 KiB default so a
-/// bulk transfer becomes fewer, larger mux frames (fewer WebSocket messages and TLS records);
-/// small enough that thousands of idle streams cost little (2 x 32 KiB each).
+/// Copy buffer of a dial-tcp stream's target-to-hub direction. Larger than tokio's 8 KiB
+/// default so a bulk transfer becomes fewer, larger mux frames (fewer WebSocket messages and
+/// TLS records); small enough that thousands of idle streams cost little. The other
+/// direction needs no buffer: it writes the received frames' own buffers to the socket.
 const COPY_BUFFER: usize = 32 * 1024;
 
 /// The agent's local API, reachable by the hub through `agent-api` streams (issue 6).
@@ -237,9 +240,7 @@ async fn dial_tcp(mut stream: MuxStream, host: &str, port: u16, timeout: Duratio
         return;
     }
     tracing::debug!(?elapsed, peer = ?tcp.peer_addr().ok(), "dialed");
-    match tokio::io::copy_bidirectional_with_sizes(&mut stream, &mut tcp, COPY_BUFFER, COPY_BUFFER)
-        .await
-    {
+    match copy_both_ways(&mut stream, &mut tcp).await {
         Ok((to_target, from_target)) => {
             span.record("outcome", Status::Ok.as_str());
             tracing::debug!(to_target, from_target, "stream done");
@@ -248,6 +249,124 @@ async fn dial_tcp(mut stream: MuxStream, host: &str, port: u16, timeout: Duratio
             // A reset by either side (hub RST, target RST, session end) lands here.
             span.record("outcome", "reset");
             tracing::debug!(error = %e, "stream ended with an error");
+        }
+    }
+}
+
+/// Copies between a stream and its target until both directions are finished, passing a
+/// FIN on as a half-close either way, like `tokio::io::copy_bidirectional`; returns the
+/// bytes copied (to the target, from the target) or the first error. Towards the target
+/// the received frames are written from their own buffers (`AsyncBufRead`), without the
+/// copy into a buffer of ours that `copy_bidirectional` would make.
+async fn copy_both_ways(stream: &mut MuxStream, tcp: &mut TcpStream) -> io::Result<(u64, u64)> {
+    let mut down = Down::default();
+    let mut up = Up::new(COPY_BUFFER);
+    std::future::poll_fn(|cx| {
+        let to_target = down.poll(cx, stream, tcp)?;
+        let from_target = up.poll(cx, tcp, stream)?;
+        match (to_target, from_target) {
+            (Poll::Ready(a), Poll::Ready(b)) => Poll::Ready(Ok((a, b))),
+            _ => Poll::Pending,
+        }
+    })
+    .await
+}
+
+/// Stream to target.
+#[derive(Default)]
+struct Down {
+    total: u64,
+    eof: bool,
+    done: bool,
+}
+
+impl Down {
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        stream: &mut MuxStream,
+        tcp: &mut TcpStream,
+    ) -> Poll<io::Result<u64>> {
+        loop {
+            if self.done {
+                return Poll::Ready(Ok(self.total));
+            }
+            if self.eof {
+                ready!(Pin::new(&mut *tcp).poll_shutdown(cx))?;
+                self.done = true;
+                continue;
+            }
+            let chunk = ready!(Pin::new(&mut *stream).poll_fill_buf(cx))?;
+            if chunk.is_empty() {
+                self.eof = true;
+                continue;
+            }
+            let n = ready!(Pin::new(&mut *tcp).poll_write(cx, chunk))?;
+            if n == 0 {
+                return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+            }
+            Pin::new(&mut *stream).consume(n);
+            self.total += n as u64;
+        }
+    }
+}
+
+/// Target to stream.
+struct Up {
+    buf: Box<[u8]>,
+    pos: usize,
+    end: usize,
+    total: u64,
+    eof: bool,
+    done: bool,
+}
+
+impl Up {
+    fn new(size: usize) -> Self {
+        Up {
+            buf: vec![0; size].into_boxed_slice(),
+            pos: 0,
+            end: 0,
+            total: 0,
+            eof: false,
+            done: false,
+        }
+    }
+
+    fn poll(
+        &mut self,
+        cx: &mut Context<'_>,
+        tcp: &mut TcpStream,
+        stream: &mut MuxStream,
+    ) -> Poll<io::Result<u64>> {
+        loop {
+            if self.done {
+                return Poll::Ready(Ok(self.total));
+            }
+            if self.pos < self.end {
+                let n =
+                    ready!(Pin::new(&mut *stream).poll_write(cx, &self.buf[self.pos..self.end]))?;
+                if n == 0 {
+                    return Poll::Ready(Err(io::ErrorKind::WriteZero.into()));
+                }
+                self.pos += n;
+                self.total += n as u64;
+                continue;
+            }
+            if self.eof {
+                ready!(Pin::new(&mut *stream).poll_shutdown(cx))?;
+                self.done = true;
+                continue;
+            }
+            let mut read = ReadBuf::new(&mut self.buf);
+            ready!(Pin::new(&mut *tcp).poll_read(cx, &mut read))?;
+            let n = read.filled().len();
+            if n == 0 {
+                self.eof = true;
+            } else {
+                self.pos = 0;
+                self.end = n;
+            }
         }
     }
 }

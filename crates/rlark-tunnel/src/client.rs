@@ -34,7 +34,7 @@ use tracing::Instrument;
 
 use crate::agent::{self, AgentConfig};
 use crate::mux::{MuxConfig, Role, Session};
-use crate::transport::{WsTransport, ws_config};
+use crate::transport::{self, ReadAhead, WsTransport};
 
 /// Path of the tunnel endpoint on the hub (appended to the server URL's path).
 pub const CONNECT_PATH: &str = "/api/connect";
@@ -530,7 +530,7 @@ fn current_tls(config: &ClientConfig) -> Arc<rustls::ClientConfig> {
 async fn connect(
     target: &Target,
     config: &ClientConfig,
-) -> Result<WsTransport<TlsStream<TcpStream>>, ConnectError> {
+) -> Result<WsTransport<TlsStream<ReadAhead<TcpStream>>>, ConnectError> {
     let server_name = target.server_name()?;
     let mut request =
         target
@@ -554,18 +554,20 @@ async fn connect(
     if let Err(e) = tcp.set_nodelay(true) {
         tracing::debug!(error = %e, "set TCP_NODELAY");
     }
-    let tls = TlsConnector::from(current_tls(config))
-        .connect(server_name, tcp)
+    let mut tls = TlsConnector::from(current_tls(config))
+        .connect(server_name, ReadAhead::new(tcp))
         .await
         .map_err(|source| ConnectError::Tls {
             host: target.host.clone(),
             source,
         })?;
-    let (ws, _response) =
-        tokio_tungstenite::client_async_with_config(request, tls, Some(ws_config()))
-            .await
-            .map_err(ConnectError::from_ws)?;
-    Ok(WsTransport::new(ws))
+    tls.get_mut()
+        .1
+        .set_buffer_limit(Some(transport::TLS_BUFFER_LIMIT));
+    let (ws, _response) = transport::connect(request, tls)
+        .await
+        .map_err(ConnectError::from_ws)?;
+    Ok(ws)
 }
 
 #[cfg(test)]
@@ -809,17 +811,10 @@ mod tests {
                             .map(|v| v.to_str().unwrap().to_owned());
                         Ok(resp)
                     };
-                    let Ok(ws) = tokio_tungstenite::accept_hdr_async_with_config(
-                        tls,
-                        callback,
-                        Some(ws_config()),
-                    )
-                    .await
-                    else {
+                    let Ok(ws) = transport::accept_hdr(tls, callback).await else {
                         return;
                     };
-                    let (control, _incoming) =
-                        Session::new(WsTransport::new(ws), Role::Server, MuxConfig::default());
+                    let (control, _incoming) = Session::new(ws, Role::Server, MuxConfig::default());
                     let node = node.lock().unwrap().take();
                     let _ = tx.send(Accepted {
                         control: control.clone(),

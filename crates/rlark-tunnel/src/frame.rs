@@ -168,7 +168,7 @@ pub enum FrameError {
 }
 
 /// Appends the 5-byte header of a frame to `dst`.
-pub fn put_header(dst: &mut BytesMut, kind: FrameType, stream: u32) {
+pub fn put_header(dst: &mut impl BufMut, kind: FrameType, stream: u32) {
     dst.put_u8(kind as u8);
     dst.put_u32(stream);
 }

@@ -6,7 +6,8 @@
 //! agent's local API, later the pod-network relay — and one slow stream never stalls the
 //! others.
 //!
-//! Layers, bottom up: [`transport`] (messages over WebSocket, or in memory for tests),
+//! Layers, bottom up: [`transport`] (messages over WebSocket, framed by [`ws`], or in
+//! memory for tests),
 //! [`frame`] and [`mux`] (the multiplexer; frame codec is sans-IO), [`header`] (the
 //! versioned request/response that starts every stream; sans-IO), [`dial`] (hub side of
 //! opening a stream), [`agent`] (agent side of serving streams), [`client`] (the agent's
@@ -19,4 +20,6 @@ pub mod dial;
 pub mod frame;
 pub mod header;
 pub mod mux;
+mod pool;
 pub mod transport;
+pub mod ws;

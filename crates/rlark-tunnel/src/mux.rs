@@ -54,17 +54,18 @@ use std::future::Future;
 use std::io;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Buf, Bytes};
 use futures::{Sink, Stream};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::io::{AsyncBufRead, AsyncRead, AsyncWrite, ReadBuf};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::frame::{self, Frame, FrameType, GOAWAY_NORMAL, GOAWAY_PROTOCOL, HEADER_LEN, RstCode};
+use crate::pool;
 
 /// Credit every stream starts with in each direction, before the receiver's first WINDOW.
 /// Part of the protocol: a receiver must buffer at least this much per stream, so
@@ -334,7 +335,7 @@ struct StreamState {
     /// Bytes this side may still queue: peer's credit minus queued and in-flight bytes.
     credit: u64,
     /// DATA frames (header included) waiting for the writer.
-    sendq: VecDeque<BytesMut>,
+    sendq: VecDeque<pool::Buf>,
     queued: usize,
     open_pending: bool,
     grant_pending: u32,
@@ -551,6 +552,7 @@ impl Control {
         Ok(MuxStream {
             cell,
             shared: shared.clone(),
+            rx: Bytes::new(),
         })
     }
 
@@ -618,6 +620,7 @@ impl Stream for Incoming {
             return Poll::Ready(Some(MuxStream {
                 cell,
                 shared: shared.clone(),
+                rx: Bytes::new(),
             }));
         }
         if inner.closing {
@@ -665,13 +668,19 @@ impl Drop for Incoming {
 // MuxStream
 // ---------------------------------------------------------------------------------------
 
-/// One multiplexed byte stream: `AsyncRead + AsyncWrite`.
+/// One multiplexed byte stream: `AsyncRead + AsyncBufRead + AsyncWrite`.
 ///
 /// `poll_shutdown` sends FIN (half-close) once queued data is out; reads return EOF after
 /// the peer's FIN; dropping a stream that is not fully closed sends RST (cancel).
+/// `AsyncBufRead` hands out the received frames' own buffers (no copy; e.g.
+/// `tokio::io::copy_buf` to a socket); credit goes back to the peer as the data is
+/// consumed, exactly as with `poll_read`.
 pub struct MuxStream {
     cell: Arc<StreamCell>,
     shared: Arc<Shared>,
+    /// Received data taken out of the stream's queue by `poll_fill_buf`, not consumed yet.
+    /// It still counts against the window: credit for it is returned on `consume`.
+    rx: Bytes,
 }
 
 impl std::fmt::Debug for MuxStream {
@@ -726,18 +735,68 @@ impl MuxStream {
         wake(w);
     }
 
-    /// Allocates DATA frames for `data` (outside any lock).
-    fn build_frames(&self, data: &[u8]) -> Vec<BytesMut> {
+    /// Allocates DATA frames for `data` (outside any lock); large ones come from the
+    /// buffer pool (see `pool`).
+    fn build_frames(&self, data: &[u8]) -> Vec<pool::Buf> {
         let mfp = self.shared.config.max_frame_payload;
         data.chunks(mfp)
             .map(|chunk| {
                 let cap = chunk.len().max(MIN_FRAME_ALLOC.min(mfp));
-                let mut f = BytesMut::with_capacity(HEADER_LEN + cap);
-                frame::put_header(&mut f, FrameType::Data, self.cell.id);
+                let mut f = pool::Buf::with_capacity(HEADER_LEN + cap);
+                frame::put_header(&mut *f, FrameType::Data, self.cell.id);
                 f.extend_from_slice(chunk);
                 f
             })
             .collect()
+    }
+}
+
+impl MuxStream {
+    /// Books `n` bytes read by the application; returns credit to the peer (WINDOW) once
+    /// half a window has been consumed. Takes the stream lock the caller holds.
+    fn consumed(&self, mut st: MutexGuard<'_, StreamState>, n: usize) {
+        st.consumed += n;
+        let window = self.shared.config.window as usize;
+        if st.end.is_some() || st.fin_recv || st.consumed < window / 2 {
+            return;
+        }
+        let g = std::mem::take(&mut st.consumed);
+        st.recv_allowed += g as u64;
+        drop(st);
+        let w = {
+            let mut inner = lock(&self.shared.inner);
+            if inner.closing {
+                None
+            } else {
+                inner.push_control(Frame::Window {
+                    stream: self.cell.id,
+                    // consumed <= window (the receive buffer is bounded by it)
+                    credit: u32::try_from(g).unwrap_or(u32::MAX),
+                })
+            }
+        };
+        wake(w);
+    }
+
+    /// Nothing buffered: EOF after the peer's FIN, the stream's error, or Pending (waker
+    /// registered).
+    fn poll_empty(st: &mut StreamState, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        if st.fin_recv {
+            return Poll::Ready(Ok(()));
+        }
+        match st.end {
+            // Not EOF: the peer never finished the stream, and a truncated transfer must not
+            // look like a complete one to a proxy or a copy loop.
+            Some(End::SessionClosed) => Poll::Ready(Err(io::Error::new(
+                io::ErrorKind::ConnectionAborted,
+                "tunnel session ended before the peer finished the stream",
+            ))),
+            Some(end) => Poll::Ready(Err(end.error())),
+            None => {
+                st.read_waker = Some(cx.waker().clone());
+                Poll::Pending
+            }
+        }
     }
 }
 
@@ -749,6 +808,14 @@ impl AsyncRead for MuxStream {
     ) -> Poll<io::Result<()>> {
         let this = self.get_mut();
         if buf.remaining() == 0 {
+            return Poll::Ready(Ok(()));
+        }
+        if !this.rx.is_empty() {
+            // Left over from poll_fill_buf.
+            let k = this.rx.len().min(buf.remaining());
+            buf.put_slice(&this.rx[..k]);
+            this.rx.advance(k);
+            this.consumed(lock(&this.cell.st), k);
             return Poll::Ready(Ok(()));
         }
         let mut st = lock(&this.cell.st);
@@ -767,48 +834,35 @@ impl AsyncRead for MuxStream {
                 n += k;
             }
             st.recv_len -= n;
-            st.consumed += n;
-            let window = this.shared.config.window as usize;
-            let grant = if st.end.is_none() && !st.fin_recv && st.consumed >= window / 2 {
-                let g = std::mem::take(&mut st.consumed);
-                st.recv_allowed += g as u64;
-                Some(g)
-            } else {
-                None
-            };
-            drop(st);
-            if let Some(g) = grant {
-                let w = {
-                    let mut inner = lock(&this.shared.inner);
-                    if inner.closing {
-                        None
-                    } else {
-                        inner.push_control(Frame::Window {
-                            stream: this.cell.id,
-                            // consumed <= window (the receive buffer is bounded by it)
-                            credit: u32::try_from(g).unwrap_or(u32::MAX),
-                        })
-                    }
-                };
-                wake(w);
-            }
+            this.consumed(st, n);
             return Poll::Ready(Ok(()));
         }
-        if st.fin_recv {
-            return Poll::Ready(Ok(()));
-        }
-        match st.end {
-            // Not EOF: the peer never finished the stream, and a truncated transfer must not
-            // look like a complete one to a proxy or a copy loop.
-            Some(End::SessionClosed) => Poll::Ready(Err(io::Error::new(
-                io::ErrorKind::ConnectionAborted,
-                "tunnel session ended before the peer finished the stream",
-            ))),
-            Some(end) => Poll::Ready(Err(end.error())),
-            None => {
-                st.read_waker = Some(cx.waker().clone());
-                Poll::Pending
+        Self::poll_empty(&mut st, cx)
+    }
+}
+
+impl AsyncBufRead for MuxStream {
+    fn poll_fill_buf(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<&[u8]>> {
+        let this = self.get_mut();
+        if this.rx.is_empty() {
+            let mut st = lock(&this.cell.st);
+            match st.recv.pop_front() {
+                Some(front) => {
+                    st.recv_len -= front.len();
+                    this.rx = front;
+                }
+                None => ready!(Self::poll_empty(&mut st, cx))?,
             }
+        }
+        Poll::Ready(Ok(&this.rx))
+    }
+
+    fn consume(self: Pin<&mut Self>, amt: usize) {
+        let this = self.get_mut();
+        let amt = amt.min(this.rx.len());
+        if amt > 0 {
+            this.rx.advance(amt);
+            this.consumed(lock(&this.cell.st), amt);
         }
     }
 }
@@ -2126,6 +2180,53 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(5), agent.closed())
             .await
             .expect("peer sees the orphaned session end");
+    }
+
+    #[tokio::test]
+    async fn buffered_reads_return_credit_like_plain_reads() {
+        // Four windows through a stream read only with poll_fill_buf/consume: the sender is
+        // released by the credit consume returns; the data is whole; a partial consume
+        // followed by a plain read continues where it stopped.
+        let ((hub, _hub_in), (_agent, mut agent_in)) = pair();
+        let window = cfg().window as usize;
+        let msg = data(5, 4 * window + 123);
+        let mut s = hub.open().unwrap();
+        let sent = msg.clone();
+        let writer = tokio::spawn(async move {
+            s.write_all(&sent).await.unwrap();
+            s.shutdown().await.unwrap();
+            s
+        });
+        let mut p = agent_in.next().await.unwrap();
+        let mut got = Vec::new();
+        let mut chunks = 0;
+        loop {
+            let chunk = tokio::io::AsyncBufReadExt::fill_buf(&mut p).await.unwrap();
+            if chunk.is_empty() {
+                break;
+            }
+            chunks += 1;
+            // Every other chunk: consume part of it, then read the rest with read().
+            let n = if chunks % 2 == 0 {
+                chunk.len() / 2
+            } else {
+                chunk.len()
+            };
+            got.extend_from_slice(&chunk[..n]);
+            Pin::new(&mut p).consume(n);
+            if chunks % 2 == 0 {
+                let mut rest = vec![0u8; 1 << 20];
+                let k = p.read(&mut rest).await.unwrap();
+                got.extend_from_slice(&rest[..k]);
+            }
+            assert!(p.flow().recv_buffered <= window);
+        }
+        assert!(got == msg, "data intact");
+        assert!(chunks > 4, "{chunks} chunks");
+        let _s = tokio::time::timeout(Duration::from_secs(5), writer)
+            .await
+            .expect("the writer got its credit back")
+            .unwrap();
     }
 
     #[tokio::test]

@@ -12,11 +12,10 @@ use rlark_tunnel::agent::{self, AgentConfig};
 use rlark_tunnel::dial;
 use rlark_tunnel::header::StreamRequest;
 use rlark_tunnel::mux::{Control, Incoming, MuxConfig, Role, Session};
-use rlark_tunnel::transport::{WsTransport, ws_config};
+use rlark_tunnel::transport::WsTransport;
+use rlark_tunnel::ws::Role as WsRole;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
-use tokio_tungstenite::WebSocketStream;
-use tokio_tungstenite::tungstenite::protocol::Role as WsRole;
 
 const DIALS: usize = 10_000;
 const BATCH: usize = 500;
@@ -52,16 +51,10 @@ async fn session_pair() -> Result<(Control, Incoming, Control)> {
     let (hub_tcp, _) = accepted?;
     agent_tcp.set_nodelay(true)?;
     hub_tcp.set_nodelay(true)?;
-    let (hub_ws, agent_ws) = tokio::join!(
-        WebSocketStream::from_raw_socket(hub_tcp, WsRole::Server, Some(ws_config())),
-        WebSocketStream::from_raw_socket(agent_tcp, WsRole::Client, Some(ws_config())),
-    );
-    let (hub, hub_in) = Session::new(WsTransport::new(hub_ws), Role::Server, MuxConfig::default());
-    let (agent, agent_in) = Session::new(
-        WsTransport::new(agent_ws),
-        Role::Client,
-        MuxConfig::default(),
-    );
+    let hub_ws = WsTransport::from_raw_socket(hub_tcp, WsRole::Server);
+    let agent_ws = WsTransport::from_raw_socket(agent_tcp, WsRole::Client);
+    let (hub, hub_in) = Session::new(hub_ws, Role::Server, MuxConfig::default());
+    let (agent, agent_in) = Session::new(agent_ws, Role::Client, MuxConfig::default());
     tokio::spawn(agent::serve(agent_in, AgentConfig::default()));
     Ok((hub, hub_in, agent))
 }

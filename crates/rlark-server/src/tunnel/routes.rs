@@ -118,13 +118,10 @@ async fn connect(State(hub): State<Arc<Hub>>, mut request: Request) -> Response 
                 return;
             }
         };
-        let ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        let transport = rlark_tunnel::transport::WsTransport::from_raw_socket(
             TokioIo::new(upgraded),
-            tokio_tungstenite::tungstenite::protocol::Role::Server,
-            Some(rlark_tunnel::transport::ws_config()),
-        )
-        .await;
-        let transport = rlark_tunnel::transport::WsTransport::new(ws);
+            rlark_tunnel::ws::Role::Server,
+        );
         let (control, mut incoming) = rlark_tunnel::mux::Session::new(
             transport,
             rlark_tunnel::mux::Role::Server,

@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context as _, bail};
 use rlark_tunnel::header::StreamRequest;
 use rlark_tunnel::mux::{Control, MuxConfig, Role, Session};
-use rlark_tunnel::transport::{WsTransport, ws_config};
+use rlark_tunnel::transport;
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde::Serialize;
@@ -64,6 +64,11 @@ pub struct TunnelBenchReport {
     /// CPU cores busy (process CPU time / wall time) during each throughput phase:
     /// direct single, tunnel single, direct 8, tunnel 8.
     pub cpu_cores: [f64; 4],
+    /// Process CPU seconds per GiB transferred in the same phases (both ends of the
+    /// transfer are in this process, so this is the whole cost of moving a byte: sender,
+    /// tunnel or kernel, receiver). Unlike throughput it barely moves when other work
+    /// competes for the cores. 0 when `/proc` is unavailable.
+    pub cpu_s_per_gib: [f64; 4],
 }
 
 impl TunnelBenchReport {
@@ -75,6 +80,10 @@ impl TunnelBenchReport {
     }
     fn hol_ratio(&self) -> f64 {
         self.stalled_neighbour_mib_s / self.tunnel_single_mib_s
+    }
+    /// Tunnel CPU per byte over direct CPU per byte, 8 streams.
+    fn parallel_cpu_factor(&self) -> f64 {
+        self.cpu_s_per_gib[3] / self.cpu_s_per_gib[2]
     }
 }
 
@@ -152,6 +161,16 @@ impl std::fmt::Display for TunnelBenchReport {
             self.cpu_cores[2],
             self.cpu_cores[1],
             self.cpu_cores[3]
+        )?;
+        writeln!(
+            f,
+            "{:<34} {:>9.2} / {:.2} {:>8.2} / {:.2}   (single / 8 streams; tunnel = {:.1}x direct at 8)",
+            "CPU seconds per GiB",
+            self.cpu_s_per_gib[0],
+            self.cpu_s_per_gib[2],
+            self.cpu_s_per_gib[1],
+            self.cpu_s_per_gib[3],
+            self.parallel_cpu_factor()
         )
     }
 }
@@ -230,14 +249,20 @@ impl CpuClock {
         }
     }
 
-    /// Average number of cores this process kept busy (0 when /proc is unavailable).
-    fn cores(&self) -> f64 {
+    /// (average cores this process kept busy, CPU seconds per GiB of `bytes`) since the
+    /// start; (0, 0) when /proc is unavailable. `/proc` counts CPU time in 10 ms ticks, so
+    /// a phase should last well over a second of CPU for a precise figure.
+    fn stop(&self, bytes: u64) -> (f64, f64) {
         match (self.cpu, process_cpu_time()) {
             (Some(before), Some(after)) => {
-                after.saturating_sub(before).as_secs_f64()
-                    / self.wall.elapsed().as_secs_f64().max(1e-9)
+                let cpu = after.saturating_sub(before).as_secs_f64();
+                let gib = bytes as f64 / (1024.0 * 1024.0 * 1024.0);
+                (
+                    cpu / self.wall.elapsed().as_secs_f64().max(1e-9),
+                    cpu / gib.max(1e-12),
+                )
             }
-            _ => 0.0,
+            _ => (0.0, 0.0),
         }
     }
 }
@@ -292,23 +317,27 @@ async fn tunnel_pair(mux: MuxConfig) -> anyhow::Result<Pair> {
     let hub = tokio::spawn(async move {
         let (tcp, _) = listener.accept().await?;
         tcp.set_nodelay(true)?;
-        let tls = acceptor.accept(tcp).await?;
-        let ws = tokio_tungstenite::accept_async_with_config(tls, Some(ws_config())).await?;
-        let (control, _incoming) = Session::new(WsTransport::new(ws), Role::Server, hub_mux);
+        let mut tls = acceptor.accept(transport::ReadAhead::new(tcp)).await?;
+        tls.get_mut()
+            .1
+            .set_buffer_limit(Some(transport::TLS_BUFFER_LIMIT));
+        let ws = transport::accept(tls).await?;
+        let (control, _incoming) = Session::new(ws, Role::Server, hub_mux);
         anyhow::Ok(control)
     });
     let tcp = TcpStream::connect(addr).await?;
     tcp.set_nodelay(true)?;
-    let tls = tokio_rustls::TlsConnector::from(Arc::new(client_tls))
-        .connect(ServerName::try_from("127.0.0.1")?, tcp)
+    let mut tls = tokio_rustls::TlsConnector::from(Arc::new(client_tls))
+        .connect(
+            ServerName::try_from("127.0.0.1")?,
+            transport::ReadAhead::new(tcp),
+        )
         .await?;
-    let (ws, _) = tokio_tungstenite::client_async_with_config(
-        format!("wss://{addr}/api/connect"),
-        tls,
-        Some(ws_config()),
-    )
-    .await?;
-    let (agent, incoming) = Session::new(WsTransport::new(ws), Role::Client, mux);
+    tls.get_mut()
+        .1
+        .set_buffer_limit(Some(transport::TLS_BUFFER_LIMIT));
+    let (ws, _) = transport::connect(format!("wss://{addr}/api/connect"), tls).await?;
+    let (agent, incoming) = Session::new(ws, Role::Client, mux);
     tokio::spawn(rlark_tunnel::agent::serve(
         incoming,
         rlark_tunnel::agent::AgentConfig::default(),
@@ -346,19 +375,20 @@ pub async fn run_tunnel(options: TunnelBenchOptions) -> anyhow::Result<TunnelBen
     push(&mut dial(&pair.hub, sink).await?, 1 << 20).await?;
 
     let mut cpu_cores = [0.0; 4];
+    let mut cpu_s_per_gib = [0.0; 4];
     let cpu = CpuClock::start();
     let started = Instant::now();
     let mut direct = TcpStream::connect(sink).await?;
     direct.set_nodelay(true)?;
     push(&mut direct, bytes).await?;
     let direct_single = mib_s(bytes, started.elapsed());
-    cpu_cores[0] = cpu.cores();
+    (cpu_cores[0], cpu_s_per_gib[0]) = cpu.stop(bytes);
 
     let cpu = CpuClock::start();
     let started = Instant::now();
     push(&mut dial(&pair.hub, sink).await?, bytes).await?;
     let tunnel_single = mib_s(bytes, started.elapsed());
-    cpu_cores[1] = cpu.cores();
+    (cpu_cores[1], cpu_s_per_gib[1]) = cpu.stop(bytes);
 
     let per = bytes / 8;
     let cpu = CpuClock::start();
@@ -375,7 +405,7 @@ pub async fn run_tunnel(options: TunnelBenchOptions) -> anyhow::Result<TunnelBen
         r??;
     }
     let direct_parallel = mib_s(per * 8, started.elapsed());
-    cpu_cores[2] = cpu.cores();
+    (cpu_cores[2], cpu_s_per_gib[2]) = cpu.stop(per * 8);
 
     let cpu = CpuClock::start();
     let started = Instant::now();
@@ -387,7 +417,7 @@ pub async fn run_tunnel(options: TunnelBenchOptions) -> anyhow::Result<TunnelBen
         r??;
     }
     let tunnel_parallel = mib_s(per * 8, started.elapsed());
-    cpu_cores[3] = cpu.cores();
+    (cpu_cores[3], cpu_s_per_gib[3]) = cpu.stop(per * 8);
 
     let mut direct_samples = Vec::with_capacity(options.setups);
     let mut tunnel_samples = Vec::with_capacity(options.setups);
@@ -438,5 +468,6 @@ pub async fn run_tunnel(options: TunnelBenchOptions) -> anyhow::Result<TunnelBen
         stalled_neighbour_mib_s: neighbour,
         stalled_bytes_in_flight: in_flight,
         cpu_cores,
+        cpu_s_per_gib,
     })
 }
