@@ -12,7 +12,7 @@
 //! - [`deviceplugin`]: the kubelet device plugin (robots and cameras as `rlinf.io/device`);
 //!   [`devinit`]: DeviceService.Setup, macvlan interfaces in a calling pod's namespace.
 //! - [`server`]: serving on unix sockets; [`peer`]: who is connected (SO_PEERCRED);
-//!   [`client`]: dialing a socket.
+//!   [`client`]: dialing a socket; [`metrics`]: Prometheus metrics (`--metrics-listen`).
 //!
 //! [`run`] is `rlark embodied`: serve until the shutdown token is cancelled, then stop
 //! every robot and close every camera. [`server::serve`] returns a handle instead (tests).
@@ -22,6 +22,7 @@ pub mod client;
 pub mod config;
 pub mod deviceplugin;
 pub mod devinit;
+pub mod metrics;
 pub mod peer;
 pub mod robot;
 pub mod server;
@@ -31,7 +32,7 @@ use std::path::Path;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{ConfigError, EmbodiedConfig};
-pub use server::{Running, ServeError, serve};
+pub use server::{Running, ServeError, ServeOptions, serve, serve_with};
 
 /// Default directory of the sockets (RLark's).
 pub const DEFAULT_SOCKET_DIR: &str = "/var/run/rlark";

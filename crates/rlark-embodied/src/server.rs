@@ -8,6 +8,7 @@
 //! streams end at once), every robot is stopped, every camera closed, and the socket files
 //! are removed.
 
+use std::net::SocketAddr;
 use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -60,6 +61,12 @@ pub enum ServeError {
     },
     #[error("serve {}: {message}", path.display())]
     Serve { path: PathBuf, message: String },
+    // `error`, not `source`: the message already includes it (printed once).
+    #[error("--metrics-listen {addr}: {error}")]
+    Metrics {
+        addr: SocketAddr,
+        error: std::io::Error,
+    },
     #[error("embodied runtime task failed: {0}")]
     Task(String),
 }
@@ -69,7 +76,16 @@ pub struct Running {
     robots: Arc<RobotController>,
     cameras: Arc<CameraController>,
     sockets: Vec<PathBuf>,
+    metrics_addr: Option<SocketAddr>,
     task: JoinHandle<Result<(), ServeError>>,
+}
+
+/// Options of [`serve_with`] beyond the configuration.
+#[derive(Clone, Debug, Default)]
+pub struct ServeOptions {
+    /// Serve Prometheus metrics at `http://ADDR/metrics` (`--metrics-listen`; port 0 picks
+    /// a free port, see [`Running::metrics_addr`]). Bound before anything else starts.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 impl Running {
@@ -88,6 +104,11 @@ impl Running {
         &self.sockets
     }
 
+    /// The bound address of the `/metrics` listener, when one was configured.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
     /// Wait until shutdown has completed (robots stopped, sockets removed).
     pub async fn wait(self) -> Result<(), ServeError> {
         match self.task.await {
@@ -104,6 +125,26 @@ pub async fn serve(
     socket_dir: &Path,
     shutdown: CancellationToken,
 ) -> Result<Running, ServeError> {
+    serve_with(config, socket_dir, ServeOptions::default(), shutdown).await
+}
+
+/// [`serve`] with [`ServeOptions`] (the metrics listener).
+pub async fn serve_with(
+    config: EmbodiedConfig,
+    socket_dir: &Path,
+    options: ServeOptions,
+    shutdown: CancellationToken,
+) -> Result<Running, ServeError> {
+    // The metrics listener first: a bad address fails before any socket or robot exists.
+    let metrics_listener = match options.metrics_listen {
+        Some(addr) => Some(
+            crate::metrics::bind(addr)
+                .await
+                .map_err(|error| ServeError::Metrics { addr, error })?,
+        ),
+        None => None,
+    };
+    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
     std::fs::create_dir_all(socket_dir).map_err(|source| ServeError::CreateDir {
         path: socket_dir.to_path_buf(),
         source,
@@ -276,6 +317,18 @@ pub async fn serve(
         )
     });
 
+    if let Some(listener) = metrics_listener {
+        if let Some(addr) = metrics_addr {
+            tracing::info!(%addr, "embodied metrics at http://{addr}/metrics");
+        }
+        let registry = crate::metrics::registry(robots.clone(), cameras.clone());
+        tokio::spawn(crate::metrics::serve(
+            listener,
+            Arc::new(registry),
+            shutdown.clone(),
+        ));
+    }
+
     let task_robots = robots.clone();
     let task_cameras = cameras.clone();
     let task_sockets = sockets.clone();
@@ -308,6 +361,7 @@ pub async fn serve(
         robots,
         cameras,
         sockets,
+        metrics_addr,
         task,
     })
 }

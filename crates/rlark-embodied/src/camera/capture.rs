@@ -109,6 +109,8 @@ pub(crate) struct CaptureLoop {
     /// Bumped when the camera's state changes (ERROR and back).
     pub changes: watch::Sender<u64>,
     pub cancel: CancellationToken,
+    /// Frames captured by this camera (Prometheus).
+    pub frames: prometheus_client::metrics::counter::Counter,
 }
 
 impl CaptureLoop {
@@ -169,6 +171,7 @@ impl CaptureLoop {
             }
             let recovered = matches!(*self.feed.borrow(), Feed::Failed { .. });
             self.feed.send_replace(Feed::Frame(frame));
+            self.frames.inc();
             if recovered {
                 tracing::info!(camera = %self.camera_id, "camera capture recovered");
                 *backoff = RETRY_MIN;

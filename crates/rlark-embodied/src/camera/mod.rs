@@ -97,6 +97,8 @@ pub struct CameraController {
     devices_in_use: Mutex<BTreeMap<PathBuf, String>>,
     changes: watch::Sender<u64>,
     shutdown: CancellationToken,
+    /// Frames captured and skipped by watchers, per camera (Prometheus).
+    counters: crate::metrics::CameraCounters,
 }
 
 /// One camera.
@@ -202,9 +204,25 @@ impl CameraController {
             devices_in_use: Mutex::new(BTreeMap::new()),
             changes: watch::Sender::new(0),
             shutdown,
+            counters: crate::metrics::CameraCounters::default(),
         };
         controller.rescan();
         Arc::new(controller)
+    }
+
+    /// Frames captured and skipped by watchers, per camera (see [`crate::metrics`]).
+    pub fn counters(&self) -> &crate::metrics::CameraCounters {
+        &self.counters
+    }
+
+    /// How many cameras have an open session (no rescan).
+    pub fn open_count(&self) -> usize {
+        let detected = lock(&self.detected).clone();
+        self.configured
+            .iter()
+            .chain(detected.iter())
+            .filter(|e| e.feed.borrow().session().is_some())
+            .count()
     }
 
     /// Whether there is any camera to serve: configured, or a V4L2 device found now.
@@ -487,6 +505,7 @@ impl CameraController {
                 feed: entry.feed.clone(),
                 changes: self.changes.clone(),
                 cancel: cancel.clone(),
+                frames: self.counters.frames_of(id),
             }
             .run(),
         );
@@ -691,6 +710,7 @@ impl CameraController {
             encoding,
             last: 0,
             dropped: 0,
+            dropped_total: self.counters.watch_dropped_of(id),
             shutdown: self.shutdown.clone(),
             done: false,
         };
@@ -729,6 +749,8 @@ struct Watcher {
     /// Sequence number of the last frame sent (0 before the first).
     last: u64,
     dropped: u64,
+    /// The camera's skipped-frames counter (all its watchers).
+    dropped_total: prometheus_client::metrics::counter::Counter,
     shutdown: CancellationToken,
     done: bool,
 }
@@ -754,7 +776,9 @@ impl Watcher {
                         continue;
                     }
                     if self.last > 0 {
-                        self.dropped += frame.sequence - self.last - 1;
+                        let skipped = frame.sequence - self.last - 1;
+                        self.dropped += skipped;
+                        self.dropped_total.inc_by(skipped);
                     }
                     self.last = frame.sequence;
                     let data = frame::encoded(&frame, self.encoding).await?;

@@ -333,6 +333,7 @@ async fn run(
             match register(&kubelet, &endpoint, &resource).await {
                 Ok(()) => {
                     tracing::info!(resource = %resource, endpoint = %endpoint, "registered with the kubelet");
+                    crate::metrics::device_plugin_registrations().inc();
                     registered = current;
                     last_problem.clear();
                 }

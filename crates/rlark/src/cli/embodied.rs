@@ -2,6 +2,7 @@
 //! SIGTERM or SIGINT: robots as RobotController services on unix sockets, then every robot
 //! stopped on the way out.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use anyhow::Context as _;
@@ -19,6 +20,10 @@ pub(crate) struct EmbodiedArgs {
     /// Directory of the sockets (ros-ctrl.sock, ros2-ctrl.sock); created if missing.
     #[arg(long, value_name = "DIR", default_value = rlark_embodied::DEFAULT_SOCKET_DIR)]
     pub socket_dir: PathBuf,
+    /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9102; port 0 picks
+    /// a free port). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 pub(crate) async fn embodied(args: EmbodiedArgs) -> anyhow::Result<()> {
@@ -27,7 +32,13 @@ pub(crate) async fn embodied(args: EmbodiedArgs) -> anyhow::Result<()> {
         .with_context(|| format!("configuration {}", args.config.display()))?;
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
-    let running = rlark_embodied::serve(config, &args.socket_dir, shutdown).await?;
+    let options = rlark_embodied::ServeOptions {
+        metrics_listen: args.metrics_listen,
+    };
+    let running = rlark_embodied::serve_with(config, &args.socket_dir, options, shutdown).await?;
+    if let Some(addr) = running.metrics_addr() {
+        println!("metrics at http://{addr}/metrics");
+    }
     for socket in running.sockets() {
         println!("serving {}", socket.display());
     }

@@ -1,0 +1,281 @@
+//! Prometheus metrics of the embodied runtime: `GET /metrics` on the optional
+//! `--metrics-listen` address (see [`crate::server::ServeOptions`], `docs/embodied.md`).
+//!
+//! - `rlark_embodied_robots{state}` (gauge): robots per state, read from the robot
+//!   controller at scrape time (every state is reported, 0 included).
+//! - `rlark_embodied_cameras_open` (gauge): cameras with an open session, at scrape time.
+//! - `rlark_embodied_camera_frames_total{camera}` (counter): frames captured.
+//! - `rlark_embodied_watch_frames_dropped_total{camera}` (counter): frames WatchFrames
+//!   streams skipped because their reader was slower than the camera.
+//! - `rlark_embodied_device_plugin_registrations_total` (counter): successful
+//!   registrations of the device plugin with the kubelet.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::TokioIo;
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _};
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
+use prometheus_client::registry::Registry;
+use rlark_proto::robot::v1::RobotState;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::camera::CameraController;
+use crate::robot::{RobotController, state_name};
+
+/// Prefix of every metric name.
+pub const PREFIX: &str = "rlark_embodied";
+
+/// The `camera` label of per-camera metrics.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CameraLabel {
+    pub camera: String,
+}
+
+/// Per-camera counters, kept by the [`CameraController`] and updated where frames are
+/// captured and where WatchFrames streams skip frames.
+#[derive(Clone, Debug, Default)]
+pub struct CameraCounters {
+    /// Frames captured, per camera.
+    pub frames: Family<CameraLabel, Counter>,
+    /// Frames WatchFrames readers skipped, per camera.
+    pub watch_dropped: Family<CameraLabel, Counter>,
+}
+
+impl CameraCounters {
+    /// The frames counter of `camera` (taken when it opens). Also creates its
+    /// skipped-frames series, so both show (at 0) from its first open.
+    pub fn frames_of(&self, camera: &str) -> Counter {
+        let label = CameraLabel {
+            camera: camera.to_string(),
+        };
+        self.watch_dropped.get_or_create_owned(&label);
+        self.frames.get_or_create_owned(&label)
+    }
+
+    /// The skipped-frames counter of `camera`.
+    pub fn watch_dropped_of(&self, camera: &str) -> Counter {
+        self.watch_dropped.get_or_create_owned(&CameraLabel {
+            camera: camera.to_string(),
+        })
+    }
+}
+
+/// Device plugin registrations with the kubelet (one counter per process).
+pub fn device_plugin_registrations() -> &'static Counter {
+    static REGISTRATIONS: std::sync::OnceLock<Counter> = std::sync::OnceLock::new();
+    REGISTRATIONS.get_or_init(Counter::default)
+}
+
+/// The registry of a runtime: collectors over its robot and camera controllers, and
+/// their counters.
+pub fn registry(robots: Arc<RobotController>, cameras: Arc<CameraController>) -> Registry {
+    let mut registry = Registry::with_prefix(PREFIX);
+    let counters = cameras.counters().clone();
+    registry.register(
+        "camera_frames",
+        "Frames captured, per camera",
+        counters.frames,
+    );
+    registry.register(
+        "watch_frames_dropped",
+        "Frames WatchFrames streams skipped because their reader was slower than the camera",
+        counters.watch_dropped,
+    );
+    registry.register(
+        "device_plugin_registrations",
+        "Successful registrations of the device plugin with the kubelet",
+        device_plugin_registrations().clone(),
+    );
+    registry.register_collector(Box::new(StateCollector { robots, cameras }));
+    registry
+}
+
+/// The `state` label of `rlark_embodied_robots`.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct StateLabel {
+    state: String,
+}
+
+/// The label value of a robot state: `stopped`, `running`, ...
+pub fn state_label(state: RobotState) -> String {
+    state_name(state).to_ascii_lowercase()
+}
+
+/// Reads robot states and open cameras at scrape time.
+struct StateCollector {
+    robots: Arc<RobotController>,
+    cameras: Arc<CameraController>,
+}
+
+impl fmt::Debug for StateCollector {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StateCollector").finish_non_exhaustive()
+    }
+}
+
+impl Collector for StateCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        let robots = Family::<StateLabel, Gauge>::default();
+        for state in [
+            RobotState::Starting,
+            RobotState::Running,
+            RobotState::Stopping,
+            RobotState::Stopped,
+            RobotState::Error,
+        ] {
+            robots
+                .get_or_create(&StateLabel {
+                    state: state_label(state),
+                })
+                .set(0);
+        }
+        for id in self.robots.robot_ids() {
+            if let Ok(info) = self.robots.status(&id) {
+                let state = RobotState::try_from(info.state).unwrap_or(RobotState::Unspecified);
+                robots
+                    .get_or_create(&StateLabel {
+                        state: state_label(state),
+                    })
+                    .inc();
+            }
+        }
+        let metric =
+            encoder.encode_descriptor("robots", "Robots per state", None, robots.metric_type())?;
+        robots.encode(metric)?;
+
+        let open = ConstGauge::new(i64::try_from(self.cameras.open_count()).unwrap_or(i64::MAX));
+        let metric = encoder.encode_descriptor(
+            "cameras_open",
+            "Cameras with an open session",
+            None,
+            open.metric_type(),
+        )?;
+        open.encode(metric)?;
+        Ok(())
+    }
+}
+
+/// Bind the metrics listener (before anything else starts, so a bad address fails fast).
+pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    TcpListener::bind(addr).await
+}
+
+/// Plain HTTP/1: `GET /metrics` (Prometheus text), anything else 404; until `shutdown`.
+pub(crate) async fn serve(
+    listener: TcpListener,
+    registry: Arc<Registry>,
+    shutdown: CancellationToken,
+) {
+    loop {
+        let stream = tokio::select! {
+            () = shutdown.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, "metrics listener accept failed");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            },
+        };
+        let registry = registry.clone();
+        let shutdown = shutdown.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
+                let response = response(request.uri().path(), &registry);
+                async move { Ok::<_, Infallible>(response) }
+            });
+            let conn = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service);
+            tokio::select! {
+                () = shutdown.cancelled() => {}
+                result = conn => if let Err(error) = result {
+                    tracing::debug!(%error, "metrics connection ended");
+                },
+            }
+        });
+    }
+}
+
+/// The response to `GET path`.
+pub fn response(path: &str, registry: &Registry) -> http::Response<Full<Bytes>> {
+    let (status, content_type, body) = if path == "/metrics" {
+        let mut text = String::new();
+        match prometheus_client::encoding::text::encode(&mut text, registry) {
+            Ok(()) => (
+                http::StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                text,
+            ),
+            Err(e) => (
+                http::StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain; charset=utf-8",
+                format!("encode metrics: {e}\n"),
+            ),
+        }
+    } else {
+        (
+            http::StatusCode::NOT_FOUND,
+            "text/plain; charset=utf-8",
+            "not found: try /metrics\n".to_string(),
+        )
+    };
+    let mut response = http::Response::new(Full::new(Bytes::from(body)));
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::peer::ConnTracker;
+
+    #[tokio::test]
+    async fn robots_per_state_and_camera_counters_are_encoded() {
+        let config =
+            crate::EmbodiedConfig::from_yaml(include_str!("../../../examples/embodied/sim.yaml"))
+                .unwrap();
+        let robots = RobotController::new(Arc::new(config.clone()), ConnTracker::new());
+        let cameras = CameraController::new(&config.cameras, None, CancellationToken::new());
+        cameras.counters().frames_of("cam-0").inc_by(3);
+        let registry = registry(robots, cameras);
+        let response = response("/metrics", &registry);
+        assert_eq!(response.status(), http::StatusCode::OK);
+        let body = format!("{:?}", response.body());
+        assert!(
+            body.contains("rlark_embodied_robots{state=\\\"stopped\\\"} 1"),
+            "{body}"
+        );
+        assert!(
+            body.contains("rlark_embodied_robots{state=\\\"running\\\"} 0"),
+            "{body}"
+        );
+        assert!(body.contains("rlark_embodied_cameras_open 0"), "{body}");
+        assert!(
+            body.contains("rlark_embodied_camera_frames_total{camera=\\\"cam-0\\\"} 3"),
+            "{body}"
+        );
+        assert!(
+            body.contains("rlark_embodied_device_plugin_registrations_total"),
+            "{body}"
+        );
+        assert_eq!(
+            super::response("/", &registry).status(),
+            http::StatusCode::NOT_FOUND
+        );
+    }
+}
