@@ -11,10 +11,12 @@
 //!   `placement.nodes[i] == N` (`i < spec.raw.replicas`) it keeps one worker, which
 //!   creates the Pod `<task>-<i>` (label `rlark.io/task-name`, annotations
 //!   `rlark.io/task-uid` and [`RUN_KEY_ANNOTATION`], spec `taskNamespace`, `taskName`,
-//!   `podNamespace`, `podName`, `replicaIndex`, `domain`), reports it `Pending` then
-//!   `Running` (`node`, `startTime`, `restartCount`), and when it ends `Succeeded`
-//!   (exit code 0, reason `Completed`) or `Failed` (`exitCode`, `reason`, `message`),
-//!   with `finishTime`;
+//!   `podNamespace`, `podName`, `replicaIndex`, `domain`), reports it `Running` (`node`,
+//!   `startTime`, `restartCount`) once the process started — and `Pending` (with `node`)
+//!   first only when starting takes longer than [`PENDING_AFTER`] (an artifact download):
+//!   a Pod without a phase is pending, and every write costs the control plane a round
+//!   of watch events — and when it ends `Succeeded` (exit code 0, reason `Completed`) or
+//!   `Failed` (`exitCode`, `reason`, `message`), with `finishTime`;
 //! - restarts exited replicas per `raw.restartPolicy` (`Never`, `OnFailure`, `Always`)
 //!   after an exponential backoff ([`BACKOFF_INITIAL`] doubling up to [`BACKOFF_MAX`],
 //!   reset after [`BACKOFF_RESET_AFTER`] of running), counting `restartCount`; while it
@@ -40,6 +42,12 @@
 //! Every Pod write is a merge patch on the `status` subresource, retried until it
 //! succeeds (a Pod deleted meanwhile is created again while its replica runs), so a
 //! replica whose process is gone is never left `Running`.
+//!
+//! A worker reads its Pod before deciding what to do only when the Pod may exist: it was
+//! in the reconciler's Pod listing of the last (re)list, or a replica of an earlier agent
+//! was recovered for it. A replica of a Task that appeared since creates its Pod
+//! straight away (and reads it only if the create finds one after all), so a burst of new
+//! Tasks costs one request less per replica.
 //!
 //! # Crash safety: agent restarts
 //!
@@ -86,7 +94,7 @@
 //! for the logs API's `previous=true`), older ones are deleted unless a replica there still
 //! has a state file.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::ffi::OsString;
 use std::io;
 use std::path::{Path, PathBuf};
@@ -120,6 +128,10 @@ pub const TASK_UID_ANNOTATION: &str = "rlark.io/task-uid";
 pub const RUN_KEY_ANNOTATION: &str = "rlark.io/run-key";
 /// Name of a replica's state file.
 pub const STATE_FILE: &str = "state.json";
+
+/// How long a fresh replica may take to start before its Pod is reported `Pending`
+/// (otherwise `Running` is its first phase).
+pub const PENDING_AFTER: Duration = Duration::from_millis(250);
 
 /// Reason of a replica that exited 0.
 pub const REASON_COMPLETED: &str = "Completed";
@@ -416,6 +428,7 @@ pub async fn run_tasks(
         retired: BTreeMap::new(),
         generation: 0,
         swept: false,
+        listed_pods: None,
     };
     let result = reconciler.watch().await;
     reconciler.stop_workers().await;
@@ -771,6 +784,10 @@ struct Reconciler {
     generation: u64,
     /// [`Reconciler::sweep`] ran.
     swept: bool,
+    /// Names of the Pods of the namespace in the listing taken at the last (re)list of the
+    /// Tasks (`None`: that listing failed). A worker whose Pod was not there creates it
+    /// without reading it first.
+    listed_pods: Option<HashSet<String>>,
 }
 
 impl Reconciler {
@@ -883,9 +900,15 @@ impl Reconciler {
                 task: task.clone(),
                 resync: self.generation,
             });
+            let pod = pod_name(&id.0, id.1);
+            let pod_may_exist = self
+                .listed_pods
+                .as_ref()
+                .is_none_or(|listed| listed.contains(&pod));
             let worker = Worker {
                 shared: self.shared.clone(),
-                pod: pod_name(&id.0, id.1),
+                pod,
+                pod_may_exist,
                 index: id.1,
                 key: key.clone(),
                 commands: receiver,
@@ -943,7 +966,8 @@ impl Reconciler {
 
     /// Delete the Pods on this node whose Task no longer exists (deleted while the agent
     /// was away or the watch was down). One attempt; the next relist tries again.
-    async fn delete_orphan_pods(&self) {
+    /// Also records the listed names ([`Reconciler::listed_pods`]).
+    async fn delete_orphan_pods(&mut self) {
         let api = self.shared.pods();
         let pods = match api
             .list(&ListParams::default().labels(labels::TASK_NAME))
@@ -952,9 +976,11 @@ impl Reconciler {
             Ok(list) => list.items,
             Err(error) => {
                 tracing::warn!(%error, "list pods to clean up");
+                self.listed_pods = None;
                 return;
             }
         };
+        self.listed_pods = Some(pods.iter().map(kube::ResourceExt::name_any).collect());
         for pod in pods {
             let task = pod
                 .labels()
@@ -1052,6 +1078,9 @@ enum Waited {
 struct Worker {
     shared: Arc<Shared>,
     pod: String,
+    /// The Pod was listed at the last relist (or no listing succeeded): read it before
+    /// acting. Otherwise it is created straight away.
+    pod_may_exist: bool,
     index: usize,
     key: String,
     commands: watch::Receiver<Command>,
@@ -1137,6 +1166,7 @@ impl Worker {
     /// Decide from what an earlier agent left (`recovered`) and the existing Pod (an
     /// earlier agent's, an earlier run's, or none).
     async fn first_step(&mut self, recovered: Vec<Recovered>) -> Step {
+        tracing::debug!(pod = %self.pod, recovered = recovered.len(), "replica worker started");
         // Replicas of other runs end first: this run may use the same directory.
         let mut mine = None;
         for r in recovered {
@@ -1144,6 +1174,19 @@ impl Worker {
                 mine = Some(r);
             } else {
                 end_recovered(&self.shared, r, false).await;
+            }
+        }
+        if mine.is_none() && !self.pod_may_exist && !self.task.spec.stopped {
+            // A replica of a Task that appeared since the last listing: its Pod is new.
+            self.prefetch_task_token();
+            match self.create_new_pod().await {
+                Some(true) => {
+                    self.reported = Map::new();
+                    return Step::Start;
+                }
+                // There after all (another run's, or created since the listing): read it.
+                Some(false) => {}
+                None => return Step::Exit,
             }
         }
         let Some(existing) = self.get_pod().await else {
@@ -1289,19 +1332,7 @@ impl Worker {
     /// Replace `existing` (if any) by a new Pod for this run.
     async fn fresh_pod(&mut self, existing: Option<&Pod>) -> Step {
         self.reported = Map::new();
-        // A replica of a new run starts next: mint the run's task token (one API round trip)
-        // while the Pod is created and reported Pending, rather than after. `start` finds it
-        // in the cache, or waits for this very mint.
-        if self.task.spec.raw.is_some() {
-            let shared = Arc::clone(&self.shared);
-            let task = Arc::clone(&self.task);
-            tokio::spawn(async move {
-                shared
-                    .task_tokens
-                    .env(&shared.client, &shared.ctx, &task)
-                    .await;
-            });
-        }
+        self.prefetch_task_token();
         if let Some(pod) = existing
             && !self.delete_pod(pod).await
         {
@@ -1311,6 +1342,22 @@ impl Worker {
             Step::Start
         } else {
             Step::Exit
+        }
+    }
+
+    /// A replica of a new run starts next: mint the run's task token (one API round trip)
+    /// while its Pod is created, rather than after. `start` finds it in the cache, or
+    /// waits for this very mint.
+    fn prefetch_task_token(&self) {
+        if self.task.spec.raw.is_some() {
+            let shared = Arc::clone(&self.shared);
+            let task = Arc::clone(&self.task);
+            tokio::spawn(async move {
+                shared
+                    .task_tokens
+                    .env(&shared.client, &shared.ctx, &task)
+                    .await;
+            });
         }
     }
 
@@ -1345,8 +1392,9 @@ impl Worker {
     async fn run_replica(&mut self) -> Step {
         let node = self.shared.ctx.node_name.clone();
         let resume = self.resume.take();
-        // A fresh run is reported Pending (fields of an earlier run cleared) while its first
-        // process starts, not before: one API round trip less on the way to Running.
+        // A fresh run is reported Pending (fields of an earlier run cleared) only when its
+        // first process takes a while to start ([`PENDING_AFTER`]): `Running` clears the
+        // same fields, and one write less per start matters in a burst.
         let mut pending = resume.is_none().then(|| {
             json!({
                 "phase": "Pending",
@@ -1485,10 +1533,10 @@ impl Worker {
         }
     }
 
-    /// Start the process (and record it in the state file); `None` after reporting a
-    /// start error.
-    /// Start the replica's process; `pending` (the Pending status of a fresh run) is written
-    /// while it starts, and always before whatever is reported next.
+    /// Start the replica's process (and record it in the state file); `None` after
+    /// reporting a start error. `pending` (the Pending status of a fresh run) is written,
+    /// concurrently, when starting takes longer than [`PENDING_AFTER`], and always before
+    /// whatever is reported next.
     async fn start(
         &mut self,
         raw: &RawTaskSpec,
@@ -1497,20 +1545,28 @@ impl Worker {
         pending: Option<Value>,
     ) -> Option<ReplicaHandle> {
         let mut spec = self.replica_spec(raw, deadline);
-        let shared = &self.shared;
-        let events = shared
-            .task_tokens
-            .env(&shared.client, &shared.ctx, &self.task);
-        spec.env.extend(events.await);
+        let shared = Arc::clone(&self.shared);
+        let task = Arc::clone(&self.task);
+        let pod = self.pod.clone();
+        let starting = async move {
+            let events = shared.task_tokens.env(&shared.client, &shared.ctx, &task);
+            spec.env.extend(events.await);
+            tracing::debug!(%pod, "task token ready; starting the process");
+            runtime::spawn_replica(spec).await
+        };
         let spawned = match pending {
             Some(pending) => {
-                let (_, spawned) = tokio::join!(
-                    self.write_status(pending, true),
-                    runtime::spawn_replica(spec)
-                );
-                spawned
+                tokio::pin!(starting);
+                tokio::select! {
+                    spawned = &mut starting => spawned,
+                    () = tokio::time::sleep(PENDING_AFTER) => {
+                        let (_, spawned) =
+                            tokio::join!(self.write_status(pending, true), starting);
+                        spawned
+                    }
+                }
             }
-            None => runtime::spawn_replica(spec).await,
+            None => starting.await,
         };
         match spawned {
             Ok(handle) => {
@@ -1718,7 +1774,10 @@ impl Worker {
         let mut retry = Retry::new();
         loop {
             match api.get_opt(&self.pod).await {
-                Ok(pod) => return Some(pod),
+                Ok(pod) => {
+                    tracing::debug!(pod = %self.pod, exists = pod.is_some(), "pod read");
+                    return Some(pod);
+                }
                 Err(error) => {
                     if !retry.again(&self.shared, "read pod", &error).await {
                         return None;
@@ -1756,6 +1815,29 @@ impl Worker {
         pod
     }
 
+    /// Create this run's Pod, expecting none: `Some(true)` when created, `Some(false)` when
+    /// a Pod of that name exists, `None` when the agent shut down first (other errors are
+    /// retried).
+    async fn create_new_pod(&self) -> Option<bool> {
+        let api = self.shared.pods();
+        let pod = self.new_pod();
+        let mut retry = Retry::new();
+        loop {
+            match api.create(&PostParams::default(), &pod).await {
+                Ok(_) => {
+                    tracing::debug!(pod = %self.pod, "pod created");
+                    return Some(true);
+                }
+                Err(error) if is_status(&error, 409) => return Some(false),
+                Err(error) => {
+                    if !retry.again(&self.shared, "create pod", &error).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
     /// Create this run's Pod; one of another run in the way is deleted first. Returns
     /// false only when the agent shut down first.
     async fn create_pod(&self) -> bool {
@@ -1764,7 +1846,10 @@ impl Worker {
         let mut retry = Retry::new();
         loop {
             let error = match api.create(&PostParams::default(), &pod).await {
-                Ok(_) => return true,
+                Ok(_) => {
+                    tracing::debug!(pod = %self.pod, "pod created");
+                    return true;
+                }
                 Err(error) if is_status(&error, 409) => match api.get_opt(&self.pod).await {
                     Ok(Some(existing)) if self.is_ours(&existing) => return true,
                     Ok(Some(existing)) => match delete_pod(&api, &existing).await {
@@ -1829,7 +1914,10 @@ impl Worker {
                 .patch_status(&self.pod, &params, &Patch::Merge(&body))
                 .await
             {
-                Ok(_) => return true,
+                Ok(_) => {
+                    tracing::debug!(pod = %self.pod, phase = ?patch.get("phase"), "pod status written");
+                    return true;
+                }
                 Err(error) if is_status(&error, 404) && !recreate => return false,
                 Err(error) if is_status(&error, 404) => {
                     if !self.create_pod().await {

@@ -860,3 +860,163 @@ async fn restarts_back_off_and_a_crashed_agent_adopts_or_reports_its_replicas() 
 
     h.stop().await
 }
+
+/// Sum of the server's `rlark_apiserver_requests_total` samples for `verb` on `resource`.
+async fn requests_total(client: &kube::Client, verb: &str, resource: &str) -> anyhow::Result<f64> {
+    let request = http::Request::get("/metrics").body(Vec::new())?;
+    let text = client.request_text(request).await?;
+    let prefix =
+        format!("rlark_apiserver_requests_total{{verb=\"{verb}\",resource=\"{resource}\",");
+    Ok(text
+        .lines()
+        .filter(|line| line.starts_with(&prefix))
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum())
+}
+
+/// Wait for Pod `name` to satisfy `pred` by listing (a GET would count as the agent's).
+async fn list_until(h: &Harness, name: &str, pred: impl Fn(&Pod) -> bool) -> anyhow::Result<Pod> {
+    eventually(&format!("Pod {name}"), || async {
+        let pods = h.pods().list(&Default::default()).await?;
+        Ok(
+            match pods.items.into_iter().find(|p| p.name_any() == name) {
+                Some(pod) if pred(&pod) => Ok(pod),
+                Some(pod) => Err(format!("{:?}", pod.status)),
+                None => Err("no such Pod".into()),
+            },
+        )
+    })
+    .await
+}
+
+/// One HTTP response after `delay`: a shell script as the artifact body.
+async fn slow_artifact_server(delay: Duration) -> anyhow::Result<String> {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let addr = listener.local_addr()?;
+    tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let mut buf = [0u8; 1024];
+                while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match stream.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => request.extend_from_slice(&buf[..n]),
+                    }
+                }
+                tokio::time::sleep(delay).await;
+                let body = "echo slow-artifact\n";
+                let response = format!(
+                    "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = stream.write_all(response.as_bytes()).await;
+            });
+        }
+    });
+    Ok(format!("http://{addr}/app.sh"))
+}
+
+/// A replica of a Task that appeared after the agent's listing gets its Pod created without
+/// a read first; a Pod of another run found in the way by that create is replaced; a
+/// replica that starts slowly (artifact download) is reported `Pending` on its node first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_replicas_create_their_pods_and_report_pending_only_while_starting_is_slow()
+-> anyhow::Result<()> {
+    let h = Harness::start().await?;
+    // The agent has listed (it ran something) before anything below appears.
+    h.create_job("first", json!({"entrypoint": ["true"]}))
+        .await?;
+    list_until(&h, "first-main-0", |p| {
+        phase_of(p) == Some(PodPhase::Succeeded)
+    })
+    .await?;
+
+    // No Pod read on the way of a new replica.
+    let gets_before = requests_total(&h.client, "get", "pods").await?;
+    h.create_job("fresh", json!({"entrypoint": ["true"]}))
+        .await?;
+    let pod = list_until(&h, "fresh-main-0", |p| {
+        phase_of(p) == Some(PodPhase::Succeeded)
+    })
+    .await?;
+    assert_eq!(pod.status.and_then(|s| s.node).as_deref(), Some(NODE));
+    let gets = requests_total(&h.client, "get", "pods").await? - gets_before;
+    assert_eq!(
+        gets, 0.0,
+        "the agent read the Pod of a replica it never saw"
+    );
+
+    // A Pod of another run under the replica's name, created after the listing: the
+    // agent's create finds it, reads it, replaces it.
+    let squatter: Pod = serde_json::from_value(json!({
+        "apiVersion": "rlinf.io/v1alpha1",
+        "kind": "Pod",
+        "metadata": {
+            "name": "squat-main-0",
+            "labels": {"rlark.io/task-name": "squat-main"},
+            "annotations": {"rlark.io/task-uid": "an-earlier-task", "rlark.io/run-key": "stale"},
+        },
+        "spec": {"taskName": "squat-main", "taskNamespace": NAMESPACE, "replicaIndex": 0},
+    }))?;
+    let squatter = h.pods().create(&PostParams::default(), &squatter).await?;
+    h.create_job("squat", json!({"entrypoint": ["true"]}))
+        .await?;
+    let task = h.wait_task("squat-main", TaskPhase::Succeeded).await?;
+    let pod = h
+        .wait_pod_phase("squat-main-0", PodPhase::Succeeded)
+        .await?;
+    assert_ne!(pod.uid(), squatter.uid(), "the stale Pod was not replaced");
+    assert_eq!(
+        pod.annotations()["rlark.io/task-uid"],
+        task.uid().unwrap_or_default()
+    );
+
+    // A slow start (the artifact answers after 2 s): Pending on this node, then Running.
+    let url = slow_artifact_server(Duration::from_secs(2)).await?;
+    let watch_api = h.pods();
+    let phases = tokio::spawn(async move {
+        use futures::StreamExt as _;
+        use kube::runtime::{WatchStreamExt as _, watcher};
+        let mut seen: Vec<(Option<PodPhase>, Option<String>)> = Vec::new();
+        let stream = watcher(
+            watch_api,
+            watcher::Config::default().fields("metadata.name=slow-main-0"),
+        )
+        .applied_objects();
+        let mut stream = std::pin::pin!(stream);
+        while let Some(Ok(pod)) = stream.next().await {
+            let status = pod.status.unwrap_or_default();
+            let entry = (status.phase, status.node);
+            if seen.last() != Some(&entry) {
+                seen.push(entry);
+            }
+            if status.phase == Some(PodPhase::Succeeded) {
+                break;
+            }
+        }
+        seen
+    });
+    h.create_job(
+        "slow",
+        json!({"entrypoint": ["sh", "app.sh"], "artifact": url}),
+    )
+    .await?;
+    let seen = tokio::time::timeout(DEADLINE, phases)
+        .await
+        .context("the slow replica did not succeed")??;
+    let pending = seen.iter().position(|(phase, node)| {
+        *phase == Some(PodPhase::Pending) && node.as_deref() == Some(NODE)
+    });
+    let running = seen
+        .iter()
+        .position(|(phase, _)| *phase == Some(PodPhase::Running));
+    assert!(
+        matches!((pending, running), (Some(p), Some(r)) if p < r),
+        "expected Pending on {NODE} before Running: {seen:?}"
+    );
+    assert!(h.log_of("slow-main", 0).await?.contains("slow-artifact"));
+
+    h.stop().await
+}

@@ -80,6 +80,43 @@ async fn kube_rs_watcher_sequence() {
     );
 }
 
+/// Events waiting together (here: replayed from the change log) go out as one chunk, so a
+/// burst of writes costs a watcher one TLS record and one write, not one per event.
+#[tokio::test]
+async fn events_waiting_together_go_out_in_one_chunk() {
+    let h = Harness::new().await;
+    let rv = h.revision().to_string();
+    for i in 0..30 {
+        h.create(JOBS, &job(&format!("burst-{i}"))).await;
+    }
+    let (status, mut events) = h
+        .watch(
+            &format!("{JOBS}?watch=true&timeoutSeconds=1&resourceVersion={rv}"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK);
+    let first = tokio::time::timeout(Duration::from_secs(10), events.body.next())
+        .await
+        .expect("no chunk within 10 s")
+        .expect("the stream ended")
+        .expect("body error");
+    let lines: Vec<&[u8]> = first
+        .split(|b| *b == b'\n')
+        .filter(|l| !l.is_empty())
+        .collect();
+    assert_eq!(
+        lines.len(),
+        30,
+        "one chunk should carry all 30 waiting events"
+    );
+    // Each line is one whole event, in order.
+    for (i, line) in lines.iter().enumerate() {
+        let event: serde_json::Value = serde_json::from_slice(line).expect("event JSON");
+        assert_eq!(summary(&event), ("ADDED".to_string(), format!("burst-{i}")));
+    }
+}
+
 #[tokio::test]
 async fn watch_from_a_compacted_revision_is_an_in_stream_410() {
     let h = Harness::new().await;

@@ -9,7 +9,9 @@
 //!   `Succeeded`): controllers' placement, the agent's watch, Pod creation, supervisor and
 //!   process start, the `Running` status write. The same end measured from the start of the
 //!   Job's create call is printed too (it adds the Job controller's Task creation). Measured
-//!   client-side because `creationTimestamp` and `startTime` have 1 s resolution;
+//!   client-side because `creationTimestamp` and `startTime` have 1 s resolution; with it,
+//!   the API requests and store writes per short task (everyone's, from the server's
+//!   `/metrics`): what a start costs the control plane;
 //! - agent resources with `--running` Jobs of `["sleep","3600"]`, once all their Pods are
 //!   `Running`: the agent process's RSS (`VmRSS`) and CPU over a 5 s window, and the
 //!   replicas' supervisor processes (count, and the sum of their proportional set sizes —
@@ -63,6 +65,10 @@ pub struct AgentBenchOptions {
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
+    /// Keep the agent's log in this file (its level: `RUST_LOG`, else `warn`), to see where
+    /// a start spends its time (`RUST_LOG=rlark_agent=debug` logs every step of a replica).
+    #[arg(long, value_name = "FILE")]
+    pub agent_log: Option<std::path::PathBuf>,
 }
 
 /// Figures of one run.
@@ -78,6 +84,11 @@ pub struct AgentBenchReport {
     pub agent_start: LatencySummary,
     /// Short tasks whose Pod ended `Failed`.
     pub task_failures: usize,
+    /// API requests the server answered per short task (everyone's: the bench's Job
+    /// create, controllers, the agent), from its `/metrics`.
+    pub api_requests_per_task: f64,
+    /// Objects written to the store per short task.
+    pub store_writes_per_task: f64,
     pub running: usize,
     /// Time until all `running` Pods were `Running`.
     pub running_ready_s: f64,
@@ -133,6 +144,13 @@ impl std::fmt::Display for AgentBenchReport {
             "  of which Task placed -> Pod Running p50 / p99", a.p50_ms, a.p99_ms
         )?;
         writeln!(f, "{:<48} {:>12}", "short tasks failed", self.task_failures)?;
+        writeln!(
+            f,
+            "{:<48} {:>9.1} / {:.1}",
+            "API requests / store writes per short task",
+            self.api_requests_per_task,
+            self.store_writes_per_task
+        )?;
         writeln!(
             f,
             "{:<48} {:>10.2} s",
@@ -315,10 +333,22 @@ struct AgentProcess {
 }
 
 impl AgentProcess {
-    async fn start(server: &TestServer, admin: &kube::Client) -> anyhow::Result<AgentProcess> {
+    async fn start(
+        server: &TestServer,
+        admin: &kube::Client,
+        log_path: Option<&std::path::Path>,
+    ) -> anyhow::Result<AgentProcess> {
         let dir = tempfile::tempdir()?;
         let token = bootstrap_token(server, CLUSTER).await?;
-        let log = std::fs::File::create(dir.path().join("agent.log"))?;
+        let (log_path, level) = match log_path {
+            Some(path) => (
+                path.to_path_buf(),
+                std::env::var("RUST_LOG").unwrap_or_else(|_| "warn".to_string()),
+            ),
+            None => (dir.path().join("agent.log"), "warn".to_string()),
+        };
+        let log = std::fs::File::create(&log_path)
+            .with_context(|| format!("create the agent log {}", log_path.display()))?;
         let mut command = tokio::process::Command::new(std::env::current_exe()?);
         command
             .args(["agent", "--server", &server.url(), "--cluster-id", CLUSTER])
@@ -330,7 +360,7 @@ impl AgentProcess {
             .arg("--ca-hash")
             .arg(token["caHash"].as_str().context("CA hash")?)
             .arg("--stop-tasks-on-exit")
-            .env("RUST_LOG", "warn")
+            .env("RUST_LOG", level)
             .env_remove("KUBECONFIG")
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -349,8 +379,7 @@ impl AgentProcess {
         })
         .await;
         if let Err(error) = registered {
-            let log =
-                std::fs::read_to_string(agent._dir.path().join("agent.log")).unwrap_or_default();
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
             let _ = agent.child.kill().await;
             bail!("{error:#}\nagent log:\n{log}");
         }
@@ -377,7 +406,7 @@ pub async fn run_agent(options: AgentBenchOptions) -> anyhow::Result<AgentBenchR
     let (server, _server_dir) = start_server_with_controllers().await?;
     let admin = server.client().await?;
     let result = async {
-        let mut agent = AgentProcess::start(&server, &admin).await?;
+        let mut agent = AgentProcess::start(&server, &admin, options.agent_log.as_deref()).await?;
         let result = measure(&admin, &agent, &options).await;
         // The Jobs are deleted by `measure`; the agent stops what is left on exit
         // (`--stop-tasks-on-exit`), and kill_on_drop ends it should that hang.
@@ -478,6 +507,44 @@ async fn start_watches(
     Ok((watches, vec![pods_task, tasks_task]))
 }
 
+/// The server's request and store-write counters (its `/metrics`).
+struct ControlPlaneCounts {
+    requests: f64,
+    writes: f64,
+}
+
+impl ControlPlaneCounts {
+    async fn read(admin: &kube::Client) -> anyhow::Result<ControlPlaneCounts> {
+        let request = http::Request::get("/metrics").body(Vec::new())?;
+        let text = admin
+            .request_text(request)
+            .await
+            .context("read the server's /metrics")?;
+        let sum = |name: &str| -> f64 {
+            text.lines()
+                .filter(|line| {
+                    line.strip_prefix(name)
+                        .is_some_and(|rest| rest.starts_with(['{', ' ']))
+                })
+                .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+                .sum()
+        };
+        Ok(ControlPlaneCounts {
+            requests: sum("rlark_apiserver_requests_total"),
+            writes: sum("rlark_store_writes_total"),
+        })
+    }
+
+    /// Per-task increase since `before`.
+    fn since(&self, before: &ControlPlaneCounts, tasks: usize) -> ControlPlaneCounts {
+        let per = |now: f64, then: f64| (now - then) / tasks.max(1) as f64;
+        ControlPlaneCounts {
+            requests: per(self.requests, before.requests),
+            writes: per(self.writes, before.writes),
+        }
+    }
+}
+
 async fn delete_jobs(jobs: &Api<Job>, prefix: &str, count: usize) {
     for i in 0..count {
         let _ = jobs
@@ -499,6 +566,7 @@ async fn measure(
         let agent_idle_rss_mib = agent.rss_mib()?;
 
         // 1. Start latency of short tasks.
+        let counts_before = ControlPlaneCounts::read(admin).await?;
         let starts = create_in_batches(
             &jobs,
             &watches,
@@ -518,6 +586,11 @@ async fn measure(
         let job_start = LatencySummary::from_samples(&mut latencies);
         let mut latencies: Vec<Duration> = starts.iter().filter_map(|s| s.placed_to_pod).collect();
         let agent_start = LatencySummary::from_samples(&mut latencies);
+        // The short tasks' last writes (Succeeded, Events) land just after they started.
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let counts = ControlPlaneCounts::read(admin)
+            .await?
+            .since(&counts_before, options.tasks);
         delete_jobs(&jobs, "start", options.tasks).await;
 
         // 2. Resources with long-running tasks.
@@ -570,6 +643,8 @@ async fn measure(
             job_start,
             agent_start,
             task_failures,
+            api_requests_per_task: counts.requests,
+            store_writes_per_task: counts.writes,
             running: options.running,
             running_ready_s,
             agent_idle_rss_mib,
