@@ -1061,8 +1061,16 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         futures::future::ready(())
     });
 
-    let controller = Controller::new(jobs, watcher::Config::default());
-    let job_cache = controller.store();
+    // A Job's own status writes (this controller's) do not trigger another reconcile: each
+    // pass already acts on the status it computes, and the Tasks' changes, requeues and
+    // spec/metadata changes cover everything else. Half of the passes (each a fresh read
+    // of the Job and a Task list) went to reacting to those writes.
+    let (job_cache, job_writer) = reflector::store::<Job>();
+    let job_changes = reflector::reflector(job_writer, watcher(jobs, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects()
+        .predicate_filter(job_trigger, Default::default());
+    let controller = Controller::for_stream(job_changes, job_cache.clone());
     let state = Arc::new(JobState {
         ctx,
         usage,
@@ -1143,6 +1151,24 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         () = task_index => tracing::error!(controller = CONTROLLER, "task watch stopped"),
         () = node_reflector => tracing::error!(controller = CONTROLLER, "node cache stopped"),
     }
+}
+
+/// What about a Job triggers a reconcile: anything but its status (spec through
+/// `generation`, the restart annotation, labels, deletion, finalizers).
+fn job_trigger(job: &Job) -> Option<u64> {
+    use std::hash::{Hash as _, Hasher as _};
+    let meta = &job.metadata;
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    meta.uid.hash(&mut hasher);
+    meta.generation.hash(&mut hasher);
+    meta.annotations.hash(&mut hasher);
+    meta.labels.hash(&mut hasher);
+    meta.finalizers.hash(&mut hasher);
+    meta.deletion_timestamp
+        .as_ref()
+        .map(|t| t.0.to_string())
+        .hash(&mut hasher);
+    Some(hasher.finish())
 }
 
 /// What about a Node matters to placement: labels, agent type, cordon, phase, capacity.
