@@ -976,17 +976,28 @@ async fn new_replicas_create_their_pods_and_report_pending_only_while_starting_i
     // A slow start (the artifact answers after 2 s): Pending on this node, then Running.
     let url = slow_artifact_server(Duration::from_secs(2)).await?;
     let watch_api = h.pods();
+    let (listed_tx, listed) = tokio::sync::oneshot::channel();
     let phases = tokio::spawn(async move {
         use futures::StreamExt as _;
-        use kube::runtime::{WatchStreamExt as _, watcher};
+        use kube::runtime::watcher;
         let mut seen: Vec<(Option<PodPhase>, Option<String>)> = Vec::new();
         let stream = watcher(
             watch_api,
             watcher::Config::default().fields("metadata.name=slow-main-0"),
-        )
-        .applied_objects();
+        );
         let mut stream = std::pin::pin!(stream);
-        while let Some(Ok(pod)) = stream.next().await {
+        let mut listed_tx = Some(listed_tx);
+        while let Some(Ok(event)) = stream.next().await {
+            let pod = match event {
+                watcher::Event::InitDone => {
+                    if let Some(tx) = listed_tx.take() {
+                        let _ = tx.send(());
+                    }
+                    continue;
+                }
+                watcher::Event::Apply(pod) | watcher::Event::InitApply(pod) => pod,
+                watcher::Event::Init | watcher::Event::Delete(_) => continue,
+            };
             let status = pod.status.unwrap_or_default();
             let entry = (status.phase, status.node);
             if seen.last() != Some(&entry) {
@@ -998,6 +1009,10 @@ async fn new_replicas_create_their_pods_and_report_pending_only_while_starting_i
         }
         seen
     });
+    // Watching before the Job exists: every phase the Pod goes through is seen.
+    tokio::time::timeout(DEADLINE, listed)
+        .await
+        .context("the Pod watch did not start")??;
     h.create_job(
         "slow",
         json!({"entrypoint": ["sh", "app.sh"], "artifact": url}),
