@@ -1014,6 +1014,163 @@ struct JobState {
     placement: tokio::sync::Mutex<Ledger>,
     namespaces: StdMutex<HashSet<String>>,
     backoff: ErrorBackoff,
+    /// The Jobs as watched (the controller's own cache).
+    jobs: Store<Job>,
+    /// The Tasks as watched (ready with `usage_ready`).
+    tasks: Store<Task>,
+    /// Per Job: this controller's writes the caches must show before a pass reads them.
+    expectations: StdMutex<HashMap<String, Expectations>>,
+}
+
+/// How long unmet expectations make a Job's passes read the API server instead of the
+/// caches (a Task created and deleted by someone else before the cache saw it would
+/// otherwise keep them unmet forever).
+const EXPECTATION_TTL: Duration = Duration::from_secs(30);
+
+/// What this controller wrote for one Job that its caches must reflect before a pass may
+/// read them instead of the API server — kube-controller-manager's "expectations". Until
+/// then a pass reads fresh (a GET of the Job, a list of its Tasks), so a trailing cache
+/// never makes it place, delete or restart twice.
+#[derive(Debug, Default)]
+struct Expectations {
+    /// The Job's resourceVersion after the last status write.
+    job: Option<u64>,
+    /// Tasks created (UIDs), to appear in the Task cache.
+    created: HashSet<String>,
+    /// Tasks deleted (UIDs), to disappear from it (or show their deletion).
+    deleted: HashSet<String>,
+    /// Tasks updated: UID → the resourceVersion the cache must reach.
+    updated: HashMap<String, u64>,
+    /// The last write recorded.
+    since: Option<Instant>,
+}
+
+impl Expectations {
+    fn expired(&self) -> bool {
+        self.since.is_some_and(|t| t.elapsed() >= EXPECTATION_TTL)
+    }
+
+    fn tasks_pending(&self) -> bool {
+        !(self.created.is_empty() && self.deleted.is_empty() && self.updated.is_empty())
+    }
+
+    /// Whether `cached` (the Job's Tasks in the cache) shows every Task write.
+    fn tasks_met_by(&self, cached: &[Arc<Task>]) -> bool {
+        let by_uid: HashMap<&str, &Task> = cached
+            .iter()
+            .filter_map(|t| Some((t.metadata.uid.as_deref()?, t.as_ref())))
+            .collect();
+        self.created
+            .iter()
+            .all(|uid| by_uid.contains_key(uid.as_str()))
+            && self.deleted.iter().all(|uid| {
+                by_uid
+                    .get(uid.as_str())
+                    .is_none_or(|t| t.metadata.deletion_timestamp.is_some())
+            })
+            && self.updated.iter().all(|(uid, rv)| {
+                by_uid
+                    .get(uid.as_str())
+                    .and_then(|t| revision_of(&t.metadata))
+                    .is_some_and(|seen| seen >= *rv)
+            })
+    }
+}
+
+/// An object's resourceVersion as a number (rlark's are store revisions); `None` when
+/// absent or not numeric (then caches are never trusted for it).
+fn revision_of(meta: &ObjectMeta) -> Option<u64> {
+    meta.resource_version.as_deref()?.parse().ok()
+}
+
+impl JobState {
+    fn expect(&self, job: &str, record: impl FnOnce(&mut Expectations)) {
+        let mut all = lock(&self.expectations);
+        let e = all.entry(job.to_string()).or_default();
+        record(e);
+        e.since = Some(Instant::now());
+    }
+
+    fn expect_job(&self, job: &Job) {
+        if let Some(rv) = revision_of(&job.metadata) {
+            self.expect(&job.name_any(), |e| e.job = Some(rv));
+        } else {
+            // Not comparable: read fresh until the expectation expires.
+            self.expect(&job.name_any(), |e| e.job = Some(u64::MAX));
+        }
+    }
+
+    fn expect_created(&self, job: &str, uid: &str) {
+        self.expect(job, |e| {
+            e.created.insert(uid.to_string());
+        });
+    }
+
+    fn expect_deleted(&self, job: &str, task: &Task) {
+        if let Some(uid) = task.metadata.uid.clone() {
+            self.expect(job, |e| {
+                e.deleted.insert(uid);
+            });
+        }
+    }
+
+    fn expect_updated(&self, job: &str, task: &Task) {
+        if let Some(uid) = task.metadata.uid.clone() {
+            let rv = revision_of(&task.metadata).unwrap_or(u64::MAX);
+            self.expect(job, |e| {
+                e.updated.insert(uid, rv);
+            });
+        }
+    }
+
+    /// The Job from the cache, when it shows this controller's last status write.
+    fn cached_job(&self, name: &str) -> Option<Arc<Job>> {
+        let job = self.jobs.get(&ObjectRef::new(name))?;
+        let all = lock(&self.expectations);
+        match all.get(name) {
+            Some(e) if !e.expired() => match e.job {
+                Some(expected) => revision_of(&job.metadata)
+                    .is_some_and(|seen| seen >= expected)
+                    .then_some(job),
+                None => Some(job),
+            },
+            _ => Some(job),
+        }
+    }
+
+    /// The Job's Tasks (label `rlark.io/job`) from the cache, when it is synced and shows
+    /// every Task write of this controller for the Job (those expectations are then met).
+    fn cached_tasks(&self, name: &str) -> Option<Vec<Task>> {
+        if !*self.usage_ready.borrow() {
+            return None;
+        }
+        let cached: Vec<Arc<Task>> = self
+            .tasks
+            .state()
+            .into_iter()
+            .filter(|t| t.labels().get(labels::JOB).map(String::as_str) == Some(name))
+            .collect();
+        let mut all = lock(&self.expectations);
+        if let Some(e) = all.get_mut(name)
+            && e.tasks_pending()
+        {
+            if !e.expired() && !e.tasks_met_by(&cached) {
+                return None;
+            }
+            e.created.clear();
+            e.deleted.clear();
+            e.updated.clear();
+        }
+        drop(all);
+        let mut tasks: Vec<Task> = cached.iter().map(|t| t.as_ref().clone()).collect();
+        // As a list returns them.
+        tasks.sort_by_key(|t| (t.namespace(), t.name_any()));
+        Some(tasks)
+    }
+
+    fn forget(&self, name: &str) {
+        lock(&self.expectations).remove(name);
+    }
 }
 
 /// Run the Job controller until `shutdown` is cancelled (in-flight reconciles finish).
@@ -1031,18 +1188,23 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
 
     let usage: Arc<StdMutex<UsageIndex>> = Arc::default();
     let (ready_tx, usage_ready) = tokio::sync::watch::channel(false);
-    let task_index = {
+    let (task_cache, task_writer) = reflector::store::<Task>();
+    // One Task watch feeds the Task cache, the usage index and the Controller's Task
+    // triggers, in that order: a pass woken by a Task change finds that change in the
+    // cache (with two watches, a trigger could outrun the cache, and the pass would settle
+    // on the Task's old state until the next resync).
+    let task_changes = {
         let usage = Arc::clone(&usage);
-        watcher(tasks.clone(), watcher::Config::default())
+        reflector::reflector(task_writer, watcher(tasks, watcher::Config::default()))
             .default_backoff()
-            .for_each(move |event| {
+            .inspect(move |event| {
                 if let Ok(event) = event
-                    && lock(&usage).apply(&event)
+                    && lock(&usage).apply(event)
                 {
                     ready_tx.send_replace(true);
                 }
-                futures::future::ready(())
             })
+            .touched_objects()
     };
     let (node_cache, node_writer) = reflector::store::<Node>();
     // Readiness of the Node cache as a watch channel: kube-runtime's
@@ -1080,6 +1242,9 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         placement: tokio::sync::Mutex::new(Ledger::default()),
         namespaces: StdMutex::default(),
         backoff: ErrorBackoff::default(),
+        jobs: job_cache.clone(),
+        tasks: task_cache,
+        expectations: StdMutex::default(),
     });
 
     let waiting = {
@@ -1137,7 +1302,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     };
 
     let controller = controller
-        .watches(tasks, watcher::Config::default(), task_mapper)
+        .watches_stream(task_changes, task_mapper)
         .watches(nodes, watcher::Config::default(), node_mapper)
         .graceful_shutdown_on(shutdown.clone().cancelled_owned())
         .run(reconcile, error_policy, state)
@@ -1148,7 +1313,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         });
     tokio::select! {
         () = controller => {}
-        () = task_index => tracing::error!(controller = CONTROLLER, "task watch stopped"),
         () = node_reflector => tracing::error!(controller = CONTROLLER, "node cache stopped"),
     }
 }
@@ -1225,25 +1389,40 @@ fn error_policy(job: Arc<Job>, error: &Error, state: Arc<JobState>) -> Action {
 async fn reconcile_job(name: &str, state: &JobState) -> Result<Action, Error> {
     let client = &state.ctx.client;
     let jobs: Api<Job> = Api::all(client.clone());
-    // Fresh read: the controller's cache may trail this controller's own last write.
-    let Some(job) = jobs.get_opt(name).await? else {
-        return Ok(Action::await_change());
+    // The caches when they show this controller's own writes (expectations), else a
+    // fresh read: acting on a cache that trails those writes would repeat them.
+    let job = match state.cached_job(name) {
+        Some(job) => job.as_ref().clone(),
+        None => match jobs.get_opt(name).await? {
+            Some(job) => job,
+            None => {
+                state.forget(name);
+                return Ok(Action::await_change());
+            }
+        },
     };
     if job.metadata.deletion_timestamp.is_some() {
         // Garbage collection removes the Tasks.
+        state.forget(name);
         return Ok(Action::await_change());
     }
     let recorder = &state.ctx.recorder;
     let reference = Recorder::reference(&job);
 
-    let listed = Api::<Task>::all(client.clone())
-        .list(&ListParams::default().labels(&format!("{}={name}", labels::JOB)))
-        .await?
-        .items;
+    let listed = match state.cached_tasks(name) {
+        Some(tasks) => tasks,
+        None => {
+            Api::<Task>::all(client.clone())
+                .list(&ListParams::default().labels(&format!("{}={name}", labels::JOB)))
+                .await?
+                .items
+        }
+    };
     let (tasks, extra) = match_tasks(&job, listed);
     for task in &extra {
         tracing::info!(task = %crate::events::display_name(task), "deleting task not matching a template");
         delete_task(client, task).await?;
+        state.expect_deleted(name, task);
     }
     let obs = Observation::of(&job, &tasks);
     let decision = decide(&obs);
@@ -1257,6 +1436,7 @@ async fn reconcile_job(name: &str, state: &JobState) -> Result<Action, Error> {
                 started += 1;
             }
             delete_task(client, task).await?;
+            state.expect_deleted(name, task);
             lock_ledger_forget(state, task).await;
         }
         if started > 0 {
@@ -1288,7 +1468,10 @@ async fn reconcile_job(name: &str, state: &JobState) -> Result<Action, Error> {
                 )
                 .await
             {
-                Ok(_) => Ok(()),
+                Ok(patched) => {
+                    state.expect_updated(name, &patched);
+                    Ok(())
+                }
                 Err(kube::Error::Api(s)) if s.code == 404 => Ok(()),
                 Err(e) => Err(e.into()),
             }
@@ -1318,7 +1501,7 @@ async fn reconcile_job(name: &str, state: &JobState) -> Result<Action, Error> {
         JobPhase::Pending | JobPhase::Running | JobPhase::Stopped
     ) && !decision.delete_all
     {
-        update_drifted_tasks(client, &job, &tasks).await?;
+        update_drifted_tasks(state, &job, &tasks).await?;
     }
     let placement = if decision.place_missing {
         place_missing(state, &job, &tasks).await?
@@ -1342,8 +1525,10 @@ async fn reconcile_job(name: &str, state: &JobState) -> Result<Action, Error> {
             &status,
             job.metadata.resource_version.as_deref(),
         )?;
-        jobs.patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
+        let patched = jobs
+            .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
+        state.expect_job(&patched);
     }
     match &placement {
         PlacementOutcome::Unschedulable(message) => {
@@ -1418,10 +1603,11 @@ async fn delete_task(client: &kube::Client, task: &Task) -> Result<(), Error> {
 /// Updates the spec (keeping placement and `stopped`) and Ray annotations of Tasks whose
 /// template changed.
 async fn update_drifted_tasks(
-    client: &kube::Client,
+    state: &JobState,
     job: &Job,
     tasks: &[Option<Task>],
 ) -> Result<(), Error> {
+    let client = &state.ctx.client;
     let ray = ray_annotations(&job.name_any(), &job.spec.tasks);
     for (i, task) in tasks.iter().enumerate() {
         let (Some(task), Some(template), Some(ray)) = (task, job.spec.tasks.get(i), ray.get(i))
@@ -1451,8 +1637,10 @@ async fn update_drifted_tasks(
         updated.status = None;
         let api: Api<Task> = Api::namespaced(client.clone(), &task.namespace().unwrap_or_default());
         tracing::info!(task = %crate::events::display_name(task), "template changed; updating task spec");
-        api.replace(&task.name_any(), &PostParams::default(), &updated)
+        let replaced = api
+            .replace(&task.name_any(), &PostParams::default(), &updated)
             .await?;
+        state.expect_updated(&job.name_any(), &replaced);
     }
     Ok(())
 }
@@ -1546,6 +1734,7 @@ async fn place_missing(
             let key = (task.namespace().unwrap_or_default(), task.name_any());
             match result {
                 Ok(Some(uid)) => {
+                    state.expect_created(&job.name_any(), &uid);
                     if let Some(a) = ledger.assumed.get_mut(&key) {
                         a.uid = Some(uid);
                         a.since = Instant::now();
@@ -2186,5 +2375,58 @@ mod tests {
             describe_placements(&d),
             "actor → cluster \"a\" (a1, a2); none → cluster \"b\" (no replicas)"
         );
+    }
+
+    fn cached_task(uid: &str, rv: &str, deleting: bool) -> Arc<Task> {
+        let job = three_templates();
+        let mut task = Task::new(uid, job.spec.tasks[0].spec.clone());
+        task.metadata.namespace = Some("rlark-a".into());
+        task.metadata.uid = Some(uid.into());
+        task.metadata.resource_version = Some(rv.into());
+        if deleting {
+            task.metadata.deletion_timestamp = Some(now(1));
+        }
+        Arc::new(task)
+    }
+
+    #[test]
+    fn expectations_hold_until_the_cache_shows_every_write() {
+        let mut e = Expectations::default();
+        assert!(!e.tasks_pending());
+        e.created.insert("new".into());
+        e.deleted.insert("old".into());
+        e.updated.insert("kept".into(), 7);
+        e.since = Some(Instant::now());
+        assert!(e.tasks_pending());
+
+        // The cache before any of the writes.
+        let before = vec![
+            cached_task("old", "3", false),
+            cached_task("kept", "5", false),
+        ];
+        assert!(!e.tasks_met_by(&before));
+        // Created and deleted seen, the update not yet.
+        let partly = vec![
+            cached_task("new", "6", false),
+            cached_task("kept", "5", false),
+        ];
+        assert!(!e.tasks_met_by(&partly));
+        // Everything seen; a deletion in progress counts as seen.
+        let after = vec![
+            cached_task("new", "6", false),
+            cached_task("old", "8", true),
+            cached_task("kept", "7", false),
+        ];
+        assert!(e.tasks_met_by(&after));
+        // A resourceVersion that is not a number is never trusted.
+        let opaque = vec![
+            cached_task("new", "6", false),
+            cached_task("kept", "x", false),
+        ];
+        assert!(!e.tasks_met_by(&opaque));
+
+        assert!(!e.expired());
+        e.since = Instant::now().checked_sub(EXPECTATION_TTL + Duration::from_secs(1));
+        assert!(e.expired());
     }
 }
