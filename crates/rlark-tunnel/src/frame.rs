@@ -330,6 +330,7 @@ impl Frame {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mutation::{Rng, mutate};
 
     fn samples() -> Vec<Frame> {
         vec![
@@ -569,26 +570,12 @@ mod tests {
         }
     }
 
-    /// xorshift64*: deterministic, no dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n.max(1) as u64) as usize
-        }
-    }
-
     /// Mutates valid encodings (bit flips, byte sets, truncation, extension, splices) and
     /// checks: decode never panics, and whatever decodes re-encodes to the same bytes.
     #[test]
     fn mutation_loop_never_panics_and_is_canonical() {
         let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
-        let seeds: Vec<Vec<u8>> = samples()
+        let encoded: Vec<Vec<u8>> = samples()
             .iter()
             .map(|f| {
                 let mut v = f.encode().to_vec();
@@ -596,36 +583,14 @@ mod tests {
                 v
             })
             .collect();
+        let seeds: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
         let mut accepted = 0usize;
         for _ in 0..200_000 {
-            let mut msg = seeds[rng.below(seeds.len())].clone();
-            for _ in 0..1 + rng.below(4) {
-                match rng.below(6) {
-                    0 if !msg.is_empty() => {
-                        let i = rng.below(msg.len());
-                        msg[i] ^= 1 << rng.below(8);
-                    }
-                    1 if !msg.is_empty() => {
-                        let i = rng.below(msg.len());
-                        msg[i] = rng.next() as u8;
-                    }
-                    2 => msg.truncate(rng.below(msg.len() + 1)),
-                    3 => {
-                        for _ in 0..rng.below(9) {
-                            msg.push(rng.next() as u8);
-                        }
-                    }
-                    4 if !msg.is_empty() => {
-                        // small type bytes are the interesting ones
-                        msg[0] = rng.below(10) as u8;
-                    }
-                    _ => {
-                        let other = &seeds[rng.below(seeds.len())];
-                        let cut = rng.below(other.len() + 1);
-                        msg.extend_from_slice(&other[..cut]);
-                    }
-                }
-            }
+            let mut msg = seeds[rng.below(seeds.len())].to_vec();
+            // Small type bytes are the interesting ones.
+            mutate(&mut rng, &mut msg, &seeds, |rng, msg| {
+                msg[0] = rng.below(10) as u8
+            });
             let a = Frame::decode(&msg);
             let b = Frame::decode_bytes(Bytes::copy_from_slice(&msg));
             assert_eq!(a, b);

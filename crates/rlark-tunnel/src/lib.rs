@@ -19,6 +19,8 @@ pub mod client;
 pub mod dial;
 pub mod frame;
 pub mod header;
+#[cfg(test)]
+mod mutation;
 pub mod mux;
 mod pool;
 pub mod transport;

@@ -809,6 +809,7 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for HeadOnly<S> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::mutation::{Rng, mutate};
     use futures::{SinkExt, StreamExt};
     use std::time::Duration;
     use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
@@ -1316,20 +1317,6 @@ mod tests {
         assert_eq!(&back, b"back");
     }
 
-    /// xorshift64*: deterministic, no dependency.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n.max(1) as u64) as usize
-        }
-    }
-
     /// Reads `input` as a peer's byte stream, in `role`, to its end: every message yielded
     /// is within the size limit and the reader never panics or loops.
     pub(crate) fn read_all(input: &[u8], role: Role) -> Vec<io::Result<Bytes>> {
@@ -1396,39 +1383,17 @@ mod tests {
         assert_eq!(read_all(&seeds[1].1, s).len(), 1);
         assert_eq!(read_all(&seeds[2].1, c).len(), 2);
 
+        let seed_bytes: Vec<&[u8]> = seeds.iter().map(|(_, s)| s.as_slice()).collect();
         let mut rng = Rng(0x2545_f491_4f6c_dd1d);
         let mut messages = 0usize;
         for _ in 0..20_000 {
             let (role, seed) = &seeds[rng.below(seeds.len())];
             let mut input = seed.clone();
-            for _ in 0..1 + rng.below(4) {
-                match rng.below(6) {
-                    0 if !input.is_empty() => {
-                        let i = rng.below(input.len());
-                        input[i] ^= 1 << rng.below(8);
-                    }
-                    1 if !input.is_empty() => {
-                        let i = rng.below(input.len());
-                        input[i] = rng.next() as u8;
-                    }
-                    2 => input.truncate(rng.below(input.len() + 1)),
-                    3 => {
-                        for _ in 0..rng.below(9) {
-                            input.push(rng.next() as u8);
-                        }
-                    }
-                    4 if !input.is_empty() => {
-                        // Header bytes are the interesting ones.
-                        let i = rng.below(input.len().min(16));
-                        input[i] = rng.next() as u8;
-                    }
-                    _ => {
-                        let (_, other) = &seeds[rng.below(seeds.len())];
-                        let cut = rng.below(other.len() + 1);
-                        input.extend_from_slice(&other[..cut]);
-                    }
-                }
-            }
+            // Header bytes are the interesting ones.
+            mutate(&mut rng, &mut input, &seed_bytes, |rng, input| {
+                let i = rng.below(input.len().min(16));
+                input[i] = rng.next() as u8;
+            });
             for m in read_all(&input, *role).into_iter().flatten() {
                 assert!(m.len() <= MAX_MESSAGE_SIZE);
                 messages += 1;
