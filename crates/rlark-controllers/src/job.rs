@@ -1126,15 +1126,15 @@ impl JobState {
     /// The Job from the cache, when it shows this controller's last status write.
     fn cached_job(&self, name: &str) -> Option<Arc<Job>> {
         let job = self.jobs.get(&ObjectRef::new(name))?;
-        let all = lock(&self.expectations);
-        match all.get(name) {
-            Some(e) if !e.expired() => match e.job {
-                Some(expected) => revision_of(&job.metadata)
-                    .is_some_and(|seen| seen >= expected)
-                    .then_some(job),
-                None => Some(job),
-            },
-            _ => Some(job),
+        let expected = lock(&self.expectations)
+            .get(name)
+            .filter(|e| !e.expired())
+            .and_then(|e| e.job);
+        match expected {
+            Some(expected) => revision_of(&job.metadata)
+                .is_some_and(|seen| seen >= expected)
+                .then_some(job),
+            None => Some(job),
         }
     }
 
