@@ -242,68 +242,22 @@ pub async fn serve_with(
             .map(|r| r.id.clone())
             .collect();
         tracing::info!(socket = %path.display(), robots = ?ids, "serving RobotController");
-        let service = RobotService::new(robots.clone(), &backends);
-        let tracker = tracker.clone();
-        let incoming = UnixListenerStream::new(listener)
-            .map(move |accepted| accepted.map(|stream| tracker.track(stream)));
-        let signal = shutdown.clone();
-        let server_path = path.clone();
-        servers.push(tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                // One span per call, named by its RPC path.
-                .trace_fn(|request| tracing::info_span!("rpc", path = %request.uri().path()))
-                .add_service(RobotControllerServer::new(service))
-                .serve_with_incoming_shutdown(incoming, signal.cancelled_owned())
-                .await
-                .map_err(|e| ServeError::Serve {
-                    path: server_path,
-                    message: e.to_string(),
-                })
-        }));
+        let service = RobotControllerServer::new(RobotService::new(robots.clone(), &backends));
+        servers.push(spawn_grpc(service, &path, listener, &tracker, &shutdown));
         sockets.push(path);
     }
     if let Some((path, listener)) = camera_listener {
         let ids: Vec<String> = cameras.list().into_iter().map(|c| c.camera_id).collect();
         tracing::info!(socket = %path.display(), cameras = ?ids, "serving CameraController");
-        let service = CameraService::new(cameras.clone());
-        let tracker = tracker.clone();
-        let incoming = UnixListenerStream::new(listener)
-            .map(move |accepted| accepted.map(|stream| tracker.track(stream)));
-        let signal = shutdown.clone();
-        let server_path = path.clone();
-        servers.push(tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .trace_fn(|request| tracing::info_span!("rpc", path = %request.uri().path()))
-                .add_service(CameraControllerServer::new(service))
-                .serve_with_incoming_shutdown(incoming, signal.cancelled_owned())
-                .await
-                .map_err(|e| ServeError::Serve {
-                    path: server_path,
-                    message: e.to_string(),
-                })
-        }));
+        let service = CameraControllerServer::new(CameraService::new(cameras.clone()));
+        servers.push(spawn_grpc(service, &path, listener, &tracker, &shutdown));
         sockets.push(path);
     }
     if let Some((path, listener)) = devinit_listener {
         let names: Vec<&str> = config.macvlans.iter().map(|m| m.name.as_str()).collect();
         tracing::info!(socket = %path.display(), macvlans = ?names, "serving DeviceService (devinit)");
         let service = crate::devinit::Devinit::new(config.macvlans.clone(), socket_dir).server();
-        let tracker = tracker.clone();
-        let incoming = UnixListenerStream::new(listener)
-            .map(move |accepted| accepted.map(|stream| tracker.track(stream)));
-        let signal = shutdown.clone();
-        let server_path = path.clone();
-        servers.push(tokio::spawn(async move {
-            tonic::transport::Server::builder()
-                .trace_fn(|request| tracing::info_span!("rpc", path = %request.uri().path()))
-                .add_service(service)
-                .serve_with_incoming_shutdown(incoming, signal.cancelled_owned())
-                .await
-                .map_err(|e| ServeError::Serve {
-                    path: server_path,
-                    message: e.to_string(),
-                })
-        }));
+        servers.push(spawn_grpc(service, &path, listener, &tracker, &shutdown));
         sockets.push(path);
     }
     // The kubelet device plugin serves its own socket in the kubelet's directory.
@@ -399,4 +353,43 @@ pub(crate) async fn bind(path: &Path) -> Result<UnixListener, ServeError> {
         }
     })?;
     Ok(listener)
+}
+
+/// Serve one gRPC service on `listener` (the socket at `path`) until `shutdown`, every
+/// connection tracked for its peer credentials; one span per call, named by its RPC path.
+fn spawn_grpc<S>(
+    service: S,
+    path: &Path,
+    listener: UnixListener,
+    tracker: &Arc<ConnTracker>,
+    shutdown: &CancellationToken,
+) -> JoinHandle<Result<(), ServeError>>
+where
+    S: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+            Error = std::convert::Infallible,
+        > + tonic::server::NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let tracker = Arc::clone(tracker);
+    let incoming = UnixListenerStream::new(listener)
+        .map(move |accepted| accepted.map(|stream| tracker.track(stream)));
+    let signal = shutdown.clone();
+    let path = path.to_path_buf();
+    tokio::spawn(async move {
+        tonic::transport::Server::builder()
+            .trace_fn(|request| tracing::info_span!("rpc", path = %request.uri().path()))
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, signal.cancelled_owned())
+            .await
+            .map_err(|e| ServeError::Serve {
+                path,
+                message: e.to_string(),
+            })
+    })
 }
