@@ -53,6 +53,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::io;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll, Waker, ready};
 use std::time::Duration;
@@ -115,8 +116,13 @@ impl Role {
 /// Multiplexer settings.
 #[derive(Clone, Debug)]
 pub struct MuxConfig {
-    /// Per-stream receive window in bytes (at least [`INITIAL_WINDOW`]). Default 8 MiB.
+    /// Largest per-stream receive window in bytes (at least [`INITIAL_WINDOW`]): the bound
+    /// of auto-tuning and of what one stream may buffer. Default 8 MiB.
     pub window: u32,
+    /// Receive window every stream starts with (at least [`INITIAL_WINDOW`], at most
+    /// `window`); it doubles up to `window` while the reader keeps up and half of it is
+    /// consumed within two round trips (see the module docs). Default 1 MiB.
+    pub start_window: u32,
     /// Largest DATA payload per frame. Default 256 KiB.
     pub max_frame_payload: usize,
     /// Concurrent streams per session, both directions together. Default 4096.
@@ -133,6 +139,7 @@ impl Default for MuxConfig {
     fn default() -> Self {
         MuxConfig {
             window: 8 * 1024 * 1024,
+            start_window: 1024 * 1024,
             max_frame_payload: 256 * 1024,
             max_streams: 4096,
             keepalive_interval: Duration::from_secs(5),
@@ -145,6 +152,7 @@ impl Default for MuxConfig {
 impl MuxConfig {
     fn normalized(mut self) -> Self {
         self.window = self.window.max(INITIAL_WINDOW);
+        self.start_window = self.start_window.clamp(INITIAL_WINDOW, self.window);
         self.max_frame_payload = self.max_frame_payload.max(1);
         let min = Duration::from_millis(1);
         self.keepalive_interval = self.keepalive_interval.max(min);
@@ -204,6 +212,23 @@ struct Shared {
     send_buffer: usize,
     inner: Mutex<Inner>,
     done: CancellationToken,
+    /// Smallest round-trip time measured with PING/PONG, in nanoseconds (0: none yet).
+    /// Window auto-tuning compares how fast a window is consumed against it.
+    min_rtt_nanos: AtomicU64,
+}
+
+impl Shared {
+    fn min_rtt(&self) -> Option<Duration> {
+        match self.min_rtt_nanos.load(Ordering::Relaxed) {
+            0 => None,
+            n => Some(Duration::from_nanos(n)),
+        }
+    }
+
+    fn record_rtt(&self, rtt: Duration) {
+        let n = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1);
+        self.min_rtt_nanos.fetch_min(n, Ordering::Relaxed);
+    }
 }
 
 struct Inner {
@@ -330,6 +355,11 @@ struct StreamState {
     recv_allowed: u64,
     /// Consumed by the application since the last grant.
     consumed: usize,
+    /// This stream's current receive window (auto-tuned between `start_window` and
+    /// `window`).
+    recv_window: u32,
+    /// When the current auto-tuning epoch began: the stream's creation or its last grant.
+    epoch_start: Instant,
     fin_recv: bool,
     // send side
     /// Bytes this side may still queue: peer's credit minus queued and in-flight bytes.
@@ -360,6 +390,8 @@ impl StreamState {
             // the stream's first frames.
             recv_allowed: u64::from(window),
             consumed: 0,
+            recv_window: window,
+            epoch_start: now,
             fin_recv: false,
             credit: u64::from(INITIAL_WINDOW),
             sendq: VecDeque::new(),
@@ -446,8 +478,11 @@ impl Session {
                 bytes_out: 0,
             }),
             done: CancellationToken::new(),
+            min_rtt_nanos: AtomicU64::new(0),
             config,
         });
+        // The first RTT probe, for window auto-tuning; keepalive PINGs are probes too.
+        lock(&shared.inner).control.push_back(Frame::Ping { nonce: 1 });
         let cfg = &shared.config;
         let driver = Driver {
             transport,
@@ -457,7 +492,8 @@ impl Session {
                 .map(|d| Box::pin(tokio::time::sleep_until(now + sweep_period(d)))),
             last_recv: now,
             last_ping: now,
-            ping_nonce: 0,
+            ping_nonce: 1,
+            probe: Some((1, now)),
             need_flush: false,
             control_streak: 0,
             phase: Phase::Running,
@@ -473,6 +509,34 @@ impl Session {
             },
             Incoming { shared },
         )
+    }
+}
+
+/// Receive-window auto-tuning, the rule of quic-go's and yamux's flow controllers: when a
+/// stream's reader consumed `consumed` bytes of its `window` within `4 * consumed / window`
+/// round trips (two round trips for the half window that triggers a grant), the window and
+/// not the reader limits the stream, so it doubles, up to `max`. Without an RTT sample the
+/// window stays. A reader slower than the link never grows its window: only a fast reader
+/// on a long path needs (and gets) a large one, while on a short path windows stay small
+/// and the bytes in flight stay in the CPU caches.
+fn grown_window(
+    window: u32,
+    max: u32,
+    consumed: usize,
+    elapsed: Duration,
+    rtt: Option<Duration>,
+) -> u32 {
+    let Some(rtt) = rtt else {
+        return window;
+    };
+    if window >= max {
+        return window;
+    }
+    let fraction = consumed as f64 / f64::from(window);
+    if elapsed.as_secs_f64() < 4.0 * fraction * rtt.as_secs_f64() {
+        window.saturating_mul(2).min(max)
+    } else {
+        window
     }
 }
 
@@ -534,9 +598,9 @@ impl Control {
                 return Err(MuxError::IdsExhausted);
             }
             inner.next_id = id.checked_add(2).unwrap_or(0);
-            let mut st = StreamState::new(shared.config.window, now);
+            let mut st = StreamState::new(shared.config.start_window, now);
             st.open_pending = true;
-            st.grant_pending = shared.config.window - INITIAL_WINDOW;
+            st.grant_pending = shared.config.start_window - INITIAL_WINDOW;
             st.in_ready = true;
             let cell = Arc::new(StreamCell {
                 id,
@@ -753,15 +817,30 @@ impl MuxStream {
 
 impl MuxStream {
     /// Books `n` bytes read by the application; returns credit to the peer (WINDOW) once
-    /// half a window has been consumed. Takes the stream lock the caller holds.
+    /// half the stream's window has been consumed, plus the window's growth when
+    /// auto-tuning grows it. Takes the stream lock the caller holds.
     fn consumed(&self, mut st: MutexGuard<'_, StreamState>, n: usize) {
         st.consumed += n;
-        let window = self.shared.config.window as usize;
-        if st.end.is_some() || st.fin_recv || st.consumed < window / 2 {
+        if st.end.is_some() || st.fin_recv || st.consumed < st.recv_window as usize / 2 {
             return;
         }
-        let g = std::mem::take(&mut st.consumed);
-        st.recv_allowed += g as u64;
+        let now = Instant::now();
+        let grown = grown_window(
+            st.recv_window,
+            self.shared.config.window,
+            st.consumed,
+            now.saturating_duration_since(st.epoch_start),
+            self.shared.min_rtt(),
+        );
+        let growth = grown - st.recv_window;
+        if growth > 0 {
+            tracing::trace!(stream = self.cell.id, window = grown, "receive window grown");
+        }
+        st.recv_window = grown;
+        st.epoch_start = now;
+        // consumed <= recv_window (the receive buffer is bounded by it), so this fits.
+        let g = std::mem::take(&mut st.consumed) as u64 + u64::from(growth);
+        st.recv_allowed += g;
         drop(st);
         let w = {
             let mut inner = lock(&self.shared.inner);
@@ -770,7 +849,6 @@ impl MuxStream {
             } else {
                 inner.push_control(Frame::Window {
                     stream: self.cell.id,
-                    // consumed <= window (the receive buffer is bounded by it)
                     credit: u32::try_from(g).unwrap_or(u32::MAX),
                 })
             }
@@ -1026,6 +1104,8 @@ struct Driver<T> {
     last_recv: Instant,
     last_ping: Instant,
     ping_nonce: u64,
+    /// The newest PING not answered yet: (nonce, when queued). Its PONG is an RTT sample.
+    probe: Option<(u64, Instant)>,
     need_flush: bool,
     control_streak: usize,
     phase: Phase,
@@ -1245,13 +1325,13 @@ where
                             code: RstCode::RefusedLimit,
                         });
                     } else {
-                        let mut st = StreamState::new(shared.config.window, now);
+                        let mut st = StreamState::new(shared.config.start_window, now);
                         st.in_incoming = true;
                         let cell = Arc::new(StreamCell {
                             id: stream,
                             st: Mutex::new(st),
                         });
-                        let extra = shared.config.window - INITIAL_WINDOW;
+                        let extra = shared.config.start_window - INITIAL_WINDOW;
                         if extra > 0 {
                             inner.control.push_back(Frame::Window {
                                 stream,
@@ -1284,7 +1364,16 @@ where
                     }
                 }
                 Frame::Ping { nonce } => inner.control.push_back(Frame::Pong { nonce }),
-                Frame::Pong { .. } => {}
+                Frame::Pong { nonce } => {
+                    if let Some((probe, sent)) = self.probe
+                        && probe == nonce
+                    {
+                        // Not `now` (taken before this poll's writes): the PING may have
+                        // left after it.
+                        shared.record_rtt(Instant::now().saturating_duration_since(sent));
+                        self.probe = None;
+                    }
+                }
                 Frame::GoAway { code } => {
                     tracing::debug!(code, "peer sent GOAWAY");
                     inner.peer_goaway = true;
@@ -1310,6 +1399,7 @@ where
                 lock(&self.shared.inner).control.push_back(Frame::Ping {
                     nonce: self.ping_nonce,
                 });
+                self.probe = Some((self.ping_nonce, now));
                 self.last_ping = now;
             }
             let next = (self.last_recv.max(self.last_ping) + cfg.keepalive_interval)
@@ -1437,8 +1527,6 @@ where
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::{AtomicU64, Ordering};
-
     use futures::{SinkExt, StreamExt};
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
