@@ -121,7 +121,7 @@ pub struct MuxConfig {
     pub window: u32,
     /// Receive window every stream starts with (at least [`INITIAL_WINDOW`], at most
     /// `window`); it doubles up to `window` while the reader keeps up and half of it is
-    /// consumed within two round trips (see the module docs). Default 1 MiB.
+    /// consumed within two round trips (see the module docs). Default 512 KiB.
     pub start_window: u32,
     /// Largest DATA payload per frame. Default 256 KiB.
     pub max_frame_payload: usize,
@@ -139,7 +139,7 @@ impl Default for MuxConfig {
     fn default() -> Self {
         MuxConfig {
             window: 8 * 1024 * 1024,
-            start_window: 1024 * 1024,
+            start_window: 512 * 1024,
             max_frame_payload: 256 * 1024,
             max_streams: 4096,
             keepalive_interval: Duration::from_secs(5),
@@ -187,6 +187,9 @@ pub struct SessionStats {
     pub bytes_in: u64,
     /// DATA payload bytes sent.
     pub bytes_out: u64,
+    /// Smallest PING round trip measured so far (None before the first PONG): the path
+    /// delay that window auto-tuning works from.
+    pub min_rtt: Option<Duration>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -212,7 +215,8 @@ struct Shared {
     send_buffer: usize,
     inner: Mutex<Inner>,
     done: CancellationToken,
-    /// Smallest round-trip time measured with PING/PONG, in nanoseconds (0: none yet).
+    /// Smallest round-trip time measured with PING/PONG, in nanoseconds (`u64::MAX`: none
+    /// yet).
     /// Window auto-tuning compares how fast a window is consumed against it.
     min_rtt_nanos: AtomicU64,
 }
@@ -220,13 +224,13 @@ struct Shared {
 impl Shared {
     fn min_rtt(&self) -> Option<Duration> {
         match self.min_rtt_nanos.load(Ordering::Relaxed) {
-            0 => None,
+            u64::MAX => None,
             n => Some(Duration::from_nanos(n)),
         }
     }
 
     fn record_rtt(&self, rtt: Duration) {
-        let n = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX).max(1);
+        let n = u64::try_from(rtt.as_nanos()).unwrap_or(u64::MAX - 1).max(1);
         self.min_rtt_nanos.fetch_min(n, Ordering::Relaxed);
     }
 }
@@ -358,8 +362,10 @@ struct StreamState {
     /// This stream's current receive window (auto-tuned between `start_window` and
     /// `window`).
     recv_window: u32,
-    /// When the current auto-tuning epoch began: the stream's creation or its last grant.
-    epoch_start: Instant,
+    /// When the current auto-tuning epoch began: the stream's last grant. None before the
+    /// first: the sender starts with its whole window, so how fast the first half of it
+    /// arrives says nothing about whether the window limits the stream.
+    epoch_start: Option<Instant>,
     fin_recv: bool,
     // send side
     /// Bytes this side may still queue: peer's credit minus queued and in-flight bytes.
@@ -391,7 +397,7 @@ impl StreamState {
             recv_allowed: u64::from(window),
             consumed: 0,
             recv_window: window,
-            epoch_start: now,
+            epoch_start: None,
             fin_recv: false,
             credit: u64::from(INITIAL_WINDOW),
             sendq: VecDeque::new(),
@@ -478,11 +484,13 @@ impl Session {
                 bytes_out: 0,
             }),
             done: CancellationToken::new(),
-            min_rtt_nanos: AtomicU64::new(0),
+            min_rtt_nanos: AtomicU64::new(u64::MAX),
             config,
         });
         // The first RTT probe, for window auto-tuning; keepalive PINGs are probes too.
-        lock(&shared.inner).control.push_back(Frame::Ping { nonce: 1 });
+        lock(&shared.inner)
+            .control
+            .push_back(Frame::Ping { nonce: 1 });
         let cfg = &shared.config;
         let driver = Driver {
             transport,
@@ -512,13 +520,23 @@ impl Session {
     }
 }
 
+/// Per-stream rate that window auto-tuning sizes for: a window never grows beyond what
+/// this rate needs over the measured round trip (the bandwidth-delay product). 512 MiB/s
+/// with the 8 MiB default maximum: any path up to 16 ms RTT gets the full rate, a 50 ms
+/// path 160 MiB/s per stream; on loopback (RTT ~0.1-0.4 ms) the cap is under the start
+/// window, so windows stay there.
+const TUNED_STREAM_RATE: f64 = 512.0 * 1024.0 * 1024.0;
+
 /// Receive-window auto-tuning, the rule of quic-go's and yamux's flow controllers: when a
 /// stream's reader consumed `consumed` bytes of its `window` within `4 * consumed / window`
 /// round trips (two round trips for the half window that triggers a grant), the window and
-/// not the reader limits the stream, so it doubles, up to `max`. Without an RTT sample the
-/// window stays. A reader slower than the link never grows its window: only a fast reader
-/// on a long path needs (and gets) a large one, while on a short path windows stay small
-/// and the bytes in flight stay in the CPU caches.
+/// not the reader limits the stream, so it doubles, up to `max` — and only while it is
+/// smaller than [`TUNED_STREAM_RATE`] times the RTT. Without an RTT sample the window
+/// stays. A reader slower than the link never grows its window: only a fast reader on a
+/// long path needs (and gets) a large one. The BDP cap matters where the consumption rule
+/// alone misleads: on a short path a reader draining a burst of buffered frames looks
+/// "fast" against a tiny RTT, and the larger windows that would follow only put more
+/// bytes in flight (out of the CPU caches) without any gain.
 fn grown_window(
     window: u32,
     max: u32,
@@ -529,7 +547,7 @@ fn grown_window(
     let Some(rtt) = rtt else {
         return window;
     };
-    if window >= max {
+    if window >= max || f64::from(window) >= TUNED_STREAM_RATE * rtt.as_secs_f64() {
         return window;
     }
     let fraction = consumed as f64 / f64::from(window);
@@ -627,6 +645,7 @@ impl Control {
             streams_total: inner.streams_total,
             bytes_in: inner.bytes_in,
             bytes_out: inner.bytes_out,
+            min_rtt: self.shared().min_rtt(),
         }
     }
 
@@ -767,6 +786,8 @@ struct Flow {
     recv_buffered: usize,
     /// Credit the peer still holds for sending to us.
     recv_allowed: u64,
+    /// The stream's current receive window.
+    recv_window: u32,
 }
 
 impl MuxStream {
@@ -783,6 +804,7 @@ impl MuxStream {
             queued: st.queued,
             recv_buffered: st.recv_len,
             recv_allowed: st.recv_allowed,
+            recv_window: st.recv_window,
         }
     }
 
@@ -825,19 +847,26 @@ impl MuxStream {
             return;
         }
         let now = Instant::now();
-        let grown = grown_window(
-            st.recv_window,
-            self.shared.config.window,
-            st.consumed,
-            now.saturating_duration_since(st.epoch_start),
-            self.shared.min_rtt(),
-        );
+        let grown = match st.epoch_start {
+            Some(start) => grown_window(
+                st.recv_window,
+                self.shared.config.window,
+                st.consumed,
+                now.saturating_duration_since(start),
+                self.shared.min_rtt(),
+            ),
+            None => st.recv_window,
+        };
         let growth = grown - st.recv_window;
         if growth > 0 {
-            tracing::trace!(stream = self.cell.id, window = grown, "receive window grown");
+            tracing::trace!(
+                stream = self.cell.id,
+                window = grown,
+                "receive window grown"
+            );
         }
         st.recv_window = grown;
-        st.epoch_start = now;
+        st.epoch_start = Some(now);
         // consumed <= recv_window (the receive buffer is bounded by it), so this fits.
         let g = std::mem::take(&mut st.consumed) as u64 + u64::from(growth);
         st.recv_allowed += g;
@@ -2176,7 +2205,10 @@ mod tests {
             .iter()
             .filter(|f| matches!(f, Frame::Ping { .. }))
             .count();
-        assert_eq!(pings, 2, "PING at 5 s and 10 s of silence: {frames:?}");
+        assert_eq!(
+            pings, 3,
+            "PING at start (RTT probe), at 5 s and at 10 s of silence: {frames:?}"
+        );
         assert!(control.is_closed());
         assert_eq!(control.open().unwrap_err(), MuxError::Closed);
         assert!(incoming.next().await.is_none());
@@ -2339,6 +2371,7 @@ mod tests {
     fn default_config() {
         let c = MuxConfig::default();
         assert_eq!(c.window, 8 * 1024 * 1024);
+        assert_eq!(c.start_window, 512 * 1024);
         assert_eq!(c.max_frame_payload, 256 * 1024);
         assert_eq!(c.max_streams, 4096);
         assert_eq!(c.keepalive_interval, Duration::from_secs(5));
@@ -2348,6 +2381,154 @@ mod tests {
             MuxConfig { window: 1, ..c }.normalized().window,
             INITIAL_WINDOW
         );
+        // The start window lies between INITIAL_WINDOW and the window.
+        let n = MuxConfig {
+            window: 128 * KIB as u32,
+            ..c.clone()
+        }
+        .normalized();
+        assert_eq!(n.start_window, 128 * KIB as u32);
+        let n = MuxConfig {
+            start_window: 1,
+            ..c
+        }
+        .normalized();
+        assert_eq!(n.start_window, INITIAL_WINDOW);
+    }
+
+    #[test]
+    fn window_grows_only_when_consumed_within_two_round_trips() {
+        let ms = Duration::from_millis;
+        let (w, max) = (512 * KIB as u32, 8 * MIB as u32);
+        let half = w as usize / 2;
+        // No RTT sample yet: no growth.
+        assert_eq!(grown_window(w, max, half, ms(1), None), w);
+        // Half the window in less than two round trips: the window limits, double it.
+        assert_eq!(grown_window(w, max, half, ms(99), Some(ms(50))), 2 * w);
+        // ... but never beyond the maximum.
+        assert_eq!(
+            grown_window(max / 2 + 1, max, half, ms(1), Some(ms(50))),
+            max
+        );
+        assert_eq!(grown_window(max, max, half, ms(1), Some(ms(50))), max);
+        // Two round trips or more: the reader (or the sender) limits, keep it.
+        assert_eq!(grown_window(w, max, half, ms(100), Some(ms(50))), w);
+        assert_eq!(grown_window(w, max, half, ms(5), Some(ms(1))), w);
+        // A whole window consumed counts double: four round trips.
+        assert_eq!(grown_window(w, max, 2 * half, ms(150), Some(ms(50))), 2 * w);
+        // A short path: however fast the reader, the window already covers 512 MiB/s.
+        let us = Duration::from_micros;
+        assert_eq!(grown_window(w, max, half, us(10), Some(us(200))), w);
+        assert_eq!(grown_window(w, max, half, us(10), Some(us(1500))), 2 * w);
+        // ... and grows only up to that rate's bandwidth-delay product.
+        assert_eq!(
+            grown_window(MIB as u32, max, MIB / 2, us(10), Some(ms(2))),
+            2 * MIB as u32
+        );
+        assert_eq!(
+            grown_window(2 * MIB as u32, max, MIB, us(10), Some(ms(2))),
+            2 * MIB as u32
+        );
+    }
+
+    /// A memory transport pair whose messages arrive `delay` after they were sent, each way
+    /// (a long path; use with a paused clock).
+    fn delayed_pair(delay: Duration) -> (MemoryTransport, MemoryTransport) {
+        let (a, a_far) = memory_pair(1024);
+        let (b_far, b) = memory_pair(1024);
+        let (a_out, a_in) = a_far.split::<Bytes>();
+        let (b_out, b_in) = b_far.split::<Bytes>();
+        tokio::spawn(relay_halves(a_in, b_out, delay));
+        tokio::spawn(relay_halves(b_in, a_out, delay));
+        (a, b)
+    }
+
+    /// Forwards every message `delay` after it arrived (order kept).
+    async fn relay_halves(
+        mut rx: futures::stream::SplitStream<MemoryTransport>,
+        mut tx: futures::stream::SplitSink<MemoryTransport, Bytes>,
+        delay: Duration,
+    ) {
+        let (q_tx, mut q_rx) = tokio::sync::mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Some(Ok(m)) = rx.next().await {
+                if q_tx.send((Instant::now() + delay, m)).is_err() {
+                    break;
+                }
+            }
+        });
+        while let Some((at, m)) = q_rx.recv().await {
+            tokio::time::sleep_until(at).await;
+            if tx.send(m).await.is_err() {
+                break;
+            }
+        }
+        let _ = tx.close().await;
+    }
+
+    /// Sends `total` bytes hub -> agent on a new stream over a 50 ms round trip, the agent
+    /// reading with `read_pause` between 64 KiB reads; returns the receiving stream's final
+    /// window and the RTT both ends measured.
+    async fn transfer_over_long_path(
+        total: usize,
+        read_pause: Duration,
+    ) -> (u32, Option<Duration>, Option<Duration>) {
+        let config = MuxConfig {
+            window: 8 * MIB as u32,
+            start_window: 256 * KIB as u32,
+            max_frame_payload: 64 * KIB,
+            idle_stream_timeout: None,
+            ..MuxConfig::default()
+        };
+        let (a, b) = delayed_pair(Duration::from_millis(25));
+        let (hub, _hub_in) = Session::new(a, Role::Server, config.clone());
+        let (agent, mut agent_in) = Session::new(b, Role::Client, config);
+        let mut s = hub.open().unwrap();
+        let writer = tokio::spawn(async move {
+            let chunk = vec![7u8; 64 * KIB];
+            let mut sent = 0;
+            while sent < total {
+                s.write_all(&chunk).await.unwrap();
+                sent += chunk.len();
+            }
+            s.shutdown().await.unwrap();
+            s
+        });
+        let mut r = agent_in.next().await.unwrap();
+        let mut buf = vec![0u8; 64 * KIB];
+        let mut got = 0;
+        loop {
+            let n = r.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got += n;
+            if !read_pause.is_zero() {
+                tokio::time::sleep(read_pause).await;
+            }
+        }
+        assert_eq!(got, total);
+        let _s = writer.await.unwrap();
+        let window = r.flow().recv_window;
+        (window, hub.stats().min_rtt, agent.stats().min_rtt)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn windows_grow_to_the_maximum_on_a_long_path_with_a_fast_reader() {
+        let (window, hub_rtt, agent_rtt) = transfer_over_long_path(64 * MIB, Duration::ZERO).await;
+        // Both ends measured the path's 50 ms round trip with their first PING.
+        assert_eq!(hub_rtt, Some(Duration::from_millis(50)));
+        assert_eq!(agent_rtt, Some(Duration::from_millis(50)));
+        // 256 KiB per 50 ms would be ~5 MiB/s; the window doubled up to the maximum.
+        assert_eq!(window, 8 * MIB as u32);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn windows_stay_small_when_the_reader_is_the_bottleneck() {
+        // 64 KiB per 100 ms = 0.64 MiB/s: half the 256 KiB start window takes 200 ms to
+        // read, more than two round trips (100 ms), so the window never limits.
+        let (window, _, _) = transfer_over_long_path(2 * MIB, Duration::from_millis(100)).await;
+        assert_eq!(window, 256 * KIB as u32);
     }
 
     /// Throughput of the mux alone (memory transport). `cargo test --release -p rlark-tunnel

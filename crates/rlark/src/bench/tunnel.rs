@@ -40,9 +40,16 @@ pub struct TunnelBenchOptions {
     /// Stream setups timed.
     #[arg(long, default_value_t = 1000)]
     pub setups: usize,
-    /// Per-stream window of the mux (bytes); default: the mux default.
+    /// Largest per-stream receive window of the mux, the bound of its auto-tuning (bytes);
+    /// default: the mux default.
     #[arg(long)]
     pub window: Option<u32>,
+    /// Receive window every stream starts with (bytes); default: the mux default.
+    #[arg(long)]
+    pub start_window: Option<u32>,
+    /// Largest DATA payload per mux frame (bytes); default: the mux default.
+    #[arg(long)]
+    pub frame: Option<usize>,
     /// Print JSON instead of a table.
     #[arg(long)]
     pub json: bool,
@@ -52,7 +59,10 @@ pub struct TunnelBenchOptions {
 #[derive(Debug, Clone, Serialize)]
 pub struct TunnelBenchReport {
     pub bytes: u64,
+    /// Largest per-stream window (auto-tuning bound), start window, frame payload limit.
     pub window: u32,
+    pub start_window: u32,
+    pub max_frame_payload: usize,
     pub direct_single_mib_s: f64,
     pub tunnel_single_mib_s: f64,
     pub direct_parallel8_mib_s: f64,
@@ -61,6 +71,10 @@ pub struct TunnelBenchReport {
     pub tunnel_setup: LatencySummary,
     pub stalled_neighbour_mib_s: f64,
     pub stalled_bytes_in_flight: u64,
+    /// Smallest PING round trip each end measured (µs), the path delay its window
+    /// auto-tuning works from; read after the warm-up.
+    pub hub_min_rtt_us: Option<f64>,
+    pub agent_min_rtt_us: Option<f64>,
     /// CPU cores busy (process CPU time / wall time) during each throughput phase:
     /// direct single, tunnel single, direct 8, tunnel 8.
     pub cpu_cores: [f64; 4],
@@ -95,9 +109,11 @@ impl std::fmt::Display for TunnelBenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "rlark bench tunnel: {} MiB per measurement, mux window {} KiB, TLS + WebSocket on 127.0.0.1",
+            "rlark bench tunnel: {} MiB per measurement, mux window {}..{} KiB (auto-tuned), frames <= {} KiB, TLS + WebSocket on 127.0.0.1",
             self.bytes / (1024 * 1024),
-            self.window / 1024
+            self.start_window / 1024,
+            self.window / 1024,
+            self.max_frame_payload / 1024
         )?;
         writeln!(f)?;
         writeln!(
@@ -152,6 +168,14 @@ impl std::fmt::Display for TunnelBenchReport {
             "stalled stream bytes in flight",
             "",
             self.stalled_bytes_in_flight / 1024
+        )?;
+        let us = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.0} us"));
+        writeln!(
+            f,
+            "{:<34} {:>12} {:>12}   (hub / agent, the RTT window auto-tuning works from)",
+            "tunnel PING round trip (min)",
+            us(self.hub_min_rtt_us),
+            us(self.agent_min_rtt_us)
         )?;
         writeln!(
             f,
@@ -274,7 +298,7 @@ fn mib_s(bytes: u64, elapsed: Duration) -> f64 {
 /// A connected hub/agent pair over TLS + WebSocket on loopback.
 struct Pair {
     hub: Control,
-    _agent: Control,
+    agent: Control,
 }
 
 async fn tunnel_pair(mux: MuxConfig) -> anyhow::Result<Pair> {
@@ -344,7 +368,7 @@ async fn tunnel_pair(mux: MuxConfig) -> anyhow::Result<Pair> {
     ));
     let hub = hub.await??;
     drop(dir);
-    Ok(Pair { hub, _agent: agent })
+    Ok(Pair { hub, agent })
 }
 
 async fn dial(hub: &Control, addr: SocketAddr) -> anyhow::Result<rlark_tunnel::mux::MuxStream> {
@@ -365,7 +389,14 @@ pub async fn run_tunnel(options: TunnelBenchOptions) -> anyhow::Result<TunnelBen
     if let Some(window) = options.window {
         mux.window = window;
     }
-    let window = mux.window;
+    if let Some(start) = options.start_window {
+        mux.start_window = start;
+    }
+    if let Some(frame) = options.frame {
+        mux.max_frame_payload = frame;
+    }
+    let (window, start_window, max_frame_payload) =
+        (mux.window, mux.start_window, mux.max_frame_payload);
     let sink = sink_server().await?;
     let stall = stall_server().await?;
     let pair = tunnel_pair(mux).await.context("set up the tunnel")?;
@@ -373,6 +404,8 @@ pub async fn run_tunnel(options: TunnelBenchOptions) -> anyhow::Result<TunnelBen
     // Warm-up: one small transfer each way.
     push(&mut TcpStream::connect(sink).await?, 1 << 20).await?;
     push(&mut dial(&pair.hub, sink).await?, 1 << 20).await?;
+    let rtt_us = |c: &Control| c.stats().min_rtt.map(|d| d.as_secs_f64() * 1e6);
+    let (hub_min_rtt_us, agent_min_rtt_us) = (rtt_us(&pair.hub), rtt_us(&pair.agent));
 
     let mut cpu_cores = [0.0; 4];
     let mut cpu_s_per_gib = [0.0; 4];
@@ -459,6 +492,8 @@ pub async fn run_tunnel(options: TunnelBenchOptions) -> anyhow::Result<TunnelBen
     Ok(TunnelBenchReport {
         bytes,
         window,
+        start_window,
+        max_frame_payload,
         direct_single_mib_s: direct_single,
         tunnel_single_mib_s: tunnel_single,
         direct_parallel8_mib_s: direct_parallel,
@@ -467,6 +502,8 @@ pub async fn run_tunnel(options: TunnelBenchOptions) -> anyhow::Result<TunnelBen
         tunnel_setup: LatencySummary::from_samples(&mut tunnel_samples),
         stalled_neighbour_mib_s: neighbour,
         stalled_bytes_in_flight: in_flight,
+        hub_min_rtt_us,
+        agent_min_rtt_us,
         cpu_cores,
         cpu_s_per_gib,
     })
