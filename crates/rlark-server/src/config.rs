@@ -172,6 +172,15 @@ impl ServerConfig {
             if let Some(v) = tunnel.window_bytes {
                 config.tunnel.mux.window = v;
             }
+            match tunnel.start_window_bytes {
+                Some(v) => config.tunnel.mux.start_window = v,
+                // A window set below the default start window caps it (validated below
+                // only when given explicitly).
+                None => {
+                    config.tunnel.mux.start_window =
+                        config.tunnel.mux.start_window.min(config.tunnel.mux.window);
+                }
+            }
             if let Some(v) = tunnel.max_streams {
                 config.tunnel.mux.max_streams = v;
             }
@@ -254,6 +263,19 @@ impl ServerConfig {
             return Err(invalid(
                 "tunnel.windowBytes",
                 format!("must be at least {}", rlark_tunnel::mux::INITIAL_WINDOW),
+            ));
+        }
+        if self.tunnel.mux.start_window < rlark_tunnel::mux::INITIAL_WINDOW
+            || self.tunnel.mux.start_window > self.tunnel.mux.window
+        {
+            return Err(invalid(
+                "tunnel.startWindowBytes",
+                format!(
+                    "must be between {} and tunnel.windowBytes ({}), got {}",
+                    rlark_tunnel::mux::INITIAL_WINDOW,
+                    self.tunnel.mux.window,
+                    self.tunnel.mux.start_window
+                ),
             ));
         }
         if self.tunnel.mux.max_streams == 0 {
@@ -366,8 +388,12 @@ pub struct ServerConfigFile {
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TunnelConfigFile {
-    /// `windowBytes`: per-stream receive window (default 8 MiB, at least 64 KiB).
+    /// `windowBytes`: largest per-stream receive window, the bound of its auto-tuning
+    /// (default 8 MiB, at least 64 KiB).
     pub window_bytes: Option<u32>,
+    /// `startWindowBytes`: receive window every stream starts with (default 512 KiB, at
+    /// least 64 KiB, at most `windowBytes`).
+    pub start_window_bytes: Option<u32>,
     /// `maxStreams`: concurrent streams per agent session (default 4096).
     pub max_streams: Option<usize>,
     /// `idleStreamTimeoutSeconds`: a stream without data either way is reset (default 600;
@@ -582,6 +608,7 @@ mod tests {
         let config = ServerConfig::resolve(Some(file), overrides()).expect("valid");
         assert_eq!(config.security.agent_cert_validity, Duration::from_secs(60));
         assert_eq!(config.tunnel.mux.window, 1_048_576);
+        assert_eq!(config.tunnel.mux.start_window, 512 * 1024);
         assert_eq!(config.tunnel.mux.max_streams, 10);
         assert_eq!(config.tunnel.mux.idle_stream_timeout, None);
         assert_eq!(config.tunnel.dial_timeout, Duration::from_secs(3));
@@ -590,6 +617,13 @@ mod tests {
             Some("https://cp-1:8443")
         );
         assert_eq!(config.tunnel.peers, ["https://cp-2:8443"]);
+        // A window below the default start window caps the start window.
+        let small = ServerConfig::resolve(
+            Some(parse("tunnel: {windowBytes: 262144}\n").expect("parse")),
+            overrides(),
+        )
+        .expect("valid");
+        assert_eq!(small.tunnel.mux.start_window, 262_144);
         for (yaml, field) in [
             (
                 "tunnel: {advertiseURL: 'http://cp-1'}\n",
@@ -597,6 +631,14 @@ mod tests {
             ),
             ("tunnel: {peers: ['https://a', 'b:1']}\n", "tunnel.peers[1]"),
             ("tunnel: {windowBytes: 100}\n", "tunnel.windowBytes"),
+            (
+                "tunnel: {windowBytes: 1048576, startWindowBytes: 2097152}\n",
+                "tunnel.startWindowBytes",
+            ),
+            (
+                "tunnel: {startWindowBytes: 1024}\n",
+                "tunnel.startWindowBytes",
+            ),
             ("tunnel: {maxStreams: 0}\n", "tunnel.maxStreams"),
             (
                 "tunnel: {keepaliveTimeoutSeconds: 1}\n",

@@ -19,10 +19,16 @@
 //!   writer: producers push and wake the driver only if it is idle.
 //! * **Flow control** (per stream, both directions): a sender starts with
 //!   [`INITIAL_WINDOW`] bytes of credit; each receiver grants the rest of its configured
-//!   `window` right after OPEN (so the two ends may configure different windows). A write is
-//!   accepted only within the remaining credit, so the bytes queued plus in flight never
-//!   exceed the window; the receiver buffers at most `window` bytes per stream and returns
-//!   credit (WINDOW) in batches once the application has consumed `window / 2`. The driver
+//!   `start_window` right after OPEN (so the two ends may configure different windows). A
+//!   write is accepted only within the remaining credit, so the bytes queued plus in flight
+//!   never exceed the window; the receiver buffers at most its window per stream and
+//!   returns credit (WINDOW) in batches once the application has consumed half of it.
+//!   **Auto-tuning**: each end measures the round trip with its PINGs (one at session
+//!   start, then every keep-alive PING; the minimum is kept) and a grant doubles the
+//!   stream's window, up to `window`, when half of it was consumed within two round trips
+//!   and it is still below the bandwidth-delay product of [`TUNED_STREAM_RATE`] — see
+//!   [`grown_window`]. Growth is only a larger WINDOW credit: the wire format is unchanged
+//!   and a peer that does not tune interoperates. The driver
 //!   never blocks on a stream: arriving DATA is appended to that stream's bounded buffer
 //!   (a peer exceeding its credit gets RST protocol). A reader that stops reading only
 //!   stops its own stream's sender.

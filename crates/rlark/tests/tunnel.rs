@@ -928,6 +928,15 @@ async fn agent_reconnects_after_server_restart() -> Result<()> {
         assert!(header.starts_with("AGENT"), "{stdout}");
         let edge: Vec<&str> = rows.filter(|row| row.starts_with("edge ")).collect();
         assert_eq!(edge.len(), 1, "{stdout}");
+        // The last column is the session's measured PING round trip.
+        assert_eq!(header.split_whitespace().last(), Some("RTT"), "{stdout}");
+        let rtt = edge[0].split_whitespace().last().unwrap_or_default();
+        assert!(
+            rtt.strip_suffix("ms")
+                .and_then(|v| v.parse::<f64>().ok())
+                .is_some(),
+            "{stdout}"
+        );
 
         agent.stop().await;
         server.stop().await

@@ -88,6 +88,9 @@ pub struct TunnelInfo {
     pub streams_total: u64,
     pub bytes_in: u64,
     pub bytes_out: u64,
+    /// Smallest PING round trip measured on the session (µs); absent before the first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub min_rtt_micros: Option<u64>,
 }
 
 /// Dial counters by outcome.
@@ -276,6 +279,9 @@ impl Hub {
                     streams_total: stats.streams_total,
                     bytes_in: stats.bytes_in,
                     bytes_out: stats.bytes_out,
+                    min_rtt_micros: stats
+                        .min_rtt
+                        .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX)),
                 }
             })
             .collect();

@@ -283,6 +283,7 @@ async fn print_tunnels(session: &Session, args: &GetArgs) -> anyhow::Result<()> 
                         "STREAMS",
                         "BYTES-IN",
                         "BYTES-OUT",
+                        "RTT",
                     ]
                     .map(String::from)
                     .to_vec(),
@@ -300,12 +301,17 @@ async fn print_tunnels(session: &Session, args: &GetArgs) -> anyhow::Result<()> 
                     num("streamsOpen"),
                     num("bytesIn"),
                     num("bytesOut"),
+                    t["minRttMicros"]
+                        .as_u64()
+                        .map_or("<none>".to_string(), |us| {
+                            format!("{:.2}ms", us as f64 / 1000.0)
+                        }),
                 ]);
             }
             if items.is_empty() {
                 eprintln!("No tunnels connected to this server.");
             }
-            let widths: Vec<usize> = (0..8)
+            let widths: Vec<usize> = (0..9)
                 .map(|i| rows.iter().map(|r| r[i].len()).max().unwrap_or(0))
                 .collect();
             for row in rows {
