@@ -26,8 +26,8 @@
 //!   **Auto-tuning**: each end measures the round trip with its PINGs (one at session
 //!   start, then every keep-alive PING; the minimum is kept) and a grant doubles the
 //!   stream's window, up to `window`, when half of it was consumed within two round trips
-//!   and it is still below the bandwidth-delay product of [`TUNED_STREAM_RATE`] — see
-//!   [`grown_window`]. Growth is only a larger WINDOW credit: the wire format is unchanged
+//!   and it is still below the bandwidth-delay product of `TUNED_STREAM_RATE` — see
+//!   `grown_window`. Growth is only a larger WINDOW credit: the wire format is unchanged
 //!   and a peer that does not tune interoperates. The driver
 //!   never blocks on a stream: arriving DATA is appended to that stream's bounded buffer
 //!   (a peer exceeding its credit gets RST protocol). A reader that stops reading only
