@@ -76,8 +76,9 @@ pub struct AgentConfig {
     pub stop_tasks_on_exit: bool,
     /// The replica supervisor command: program and leading arguments, e.g.
     /// `[/usr/bin/rlark, supervise]` (see [`crate::supervisor`]). Default:
-    /// [`crate::runtime::default_supervisor`] (this executable + `supervise`, right when the
-    /// agent runs inside the `rlark` binary); tests set it (e.g. to `rlark-supervise`).
+    /// [`crate::runtime::default_supervisor`] (`rlark-supervise` beside this executable when
+    /// it is of this build, else this executable + `supervise`: right when the agent runs
+    /// inside the `rlark` binary); tests set it (e.g. to `rlark-agent-supervise`).
     pub supervisor: Vec<OsString>,
     /// Bootstrap token and CA pin, for the first start only.
     pub join: Option<JoinParams>,

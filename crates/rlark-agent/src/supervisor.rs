@@ -1,5 +1,7 @@
-//! The per-replica supervisor process: `rlark supervise` (and `rlark-supervise`, the same
-//! code as a tiny binary for this crate's tests).
+//! The per-replica supervisor process: `rlark supervise`, or the same code as a small
+//! binary of its own — `rlark-supervise` (the `rlark` package; used by the agent when
+//! installed beside `rlark`, see [`crate::runtime::default_supervisor`]) and
+//! `rlark-agent-supervise` (this crate's, for its tests).
 //!
 //! ```text
 //! rlark supervise --dir REPLICA_DIR [--grace-ms N] [--arg0 NAME] -- PROGRAM [ARGS...]
@@ -128,10 +130,28 @@ impl SupervisorArgs {
     }
 }
 
+/// Bumped whenever the supervisor's arguments or its records (`pid.json`, `exit.json`)
+/// change, so an agent never drives a `rlark-supervise` binary of another protocol.
+pub const PROTOCOL: u32 = 1;
+
+/// What `--version` prints: the crate version and [`PROTOCOL`]. The agent uses a separate
+/// `rlark-supervise` binary only when it prints exactly this line.
+pub fn version_line() -> String {
+    format!(
+        "rlark-supervise {} protocol {PROTOCOL}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
+
 /// Run the supervisor with `args` (the arguments after `supervise`); returns the process
 /// exit code: 0 once the task ran and its exit was recorded, 1 when it could not be
 /// started or supervised, 2 for bad arguments. Messages go to stderr (the replica log).
 pub fn main(args: impl Iterator<Item = OsString>) -> i32 {
+    let mut args = args.peekable();
+    if args.peek().is_some_and(|a| a == "--version") {
+        println!("{}", version_line());
+        return 0;
+    }
     let args = match SupervisorArgs::parse(args) {
         Ok(args) => args,
         Err(message) => {

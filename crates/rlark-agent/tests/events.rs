@@ -67,7 +67,7 @@ async fn list(client: &kube::Client, task: &str) -> anyhow::Result<Vec<Value>> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tasks_post_events_with_their_own_token() -> anyhow::Result<()> {
-    let h = Harness::start_with(vec![env!("CARGO_BIN_EXE_rlark-supervise").into()]).await?;
+    let h = Harness::start_with(vec![env!("CARGO_BIN_EXE_rlark-agent-supervise").into()]).await?;
     let admin = h.admin.clone();
 
     // A task posts a reward with the environment the agent gave it.

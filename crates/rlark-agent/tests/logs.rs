@@ -64,7 +64,7 @@ async fn streams_open(admin: &kube::Client) -> anyhow::Result<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replica_logs_are_read_through_the_tunnel() -> anyhow::Result<()> {
-    let h = Harness::start_with(vec![env!("CARGO_BIN_EXE_rlark-supervise").into()]).await?;
+    let h = Harness::start_with(vec![env!("CARGO_BIN_EXE_rlark-agent-supervise").into()]).await?;
     let admin = h.admin.clone();
     h.create_job(JOB, SCRIPT).await?;
     h.wait_pod(POD, PodPhase::Running).await?;

@@ -1,4 +1,4 @@
-//! The raw runtime with its real supervisor process (`rlark-supervise`): starting,
+//! The raw runtime with its real supervisor process (`rlark-agent-supervise`): starting,
 //! stopping, deadlines, start errors, and what an agent restart relies on — the exit
 //! recorded in `exit.json` with no agent watching, adoption of a running replica by a new
 //! handle, and a replica whose supervisor was killed.
@@ -23,7 +23,7 @@ use tokio::time::Instant;
 const DEADLINE: Duration = Duration::from_secs(20);
 
 fn supervisor() -> Vec<OsString> {
-    vec![env!("CARGO_BIN_EXE_rlark-supervise").into()]
+    vec![env!("CARGO_BIN_EXE_rlark-agent-supervise").into()]
 }
 
 /// Poll `check` until it is true, at most [`DEADLINE`].

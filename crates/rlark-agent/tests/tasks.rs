@@ -106,7 +106,7 @@ impl Harness {
             server_url: self.server.url(),
             ca_file: self.agent_dir.path().join("identity/ca.crt"),
             stop_tasks_on_exit,
-            supervisor: vec![env!("CARGO_BIN_EXE_rlark-supervise").into()],
+            supervisor: vec![env!("CARGO_BIN_EXE_rlark-agent-supervise").into()],
         };
         let shutdown = CancellationToken::new();
         let join = tokio::spawn(tasks::run_tasks(self.client.clone(), ctx, shutdown.clone()));

@@ -6,7 +6,7 @@
 //!
 //! The agents run each replica under a supervisor process (`rlark_agent::supervisor`), a
 //! binary: a test passes it with [`start_agent_with`] / [`Harness::start_with`]
-//! (`env!("CARGO_BIN_EXE_rlark-supervise")` in rlark-agent's tests, `[rlark, supervise]`
+//! (`env!("CARGO_BIN_EXE_rlark-agent-supervise")` in rlark-agent's tests, `[rlark, supervise]`
 //! with `env!("CARGO_BIN_EXE_rlark")` in rlark's); [`start_agent`] and [`Harness::start`]
 //! look for it next to the test binary ([`supervisor_near_test_binary`]).
 
@@ -68,8 +68,9 @@ pub async fn start_server_with_controllers() -> anyhow::Result<(TestServer, Temp
     Ok((server, server_dir))
 }
 
-/// The replica supervisor built with the running test: `target/<profile>/rlark-supervise`,
-/// or `target/<profile>/rlark supervise`, whichever was built last (cargo builds the one a
+/// The replica supervisor built with the running test: `target/<profile>/rlark-supervise`
+/// (or rlark-agent's `rlark-agent-supervise`), or `target/<profile>/rlark supervise`,
+/// whichever was built last (cargo builds the one a
 /// test's package provides before running its tests; the other may be stale). Prefer
 /// passing it explicitly ([`start_agent_with`]).
 pub fn supervisor_near_test_binary() -> anyhow::Result<Vec<OsString>> {
@@ -84,7 +85,9 @@ pub fn supervisor_near_test_binary() -> anyhow::Result<Vec<OsString>> {
         let modified = std::fs::metadata(&path).and_then(|m| m.modified()).ok()?;
         Some((modified, path))
     };
-    let supervise = built("rlark-supervise").map(|(t, p)| (t, vec![p.into_os_string()]));
+    let supervise = built("rlark-supervise")
+        .or_else(|| built("rlark-agent-supervise"))
+        .map(|(t, p)| (t, vec![p.into_os_string()]));
     let rlark = built("rlark").map(|(t, p)| (t, vec![p.into_os_string(), "supervise".into()]));
     match (supervise, rlark) {
         (Some(a), Some(b)) => Ok(if a.0 >= b.0 { a.1 } else { b.1 }),

@@ -1,0 +1,8 @@
+//! `rlark-agent-supervise --dir REPLICA_DIR [--grace-ms N] [--arg0 NAME] -- PROGRAM
+//! [ARGS...]`: the replica supervisor ([`rlark_agent::supervisor`]) as a binary of this
+//! crate, so its integration tests run real agents without the `rlark` package's binaries
+//! (`rlark supervise`, `rlark-supervise`).
+
+fn main() {
+    std::process::exit(rlark_agent::supervisor::main(std::env::args_os().skip(1)));
+}
