@@ -102,6 +102,9 @@ pub struct AgentBenchReport {
     pub supervisors: usize,
     /// Sum of their proportional set sizes.
     pub supervisors_pss_mib: f64,
+    /// The supervisor command the agent chose (`rlark-supervise` beside `rlark` when built,
+    /// else `rlark supervise`): it changes start latency (docs/tasks.md).
+    pub supervisor: String,
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -112,8 +115,8 @@ impl std::fmt::Display for AgentBenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "rlark bench agent: {} short tasks (batches of {}), {} long-running tasks; server in this process, `rlark agent` as its own process, on 127.0.0.1",
-            self.tasks, self.batch, self.running
+            "rlark bench agent: {} short tasks (batches of {}), {} long-running tasks; server in this process, `rlark agent` as its own process (replica supervisor: `{}`), on 127.0.0.1",
+            self.tasks, self.batch, self.running, self.supervisor
         )?;
         writeln!(f)?;
         writeln!(f, "{:<48} {:>12}  target", "", "value")?;
@@ -652,6 +655,18 @@ async fn measure(
             agent_cpu_cores,
             supervisors,
             supervisors_pss_mib,
+            // The agent is this executable, so it makes the same choice.
+            supervisor: rlark_agent::runtime::default_supervisor()
+                .iter()
+                .map(|a| {
+                    std::path::Path::new(a)
+                        .file_name()
+                        .unwrap_or(a)
+                        .to_string_lossy()
+                        .into_owned()
+                })
+                .collect::<Vec<_>>()
+                .join(" "),
         })
     }
     .await;
