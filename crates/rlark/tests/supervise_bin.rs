@@ -31,9 +31,8 @@ fn it_records_the_exit_of_the_task_it_runs() -> anyhow::Result<()> {
         .args(["--", "/bin/sh", "-c", "exit 3"])
         .status()?;
     assert!(status.success(), "{status:?}");
-    let exit: serde_json::Value = serde_json::from_slice(
-        &std::fs::read(dir.path().join("exit.json")).context("exit.json")?,
-    )?;
+    let exit: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("exit.json")).context("exit.json")?)?;
     assert_eq!(exit["code"], 3, "{exit}");
     assert!(dir.path().join("pid.json").is_file());
     // Bad arguments: exit 2 with the usage.
