@@ -1596,6 +1596,26 @@ mod tests {
         pair_with(cfg(), cfg())
     }
 
+    /// Writes at least `total` bytes of `byte` to `s` in `chunk`-sized writes, then shuts
+    /// it down; the task returns the stream (kept open for reading).
+    fn spawn_writer(
+        mut s: MuxStream,
+        total: usize,
+        chunk: usize,
+        byte: u8,
+    ) -> tokio::task::JoinHandle<MuxStream> {
+        tokio::spawn(async move {
+            let buf = vec![byte; chunk];
+            let mut sent = 0;
+            while sent < total {
+                s.write_all(&buf).await.unwrap();
+                sent += buf.len();
+            }
+            s.shutdown().await.unwrap();
+            s
+        })
+    }
+
     fn data(seed: u64, len: usize) -> Vec<u8> {
         let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
         (0..len)
@@ -1879,16 +1899,7 @@ mod tests {
         let total = 256 * MIB;
         let b = hub.open().unwrap();
         let received = Arc::new(AtomicU64::new(0));
-        let _b_writer = tokio::spawn(async move {
-            let mut b = b;
-            let chunk = vec![1u8; 256 * KIB];
-            let mut sent = 0;
-            while sent < total {
-                b.write_all(&chunk).await.unwrap();
-                sent += chunk.len();
-            }
-            b.shutdown().await.unwrap();
-        });
+        let _b_writer = spawn_writer(b, total, 256 * KIB, 1);
         let mut b_peer = agent_in.next().await.unwrap();
         let r = received.clone();
         let b_reader = tokio::spawn(async move {
@@ -2489,17 +2500,8 @@ mod tests {
         let (a, b) = delayed_pair(Duration::from_millis(25));
         let (hub, _hub_in) = Session::new(a, Role::Server, config.clone());
         let (agent, mut agent_in) = Session::new(b, Role::Client, config);
-        let mut s = hub.open().unwrap();
-        let writer = tokio::spawn(async move {
-            let chunk = vec![7u8; 64 * KIB];
-            let mut sent = 0;
-            while sent < total {
-                s.write_all(&chunk).await.unwrap();
-                sent += chunk.len();
-            }
-            s.shutdown().await.unwrap();
-            s
-        });
+        let s = hub.open().unwrap();
+        let writer = spawn_writer(s, total, 64 * KIB, 7);
         let mut r = agent_in.next().await.unwrap();
         let mut buf = vec![0u8; 64 * KIB];
         let mut got = 0;
@@ -2549,15 +2551,9 @@ mod tests {
             let start = std::time::Instant::now();
             let mut tasks = Vec::new();
             for _ in 0..streams {
-                let mut s = hub.open().unwrap();
+                let writer = spawn_writer(hub.open().unwrap(), per_stream, write_size, 5);
                 tasks.push(tokio::spawn(async move {
-                    let buf = vec![5u8; write_size];
-                    let mut sent = 0;
-                    while sent < per_stream {
-                        s.write_all(&buf).await.unwrap();
-                        sent += buf.len();
-                    }
-                    s.shutdown().await.unwrap();
+                    writer.await.unwrap();
                 }));
                 let mut p = agent_in.next().await.unwrap();
                 tasks.push(tokio::spawn(async move {
