@@ -1,5 +1,5 @@
 //! Crash safety with real processes: `rlark agent` (the built binary) runs three replicas
-//! under its `rlark supervise` processes, gets `kill -9`, two replicas end while no agent
+//! under its supervisor processes (`rlark-supervise`, built beside it), gets `kill -9`, two replicas end while no agent
 //! runs, and a new `rlark agent` on the same data directory adopts the running one (same
 //! process, Pod `Running` with its start time, its log growing, a later stop reported
 //! `Stopped`) and reports the others with their real exit codes. No Pod stays `Running`.
