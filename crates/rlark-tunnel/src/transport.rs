@@ -133,7 +133,7 @@ impl Sink<Bytes> for MemoryTransport {
 ///   fresh random key, as RFC 6455 requires: in place when the payload's buffer is not
 ///   shared, else while copying it into a recycled buffer (what tungstenite always did).
 ///   Small messages are coalesced with their header into one buffer. Frames are written
-///   once [`WRITE_HIGH_WATER`] bytes are queued or on flush.
+///   once `WRITE_HIGH_WATER` (128 KiB) bytes are queued or on flush.
 /// * Incoming Ping: answered with a Pong carrying its payload (only the latest one if
 ///   several arrive before it could be written), written from `poll_next` itself, so the
 ///   answer does not wait for outgoing traffic. Pong is ignored.
