@@ -116,8 +116,8 @@ pub struct ReplicaSpec {
 pub const SUPERVISE_BINARY: &str = "rlark-supervise";
 
 /// The supervisor command of an agent run by the `rlark` binary (`rlark agent`, `rlark
-/// up`): `rlark-supervise` beside this executable when it is there and speaks this build's
-/// protocol ([`supervisor::version_line`]), else `[<this executable>, supervise]`. Both run
+/// up`): `rlark-supervise` beside this executable when it is there and is of this build
+/// ([`supervisor::version_line`]), else `[<this executable>, supervise]`. Both run
 /// the same code; the small binary starts in a third of the time (0.6 vs 1.8 ms of CPU
 /// here: `rlark` is 70 MB with ~68,000 relocations and ~550 page faults per exec), which
 /// is most of a start's cost in a burst (`rlark bench agent`). Chosen once per process.
@@ -988,7 +988,15 @@ mod tests {
         let other = "rlark-supervise 0.0.1 protocol 1".to_string();
         assert_eq!(choose_supervisor(&exe, answer(Some(other))), fallback);
         assert_eq!(choose_supervisor(&exe, answer(None)), fallback);
-        assert_eq!(asked.get(), 3);
+        // Same version and protocol, other sources (a stale build): not used either.
+        let stale = format!(
+            "rlark-supervise {} protocol {} source 0000000000000000",
+            env!("CARGO_PKG_VERSION"),
+            supervisor::PROTOCOL
+        );
+        assert_ne!(stale, supervisor::version_line());
+        assert_eq!(choose_supervisor(&exe, answer(Some(stale))), fallback);
+        assert_eq!(asked.get(), 4);
     }
 
     #[test]
