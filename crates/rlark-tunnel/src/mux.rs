@@ -222,8 +222,7 @@ struct Shared {
     inner: Mutex<Inner>,
     done: CancellationToken,
     /// Smallest round-trip time measured with PING/PONG, in nanoseconds (`u64::MAX`: none
-    /// yet).
-    /// Window auto-tuning compares how fast a window is consumed against it.
+    /// yet). Window auto-tuning compares how fast a window is consumed against it.
     min_rtt_nanos: AtomicU64,
 }
 
@@ -493,12 +492,8 @@ impl Session {
             min_rtt_nanos: AtomicU64::new(u64::MAX),
             config,
         });
-        // The first RTT probe, for window auto-tuning; keepalive PINGs are probes too.
-        lock(&shared.inner)
-            .control
-            .push_back(Frame::Ping { nonce: 1 });
         let cfg = &shared.config;
-        let driver = Driver {
+        let mut driver = Driver {
             transport,
             keepalive: Box::pin(tokio::time::sleep_until(now + cfg.keepalive_interval)),
             idle_sweep: cfg
@@ -506,13 +501,15 @@ impl Session {
                 .map(|d| Box::pin(tokio::time::sleep_until(now + sweep_period(d)))),
             last_recv: now,
             last_ping: now,
-            ping_nonce: 1,
-            probe: Some((1, now)),
+            ping_nonce: 0,
+            probe: None,
             need_flush: false,
             control_streak: 0,
             phase: Phase::Running,
             shared: shared.clone(),
         };
+        // The first RTT probe, for window auto-tuning (keep-alive PINGs are probes too).
+        driver.ping(now);
         let span = tracing::info_span!("tunnel_session", role = ?role);
         tokio::spawn(driver.instrument(span));
         (
@@ -1177,6 +1174,16 @@ impl<T> Drop for Driver<T> {
 }
 
 impl<T> Driver<T> {
+    /// Queues a PING and makes it the RTT probe: its PONG is the next round-trip sample.
+    fn ping(&mut self, now: Instant) {
+        self.ping_nonce = self.ping_nonce.wrapping_add(1);
+        lock(&self.shared.inner).control.push_back(Frame::Ping {
+            nonce: self.ping_nonce,
+        });
+        self.probe = Some((self.ping_nonce, now));
+        self.last_ping = now;
+    }
+
     fn finish(&mut self) {
         self.phase = Phase::Done;
         let wakers = lock(&self.shared.inner).begin_close();
@@ -1420,7 +1427,9 @@ where
     }
 
     fn poll_timers(&mut self, cx: &mut Context<'_>) -> Result<(), EndReason> {
-        let cfg = &self.shared.config;
+        // An owned handle, so `self.ping` can borrow `self` mutably below.
+        let shared = self.shared.clone();
+        let cfg = &shared.config;
         while self.keepalive.as_mut().poll(cx).is_ready() {
             // A fired timer means its deadline has passed; `now` must not be earlier, or
             // the re-armed timer could fire again without progress.
@@ -1430,12 +1439,7 @@ where
             }
             let quiet_since = self.last_recv.max(self.last_ping);
             if now >= quiet_since + cfg.keepalive_interval {
-                self.ping_nonce = self.ping_nonce.wrapping_add(1);
-                lock(&self.shared.inner).control.push_back(Frame::Ping {
-                    nonce: self.ping_nonce,
-                });
-                self.probe = Some((self.ping_nonce, now));
-                self.last_ping = now;
+                self.ping(now);
             }
             let next = (self.last_recv.max(self.last_ping) + cfg.keepalive_interval)
                 .min(self.last_recv + cfg.keepalive_timeout);
