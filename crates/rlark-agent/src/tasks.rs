@@ -1832,28 +1832,20 @@ impl Worker {
     /// a Pod of that name exists, `None` when the agent shut down first (other errors are
     /// retried).
     async fn create_new_pod(&self) -> Option<bool> {
-        let api = self.shared.pods();
-        let pod = self.new_pod();
-        let mut retry = Retry::new();
-        loop {
-            match api.create(&PostParams::default(), &pod).await {
-                Ok(_) => {
-                    tracing::debug!(pod = %self.pod, "pod created");
-                    return Some(true);
-                }
-                Err(error) if is_status(&error, 409) => return Some(false),
-                Err(error) => {
-                    if !retry.again(&self.shared, "create pod", &error).await {
-                        return None;
-                    }
-                }
-            }
-        }
+        self.try_create_pod(false).await
     }
 
     /// Create this run's Pod; one of another run in the way is deleted first. Returns
     /// false only when the agent shut down first.
     async fn create_pod(&self) -> bool {
+        self.try_create_pod(true).await == Some(true)
+    }
+
+    /// Create this run's Pod, retrying errors: `Some(true)` once it exists and is this
+    /// run's, `None` when the agent shut down first. A Pod already there (409): with
+    /// `replace`, adopted when it is ours, else deleted and the create retried; without,
+    /// `Some(false)` at once.
+    async fn try_create_pod(&self, replace: bool) -> Option<bool> {
         let api = self.shared.pods();
         let pod = self.new_pod();
         let mut retry = Retry::new();
@@ -1861,10 +1853,11 @@ impl Worker {
             let error = match api.create(&PostParams::default(), &pod).await {
                 Ok(_) => {
                     tracing::debug!(pod = %self.pod, "pod created");
-                    return true;
+                    return Some(true);
                 }
+                Err(error) if is_status(&error, 409) && !replace => return Some(false),
                 Err(error) if is_status(&error, 409) => match api.get_opt(&self.pod).await {
-                    Ok(Some(existing)) if self.is_ours(&existing) => return true,
+                    Ok(Some(existing)) if self.is_ours(&existing) => return Some(true),
                     Ok(Some(existing)) => match delete_pod(&api, &existing).await {
                         Ok(()) => error,
                         Err(e) => e,
@@ -1875,7 +1868,7 @@ impl Worker {
                 Err(error) => error,
             };
             if !retry.again(&self.shared, "create pod", &error).await {
-                return false;
+                return None;
             }
         }
     }
