@@ -59,6 +59,13 @@ pub struct ServerConfig {
     pub security: crate::security::SecurityConfig,
     /// Agent tunnels: multiplexer windows and limits, dial deadline.
     pub tunnel: crate::tunnel::TunnelConfig,
+    /// Start although the data directory's CA shows an earlier start and `rlark.db` is
+    /// missing or empty (`--reinitialize-store`, default false): the store begins empty and
+    /// revocations are restored from `pki/revocations.json`. Without it such a start is
+    /// refused. No effect on a store that holds data.
+    pub reinitialize_store: bool,
+    /// Rotation of `DATA_DIR/audit.log`.
+    pub audit_log: crate::AuditLogConfig,
 }
 
 /// The controllers the server runs in its own process.
@@ -108,6 +115,8 @@ impl ServerConfig {
             controllers: ControllersConfig::default(),
             security: crate::security::SecurityConfig::default(),
             tunnel: crate::tunnel::TunnelConfig::default(),
+            reinitialize_store: false,
+            audit_log: crate::AuditLogConfig::default(),
         }
     }
 
@@ -167,6 +176,26 @@ impl ServerConfig {
             if let Some(v) = security.max_bootstrap_token_ttl_seconds {
                 config.security.max_bootstrap_token_ttl = Duration::from_secs(v);
             }
+            if let Some(v) = security.join_failure_burst {
+                config.security.join_limit.burst = v;
+            }
+            if let Some(v) = security.join_failure_refill_seconds {
+                config.security.join_limit.refill = Duration::from_secs(v);
+            }
+            if let Some(v) = security.join_max_backoff_seconds {
+                config.security.join_limit.max_backoff = Duration::from_secs(v);
+            }
+        }
+        if let Some(v) = file.reinitialize_store {
+            config.reinitialize_store = v;
+        }
+        if let Some(audit_log) = file.audit_log {
+            if let Some(v) = audit_log.max_file_bytes {
+                config.audit_log.max_file_bytes = v;
+            }
+            if let Some(v) = audit_log.max_files {
+                config.audit_log.max_files = v;
+            }
         }
         if let Some(tunnel) = file.tunnel {
             if let Some(v) = tunnel.window_bytes {
@@ -208,6 +237,9 @@ impl ServerConfig {
         }
         if !overrides.tls_sans.is_empty() {
             config.tls_sans = overrides.tls_sans;
+        }
+        if overrides.reinitialize_store {
+            config.reinitialize_store = true;
         }
         config.validate()?;
         Ok(config)
@@ -258,6 +290,45 @@ impl ServerConfig {
             if value < Duration::from_secs(1) {
                 return Err(invalid(field, "must be at least 1".into()));
             }
+        }
+        let join = &self.security.join_limit;
+        if !(1..=10_000).contains(&join.burst) {
+            return Err(invalid(
+                "security.joinFailureBurst",
+                format!("must be between 1 and 10000, got {}", join.burst),
+            ));
+        }
+        for (field, value) in [
+            ("security.joinFailureRefillSeconds", join.refill),
+            ("security.joinMaxBackoffSeconds", join.max_backoff),
+        ] {
+            if value < Duration::from_secs(1) || value > Duration::from_secs(24 * 3600) {
+                return Err(invalid(
+                    field,
+                    format!("must be between 1 and 86400, got {}", value.as_secs()),
+                ));
+            }
+        }
+        let audit = &self.audit_log;
+        if audit.max_file_bytes < crate::AuditLogConfig::MIN_FILE_BYTES {
+            return Err(invalid(
+                "auditLog.maxFileBytes",
+                format!(
+                    "must be at least {}, got {}",
+                    crate::AuditLogConfig::MIN_FILE_BYTES,
+                    audit.max_file_bytes
+                ),
+            ));
+        }
+        if !(1..=crate::AuditLogConfig::MAX_FILES).contains(&audit.max_files) {
+            return Err(invalid(
+                "auditLog.maxFiles",
+                format!(
+                    "must be between 1 and {}, got {}",
+                    crate::AuditLogConfig::MAX_FILES,
+                    audit.max_files
+                ),
+            ));
         }
         if self.tunnel.mux.window < rlark_tunnel::mux::INITIAL_WINDOW {
             return Err(invalid(
@@ -344,6 +415,9 @@ pub struct ServerOverrides {
     pub tls_sans: Vec<String>,
     /// `--controllers=BOOL`: run the controllers in-process.
     pub controllers: Option<bool>,
+    /// `--reinitialize-store`: see [`ServerConfig::reinitialize_store`]. `false` = not given
+    /// (the config file decides).
+    pub reinitialize_store: bool,
 }
 
 /// The YAML config file. Every field is optional; unknown fields are an error.
@@ -361,6 +435,14 @@ pub struct ServerOverrides {
 ///   enabled: true
 ///   leaderElection: true
 ///   nodeGracePeriodSeconds: 40
+/// security:
+///   joinFailureBurst: 5
+///   joinFailureRefillSeconds: 60
+///   joinMaxBackoffSeconds: 300
+/// auditLog:
+///   maxFileBytes: 104857600
+///   maxFiles: 5
+/// reinitializeStore: false
 /// ```
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -382,6 +464,21 @@ pub struct ServerConfigFile {
     pub security: Option<SecurityConfigFile>,
     /// `tunnel`: agent tunnel windows, limits and deadlines.
     pub tunnel: Option<TunnelConfigFile>,
+    /// `reinitializeStore`: see [`ServerConfig::reinitialize_store`].
+    pub reinitialize_store: Option<bool>,
+    /// `auditLog`: rotation of the audit log.
+    pub audit_log: Option<AuditLogConfigFile>,
+}
+
+/// The `auditLog` section of [`ServerConfigFile`]; see `AuditLogConfig`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AuditLogConfigFile {
+    /// `maxFileBytes`: `audit.log` is rotated before it would grow past this (default
+    /// 104857600 = 100 MiB, at least 65536).
+    pub max_file_bytes: Option<u64>,
+    /// `maxFiles`: rotated files kept, `audit.log.1`..`audit.log.N` (default 5, 1 to 1000).
+    pub max_files: Option<u32>,
 }
 
 /// The `tunnel` section of [`ServerConfigFile`]; see `TunnelConfig` and `docs/tunnel.md`.
@@ -421,6 +518,15 @@ pub struct SecurityConfigFile {
     pub user_cert_validity_seconds: Option<u64>,
     /// `maxBootstrapTokenTtlSeconds` (default 7 days).
     pub max_bootstrap_token_ttl_seconds: Option<u64>,
+    /// `joinFailureBurst`: failed joins one source address (IPv6: its /64) may make before
+    /// its joins are refused with 429 (default 5, 1 to 10000).
+    pub join_failure_burst: Option<u32>,
+    /// `joinFailureRefillSeconds`: one failed join is forgiven per this interval (default
+    /// 60, 1 to 86400).
+    pub join_failure_refill_seconds: Option<u64>,
+    /// `joinMaxBackoffSeconds`: longest refusal; refusals start at 1 s and double (default
+    /// 300, 1 to 86400).
+    pub join_max_backoff_seconds: Option<u64>,
 }
 
 /// The `controllers` section of [`ServerConfigFile`]; see [`ControllersConfig`].
@@ -505,6 +611,7 @@ mod tests {
                 listen: Some("127.0.0.1:0".parse().expect("addr")),
                 tls_sans: vec!["b.example".into()],
                 controllers: None,
+                reinitialize_store: false,
             },
         )
         .expect("resolve");
@@ -652,11 +759,64 @@ mod tests {
                 "security: {agentCertValiditySeconds: 0}\n",
                 "security.agentCertValiditySeconds",
             ),
+            (
+                "security: {joinFailureBurst: 0}\n",
+                "security.joinFailureBurst",
+            ),
+            (
+                "security: {joinFailureRefillSeconds: 0}\n",
+                "security.joinFailureRefillSeconds",
+            ),
+            (
+                "security: {joinMaxBackoffSeconds: 100000}\n",
+                "security.joinMaxBackoffSeconds",
+            ),
+            ("auditLog: {maxFileBytes: 1000}\n", "auditLog.maxFileBytes"),
+            ("auditLog: {maxFiles: 0}\n", "auditLog.maxFiles"),
         ] {
             let err = ServerConfig::resolve(Some(parse(yaml).expect("parse")), overrides())
                 .expect_err(yaml);
             assert!(err.to_string().contains(field), "{yaml}: {err}");
         }
+    }
+
+    #[test]
+    fn join_limit_audit_log_and_reinitialize_apply() {
+        let overrides = ServerOverrides {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        };
+        let config = ServerConfig::resolve(None, overrides.clone()).expect("defaults");
+        assert!(!config.reinitialize_store);
+        assert_eq!(config.audit_log, crate::AuditLogConfig::default());
+        assert_eq!(
+            config.security.join_limit,
+            crate::JoinLimitConfig::default()
+        );
+        let file = parse(
+            "reinitializeStore: true\nauditLog: {maxFileBytes: 65536, maxFiles: 2}\n\
+             security: {joinFailureBurst: 3, joinFailureRefillSeconds: 10, joinMaxBackoffSeconds: 20}\n",
+        )
+        .expect("parse");
+        let config = ServerConfig::resolve(Some(file), overrides.clone()).expect("valid");
+        assert!(config.reinitialize_store);
+        assert_eq!(config.audit_log.max_file_bytes, 65536);
+        assert_eq!(config.audit_log.max_files, 2);
+        assert_eq!(config.security.join_limit.burst, 3);
+        assert_eq!(config.security.join_limit.refill, Duration::from_secs(10));
+        assert_eq!(
+            config.security.join_limit.max_backoff,
+            Duration::from_secs(20)
+        );
+        let config = ServerConfig::resolve(
+            None,
+            ServerOverrides {
+                reinitialize_store: true,
+                ..overrides
+            },
+        )
+        .expect("valid");
+        assert!(config.reinitialize_store, "--reinitialize-store");
     }
 
     #[test]

@@ -19,9 +19,13 @@
 //! | `pki/admin.crt`, `pki/admin.key` | admin client certificate (`CN=admin, O=system:masters`) |
 //! | `pki/trusted/*.crt`, `pki/ca-cross.crt` | previous CA and cross-signed active CA, during a CA rotation |
 //! | `pki/ssh_ca`, `pki/ssh_ca.pub` | the installation's OpenSSH user CA (Ed25519) |
+//! | `pki/revocations.json` | every certificate revocation, also kept here so it survives the store |
 //! | `rlark.db` | the SQLite store (also issued certificates, revocations, tokens) |
 //! | `admin.kubeconfig` | kubeconfig for the admin, rewritten at every start |
-//! | `audit.log` | audit records, one JSON object per line |
+//! | `audit.log`, `audit.log.1`.. | audit records, one JSON object per line, rotated by size |
+//!
+//! A data directory with a CA but a missing or empty `rlark.db` is refused at start (see
+//! `store_guard`) unless [`ServerConfig::reinitialize_store`] is set.
 
 mod auth;
 mod config;
@@ -30,6 +34,7 @@ pub(crate) mod events;
 mod http;
 mod metrics;
 pub mod security;
+mod store_guard;
 mod tls;
 pub mod tunnel;
 
@@ -52,10 +57,13 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 pub use config::{
-    ApiConfigFile, ConfigError, ControllersConfig, ControllersConfigFile, DEFAULT_LISTEN,
-    SecurityConfigFile, ServerConfig, ServerConfigFile, ServerOverrides, TunnelConfigFile,
+    ApiConfigFile, AuditLogConfigFile, ConfigError, ControllersConfig, ControllersConfigFile,
+    DEFAULT_LISTEN, SecurityConfigFile, ServerConfig, ServerConfigFile, ServerOverrides,
+    TunnelConfigFile,
 };
-pub use security::audit_file::AUDIT_LOG_FILE;
+pub use security::audit_file::{AUDIT_LOG_FILE, AuditLogConfig};
+pub use security::join_limit::JoinLimitConfig;
+pub use security::revocation_file::REVOCATIONS_FILE;
 pub use security::{CertRole, SecurityConfig};
 pub use tunnel::{TunnelConfig, TunnelInfo};
 
@@ -94,6 +102,9 @@ pub enum ServerError {
     Security(String),
     #[error("SSH CA: {0}")]
     SshCa(#[from] rlark_pki::ssh::SshError),
+    /// The CA shows an installation that ran before, but its store is missing or empty.
+    #[error("{0}")]
+    StoreLost(String),
 }
 
 /// Path of the admin kubeconfig for a data directory.
@@ -200,6 +211,13 @@ async fn start_with_token(
 
     // PKI: CA (once), serving certificate (every start), admin certificate (reused).
     let pki_dir = data_dir.join(PKI_DIR);
+    let db_path = data_dir.join(DATABASE_FILE);
+    // A CA from an earlier start means this installation has a store to lose.
+    let ca_existed = pki_dir.join(rlark_pki::CA_CERT_FILE).exists();
+    store_guard::check_before_open(ca_existed, config.reinitialize_store, &data_dir, &db_path)?;
+    let revocation_file =
+        security::revocation_file::RevocationFile::load(&pki_dir.join(REVOCATIONS_FILE))
+            .map_err(|e| ServerError::Security(e.to_string()))?;
     let ca = Arc::new(Ca::load_or_create(&pki_dir)?);
     let ssh_ca = Arc::new(rlark_pki::ssh::SshCa::load_or_create(&pki_dir)?);
     let ca_cert_hash = ca.cert_hash()?;
@@ -213,7 +231,6 @@ async fn start_with_token(
     )?;
 
     // Store and API.
-    let db_path = data_dir.join(DATABASE_FILE);
     let mut store_config = SqliteStoreConfig::new(&db_path);
     store_config.log_capacity = config.store_log_capacity;
     let store = SqliteStore::open(store_config)
@@ -222,9 +239,23 @@ async fn start_with_token(
             path: db_path.clone(),
             source,
         })?;
+    // Right after opening, before anything else can fail: a first start that fails later
+    // (say, the port is taken) has marked its store, so the next start is not refused.
+    if let Err(e) = store_guard::check_after_open(
+        &store,
+        ca_existed,
+        config.reinitialize_store,
+        &ca_cert_hash,
+        &data_dir,
+    )
+    .await
+    {
+        store.close().await;
+        return Err(e);
+    }
     let audit_path = data_dir.join(AUDIT_LOG_FILE);
     let audit: Arc<dyn rlark_apiserver::audit::AuditSink> =
-        match security::audit_file::FileAudit::open(&audit_path) {
+        match security::audit_file::FileAudit::open(&audit_path, config.audit_log.clone()) {
             Ok(audit) => Arc::new(audit),
             Err(e) => {
                 store.close().await;
@@ -240,6 +271,7 @@ async fn start_with_token(
         Arc::new(store.clone()),
         Arc::clone(&audit),
         &admin,
+        revocation_file,
     )
     .await
     {
@@ -463,13 +495,15 @@ async fn prepare_security(
     store: Arc<dyn rlark_store::Store>,
     audit: Arc<dyn rlark_apiserver::audit::AuditSink>,
     admin: &rlark_pki::IssuedCert,
+    revocation_file: security::revocation_file::RevocationFile,
 ) -> Result<Arc<security::Security>, ServerError> {
-    let security = security::Security::load(ca, store, audit, config.security.clone())
-        .await
-        .map_err(|e| ServerError::Security(e.to_string()))?;
+    let security =
+        security::Security::load(ca, store, audit, config.security.clone(), revocation_file)
+            .await
+            .map_err(|e| ServerError::Security(e.to_string()))?;
     let info = rlark_pki::CertInfo::from_pem(&admin.cert_pem)?;
     security
-        .record_certificate(&info, "admin", None, "startup")
+        .record_certificate(&info, "admin", None, "startup", None)
         .await
         .map_err(|e| ServerError::Security(e.to_string()))?;
     if security.is_revoked(&info.serial) {

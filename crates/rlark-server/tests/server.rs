@@ -283,3 +283,55 @@ async fn run_stops_when_the_token_is_cancelled() -> anyhow::Result<()> {
     tokio::time::timeout(Duration::from_secs(10), task).await???;
     Ok(())
 }
+
+/// An installation from before the store was marked (CA plus a store with data, no marker)
+/// starts, and its store is marked then.
+#[tokio::test]
+async fn a_store_from_before_the_marker_is_used_and_marked() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    rlark_pki::Ca::load_or_create(&dir.path().join("pki"))?;
+    let db = dir.path().join("rlark.db");
+    let open = || rlark_store::SqliteStore::open(rlark_store::SqliteStoreConfig::new(&db));
+    let store = open().await?;
+    rlark_store::Store::create(
+        &store,
+        &rlark_store::ObjectKey::new("examples.test.rlark.io", "", "kept"),
+        serde_json::json!({"metadata": {"name": "kept"}}),
+    )
+    .await?;
+    store.close().await;
+    drop(store);
+
+    let server = rlark_server::start(config(dir.path())).await?;
+    server.shutdown().await?;
+
+    let store = open().await?;
+    let key = rlark_store::ObjectKey::new("installations.security.rlark.io", "", "installation");
+    let marker = rlark_store::Store::get(&store, &key)
+        .await?
+        .context("no marker")?;
+    assert_eq!(marker["spec"]["how"], "upgraded", "{marker}");
+    let kept = rlark_store::ObjectKey::new("examples.test.rlark.io", "", "kept");
+    assert!(rlark_store::Store::get(&store, &kept).await?.is_some());
+    store.close().await;
+    Ok(())
+}
+
+/// A first start that fails after creating the CA (the port is taken) does not make the
+/// next start look like a lost store.
+#[tokio::test]
+async fn a_failed_first_start_is_not_a_lost_store() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let taken = std::net::TcpListener::bind("127.0.0.1:0")?;
+    let mut busy = config(dir.path());
+    busy.listen = taken.local_addr()?;
+    let error = rlark_server::start(busy)
+        .await
+        .expect_err("the port is taken");
+    assert!(error.to_string().contains("bind"), "{error}");
+    assert!(dir.path().join("pki").join("ca.crt").exists());
+    drop(taken);
+    let server = rlark_server::start(config(dir.path())).await?;
+    server.shutdown().await?;
+    Ok(())
+}

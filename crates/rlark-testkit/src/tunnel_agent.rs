@@ -18,7 +18,8 @@
 //! An agent certificate is accepted by every server that trusts its CA. To run two servers
 //! of one installation (hub replicas) in a test, give the second one a copy of the first
 //! one's `pki/` directory before it starts ([`share_pki`]); it then loads that CA (and the
-//! same admin certificate) instead of creating its own:
+//! same admin certificate) instead of creating its own. Its store is new while its CA is
+//! not, so it starts with `reinitialize_store` (a server refuses that otherwise):
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -27,7 +28,9 @@
 //! let a = TestServer::start().await?;
 //! let dir_b = tempfile::tempdir()?;
 //! share_pki(a.data_dir(), dir_b.path())?;
-//! let b = TestServer::start_in(dir_b.path()).await?;
+//! let mut config_b = TestServer::config_for(dir_b.path());
+//! config_b.reinitialize_store = true;
+//! let b = TestServer::start_with(config_b).await?;
 //! let agent = TunnelAgent::start(&[&a, &b], "edge").await?; // joins on `a`, connects to both
 //! # Ok(()) }
 //! ```
@@ -65,7 +68,9 @@ pub const TEST_BACKOFF_MAX: Duration = Duration::from_secs(1);
 /// Copy the `pki/` directory (CA, SSH CA, admin certificate) of the data directory `from`
 /// into the data directory `to` (created with mode 0700 if missing), so that a server
 /// started on `to` belongs to the same installation as the one on `from`. Call it before
-/// the second server starts. File modes are kept (keys stay 0600).
+/// the second server starts, with `ServerConfig::reinitialize_store` set: its store is new
+/// while its CA is not, which a server refuses otherwise. File modes are kept (keys stay
+/// 0600).
 pub fn share_pki(from: &Path, to: &Path) -> anyhow::Result<()> {
     let source = from.join(rlark_server::PKI_DIR);
     let target = to.join(rlark_server::PKI_DIR);

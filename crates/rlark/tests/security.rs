@@ -1603,3 +1603,382 @@ async fn kubectl_viewer_can_get_but_not_apply() -> Result<()> {
     })
     .await
 }
+
+// ---------------------------------------------------------------------------------------
+// 9. Forgetting: a lost store, join guessing, renewal chains (issue 14, finding 5)
+// ---------------------------------------------------------------------------------------
+
+/// Whether `result` (a request with a revoked certificate) was refused: a 401 `Status`, or
+/// a failed TLS handshake.
+fn refused_revoked<T: std::fmt::Debug>(result: kube::Result<T>, when: &str) -> Result<()> {
+    match result {
+        Ok(value) => bail!("{when}: the revoked certificate still works: {value:?}"),
+        Err(kube::Error::Api(status)) => {
+            ensure!(
+                status.code == 401,
+                "{when}: refused with {status:?}, want 401"
+            );
+            Ok(())
+        }
+        Err(other) => {
+            eprintln!("{when}: refused: {other}");
+            Ok(())
+        }
+    }
+}
+
+/// The error of starting a server on `dir` (which must fail).
+async fn start_error(config: rlark_server::ServerConfig) -> Result<String> {
+    match TestServer::start_with(config).await {
+        Ok(server) => {
+            server.stop().await?;
+            bail!("the server started")
+        }
+        Err(error) => Ok(format!("{error:#}")),
+    }
+}
+
+/// A server whose `rlark.db` is deleted, or emptied, while its CA stays refuses to start,
+/// saying what is wrong and how to go on; with `reinitialize_store` it starts on an empty
+/// store and a certificate revoked before is still refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_store_is_refused_and_reinitializing_keeps_revocations() -> Result<()> {
+    bounded(async {
+        let data = tempfile::tempdir()?;
+        let server = TestServer::start_in(data.path()).await?;
+        let admin = server.client().await?;
+        let tmp = tempfile::tempdir()?;
+        let revoked = join_cluster(&server, &admin, "gone", &tmp.path().join("gone")).await?;
+        let kept = join_cluster(&server, &admin, "kept", &tmp.path().join("kept")).await?;
+        let answer = call_ok(
+            &admin,
+            "POST",
+            "/rlark/v1/revocations",
+            Some(&json!({"serial": revoked.info.serial})),
+        )
+        .await?;
+        assert_eq!(answer["revoked"], json!([revoked.info.serial]), "{answer}");
+        server.stop().await?;
+        let revocation_file = data
+            .path()
+            .join(rlark_server::PKI_DIR)
+            .join(rlark_server::REVOCATIONS_FILE);
+        assert_eq!(mode_of(&revocation_file)?, 0o600, "revocations.json mode");
+
+        // The store is deleted: refused, and no empty store is left behind.
+        let db = data.path().join(rlark_server::DATABASE_FILE);
+        for suffix in ["", "-wal", "-shm"] {
+            let mut path = db.clone().into_os_string();
+            path.push(suffix);
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e).context("remove the store"),
+            }
+        }
+        let error = start_error(TestServer::config_for(data.path())).await?;
+        for needle in [
+            "refusing to start",
+            "is missing",
+            db.to_str().context("db path")?,
+            "restore",
+            "--reinitialize-store",
+        ] {
+            assert!(error.contains(needle), "{needle:?} not in: {error}");
+        }
+        assert!(!db.exists(), "the refused start created {}", db.display());
+
+        // An empty file (truncated): refused too.
+        std::fs::write(&db, b"")?;
+        let error = start_error(TestServer::config_for(data.path())).await?;
+        assert!(error.contains("is empty"), "{error}");
+        assert!(error.contains("--reinitialize-store"), "{error}");
+
+        // On purpose: starts empty, the revocation is still in force.
+        let mut config = TestServer::config_for(data.path());
+        config.reinitialize_store = true;
+        let server = TestServer::start_with(config).await?;
+        let admin = server.client().await?;
+        let (revoked_client, _) = client_from_yaml(
+            tmp.path(),
+            "gone.kubeconfig",
+            &agent_kubeconfig(&server.url(), &revoked),
+        )
+        .await?;
+        refused_revoked(
+            tasks(&revoked_client, "rlark-gone")
+                .list(&ListParams::default())
+                .await,
+            "after reinitializing",
+        )?;
+        // A certificate that was not revoked still authenticates.
+        let (kept_client, _) = client_from_yaml(
+            tmp.path(),
+            "kept.kubeconfig",
+            &agent_kubeconfig(&server.url(), &kept),
+        )
+        .await?;
+        tasks(&kept_client, "rlark-kept")
+            .list(&ListParams::default())
+            .await
+            .context("the agent that was not revoked")?;
+        // The revocation is back in the store's list.
+        let listed = call_ok(&admin, "GET", "/rlark/v1/revocations", None).await?;
+        assert!(
+            listed["items"]
+                .as_array()
+                .context("items")?
+                .iter()
+                .any(|r| r["serial"] == revoked.info.serial.as_str()),
+            "{listed}"
+        );
+
+        // The reinitialized store is the installation's store now: plain restarts work.
+        let server = server.restart().await?;
+        let (revoked_client, _) = client_from_yaml(
+            tmp.path(),
+            "gone-2.kubeconfig",
+            &agent_kubeconfig(&server.url(), &revoked),
+        )
+        .await?;
+        refused_revoked(
+            tasks(&revoked_client, "rlark-gone")
+                .list(&ListParams::default())
+                .await,
+            "after a restart of the reinitialized store",
+        )?;
+        server.stop().await
+    })
+    .await
+}
+
+/// One anonymous `POST /rlark/v1/join` from `source` (a loopback address) over a new TLS
+/// connection: status, `Retry-After`, body.
+async fn join_from(
+    server: &TestServer,
+    ca_pem: &str,
+    source: std::net::IpAddr,
+    body: &Value,
+) -> Result<(u16, Option<u64>, Value)> {
+    use http_body_util::Full;
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, ServerName};
+
+    let socket = tokio::net::TcpSocket::new_v4()?;
+    socket
+        .bind(std::net::SocketAddr::new(source, 0))
+        .with_context(|| format!("bind {source}"))?;
+    let tcp = socket.connect(server.addr()).await?;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_slice_iter(ca_pem.as_bytes()) {
+        roots.add(cert.context("CA bundle")?)?;
+    }
+    let tls = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let stream = tokio_rustls::TlsConnector::from(std::sync::Arc::new(tls))
+        .connect(ServerName::try_from("127.0.0.1")?.to_owned(), tcp)
+        .await?;
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    let conn = tokio::spawn(conn);
+    let request = http::Request::post("/rlark/v1/join")
+        .header(http::header::HOST, server.addr().to_string())
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Full::new(bytes::Bytes::from(body.to_string())))?;
+    let response = sender.send_request(request).await?;
+    let code = response.status().as_u16();
+    let retry_after = response
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .map(|v| -> Result<u64> { Ok(v.to_str()?.parse()?) })
+        .transpose()?;
+    let bytes = response.into_body().collect().await?.to_bytes();
+    drop(sender);
+    conn.abort();
+    Ok((
+        code,
+        retry_after,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    ))
+}
+
+/// Guessing bootstrap tokens from one address gets 429 with `Retry-After` after a few
+/// failures, even with a right token then; another address and successful joins are not
+/// affected, and the refused guesses add no audit records.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn join_guesses_from_one_source_are_rate_limited() -> Result<()> {
+    bounded(async {
+        let data = tempfile::tempdir()?;
+        let mut config = TestServer::config_for(data.path());
+        config.security.join_limit.burst = 3;
+        let server = TestServer::start_with(config).await?;
+        let admin = server.client().await?;
+        let ca = ca_bundle(&admin).await?;
+        let csr = rlark_pki::generate_key_and_csr("agent")?.csr_pem;
+        let guesser: std::net::IpAddr = "127.0.0.1".parse()?;
+        let other: std::net::IpAddr = "127.0.0.2".parse()?;
+        let guess =
+            |i: usize| json!({"token": format!("abcdef.{i:016}"), "csr": csr, "clusterID": "x"});
+
+        let mut codes = Vec::new();
+        let mut first_429 = None;
+        for i in 0..6 {
+            let (code, retry_after, body) = join_from(&server, &ca, guesser, &guess(i)).await?;
+            codes.push(code);
+            if code == 429 && first_429.is_none() {
+                first_429 = Some((retry_after, body));
+            }
+        }
+        assert_eq!(
+            codes,
+            [401, 401, 401, 429, 429, 429],
+            "guesses from one source"
+        );
+        let (retry_after, body) = first_429.context("no 429")?;
+        let retry_after = retry_after.context("429 without Retry-After")?;
+        assert!(retry_after >= 1, "Retry-After {retry_after}");
+        assert_eq!(body["reason"], "TooManyRequests", "{body}");
+        assert_eq!(body["details"]["retryAfterSeconds"], retry_after, "{body}");
+
+        // While blocked, even a right token is refused from there (not even looked at)...
+        let token = bootstrap_token(&admin, Some("good"), 600).await?;
+        let good = json!({"token": str_of(&token, "token")?, "csr": csr});
+        let (code, _, body) = join_from(&server, &ca, guesser, &good).await?;
+        assert_eq!(code, 429, "{body}");
+        // ... while another address is judged on its own: a wrong token is a 401, the right
+        // one joins (the token was not used up by the refused attempt).
+        let (code, _, body) = join_from(&server, &ca, other, &guess(100)).await?;
+        assert_eq!(code, 401, "{body}");
+        let (code, _, body) = join_from(&server, &ca, other, &good).await?;
+        assert_eq!(code, 200, "{body}");
+        assert_eq!(body["clusterID"], "good", "{body}");
+        // Successful joins cost nothing: more of them than the burst, from one address.
+        for i in 0..5 {
+            let cluster = format!("many-{i}");
+            let token = bootstrap_token(&admin, Some(&cluster), 600).await?;
+            let body = json!({"token": str_of(&token, "token")?, "csr": csr});
+            let (code, _, answer) = join_from(&server, &ca, other, &body).await?;
+            assert_eq!(code, 200, "join {i} from {other}: {answer}");
+        }
+
+        // The audit log has the three guesses that were looked at, the one of the other
+        // address, and one record of the block: not the refused attempts.
+        let audit = std::fs::read_to_string(data.path().join(rlark_server::AUDIT_LOG_FILE))?;
+        let records: Vec<Value> = audit
+            .lines()
+            .map(serde_json::from_str)
+            .collect::<Result<_, _>>()?;
+        let denied_joins = records
+            .iter()
+            .filter(|r| r["action"] == "join" && r["decision"] == "denied")
+            .count();
+        let blocks: Vec<&Value> = records
+            .iter()
+            .filter(|r| {
+                r["action"] == "join"
+                    && r["reason"]
+                        .as_str()
+                        .is_some_and(|s| s.contains("too many failed joins"))
+            })
+            .collect();
+        assert_eq!(blocks.len(), 1, "{blocks:?}");
+        assert!(
+            blocks[0]["reason"]
+                .as_str()
+                .is_some_and(|s| s.contains("127.0.0.1")),
+            "{blocks:?}"
+        );
+        assert_eq!(denied_joins, 3 + 1 + 1, "join records:\n{audit}");
+        server.stop().await
+    })
+    .await
+}
+
+/// Revoking a certificate by serial revokes the certificates renewed from it (the renewal
+/// chain), and only those: the certificate a revoked one was renewed from stays valid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revoking_a_serial_revokes_its_renewals() -> Result<()> {
+    bounded(async {
+        let server = TestServer::start().await?;
+        let admin = server.client().await?;
+        let tmp = tempfile::tempdir()?;
+        let dir = tmp.path().join("a");
+        let first = join_cluster(&server, &admin, "a", &dir).await?;
+        let second = rlark_agent::join::renew(&dir).await.context("renew")?;
+        let third = rlark_agent::join::renew(&dir)
+            .await
+            .context("renew again")?;
+        let certs = agent_certificates(&admin, "a").await?;
+        let renewed_from = |serial: &str| {
+            certs
+                .iter()
+                .find(|c| c["serial"] == serial)
+                .map(|c| c["renewedFrom"].clone())
+        };
+        assert_eq!(
+            renewed_from(&third.info.serial),
+            Some(json!(second.info.serial))
+        );
+        assert_eq!(
+            renewed_from(&second.info.serial),
+            Some(json!(first.info.serial))
+        );
+
+        let answer = call_ok(
+            &admin,
+            "POST",
+            "/rlark/v1/revocations",
+            Some(&json!({"serial": first.info.serial})),
+        )
+        .await?;
+        let mut revoked: Vec<&str> = answer["revoked"]
+            .as_array()
+            .context("revoked")?
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        revoked.sort_unstable();
+        let mut want = vec![
+            first.info.serial.as_str(),
+            second.info.serial.as_str(),
+            third.info.serial.as_str(),
+        ];
+        want.sort_unstable();
+        assert_eq!(revoked, want, "{answer}");
+        // The newest certificate, in the agent's directory, is refused.
+        let newest = client_from_kubeconfig(&dir.join(AGENT_KUBECONFIG)).await?;
+        refused_revoked(
+            tasks(&newest, "rlark-a").list(&ListParams::default()).await,
+            "the renewed certificate",
+        )?;
+
+        // Revoking a renewal leaves the certificate it was renewed from alone.
+        let b_dir = tmp.path().join("b");
+        let b_first = join_cluster(&server, &admin, "b", &b_dir).await?;
+        let b_second = rlark_agent::join::renew(&b_dir).await?;
+        let answer = call_ok(
+            &admin,
+            "POST",
+            "/rlark/v1/revocations",
+            Some(&json!({"serial": b_second.info.serial})),
+        )
+        .await?;
+        assert_eq!(answer["revoked"], json!([b_second.info.serial]), "{answer}");
+        let (b_old, _) = client_from_yaml(
+            tmp.path(),
+            "b-first.kubeconfig",
+            &agent_kubeconfig(&server.url(), &b_first),
+        )
+        .await?;
+        tasks(&b_old, "rlark-b")
+            .list(&ListParams::default())
+            .await
+            .context("the certificate the revoked one was renewed from")?;
+        server.stop().await
+    })
+    .await
+}

@@ -954,7 +954,11 @@ async fn agent_with_two_servers_is_reachable_through_either() -> Result<()> {
         let a = TestServer::start().await?;
         let dir_b = tempfile::tempdir()?;
         share_pki(a.data_dir(), dir_b.path())?;
-        let b = TestServer::start_in(dir_b.path()).await?;
+        // B has A's CA but a store of its own: a new replica, started on purpose on an
+        // empty store.
+        let mut config_b = TestServer::config_for(dir_b.path());
+        config_b.reinitialize_store = true;
+        let b = TestServer::start_with(config_b).await?;
         assert_eq!(a.ca_cert_hash(), b.ca_cert_hash(), "B has A's CA");
         let agent = TunnelAgent::start(&[&a, &b], "edge").await?;
         assert_eq!(agent.connected(), vec![a.url(), b.url()]);
@@ -996,6 +1000,7 @@ async fn an_agent_discovers_the_other_replica_from_the_hub() -> Result<()> {
         let dir_b = tempfile::tempdir()?;
         share_pki(a.data_dir(), dir_b.path())?;
         let mut config_b = TestServer::config_for(dir_b.path());
+        config_b.reinitialize_store = true;
         config_b.tunnel.peers = vec![a.url()];
         let b = TestServer::start_with(config_b).await?;
         let admin_a = admin_client(&a).await?;

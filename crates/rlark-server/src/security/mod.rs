@@ -2,12 +2,15 @@
 //! renewal, admin signing), bootstrap and bearer tokens, revocation, and the audit trail.
 //!
 //! State lives in the store ([`records`]); the set of revoked serials is also kept in memory
-//! because the TLS handshake checks it synchronously. Every revocation — made here or, with
+//! because the TLS handshake checks it synchronously, and in `pki/revocations.json`
+//! ([`revocation_file`]) so that it survives the loss of the store. Every revocation — made here or, with
 //! a shared store, by another replica — bumps [`Security::subscribe`]'s counter; open
 //! connections of the revoked identity close on that signal (see `lib.rs`).
 
 pub(crate) mod audit_file;
+pub(crate) mod join_limit;
 pub(crate) mod records;
+pub(crate) mod revocation_file;
 pub(crate) mod routes;
 
 use std::collections::HashSet;
@@ -28,7 +31,7 @@ use records::{
     CertificateRecord, REVOCATIONS, RevocationRecord, TaskBinding,
 };
 
-/// Lifetimes of what the security layer issues.
+/// Lifetimes of what the security layer issues, and the join rate limit.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SecurityConfig {
     /// Agent certificates (join and renewal). Agents renew at 2/3 of it.
@@ -37,15 +40,19 @@ pub struct SecurityConfig {
     pub user_cert_validity: Duration,
     /// Longest lifetime of a bootstrap token.
     pub max_bootstrap_token_ttl: Duration,
+    /// Rate limit of failed joins per source address.
+    pub join_limit: join_limit::JoinLimitConfig,
 }
 
 impl Default for SecurityConfig {
-    /// Agents 30 days, users 1 year, bootstrap tokens at most 7 days.
+    /// Agents 30 days, users 1 year, bootstrap tokens at most 7 days; the join limit's
+    /// defaults.
     fn default() -> Self {
         Self {
             agent_cert_validity: Duration::from_secs(30 * 24 * 3600),
             user_cert_validity: Duration::from_secs(365 * 24 * 3600),
             max_bootstrap_token_ttl: Duration::from_secs(7 * 24 * 3600),
+            join_limit: join_limit::JoinLimitConfig::default(),
         }
     }
 }
@@ -258,6 +265,9 @@ pub struct Security {
     audit: Arc<dyn AuditSink>,
     config: SecurityConfig,
     revoked: RwLock<HashSet<String>>,
+    /// The revocations again, beside the CA.
+    revocation_file: revocation_file::RevocationFile,
+    join_limiter: join_limit::JoinLimiter,
     changes: watch::Sender<u64>,
 }
 
@@ -282,28 +292,89 @@ fn key(resource: &str, name: &str) -> ObjectKey {
 }
 
 impl Security {
-    /// Load revocations from the store.
+    /// Load the revocations of the store and of `revocation_file` and merge them both ways:
+    /// the file's that the store lacks (it was reinitialized) are written to the store, the
+    /// store's that the file lacks (an installation from before the file existed) to the file.
     pub(crate) async fn load(
         ca: Arc<Ca>,
         store: Arc<dyn Store>,
         audit: Arc<dyn AuditSink>,
         config: SecurityConfig,
+        revocation_file: revocation_file::RevocationFile,
     ) -> SecResult<Arc<Security>> {
         let (changes, _) = watch::channel(0);
+        let join_limiter = join_limit::JoinLimiter::new(config.join_limit.clone());
         let security = Arc::new(Security {
             ca,
             store,
             audit,
             config,
             revoked: RwLock::new(HashSet::new()),
+            revocation_file,
+            join_limiter,
             changes,
         });
-        let revocations = security.list::<RevocationRecord>(REVOCATIONS).await?;
+        let in_store = security.list::<RevocationRecord>(REVOCATIONS).await?;
+        let stored: HashSet<String> = in_store.iter().map(|r| r.serial.clone()).collect();
+        let from_file: Vec<RevocationRecord> = security
+            .revocation_file
+            .records()
+            .into_iter()
+            .filter(|r| !stored.contains(&r.serial))
+            .collect();
+        for record in &from_file {
+            security.store_revocation(record).await?;
+        }
+        if !from_file.is_empty() {
+            tracing::warn!(
+                count = from_file.len(),
+                file = %security.revocation_file.path().display(),
+                "revocations missing from the store were restored from the revocation file"
+            );
+        }
+        let added = security
+            .revocation_file
+            .add(in_store.iter().cloned())
+            .map_err(|e| SecurityError::internal(e.to_string()))?;
+        if added > 0 {
+            tracing::info!(
+                count = added,
+                file = %security.revocation_file.path().display(),
+                "revocations of the store copied to the revocation file"
+            );
+        }
         {
             let mut revoked = security.revoked_write();
-            revoked.extend(revocations.into_iter().map(|r| r.serial));
+            revoked.extend(in_store.into_iter().map(|r| r.serial));
+            revoked.extend(from_file.into_iter().map(|r| r.serial));
         }
         Ok(security)
+    }
+
+    /// Write `record` to the store (idempotent).
+    async fn store_revocation(&self, record: &RevocationRecord) -> SecResult<()> {
+        let name = format!("serial-{}", record.serial);
+        match self
+            .store
+            .create(&key(REVOCATIONS, &name), records::to_object(&name, record))
+            .await
+        {
+            Ok(_) | Err(StoreError::AlreadyExists(_)) => Ok(()),
+            Err(e) => Err(SecurityError::store(e)),
+        }
+    }
+
+    /// Copy revocations another replica made into the revocation file (best effort: they
+    /// are in the shared store already).
+    fn mirror_to_file(&self, record: RevocationRecord) {
+        if let Err(error) = self.revocation_file.add([record]) {
+            tracing::error!(%error, "copying a revocation to the revocation file failed");
+        }
+    }
+
+    /// The join rate limit.
+    pub(crate) fn join_limiter(&self) -> &join_limit::JoinLimiter {
+        &self.join_limiter
     }
 
     fn revoked_write(&self) -> std::sync::RwLockWriteGuard<'_, HashSet<String>> {
@@ -379,6 +450,7 @@ impl Security {
         role: &str,
         cluster_id: Option<String>,
         issued_by: &str,
+        renewed_from: Option<&str>,
     ) -> SecResult<()> {
         let record = CertificateRecord {
             serial: info.serial.clone(),
@@ -391,6 +463,7 @@ impl Security {
             not_after: rfc3339(info.not_after),
             key_hash: info.key_hash.clone(),
             issued_by: issued_by.to_string(),
+            renewed_from: renewed_from.map(str::to_string),
             revoked_at: None,
         };
         match self
@@ -407,7 +480,8 @@ impl Security {
     }
 
     /// Sign `csr` for `role`, record the certificate and audit it. `by` is the acting
-    /// identity (`None` for a bootstrap-token join).
+    /// identity (`None` for a bootstrap-token join); `renewed_from` the serial of the
+    /// certificate a renewal was authenticated with.
     pub(crate) async fn issue(
         &self,
         csr: &ParsedCsr,
@@ -415,6 +489,7 @@ impl Security {
         validity: Option<Duration>,
         action: &str,
         by: Option<&Identity>,
+        renewed_from: Option<&str>,
     ) -> SecResult<Issued> {
         role.validate()?;
         let validity = validity.unwrap_or(match role {
@@ -429,8 +504,14 @@ impl Security {
         let issued_by = by
             .map(|i| i.user.clone())
             .unwrap_or_else(|| action.to_string());
-        self.record_certificate(&info, role.name(), role.cluster_id(), &issued_by)
-            .await?;
+        self.record_certificate(
+            &info,
+            role.name(),
+            role.cluster_id(),
+            &issued_by,
+            renewed_from,
+        )
+        .await?;
         let mut entry = AuditEntry::now(action, "allowed").by(by);
         entry.verb = action.to_string();
         entry.resource = "certificates".to_string();
@@ -442,12 +523,45 @@ impl Security {
             info.groups,
             rfc3339(info.not_after)
         );
+        if let Some(from) = renewed_from {
+            entry.reason.push_str(&format!("; renews {from}"));
+        }
         self.audit.record(entry);
         Ok(Issued {
             certificate_pem: pem,
             info,
             ca_bundle_pem: self.ca.bundle_pem(),
         })
+    }
+
+    /// Renew: sign `csr` for the same `role` as the certificate `serial` the request was
+    /// authenticated with, recording that serial as the new certificate's `renewedFrom`.
+    /// Revoking `serial` later revokes the new certificate too ([`Security::revoke_serial`]);
+    /// a revocation of `serial` that lands while this runs revokes the new certificate here
+    /// (the record is written before the check, and a revocation marks the serial before it
+    /// looks for renewals, so one of the two sees the other).
+    pub(crate) async fn renew(
+        &self,
+        csr: &ParsedCsr,
+        role: &CertRole,
+        by: &Identity,
+        serial: &str,
+    ) -> SecResult<Issued> {
+        let issued = self
+            .issue(csr, role, None, "renew", Some(by), Some(serial))
+            .await?;
+        if self.is_revoked(serial) {
+            self.revoke_one(
+                &issued.info.serial,
+                &format!("renewed from {serial}, which was revoked during the renewal"),
+                by,
+            )
+            .await?;
+            return Err(SecurityError::unauthorized(format!(
+                "client certificate {serial} has been revoked"
+            )));
+        }
+        Ok(issued)
     }
 
     /// All issued certificates, by serial.
@@ -471,9 +585,48 @@ impl Security {
         self.list(REVOCATIONS).await
     }
 
+    /// Revoke certificate `serial` (normalized) and every certificate renewed from it,
+    /// transitively (renewals record the serial they were authenticated with). The
+    /// certificates `serial` itself was renewed from stay valid: revoke by user or cluster
+    /// ID to cut a holder off entirely. Idempotent. Returns `serial` and the renewals it
+    /// revoked now.
+    pub(crate) async fn revoke_serial(
+        &self,
+        serial: &str,
+        reason: &str,
+        by: &Identity,
+    ) -> SecResult<Vec<String>> {
+        self.revoke_one(serial, reason, by).await?;
+        let mut revoked = vec![serial.to_string()];
+        let certificates = self.list::<CertificateRecord>(CERTIFICATES).await?;
+        let mut visited: HashSet<String> = HashSet::from([serial.to_string()]);
+        let mut parents = vec![serial.to_string()];
+        while let Some(parent) = parents.pop() {
+            for cert in &certificates {
+                if cert.renewed_from.as_deref() != Some(parent.as_str())
+                    || !visited.insert(cert.serial.clone())
+                {
+                    continue;
+                }
+                if !self.is_revoked(&cert.serial) {
+                    self.revoke_one(
+                        &cert.serial,
+                        &format!("{reason} (renewed from revoked {parent})"),
+                        by,
+                    )
+                    .await?;
+                    revoked.push(cert.serial.clone());
+                }
+                parents.push(cert.serial.clone());
+            }
+        }
+        Ok(revoked)
+    }
+
     /// Revoke one certificate serial (normalized). Idempotent. Takes effect at once: the
     /// in-memory set is updated before this returns and open connections are signalled.
-    pub(crate) async fn revoke_serial(
+    /// The revocation is in the store and in the revocation file before it is reported.
+    async fn revoke_one(
         &self,
         serial: &str,
         reason: &str,
@@ -490,14 +643,16 @@ impl Security {
             revoked_by: by.user.clone(),
             revoked_at: rfc3339(SystemTime::now()),
         };
-        let name = format!("serial-{serial}");
-        match self
-            .store
-            .create(&key(REVOCATIONS, &name), records::to_object(&name, &record))
-            .await
-        {
-            Ok(_) | Err(StoreError::AlreadyExists(_)) => {}
-            Err(e) => return Err(SecurityError::store(e)),
+        self.store_revocation(&record).await?;
+        // In memory first: the revocation is in force even if the file cannot be written.
+        self.revoked_write().insert(serial.to_string());
+        self.notify();
+        if let Err(error) = self.revocation_file.add([record.clone()]) {
+            return Err(SecurityError::internal(format!(
+                "certificate {serial} is revoked, but saving the revocation beside the CA \
+                 failed, so it would be lost if the store were reinitialized; fix the cause \
+                 and revoke it again: {error}"
+            )));
         }
         if let Some((mut cert, revision)) = cert
             && cert.revoked_at.is_none()
@@ -513,8 +668,6 @@ impl Security {
                 tracing::warn!(%error, serial, "marking certificate record revoked failed");
             }
         }
-        self.revoked_write().insert(serial.to_string());
-        self.notify();
         let mut entry = AuditEntry::now("revoke", "allowed").by(Some(by));
         entry.verb = "revoke".into();
         entry.resource = "certificates".into();
@@ -535,7 +688,7 @@ impl Security {
         let mut serials = Vec::new();
         for cert in self.list::<CertificateRecord>(CERTIFICATES).await? {
             if cert.user == user && !self.is_revoked(&cert.serial) {
-                self.revoke_serial(&cert.serial, reason, by).await?;
+                self.revoke_one(&cert.serial, reason, by).await?;
                 serials.push(cert.serial);
             }
         }
@@ -694,7 +847,7 @@ impl Security {
         let role = CertRole::Agent {
             cluster_id: cluster_id.clone(),
         };
-        let issued = self.issue(csr, &role, None, "join", None).await?;
+        let issued = self.issue(csr, &role, None, "join", None, None).await?;
         Ok((cluster_id, issued))
     }
 
@@ -913,9 +1066,12 @@ impl Security {
                     Some(Ok(event)) => {
                         if let Some(record) =
                             records::from_object::<RevocationRecord>(&event.object)
-                            && self.revoked_write().insert(record.serial)
                         {
-                            self.notify();
+                            let new = self.revoked_write().insert(record.serial.clone());
+                            if new {
+                                self.notify();
+                            }
+                            self.mirror_to_file(record);
                         }
                     }
                     Some(Err(error)) => {
@@ -935,11 +1091,14 @@ impl Security {
             Ok(records) => {
                 let mut revoked = self.revoked_write();
                 let before = revoked.len();
-                revoked.extend(records.into_iter().map(|r| r.serial));
+                revoked.extend(records.iter().map(|r| r.serial.clone()));
                 let grew = revoked.len() != before;
                 drop(revoked);
                 if grew {
                     self.notify();
+                }
+                if let Err(error) = self.revocation_file.add(records) {
+                    tracing::error!(%error, "copying revocations to the revocation file failed");
                 }
             }
             Err(error) => tracing::warn!(%error, "listing revocations failed"),

@@ -41,6 +41,11 @@ pub struct CertificateRecord {
     pub key_hash: String,
     /// Who asked: `join`, `renew`, `startup`, or the admin user's name.
     pub issued_by: String,
+    /// For renewals: the serial of the certificate the renewal was authenticated with.
+    /// Revoking that serial revokes this certificate too. Absent for certificates renewed
+    /// before rlark recorded it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewed_from: Option<String>,
     /// Set once revoked (RFC 3339).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub revoked_at: Option<String>,

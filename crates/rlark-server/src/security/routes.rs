@@ -3,19 +3,20 @@
 //! | route | who | what |
 //! |---|---|---|
 //! | `GET /rlark/v1/ca` | anyone | CA bundle and the pin of the active CA |
-//! | `POST /rlark/v1/join` | anyone with a bootstrap token | sign the agent's CSR |
+//! | `POST /rlark/v1/join` | anyone with a bootstrap token | sign the agent's CSR (failures rate-limited per source, see `join_limit`) |
 //! | `POST /rlark/v1/renew` | certificate holders | sign a new CSR for the same subject |
 //! | `GET/POST /rlark/v1/certificates` | admin | list issued / sign a CSR for a role |
 //! | `POST /rlark/v1/sshcertificates` | admin | sign an OpenSSH certificate (`domain`, `ssh-guest`) |
-//! | `GET/POST /rlark/v1/revocations` | admin | list / revoke a serial, user, cluster or token |
+//! | `GET/POST /rlark/v1/revocations` | admin | list / revoke a serial (and the certificates renewed from it), user, cluster or token |
 //! | `POST /rlark/v1/tokens` | admin | bootstrap token, or bearer token of a user |
 //! | `POST /rlark/v1/namespaces/{ns}/tasks/{name}/token` | admin, agent of `ns` | task token |
 
+use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use axum::Router;
-use axum::extract::{Path, Request, State};
+use axum::extract::{ConnectInfo, Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use rlark_apiserver::ApiServer;
@@ -175,7 +176,34 @@ struct JoinRequest {
     csr: String,
 }
 
+/// 429 with `Retry-After` (whole seconds, rounded up) for a source whose joins are refused.
+fn too_many_joins(retry_after: Duration) -> Response {
+    let seconds = retry_after.as_secs() + u64::from(retry_after.subsec_nanos() > 0);
+    let mut error = ApiError::new(
+        429,
+        "TooManyRequests",
+        format!(
+            "too many failed joins from this address; retry after {seconds}s \
+             (each further failure doubles the wait)"
+        ),
+    );
+    error.retry_after_seconds = Some(seconds.max(1));
+    error.into_response()
+}
+
 async fn join(State(state): State<RoutesState>, request: Request) -> Response {
+    // Every request reaching the router carries the peer address (`http::connection_service`).
+    let source = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(addr)| addr.ip());
+    let limiter = state.security.join_limiter();
+    if let Some(ip) = source
+        && let Err(retry_after) = limiter.check(ip, Instant::now())
+    {
+        return too_many_joins(retry_after);
+    }
+    let security = Arc::clone(&state.security);
     let result = async move {
         let body: JoinRequest = json_body(request).await?;
         let csr = parse_csr(&body.csr)?;
@@ -199,6 +227,25 @@ async fn join(State(state): State<RoutesState>, request: Request) -> Response {
         Ok::<_, SecurityError>(value)
     }
     .await;
+    // Only a refused token (401) counts against the source: that is a guess, which cost a
+    // store lookup and an audit record. A malformed request (400) reveals nothing, costs
+    // neither, and is what a misconfigured agent sends; a server error is not the client's.
+    if let (Err(error), Some(ip)) = (&result, source)
+        && error.code == 401
+        && let Some(blocked) = security.join_limiter().failure(ip, Instant::now())
+    {
+        let mut entry = AuditEntry::now("join", "denied");
+        entry.verb = "join".into();
+        entry.resource = "bootstraptokens".into();
+        entry.reason = format!(
+            "source {ip}: too many failed joins; its joins are refused for {}s (block {} in a \
+             row; {} joins were refused during the previous block)",
+            blocked.retry_after.as_secs(),
+            blocked.blocks,
+            blocked.refused_before
+        );
+        security.audit().record(entry);
+    }
     result.map(ok).unwrap_or_else(error_response)
 }
 
@@ -226,6 +273,11 @@ async fn renew(State(state): State<RoutesState>, request: Request) -> Response {
                 "renewal needs a client certificate",
             ));
         }
+        let Some(AuthMethod::Certificate { serial }) =
+            request.extensions().get::<AuthMethod>().cloned()
+        else {
+            return Err(SecurityError::unauthorized("Unauthorized"));
+        };
         let Some(role) = CertRole::from_identity(&identity) else {
             return Err(deny(
                 &state.security,
@@ -240,7 +292,7 @@ async fn renew(State(state): State<RoutesState>, request: Request) -> Response {
         let csr = parse_csr(&body.csr)?;
         let issued = state
             .security
-            .issue(&csr, &role, None, "renew", Some(&identity))
+            .renew(&csr, &role, &identity, &serial)
             .await?;
         Ok(cert_json(&issued))
     }
@@ -289,6 +341,7 @@ async fn sign(State(state): State<RoutesState>, request: Request) -> Response {
                 validity(body.validity_seconds)?,
                 "sign",
                 Some(&admin),
+                None,
             )
             .await?;
         Ok(cert_json(&issued))
@@ -415,8 +468,7 @@ async fn revoke(State(state): State<RoutesState>, request: Request) -> Response 
             let normalized = rlark_pki::normalize_serial(&serial).ok_or_else(|| {
                 SecurityError::bad_request(format!("serial {serial:?} is not hexadecimal"))
             })?;
-            security.revoke_serial(&normalized, &reason, &admin).await?;
-            vec![normalized]
+            security.revoke_serial(&normalized, &reason, &admin).await?
         } else if let Some(user) = body.user {
             security.revoke_user(&user, &reason, &admin).await?
         } else if let Some(cluster_id) = body.cluster_id {

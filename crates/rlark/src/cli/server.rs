@@ -28,7 +28,7 @@ pub(crate) struct ServerArgs {
     #[arg(long = "tls-san", value_name = "NAME")]
     tls_sans: Vec<String>,
     /// YAML config file (fields: dataDir, listen, tlsSans, shutdownGraceSeconds, api,
-    /// controllers). Flags override its values.
+    /// controllers, security, tunnel, auditLog, reinitializeStore). Flags override its values.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Run the Job, Workflow, Task and Node controllers in this process (default true,
@@ -37,6 +37,19 @@ pub(crate) struct ServerArgs {
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
     pub(crate) controllers: Option<bool>,
+    #[command(flatten)]
+    store: StoreArgs,
+}
+
+#[derive(Debug, Args)]
+struct StoreArgs {
+    /// Start although the data directory has a CA (a server ran here before) and rlark.db is
+    /// missing or empty; without it such a start is refused, since it would silently begin
+    /// with no objects and tokens. The store starts empty; revocations are restored from
+    /// pki/revocations.json. For a database lost for good, or the first start of a new
+    /// replica given a copy of pki/. No effect on a store that holds data.
+    #[arg(long)]
+    reinitialize_store: bool,
 }
 
 #[derive(Debug, Args)]
@@ -58,6 +71,8 @@ pub(crate) struct UpArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_seconds, default_value = "120",
           requires = "demo")]
     demo_timeout: u64,
+    #[command(flatten)]
+    store: StoreArgs,
 }
 
 #[derive(Debug, Args)]
@@ -101,6 +116,7 @@ pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
             listen: args.listen,
             tls_sans: args.tls_sans,
             controllers: args.controllers,
+            reinitialize_store: args.store.reinitialize_store,
         },
     )?;
     let shutdown = CancellationToken::new();
@@ -120,6 +136,7 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
     let mut config = ServerConfig::new(&args.data_dir);
     config.listen = args.listen;
     config.controllers.enabled = true;
+    config.reinitialize_store = args.store.reinitialize_store;
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
     let server = rlark_server::start(config).await?;
