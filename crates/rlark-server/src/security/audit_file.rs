@@ -123,12 +123,13 @@ impl AuditSink for FileAudit {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let len = line.len() as u64;
-        if current.size > 0 && current.size.saturating_add(len) > self.limits.max_file_bytes {
-            if let Err(error) = self.rotate(&mut current) {
-                // Keep appending to the current file rather than losing records; the error
-                // repeats at every record until the cause is fixed.
-                tracing::error!(%error, path = %self.path.display(), "rotating audit log failed");
-            }
+        // On a failed rotation keep appending to the current file rather than losing
+        // records; the error repeats at every record until the cause is fixed.
+        if current.size > 0
+            && current.size.saturating_add(len) > self.limits.max_file_bytes
+            && let Err(error) = self.rotate(&mut current)
+        {
+            tracing::error!(%error, path = %self.path.display(), "rotating audit log failed");
         }
         match current.file.write_all(&line) {
             Ok(()) => current.size = current.size.saturating_add(len),
