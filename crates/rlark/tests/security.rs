@@ -1893,6 +1893,18 @@ async fn join_guesses_from_one_source_are_rate_limited() -> Result<()> {
             "{blocks:?}"
         );
         assert_eq!(denied_joins, 3 + 1 + 1, "join records:\n{audit}");
+        // Refusals name their source.
+        let from = |ip: &str| {
+            records
+                .iter()
+                .filter(|r| {
+                    r["reason"]
+                        .as_str()
+                        .is_some_and(|s| s.contains(&format!("unknown (source {ip})")))
+                })
+                .count()
+        };
+        assert_eq!((from("127.0.0.1"), from("127.0.0.2")), (3, 1), "{audit}");
         server.stop().await
     })
     .await

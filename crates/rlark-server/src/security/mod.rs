@@ -644,16 +644,11 @@ impl Security {
             revoked_at: rfc3339(SystemTime::now()),
         };
         self.store_revocation(&record).await?;
-        // In memory first: the revocation is in force even if the file cannot be written.
         self.revoked_write().insert(serial.to_string());
         self.notify();
-        if let Err(error) = self.revocation_file.add([record.clone()]) {
-            return Err(SecurityError::internal(format!(
-                "certificate {serial} is revoked, but saving the revocation beside the CA \
-                 failed, so it would be lost if the store were reinitialized; fix the cause \
-                 and revoke it again: {error}"
-            )));
-        }
+        // The revocation is in force (store and memory) even if the file cannot be written;
+        // that is reported after the rest is done.
+        let saved = self.revocation_file.add([record.clone()]);
         if let Some((mut cert, revision)) = cert
             && cert.revoked_at.is_none()
         {
@@ -674,6 +669,13 @@ impl Security {
         entry.name = serial.to_string();
         entry.reason = format!("user {:?}: {reason}", record.user);
         self.audit.record(entry);
+        if let Err(error) = saved {
+            return Err(SecurityError::internal(format!(
+                "certificate {serial} is revoked, but saving the revocation beside the CA \
+                 failed, so it would be lost if the store were reinitialized; fix the cause \
+                 and revoke serial {serial} again: {error}"
+            )));
+        }
         Ok(record)
     }
 
@@ -747,7 +749,13 @@ impl Security {
         Ok((token, record))
     }
 
-    fn join_denied(&self, token_id: &str, cluster_id: &str, reason: &str) -> SecurityError {
+    fn join_denied(
+        &self,
+        source: Option<std::net::IpAddr>,
+        token_id: &str,
+        cluster_id: &str,
+        reason: &str,
+    ) -> SecurityError {
         let mut entry = AuditEntry::now("join", "denied");
         entry.verb = "join".into();
         entry.resource = "bootstraptokens".into();
@@ -755,7 +763,10 @@ impl Security {
         if !cluster_id.is_empty() {
             entry.namespace = auth::agent_namespace(cluster_id);
         }
-        entry.reason = reason.to_string();
+        entry.reason = match source {
+            Some(ip) => format!("{reason} (source {ip})"),
+            None => reason.to_string(),
+        };
         self.audit.record(entry);
         SecurityError::unauthorized(reason.to_string())
     }
@@ -764,12 +775,14 @@ impl Security {
     /// not used by this cluster yet), mark it used for `cluster_id`, make the agent
     /// namespace, and sign the CSR as that cluster's agent. The token is marked used before
     /// the certificate is issued, with an optimistic-concurrency update, so two concurrent
-    /// joins with one token cannot both succeed.
+    /// joins with one token cannot both succeed. `source` (the client's address) goes into
+    /// the audit records of refusals.
     pub(crate) async fn join(
         &self,
         token_text: &str,
         cluster_id: Option<&str>,
         csr: &ParsedCsr,
+        source: Option<std::net::IpAddr>,
         ensure_namespace: impl AsyncFnOnce(&str) -> SecResult<()>,
     ) -> SecResult<(String, Issued)> {
         let token = Token::parse(TokenKind::Bootstrap, token_text.trim())
@@ -779,6 +792,7 @@ impl Security {
             .await?
         else {
             return Err(self.join_denied(
+                source,
                 &token.id,
                 cluster_id.unwrap_or(""),
                 "bootstrap token is unknown",
@@ -786,6 +800,7 @@ impl Security {
         };
         if !token.matches(&record.secret_hash) {
             return Err(self.join_denied(
+                source,
                 &token.id,
                 cluster_id.unwrap_or(""),
                 "bootstrap token is invalid",
@@ -794,6 +809,7 @@ impl Security {
         let cluster_id = match (cluster_id.filter(|c| !c.is_empty()), &record.cluster_id) {
             (Some(asked), Some(bound)) if asked != bound => {
                 return Err(self.join_denied(
+                    source,
                     &token.id,
                     asked,
                     &format!("bootstrap token is for cluster {bound:?}, not {asked:?}"),
@@ -811,6 +827,7 @@ impl Security {
         let expired = parse_rfc3339(&record.expires_at).is_none_or(|t| t <= SystemTime::now());
         if expired {
             return Err(self.join_denied(
+                source,
                 &token.id,
                 &cluster_id,
                 &format!("bootstrap token expired at {}", record.expires_at),
@@ -818,6 +835,7 @@ impl Security {
         }
         if record.used_by.contains(&cluster_id) {
             return Err(self.join_denied(
+                source,
                 &token.id,
                 &cluster_id,
                 &format!("bootstrap token was already used to join cluster {cluster_id:?}"),
@@ -836,6 +854,7 @@ impl Security {
             Ok(_) => {}
             Err(StoreError::Conflict { .. }) => {
                 return Err(self.join_denied(
+                    source,
                     &token.id,
                     &cluster_id,
                     "bootstrap token was used concurrently; retry",

@@ -214,6 +214,7 @@ async fn join(State(state): State<RoutesState>, request: Request) -> Response {
                 &body.token,
                 body.cluster_id.as_deref(),
                 &csr,
+                source,
                 async |ns: &str| {
                     api.ensure_namespace(ns).await.map_err(|e| {
                         SecurityError::internal(format!("create namespace {ns}: {}", e.message))
