@@ -50,6 +50,7 @@ fn help_lists_the_subcommands() -> anyhow::Result<()> {
         "--tls-san",
         "--config",
         "--log-format",
+        "--reinitialize-store",
     ] {
         assert!(help.contains(flag), "server --help misses {flag}:\n{help}");
     }
@@ -150,6 +151,51 @@ fn server_process_serves_and_exits_0_on_sigterm() -> anyhow::Result<()> {
 
     // A restart on the same data directory works (the store lock was released).
     let server = ServerProcess::spawn(binary, dir.path())?;
+    assert_eq!(server.probe("/readyz")?.0, 200);
+    assert_eq!(server.terminate()?.code(), Some(0));
+    Ok(())
+}
+
+/// `rlark server` on a data directory whose `rlark.db` was lost (the CA is still there)
+/// exits 1 saying why and how to go on; with `--reinitialize-store` it starts.
+#[test]
+fn server_refuses_a_lost_store_unless_told_to_reinitialize() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let binary = Path::new(env!("CARGO_BIN_EXE_rlark"));
+    let server = ServerProcess::spawn(binary, dir.path())?;
+    assert_eq!(server.terminate()?.code(), Some(0));
+    for file in ["rlark.db", "rlark.db-wal", "rlark.db-shm"] {
+        match std::fs::remove_file(dir.path().join(file)) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e).context("remove the store"),
+        }
+    }
+
+    let data_dir = dir.path().display().to_string();
+    let mut child = rlark()
+        .args(["server", "--data-dir", &data_dir, "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .context("spawn rlark server")?;
+    // A server that wrongly starts would serve until killed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait()?.is_none() {
+        if std::time::Instant::now() > deadline {
+            child.kill()?;
+            child.wait()?;
+            anyhow::bail!("rlark server started on a lost store (killed after 30 s)");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let out = child.wait_with_output()?;
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("refusing to start"), "{stderr}");
+    assert!(stderr.contains("--reinitialize-store"), "{stderr}");
+
+    let server = ServerProcess::spawn_with_args(binary, dir.path(), &["--reinitialize-store"])?;
     assert_eq!(server.probe("/readyz")?.0, 200);
     assert_eq!(server.terminate()?.code(), Some(0));
     Ok(())
