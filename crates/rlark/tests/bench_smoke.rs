@@ -34,9 +34,7 @@ fn bench(args: &[&str]) -> Value {
     let output = match finished.recv_timeout(HANG_GUARD) {
         Ok(output) => output.expect("wait for rlark bench"),
         Err(_) => {
-            let _ = Command::new("kill")
-                .args(["-9", &pid.to_string()])
-                .status();
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
             panic!("rlark bench {args:?} still running after {HANG_GUARD:?}");
         }
     };
@@ -116,6 +114,14 @@ fn bench_agent_runs() {
 #[test]
 fn bench_camera_runs() {
     bench(&[
-        "camera", "--seconds", "1", "--fps", "30", "--width", "64", "--height", "48",
+        "camera",
+        "--seconds",
+        "1",
+        "--fps",
+        "30",
+        "--width",
+        "64",
+        "--height",
+        "48",
     ]);
 }
