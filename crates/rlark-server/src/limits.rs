@@ -40,7 +40,6 @@ use std::time::{Duration, Instant};
 use axum::body::Body;
 use axum::response::{IntoResponse as _, Response};
 use http::{Request, StatusCode, header};
-use http_body_util::BodyExt as _;
 use hyper::body::Incoming;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
@@ -642,6 +641,33 @@ impl Activity {
     }
 }
 
+/// A response body that keeps its request in flight until it is dropped (sent or
+/// abandoned). Forwards the size hint, so responses keep their `Content-Length`.
+struct TrackedBody {
+    inner: Body,
+    _in_flight: RequestGuard,
+}
+
+impl http_body::Body for TrackedBody {
+    type Data = axum::body::Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<http_body::Frame<Self::Data>, Self::Error>>> {
+        Pin::new(&mut self.inner).poll_frame(cx)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
 /// Whether `request` is a health probe (served on probe-only reserve connections).
 fn is_probe(request: &Request<Incoming>) -> bool {
     request.method() == http::Method::GET && PROBE_PATHS.contains(&request.uri().path())
@@ -703,12 +729,10 @@ where
                 activity.mark_tunneling();
             }
             Ok(response.map(|body| {
-                Body::new(body.map_frame(move |frame| {
-                    // The guard lives as long as the body: the request is in flight until
-                    // the response has been sent (or abandoned).
-                    let _in_flight = &guard;
-                    frame
-                }))
+                Body::new(TrackedBody {
+                    inner: body,
+                    _in_flight: guard,
+                })
             }))
         }
     })
@@ -765,6 +789,22 @@ mod tests {
         drop((a2, b1, b2));
         assert_eq!(gate.open_connections(), (0, 0));
         assert!(gate.counts().per_ip.is_empty());
+    }
+
+    #[test]
+    fn tracked_bodies_keep_their_size_and_their_request_in_flight() {
+        use http_body::Body as _;
+        let activity = Activity::new();
+        let body = TrackedBody {
+            inner: Body::from("hello"),
+            _in_flight: activity.start(),
+        };
+        // Without the exact size hint hyper would switch to chunked encoding.
+        assert_eq!(body.size_hint().exact(), Some(5));
+        assert_eq!(activity.state.borrow().active, 1);
+        drop(body);
+        let state = *activity.state.borrow();
+        assert_eq!((state.active, state.requests), (0, 1));
     }
 
     #[test]
