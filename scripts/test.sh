@@ -6,7 +6,8 @@
 #   Python SDK (sdk/python, pytest) against a real `rlark embodied` from that binary.
 # Environment:
 #   CARGO_TARGET_DIR   optional shared build cache (the script works without it)
-#   RLARK_SKIP_INSTALL=1  skip apt/pip installs (offline dev loops)
+#   RLARK_SKIP_INSTALL=1  skip apt/pip installs (offline dev loops); tests whose tool is
+#                         missing then skip with a message instead of failing (unless CI=true)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -24,6 +25,10 @@ install_deps() {
     command -v curl >/dev/null 2>&1 || apt_pkgs+=(curl)
     # ip netns: the devinit (macvlan) tests build their network namespaces with it.
     command -v ip >/dev/null 2>&1 || apt_pkgs+=(iproute2)
+    # setpriv: devinit's permission case runs the runtime without CAP_NET_ADMIN.
+    command -v setpriv >/dev/null 2>&1 || apt_pkgs+=(util-linux)
+    # ffmpeg: the embodied runtime's file and RTSP camera drivers decode through it.
+    command -v ffmpeg >/dev/null 2>&1 || apt_pkgs+=(ffmpeg)
     if [ ${#apt_pkgs[@]} -gt 0 ]; then
         log "installing Debian packages: ${apt_pkgs[*]}"
         export DEBIAN_FRONTEND=noninteractive
@@ -38,6 +43,9 @@ install_deps() {
 }
 
 install_deps
+# Every tool is installed now: a test that finds one missing fails instead of skipping
+# (tests/support/missing_tool.rs). CI=true has the same effect.
+[ "${RLARK_SKIP_INSTALL:-0}" = 1 ] || export RLARK_REQUIRE_TOOLS=1
 
 export CARGO_TERM_COLOR=never
 # One build per run: incremental compilation data would only cost time and several GiB of disk.

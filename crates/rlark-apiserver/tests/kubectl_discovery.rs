@@ -9,7 +9,11 @@
 //! test therefore runs twice: through the dispatcher, and with the bundled `kubectl.1.32`
 //! directly (the oldest client we promise to support).
 //!
-//! Skipped, with a message, when kubectl is not installed.
+//! Without kubectl the tests skip with a message, or fail under `CI=true` /
+//! `RLARK_REQUIRE_TOOLS=1` (`tests/support/missing_tool.rs`).
+
+#[path = "../../../tests/support/missing_tool.rs"]
+mod missing_tool;
 
 use std::path::{Path, PathBuf};
 use std::process::Output;
@@ -37,7 +41,7 @@ fn kubectls() -> Vec<PathBuf> {
         .filter(|p| p.exists())
         .collect();
     if found.is_empty() {
-        eprintln!("skipping: {KUBECTL} is not installed");
+        missing_tool::skip_or_fail(&format!("{KUBECTL} is not installed"));
     }
     found
 }

@@ -57,9 +57,11 @@
 //!
 //! # Concurrency and restarts
 //!
-//! Every reconcile reads the Job fresh from the API and lists its Tasks by label (not from
-//! caches), so it acts on current state and a reconcile killed at any point is completed
-//! by the next one: a Task that already exists is never placed again, creating one that
+//! A reconcile reads the Job and its Tasks from the controller's watch caches once they show
+//! every write this controller made for that Job (`Expectations`: its status write's
+//! resourceVersion, the Tasks it created, deleted or updated); otherwise it reads the Job
+//! fresh from the API and lists its Tasks by label. So it acts on state no older than its
+//! own writes, and a reconcile killed at any point is completed by the next one: a Task that already exists is never placed again, creating one that
 //! exists is fine when this Job owns it, and duplicates (the same template's Task in two
 //! namespaces, which only a split-brain could produce) are reduced to the oldest.
 //! Placements are serialized through one async mutex of this process. What placed Tasks

@@ -4,6 +4,9 @@
 //! WatchFrames streams, a slow watcher that skips frames instead of queueing them next to a
 //! fast one, and the ffmpeg-backed `file` driver (or its clear error without ffmpeg).
 
+#[path = "../../../tests/support/missing_tool.rs"]
+mod missing_tool;
+
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -672,7 +675,7 @@ async fn file_driver_reads_a_video_through_ffmpeg() -> Result<()> {
             .context("camera")?;
         assert_eq!(state_of(info.state), CameraState::Closed);
         assert!(info.message.contains("needs ffmpeg"), "{info:?}");
-        eprintln!("skipping the ffmpeg decoding part: ffmpeg is not installed");
+        missing_tool::skip_or_fail("ffmpeg is not installed: the file driver's decoding part");
         return harness.stop().await;
     }
 

@@ -11,6 +11,9 @@
 //! Where network namespaces cannot be created (not root, no CAP_NET_ADMIN, no `ip`), the
 //! tests print why and pass without checking anything.
 
+#[path = "../../../tests/support/missing_tool.rs"]
+mod missing_tool;
+
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -404,7 +407,7 @@ macvlans:
 #[test]
 fn setup_creates_macvlans_in_the_callers_namespace_idempotently() -> Result<()> {
     if let Some(reason) = netns_unavailable() {
-        println!("SKIPPED: {reason}");
+        missing_tool::skip_or_fail(&reason);
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
@@ -502,7 +505,7 @@ fn setup_creates_macvlans_in_the_callers_namespace_idempotently() -> Result<()> 
 #[test]
 fn setup_errors_name_the_interface_and_the_cause() -> Result<()> {
     if let Some(reason) = netns_unavailable() {
-        println!("SKIPPED: {reason}");
+        missing_tool::skip_or_fail(&reason);
         return Ok(());
     }
     let dir = tempfile::tempdir()?;
@@ -550,7 +553,7 @@ macvlans:
 
     // Without CAP_NET_ADMIN the runtime cannot create links: PermissionDenied.
     if Command::new("setpriv").arg("--version").output().is_err() {
-        println!("SKIPPED (permission case): setpriv (util-linux) is not installed");
+        missing_tool::skip_or_fail("setpriv (util-linux) is not installed: the permission case");
         return Ok(());
     }
     let unprivileged = Runtime::start(

@@ -66,6 +66,9 @@ pub struct ServerConfig {
     pub reinitialize_store: bool,
     /// Rotation of `DATA_DIR/audit.log`.
     pub audit_log: crate::AuditLogConfig,
+    /// Listener timeouts and connection caps (header-read and idle timeouts, per-IP and
+    /// global caps with a reserve for admin clients and health probes, HTTP/2 limits).
+    pub connections: crate::limits::ConnectionLimits,
 }
 
 /// The controllers the server runs in its own process.
@@ -117,6 +120,7 @@ impl ServerConfig {
             tunnel: crate::tunnel::TunnelConfig::default(),
             reinitialize_store: false,
             audit_log: crate::AuditLogConfig::default(),
+            connections: crate::limits::ConnectionLimits::default(),
         }
     }
 
@@ -228,6 +232,64 @@ impl ServerConfig {
             if let Some(v) = tunnel.peers {
                 config.tunnel.peers = v;
             }
+        }
+        if let Some(c) = file.connections {
+            let secs = Duration::from_secs;
+            let limits = &mut config.connections;
+            if let Some(v) = c.max_connections {
+                limits.max_connections = Some(v);
+            }
+            if let Some(v) = c.max_connections_per_ip {
+                limits.max_connections_per_ip = v;
+            }
+            if let Some(v) = c.reserved_connections {
+                limits.reserved_connections = v;
+            }
+            if let Some(v) = c.reserved_connections_per_ip {
+                limits.reserved_connections_per_ip = v;
+            }
+            if let Some(v) = c.reserve_deadline_seconds {
+                limits.reserve_deadline = secs(v);
+            }
+            if let Some(v) = c.header_read_timeout_seconds {
+                limits.header_read_timeout = secs(v);
+            }
+            if let Some(v) = c.idle_timeout_seconds {
+                limits.idle_timeout = secs(v);
+            }
+            if let Some(v) = c.http2_keepalive_interval_seconds {
+                limits.http2_keepalive_interval = (v > 0).then(|| secs(v));
+            }
+            if let Some(v) = c.http2_keepalive_timeout_seconds {
+                limits.http2_keepalive_timeout = secs(v);
+            }
+            if let Some(v) = c.http2_max_concurrent_streams {
+                limits.http2_max_concurrent_streams = v;
+            }
+            if let Some(v) = c.http2_max_header_list_bytes {
+                limits.http2_max_header_list_size = v;
+            }
+            if let Some(v) = c.http2_max_pending_accept_reset_streams {
+                limits.http2_max_pending_accept_reset_streams = v;
+            }
+            if let Some(v) = c.http2_max_local_error_reset_streams {
+                limits.http2_max_local_error_reset_streams = v;
+            }
+        }
+        if let Some(v) = overrides.max_connections {
+            config.connections.max_connections = Some(v);
+        }
+        if let Some(v) = overrides.max_connections_per_ip {
+            config.connections.max_connections_per_ip = v;
+        }
+        if let Some(v) = overrides.reserved_connections {
+            config.connections.reserved_connections = v;
+        }
+        if let Some(v) = overrides.header_read_timeout {
+            config.connections.header_read_timeout = v;
+        }
+        if let Some(v) = overrides.idle_timeout {
+            config.connections.idle_timeout = v;
         }
         if let Some(enabled) = overrides.controllers {
             config.controllers.enabled = enabled;
@@ -389,6 +451,9 @@ impl ServerConfig {
         if self.store_log_capacity == 0 {
             return Err(invalid("storeLogCapacity", "must be positive".into()));
         }
+        self.connections
+            .validate()
+            .map_err(|(field, message)| invalid(field, message))?;
         if self.tls_handshake_timeout.is_zero() {
             return Err(invalid("tlsHandshakeTimeout", "must be positive".into()));
         }
@@ -418,6 +483,16 @@ pub struct ServerOverrides {
     /// `--reinitialize-store`: see [`ServerConfig::reinitialize_store`]. `false` = not given
     /// (the config file decides).
     pub reinitialize_store: bool,
+    /// `--max-connections`: see `ConnectionLimits::max_connections`.
+    pub max_connections: Option<usize>,
+    /// `--max-connections-per-ip`: see `ConnectionLimits::max_connections_per_ip`.
+    pub max_connections_per_ip: Option<usize>,
+    /// `--reserved-connections`: see `ConnectionLimits::reserved_connections`.
+    pub reserved_connections: Option<usize>,
+    /// `--header-read-timeout`: see `ConnectionLimits::header_read_timeout`.
+    pub header_read_timeout: Option<Duration>,
+    /// `--idle-timeout`: see `ConnectionLimits::idle_timeout`.
+    pub idle_timeout: Option<Duration>,
 }
 
 /// The YAML config file. Every field is optional; unknown fields are an error.
@@ -443,6 +518,10 @@ pub struct ServerOverrides {
 ///   maxFileBytes: 104857600
 ///   maxFiles: 5
 /// reinitializeStore: false
+/// connections:
+///   maxConnectionsPerIP: 512
+///   headerReadTimeoutSeconds: 30
+///   idleTimeoutSeconds: 90
 /// ```
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
@@ -468,6 +547,8 @@ pub struct ServerConfigFile {
     pub reinitialize_store: Option<bool>,
     /// `auditLog`: rotation of the audit log.
     pub audit_log: Option<AuditLogConfigFile>,
+    /// `connections`: listener timeouts and connection caps.
+    pub connections: Option<ConnectionsConfigFile>,
 }
 
 /// The `auditLog` section of [`ServerConfigFile`]; see `AuditLogConfig`.
@@ -479,6 +560,41 @@ pub struct AuditLogConfigFile {
     pub max_file_bytes: Option<u64>,
     /// `maxFiles`: rotated files kept, `audit.log.1`..`audit.log.N` (default 5, 1 to 1000).
     pub max_files: Option<u32>,
+}
+
+/// The `connections` section of [`ServerConfigFile`]; see `ConnectionLimits` for the
+/// meaning and default of each field.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ConnectionsConfigFile {
+    /// `maxConnections`: global cap of the general budget (default: from `RLIMIT_NOFILE`).
+    pub max_connections: Option<usize>,
+    /// `maxConnectionsPerIP` (default 512).
+    #[serde(rename = "maxConnectionsPerIP")]
+    pub max_connections_per_ip: Option<usize>,
+    /// `reservedConnections` (default 32).
+    pub reserved_connections: Option<usize>,
+    /// `reservedConnectionsPerIP` (default 2).
+    #[serde(rename = "reservedConnectionsPerIP")]
+    pub reserved_connections_per_ip: Option<usize>,
+    /// `reserveDeadlineSeconds` (default 5).
+    pub reserve_deadline_seconds: Option<u64>,
+    /// `headerReadTimeoutSeconds` (default 30).
+    pub header_read_timeout_seconds: Option<u64>,
+    /// `idleTimeoutSeconds` (default 90).
+    pub idle_timeout_seconds: Option<u64>,
+    /// `http2KeepaliveIntervalSeconds` (default 30; 0 = no pings).
+    pub http2_keepalive_interval_seconds: Option<u64>,
+    /// `http2KeepaliveTimeoutSeconds` (default 20).
+    pub http2_keepalive_timeout_seconds: Option<u64>,
+    /// `http2MaxConcurrentStreams` (default 250).
+    pub http2_max_concurrent_streams: Option<u32>,
+    /// `http2MaxHeaderListBytes` (default 262144).
+    pub http2_max_header_list_bytes: Option<u32>,
+    /// `http2MaxPendingAcceptResetStreams` (default 20).
+    pub http2_max_pending_accept_reset_streams: Option<usize>,
+    /// `http2MaxLocalErrorResetStreams` (default 1024).
+    pub http2_max_local_error_reset_streams: Option<usize>,
 }
 
 /// The `tunnel` section of [`ServerConfigFile`]; see `TunnelConfig` and `docs/tunnel.md`.
@@ -610,8 +726,7 @@ mod tests {
                 data_dir: Some("/from/flag".into()),
                 listen: Some("127.0.0.1:0".parse().expect("addr")),
                 tls_sans: vec!["b.example".into()],
-                controllers: None,
-                reinitialize_store: false,
+                ..Default::default()
             },
         )
         .expect("resolve");
@@ -817,6 +932,92 @@ mod tests {
         )
         .expect("valid");
         assert!(config.reinitialize_store, "--reinitialize-store");
+    }
+
+    #[test]
+    fn connections_section_and_flags_apply_and_are_validated() {
+        let overrides = || ServerOverrides {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        };
+        let defaults = ServerConfig::resolve(None, overrides()).expect("defaults");
+        assert_eq!(
+            defaults.connections,
+            crate::limits::ConnectionLimits::default()
+        );
+        let file = parse(
+            "connections: {maxConnections: 100, maxConnectionsPerIP: 10, reservedConnections: 4, \
+             reservedConnectionsPerIP: 1, reserveDeadlineSeconds: 2, headerReadTimeoutSeconds: 3, \
+             idleTimeoutSeconds: 4, http2KeepaliveIntervalSeconds: 0, http2KeepaliveTimeoutSeconds: 5, \
+             http2MaxConcurrentStreams: 6, http2MaxHeaderListBytes: 65536, \
+             http2MaxPendingAcceptResetStreams: 7, http2MaxLocalErrorResetStreams: 8}\n",
+        )
+        .expect("parse");
+        let config = ServerConfig::resolve(Some(file.clone()), overrides()).expect("valid");
+        let c = &config.connections;
+        assert_eq!(c.max_connections, Some(100));
+        assert_eq!(c.max_connections_per_ip, 10);
+        assert_eq!(c.reserved_connections, 4);
+        assert_eq!(c.reserved_connections_per_ip, 1);
+        assert_eq!(c.reserve_deadline, Duration::from_secs(2));
+        assert_eq!(c.header_read_timeout, Duration::from_secs(3));
+        assert_eq!(c.idle_timeout, Duration::from_secs(4));
+        assert_eq!(c.http2_keepalive_interval, None);
+        assert_eq!(c.http2_keepalive_timeout, Duration::from_secs(5));
+        assert_eq!(c.http2_max_concurrent_streams, 6);
+        assert_eq!(c.http2_max_header_list_size, 65536);
+        assert_eq!(c.http2_max_pending_accept_reset_streams, 7);
+        assert_eq!(c.http2_max_local_error_reset_streams, 8);
+        let config = ServerConfig::resolve(
+            Some(file),
+            ServerOverrides {
+                max_connections: Some(50),
+                max_connections_per_ip: Some(5),
+                reserved_connections: Some(3),
+                header_read_timeout: Some(Duration::from_secs(9)),
+                idle_timeout: Some(Duration::from_secs(8)),
+                ..overrides()
+            },
+        )
+        .expect("valid");
+        let c = &config.connections;
+        assert_eq!(c.max_connections, Some(50));
+        assert_eq!(c.max_connections_per_ip, 5);
+        assert_eq!(c.reserved_connections, 3);
+        assert_eq!(c.header_read_timeout, Duration::from_secs(9));
+        assert_eq!(c.idle_timeout, Duration::from_secs(8));
+        for (yaml, field) in [
+            (
+                "connections: {maxConnections: 0}\n",
+                "connections.maxConnections",
+            ),
+            (
+                "connections: {maxConnectionsPerIP: 0}\n",
+                "connections.maxConnectionsPerIP",
+            ),
+            (
+                "connections: {reservedConnections: 2, reservedConnectionsPerIP: 3}\n",
+                "connections.reservedConnectionsPerIP",
+            ),
+            (
+                "connections: {headerReadTimeoutSeconds: 0}\n",
+                "connections.headerReadTimeoutSeconds",
+            ),
+            (
+                "connections: {idleTimeoutSeconds: 18446744073709551615}\n",
+                "connections.idleTimeoutSeconds",
+            ),
+            (
+                "connections: {http2MaxHeaderListBytes: 100}\n",
+                "connections.http2MaxHeaderListBytes",
+            ),
+        ] {
+            let err = ServerConfig::resolve(Some(parse(yaml).expect("parse")), overrides())
+                .expect_err(yaml);
+            assert!(err.to_string().contains(field), "{yaml}: {err}");
+        }
+        let err = parse("connections: {maxConnectionsPerIp: 1}\n").expect_err("unknown field");
+        assert!(err.to_string().contains("maxConnectionsPerIp"), "{err}");
     }
 
     #[test]

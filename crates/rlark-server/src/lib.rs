@@ -32,6 +32,7 @@ mod config;
 mod controllers;
 pub(crate) mod events;
 mod http;
+pub mod limits;
 mod metrics;
 pub mod security;
 mod store_guard;
@@ -44,9 +45,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use hyper_util::rt::{TokioExecutor, TokioIo};
+use hyper_util::rt::TokioIo;
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use rlark_apiserver::ApiServer;
 use rlark_pki::Ca;
 use rlark_store::{SqliteStore, SqliteStoreConfig, StoreError};
@@ -57,10 +57,11 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 pub use config::{
-    ApiConfigFile, AuditLogConfigFile, ConfigError, ControllersConfig, ControllersConfigFile,
-    DEFAULT_LISTEN, SecurityConfigFile, ServerConfig, ServerConfigFile, ServerOverrides,
-    TunnelConfigFile,
+    ApiConfigFile, AuditLogConfigFile, ConfigError, ConnectionsConfigFile, ControllersConfig,
+    ControllersConfigFile, DEFAULT_LISTEN, SecurityConfigFile, ServerConfig, ServerConfigFile,
+    ServerOverrides, TunnelConfigFile,
 };
+pub use limits::ConnectionLimits;
 pub use security::audit_file::{AUDIT_LOG_FILE, AuditLogConfig};
 pub use security::join_limit::JoinLimitConfig;
 pub use security::revocation_file::REVOCATIONS_FILE;
@@ -292,6 +293,11 @@ async fn start_with_token(
     registry.register_collector(Box::new(metrics::StoreCollector {
         store: store.clone(),
     }));
+    // Before any connection: raise RLIMIT_NOFILE and size the connection caps from it.
+    let gate = limits::Gate::new(&config.connections, limits::raise_nofile_limit().soft);
+    registry.register_collector(Box::new(metrics::ConnectionsCollector {
+        gate: Arc::clone(&gate),
+    }));
     let api = ApiServer::new(Arc::new(store.clone()), config.api.clone(), &mut registry)
         .with_audit(Arc::clone(&audit));
     let prepared = prepare_listener(&config, &api, &data_dir, &ca, &admin).await;
@@ -407,6 +413,8 @@ async fn start_with_token(
         handshake_timeout: config.tls_handshake_timeout,
         grace: config.shutdown_grace,
         ready,
+        gate,
+        limits: Arc::new(config.connections.clone()),
     };
     let controllers = controllers.map(|c| {
         tracing::info!(
@@ -525,13 +533,19 @@ struct Serve {
     handshake_timeout: Duration,
     grace: Duration,
     ready: Arc<AtomicBool>,
+    /// Admission of accepted connections (caps and reserve).
+    gate: Arc<limits::Gate>,
+    limits: Arc<limits::ConnectionLimits>,
 }
 
 impl Serve {
     /// Accept until `shutdown`; then cancel `background`, drain connections (bounded by the
     /// grace period) and return.
     async fn run(self, shutdown: CancellationToken, background: &CancellationToken) {
-        let graceful = GracefulShutdown::new();
+        // Cancelled when shutdown begins: connections finish their in-flight requests and
+        // close (HTTP/2 with a GOAWAY).
+        let draining = CancellationToken::new();
+        let builder = Arc::new(self.limits.http_builder());
         let connections = TaskTracker::new();
         // Cancelled when the grace period is over: in-flight connections are dropped.
         let hard_stop = CancellationToken::new();
@@ -542,6 +556,12 @@ impl Serve {
             };
             match accepted {
                 Ok((tcp, remote)) => {
+                    // Counted from here until the socket is closed; over the caps and the
+                    // reserve, the connection is closed at once.
+                    let Some(permit) = self.gate.admit(remote.ip()) else {
+                        drop(tcp);
+                        continue;
+                    };
                     // Watch events and small responses are written as separate small
                     // chunks; with Nagle's algorithm each one after the first waits for the
                     // client's delayed ACK (~40 ms). API servers always disable it.
@@ -554,16 +574,19 @@ impl Serve {
                         security: Arc::clone(&self.security),
                         hub: Arc::clone(&self.hub),
                         handshake_timeout: self.handshake_timeout,
+                        limits: Arc::clone(&self.limits),
+                        builder: Arc::clone(&builder),
+                        draining: draining.clone(),
                         hard_stop: hard_stop.clone(),
                     };
-                    let watcher = graceful.watcher();
                     let span = tracing::info_span!(
                         "conn",
                         peer = %remote,
                         user = tracing::field::Empty,
                         alpn = tracing::field::Empty,
+                        reserve = matches!(permit.admission(), limits::Admission::Reserve),
                     );
-                    connections.spawn(conn.serve(tcp, remote, watcher).instrument(span));
+                    connections.spawn(conn.serve(tcp, permit, remote).instrument(span));
                 }
                 Err(error) => {
                     // E.g. EMFILE: back off instead of spinning.
@@ -581,11 +604,8 @@ impl Serve {
             grace_secs = self.grace.as_secs_f64(),
             "shutting down: no longer accepting connections"
         );
-        let drained = tokio::time::timeout(self.grace, async {
-            graceful.shutdown().await;
-            connections.wait().await;
-        })
-        .await;
+        draining.cancel();
+        let drained = tokio::time::timeout(self.grace, connections.wait()).await;
         if drained.is_err() {
             tracing::warn!(
                 connections = connections.len(),
@@ -604,21 +624,35 @@ struct Connection {
     security: Arc<security::Security>,
     hub: Arc<tunnel::Hub>,
     handshake_timeout: Duration,
+    limits: Arc<limits::ConnectionLimits>,
+    builder: Arc<auto::Builder<hyper_util::rt::TokioExecutor>>,
+    /// Shutdown began: finish in-flight requests and close.
+    draining: CancellationToken,
     hard_stop: CancellationToken,
 }
 
+/// After the connection was closed for idleness or at its reserve deadline, how long a
+/// graceful close (HTTP/2 GOAWAY) may take before the socket is dropped.
+const CLOSE_GRACE: Duration = Duration::from_secs(1);
+
 impl Connection {
-    async fn serve(
-        self,
-        tcp: TcpStream,
-        remote: SocketAddr,
-        watcher: hyper_util::server::graceful::Watcher,
-    ) {
+    async fn serve(self, tcp: TcpStream, permit: limits::Permit, remote: SocketAddr) {
+        let accepted = tokio::time::Instant::now();
+        let reserve = permit.admission() == limits::Admission::Reserve;
+        // A reserve connection has a short deadline for its handshake (and, unless it is an
+        // admin's, for its whole life).
+        let reserve_deadline = reserve.then(|| accepted + self.limits.reserve_deadline);
+        let handshake_deadline = match reserve_deadline {
+            Some(deadline) => deadline.min(accepted + self.handshake_timeout),
+            None => accepted + self.handshake_timeout,
+        };
+        // The permit travels with the socket, into a tunnel after an upgrade too.
+        let tcp = limits::Counted::new(tcp, permit);
         // Reads the socket 64 KiB at a time under rustls (which reads 4 KiB at a time) and
         // lets rustls buffer a whole tunnel frame: fewer system calls per byte on bulk
         // transfers, the agent tunnel's in particular (docs/benchmarks.md).
         let tcp = rlark_tunnel::transport::ReadAhead::new(tcp);
-        let handshake = tokio::time::timeout(self.handshake_timeout, self.acceptor.accept(tcp));
+        let handshake = tokio::time::timeout_at(handshake_deadline, self.acceptor.accept(tcp));
         let mut tls = tokio::select! {
             _ = self.hard_stop.cancelled() => return,
             result = handshake => match result {
@@ -647,7 +681,19 @@ impl Connection {
         if let Some(alpn) = session.alpn_protocol() {
             span.record("alpn", String::from_utf8_lossy(alpn).as_ref());
         }
-        tracing::debug!("connection established");
+        // On a reserve connection only a valid admin certificate earns full service.
+        let admin = peer.cert_identity.as_ref().is_some_and(|identity| {
+            identity
+                .groups
+                .iter()
+                .any(|g| g == rlark_apiserver::auth::ADMIN_GROUP)
+        }) && peer
+            .cert_serial
+            .as_ref()
+            .is_some_and(|serial| !self.security.is_revoked(serial));
+        let probe_only = reserve && !admin;
+        let close_at = if probe_only { reserve_deadline } else { None };
+        tracing::debug!(probe_only, "connection established");
 
         // Subscribe before serving, so a revocation between now and the first request is
         // not missed.
@@ -659,9 +705,12 @@ impl Connection {
             self.hub,
             remote,
         );
-        let builder = auto::Builder::new(TokioExecutor::new());
-        let conn = builder.serve_connection_with_upgrades(TokioIo::new(tls), service);
-        let conn = watcher.watch(conn.into_owned());
+        let activity = limits::Activity::new();
+        let service = limits::track(service, Arc::clone(&activity), probe_only);
+        let conn = self
+            .builder
+            .serve_connection_with_upgrades(TokioIo::new(tls), service);
+        tokio::pin!(conn);
         // A revocation of this connection's certificate or of a token it used closes the
         // connection at once, ending its watches (and, later, tunnels).
         let revoked = async {
@@ -674,12 +723,62 @@ impl Connection {
                 }
             }
         };
-        tokio::select! {
-            _ = self.hard_stop.cancelled() => tracing::debug!("connection closed at end of grace period"),
-            () = revoked => tracing::info!("connection closed: its credentials were revoked"),
-            result = conn => if let Err(error) = result {
-                tracing::debug!(%error, "connection ended with error");
-            },
+        tokio::pin!(revoked);
+        let idle = activity.idle_expired(self.limits.header_read_timeout, self.limits.idle_timeout);
+        tokio::pin!(idle);
+        let reserve_over = async {
+            match close_at {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::pin!(reserve_over);
+        // Set once a graceful close began: then the socket is dropped at this instant.
+        let mut closing: Option<tokio::time::Instant> = None;
+        let mut draining = false;
+        loop {
+            let forced_close = async {
+                match closing {
+                    Some(at) => tokio::time::sleep_until(at).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                _ = self.hard_stop.cancelled() => {
+                    tracing::debug!("connection closed at end of grace period");
+                    return;
+                }
+                () = &mut revoked => {
+                    tracing::info!("connection closed: its credentials were revoked");
+                    return;
+                }
+                () = forced_close => {
+                    tracing::debug!("connection dropped: graceful close took too long");
+                    return;
+                }
+                result = conn.as_mut() => {
+                    if let Err(error) = result {
+                        tracing::debug!(%error, "connection ended with error");
+                    }
+                    return;
+                }
+                _ = self.draining.cancelled(), if !draining => {
+                    // Server shutdown: in-flight requests finish (bounded by the grace
+                    // period through `hard_stop`).
+                    draining = true;
+                    conn.as_mut().graceful_shutdown();
+                }
+                () = &mut idle, if closing.is_none() => {
+                    tracing::debug!("closing idle connection");
+                    conn.as_mut().graceful_shutdown();
+                    closing = Some(tokio::time::Instant::now() + CLOSE_GRACE);
+                }
+                () = &mut reserve_over, if closing.is_none() => {
+                    tracing::debug!("closing probe-only reserve connection at its deadline");
+                    conn.as_mut().graceful_shutdown();
+                    closing = Some(tokio::time::Instant::now() + CLOSE_GRACE);
+                }
+            }
         }
     }
 }

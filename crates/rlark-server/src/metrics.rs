@@ -73,3 +73,40 @@ impl Collector for StoreCollector {
         Ok(())
     }
 }
+
+/// Listener connection counts (see `limits`), read on every scrape.
+#[derive(Debug)]
+pub(crate) struct ConnectionsCollector {
+    pub gate: std::sync::Arc<crate::limits::Gate>,
+}
+
+impl Collector for ConnectionsCollector {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let (general, reserve) = self.gate.open_connections();
+        gauge(
+            &mut encoder,
+            "rlark_connections_open",
+            "Open client connections in the general budget.",
+            general as u64,
+        )?;
+        gauge(
+            &mut encoder,
+            "rlark_connections_reserve_open",
+            "Open client connections in the reserve (admin clients and health probes).",
+            reserve as u64,
+        )?;
+        gauge(
+            &mut encoder,
+            "rlark_connections_max",
+            "Global cap of the general connection budget.",
+            self.gate.max_connections() as u64,
+        )?;
+        counter(
+            &mut encoder,
+            "rlark_connections_refused",
+            "Connections closed at accept because the budget and the reserve were exhausted.",
+            self.gate.refused(),
+        )?;
+        Ok(())
+    }
+}

@@ -51,6 +51,11 @@ fn help_lists_the_subcommands() -> anyhow::Result<()> {
         "--config",
         "--log-format",
         "--reinitialize-store",
+        "--max-connections",
+        "--max-connections-per-ip",
+        "--reserved-connections",
+        "--header-read-timeout",
+        "--idle-timeout",
     ] {
         assert!(help.contains(flag), "server --help misses {flag}:\n{help}");
     }
@@ -97,6 +102,22 @@ fn bad_config_files_fail_with_exit_1_naming_the_field() -> anyhow::Result<()> {
     let stderr = text(&out.stderr);
     assert!(stderr.contains("tlsSans[0]"), "{stderr}");
     // Validated before anything was created.
+    assert!(!data_dir.exists());
+
+    // Connection limits: flags are validated like the file, naming the field.
+    let out = run(&[
+        "server",
+        "--data-dir",
+        &data_dir.display().to_string(),
+        "--max-connections-per-ip",
+        "0",
+    ])?;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("connections.maxConnectionsPerIP"),
+        "{stderr}"
+    );
     assert!(!data_dir.exists());
 
     let out = run(&["server"])?;

@@ -4,6 +4,9 @@
 //! printer columns, get as YAML, watch a change made from another client, merge-patch,
 //! api-resources, explain, and a cascading delete.
 
+#[path = "../../../tests/support/missing_tool.rs"]
+mod missing_tool;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
@@ -93,8 +96,7 @@ fn kubectl_available() -> bool {
 #[test]
 fn kubectl_end_to_end() -> Result<()> {
     if !kubectl_available() {
-        // scripts/test.sh installs kubectl; a developer machine without it skips loudly.
-        eprintln!("SKIPPED: kubectl not found on PATH (scripts/test.sh installs it)");
+        missing_tool::skip_or_fail("kubectl is not on PATH");
         return Ok(());
     }
     let data_dir = tempfile::tempdir()?;

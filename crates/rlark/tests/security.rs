@@ -3,6 +3,9 @@
 //! Task and post Events; revocation cuts open connections and survives a restart; bad input
 //! gets a 400 that names the problem. Everything over real TLS against an in-process server.
 
+#[path = "../../../tests/support/missing_tool.rs"]
+mod missing_tool;
+
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -1560,7 +1563,7 @@ async fn kubectl(kubeconfig: &Path, cache: &Path, args: &[&str]) -> Result<std::
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubectl_viewer_can_get_but_not_apply() -> Result<()> {
     if !Path::new(KUBECTL).exists() {
-        eprintln!("SKIPPED: {KUBECTL} not found");
+        missing_tool::skip_or_fail(&format!("{KUBECTL} is not installed"));
         return Ok(());
     }
     bounded(async {

@@ -116,9 +116,10 @@ pub struct WatchFigures {
     pub incomplete_watchers: usize,
     /// Events delivered more than once to the same watcher.
     pub duplicates: usize,
-    /// Delivery latency: event received − create acknowledged, clamped at zero.
+    /// Delivery latency: event received − create request sent.
     pub latency: LatencySummary,
-    /// Events that arrived before their create was acknowledged (counted as zero latency).
+    /// Events that arrived at a watcher before the writer had the create's response (normal:
+    /// the response and the events leave the server on different connections).
     pub before_ack: usize,
 }
 
@@ -570,7 +571,7 @@ impl fmt::Display for ApiBenchReport {
             )?;
             writeln!(
                 f,
-                "  latency (received - acknowledged): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, \
+                "  latency (received - create sent): p50 {:.2} ms, p99 {:.2} ms, max {:.2} ms, \
                  mean {:.2} ms",
                 w.latency.p50_ms, w.latency.p99_ms, w.latency.max_ms, w.latency.mean_ms
             )?;

@@ -28,7 +28,8 @@ pub(crate) struct ServerArgs {
     #[arg(long = "tls-san", value_name = "NAME")]
     tls_sans: Vec<String>,
     /// YAML config file (fields: dataDir, listen, tlsSans, shutdownGraceSeconds, api,
-    /// controllers, security, tunnel, auditLog, reinitializeStore). Flags override its values.
+    /// controllers, security, tunnel, connections, auditLog, reinitializeStore). Flags override
+    /// its values.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Run the Job, Workflow, Task and Node controllers in this process (default true,
@@ -37,6 +38,25 @@ pub(crate) struct ServerArgs {
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
     pub(crate) controllers: Option<bool>,
+    /// Open client connections, all sources together, beyond which only the reserve is
+    /// left [default: from the file-descriptor limit].
+    #[arg(long, value_name = "N")]
+    max_connections: Option<usize>,
+    /// Open client connections from one source IP address beyond which only the reserve
+    /// is left [default: 512].
+    #[arg(long = "max-connections-per-ip", value_name = "N")]
+    max_connections_per_ip: Option<usize>,
+    /// Connections kept beyond the caps for admin (system:masters) clients and health
+    /// probes [default: 32].
+    #[arg(long, value_name = "N")]
+    reserved_connections: Option<usize>,
+    /// A connection's first request, and every HTTP/1.1 request head, must arrive within
+    /// this time (`30`, `1m`, plain seconds) [default: 30].
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
+    header_read_timeout: Option<u64>,
+    /// A connection without a request in flight for this long is closed [default: 90].
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
+    idle_timeout: Option<u64>,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -117,6 +137,11 @@ pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
             tls_sans: args.tls_sans,
             controllers: args.controllers,
             reinitialize_store: args.store.reinitialize_store,
+            max_connections: args.max_connections,
+            max_connections_per_ip: args.max_connections_per_ip,
+            reserved_connections: args.reserved_connections,
+            header_read_timeout: args.header_read_timeout.map(std::time::Duration::from_secs),
+            idle_timeout: args.idle_timeout.map(std::time::Duration::from_secs),
         },
     )?;
     let shutdown = CancellationToken::new();

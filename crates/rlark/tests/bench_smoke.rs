@@ -1,0 +1,127 @@
+//! Every `rlark bench` subcommand runs once, at a small size, through the built binary: a
+//! benchmark that breaks at run time fails here instead of going unnoticed until someone
+//! measures. Figures are printed (`--json`), never asserted: this machine's speed is not a
+//! test result (docs/benchmarks.md holds measured figures and how to reproduce them).
+
+use std::process::{Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+
+/// One smoke run must end within this (they take seconds; the guard catches hangs).
+const HANG_GUARD: Duration = Duration::from_secs(300);
+
+/// Runs `rlark bench ARGS --json`, fails the test on a non-zero exit or a hang, and returns
+/// the report it printed.
+fn bench(args: &[&str]) -> Value {
+    let child = Command::new(env!("CARGO_BIN_EXE_rlark"))
+        .arg("bench")
+        .args(args)
+        .arg("--json")
+        .env("RUST_LOG", "warn")
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start rlark bench");
+    let pid = child.id();
+    let (done, finished) = mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = done.send(child.wait_with_output());
+    });
+    let output = match finished.recv_timeout(HANG_GUARD) {
+        Ok(output) => output.expect("wait for rlark bench"),
+        Err(_) => {
+            let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+            panic!("rlark bench {args:?} still running after {HANG_GUARD:?}");
+        }
+    };
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "rlark bench {args:?} exited with {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        output.status
+    );
+    println!("rlark bench {}:\n{stdout}", args.join(" "));
+    let report: Value = serde_json::from_str(&stdout)
+        .unwrap_or_else(|e| panic!("rlark bench {args:?} printed no JSON report ({e}):\n{stdout}"));
+    assert!(
+        report.as_object().is_some_and(|o| !o.is_empty()),
+        "rlark bench {args:?}: empty report {report}"
+    );
+    report
+}
+
+#[test]
+fn bench_api_runs() {
+    bench(&[
+        "api",
+        "--creates",
+        "40",
+        "--concurrency",
+        "1,4",
+        "--list-objects",
+        "50",
+        "--lists",
+        "2",
+        "--watchers",
+        "4",
+        "--watch-events",
+        "20",
+        "--watch-rate",
+        "100",
+        "--tcp-round-trips",
+        "200",
+        "--healthz-requests",
+        "50",
+        "--store-creates",
+        "50",
+        "--timeout",
+        "240",
+    ]);
+}
+
+#[test]
+fn bench_controllers_runs() {
+    bench(&[
+        "controllers",
+        "--jobs",
+        "8",
+        "--tasks-per-job",
+        "2",
+        "--chain",
+        "3",
+        "--nodes",
+        "2",
+        "--timeout",
+        "240",
+    ]);
+}
+
+#[test]
+fn bench_tunnel_runs() {
+    bench(&["tunnel", "--mib", "4", "--setups", "20"]);
+}
+
+#[test]
+fn bench_agent_runs() {
+    bench(&["agent", "--tasks", "6", "--running", "4", "--batch", "3"]);
+}
+
+#[test]
+fn bench_camera_runs() {
+    bench(&[
+        "camera",
+        "--seconds",
+        "1",
+        "--fps",
+        "30",
+        "--width",
+        "64",
+        "--height",
+        "48",
+    ]);
+}
