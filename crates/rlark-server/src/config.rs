@@ -144,6 +144,9 @@ impl ServerConfig {
             if let Some(v) = api.default_watch_timeout_seconds {
                 config.api.default_watch_timeout = Duration::from_secs(v);
             }
+            if let Some(v) = api.max_nodes_per_agent {
+                config.api.max_nodes_per_agent = v;
+            }
         }
         config.controllers.enabled = true;
         if let Some(controllers) = file.controllers {
@@ -209,6 +212,9 @@ impl ServerConfig {
         if !overrides.tls_sans.is_empty() {
             config.tls_sans = overrides.tls_sans;
         }
+        if let Some(v) = overrides.max_nodes_per_agent {
+            config.api.max_nodes_per_agent = v;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -239,6 +245,12 @@ impl ServerConfig {
             return Err(invalid(
                 "api.defaultWatchTimeoutSeconds",
                 "must be positive".into(),
+            ));
+        }
+        if self.api.max_nodes_per_agent == 0 {
+            return Err(invalid(
+                "api.maxNodesPerAgent",
+                "must be at least 1 (every agent registers its Node)".into(),
             ));
         }
         for (field, value) in [
@@ -344,6 +356,8 @@ pub struct ServerOverrides {
     pub tls_sans: Vec<String>,
     /// `--controllers=BOOL`: run the controllers in-process.
     pub controllers: Option<bool>,
+    /// `--max-nodes-per-agent`: see `ApiServerOptions::max_nodes_per_agent`.
+    pub max_nodes_per_agent: Option<usize>,
 }
 
 /// The YAML config file. Every field is optional; unknown fields are an error.
@@ -357,6 +371,7 @@ pub struct ServerOverrides {
 ///   maxRequestBytes: 3145728
 ///   bookmarkIntervalSeconds: 60
 ///   defaultWatchTimeoutSeconds: 1800
+///   maxNodesPerAgent: 64
 /// controllers:
 ///   enabled: true
 ///   leaderElection: true
@@ -445,6 +460,8 @@ pub struct ApiConfigFile {
     pub bookmark_interval_seconds: Option<u64>,
     /// `defaultWatchTimeoutSeconds`: watch duration when the client gives none.
     pub default_watch_timeout_seconds: Option<u64>,
+    /// `maxNodesPerAgent`: most Nodes an agent may create in its namespace (default 64).
+    pub max_nodes_per_agent: Option<usize>,
 }
 
 impl ServerConfigFile {
@@ -505,6 +522,7 @@ mod tests {
                 listen: Some("127.0.0.1:0".parse().expect("addr")),
                 tls_sans: vec!["b.example".into()],
                 controllers: None,
+                max_nodes_per_agent: None,
             },
         )
         .expect("resolve");
@@ -657,6 +675,27 @@ mod tests {
                 .expect_err(yaml);
             assert!(err.to_string().contains(field), "{yaml}: {err}");
         }
+    }
+
+    #[test]
+    fn max_nodes_per_agent_from_file_and_flag() {
+        let overrides = |flag: Option<usize>| ServerOverrides {
+            data_dir: Some("/d".into()),
+            max_nodes_per_agent: flag,
+            ..Default::default()
+        };
+        let config = ServerConfig::resolve(None, overrides(None)).expect("defaults");
+        assert_eq!(
+            config.api.max_nodes_per_agent,
+            rlark_apiserver::DEFAULT_MAX_NODES_PER_AGENT
+        );
+        let file = || Some(parse("api: {maxNodesPerAgent: 3}\n").expect("parse"));
+        let config = ServerConfig::resolve(file(), overrides(None)).expect("file");
+        assert_eq!(config.api.max_nodes_per_agent, 3);
+        let config = ServerConfig::resolve(file(), overrides(Some(5))).expect("flag");
+        assert_eq!(config.api.max_nodes_per_agent, 5);
+        let err = ServerConfig::resolve(file(), overrides(Some(0))).expect_err("zero");
+        assert!(err.to_string().contains("api.maxNodesPerAgent"), "{err}");
     }
 
     #[test]

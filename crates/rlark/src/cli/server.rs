@@ -37,6 +37,10 @@ pub(crate) struct ServerArgs {
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
     pub(crate) controllers: Option<bool>,
+    /// Most Nodes an agent may register in its namespace [default: 64]; overrides the
+    /// config file's api.maxNodesPerAgent.
+    #[arg(long, value_name = "N")]
+    max_nodes_per_agent: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -101,6 +105,7 @@ pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
             listen: args.listen,
             tls_sans: args.tls_sans,
             controllers: args.controllers,
+            max_nodes_per_agent: args.max_nodes_per_agent,
         },
     )?;
     let shutdown = CancellationToken::new();
