@@ -1,7 +1,16 @@
 //! Label, annotation and finalizer names rlark puts on resources (RLark's names, kept).
 
-/// Node label: the cluster (agent) a Node belongs to.
+/// Node label: the cluster (agent) a Node belongs to. On a write by an agent the API server
+/// owns it: it is the agent's cluster ID (set when missing, any other value refused), so an
+/// agent cannot claim to be another cluster.
 pub const CLUSTER_ID: &str = "rlark.io/cluster-id";
+/// Node label: the machine name (Kubernetes' `kubernetes.io/hostname`). On a write by an
+/// agent the API server owns it: it is the Node's name.
+pub const HOSTNAME: &str = "kubernetes.io/hostname";
+/// Node annotation, set by the API server on every write of the Node by an agent: the user
+/// of that agent (`system:rlark:agent:<clusterID>`), so the Node's capacity is known to be
+/// agent-reported (and by whom).
+pub const REPORTED_BY: &str = "rlark.io/reported-by";
 /// Node label: the runtime of the node's agent (`Kubernetes`, `Docker`, `Raw`).
 pub const AGENT_TYPE: &str = "rlark.io/agent-type";
 /// Node label: `cloud`, `edge` or `robot` (see [`crate::types::NodeCategory`]).

@@ -169,17 +169,28 @@ pub(crate) fn admit(
     Err(ApiError::invalid(rt, name, causes))
 }
 
-/// Identity-specific admission of a new object, beyond what [`crate::authz`] can decide
-/// from the URL: a task token may only create core Events whose `involvedObject` is its
-/// own Task (kind `Task`, its name, its namespace when given, group `rlinf.io` when an
-/// `apiVersion` is given). `Err` carries the reason for a 403 (`... is forbidden: <reason>`).
+/// Identity-specific admission of an object about to be written by `identity`, beyond what
+/// [`crate::authz`] can decide from the URL (`old`: the stored object for an update or
+/// patch, `None` for a create). It may fill in fields the server owns:
+/// - an agent: see [`crate::agent_admission`] (identity labels, Node reporter, Event
+///   reporter);
+/// - a task token may only create core Events whose `involvedObject` is its own Task (kind
+///   `Task`, its name, its namespace when given, group `rlinf.io` when an `apiVersion` is
+///   given).
+///
+/// `Err` carries the reason for a 403 (`... is forbidden: <reason>`).
 pub(crate) fn identity_admission(
     identity: &Identity,
     rt: &ResourceType,
-    object: &Value,
+    object: &mut Value,
+    old: Option<&Value>,
 ) -> Result<(), String> {
-    let Role::Task { namespace, name } = identity.role() else {
-        return Ok(());
+    let (namespace, name) = match identity.role() {
+        Role::Agent { cluster_id } => {
+            return crate::agent_admission::admit(&identity.user, &cluster_id, rt, object, old);
+        }
+        Role::Task { namespace, name } => (namespace, name),
+        _ => return Ok(()),
     };
     if !(rt.group.is_empty() && rt.plural == "events") {
         return Ok(());
@@ -221,7 +232,7 @@ mod tests {
             json!({"kind": "Task", "name": "t1"}),
         ] {
             assert_eq!(
-                identity_admission(&token, &events, &about(good.clone())),
+                identity_admission(&token, &events, &mut about(good.clone()), None),
                 Ok(()),
                 "{good}"
             );
@@ -234,8 +245,8 @@ mod tests {
             json!({}),
             Value::Null,
         ] {
-            let reason =
-                identity_admission(&token, &events, &about(bad.clone())).expect_err("refused");
+            let reason = identity_admission(&token, &events, &mut about(bad.clone()), None)
+                .expect_err("refused");
             assert_eq!(
                 reason,
                 r#"User "system:rlark:task:rlark-a:t1" may only create events whose involvedObject is its own Task (kind "Task", name "t1", namespace "rlark-a")"#,
@@ -243,8 +254,10 @@ mod tests {
             );
         }
         // Other identities and other kinds are not this check's business.
-        assert!(identity_admission(&Identity::agent("a"), &events, &about(json!({}))).is_ok());
-        assert!(identity_admission(&token, &ResourceType::lease(), &json!({})).is_ok());
+        assert!(
+            identity_admission(&Identity::agent("a"), &events, &mut about(json!({})), None).is_ok()
+        );
+        assert!(identity_admission(&token, &ResourceType::lease(), &mut json!({}), None).is_ok());
     }
 
     #[test]

@@ -12,7 +12,6 @@ use serde::Deserialize;
 use tracing::Instrument;
 
 use crate::Inner;
-use crate::admission;
 use crate::audit::AuditEntry;
 use crate::auth::Identity;
 use crate::authz::{self, Attributes, Decision};
@@ -98,7 +97,7 @@ fn authorize(inner: &Inner, parts: &Parts, target: &Target, verb: Verb) -> Resul
 
 /// Record a denial to the audit sink and build its 403: `<resource>[ "<name>"] is
 /// forbidden: <reason>`.
-fn deny(
+pub(crate) fn deny(
     inner: &Inner,
     identity: &Identity,
     attrs: &Attributes,
@@ -117,33 +116,11 @@ fn deny(
     error
 }
 
-/// [`admission::identity_admission`] of a decoded create body: a 403 (and a `denied`
-/// audit record) when the caller may not create this object.
-fn admit_identity(
-    inner: &Inner,
-    parts: &Parts,
-    target: &Target,
-    object: &serde_json::Value,
-) -> Result<(), ApiError> {
-    let Some(identity) = parts.extensions.get::<Identity>() else {
-        return Err(ApiError::unauthorized());
-    };
-    match admission::identity_admission(identity, &target.rt, object) {
-        Ok(()) => Ok(()),
-        Err(reason) => {
-            let attrs = authz::resource_attributes(target, Verb::Create);
-            let name = object
-                .pointer("/metadata/name")
-                .and_then(serde_json::Value::as_str);
-            Err(deny(inner, identity, &attrs, name, reason))
-        }
-    }
-}
-
-fn write_options(query: &Query) -> Result<WriteOptions, ApiError> {
+fn write_options(query: &Query, parts: &Parts) -> Result<WriteOptions, ApiError> {
     Ok(WriteOptions {
         dry_run: query.dry_run,
         field_validation: FieldValidation::parse(query.field_validation.as_deref())?,
+        caller: parts.extensions.get::<Identity>().cloned(),
     })
 }
 
@@ -274,9 +251,8 @@ async fn handle(
         }
         Verb::Create => {
             let decoded = body::decode_object(&read_body(body).await?, &media_type)?;
-            admit_identity(inner, parts, &target, &decoded.value)?;
             let written = inner
-                .create(&rt, namespace, decoded, write_options(&query)?)
+                .create(&rt, namespace, decoded, write_options(&query, parts)?)
                 .await?;
             Ok(object_response(
                 StatusCode::CREATED,
@@ -293,7 +269,7 @@ async fn handle(
                     name,
                     target.status,
                     decoded,
-                    write_options(&query)?,
+                    write_options(&query, parts)?,
                 )
                 .await?;
             Ok(object_response(
@@ -311,7 +287,7 @@ async fn handle(
                     name,
                     target.status,
                     decoded,
-                    write_options(&query)?,
+                    write_options(&query, parts)?,
                 )
                 .await?;
             Ok(object_response(

@@ -10,6 +10,7 @@
 // at most once per failed request, so its size does not matter; boxing it everywhere would.
 #![allow(clippy::result_large_err)]
 
+pub mod agent_admission;
 pub mod audit;
 pub mod auth;
 pub mod authz;
@@ -59,7 +60,13 @@ pub struct ApiServerOptions {
     pub bookmark_interval: Duration,
     /// Watch duration when the client gives no `timeoutSeconds`.
     pub default_watch_timeout: Duration,
+    /// Most Nodes an agent may create in its namespace `rlark-<clusterID>` (counting every
+    /// Node there); one more is refused with 403. Admins are not limited.
+    pub max_nodes_per_agent: usize,
 }
+
+/// Default of [`ApiServerOptions::max_nodes_per_agent`].
+pub const DEFAULT_MAX_NODES_PER_AGENT: usize = 64;
 
 impl Default for ApiServerOptions {
     fn default() -> Self {
@@ -67,6 +74,7 @@ impl Default for ApiServerOptions {
             max_request_bytes: 3 * 1024 * 1024,
             bookmark_interval: Duration::from_secs(60),
             default_watch_timeout: Duration::from_secs(30 * 60),
+            max_nodes_per_agent: DEFAULT_MAX_NODES_PER_AGENT,
         }
     }
 }
@@ -88,6 +96,9 @@ pub(crate) struct Inner {
     pub(crate) shutdown: CancellationToken,
     /// Where denied requests are recorded ([`ApiServer::with_audit`]).
     pub(crate) audit: Arc<dyn AuditSink>,
+    /// Held by an agent's Node create from counting the namespace's Nodes to the write
+    /// ([`ApiServerOptions::max_nodes_per_agent`]).
+    pub(crate) agent_nodes: tokio::sync::Mutex<()>,
 }
 
 impl ApiServer {
@@ -106,6 +117,7 @@ impl ApiServer {
                 metrics: metrics::Metrics::new(metrics),
                 shutdown: CancellationToken::new(),
                 audit: Arc::new(TracingAudit),
+                agent_nodes: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -125,6 +137,7 @@ impl ApiServer {
                     metrics: shared.metrics.clone(),
                     shutdown: shared.shutdown.clone(),
                     audit: sink,
+                    agent_nodes: tokio::sync::Mutex::new(()),
                 });
             }
         }

@@ -15,6 +15,8 @@ use serde_json::{Map, Value, json};
 
 use crate::Inner;
 use crate::admission;
+use crate::auth::{Identity, Role};
+use crate::authz::Attributes;
 use crate::body::Decoded;
 use crate::error::{ApiError, Cause};
 use crate::fieldvalidation::{self, FieldValidation};
@@ -34,10 +36,13 @@ const MAX_ATTEMPTS: usize = 5;
 const MAX_GENERATE_NAME_PREFIX: usize = 58;
 
 /// Options shared by create, update and patch.
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct WriteOptions {
     pub dry_run: bool,
     pub field_validation: FieldValidation,
+    /// Who writes, for [`admission::identity_admission`]; `None` for the server's own
+    /// writes.
+    pub caller: Option<Identity>,
 }
 
 /// A written (or, for dry runs, would-be-written) object and the warnings for the client.
@@ -308,6 +313,11 @@ fn field_check(
     Ok((warnings, report.causes))
 }
 
+/// Whether `rt` is rlark's Node kind.
+fn is_node(rt: &ResourceType) -> bool {
+    rt.group == "rlinf.io" && rt.plural == "nodes"
+}
+
 /// Whether an update of an object being deleted has released it (no finalizers left), so
 /// the write becomes the deletion.
 fn released(rt: &ResourceType, object: &Value) -> bool {
@@ -361,6 +371,93 @@ impl Inner {
         Ok(())
     }
 
+    /// [`admission::identity_admission`] of a write by `options.caller` (nothing for the
+    /// server's own writes): a 403 and a `denied` audit record when it is refused.
+    #[allow(clippy::too_many_arguments)]
+    fn admit_caller(
+        &self,
+        options: &WriteOptions,
+        rt: &ResourceType,
+        verb: &str,
+        namespace: &str,
+        status_only: bool,
+        object: &mut Value,
+        old: Option<&Value>,
+    ) -> Result<(), ApiError> {
+        let Some(identity) = &options.caller else {
+            return Ok(());
+        };
+        let Err(reason) = admission::identity_admission(identity, rt, object, old) else {
+            return Ok(());
+        };
+        let name = meta_str(object, "name").filter(|n| !n.is_empty());
+        let attrs = Attributes {
+            verb: verb.to_string(),
+            group: rt.group.clone(),
+            resource: rt.plural.clone(),
+            subresource: status_only.then(|| "status".to_string()),
+            namespace: (rt.namespaced && !namespace.is_empty()).then(|| namespace.to_string()),
+            name: name.map(str::to_string),
+        };
+        Err(crate::handlers::deny(self, identity, &attrs, name, reason))
+    }
+
+    /// 403 when the agent creating Node `name` in `namespace` already has
+    /// [`crate::ApiServerOptions::max_nodes_per_agent`] Nodes there. The caller holds
+    /// `agent_nodes` from the count to the write.
+    async fn check_agent_node_quota(
+        &self,
+        options: &WriteOptions,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), ApiError> {
+        let Some(identity) = &options.caller else {
+            return Ok(());
+        };
+        let limit = self.options.max_nodes_per_agent;
+        let listed = self
+            .store
+            .list(
+                &rt.store_resource(),
+                &ListOptions {
+                    namespace: Some(namespace.to_string()),
+                    start_after: None,
+                    limit: Some(limit.saturating_add(1)),
+                },
+            )
+            .await
+            .map_err(|e| ApiError::from_store(e, rt, name))?;
+        if listed.items.len() < limit {
+            return Ok(());
+        }
+        tracing::warn!(user = %identity.user, %namespace, node = %name, limit, "agent node quota reached: node registration refused");
+        let attrs = Attributes {
+            verb: "create".to_string(),
+            group: rt.group.clone(),
+            resource: rt.plural.clone(),
+            subresource: None,
+            namespace: Some(namespace.to_string()),
+            name: Some(name.to_string()),
+        };
+        let has = if listed.items.len() > limit {
+            format!("more than {limit}")
+        } else {
+            limit.to_string()
+        };
+        let reason = format!(
+            "User {:?} may register at most {limit} Nodes in namespace {namespace:?} (api.maxNodesPerAgent) and it has {has} already",
+            identity.user,
+        );
+        Err(crate::handlers::deny(
+            self,
+            identity,
+            &attrs,
+            Some(name),
+            reason,
+        ))
+    }
+
     /// Create an object from a request body. 201-worthy on success.
     pub(crate) async fn create(
         &self,
@@ -370,10 +467,25 @@ impl Inner {
         options: WriteOptions,
     ) -> Result<Written, ApiError> {
         let mut object = body.value;
+        self.admit_caller(
+            &options,
+            rt,
+            "create",
+            url_namespace.unwrap_or(""),
+            false,
+            &mut object,
+            None,
+        )?;
         check_type_meta(rt, &mut object)?;
         let namespace = check_namespace(rt, &mut object, url_namespace)?;
         let (warnings, schema_causes) =
             field_check(rt, &mut object, &body.duplicates, options.field_validation)?;
+        // Agents register a bounded number of Nodes: count and create under one lock, so
+        // concurrent registrations cannot overshoot.
+        let node_quota = match options.caller.as_ref().map(Identity::role) {
+            Some(Role::Agent { .. }) if is_node(rt) => Some(self.agent_nodes.lock().await),
+            _ => None,
+        };
         if meta_str(&object, "resourceVersion").is_some_and(|rv| !rv.is_empty()) {
             return Err(ApiError::bad_request(
                 "resourceVersion should not be set on objects to be created",
@@ -424,6 +536,10 @@ impl Inner {
             let name = meta_str(&object, "name").unwrap_or("").to_string();
             if rt.namespaced {
                 self.check_namespace_open(rt, &name, &namespace).await?;
+            }
+            if node_quota.is_some() {
+                self.check_agent_node_quota(&options, rt, &namespace, &name)
+                    .await?;
             }
             if options.dry_run {
                 let meta = metadata_mut(&mut object);
@@ -608,6 +724,15 @@ impl Inner {
             let old = self.get_object(rt, &key).await?;
             let expected = precondition.unwrap_or_else(|| revision_of(&old));
             let mut candidate = Self::prepare_update(rt, &old, new.clone(), status_only)?;
+            self.admit_caller(
+                &options,
+                rt,
+                "update",
+                &namespace,
+                status_only,
+                &mut candidate,
+                Some(&old),
+            )?;
             let (_, causes) = field_check(rt, &mut candidate, &[], FieldValidation::Ignore)?;
             admission::admit(rt, &candidate, causes)?;
             if options.dry_run {
@@ -667,6 +792,15 @@ impl Inner {
                 revision_of(&old)
             };
             let mut candidate = Self::prepare_update(rt, &old, patched, status_only)?;
+            self.admit_caller(
+                &options,
+                rt,
+                "patch",
+                namespace,
+                status_only,
+                &mut candidate,
+                Some(&old),
+            )?;
             let (_, causes) = field_check(rt, &mut candidate, &[], FieldValidation::Ignore)?;
             admission::admit(rt, &candidate, causes)?;
             if options.dry_run {

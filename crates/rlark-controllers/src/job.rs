@@ -1300,7 +1300,14 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         );
         let print = node_fingerprint(&node);
         let changed = lock(&node_prints).insert(key, print.clone()).as_ref() != Some(&print);
-        if changed { waiting() } else { Vec::new() }
+        if !changed {
+            return Vec::new();
+        }
+        if let Some(problem) = scheduler::node_identity_problem(&node) {
+            tracing::warn!(node = %crate::events::display_name(&node), %problem, "node ignored for placement");
+            return Vec::new();
+        }
+        waiting()
     };
 
     let controller = controller
@@ -1335,6 +1342,14 @@ fn job_trigger(job: &Job) -> Option<u64> {
         .map(|t| t.0.to_string())
         .hash(&mut hasher);
     Some(hasher.finish())
+}
+
+/// The Nodes placement may consider: those without a [`scheduler::node_identity_problem`].
+/// The scheduler never places on the others either; dropping them where the Nodes are
+/// collected keeps a Node that claims another cluster out of every use of the list.
+fn trusted_nodes<N: std::borrow::Borrow<Node>>(mut nodes: Vec<N>) -> Vec<N> {
+    nodes.retain(|node| scheduler::node_identity_problem(node.borrow()).is_none());
+    nodes
 }
 
 /// What about a Node matters to placement: labels, agent type, cordon, phase, capacity.
@@ -1682,16 +1697,18 @@ async fn place_missing(
             ledger.prune(&index, Instant::now());
             ledger.overlay(index.total.clone(), |uid| index.by_uid.contains_key(uid))
         };
-        let nodes = state.nodes.state();
+        let nodes = trusted_nodes(state.nodes.state());
         let decisions = match scheduler::place_with_usage(&templates, &nodes, &usage) {
             Ok(d) => d,
             Err(_) => {
                 // The watches may trail (a Node just appeared, a Task just finished):
                 // decide on fresh lists before declaring the Job unschedulable.
-                let nodes = Api::<Node>::all(client.clone())
-                    .list(&ListParams::default())
-                    .await?
-                    .items;
+                let nodes = trusted_nodes(
+                    Api::<Node>::all(client.clone())
+                        .list(&ListParams::default())
+                        .await?
+                        .items,
+                );
                 let listed = Api::<Task>::all(client.clone())
                     .list(&ListParams::default())
                     .await?

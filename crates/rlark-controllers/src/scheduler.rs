@@ -10,8 +10,10 @@
 //!   the namespace without the `rlark-` prefix (or the `rlark.io/cluster-id` label when the
 //!   namespace has no such prefix). A Task is created in the namespace of the Nodes chosen
 //!   for it, so the agent of that cluster runs it.
-//! - A Node is **eligible** for a task template when, in this order of diagnosis:
-//!   `nodeName` (if set) names it; its `spec.agentType` is the template's `agentType`; every
+//! - A Node is **eligible** for a task template when, in this order of diagnosis: it is
+//!   the cluster it claims ([`node_identity_problem`]: it lives in an agent namespace
+//!   `rlark-<id>` and its `rlark.io/cluster-id` label, if any, is `<id>`, so a Node can never
+//!   draw a Job meant for another cluster); `nodeName` (if set) names it; its `spec.agentType` is the template's `agentType`; every
 //!   `nodeSelector` entry matches one of its labels (a value may be a comma list meaning
 //!   "any of"; for the key `rlark.io/cluster-id` the RLark spelling `rlark-<id>` also
 //!   matches the ID `<id>`); its `status.phase` is `Online`; it is not cordoned
@@ -351,8 +353,31 @@ pub fn is_terminal(phase: Option<TaskPhase>) -> bool {
     )
 }
 
+/// Why Node `node` cannot be trusted to be the cluster it claims, if it cannot: a Node
+/// belongs to the agent of cluster `<id>` only when it lives in that agent's namespace
+/// `rlark-<id>` and its `rlark.io/cluster-id` label, when present, says `<id>`. The API
+/// server keeps agents from writing anything else ([`labels::CLUSTER_ID`]), but a Node
+/// written by an admin or straight into the store may still say so; placing on it would
+/// send a Job meant for one cluster (and its secrets) to another cluster's agent.
+pub fn node_identity_problem(node: &Node) -> Option<String> {
+    let namespace = node.namespace().unwrap_or_default();
+    let Some(id) = namespace.strip_prefix("rlark-").filter(|id| !id.is_empty()) else {
+        return Some(format!(
+            "namespace {namespace:?} is not an agent namespace (rlark-<clusterID>)"
+        ));
+    };
+    match node.labels().get(labels::CLUSTER_ID) {
+        Some(label) if label != id => Some(format!(
+            "label {}={label:?} does not match its namespace {namespace:?}",
+            labels::CLUSTER_ID
+        )),
+        _ => None,
+    }
+}
+
 /// Cluster ID of a Node: its namespace without `rlark-`, else its `rlark.io/cluster-id`
-/// label, else its namespace.
+/// label, else its namespace. (Only Nodes without a [`node_identity_problem`] are placed
+/// on, and for those it is the namespace's ID.)
 pub fn node_cluster_id(node: &Node) -> String {
     let namespace = node.namespace().unwrap_or_default();
     if let Some(id) = namespace.strip_prefix("rlark-").filter(|id| !id.is_empty()) {
@@ -404,6 +429,8 @@ struct NodeFacts<'a> {
     namespace: String,
     cluster: String,
     total: Resources,
+    /// It has a [`node_identity_problem`]: never placed on.
+    untrusted: bool,
 }
 
 struct World<'a> {
@@ -430,6 +457,7 @@ impl<'a> World<'a> {
                     node,
                     cluster: node_cluster_id(node),
                     total: node_total(node),
+                    untrusted: node_identity_problem(node).is_some(),
                     name,
                     namespace,
                 }
@@ -508,6 +536,8 @@ fn free(total: &Resources, usage: &NodeUse, name: &str) -> QuantityValue {
 /// Why a Node is not eligible for a template, in order of diagnosis.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Exclusion {
+    /// Its cluster identity is inconsistent ([`node_identity_problem`]).
+    Identity,
     NotPinned,
     AgentType,
     Selector,
@@ -665,6 +695,10 @@ impl<'a> Want<'a> {
                 let nodes = format!("{n} {}", plural(n, "node", "nodes"));
                 let spec = &self.template.spec;
                 match why {
+                    Exclusion::Identity => format!(
+                        "{nodes} excluded because {} does not match the agent namespace",
+                        labels::CLUSTER_ID
+                    ),
                     Exclusion::NotPinned => format!(
                         "{nodes} excluded by nodeName {:?}",
                         spec.node_name.as_deref().unwrap_or_default()
@@ -694,6 +728,9 @@ impl<'a> Want<'a> {
 
 fn exclusion(spec: &TaskSpec, facts: &NodeFacts<'_>) -> Option<Exclusion> {
     let node = facts.node;
+    if facts.untrusted {
+        return Some(Exclusion::Identity);
+    }
     if spec
         .node_name
         .as_ref()
@@ -1569,6 +1606,67 @@ mod tests {
             "{}",
             err.message
         );
+    }
+
+    /// A Node in agent namespace `rlark-a` claiming to be cluster `other` (the capture of
+    /// issue 14) is never placed on, with or without a cluster selector; neither is a Node
+    /// outside the agent namespaces. A genuine Node of `other` is used.
+    #[test]
+    fn nodes_claiming_another_cluster_are_never_placed_on() {
+        let forged = with_label(
+            node("a", "forged", &[("cpu", "64"), ("nvidia.com/gpu", "8")]),
+            labels::CLUSTER_ID,
+            "other",
+        );
+        let mut stray = node("other", "stray", &[("cpu", "64"), ("nvidia.com/gpu", "8")]);
+        stray.metadata.namespace = Some("default".into());
+        assert_eq!(
+            node_identity_problem(&forged).as_deref(),
+            Some(r#"label rlark.io/cluster-id="other" does not match its namespace "rlark-a""#)
+        );
+        assert_eq!(
+            node_identity_problem(&stray).as_deref(),
+            Some(r#"namespace "default" is not an agent namespace (rlark-<clusterID>)"#)
+        );
+        assert_eq!(node_identity_problem(&node("a", "a1", &[])), None);
+        let mut unlabelled = node("a", "a2", &[]);
+        unlabelled.metadata.labels = None;
+        assert_eq!(node_identity_problem(&unlabelled), None);
+
+        let for_other = |selector: &str| {
+            job(vec![template(
+                "t",
+                json!({"nodeSelector": {labels::CLUSTER_ID: selector},
+                       "raw": {"resources": {"requests": {"nvidia.com/gpu": "1"}}}}),
+            )])
+        };
+        let for_anyone = job(vec![raw("t", 1, json!({"nvidia.com/gpu": "1"}))]);
+        let nodes = vec![forged.clone(), stray.clone()];
+        for job in [
+            for_other("other"),
+            for_other("rlark-other"),
+            for_anyone.clone(),
+        ] {
+            let err = place(&job, &nodes, NO_TASKS).unwrap_err();
+            assert!(
+                err.message.contains(
+                    "2 nodes excluded because rlark.io/cluster-id does not match the agent namespace"
+                ),
+                "{}",
+                err.message
+            );
+        }
+        // With a genuine Node of `other` beside them, that is where the Job goes.
+        let mut nodes = nodes;
+        nodes.push(node("other", "o1", &[("nvidia.com/gpu", "1")]));
+        for job in [for_other("other"), for_anyone] {
+            let decisions = place(&job, &nodes, NO_TASKS).unwrap();
+            assert_eq!(decisions[0].namespace, "rlark-other");
+            assert_eq!(
+                nodes_of(&decisions, "t"),
+                ("other".into(), vec!["o1".into()])
+            );
+        }
     }
 
     #[test]

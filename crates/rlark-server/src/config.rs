@@ -157,6 +157,9 @@ impl ServerConfig {
             if let Some(v) = api.default_watch_timeout_seconds {
                 config.api.default_watch_timeout = Duration::from_secs(v);
             }
+            if let Some(v) = api.max_nodes_per_agent {
+                config.api.max_nodes_per_agent = v;
+            }
         }
         config.controllers.enabled = true;
         if let Some(controllers) = file.controllers {
@@ -303,6 +306,9 @@ impl ServerConfig {
         if overrides.reinitialize_store {
             config.reinitialize_store = true;
         }
+        if let Some(v) = overrides.max_nodes_per_agent {
+            config.api.max_nodes_per_agent = v;
+        }
         config.validate()?;
         Ok(config)
     }
@@ -333,6 +339,12 @@ impl ServerConfig {
             return Err(invalid(
                 "api.defaultWatchTimeoutSeconds",
                 "must be positive".into(),
+            ));
+        }
+        if self.api.max_nodes_per_agent == 0 {
+            return Err(invalid(
+                "api.maxNodesPerAgent",
+                "must be at least 1 (every agent registers its Node)".into(),
             ));
         }
         for (field, value) in [
@@ -493,6 +505,8 @@ pub struct ServerOverrides {
     pub header_read_timeout: Option<Duration>,
     /// `--idle-timeout`: see `ConnectionLimits::idle_timeout`.
     pub idle_timeout: Option<Duration>,
+    /// `--max-nodes-per-agent`: see `ApiServerOptions::max_nodes_per_agent`.
+    pub max_nodes_per_agent: Option<usize>,
 }
 
 /// The YAML config file. Every field is optional; unknown fields are an error.
@@ -506,6 +520,7 @@ pub struct ServerOverrides {
 ///   maxRequestBytes: 3145728
 ///   bookmarkIntervalSeconds: 60
 ///   defaultWatchTimeoutSeconds: 1800
+///   maxNodesPerAgent: 64
 /// controllers:
 ///   enabled: true
 ///   leaderElection: true
@@ -667,6 +682,8 @@ pub struct ApiConfigFile {
     pub bookmark_interval_seconds: Option<u64>,
     /// `defaultWatchTimeoutSeconds`: watch duration when the client gives none.
     pub default_watch_timeout_seconds: Option<u64>,
+    /// `maxNodesPerAgent`: most Nodes an agent may create in its namespace (default 64).
+    pub max_nodes_per_agent: Option<usize>,
 }
 
 impl ServerConfigFile {
@@ -1018,6 +1035,27 @@ mod tests {
         }
         let err = parse("connections: {maxConnectionsPerIp: 1}\n").expect_err("unknown field");
         assert!(err.to_string().contains("maxConnectionsPerIp"), "{err}");
+    }
+
+    #[test]
+    fn max_nodes_per_agent_from_file_and_flag() {
+        let overrides = |flag: Option<usize>| ServerOverrides {
+            data_dir: Some("/d".into()),
+            max_nodes_per_agent: flag,
+            ..Default::default()
+        };
+        let config = ServerConfig::resolve(None, overrides(None)).expect("defaults");
+        assert_eq!(
+            config.api.max_nodes_per_agent,
+            rlark_apiserver::DEFAULT_MAX_NODES_PER_AGENT
+        );
+        let file = || Some(parse("api: {maxNodesPerAgent: 3}\n").expect("parse"));
+        let config = ServerConfig::resolve(file(), overrides(None)).expect("file");
+        assert_eq!(config.api.max_nodes_per_agent, 3);
+        let config = ServerConfig::resolve(file(), overrides(Some(5))).expect("flag");
+        assert_eq!(config.api.max_nodes_per_agent, 5);
+        let err = ServerConfig::resolve(file(), overrides(Some(0))).expect_err("zero");
+        assert!(err.to_string().contains("api.maxNodesPerAgent"), "{err}");
     }
 
     #[test]

@@ -191,6 +191,38 @@ pub async fn viewer_client(
     crate::client_from_kubeconfig(&path).await
 }
 
+/// A client with the identity of the agent of `cluster` (user `system:rlark:agent:<cluster>`,
+/// group `rlark:agents`), as a hostile agent would use its own certificate: a certificate
+/// for role `agent` signed through the admin, no join (so its namespace is not created).
+/// Its kubeconfig is written to `dir`.
+pub async fn agent_client(
+    server: &TestServer,
+    admin: &kube::Client,
+    cluster: &str,
+    dir: &Path,
+) -> anyhow::Result<kube::Client> {
+    let user = format!("system:rlark:agent:{cluster}");
+    let key_and_csr = rlark_pki::generate_key_and_csr(&user)?;
+    let body = json!({"role": "agent", "clusterID": cluster, "csr": key_and_csr.csr_pem});
+    let request = http::Request::post("/rlark/v1/certificates")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(body.to_string().into_bytes())?;
+    let signed: Value = admin
+        .request(request)
+        .await
+        .with_context(|| format!("sign an agent certificate for cluster {cluster}"))?;
+    let yaml = rlark_pki::kubeconfig_yaml(
+        &server.url(),
+        signed["caBundle"].as_str().context("caBundle")?,
+        signed["certificate"].as_str().context("certificate")?,
+        &key_and_csr.key_pem,
+        &user,
+    );
+    let path = dir.join(format!("agent-{cluster}.kubeconfig"));
+    std::fs::write(&path, yaml)?;
+    crate::client_from_kubeconfig(&path).await
+}
+
 /// `BINARY ARGS --kubeconfig KUBECONFIG` as a child process (without `KUBECONFIG` and
 /// `RUST_LOG` from the environment; killed if dropped), bounded by [`DEADLINE`]. For the
 /// `rlark` CLI: pass `env!("CARGO_BIN_EXE_rlark")`.

@@ -1084,6 +1084,65 @@ fn nodes() {
             r#""lots": quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"#
         )]
     );
+    // Reported resources are bounded: the largest amounts pass, one more does not.
+    let biggest = node(json!({"capacity": {
+        "cpu": "65536", "memory": "1Pi", "ephemeral-storage": "1Ei",
+        "hugepages-2Mi": "1Pi", "nvidia.com/gpu": "65536", "rlinf.io/device-arm": "65536"}}));
+    assert_eq!(errors("Node", &biggest), []);
+    assert_eq!(
+        errors(
+            "Node",
+            &node(json!({"capacity": {"cpu": "65537", "memory": "2Pi"},
+                         "allocatable": {"nvidia.com/gpu": "1e9", "ephemeral-storage": "2Ei"},
+                         "used": {"rlinf.io/device": "65536001m", "hugepages-1Gi": "1025Ti"}}))
+        ),
+        [
+            e(
+                "status.capacity[cpu]",
+                Invalid,
+                r#""65537": must be at most 65536 (the largest amount of cpu a Node may report)"#
+            ),
+            e(
+                "status.capacity[memory]",
+                Invalid,
+                r#""2Pi": must be at most 1Pi (the largest amount of memory a Node may report)"#
+            ),
+            e(
+                "status.allocatable[ephemeral-storage]",
+                Invalid,
+                r#""2Ei": must be at most 1Ei (the largest amount of ephemeral-storage a Node may report)"#
+            ),
+            e(
+                "status.allocatable[nvidia.com/gpu]",
+                Invalid,
+                r#""1e9": must be at most 65536 (the largest amount of nvidia.com/gpu a Node may report)"#
+            ),
+            e(
+                "status.used[hugepages-1Gi]",
+                Invalid,
+                r#""1025Ti": must be at most 1Pi (the largest amount of hugepages-1Gi a Node may report)"#
+            ),
+            e(
+                "status.used[rlinf.io/device]",
+                Invalid,
+                r#""65536001m": must be at most 65536 (the largest amount of rlinf.io/device a Node may report)"#
+            ),
+        ]
+    );
+    let many: serde_json::Map<String, Value> = (0..=MAX_NODE_RESOURCE_NAMES)
+        .map(|i| (format!("example.com/r{i}"), json!("1")))
+        .collect();
+    assert_eq!(
+        errors("Node", &node(json!({"capacity": many}))),
+        [e(
+            "status.capacity",
+            TooLong,
+            &format!(
+                "may not have more than {MAX_NODE_RESOURCE_NAMES} resources, has {}",
+                MAX_NODE_RESOURCE_NAMES + 1
+            )
+        )]
+    );
     let mut bad = node(json!({}));
     bad["spec"]["agentType"] = json!("Podman");
     assert_eq!(

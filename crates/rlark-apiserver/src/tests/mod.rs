@@ -1,6 +1,7 @@
 //! Router tests: the whole API (`ApiServer::router`) driven with `tower::ServiceExt::oneshot`
 //! (no sockets) over a real SQLite store in a temporary directory.
 
+mod agent_identity;
 mod authz;
 mod bad_input;
 mod collection;

@@ -57,6 +57,10 @@ pub(crate) struct ServerArgs {
     /// A connection without a request in flight for this long is closed [default: 90].
     #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
     idle_timeout: Option<u64>,
+    /// Most Nodes an agent may register in its namespace [default: 64]; overrides the
+    /// config file's api.maxNodesPerAgent.
+    #[arg(long, value_name = "N")]
+    max_nodes_per_agent: Option<usize>,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -142,6 +146,7 @@ pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
             reserved_connections: args.reserved_connections,
             header_read_timeout: args.header_read_timeout.map(std::time::Duration::from_secs),
             idle_timeout: args.idle_timeout.map(std::time::Duration::from_secs),
+            max_nodes_per_agent: args.max_nodes_per_agent,
         },
     )?;
     let shutdown = CancellationToken::new();
