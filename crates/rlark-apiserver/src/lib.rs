@@ -16,6 +16,7 @@ pub mod authz;
 pub mod discovery;
 pub mod error;
 pub mod jsonpath;
+pub mod limits;
 pub mod openapi;
 pub mod protobuf;
 pub mod registry;
@@ -23,6 +24,7 @@ pub mod table;
 
 mod admission;
 mod body;
+mod eventgc;
 mod fieldvalidation;
 mod gc;
 mod handlers;
@@ -59,6 +61,8 @@ pub struct ApiServerOptions {
     pub bookmark_interval: Duration,
     /// Watch duration when the client gives no `timeoutSeconds`.
     pub default_watch_timeout: Duration,
+    /// Event sizes and expiry, per-identity write rates and object-count quotas.
+    pub limits: limits::Limits,
 }
 
 impl Default for ApiServerOptions {
@@ -67,6 +71,7 @@ impl Default for ApiServerOptions {
             max_request_bytes: 3 * 1024 * 1024,
             bookmark_interval: Duration::from_secs(60),
             default_watch_timeout: Duration::from_secs(30 * 60),
+            limits: limits::Limits::default(),
         }
     }
 }
@@ -88,6 +93,9 @@ pub(crate) struct Inner {
     pub(crate) shutdown: CancellationToken,
     /// Where denied requests are recorded ([`ApiServer::with_audit`]).
     pub(crate) audit: Arc<dyn AuditSink>,
+    /// Per-identity write rates ([`limits::RateLimiter`]), shared with the process's own
+    /// write routes through [`ApiServer::rate_limiter`].
+    pub(crate) rate_limiter: Arc<limits::RateLimiter>,
 }
 
 impl ApiServer {
@@ -98,11 +106,13 @@ impl ApiServer {
         options: ApiServerOptions,
         metrics: &mut prometheus_client::registry::Registry,
     ) -> Self {
+        let rate_limiter = Arc::new(limits::RateLimiter::new(options.limits.clone()));
         Self {
             inner: Arc::new(Inner {
                 store,
                 registry: Arc::new(registry::Registry::builtin()),
                 options,
+                rate_limiter,
                 metrics: metrics::Metrics::new(metrics),
                 shutdown: CancellationToken::new(),
                 audit: Arc::new(TracingAudit),
@@ -125,10 +135,17 @@ impl ApiServer {
                     metrics: shared.metrics.clone(),
                     shutdown: shared.shutdown.clone(),
                     audit: sink,
+                    rate_limiter: Arc::clone(&shared.rate_limiter),
                 });
             }
         }
         self
+    }
+
+    /// The per-identity write rate limiter of this server, for write routes outside the
+    /// Kubernetes API (task events) to draw from the same buckets.
+    pub fn rate_limiter(&self) -> Arc<limits::RateLimiter> {
+        Arc::clone(&self.inner.rate_limiter)
     }
 
     /// The audit sink in use (the process's security routes write to the same one).
@@ -161,10 +178,13 @@ impl ApiServer {
     }
 
     /// Background work until `shutdown` fires: ensures the `default` namespace, then runs
-    /// ownerReference / namespace / foreground garbage collection. When `shutdown` fires,
-    /// open watches end too.
+    /// ownerReference / namespace / foreground garbage collection, and expires Events (TTL,
+    /// gone involvedObject). When `shutdown` fires, open watches end too.
     pub async fn run_background(&self, shutdown: CancellationToken) {
-        gc::run(Arc::clone(&self.inner), shutdown.clone()).await;
+        tokio::join!(
+            gc::run(Arc::clone(&self.inner), shutdown.clone()),
+            eventgc::run(Arc::clone(&self.inner), shutdown.clone()),
+        );
         shutdown.cancelled().await;
         self.inner.shutdown.cancel();
     }

@@ -28,7 +28,7 @@ pub(crate) struct ServerArgs {
     #[arg(long = "tls-san", value_name = "NAME")]
     tls_sans: Vec<String>,
     /// YAML config file (fields: dataDir, listen, tlsSans, shutdownGraceSeconds, api,
-    /// controllers). Flags override its values.
+    /// controllers, security, tunnel, store). Flags override its values.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
     /// Run the Job, Workflow, Task and Node controllers in this process (default true,
@@ -37,6 +37,10 @@ pub(crate) struct ServerArgs {
     #[arg(long, value_name = "BOOL", action = clap::ArgAction::Set, num_args = 0..=1,
           default_missing_value = "true")]
     pub(crate) controllers: Option<bool>,
+    /// Delete core Events this long after their last write (`1h`, `30m`, plain seconds)
+    /// [default: 1h, as kube-apiserver's --event-ttl]. Overrides api.limits.eventTTLSeconds.
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
+    event_ttl: Option<u64>,
 }
 
 #[derive(Debug, Args)]
@@ -101,6 +105,7 @@ pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
             listen: args.listen,
             tls_sans: args.tls_sans,
             controllers: args.controllers,
+            event_ttl: args.event_ttl.map(std::time::Duration::from_secs),
         },
     )?;
     let shutdown = CancellationToken::new();
