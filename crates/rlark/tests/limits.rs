@@ -73,8 +73,14 @@ async fn call(
         code,
         retry_after,
         json: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        text: String::from_utf8_lossy(&bytes).into_owned(),
+        text: brief(&bytes),
     })
+}
+
+/// At most 400 characters of a body, for error messages (a refused 2.9 MB body is echoed
+/// in nothing but its Status, but a wrongly accepted one comes back whole).
+fn brief(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).chars().take(400).collect()
 }
 
 async fn call_ok(

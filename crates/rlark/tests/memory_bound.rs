@@ -39,7 +39,11 @@ async fn send(
     let response = client.send(request).await?;
     let code = response.status().as_u16();
     let bytes = response.into_body().collect().await?.to_bytes();
-    Ok((code, String::from_utf8_lossy(&bytes).into_owned()))
+    // At most 400 characters: enough for a Status, not a whole echoed object.
+    Ok((
+        code,
+        String::from_utf8_lossy(&bytes).chars().take(400).collect(),
+    ))
 }
 
 async fn get_text(client: &kube::Client, path: &str) -> Result<String> {
