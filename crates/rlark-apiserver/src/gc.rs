@@ -11,6 +11,10 @@
 //!   it, when that was the last finalizer).
 //! - Namespaces: a Terminating namespace has all its content deleted; once empty, its
 //!   `kubernetes` spec finalizer is removed and the namespace goes away.
+//! - Events: when an object is deleted, the core Events about it (`involvedObject` of its
+//!   kind, namespace and name, with its uid or none) are deleted, so a Task's Events do not
+//!   outlive it. Events about objects deleted while nobody watched are caught by the event
+//!   sweep (`eventgc.rs`), which also expires Events after their TTL.
 //!
 //! Every action is per object and idempotent, so a failed one is simply retried by the
 //! next event or sweep. An index of every object's uid and owners, built from a list and
@@ -95,6 +99,36 @@ struct Index {
     terminating: HashSet<String>,
     /// Uids of objects deleting in the foreground.
     foreground: HashSet<String>,
+    /// (kind, namespace, name) of an involvedObject → uids of the Events about it.
+    events_about: HashMap<Involved, HashSet<String>>,
+    /// Event uid → what it is about (to unlink it).
+    event_subject: HashMap<String, Involved>,
+}
+
+/// What a core Event is about: `involvedObject` kind, namespace (the Event's own when the
+/// reference has none; empty for cluster-scoped kinds is resolved when matching) and name.
+type Involved = (String, String, String);
+
+fn is_event(rt: &ResourceType) -> bool {
+    rt.group.is_empty() && rt.plural == "events"
+}
+
+/// The subject of an Event object, `None` when it names none.
+fn involved_of(event: &Value) -> Option<Involved> {
+    let involved = event.get("involvedObject")?;
+    let field = |key: &str| involved.get(key).and_then(Value::as_str).unwrap_or("");
+    if field("kind").is_empty() || field("name").is_empty() {
+        return None;
+    }
+    let namespace = match field("namespace") {
+        "" => meta_str(event, "namespace").unwrap_or(""),
+        namespace => namespace,
+    };
+    Some((
+        field("kind").to_string(),
+        namespace.to_string(),
+        field("name").to_string(),
+    ))
 }
 
 impl Index {
@@ -111,6 +145,15 @@ impl Index {
                 .insert(uid.clone());
         }
         let key = key_of(rt, object);
+        if is_event(rt)
+            && let Some(subject) = involved_of(object)
+        {
+            self.events_about
+                .entry(subject.clone())
+                .or_default()
+                .insert(uid.clone());
+            self.event_subject.insert(uid.clone(), subject);
+        }
         if is_deleting(object) {
             if is_namespace(rt) {
                 self.terminating.insert(key.name.clone());
@@ -145,6 +188,14 @@ impl Index {
             }
         }
         self.foreground.remove(uid);
+        if let Some(subject) = self.event_subject.remove(uid)
+            && let Some(set) = self.events_about.get_mut(&subject)
+        {
+            set.remove(uid);
+            if set.is_empty() {
+                self.events_about.remove(&subject);
+            }
+        }
         if is_namespace(&entry.rt) {
             self.terminating.remove(&entry.key.name);
         }
@@ -264,6 +315,8 @@ impl Collector {
             }
             EventType::Deleted => {
                 let entry = self.index.unlink(&uid);
+                let result = self.delete_events_about(rt, &event.object, &uid).await;
+                Self::report(result, "events", &event.key);
                 for dependent in self.index.dependents_of(&uid) {
                     let result = self
                         .collect(&dependent.rt, &dependent.key, &dependent.uid)
@@ -410,6 +463,81 @@ impl Collector {
                     })
                 })
                 .await?;
+        }
+        Ok(())
+    }
+
+    /// Delete the Events about the deleted `object` (uid `uid`) of `rt`: those naming its
+    /// kind, namespace and name, and its uid or none. (Namespaced subjects are matched in
+    /// the Event's namespace when the reference names none; cluster-scoped ones by any.)
+    async fn delete_events_about(
+        &self,
+        rt: &ResourceType,
+        object: &Value,
+        uid: &str,
+    ) -> Result<(), ApiError> {
+        let name = meta_str(object, "name").unwrap_or("");
+        let namespace = meta_str(object, "namespace").unwrap_or("");
+        let candidates: Vec<String> = if rt.namespaced {
+            let subject = (rt.kind.clone(), namespace.to_string(), name.to_string());
+            self.index
+                .events_about
+                .get(&subject)
+                .into_iter()
+                .flatten()
+                .cloned()
+                .collect()
+        } else {
+            self.index
+                .events_about
+                .iter()
+                .filter(|((kind, _, n), _)| *kind == rt.kind && n == name)
+                .flat_map(|(_, uids)| uids.iter().cloned())
+                .collect()
+        };
+        for event_uid in candidates {
+            let Some(entry) = self.index.by_uid.get(&event_uid) else {
+                continue;
+            };
+            let Some(event) = self
+                .inner
+                .store
+                .get(&entry.key)
+                .await
+                .map_err(|e| ApiError::from_store(e, &entry.rt, &entry.key.name))?
+            else {
+                continue;
+            };
+            let involved = event.get("involvedObject");
+            let field = |key: &str| {
+                involved
+                    .and_then(|o| o.get(key))
+                    .and_then(Value::as_str)
+                    .unwrap_or("")
+            };
+            // Another object of the same kind and name (by apiVersion or uid) keeps its Events.
+            let group = field("apiVersion")
+                .rsplit_once('/')
+                .map_or("", |(group, _)| group);
+            let same_group = field("apiVersion").is_empty() || group == rt.group;
+            let same_uid = field("uid").is_empty() || field("uid") == uid;
+            if meta_str(&event, "uid") != Some(event_uid.as_str()) || !same_group || !same_uid {
+                continue;
+            }
+            tracing::info!(namespace = %entry.key.namespace, name = %entry.key.name, subject = name, "deleting event of a deleted object");
+            let options = DeleteOptions {
+                precondition_uid: Some(event_uid.clone()),
+                ..DeleteOptions::default()
+            };
+            match self
+                .inner
+                .delete(&entry.rt, &entry.key.namespace, &entry.key.name, &options)
+                .await
+            {
+                Ok(_) => {}
+                Err(error) if error.code == 404 || error.code == 409 => {}
+                Err(error) => return Err(error),
+            }
         }
         Ok(())
     }

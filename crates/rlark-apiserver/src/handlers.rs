@@ -45,7 +45,9 @@ pub(crate) async fn serve(inner: Arc<Inner>, request: Request) -> Response {
     let span = tracing::info_span!("api_request", verb, resource = %resource, namespace = %namespace, name = %name);
     let response = async {
         let result = match parsed {
-            Ok((target, query, verb)) => match authorize(&inner, &parts, &target, verb) {
+            Ok((target, query, verb)) => match authorize(&inner, &parts, &target, verb)
+                .and_then(|()| rate_limit(&inner, &parts, verb))
+            {
                 Ok(()) => handle(&inner, target, query, verb, &parts, body).await,
                 Err(error) => Err(error),
             },
@@ -92,6 +94,18 @@ fn authorize(inner: &Inner, parts: &Parts, target: &Target, verb: Verb) -> Resul
     match authz::authorize(identity, &attrs) {
         Decision::Allow => Ok(()),
         Decision::Deny(reason) => Err(deny(inner, identity, &attrs, attrs.name.as_deref(), reason)),
+    }
+}
+
+/// Take one write from the caller's rate-limit bucket (reads are not limited): 429 with
+/// `Retry-After` when it is empty.
+fn rate_limit(inner: &Inner, parts: &Parts, verb: Verb) -> Result<(), ApiError> {
+    if matches!(verb, Verb::Get | Verb::List | Verb::Watch) {
+        return Ok(());
+    }
+    match parts.extensions.get::<Identity>() {
+        Some(identity) => inner.rate_limiter.check(identity),
+        None => Err(ApiError::unauthorized()),
     }
 }
 
@@ -251,6 +265,11 @@ async fn handle(
         }
         Verb::Create => {
             let decoded = body::decode_object(&read_body(body).await?, &media_type)?;
+            if let Some(identity) = parts.extensions.get::<Identity>() {
+                inner
+                    .check_quotas(identity, &rt, namespace.unwrap_or(""))
+                    .await?;
+            }
             let written = inner
                 .create(&rt, namespace, decoded, write_options(&query, parts)?)
                 .await?;

@@ -17,6 +17,7 @@ pub mod authz;
 pub mod discovery;
 pub mod error;
 pub mod jsonpath;
+pub mod limits;
 pub mod openapi;
 pub mod protobuf;
 pub mod registry;
@@ -24,6 +25,7 @@ pub mod table;
 
 mod admission;
 mod body;
+mod eventgc;
 mod fieldvalidation;
 mod gc;
 mod handlers;
@@ -63,6 +65,8 @@ pub struct ApiServerOptions {
     /// Most Nodes an agent may create in its namespace `rlark-<clusterID>` (counting every
     /// Node there); one more is refused with 403. Admins are not limited.
     pub max_nodes_per_agent: usize,
+    /// Event sizes and expiry, per-identity write rates and object-count quotas.
+    pub limits: limits::Limits,
 }
 
 /// Default of [`ApiServerOptions::max_nodes_per_agent`].
@@ -75,6 +79,7 @@ impl Default for ApiServerOptions {
             bookmark_interval: Duration::from_secs(60),
             default_watch_timeout: Duration::from_secs(30 * 60),
             max_nodes_per_agent: DEFAULT_MAX_NODES_PER_AGENT,
+            limits: limits::Limits::default(),
         }
     }
 }
@@ -99,6 +104,9 @@ pub(crate) struct Inner {
     /// Held by an agent's Node create from counting the namespace's Nodes to the write
     /// ([`ApiServerOptions::max_nodes_per_agent`]).
     pub(crate) agent_nodes: tokio::sync::Mutex<()>,
+    /// Per-identity write rates ([`limits::RateLimiter`]), shared with the process's own
+    /// write routes through [`ApiServer::rate_limiter`].
+    pub(crate) rate_limiter: Arc<limits::RateLimiter>,
 }
 
 impl ApiServer {
@@ -109,11 +117,13 @@ impl ApiServer {
         options: ApiServerOptions,
         metrics: &mut prometheus_client::registry::Registry,
     ) -> Self {
+        let rate_limiter = Arc::new(limits::RateLimiter::new(options.limits.clone()));
         Self {
             inner: Arc::new(Inner {
                 store,
                 registry: Arc::new(registry::Registry::builtin()),
                 options,
+                rate_limiter,
                 metrics: metrics::Metrics::new(metrics),
                 shutdown: CancellationToken::new(),
                 audit: Arc::new(TracingAudit),
@@ -138,10 +148,17 @@ impl ApiServer {
                     shutdown: shared.shutdown.clone(),
                     audit: sink,
                     agent_nodes: tokio::sync::Mutex::new(()),
+                    rate_limiter: Arc::clone(&shared.rate_limiter),
                 });
             }
         }
         self
+    }
+
+    /// The per-identity write rate limiter of this server, for write routes outside the
+    /// Kubernetes API (task events) to draw from the same buckets.
+    pub fn rate_limiter(&self) -> Arc<limits::RateLimiter> {
+        Arc::clone(&self.inner.rate_limiter)
     }
 
     /// The audit sink in use (the process's security routes write to the same one).
@@ -174,10 +191,13 @@ impl ApiServer {
     }
 
     /// Background work until `shutdown` fires: ensures the `default` namespace, then runs
-    /// ownerReference / namespace / foreground garbage collection. When `shutdown` fires,
-    /// open watches end too.
+    /// ownerReference / namespace / foreground garbage collection, and expires Events (TTL,
+    /// gone involvedObject). When `shutdown` fires, open watches end too.
     pub async fn run_background(&self, shutdown: CancellationToken) {
-        gc::run(Arc::clone(&self.inner), shutdown.clone()).await;
+        tokio::join!(
+            gc::run(Arc::clone(&self.inner), shutdown.clone()),
+            eventgc::run(Arc::clone(&self.inner), shutdown.clone()),
+        );
         shutdown.cancelled().await;
         self.inner.shutdown.cancel();
     }

@@ -533,6 +533,7 @@ impl Inner {
                 namespace_defaults(&mut object, true);
             }
             admission::admit(rt, &object, schema_causes.clone())?;
+            crate::limits::admit_event_size(&self.options.limits, rt, &object)?;
             let name = meta_str(&object, "name").unwrap_or("").to_string();
             if rt.namespaced {
                 self.check_namespace_open(rt, &name, &namespace).await?;
@@ -735,6 +736,7 @@ impl Inner {
             )?;
             let (_, causes) = field_check(rt, &mut candidate, &[], FieldValidation::Ignore)?;
             admission::admit(rt, &candidate, causes)?;
+            crate::limits::admit_event_size(&self.options.limits, rt, &candidate)?;
             if options.dry_run {
                 return Ok(Written {
                     object: Arc::new(candidate),
@@ -803,6 +805,7 @@ impl Inner {
             )?;
             let (_, causes) = field_check(rt, &mut candidate, &[], FieldValidation::Ignore)?;
             admission::admit(rt, &candidate, causes)?;
+            crate::limits::admit_event_size(&self.options.limits, rt, &candidate)?;
             if options.dry_run {
                 return Ok(Written {
                     object: Arc::new(candidate),

@@ -24,6 +24,23 @@ pub const AGGREGATION_WINDOW: Duration = Duration::from_secs(600);
 /// is forgotten first.
 pub const CACHE_CAPACITY: usize = 4096;
 
+/// Longest message written, in bytes: the API server refuses Events whose `message` is
+/// longer than its `api.limits.maxEventMessageBytes` (default 1024, Kubernetes'
+/// `NoteLengthLimit`), so longer messages are cut (at a character boundary) rather than lost.
+pub const MAX_MESSAGE_BYTES: usize = 1024;
+
+/// `message` cut to at most [`MAX_MESSAGE_BYTES`] bytes, ending in `...` when cut.
+fn truncate_message(message: &str) -> String {
+    if message.len() <= MAX_MESSAGE_BYTES {
+        return message.to_string();
+    }
+    let mut end = MAX_MESSAGE_BYTES - 3;
+    while !message.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}...", &message[..end])
+}
+
 /// `Normal` or `Warning`, as in Kubernetes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum EventType {
@@ -175,7 +192,7 @@ impl Recorder {
             uid: regarding.uid.clone().unwrap_or_default(),
             type_,
             reason: reason.to_string(),
-            message: message.to_string(),
+            message: truncate_message(message),
         };
         let now = Timestamp::now();
         let plan = self.lock().plan(&key, now);
@@ -283,6 +300,21 @@ mod tests {
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(1_800_000_000 + secs).unwrap()
+    }
+
+    #[test]
+    fn long_messages_are_cut_to_the_api_limit() {
+        assert_eq!(truncate_message("short"), "short");
+        let cut = truncate_message(&"é".repeat(MAX_MESSAGE_BYTES));
+        assert!(
+            cut.len() <= MAX_MESSAGE_BYTES && cut.ends_with("..."),
+            "{}",
+            cut.len()
+        );
+        assert_eq!(
+            truncate_message(&"x".repeat(MAX_MESSAGE_BYTES)).len(),
+            MAX_MESSAGE_BYTES
+        );
     }
 
     #[test]

@@ -53,6 +53,10 @@ pub struct ServerConfig {
     /// Change-log events the store keeps for watches; older ones are compacted (a watch from
     /// there gets 410 Gone). See `rlark_store::SqliteStoreConfig::log_capacity`.
     pub store_log_capacity: usize,
+    /// Bytes (estimated) of objects the store's change log keeps for watches; the oldest
+    /// events are compacted when either this or [`Self::store_log_capacity`] is exceeded.
+    /// See `rlark_store::SqliteStoreConfig::log_capacity_bytes`.
+    pub store_log_capacity_bytes: usize,
     /// The controllers run in-process (see [`ControllersConfig`]).
     pub controllers: ControllersConfig,
     /// Lifetimes of agent and user certificates and bootstrap tokens.
@@ -115,6 +119,7 @@ impl ServerConfig {
             serving_cert_validity: Duration::from_secs(365 * 24 * 3600),
             admin_cert_validity: Duration::from_secs(365 * 24 * 3600),
             store_log_capacity: rlark_store::SqliteStoreConfig::new("").log_capacity,
+            store_log_capacity_bytes: rlark_store::SqliteStoreConfig::new("").log_capacity_bytes,
             controllers: ControllersConfig::default(),
             security: crate::security::SecurityConfig::default(),
             tunnel: crate::tunnel::TunnelConfig::default(),
@@ -159,6 +164,17 @@ impl ServerConfig {
             }
             if let Some(v) = api.max_nodes_per_agent {
                 config.api.max_nodes_per_agent = v;
+            }
+            if let Some(limits) = api.limits {
+                limits.apply(&mut config.api.limits);
+            }
+        }
+        if let Some(store) = file.store {
+            if let Some(v) = store.log_capacity {
+                config.store_log_capacity = v;
+            }
+            if let Some(v) = store.log_capacity_bytes {
+                config.store_log_capacity_bytes = v;
             }
         }
         config.controllers.enabled = true;
@@ -299,6 +315,9 @@ impl ServerConfig {
         }
         if let Some(listen) = overrides.listen {
             config.listen = listen;
+        }
+        if let Some(ttl) = overrides.event_ttl {
+            config.api.limits.event_ttl = ttl;
         }
         if !overrides.tls_sans.is_empty() {
             config.tls_sans = overrides.tls_sans;
@@ -461,11 +480,25 @@ impl ServerConfig {
             ));
         }
         if self.store_log_capacity == 0 {
-            return Err(invalid("storeLogCapacity", "must be positive".into()));
+            return Err(invalid("store.logCapacity", "must be positive".into()));
         }
         self.connections
             .validate()
             .map_err(|(field, message)| invalid(field, message))?;
+        // Below one large object the log would hold nothing at all.
+        if self.store_log_capacity_bytes < 1024 * 1024 {
+            return Err(invalid(
+                "store.logCapacityBytes",
+                format!(
+                    "must be at least 1048576 (1 MiB), got {}",
+                    self.store_log_capacity_bytes
+                ),
+            ));
+        }
+        self.api
+            .limits
+            .check()
+            .map_err(|(field, message)| invalid(&format!("api.limits.{field}"), message))?;
         if self.tls_handshake_timeout.is_zero() {
             return Err(invalid("tlsHandshakeTimeout", "must be positive".into()));
         }
@@ -507,6 +540,8 @@ pub struct ServerOverrides {
     pub idle_timeout: Option<Duration>,
     /// `--max-nodes-per-agent`: see `ApiServerOptions::max_nodes_per_agent`.
     pub max_nodes_per_agent: Option<usize>,
+    /// `--event-ttl`: see `api.limits.eventTTLSeconds`.
+    pub event_ttl: Option<Duration>,
 }
 
 /// The YAML config file. Every field is optional; unknown fields are an error.
@@ -521,6 +556,20 @@ pub struct ServerOverrides {
 ///   bookmarkIntervalSeconds: 60
 ///   defaultWatchTimeoutSeconds: 1800
 ///   maxNodesPerAgent: 64
+///   limits:
+///     maxEventMessageBytes: 1024
+///     maxEventBytes: 16384
+///     eventTTLSeconds: 3600
+///     agentWritesPerSecond: 100
+///     agentWriteBurst: 1000
+///     taskWritesPerSecond: 10
+///     taskWriteBurst: 100
+///     maxEventsPerNamespace: 5000
+///     maxEventsPerTask: 100
+///     maxObjectsPerAgentNamespace: 10000
+/// store:
+///   logCapacity: 50000
+///   logCapacityBytes: 67108864
 /// controllers:
 ///   enabled: true
 ///   leaderElection: true
@@ -538,7 +587,7 @@ pub struct ServerOverrides {
 ///   headerReadTimeoutSeconds: 30
 ///   idleTimeoutSeconds: 90
 /// ```
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ServerConfigFile {
     /// `dataDir`: see [`ServerConfig::data_dir`].
@@ -564,6 +613,8 @@ pub struct ServerConfigFile {
     pub audit_log: Option<AuditLogConfigFile>,
     /// `connections`: listener timeouts and connection caps.
     pub connections: Option<ConnectionsConfigFile>,
+    /// `store`: the store's in-memory change log.
+    pub store: Option<StoreConfigFile>,
 }
 
 /// The `auditLog` section of [`ServerConfigFile`]; see `AuditLogConfig`.
@@ -610,6 +661,92 @@ pub struct ConnectionsConfigFile {
     pub http2_max_pending_accept_reset_streams: Option<usize>,
     /// `http2MaxLocalErrorResetStreams` (default 1024).
     pub http2_max_local_error_reset_streams: Option<usize>,
+}
+
+
+/// The `store` section of [`ServerConfigFile`].
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct StoreConfigFile {
+    /// `logCapacity`: change-log events kept for watches (default 50 000).
+    pub log_capacity: Option<usize>,
+    /// `logCapacityBytes`: estimated bytes of objects the change log keeps (default 64 MiB,
+    /// at least 1 MiB).
+    pub log_capacity_bytes: Option<usize>,
+}
+
+/// The `api.limits` section of [`ServerConfigFile`]; see `rlark_apiserver::limits::Limits`.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LimitsConfigFile {
+    /// `maxEventMessageBytes` (default 1024).
+    pub max_event_message_bytes: Option<usize>,
+    /// `maxEventBytes` (default 16384).
+    pub max_event_bytes: Option<usize>,
+    /// `eventTTLSeconds` (default 3600; flag `--event-ttl`).
+    #[serde(rename = "eventTTLSeconds")]
+    pub event_ttl_seconds: Option<u64>,
+    /// `agentWritesPerSecond` (default 100).
+    pub agent_writes_per_second: Option<f64>,
+    /// `agentWriteBurst` (default 1000).
+    pub agent_write_burst: Option<u32>,
+    /// `taskWritesPerSecond` (default 10).
+    pub task_writes_per_second: Option<f64>,
+    /// `taskWriteBurst` (default 100).
+    pub task_write_burst: Option<u32>,
+    /// `maxEventsPerNamespace` (default 5000).
+    pub max_events_per_namespace: Option<usize>,
+    /// `maxEventsPerTask` (default 100).
+    pub max_events_per_task: Option<usize>,
+    /// `maxObjectsPerAgentNamespace` (default 10000).
+    pub max_objects_per_agent_namespace: Option<usize>,
+}
+
+impl LimitsConfigFile {
+    fn apply(self, limits: &mut rlark_apiserver::limits::Limits) {
+        let Self {
+            max_event_message_bytes,
+            max_event_bytes,
+            event_ttl_seconds,
+            agent_writes_per_second,
+            agent_write_burst,
+            task_writes_per_second,
+            task_write_burst,
+            max_events_per_namespace,
+            max_events_per_task,
+            max_objects_per_agent_namespace,
+        } = self;
+        if let Some(v) = max_event_message_bytes {
+            limits.max_event_message_bytes = v;
+        }
+        if let Some(v) = max_event_bytes {
+            limits.max_event_bytes = v;
+        }
+        if let Some(v) = event_ttl_seconds {
+            limits.event_ttl = Duration::from_secs(v);
+        }
+        if let Some(v) = agent_writes_per_second {
+            limits.agent_writes_per_second = v;
+        }
+        if let Some(v) = agent_write_burst {
+            limits.agent_write_burst = v;
+        }
+        if let Some(v) = task_writes_per_second {
+            limits.task_writes_per_second = v;
+        }
+        if let Some(v) = task_write_burst {
+            limits.task_write_burst = v;
+        }
+        if let Some(v) = max_events_per_namespace {
+            limits.max_events_per_namespace = v;
+        }
+        if let Some(v) = max_events_per_task {
+            limits.max_events_per_task = v;
+        }
+        if let Some(v) = max_objects_per_agent_namespace {
+            limits.max_objects_per_agent_namespace = v;
+        }
+    }
 }
 
 /// The `tunnel` section of [`ServerConfigFile`]; see `TunnelConfig` and `docs/tunnel.md`.
@@ -673,7 +810,7 @@ pub struct ControllersConfigFile {
 }
 
 /// The `api` section of [`ServerConfigFile`].
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct ApiConfigFile {
     /// `maxRequestBytes`: larger request bodies get 413.
@@ -684,6 +821,8 @@ pub struct ApiConfigFile {
     pub default_watch_timeout_seconds: Option<u64>,
     /// `maxNodesPerAgent`: most Nodes an agent may create in its namespace (default 64).
     pub max_nodes_per_agent: Option<usize>,
+    /// `limits`: Event sizes and expiry, write rates and quotas of agents and task tokens.
+    pub limits: Option<LimitsConfigFile>,
 }
 
 impl ServerConfigFile {
@@ -1064,5 +1203,69 @@ mod tests {
             ServerConfig::resolve(Some(parse("").expect("empty")), ServerOverrides::default())
                 .expect_err("no data dir");
         assert!(matches!(err, ConfigError::MissingDataDir));
+    }
+
+    #[test]
+    fn limits_and_store_sections_apply_and_are_validated() {
+        let overrides = || ServerOverrides {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        };
+        let file = parse(
+            "api:\n  limits: {maxEventMessageBytes: 512, eventTTLSeconds: 60, taskWritesPerSecond: 0.5, taskWriteBurst: 3, maxEventsPerTask: 7}\nstore: {logCapacity: 100, logCapacityBytes: 2097152}\n",
+        )
+        .expect("parse");
+        let config = ServerConfig::resolve(Some(file.clone()), overrides()).expect("valid");
+        let limits = &config.api.limits;
+        assert_eq!(limits.max_event_message_bytes, 512);
+        assert_eq!(limits.event_ttl, Duration::from_secs(60));
+        assert_eq!(limits.task_writes_per_second, 0.5);
+        assert_eq!(limits.task_write_burst, 3);
+        assert_eq!(limits.max_events_per_task, 7);
+        assert_eq!(limits.max_event_bytes, 16 * 1024, "default kept");
+        assert_eq!(config.store_log_capacity, 100);
+        assert_eq!(config.store_log_capacity_bytes, 2 * 1024 * 1024);
+        let config = ServerConfig::resolve(
+            Some(file),
+            ServerOverrides {
+                event_ttl: Some(Duration::from_secs(5)),
+                ..overrides()
+            },
+        )
+        .expect("valid");
+        assert_eq!(config.api.limits.event_ttl, Duration::from_secs(5));
+        for (yaml, field) in [
+            (
+                "api: {limits: {maxEventBytes: 0}}\n",
+                "api.limits.maxEventBytes",
+            ),
+            (
+                "api: {limits: {eventTTLSeconds: 0}}\n",
+                "api.limits.eventTTLSeconds",
+            ),
+            (
+                "api: {limits: {agentWritesPerSecond: -1}}\n",
+                "api.limits.agentWritesPerSecond",
+            ),
+            (
+                "api: {limits: {taskWriteBurst: 0}}\n",
+                "api.limits.taskWriteBurst",
+            ),
+            (
+                "api: {limits: {maxEventsPerNamespace: 0}}\n",
+                "api.limits.maxEventsPerNamespace",
+            ),
+            ("store: {logCapacity: 0}\n", "store.logCapacity"),
+            (
+                "store: {logCapacityBytes: 1000}\n",
+                "store.logCapacityBytes",
+            ),
+        ] {
+            let err = ServerConfig::resolve(Some(parse(yaml).expect("parse")), overrides())
+                .expect_err(yaml);
+            assert!(err.to_string().contains(field), "{yaml}: {err}");
+        }
+        let err = parse("api: {limits: {eventTtlSeconds: 1}}\n").expect_err("unknown field");
+        assert!(err.to_string().contains("eventTtlSeconds"), "{err}");
     }
 }

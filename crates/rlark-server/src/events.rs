@@ -47,6 +47,7 @@ use http::{StatusCode, header};
 use rlark_apiserver::audit::AuditEntry;
 use rlark_apiserver::auth::{self, Identity, Role};
 use rlark_apiserver::error::ApiError;
+use rlark_apiserver::limits::RateLimiter;
 use rlark_store::{EventType, ListOptions, ObjectKey, Revision, Store, StoreError};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
@@ -80,6 +81,9 @@ pub(crate) struct EventsState {
     store: Arc<dyn Store>,
     security: Arc<Security>,
     shutdown: CancellationToken,
+    /// The API server's per-identity write rate limits: a post takes a write from the same
+    /// bucket as the poster's Kubernetes API writes.
+    rate_limiter: Arc<RateLimiter>,
     /// Next sequence number per (namespace, task), as last seen by this process: a hint
     /// only (another replica of a shared store may have moved on; `AlreadyExists` corrects it).
     next_seq: Arc<Hints>,
@@ -90,11 +94,13 @@ impl EventsState {
         store: Arc<dyn Store>,
         security: Arc<Security>,
         shutdown: CancellationToken,
+        rate_limiter: Arc<RateLimiter>,
     ) -> Self {
         Self {
             store,
             security,
             shutdown,
+            rate_limiter,
             next_seq: Arc::default(),
         }
     }
@@ -139,6 +145,16 @@ pub(crate) fn validate_event(bytes: &[u8]) -> Result<Map<String, Value>, String>
         Some(Value::String(_)) => Ok(object),
         Some(other) => Err(format!("\"type\" must be a string, not {}", kind_of(other))),
     }
+}
+
+/// 413 for a task event over [`MAX_EVENT_BYTES`] (`size` when known).
+fn too_large(size: Option<usize>) -> ApiError {
+    let got = size.map_or_else(String::new, |size| format!(" (got {size} bytes)"));
+    ApiError::new(
+        413,
+        "RequestEntityTooLarge",
+        format!("the task event is too large: the limit is {MAX_EVENT_BYTES} bytes{got}"),
+    )
 }
 
 fn kind_of(value: &Value) -> &'static str {
@@ -396,15 +412,18 @@ async fn post_event(
     if let Some(e) = denied(&state.security, &request, &namespace, &name, "create") {
         return e;
     }
+    if let Some(identity) = request.extensions().get::<Identity>()
+        && let Err(e) = state.rate_limiter.check(identity)
+    {
+        return e.into_response();
+    }
     let bytes = match axum::body::to_bytes(request.into_body(), MAX_EVENT_BYTES).await {
         Ok(bytes) => bytes,
-        Err(_) => {
-            return ApiError::bad_request(format!(
-                "the event is larger than {MAX_EVENT_BYTES} bytes"
-            ))
-            .into_response();
-        }
+        Err(_) => return too_large(None).into_response(),
     };
+    if bytes.len() > MAX_EVENT_BYTES {
+        return too_large(Some(bytes.len())).into_response();
+    }
     let event = match validate_event(&bytes) {
         Ok(event) => event,
         Err(message) => return ApiError::bad_request(message).into_response(),

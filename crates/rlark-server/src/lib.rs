@@ -234,6 +234,7 @@ async fn start_with_token(
     // Store and API.
     let mut store_config = SqliteStoreConfig::new(&db_path);
     store_config.log_capacity = config.store_log_capacity;
+    store_config.log_capacity_bytes = config.store_log_capacity_bytes;
     let store = SqliteStore::open(store_config)
         .await
         .map_err(|source| ServerError::OpenStore {
@@ -349,6 +350,7 @@ async fn start_with_token(
         Arc::new(store.clone()),
         Arc::clone(&security),
         background.clone(),
+        api.rate_limiter(),
     ));
     let security_routes = security::routes::router(security::routes::RoutesState {
         security: Arc::clone(&security),

@@ -51,6 +51,19 @@ impl Collector for StoreCollector {
             "Oldest revision a watch may start from.",
             self.store.compacted_revision(),
         )?;
+        let log = self.store.change_log();
+        gauge(
+            &mut encoder,
+            "rlark_store_change_log_events",
+            "Events held by the store's in-memory change log for watches.",
+            log.events,
+        )?;
+        gauge(
+            &mut encoder,
+            "rlark_store_change_log_bytes",
+            "Estimated bytes of the objects the store's in-memory change log holds.",
+            log.bytes,
+        )?;
         let stats = self.store.stats();
         counter(
             &mut encoder,

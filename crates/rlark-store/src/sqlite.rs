@@ -61,6 +61,12 @@ pub struct SqliteStoreConfig {
     /// it, the oldest events are compacted away automatically (watches from there get
     /// [`StoreError::Expired`]). Default 50 000.
     pub log_capacity: usize,
+    /// Maximum memory, in bytes as estimated by [`approx_bytes`], of the objects the change log
+    /// holds. The oldest events are compacted away when either this or [`Self::log_capacity`]
+    /// is exceeded, so a client rewriting a large object cannot make the log hold
+    /// `log_capacity` copies of it. An event larger than the whole budget is compacted at
+    /// once (live watchers still receive it). Default 64 MiB.
+    pub log_capacity_bytes: usize,
     /// Maximum number of write commands committed in one SQLite transaction. Default 512;
     /// clamped to 1..=65 536.
     pub max_batch: usize,
@@ -77,6 +83,7 @@ impl SqliteStoreConfig {
         Self {
             path: path.into(),
             log_capacity: 50_000,
+            log_capacity_bytes: 64 * 1024 * 1024,
             max_batch: 512,
             watch_buffer: 16_384,
             busy_timeout: Duration::from_secs(5),
@@ -106,6 +113,42 @@ pub struct SqliteStore {
     inner: Arc<Inner>,
 }
 
+/// What the change log holds right now (see [`SqliteStore::change_log`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ChangeLogStats {
+    /// Events in the log.
+    pub events: u64,
+    /// Their estimated size in bytes ([`approx_bytes`] of each event's object and key).
+    pub bytes: u64,
+}
+
+/// Estimated heap size of a JSON value as this process holds it: the value nodes, string and
+/// key bytes and a per-entry map overhead. Cheap (one walk, no allocation beyond the walk's
+/// stack) and within a small factor of the real allocation, which is what the change-log
+/// byte budget needs.
+pub fn approx_bytes(value: &Value) -> usize {
+    const NODE: usize = std::mem::size_of::<Value>();
+    // Key String, hash and index slots of the insertion-ordered map.
+    const ENTRY: usize = std::mem::size_of::<String>() + 16;
+    let mut total = 0usize;
+    let mut stack = vec![value];
+    while let Some(value) = stack.pop() {
+        total = total.saturating_add(NODE);
+        match value {
+            Value::String(s) => total = total.saturating_add(s.len()),
+            Value::Array(items) => stack.extend(items.iter()),
+            Value::Object(map) => {
+                for (key, item) in map {
+                    total = total.saturating_add(ENTRY + key.len());
+                    stack.push(item);
+                }
+            }
+            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+        }
+    }
+    total
+}
+
 /// Held by store handles only. Not reachable from the writer task, so dropping the last
 /// handle drops `commands`, which ends the writer.
 struct Inner {
@@ -126,6 +169,7 @@ struct Shared {
     /// alive.
     compacted: Arc<AtomicU64>,
     log_capacity: usize,
+    log_capacity_bytes: usize,
     commits: AtomicU64,
     writes: AtomicU64,
     failed_commits: AtomicU64,
@@ -137,10 +181,18 @@ struct Shared {
 struct State {
     objects: HashMap<String, BTreeMap<(String, String), Stored>>,
     /// Recent events in revision order (revisions are dense: every write takes the next one).
-    log: VecDeque<Arc<WatchEvent>>,
+    log: VecDeque<LogEntry>,
+    /// Sum of the `bytes` of `log`.
+    log_bytes: usize,
     /// Live fan-out. `None` once the store is closed, which ends every watch stream. Events are
     /// shared (`Arc`) so that a watcher pays a deep copy only for the events it delivers.
     events: Option<broadcast::Sender<Arc<WatchEvent>>>,
+}
+
+struct LogEntry {
+    event: Arc<WatchEvent>,
+    /// Estimated size, counted against `log_capacity_bytes`.
+    bytes: usize,
 }
 
 #[derive(Clone)]
@@ -182,6 +234,8 @@ struct Change {
     revision: Revision,
     /// New state, or for deletions the last state with the deletion revision.
     object: Arc<Value>,
+    /// Estimated size for the change log; filled after evaluation, outside the state lock.
+    bytes: usize,
 }
 
 fn db_err(context: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
@@ -231,11 +285,13 @@ impl SqliteStore {
             state: RwLock::new(State {
                 objects,
                 log: VecDeque::new(),
+                log_bytes: 0,
                 events: Some(events),
             }),
             revision: AtomicU64::new(revision),
             compacted: Arc::new(AtomicU64::new(revision)),
             log_capacity: config.log_capacity,
+            log_capacity_bytes: config.log_capacity_bytes,
             commits: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             failed_commits: AtomicU64::new(0),
@@ -300,6 +356,17 @@ impl SqliteStore {
             commits: shared.commits.load(Ordering::Relaxed),
             writes: shared.writes.load(Ordering::Relaxed),
             failed_commits: shared.failed_commits.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Size of the in-memory change log (for metrics and tests): bounded by
+    /// [`SqliteStoreConfig::log_capacity`] events and
+    /// [`SqliteStoreConfig::log_capacity_bytes`] bytes.
+    pub fn change_log(&self) -> ChangeLogStats {
+        let state = self.inner.shared.read();
+        ChangeLogStats {
+            events: state.log.len() as u64,
+            bytes: state.log_bytes as u64,
         }
     }
 
@@ -557,6 +624,13 @@ async fn process_batch(conn: &mut SqliteConnection, shared: &Shared, requests: V
     }
 
     if !changes.is_empty() {
+        for change in &mut changes {
+            change.bytes = approx_bytes(&change.object)
+                + change.key.resource.len()
+                + change.key.namespace.len()
+                + change.key.name.len()
+                + std::mem::size_of::<WatchEvent>();
+        }
         let started = Instant::now();
         let result = persist(conn, &changes, shared.injected_failure()).await;
         let elapsed = started.elapsed();
@@ -691,12 +765,18 @@ fn apply(shared: &Shared, changes: &[Change]) {
             // An error only means nobody is watching.
             let _ = events.send(Arc::clone(&event));
         }
-        state.log.push_back(event);
+        state.log.push_back(LogEntry {
+            event,
+            bytes: change.bytes,
+        });
+        state.log_bytes = state.log_bytes.saturating_add(change.bytes);
     }
-    while state.log.len() > shared.log_capacity {
-        if let Some(dropped) = state.log.pop_front() {
-            compacted = compacted.max(dropped.revision);
-        }
+    while state.log.len() > shared.log_capacity || state.log_bytes > shared.log_capacity_bytes {
+        let Some(dropped) = state.log.pop_front() else {
+            break;
+        };
+        state.log_bytes = state.log_bytes.saturating_sub(dropped.bytes);
+        compacted = compacted.max(dropped.event.revision);
     }
     if let Some(last) = changes.last() {
         shared.revision.store(last.revision, Ordering::Release);
@@ -740,6 +820,7 @@ fn evaluate(
                 event_type: EventType::Added,
                 revision,
                 object: Arc::new(object),
+                bytes: 0,
             }))
         }
         Op::Update {
@@ -779,6 +860,7 @@ fn evaluate(
                 event_type: EventType::Modified,
                 revision,
                 object: Arc::new(object),
+                bytes: 0,
             }))
         }
         Op::Delete { expected } => {
@@ -790,6 +872,7 @@ fn evaluate(
                 event_type: EventType::Deleted,
                 revision,
                 object: Arc::new(object),
+                bytes: 0,
             }))
         }
     }
@@ -1025,12 +1108,14 @@ impl Store for SqliteStore {
                 });
             }
             let receiver = state.events.as_ref().ok_or(StoreError::Closed)?.subscribe();
-            let first = state.log.partition_point(|event| event.revision <= from);
+            let first = state
+                .log
+                .partition_point(|entry| entry.event.revision <= from);
             let backlog: Vec<WatchEvent> = state
                 .log
                 .range(first..)
-                .filter(|event| filter.matches(event))
-                .map(|event| WatchEvent::clone(event))
+                .filter(|entry| filter.matches(&entry.event))
+                .map(|entry| WatchEvent::clone(&entry.event))
                 .collect();
             (backlog, receiver)
         };
@@ -1059,9 +1144,11 @@ impl Store for SqliteStore {
         while state
             .log
             .front()
-            .is_some_and(|event| event.revision <= target)
+            .is_some_and(|entry| entry.event.revision <= target)
         {
-            state.log.pop_front();
+            if let Some(dropped) = state.log.pop_front() {
+                state.log_bytes = state.log_bytes.saturating_sub(dropped.bytes);
+            }
         }
         shared.compacted.store(target, Ordering::Release);
         Ok(())
@@ -1714,6 +1801,62 @@ mod tests {
             assert_eq!(event.revision, revision);
         }
         store.close().await;
+    }
+
+    /// A client rewriting one large object must not make the log hold `log_capacity` copies
+    /// of it: the byte budget compacts the oldest events first, and watches from before them
+    /// get `Expired` as for the count bound.
+    #[tokio::test]
+    async fn change_log_is_bounded_by_bytes() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let mut config = SqliteStoreConfig::new(dir.path().join("rlark.db"));
+        config.log_capacity_bytes = 1024 * 1024;
+        let store = SqliteStore::open(config).await.expect("open");
+        let k = key("ns", "big");
+        let large = |i: usize| obj(&k, json!({"blob": "x".repeat(200 * 1024), "i": i}));
+        store.create(&k, large(0)).await.expect("create");
+        for i in 1..40 {
+            store.update(&k, large(i), None).await.expect("update");
+        }
+        let log = store.change_log();
+        assert!(
+            log.bytes <= 1024 * 1024,
+            "the log holds {} bytes, over its 1 MiB budget",
+            log.bytes
+        );
+        // 200 KiB per event: four fit, not forty.
+        assert!((1..=5).contains(&log.events), "{log:?}");
+        assert_eq!(store.revision(), 40);
+        let compacted = store.compacted_revision();
+        assert_eq!(compacted, 40 - log.events);
+        assert!(matches!(
+            store.watch(R, None, compacted - 1).await,
+            Err(StoreError::Expired { .. })
+        ));
+        let mut stream = store.watch(R, None, compacted).await.expect("watch");
+        let event = next(&mut stream)
+            .await
+            .expect("event")
+            .expect("not an error");
+        assert_eq!(event.revision, compacted + 1);
+        // Small objects are still kept up to the count bound.
+        store.compact(store.revision()).await.expect("compact");
+        assert_eq!(store.change_log(), ChangeLogStats::default());
+        for i in 0..10 {
+            let k = key("ns", &format!("small{i}"));
+            store.create(&k, obj(&k, json!({}))).await.expect("create");
+        }
+        assert_eq!(store.change_log().events, 10);
+        store.close().await;
+    }
+
+    #[test]
+    fn approx_bytes_counts_strings_and_structure() {
+        let small = approx_bytes(&json!({"a": 1}));
+        let big = approx_bytes(&json!({"a": "x".repeat(10_000)}));
+        assert!(big >= 10_000 && big < 10_000 + 4 * small, "{small} {big}");
+        let nested = approx_bytes(&json!([[[[1]]], {"k": [true, null]}]));
+        assert!(nested > 6 * std::mem::size_of::<Value>(), "{nested}");
     }
 
     /// Figures for the report, not assertions: `cargo test -p rlark-store --release -- --ignored

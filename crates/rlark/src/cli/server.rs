@@ -28,7 +28,7 @@ pub(crate) struct ServerArgs {
     #[arg(long = "tls-san", value_name = "NAME")]
     tls_sans: Vec<String>,
     /// YAML config file (fields: dataDir, listen, tlsSans, shutdownGraceSeconds, api,
-    /// controllers, security, tunnel, connections, auditLog, reinitializeStore). Flags override
+    /// controllers, security, tunnel, connections, auditLog, reinitializeStore, store). Flags override
     /// its values.
     #[arg(long, value_name = "FILE")]
     config: Option<PathBuf>,
@@ -61,6 +61,10 @@ pub(crate) struct ServerArgs {
     /// config file's api.maxNodesPerAgent.
     #[arg(long, value_name = "N")]
     max_nodes_per_agent: Option<usize>,
+    /// Delete core Events this long after their last write (`1h`, `30m`, plain seconds)
+    /// [default: 1h, as kube-apiserver's --event-ttl]. Overrides api.limits.eventTTLSeconds.
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
+    event_ttl: Option<u64>,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -147,6 +151,7 @@ pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
             header_read_timeout: args.header_read_timeout.map(std::time::Duration::from_secs),
             idle_timeout: args.idle_timeout.map(std::time::Duration::from_secs),
             max_nodes_per_agent: args.max_nodes_per_agent,
+            event_ttl: args.event_ttl.map(std::time::Duration::from_secs),
         },
     )?;
     let shutdown = CancellationToken::new();
