@@ -110,7 +110,7 @@ impl SupervisorArgs {
                         .to_str()
                         .and_then(|t| t.parse().ok())
                         .ok_or_else(|| format!("--grace-ms {text:?} is not a number of ms"))?;
-                    grace = Duration::from_millis(ms);
+                    grace = Duration::from_millis(ms).min(crate::runtime::MAX_GRACE);
                 }
                 _ => return Err(format!("unknown argument {flag:?}")),
             }

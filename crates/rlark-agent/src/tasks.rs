@@ -110,6 +110,7 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, P
 use kube::runtime::{WatchStreamExt as _, watcher};
 use rlark_api::labels;
 use rlark_api::types::{Pod, PodPhase, PodSpec, RawTaskSpec, RestartPolicy, Task};
+use rlark_api::validation::MAX_ACTIVE_DEADLINE_SECONDS;
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
@@ -118,8 +119,8 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
 use crate::runtime::{
-    self, Adoption, DEFAULT_GRACE, ExitCause, ExitStatus, LogLimits, ReplicaExit, ReplicaHandle,
-    ReplicaSpec, process,
+    self, Adoption, DEFAULT_GRACE, ExitCause, ExitStatus, LogLimits, MAX_GRACE, ReplicaExit,
+    ReplicaHandle, ReplicaSpec, process,
 };
 use crate::task_events::TaskTokens;
 
@@ -525,7 +526,8 @@ impl Recovered {
     }
 
     fn grace(&self) -> Duration {
-        Duration::from_secs(self.state.grace_seconds)
+        // Written by an agent, perhaps an older one that did not cut the grace period.
+        Duration::from_secs(self.state.grace_seconds).min(MAX_GRACE)
     }
 
     fn remove_state(&self) {
@@ -1150,14 +1152,7 @@ impl Worker {
     }
 
     fn grace(&self) -> Duration {
-        self.task
-            .spec
-            .raw
-            .as_ref()
-            .and_then(|r| r.termination_grace_period_seconds)
-            .map_or(DEFAULT_GRACE, |s| {
-                Duration::from_secs(u64::try_from(s).unwrap_or(0))
-            })
+        grace_period(self.task.spec.raw.as_ref())
     }
 
     fn is_ours(&self, pod: &Pod) -> bool {
@@ -1317,17 +1312,10 @@ impl Worker {
 
     /// `activeDeadlineSeconds` after `first_start`, as an instant (now when it passed).
     fn deadline_from(&self, first_start: Timestamp) -> Option<Instant> {
-        let seconds = self
-            .task
-            .spec
-            .raw
-            .as_ref()
-            .and_then(|r| r.active_deadline_seconds)
-            .and_then(|s| u64::try_from(s).ok())?;
         let elapsed = SystemTime::now()
             .duration_since(SystemTime::from(first_start))
             .unwrap_or_default();
-        Some(Instant::now() + Duration::from_secs(seconds).saturating_sub(elapsed))
+        run_deadline(self.task.spec.raw.as_ref()?, Instant::now(), elapsed)
     }
 
     /// Replace `existing` (if any) by a new Pod for this run.
@@ -1433,7 +1421,7 @@ impl Worker {
         loop {
             let raw = self.task.spec.raw.clone().unwrap_or_else(|| raw.clone());
             if deadline.is_none() {
-                deadline = deadline_secs.map(|s| Instant::now() + Duration::from_secs(s));
+                deadline = run_deadline(&raw, Instant::now(), Duration::ZERO);
             }
             let (exit, started_at) = match resumed.take() {
                 Some(Resumed::Exited(exit)) => {
@@ -2081,6 +2069,30 @@ fn kill_detail(exit: &ReplicaExit, grace: Duration) -> String {
     }
 }
 
+/// The SIGTERM → SIGKILL wait of a replica of `raw` (`terminationGracePeriodSeconds`):
+/// [`DEFAULT_GRACE`] when unset, zero when negative, at most [`MAX_GRACE`]. Admission
+/// refuses values out of that range, but a Task stored before it did must not make a stop
+/// wait for ever or a kill time overflow the clock.
+pub fn grace_period(raw: Option<&RawTaskSpec>) -> Duration {
+    raw.and_then(|r| r.termination_grace_period_seconds)
+        .map_or(DEFAULT_GRACE, |s| {
+            Duration::from_secs(u64::try_from(s).unwrap_or(0)).min(MAX_GRACE)
+        })
+}
+
+/// When `activeDeadlineSeconds` of `raw` ends for a run that started `elapsed` before
+/// `now` (`now` when it has passed); `None` without a deadline (unset or negative). The
+/// deadline is cut to [`MAX_ACTIVE_DEADLINE_SECONDS`] (what admission allows) so that any
+/// stored value, even `i64::MAX`, gives an instant the clock can represent and the replica
+/// runs instead of the worker panicking.
+pub fn run_deadline(raw: &RawTaskSpec, now: Instant, elapsed: Duration) -> Option<Instant> {
+    let seconds = u64::try_from(raw.active_deadline_seconds?).ok()?;
+    let limit = Duration::from_secs(seconds).min(Duration::from_secs(
+        MAX_ACTIVE_DEADLINE_SECONDS.unsigned_abs(),
+    ));
+    Some(now + limit.saturating_sub(elapsed))
+}
+
 fn stopped_status(exit: Option<&ReplicaExit>, grace: Duration, restarts: i32) -> Value {
     let message = match exit {
         Some(exit) => format!("stopped on request: {}", kill_detail(exit, grace)),
@@ -2166,6 +2178,95 @@ mod tests {
             ca_file: "/data/identity/ca.crt".into(),
             stop_tasks_on_exit: false,
             supervisor: Vec::new(),
+        }
+    }
+
+    /// Regression (issue 14): `activeDeadlineSeconds: 9223372036854775807` panicked the
+    /// replica worker (`Instant + Duration` overflow), leaving the Task Pending forever.
+    /// Any stored value now gives a deadline the clock can represent, and a grace period
+    /// that is at most [`MAX_GRACE`].
+    #[test]
+    fn extreme_deadlines_and_grace_periods_are_cut_instead_of_panicking() {
+        let now = Instant::now();
+        let longest = Duration::from_secs(MAX_ACTIVE_DEADLINE_SECONDS.unsigned_abs());
+        let mut raw: RawTaskSpec =
+            serde_json::from_value(json!({"entrypoint": ["true"]})).expect("raw");
+        for huge in [
+            i64::MAX,
+            i64::MAX - 1,
+            MAX_ACTIVE_DEADLINE_SECONDS + 1,
+            1 << 53,
+        ] {
+            raw.active_deadline_seconds = Some(huge);
+            raw.termination_grace_period_seconds = Some(huge);
+            assert_eq!(run_deadline(&raw, now, Duration::ZERO), Some(now + longest));
+            assert_eq!(
+                run_deadline(&raw, now, Duration::MAX),
+                Some(now),
+                "elapsed beyond any deadline"
+            );
+            assert_eq!(grace_period(Some(&raw)), MAX_GRACE);
+        }
+        for negative in [-1, i64::MIN] {
+            raw.active_deadline_seconds = Some(negative);
+            raw.termination_grace_period_seconds = Some(negative);
+            assert_eq!(run_deadline(&raw, now, Duration::ZERO), None);
+            assert_eq!(grace_period(Some(&raw)), Duration::ZERO);
+        }
+        raw.active_deadline_seconds = Some(60);
+        raw.termination_grace_period_seconds = None;
+        assert_eq!(
+            run_deadline(&raw, now, Duration::from_secs(45)),
+            Some(now + Duration::from_secs(15))
+        );
+        assert_eq!(grace_period(Some(&raw)), DEFAULT_GRACE);
+        assert_eq!(grace_period(None), DEFAULT_GRACE);
+    }
+
+    /// Property test over the agent's spec handling: every numeric field of a raw Task
+    /// (replicas, deadline, grace period, and the rank annotations the Job controller
+    /// writes) set to extreme values, in a deterministic sequence, never panics the pure
+    /// functions that turn a Task into a replica's environment, deadline and grace period.
+    #[test]
+    fn spec_handling_survives_extreme_numbers() {
+        const EXTREMES: [i64; 9] = [
+            0,
+            1,
+            -1,
+            i32::MAX as i64,
+            i32::MIN as i64,
+            u32::MAX as i64,
+            MAX_ACTIVE_DEADLINE_SECONDS,
+            i64::MAX,
+            i64::MIN,
+        ];
+        let now = Instant::now();
+        let mut rng = 0x2545_f491_4f6c_dd1d_u64;
+        let mut pick = || {
+            rng ^= rng << 13;
+            rng ^= rng >> 7;
+            rng ^= rng << 17;
+            EXTREMES[(rng % EXTREMES.len() as u64) as usize]
+        };
+        for _ in 0..500 {
+            let mut t = task("u1", &["n1", "n2"]);
+            let raw = t.spec.raw.as_mut().expect("raw");
+            raw.replicas = i32::try_from(pick()).unwrap_or(i32::MAX);
+            raw.active_deadline_seconds = Some(pick());
+            raw.termination_grace_period_seconds = Some(pick());
+            let annotations = t.annotations_mut();
+            annotations.insert(labels::RAY_NODE_RANK_START.into(), pick().to_string());
+            annotations.insert(labels::RAY_TOTAL_NODES.into(), pick().to_string());
+            let raw = t.spec.raw.as_ref().expect("raw");
+            let elapsed = Duration::from_secs(pick().unsigned_abs());
+            if let Some(deadline) = run_deadline(raw, now, elapsed) {
+                assert!(deadline >= now);
+            }
+            assert!(grace_period(Some(raw)) <= MAX_GRACE);
+            let index = usize::try_from(pick()).unwrap_or(usize::MAX);
+            let env = replica_env(&t, index, &ctx());
+            assert!(env.iter().any(|(k, _)| k == "RLARK_NODE_RANK"));
+            let _ = run_key(&t, "c");
         }
     }
 

@@ -17,6 +17,7 @@ use std::net::IpAddr;
 use std::str::FromStr;
 
 use ipnet::IpNet;
+use k8s_openapi::api::core::v1::PodSpec;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
@@ -33,6 +34,22 @@ use crate::types::{
 pub const RLARK_ENV_PREFIX: &str = "RLARK_";
 
 pub use crate::quantity::{QuantityError, QuantityValue, parse_quantity};
+
+/// Largest `activeDeadlineSeconds` admitted (365 days), in the `raw` block and in a
+/// Kubernetes workload's Pod template. A deadline is added to a clock reading: the bound
+/// keeps that sum far from any overflow and refuses values that can only be mistakes.
+pub const MAX_ACTIVE_DEADLINE_SECONDS: i64 = 365 * 24 * 3600;
+
+/// Largest `terminationGracePeriodSeconds` admitted (one day): how long a stop may wait
+/// between SIGTERM and SIGKILL.
+pub const MAX_TERMINATION_GRACE_PERIOD_SECONDS: i64 = 24 * 3600;
+
+/// Largest replica count of one Task (`raw.replicas`, `kubernetes.workload.replicas`); the
+/// scheduler, the agents and the controllers hold per-replica state.
+pub const MAX_REPLICAS: i64 = 10_000;
+
+/// Largest TCP/UDP port number (container and host ports of a Pod template start at 1).
+pub const MAX_PORT: i64 = 65_535;
 
 /// What is wrong with a field; each maps to a Kubernetes `metav1.CauseType`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -391,6 +408,22 @@ fn check_metadata(errs: &mut Vec<FieldError>, meta: &ObjectMeta, rule: NameRule)
     }
 }
 
+/// `value` must lie in `min..=max`; the error names both ends, as Kubernetes' `InclusiveRange`
+/// does, or only the broken one when the other is the type's natural bound.
+fn check_range(errs: &mut Vec<FieldError>, field: &str, value: i64, min: i64, max: i64) {
+    if value < min {
+        errs.push(FieldError::invalid(
+            field,
+            format!("{value}: must be greater than or equal to {min}"),
+        ));
+    } else if value > max {
+        errs.push(FieldError::invalid(
+            field,
+            format!("{value}: must be less than or equal to {max}"),
+        ));
+    }
+}
+
 fn check_non_negative(errs: &mut Vec<FieldError>, field: &str, value: i64) {
     if value < 0 {
         errs.push(FieldError::invalid(
@@ -521,7 +554,16 @@ fn task_spec_errors(errs: &mut Vec<FieldError>, path: &str, spec: &TaskSpec) {
     if let Some(k) = &spec.kubernetes {
         let wl = format!("{path}.kubernetes.workload");
         if let Some(replicas) = k.workload.replicas {
-            check_non_negative(errs, &format!("{wl}.replicas"), replicas.into());
+            check_range(
+                errs,
+                &format!("{wl}.replicas"),
+                replicas.into(),
+                0,
+                MAX_REPLICAS,
+            );
+        }
+        if let Some(pod) = &k.workload.template.spec {
+            pod_template_errors(errs, &format!("{wl}.template.spec"), pod);
         }
         let has_containers = k
             .workload
@@ -728,20 +770,80 @@ fn raw_errors(errs: &mut Vec<FieldError>, rp: &str, raw: &RawTaskSpec) {
             "\"\": must not be empty when set",
         ));
     }
-    check_non_negative(errs, &format!("{rp}.replicas"), raw.replicas.into());
-    if let Some(deadline) = raw.active_deadline_seconds
-        && deadline < 1
-    {
-        errs.push(FieldError::invalid(
-            format!("{rp}.activeDeadlineSeconds"),
-            format!("{deadline}: must be greater than or equal to 1"),
-        ));
+    check_range(
+        errs,
+        &format!("{rp}.replicas"),
+        raw.replicas.into(),
+        0,
+        MAX_REPLICAS,
+    );
+    if let Some(deadline) = raw.active_deadline_seconds {
+        check_range(
+            errs,
+            &format!("{rp}.activeDeadlineSeconds"),
+            deadline,
+            1,
+            MAX_ACTIVE_DEADLINE_SECONDS,
+        );
     }
     if let Some(grace) = raw.termination_grace_period_seconds {
-        check_non_negative(errs, &format!("{rp}.terminationGracePeriodSeconds"), grace);
+        check_range(
+            errs,
+            &format!("{rp}.terminationGracePeriodSeconds"),
+            grace,
+            0,
+            MAX_TERMINATION_GRACE_PERIOD_SECONDS,
+        );
     }
     if let Some(res) = &raw.resources {
         check_resources(errs, &format!("{rp}.resources"), res);
+    }
+}
+
+/// The durations and ports of a Kubernetes workload's Pod template (what a member cluster
+/// would refuse anyway, refused here with the same bounds before anything is placed).
+fn pod_template_errors(errs: &mut Vec<FieldError>, path: &str, pod: &PodSpec) {
+    if let Some(deadline) = pod.active_deadline_seconds {
+        check_range(
+            errs,
+            &format!("{path}.activeDeadlineSeconds"),
+            deadline,
+            1,
+            MAX_ACTIVE_DEADLINE_SECONDS,
+        );
+    }
+    if let Some(grace) = pod.termination_grace_period_seconds {
+        check_range(
+            errs,
+            &format!("{path}.terminationGracePeriodSeconds"),
+            grace,
+            0,
+            MAX_TERMINATION_GRACE_PERIOD_SECONDS,
+        );
+    }
+    let containers = [
+        ("containers", pod.containers.as_slice()),
+        (
+            "initContainers",
+            pod.init_containers.as_deref().unwrap_or_default(),
+        ),
+    ];
+    for (list, containers) in containers {
+        for (i, container) in containers.iter().enumerate() {
+            for (j, port) in container.ports.iter().flatten().enumerate() {
+                let pp = format!("{path}.{list}[{i}].ports[{j}]");
+                check_range(
+                    errs,
+                    &format!("{pp}.containerPort"),
+                    port.container_port.into(),
+                    1,
+                    MAX_PORT,
+                );
+                if let Some(host) = port.host_port {
+                    check_range(errs, &format!("{pp}.hostPort"), host.into(), 1, MAX_PORT);
+                }
+            }
+        }
     }
 }
 
@@ -1135,7 +1237,13 @@ fn pod_errors(pod: &Pod) -> Vec<FieldError> {
         check_name(&mut errs, "spec.taskNamespace", ns, NameRule::Label);
     }
     if let Some(index) = pod.spec.replica_index {
-        check_non_negative(&mut errs, "spec.replicaIndex", index.into());
+        check_range(
+            &mut errs,
+            "spec.replicaIndex",
+            index.into(),
+            0,
+            MAX_REPLICAS - 1,
+        );
     }
     if let Some(status) = &pod.status {
         check_ip(&mut errs, "status.ip", status.ip.as_deref());

@@ -27,6 +27,9 @@ mod admission;
 mod body;
 mod eventgc;
 mod fieldvalidation;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod gc;
 mod handlers;
 mod lifecycle;
@@ -52,6 +55,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::audit::{AuditSink, TracingAudit};
 use crate::error::ApiError;
+pub use crate::watch::MAX_WATCH_TIMEOUT;
 
 /// Tunables of the API server. Defaults follow kube-apiserver.
 #[derive(Clone, Debug)]

@@ -217,7 +217,7 @@ fn random_suffix() -> String {
 }
 
 /// Check `kind`/`apiVersion` of a body against the endpoint, filling them when absent.
-fn check_type_meta(rt: &ResourceType, object: &mut Value) -> Result<(), ApiError> {
+pub(crate) fn check_type_meta(rt: &ResourceType, object: &mut Value) -> Result<(), ApiError> {
     let expected_version = rt.api_version();
     match object.get("apiVersion").and_then(Value::as_str) {
         None | Some("") => object["apiVersion"] = json!(expected_version),
@@ -244,7 +244,7 @@ fn check_type_meta(rt: &ResourceType, object: &mut Value) -> Result<(), ApiError
 
 /// Reconcile `metadata.namespace` of a body with the URL's namespace: 400 on mismatch,
 /// filled when absent; removed for cluster-scoped kinds (as Kubernetes does).
-fn check_namespace(
+pub(crate) fn check_namespace(
     rt: &ResourceType,
     object: &mut Value,
     url_namespace: Option<&str>,
@@ -302,7 +302,7 @@ fn namespace_defaults(object: &mut Value, creating: bool) {
 
 /// Walk the schema, judge unknown/duplicate fields per the directive and return the
 /// warnings plus the schema's type/enum/required causes.
-fn field_check(
+pub(crate) fn field_check(
     rt: &ResourceType,
     object: &mut Value,
     duplicates: &[String],

@@ -136,7 +136,52 @@ fn to_vec(value: &impl Serialize) -> Vec<u8> {
     serde_json::to_vec(value).unwrap_or_default()
 }
 
-/// A JSON response with `Warning` headers (`299 - "text"`, as kube-apiserver sends them).
+/// Most `Warning` headers one response carries; the rest are counted in one last warning.
+pub(crate) const MAX_WARNINGS: usize = 100;
+/// Most bytes of warning text one response carries (kube-apiserver: 4 Ki runes).
+pub(crate) const MAX_WARNING_BYTES: usize = 16 * 1024;
+/// Longest single warning text; longer ones are cut (kube-apiserver cuts at 256 runes
+/// once the total is over its limit).
+pub(crate) const MAX_WARNING_LEN: usize = 512;
+
+/// The `Warning` texts a response carries for `warnings`: duplicates dropped (a body with
+/// the same key 100,000 times gets one warning), each cut to [`MAX_WARNING_LEN`] bytes, at
+/// most [`MAX_WARNINGS`] of them and [`MAX_WARNING_BYTES`] in total, then one
+/// `N more warnings omitted`. Headers that large break HTTP/2 clients (a header list over
+/// their limit fails the whole response, although the write succeeded).
+pub(crate) fn capped_warnings(warnings: &[String]) -> Vec<String> {
+    let mut seen = std::collections::HashSet::new();
+    let mut kept = Vec::new();
+    let mut bytes = 0;
+    let mut omitted = 0usize;
+    for warning in warnings {
+        if !seen.insert(warning.as_str()) {
+            continue;
+        }
+        let text = if warning.len() > MAX_WARNING_LEN {
+            let mut cut = MAX_WARNING_LEN;
+            while !warning.is_char_boundary(cut) {
+                cut -= 1;
+            }
+            format!("{}...", &warning[..cut])
+        } else {
+            warning.clone()
+        };
+        if kept.len() < MAX_WARNINGS && bytes + text.len() <= MAX_WARNING_BYTES {
+            bytes += text.len();
+            kept.push(text);
+        } else {
+            omitted += 1;
+        }
+    }
+    if omitted > 0 {
+        kept.push(format!("{omitted} more warnings omitted"));
+    }
+    kept
+}
+
+/// A JSON response with `Warning` headers (`299 - "text"`, as kube-apiserver sends them),
+/// bounded by [`capped_warnings`].
 pub(crate) fn json_response(status: StatusCode, body: Vec<u8>, warnings: &[String]) -> Response {
     let mut response = (
         status,
@@ -144,7 +189,7 @@ pub(crate) fn json_response(status: StatusCode, body: Vec<u8>, warnings: &[Strin
         body,
     )
         .into_response();
-    for warning in warnings {
+    for warning in capped_warnings(warnings) {
         let escaped = warning.replace('\\', "\\\\").replace('"', "\\\"");
         if let Ok(value) = HeaderValue::from_str(&format!("299 - \"{escaped}\"")) {
             response.headers_mut().append(http::header::WARNING, value);
@@ -207,6 +252,44 @@ mod tests {
             .iter()
             .collect();
         assert_eq!(values, vec![r#"299 - "unknown field \"spec.foo\"""#]);
+    }
+
+    #[test]
+    fn warnings_are_deduplicated_and_capped() {
+        // 100,000 warnings for the same field: one header.
+        let same = vec!["duplicate field \"a\"".to_string(); 100_000];
+        assert_eq!(capped_warnings(&same), vec![same[0].clone()]);
+
+        // 100,000 distinct ones: MAX_WARNINGS, then the count of the rest.
+        let distinct: Vec<String> = (0..100_000)
+            .map(|i| format!("duplicate field \"k{i}\""))
+            .collect();
+        let capped = capped_warnings(&distinct);
+        assert_eq!(capped.len(), MAX_WARNINGS + 1);
+        assert_eq!(capped[..MAX_WARNINGS], distinct[..MAX_WARNINGS]);
+        assert_eq!(
+            capped[MAX_WARNINGS],
+            format!("{} more warnings omitted", 100_000 - MAX_WARNINGS)
+        );
+        let response = json_response(StatusCode::CREATED, b"{}".to_vec(), &distinct);
+        assert_eq!(
+            response
+                .headers()
+                .get_all(http::header::WARNING)
+                .iter()
+                .count(),
+            MAX_WARNINGS + 1
+        );
+
+        // Long ones are cut (on a character boundary) and the byte total is bounded.
+        let long: Vec<String> = (0..100)
+            .map(|i| format!("{i}{}", "é".repeat(2 * MAX_WARNING_LEN)))
+            .collect();
+        let capped = capped_warnings(&long);
+        let total: usize = capped.iter().map(String::len).sum();
+        assert!(total <= MAX_WARNING_BYTES + 64, "{total}");
+        assert!(capped[0].len() <= MAX_WARNING_LEN + 3);
+        assert!(capped.last().unwrap().ends_with("more warnings omitted"));
     }
 
     #[test]

@@ -379,12 +379,9 @@ impl Inner {
             Err(error) => return Err(ApiError::from_store(error, &rt, "")),
         };
 
-        let timeout = match query.timeout_seconds {
-            Some(seconds) if seconds > 0 => Duration::from_secs(seconds),
-            _ => self.options.default_watch_timeout,
-        };
+        let timeout = watch_timeout(query.timeout_seconds, self.options.default_watch_timeout);
         let ticker = query.allow_watch_bookmarks.then(|| {
-            let period = self.options.bookmark_interval;
+            let period = self.options.bookmark_interval.min(MAX_WATCH_TIMEOUT);
             let mut ticker = tokio::time::interval_at(Instant::now() + period, period);
             ticker.set_missed_tick_behavior(MissedTickBehavior::Delay);
             ticker
@@ -416,6 +413,21 @@ impl Inner {
     }
 }
 
+/// Longest a watch stays open (one day), whatever `timeoutSeconds` asks: any `u64` is a
+/// valid query, and the deadline is a clock reading. A client that wants more re-watches,
+/// as it does after kube-apiserver's own timeouts.
+pub const MAX_WATCH_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
+
+/// How long a watch runs: `timeoutSeconds` when positive, else the server's default, both
+/// cut to [`MAX_WATCH_TIMEOUT`].
+fn watch_timeout(timeout_seconds: Option<u64>, default: Duration) -> Duration {
+    match timeout_seconds {
+        Some(seconds) if seconds > 0 => Duration::from_secs(seconds),
+        _ => default,
+    }
+    .min(MAX_WATCH_TIMEOUT)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -440,6 +452,18 @@ mod tests {
             replay_until,
             replayed: HashSet::new(),
         }
+    }
+
+    #[test]
+    fn watch_timeouts_are_cut_to_the_maximum() {
+        let default = Duration::from_secs(1800);
+        assert_eq!(watch_timeout(None, default), default);
+        assert_eq!(watch_timeout(Some(0), default), default);
+        assert_eq!(watch_timeout(Some(5), default), Duration::from_secs(5));
+        for huge in [i64::MAX as u64, u64::MAX, MAX_WATCH_TIMEOUT.as_secs() + 1] {
+            assert_eq!(watch_timeout(Some(huge), default), MAX_WATCH_TIMEOUT);
+        }
+        assert_eq!(watch_timeout(None, Duration::MAX), MAX_WATCH_TIMEOUT);
     }
 
     #[test]

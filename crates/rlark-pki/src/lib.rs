@@ -8,6 +8,9 @@ mod certinfo;
 mod csr;
 mod der;
 mod files;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 mod kubeconfig;
 mod pin;
 pub mod ssh;

@@ -106,6 +106,10 @@ impl Default for ControllersConfig {
     }
 }
 
+/// Longest duration any setting may have (ten years): every duration is added to a clock
+/// reading somewhere, and a sum past what the clock can represent panics.
+pub const MAX_CONFIG_DURATION: Duration = Duration::from_secs(10 * 365 * 24 * 3600);
+
 impl ServerConfig {
     /// Defaults for everything but the data directory.
     pub fn new(data_dir: impl Into<PathBuf>) -> Self {
@@ -365,6 +369,61 @@ impl ServerConfig {
                 "api.maxNodesPerAgent",
                 "must be at least 1 (every agent registers its Node)".into(),
             ));
+        }
+        if self.api.default_watch_timeout > rlark_apiserver::MAX_WATCH_TIMEOUT {
+            return Err(invalid(
+                "api.defaultWatchTimeoutSeconds",
+                format!(
+                    "must be at most {} (a watch's longest life)",
+                    rlark_apiserver::MAX_WATCH_TIMEOUT.as_secs()
+                ),
+            ));
+        }
+        // Each duration is added to a clock reading somewhere (deadlines, certificate and
+        // token expiry): beyond ten years a value is a typo and its sum could overflow.
+        for (field, value) in [
+            ("shutdownGraceSeconds", Some(self.shutdown_grace)),
+            ("tlsHandshakeTimeout", Some(self.tls_handshake_timeout)),
+            (
+                "api.bookmarkIntervalSeconds",
+                Some(self.api.bookmark_interval),
+            ),
+            (
+                "controllers.nodeGracePeriodSeconds",
+                Some(self.controllers.node_grace_period),
+            ),
+            (
+                "security.agentCertValiditySeconds",
+                Some(self.security.agent_cert_validity),
+            ),
+            (
+                "security.userCertValiditySeconds",
+                Some(self.security.user_cert_validity),
+            ),
+            (
+                "security.maxBootstrapTokenTtlSeconds",
+                Some(self.security.max_bootstrap_token_ttl),
+            ),
+            (
+                "tunnel.idleStreamTimeoutSeconds",
+                self.tunnel.mux.idle_stream_timeout,
+            ),
+            (
+                "tunnel.keepaliveTimeoutSeconds",
+                Some(self.tunnel.mux.keepalive_timeout),
+            ),
+            ("servingCertValidity", Some(self.serving_cert_validity)),
+            ("adminCertValidity", Some(self.admin_cert_validity)),
+        ] {
+            if value.is_some_and(|v| v > MAX_CONFIG_DURATION) {
+                return Err(invalid(
+                    field,
+                    format!(
+                        "must be at most {} seconds (10 years)",
+                        MAX_CONFIG_DURATION.as_secs()
+                    ),
+                ));
+            }
         }
         for (field, value) in [
             (
@@ -965,6 +1024,33 @@ mod tests {
         )
         .expect_err("bad san");
         assert!(err.to_string().contains("tlsSans[1]"), "{err}");
+
+        for (yaml, field) in [
+            (
+                "shutdownGraceSeconds: 18446744073709551615\n",
+                "shutdownGraceSeconds",
+            ),
+            (
+                "security: {maxBootstrapTokenTtlSeconds: 9223372036854775807}\n",
+                "security.maxBootstrapTokenTtlSeconds",
+            ),
+            (
+                "api: {defaultWatchTimeoutSeconds: 86401}\n",
+                "api.defaultWatchTimeoutSeconds",
+            ),
+            (
+                "tunnel: {keepaliveTimeoutSeconds: 18446744073709551615}\n",
+                "tunnel.keepaliveTimeoutSeconds",
+            ),
+        ] {
+            let err = ServerConfig::resolve(
+                Some(parse(&format!("dataDir: /d\n{yaml}")).expect("parse")),
+                ServerOverrides::default(),
+            )
+            .expect_err(yaml);
+            assert!(err.to_string().contains(field), "{yaml}: {err}");
+            assert!(err.to_string().contains("at most"), "{yaml}: {err}");
+        }
 
         let err = parse("shutdownGraceSeconds: soon\n").expect_err("type error");
         assert!(

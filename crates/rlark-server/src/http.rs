@@ -31,7 +31,8 @@ pub(crate) struct ProcessState {
 }
 
 /// `/healthz`, `/livez`, `/readyz` (anonymous) and `/metrics` (admin, viewer, peer), merged with
-/// the API router.
+/// the API router. Routes merged into the result later are not covered by its panic
+/// handler: the process wraps the whole router once more with [`catch_panics`].
 pub(crate) fn router(state: ProcessState, api: Router) -> Router {
     let process = Router::new()
         .route("/healthz", get(ok))
@@ -39,7 +40,40 @@ pub(crate) fn router(state: ProcessState, api: Router) -> Router {
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
         .with_state(state);
-    process.merge(api)
+    catch_panics(process.merge(api))
+}
+
+/// `router` with every handler panic caught: the request is answered with a Kubernetes
+/// `Status` 500 (`InternalError`) and the panic is logged, while the process, the
+/// connection (and its other HTTP/2 streams) carry on. A panic is a bug; this keeps one bad
+/// request from taking others down with it. A panic inside a streamed body after the
+/// headers went out (a watch) can only end that stream.
+pub(crate) fn catch_panics(router: Router) -> Router {
+    router.layer(tower_http::catch_panic::CatchPanicLayer::custom(
+        panic_response,
+    ))
+}
+
+/// The answer to a request whose handler panicked.
+fn panic_response(panic: Box<dyn std::any::Any + Send + 'static>) -> Response {
+    let detail = panic
+        .downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| panic.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic payload".to_string());
+    tracing::error!(panic = %detail, "a request handler panicked; answered 500");
+    // The panic text stays in the log: it may describe server internals.
+    let body = serde_json::json!({
+        "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
+        "message": "Internal error occurred: the server failed while handling the request",
+        "reason": "InternalError", "code": 500,
+    });
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        [(header::CONTENT_TYPE, "application/json")],
+        body.to_string(),
+    )
+        .into_response()
 }
 
 async fn ok() -> &'static str {
@@ -175,4 +209,65 @@ pub(crate) fn connection_service(
         };
         tracing::Instrument::instrument(fut, span)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+
+    fn request(path: &str) -> Request<Body> {
+        Request::builder().uri(path).body(Body::empty()).unwrap()
+    }
+
+    async fn answer(router: &Router, path: &str) -> (StatusCode, serde_json::Value) {
+        let response = router
+            .clone()
+            .oneshot(request(path))
+            .await
+            .expect("infallible");
+        let status = response.status();
+        let bytes = response.into_body().collect().await.unwrap().to_bytes();
+        (status, serde_json::from_slice(&bytes).unwrap_or_default())
+    }
+
+    async fn panics_with_str() -> &'static str {
+        panic!("secret internals")
+    }
+
+    async fn panics_with_string() -> &'static str {
+        panic!("{}", String::from("formatted secret"))
+    }
+
+    /// A handler panic (a `&str` or a formatted `String` payload) becomes a Kubernetes
+    /// `Status` 500 without the panic text, and the same router keeps serving.
+    #[tokio::test]
+    async fn handler_panics_are_answered_500_and_serving_goes_on() {
+        let router = router(
+            ProcessState {
+                ready: Arc::new(AtomicBool::new(true)),
+                metrics: Arc::new(Registry::default()),
+            },
+            Router::new()
+                .route("/panic", get(panics_with_str))
+                .route("/panic-string", get(panics_with_string)),
+        );
+        for path in ["/panic", "/panic-string"] {
+            let (status, body) = answer(&router, path).await;
+            assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{path}");
+            assert_eq!(body["kind"], "Status");
+            assert_eq!(body["reason"], "InternalError");
+            assert_eq!(body["code"], 500);
+            assert!(!body.to_string().contains("secret"), "{body}");
+        }
+        let response = router.clone().oneshot(request("/healthz")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK);
+
+        // What the process merges in later is covered by the outer `catch_panics`.
+        let outer = catch_panics(router.merge(Router::new().route("/late", get(panics_with_str))));
+        assert_eq!(
+            answer(&outer, "/late").await.0,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
+    }
 }

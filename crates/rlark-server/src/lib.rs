@@ -380,6 +380,8 @@ async fn start_with_token(
             )
             .with_state(Arc::clone(&replicas)),
     );
+    // The routes merged after `http::router` get the same panic handler.
+    let router = http::catch_panics(router);
 
     let background_task = {
         let api = api.clone();

@@ -61,6 +61,12 @@ use record::{ExitRecord, PidRecord};
 /// Grace period between SIGTERM and SIGKILL when the Task does not set
 /// `terminationGracePeriodSeconds`.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
+
+/// Longest grace period a stop waits between SIGTERM and SIGKILL (one day, what admission
+/// allows for `terminationGracePeriodSeconds`). Longer ones given to [`ReplicaSpec::grace`]
+/// or [`ReplicaHandle::terminate`] are cut to it, so a kill time is always a clock reading.
+pub const MAX_GRACE: Duration =
+    Duration::from_secs(rlark_api::validation::MAX_TERMINATION_GRACE_PERIOD_SECONDS.unsigned_abs());
 /// How often the in-agent supervision checks the log size.
 const ROTATE_EVERY: Duration = Duration::from_secs(1);
 /// How often an adopted replica's supervisor process is checked.
@@ -876,14 +882,14 @@ async fn supervise(mut s: Supervised) {
             () = s.watched.ended() => break,
             _ = sleep_until_opt(s.deadline), if stopping.is_none() => {
                 s.watched.signal(Signal::SIGTERM);
-                stopping = Some((ExitCause::DeadlineExceeded, Instant::now() + s.deadline_grace));
+                stopping = Some((ExitCause::DeadlineExceeded, Instant::now() + s.deadline_grace.min(MAX_GRACE)));
             }
             changed = s.terminate.changed(), if stopping.is_none() && terminate_open => {
                 match changed {
                     Ok(()) => {
                         if let Some(grace) = *s.terminate.borrow_and_update() {
                             s.watched.signal(Signal::SIGTERM);
-                            stopping = Some((ExitCause::Terminated, Instant::now() + grace));
+                            stopping = Some((ExitCause::Terminated, Instant::now() + grace.min(MAX_GRACE)));
                         }
                     }
                     Err(_) => terminate_open = false,

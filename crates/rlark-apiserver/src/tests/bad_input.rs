@@ -407,3 +407,265 @@ async fn unknown_fields_are_warned_about_or_ignored() {
         )
     );
 }
+
+/// Regression (issue 14): a body with 100,000 duplicate keys was answered 201 with 100,003
+/// `Warning` headers (5.8 MB of headers, which HTTP/2 clients refuse although the object
+/// was written). The object is still created, with a small bounded set of warnings; strict
+/// mode refuses it with a bounded message.
+#[tokio::test]
+async fn a_flood_of_duplicate_keys_gets_a_bounded_set_of_warnings() {
+    use crate::output::{MAX_WARNING_BYTES, MAX_WARNINGS};
+    let h = Harness::new().await;
+    // 50,000 distinct unknown keys, each twice, plus one key 50,000 times: 100,000
+    // duplicates, 50,001 unknown fields.
+    let mut body = String::from(
+        r#"{"apiVersion":"rlinf.io/v1alpha1","kind":"Job","metadata":{"name":"dups"},"spec":"#,
+    );
+    body.push_str(&job_spec().to_string());
+    for i in 0..50_000 {
+        body.push_str(&format!(r#","x{i}":0,"x{i}":0,"same":0"#));
+    }
+    body.push('}');
+    let response = h
+        .send(
+            Method::POST,
+            JOBS,
+            "application/json",
+            None,
+            Bytes::from(body.clone()),
+        )
+        .await;
+    let answer = Harness::answer(response).await;
+    assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+    let warnings = answer.warnings();
+    assert!(warnings.len() <= MAX_WARNINGS + 1, "{}", warnings.len());
+    assert!(
+        warnings.last().unwrap().contains("more warnings omitted"),
+        "{warnings:?}"
+    );
+    let header_bytes: usize = answer
+        .headers
+        .get_all(http::header::WARNING)
+        .iter()
+        .map(|v| v.len())
+        .sum();
+    assert!(
+        header_bytes <= MAX_WARNING_BYTES + 16 * 1024,
+        "{header_bytes}"
+    );
+
+    // Strict mode: a 400 whose message names the first problems and counts the rest (a
+    // smaller flood shows it as well and keeps the test quick in debug builds).
+    let mut strict_body = String::from(
+        r#"{"apiVersion":"rlinf.io/v1alpha1","kind":"Job","metadata":{"name":"strict"},"spec":"#,
+    );
+    strict_body.push_str(&job_spec().to_string());
+    for i in 0..5_000 {
+        strict_body.push_str(&format!(r#","x{i}":0,"x{i}":0"#));
+    }
+    strict_body.push('}');
+    let strict = h
+        .send(
+            Method::POST,
+            &format!("{JOBS}?fieldValidation=Strict"),
+            "application/json",
+            None,
+            Bytes::from(strict_body),
+        )
+        .await;
+    let answer = Harness::answer(strict).await;
+    assert_eq!(answer.status, StatusCode::BAD_REQUEST);
+    assert!(
+        answer.message().len() < 32 * 1024,
+        "{}",
+        answer.message().len()
+    );
+    assert!(answer.message().contains("more"), "{}", answer.message());
+}
+
+/// Issue 14: duration and count fields have upper bounds at admission; the 422 names the
+/// field and the maximum (before, `activeDeadlineSeconds: 9223372036854775807` was stored
+/// and panicked the agent).
+#[tokio::test]
+async fn out_of_range_durations_and_counts_are_refused_naming_the_bound() {
+    let h = Harness::new().await;
+    let cases = [
+        (
+            json!({"activeDeadlineSeconds": i64::MAX}),
+            "spec.tasks[0].raw.activeDeadlineSeconds",
+            "must be less than or equal to 31536000",
+        ),
+        (
+            json!({"terminationGracePeriodSeconds": i64::MAX}),
+            "spec.tasks[0].raw.terminationGracePeriodSeconds",
+            "must be less than or equal to 86400",
+        ),
+        (
+            json!({"replicas": i32::MAX}),
+            "spec.tasks[0].raw.replicas",
+            "must be less than or equal to 10000",
+        ),
+    ];
+    for (i, (extra, field, message)) in cases.into_iter().enumerate() {
+        let mut job = job(&format!("bounded-{i}"));
+        let raw = job["spec"]["tasks"][0]["raw"].as_object_mut().unwrap();
+        raw.extend(extra.as_object().unwrap().clone());
+        let answer = h.post(JOBS, &job).await;
+        assert_eq!(
+            answer.status,
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "{}",
+            answer.body
+        );
+        let causes = answer.causes();
+        assert!(
+            causes.iter().any(|(f, _)| f == field) && answer.message().contains(message),
+            "{causes:?} {}",
+            answer.message()
+        );
+    }
+}
+
+/// Property test (issue 14): every integer and number field of every kind, found by
+/// walking the kind's structural schema, set to each extreme value in turn, goes through
+/// the create path's admission (decoder, schema walk, metadata checks, the kind's
+/// validator) without a panic and is either admitted or refused with a 4xx and a reason.
+/// Deterministic and bounded: (fields × extremes) admissions.
+#[test]
+fn extreme_numbers_in_every_field_of_every_kind_are_admitted_or_refused() {
+    use crate::body;
+    use crate::fieldvalidation::FieldValidation;
+    use crate::fuzzing;
+
+    /// Paths of numeric fields: property names, `*` for array items and map values.
+    fn numeric_paths(schema: &Value, path: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        if path.len() > 40 {
+            return;
+        }
+        let numeric = matches!(
+            schema.get("type").and_then(Value::as_str),
+            Some("integer" | "number")
+        ) || schema.get("x-kubernetes-int-or-string") == Some(&json!(true));
+        if numeric {
+            out.push(path.clone());
+        }
+        if let Some(properties) = schema.get("properties").and_then(Value::as_object) {
+            for (name, sub) in properties {
+                path.push(name.clone());
+                numeric_paths(sub, path, out);
+                path.pop();
+            }
+        }
+        for key in ["items", "additionalProperties"] {
+            if let Some(sub) = schema.get(key).filter(|s| s.is_object()) {
+                path.push("*".into());
+                numeric_paths(sub, path, out);
+                path.pop();
+            }
+        }
+    }
+
+    /// Set `leaf` at `path` in `object`, creating what is missing; at `*` the first element
+    /// (or map value) that already has the next step is followed.
+    fn set(object: &mut Value, path: &[String], leaf: Value) {
+        let Some((step, rest)) = path.split_first() else {
+            *object = leaf;
+            return;
+        };
+        let next = rest.first().map(String::as_str);
+        let has_next = |v: &Value| next.is_some_and(|n| v.get(n).is_some());
+        let child = if step == "*" {
+            match object {
+                Value::Array(items) if !items.is_empty() => {
+                    let i = items.iter().position(has_next).unwrap_or(0);
+                    &mut items[i]
+                }
+                Value::Object(map) if !map.is_empty() => {
+                    let key = map
+                        .iter()
+                        .find(|(_, v)| has_next(v))
+                        .map_or_else(|| map.keys().next().unwrap().clone(), |(k, _)| k.clone());
+                    map.get_mut(&key).unwrap()
+                }
+                _ => {
+                    // Unknown whether a list or a map: a list (maps take a key below).
+                    *object = json!([{}]);
+                    &mut object[0]
+                }
+            }
+        } else {
+            if !object.is_object() {
+                *object = json!({});
+            }
+            object
+                .as_object_mut()
+                .unwrap()
+                .entry(step.clone())
+                .or_insert(Value::Null)
+        };
+        set(child, rest, leaf);
+    }
+
+    let extremes = [
+        json!(0),
+        json!(-1),
+        json!(i64::MAX),
+        json!(i64::MIN),
+        json!(u64::MAX),
+        json!(1e308),
+        json!("9".repeat(4096)),
+    ];
+    let registry = fuzzing::registry();
+    let seeds = fuzzing::admission_seeds();
+    let mut fields = 0;
+    let mut outcomes = [0usize; 2];
+    let mut all_paths = Vec::new();
+    for (rt, seed) in registry.all().iter().zip(&seeds) {
+        let seed: Value = serde_json::from_slice(&seed[2..]).unwrap();
+        let mut paths = Vec::new();
+        numeric_paths(&rt.schema, &mut Vec::new(), &mut paths);
+        fields += paths.len();
+        for path in &paths {
+            all_paths.push(format!("{}:{}", rt.kind, path.join(".")));
+            for extreme in &extremes {
+                let mut object = seed.clone();
+                set(&mut object, path, extreme.clone());
+                let bytes = serde_json::to_vec(&object).unwrap();
+                let outcome = body::decode_object(&bytes, "application/json")
+                    .and_then(|decoded| fuzzing::admit(rt, decoded, FieldValidation::Warn));
+                match outcome {
+                    Ok(_) => outcomes[0] += 1,
+                    Err(error) => {
+                        assert!(
+                            (400..500).contains(&error.code) && !error.message.is_empty(),
+                            "{} {} = {extreme}: {} {}",
+                            rt.kind,
+                            path.join("."),
+                            error.code,
+                            error.message
+                        );
+                        outcomes[1] += 1;
+                    }
+                }
+            }
+        }
+    }
+    // The walk found the fields that matter, and both outcomes happened.
+    for expected in [
+        "Task:spec.raw.activeDeadlineSeconds",
+        "Job:spec.tasks.*.raw.terminationGracePeriodSeconds",
+        "Workflow:spec.jobTemplates.*.spec.tasks.*.raw.replicas",
+        "Job:spec.tasks.*.kubernetes.workload.template.spec.containers.*.ports.*.containerPort",
+        "DomainPeer:spec.prefixLen",
+        "Lease:spec.leaseDurationSeconds",
+    ] {
+        assert!(
+            all_paths.iter().any(|p| p == expected),
+            "{expected} not among {} numeric fields",
+            all_paths.len()
+        );
+    }
+    eprintln!("{fields} numeric fields, {outcomes:?} admitted/refused");
+    assert!(fields > 50, "{fields}");
+    assert!(outcomes[0] > 0 && outcomes[1] > 0, "{outcomes:?}");
+}

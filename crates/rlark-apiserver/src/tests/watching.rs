@@ -415,3 +415,22 @@ async fn watches_end_when_the_server_shuts_down() {
     let ended = tokio::time::timeout(Duration::from_secs(5), events.rest()).await;
     assert!(ended.is_ok(), "watch still open after shutdown");
 }
+
+/// Regression (issue 14): `timeoutSeconds=9223372036854775807` (any value that parses) made
+/// the handler compute `Instant::now() + timeout` and panic. The watch is now served, its
+/// deadline cut to [`crate::watch::MAX_WATCH_TIMEOUT`].
+#[tokio::test]
+async fn huge_watch_timeouts_are_served() {
+    let h = Harness::new().await;
+    h.create(JOBS, &job("a")).await;
+    for timeout in [i64::MAX as u64, u64::MAX] {
+        let (status, mut events) = h
+            .watch(&format!("{JOBS}?watch=true&timeoutSeconds={timeout}"), None)
+            .await;
+        assert_eq!(status, StatusCode::OK, "timeoutSeconds={timeout}");
+        assert_eq!(
+            summary(&events.next().await.unwrap()),
+            ("ADDED".into(), "a".into())
+        );
+    }
+}
