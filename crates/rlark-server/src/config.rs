@@ -722,7 +722,6 @@ pub struct ConnectionsConfigFile {
     pub http2_max_local_error_reset_streams: Option<usize>,
 }
 
-
 /// The `store` section of [`ServerConfigFile`].
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
