@@ -29,6 +29,9 @@ install_deps() {
     command -v setpriv >/dev/null 2>&1 || apt_pkgs+=(util-linux)
     # ffmpeg: the embodied runtime's file and RTSP camera drivers decode through it.
     command -v ffmpeg >/dev/null 2>&1 || apt_pkgs+=(ffmpeg)
+    # sshd: `rlark bench port-forward` measures an OpenSSH relay (ssh -L + ssh -R through a
+    # loopback sshd) beside the port-forward; its smoke test runs it.
+    command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || apt_pkgs+=(openssh-server)
     if [ ${#apt_pkgs[@]} -gt 0 ]; then
         log "installing Debian packages: ${apt_pkgs[*]}"
         export DEBIAN_FRONTEND=noninteractive

@@ -9,6 +9,7 @@ mod client;
 mod controllers;
 mod micro;
 mod object;
+mod port_forward;
 mod report;
 mod stats;
 mod tunnel;
@@ -18,6 +19,7 @@ pub use agent::{AgentBenchOptions, AgentBenchReport, run_agent};
 pub use api::{ApiBenchOptions, run_api};
 pub use camera::{CameraBenchOptions, CameraBenchReport, run_camera};
 pub use controllers::{ControllerBenchOptions, ControllerBenchReport, run_controllers};
+pub use port_forward::{PortForwardBenchOptions, PortForwardBenchReport, run_port_forward};
 pub use report::ApiBenchReport;
 pub use tunnel::{TunnelBenchOptions, run_tunnel};
 
@@ -37,6 +39,13 @@ pub enum BenchCommand {
     /// TCP measured in the same run. Targets: >= 25% / >= 30% of direct TCP, setup p99 <= 2
     /// ms, a stalled stream's neighbour >= 80% of its unstalled throughput.
     Tunnel(TunnelBenchOptions),
+    /// The user's port-forward path end to end, as real processes on 127.0.0.1: client ->
+    /// `rlark port-forward` -> TLS to `rlark server` -> tunnel -> `rlark agent` -> target,
+    /// beside direct TCP and an OpenSSH relay (`ssh -L` to an sshd that an `ssh -R` exposes
+    /// the target on) measured in the same run: throughput each way, 64-byte round trips,
+    /// connection setup p50/p99. Targets: >= 1.5x the OpenSSH relay's throughput, setup p99
+    /// <= 2 ms.
+    PortForward(PortForwardBenchOptions),
     /// A real in-process agent: task start latency (Task created -> its Pod `Running`,
     /// 500 short tasks; target p99 <= 300 ms) and, with 200 long-running tasks, the agent's
     /// RSS (delta from the idle server + agent; target <= 50 MiB) and process CPU over 5 s.
@@ -63,6 +72,16 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Tunnel(options) => {
             let json = options.json;
             let report = run_tunnel(options).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{report}");
+            }
+            Ok(())
+        }
+        BenchCommand::PortForward(options) => {
+            let json = options.json;
+            let report: PortForwardBenchReport = run_port_forward(options).await?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
