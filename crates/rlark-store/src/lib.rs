@@ -46,7 +46,9 @@ use async_trait::async_trait;
 use serde_json::Value;
 
 pub use error::StoreError;
-pub use sqlite::{ChangeLogStats, SqliteStore, SqliteStoreConfig, StoreStats, approx_bytes};
+pub use sqlite::{
+    ChangeLogStats, Durability, SqliteStore, SqliteStoreConfig, StoreStats, approx_bytes,
+};
 
 /// A global store revision. Revision 0 means "nothing written yet".
 pub type Revision = u64;

@@ -224,7 +224,35 @@ struct Request {
 
 enum Command {
     Write(Request),
+    Durability(oneshot::Sender<Result<Durability, StoreError>>),
     Shutdown(oneshot::Sender<()>),
+}
+
+/// The durability settings in force on the store's connection, as SQLite reports them
+/// (`PRAGMA journal_mode`, `PRAGMA synchronous`). A crash test cannot see a missing fsync;
+/// this can.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Durability {
+    /// `wal` when every commit goes through the write-ahead log.
+    pub journal_mode: String,
+    /// 0 OFF, 1 NORMAL, 2 FULL (fsync at every commit), 3 EXTRA.
+    pub synchronous: i64,
+}
+
+/// Ask SQLite what is in force on `conn`.
+async fn read_durability(conn: &mut SqliteConnection) -> Result<Durability, StoreError> {
+    let journal_mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db_err("reading journal_mode"))?;
+    let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(db_err("reading synchronous"))?;
+    Ok(Durability {
+        journal_mode: journal_mode.to_ascii_lowercase(),
+        synchronous,
+    })
 }
 
 /// A write accepted by evaluation, waiting for its commit.
@@ -319,6 +347,18 @@ impl SqliteStore {
                 path: config.path,
             }),
         })
+    }
+
+    /// The durability settings in force on the writer's connection (read through the writer,
+    /// which holds the database's exclusive lock). [`StoreError::Closed`] after [`Self::close`].
+    pub async fn durability(&self) -> Result<Durability, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .commands
+            .send(Command::Durability(reply))
+            .await
+            .map_err(|_| StoreError::Closed)?;
+        answer.await.map_err(|_| StoreError::Closed)?
     }
 
     /// Stop accepting writes, finish the ones already queued, end every watch stream and close
@@ -553,6 +593,12 @@ async fn run_writer(
                     let _ = request.reply.send(Err(StoreError::Closed));
                 }
                 Command::Write(request) => requests.push(request),
+                Command::Durability(reply) if !shutdown.is_empty() => {
+                    let _ = reply.send(Err(StoreError::Closed));
+                }
+                Command::Durability(reply) => {
+                    let _ = reply.send(read_durability(&mut conn).await);
+                }
                 Command::Shutdown(done) => shutdown.push(done),
             }
         }
@@ -565,6 +611,9 @@ async fn run_writer(
                 match command {
                     Command::Write(request) => {
                         let _ = request.reply.send(Err(StoreError::Closed));
+                    }
+                    Command::Durability(reply) => {
+                        let _ = reply.send(Err(StoreError::Closed));
                     }
                     Command::Shutdown(done) => shutdown.push(done),
                 }
@@ -1231,6 +1280,25 @@ mod tests {
 
     use super::*;
     use crate::conformance;
+
+    /// A crash test cannot see a missing fsync: assert what SQLite has in force.
+    #[tokio::test]
+    async fn commits_are_fsynced_through_the_write_ahead_log() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let store = SqliteStore::open(SqliteStoreConfig::new(dir.path().join("rlark.db")))
+            .await
+            .expect("open store");
+        let durability = store.durability().await.expect("durability");
+        assert_eq!(
+            durability,
+            Durability {
+                journal_mode: "wal".into(),
+                synchronous: 2, // FULL
+            }
+        );
+        store.close().await;
+        assert!(matches!(store.durability().await, Err(StoreError::Closed)));
+    }
 
     /// A store in its own temporary directory (removed on drop).
     struct TempStore {
