@@ -4,6 +4,7 @@
 #   end-to-end (real kubectl, the official Python Kubernetes client) — driven from cargo
 #   tests and pytest against the binary that `cargo test` built.
 #   Python SDK (sdk/python, pytest) against a real `rlark embodied` from that binary.
+#   Hygiene: cargo fmt, cargo clippy -D warnings, cargo machete (no unused dependencies).
 # Environment:
 #   CARGO_TARGET_DIR   optional shared build cache (the script works without it)
 #   RLARK_SKIP_INSTALL=1  skip apt/pip installs (offline dev loops); tests whose tool is
@@ -57,6 +58,20 @@ TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 
 log "cargo fmt --check"
 cargo fmt --all -- --check
+
+log "cargo machete (no dependency listed that no code uses)"
+if ! command -v cargo-machete >/dev/null 2>&1; then
+    if [ "${RLARK_SKIP_INSTALL:-0}" = 1 ]; then
+        echo "cargo-machete is not installed (RLARK_SKIP_INSTALL=1): skipped" >&2
+        [ "${CI:-}" = true ] && exit 1
+    else
+        # From crates.io, built here (about a minute on two cores).
+        cargo install --locked --quiet cargo-machete@0.9.2
+    fi
+fi
+if command -v cargo-machete >/dev/null 2>&1; then
+    cargo machete
+fi
 
 log "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
