@@ -2,6 +2,14 @@
 //! benchmark that breaks at run time fails here instead of going unnoticed until someone
 //! measures. Figures are printed (`--json`), never asserted: this machine's speed is not a
 //! test result (docs/benchmarks.md holds measured figures and how to reproduce them).
+//!
+//! `rlark bench port-forward` starts `rlark server`, `rlark agent` and `rlark port-forward`
+//! as processes, and an OpenSSH relay when sshd and ssh are installed. Without sshd its
+//! report says the relay was not measured; under `scripts/test.sh` (which installs
+//! openssh-server) or `CI=true` that fails the test (`tests/support/missing_tool.rs`).
+
+#[path = "../../../tests/support/missing_tool.rs"]
+mod missing_tool;
 
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -124,4 +132,24 @@ fn bench_camera_runs() {
         "--height",
         "48",
     ]);
+}
+
+#[test]
+fn bench_port_forward_runs() {
+    let report = bench(&[
+        "port-forward",
+        "--mib",
+        "2",
+        "--runs",
+        "1",
+        "--round-trips",
+        "50",
+        "--setups",
+        "20",
+        "--timeout",
+        "240",
+    ]);
+    if let Some(why) = report["paths"][2]["not_measured"].as_str() {
+        missing_tool::skip_or_fail(&format!("the OpenSSH relay was not measured: {why}"));
+    }
 }
