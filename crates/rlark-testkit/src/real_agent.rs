@@ -170,25 +170,10 @@ pub async fn viewer_client(
     admin: &kube::Client,
     dir: &Path,
 ) -> anyhow::Result<kube::Client> {
-    let key_and_csr = rlark_pki::generate_key_and_csr("vera")?;
-    let body = json!({"role": "viewer", "name": "vera", "csr": key_and_csr.csr_pem});
-    let request = http::Request::post("/rlark/v1/certificates")
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(body.to_string().into_bytes())?;
-    let signed: Value = admin
-        .request(request)
+    let body = json!({"role": "viewer", "name": "vera"});
+    signed_client(server, admin, "vera", body, &dir.join("viewer.kubeconfig"))
         .await
-        .context("sign a viewer certificate")?;
-    let yaml = rlark_pki::kubeconfig_yaml(
-        &server.url(),
-        signed["caBundle"].as_str().context("caBundle")?,
-        signed["certificate"].as_str().context("certificate")?,
-        &key_and_csr.key_pem,
-        "vera",
-    );
-    let path = dir.join("viewer.kubeconfig");
-    std::fs::write(&path, yaml)?;
-    crate::client_from_kubeconfig(&path).await
+        .context("sign a viewer certificate")
 }
 
 /// A client with the identity of the agent of `cluster` (user `system:rlark:agent:<cluster>`,
@@ -202,25 +187,38 @@ pub async fn agent_client(
     dir: &Path,
 ) -> anyhow::Result<kube::Client> {
     let user = format!("system:rlark:agent:{cluster}");
-    let key_and_csr = rlark_pki::generate_key_and_csr(&user)?;
-    let body = json!({"role": "agent", "clusterID": cluster, "csr": key_and_csr.csr_pem});
-    let request = http::Request::post("/rlark/v1/certificates")
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(body.to_string().into_bytes())?;
-    let signed: Value = admin
-        .request(request)
+    let body = json!({"role": "agent", "clusterID": cluster});
+    let path = dir.join(format!("agent-{cluster}.kubeconfig"));
+    signed_client(server, admin, &user, body, &path)
         .await
-        .with_context(|| format!("sign an agent certificate for cluster {cluster}"))?;
+        .with_context(|| format!("sign an agent certificate for cluster {cluster}"))
+}
+
+/// Make a key for `user`, have the admin sign it through `POST /rlark/v1/certificates` with
+/// `request` (role and name; the CSR is added), write the kubeconfig to `path` and return a
+/// client from it.
+async fn signed_client(
+    server: &TestServer,
+    admin: &kube::Client,
+    user: &str,
+    mut request: Value,
+    path: &Path,
+) -> anyhow::Result<kube::Client> {
+    let key_and_csr = rlark_pki::generate_key_and_csr(user)?;
+    request["csr"] = Value::String(key_and_csr.csr_pem);
+    let post = http::Request::post("/rlark/v1/certificates")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(request.to_string().into_bytes())?;
+    let signed: Value = admin.request(post).await?;
     let yaml = rlark_pki::kubeconfig_yaml(
         &server.url(),
         signed["caBundle"].as_str().context("caBundle")?,
         signed["certificate"].as_str().context("certificate")?,
         &key_and_csr.key_pem,
-        &user,
+        user,
     );
-    let path = dir.join(format!("agent-{cluster}.kubeconfig"));
-    std::fs::write(&path, yaml)?;
-    crate::client_from_kubeconfig(&path).await
+    std::fs::write(path, yaml)?;
+    crate::client_from_kubeconfig(path).await
 }
 
 /// `BINARY ARGS --kubeconfig KUBECONFIG` as a child process (without `KUBECONFIG` and
