@@ -26,7 +26,7 @@ pub mod join;
 pub mod node;
 pub mod runtime;
 pub mod supervisor;
-mod task_events;
+mod task_reports;
 pub mod tasks;
 
 use std::convert::Infallible;

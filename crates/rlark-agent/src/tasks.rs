@@ -122,7 +122,7 @@ use crate::runtime::{
     self, Adoption, DEFAULT_GRACE, ExitCause, ExitStatus, LogLimits, MAX_GRACE, ReplicaExit,
     ReplicaHandle, ReplicaSpec, process,
 };
-use crate::task_events::TaskTokens;
+use crate::task_reports::TaskTokens;
 
 /// Pod annotation: UID of the Task the Pod runs.
 pub const TASK_UID_ANNOTATION: &str = "rlark.io/task-uid";
@@ -269,8 +269,8 @@ const OPTIONAL_CONTRACT: &[&str] = &["RLARK_DOMAIN", "RLARK_RAY_ROLE", "RLARK_HE
 ///    gives it; the head task gets it too). The optional ones are removed from the Task's
 ///    own variables when rlark does not set them.
 ///
-/// When the replica starts, `RLARK_EVENT_URL`, `RLARK_TOKEN` and `RLARK_CA_FILE` follow
-/// (see [`crate::task_events`]; absent when no task token could be minted).
+/// When the replica starts, `RLARK_REPORT_URL`, `RLARK_TOKEN` and `RLARK_CA_FILE` follow
+/// (see [`crate::task_reports`]; absent when no task token could be minted).
 /// The process also inherits the agent's own environment underneath.
 pub fn replica_env(task: &Task, index: usize, ctx: &TaskContext) -> Vec<(String, String)> {
     let name = task.name_any();
@@ -1344,7 +1344,12 @@ impl Worker {
             tokio::spawn(async move {
                 shared
                     .task_tokens
-                    .env(&shared.client, &shared.ctx, &task)
+                    .env(
+                        &shared.client,
+                        &shared.ctx.server_url,
+                        &shared.ctx.ca_file,
+                        &task,
+                    )
                     .await;
             });
         }
@@ -1538,8 +1543,13 @@ impl Worker {
         let task = Arc::clone(&self.task);
         let pod = self.pod.clone();
         let starting = async move {
-            let events = shared.task_tokens.env(&shared.client, &shared.ctx, &task);
-            spec.env.extend(events.await);
+            let reports = shared.task_tokens.env(
+                &shared.client,
+                &shared.ctx.server_url,
+                &shared.ctx.ca_file,
+                &task,
+            );
+            spec.env.extend(reports.await);
             tracing::debug!(%pod, "task token ready; starting the process");
             runtime::spawn_replica(spec).await
         };
