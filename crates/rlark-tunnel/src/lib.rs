@@ -27,5 +27,7 @@ pub mod metrics_endpoint;
 mod mutation;
 pub mod mux;
 mod pool;
+#[cfg(test)]
+mod test_wait;
 pub mod transport;
 pub mod ws;

@@ -1676,14 +1676,9 @@ mod tests {
         back
     }
 
-    async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-        for _ in 0..5000 {
-            if cond() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        panic!("timed out waiting for: {what}");
+    async fn eventually(what: &str, cond: impl FnMut() -> bool) {
+        let held = crate::test_wait::eventually(Duration::from_secs(10), cond).await;
+        assert!(held, "timed out waiting for: {what}");
     }
 
     fn assert_empty(c: &Control) -> bool {
