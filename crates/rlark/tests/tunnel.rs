@@ -222,25 +222,8 @@ async fn closed_port() -> Result<u16> {
 // HTTP through the server
 // ---------------------------------------------------------------------------------------
 
-/// [`raw_api::send`], bounded by [`DEADLINE`].
-async fn call(
-    client: &kube::Client,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Vec<u8>,
-) -> Result<Resp> {
-    let what = format!("{method} {path}");
-    within(
-        DEADLINE,
-        &what,
-        raw_api::send(client, method, path, headers, body),
-    )
-    .await?
-}
-
 async fn get(client: &kube::Client, path: &str) -> Result<Resp> {
-    call(client, "GET", path, &[], Vec::new()).await
+    raw_api::send(client, "GET", path, &[], Vec::new()).await
 }
 
 /// `GET /api/proxy/{cluster}/http/127.0.0.1:{port}/hello?x=1` must answer `hi` (with
@@ -320,7 +303,7 @@ async fn viewer_client(
 ) -> Result<kube::Client> {
     let key_and_csr = rlark_pki::generate_key_and_csr(name)?;
     let body = json!({"role": "viewer", "name": name, "csr": key_and_csr.csr_pem});
-    let resp = call(
+    let resp = raw_api::send(
         admin,
         "POST",
         "/rlark/v1/certificates",
@@ -512,7 +495,7 @@ async fn proxy_http_and_websocket_through_an_agent() -> Result<()> {
         // Plain HTTP: path, query and headers reach the target; its answer comes back.
         expect_hello(&admin, "edge", http_port).await?;
         let path = format!("/api/proxy/edge/http/127.0.0.1:{http_port}/hello?x=1");
-        let resp = call(&admin, "GET", &path, &[("x-echo", "ping")], Vec::new()).await?;
+        let resp = raw_api::send(&admin, "GET", &path, &[("x-echo", "ping")], Vec::new()).await?;
         assert_eq!(resp.code, 200, "{}", resp.text);
         assert_eq!(resp.text, "hi");
         assert_eq!(
@@ -1157,7 +1140,7 @@ async fn revoked_agent_tunnel_is_closed() -> Result<()> {
         expect_hello(&admin, "edge", http_port).await?;
         assert_eq!(tunnels(&admin).await?, vec!["edge".to_string()]);
 
-        let resp = call(
+        let resp = raw_api::send(
             &admin,
             "POST",
             "/rlark/v1/revocations",

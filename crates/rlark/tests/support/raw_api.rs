@@ -5,9 +5,15 @@
 // Each test binary that includes this file uses a part of it.
 #![allow(dead_code)]
 
+use std::time::Duration;
+
 use anyhow::{Context as _, Result, ensure};
 use http_body_util::BodyExt as _;
 use serde_json::Value;
+
+/// Upper bound of one call, answer and body included: a server that never answers fails
+/// the test instead of hanging it.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// What the server answered: status, headers, body text and the body as JSON (`Null` when
 /// not JSON).
@@ -39,7 +45,8 @@ impl Resp {
     }
 }
 
-/// `method path` with `headers` and `body`; whatever the server answered.
+/// `method path` with `headers` and `body`; whatever the server answered within
+/// [`CALL_TIMEOUT`].
 pub async fn send(
     client: &kube::Client,
     method: &str,
@@ -54,24 +61,29 @@ pub async fn send(
     let request = request
         .body(kube::client::Body::from(body))
         .context("build request")?;
-    let response = client
-        .send(request)
+    let exchange = async {
+        let response = client
+            .send(request)
+            .await
+            .with_context(|| format!("{method} {path}"))?;
+        let code = response.status().as_u16();
+        let headers = response.headers().clone();
+        let bytes = response
+            .into_body()
+            .collect()
+            .await
+            .with_context(|| format!("read body of {method} {path}"))?
+            .to_bytes();
+        anyhow::Ok(Resp {
+            code,
+            headers,
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+            json: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        })
+    };
+    tokio::time::timeout(CALL_TIMEOUT, exchange)
         .await
-        .with_context(|| format!("{method} {path}"))?;
-    let code = response.status().as_u16();
-    let headers = response.headers().clone();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .with_context(|| format!("read body of {method} {path}"))?
-        .to_bytes();
-    Ok(Resp {
-        code,
-        headers,
-        text: String::from_utf8_lossy(&bytes).into_owned(),
-        json: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    })
+        .with_context(|| format!("{method} {path}: no answer within {CALL_TIMEOUT:?}"))?
 }
 
 /// Send `body` (raw bytes, of `content_type`), accepting JSON.
