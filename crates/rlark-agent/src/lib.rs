@@ -16,7 +16,8 @@
 //! - **tasks**: the Task reconciler ([`tasks::run_tasks`]); each replica runs under its own
 //!   supervisor process ([`supervisor`], `rlark supervise`), so replicas outlive an agent
 //!   that exits or dies and the next agent adopts them;
-//! - **metrics** (optional): `GET /metrics` on a loopback address.
+//! - **metrics** (optional): `GET /metrics` on a loopback address
+//!   ([`rlark_tunnel::metrics_endpoint`]).
 
 pub mod api;
 pub mod config;
@@ -29,7 +30,6 @@ pub mod supervisor;
 mod task_reports;
 pub mod tasks;
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -38,12 +38,10 @@ use std::time::{Duration, SystemTime};
 
 use crate::join::{AgentCredentials, JoinError, JoinOptions, Renewer};
 use futures::future::BoxFuture;
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper_util::rt::TokioIo;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use rlark_tunnel::metrics_endpoint::MetricsListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -253,13 +251,13 @@ async fn start_with(
     let metrics = Metrics::new();
     let metrics_listener = match config.metrics_listen {
         Some(addr) => Some(
-            tokio::net::TcpListener::bind(addr)
+            MetricsListener::bind(addr)
                 .await
                 .map_err(|source| AgentError::Metrics { addr, source })?,
         ),
         None => None,
     };
-    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let metrics_addr = metrics_listener.as_ref().map(MetricsListener::local_addr);
 
     // Node.
     let description = node::detect(&config, &node_name).await;
@@ -331,16 +329,11 @@ async fn start_with(
         )),
     ));
     if let Some(listener) = metrics_listener {
-        if let Some(addr) = metrics_addr {
-            tracing::info!(%addr, "agent metrics at http://{addr}/metrics");
-        }
+        let addr = listener.local_addr();
+        tracing::info!(%addr, "agent metrics at http://{addr}/metrics");
         parts.push((
             "metrics",
-            tokio::spawn(serve_metrics(
-                listener,
-                Arc::new(metrics.registry),
-                shutdown.clone(),
-            )),
+            tokio::spawn(listener.serve(Arc::new(metrics.registry), shutdown.clone())),
         ));
     }
     let context = tasks::TaskContext {
@@ -637,84 +630,17 @@ async fn track_tunnel(
     }
 }
 
-/// Plain HTTP/1: `GET /metrics` (Prometheus text), anything else 404.
-async fn serve_metrics(
-    listener: tokio::net::TcpListener,
-    registry: Arc<Registry>,
-    shutdown: CancellationToken,
-) {
-    loop {
-        let stream = tokio::select! {
-            () = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(error) => {
-                    tracing::warn!(%error, "metrics listener accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let registry = registry.clone();
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
-                let response = metrics_response(request.uri().path(), &registry);
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                () = shutdown.cancelled() => {}
-                result = conn => if let Err(error) = result {
-                    tracing::debug!(%error, "metrics connection ended");
-                },
-            }
-        });
-    }
-}
-
-fn metrics_response(path: &str, registry: &Registry) -> http::Response<Full<Bytes>> {
-    let (status, content_type, body) = if path == "/metrics" {
-        let mut text = String::new();
-        match prometheus_client::encoding::text::encode(&mut text, registry) {
-            Ok(()) => (
-                http::StatusCode::OK,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                text,
-            ),
-            Err(e) => (
-                http::StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain; charset=utf-8",
-                format!("encode metrics: {e}\n"),
-            ),
-        }
-    } else {
-        (
-            http::StatusCode::NOT_FOUND,
-            "text/plain; charset=utf-8",
-            "not found: try /metrics\n".to_string(),
-        )
-    };
-    let mut response = http::Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static(content_type),
-    );
-    response
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rlark_tunnel::metrics_endpoint;
 
     #[test]
     fn metrics_are_served_in_prometheus_text() {
         let metrics = Metrics::new();
         metrics.heartbeats.beats.inc();
         metrics.tunnel_connected.set(2);
-        let response = metrics_response("/metrics", &metrics.registry);
+        let response = metrics_endpoint::response("/metrics", &metrics.registry);
         assert_eq!(response.status(), http::StatusCode::OK);
         let body = format!("{:?}", response.body());
         assert!(body.contains("rlark_agent_heartbeats_total 1"), "{body}");
@@ -724,7 +650,7 @@ mod tests {
         );
         assert!(body.contains("rlark_agent_tunnel_connected 2"), "{body}");
         assert_eq!(
-            metrics_response("/", &metrics.registry).status(),
+            metrics_endpoint::response("/", &metrics.registry).status(),
             http::StatusCode::NOT_FOUND
         );
     }

@@ -1,7 +1,6 @@
 //! The real agent against an in-process server: it joins, registers its Node, renews its
 //! heartbeats, keeps its tunnel, serves metrics, and reuses its identity on restart.
 
-use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
@@ -13,30 +12,13 @@ use rlark_api::labels;
 use rlark_api::types::{AgentType, Node, NodeCategory, NodePhase};
 use rlark_testkit::TestServer;
 use rlark_testkit::tunnel_agent::bootstrap_token;
+use rlark_testkit::wait::eventually;
 use serde_json::Value;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 /// Bound of every wait.
 const WAIT: Duration = Duration::from_secs(30);
 const HEARTBEAT: Duration = Duration::from_millis(200);
-
-/// Poll `check` every 50 ms until it returns `Some`, at most [`WAIT`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check().await? {
-            return Ok(value);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!("{what}: not within {WAIT:?}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 fn agent_config(server: &TestServer, cluster: &str, dir: &Path, token: &Value) -> AgentConfig {
     let mut config = AgentConfig::new(vec![server.url()], cluster, dir);

@@ -4,7 +4,6 @@
 //!
 //! Every wait is bounded by [`DEADLINE`]; no test asserts how long anything took.
 
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -19,6 +18,7 @@ use rlark_agent::runtime::process;
 use rlark_agent::tasks::{self, TaskContext, TaskError};
 use rlark_api::types::{Job, JobPhase, Node, Pod, PodPhase, Task, TaskPhase};
 use rlark_testkit::TestServer;
+use rlark_testkit::wait::eventually;
 use serde_json::{Value, json};
 use tempfile::TempDir;
 use tokio::task::JoinHandle;
@@ -26,32 +26,9 @@ use tokio_util::sync::CancellationToken;
 
 /// Upper bound of every wait.
 const DEADLINE: Duration = Duration::from_secs(60);
-/// Pause between polls.
-const POLL: Duration = Duration::from_millis(100);
 const CLUSTER: &str = "a";
 const NAMESPACE: &str = "rlark-a";
 const NODE: &str = "host-0";
-
-/// Poll `check` until it returns `Ok(Ok(value))`; `Ok(Err(state))` describes what it saw,
-/// and the last description is in the error on timeout.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Result<T, String>>>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let last = match check().await {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(state)) => state,
-            Err(e) => format!("error: {e:#}"),
-        };
-        if tokio::time::Instant::now() >= deadline {
-            bail!("timed out after {DEADLINE:?} waiting for {what}; last seen: {last}");
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
 
 /// A server with controllers, a registered Node, and the agent's reconciler.
 struct Harness {

@@ -1,78 +1,17 @@
 //! Job controller: the Job state machine, gang placement and creation of its Tasks,
-//! stop / resume / restart.
+//! stop / resume / restart. The contract is in `docs/concepts.md` (sections Job and
+//! Placement); the cache and expectations rules in `docs/architecture.md` (Background work).
 //!
-//! # State machine ([`decide`], pure)
-//!
-//! ```text
-//!            ┌──────────── restart (finished Job) ─────────────┐
-//!            ▼                                                 │
-//! "" ──▶ Pending ──▶ Running ──▶ Succeeded                     │
-//!          │  │         │   └──▶ Failed ───────────────────────┤
-//!          │  └─────────┴──────▶ Failed (any Task Failed)      │
-//!          └──── spec.stopped (Pending / Running / Failed) ──▶ Stopped
-//!                                   Stopped ── spec.stopped cleared ──▶ Pending (resume)
-//! ```
-//!
-//! - `""` → `Pending` on the first pass (the Tasks are placed in the same pass).
-//! - From `Pending` or `Running`: any Task `Failed` → `Failed`; every Task `Succeeded` →
-//!   `Succeeded` (a Job with no task never completes, as in RLark); any Task `Running` or
-//!   `Succeeded` → `Running`. `Pending` can go straight to `Succeeded` or `Failed` when the
-//!   Tasks finish before the Job saw them run; `Running` never goes back to `Pending`.
-//!   A Task in phase `Stopped` of a Job that is not stopped is being resumed and counts as
-//!   pending.
-//! - `spec.stopped: true` from `Pending`, `Running` or `Failed` (or a new Job): every
-//!   unfinished Task gets `spec.stopped: true`; the Job is `Stopped` as soon as none of its
-//!   Tasks is `Running` (immediately when none runs, e.g. a Job still waiting for
-//!   capacity). A `Succeeded` Job stays `Succeeded`.
-//! - `spec.stopped` cleared on a `Stopped` Job: `Pending` again; Tasks get
-//!   `spec.stopped: false`, missing ones are placed and created.
-//! - A `Failed` Job stops its unfinished Tasks (`spec.stopped: true`), so a broken gang
-//!   does not hold GPUs; it stays `Failed` until stopped or restarted.
-//! - **Restart**: when the `rlark.io/restarted-at` annotation differs from
-//!   `status.observedRestartedAt` and the Job is finished (`Succeeded`, `Failed`,
-//!   `Stopped`), its Tasks are deleted; once they are gone the status is reset (phase
-//!   `Pending`, or `Stopped` while `spec.stopped` is still true; times, conditions and
-//!   task phases cleared) and `observedRestartedAt` records the value; the next pass places
-//!   fresh Tasks. A changed annotation on an active Job is recorded and ignored (Warning
-//!   Event `RestartIgnored`); on a new Job it is just recorded.
-//! - `startTime`: set the first time the Job leaves `Pending` for `Running`, `Succeeded`
-//!   or `Failed` (when its work started), kept across stop/resume, cleared by a restart.
-//!   `endTime`: set on entering `Succeeded`, `Failed` or `Stopped`, cleared when the Job is
-//!   active again.
-//! - Conditions: `Scheduled` (True once every Task exists, False with the reason while it
-//!   cannot be placed), `Unschedulable` (True with the scheduler's message while the Job
-//!   waits for capacity), `Running`, `Complete`, `Failed`. A condition appears when it
-//!   first becomes True (or `Scheduled=False`) and is kept up to date afterwards.
-//! - Every phase change records an Event; so do placements (`Scheduled` /
-//!   `FailedScheduling`), stops and restarts.
-//!
-//! # Tasks
-//!
-//! Template `t` of Job `j` becomes Task `j-t` in namespace `rlark-<clusterID>` of the
-//! Nodes [`crate::scheduler`] chose, created (namespace included) with label
-//! `rlinf.io/job=j`, a controller ownerReference to the Job (`blockOwnerDeletion`), the
-//! template's spec plus the Job's `domain` and `sshPublicKey` (when set), the placement,
-//! and RLark's Ray annotations ([`ray_annotations`]). A template change updates the Task's
-//! spec, keeping its placement.
-//!
-//! # Concurrency and restarts
-//!
-//! A reconcile reads the Job and its Tasks from the controller's watch caches once they show
-//! every write this controller made for that Job (`Expectations`: its status write's
-//! resourceVersion, the Tasks it created, deleted or updated); otherwise it reads the Job
-//! fresh from the API and lists its Tasks by label. So it acts on state no older than its
-//! own writes, and a reconcile killed at any point is completed by the next one: a Task that already exists is never placed again, creating one that
-//! exists is fine when this Job owns it, and duplicates (the same template's Task in two
-//! namespaces, which only a split-brain could produce) are reduced to the oldest.
-//! Placements are serialized through one async mutex of this process. What placed Tasks
-//! hold is summed incrementally from a Task watch ([`scheduler::ClusterUsage`]), and a
-//! ledger of the Tasks this process is creating (or created but has not yet seen in the
-//! watch) is added on top, so two Jobs placed one after the other never take the same
-//! capacity, and a placement costs O(Nodes), not O(Tasks). When the cached view says a
-//! Job does not fit, placement is retried on fresh lists of Nodes and Tasks before the
-//! Job is declared unschedulable (the watches may trail a Node that just appeared or a
-//! Task that just finished). Only one controller-manager acts at a time (leader election
-//! on a Lease, see [`crate::leader`]), so the in-process mutex is enough.
+//! - [`decide`] is the state machine, pure: `""` → `Pending` → `Running` → `Succeeded` or
+//!   `Failed`; `spec.stopped` → `Stopped` and back to `Pending` (resume); a changed
+//!   `rlark.io/restarted-at` on a finished Job deletes its Tasks and starts over (restart).
+//! - Template `t` of Job `j` becomes Task `j-t` in namespace `rlark-<clusterID>` of the
+//!   Nodes [`crate::scheduler`] chose, with RLark's Ray annotations ([`ray_annotations`]).
+//! - A pass reads the Job and its Tasks from the watch caches when they show every write
+//!   this controller made for the Job (`Expectations`), else fresh from the API server, so a
+//!   pass killed at any point is completed by the next one. Placements are serialized by
+//!   one mutex of this process, over the usage summed from a Task watch
+//!   ([`scheduler::ClusterUsage`]) plus a ledger of Tasks being created.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex};

@@ -1,47 +1,14 @@
-//! Gang placement of a Job's Tasks onto Nodes.
+//! Gang placement of a Job's Tasks onto Nodes: either every template is placed or none is.
+//! The rules (candidates, capacity, choice, `Unschedulable` messages) are specified in
+//! `docs/concepts.md#placement`.
 //!
 //! Pure: no IO, no clock, no randomness, no hash-map iteration order in results. The same
 //! inputs always give the same decisions (Nodes are considered in `(namespace, name)`
 //! order, clusters in cluster-ID order), so placement is reproducible and unit-testable.
-//!
-//! # Model
-//!
-//! - A **cluster** is the agent namespace a Node lives in (`rlark-<clusterID>`); its ID is
-//!   the namespace without the `rlark-` prefix (or the `rlark.io/cluster-id` label when the
-//!   namespace has no such prefix). A Task is created in the namespace of the Nodes chosen
-//!   for it, so the agent of that cluster runs it.
-//! - A Node is **eligible** for a task template when, in this order of diagnosis: it is
-//!   the cluster it claims ([`node_identity_problem`]: it lives in an agent namespace
-//!   `rlark-<id>` and its `rlark.io/cluster-id` label, if any, is `<id>`, so a Node can never
-//!   draw a Job meant for another cluster); `nodeName` (if set) names it; its `spec.agentType` is the template's `agentType`; every
-//!   `nodeSelector` entry matches one of its labels (a value may be a comma list meaning
-//!   "any of"; for the key `rlark.io/cluster-id` the RLark spelling `rlark-<id>` also
-//!   matches the ID `<id>`); its `status.phase` is `Online`; it is not cordoned
-//!   (`spec.unschedulable`).
-//! - **Requests per replica** ([`replica_requests`]): `raw.resources.requests`; the sum of
-//!   `docker.containers[].resources.requests`; for `kubernetes` tasks, per resource the
-//!   larger of the sum over the pod template's containers and the largest init container,
-//!   plus the pod `overhead` (as the kube-scheduler computes a Pod's request). Every
-//!   requested resource name counts (`cpu`, `memory`, `nvidia.com/gpu`, `rlinf.io/device*`,
-//!   anything else); a Node that does not list a resource has none of it.
-//! - **Free capacity** of a Node, per resource: `status.allocatable[r]` (or
-//!   `status.capacity[r]` when allocatable does not list `r`) minus the requests of every
-//!   placed, non-terminal Task replica on it (terminal = phase `Succeeded`, `Failed` or
-//!   `Stopped`; `spec.placement.nodes[i]` is the Node of replica `i`, a Task without
-//!   placement but with `nodeName` counts all its replicas there), minus what earlier
-//!   templates of the same Job took in this pass. `status.used` (the agent's report) is not
-//!   used: the Tasks are the scheduler's own ledger.
-//!
-//! # Algorithm
-//!
-//! Templates are placed in Job order. Each task's replicas all go to ONE cluster; within it
-//! every replica goes to the fitting Node with the fewest replicas of this task so far
-//! (spreading), then the fewest non-terminal replicas overall (least loaded), then the
-//! smallest name. Clusters are tried with the ones earlier templates of this Job already
-//! use first (locality), then by ID. When a later template does not fit, earlier choices
-//! are revisited (depth-first search over cluster choices, bounded by
-//! [`SEARCH_BUDGET`] attempts), so a task that could go anywhere does not take the only
-//! cluster another task can use. Gang: either every template is placed or none is.
+//! A Node must be the cluster it claims ([`node_identity_problem`]); what one replica
+//! requests is [`replica_requests`]; each template's replicas go to one cluster, spread
+//! over its Nodes, and earlier choices are revisited when a later template does not fit
+//! (depth-first, at most [`SEARCH_BUDGET`] attempts).
 
 use std::borrow::Borrow;
 use std::collections::{BTreeMap, BTreeSet};

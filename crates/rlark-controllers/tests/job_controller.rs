@@ -3,11 +3,10 @@
 //! `job::run` and `workflow::run` act. Every wait polls with a deadline.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use k8s_openapi::api::core::v1::{Event, Namespace};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
@@ -16,6 +15,7 @@ use rlark_api::labels;
 use rlark_api::types::{Job, JobPhase, Node, Task, TaskPhase, Workflow, WorkflowPhase};
 use rlark_controllers::{Context, ControllerConfig, job, workflow};
 use rlark_testkit::TestServer;
+use rlark_testkit::wait::eventually;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -167,7 +167,7 @@ impl Harness {
         check: impl Fn(&Job) -> bool,
     ) -> anyhow::Result<Job> {
         let api = self.jobs();
-        wait_for(&format!("job {name}: {what}"), || async {
+        eventually(&format!("job {name}: {what}"), || async {
             Ok(api.get_opt(name).await?.filter(|j| check(j)))
         })
         .await
@@ -179,7 +179,7 @@ impl Harness {
     }
 
     async fn wait_tasks(&self, job: &str, count: usize) -> anyhow::Result<Vec<Task>> {
-        wait_for(&format!("{count} tasks of job {job}"), || async {
+        eventually(&format!("{count} tasks of job {job}"), || async {
             let tasks = self.tasks_of(job).await?;
             Ok((tasks.len() == count).then_some(tasks))
         })
@@ -190,27 +190,6 @@ impl Harness {
 impl Drop for Harness {
     fn drop(&mut self) {
         self.shutdown.cancel();
-    }
-}
-
-/// Polls `probe` every 50 ms until it yields `Some`, at most [`DEADLINE`].
-async fn wait_for<T, F, Fut>(what: &str, mut probe: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let mut last_error = None;
-    loop {
-        match probe().await {
-            Ok(Some(value)) => return Ok(value),
-            Ok(None) => {}
-            Err(e) => last_error = Some(e),
-        }
-        if tokio::time::Instant::now() > deadline {
-            bail!("timed out waiting for {what} (last error: {last_error:?})");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -385,7 +364,7 @@ async fn three_task_job_placed_across_two_clusters_runs_and_succeeds() -> anyhow
 
     // Events explain it.
     let events: Api<Event> = Api::namespaced(h.client.clone(), "default");
-    let reasons = wait_for("job events", || async {
+    let reasons = eventually("job events", || async {
         let list = events.list(&ListParams::default()).await?.items;
         let reasons: Vec<String> = list
             .iter()
@@ -433,7 +412,7 @@ async fn failed_task_fails_the_job_and_restart_reruns_it() -> anyhow::Result<()>
             .is_some()
     );
     // The rest of the broken gang is stopped.
-    wait_for("fx-a stopped", || async {
+    eventually("fx-a stopped", || async {
         Ok(h.tasks("rlark-a")
             .get("fx-a")
             .await?
@@ -453,7 +432,7 @@ async fn failed_task_fails_the_job_and_restart_reruns_it() -> anyhow::Result<()>
         .iter()
         .filter_map(|t| t.metadata.uid.clone())
         .collect();
-    let fresh = wait_for("fresh tasks of fx", || async {
+    let fresh = eventually("fresh tasks of fx", || async {
         let tasks = h.tasks_of("fx").await?;
         let fresh = tasks.len() == 2
             && tasks.iter().all(|t| {
@@ -512,7 +491,7 @@ async fn stop_and_resume() -> anyhow::Result<()> {
     h.jobs()
         .patch("st", &PatchParams::default(), &Patch::Merge(&stop))
         .await?;
-    wait_for("st-w told to stop", || async {
+    eventually("st-w told to stop", || async {
         Ok(h.tasks("rlark-a")
             .get("st-w")
             .await?
@@ -545,7 +524,7 @@ async fn stop_and_resume() -> anyhow::Result<()> {
             .and_then(|s| s.end_time.as_ref())
             .is_none()
     );
-    wait_for("st-w resumed", || async {
+    eventually("st-w resumed", || async {
         Ok((!h.tasks("rlark-a").get("st-w").await?.spec.stopped).then_some(()))
     })
     .await?;
@@ -607,7 +586,7 @@ async fn gpu_job_waits_unschedulable_then_starts_when_a_gpu_appears() -> anyhow:
         "gang: no task of a job that does not fit"
     );
     let events: Api<Event> = Api::namespaced(h.client.clone(), "default");
-    wait_for("FailedScheduling event", || async {
+    eventually("FailedScheduling event", || async {
         let list = events.list(&ListParams::default()).await?.items;
         Ok(list
             .iter()
@@ -703,7 +682,7 @@ async fn workflow_diamond_listed_out_of_order_succeeds() -> anyhow::Result<()> {
         wf.metadata.uid.clone().unwrap_or_default()
     );
     assert_eq!(job_names().await?, vec!["wf-train"]);
-    let status = wait_for("workflow running", || async {
+    let status = eventually("workflow running", || async {
         let w = workflows.get("wf").await?;
         Ok(w.status.filter(|s| s.phase == Some(WorkflowPhase::Running)))
     })
@@ -714,7 +693,7 @@ async fn workflow_diamond_listed_out_of_order_succeeds() -> anyhow::Result<()> {
     );
 
     succeed("wf-train").await?;
-    wait_for("evals created", || async {
+    eventually("evals created", || async {
         let names = job_names().await?;
         Ok((names.len() == 3).then_some(names))
     })
@@ -730,7 +709,7 @@ async fn workflow_diamond_listed_out_of_order_succeeds() -> anyhow::Result<()> {
     succeed("wf-eval-b").await?;
     succeed("wf-report").await?;
 
-    let status = wait_for("workflow succeeded", || async {
+    let status = eventually("workflow succeeded", || async {
         let w = workflows.get("wf").await?;
         Ok(w.status
             .filter(|s| s.phase == Some(WorkflowPhase::Succeeded)))
@@ -773,7 +752,7 @@ async fn workflow_stops_its_running_jobs_and_resumes() -> anyhow::Result<()> {
         .await?;
     h.wait_job("sw-first", "stopped by the workflow", |j| j.spec.stopped)
         .await?;
-    wait_for("task told to stop", || async {
+    eventually("task told to stop", || async {
         Ok(h.tasks("rlark-a")
             .get("sw-first-main")
             .await?
@@ -785,7 +764,7 @@ async fn workflow_stops_its_running_jobs_and_resumes() -> anyhow::Result<()> {
     h.set_task_phase("rlark-a", "sw-first-main", TaskPhase::Stopped, None)
         .await?;
     h.wait_job_phase("sw-first", JobPhase::Stopped).await?;
-    wait_for("workflow stopped", || async {
+    eventually("workflow stopped", || async {
         let w = workflows.get("sw").await?;
         Ok(w.status.filter(|s| s.phase == Some(WorkflowPhase::Stopped)))
     })
@@ -804,7 +783,7 @@ async fn workflow_stops_its_running_jobs_and_resumes() -> anyhow::Result<()> {
     h.wait_tasks("sw-next", 1).await?;
     h.set_task_phase("rlark-a", "sw-next-main", TaskPhase::Succeeded, None)
         .await?;
-    wait_for("workflow succeeded", || async {
+    eventually("workflow succeeded", || async {
         let w = workflows.get("sw").await?;
         Ok(w.status
             .filter(|s| s.phase == Some(WorkflowPhase::Succeeded)))

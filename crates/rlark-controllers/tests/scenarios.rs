@@ -6,10 +6,9 @@
 //! checked through the simulated agents' run logs, never through wall-clock times.
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::future::Future;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail, ensure};
+use anyhow::{Context as _, ensure};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Event, Namespace};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta};
@@ -21,6 +20,7 @@ use rlark_api::types::{
 };
 use rlark_controllers::ControllerConfig;
 use rlark_controllers::manager::{self, ManagerOptions};
+use rlark_testkit::wait::eventually;
 use rlark_testkit::{Behaviour, SimAgent, SimNode, TestServer};
 use serde_json::{Value, json};
 use tokio::task::JoinHandle;
@@ -28,8 +28,6 @@ use tokio_util::sync::CancellationToken;
 
 /// Upper bound of every wait.
 const DEADLINE: Duration = Duration::from_secs(60);
-/// Pause between polls.
-const POLL: Duration = Duration::from_millis(50);
 /// Namespace of the leader-election Lease.
 const LEASE_NAMESPACE: &str = "rlark-system";
 /// Name of the leader-election Lease.
@@ -38,28 +36,6 @@ const LEASE_NAME: &str = "rlark-controller-manager";
 // ---------------------------------------------------------------------------------------
 // Harness
 // ---------------------------------------------------------------------------------------
-
-/// Poll `check` until it returns `Ok(Ok(value))`; `Ok(Err(state))` describes what it saw,
-/// and the last description is in the error on timeout.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Result<T, String>>>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        let last = match check().await {
-            Ok(Ok(value)) => return Ok(value),
-            Ok(Err(state)) => state,
-            // A transient API error (e.g. while a manager restarts) is just a state.
-            Err(e) => format!("error: {e:#}"),
-        };
-        if tokio::time::Instant::now() >= deadline {
-            bail!("timed out after {DEADLINE:?} waiting for {what}; last seen: {last}");
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
 
 /// Controller tunables for tests: fast requeues, a short node grace period.
 fn test_config(identity: &str) -> ControllerConfig {

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::{Event, Namespace};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{
@@ -20,30 +20,11 @@ use rlark_controllers::leader::LeaderElector;
 use rlark_controllers::manager::{Manager, ManagerOptions};
 use rlark_controllers::{Context, ControllerConfig, node, task};
 use rlark_testkit::TestServer;
+use rlark_testkit::wait::eventually;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
 const NS: &str = "rlark-c1";
-/// Upper bound of every wait; the expected state normally arrives in well under a second.
-const WAIT: Duration = Duration::from_secs(20);
-
-/// Poll `check` every 100 ms until it returns `Some`, at most [`WAIT`].
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        if let Some(value) = check().await? {
-            return Ok(value);
-        }
-        if tokio::time::Instant::now() > deadline {
-            bail!("timed out after {WAIT:?} waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
 
 async fn namespace(client: &kube::Client, name: &str) -> anyhow::Result<()> {
     let ns = Namespace {

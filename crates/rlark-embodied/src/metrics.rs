@@ -1,5 +1,6 @@
 //! Prometheus metrics of the embodied runtime: `GET /metrics` on the optional
-//! `--metrics-listen` address (see [`crate::server::ServeOptions`], `docs/embodied.md`).
+//! `--metrics-listen` address (see [`crate::server::ServeOptions`], `docs/embodied.md`),
+//! served by [`rlark_tunnel::metrics_endpoint`].
 //!
 //! - `rlark_embodied_robots{state}` (gauge): robots per state, read from the robot
 //!   controller at scrape time (every state is reported, 0 included).
@@ -10,15 +11,9 @@
 //! - `rlark_embodied_device_plugin_registrations_total` (counter): successful
 //!   registrations of the device plugin with the kubelet.
 
-use std::convert::Infallible;
 use std::fmt;
-use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::Duration;
 
-use http_body_util::Full;
-use hyper::body::{Bytes, Incoming};
-use hyper_util::rt::TokioIo;
 use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric as _};
 use prometheus_client::metrics::counter::Counter;
@@ -26,8 +21,6 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 use rlark_proto::robot::v1::RobotState;
-use tokio::net::TcpListener;
-use tokio_util::sync::CancellationToken;
 
 use crate::camera::CameraController;
 use crate::robot::{RobotController, state_name};
@@ -165,84 +158,12 @@ impl Collector for StateCollector {
     }
 }
 
-/// Bind the metrics listener (before anything else starts, so a bad address fails fast).
-pub(crate) async fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
-    TcpListener::bind(addr).await
-}
-
-/// Plain HTTP/1: `GET /metrics` (Prometheus text), anything else 404; until `shutdown`.
-pub(crate) async fn serve(
-    listener: TcpListener,
-    registry: Arc<Registry>,
-    shutdown: CancellationToken,
-) {
-    loop {
-        let stream = tokio::select! {
-            () = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok((stream, _)) => stream,
-                Err(error) => {
-                    tracing::warn!(%error, "metrics listener accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let registry = registry.clone();
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request: http::Request<Incoming>| {
-                let response = response(request.uri().path(), &registry);
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                () = shutdown.cancelled() => {}
-                result = conn => if let Err(error) = result {
-                    tracing::debug!(%error, "metrics connection ended");
-                },
-            }
-        });
-    }
-}
-
-/// The response to `GET path`.
-pub fn response(path: &str, registry: &Registry) -> http::Response<Full<Bytes>> {
-    let (status, content_type, body) = if path == "/metrics" {
-        let mut text = String::new();
-        match prometheus_client::encoding::text::encode(&mut text, registry) {
-            Ok(()) => (
-                http::StatusCode::OK,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                text,
-            ),
-            Err(e) => (
-                http::StatusCode::INTERNAL_SERVER_ERROR,
-                "text/plain; charset=utf-8",
-                format!("encode metrics: {e}\n"),
-            ),
-        }
-    } else {
-        (
-            http::StatusCode::NOT_FOUND,
-            "text/plain; charset=utf-8",
-            "not found: try /metrics\n".to_string(),
-        )
-    };
-    let mut response = http::Response::new(Full::new(Bytes::from(body)));
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static(content_type),
-    );
-    response
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::peer::ConnTracker;
+    use rlark_tunnel::metrics_endpoint;
+    use tokio_util::sync::CancellationToken;
 
     #[tokio::test]
     async fn robots_per_state_and_camera_counters_are_encoded() {
@@ -253,7 +174,7 @@ mod tests {
         let cameras = CameraController::new(&config.cameras, None, CancellationToken::new());
         cameras.counters().frames_of("cam-0").inc_by(3);
         let registry = registry(robots, cameras);
-        let response = response("/metrics", &registry);
+        let response = metrics_endpoint::response("/metrics", &registry);
         assert_eq!(response.status(), http::StatusCode::OK);
         let body = format!("{:?}", response.body());
         assert!(
@@ -274,7 +195,7 @@ mod tests {
             "{body}"
         );
         assert_eq!(
-            super::response("/", &registry).status(),
+            metrics_endpoint::response("/", &registry).status(),
             http::StatusCode::NOT_FOUND
         );
     }

@@ -17,6 +17,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use rlark_proto::camera::v1::camera_controller_server::CameraControllerServer;
 use rlark_proto::robot::v1::robot_controller_server::RobotControllerServer;
+use rlark_tunnel::metrics_endpoint::MetricsListener;
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -138,13 +139,13 @@ pub async fn serve_with(
     // The metrics listener first: a bad address fails before any socket or robot exists.
     let metrics_listener = match options.metrics_listen {
         Some(addr) => Some(
-            crate::metrics::bind(addr)
+            MetricsListener::bind(addr)
                 .await
                 .map_err(|error| ServeError::Metrics { addr, error })?,
         ),
         None => None,
     };
-    let metrics_addr = metrics_listener.as_ref().and_then(|l| l.local_addr().ok());
+    let metrics_addr = metrics_listener.as_ref().map(MetricsListener::local_addr);
     std::fs::create_dir_all(socket_dir).map_err(|source| ServeError::CreateDir {
         path: socket_dir.to_path_buf(),
         source,
@@ -272,15 +273,10 @@ pub async fn serve_with(
     });
 
     if let Some(listener) = metrics_listener {
-        if let Some(addr) = metrics_addr {
-            tracing::info!(%addr, "embodied metrics at http://{addr}/metrics");
-        }
+        let addr = listener.local_addr();
+        tracing::info!(%addr, "embodied metrics at http://{addr}/metrics");
         let registry = crate::metrics::registry(robots.clone(), cameras.clone());
-        tokio::spawn(crate::metrics::serve(
-            listener,
-            Arc::new(registry),
-            shutdown.clone(),
-        ));
+        tokio::spawn(listener.serve(Arc::new(registry), shutdown.clone()));
     }
 
     let task_robots = robots.clone();

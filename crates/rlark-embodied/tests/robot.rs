@@ -14,6 +14,7 @@ use rlark_embodied::{EmbodiedConfig, ROS_SOCKET, ROS2_SOCKET, Running};
 use rlark_proto::robot::v1 as pb;
 use rlark_proto::robot::v1::RobotState;
 use rlark_proto::robot::v1::robot_controller_client::RobotControllerClient;
+use rlark_testkit::wait::{eventually_within, matching};
 use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -73,22 +74,6 @@ fn args(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))
         .collect()
-}
-
-/// Poll `check` every 20 ms, at most `limit`; the last value when it never held.
-async fn eventually<T>(
-    limit: Duration,
-    mut probe: impl FnMut() -> T,
-    check: impl Fn(&T) -> bool,
-) -> T {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let value = probe();
-        if check(&value) || tokio::time::Instant::now() >= deadline {
-            return value;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 fn expect_code<T: std::fmt::Debug>(result: Result<T, tonic::Status>, code: Code, needle: &str) {
@@ -359,12 +344,12 @@ async fn sim_robot_answers_every_rpc_through_its_states() -> Result<()> {
         faulty.current_mode.context("mode")?.name,
         "rlark_sim/arm.launch"
     );
-    let failed = eventually(
-        Duration::from_secs(10),
-        || h.state("arm-0"),
-        |s| state_of(s.state) == RobotState::Error,
-    )
-    .await;
+    let failed = eventually_within(Duration::from_secs(10), "arm-0 in ERROR", || async {
+        Ok(matching(h.state("arm-0"), |s| {
+            state_of(s.state) == RobotState::Error
+        }))
+    })
+    .await?;
     assert_eq!(state_of(failed.state), RobotState::Error);
     assert_eq!(
         failed.message,
@@ -800,12 +785,17 @@ watchdog: 60s
         ]
     );
     // Wait (bounded) for the output to reach the log, then read it through GetRobotLogs.
-    eventually(
+    eventually_within(
         Duration::from_secs(10),
-        || h.running.robots().logs("panda", 0).expect("logs"),
-        |l| l.iter().any(|x| x == "[roslaunch] a warning on stderr"),
+        "the roslaunch warning in the log",
+        || async {
+            Ok(matching(
+                h.running.robots().logs("panda", 0).expect("logs"),
+                |l| l.iter().any(|x| x == "[roslaunch] a warning on stderr"),
+            ))
+        },
     )
-    .await;
+    .await?;
     let logs = client
         .get_robot_logs(pb::GetRobotLogsRequest {
             robot_id: "panda".into(),
@@ -906,12 +896,12 @@ watchdog: 60s
         })
         .await?;
     std::fs::write(log.join("crash"), "")?;
-    let failed = eventually(
-        Duration::from_secs(10),
-        || h.state("panda"),
-        |s| state_of(s.state) == RobotState::Error,
-    )
-    .await;
+    let failed = eventually_within(Duration::from_secs(10), "panda in ERROR", || async {
+        Ok(matching(h.state("panda"), |s| {
+            state_of(s.state) == RobotState::Error
+        }))
+    })
+    .await?;
     assert_eq!(state_of(failed.state), RobotState::Error);
     assert_eq!(failed.message, "roslaunch exited with status 3");
     let logs = h.running.robots().logs("panda", 0).expect("logs");
@@ -957,12 +947,17 @@ watchdog: 60s
         })
         .await?;
     assert_eq!(state_of(h.state("panda").state), RobotState::Stopped);
-    let master_gone = eventually(
+    let master_gone = eventually_within(
         Duration::from_secs(10),
-        || std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
-        |gone| *gone,
+        &format!("roscore to stop listening on {port}"),
+        || async {
+            Ok(matching(
+                std::net::TcpStream::connect(("127.0.0.1", port)).is_err(),
+                |gone| *gone,
+            ))
+        },
     )
-    .await;
+    .await?;
     assert!(master_gone, "roscore still listens on {port}");
     h.stop().await
 }
@@ -1057,12 +1052,17 @@ allowedLaunchPackages: ["*"]
         ["MODE_X=1", "ROS_DOMAIN_ID=7"]
     );
     // Wait (bounded) for the output to reach the log, then read it through GetRobotLogs.
-    eventually(
+    eventually_within(
         Duration::from_secs(10),
-        || h.running.robots().logs("ur5", 0).expect("logs"),
-        |l| l.iter().any(|x| x.starts_with("[ros2] fake ros2 up")),
+        "the ros2 output in the log",
+        || async {
+            Ok(matching(
+                h.running.robots().logs("ur5", 0).expect("logs"),
+                |l| l.iter().any(|x| x.starts_with("[ros2] fake ros2 up")),
+            ))
+        },
     )
-    .await;
+    .await?;
     let logs = ros2
         .get_robot_logs(pb::GetRobotLogsRequest {
             robot_id: "ur5".into(),
@@ -1185,12 +1185,16 @@ async fn a_robot_is_stopped_when_its_owner_process_exits() -> Result<()> {
         "the child, not this process, owns the robot"
     );
 
-    let status = eventually(
+    let status = eventually_within(
         Duration::from_secs(20),
-        || h.state("arm-0"),
-        |s| state_of(s.state) == RobotState::Stopped,
+        "arm-0 STOPPED by the watchdog",
+        || async {
+            Ok(matching(h.state("arm-0"), |s| {
+                state_of(s.state) == RobotState::Stopped
+            }))
+        },
     )
-    .await;
+    .await?;
     assert_eq!(state_of(status.state), RobotState::Stopped);
     assert_eq!(
         status.message,
@@ -1224,12 +1228,16 @@ async fn a_robot_is_stopped_when_its_owner_stays_disconnected_past_the_watchdog(
 
     // No connection at all: stopped once the watchdog has passed.
     drop(other);
-    let status = eventually(
+    let status = eventually_within(
         Duration::from_secs(20),
-        || h.state("arm-0"),
-        |s| state_of(s.state) == RobotState::Stopped,
+        "arm-0 STOPPED by the watchdog",
+        || async {
+            Ok(matching(h.state("arm-0"), |s| {
+                state_of(s.state) == RobotState::Stopped
+            }))
+        },
     )
-    .await;
+    .await?;
     assert_eq!(state_of(status.state), RobotState::Stopped);
     assert_eq!(
         status.message,

@@ -113,19 +113,7 @@ async fn metrics(
         )
             .into_response();
     }
-    let mut text = String::new();
-    if let Err(error) = prometheus_client::encoding::text::encode(&mut text, &state.metrics) {
-        tracing::error!(%error, "encoding metrics failed");
-        return (StatusCode::INTERNAL_SERVER_ERROR, "encoding metrics failed").into_response();
-    }
-    (
-        [(
-            header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        text,
-    )
-        .into_response()
+    rlark_tunnel::metrics_endpoint::exposition(&state.metrics).into_response()
 }
 
 /// A Kubernetes `Status` 401 whose message says why the credentials were refused.

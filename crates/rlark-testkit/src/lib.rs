@@ -13,6 +13,7 @@
 pub mod real_agent;
 pub mod sim_agent;
 pub mod tunnel_agent;
+pub mod wait;
 
 pub use sim_agent::{Behaviour, HeartbeatMode, SimAgent, SimAgentBuilder, SimAgentError, SimNode};
 

@@ -11,7 +11,6 @@
 //! look for it next to the test binary ([`supervisor_near_test_binary`]).
 
 use std::ffi::OsString;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
@@ -27,35 +26,12 @@ use tempfile::TempDir;
 use crate::TestServer;
 use crate::tunnel_agent::bootstrap_token;
 
-/// Upper bound of every wait.
-pub const DEADLINE: Duration = Duration::from_secs(60);
-/// How often [`eventually`] checks.
-pub const POLL: Duration = Duration::from_millis(100);
+// Upper bound of every wait, and the bounded poll (the one in `crate::wait`).
+pub use crate::wait::{DEADLINE, eventually};
 /// The cluster of [`Harness`]'s agent.
 pub const CLUSTER: &str = "a";
 /// The namespace of [`CLUSTER`].
 pub const NAMESPACE: &str = "rlark-a";
-
-/// Poll `check` until it returns `Ok(Some(value))`, at most [`DEADLINE`].
-pub async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    let mut last = String::new();
-    loop {
-        match check().await {
-            Ok(Some(value)) => return Ok(value),
-            Ok(None) => {}
-            Err(e) => last = format!("{e:#}"),
-        }
-        if tokio::time::Instant::now() >= deadline {
-            bail!("timed out after {DEADLINE:?} waiting for {what}; last error: {last}");
-        }
-        tokio::time::sleep(POLL).await;
-    }
-}
 
 /// A server on a fresh temporary directory (returned: keep it until the server stops) with
 /// its controllers enabled, without leader election.

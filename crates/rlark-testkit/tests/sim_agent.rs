@@ -1,34 +1,15 @@
 //! The simulated agent against a real in-process server, without controllers: Tasks are
 //! placed by hand here.
 
-use std::future::Future;
 use std::time::Duration;
 
-use anyhow::{Context as _, bail};
+use anyhow::Context as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use rlark_api::types::{NodePhase, Pod, PodPhase, Task};
+use rlark_testkit::wait::eventually;
 use rlark_testkit::{Behaviour, SimAgent, SimNode, TestServer};
 use serde_json::json;
-
-const DEADLINE: Duration = Duration::from_secs(20);
-
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = anyhow::Result<Option<T>>>,
-{
-    let deadline = tokio::time::Instant::now() + DEADLINE;
-    loop {
-        if let Some(v) = check().await? {
-            return Ok(v);
-        }
-        if tokio::time::Instant::now() > deadline {
-            bail!("timed out waiting for {what}");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 fn placed_task(name: &str, nodes: &[&str]) -> anyhow::Result<Task> {
     Ok(serde_json::from_value(json!({

@@ -12,6 +12,9 @@
 //! versioned request/response that starts every stream; sans-IO), [`dial`] (hub side of
 //! opening a stream), [`agent`] (agent side of serving streams), [`client`] (the agent's
 //! reconnecting connection loop).
+//!
+//! Beside the tunnel, [`metrics_endpoint`] is the `/metrics` responder every rlark process
+//! shares.
 
 pub mod agent;
 pub mod agent_api;
@@ -19,9 +22,12 @@ pub mod client;
 pub mod dial;
 pub mod frame;
 pub mod header;
+pub mod metrics_endpoint;
 #[cfg(test)]
 mod mutation;
 pub mod mux;
 mod pool;
+#[cfg(test)]
+mod test_wait;
 pub mod transport;
 pub mod ws;

@@ -3,57 +3,12 @@
 //! defect of konnectivity and remotedialer, whose per-connection queues are filled with
 //! blocking sends from a single tunnel reader).
 //!
-//! # Design
-//!
-//! * **One driver task per session** ([`Session::new`] spawns it with `tokio::spawn`) owns the
-//!   transport. It is a single hand-written future that polls the read side
-//!   (`Stream::poll_next`), the timers and the write side (`Sink::poll_ready`/`start_send`)
-//!   independently, so it needs no split halves and no lock around the transport: a write
-//!   side blocked by transport backpressure never stops the read side, and the other way
-//!   round.
-//! * **Shared state**: the session keeps a small `Mutex<Inner>` (stream map, the round-robin
-//!   queue of streams with output, the control-frame queue, the accept queue, counters);
-//!   every stream has its own `Mutex<StreamState>` (receive buffer, credit, send queue,
-//!   Wakers). Lock order: session, then stream; never a lock across an await (there are no
-//!   awaits: everything is `poll_*` with Wakers). The queues are the "channel" to the
-//!   writer: producers push and wake the driver only if it is idle.
-//! * **Flow control** (per stream, both directions): a sender starts with
-//!   [`INITIAL_WINDOW`] bytes of credit; each receiver grants the rest of its configured
-//!   `start_window` right after OPEN (so the two ends may configure different windows). A
-//!   write is accepted only within the remaining credit, so the bytes queued plus in flight
-//!   never exceed the window; the receiver buffers at most its window per stream and
-//!   returns credit (WINDOW) in batches once the application has consumed half of it.
-//!   **Auto-tuning**: each end measures the round trip with its PINGs (one at session
-//!   start, then every keep-alive PING; the minimum is kept) and a grant doubles the
-//!   stream's window, up to `window`, when half of it was consumed within two round trips
-//!   and it is still below the bandwidth-delay product of `TUNED_STREAM_RATE` — see
-//!   `grown_window`. Growth is only a larger WINDOW credit: the wire format is unchanged
-//!   and a peer that does not tune interoperates. The driver
-//!   never blocks on a stream: arriving DATA is appended to that stream's bounded buffer
-//!   (a peer exceeding its credit gets RST protocol). A reader that stops reading only
-//!   stops its own stream's sender.
-//! * **Fairness**: writes are cut into DATA frames of at most `max_frame_payload` bytes,
-//!   built directly in the frame's buffer (header + payload, the one copy of the send path;
-//!   small writes are appended to a still-queued frame). Streams with output wait in a FIFO
-//!   ready queue; the writer takes **one frame per turn** and puts the stream back at the
-//!   tail if it has more (round-robin), so a busy stream delays another by at most one
-//!   frame per turn. Each stream queues at most `2 * max_frame_payload` unsent bytes.
-//!   Control frames (WINDOW, RST, PING/PONG) go first, but after 16 in a row one DATA turn
-//!   is served; OPEN and FIN travel in their stream's own queue, so they stay ordered with
-//!   its DATA.
-//! * **Lifecycle**: a stream is freed (leaves the map; `streams_open` drops) when FIN went
-//!   both ways, on RST either way, on idle timeout, or when its [`MuxStream`] is dropped
-//!   (RST cancel unless fully closed; nothing is sent for a stream whose OPEN never left).
-//!   A reset by the peer keeps data that already arrived readable; reads then fail with
-//!   `ConnectionReset` (`ConnectionRefused` for refused-limit), or end with EOF if the peer's
-//!   FIN had arrived. When the session ends, reads return the buffered data then `ConnectionAborted` (a
-//!   stream the peer never finished is not a complete one) and
-//!   writes fail with `BrokenPipe`.
-//! * **Liveness**: PING after `keepalive_interval` without any frame received; the session
-//!   ends after `keepalive_timeout` without any frame. Streams without DATA either way for
-//!   `idle_stream_timeout` are reset (idle-timeout), checked every quarter of the timeout.
-//!   The session also ends once the [`Control`] (all clones) and [`Incoming`] are dropped
-//!   and no stream is left.
+//! [`Session::new`] spawns one driver task per session that owns the transport and never
+//! waits on a stream; [`Control`] opens streams, [`Incoming`] accepts them, [`MuxStream`]
+//! is one stream. Flow control (start window, auto-tuning up to `window`, see
+//! `grown_window`), round-robin fairness of one DATA frame per turn, the stream lifecycle
+//! and keep-alive are specified in `docs/tunnel.md` (sections Flow control, Multiplexer
+//! internals, Failure handling and limits).
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
@@ -1676,14 +1631,9 @@ mod tests {
         back
     }
 
-    async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-        for _ in 0..5000 {
-            if cond() {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-        panic!("timed out waiting for: {what}");
+    async fn eventually(what: &str, cond: impl FnMut() -> bool) {
+        let held = crate::test_wait::eventually(Duration::from_secs(10), cond).await;
+        assert!(held, "timed out waiting for: {what}");
     }
 
     fn assert_empty(c: &Control) -> bool {

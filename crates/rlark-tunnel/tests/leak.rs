@@ -5,6 +5,9 @@
 //! Library level (a session pair over a real loopback TCP connection carrying a WebSocket,
 //! no TLS): much faster than 10,000 TLS handshakes, and the same mux, header and agent code.
 
+#[path = "../src/test_wait.rs"]
+mod test_wait;
+
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, ensure};
@@ -107,18 +110,6 @@ async fn echo_through(hub: &Control) -> Result<()> {
     Ok(())
 }
 
-/// Waits until `done()` or `limit`; returns whether it became true.
-async fn eventually(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if done() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    done()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn abandoned_dials_do_not_leak() -> Result<()> {
     tokio::time::timeout(Duration::from_secs(120), async {
@@ -154,7 +145,7 @@ async fn abandoned_dials_do_not_leak() -> Result<()> {
         }
         let dialing = started.elapsed();
 
-        let settled = eventually(Duration::from_secs(30), || {
+        let settled = test_wait::eventually(Duration::from_secs(30), || {
             hub.stats().streams_open == 0 && agent.stats().streams_open == 0
         })
         .await;
@@ -164,7 +155,7 @@ async fn abandoned_dials_do_not_leak() -> Result<()> {
             hub.stats(),
             agent.stats()
         );
-        let fds_back = eventually(Duration::from_secs(30), || {
+        let fds_back = test_wait::eventually(Duration::from_secs(30), || {
             fd_count().is_ok_and(|n| n.abs_diff(fds_before) <= FD_SLACK)
         })
         .await;

@@ -4,14 +4,18 @@
 //! quota), Events expire after the Event TTL and go with the object they are about. Real
 //! TLS against an in-process server.
 
+#[path = "support/raw_api.rs"]
+mod raw_api;
+
 use std::future::Future;
 use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use http_body_util::BodyExt as _;
+use raw_api::{call, call_ok};
 use rlark_server::ServerConfig;
 use rlark_testkit::TestServer;
+use rlark_testkit::wait::eventually;
 use serde_json::{Value, json};
 
 /// Hang guard of every test.
@@ -21,82 +25,6 @@ async fn bounded(test: impl Future<Output = Result<()>>) -> Result<()> {
     tokio::time::timeout(TEST_TIMEOUT, test)
         .await
         .with_context(|| format!("test did not finish within {TEST_TIMEOUT:?}"))?
-}
-
-/// A response: status, `Retry-After`, body as JSON (`Null` when not JSON) and text.
-#[derive(Debug)]
-struct Resp {
-    code: u16,
-    retry_after: Option<String>,
-    json: Value,
-    text: String,
-}
-
-impl Resp {
-    fn message(&self) -> &str {
-        self.json["message"].as_str().unwrap_or_default()
-    }
-}
-
-async fn call(
-    client: &kube::Client,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> Result<Resp> {
-    let content_type = if method == "PATCH" {
-        "application/merge-patch+json"
-    } else {
-        "application/json"
-    };
-    let request = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header(http::header::CONTENT_TYPE, content_type)
-        .header(http::header::ACCEPT, "application/json")
-        .body(kube::client::Body::from(
-            body.map(|b| b.to_string().into_bytes()).unwrap_or_default(),
-        ))
-        .context("build request")?;
-    let response = client
-        .send(request)
-        .await
-        .with_context(|| format!("{method} {path}"))?;
-    let code = response.status().as_u16();
-    let retry_after = response
-        .headers()
-        .get(http::header::RETRY_AFTER)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_string);
-    let bytes = response.into_body().collect().await?.to_bytes();
-    Ok(Resp {
-        code,
-        retry_after,
-        json: serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-        text: brief(&bytes),
-    })
-}
-
-/// At most 400 characters of a body, for error messages (a refused 2.9 MB body is echoed
-/// in nothing but its Status, but a wrongly accepted one comes back whole).
-fn brief(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).chars().take(400).collect()
-}
-
-async fn call_ok(
-    client: &kube::Client,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> Result<Value> {
-    let resp = call(client, method, path, body).await?;
-    ensure!(
-        (200..300).contains(&resp.code),
-        "{method} {path}: {} {}",
-        resp.code,
-        resp.text
-    );
-    Ok(resp.json)
 }
 
 fn base64(data: &[u8]) -> String {
@@ -174,21 +102,6 @@ async fn events_about(admin: &kube::Client, task: &str) -> Result<Vec<String>> {
         .collect())
 }
 
-/// Poll `check` every 200 ms until it holds (bounded by the test's hang guard).
-async fn eventually<F, Fut>(what: &str, mut check: F) -> Result<()>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<bool>>,
-{
-    for _ in 0..300 {
-        if check().await? {
-            return Ok(());
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    anyhow::bail!("{what}: not within 60 s")
-}
-
 fn database_bytes(dir: &Path) -> u64 {
     ["rlark.db", "rlark.db-wal"]
         .iter()
@@ -227,13 +140,13 @@ async fn task_event_flood_is_refused_and_capped() -> Result<()> {
             huge.code == 422,
             "2.9 MB message: {} {}",
             huge.code,
-            huge.text
+            huge.brief()
         );
         ensure!(
             huge.json["details"]["causes"][0]["field"] == "message"
                 && huge.message().contains("1024 bytes"),
             "{}",
-            huge.text
+            huge.brief()
         );
         let padded = call(
             &task,
@@ -246,9 +159,13 @@ async fn task_event_flood_is_refused_and_capped() -> Result<()> {
             padded.code == 413,
             "20 kB Event: {} {}",
             padded.code,
-            padded.text
+            padded.brief()
         );
-        ensure!(padded.message().contains("16384 bytes"), "{}", padded.text);
+        ensure!(
+            padded.message().contains("16384 bytes"),
+            "{}",
+            padded.brief()
+        );
         let reward = call(
             &task,
             "POST",
@@ -260,9 +177,13 @@ async fn task_event_flood_is_refused_and_capped() -> Result<()> {
             reward.code == 413,
             "20 kB task report: {} {}",
             reward.code,
-            reward.text
+            reward.brief()
         );
-        ensure!(reward.message().contains("16384 bytes"), "{}", reward.text);
+        ensure!(
+            reward.message().contains("16384 bytes"),
+            "{}",
+            reward.brief()
+        );
 
         // The flood: 40 Events of ~15 KiB each.
         let disk_before = database_bytes(dir.path());
@@ -278,10 +199,9 @@ async fn task_event_flood_is_refused_and_capped() -> Result<()> {
             match resp.code {
                 201 => created += 1,
                 429 => {
-                    ensure!(resp.json["reason"] == "TooManyRequests", "{}", resp.text);
+                    ensure!(resp.json["reason"] == "TooManyRequests", "{}", resp.brief());
                     let seconds: u64 = resp
-                        .retry_after
-                        .as_deref()
+                        .retry_after()
                         .context("429 without Retry-After")?
                         .parse()?;
                     ensure!(seconds >= 1, "Retry-After {seconds}");
@@ -291,7 +211,7 @@ async fn task_event_flood_is_refused_and_capped() -> Result<()> {
                         rate += 1;
                     }
                 }
-                other => anyhow::bail!("flood answered {other}: {}", resp.text),
+                other => anyhow::bail!("flood answered {other}: {}", resp.brief()),
             }
         }
         eprintln!("flood: {created} created, {quota} over quota, {rate} rate limited");
@@ -330,7 +250,7 @@ async fn events_expire_after_the_ttl() -> Result<()> {
                 Some(&event(&format!("e{i}"), "t1", "step", 0)),
             )
             .await?;
-            ensure!(resp.code == 201, "{} {}", resp.code, resp.text);
+            ensure!(resp.code == 201, "{} {}", resp.code, resp.brief());
         }
         eventually("the Events expire", || async {
             Ok(events_about(&admin, "t1").await?.is_empty())
@@ -347,7 +267,7 @@ async fn events_expire_after_the_ttl() -> Result<()> {
             again.code == 201,
             "quota not freed: {} {}",
             again.code,
-            again.text
+            again.brief()
         );
         let task_object = call_ok(
             &admin,
@@ -461,7 +381,7 @@ async fn admins_are_not_limited_but_sizes_apply() -> Result<()> {
             Some(&event("long", "x", &"m".repeat(1025), 0)),
         )
         .await?;
-        ensure!(long.code == 422, "{} {}", long.code, long.text);
+        ensure!(long.code == 422, "{} {}", long.code, long.brief());
         server.stop().await
     })
     .await

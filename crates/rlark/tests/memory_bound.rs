@@ -5,10 +5,12 @@
 //! times: the store's change log stays within its byte budget, and so does the process's
 //! resident memory. Alone in its test binary, so that nothing else moves the RSS.
 
+#[path = "support/raw_api.rs"]
+mod raw_api;
+
 use std::time::Duration;
 
 use anyhow::{Context as _, Result, ensure};
-use http_body_util::BodyExt as _;
 use rlark_agent::join::{AGENT_KUBECONFIG, JoinOptions};
 use rlark_testkit::{TestServer, client_from_kubeconfig};
 use serde_json::{Value, json};
@@ -20,42 +22,22 @@ const UPDATES: usize = 400;
 /// Annotation bytes per write: just under Kubernetes' 256 KiB total.
 const PAD: usize = 250 * 1024;
 
+/// `method path` with a JSON `body`: the status and at most 400 characters of the answer
+/// (enough for a Status, not a whole echoed object).
 async fn send(
     client: &kube::Client,
     method: &str,
     path: &str,
     body: &Value,
 ) -> Result<(u16, String)> {
-    let content_type = if method == "PATCH" {
-        "application/merge-patch+json"
-    } else {
-        "application/json"
-    };
-    let request = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header(http::header::CONTENT_TYPE, content_type)
-        .body(kube::client::Body::from(body.to_string().into_bytes()))?;
-    let response = client.send(request).await?;
-    let code = response.status().as_u16();
-    let bytes = response.into_body().collect().await?.to_bytes();
-    // At most 400 characters: enough for a Status, not a whole echoed object.
-    Ok((
-        code,
-        String::from_utf8_lossy(&bytes).chars().take(400).collect(),
-    ))
+    let resp = raw_api::call(client, method, path, Some(body)).await?;
+    Ok((resp.code, resp.brief()))
 }
 
 async fn get_text(client: &kube::Client, path: &str) -> Result<String> {
-    let request = http::Request::get(path).body(kube::client::Body::empty())?;
-    let response = client.send(request).await?;
-    ensure!(
-        response.status().is_success(),
-        "GET {path}: {}",
-        response.status()
-    );
-    let bytes = response.into_body().collect().await?.to_bytes();
-    Ok(String::from_utf8_lossy(&bytes).into_owned())
+    let resp = raw_api::send(client, "GET", path, &[], Vec::new()).await?;
+    ensure!((200..300).contains(&resp.code), "GET {path}: {}", resp.code);
+    Ok(resp.text)
 }
 
 /// `VmRSS` of this process (the server runs in it), in bytes.

@@ -5,6 +5,8 @@
 
 #[path = "../../../tests/support/missing_tool.rs"]
 mod missing_tool;
+#[path = "support/raw_api.rs"]
+mod raw_api;
 
 use std::future::Future;
 use std::os::unix::fs::PermissionsExt as _;
@@ -16,6 +18,7 @@ use futures::StreamExt as _;
 use http_body_util::BodyExt as _;
 use kube::api::{Api, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
+use raw_api::{Resp, call, call_ok, call_raw};
 use rlark_agent::join::{
     AGENT_CA, AGENT_KUBECONFIG, AGENT_PEM, AGENT_STATE, AgentCredentials, JoinError, JoinOptions,
     Renewer,
@@ -32,88 +35,6 @@ async fn bounded(test: impl Future<Output = Result<()>>) -> Result<()> {
     tokio::time::timeout(TEST_TIMEOUT, test)
         .await
         .with_context(|| format!("test did not finish within {TEST_TIMEOUT:?}"))?
-}
-
-// ---------------------------------------------------------------------------------------
-// HTTP helpers
-// ---------------------------------------------------------------------------------------
-
-/// A response: status code, body text and the body as JSON (`Null` when not JSON).
-#[derive(Debug)]
-struct Resp {
-    code: u16,
-    text: String,
-    json: Value,
-}
-
-impl Resp {
-    fn message(&self) -> &str {
-        self.json["message"].as_str().unwrap_or_default()
-    }
-}
-
-/// Send `body` (raw bytes, with `content_type`) and return whatever the server answered.
-async fn call_raw(
-    client: &kube::Client,
-    method: &str,
-    path: &str,
-    content_type: &str,
-    body: Vec<u8>,
-) -> Result<Resp> {
-    let request = http::Request::builder()
-        .method(method)
-        .uri(path)
-        .header(http::header::CONTENT_TYPE, content_type)
-        .header(http::header::ACCEPT, "application/json")
-        .body(kube::client::Body::from(body))
-        .context("build request")?;
-    let response = client
-        .send(request)
-        .await
-        .with_context(|| format!("{method} {path}"))?;
-    let code = response.status().as_u16();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .with_context(|| format!("read body of {method} {path}"))?
-        .to_bytes();
-    let text = String::from_utf8_lossy(&bytes).into_owned();
-    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Ok(Resp { code, text, json })
-}
-
-/// Send a JSON body (merge patch for `PATCH`); `None` sends an empty body.
-async fn call(
-    client: &kube::Client,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> Result<Resp> {
-    let content_type = if method == "PATCH" {
-        "application/merge-patch+json"
-    } else {
-        "application/json"
-    };
-    let bytes = body.map(|b| b.to_string().into_bytes()).unwrap_or_default();
-    call_raw(client, method, path, content_type, bytes).await
-}
-
-/// Like [`call`], requiring a 2xx answer; returns its JSON.
-async fn call_ok(
-    client: &kube::Client,
-    method: &str,
-    path: &str,
-    body: Option<&Value>,
-) -> Result<Value> {
-    let resp = call(client, method, path, body).await?;
-    ensure!(
-        (200..300).contains(&resp.code),
-        "{method} {path}: {} {}",
-        resp.code,
-        resp.text
-    );
-    Ok(resp.json)
 }
 
 // ---------------------------------------------------------------------------------------

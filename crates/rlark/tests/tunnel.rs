@@ -7,6 +7,9 @@
 //! Every test is bounded by a hang guard; nothing asserts on wall-clock time except the
 //! "refused comes back before the dial deadline" bound.
 
+#[path = "support/raw_api.rs"]
+mod raw_api;
+
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -15,7 +18,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use futures::{SinkExt as _, StreamExt as _};
-use http_body_util::BodyExt as _;
+use raw_api::Resp;
 use rlark_testkit::TestServer;
 use rlark_testkit::tunnel_agent::{TunnelAgent, share_pki, tokio_tungstenite};
 use rustls::pki_types::pem::PemObject as _;
@@ -219,59 +222,8 @@ async fn closed_port() -> Result<u16> {
 // HTTP through the server
 // ---------------------------------------------------------------------------------------
 
-/// A response: status, headers, body text and the body as JSON (`Null` if not JSON).
-#[derive(Debug)]
-struct Resp {
-    code: u16,
-    headers: http::HeaderMap,
-    text: String,
-    json: Value,
-}
-
-impl Resp {
-    fn message(&self) -> &str {
-        self.json["message"].as_str().unwrap_or_default()
-    }
-}
-
-/// `method path` with `headers` through `client`; whatever the server answered.
-async fn call(
-    client: &kube::Client,
-    method: &str,
-    path: &str,
-    headers: &[(&str, &str)],
-    body: Vec<u8>,
-) -> Result<Resp> {
-    let mut request = http::Request::builder().method(method).uri(path);
-    for (name, value) in headers {
-        request = request.header(*name, *value);
-    }
-    let request = request
-        .body(kube::client::Body::from(body))
-        .context("build request")?;
-    let response = within(DEADLINE, &format!("{method} {path}"), client.send(request))
-        .await?
-        .with_context(|| format!("{method} {path}"))?;
-    let code = response.status().as_u16();
-    let headers = response.headers().clone();
-    let bytes = response
-        .into_body()
-        .collect()
-        .await
-        .with_context(|| format!("read body of {method} {path}"))?
-        .to_bytes();
-    let text = String::from_utf8_lossy(&bytes).into_owned();
-    let json = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
-    Ok(Resp {
-        code,
-        headers,
-        text,
-        json,
-    })
-}
-
 async fn get(client: &kube::Client, path: &str) -> Result<Resp> {
-    call(client, "GET", path, &[], Vec::new()).await
+    raw_api::send(client, "GET", path, &[], Vec::new()).await
 }
 
 /// `GET /api/proxy/{cluster}/http/127.0.0.1:{port}/hello?x=1` must answer `hi` (with
@@ -351,7 +303,7 @@ async fn viewer_client(
 ) -> Result<kube::Client> {
     let key_and_csr = rlark_pki::generate_key_and_csr(name)?;
     let body = json!({"role": "viewer", "name": name, "csr": key_and_csr.csr_pem});
-    let resp = call(
+    let resp = raw_api::send(
         admin,
         "POST",
         "/rlark/v1/certificates",
@@ -543,7 +495,7 @@ async fn proxy_http_and_websocket_through_an_agent() -> Result<()> {
         // Plain HTTP: path, query and headers reach the target; its answer comes back.
         expect_hello(&admin, "edge", http_port).await?;
         let path = format!("/api/proxy/edge/http/127.0.0.1:{http_port}/hello?x=1");
-        let resp = call(&admin, "GET", &path, &[("x-echo", "ping")], Vec::new()).await?;
+        let resp = raw_api::send(&admin, "GET", &path, &[("x-echo", "ping")], Vec::new()).await?;
         assert_eq!(resp.code, 200, "{}", resp.text);
         assert_eq!(resp.text, "hi");
         assert_eq!(
@@ -1235,7 +1187,7 @@ async fn revoked_agent_tunnel_is_closed() -> Result<()> {
         expect_hello(&admin, "edge", http_port).await?;
         assert_eq!(tunnels(&admin).await?, vec!["edge".to_string()]);
 
-        let resp = call(
+        let resp = raw_api::send(
             &admin,
             "POST",
             "/rlark/v1/revocations",

@@ -6,23 +6,17 @@
 //! (loopback by default). SIGTERM or SIGINT stops the controllers gracefully and releases
 //! the Lease.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use bytes::Bytes;
 use clap::{ArgAction, Args};
-use http::{Request, Response, StatusCode, header};
-use http_body_util::Full;
-use hyper::body::Incoming;
-use hyper_util::rt::TokioIo;
+use http::StatusCode;
 use prometheus_client::registry::Registry;
 use rlark_controllers::ControllerConfig;
 use rlark_controllers::manager::{Manager, ManagerOptions};
-use tokio::net::TcpListener;
-use tokio::sync::watch;
+use rlark_tunnel::metrics_endpoint::{self, MetricsListener, Response};
 use tokio_util::sync::CancellationToken;
 
 use super::ClientArgs;
@@ -128,15 +122,14 @@ pub(crate) async fn controller_manager(args: ControllerManagerArgs) -> anyhow::R
     manager.register_metrics(&mut registry);
     let leading = manager.leading();
 
-    let listener = TcpListener::bind(args.metrics_listen)
+    let listener = MetricsListener::bind(args.metrics_listen)
         .await
         .with_context(|| format!("bind metrics listener {}", args.metrics_listen))?;
-    let addr = listener.local_addr().context("metrics listener address")?;
+    let addr = listener.local_addr();
     println!("rlark controller-manager: /metrics and /healthz on http://{addr}");
-    let http = tokio::spawn(serve_http(
-        listener,
-        Arc::new(registry),
-        leading,
+    let registry = Arc::new(registry);
+    let http = tokio::spawn(listener.serve_with(
+        move |path| respond(path, &registry, *leading.borrow()),
         shutdown.clone(),
     ));
 
@@ -148,74 +141,15 @@ pub(crate) async fn controller_manager(args: ControllerManagerArgs) -> anyhow::R
     Ok(())
 }
 
-/// The tiny HTTP server: `/metrics`, `/healthz`, `/readyz`, `/leader`.
-async fn serve_http(
-    listener: TcpListener,
-    registry: Arc<Registry>,
-    leading: watch::Receiver<bool>,
-    shutdown: CancellationToken,
-) {
-    loop {
-        let (stream, _) = tokio::select! {
-            _ = shutdown.cancelled() => return,
-            accepted = listener.accept() => match accepted {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!(%error, "metrics listener accept failed");
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                    continue;
-                }
-            },
-        };
-        let registry = registry.clone();
-        let leading = leading.clone();
-        let shutdown = shutdown.clone();
-        tokio::spawn(async move {
-            let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                let response = respond(request.uri().path(), &registry, *leading.borrow());
-                async move { Ok::<_, Infallible>(response) }
-            });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service);
-            tokio::select! {
-                _ = shutdown.cancelled() => {}
-                result = conn => if let Err(error) = result {
-                    tracing::debug!(%error, "metrics connection ended with error");
-                },
-            }
-        });
-    }
-}
-
-fn respond(path: &str, registry: &Registry, leading: bool) -> Response<Full<Bytes>> {
-    let text = |status: StatusCode, content_type: &'static str, body: String| {
-        let mut response = Response::new(Full::new(Bytes::from(body)));
-        *response.status_mut() = status;
-        response.headers_mut().insert(
-            header::CONTENT_TYPE,
-            header::HeaderValue::from_static(content_type),
-        );
-        response
-    };
+/// The answer to `GET path`: `/healthz`, `/livez` and `/readyz` (`ok`), `/leader` (whether
+/// this manager holds the Lease), `/metrics`; anything else 404.
+fn respond(path: &str, registry: &Registry, leading: bool) -> Response {
     match path {
-        "/healthz" | "/livez" | "/readyz" => text(StatusCode::OK, "text/plain", "ok".into()),
-        "/leader" => text(StatusCode::OK, "text/plain", leading.to_string()),
-        "/metrics" => {
-            let mut body = String::new();
-            match prometheus_client::encoding::text::encode(&mut body, registry) {
-                Ok(()) => text(
-                    StatusCode::OK,
-                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
-                    body,
-                ),
-                Err(_) => text(
-                    StatusCode::INTERNAL_SERVER_ERROR,
-                    "text/plain",
-                    "encoding metrics failed".into(),
-                ),
-            }
+        "/healthz" | "/livez" | "/readyz" => {
+            metrics_endpoint::text(StatusCode::OK, "text/plain", "ok".into())
         }
-        _ => text(StatusCode::NOT_FOUND, "text/plain", "not found".into()),
+        "/leader" => metrics_endpoint::text(StatusCode::OK, "text/plain", leading.to_string()),
+        _ => metrics_endpoint::response(path, registry),
     }
 }
 
