@@ -96,7 +96,8 @@ if command -v cargo-deny >/dev/null 2>&1; then
 fi
 
 log "module import cycles (no two modules of a crate use each other, directly or not)"
-python3 scripts/module_cycles.py
+# scripts/module_cycles.known lists the cycles not broken yet; it may only shrink.
+python3 scripts/module_cycles.py --known scripts/module_cycles.known
 
 log "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -22,9 +22,9 @@ def write_crate(base, files):
     return crate
 
 
-def run(crate):
+def run(*arguments):
     result = subprocess.run(
-        [sys.executable, SCRIPT, crate], capture_output=True, text=True, check=False
+        [sys.executable, SCRIPT, *arguments], capture_output=True, text=True, check=False
     )
     return result.returncode, result.stdout
 
@@ -115,6 +115,27 @@ def test_a_test_crate_is_its_own_target(tmp_path):
     code, out = run(crate)
     assert code == 1, out
     assert "fixture (tests/it): modules x, y import each other" in out
+
+
+def test_known_cycles_pass_and_a_gone_one_fails(tmp_path):
+    crate = write_crate(
+        tmp_path,
+        {
+            "src/lib.rs": "mod a;\nmod b;\n",
+            "src/a.rs": "use crate::b::B;\npub struct A;\n",
+            "src/b.rs": "use crate::a::A;\npub struct B;\n",
+        },
+    )
+    known = tmp_path / "known"
+    known.write_text("# not broken yet\nfixture (lib): a, b  # a and b\n")
+    code, out = run("--known", str(known), crate)
+    assert code == 0, out
+    assert "still to break: fixture (lib): modules a, b import each other" in out
+
+    known.write_text("fixture (lib): a, b\nfixture (lib): c, d\n")
+    code, out = run("--known", str(known), crate)
+    assert code == 1, out
+    assert "lists a cycle that is gone (delete the line): fixture (lib): c, d" in out
 
 
 @pytest.mark.parametrize("argument", ["--help", "-h"])
