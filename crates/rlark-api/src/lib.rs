@@ -1,6 +1,8 @@
 //! `rlinf.io/v1alpha1`: rlark's resource types, their admission validation and CRD generation.
 //!
-//! No IO here: everything is a pure function of its input.
+//! No IO here: everything is a pure function of its input. The types build on `kube-core` and
+//! `kube-derive` alone (the derive's `crates(kube_core = ::kube_core)`), not on the `kube`
+//! facade, so depending on this crate brings in no Kubernetes client, hyper or tower.
 
 pub mod crd;
 pub mod labels;

@@ -7,6 +7,11 @@ use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
+use crate::Inner;
+use crate::auth::Identity;
+use crate::authz::Attributes;
+use crate::error::ApiError;
+
 /// One audit record. Serialized as one JSON line.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
@@ -51,7 +56,7 @@ impl AuditEntry {
     }
 
     /// Set the acting identity.
-    pub fn by(mut self, identity: Option<&crate::auth::Identity>) -> Self {
+    pub fn by(mut self, identity: Option<&Identity>) -> Self {
         if let Some(identity) = identity {
             self.user = identity.user.clone();
             self.groups = identity.groups.clone();
@@ -120,4 +125,25 @@ impl AuditSink for MemoryAudit {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(entry);
     }
+}
+
+/// Record a denial to the audit sink and build its 403: `<resource>[ "<name>"] is
+/// forbidden: <reason>`.
+pub(crate) fn deny(
+    inner: &Inner,
+    identity: &Identity,
+    attrs: &Attributes,
+    name: Option<&str>,
+    reason: String,
+) -> ApiError {
+    let error = ApiError::forbidden_resource(&attrs.group, &attrs.resource, name, &reason);
+    inner.audit.record(AuditEntry {
+        verb: attrs.verb.clone(),
+        resource: attrs.qualified_resource(),
+        namespace: attrs.namespace.clone().unwrap_or_default(),
+        name: name.unwrap_or_default().to_string(),
+        reason,
+        ..AuditEntry::now("denied", "denied").by(Some(identity))
+    });
+    error
 }

@@ -1,5 +1,5 @@
 //! Event expiry, run by [`crate::ApiServer::run_background`] next to the garbage collector:
-//! every [`sweep_interval`] all core Events are listed and
+//! every [`event_sweep_interval`] all core Events are listed and
 //!
 //! - an Event not written for [`crate::limits::Limits::event_ttl`] is deleted (as
 //!   kube-apiserver's `--event-ttl`, default 1 h). The time of the last write is when a sweep
@@ -18,22 +18,21 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use rlark_store::ListOptions;
 use serde_json::Value;
+// The TTL is measured on tokio's clock, the one the sweep's sleep runs on.
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::Inner;
 use crate::error::ApiError;
-use crate::lifecycle::{DeleteOptions, key, meta_str};
+use crate::lifecycle::DeleteOptions;
+use crate::limits::event_sweep_interval;
+use crate::object::{key, meta_str};
 use crate::registry::ResourceType;
-
-/// How often Events are swept for a TTL of `ttl`: a quarter of it, between 250 ms and 60 s.
-pub(crate) fn sweep_interval(ttl: Duration) -> Duration {
-    (ttl / 4).clamp(Duration::from_millis(250), Duration::from_secs(60))
-}
 
 /// What a sweep remembers of one Event (by uid).
 #[derive(Debug)]
@@ -47,7 +46,7 @@ struct Seen {
 
 /// Sweep until `shutdown`.
 pub(crate) async fn run(inner: Arc<Inner>, shutdown: CancellationToken) {
-    let interval = sweep_interval(inner.options.limits.event_ttl);
+    let interval = event_sweep_interval(inner.options.limits.event_ttl);
     let mut seen: HashMap<String, Seen> = HashMap::new();
     loop {
         tokio::select! {
@@ -207,22 +206,6 @@ async fn sweep(inner: &Inner, seen: &mut HashMap<String, Seen>) -> Result<(), Ap
 mod tests {
     use super::*;
     use serde_json::json;
-
-    #[test]
-    fn sweep_interval_follows_the_ttl_within_bounds() {
-        assert_eq!(
-            sweep_interval(Duration::from_secs(3600)),
-            Duration::from_secs(60)
-        );
-        assert_eq!(
-            sweep_interval(Duration::from_secs(2)),
-            Duration::from_millis(500)
-        );
-        assert_eq!(
-            sweep_interval(Duration::from_millis(100)),
-            Duration::from_millis(250)
-        );
-    }
 
     #[test]
     fn first_sighting_trusts_timestamps_up_to_now() {

@@ -33,8 +33,9 @@ use crate::Inner;
 use crate::error::ApiError;
 use crate::lifecycle::{
     DeleteOptions, FOREGROUND_FINALIZER, NAMESPACE_FINALIZER, Propagation, is_deleting,
-    is_namespace, key, key_of, meta_str, names_uid, remove_from,
+    is_namespace, names_uid, remove_from,
 };
+use crate::object::{key, key_of, meta_str};
 use crate::registry::ResourceType;
 
 /// How often the whole index is swept for work that events did not finish.

@@ -12,14 +12,15 @@ use serde::Deserialize;
 use tracing::Instrument;
 
 use crate::Inner;
-use crate::audit::AuditEntry;
+use crate::audit::deny;
 use crate::auth::Identity;
-use crate::authz::{self, Attributes, Decision};
+use crate::authz::{self, Decision};
 use crate::body;
 use crate::error::ApiError;
 use crate::fieldvalidation::FieldValidation;
-use crate::lifecycle::{DeleteOptions, Propagation, WriteOptions, key};
+use crate::lifecycle::{DeleteOptions, Propagation, WriteOptions};
 use crate::list::Page;
+use crate::object::key;
 use crate::output::{Output, json_response};
 use crate::patch;
 use crate::request::{self, Query, Target, Verb};
@@ -107,27 +108,6 @@ fn rate_limit(inner: &Inner, parts: &Parts, verb: Verb) -> Result<(), ApiError> 
         Some(identity) => inner.rate_limiter.check(identity),
         None => Err(ApiError::unauthorized()),
     }
-}
-
-/// Record a denial to the audit sink and build its 403: `<resource>[ "<name>"] is
-/// forbidden: <reason>`.
-pub(crate) fn deny(
-    inner: &Inner,
-    identity: &Identity,
-    attrs: &Attributes,
-    name: Option<&str>,
-    reason: String,
-) -> ApiError {
-    let error = ApiError::forbidden_resource(&attrs.group, &attrs.resource, name, &reason);
-    inner.audit.record(AuditEntry {
-        verb: attrs.verb.clone(),
-        resource: attrs.qualified_resource(),
-        namespace: attrs.namespace.clone().unwrap_or_default(),
-        name: name.unwrap_or_default().to_string(),
-        reason,
-        ..AuditEntry::now("denied", "denied").by(Some(identity))
-    });
-    error
 }
 
 fn write_options(query: &Query, parts: &Parts) -> Result<WriteOptions, ApiError> {

@@ -35,6 +35,7 @@ mod handlers;
 mod lifecycle;
 mod list;
 mod metrics;
+mod object;
 mod output;
 mod patch;
 mod request;

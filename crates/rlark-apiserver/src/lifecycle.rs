@@ -20,6 +20,7 @@ use crate::authz::Attributes;
 use crate::body::Decoded;
 use crate::error::{ApiError, Cause};
 use crate::fieldvalidation::{self, FieldValidation};
+use crate::object::{key, key_of, meta_str, parse_resource_version, revision_of};
 use crate::patch::DecodedPatch;
 use crate::registry::ResourceType;
 use crate::selectors::Selectors;
@@ -97,41 +98,6 @@ pub(crate) struct DeleteOptions {
     pub precondition_uid: Option<String>,
     pub precondition_resource_version: Option<String>,
     pub dry_run: bool,
-}
-
-/// The store key of object `name` of `rt` in `namespace` (`""` for cluster-scoped kinds).
-pub(crate) fn key(rt: &ResourceType, namespace: &str, name: &str) -> ObjectKey {
-    ObjectKey::new(rt.store_resource(), namespace, name)
-}
-
-/// The key of a stored object of `rt`, from its metadata.
-pub(crate) fn key_of(rt: &ResourceType, object: &Value) -> ObjectKey {
-    key(
-        rt,
-        meta_str(object, "namespace").unwrap_or(""),
-        meta_str(object, "name").unwrap_or(""),
-    )
-}
-
-pub(crate) fn meta_str<'a>(object: &'a Value, field: &str) -> Option<&'a str> {
-    object
-        .get("metadata")
-        .and_then(|m| m.get(field))
-        .and_then(Value::as_str)
-}
-
-/// `metadata.resourceVersion` of a stored object (always a decimal revision).
-pub(crate) fn revision_of(object: &Value) -> Revision {
-    meta_str(object, "resourceVersion")
-        .and_then(|rv| rv.parse().ok())
-        .unwrap_or(0)
-}
-
-/// Parse a client-supplied resourceVersion; 400 when it is not a revision.
-pub(crate) fn parse_resource_version(value: &str) -> Result<Revision, ApiError> {
-    value
-        .parse()
-        .map_err(|_| ApiError::bad_request(format!("invalid resource version: {value:?}")))
 }
 
 pub(crate) fn finalizers(object: &Value) -> Vec<String> {
@@ -399,7 +365,7 @@ impl Inner {
             namespace: (rt.namespaced && !namespace.is_empty()).then(|| namespace.to_string()),
             name: name.map(str::to_string),
         };
-        Err(crate::handlers::deny(self, identity, &attrs, name, reason))
+        Err(crate::audit::deny(self, identity, &attrs, name, reason))
     }
 
     /// 403 when the agent creating Node `name` in `namespace` already has
@@ -449,7 +415,7 @@ impl Inner {
             "User {:?} may register at most {limit} Nodes in namespace {namespace:?} (api.maxNodesPerAgent) and it has {has} already",
             identity.user,
         );
-        Err(crate::handlers::deny(
+        Err(crate::audit::deny(
             self,
             identity,
             &attrs,

@@ -20,10 +20,12 @@
 
 use std::collections::HashMap;
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use rlark_store::ListOptions;
 use serde_json::Value;
+// Token buckets refill on tokio's clock, like every other timer of the API server.
+use tokio::time::Instant;
 
 use crate::Inner;
 use crate::auth::{Identity, Role, agent_namespace};
@@ -116,6 +118,11 @@ impl Limits {
         positive("taskWriteBurst", self.task_write_burst as usize)?;
         Ok(())
     }
+}
+
+/// How often Events are swept (`eventgc.rs`) for a TTL of `ttl`: a quarter of it, between 250 ms and 60 s.
+pub(crate) fn event_sweep_interval(ttl: Duration) -> Duration {
+    (ttl / 4).clamp(Duration::from_millis(250), Duration::from_secs(60))
 }
 
 fn is_event(rt: &ResourceType) -> bool {
@@ -284,7 +291,7 @@ impl Inner {
         if !matches!(role, Role::Agent { .. } | Role::Task { .. }) || !rt.namespaced {
             return Ok(());
         }
-        let retry = crate::eventgc::sweep_interval(limits.event_ttl).as_secs();
+        let retry = event_sweep_interval(limits.event_ttl).as_secs();
         if let Role::Agent { cluster_id } = &role
             && agent_namespace(cluster_id) == namespace
         {
@@ -358,6 +365,22 @@ impl Inner {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn event_sweep_interval_follows_the_ttl_within_bounds() {
+        assert_eq!(
+            event_sweep_interval(Duration::from_secs(3600)),
+            Duration::from_secs(60)
+        );
+        assert_eq!(
+            event_sweep_interval(Duration::from_secs(2)),
+            Duration::from_millis(500)
+        );
+        assert_eq!(
+            event_sweep_interval(Duration::from_millis(100)),
+            Duration::from_millis(250)
+        );
+    }
 
     #[test]
     fn event_sizes_are_limited_with_the_field_and_limit_named() {

@@ -25,7 +25,7 @@ use serde_json::Value;
 
 use crate::Inner;
 use crate::error::{ApiError, Cause};
-use crate::lifecycle::parse_resource_version;
+use crate::object::parse_resource_version;
 use crate::registry::ResourceType;
 use crate::request::Query;
 use crate::selectors::Selectors;
@@ -312,10 +312,10 @@ impl Inner {
             (true, Some(last)) => Some(
                 ContinueToken {
                     rv: revision,
-                    ns: crate::lifecycle::meta_str(last, "namespace")
+                    ns: crate::object::meta_str(last, "namespace")
                         .unwrap_or("")
                         .to_string(),
-                    name: crate::lifecycle::meta_str(last, "name")
+                    name: crate::object::meta_str(last, "name")
                         .unwrap_or("")
                         .to_string(),
                 }

@@ -41,9 +41,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Inner;
 use crate::error::ApiError;
-use crate::lifecycle::key_of;
 use crate::list::{Freshness, freshness, wait_for_revision};
 use crate::metrics::WatchGuard;
+use crate::object::key_of;
 use crate::output::{Output, event_line};
 use crate::registry::ResourceType;
 use crate::request::Query;

@@ -15,7 +15,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex as StdMutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::api::core::v1::Namespace;
@@ -31,6 +31,8 @@ use rlark_api::types::{
     Job, JobPhase, JobStatus, JobTaskStatus, JobTaskTemplate, Node, Task, TaskPhase, TaskSpec,
 };
 use serde_json::{Value, json};
+// Expectation and assumption TTLs follow tokio's clock, which tests may pause and advance.
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 

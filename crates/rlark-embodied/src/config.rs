@@ -849,15 +849,15 @@ fn check_type(path: &str, t: &RobotType, problems: &mut Vec<FieldError>) {
             ));
         }
         if t.backend == Backend::Sim
-            && (mode.package != crate::robot::sim::PACKAGE
-                || mode.launch_file != crate::robot::sim::LAUNCH_FILE)
+            && (mode.package != crate::robot::sim_launch::PACKAGE
+                || mode.launch_file != crate::robot::sim_launch::LAUNCH_FILE)
         {
             problems.push(err(
                 mode_path.clone(),
                 format!(
                     "sim robots launch {}/{} (the built-in arm), not {}/{}",
-                    crate::robot::sim::PACKAGE,
-                    crate::robot::sim::LAUNCH_FILE,
+                    crate::robot::sim_launch::PACKAGE,
+                    crate::robot::sim_launch::LAUNCH_FILE,
                     mode.package,
                     mode.launch_file
                 ),

@@ -17,16 +17,7 @@ use http::HeaderMap;
 use rlark_apiserver::auth::Identity;
 use rustls::pki_types::CertificateDer;
 
-use crate::security::{Security, SecurityError};
-
-/// How a request was authenticated (a request extension next to the [`Identity`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub(crate) enum AuthMethod {
-    /// Client certificate with this serial (normalized hex).
-    Certificate { serial: String },
-    /// Bearer token with this id.
-    Bearer { id: String },
-}
+use crate::security::{AuthMethod, Security, SecurityError};
 
 /// What a connection proved about its peer during the TLS handshake, plus the bearer tokens
 /// its requests used (so the connection can close itself when one is revoked).

@@ -1,6 +1,13 @@
 //! Backend-independent conformance suite for [`Store`] implementations.
 //!
-//! Every backend runs [`run_all`] in its tests with a factory that returns a fresh, empty store:
+//! Every backend runs [`run_all`] in its tests with a factory that returns a fresh, empty store.
+//! Outside this crate the suite is behind the cargo feature `conformance` (off by default), which
+//! a backend's crate enables for its tests only:
+//!
+//! ```toml
+//! [dev-dependencies]
+//! rlark-store = { workspace = true, features = ["conformance"] }
+//! ```
 //!
 //! ```ignore
 //! rlark_store::conformance::run_all(|| async { MyStore::open_temporary().await }).await;

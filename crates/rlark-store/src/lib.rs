@@ -6,7 +6,9 @@
 //! `metadata.resourceVersion` as a decimal string. A change log of recent events feeds
 //! watches; watching from a revision older than the log answers [`StoreError::Expired`].
 //!
-//! Contract for every backend (checked by [`conformance`]):
+//! Contract for every backend (checked by the conformance suite, `conformance`: compiled into
+//! this crate's own tests, and for other crates' tests behind the cargo feature `conformance`,
+//! off by default so that no product build carries it):
 //! - The object must be a JSON object whose `metadata.name` equals the key's name, and whose
 //!   `metadata.namespace` equals the key's namespace (absent, null or `""` for cluster-scoped
 //!   keys); otherwise [`StoreError::InvalidObject`].
@@ -36,6 +38,7 @@
 //!   once anything was written and compacted; the API server maps Kubernetes' `resourceVersion=0`
 //!   / unset ("any"/"most recent") to a list at the current revision followed by a watch from it.
 
+#[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
 mod error;
 mod sqlite;

@@ -1,6 +1,6 @@
 //! `Domain` (cluster-scoped): a virtual IPv4/IPv6 network spanning clusters.
 
-use kube::CustomResource;
+use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
+    crates(kube_core = ::kube_core),
     group = "rlinf.io",
     version = "v1alpha1",
     kind = "Domain",

@@ -2,7 +2,7 @@
 //!
 //! Unlike RLark's, it holds no key material: no private key is ever stored in a spec.
 
-use kube::CustomResource;
+use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -12,6 +12,7 @@ use serde::{Deserialize, Serialize};
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
+    crates(kube_core = ::kube_core),
     group = "rlinf.io",
     version = "v1alpha1",
     kind = "DomainPeer",

@@ -2,7 +2,7 @@
 
 use k8s_openapi::api::core::v1::NodeAddress;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::CustomResource;
+use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -36,6 +36,7 @@ string_enum!(NodeCategory { Cloud => "cloud", Edge => "edge", Robot => "robot" }
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[kube(
+    crates(kube_core = ::kube_core),
     group = "rlinf.io",
     version = "v1alpha1",
     kind = "Node",

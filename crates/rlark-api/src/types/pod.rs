@@ -1,7 +1,7 @@
 //! `Pod` (namespaced): control-plane mirror of one replica of a Task.
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::CustomResource;
+use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -31,6 +31,7 @@ string_enum!(PodPhase {
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[kube(
+    crates(kube_core = ::kube_core),
     group = "rlinf.io",
     version = "v1alpha1",
     kind = "Pod",

@@ -193,7 +193,7 @@ async fn resource_version_semantics() {
     );
 
     // A revision from the future: wait for the store, then 504.
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let future = h
         .get(&format!(
             "{JOBS}?resourceVersion={}&resourceVersionMatch=NotOlderThan",

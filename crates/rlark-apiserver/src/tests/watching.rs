@@ -29,7 +29,7 @@ async fn kube_rs_watcher_sequence() {
         &json!({"metadata": {"labels": {"x": "y"}}}),
     )
     .await;
-    let started = std::time::Instant::now();
+    let started = tokio::time::Instant::now();
     let (status, mut events) = h
         .watch(
             &format!(

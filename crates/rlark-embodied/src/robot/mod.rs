@@ -28,6 +28,7 @@ pub mod process;
 pub mod ros;
 pub mod service;
 pub mod sim;
+pub mod sim_launch;
 pub mod watchdog;
 
 use std::collections::BTreeMap;

@@ -26,7 +26,7 @@ use regex::Regex;
 use rlark_proto::robot::v1::{LaunchArg, PackageInfo};
 
 use super::error::RobotError;
-use super::sim;
+use super::sim_launch;
 use crate::config::{Backend, EmbodiedConfig};
 
 /// Deepest directory level searched below a ROS 1 package path entry.
@@ -123,7 +123,7 @@ impl Catalog {
     pub fn packages(&self) -> BTreeMap<String, Package> {
         let mut found = BTreeMap::new();
         if self.builtin_sim {
-            found.insert(sim::PACKAGE.to_string(), sim_package());
+            found.insert(sim_launch::PACKAGE.to_string(), sim_package());
         }
         for root in &self.ros1_roots {
             for package in ros1_packages(root) {
@@ -164,7 +164,7 @@ impl Catalog {
     pub fn launch_files(&self, name: &str) -> Result<Vec<String>, RobotError> {
         let package = self.package(name)?;
         Ok(match &package.launch_dir {
-            None => vec![sim::LAUNCH_FILE.to_string()],
+            None => vec![sim_launch::LAUNCH_FILE.to_string()],
             Some(dir) => list_launch_files(dir),
         })
     }
@@ -178,8 +178,8 @@ impl Catalog {
         }
         let package = self.package(name)?;
         let Some(dir) = &package.launch_dir else {
-            return if launch_file == sim::LAUNCH_FILE {
-                Ok(sim::launch_args())
+            return if launch_file == sim_launch::LAUNCH_FILE {
+                Ok(sim_launch::launch_args())
             } else {
                 Err(RobotError::NotFound(format!(
                     "package {name:?} has no launch file {launch_file:?}"
@@ -209,7 +209,7 @@ impl Catalog {
 
 fn sim_package() -> Package {
     Package {
-        name: sim::PACKAGE.to_string(),
+        name: sim_launch::PACKAGE.to_string(),
         version: env!("CARGO_PKG_VERSION").to_string(),
         description: "rlark's built-in simulated arm".to_string(),
         maintainer: "rlark".to_string(),

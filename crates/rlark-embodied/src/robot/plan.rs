@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use rlark_proto::robot::v1::{ModeConfig, ModeInfo};
 
 use super::error::RobotError;
-use super::sim;
+use super::sim_launch;
 use crate::config::{Backend, EmbodiedConfig, Robot, valid_arg_name, valid_env_name};
 
 /// A resolved launch.
@@ -135,17 +135,17 @@ pub fn resolve(
     args.extend(request.args.clone());
 
     if robot.backend == Backend::Sim {
-        if info.package != sim::PACKAGE || info.launch_file != sim::LAUNCH_FILE {
+        if info.package != sim_launch::PACKAGE || info.launch_file != sim_launch::LAUNCH_FILE {
             return Err(RobotError::InvalidArgument(format!(
                 "sim robot {:?} can only launch {}/{}, not {}/{}",
                 robot.id,
-                sim::PACKAGE,
-                sim::LAUNCH_FILE,
+                sim_launch::PACKAGE,
+                sim_launch::LAUNCH_FILE,
                 info.package,
                 info.launch_file
             )));
         }
-        sim::SimParams::from_args(&args).map_err(RobotError::InvalidArgument)?;
+        sim_launch::SimParams::from_args(&args).map_err(RobotError::InvalidArgument)?;
     }
     info.args = args.clone();
     let env = info.env.clone();

@@ -103,6 +103,16 @@ impl SecurityError {
 
 type SecResult<T> = Result<T, SecurityError>;
 
+/// How a request was authenticated (a request extension next to the [`Identity`], set by
+/// `crate::auth`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum AuthMethod {
+    /// Client certificate with this serial (normalized hex).
+    Certificate { serial: String },
+    /// Bearer token with this id.
+    Bearer { id: String },
+}
+
 /// The certificate roles the server signs for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum CertRole {

@@ -28,8 +28,7 @@ use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::{CertRole, Security, SecurityError, rfc3339};
-use crate::auth::AuthMethod;
+use super::{AuthMethod, CertRole, Security, SecurityError, rfc3339};
 
 /// Largest request body of these routes.
 pub(crate) const MAX_BODY_BYTES: usize = 64 * 1024;

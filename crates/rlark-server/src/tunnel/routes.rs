@@ -24,7 +24,7 @@ use rlark_tunnel::header::Status;
 use serde_json::json;
 
 use super::Hub;
-use crate::auth::AuthMethod;
+use crate::security::AuthMethod;
 
 /// Header an agent's node-level connection names its node with.
 pub(crate) const NODE_HEADER: &str = "x-rlark-node";

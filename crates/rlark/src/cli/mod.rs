@@ -120,6 +120,9 @@ enum Command {
     Camera(camera::CameraArgs),
 }
 
+/// Data directory of `rlark up`, `rlark kubeconfig` and `rlark ca` when none is given.
+pub(crate) const DEFAULT_DATA_DIR: &str = ".rlark";
+
 /// Flags shared by the commands that talk to a server.
 #[derive(Clone, Debug, Default, Args)]
 pub(crate) struct ClientArgs {

@@ -12,10 +12,9 @@ use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
 use serde_json::{Value, json};
 
-use super::ClientArgs;
 use super::client::{DEFAULT_KUBECONFIG, format_status};
-use super::server::DEFAULT_DATA_DIR;
 use super::table::align;
+use super::{ClientArgs, DEFAULT_DATA_DIR};
 
 /// Bootstrap-token lifetime when `--ttl` is not given (the server's default too).
 const DEFAULT_BOOTSTRAP_TTL_SECONDS: u64 = 3600;

@@ -10,10 +10,8 @@ use rlark_server::{ServerConfig, ServerConfigFile, ServerOverrides};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+use super::DEFAULT_DATA_DIR;
 use super::security::{self, SecurityClient, UserRole, parse_seconds};
-
-/// Data directory of `rlark up`, `rlark kubeconfig` and `rlark ca` when none is given.
-pub(crate) const DEFAULT_DATA_DIR: &str = ".rlark";
 
 #[derive(Debug, Args)]
 pub(crate) struct ServerArgs {
