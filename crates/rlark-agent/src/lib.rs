@@ -17,6 +17,9 @@
 //!   supervisor process ([`supervisor`], `rlark supervise`), so replicas outlive an agent
 //!   that exits or dies and the next agent adopts them;
 //! - **metrics** (optional): `GET /metrics` on a loopback address.
+//!
+//! [`sim`] is a simulated agent for benchmarks and tests: the same protocol towards the
+//! control plane, scripted replicas instead of processes.
 
 pub mod api;
 pub mod config;
@@ -25,6 +28,7 @@ pub mod exec;
 pub mod join;
 pub mod node;
 pub mod runtime;
+pub mod sim;
 pub mod supervisor;
 mod task_events;
 pub mod tasks;

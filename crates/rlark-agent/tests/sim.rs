@@ -7,8 +7,9 @@ use std::time::Duration;
 use anyhow::{Context as _, bail};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use rlark_agent::sim::{Behaviour, SimAgent, SimNode};
 use rlark_api::types::{NodePhase, Pod, PodPhase, Task};
-use rlark_testkit::{Behaviour, SimAgent, SimNode, TestServer};
+use rlark_testkit::TestServer;
 use serde_json::json;
 
 const DEADLINE: Duration = Duration::from_secs(20);
