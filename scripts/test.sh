@@ -4,7 +4,8 @@
 #   end-to-end (real kubectl, the official Python Kubernetes client) — driven from cargo
 #   tests and pytest against the binary that `cargo test` built.
 #   Python SDK (sdk/python, pytest) against a real `rlark embodied` from that binary.
-#   Hygiene: cargo fmt, cargo clippy -D warnings, cargo machete (no unused dependencies).
+#   Hygiene: cargo fmt, cargo clippy -D warnings, cargo machete (no unused dependencies),
+#   no test kit among the rlark binary's normal dependencies.
 # Environment:
 #   CARGO_TARGET_DIR   optional shared build cache (the script works without it)
 #   RLARK_SKIP_INSTALL=1  skip apt/pip installs (offline dev loops); tests whose tool is
@@ -71,6 +72,12 @@ if ! command -v cargo-machete >/dev/null 2>&1; then
 fi
 if command -v cargo-machete >/dev/null 2>&1; then
     cargo machete
+fi
+
+log "cargo tree -e normal -p rlark (no test kit in the product)"
+if cargo tree --locked -e normal -p rlark --prefix none | grep -q '^rlark-testkit '; then
+    echo "rlark-testkit is a normal dependency of the rlark binary (tests only: dev-dependency)" >&2
+    exit 1
 fi
 
 log "cargo clippy (all targets, warnings are errors)"
