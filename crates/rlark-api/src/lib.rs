@@ -2,6 +2,7 @@
 //!
 //! No IO here: everything is a pure function of its input.
 
+pub mod agent;
 pub mod crd;
 pub mod labels;
 pub mod names;
