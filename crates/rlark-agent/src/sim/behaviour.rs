@@ -4,10 +4,6 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
-use serde_json::json;
-
 /// How the replicas of a Task end.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Behaviour {
@@ -43,24 +39,13 @@ impl Behaviour {
         }
     }
 
-    /// The status patch (its `status` value) that ends a replica, or `None` for
-    /// [`Behaviour::RunForever`].
-    pub fn final_status(&self, now: Timestamp) -> Option<serde_json::Value> {
+    /// The exit code a replica ends with on its own (`None`: it never ends on its own).
+    /// What happens then (`Succeeded`, `Failed`, a restart) is the agent protocol's
+    /// (`rlark_api::agent::replica`), as for a real process.
+    pub fn exit_code(&self) -> Option<i32> {
         match self {
-            Behaviour::Succeed { .. } => Some(json!({
-                "phase": "Succeeded",
-                "exitCode": 0,
-                "reason": "Completed",
-                "message": "process exited with code 0",
-                "finishTime": Time(now),
-            })),
-            Behaviour::Fail { exit_code, .. } => Some(json!({
-                "phase": "Failed",
-                "exitCode": exit_code,
-                "reason": "Error",
-                "message": format!("process exited with code {exit_code}"),
-                "finishTime": Time(now),
-            })),
+            Behaviour::Succeed { .. } => Some(0),
+            Behaviour::Fail { exit_code, .. } => Some(*exit_code),
             Behaviour::RunForever => None,
         }
     }
@@ -150,20 +135,14 @@ mod tests {
     }
 
     #[test]
-    fn final_status_says_how_the_replica_ended() {
-        let now = Timestamp::UNIX_EPOCH;
-        let ok = Behaviour::succeed_after(Duration::ZERO)
-            .final_status(now)
-            .expect("ends");
-        assert_eq!(ok["phase"], "Succeeded");
-        assert_eq!(ok["exitCode"], 0);
-        let failed = Behaviour::fail_after(Duration::ZERO, 7)
-            .final_status(now)
-            .expect("ends");
-        assert_eq!(failed["phase"], "Failed");
-        assert_eq!(failed["exitCode"], 7);
-        assert!(failed["message"].as_str().is_some_and(|m| m.contains('7')));
-        assert!(Behaviour::run_forever().final_status(now).is_none());
+    fn behaviours_say_when_and_how_replicas_end() {
+        let ok = Behaviour::succeed_after(Duration::from_secs(2));
+        assert_eq!(ok.runs_for(), Some(Duration::from_secs(2)));
+        assert_eq!(ok.exit_code(), Some(0));
+        let failed = Behaviour::fail_after(Duration::ZERO, 7);
+        assert_eq!(failed.runs_for(), Some(Duration::ZERO));
+        assert_eq!(failed.exit_code(), Some(7));
+        assert_eq!(Behaviour::run_forever().exit_code(), None);
         assert_eq!(Behaviour::run_forever().runs_for(), None);
     }
 }

@@ -1,31 +1,37 @@
 //! A simulated agent for `rlark bench` and tests: it speaks the agent protocol to the
 //! control plane exactly as a real agent does (`docs/concepts.md`, "Agent protocol"), but
-//! runs no process: each Task's replicas play a scripted [`Behaviour`] instead.
+//! runs no process: each replica's simulated process plays the Task's scripted
+//! [`Behaviour`] instead. Everything the protocol fixes — names, annotations, reasons, the
+//! Node description, the Pod status of each transition, and what happens to a replica
+//! (restart policy and backoff, deadline, stop) — comes from `rlark_api::agent`, the same
+//! module the real agent and the Task controller use.
 //!
 //! What it does, for cluster `C` (namespace `rlark-C`, created when missing):
-//! - registers one `Node` per simulated machine ([`SimNode`]: labels `rlark.io/cluster-id`,
-//!   `kubernetes.io/hostname`, `rlark.io/node-category`, `rlark.io/agent-type` plus any
-//!   given; `spec.agentType: Raw`; status `Online` with capacity and allocatable);
-//! - renews a heartbeat every [`SimAgentBuilder::heartbeat_interval`]: the Lease
-//!   `node-<name>` (`coordination.k8s.io/v1`) and/or `Node.status.heartbeatTime`
-//!   ([`HeartbeatMode`]);
+//! - registers one `Node` per simulated machine ([`SimNode`], as a
+//!   `rlark_api::agent::NodeDescription`) and renews a heartbeat every
+//!   [`SimAgentBuilder::heartbeat_interval`]: the Lease `node-<name>` and/or
+//!   `Node.status.heartbeatTime` ([`HeartbeatMode`]);
 //! - watches the `Task`s of its namespace; for a Task placed on its cluster
-//!   (`spec.placement.clusterID == C`) it creates one `Pod` per replica (`<task>-<index>`,
-//!   label `rlark.io/task-name`), reports it `Running` on `placement.nodes[index]`, then ends
-//!   it as the task's [`Behaviour`] says (`Succeeded` with exit code 0, or `Failed` with the
-//!   given exit code and a message);
-//! - `spec.stopped: true` on a Task ends its running Pods as `Failed` with reason `Stopped`
-//!   (exit code 143, SIGTERM); clearing it again starts a fresh run;
+//!   (`spec.placement.clusterID == C`) it creates one `Pod` per replica
+//!   (`rlark_api::agent::replica_pod`), reports it `Running` on `placement.nodes[index]`
+//!   (`Pending` first with a [`SimAgentBuilder::start_delay`]); each replica's process
+//!   runs for the behaviour's time and exits with its code, and the protocol's replica
+//!   state machine (`rlark_api::agent::replica`) decides the rest: `Succeeded`/`Failed`,
+//!   or a restart after a backoff as `raw.restartPolicy` says, a kill at
+//!   `raw.activeDeadlineSeconds`;
+//! - `spec.stopped: true` on a Task kills its running replicas (they exit at once on
+//!   SIGTERM, [`STOPPED_EXIT_CODE`]) and they end `Failed` with reason `Stopped`; clearing
+//!   it again starts a fresh run;
 //! - a new run (new Task UID, a changed `rlark.io/restarted-at` annotation, a changed
-//!   placement, or a resume) deletes the Task's old Pods and creates new ones ([`run_key`]);
+//!   placement, or a resume) deletes the Task's old Pods and creates new ones;
 //! - a deleted Task has its Pods deleted.
 //!
 //! [`SimAgent::stop`] ends all of it (heartbeats and watches stop, as when a real agent
 //! dies); Pods are left as they are. A simulated agent started again adopts the Pods of its
-//! runs (the [`RUN_KEY_ANNOTATION`]) instead of running finished replicas again.
+//! runs (their `rlark.io/run-key` annotation) instead of running finished replicas again.
 //!
 //! It needs only a `kube::Client` allowed to write its namespace's Nodes, Leases and Pods
-//! (an admin's, or the agent identity of cluster `C`) — no data directory, no supervisor.
+//! (an admin's, or the agent identity of cluster `C`): no data directory, no supervisor.
 //!
 //! ```no_run
 //! # async fn demo(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
@@ -44,15 +50,15 @@
 
 mod behaviour;
 mod node;
-mod pods;
 mod runs;
 
 pub use behaviour::{Behaviour, Behaviours};
-pub use node::{HOSTNAME_LABEL, SimNode};
-pub use pods::{
-    RUN_KEY_ANNOTATION, STOPPED_EXIT_CODE, STOPPED_REASON, TASK_UID_ANNOTATION, pod_name,
-    replica_pod, run_key, running_status, stopped_status,
-};
+pub use node::SimNode;
+
+/// Exit code of a simulated process killed by SIGTERM (128 + 15): a replica ended by
+/// `spec.stopped` or at its deadline reports it. A simulated process exits at once on
+/// SIGTERM, so the grace period is never used up.
+pub const STOPPED_EXIT_CODE: i32 = 143;
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -265,7 +271,8 @@ impl Shared {
     /// Create or update the Node, report its status, write its Lease.
     async fn register(&self, node: &SimNode) -> Result<(), SimAgentError> {
         let api = self.nodes_api();
-        let object = node.to_node(&self.cluster_id);
+        let description = node.description();
+        let object = description.to_node(&self.cluster_id);
         let register_err = |source| SimAgentError::RegisterNode {
             node: node.name.clone(),
             source,
@@ -283,7 +290,7 @@ impl Shared {
             }
             Err(e) => return Err(register_err(e)),
         }
-        let status = json!({ "status": node.status(Timestamp::now()) });
+        let status = json!({ "status": description.status(Timestamp::now()) });
         api.patch_status(&node.name, &PatchParams::default(), &Patch::Merge(&status))
             .await
             .map_err(register_err)?;

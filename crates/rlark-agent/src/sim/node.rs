@@ -4,15 +4,8 @@
 use std::collections::BTreeMap;
 
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use k8s_openapi::jiff::Timestamp;
-use rlark_api::labels;
-use rlark_api::types::{
-    AgentType, Node, NodeCategory, NodeInfo, NodeSpec, NodeStatus, ResourceList,
-};
-
-/// Label every Node carries with its machine name (as kubelet's).
-pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
+use rlark_api::agent::NodeDescription;
+use rlark_api::types::{NodeCategory, NodeInfo, ResourceList};
 
 /// One simulated machine.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,45 +63,23 @@ impl SimNode {
         self.allocatable.as_ref().unwrap_or(&self.capacity)
     }
 
-    /// Every label the Node carries for cluster `cluster_id`.
-    pub fn all_labels(&self, cluster_id: &str) -> BTreeMap<String, String> {
-        let mut all = self.labels.clone();
-        all.insert(labels::CLUSTER_ID.into(), cluster_id.into());
-        all.insert(HOSTNAME_LABEL.into(), self.name.clone());
-        all.insert(labels::NODE_CATEGORY.into(), self.category.as_str().into());
-        all.insert(labels::AGENT_TYPE.into(), AgentType::Raw.as_str().into());
-        all
-    }
-
-    /// The Node object (metadata and spec; status see [`SimNode::status`]).
-    pub fn to_node(&self, cluster_id: &str) -> Node {
-        let mut node = Node::new(
-            &self.name,
-            NodeSpec {
-                agent_type: AgentType::Raw,
-                unschedulable: false,
-            },
-        );
-        node.metadata.namespace = Some(rlark_api::names::agent_namespace(cluster_id));
-        node.metadata.labels = Some(self.all_labels(cluster_id));
-        node
-    }
-
-    /// The status the agent reports: `Online`, resources, heartbeat `now`.
-    pub fn status(&self, now: Timestamp) -> NodeStatus {
-        NodeStatus {
-            phase: Some(rlark_api::types::NodePhase::Online),
-            reason: Some("AgentReady".into()),
-            node_info: Some(NodeInfo {
+    /// The machine as the agent protocol describes it: what the simulated agent registers
+    /// (`to_node`) and reports (`status`), as a real agent does. No addresses; `nodeInfo`
+    /// names this host's OS and architecture and agent version `sim-<version>`.
+    pub fn description(&self) -> NodeDescription {
+        NodeDescription {
+            name: self.name.clone(),
+            category: self.category,
+            labels: self.labels.clone(),
+            capacity: self.capacity.clone(),
+            allocatable: self.allocatable_resources().clone(),
+            node_info: NodeInfo {
                 architecture: Some(std::env::consts::ARCH.into()),
                 agent_version: Some(format!("sim-{}", env!("CARGO_PKG_VERSION"))),
                 operating_system: Some(std::env::consts::OS.into()),
                 kernel_version: None,
-            }),
-            capacity: self.capacity.clone(),
-            allocatable: self.allocatable_resources().clone(),
-            heartbeat_time: Some(Time(now)),
-            ..Default::default()
+            },
+            addresses: Vec::new(),
         }
     }
 }
@@ -116,7 +87,10 @@ impl SimNode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::jiff::Timestamp;
     use kube::ResourceExt as _;
+    use rlark_api::labels;
+    use rlark_api::types::AgentType;
 
     #[test]
     fn nodes_carry_protocol_labels_and_resources() {
@@ -125,15 +99,15 @@ mod tests {
             .label("zone", "lab")
             .resource("nvidia.com/gpu", "2")
             .resource("cpu", "8");
-        let object = node.to_node("c1");
+        let object = node.description().to_node("c1");
         assert_eq!(object.namespace().as_deref(), Some("rlark-c1"));
         let l = object.labels();
         assert_eq!(l[labels::CLUSTER_ID], "c1");
-        assert_eq!(l[HOSTNAME_LABEL], "gpu-0");
+        assert_eq!(l[labels::HOSTNAME], "gpu-0");
         assert_eq!(l[labels::NODE_CATEGORY], "edge");
         assert_eq!(l["zone"], "lab");
         assert_eq!(object.spec.agent_type, AgentType::Raw);
-        let status = node.status(Timestamp::UNIX_EPOCH);
+        let status = node.description().status(Timestamp::UNIX_EPOCH);
         assert_eq!(status.phase, Some(rlark_api::types::NodePhase::Online));
         assert_eq!(status.allocatable["nvidia.com/gpu"], Quantity("2".into()));
         assert_eq!(status.capacity, status.allocatable);
@@ -141,7 +115,19 @@ mod tests {
             "nvidia.com/gpu".to_string(),
             Quantity("1".into()),
         )]));
-        assert_eq!(less.status(Timestamp::UNIX_EPOCH).allocatable.len(), 1);
-        assert_eq!(less.status(Timestamp::UNIX_EPOCH).capacity.len(), 2);
+        assert_eq!(
+            less.description()
+                .status(Timestamp::UNIX_EPOCH)
+                .allocatable
+                .len(),
+            1
+        );
+        assert_eq!(
+            less.description()
+                .status(Timestamp::UNIX_EPOCH)
+                .capacity
+                .len(),
+            2
+        );
     }
 }

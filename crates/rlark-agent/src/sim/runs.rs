@@ -1,27 +1,29 @@
 //! The simulated agent's Task side: one run per Task placed on its cluster, playing the
 //! Task's [`Behaviour`] on the replica Pods it creates.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
+use rlark_api::agent::replica::{Action, Adopted, End, Event, Now, Replica, RunSpec, State};
+use rlark_api::agent::status::{ExitCause, ExitReport, StatusPatch};
+use rlark_api::agent::{REASON_BACKOFF, RUN_KEY_ANNOTATION, grace_period, replica_pod, run_key};
 use rlark_api::labels;
-use rlark_api::types::{AgentType, Pod, Task};
+use rlark_api::types::{AgentType, Pod, PodPhase, RestartPolicy, Task};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use super::pods::{
-    RUN_KEY_ANNOTATION, pod_is_terminal, replica_pod, run_key, running_status, stopped_status,
-};
-use super::{Shared, lock};
+use super::{Behaviour, STOPPED_EXIT_CODE, Shared, lock};
 
 /// Pause between retries of a failed API call inside a run.
 const RETRY_PAUSE: Duration = Duration::from_millis(200);
@@ -195,7 +197,7 @@ fn forget(
     );
 }
 
-pub(super) fn placeholder_spec() -> rlark_api::types::TaskSpec {
+fn placeholder_spec() -> rlark_api::types::TaskSpec {
     rlark_api::types::TaskSpec {
         agent_type: AgentType::Raw,
         role: rlark_api::types::TaskRole::Actor,
@@ -351,25 +353,44 @@ async fn run_body(
         .map(|p| p.nodes.clone())
         .unwrap_or_default();
     let existing = retry("list pods", || api.list(&list_params)).await.items;
+    let play = Play {
+        api: &api,
+        behaviour: shared.behaviour(&name),
+        start_delay: shared.start_delay,
+    };
+    let spec = run_spec(&task);
 
     if task.spec.stopped {
-        stop_pods(&api, &existing).await;
+        // Whatever still runs of the Task (this run's or an earlier one's) is stopped.
+        for pod in existing.iter().filter(|p| !pod_is_terminal(p)) {
+            let mut replica = SimReplica::adopting(pod, spec);
+            replica.step(&play, adopt_event(pod, true)).await;
+        }
         *lock(state) = RunState::Stopped;
         return;
     }
 
-    let behaviour = shared.behaviour(&name);
     let adopt = may_adopt
         && existing.len() == nodes.len()
         && existing
             .iter()
             .all(|p| p.annotations().get(RUN_KEY_ANNOTATION).map(String::as_str) == Some(key));
-    let mut pods: Vec<Pod> = if adopt {
+    let mut replicas: Vec<SimReplica> = if adopt {
         if existing.iter().all(pod_is_terminal) {
             *lock(state) = RunState::Finished;
             return;
         }
-        existing
+        let mut adopted = Vec::with_capacity(existing.len());
+        for pod in &existing {
+            let mut replica = SimReplica::adopting(pod, spec);
+            if pod_is_terminal(pod) {
+                replica.end = Some(End::Finished);
+            } else {
+                replica.step(&play, adopt_event(pod, false)).await;
+            }
+            adopted.push(replica);
+        }
+        adopted
     } else {
         for pod in &existing {
             let pod_name = pod.name_any();
@@ -381,80 +402,358 @@ async fn run_body(
         for (index, node) in nodes.iter().enumerate() {
             let pod = replica_pod(&task, index, key);
             let pod = retry("create pod", || create_pod(&api, &pod)).await;
-            if !shared.start_delay.is_zero() {
-                let pod_name = pod.name_any();
-                let pending = json!({"phase": "Pending", "node": node});
-                retry("report pod pending", || {
-                    patch_pod_status(&api, &pod_name, &pending)
-                })
+            let mut replica = SimReplica::new(pod.name_any(), Replica::new(node.as_str(), spec));
+            replica.start(&play).await;
+            created.push(replica);
+        }
+        // Every replica's simulated process takes `start_delay` to start (the Pods were
+        // reported `Pending` meanwhile).
+        if !play.start_delay.is_zero() {
+            tokio::time::sleep(play.start_delay).await;
+        }
+        for replica in &mut created {
+            replica
+                .step(
+                    &play,
+                    Event::Started {
+                        at: Timestamp::now(),
+                    },
+                )
                 .await;
-            }
-            created.push(pod);
-        }
-        if !shared.start_delay.is_zero() {
-            tokio::time::sleep(shared.start_delay).await;
-        }
-        let now = Timestamp::now();
-        for (pod, node) in created.iter().zip(&nodes) {
-            let pod_name = pod.name_any();
-            let running = running_status(node, now);
-            retry("report pod running", || {
-                patch_pod_status(&api, &pod_name, &running)
-            })
-            .await;
         }
         created
     };
 
-    // Replicas run until the behaviour ends them or the Task is stopped.
-    let ends_at = behaviour
-        .runs_for()
-        .map(|d| tokio::time::Instant::now() + d);
+    // Replicas run until their behaviour, their deadline or a stop of the Task ends them.
     loop {
-        let timer = async {
-            match ends_at {
-                Some(at) => tokio::time::sleep_until(at).await,
+        if replicas.iter().all(|r| r.end.is_some()) {
+            let stopped = replicas.iter().any(|r| r.end == Some(End::Stopped));
+            *lock(state) = if stopped {
+                RunState::Stopped
+            } else {
+                RunState::Finished
+            };
+            return;
+        }
+        let next = replicas
+            .iter()
+            .enumerate()
+            .filter_map(|(index, r)| r.next_timer().map(|(at, timer)| (at, index, timer)))
+            .min_by_key(|(at, ..)| *at);
+        let sleep = async {
+            match next {
+                Some((at, ..)) => tokio::time::sleep_until(at).await,
                 None => std::future::pending().await,
             }
         };
         tokio::select! {
-            _ = timer => {
-                if let Some(status) = behaviour.final_status(Timestamp::now()) {
-                    for pod in pods.iter().filter(|p| !pod_is_terminal(p)) {
-                        let pod_name = pod.name_any();
-                        retry("report pod finished", || {
-                            patch_pod_status(&api, &pod_name, &status)
-                        })
-                        .await;
-                    }
+            () = sleep => {
+                if let Some((_, index, timer)) = next {
+                    replicas[index].fire(&play, timer).await;
                 }
-                *lock(state) = RunState::Finished;
-                return;
             }
             changed = updates.changed() => {
                 if changed.is_err() {
                     // The agent dropped the run's handle: it is being replaced or stopped.
                     return;
                 }
-                if updates.borrow_and_update().spec.stopped {
-                    pods.retain(|p| !pod_is_terminal(p));
-                    stop_pods(&api, &pods).await;
-                    *lock(state) = RunState::Stopped;
-                    return;
+                let task = updates.borrow_and_update().clone();
+                let spec = run_spec(&task);
+                for replica in &mut replicas {
+                    replica.machine.set_spec(spec);
+                    if task.spec.stopped && replica.machine.follows_task() {
+                        replica.step(&play, Event::Stop).await;
+                    }
                 }
             }
         }
     }
 }
 
-/// End every non-terminal Pod in `pods` as stopped.
-async fn stop_pods(api: &Api<Pod>, pods: &[Pod]) {
-    let status = stopped_status(Timestamp::now());
-    for pod in pods.iter().filter(|p| !pod_is_terminal(p)) {
-        let pod_name = pod.name_any();
-        retry("report pod stopped", || {
-            patch_pod_status(api, &pod_name, &status)
-        })
-        .await;
+/// What a run's replicas play, and where their Pods are.
+struct Play<'a> {
+    api: &'a Api<Pod>,
+    behaviour: Behaviour,
+    start_delay: Duration,
+}
+
+/// What the protocol's replica state machine is told from a Task: its restart policy,
+/// deadline and grace period (`raw`; a Task without it never restarts).
+fn run_spec(task: &Task) -> RunSpec {
+    let raw = task.spec.raw.as_ref();
+    RunSpec {
+        restart_policy: raw.map_or(RestartPolicy::Never, |r| r.restart_policy),
+        active_deadline_seconds: raw.and_then(|r| r.active_deadline_seconds),
+        grace: grace_period(raw.and_then(|r| r.termination_grace_period_seconds)),
+    }
+}
+
+/// How a Pod found from an earlier run is taken over: waiting to restart (its reason is
+/// `BackOff`), else running since its `startTime`.
+fn adopt_event(pod: &Pod, task_stopped: bool) -> Event {
+    let status = pod.status.clone().unwrap_or_default();
+    let first_start = status.start_time.map_or_else(Timestamp::now, |Time(at)| at);
+    let at = if status.reason.as_deref() == Some(REASON_BACKOFF) {
+        Adopted::Restart
+    } else {
+        Adopted::Running {
+            started_at: first_start,
+        }
+    };
+    Event::Adopt {
+        at,
+        restarts: status.restart_count.unwrap_or(0),
+        first_start,
+        task_stopped,
+    }
+}
+
+/// How a simulated process ends: on its own with `code`, or killed by SIGTERM (the
+/// simulated process exits at once, with [`STOPPED_EXIT_CODE`]).
+fn exit_report(code: Option<i32>, cause: ExitCause) -> ExitReport {
+    let (code, description) = match code {
+        Some(code) => (code, format!("exited with code {code}")),
+        None => (STOPPED_EXIT_CODE, "was killed by SIGTERM".to_string()),
+    };
+    ExitReport {
+        code: Some(code),
+        description,
+        cause,
+        killed: false,
+        finished_at: Timestamp::now(),
+    }
+}
+
+/// What a replica waits for next.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Timer {
+    /// Its simulated process ends as the behaviour says.
+    Exit,
+    /// Its `activeDeadlineSeconds` passed while the process runs: it is killed.
+    Deadline,
+    /// The state machine asked to be woken ([`Action::WakeAt`]).
+    Wake,
+}
+
+/// One simulated replica: its Pod, the protocol's state machine deciding what happens to
+/// it, and the times its simulated process and the machine wait for.
+struct SimReplica {
+    pod: String,
+    machine: Replica<Instant>,
+    /// When the running process ends on its own (`None`: not running, or never).
+    exits_at: Option<Instant>,
+    /// When the running process is killed at its deadline.
+    deadline: Option<Instant>,
+    /// When the machine wants [`Event::Wake`].
+    wake_at: Option<Instant>,
+    /// A [`Action::Spawn`] waits for its [`Event::Started`].
+    starting: bool,
+    /// How the run ended for this replica.
+    end: Option<End>,
+}
+
+impl SimReplica {
+    fn new(pod: String, machine: Replica<Instant>) -> Self {
+        Self {
+            pod,
+            machine,
+            exits_at: None,
+            deadline: None,
+            wake_at: None,
+            starting: false,
+            end: None,
+        }
+    }
+
+    /// The replica of a Pod an earlier run (or an earlier agent) left.
+    fn adopting(pod: &Pod, spec: RunSpec) -> Self {
+        let node = pod
+            .status
+            .as_ref()
+            .and_then(|s| s.node.clone())
+            .unwrap_or_default();
+        Self::new(pod.name_any(), Replica::new(node, spec))
+    }
+
+    /// The first start of a fresh run: the caller delivers [`Event::Started`] after the
+    /// start delay (so that every replica of the run starts together).
+    async fn start(&mut self, play: &Play<'_>) {
+        self.run(play, Event::Start, false).await;
+    }
+
+    /// Deliver `event` (and what follows from it at once).
+    async fn step(&mut self, play: &Play<'_>, event: Event) {
+        self.run(play, event, true).await;
+    }
+
+    /// What the replica waits for next, and when.
+    fn next_timer(&self) -> Option<(Instant, Timer)> {
+        if self.end.is_some() {
+            return None;
+        }
+        [
+            self.exits_at.map(|at| (at, Timer::Exit)),
+            self.deadline.map(|at| (at, Timer::Deadline)),
+            self.wake_at.map(|at| (at, Timer::Wake)),
+        ]
+        .into_iter()
+        .flatten()
+        .min_by_key(|(at, _)| *at)
+    }
+
+    /// `timer` came.
+    async fn fire(&mut self, play: &Play<'_>, timer: Timer) {
+        let event = match timer {
+            Timer::Exit => match play.behaviour.exit_code() {
+                Some(code) => Event::Exited(exit_report(Some(code), ExitCause::Exited)),
+                None => return,
+            },
+            Timer::Deadline => Event::Exited(exit_report(None, ExitCause::DeadlineExceeded)),
+            Timer::Wake => {
+                self.wake_at = None;
+                Event::Wake
+            }
+        };
+        self.step(play, event).await;
+    }
+
+    /// Feed `event` to the machine and carry out its actions; events that follow at once
+    /// (a killed process exits on SIGTERM; with `start_at_once`, a spawned one starts) are
+    /// fed in turn.
+    async fn run(&mut self, play: &Play<'_>, event: Event, start_at_once: bool) {
+        let mut events = VecDeque::from([event]);
+        while let Some(event) = events.pop_front() {
+            let now = Now {
+                mono: Instant::now(),
+                wall: Timestamp::now(),
+            };
+            if matches!(event, Event::Exited(_)) {
+                self.exits_at = None;
+                self.deadline = None;
+            }
+            if matches!(event, Event::Started { .. }) {
+                self.starting = false;
+            }
+            let was_running = matches!(self.machine.state(), State::Running { .. });
+            for action in self.machine.step(event, now) {
+                match action {
+                    Action::Spawn {
+                        deadline, pending, ..
+                    } => {
+                        self.deadline = deadline;
+                        self.starting = true;
+                        if let Some(pending) = pending.filter(|_| !play.start_delay.is_zero()) {
+                            self.write(play, "report pod pending", &pending).await;
+                        }
+                        if start_at_once {
+                            events.push_back(Event::Started {
+                                at: Timestamp::now(),
+                            });
+                        }
+                    }
+                    Action::Kill { .. } => {
+                        events.push_back(Event::Exited(exit_report(None, ExitCause::Terminated)));
+                    }
+                    Action::WriteStatus(patch) => {
+                        self.write(play, "report pod status", &patch).await;
+                    }
+                    Action::Finish(patch) | Action::FinishExited(patch) => {
+                        self.write(play, "report pod finished", &patch).await;
+                    }
+                    Action::DeletePod => {
+                        let pod = self.pod.clone();
+                        retry("delete pod", || delete_pod(play.api, &pod)).await;
+                    }
+                    Action::WakeAt(at) => self.wake_at = Some(at),
+                    Action::Done(end) => {
+                        self.end = Some(end);
+                        self.exits_at = None;
+                        self.deadline = None;
+                        self.wake_at = None;
+                    }
+                    // The simulated agent keeps no state file and no run directory: the
+                    // Pod's run-key annotation is what a restarted one adopts by.
+                    Action::SaveState
+                    | Action::DeleteState
+                    | Action::PruneOldRuns
+                    | Action::Detach => {}
+                }
+            }
+            let running = matches!(self.machine.state(), State::Running { .. });
+            if running && !was_running {
+                // The simulated process runs from now until the behaviour ends it.
+                self.exits_at = play.behaviour.runs_for().map(|d| now.mono + d);
+            }
+        }
+    }
+
+    /// Merge-patch the Pod's status with `patch`, until it is written.
+    async fn write(&self, play: &Play<'_>, what: &str, patch: &StatusPatch) {
+        let status = patch.to_json();
+        retry(what, || patch_pod_status(play.api, &self.pod, &status)).await;
+    }
+}
+
+fn pod_is_terminal(pod: &Pod) -> bool {
+    matches!(
+        pod.status.as_ref().and_then(|s| s.phase),
+        Some(PodPhase::Succeeded | PodPhase::Failed)
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlark_api::agent::status;
+    use rlark_api::agent::{REASON_COMPLETED, REASON_ERROR, REASON_STOPPED};
+    use rlark_api::types::RawTaskSpec;
+
+    #[test]
+    fn simulated_exits_end_replicas_as_the_protocol_says() {
+        let ok = status::exited(&exit_report(Some(0), ExitCause::Exited), 0).set;
+        assert_eq!(ok.phase, Some(PodPhase::Succeeded));
+        assert_eq!(ok.exit_code, Some(0));
+        assert_eq!(ok.reason.as_deref(), Some(REASON_COMPLETED));
+        assert_eq!(ok.message.as_deref(), Some("process exited with code 0"));
+        let failed = status::exited(&exit_report(Some(7), ExitCause::Exited), 0).set;
+        assert_eq!(failed.phase, Some(PodPhase::Failed));
+        assert_eq!(failed.exit_code, Some(7));
+        assert_eq!(failed.reason.as_deref(), Some(REASON_ERROR));
+        assert!(failed.message.is_some_and(|m| m.contains('7')));
+        let killed = exit_report(None, ExitCause::Terminated);
+        let stopped = status::stopped(Some(&killed), grace_period(None), 0, killed.finished_at);
+        assert_eq!(stopped.set.phase, Some(PodPhase::Failed));
+        assert_eq!(stopped.set.reason.as_deref(), Some(REASON_STOPPED));
+        assert_eq!(stopped.set.exit_code, Some(STOPPED_EXIT_CODE));
+    }
+
+    #[test]
+    fn run_specs_follow_the_raw_spec() {
+        let mut task = Task::new("j-a", placeholder_spec());
+        assert_eq!(
+            run_spec(&task),
+            RunSpec {
+                restart_policy: RestartPolicy::Never,
+                active_deadline_seconds: None,
+                grace: grace_period(None),
+            }
+        );
+        let raw: RawTaskSpec = serde_json::from_value(json!({
+            "entrypoint": ["true"],
+            "replicas": 1,
+            "restartPolicy": "OnFailure",
+            "activeDeadlineSeconds": 60,
+            "terminationGracePeriodSeconds": 5,
+        }))
+        .expect("raw spec");
+        task.spec.raw = Some(raw);
+        assert_eq!(
+            run_spec(&task),
+            RunSpec {
+                restart_policy: RestartPolicy::OnFailure,
+                active_deadline_seconds: Some(60),
+                grace: Duration::from_secs(5),
+            }
+        );
     }
 }
