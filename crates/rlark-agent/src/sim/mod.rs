@@ -70,7 +70,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
-use rlark_api::types::{Node, Pod, ResourceList};
+use rlark_api::types::{Node, NodePhase, NodeStatus, Pod, ResourceList};
 use serde_json::json;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -314,8 +314,11 @@ impl Shared {
             self.renew_lease(node).await?;
         }
         if self.heartbeat_mode != HeartbeatMode::Lease {
-            let patch =
-                json!({"status": {"phase": "Online", "heartbeatTime": Time(Timestamp::now())}});
+            let patch = json!({ "status": NodeStatus {
+                phase: Some(NodePhase::Online),
+                heartbeat_time: Some(Time(Timestamp::now())),
+                ..NodeStatus::default()
+            }});
             self.nodes_api()
                 .patch_status(node, &PatchParams::default(), &Patch::Merge(&patch))
                 .await
@@ -434,9 +437,10 @@ impl SimAgent {
             entry.allocatable = allocatable;
             entry.clone()
         };
-        let patch = json!({"status": {
-            "capacity": updated.capacity,
-            "allocatable": updated.allocatable_resources(),
+        let patch = json!({ "status": NodeStatus {
+            allocatable: updated.allocatable_resources().clone(),
+            capacity: updated.capacity,
+            ..NodeStatus::default()
         }});
         self.shared
             .nodes_api()
