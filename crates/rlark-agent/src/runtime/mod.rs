@@ -34,6 +34,7 @@
 //! exits without stopping tasks, and the next agent [`adopt_replica`]s it.
 
 mod artifact;
+mod contract;
 pub mod logs;
 pub mod process;
 pub mod record;
@@ -53,20 +54,20 @@ use tokio::time::Instant;
 use crate::supervisor;
 
 pub use artifact::CACHE_DIGEST_DIR;
+pub use contract::{
+    Adopted, ProcessRecord, RawRuntime, RecordedReplica, RunningReplica, Runtime, exit_report,
+    timestamp,
+};
 pub use logs::{LOG_FILE, LogFiles, LogLimits};
 pub use record::{EXIT_FILE, PID_FILE};
 
 use record::{ExitRecord, PidRecord};
 
-/// Grace period between SIGTERM and SIGKILL when the Task does not set
-/// `terminationGracePeriodSeconds`.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
-
-/// Longest grace period a stop waits between SIGTERM and SIGKILL (one day, what admission
-/// allows for `terminationGracePeriodSeconds`). Longer ones given to [`ReplicaSpec::grace`]
-/// or [`ReplicaHandle::terminate`] are cut to it, so a kill time is always a clock reading.
-pub const MAX_GRACE: Duration =
-    Duration::from_secs(rlark_api::validation::MAX_TERMINATION_GRACE_PERIOD_SECONDS.unsigned_abs());
+/// The grace period of a Task that does not set `terminationGracePeriodSeconds`, and the
+/// longest one (one day, what admission allows): longer ones given to
+/// [`ReplicaSpec::grace`] or [`ReplicaHandle::terminate`] are cut to it, so a kill time is
+/// always a clock reading.
+pub use rlark_api::agent::{DEFAULT_GRACE, MAX_GRACE};
 /// How often the in-agent supervision checks the log size.
 const ROTATE_EVERY: Duration = Duration::from_secs(1);
 /// How often an adopted replica's supervisor process is checked.
