@@ -19,11 +19,13 @@
 //! - **metrics** (optional): `GET /metrics` on a loopback address.
 
 pub mod api;
+mod api_body;
 pub mod config;
 pub mod discovery;
 pub mod exec;
 pub mod join;
 pub mod node;
+mod runs;
 pub mod runtime;
 pub mod supervisor;
 mod task_events;

@@ -51,8 +51,6 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::supervisor;
-
 pub use artifact::CACHE_DIGEST_DIR;
 pub use contract::{
     Adopted, ProcessRecord, RawRuntime, RecordedReplica, RunningReplica, Runtime, exit_report,
@@ -124,7 +122,7 @@ pub const SUPERVISE_BINARY: &str = "rlark-supervise";
 
 /// The supervisor command of an agent run by the `rlark` binary (`rlark agent`, `rlark
 /// up`): `rlark-supervise` beside this executable when it is there and is of this build
-/// ([`supervisor::version_line`]), else `[<this executable>, supervise]`. Both run
+/// ([`record::version_line`]), else `[<this executable>, supervise]`. Both run
 /// the same code; the small binary starts in a third of the time (0.6 vs 1.8 ms of CPU
 /// here: `rlark` is 70 MB with ~68,000 relocations and ~550 page faults per exec), which
 /// is most of a start's cost in a burst (`rlark bench agent`). Chosen once per process.
@@ -148,7 +146,7 @@ pub fn default_supervisor() -> Vec<OsString> {
 fn choose_supervisor(exe: &Path, version: impl Fn(&Path) -> Option<String>) -> Vec<OsString> {
     let small = exe.with_file_name(SUPERVISE_BINARY);
     if small.is_file() {
-        let expected = supervisor::version_line();
+        let expected = record::version_line();
         match version(&small) {
             Some(line) if line == expected => {
                 tracing::debug!(supervisor = %small.display(), "replica supervisor");
@@ -988,7 +986,7 @@ mod tests {
         std::fs::write(&small, b"").expect("small");
         // Present and of this build: used.
         assert_eq!(
-            choose_supervisor(&exe, answer(Some(supervisor::version_line()))),
+            choose_supervisor(&exe, answer(Some(record::version_line()))),
             vec![small.clone().into_os_string()]
         );
         // Another version or protocol, or no answer: not used.
@@ -999,9 +997,9 @@ mod tests {
         let stale = format!(
             "rlark-supervise {} protocol {} source 0000000000000000",
             env!("CARGO_PKG_VERSION"),
-            supervisor::PROTOCOL
+            record::PROTOCOL
         );
-        assert_ne!(stale, supervisor::version_line());
+        assert_ne!(stale, record::version_line());
         assert_eq!(choose_supervisor(&exe, answer(Some(stale))), fallback);
         assert_eq!(asked.get(), 4);
     }

@@ -21,7 +21,8 @@ pub mod status;
 use std::time::Duration;
 
 pub use naming::{
-    LEASE_PREFIX, lease_name, lease_node, lease_spec, pod_name, replica_pod, run_key,
+    LEASE_PREFIX, lease_name, lease_node, lease_spec, parse_pod_name, pod_name, replica_pod,
+    run_key,
 };
 pub use node::NodeDescription;
 
