@@ -28,7 +28,7 @@ pub mod node;
 mod runs;
 pub mod runtime;
 pub mod supervisor;
-mod task_events;
+mod task_reports;
 pub mod tasks;
 
 use std::convert::Infallible;

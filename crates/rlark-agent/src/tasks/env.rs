@@ -33,8 +33,8 @@ const OPTIONAL_CONTRACT: &[&str] = &["RLARK_DOMAIN", "RLARK_RAY_ROLE", "RLARK_HE
 ///    gives it; the head task gets it too). The optional ones are removed from the Task's
 ///    own variables when rlark does not set them.
 ///
-/// When the replica starts, `RLARK_EVENT_URL`, `RLARK_TOKEN` and `RLARK_CA_FILE` follow
-/// (see [`crate::task_events`]; absent when no task token could be minted).
+/// When the replica starts, `RLARK_REPORT_URL`, `RLARK_TOKEN` and `RLARK_CA_FILE` follow
+/// (see [`crate::task_reports`]; absent when no task token could be minted).
 /// The process also inherits the agent's own environment underneath.
 pub fn replica_env(task: &Task, index: usize, ctx: &TaskContext) -> Vec<(String, String)> {
     let name = task.name_any();

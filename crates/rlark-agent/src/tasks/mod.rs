@@ -130,7 +130,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::runtime::{RawRuntime, Runtime};
-use crate::task_events::TaskTokens;
+use crate::task_reports::TaskTokens;
 
 pub use env::replica_env;
 pub use prune::{RUNS_KEPT, prune_runs};

@@ -347,7 +347,12 @@ impl Worker {
             tokio::spawn(async move {
                 shared
                     .task_tokens
-                    .env(&shared.client, &shared.ctx, &task)
+                    .env(
+                        &shared.client,
+                        &shared.ctx.server_url,
+                        &shared.ctx.ca_file,
+                        &task,
+                    )
                     .await;
             });
         }
@@ -571,8 +576,13 @@ impl Worker {
         let task = Arc::clone(&self.task);
         let pod = self.pod.clone();
         let starting = async move {
-            let events = shared.task_tokens.env(&shared.client, &shared.ctx, &task);
-            spec.env.extend(events.await);
+            let reports = shared.task_tokens.env(
+                &shared.client,
+                &shared.ctx.server_url,
+                &shared.ctx.ca_file,
+                &task,
+            );
+            spec.env.extend(reports.await);
             tracing::debug!(%pod, "task token ready; starting the process");
             shared.runtime.start(spec).await
         };
