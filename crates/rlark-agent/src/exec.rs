@@ -75,7 +75,10 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{ApiBody, find_runs, parse_pod_name, text_response};
+use rlark_api::agent::parse_pod_name;
+
+use crate::api_body::{ApiBody, text_response};
+use crate::runs::find_runs;
 use crate::tasks::{ReplicaState, STATE_FILE};
 
 /// Path prefix of the exec route on the local API.

@@ -22,15 +22,17 @@
 //! control plane, scripted replicas instead of processes.
 
 pub mod api;
+mod api_body;
 pub mod config;
 pub mod discovery;
 pub mod exec;
 pub mod join;
 pub mod node;
+mod runs;
 pub mod runtime;
 pub mod sim;
 pub mod supervisor;
-mod task_events;
+mod task_reports;
 pub mod tasks;
 
 use std::convert::Infallible;

@@ -181,8 +181,8 @@ async fn log_of(h: &Harness, task: &str, index: usize) -> anyhow::Result<String>
     std::fs::read_to_string(&path).with_context(|| format!("read {}", path.display()))
 }
 
-fn events_path(task: &str) -> String {
-    format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/{task}/events")
+fn reports_path(task: &str) -> String {
+    format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/{task}/reports")
 }
 
 async fn request(
@@ -264,7 +264,7 @@ async fn an_http_artifact_runs_with_the_environment_contract_and_input() -> anyh
     let posted = request(
         &h.admin,
         http::Method::POST,
-        &events_path("agl-main"),
+        &reports_path("agl-main"),
         json!({"type": "reward", "value": 1}),
     )
     .await?;
@@ -280,7 +280,7 @@ async fn an_http_artifact_runs_with_the_environment_contract_and_input() -> anyh
         let listed = request(
             &h.admin,
             http::Method::GET,
-            &events_path("agl-main"),
+            &reports_path("agl-main"),
             Value::Null,
         )
         .await?;

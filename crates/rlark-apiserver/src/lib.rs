@@ -160,7 +160,7 @@ impl ApiServer {
     }
 
     /// The per-identity write rate limiter of this server, for write routes outside the
-    /// Kubernetes API (task events) to draw from the same buckets.
+    /// Kubernetes API (task reports) to draw from the same buckets.
     pub fn rate_limiter(&self) -> Arc<limits::RateLimiter> {
         Arc::clone(&self.inner.rate_limiter)
     }

@@ -2,10 +2,13 @@
 //! camera, the frame encodings (JPEG and PNG decoded, raw sized, the burned-in counter read
 //! back and compared with the sequence number), per-camera errors of CaptureFrames, ordered
 //! WatchFrames streams, a slow watcher that skips frames instead of queueing them next to a
-//! fast one, and the ffmpeg-backed `file` driver (or its clear error without ffmpeg).
+//! fast one, the ffmpeg-backed `file` driver (or its clear error without ffmpeg), and the
+//! `rtsp` driver reading a live stream from an RTSP server of the test's (`support/rtsp.rs`).
 
 #[path = "../../../tests/support/missing_tool.rs"]
 mod missing_tool;
+#[path = "support/rtsp.rs"]
+mod rtsp;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -760,6 +763,64 @@ async fn file_driver_reads_a_video_through_ffmpeg() -> Result<()> {
     let info = camera_info(&mut client, "usb-0").await?;
     assert_eq!(state_of(info.state), CameraState::Closed);
     harness.stop().await
+}
+
+/// The `rtsp` driver against a live stream: RTSP over TCP with RTP interleaved (what the
+/// driver asks for), Motion JPEG from a real ffmpeg encoder, scaled to the camera's size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rtsp_driver_reads_a_live_stream() -> Result<()> {
+    if ffmpeg::find_ffmpeg().is_none() {
+        missing_tool::skip_or_fail("ffmpeg is not installed: the rtsp driver and its test source");
+        return Ok(());
+    }
+    let dir = tempfile::tempdir()?;
+    let server = rtsp::RtspServer::start(dir.path()).await?;
+    let yaml = format!(
+        "cameras:\n{}",
+        camera_yaml(
+            "rtsp-live",
+            &format!(
+                "driver: rtsp, url: \"{}\", width: 80, height: 60, fps: 10, encoding: jpeg",
+                server.url("live")
+            )
+        )
+    );
+    let harness = Harness::start(&yaml).await?;
+    let mut client = harness.client().await?;
+
+    let opened = open(&mut client, open_request("rtsp-live")).await?;
+    assert_eq!(state_of(opened.state), CameraState::Open, "{opened:?}");
+    let frame = capture(&mut client, "rtsp-live", None).await?;
+    let (w, h, _) = decode_jpeg(&frame.data)?;
+    assert_eq!((w, h), (80, 60));
+    let mut stream = watch(&mut client, "rtsp-live", Some("raw")).await?;
+    let a = next_frame(&mut stream).await?;
+    let b = next_frame(&mut stream).await?;
+    assert!(
+        b.sequence > a.sequence,
+        "{} then {}",
+        a.sequence,
+        b.sequence
+    );
+    assert_eq!(b.data.len(), 80 * 60 * 3);
+    // ffmpeg's testsrc draws a colour bar pattern: a decoded frame is not one flat colour
+    // (what a stream of nothing would scale to).
+    let first = &b.data[..3];
+    assert!(
+        b.data.chunks(3).any(|pixel| pixel != first),
+        "the frame is one colour"
+    );
+    let methods = server.methods();
+    for method in ["DESCRIBE", "SETUP", "PLAY"] {
+        assert!(
+            methods.iter().any(|m| m == method),
+            "no {method}: {methods:?}"
+        );
+    }
+
+    harness.stop().await?;
+    server.stop().await;
+    Ok(())
 }
 
 async fn camera_info(client: &mut Client, id: &str) -> Result<pb::CameraDescriptor> {

@@ -30,10 +30,10 @@
 mod auth;
 mod config;
 mod controllers;
-pub(crate) mod events;
 mod http;
 pub mod limits;
 mod metrics;
+pub(crate) mod reports;
 pub mod security;
 mod store_guard;
 mod tls;
@@ -346,7 +346,7 @@ async fn start_with_token(
         hub: Arc::clone(&hub),
     }));
     let background = CancellationToken::new();
-    let events_routes = events::router(events::EventsState::new(
+    let reports_routes = reports::router(reports::ReportsState::new(
         Arc::new(store.clone()),
         Arc::clone(&security),
         background.clone(),
@@ -365,7 +365,7 @@ async fn start_with_token(
         api.router(),
     )
     .merge(security_routes)
-    .merge(events_routes)
+    .merge(reports_routes)
     .merge(tunnel::routes::router(Arc::clone(&hub)))
     .merge(tunnel::exec::router(tunnel::exec::ExecState::new(
         Arc::clone(&hub),
@@ -388,11 +388,11 @@ async fn start_with_token(
         let token = background.clone();
         let security = Arc::clone(&security);
         let hub = Arc::clone(&hub);
-        let events_store: Arc<dyn rlark_store::Store> = Arc::new(store.clone());
+        let reports_store: Arc<dyn rlark_store::Store> = Arc::new(store.clone());
         tokio::spawn(async move {
             tokio::join!(
                 api.run_background(token.clone()),
-                events::collect_deleted_task_events(events_store, token.clone()),
+                reports::collect_deleted_task_reports(reports_store, token.clone()),
                 Arc::clone(&security).follow_revocations(token.clone()),
                 hub.enforce_revocations(security, token.clone()),
                 Arc::clone(&replicas).run(token)

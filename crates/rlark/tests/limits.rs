@@ -215,7 +215,7 @@ async fn task_event_flood_is_refused_and_capped() -> Result<()> {
         let task = task_with_token(&server, &admin, dir.path(), "t1").await?;
 
         // Oversized: the issue's 2.9 MB Event (422 naming `message`), a message within its
-        // limit in an Event over 16 KiB (413 naming the limit), and a task event over 16 KiB.
+        // limit in an Event over 16 KiB (413 naming the limit), and a task report over 16 KiB.
         let huge = call(
             &task,
             "POST",
@@ -252,13 +252,13 @@ async fn task_event_flood_is_refused_and_capped() -> Result<()> {
         let reward = call(
             &task,
             "POST",
-            "/rlark/v1/namespaces/default/tasks/t1/events",
+            "/rlark/v1/namespaces/default/tasks/t1/reports",
             Some(&json!({"type": "reward", "blob": "r".repeat(20_000)})),
         )
         .await?;
         ensure!(
             reward.code == 413,
-            "20 kB task event: {} {}",
+            "20 kB task report: {} {}",
             reward.code,
             reward.text
         );
@@ -396,7 +396,7 @@ async fn events_are_deleted_with_their_task() -> Result<()> {
         call_ok(
             &t1,
             "POST",
-            "/rlark/v1/namespaces/default/tasks/t1/events",
+            "/rlark/v1/namespaces/default/tasks/t1/reports",
             Some(&json!({"type": "reward", "value": 1})),
         )
         .await?;
@@ -413,11 +413,11 @@ async fn events_are_deleted_with_their_task() -> Result<()> {
             Ok(events_about(&admin, "t1").await?.is_empty())
         })
         .await?;
-        eventually("the deleted Task's task events are deleted", || async {
+        eventually("the deleted Task's task reports are deleted", || async {
             let listed = call(
                 &admin,
                 "GET",
-                "/rlark/v1/namespaces/default/tasks/t1/events",
+                "/rlark/v1/namespaces/default/tasks/t1/reports",
                 None,
             )
             .await?;

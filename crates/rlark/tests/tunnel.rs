@@ -777,27 +777,7 @@ async fn connect_with_curl() -> Result<()> {
         assert_eq!(String::from_utf8_lossy(&output.stdout), "hi");
 
         // rlark port-forward, as a real process.
-        let kubeconfig = server.kubeconfig_path().to_string_lossy().into_owned();
-        let mut child = rlark()
-            .args(["port-forward", "edge", &format!("0:127.0.0.1:{http_port}")])
-            .args(["--kubeconfig", &kubeconfig])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .context("spawn rlark port-forward")?;
-        let stdout = child.stdout.take().context("no stdout")?;
-        let mut lines = tokio::io::BufReader::new(stdout).lines();
-        let local: SocketAddr = within(DEADLINE, "Forwarding from ...", async {
-            while let Some(line) = lines.next_line().await? {
-                if let Some(rest) = line.strip_prefix("Forwarding from ") {
-                    let addr = rest.split_whitespace().next().unwrap_or_default();
-                    return addr.parse().with_context(|| format!("address in {line:?}"));
-                }
-            }
-            bail!("rlark port-forward exited without printing its address")
-        })
-        .await??;
-        assert!(local.ip().is_loopback(), "{local}");
+        let (mut child, local) = start_port_forward(&server, http_port).await?;
         for _ in 0..2 {
             let mut tcp = TcpStream::connect(local).await?;
             let (status, body) = http_get_hello(&mut tcp).await?;
@@ -806,6 +786,73 @@ async fn connect_with_curl() -> Result<()> {
         }
         child.kill().await?;
 
+        agent.stop().await;
+        server.stop().await
+    })
+    .await
+}
+
+/// `rlark port-forward edge 0:127.0.0.1:PORT` as a real process, and the local address it
+/// printed.
+async fn start_port_forward(
+    server: &TestServer,
+    port: u16,
+) -> Result<(tokio::process::Child, SocketAddr)> {
+    let kubeconfig = server.kubeconfig_path().to_string_lossy().into_owned();
+    let mut child = rlark()
+        .args(["port-forward", "edge", &format!("0:127.0.0.1:{port}")])
+        .args(["--kubeconfig", &kubeconfig])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .context("spawn rlark port-forward")?;
+    let stdout = child.stdout.take().context("no stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let local: SocketAddr = within(DEADLINE, "Forwarding from ...", async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(rest) = line.strip_prefix("Forwarding from ") {
+                let addr = rest.split_whitespace().next().unwrap_or_default();
+                return addr.parse().with_context(|| format!("address in {line:?}"));
+            }
+        }
+        bail!("rlark port-forward exited without printing its address")
+    })
+    .await??;
+    assert!(local.ip().is_loopback(), "{local}");
+    Ok((child, local))
+}
+
+/// `rlark port-forward` keeps a server connection with its handshakes done for the next
+/// local connection. A server that closed that spare (here after 1 s without a request)
+/// must not fail the client: the forward notices before forwarding a byte and dials anew.
+#[tokio::test]
+async fn port_forward_survives_a_spare_connection_the_server_closed() -> Result<()> {
+    bounded(async {
+        let dir = tempfile::tempdir()?;
+        let mut config = TestServer::config_for(dir.path());
+        config.connections.header_read_timeout = Duration::from_secs(1);
+        config.connections.idle_timeout = Duration::from_secs(1);
+        let server = TestServer::start_with(config).await?;
+        let agent = TunnelAgent::start(&[&server], "edge").await?;
+        let http_port = http_target().await?;
+        let (mut child, local) = start_port_forward(&server, http_port).await?;
+        for round in 0..3 {
+            // Long enough for the server to close the spare opened after the last use
+            // (its header-read and idle timeouts are 1 s), shorter than the forward's own
+            // spare lifetime (10 s), so the spare it holds is a closed one.
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            let mut tcp = TcpStream::connect(local).await?;
+            let (status, body) = http_get_hello(&mut tcp)
+                .await
+                .with_context(|| format!("round {round}"))?;
+            assert!(
+                status.starts_with("HTTP/1.1 200"),
+                "round {round}: {status}"
+            );
+            assert_eq!(body, "hi");
+        }
+        child.kill().await?;
         agent.stop().await;
         server.stop().await
     })

@@ -1,6 +1,6 @@
 //! `rlark up --demo --once`: the built binary starts the platform on a fresh data directory
 //! and a free port, runs the embedded demo Workflow (an actor on `cloud`, two rollout
-//! replicas on `edge`, each posting reward events) and exits 0 after printing the summary.
+//! replicas on `edge`, each posting reward reports) and exits 0 after printing the summary.
 //! Needs `python3` on PATH (`scripts/test.sh` installs it).
 
 use std::io::Read as _;
@@ -89,10 +89,10 @@ fn up_demo_once_runs_the_demo_workflow_to_success() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("3/3 replicas Succeeded, 15 events"),
+        stdout.contains("3/3 replicas Succeeded, 15 reports"),
         "{stdout}"
     );
-    // TASK ROLE CLUSTER NODE PHASE REPLICAS EVENTS LAST-REWARD
+    // TASK ROLE CLUSTER NODE PHASE REPLICAS REPORTS LAST-REWARD
     let actor = summary_row(&stdout, "demo-train-actor");
     assert_eq!(actor[1..3], ["Actor", "cloud"], "{stdout}");
     assert!(actor[3].ends_with("-cloud"), "{stdout}");
@@ -103,7 +103,7 @@ fn up_demo_once_runs_the_demo_workflow_to_success() {
     assert!(rollout[3].ends_with("-edge"), "{stdout}");
     assert_eq!(rollout[4..7], ["Succeeded", "2/2", "10"], "{stdout}");
     assert!(rollout[7].parse::<f64>().is_ok(), "{stdout}");
-    // Progress lines show events arriving while the Tasks run.
+    // Progress lines show reports arriving while the Tasks run.
     assert!(
         stdout.lines().any(|l| l.contains("task demo-train-rollout")
             && l.contains("Running")
@@ -112,7 +112,7 @@ fn up_demo_once_runs_the_demo_workflow_to_success() {
     );
 
     // A second run on the same data directory replaces the first Workflow and counts only
-    // its own events.
+    // its own reports.
     let (status, stdout, stderr) = run_demo(dir.path());
     assert!(
         status.success(),
@@ -123,7 +123,7 @@ fn up_demo_once_runs_the_demo_workflow_to_success() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("3/3 replicas Succeeded, 15 events"),
+        stdout.contains("3/3 replicas Succeeded, 15 reports"),
         "{stdout}"
     );
 }

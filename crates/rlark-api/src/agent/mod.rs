@@ -21,7 +21,8 @@ pub mod status;
 use std::time::Duration;
 
 pub use naming::{
-    LEASE_PREFIX, lease_name, lease_node, lease_spec, pod_name, replica_pod, run_key,
+    LEASE_PREFIX, lease_name, lease_node, lease_spec, parse_pod_name, pod_name, replica_pod,
+    run_key,
 };
 pub use node::NodeDescription;
 
@@ -73,7 +74,7 @@ pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 /// for `terminationGracePeriodSeconds`), so a kill time is always a clock reading.
 pub const MAX_GRACE: Duration =
     Duration::from_secs(crate::validation::MAX_TERMINATION_GRACE_PERIOD_SECONDS.unsigned_abs());
-/// Shortest `leaseDurationSeconds` of a heartbeat Lease.
+/// Shortest `leaseDurationSeconds` written (the controllers' default grace period).
 pub const MIN_LEASE_DURATION: Duration = Duration::from_secs(40);
 
 /// The SIGTERM → SIGKILL wait of a replica (`terminationGracePeriodSeconds`):

@@ -19,6 +19,15 @@ pub fn pod_name(task_name: &str, index: usize) -> String {
     format!("{task_name}-{index}")
 }
 
+/// Split a Pod name `<task>-<i>` ([`pod_name`]) into the Task name and the replica index.
+pub fn parse_pod_name(pod: &str) -> Option<(&str, usize)> {
+    let (task, index) = pod.rsplit_once('-')?;
+    if task.is_empty() || index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    Some((task, index.parse().ok()?))
+}
+
 /// Identity of one run of a Task on `cluster_id`: UID, restart annotation
 /// ([`labels::RESTARTED_AT`]) and placement. `None` when the Task is not placed on this
 /// cluster, or is being deleted. `spec.stopped` is not part of it: stopping and resuming
@@ -170,6 +179,15 @@ mod tests {
         assert_eq!(pod.spec.task_namespace.as_deref(), Some("rlark-c"));
         assert_eq!(pod.spec.replica_index, Some(1));
         assert!(pod.status.is_none());
+    }
+
+    #[test]
+    fn pod_names_split_into_task_and_index() {
+        assert_eq!(parse_pod_name("ppo-actor-0"), Some(("ppo-actor", 0)));
+        assert_eq!(parse_pod_name("a-12"), Some(("a", 12)));
+        for bad in ["a", "a-", "-1", "a-x", "a-+1"] {
+            assert_eq!(parse_pod_name(bad), None, "{bad}");
+        }
     }
 
     #[test]

@@ -18,6 +18,9 @@ use rlark_apiserver::error::ApiError;
 
 use super::{Hub, parse_agent_authority, routes::dial_error_response};
 
+/// Bytes per copy each way between the client connection and the tunnel stream.
+const COPY_BUFFER: usize = 64 * 1024;
+
 /// Serve one CONNECT request (already authenticated, or anonymous).
 pub(crate) async fn handle(hub: Arc<Hub>, mut request: Request<Incoming>) -> Response {
     let Some(identity) = request.extensions().get::<Identity>().cloned() else {
@@ -72,7 +75,16 @@ pub(crate) async fn handle(hub: Arc<Hub>, mut request: Request<Incoming>) -> Res
         };
         let mut client = TokioIo::new(upgraded);
         let mut stream = stream;
-        match tokio::io::copy_bidirectional(&mut client, &mut stream).await {
+        // 64 KiB copies: a TLS record carries up to 16 KiB, and tokio's default 8 KiB
+        // buffers halve every record into two writes on a bulk transfer.
+        match tokio::io::copy_bidirectional_with_sizes(
+            &mut client,
+            &mut stream,
+            COPY_BUFFER,
+            COPY_BUFFER,
+        )
+        .await
+        {
             Ok((up, down)) => {
                 tracing::debug!(%user, %cluster, %host, port, up, down, "CONNECT tunnel closed")
             }

@@ -1,10 +1,10 @@
 //! `rlark up --demo`: apply the embedded `examples/demo/` Workflow to the platform `up`
-//! just started, follow it until it ends (Task phases, replica counts, events as they
+//! just started, follow it until it ends (Task phases, replica counts, reports as they
 //! arrive) and print a summary table.
 //!
 //! A Workflow `demo` left by an earlier run (same data directory) is deleted first, with
-//! its Jobs and Tasks, so every run starts afresh. Task events outlive their Task, so only
-//! the events of the current run (the Task's uid) are counted.
+//! its Jobs and Tasks, so every run starts afresh. Task reports outlive their Task, so only
+//! the reports of the current run (the Task's uid) are counted.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -183,14 +183,14 @@ struct TaskView {
     succeeded: i32,
     failed: i32,
     message: String,
-    events: usize,
+    reports: usize,
     last_reward: Option<String>,
 }
 
 impl TaskView {
     fn progress_line(&self) -> String {
         let mut line = format!(
-            "task {} ({} on {}): {}, replicas {} running / {} succeeded / {} failed of {}, {} event{}",
+            "task {} ({} on {}): {}, replicas {} running / {} succeeded / {} failed of {}, {} report{}",
             self.name,
             self.role,
             if self.cluster.is_empty() {
@@ -203,8 +203,8 @@ impl TaskView {
             self.succeeded,
             self.failed,
             self.replicas,
-            self.events,
-            if self.events == 1 { "" } else { "s" },
+            self.reports,
+            if self.reports == 1 { "" } else { "s" },
         );
         if let Some(reward) = &self.last_reward {
             line.push_str(&format!(", last reward {reward}"));
@@ -213,7 +213,7 @@ impl TaskView {
     }
 }
 
-/// Read one Task's view, with the events of its current run.
+/// Read one Task's view, with the reports of its current run.
 async fn task_view(client: &kube::Client, task: &Task) -> anyhow::Result<TaskView> {
     let name = task.name_any();
     let namespace = task.namespace().unwrap_or_default();
@@ -236,14 +236,14 @@ async fn task_view(client: &kube::Client, task: &Task) -> anyhow::Result<TaskVie
     nodes.sort();
     nodes.dedup();
     let request = http::Request::get(format!(
-        "/rlark/v1/namespaces/{namespace}/tasks/{name}/events"
+        "/rlark/v1/namespaces/{namespace}/tasks/{name}/reports"
     ))
     .body(Vec::new())?;
     let list: Value = client
         .request(request)
         .await
-        .with_context(|| format!("list the events of task {namespace}/{name}"))?;
-    let events: Vec<&Value> = list["items"]
+        .with_context(|| format!("list the reports of task {namespace}/{name}"))?;
+    let reports: Vec<&Value> = list["items"]
         .as_array()
         .map(|items| {
             items
@@ -252,10 +252,10 @@ async fn task_view(client: &kube::Client, task: &Task) -> anyhow::Result<TaskVie
                 .collect()
         })
         .unwrap_or_default();
-    let last_reward = events
+    let last_reward = reports
         .iter()
         .rev()
-        .map(|r| &r["spec"]["event"])
+        .map(|r| &r["spec"]["report"])
         .find(|e| e["type"] == "reward")
         .map(|e| match &e["value"] {
             Value::String(s) => s.clone(),
@@ -275,7 +275,7 @@ async fn task_view(client: &kube::Client, task: &Task) -> anyhow::Result<TaskVie
         succeeded: status.succeeded_replicas.unwrap_or(0),
         failed: status.failed_replicas.unwrap_or(0),
         message: status.message.unwrap_or_default(),
-        events: events.len(),
+        reports: reports.len(),
         last_reward,
     })
 }
@@ -383,7 +383,7 @@ fn print_summary(views: &[TaskView], phase: WorkflowPhase, elapsed: Duration) {
             "NODE",
             "PHASE",
             "REPLICAS",
-            "EVENTS",
+            "REPORTS",
             "LAST REWARD",
         ]
         .iter()
@@ -398,22 +398,22 @@ fn print_summary(views: &[TaskView], phase: WorkflowPhase, elapsed: Duration) {
             v.nodes.clone(),
             v.phase.clone(),
             format!("{}/{}", v.succeeded, v.replicas),
-            v.events.to_string(),
+            v.reports.to_string(),
             v.last_reward.clone().unwrap_or_else(|| "-".to_string()),
         ]);
     }
     let replicas: i32 = views.iter().map(|v| v.replicas).sum();
     let succeeded: i32 = views.iter().map(|v| v.succeeded).sum();
-    let events: usize = views.iter().map(|v| v.events).sum();
+    let reports: usize = views.iter().map(|v| v.reports).sum();
     println!();
     print!("{}", align(&lines));
     println!(
         "\nWorkflow {WORKFLOW} {phase} after {:.1}s: {succeeded}/{replicas} replicas Succeeded, \
-         {events} events.",
+         {reports} reports.",
         elapsed.as_secs_f64()
     );
     println!(
-        "Events: rlark events task/NAME    Logs: rlark logs task/NAME    (with \
+        "Reports: rlark reports task/NAME    Logs: rlark logs task/NAME    (with \
          KUBECONFIG set as above)"
     );
 }

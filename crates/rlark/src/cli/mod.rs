@@ -12,13 +12,13 @@ mod describe;
 mod devinit;
 mod discovery;
 mod embodied;
-mod events;
 mod exec;
 mod get;
 mod join;
 mod logs;
 mod manifest;
 mod port_forward;
+mod reports;
 mod robot;
 mod security;
 mod server;
@@ -97,9 +97,9 @@ enum Command {
     /// Print the output of replicas (pod/NAME, task/NAME or job/NAME), read by their
     /// agents through the server; -f follows it until they exit.
     Logs(logs::LogsArgs),
-    /// Print the events a task posted (rewards, metrics) as a table (TIME, TYPE, STEP,
+    /// Print the reports a task posted (rewards, metrics) as a table (TIME, TYPE, STEP,
     /// VALUE, DETAILS) or JSON; -f keeps printing new ones.
-    Events(events::EventsArgs),
+    Reports(reports::ReportsArgs),
     /// Run a command in a running replica (task/NAME picks replica 0), through the server
     /// and its agent: -i sends stdin, -t gives it a terminal; exits with the command's code.
     Exec(exec::ExecArgs),
@@ -176,7 +176,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Agent(args) => agent::agent(args).await,
         Command::Join(args) => join::join(args).await,
         Command::Logs(args) => logs::logs(args).await,
-        Command::Events(args) => events::events(args).await,
+        Command::Reports(args) => reports::reports(args).await,
         Command::Exec(args) => exec::exec(args).await,
         Command::PortForward(args) => port_forward::port_forward(args).await,
         Command::Embodied(args) => embodied::embodied(args).await,

@@ -5,6 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use base64::Engine as _;
@@ -210,21 +211,50 @@ pub(crate) fn endpoint(flag: Option<&Path>) -> anyhow::Result<Endpoint> {
     })
 }
 
-/// Open a TLS connection to the server and `CONNECT` to `authority`; the returned stream
-/// carries the tunnelled bytes.
-pub(crate) async fn connect_through(
-    endpoint: &Endpoint,
-    authority: &str,
-) -> anyhow::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+/// A TLS connection to the server.
+pub(crate) type ServerStream = tokio_rustls::client::TlsStream<TcpStream>;
+
+/// Bytes per copy between the local socket and the server connection: a TLS record holds
+/// up to 16 KiB, so tokio's default 8 KiB copies would split every record into two writes.
+const COPY_BUFFER: usize = 64 * 1024;
+/// A spare connection older than this is replaced rather than used: the server closes a
+/// connection that sends no request within its header-read timeout (30 s by default).
+const SPARE_MAX_AGE: Duration = Duration::from_secs(10);
+/// Waits between failed attempts to open a spare connection (doubling up to the maximum).
+const SPARE_RETRY_MIN: Duration = Duration::from_millis(500);
+const SPARE_RETRY_MAX: Duration = Duration::from_secs(30);
+
+/// Open a TCP connection to the server and complete the TLS handshake (client certificate
+/// or bearer token as the kubeconfig says).
+pub(crate) async fn open_server_connection(endpoint: &Endpoint) -> anyhow::Result<ServerStream> {
     let tcp = TcpStream::connect((endpoint.host.as_str(), endpoint.port))
         .await
         .with_context(|| format!("connect to {}:{}", endpoint.host, endpoint.port))?;
     tcp.set_nodelay(true)?;
     let name = ServerName::try_from(endpoint.host.clone()).context("server name")?;
-    let mut tls = tokio_rustls::TlsConnector::from(Arc::clone(&endpoint.tls))
+    tokio_rustls::TlsConnector::from(Arc::clone(&endpoint.tls))
         .connect(name, tcp)
         .await
-        .context("TLS handshake with the server")?;
+        .context("TLS handshake with the server")
+}
+
+/// Open a TLS connection to the server and `CONNECT` to `authority`; the returned stream
+/// carries the tunnelled bytes.
+pub(crate) async fn connect_through(
+    endpoint: &Endpoint,
+    authority: &str,
+) -> anyhow::Result<ServerStream> {
+    let tls = open_server_connection(endpoint).await?;
+    request_connect(tls, endpoint, authority).await
+}
+
+/// Send `CONNECT authority` on `tls` and read the answer; on 200 the stream carries the
+/// tunnelled bytes from here on, otherwise the error names the server's message.
+async fn request_connect(
+    mut tls: ServerStream,
+    endpoint: &Endpoint,
+    authority: &str,
+) -> anyhow::Result<ServerStream> {
     let mut request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
     if let Some(token) = &endpoint.bearer {
         request.push_str(&format!("Proxy-Authorization: Bearer {token}\r\n"));
@@ -246,7 +276,7 @@ pub(crate) async fn connect_through(
     if code != "200" {
         // The body is a Status; read what is there (bounded) to show its message.
         let mut body = vec![0u8; 8192];
-        let n = tokio::time::timeout(std::time::Duration::from_secs(2), tls.read(&mut body))
+        let n = tokio::time::timeout(Duration::from_secs(2), tls.read(&mut body))
             .await
             .ok()
             .and_then(Result::ok)
@@ -259,6 +289,104 @@ pub(crate) async fn connect_through(
         bail!("CONNECT {authority}: {status_line}: {message}");
     }
     Ok(tls)
+}
+
+/// Dials through the server for a port-forward, keeping one connection with its TCP and
+/// TLS handshakes done ready for the next local connection, so that a forwarded
+/// connection's setup is one `CONNECT` round trip instead of three (kubectl's
+/// port-forward gets the same effect from one long-lived multiplexed connection).
+///
+/// A spare is used at most [`SPARE_MAX_AGE`] after it was opened; one the server closed
+/// anyway is noticed when its `CONNECT` fails before any byte was forwarded, and the
+/// connection is retried once on a fresh dial, so a stale spare never fails a client.
+struct Dialer {
+    endpoint: Arc<Endpoint>,
+    authority: String,
+    spares: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<(Instant, ServerStream)>>,
+}
+
+impl Dialer {
+    /// Start keeping a spare (until `shutdown`).
+    fn start(
+        endpoint: Arc<Endpoint>,
+        authority: String,
+        shutdown: tokio_util::sync::CancellationToken,
+    ) -> Arc<Dialer> {
+        let (tx, rx) = tokio::sync::mpsc::channel(1);
+        tokio::spawn(keep_spare(Arc::clone(&endpoint), tx, shutdown));
+        Arc::new(Dialer {
+            endpoint,
+            authority,
+            spares: tokio::sync::Mutex::new(rx),
+        })
+    }
+
+    /// A fresh spare if one is ready.
+    async fn take_spare(&self) -> Option<ServerStream> {
+        let mut spares = self.spares.lock().await;
+        while let Ok((opened, tls)) = spares.try_recv() {
+            if opened.elapsed() < SPARE_MAX_AGE {
+                return Some(tls);
+            }
+        }
+        None
+    }
+
+    /// A stream to the target through the server.
+    async fn dial(&self) -> anyhow::Result<ServerStream> {
+        if let Some(spare) = self.take_spare().await {
+            match request_connect(spare, &self.endpoint, &self.authority).await {
+                Ok(stream) => return Ok(stream),
+                // An answer from the server (403, 502...) is the answer; only a connection
+                // that broke before answering is worth a fresh try.
+                Err(error) if error.chain().any(|e| e.is::<std::io::Error>()) => {
+                    tracing::debug!(error = %format!("{error:#}"), "spare server connection failed; dialing anew");
+                }
+                Err(error) => return Err(error),
+            }
+        }
+        connect_through(&self.endpoint, &self.authority).await
+    }
+}
+
+/// Keeps one TLS connection to the server ready in `spares` (plus the one being opened),
+/// replacing it when it gets older than [`SPARE_MAX_AGE`]; backs off while the server
+/// cannot be reached.
+async fn keep_spare(
+    endpoint: Arc<Endpoint>,
+    spares: tokio::sync::mpsc::Sender<(Instant, ServerStream)>,
+    shutdown: tokio_util::sync::CancellationToken,
+) {
+    let mut retry = SPARE_RETRY_MIN;
+    loop {
+        let opened = tokio::select! {
+            () = shutdown.cancelled() => return,
+            opened = open_server_connection(&endpoint) => opened,
+        };
+        let tls = match opened {
+            Ok(tls) => tls,
+            Err(error) => {
+                tracing::debug!(error = %format!("{error:#}"), ?retry, "cannot open a spare server connection");
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(retry) => {}
+                }
+                retry = (retry * 2).min(SPARE_RETRY_MAX);
+                continue;
+            }
+        };
+        retry = SPARE_RETRY_MIN;
+        let born = Instant::now();
+        tokio::select! {
+            () = shutdown.cancelled() => return,
+            permit = spares.reserve() => match permit {
+                Ok(permit) => permit.send((born, tls)),
+                Err(_) => return,
+            },
+            // Nobody took it in time: drop it and open a new one.
+            () = tokio::time::sleep(SPARE_MAX_AGE) => {}
+        }
+    }
 }
 
 pub(crate) async fn port_forward(args: PortForwardArgs) -> anyhow::Result<()> {
@@ -275,20 +403,25 @@ pub(crate) async fn port_forward(args: PortForwardArgs) -> anyhow::Result<()> {
     );
     let shutdown = tokio_util::sync::CancellationToken::new();
     super::server::watch_signals(shutdown.clone())?;
+    let dialer = Dialer::start(endpoint, authority, shutdown.clone());
     loop {
         let (socket, peer) = tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             accepted = listener.accept() => accepted.context("accept")?,
         };
-        let endpoint = Arc::clone(&endpoint);
-        let authority = authority.clone();
+        let dialer = Arc::clone(&dialer);
         tokio::spawn(async move {
             let mut socket = socket;
             let _ = socket.set_nodelay(true);
-            match connect_through(&endpoint, &authority).await {
+            match dialer.dial().await {
                 Ok(mut remote) => {
-                    if let Err(error) =
-                        tokio::io::copy_bidirectional(&mut socket, &mut remote).await
+                    if let Err(error) = tokio::io::copy_bidirectional_with_sizes(
+                        &mut socket,
+                        &mut remote,
+                        COPY_BUFFER,
+                        COPY_BUFFER,
+                    )
+                    .await
                     {
                         tracing::debug!(%error, %peer, "forwarded connection ended");
                     }

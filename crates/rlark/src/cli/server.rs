@@ -89,7 +89,7 @@ pub(crate) struct UpArgs {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8443")]
     listen: SocketAddr,
     /// Once up, run the demo Workflow (`examples/demo/`, built in): an actor on `cloud`, two
-    /// rollout replicas on `edge` posting reward events; follow it and print a summary.
+    /// rollout replicas on `edge` posting reward reports; follow it and print a summary.
     #[arg(long)]
     demo: bool,
     /// With --demo: stop once the demo Workflow ended; exit 0 when it succeeded.

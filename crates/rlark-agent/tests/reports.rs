@@ -1,7 +1,7 @@
-//! Task events end to end: an in-process server with its controllers, a real agent
-//! (`rlark_agent::start`), raw tasks that post events with the environment the agent gives
-//! them (`RLARK_EVENT_URL`, `RLARK_TOKEN`, `RLARK_CA_FILE`), and
-//! `GET/POST /rlark/v1/namespaces/{ns}/tasks/{name}/events`.
+//! Task reports end to end: an in-process server with its controllers, a real agent
+//! (`rlark_agent::start`), raw tasks that post reports with the environment the agent gives
+//! them (`RLARK_REPORT_URL`, `RLARK_TOKEN`, `RLARK_CA_FILE`), and
+//! `GET/POST /rlark/v1/namespaces/{ns}/tasks/{name}/reports`.
 //!
 //! Every wait is bounded by [`DEADLINE`].
 
@@ -13,20 +13,20 @@ use rlark_api::types::{PodPhase, Task};
 use rlark_testkit::real_agent::{DEADLINE, Harness, NAMESPACE, viewer_client};
 use serde_json::{Value, json};
 
-/// Posts one reward event with the task's own token.
+/// Posts one reward report with the task's own token.
 const POST_REWARD: &str = "curl -sS --fail --cacert \"$RLARK_CA_FILE\" \
     -H \"Authorization: Bearer $RLARK_TOKEN\" -H 'Content-Type: application/json' \
-    -d '{\"type\":\"reward\",\"value\":1.5,\"step\":3}' \"$RLARK_EVENT_URL\"";
+    -d '{\"type\":\"reward\",\"value\":1.5,\"step\":3}' \"$RLARK_REPORT_URL\"";
 
-/// Posts to the events of task `reward-main` with its own token; writes the HTTP code to
+/// Posts to the reports of task `reward-main` with its own token; writes the HTTP code to
 /// `code` in its working directory.
-const POST_TO_ANOTHER: &str = "url=$(echo \"$RLARK_EVENT_URL\" | sed 's#/tasks/spy-main/#/tasks/reward-main/#'); \
+const POST_TO_ANOTHER: &str = "url=$(echo \"$RLARK_REPORT_URL\" | sed 's#/tasks/spy-main/#/tasks/reward-main/#'); \
     curl -sS -o /dev/null -w '%{http_code}' --cacert \"$RLARK_CA_FILE\" \
     -H \"Authorization: Bearer $RLARK_TOKEN\" -H 'Content-Type: application/json' \
     -d '{\"type\":\"reward\",\"value\":99}' \"$url\" > code";
 
-fn events_path(task: &str, query: &str) -> String {
-    format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/{task}/events{query}")
+fn reports_path(task: &str, query: &str) -> String {
+    format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/{task}/reports{query}")
 }
 
 /// `method path` with `body` as `client`: the JSON answer, or the status code and message.
@@ -55,18 +55,18 @@ async fn list(client: &kube::Client, task: &str) -> anyhow::Result<Vec<Value>> {
     match call(
         client,
         http::Method::GET,
-        &events_path(task, ""),
+        &reports_path(task, ""),
         Vec::new(),
     )
     .await?
     {
         Ok(list) => Ok(list["items"].as_array().context("items")?.clone()),
-        Err((code, message)) => bail!("list events: {code} {message}"),
+        Err((code, message)) => bail!("list reports: {code} {message}"),
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn tasks_post_events_with_their_own_token() -> anyhow::Result<()> {
+async fn tasks_post_reports_with_their_own_token() -> anyhow::Result<()> {
     let h = Harness::start_with(vec![env!("CARGO_BIN_EXE_rlark-agent-supervise").into()]).await?;
     let admin = h.admin.clone();
 
@@ -77,14 +77,14 @@ async fn tasks_post_events_with_their_own_token() -> anyhow::Result<()> {
         .get("reward-main")
         .await?;
     let items = list(&admin, "reward-main").await?;
-    ensure!(items.len() == 1, "one event: {items:?}");
+    ensure!(items.len() == 1, "one report: {items:?}");
     let spec = &items[0]["spec"];
     assert_eq!(spec["task"], "reward-main");
     assert_eq!(spec["taskUID"], json!(task.uid()));
     assert_eq!(spec["seq"], 1);
-    assert_eq!(spec["event"]["type"], "reward");
-    assert_eq!(spec["event"]["value"], 1.5);
-    assert_eq!(spec["event"]["step"], 3);
+    assert_eq!(spec["report"]["type"], "reward");
+    assert_eq!(spec["report"]["value"], 1.5);
+    assert_eq!(spec["report"]["step"], 3);
     assert!(
         spec["time"]
             .as_str()
@@ -105,7 +105,7 @@ async fn tasks_post_events_with_their_own_token() -> anyhow::Result<()> {
     let post = call(
         &viewer,
         http::Method::POST,
-        &events_path("reward-main", ""),
+        &reports_path("reward-main", ""),
         br#"{"type":"x"}"#.to_vec(),
     )
     .await?;
@@ -115,7 +115,7 @@ async fn tasks_post_events_with_their_own_token() -> anyhow::Result<()> {
 
     // Bad bodies.
     let big = format!(r#"{{"type":"t","pad":"{}"}}"#, "x".repeat(20 * 1024));
-    let reward_path = events_path("reward-main", "");
+    let reward_path = reports_path("reward-main", "");
     for (body, expected, expected_code) in [
         (br#"{"value":1}"#.to_vec(), "type", 400),
         (b"[1,2]".to_vec(), "JSON object", 400),
@@ -128,7 +128,7 @@ async fn tasks_post_events_with_their_own_token() -> anyhow::Result<()> {
         assert!(message.contains(expected), "{message} lacks {expected}");
     }
     // A Task that does not exist.
-    let nope_path = events_path("nope", "");
+    let nope_path = reports_path("nope", "");
     let answer = call(
         &admin,
         http::Method::POST,
@@ -137,21 +137,22 @@ async fn tasks_post_events_with_their_own_token() -> anyhow::Result<()> {
     );
     assert_eq!(answer.await?.err().map(|e| e.0), Some(404));
 
-    // Follow: the stored event, then one posted meanwhile.
-    let request = http::Request::get(events_path("reward-main", "?follow=true")).body(Vec::new())?;
+    // Follow: the stored report, then one posted meanwhile.
+    let request =
+        http::Request::get(reports_path("reward-main", "?follow=true")).body(Vec::new())?;
     let mut stream = tokio::time::timeout(DEADLINE, admin.request_stream(request))
         .await
         .context("follow request timed out")??;
     let mut line = String::new();
     tokio::time::timeout(DEADLINE, stream.read_line(&mut line))
         .await
-        .context("first followed event")??;
+        .context("first followed report")??;
     let first: Value = serde_json::from_str(&line)?;
     assert_eq!(first["spec"]["seq"], 1);
     let posted = call(
         &admin,
         http::Method::POST,
-        &events_path("reward-main", ""),
+        &reports_path("reward-main", ""),
         br#"{"type":"metric","value":2}"#.to_vec(),
     )
     .await?
@@ -160,9 +161,9 @@ async fn tasks_post_events_with_their_own_token() -> anyhow::Result<()> {
     line.clear();
     tokio::time::timeout(DEADLINE, stream.read_line(&mut line))
         .await
-        .context("second followed event")??;
+        .context("second followed report")??;
     let second: Value = serde_json::from_str(&line)?;
-    assert_eq!(second["spec"]["event"]["type"], "metric");
+    assert_eq!(second["spec"]["report"]["type"], "metric");
     drop(stream);
 
     h.stop().await

@@ -1,13 +1,13 @@
-//! `rlark events task/NAME [-n NS] [-f] [-o json]`: the events a task posted (rewards,
-//! metrics), read from `GET /rlark/v1/namespaces/{ns}/tasks/{name}/events` (admins,
+//! `rlark reports task/NAME [-n NS] [-f] [-o json]`: the reports a task posted (rewards,
+//! metrics), read from `GET /rlark/v1/namespaces/{ns}/tasks/{name}/reports` (admins,
 //! viewers, the agent owning the namespace).
 //!
-//! The table has the columns TIME, TYPE, STEP, VALUE and DETAILS (the event's other fields
+//! The table has the columns TIME, TYPE, STEP, VALUE and DETAILS (the report's other fields
 //! as compact JSON). `-o json` prints the server's list (with `-f`: one stored record per
-//! line). `-f` keeps printing new events as they are stored, until interrupted.
+//! line). `-f` keeps printing new reports as they are stored, until interrupted.
 //!
 //! Without `-n` the Task is looked up across namespaces (it lives in the agent namespace
-//! `rlark-<clusterID>`); with `-n` the events are read even when the Task is gone.
+//! `rlark-<clusterID>`); with `-n` the reports are read even when the Task is gone.
 
 use std::io::Write as _;
 
@@ -24,13 +24,13 @@ use super::client::Session;
 use super::table::align;
 
 #[derive(Debug, Args)]
-pub(crate) struct EventsArgs {
+pub(crate) struct ReportsArgs {
     /// The task: `task/NAME` (or `NAME`).
     pub target: String,
     /// Namespace of the Task (`rlark-<clusterID>`). Default: looked up across namespaces.
     #[arg(short = 'n', long)]
     pub namespace: Option<String>,
-    /// Keep printing new events as they are stored.
+    /// Keep printing new reports as they are stored.
     #[arg(short = 'f', long)]
     pub follow: bool,
     /// Output format.
@@ -54,7 +54,7 @@ pub(crate) fn parse_target(target: &str) -> anyhow::Result<String> {
     let name = match target.split_once('/') {
         Some((kind, name)) => match kind.to_ascii_lowercase().as_str() {
             "task" | "tasks" | "task.rlinf.io" | "tasks.rlinf.io" => name,
-            other => bail!("events are kept per task; use task/NAME, not {other}/..."),
+            other => bail!("reports are kept per task; use task/NAME, not {other}/..."),
         },
         None => target,
     };
@@ -64,16 +64,16 @@ pub(crate) fn parse_target(target: &str) -> anyhow::Result<String> {
     Ok(name.to_string())
 }
 
-/// The cells of one stored event record.
+/// The cells of one stored report record.
 pub(crate) fn row(record: &Value) -> Vec<String> {
     let spec = &record["spec"];
-    let event = spec["event"].as_object().cloned().unwrap_or_default();
-    let cell = |key: &str| match event.get(key) {
+    let report = spec["report"].as_object().cloned().unwrap_or_default();
+    let cell = |key: &str| match report.get(key) {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
         Some(other) => other.to_string(),
     };
-    let details: Map<String, Value> = event
+    let details: Map<String, Value> = report
         .iter()
         .filter(|(k, _)| !matches!(k.as_str(), "type" | "step" | "value"))
         .map(|(k, v)| (k.clone(), v.clone()))
@@ -130,7 +130,7 @@ async fn task_namespace(
     }
 }
 
-pub(crate) async fn events(args: EventsArgs) -> anyhow::Result<()> {
+pub(crate) async fn reports(args: ReportsArgs) -> anyhow::Result<()> {
     let name = parse_target(&args.target)?;
     let session = Session::connect(&args.client, args.namespace.as_deref()).await?;
     let namespace = session
@@ -138,21 +138,21 @@ pub(crate) async fn events(args: EventsArgs) -> anyhow::Result<()> {
         .then(|| session.namespace.clone());
     let client = session.client;
     let namespace = task_namespace(&client, &name, namespace.as_deref()).await?;
-    let path = format!("/rlark/v1/namespaces/{namespace}/tasks/{name}/events");
+    let path = format!("/rlark/v1/namespaces/{namespace}/tasks/{name}/reports");
     let json = args.output == Some(OutputFormat::Json);
     if !args.follow {
         let request = http::Request::get(&path).body(Vec::new())?;
         let list: Value = client
             .request(request)
             .await
-            .with_context(|| format!("list the events of task {namespace}/{name}"))?;
+            .with_context(|| format!("list the reports of task {namespace}/{name}"))?;
         if json {
             println!("{}", serde_json::to_string_pretty(&list)?);
             return Ok(());
         }
         let items = list["items"].as_array().cloned().unwrap_or_default();
         if items.is_empty() {
-            eprintln!("No events found for task {namespace}/{name}.");
+            eprintln!("No reports found for task {namespace}/{name}.");
             return Ok(());
         }
         let mut lines = vec![HEADER.iter().map(|h| h.to_string()).collect::<Vec<_>>()];
@@ -164,7 +164,7 @@ pub(crate) async fn events(args: EventsArgs) -> anyhow::Result<()> {
     let mut stream = client
         .request_stream(request)
         .await
-        .with_context(|| format!("follow the events of task {namespace}/{name}"))?;
+        .with_context(|| format!("follow the reports of task {namespace}/{name}"))?;
     let mut stdout = std::io::stdout();
     if !json {
         let header: Vec<String> = HEADER.iter().map(|h| h.to_string()).collect();
@@ -177,7 +177,7 @@ pub(crate) async fn events(args: EventsArgs) -> anyhow::Result<()> {
         let read = stream
             .read_line(&mut line)
             .await
-            .context("read the event stream")?;
+            .context("read the report stream")?;
         if read == 0 {
             return Ok(());
         }
@@ -188,7 +188,7 @@ pub(crate) async fn events(args: EventsArgs) -> anyhow::Result<()> {
         if json {
             writeln!(stdout, "{text}")?;
         } else {
-            let record: Value = serde_json::from_str(text).context("an event of the stream")?;
+            let record: Value = serde_json::from_str(text).context("an report of the stream")?;
             writeln!(stdout, "{}", fixed_width(&row(&record)))?;
         }
         stdout.flush()?;
@@ -211,7 +211,7 @@ mod tests {
 
     #[test]
     fn rows_show_the_common_fields_and_the_rest() {
-        let record = json!({"spec": {"time": "2026-01-01T00:00:00.000Z", "event": {
+        let record = json!({"spec": {"time": "2026-01-01T00:00:00.000Z", "report": {
             "type": "reward", "value": 1.5, "step": 3, "episode": "e1", "ok": true}}});
         assert_eq!(
             row(&record),
@@ -223,7 +223,7 @@ mod tests {
                 r#"{"episode":"e1","ok":true}"#
             ]
         );
-        let bare = json!({"spec": {"time": "t", "event": {"type": "start"}}});
+        let bare = json!({"spec": {"time": "t", "report": {"type": "start"}}});
         assert_eq!(row(&bare), ["t", "start", "", "", ""]);
     }
 }

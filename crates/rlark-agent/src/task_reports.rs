@@ -1,6 +1,6 @@
-//! The event part of a replica's environment: a task-scoped token minted by the control
+//! The report part of a replica's environment: a task-scoped token minted by the control
 //! plane (`POST /rlark/v1/namespaces/{ns}/tasks/{name}/token`, allowed for the agent owning
-//! the namespace), the URL to post events to, and the CA bundle to trust.
+//! the namespace), the URL to post reports to, and the CA bundle to trust.
 //!
 //! The token is minted once per Task run (cached by Task UID; every replica and every
 //! restart of the run on this agent shares it) and is valid only while that run goes on.
@@ -8,6 +8,7 @@
 //! and a warning is logged (the next start of a replica of the run tries again).
 
 use std::collections::HashMap;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,8 +16,6 @@ use kube::ResourceExt as _;
 use rlark_api::types::Task;
 use serde_json::Value;
 use tokio::sync::OnceCell;
-
-use crate::tasks::TaskContext;
 
 /// Longest wait for the token.
 const MINT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -33,12 +32,13 @@ pub(crate) struct TaskTokens {
 }
 
 impl TaskTokens {
-    /// `RLARK_EVENT_URL`, `RLARK_TOKEN` and `RLARK_CA_FILE` for a replica of `task`; empty
+    /// `RLARK_REPORT_URL`, `RLARK_TOKEN` and `RLARK_CA_FILE` for a replica of `task`; empty
     /// when no token could be minted.
     pub(crate) async fn env(
         &self,
         client: &kube::Client,
-        ctx: &TaskContext,
+        server_url: &str,
+        ca_file: &Path,
         task: &Task,
     ) -> Vec<(String, String)> {
         let namespace = task.namespace().unwrap_or_default();
@@ -65,29 +65,26 @@ impl TaskTokens {
                 tracing::warn!(
                     task = %format!("{namespace}/{name}"),
                     %error,
-                    "could not mint a task token; starting without RLARK_EVENT_URL and RLARK_TOKEN"
+                    "could not mint a task token; starting without RLARK_REPORT_URL and RLARK_TOKEN"
                 );
                 return Vec::new();
             }
         };
         vec![
             (
-                "RLARK_EVENT_URL".to_string(),
-                event_url(&ctx.server_url, &namespace, &name),
+                "RLARK_REPORT_URL".to_string(),
+                report_url(server_url, &namespace, &name),
             ),
             ("RLARK_TOKEN".to_string(), token),
-            (
-                "RLARK_CA_FILE".to_string(),
-                ctx.ca_file.display().to_string(),
-            ),
+            ("RLARK_CA_FILE".to_string(), ca_file.display().to_string()),
         ]
     }
 }
 
-/// Where replicas of `namespace/task` post events.
-pub(crate) fn event_url(server_url: &str, namespace: &str, task: &str) -> String {
+/// Where replicas of `namespace/task` post reports.
+pub(crate) fn report_url(server_url: &str, namespace: &str, task: &str) -> String {
     format!(
-        "{}/rlark/v1/namespaces/{namespace}/tasks/{task}/events",
+        "{}/rlark/v1/namespaces/{namespace}/tasks/{task}/reports",
         server_url.trim_end_matches('/')
     )
 }
@@ -149,29 +146,23 @@ mod tests {
         .expect("task")
     }
 
-    fn ctx() -> TaskContext {
-        TaskContext {
-            cluster_id: "c".into(),
-            node_name: "n".into(),
-            data_dir: "/tmp/x".into(),
-            server_url: "https://cp:6443".into(),
-            ca_file: "/tmp/ca.crt".into(),
-            stop_tasks_on_exit: false,
-            supervisor: Vec::new(),
-        }
-    }
+    const SERVER: &str = "https://cp:6443";
+    const CA: &str = "/tmp/ca.crt";
 
     #[tokio::test]
     async fn runs_mint_in_parallel_and_replicas_of_a_run_share_one_token() {
         let (requests, peak) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
         let client = slow_token_server(requests.clone(), peak.clone());
         let tokens = TaskTokens::default();
-        let ctx = ctx();
         let tasks: Vec<Task> = (0..5)
             .map(|i| task(&format!("t{i}"), &format!("u{i}")))
             .collect();
-        let envs =
-            futures::future::join_all(tasks.iter().map(|t| tokens.env(&client, &ctx, t))).await;
+        let envs = futures::future::join_all(
+            tasks
+                .iter()
+                .map(|t| tokens.env(&client, SERVER, Path::new(CA), t)),
+        )
+        .await;
         assert!(envs.iter().all(|env| {
             env.iter()
                 .any(|(k, v)| k == "RLARK_TOKEN" && v == "rlk-x.y")
@@ -185,18 +176,19 @@ mod tests {
 
         // Four replicas of one new run starting together: one mint.
         let run = task("r", "u-r");
-        futures::future::join_all((0..4).map(|_| tokens.env(&client, &ctx, &run))).await;
+        futures::future::join_all((0..4).map(|_| tokens.env(&client, SERVER, Path::new(CA), &run)))
+            .await;
         assert_eq!(requests.load(Ordering::SeqCst), 6);
         // Cached afterwards.
-        tokens.env(&client, &ctx, &run).await;
+        tokens.env(&client, SERVER, Path::new(CA), &run).await;
         assert_eq!(requests.load(Ordering::SeqCst), 6);
     }
 
     #[test]
-    fn the_event_url_names_the_task() {
+    fn the_report_url_names_the_task() {
         assert_eq!(
-            event_url("https://cp:6443/", "rlark-c", "j-a"),
-            "https://cp:6443/rlark/v1/namespaces/rlark-c/tasks/j-a/events"
+            report_url("https://cp:6443/", "rlark-c", "j-a"),
+            "https://cp:6443/rlark/v1/namespaces/rlark-c/tasks/j-a/reports"
         );
     }
 }

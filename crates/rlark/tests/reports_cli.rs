@@ -1,5 +1,5 @@
-//! `rlark events` as a real process: an in-process server with its controllers, a real
-//! agent (`rlark_agent::start`), a raw task that posts an event with the environment the
+//! `rlark reports` as a real process: an in-process server with its controllers, a real
+//! agent (`rlark_agent::start`), a raw task that posts an report with the environment the
 //! agent gives it, and the CLI printing it.
 //!
 //! Every wait is bounded by [`DEADLINE`].
@@ -21,7 +21,7 @@ async fn rlark(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<Output> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rlark_events_prints_what_a_task_posted() -> anyhow::Result<()> {
+async fn rlark_reports_prints_what_a_task_posted() -> anyhow::Result<()> {
     let (server, _server_dir) = start_server_with_controllers().await?;
     let admin = server.client().await?;
     let kubeconfig = server.kubeconfig_path().to_path_buf();
@@ -32,7 +32,7 @@ async fn rlark_events_prints_what_a_task_posted() -> anyhow::Result<()> {
     let script = "curl -sS --fail --cacert \"$RLARK_CA_FILE\" \
         -H \"Authorization: Bearer $RLARK_TOKEN\" -H 'Content-Type: application/json' \
         -d '{\"type\":\"reward\",\"value\":1.5,\"step\":3,\"episode\":\"e1\"}' \
-        \"$RLARK_EVENT_URL\"";
+        \"$RLARK_REPORT_URL\"";
     let job: Job = serde_json::from_value(json!({
         "apiVersion": "rlinf.io/v1alpha1",
         "kind": "Job",
@@ -49,7 +49,7 @@ async fn rlark_events_prints_what_a_task_posted() -> anyhow::Result<()> {
         .await?;
     wait_succeeded(&admin, "rlark-a", "rl-main-0").await?;
 
-    let out = rlark(&kubeconfig, &["events", "task/rl-main"]).await?;
+    let out = rlark(&kubeconfig, &["reports", "task/rl-main"]).await?;
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "{stdout}{}", text(&out.stderr));
     let lines: Vec<Vec<&str>> = stdout
@@ -66,14 +66,14 @@ async fn rlark_events_prints_what_a_task_posted() -> anyhow::Result<()> {
 
     let out = rlark(
         &kubeconfig,
-        &["events", "task/rl-main", "-n", "rlark-a", "-o", "json"],
+        &["reports", "task/rl-main", "-n", "rlark-a", "-o", "json"],
     )
     .await?;
     assert!(out.status.success(), "{}", text(&out.stderr));
     let list: Value = serde_json::from_slice(&out.stdout)?;
-    assert_eq!(list["items"][0]["spec"]["event"]["value"], 1.5);
+    assert_eq!(list["items"][0]["spec"]["report"]["value"], 1.5);
 
-    let out = rlark(&kubeconfig, &["events", "task/nope"]).await?;
+    let out = rlark(&kubeconfig, &["reports", "task/nope"]).await?;
     assert!(!out.status.success());
     assert!(
         text(&out.stderr).contains("not found"),

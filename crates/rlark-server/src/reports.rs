@@ -1,34 +1,35 @@
-//! Task events: what a running task posts back to the control plane (rewards, metrics,
-//! progress), under `/rlark/v1/namespaces/{ns}/tasks/{name}/events`.
+//! Task reports: what a running task posts back to the control plane (rewards, metrics,
+//! progress), under `/rlark/v1/namespaces/{ns}/tasks/{name}/reports`.
 //!
 //! | route | who | what |
 //! |---|---|---|
-//! | `POST .../events` | the task's own token, the agent owning `ns`, admins | store one event |
-//! | `GET .../events[?follow=true]` | admins, viewers, the agent owning `ns`, the task | list (or follow) |
+//! | `POST .../reports` | the task's own token, the agent owning `ns`, admins | store one report |
+//! | `GET .../reports[?follow=true]` | admins, viewers, the agent owning `ns`, the task | list (or follow) |
 //!
-//! **Storage**: one store object per event under resource [`TASK_EVENTS`] (not served by
+//! **Storage**: one store object per report under resource [`TASK_REPORTS`] (not served by
 //! the API registry), namespace = the task's, name = `<task>.<seq>` with `seq` zero-padded
 //! to 16 digits (so key order is sequence order), shaped like the security records:
-//! `{"metadata": {"name", "namespace"}, "spec": {"task", "taskUID", "seq", "time", "event"}}`
-//! (`time` RFC 3339 with milliseconds; `event` the posted object; `taskUID` the run the
-//! event was posted for). Sequence numbers are per task and increase; two concurrent posts
+//! `{"metadata": {"name", "namespace"}, "spec": {"task", "taskUID", "seq", "time", "report"}}`
+//! (`time` RFC 3339 with milliseconds; `report` the posted object; `taskUID` the run the
+//! report was posted for; objects stored before the rename hold it as `event` and are
+//! served as `report`, see [`served`]). Sequence numbers are per task and increase; two concurrent posts
 //! never share one (the store's `AlreadyExists` makes the loser take the next number).
 //!
-//! **Body**: a JSON object of at most [`MAX_EVENT_BYTES`] with a string field `type` of
+//! **Body**: a JSON object of at most [`MAX_REPORT_BYTES`] with a string field `type` of
 //! 1..=63 characters; anything else is a 400 naming the problem. The Task must exist (404).
 //!
-//! **Retention**: at most [`MAX_EVENTS_PER_TASK`] events per task name; storing one deletes
-//! the oldest beyond that. Events go with their Task: [`collect_deleted_task_events`]
+//! **Retention**: at most [`MAX_REPORTS_PER_TASK`] reports per task name; storing one deletes
+//! the oldest beyond that. Reports go with their Task: [`collect_deleted_task_reports`]
 //! (run in the background of every server process) follows the Tasks in the store and,
-//! when one is deleted, deletes the events of that name whose `taskUID` is not the UID
+//! when one is deleted, deletes the reports of that name whose `taskUID` is not the UID
 //! of a Task that exists now (so a Task re-created under the same name keeps only its own
-//! events). It sweeps all events the same way whenever it (re)starts, catching deletions
+//! reports). It sweeps all reports the same way whenever it (re)starts, catching deletions
 //! made while no server ran. A post racing with the deletion of its Task checks the Task
-//! again after storing and removes its event when the Task is gone (404). Sequence
+//! again after storing and removes its report when the Task is gone (404). Sequence
 //! numbers only increase within one Task: a re-created Task numbers on after whatever is
-//! left of the old one's events (from 1 once they are deleted).
+//! left of the old one's reports (from 1 once they are deleted).
 //!
-//! **Follow**: `follow=true` answers `application/x-ndjson`: the stored events, then new
+//! **Follow**: `follow=true` answers `application/x-ndjson`: the stored reports, then new
 //! ones as they are stored (a store watch from the list's revision, filtered by task),
 //! until the client goes away or the server shuts down (or the watch falls too far behind:
 //! the stream ends and the client follows again).
@@ -54,19 +55,21 @@ use tokio_util::sync::CancellationToken;
 
 use crate::security::Security;
 
-/// Store resource of task events.
-pub(crate) const TASK_EVENTS: &str = "taskevents.rlark.io";
+/// Store resource of task reports. The name predates the rename of task "events" to
+/// "reports" (the old name collided with Kubernetes Events); it is kept so that the reports
+/// a server stored before the rename are still served after an upgrade.
+pub(crate) const TASK_REPORTS: &str = "taskevents.rlark.io";
 /// Store resource of Tasks.
 const TASKS: &str = "tasks.rlinf.io";
-/// Largest event body.
-pub(crate) const MAX_EVENT_BYTES: usize = 16 * 1024;
-/// Events kept per task.
-pub(crate) const MAX_EVENTS_PER_TASK: u64 = 1000;
+/// Largest report body.
+pub(crate) const MAX_REPORT_BYTES: usize = 16 * 1024;
+/// Reports kept per task.
+pub(crate) const MAX_REPORTS_PER_TASK: u64 = 1000;
 /// Longest `type`.
 const MAX_TYPE_CHARS: usize = 63;
 /// Digits of the sequence number in the object name.
 const SEQ_DIGITS: usize = 16;
-/// Items per store page when listing a task's events.
+/// Items per store page when listing a task's reports.
 const PAGE: usize = 500;
 /// Sequence hints kept in memory before the map is cleared.
 const MAX_HINTS: usize = 4096;
@@ -75,9 +78,9 @@ const RETRIES_BEFORE_RELIST: u32 = 16;
 /// Attempts of one post in all.
 const MAX_ATTEMPTS: u32 = 64;
 
-/// State of the event routes.
+/// State of the report routes.
 #[derive(Clone)]
-pub(crate) struct EventsState {
+pub(crate) struct ReportsState {
     store: Arc<dyn Store>,
     security: Arc<Security>,
     shutdown: CancellationToken,
@@ -89,7 +92,7 @@ pub(crate) struct EventsState {
     next_seq: Arc<Hints>,
 }
 
-impl EventsState {
+impl ReportsState {
     pub(crate) fn new(
         store: Arc<dyn Store>,
         security: Arc<Security>,
@@ -107,21 +110,21 @@ impl EventsState {
 }
 
 /// The routes; merged into the process router.
-pub(crate) fn router(state: EventsState) -> Router {
+pub(crate) fn router(state: ReportsState) -> Router {
     Router::new()
         .route(
-            "/rlark/v1/namespaces/{namespace}/tasks/{name}/events",
-            get(list_events).post(post_event),
+            "/rlark/v1/namespaces/{namespace}/tasks/{name}/reports",
+            get(list_reports).post(post_report),
         )
         .with_state(state)
 }
 
-/// Validate a posted body: a JSON object of at most [`MAX_EVENT_BYTES`] with a string `type`
+/// Validate a posted body: a JSON object of at most [`MAX_REPORT_BYTES`] with a string `type`
 /// of 1..=63 characters. The error names the problem.
-pub(crate) fn validate_event(bytes: &[u8]) -> Result<Map<String, Value>, String> {
-    if bytes.len() > MAX_EVENT_BYTES {
+pub(crate) fn validate_report(bytes: &[u8]) -> Result<Map<String, Value>, String> {
+    if bytes.len() > MAX_REPORT_BYTES {
         return Err(format!(
-            "the event is larger than {MAX_EVENT_BYTES} bytes ({} bytes)",
+            "the report is larger than {MAX_REPORT_BYTES} bytes ({} bytes)",
             bytes.len()
         ));
     }
@@ -129,15 +132,17 @@ pub(crate) fn validate_event(bytes: &[u8]) -> Result<Map<String, Value>, String>
         return Err("the request body is empty; expected a JSON object".to_string());
     }
     let value: Value =
-        serde_json::from_slice(bytes).map_err(|e| format!("the event is not valid JSON: {e}"))?;
+        serde_json::from_slice(bytes).map_err(|e| format!("the report is not valid JSON: {e}"))?;
     let Value::Object(object) = value else {
         return Err(format!(
-            "the event must be a JSON object, not {}",
+            "the report must be a JSON object, not {}",
             kind_of(&value)
         ));
     };
     match object.get("type") {
-        None => Err("the event has no \"type\" field (a string of 1 to 63 characters)".to_string()),
+        None => {
+            Err("the report has no \"type\" field (a string of 1 to 63 characters)".to_string())
+        }
         Some(Value::String(t)) if t.is_empty() => Err("\"type\" is empty".to_string()),
         Some(Value::String(t)) if t.chars().count() > MAX_TYPE_CHARS => Err(format!(
             "\"type\" is longer than {MAX_TYPE_CHARS} characters"
@@ -147,13 +152,13 @@ pub(crate) fn validate_event(bytes: &[u8]) -> Result<Map<String, Value>, String>
     }
 }
 
-/// 413 for a task event over [`MAX_EVENT_BYTES`] (`size` when known).
+/// 413 for a task report over [`MAX_REPORT_BYTES`] (`size` when known).
 fn too_large(size: Option<usize>) -> ApiError {
     let got = size.map_or_else(String::new, |size| format!(" (got {size} bytes)"));
     ApiError::new(
         413,
         "RequestEntityTooLarge",
-        format!("the task event is too large: the limit is {MAX_EVENT_BYTES} bytes{got}"),
+        format!("the task report is too large: the limit is {MAX_REPORT_BYTES} bytes{got}"),
     )
 }
 
@@ -168,12 +173,12 @@ fn kind_of(value: &Value) -> &'static str {
     }
 }
 
-/// Object name of event `seq` of `task`.
-fn event_name(task: &str, seq: u64) -> String {
+/// Object name of report `seq` of `task`.
+fn report_name(task: &str, seq: u64) -> String {
     format!("{task}.{seq:0width$}", width = SEQ_DIGITS)
 }
 
-/// The sequence number of `name` when it names an event of `task`.
+/// The sequence number of `name` when it names an report of `task`.
 fn seq_of(task: &str, name: &str) -> Option<u64> {
     let digits = name.strip_prefix(task)?.strip_prefix('.')?;
     if digits.len() != SEQ_DIGITS || !digits.bytes().all(|b| b.is_ascii_digit()) {
@@ -219,22 +224,22 @@ fn denied(
         "admins, viewers, the agent owning the namespace and the task itself"
     };
     let message = format!(
-        "tasks/events is forbidden: User \"{}\" cannot {verb} events of task {namespace}/{name}: \
+        "tasks/reports is forbidden: User \"{}\" cannot {verb} reports of task {namespace}/{name}: \
          only {who} may",
         identity.user
     );
     let mut entry = AuditEntry::now("denied", "denied").by(Some(&identity));
     entry.verb = verb.to_string();
-    entry.resource = "tasks/events".to_string();
+    entry.resource = "tasks/reports".to_string();
     entry.namespace = namespace.to_string();
     entry.reason = message.clone();
     security.audit().record(entry);
     Some(ApiError::forbidden(message).into_response())
 }
 
-/// The stored events of `task` in sequence order, and the store revision of the first
+/// The stored reports of `task` in sequence order, and the store revision of the first
 /// page (a watch from it misses nothing the list did not show).
-async fn list_task_events(
+async fn list_task_reports(
     store: &dyn Store,
     namespace: &str,
     task: &str,
@@ -248,7 +253,7 @@ async fn list_task_events(
     let mut items = Vec::new();
     let mut revision = None;
     loop {
-        let page = store.list(TASK_EVENTS, &options).await?;
+        let page = store.list(TASK_REPORTS, &options).await?;
         revision.get_or_insert(page.revision);
         let mut past_range = false;
         for item in page.items {
@@ -257,7 +262,7 @@ async fn list_task_events(
                 .and_then(Value::as_str)
                 .unwrap_or_default();
             // Names of other tasks may sort in between ("<task>.x.<seq>"); anything past
-            // "<task>.9999..." is past this task's events.
+            // "<task>.9999..." is past this task's reports.
             match name.strip_prefix(&prefix) {
                 Some(rest) if rest.as_bytes().first().is_some_and(|b| *b <= b'9') => {
                     if seq_of(task, name).is_some() {
@@ -284,18 +289,18 @@ fn seq_of_object(task: &str, object: &Value) -> Option<u64> {
 
 async fn delete_quietly(store: &dyn Store, namespace: &str, name: String) {
     match store
-        .delete(&ObjectKey::new(TASK_EVENTS, namespace, name.clone()), None)
+        .delete(&ObjectKey::new(TASK_REPORTS, namespace, name.clone()), None)
         .await
     {
         Ok(_) | Err(StoreError::NotFound(_)) => {}
-        Err(error) => tracing::warn!(%error, namespace, name, "pruning a task event failed"),
+        Err(error) => tracing::warn!(%error, namespace, name, "pruning a task report failed"),
     }
 }
 
 /// Next sequence number per (namespace, task), and the Task UID it was learnt for.
 type Hints = Mutex<HashMap<(String, String), (u64, String)>>;
 
-/// Store `event` as the next event of `namespace/task`, keeping at most `retention`.
+/// Store `report` as the next report of `namespace/task`, keeping at most `retention`.
 async fn append(
     store: &dyn Store,
     hints: &Hints,
@@ -303,11 +308,11 @@ async fn append(
     namespace: &str,
     task: &str,
     task_uid: &str,
-    event: Map<String, Value>,
+    report: Map<String, Value>,
 ) -> Result<Arc<Value>, ApiError> {
     let hint_key = (namespace.to_string(), task.to_string());
     // A hint learnt for another Task of the same name (deleted since) is not used: its
-    // events are about to go, so the numbering is taken from what the store holds.
+    // reports are about to go, so the numbering is taken from what the store holds.
     let hint = hints
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -319,10 +324,10 @@ async fn append(
         None => relist(store, retention, namespace, task).await?,
     };
     let time = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true);
-    let event = Value::Object(event);
+    let report = Value::Object(report);
     let mut taken_in_a_row = 0;
     for _ in 0..MAX_ATTEMPTS {
-        let name = event_name(task, seq);
+        let name = report_name(task, seq);
         let object = json!({
             "metadata": {"name": name, "namespace": namespace},
             "spec": {
@@ -330,11 +335,11 @@ async fn append(
                 "taskUID": task_uid,
                 "seq": seq,
                 "time": time,
-                "event": event,
+                "report": report,
             },
         });
         match store
-            .create(&ObjectKey::new(TASK_EVENTS, namespace, name), object)
+            .create(&ObjectKey::new(TASK_REPORTS, namespace, name), object)
             .await
         {
             Ok(stored) => {
@@ -352,7 +357,7 @@ async fn append(
                     next.0 = next.0.max(seq + 1);
                 }
                 if seq > retention {
-                    delete_quietly(store, namespace, event_name(task, seq - retention)).await;
+                    delete_quietly(store, namespace, report_name(task, seq - retention)).await;
                 }
                 return Ok(stored);
             }
@@ -373,11 +378,11 @@ async fn append(
     Err(ApiError::new(
         409,
         "Conflict",
-        format!("too many concurrent events for task {namespace}/{task}; retry"),
+        format!("too many concurrent reports for task {namespace}/{task}; retry"),
     ))
 }
 
-/// The next sequence number from the stored events; also deletes the oldest beyond the
+/// The next sequence number from the stored reports; also deletes the oldest beyond the
 /// retention (catching up after a restart or another replica's writes).
 async fn relist(
     store: &dyn Store,
@@ -385,7 +390,7 @@ async fn relist(
     namespace: &str,
     task: &str,
 ) -> Result<u64, ApiError> {
-    let (items, _) = list_task_events(store, namespace, task)
+    let (items, _) = list_task_reports(store, namespace, task)
         .await
         .map_err(|e| store_error(&e))?;
     let next = items
@@ -397,15 +402,15 @@ async fn relist(
     if items.len() > keep {
         for old in &items[..items.len() - keep] {
             if let Some(seq) = seq_of_object(task, old) {
-                delete_quietly(store, namespace, event_name(task, seq)).await;
+                delete_quietly(store, namespace, report_name(task, seq)).await;
             }
         }
     }
     Ok(next)
 }
 
-async fn post_event(
-    State(state): State<EventsState>,
+async fn post_report(
+    State(state): State<ReportsState>,
     Path((namespace, name)): Path<(String, String)>,
     request: Request,
 ) -> Response {
@@ -417,15 +422,15 @@ async fn post_event(
     {
         return e.into_response();
     }
-    let bytes = match axum::body::to_bytes(request.into_body(), MAX_EVENT_BYTES).await {
+    let bytes = match axum::body::to_bytes(request.into_body(), MAX_REPORT_BYTES).await {
         Ok(bytes) => bytes,
         Err(_) => return too_large(None).into_response(),
     };
-    if bytes.len() > MAX_EVENT_BYTES {
+    if bytes.len() > MAX_REPORT_BYTES {
         return too_large(Some(bytes.len())).into_response();
     }
-    let event = match validate_event(&bytes) {
-        Ok(event) => event,
+    let report = match validate_report(&bytes) {
+        Ok(report) => report,
         Err(message) => return ApiError::bad_request(message).into_response(),
     };
     let task = match state
@@ -452,18 +457,18 @@ async fn post_event(
     let appended = append(
         state.store.as_ref(),
         &state.next_seq,
-        MAX_EVENTS_PER_TASK,
+        MAX_REPORTS_PER_TASK,
         &namespace,
         &name,
         &uid,
-        event,
+        report,
     );
     let stored = match appended.await {
         Ok(stored) => stored,
         Err(e) => return e.into_response(),
     };
-    // The Task may have been deleted (and its events collected) between the check above
-    // and the store: check again, so that no event outlives its Task.
+    // The Task may have been deleted (and its reports collected) between the check above
+    // and the store: check again, so that no report outlives its Task.
     let current = state
         .store
         .get(&ObjectKey::new(TASKS, &namespace, &name))
@@ -475,14 +480,14 @@ async fn post_event(
         Err(_) => true,
     };
     if !still_there {
-        if let Some(event_name) = stored.pointer("/metadata/name").and_then(Value::as_str) {
-            delete_quietly(state.store.as_ref(), &namespace, event_name.to_string()).await;
+        if let Some(report_name) = stored.pointer("/metadata/name").and_then(Value::as_str) {
+            delete_quietly(state.store.as_ref(), &namespace, report_name.to_string()).await;
         }
         return ApiError::new(
             404,
             "NotFound",
             format!(
-                "tasks.rlinf.io \"{name}\" was deleted in {namespace} while the event was stored"
+                "tasks.rlinf.io \"{name}\" was deleted in {namespace} while the report was stored"
             ),
         )
         .into_response();
@@ -493,43 +498,44 @@ async fn post_event(
 /// Pause before the collector starts again after its watch failed.
 const COLLECT_RESTART_DELAY: Duration = Duration::from_secs(1);
 
-/// Deletes the events of deleted Tasks until `shutdown` (see the module documentation,
-/// "Retention"): a sweep of every stored event, then a watch of the Tasks from the
-/// revision read before the sweep, purging the events of each deleted Task's name; a
+/// Deletes the reports of deleted Tasks until `shutdown` (see the module documentation,
+/// "Retention"): a sweep of every stored report, then a watch of the Tasks from the
+/// revision read before the sweep, purging the reports of each deleted Task's name; a
 /// failed watch (expired, store closed) starts over with a sweep. Store errors are logged
 /// and retried, never fatal.
-pub(crate) async fn collect_deleted_task_events(
+pub(crate) async fn collect_deleted_task_reports(
     store: Arc<dyn Store>,
     shutdown: CancellationToken,
 ) {
     loop {
         let from = store.revision();
-        if let Err(error) = sweep_orphaned_events(store.as_ref()).await {
-            tracing::warn!(%error, "sweeping the events of deleted tasks failed");
+        if let Err(error) = sweep_orphaned_reports(store.as_ref()).await {
+            tracing::warn!(%error, "sweeping the reports of deleted tasks failed");
         }
         match store.watch(TASKS, None, from).await {
             Ok(mut tasks) => loop {
-                let event = tokio::select! {
+                let change = tokio::select! {
                     _ = shutdown.cancelled() => return,
-                    event = tasks.next() => event,
+                    change = tasks.next() => change,
                 };
-                match event {
-                    Some(Ok(event)) if event.event_type == EventType::Deleted => {
-                        let (namespace, name) = (&event.key.namespace, &event.key.name);
-                        if let Err(error) = purge_task_events(store.as_ref(), namespace, name).await
+                match change {
+                    Some(Ok(change)) if change.event_type == EventType::Deleted => {
+                        let (namespace, name) = (&change.key.namespace, &change.key.name);
+                        if let Err(error) =
+                            purge_task_reports(store.as_ref(), namespace, name).await
                         {
-                            tracing::warn!(%error, namespace, task = name, "deleting the events of a deleted task failed");
+                            tracing::warn!(%error, namespace, task = name, "deleting the reports of a deleted task failed");
                         }
                     }
                     Some(Ok(_)) => {}
                     Some(Err(error)) => {
-                        tracing::info!(%error, "the task watch of the event collector ended; sweeping again");
+                        tracing::info!(%error, "the task watch of the report collector ended; sweeping again");
                         break;
                     }
                     None => break,
                 }
             },
-            Err(error) => tracing::warn!(%error, "the event collector cannot watch tasks"),
+            Err(error) => tracing::warn!(%error, "the report collector cannot watch tasks"),
         }
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -553,31 +559,31 @@ async fn current_task_uid(
     }))
 }
 
-fn event_task_uid(event: &Value) -> &str {
-    event
+fn report_task_uid(report: &Value) -> &str {
+    report
         .pointer("/spec/taskUID")
         .and_then(Value::as_str)
         .unwrap_or_default()
 }
 
-/// Deletes the events of task name `name` that belong to no existing Task (all of them
+/// Deletes the reports of task name `name` that belong to no existing Task (all of them
 /// when no Task of that name exists; those of other UIDs when one does). Returns how many.
-async fn purge_task_events(
+async fn purge_task_reports(
     store: &dyn Store,
     namespace: &str,
     name: &str,
 ) -> Result<usize, StoreError> {
-    // Listed before the Task is read: an event listed here was posted for a Task that
+    // Listed before the Task is read: an report listed here was posted for a Task that
     // existed before the read, so a different UID (or none) now means that Task is gone.
-    let (items, _) = list_task_events(store, namespace, name).await?;
+    let (items, _) = list_task_reports(store, namespace, name).await?;
     let current = current_task_uid(store, namespace, name).await?;
     let mut deleted = 0;
     for item in items {
-        if current.as_deref() == Some(event_task_uid(&item)) {
+        if current.as_deref() == Some(report_task_uid(&item)) {
             continue;
         }
-        if let Some(event_name) = item.pointer("/metadata/name").and_then(Value::as_str) {
-            delete_quietly(store, namespace, event_name.to_string()).await;
+        if let Some(report_name) = item.pointer("/metadata/name").and_then(Value::as_str) {
+            delete_quietly(store, namespace, report_name.to_string()).await;
             deleted += 1;
         }
     }
@@ -586,14 +592,14 @@ async fn purge_task_events(
             namespace,
             task = name,
             deleted,
-            "deleted the events of a deleted task"
+            "deleted the reports of a deleted task"
         );
     }
     Ok(deleted)
 }
 
-/// Deletes every stored event whose Task (name and UID) does not exist. Returns how many.
-async fn sweep_orphaned_events(store: &dyn Store) -> Result<usize, StoreError> {
+/// Deletes every stored report whose Task (name and UID) does not exist. Returns how many.
+async fn sweep_orphaned_reports(store: &dyn Store) -> Result<usize, StoreError> {
     let mut options = ListOptions {
         namespace: None,
         start_after: None,
@@ -603,7 +609,7 @@ async fn sweep_orphaned_events(store: &dyn Store) -> Result<usize, StoreError> {
     let mut tasks: HashMap<(String, String), Option<String>> = HashMap::new();
     let mut deleted = 0;
     loop {
-        let page = store.list(TASK_EVENTS, &options).await?;
+        let page = store.list(TASK_REPORTS, &options).await?;
         let mut read_this_page = HashSet::new();
         for item in &page.items {
             let field = |pointer: &str| item.pointer(pointer).and_then(Value::as_str);
@@ -615,14 +621,16 @@ async fn sweep_orphaned_events(store: &dyn Store) -> Result<usize, StoreError> {
                 continue;
             };
             let key = (namespace.to_string(), task.to_string());
-            let event_uid = event_task_uid(item);
+            let report_uid = report_task_uid(item);
             let cached = tasks.get(&key).cloned();
             let uid = match cached {
-                Some(uid) if uid.as_deref() == Some(event_uid) || read_this_page.contains(&key) => {
+                Some(uid)
+                    if uid.as_deref() == Some(report_uid) || read_this_page.contains(&key) =>
+                {
                     uid
                 }
                 // Not known to match: read the Task now (after this page was listed, so a
-                // mismatch means the event's Task is gone, as in purge_task_events).
+                // mismatch means the report's Task is gone, as in purge_task_reports).
                 _ => {
                     let uid = current_task_uid(store, namespace, task).await?;
                     tasks.insert(key.clone(), uid.clone());
@@ -630,7 +638,7 @@ async fn sweep_orphaned_events(store: &dyn Store) -> Result<usize, StoreError> {
                     uid
                 }
             };
-            if uid.as_deref() != Some(event_uid) {
+            if uid.as_deref() != Some(report_uid) {
                 delete_quietly(store, namespace, name.to_string()).await;
                 deleted += 1;
             }
@@ -641,9 +649,22 @@ async fn sweep_orphaned_events(store: &dyn Store) -> Result<usize, StoreError> {
         }
     }
     if deleted > 0 {
-        tracing::info!(deleted, "deleted the events of tasks that no longer exist");
+        tracing::info!(deleted, "deleted the reports of tasks that no longer exist");
     }
     Ok(deleted)
+}
+
+/// A stored report as the API serves it. Reports stored before task "events" were renamed
+/// to "reports" hold the posted object under `spec.event`; it is served as `spec.report`.
+fn served(stored: &Value) -> Value {
+    let mut object = stored.clone();
+    if let Some(spec) = object.get_mut("spec").and_then(Value::as_object_mut)
+        && !spec.contains_key("report")
+        && let Some(legacy) = spec.remove("event")
+    {
+        spec.insert("report".to_string(), legacy);
+    }
+    object
 }
 
 fn follow_requested(query: Option<&str>) -> Result<bool, String> {
@@ -661,8 +682,8 @@ fn follow_requested(query: Option<&str>) -> Result<bool, String> {
     Ok(follow)
 }
 
-async fn list_events(
-    State(state): State<EventsState>,
+async fn list_reports(
+    State(state): State<ReportsState>,
     Path((namespace, name)): Path<(String, String)>,
     request: Request,
 ) -> Response {
@@ -673,37 +694,37 @@ async fn list_events(
         Ok(follow) => follow,
         Err(message) => return ApiError::bad_request(message).into_response(),
     };
-    let (items, revision) = match list_task_events(state.store.as_ref(), &namespace, &name).await {
+    let (items, revision) = match list_task_reports(state.store.as_ref(), &namespace, &name).await {
         Ok(listed) => listed,
         Err(error) => return store_error(&error).into_response(),
     };
     if !follow {
-        let items: Vec<Value> = items.iter().map(|i| i.as_ref().clone()).collect();
+        let items: Vec<Value> = items.iter().map(|i| served(i)).collect();
         return axum::Json(json!({ "items": items })).into_response();
     }
     let watch = match state
         .store
-        .watch(TASK_EVENTS, Some(&namespace), revision)
+        .watch(TASK_REPORTS, Some(&namespace), revision)
         .await
     {
         Ok(watch) => watch,
         Err(error) => return store_error(&error).into_response(),
     };
-    // Pages after the first may already show events the watch delivers again.
+    // Pages after the first may already show reports the watch delivers again.
     let listed: HashSet<String> = items
         .iter()
         .filter_map(|i| i.pointer("/metadata/name")?.as_str().map(str::to_string))
         .collect();
     let task = name.clone();
     let live = watch
-        .take_while(|event| {
-            if let Err(error) = event {
-                tracing::debug!(%error, "task event watch ended");
+        .take_while(|change| {
+            if let Err(error) = change {
+                tracing::debug!(%error, "task report watch ended");
             }
-            std::future::ready(event.is_ok())
+            std::future::ready(change.is_ok())
         })
-        .filter_map(move |event| {
-            let keep = event.ok().filter(|e| {
+        .filter_map(move |change| {
+            let keep = change.ok().filter(|e| {
                 e.event_type == EventType::Added
                     && seq_of(&task, &e.key.name).is_some()
                     && !listed.contains(&e.key.name)
@@ -713,7 +734,7 @@ async fn list_events(
     let lines = futures::stream::iter(items)
         .chain(live)
         .map(|object| {
-            let mut line = serde_json::to_vec(object.as_ref()).unwrap_or_default();
+            let mut line = serde_json::to_vec(&served(&object)).unwrap_or_default();
             line.push(b'\n');
             Ok::<_, std::convert::Infallible>(line)
         })
@@ -731,10 +752,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn events_are_validated() {
-        assert!(validate_event(br#"{"type":"reward","value":1.5}"#).is_ok());
+    fn reports_stored_before_the_rename_are_served_as_reports() {
+        let legacy = json!({"metadata": {"name": "t.0000000000000001"},
+            "spec": {"task": "t", "seq": 1, "event": {"type": "reward", "value": 2}}});
+        let served = served(&legacy);
+        assert_eq!(
+            served["spec"]["report"],
+            json!({"type": "reward", "value": 2})
+        );
+        assert!(served["spec"].get("event").is_none(), "{served}");
+        // A current record is served as stored.
+        let current = json!({"spec": {"task": "t", "report": {"type": "x"}, "event": 1}});
+        assert_eq!(super::served(&current), current);
+    }
+
+    #[test]
+    fn reports_are_validated() {
+        assert!(validate_report(br#"{"type":"reward","value":1.5}"#).is_ok());
         let long = format!(r#"{{"type":"{}"}}"#, "x".repeat(63));
-        assert!(validate_event(long.as_bytes()).is_ok());
+        assert!(validate_report(long.as_bytes()).is_ok());
         let cases: &[(&[u8], &str)] = &[
             (b"", "empty"),
             (b"  ", "empty"),
@@ -746,18 +782,18 @@ mod tests {
             (br#"{"type":3}"#, "must be a string, not a number"),
         ];
         for (body, expected) in cases {
-            let error = validate_event(body).unwrap_err();
+            let error = validate_report(body).unwrap_err();
             assert!(error.contains(expected), "{error} lacks {expected}");
         }
         let too_long = format!(r#"{{"type":"{}"}}"#, "x".repeat(64));
         assert!(
-            validate_event(too_long.as_bytes())
+            validate_report(too_long.as_bytes())
                 .unwrap_err()
                 .contains("longer than 63")
         );
-        let big = format!(r#"{{"type":"t","pad":"{}"}}"#, "x".repeat(MAX_EVENT_BYTES));
+        let big = format!(r#"{{"type":"t","pad":"{}"}}"#, "x".repeat(MAX_REPORT_BYTES));
         assert!(
-            validate_event(big.as_bytes())
+            validate_report(big.as_bytes())
                 .unwrap_err()
                 .contains("larger than")
         );
@@ -765,7 +801,7 @@ mod tests {
 
     #[test]
     fn names_carry_the_sequence() {
-        assert_eq!(event_name("t", 7), "t.0000000000000007");
+        assert_eq!(report_name("t", 7), "t.0000000000000007");
         assert_eq!(seq_of("t", "t.0000000000000007"), Some(7));
         assert_eq!(seq_of("t", "t.x.0000000000000007"), None);
         assert_eq!(seq_of("t.x", "t.x.0000000000000007"), Some(7));
@@ -787,10 +823,10 @@ mod tests {
         Arc::new(rlark_store::SqliteStore::open(config).await.unwrap())
     }
 
-    fn event(t: &str) -> Map<String, Value> {
-        let mut event = Map::new();
-        event.insert("type".into(), json!(t));
-        event
+    fn report(t: &str) -> Map<String, Value> {
+        let mut report = Map::new();
+        report.insert("type".into(), json!(t));
+        report
     }
 
     #[tokio::test]
@@ -804,7 +840,7 @@ mod tests {
             let store = Arc::clone(&store);
             let hints = Arc::clone(&replicas[i % 2]);
             posts.push(tokio::spawn(async move {
-                let appended = append(store.as_ref(), &hints, 1000, "ns", "t", "u", event("m"));
+                let appended = append(store.as_ref(), &hints, 1000, "ns", "t", "u", report("m"));
                 appended.await
             }));
         }
@@ -823,22 +859,22 @@ mod tests {
             "ns",
             "t.x",
             "u",
-            event("m"),
+            report("m"),
         )
         .await
         .unwrap();
-        let (items, _) = list_task_events(store.as_ref(), "ns", "t").await.unwrap();
+        let (items, _) = list_task_reports(store.as_ref(), "ns", "t").await.unwrap();
         let listed: Vec<u64> = items.iter().filter_map(|i| seq_of_object("t", i)).collect();
         assert_eq!(listed, (1..=40).collect::<Vec<_>>());
     }
 
     #[tokio::test]
-    async fn the_oldest_events_beyond_the_retention_are_deleted() {
+    async fn the_oldest_reports_beyond_the_retention_are_deleted() {
         let dir = tempfile::tempdir().unwrap();
         let store = test_store(dir.path()).await;
         let hints = Hints::default();
         for _ in 0..8 {
-            append(store.as_ref(), &hints, 5, "ns", "t", "u", event("m"))
+            append(store.as_ref(), &hints, 5, "ns", "t", "u", report("m"))
                 .await
                 .unwrap();
         }
@@ -851,12 +887,12 @@ mod tests {
                 "ns",
                 "t",
                 "u",
-                event("m"),
+                report("m"),
             )
             .await
             .unwrap();
         }
-        let (items, _) = list_task_events(store.as_ref(), "ns", "t").await.unwrap();
+        let (items, _) = list_task_reports(store.as_ref(), "ns", "t").await.unwrap();
         let listed: Vec<u64> = items.iter().filter_map(|i| seq_of_object("t", i)).collect();
         assert_eq!(listed, vec![8, 9, 10]);
     }
@@ -870,7 +906,7 @@ mod tests {
     }
 
     async fn seqs(store: &dyn Store, task: &str) -> Vec<u64> {
-        let (items, _) = list_task_events(store, "ns", task).await.unwrap();
+        let (items, _) = list_task_reports(store, "ns", task).await.unwrap();
         items
             .iter()
             .filter_map(|i| seq_of_object(task, i))
@@ -878,22 +914,22 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn deleting_a_task_deletes_its_events() {
+    async fn deleting_a_task_deletes_its_reports() {
         let dir = tempfile::tempdir().unwrap();
         let store = test_store(dir.path()).await;
         put_task(store.as_ref(), "t", "u1").await;
         put_task(store.as_ref(), "t.x", "x1").await;
         let hints = Hints::default();
         for _ in 0..3 {
-            append(store.as_ref(), &hints, 1000, "ns", "t", "u1", event("m"))
+            append(store.as_ref(), &hints, 1000, "ns", "t", "u1", report("m"))
                 .await
                 .unwrap();
         }
-        append(store.as_ref(), &hints, 1000, "ns", "t.x", "x1", event("m"))
+        append(store.as_ref(), &hints, 1000, "ns", "t.x", "x1", report("m"))
             .await
             .unwrap();
         let shutdown = CancellationToken::new();
-        let collector = tokio::spawn(collect_deleted_task_events(
+        let collector = tokio::spawn(collect_deleted_task_reports(
             Arc::clone(&store),
             shutdown.clone(),
         ));
@@ -905,7 +941,7 @@ mod tests {
         while !seqs(store.as_ref(), "t").await.is_empty() {
             assert!(
                 tokio::time::Instant::now() < deadline,
-                "the events of the deleted task are still there"
+                "the reports of the deleted task are still there"
             );
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -915,10 +951,10 @@ mod tests {
             "another task's stay"
         );
 
-        // A Task re-created under the name numbers its own events from 1 (the hint learnt
+        // A Task re-created under the name numbers its own reports from 1 (the hint learnt
         // for the deleted one is not used), and the collector leaves them alone.
         put_task(store.as_ref(), "t", "u2").await;
-        let stored = append(store.as_ref(), &hints, 1000, "ns", "t", "u2", event("m"))
+        let stored = append(store.as_ref(), &hints, 1000, "ns", "t", "u2", report("m"))
             .await
             .unwrap();
         assert_eq!(stored.pointer("/spec/seq"), Some(&json!(1)));
@@ -928,7 +964,7 @@ mod tests {
             .unwrap();
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while !seqs(store.as_ref(), "t.x").await.is_empty() {
-            assert!(tokio::time::Instant::now() < deadline, "t.x events stay");
+            assert!(tokio::time::Instant::now() < deadline, "t.x reports stay");
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         assert_eq!(seqs(store.as_ref(), "t").await, [1]);
@@ -940,17 +976,17 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_sweep_deletes_events_whose_task_is_gone() {
+    async fn a_sweep_deletes_reports_whose_task_is_gone() {
         let dir = tempfile::tempdir().unwrap();
         let store = test_store(dir.path()).await;
         let hints = Hints::default();
-        // "gone": no Task at all; "again": re-created (old events of uid a1, new of a2);
+        // "gone": no Task at all; "again": re-created (old reports of uid a1, new of a2);
         // "kept": still there.
         put_task(store.as_ref(), "again", "a2").await;
         put_task(store.as_ref(), "kept", "k1").await;
         for (task, uid, n) in [("gone", "g1", 2), ("again", "a1", 2), ("kept", "k1", 2)] {
             for _ in 0..n {
-                append(store.as_ref(), &hints, 1000, "ns", task, uid, event("m"))
+                append(store.as_ref(), &hints, 1000, "ns", task, uid, report("m"))
                     .await
                     .unwrap();
             }
@@ -962,19 +998,19 @@ mod tests {
             "ns",
             "again",
             "a2",
-            event("m"),
+            report("m"),
         )
         .await
         .unwrap();
-        assert_eq!(sweep_orphaned_events(store.as_ref()).await.unwrap(), 4);
+        assert_eq!(sweep_orphaned_reports(store.as_ref()).await.unwrap(), 4);
         assert!(seqs(store.as_ref(), "gone").await.is_empty());
-        // a2's event was numbered after a1's, which were still stored then.
+        // a2's report was numbered after a1's, which were still stored then.
         assert_eq!(
             seqs(store.as_ref(), "again").await,
             [3],
-            "only a2's event stays"
+            "only a2's report stays"
         );
         assert_eq!(seqs(store.as_ref(), "kept").await, [1, 2]);
-        assert_eq!(sweep_orphaned_events(store.as_ref()).await.unwrap(), 0);
+        assert_eq!(sweep_orphaned_reports(store.as_ref()).await.unwrap(), 0);
     }
 }
