@@ -493,16 +493,17 @@ fn run_spec(task: &Task) -> RunSpec {
 fn adopt_event(pod: &Pod, task_stopped: bool) -> Event {
     let status = pod.status.clone().unwrap_or_default();
     let first_start = status.start_time.map_or_else(Timestamp::now, |Time(at)| at);
-    let at = if status.reason.as_deref() == Some(REASON_BACKOFF) {
-        Adopted::Restart
+    let restarts = status.restart_count.unwrap_or(0);
+    // A replica waiting to restart is adopted with the restart about to happen counted.
+    let (at, restarts) = if status.reason.as_deref() == Some(REASON_BACKOFF) {
+        (Adopted::Restart, restarts.saturating_add(1))
     } else {
-        Adopted::Running {
-            started_at: first_start,
-        }
+        let started_at = first_start;
+        (Adopted::Running { started_at }, restarts)
     };
     Event::Adopt {
         at,
-        restarts: status.restart_count.unwrap_or(0),
+        restarts,
         first_start,
         task_stopped,
     }
