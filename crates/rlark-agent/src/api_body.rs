@@ -1,4 +1,4 @@
-//! Response bodies of the agent's local API ([`crate::api`] and [`crate::exec`]).
+//! Response bodies of the agent's local API (`api.rs`: logs; `exec.rs`: exec).
 
 use std::io;
 

@@ -1,5 +1,5 @@
 //! Exec into a running replica: `GET /exec/{namespace}/{pod}?command=...&stdin=..&stdout=..
-//! &stderr=..&tty=..` on the agent's local API ([`crate::api`]), a WebSocket speaking
+//! &stderr=..&tty=..` on the agent's local API (`api.rs`), a WebSocket speaking
 //! Kubernetes' remotecommand protocol (`v5.channel.k8s.io`, else `v4.channel.k8s.io`; the
 //! vocabulary is `rlark_tunnel::agent_api`). Like the rest of the local API it is reached
 //! only through the tunnel; the hub authorizes the caller (admins only) before it opens the

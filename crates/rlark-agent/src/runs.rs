@@ -1,5 +1,5 @@
 //! The runs of a replica on disk (`DATA_DIR/tasks/<ns>/<task>/<uid>/<i>/`), as the local
-//! API ([`crate::api`] logs, [`crate::exec`]) finds them.
+//! API (`api.rs`: logs; `exec.rs`: exec) finds them.
 
 use std::path::{Path, PathBuf};
 use std::time::SystemTime;

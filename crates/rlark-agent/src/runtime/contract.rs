@@ -1,4 +1,4 @@
-//! The contract between the Task reconciler ([`crate::tasks`]) and a runtime: what the
+//! The contract between the Task reconciler (`tasks/`) and a runtime: what the
 //! per-replica worker asks of whatever runs its replica. The raw runtime ([`RawRuntime`]:
 //! a process group under a supervisor process, this module's parent) implements it; the
 //! Kubernetes and Docker runtimes plug in beside it.

@@ -3,7 +3,7 @@
 //!
 //! [`spawn_replica`] prepares the replica's directory (`work/`, `logs/`), fetches its
 //! artifact, resolves the entrypoint (no shell; these checks happen here, so start errors
-//! name the problem precisely), and starts the supervisor ([`crate::supervisor`], the
+//! name the problem precisely), and starts the supervisor (`supervisor.rs`, the
 //! program in [`ReplicaSpec::supervisor`]) in the working directory, with the environment
 //! and with stdout and stderr appended to `logs/current.log` (size-capped rotation, see
 //! [`logs`]). The supervisor leaves the agent's session, starts the program as the leader

@@ -1,4 +1,4 @@
-//! The files a replica's supervisor process ([`crate::supervisor`]) writes into the replica
+//! The files a replica's supervisor process (`supervisor.rs`) writes into the replica
 //! directory, and the agent reads: `pid.json` once the process started, `exit.json` once it
 //! ended (or could not start). Both are written atomically (a temporary file, then a
 //! rename), so a reader sees a whole file or none; they survive an agent crash, not a power
@@ -17,7 +17,7 @@ use super::ExitStatus;
 /// change, so an agent never drives a `rlark-supervise` binary of another protocol.
 pub const PROTOCOL: u32 = 1;
 
-/// FNV-1a of the sources that make up the supervisor's behaviour ([`crate::supervisor`],
+/// FNV-1a of the sources that make up the supervisor's behaviour (`supervisor.rs`,
 /// these records and the process helpers it uses), computed at compile time: two builds that differ
 /// in any of them print different `--version` lines, so `cargo run` (which rebuilds `rlark`
 /// but not `rlark-supervise`) never pairs a new agent with a stale supervisor binary.

@@ -15,21 +15,8 @@ use tokio_util::task::AbortOnDropHandle;
 
 use super::pods::delete_pod;
 use super::recovery::{Recovered, end_recovered};
-use super::worker::Worker;
+use super::worker::{Command, Worker};
 use super::{RESYNC_INTERVAL, ReplicaId, Shared, TaskError, pod_name, run_key};
-
-/// What the reconciler wants from a worker.
-#[derive(Clone, Debug)]
-pub(super) enum Command {
-    /// Run (or keep running) this Task's replica; `resync` changes on every resync.
-    Run { task: Arc<Task>, resync: u64 },
-    /// A new run replaces this one: kill the process; the next worker replaces the Pod.
-    Supersede,
-    /// The replica is no longer wanted here: kill the process and delete the Pod.
-    Remove,
-    /// The agent stops: leave the process (or stop it, per `stop_tasks_on_exit`).
-    Shutdown,
-}
 
 /// A worker: dropping it (the reconciler aborted, as when the agent crashes) aborts it,
 /// so nothing of a dead agent keeps acting on its replicas.
