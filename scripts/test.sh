@@ -4,9 +4,10 @@
 #   end-to-end (real kubectl, the official Python Kubernetes client) — driven from cargo
 #   tests and pytest against the binary that `cargo test` built.
 #   Python SDK (sdk/python, pytest) against a real `rlark embodied` from that binary.
-#   Hygiene: cargo fmt, cargo machete (no unused dependencies), cargo deny (licenses,
-#   duplicate versions, sources; not advisories, see below), no import cycle between a
-#   crate's modules (scripts/module_cycles.py), cargo clippy -D warnings.
+#   Hygiene: cargo fmt, cargo machete (no unused dependencies), no test kit among the rlark
+#   binary's normal dependencies, cargo deny (licenses, duplicate versions, sources; not
+#   advisories, see below), no import cycle between a crate's modules
+#   (scripts/module_cycles.py), cargo clippy -D warnings.
 # Environment:
 #   CARGO_TARGET_DIR   optional shared build cache (the script works without it)
 #   RLARK_SKIP_INSTALL=1  skip apt/pip installs (offline dev loops); tests whose tool is
@@ -73,6 +74,12 @@ if ! command -v cargo-machete >/dev/null 2>&1; then
 fi
 if command -v cargo-machete >/dev/null 2>&1; then
     cargo machete
+fi
+
+log "cargo tree -e normal -p rlark (no test kit in the product)"
+if cargo tree --locked -e normal -p rlark --prefix none | grep -q '^rlark-testkit '; then
+    echo "rlark-testkit is a normal dependency of the rlark binary (tests only: dev-dependency)" >&2
+    exit 1
 fi
 
 log "cargo deny check licenses bans sources (deny.toml; advisories are not checked)"

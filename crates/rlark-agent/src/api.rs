@@ -42,12 +42,11 @@
 use std::convert::Infallible;
 use std::io;
 use std::os::unix::fs::FileExt as _;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
-use http_body_util::combinators::UnsyncBoxBody;
-use http_body_util::{BodyExt as _, Full, StreamBody};
+use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::{Bytes, Frame};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use rlark_tunnel::agent::AgentApi;
@@ -56,8 +55,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::{LOG_FILE, process};
-use crate::tasks::{ReplicaState, STATE_FILE};
+use crate::runtime::LOG_FILE;
 
 /// How often a followed log is checked for new bytes and its replica for an exit.
 pub const FOLLOW_POLL: Duration = Duration::from_millis(200);
@@ -65,9 +63,6 @@ pub const FOLLOW_POLL: Duration = Duration::from_millis(200);
 const CHUNK: usize = 32 * 1024;
 /// How long the agent waits for a request's headers on a new stream.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// A response body of the local API.
-pub type ApiBody = UnsyncBoxBody<Bytes, io::Error>;
 
 /// The local API (see the module documentation). Cheap to clone.
 #[derive(Clone, Debug)]
@@ -133,58 +128,12 @@ impl AgentApi for LocalApi {
     }
 }
 
+pub use rlark_api::agent::parse_pod_name;
 pub use rlark_tunnel::agent_api::LogOptions;
 
-/// Split a Pod name `<task>-<i>` into the Task name and the replica index.
-pub fn parse_pod_name(pod: &str) -> Option<(&str, usize)> {
-    let (task, index) = pod.rsplit_once('-')?;
-    if task.is_empty() || index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    Some((task, index.parse().ok()?))
-}
-
-/// One run of a replica found on disk.
-#[derive(Clone, Debug)]
-pub(crate) struct Run {
-    pub(crate) dir: PathBuf,
-    pub(crate) running: bool,
-    modified: SystemTime,
-}
-
-/// The runs of replica `index` of `task` in `namespace`, newest first (a running one first).
-pub(crate) fn find_runs(tasks_dir: &Path, namespace: &str, task: &str, index: usize) -> Vec<Run> {
-    let task_dir = tasks_dir.join(namespace).join(task);
-    let Ok(entries) = std::fs::read_dir(&task_dir) else {
-        return Vec::new();
-    };
-    let mut runs: Vec<Run> = entries
-        .filter_map(Result::ok)
-        .filter_map(|entry| {
-            let dir = entry.path().join(index.to_string());
-            let meta = std::fs::metadata(&dir).ok().filter(|m| m.is_dir())?;
-            Some(Run {
-                running: replica_running(&dir),
-                modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
-                dir,
-            })
-        })
-        .collect();
-    runs.sort_by(|a, b| (b.running, b.modified, &b.dir).cmp(&(a.running, a.modified, &a.dir)));
-    runs
-}
-
-/// Whether the replica in `dir` has a live process: its state file exists, carries no
-/// final status, and names a running process.
-fn replica_running(dir: &Path) -> bool {
-    match ReplicaState::read(&dir.join(STATE_FILE)) {
-        Ok(state) => {
-            state.final_status.is_none()
-                && process::process_running(state.pid, state.proc_start_ticks)
-        }
-        Err(_) => false,
-    }
-}
+pub use crate::api_body::ApiBody;
+use crate::api_body::text_response;
+use crate::runs::{find_runs, replica_running};
 
 /// Offset of the start of the `lines`-th line from the end of `file` (a last line without
 /// its newline counts as a line).
@@ -219,26 +168,6 @@ fn tail_offset(file: &std::fs::File, len: u64, lines: u64) -> io::Result<u64> {
         end = start;
     }
     Ok(0)
-}
-
-pub(crate) fn text_response(
-    status: http::StatusCode,
-    message: impl Into<String>,
-) -> http::Response<ApiBody> {
-    let mut text = message.into();
-    if !text.ends_with('\n') {
-        text.push('\n');
-    }
-    let body = Full::new(Bytes::from(text))
-        .map_err(|never| match never {})
-        .boxed_unsync();
-    let mut response = http::Response::new(body);
-    *response.status_mut() = status;
-    response.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    response
 }
 
 impl Inner {
@@ -493,16 +422,9 @@ impl Follower {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tasks::{ReplicaState, STATE_FILE};
     use std::io::Write as _;
-
-    #[test]
-    fn pod_names_split_into_task_and_index() {
-        assert_eq!(parse_pod_name("ppo-actor-0"), Some(("ppo-actor", 0)));
-        assert_eq!(parse_pod_name("a-12"), Some(("a", 12)));
-        for bad in ["a", "a-", "-1", "a-x", "a-+1"] {
-            assert_eq!(parse_pod_name(bad), None, "{bad}");
-        }
-    }
+    use std::path::Path;
 
     #[test]
     fn tail_counts_lines_from_the_end() {

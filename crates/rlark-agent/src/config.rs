@@ -24,14 +24,12 @@ pub const MAX_CLUSTER_ID_LEN: usize = 57;
 pub const IDENTITY_DIR: &str = "identity";
 /// Subdirectory of the data directory holding the task reconciler's state and logs.
 pub const TASKS_DIR: &str = "tasks";
-/// Kubernetes' label with the machine name.
-pub const HOSTNAME_LABEL: &str = "kubernetes.io/hostname";
 /// Labels the agent sets itself; `labels` may not set them.
 pub const RESERVED_LABELS: &[&str] = &[
     labels::CLUSTER_ID,
     labels::NODE_CATEGORY,
     labels::AGENT_TYPE,
-    HOSTNAME_LABEL,
+    labels::HOSTNAME,
 ];
 
 /// How to join the installation the first time (a bootstrap token and the CA pin, as printed
@@ -340,8 +338,9 @@ pub fn node_name_problem(name: &str) -> Option<String> {
     let mut reasons = rlark_api::names::dns1123_subdomain_errors(name);
     if name.len() > rlark_api::names::LABEL_VALUE_MAX_LENGTH {
         reasons.push(format!(
-            "must be no more than {} characters (it is the {HOSTNAME_LABEL} label)",
-            rlark_api::names::LABEL_VALUE_MAX_LENGTH
+            "must be no more than {} characters (it is the {} label)",
+            rlark_api::names::LABEL_VALUE_MAX_LENGTH,
+            labels::HOSTNAME
         ));
     }
     (!reasons.is_empty()).then(|| reasons.join("; "))

@@ -1,5 +1,5 @@
 //! Exec into a running replica: `GET /exec/{namespace}/{pod}?command=...&stdin=..&stdout=..
-//! &stderr=..&tty=..` on the agent's local API ([`crate::api`]), a WebSocket speaking
+//! &stderr=..&tty=..` on the agent's local API (`api.rs`), a WebSocket speaking
 //! Kubernetes' remotecommand protocol (`v5.channel.k8s.io`, else `v4.channel.k8s.io`; the
 //! vocabulary is `rlark_tunnel::agent_api`). Like the rest of the local API it is reached
 //! only through the tunnel; the hub authorizes the caller (admins only) before it opens the
@@ -75,7 +75,10 @@ use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
 use tokio_tungstenite::tungstenite::protocol::{CloseFrame, Role, WebSocketConfig};
 use tokio_util::sync::CancellationToken;
 
-use crate::api::{ApiBody, find_runs, parse_pod_name, text_response};
+use rlark_api::agent::parse_pod_name;
+
+use crate::api_body::{ApiBody, text_response};
+use crate::runs::find_runs;
 use crate::tasks::{ReplicaState, STATE_FILE};
 
 /// Path prefix of the exec route on the local API.

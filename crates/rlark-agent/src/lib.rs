@@ -18,14 +18,20 @@
 //!   that exits or dies and the next agent adopts them;
 //! - **metrics** (optional): `GET /metrics` on a loopback address
 //!   ([`rlark_tunnel::metrics_endpoint`]).
+//!
+//! [`sim`] is a simulated agent for benchmarks and tests: the same protocol towards the
+//! control plane, scripted replicas instead of processes.
 
 pub mod api;
+mod api_body;
 pub mod config;
 pub mod discovery;
 pub mod exec;
 pub mod join;
 pub mod node;
+mod runs;
 pub mod runtime;
+pub mod sim;
 pub mod supervisor;
 mod task_reports;
 pub mod tasks;

@@ -3,7 +3,7 @@
 //! heartbeats.
 //!
 //! The protocol is the one of `docs/concepts.md` ("Agent protocol"), field for field what
-//! `rlark_testkit::SimAgent` writes:
+//! the simulated agent ([`crate::sim`]) writes:
 //! - the Node `<name>` in `rlark-<clusterID>`: labels `rlark.io/cluster-id`,
 //!   `kubernetes.io/hostname`, `rlark.io/node-category`, `rlark.io/agent-type` (plus the
 //!   configured ones), `spec.agentType: Raw`;
@@ -20,7 +20,6 @@
 //! system: size, and space available to unprivileged users) and `nvidia.com/gpu` (lines of
 //! `nvidia-smi -L`, when that binary is on `PATH`).
 
-use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -28,18 +27,17 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::api::core::v1::NodeAddress;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use prometheus_client::metrics::counter::Counter;
-use rlark_api::labels;
-use rlark_api::types::{
-    AgentType, Node, NodeCategory, NodeInfo, NodePhase, NodeSpec, NodeStatus, ResourceList,
-};
+use rlark_api::types::{AgentType, Node, NodeInfo, NodePhase, ResourceList};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
-use crate::config::{AgentConfig, HOSTNAME_LABEL};
+pub use rlark_api::agent::{LEASE_PREFIX, MIN_LEASE_DURATION, NodeDescription};
+
+use crate::config::AgentConfig;
 
 /// Resource name of CPUs.
 pub const CPU: &str = "cpu";
@@ -49,12 +47,6 @@ pub const MEMORY: &str = "memory";
 pub const EPHEMERAL_STORAGE: &str = "ephemeral-storage";
 /// Resource name of NVIDIA GPUs.
 pub const NVIDIA_GPU: &str = "nvidia.com/gpu";
-/// Prefix of the heartbeat Lease's name: `node-<name>`.
-pub const LEASE_PREFIX: &str = "node-";
-/// `status.reason` the agent reports with `Online`.
-pub const REASON_READY: &str = "AgentReady";
-/// Shortest `leaseDurationSeconds` written (the controllers' default grace period).
-pub const MIN_LEASE_DURATION: Duration = Duration::from_secs(40);
 /// How long `nvidia-smi -L` may take.
 const NVIDIA_SMI_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -95,65 +87,6 @@ impl NodeError {
     pub fn is_permanent(&self) -> bool {
         self.status_code()
             .is_some_and(|code| (400..500).contains(&code) && ![404, 409, 429].contains(&code))
-    }
-}
-
-/// The machine as the Node reports it.
-#[derive(Clone, Debug, PartialEq)]
-pub struct NodeDescription {
-    /// Node name (also its `kubernetes.io/hostname` label).
-    pub name: String,
-    /// `rlark.io/node-category`.
-    pub category: NodeCategory,
-    /// Labels beyond the ones the agent sets itself.
-    pub labels: BTreeMap<String, String>,
-    /// Total resources.
-    pub capacity: ResourceList,
-    /// Resources for tasks.
-    pub allocatable: ResourceList,
-    /// Facts about the machine.
-    pub node_info: NodeInfo,
-    /// `Hostname`, and the `InternalIP` this host reaches the server from.
-    pub addresses: Vec<NodeAddress>,
-}
-
-impl NodeDescription {
-    /// Every label the Node carries for cluster `cluster_id`.
-    pub fn all_labels(&self, cluster_id: &str) -> BTreeMap<String, String> {
-        let mut all = self.labels.clone();
-        all.insert(labels::CLUSTER_ID.into(), cluster_id.into());
-        all.insert(HOSTNAME_LABEL.into(), self.name.clone());
-        all.insert(labels::NODE_CATEGORY.into(), self.category.as_str().into());
-        all.insert(labels::AGENT_TYPE.into(), AgentType::Raw.as_str().into());
-        all
-    }
-
-    /// The Node object (metadata and spec; status see [`NodeDescription::status`]).
-    pub fn to_node(&self, cluster_id: &str) -> Node {
-        let mut node = Node::new(
-            &self.name,
-            NodeSpec {
-                agent_type: AgentType::Raw,
-                unschedulable: false,
-            },
-        );
-        node.metadata.namespace = Some(rlark_api::names::agent_namespace(cluster_id));
-        node.metadata.labels = Some(self.all_labels(cluster_id));
-        node
-    }
-
-    /// The status the agent reports: `Online`, facts, resources, heartbeat `now`.
-    pub fn status(&self, now: Timestamp) -> NodeStatus {
-        NodeStatus {
-            phase: Some(NodePhase::Online),
-            reason: Some(REASON_READY.into()),
-            node_info: Some(self.node_info.clone()),
-            addresses: self.addresses.clone(),
-            capacity: self.capacity.clone(),
-            allocatable: self.allocatable.clone(),
-            heartbeat_time: Some(Time(now)),
-            ..Default::default()
-        }
     }
 }
 
@@ -559,20 +492,15 @@ impl NodeReporter {
 /// Renew the heartbeat Lease `node-<node>` in `leases`' namespace, creating it when missing:
 /// a merge patch of `holderIdentity`, `leaseDurationSeconds` and `renewTime`, or a create
 /// with `acquireTime` too. A create that loses a race (409) counts as done: the next beat
-/// renews it. This is the agent protocol's heartbeat (the simulated agent in the testkit
+/// renews it. This is the agent protocol's heartbeat (the simulated agent, [`crate::sim`],
 /// uses it as well).
 pub async fn renew_node_lease(
     leases: &Api<Lease>,
     node: &str,
     lease_duration_seconds: i32,
 ) -> Result<(), kube::Error> {
-    let name = format!("{LEASE_PREFIX}{node}");
-    let spec = LeaseSpec {
-        holder_identity: Some(node.to_string()),
-        lease_duration_seconds: Some(lease_duration_seconds),
-        renew_time: Some(MicroTime(Timestamp::now())),
-        ..Default::default()
-    };
+    let name = rlark_api::agent::lease_name(node);
+    let spec = rlark_api::agent::lease_spec(node, lease_duration_seconds, Timestamp::now());
     let patch = json!({ "spec": spec });
     match leases
         .patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
@@ -602,6 +530,11 @@ pub async fn renew_node_lease(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
+    use rlark_api::labels;
+    use rlark_api::types::NodeCategory;
+
     use super::*;
 
     #[test]
@@ -653,14 +586,17 @@ mod tests {
         assert_eq!(object.metadata.namespace.as_deref(), Some("rlark-c1"));
         let l = object.metadata.labels.clone().unwrap_or_default();
         assert_eq!(l[labels::CLUSTER_ID], "c1");
-        assert_eq!(l[HOSTNAME_LABEL], "host-1");
+        assert_eq!(l[labels::HOSTNAME], "host-1");
         assert_eq!(l[labels::NODE_CATEGORY], "edge");
         assert_eq!(l[labels::AGENT_TYPE], "Raw");
         assert_eq!(l["zone"], "lab");
         assert_eq!(object.spec.agent_type, AgentType::Raw);
         let status = node.status(Timestamp::UNIX_EPOCH);
         assert_eq!(status.phase, Some(NodePhase::Online));
-        assert_eq!(status.reason.as_deref(), Some(REASON_READY));
+        assert_eq!(
+            status.reason.as_deref(),
+            Some(rlark_api::agent::REASON_AGENT_READY)
+        );
         assert!(status.heartbeat_time.is_some());
         let info = status.node_info.expect("node info");
         assert_eq!(info.operating_system.as_deref(), Some(std::env::consts::OS));

@@ -61,6 +61,8 @@ use nix::unistd::Pid;
 use crate::runtime::record::{self, EXIT_FILE, ExitRecord, PID_FILE, PidRecord};
 use crate::runtime::{ExitStatus, process};
 
+pub use crate::runtime::record::{PROTOCOL, version_line};
+
 /// Grace period of a stop when `--grace-ms` is not given.
 pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
 /// How long the supervisor waits for a SIGKILLed process group to be gone before it exits
@@ -128,45 +130,6 @@ impl SupervisorArgs {
             args: args.collect(),
         })
     }
-}
-
-/// Bumped whenever the supervisor's arguments or its records (`pid.json`, `exit.json`)
-/// change, so an agent never drives a `rlark-supervise` binary of another protocol.
-pub const PROTOCOL: u32 = 1;
-
-/// FNV-1a of the sources that make up the supervisor's behaviour (this file and the
-/// records and process helpers it uses), computed at compile time: two builds that differ
-/// in any of them print different `--version` lines, so `cargo run` (which rebuilds `rlark`
-/// but not `rlark-supervise`) never pairs a new agent with a stale supervisor binary.
-const SOURCE_HASH: u64 = {
-    let parts: [&[u8]; 3] = [
-        include_bytes!("supervisor.rs"),
-        include_bytes!("runtime/record.rs"),
-        include_bytes!("runtime/process.rs"),
-    ];
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut p = 0;
-    while p < parts.len() {
-        let bytes = parts[p];
-        let mut i = 0;
-        while i < bytes.len() {
-            hash ^= bytes[i] as u64;
-            hash = hash.wrapping_mul(0x0100_0000_01b3);
-            i += 1;
-        }
-        p += 1;
-    }
-    hash
-};
-
-/// What `--version` prints: the crate version, [`PROTOCOL`] and a hash of the
-/// supervisor's sources. The agent uses a separate `rlark-supervise` binary only when it
-/// prints exactly this line.
-pub fn version_line() -> String {
-    format!(
-        "rlark-supervise {} protocol {PROTOCOL} source {SOURCE_HASH:016x}",
-        env!("CARGO_PKG_VERSION")
-    )
 }
 
 /// Run the supervisor with `args` (the arguments after `supervise`); returns the process

@@ -4,6 +4,7 @@
 //! `kube-derive` alone (the derive's `crates(kube_core = ::kube_core)`), not on the `kube`
 //! facade, so depending on this crate brings in no Kubernetes client, hyper or tower.
 
+pub mod agent;
 pub mod crd;
 pub mod labels;
 pub mod names;

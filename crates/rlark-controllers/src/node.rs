@@ -54,8 +54,6 @@ pub const REASON_HEARTBEAT_LOST: &str = "NodeHeartbeatLost";
 pub const REASON_HEARTBEAT_RESTORED: &str = "NodeHeartbeatRestored";
 /// Task condition type (and reason) added when the Task's Node is lost.
 pub const CONDITION_NODE_LOST: &str = "NodeLost";
-/// Prefix of a Node's heartbeat Lease name (`node-<name>`, in the Node's namespace).
-pub const LEASE_PREFIX: &str = "node-";
 
 /// What a Node's heartbeat says at one instant.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -220,7 +218,7 @@ async fn check(
         .into_iter()
         .filter_map(|lease| {
             let name = lease.metadata.name.clone()?;
-            let node = name.strip_prefix(LEASE_PREFIX)?.to_string();
+            let node = rlark_api::agent::lease_node(&name)?.to_string();
             Some(((lease.namespace().unwrap_or_default(), node), lease))
         })
         .collect();

@@ -40,6 +40,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
+use rlark_api::agent::{REASON_STOPPED, TASK_UID_ANNOTATION};
 use rlark_api::labels;
 use rlark_api::types::{Pod, PodPhase, Task, TaskPhase, TaskSpec, TaskStatus};
 use serde_json::{Map, Value, json};
@@ -52,14 +53,6 @@ use crate::events::{EventType, Recorder};
 
 /// Name of this controller in metrics and logs.
 pub const CONTROLLER: &str = "task";
-
-/// Pod `status.reason` of a replica ended because its Task was stopped (agents report it
-/// `Failed` with this reason); such a replica does not fail the Task.
-pub const POD_REASON_STOPPED: &str = "Stopped";
-
-/// Pod annotation naming the UID of the Task the Pod runs (set by agents); a Pod of
-/// another UID belongs to an earlier Task of the same name and is ignored.
-pub const TASK_UID_ANNOTATION: &str = "rlark.io/task-uid";
 
 /// Status fields this controller owns (JSON names).
 const OWNED_FIELDS: &[&str] = &[
@@ -421,7 +414,7 @@ enum Outcome {
     Succeeded,
     /// Failed beyond its restart policy.
     Failed,
-    /// Ended by `spec.stopped` (Pod `Failed` with reason [`POD_REASON_STOPPED`]): not a
+    /// Ended by `spec.stopped` (Pod `Failed` with reason [`REASON_STOPPED`]): not a
     /// failure of the Task; a resumed Task waits for its new Pods.
     Stopped,
 }
@@ -433,7 +426,7 @@ fn outcome_of(pod: &Pod) -> Outcome {
         Some(PodPhase::Running) => Outcome::Running,
         Some(PodPhase::Succeeded) => Outcome::Succeeded,
         Some(PodPhase::Failed)
-            if status.and_then(|s| s.reason.as_deref()) == Some(POD_REASON_STOPPED) =>
+            if status.and_then(|s| s.reason.as_deref()) == Some(REASON_STOPPED) =>
         {
             Outcome::Stopped
         }
@@ -751,7 +744,7 @@ mod tests {
     fn replicas_ended_by_the_stop_do_not_fail_a_resumed_task() {
         let mut stopped_pod = pod("p0", 0, PodPhase::Failed);
         let st = stopped_pod.status.as_mut().unwrap();
-        st.reason = Some(POD_REASON_STOPPED.into());
+        st.reason = Some(REASON_STOPPED.into());
         st.exit_code = Some(143);
         let current = TaskStatus {
             phase: Some(TaskPhase::Stopped),

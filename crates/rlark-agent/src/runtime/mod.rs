@@ -3,7 +3,7 @@
 //!
 //! [`spawn_replica`] prepares the replica's directory (`work/`, `logs/`), fetches its
 //! artifact, resolves the entrypoint (no shell; these checks happen here, so start errors
-//! name the problem precisely), and starts the supervisor ([`crate::supervisor`], the
+//! name the problem precisely), and starts the supervisor (`supervisor.rs`, the
 //! program in [`ReplicaSpec::supervisor`]) in the working directory, with the environment
 //! and with stdout and stderr appended to `logs/current.log` (size-capped rotation, see
 //! [`logs`]). The supervisor leaves the agent's session, starts the program as the leader
@@ -34,6 +34,7 @@
 //! exits without stopping tasks, and the next agent [`adopt_replica`]s it.
 
 mod artifact;
+mod contract;
 pub mod logs;
 pub mod process;
 pub mod record;
@@ -50,23 +51,21 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use crate::supervisor;
-
 pub use artifact::CACHE_DIGEST_DIR;
+pub use contract::{
+    Adopted, ProcessRecord, RawRuntime, RecordedReplica, RunningReplica, Runtime, exit_report,
+    timestamp,
+};
 pub use logs::{LOG_FILE, LogFiles, LogLimits};
 pub use record::{EXIT_FILE, PID_FILE};
 
 use record::{ExitRecord, PidRecord};
 
-/// Grace period between SIGTERM and SIGKILL when the Task does not set
-/// `terminationGracePeriodSeconds`.
-pub const DEFAULT_GRACE: Duration = Duration::from_secs(30);
-
-/// Longest grace period a stop waits between SIGTERM and SIGKILL (one day, what admission
-/// allows for `terminationGracePeriodSeconds`). Longer ones given to [`ReplicaSpec::grace`]
-/// or [`ReplicaHandle::terminate`] are cut to it, so a kill time is always a clock reading.
-pub const MAX_GRACE: Duration =
-    Duration::from_secs(rlark_api::validation::MAX_TERMINATION_GRACE_PERIOD_SECONDS.unsigned_abs());
+/// The grace period of a Task that does not set `terminationGracePeriodSeconds`, and the
+/// longest one (one day, what admission allows): longer ones given to
+/// [`ReplicaSpec::grace`] or [`ReplicaHandle::terminate`] are cut to it, so a kill time is
+/// always a clock reading.
+pub use rlark_api::agent::{DEFAULT_GRACE, MAX_GRACE};
 /// How often the in-agent supervision checks the log size.
 const ROTATE_EVERY: Duration = Duration::from_secs(1);
 /// How often an adopted replica's supervisor process is checked.
@@ -123,7 +122,7 @@ pub const SUPERVISE_BINARY: &str = "rlark-supervise";
 
 /// The supervisor command of an agent run by the `rlark` binary (`rlark agent`, `rlark
 /// up`): `rlark-supervise` beside this executable when it is there and is of this build
-/// ([`supervisor::version_line`]), else `[<this executable>, supervise]`. Both run
+/// ([`record::version_line`]), else `[<this executable>, supervise]`. Both run
 /// the same code; the small binary starts in a third of the time (0.6 vs 1.8 ms of CPU
 /// here: `rlark` is 70 MB with ~68,000 relocations and ~550 page faults per exec), which
 /// is most of a start's cost in a burst (`rlark bench agent`). Chosen once per process.
@@ -147,7 +146,7 @@ pub fn default_supervisor() -> Vec<OsString> {
 fn choose_supervisor(exe: &Path, version: impl Fn(&Path) -> Option<String>) -> Vec<OsString> {
     let small = exe.with_file_name(SUPERVISE_BINARY);
     if small.is_file() {
-        let expected = supervisor::version_line();
+        let expected = record::version_line();
         match version(&small) {
             Some(line) if line == expected => {
                 tracing::debug!(supervisor = %small.display(), "replica supervisor");
@@ -987,7 +986,7 @@ mod tests {
         std::fs::write(&small, b"").expect("small");
         // Present and of this build: used.
         assert_eq!(
-            choose_supervisor(&exe, answer(Some(supervisor::version_line()))),
+            choose_supervisor(&exe, answer(Some(record::version_line()))),
             vec![small.clone().into_os_string()]
         );
         // Another version or protocol, or no answer: not used.
@@ -998,9 +997,9 @@ mod tests {
         let stale = format!(
             "rlark-supervise {} protocol {} source 0000000000000000",
             env!("CARGO_PKG_VERSION"),
-            supervisor::PROTOCOL
+            record::PROTOCOL
         );
-        assert_ne!(stale, supervisor::version_line());
+        assert_ne!(stale, record::version_line());
         assert_eq!(choose_supervisor(&exe, answer(Some(stale))), fallback);
         assert_eq!(asked.get(), 4);
     }

@@ -1,4 +1,4 @@
-//! The files a replica's supervisor process ([`crate::supervisor`]) writes into the replica
+//! The files a replica's supervisor process (`supervisor.rs`) writes into the replica
 //! directory, and the agent reads: `pid.json` once the process started, `exit.json` once it
 //! ended (or could not start). Both are written atomically (a temporary file, then a
 //! rename), so a reader sees a whole file or none; they survive an agent crash, not a power
@@ -12,6 +12,45 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use super::ExitStatus;
+
+/// Bumped whenever the supervisor's arguments or its records (`pid.json`, `exit.json`)
+/// change, so an agent never drives a `rlark-supervise` binary of another protocol.
+pub const PROTOCOL: u32 = 1;
+
+/// FNV-1a of the sources that make up the supervisor's behaviour (`supervisor.rs`,
+/// these records and the process helpers it uses), computed at compile time: two builds that differ
+/// in any of them print different `--version` lines, so `cargo run` (which rebuilds `rlark`
+/// but not `rlark-supervise`) never pairs a new agent with a stale supervisor binary.
+const SOURCE_HASH: u64 = {
+    let parts: [&[u8]; 3] = [
+        include_bytes!("../supervisor.rs"),
+        include_bytes!("record.rs"),
+        include_bytes!("process.rs"),
+    ];
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut p = 0;
+    while p < parts.len() {
+        let bytes = parts[p];
+        let mut i = 0;
+        while i < bytes.len() {
+            hash ^= bytes[i] as u64;
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+            i += 1;
+        }
+        p += 1;
+    }
+    hash
+};
+
+/// What the supervisor's `--version` prints: the crate version, [`PROTOCOL`] and a hash of the
+/// supervisor's sources. The agent uses a separate `rlark-supervise` binary only when it
+/// prints exactly this line.
+pub fn version_line() -> String {
+    format!(
+        "rlark-supervise {} protocol {PROTOCOL} source {SOURCE_HASH:016x}",
+        env!("CARGO_PKG_VERSION")
+    )
+}
 
 /// Name of the supervisor's start record in the replica directory.
 pub const PID_FILE: &str = "pid.json";

@@ -1,7 +1,8 @@
-//! `rlark bench agent`: a server with its controllers in this process
-//! (`rlark_testkit::real_agent::start_server_with_controllers`) and a real agent as its own
-//! process — this binary's `rlark agent`, joined with a bootstrap token, heartbeat 500 ms —
-//! on 127.0.0.1, so the agent's resources are measured alone. Figures:
+//! `rlark bench agent`: a server with its controllers in this process (`rlark_server::start`
+//! as `rlark up` starts it, controllers without leader election) and a real agent as its
+//! own process — this binary's `rlark agent`, joined with a bootstrap token from the
+//! server's `/rlark/v1/tokens`, heartbeat 500 ms — on 127.0.0.1, so the agent's resources
+//! are measured alone. Figures:
 //!
 //! - task start latency: `--tasks` Jobs of one raw task (`["true"]`), created in batches of
 //!   `--batch` concurrent creates. Per task, from the moment a Task watch first sees its Task
@@ -28,14 +29,13 @@ use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use rlark_api::types::{Job, Node, Pod, PodPhase, Task};
-use rlark_testkit::TestServer;
-use rlark_testkit::real_agent::{CLUSTER, NAMESPACE, eventually, start_server_with_controllers};
-use rlark_testkit::tunnel_agent::bootstrap_token;
-use serde::Serialize;
+use rlark_server::RunningServer;
+use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
+use super::server::{admin_client, config_for};
 use super::stats::{LatencySummary, cpu_time_of};
 
 /// Target: p99 of task created → Pod running.
@@ -48,6 +48,16 @@ const BATCH_DEADLINE: Duration = Duration::from_secs(120);
 const CPU_WINDOW: Duration = Duration::from_secs(5);
 /// The agent's node name.
 const NODE: &str = "bench-node";
+/// The agent's cluster.
+const CLUSTER: &str = "a";
+/// The namespace of [`CLUSTER`] (where its Node, Tasks and Pods are).
+const NAMESPACE: &str = "rlark-a";
+/// Longest wait for the agent's Node to appear, and for the Pods to be gone at the end.
+const WAIT_DEADLINE: Duration = Duration::from_secs(60);
+/// How often [`eventually`] checks.
+const POLL: Duration = Duration::from_millis(100);
+/// Life of the agent's bootstrap token (it joins at once).
+const TOKEN_TTL_SECONDS: u64 = 600;
 
 /// Options of `rlark bench agent`.
 #[derive(Debug, Clone, clap::Args)]
@@ -328,6 +338,66 @@ async fn create_in_batches(
     Ok(out)
 }
 
+/// Poll `check` until it returns `Ok(Some(value))`, at most [`WAIT_DEADLINE`]; the error
+/// names `what` and the last error `check` returned.
+async fn eventually<T, F, Fut>(what: &str, mut check: F) -> anyhow::Result<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<Option<T>>>,
+{
+    let deadline = tokio::time::Instant::now() + WAIT_DEADLINE;
+    let mut last = String::new();
+    loop {
+        match check().await {
+            Ok(Some(value)) => return Ok(value),
+            Ok(None) => {}
+            Err(e) => last = format!("{e:#}"),
+        }
+        if tokio::time::Instant::now() >= deadline {
+            bail!("timed out after {WAIT_DEADLINE:?} waiting for {what}; last error: {last}");
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// What `POST /rlark/v1/tokens` answers for a bootstrap token (the fields the join needs).
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct BootstrapToken {
+    token: String,
+    ca_hash: String,
+}
+
+/// A bootstrap token for `cluster_id`, made by the admin through the server's token API
+/// (`POST /rlark/v1/tokens`, as `rlark token create` and `rlark up` do).
+async fn bootstrap_token(admin: &kube::Client, cluster_id: &str) -> anyhow::Result<BootstrapToken> {
+    let body =
+        json!({"kind": "bootstrap", "ttlSeconds": TOKEN_TTL_SECONDS, "clusterID": cluster_id});
+    let request = http::Request::post("/rlark/v1/tokens")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::ACCEPT, "application/json")
+        .body(body.to_string().into_bytes())
+        .context("build the token request")?;
+    admin
+        .request(request)
+        .await
+        .context("POST /rlark/v1/tokens")
+}
+
+/// The server with its controllers, in this process, on a temporary data directory
+/// (returned: keep it until the server has stopped). Leader election is off: the one
+/// in-process controller manager leads at once.
+async fn start_server() -> anyhow::Result<(RunningServer, tempfile::TempDir)> {
+    let dir = tempfile::Builder::new()
+        .prefix("rlark-bench-agent-")
+        .tempdir()
+        .context("create the server's data directory")?;
+    let mut config = config_for(dir.path());
+    config.controllers.enabled = true;
+    config.controllers.leader_election = false;
+    Ok((super::server::start(config).await?, dir))
+}
+
 /// The agent as its own process: `rlark agent` of this binary.
 struct AgentProcess {
     child: tokio::process::Child,
@@ -337,12 +407,12 @@ struct AgentProcess {
 
 impl AgentProcess {
     async fn start(
-        server: &TestServer,
+        server: &RunningServer,
         admin: &kube::Client,
         log_path: Option<&std::path::Path>,
     ) -> anyhow::Result<AgentProcess> {
         let dir = tempfile::tempdir()?;
-        let token = bootstrap_token(server, CLUSTER).await?;
+        let token = bootstrap_token(admin, CLUSTER).await?;
         let (log_path, level) = match log_path {
             Some(path) => (
                 path.to_path_buf(),
@@ -359,9 +429,9 @@ impl AgentProcess {
             .arg(dir.path().join("agent"))
             .args(["--node-name", NODE, "--heartbeat-interval", "500ms"])
             .arg("--token")
-            .arg(token["token"].as_str().context("bootstrap token")?)
+            .arg(&token.token)
             .arg("--ca-hash")
-            .arg(token["caHash"].as_str().context("CA hash")?)
+            .arg(&token.ca_hash)
             .arg("--stop-tasks-on-exit")
             .env("RUST_LOG", level)
             .env_remove("KUBECONFIG")
@@ -406,8 +476,8 @@ impl AgentProcess {
 
 /// Run the agent benchmark.
 pub async fn run_agent(options: AgentBenchOptions) -> anyhow::Result<AgentBenchReport> {
-    let (server, _server_dir) = start_server_with_controllers().await?;
-    let admin = server.client().await?;
+    let (server, _server_dir) = start_server().await?;
+    let admin = admin_client(&server.kubeconfig_path).await?;
     let result = async {
         let mut agent = AgentProcess::start(&server, &admin, options.agent_log.as_deref()).await?;
         let result = measure(&admin, &agent, &options).await;
@@ -418,7 +488,7 @@ pub async fn run_agent(options: AgentBenchOptions) -> anyhow::Result<AgentBenchR
         result
     }
     .await;
-    let stopped = server.stop().await;
+    let stopped = server.shutdown().await.context("shut the server down");
     let report = result?;
     stopped?;
     Ok(report)

@@ -9,7 +9,7 @@
 //!    create issued after another;
 //! 2. a second server on a fresh data directory with its controllers in-process, as
 //!    `rlark server` runs them (leader election on), plus simulated agents
-//!    (`rlark_testkit::SimAgent`); a one-Task warm-up Job shows the controllers act;
+//!    (`rlark_agent::sim::SimAgent`); a one-Task warm-up Job shows the controllers act;
 //! 3. placement: `--jobs` Jobs × `--tasks-per-job` Tasks on the Nodes of a simulated
 //!    cluster that only registers and heartbeats (it runs nothing, so only placement is
 //!    measured), from the first create to the moment every Task exists with
@@ -19,7 +19,6 @@
 
 use std::collections::HashSet;
 use std::fmt;
-use std::net::{Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -30,11 +29,13 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
+use rlark_agent::sim::{Behaviour, SimAgent, SimNode};
 use rlark_api::types::{Job, Task, Workflow, WorkflowPhase};
-use rlark_testkit::{Behaviour, SimAgent, SimNode};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::time::Instant as TokioInstant;
+
+use super::server::{admin_client, config_for};
 
 /// The target: this many Tasks placed ...
 pub const TARGET_TASKS: usize = 4000;
@@ -320,30 +321,14 @@ impl Drop for DataDir {
     }
 }
 
-/// A kube client with the admin credentials of `kubeconfig`.
-async fn admin_client(kubeconfig: &Path) -> anyhow::Result<kube::Client> {
-    let kc = kube::config::Kubeconfig::read_from(kubeconfig)
-        .with_context(|| format!("read {}", kubeconfig.display()))?;
-    let config = kube::Config::from_custom_kubeconfig(kc, &Default::default())
-        .await
-        .context("load kubeconfig")?;
-    kube::Client::try_from(config).context("build kube client")
-}
-
 /// A server on `dir` listening on `127.0.0.1:0`, with or without its controllers.
 async fn start_server(
     dir: PathBuf,
     controllers: bool,
 ) -> anyhow::Result<rlark_server::RunningServer> {
-    let mut config = rlark_server::ServerConfig::new(dir);
-    config.listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
-    config.shutdown_grace = Duration::from_secs(2);
+    let mut config = config_for(dir);
     config.controllers.enabled = controllers;
-    let server = rlark_server::start(config)
-        .await
-        .context("start the server")?;
-    tracing::info!(addr = %server.local_addr, controllers, "benchmark server started");
-    Ok(server)
+    super::server::start(config).await
 }
 
 /// Run the benchmark (see the module documentation).

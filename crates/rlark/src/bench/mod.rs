@@ -11,6 +11,7 @@ mod micro;
 mod object;
 mod port_forward;
 mod report;
+mod server;
 mod stats;
 mod tunnel;
 mod watch;

@@ -6,9 +6,10 @@ use std::time::Duration;
 use anyhow::Context as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use rlark_agent::sim::{Behaviour, SimAgent, SimNode};
 use rlark_api::types::{NodePhase, Pod, PodPhase, Task};
+use rlark_testkit::TestServer;
 use rlark_testkit::wait::eventually;
-use rlark_testkit::{Behaviour, SimAgent, SimNode, TestServer};
 use serde_json::json;
 
 fn placed_task(name: &str, nodes: &[&str]) -> anyhow::Result<Task> {
@@ -152,6 +153,48 @@ async fn sim_agent_speaks_the_agent_protocol() -> anyhow::Result<()> {
     tokio::time::sleep(Duration::from_millis(400)).await;
     assert_eq!(renew(leases.get("node-n1").await?), frozen);
 
+    agent.stop().await?;
+    server.stop().await?;
+    Ok(())
+}
+
+/// The protocol's replica state machine decides what a simulated replica does after its
+/// process ends: with `restartPolicy: OnFailure` a failing replica stays `Running` with
+/// reason `BackOff` and restarts (1 s later), as a real agent's would.
+#[tokio::test]
+async fn sim_replicas_restart_as_their_restart_policy_says() -> anyhow::Result<()> {
+    let server = TestServer::start().await?;
+    let client = server.client().await?;
+    let agent = SimAgent::builder("a")
+        .node(SimNode::new("n1").resource("cpu", "8"))
+        .behaviour("t-crash", Behaviour::fail_after(Duration::ZERO, 2))
+        .start(client.clone())
+        .await?;
+    let mut task = placed_task("t-crash", &["n1"])?;
+    task.spec.raw.as_mut().context("raw spec")?.restart_policy =
+        rlark_api::types::RestartPolicy::OnFailure;
+    let tasks: Api<Task> = Api::namespaced(client.clone(), "rlark-a");
+    tasks.create(&PostParams::default(), &task).await?;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), "rlark-a");
+    let backoff = eventually("t-crash-0 backing off", || async {
+        Ok(pods
+            .get_opt("t-crash-0")
+            .await?
+            .and_then(|p| p.status)
+            .filter(|s| s.reason.as_deref() == Some("BackOff")))
+    })
+    .await?;
+    assert_eq!(backoff.phase, Some(PodPhase::Running));
+    assert_eq!(backoff.exit_code, Some(2));
+    eventually("t-crash-0 restarted", || async {
+        Ok(pods
+            .get_opt("t-crash-0")
+            .await?
+            .and_then(|p| p.status)
+            .filter(|s| s.restart_count.is_some_and(|n| n >= 1)))
+    })
+    .await?;
+    assert_eq!(agent.runs_started(), 1, "a restart is not a new run");
     agent.stop().await?;
     server.stop().await?;
     Ok(())

@@ -1,0 +1,50 @@
+//! The runs of a replica on disk (`DATA_DIR/tasks/<ns>/<task>/<uid>/<i>/`), as the local
+//! API (`api.rs`: logs; `exec.rs`: exec) finds them.
+
+use std::path::{Path, PathBuf};
+use std::time::SystemTime;
+
+use crate::runtime::process;
+use crate::tasks::{ReplicaState, STATE_FILE};
+
+/// One run of a replica found on disk.
+#[derive(Clone, Debug)]
+pub(crate) struct Run {
+    pub(crate) dir: PathBuf,
+    pub(crate) running: bool,
+    modified: SystemTime,
+}
+
+/// The runs of replica `index` of `task` in `namespace`, newest first (a running one first).
+pub(crate) fn find_runs(tasks_dir: &Path, namespace: &str, task: &str, index: usize) -> Vec<Run> {
+    let task_dir = tasks_dir.join(namespace).join(task);
+    let Ok(entries) = std::fs::read_dir(&task_dir) else {
+        return Vec::new();
+    };
+    let mut runs: Vec<Run> = entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let dir = entry.path().join(index.to_string());
+            let meta = std::fs::metadata(&dir).ok().filter(|m| m.is_dir())?;
+            Some(Run {
+                running: replica_running(&dir),
+                modified: meta.modified().unwrap_or(SystemTime::UNIX_EPOCH),
+                dir,
+            })
+        })
+        .collect();
+    runs.sort_by(|a, b| (b.running, b.modified, &b.dir).cmp(&(a.running, a.modified, &a.dir)));
+    runs
+}
+
+/// Whether the replica in `dir` has a live process: its state file exists, carries no
+/// final status, and names a running process.
+pub(crate) fn replica_running(dir: &Path) -> bool {
+    match ReplicaState::read(&dir.join(STATE_FILE)) {
+        Ok(state) => {
+            state.final_status.is_none()
+                && process::process_running(state.pid, state.proc_start_ticks)
+        }
+        Err(_) => false,
+    }
+}

@@ -1,0 +1,898 @@
+//! One replica's worker: creates its Pod, decides from what an earlier agent left, and
+//! drives the replica's state machine ([`rlark_api::agent::replica::Replica`]), executing
+//! its actions through the [`Runtime`](crate::runtime::Runtime) and the Pod API.
+
+use std::collections::VecDeque;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use k8s_openapi::jiff::Timestamp;
+use kube::ResourceExt as _;
+use kube::api::{Patch, PatchParams, PostParams};
+use rlark_api::agent::replica::{Action, Adopted as AdoptedAt, End, Event, Now, Replica, RunSpec};
+use rlark_api::agent::status::{self, StatusPatch};
+use rlark_api::agent::{
+    PENDING_AFTER, REASON_BACKOFF, REASON_STOPPED, RUN_KEY_ANNOTATION, replica_pod,
+};
+use rlark_api::types::{Pod, PodPhase, PodStatus, RawTaskSpec, Task};
+use serde_json::json;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::task::AbortOnDropHandle;
+
+use super::pods::{
+    Retry, delete_pod, is_status, pod_is_terminal, pod_phase, pod_progress, pod_progress_or_state,
+    pod_reason,
+};
+use super::prune::prune_runs;
+use super::recovery::{Recovered, end_recovered};
+use super::{
+    ReplicaState, STATE_FILE, Shared, grace_period, replica_dir, replica_env, run_deadline,
+};
+use crate::runtime::{Adopted, ReplicaSpec, RunningReplica, RuntimeError, exit_report, timestamp};
+
+/// Where a worker stands between steps.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Start the replica (its Pod exists, or is created by the first status write).
+    Start,
+    /// The run ended (succeeded, failed, lost): nothing runs, nothing will.
+    Finished,
+    /// Ended by `spec.stopped`: a resume starts it again.
+    Stopped,
+    /// The worker ends.
+    Exit,
+}
+
+impl From<End> for Step {
+    fn from(end: End) -> Self {
+        match end {
+            End::Finished => Step::Finished,
+            End::Stopped => Step::Stopped,
+            End::Exit => Step::Exit,
+        }
+    }
+}
+
+/// What the reconciler wants from a worker.
+#[derive(Clone, Debug)]
+pub(super) enum Command {
+    /// Run (or keep running) this Task's replica; `resync` changes on every resync.
+    Run { task: Arc<Task>, resync: u64 },
+    /// A new run replaces this one: kill the process; the next worker replaces the Pod.
+    Supersede,
+    /// The replica is no longer wanted here: kill the process and delete the Pod.
+    Remove,
+    /// The agent stops: leave the process (or stop it, per `stop_tasks_on_exit`).
+    Shutdown,
+}
+
+pub(super) struct Worker {
+    pub(super) shared: Arc<Shared>,
+    pub(super) pod: String,
+    /// The Pod was listed at the last relist (or no listing succeeded): read it before
+    /// acting. Otherwise it is created straight away.
+    pod_may_exist: bool,
+    pub(super) index: usize,
+    pub(super) key: String,
+    commands: watch::Receiver<Command>,
+    /// The Task as last seen.
+    pub(super) task: Arc<Task>,
+    resync: u64,
+    /// The Pod status as this worker last wrote it (re-asserted on resync).
+    pub(super) reported: PodStatus,
+    /// The state file of the running process.
+    state: Option<ReplicaState>,
+    /// Where [`Worker::run_replica`] takes up a run an earlier agent started.
+    resume: Option<Resume>,
+}
+
+/// A run taken over from an earlier agent.
+struct Resume {
+    /// Restarts so far (the Pod's `restartCount`).
+    restarts: i32,
+    /// The run's first start (the Pod's `startTime`).
+    first_start: Timestamp,
+    /// Where the run stands.
+    at: AdoptedAt,
+    /// Its process, when it still runs.
+    running: Option<Box<dyn RunningReplica>>,
+}
+
+/// The current time for the state machine.
+fn now() -> Now<Instant> {
+    Now {
+        mono: Instant::now(),
+        wall: Timestamp::now(),
+    }
+}
+
+impl Worker {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        shared: Arc<Shared>,
+        pod: String,
+        pod_may_exist: bool,
+        index: usize,
+        key: String,
+        commands: watch::Receiver<Command>,
+        task: Arc<Task>,
+        resync: u64,
+    ) -> Self {
+        Self {
+            shared,
+            pod,
+            pod_may_exist,
+            index,
+            key,
+            commands,
+            task,
+            resync,
+            reported: PodStatus::default(),
+            state: None,
+            resume: None,
+        }
+    }
+
+    pub(super) async fn run(mut self, previous: Option<AbortOnDropHandle<()>>) {
+        if let Some(previous) = previous {
+            let _ = previous.await;
+        }
+        let recovered = self
+            .shared
+            .take_recovered(&(self.task.name_any(), self.index));
+        let mut step = self.first_step(recovered).await;
+        loop {
+            step = match step {
+                Step::Start => self.run_replica().await,
+                Step::Finished | Step::Stopped => self.idle(step).await,
+                Step::Exit => return,
+            };
+        }
+    }
+
+    pub(super) fn uid(&self) -> String {
+        self.task.uid().unwrap_or_default()
+    }
+
+    fn replica_dir(&self) -> PathBuf {
+        replica_dir(
+            &self.shared.ctx.data_dir,
+            &self.shared.namespace,
+            &self.task.name_any(),
+            &self.uid(),
+            self.index,
+        )
+    }
+
+    fn grace(&self) -> Duration {
+        grace_period(self.task.spec.raw.as_ref())
+    }
+
+    /// What the state machine needs to know of the Task now (a Task without a raw spec
+    /// has no restart policy or deadline to follow).
+    fn run_spec(&self) -> RunSpec {
+        let raw = self.task.spec.raw.as_ref();
+        RunSpec {
+            restart_policy: raw.map(|r| r.restart_policy).unwrap_or_default(),
+            active_deadline_seconds: raw.and_then(|r| r.active_deadline_seconds),
+            grace: self.grace(),
+        }
+    }
+
+    /// A state machine for a run of this replica.
+    fn machine(&self) -> Replica<Instant> {
+        Replica::new(self.shared.ctx.node_name.clone(), self.run_spec())
+    }
+
+    pub(super) fn is_ours(&self, pod: &Pod) -> bool {
+        pod.annotations().get(RUN_KEY_ANNOTATION) == Some(&self.key)
+    }
+
+    /// Decide from what an earlier agent left (`recovered`) and the existing Pod (an
+    /// earlier agent's, an earlier run's, or none).
+    async fn first_step(&mut self, recovered: Vec<Recovered>) -> Step {
+        tracing::debug!(pod = %self.pod, recovered = recovered.len(), "replica worker started");
+        // Replicas of other runs end first: this run may use the same directory.
+        let mut mine = None;
+        for r in recovered {
+            if mine.is_none() && r.state.run_key == self.key && r.state.uid == self.uid() {
+                mine = Some(r);
+            } else {
+                end_recovered(&self.shared, r, false).await;
+            }
+        }
+        if mine.is_none() && !self.pod_may_exist && !self.task.spec.stopped {
+            // A replica of a Task that appeared since the last listing: its Pod is new.
+            self.prefetch_task_token();
+            match self.create_new_pod().await {
+                Some(true) => {
+                    self.reported = PodStatus::default();
+                    return Step::Start;
+                }
+                // There after all (another run's, or created since the listing): read it.
+                Some(false) => {}
+                None => return Step::Exit,
+            }
+        }
+        let Some(existing) = self.get_pod().await else {
+            return Step::Exit;
+        };
+        let existing = existing.filter(|pod| {
+            // A Pod under deletion is as good as gone.
+            pod.metadata.deletion_timestamp.is_none()
+        });
+        let ours = existing.as_ref().filter(|pod| self.is_ours(pod));
+        if let Some(pod) = ours {
+            self.reported = pod.status.clone().unwrap_or_default();
+        }
+        if let Some(r) = mine {
+            return self.adopt(r, ours.cloned()).await;
+        }
+        if self.task.spec.stopped {
+            if let Some(pod) = ours
+                && !pod_is_terminal(pod)
+            {
+                self.write_status(status::stopped_before_start(Timestamp::now()), false)
+                    .await;
+            }
+            return Step::Stopped;
+        }
+        match (ours, &existing) {
+            (Some(pod), _) => match pod_phase(pod) {
+                Some(PodPhase::Succeeded) => Step::Finished,
+                Some(PodPhase::Failed) if pod_reason(pod) == Some(REASON_STOPPED) => {
+                    // Stopped, and the Task is not stopped any more: a resume.
+                    self.fresh_pod(existing.as_ref()).await
+                }
+                Some(PodPhase::Failed) => Step::Finished,
+                Some(PodPhase::Running) if pod_reason(pod) == Some(REASON_BACKOFF) => {
+                    // An earlier agent stopped while the replica waited to restart
+                    // (nothing runs then): restart it now.
+                    let (restarts, first_start) = pod_progress(pod, None);
+                    tracing::info!(pod = %self.pod, restarts, "restarting a replica an earlier agent left waiting to restart");
+                    self.resume = Some(Resume {
+                        restarts: restarts.saturating_add(1),
+                        first_start,
+                        at: AdoptedAt::Restart,
+                        running: None,
+                    });
+                    Step::Start
+                }
+                Some(PodPhase::Running) => {
+                    let status = status::agent_lost(
+                        "the agent has no record of this replica's process (it was reported \
+                         Running before the agent restarted); the outcome of the run is unknown"
+                            .to_string(),
+                        Timestamp::now(),
+                    );
+                    self.write_status(status, false).await;
+                    Step::Finished
+                }
+                // Created but never started: start it.
+                Some(PodPhase::Pending) | None => Step::Start,
+            },
+            (None, _) => self.fresh_pod(existing.as_ref()).await,
+        }
+    }
+
+    /// Take over this run's replica `r`, left by an earlier agent: adopt its running
+    /// process, or go on from its recorded exit, or report it lost.
+    async fn adopt(&mut self, r: Recovered, pod: Option<Pod>) -> Step {
+        let (restarts, first_start) = pod_progress_or_state(pod.as_ref(), &r.state);
+        let mut spec = ReplicaSpec::new(Vec::new(), self.replica_dir());
+        spec.deadline = self.deadline_from(first_start);
+        spec.grace = self.grace();
+        spec.supervisor = self.shared.ctx.supervisor.clone();
+        self.state = Some(r.state.clone());
+        let task_stopped = self.task.spec.stopped;
+        let (at, running) = match self.shared.runtime.adopt(&spec, &r.recorded()).await {
+            Adopted::Running(running) => {
+                tracing::info!(pod = %self.pod, pid = running.record().pid, "adopted a running replica");
+                let started_at = timestamp(running.started_at());
+                (AdoptedAt::Running { started_at }, Some(running))
+            }
+            Adopted::Exited(exit) => {
+                tracing::info!(pod = %self.pod, status = %exit.status, "a replica ended while no agent ran");
+                let started_at = r
+                    .state
+                    .start_time
+                    .parse::<Timestamp>()
+                    .unwrap_or_else(|_| timestamp(exit.finished_at));
+                let exit = exit_report(&exit);
+                (AdoptedAt::Exited { exit, started_at }, None)
+            }
+            Adopted::Lost(message) => {
+                let event = Event::Lost {
+                    message,
+                    task_stopped,
+                };
+                return self.drive(self.machine(), event, None, None).await;
+            }
+        };
+        if task_stopped {
+            if running.is_some() {
+                tracing::info!(pod = %self.pod, "stopping replica (task stopped)");
+            }
+            let event = Event::Adopt {
+                at,
+                restarts,
+                first_start,
+                task_stopped,
+            };
+            return self.drive(self.machine(), event, running, None).await;
+        }
+        self.resume = Some(Resume {
+            restarts,
+            first_start,
+            at,
+            running,
+        });
+        Step::Start
+    }
+
+    /// `activeDeadlineSeconds` after `first_start`, as an instant (now when it passed).
+    fn deadline_from(&self, first_start: Timestamp) -> Option<Instant> {
+        let elapsed = SystemTime::now()
+            .duration_since(SystemTime::from(first_start))
+            .unwrap_or_default();
+        run_deadline(self.task.spec.raw.as_ref()?, Instant::now(), elapsed)
+    }
+
+    /// Replace `existing` (if any) by a new Pod for this run.
+    async fn fresh_pod(&mut self, existing: Option<&Pod>) -> Step {
+        self.reported = PodStatus::default();
+        self.prefetch_task_token();
+        if let Some(pod) = existing
+            && !self.delete_pod(pod).await
+        {
+            return Step::Exit;
+        }
+        if self.create_pod().await {
+            Step::Start
+        } else {
+            Step::Exit
+        }
+    }
+
+    /// A replica of a new run starts next: mint the run's task token (one API round trip)
+    /// while its Pod is created, rather than after. `start` finds it in the cache, or
+    /// waits for this very mint.
+    fn prefetch_task_token(&self) {
+        if self.task.spec.raw.is_some() {
+            let shared = Arc::clone(&self.shared);
+            let task = Arc::clone(&self.task);
+            tokio::spawn(async move {
+                shared
+                    .task_tokens
+                    .env(
+                        &shared.client,
+                        &shared.ctx.server_url,
+                        &shared.ctx.ca_file,
+                        &task,
+                    )
+                    .await;
+            });
+        }
+    }
+
+    /// Nothing runs: follow the Task until a resume, a removal or the end.
+    async fn idle(&mut self, step: Step) -> Step {
+        loop {
+            match self.next_command().await {
+                Command::Run { task, resync } => {
+                    self.task = task;
+                    if step == Step::Stopped && !self.task.spec.stopped {
+                        let existing = match self.get_pod().await {
+                            Some(pod) => pod.filter(|p| self.is_ours(p)),
+                            None => return Step::Exit,
+                        };
+                        return self.fresh_pod(existing.as_ref()).await;
+                    }
+                    // A final status was written successfully (or is kept in the state
+                    // file): nothing to re-assert for a replica that does not run.
+                    self.resync = resync;
+                }
+                Command::Supersede | Command::Shutdown => return Step::Exit,
+                Command::Remove => {
+                    self.delete_own_pod().await;
+                    return Step::Exit;
+                }
+            }
+        }
+    }
+
+    /// Run the replica, with restarts, until it ends for good or the worker is told
+    /// otherwise. Takes up [`Worker::resume`] when set.
+    async fn run_replica(&mut self) -> Step {
+        let resume = self.resume.take();
+        let Some(raw) = self.task.spec.raw.clone() else {
+            let status = status::unsupported_agent_type(
+                self.task.spec.agent_type.as_str(),
+                Timestamp::now(),
+            );
+            self.write_status(status, true).await;
+            return Step::Finished;
+        };
+        let machine = self.machine();
+        match resume {
+            None => self.drive(machine, Event::Start, None, Some(raw)).await,
+            Some(resume) => {
+                let event = Event::Adopt {
+                    at: resume.at,
+                    restarts: resume.restarts,
+                    first_start: resume.first_start,
+                    task_stopped: false,
+                };
+                self.drive(machine, event, resume.running, Some(raw)).await
+            }
+        }
+    }
+
+    /// Feed `first` to `machine`, then every event that follows (the process's exit, the
+    /// Task's changes, wake-ups), executing the machine's actions, until the run is over.
+    /// `running` is the process of an adopted run; `raw` the Task's raw spec as the run
+    /// began (what a start uses when the Task has none any more).
+    async fn drive(
+        &mut self,
+        mut machine: Replica<Instant>,
+        first: Event,
+        mut running: Option<Box<dyn RunningReplica>>,
+        raw: Option<RawTaskSpec>,
+    ) -> Step {
+        let mut actions: VecDeque<Action<Instant>> = machine.step(first, now()).into();
+        let mut wake_at: Option<Instant> = None;
+        loop {
+            while let Some(action) = actions.pop_front() {
+                let event = match action {
+                    Action::Spawn {
+                        deadline,
+                        restarts,
+                        pending,
+                    } => {
+                        let spawned = match self.task.spec.raw.clone().or_else(|| raw.clone()) {
+                            Some(raw) => self.start(&raw, deadline, restarts, pending).await,
+                            None => Err(RuntimeError::Internal(
+                                "the task has no raw spec to start".to_string(),
+                            )),
+                        };
+                        match spawned {
+                            Ok(started) => {
+                                let at = timestamp(started.started_at());
+                                running = Some(started);
+                                Some(Event::Started { at })
+                            }
+                            Err(error) => {
+                                tracing::warn!(pod = %self.pod, %error, "replica did not start");
+                                Some(Event::StartFailed {
+                                    reason: error.reason().to_string(),
+                                    message: error.to_string(),
+                                })
+                            }
+                        }
+                    }
+                    Action::SaveState => {
+                        if let Some(started) = running.as_deref() {
+                            self.save_state(started);
+                        }
+                        None
+                    }
+                    Action::Kill { grace } => match running.take() {
+                        Some(mut process) => {
+                            Some(Event::Exited(exit_report(&process.terminate(grace).await)))
+                        }
+                        None => None,
+                    },
+                    Action::Detach => {
+                        if let Some(process) = running.take() {
+                            // Keep running; the state file tells the next agent about it.
+                            tracing::info!(pod = %self.pod, pid = process.record().pid, "leaving replica running");
+                            process.detach();
+                        }
+                        None
+                    }
+                    Action::WriteStatus(patch) => {
+                        self.write_status(patch, true).await;
+                        None
+                    }
+                    Action::Finish(patch) => {
+                        self.finish(patch).await;
+                        None
+                    }
+                    Action::FinishExited(patch) => {
+                        self.finish_exited(patch).await;
+                        None
+                    }
+                    Action::DeleteState => {
+                        self.remove_state();
+                        None
+                    }
+                    Action::DeletePod => {
+                        self.delete_own_pod().await;
+                        None
+                    }
+                    Action::PruneOldRuns => {
+                        self.prune_old_runs().await;
+                        None
+                    }
+                    Action::WakeAt(at) => {
+                        wake_at = Some(at);
+                        None
+                    }
+                    Action::Done(end) => return end.into(),
+                };
+                if let Some(event) = event {
+                    // The machine answers the event before the actions still queued.
+                    let mut next: VecDeque<_> = machine.step(event, now()).into();
+                    next.extend(actions);
+                    actions = next;
+                }
+            }
+            let event = self
+                .next_event(&mut machine, &mut running, &mut wake_at)
+                .await;
+            if let Some(event) = event {
+                actions = machine.step(event, now()).into();
+            }
+        }
+    }
+
+    /// Wait for what happens next to a run the machine waits on: its process's exit, a
+    /// wake-up, or a change of the Task (`None`: nothing for the machine).
+    async fn next_event(
+        &mut self,
+        machine: &mut Replica<Instant>,
+        running: &mut Option<Box<dyn RunningReplica>>,
+        wake_at: &mut Option<Instant>,
+    ) -> Option<Event> {
+        let command = tokio::select! {
+            exit = wait_exit(running) => {
+                *running = None;
+                return Some(Event::Exited(exit_report(&exit)));
+            }
+            () = sleep_until_opt(*wake_at) => {
+                *wake_at = None;
+                return Some(Event::Wake);
+            }
+            command = self.next_command() => command,
+        };
+        match command {
+            Command::Run { task, resync } => {
+                self.task = task;
+                if self.task.spec.raw.is_some() {
+                    machine.set_spec(self.run_spec());
+                }
+                if self.task.spec.stopped {
+                    if running.is_some() {
+                        tracing::info!(pod = %self.pod, "stopping replica (task stopped)");
+                    }
+                    return Some(Event::Stop);
+                }
+                self.maybe_resync(resync).await;
+                None
+            }
+            Command::Supersede => Some(Event::Supersede),
+            Command::Remove => Some(Event::Remove),
+            Command::Shutdown => Some(Event::Shutdown {
+                stop_replicas: self.shared.ctx.stop_tasks_on_exit,
+            }),
+        }
+    }
+
+    /// Start the replica's process through the runtime; `pending` (the Pending status of a
+    /// fresh run) is written, concurrently, when starting takes longer than
+    /// [`PENDING_AFTER`], and always before whatever is reported next.
+    async fn start(
+        &mut self,
+        raw: &RawTaskSpec,
+        deadline: Option<Instant>,
+        restarts: i32,
+        pending: Option<StatusPatch>,
+    ) -> Result<Box<dyn RunningReplica>, RuntimeError> {
+        let mut spec = self.replica_spec(raw, deadline);
+        let shared = Arc::clone(&self.shared);
+        let task = Arc::clone(&self.task);
+        let pod = self.pod.clone();
+        let starting = async move {
+            let reports = shared.task_tokens.env(
+                &shared.client,
+                &shared.ctx.server_url,
+                &shared.ctx.ca_file,
+                &task,
+            );
+            spec.env.extend(reports.await);
+            tracing::debug!(%pod, "task token ready; starting the process");
+            shared.runtime.start(spec).await
+        };
+        let spawned = match pending {
+            Some(pending) => {
+                tokio::pin!(starting);
+                tokio::select! {
+                    spawned = &mut starting => spawned,
+                    () = tokio::time::sleep(PENDING_AFTER) => {
+                        let (_, spawned) =
+                            tokio::join!(self.write_status(pending, true), starting);
+                        spawned
+                    }
+                }
+            }
+            None => starting.await,
+        };
+        if let Ok(started) = &spawned {
+            tracing::info!(pod = %self.pod, pid = started.record().pid, restarts, "replica started");
+        }
+        spawned
+    }
+
+    /// Apply the retention rule to this Task's older runs ([`prune_runs`]).
+    async fn prune_old_runs(&self) {
+        let task_dir = self
+            .shared
+            .ctx
+            .data_dir
+            .join(&self.shared.namespace)
+            .join(self.task.name_any());
+        let current = self.uid();
+        let removed = tokio::task::spawn_blocking(move || prune_runs(&task_dir, &current))
+            .await
+            .unwrap_or_default();
+        for dir in removed {
+            tracing::info!(dir = %dir.display(), "removed the directory of an old run");
+        }
+    }
+
+    fn replica_spec(&self, raw: &RawTaskSpec, deadline: Option<Instant>) -> ReplicaSpec {
+        let mut spec = ReplicaSpec::new(raw.entrypoint.clone(), self.replica_dir());
+        spec.env = replica_env(&self.task, self.index, &self.shared.ctx);
+        spec.working_dir = raw.working_dir.as_ref().map(PathBuf::from);
+        spec.artifact = raw.artifact.clone();
+        spec.artifact_sha256 = raw.artifact_sha256.clone();
+        spec.artifact_cache = self
+            .shared
+            .ctx
+            .data_dir
+            .parent()
+            .map(|d| d.join("artifacts"));
+        spec.deadline = deadline;
+        spec.grace = self.grace();
+        spec.supervisor = self.shared.ctx.supervisor.clone();
+        spec
+    }
+
+    /// The next command (the reconciler gone counts as a shutdown).
+    async fn next_command(&mut self) -> Command {
+        match self.commands.changed().await {
+            Ok(()) => self.commands.borrow_and_update().clone(),
+            Err(_) => Command::Shutdown,
+        }
+    }
+
+    /// On a resync, write the whole status again (a lost write is repaired, a deleted
+    /// Pod of a running replica created again).
+    async fn maybe_resync(&mut self, resync: u64) {
+        if resync == self.resync {
+            return;
+        }
+        self.resync = resync;
+        if self.reported != PodStatus::default() {
+            let whole = StatusPatch {
+                set: self.reported.clone(),
+                clear: Vec::new(),
+            };
+            self.write_status(whole, true).await;
+        }
+    }
+
+    /// Report the final status of a process that exited and is not restarted
+    /// (`Succeeded`, or `Failed` with its exit code). Unlike [`Worker::finish`] it is not
+    /// written to the state file first: the supervisor's `exit.json` already holds the
+    /// exit, and an agent that dies before the Pod write finds it there and reports the same
+    /// status (adoption, then the restart policy). One file rewrite (a new inode and a
+    /// freed one) less per replica.
+    async fn finish_exited(&mut self, status: StatusPatch) {
+        if self.write_status(status, true).await {
+            self.remove_state();
+        }
+    }
+
+    /// Report the final status: first into the state file (so it survives an agent
+    /// crash before the write), then to the Pod; then drop the state file.
+    async fn finish(&mut self, status: StatusPatch) {
+        let path = self.replica_dir().join(STATE_FILE);
+        if let Some(state) = self.state.as_mut() {
+            state.final_status = Some(status.to_json());
+            if let Err(error) = state.write(&path) {
+                tracing::warn!(file = %path.display(), %error, "write replica state file");
+            }
+        }
+        if self.write_status(status, true).await {
+            self.remove_state();
+        }
+    }
+
+    fn save_state(&mut self, started: &dyn RunningReplica) {
+        let process = started.record();
+        let state = ReplicaState {
+            namespace: self.shared.namespace.clone(),
+            task: self.task.name_any(),
+            uid: self.uid(),
+            index: self.index,
+            run_key: self.key.clone(),
+            pid: process.pid,
+            pgid: process.pgid,
+            proc_start_ticks: process.start_ticks,
+            start_time: timestamp(started.started_at()).to_string(),
+            grace_seconds: self.grace().as_secs(),
+            final_status: None,
+        };
+        let path = self.replica_dir().join(STATE_FILE);
+        if let Err(error) = state.write(&path) {
+            tracing::warn!(file = %path.display(), %error, "write replica state file");
+        }
+        self.state = Some(state);
+    }
+
+    fn remove_state(&mut self) {
+        if self.state.take().is_some() {
+            super::state::remove_state_file(&self.replica_dir().join(STATE_FILE));
+        }
+    }
+}
+
+/// The Pod API of one replica's worker.
+impl Worker {
+    /// The Pod, if any; `None` when the agent shut down before it could be read.
+    pub(super) async fn get_pod(&self) -> Option<Option<Pod>> {
+        let api = self.shared.pods();
+        let mut retry = Retry::new();
+        loop {
+            match api.get_opt(&self.pod).await {
+                Ok(pod) => {
+                    tracing::debug!(pod = %self.pod, exists = pod.is_some(), "pod read");
+                    return Some(pod);
+                }
+                Err(error) => {
+                    if !retry.again(&self.shared, "read pod", &error).await {
+                        return None;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The Pod object of this replica for this run (no status).
+    fn new_pod(&self) -> Pod {
+        let mut pod = replica_pod(&self.task, self.index, &self.key);
+        // The Task was read from this namespace.
+        pod.metadata.namespace = Some(self.shared.namespace.clone());
+        pod.spec.task_namespace = Some(self.shared.namespace.clone());
+        pod.spec.pod_namespace = Some(self.shared.namespace.clone());
+        pod
+    }
+
+    /// Create this run's Pod, expecting none: `Some(true)` when created, `Some(false)` when
+    /// a Pod of that name exists, `None` when the agent shut down first (other errors are
+    /// retried).
+    pub(super) async fn create_new_pod(&self) -> Option<bool> {
+        self.try_create_pod(false).await
+    }
+
+    /// Create this run's Pod; one of another run in the way is deleted first. Returns
+    /// false only when the agent shut down first.
+    pub(super) async fn create_pod(&self) -> bool {
+        self.try_create_pod(true).await == Some(true)
+    }
+
+    /// Create this run's Pod, retrying errors: `Some(true)` once it exists and is this
+    /// run's, `None` when the agent shut down first. A Pod already there (409): with
+    /// `replace`, adopted when it is ours, else deleted and the create retried; without,
+    /// `Some(false)` at once.
+    async fn try_create_pod(&self, replace: bool) -> Option<bool> {
+        let api = self.shared.pods();
+        let pod = self.new_pod();
+        let mut retry = Retry::new();
+        loop {
+            let error = match api.create(&PostParams::default(), &pod).await {
+                Ok(_) => {
+                    tracing::debug!(pod = %self.pod, "pod created");
+                    return Some(true);
+                }
+                Err(error) if is_status(&error, 409) && !replace => return Some(false),
+                Err(error) if is_status(&error, 409) => match api.get_opt(&self.pod).await {
+                    Ok(Some(existing)) if self.is_ours(&existing) => return Some(true),
+                    Ok(Some(existing)) => match delete_pod(&api, &existing).await {
+                        Ok(()) => error,
+                        Err(e) => e,
+                    },
+                    Ok(None) => error,
+                    Err(e) => e,
+                },
+                Err(error) => error,
+            };
+            if !retry.again(&self.shared, "create pod", &error).await {
+                return None;
+            }
+        }
+    }
+
+    /// Delete `pod`; false only when the agent shut down first.
+    pub(super) async fn delete_pod(&self, pod: &Pod) -> bool {
+        let api = self.shared.pods();
+        let mut retry = Retry::new();
+        loop {
+            match delete_pod(&api, pod).await {
+                Ok(()) => return true,
+                Err(error) => {
+                    if !retry.again(&self.shared, "delete pod", &error).await {
+                        return false;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Delete this run's Pod (not one another run or node put under the same name).
+    pub(super) async fn delete_own_pod(&self) {
+        if let Some(Some(pod)) = self.get_pod().await
+            && self.is_ours(&pod)
+        {
+            self.delete_pod(&pod).await;
+        }
+    }
+
+    /// Merge-patch the Pod's status with `patch` (retried). With `recreate`, a Pod that
+    /// disappeared is created again with everything reported so far. Returns whether the
+    /// write happened.
+    pub(super) async fn write_status(&mut self, patch: StatusPatch, recreate: bool) -> bool {
+        patch.apply(&mut self.reported);
+        let api = self.shared.pods();
+        let params = PatchParams::default();
+        let body = json!({ "status": patch.to_json() });
+        let mut retry = Retry::new();
+        loop {
+            let error = match api
+                .patch_status(&self.pod, &params, &Patch::Merge(&body))
+                .await
+            {
+                Ok(_) => {
+                    tracing::debug!(pod = %self.pod, phase = ?patch.phase(), "pod status written");
+                    return true;
+                }
+                Err(error) if is_status(&error, 404) && !recreate => return false,
+                Err(error) if is_status(&error, 404) => {
+                    if !self.create_pod().await {
+                        return false;
+                    }
+                    let full = json!({ "status": self.reported });
+                    match api
+                        .patch_status(&self.pod, &params, &Patch::Merge(&full))
+                        .await
+                    {
+                        Ok(_) => return true,
+                        Err(error) => error,
+                    }
+                }
+                Err(error) => error,
+            };
+            if !retry.again(&self.shared, "write pod status", &error).await {
+                return false;
+            }
+        }
+    }
+}
+
+/// The exit of `running` (never, when nothing runs).
+async fn wait_exit(running: &mut Option<Box<dyn RunningReplica>>) -> crate::runtime::ReplicaExit {
+    match running {
+        Some(process) => process.wait().await,
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_until_opt(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
