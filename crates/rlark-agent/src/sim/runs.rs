@@ -358,7 +358,7 @@ async fn run_body(
         behaviour: shared.behaviour(&name),
         start_delay: shared.start_delay,
     };
-    let spec = run_spec(&task);
+    let spec = RunSpec::for_task(&task);
 
     if task.spec.stopped {
         // Whatever still runs of the Task (this run's or an earlier one's) is stopped.
@@ -458,7 +458,7 @@ async fn run_body(
                     return;
                 }
                 let task = updates.borrow_and_update().clone();
-                let spec = run_spec(&task);
+                let spec = RunSpec::for_task(&task);
                 for replica in &mut replicas {
                     replica.machine.set_spec(spec);
                     if task.spec.stopped && replica.machine.follows_task() {
@@ -475,17 +475,6 @@ struct Play<'a> {
     api: &'a Api<Pod>,
     behaviour: Behaviour,
     start_delay: Duration,
-}
-
-/// What the protocol's replica state machine is told from a Task: its restart policy,
-/// deadline and grace period (`raw`; a Task without it never restarts).
-fn run_spec(task: &Task) -> RunSpec {
-    let raw = task.spec.raw.as_ref();
-    RunSpec {
-        restart_policy: raw.map_or(RestartPolicy::Never, |r| r.restart_policy),
-        active_deadline_seconds: raw.and_then(|r| r.active_deadline_seconds),
-        grace: grace_period(raw.and_then(|r| r.termination_grace_period_seconds)),
-    }
 }
 
 /// How a Pod found from an earlier run is taken over: waiting to restart (its reason is
@@ -732,7 +721,7 @@ mod tests {
     fn run_specs_follow_the_raw_spec() {
         let mut task = Task::new("j-a", placeholder_spec());
         assert_eq!(
-            run_spec(&task),
+            RunSpec::for_task(&task),
             RunSpec {
                 restart_policy: RestartPolicy::Never,
                 active_deadline_seconds: None,
@@ -749,7 +738,7 @@ mod tests {
         .expect("raw spec");
         task.spec.raw = Some(raw);
         assert_eq!(
-            run_spec(&task),
+            RunSpec::for_task(&task),
             RunSpec {
                 restart_policy: RestartPolicy::OnFailure,
                 active_deadline_seconds: Some(60),

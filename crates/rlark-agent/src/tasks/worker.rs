@@ -170,15 +170,9 @@ impl Worker {
         grace_period(self.task.spec.raw.as_ref())
     }
 
-    /// What the state machine needs to know of the Task now (a Task without a raw spec
-    /// has no restart policy or deadline to follow).
+    /// What the state machine needs to know of the Task now.
     fn run_spec(&self) -> RunSpec {
-        let raw = self.task.spec.raw.as_ref();
-        RunSpec {
-            restart_policy: raw.map(|r| r.restart_policy).unwrap_or_default(),
-            active_deadline_seconds: raw.and_then(|r| r.active_deadline_seconds),
-            grace: self.grace(),
-        }
+        RunSpec::for_task(&self.task)
     }
 
     /// A state machine for a run of this replica.

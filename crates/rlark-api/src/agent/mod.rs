@@ -10,7 +10,7 @@
 //!   feeds events and the time, and executes the actions it gets back.
 //!
 //! Pure: no IO, no clock reads, no client. The raw agent (`rlark-agent`), the simulated
-//! agent of the test kit and the Task controller all use it, so the protocol cannot drift
+//! agent (`rlark_agent::sim`) and the Task controller all use it, so the protocol cannot drift
 //! between them.
 
 mod naming;

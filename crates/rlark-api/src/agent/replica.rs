@@ -23,7 +23,7 @@ use k8s_openapi::jiff::Timestamp;
 
 use super::status::{self, ExitCause, ExitReport, StatusPatch};
 use super::{BACKOFF_INITIAL, BACKOFF_MAX, BACKOFF_RESET_AFTER, deadline_after};
-use crate::types::RestartPolicy;
+use crate::types::{RestartPolicy, Task};
 
 /// The time of an event: a reading of the caller's monotonic clock (`I`, for deadlines and
 /// backoffs) and of the wall clock (for the times the Pod status reports).
@@ -46,6 +46,19 @@ pub struct RunSpec {
     pub active_deadline_seconds: Option<i64>,
     /// SIGTERM → SIGKILL wait of a stop ([`super::grace_period`]).
     pub grace: Duration,
+}
+
+impl RunSpec {
+    /// What `task`'s `raw` spec says: its restart policy, deadline and grace period. A Task
+    /// without one never restarts, has no deadline and gets the default grace period.
+    pub fn for_task(task: &Task) -> RunSpec {
+        let raw = task.spec.raw.as_ref();
+        RunSpec {
+            restart_policy: raw.map(|r| r.restart_policy).unwrap_or_default(),
+            active_deadline_seconds: raw.and_then(|r| r.active_deadline_seconds),
+            grace: super::grace_period(raw.and_then(|r| r.termination_grace_period_seconds)),
+        }
+    }
 }
 
 /// Where a run taken over from an earlier agent stands.
