@@ -14,9 +14,9 @@ use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use rlark_api::agent::replica::{Action, Adopted, End, Event, Now, Replica, RunSpec, State};
 use rlark_api::agent::status::{ExitCause, ExitReport, StatusPatch};
-use rlark_api::agent::{REASON_BACKOFF, RUN_KEY_ANNOTATION, grace_period, replica_pod, run_key};
+use rlark_api::agent::{REASON_BACKOFF, RUN_KEY_ANNOTATION, replica_pod, run_key};
 use rlark_api::labels;
-use rlark_api::types::{AgentType, Pod, PodPhase, RestartPolicy, Task};
+use rlark_api::types::{AgentType, Pod, PodPhase, Task};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -694,9 +694,11 @@ fn pod_is_terminal(pod: &Pod) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rlark_api::agent::grace_period;
     use rlark_api::agent::status;
     use rlark_api::agent::{REASON_COMPLETED, REASON_ERROR, REASON_STOPPED};
     use rlark_api::types::RawTaskSpec;
+    use rlark_api::types::RestartPolicy;
 
     #[test]
     fn simulated_exits_end_replicas_as_the_protocol_says() {

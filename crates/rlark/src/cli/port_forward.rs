@@ -5,6 +5,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -223,6 +224,8 @@ const SPARE_MAX_AGE: Duration = Duration::from_secs(10);
 /// Waits between failed attempts to open a spare connection (doubling up to the maximum).
 const SPARE_RETRY_MIN: Duration = Duration::from_millis(500);
 const SPARE_RETRY_MAX: Duration = Duration::from_secs(30);
+/// Longest wait for the spare being opened before a connection dials one of its own.
+const SPARE_WAIT: Duration = Duration::from_millis(500);
 
 /// Open a TCP connection to the server and complete the TLS handshake (client certificate
 /// or bearer token as the kubeconfig says).
@@ -303,6 +306,8 @@ struct Dialer {
     endpoint: Arc<Endpoint>,
     authority: String,
     spares: tokio::sync::Mutex<tokio::sync::mpsc::Receiver<(Instant, ServerStream)>>,
+    /// The keeper is opening the next spare now.
+    opening: Arc<AtomicBool>,
 }
 
 impl Dialer {
@@ -313,23 +318,42 @@ impl Dialer {
         shutdown: tokio_util::sync::CancellationToken,
     ) -> Arc<Dialer> {
         let (tx, rx) = tokio::sync::mpsc::channel(1);
-        tokio::spawn(keep_spare(Arc::clone(&endpoint), tx, shutdown));
+        let opening = Arc::new(AtomicBool::new(false));
+        tokio::spawn(keep_spare(
+            Arc::clone(&endpoint),
+            tx,
+            Arc::clone(&opening),
+            shutdown,
+        ));
         Arc::new(Dialer {
             endpoint,
             authority,
             spares: tokio::sync::Mutex::new(rx),
+            opening,
         })
     }
 
-    /// A fresh spare if one is ready.
+    /// A fresh spare: one that is ready, or the one being opened when nobody else waits
+    /// for it (its handshake is under way, so it comes sooner than a new one would, and
+    /// connections arriving back to back then cost one handshake each, not two). `None`
+    /// when another connection already waits for the spare, or none is coming.
     async fn take_spare(&self) -> Option<ServerStream> {
-        let mut spares = self.spares.lock().await;
-        while let Ok((opened, tls)) = spares.try_recv() {
-            if opened.elapsed() < SPARE_MAX_AGE {
-                return Some(tls);
+        let mut spares = self.spares.try_lock().ok()?;
+        loop {
+            let next = match spares.try_recv() {
+                Ok(next) => next,
+                Err(_) if self.opening.load(Ordering::Acquire) => {
+                    tokio::time::timeout(SPARE_WAIT, spares.recv())
+                        .await
+                        .ok()
+                        .flatten()?
+                }
+                Err(_) => return None,
+            };
+            if next.0.elapsed() < SPARE_MAX_AGE {
+                return Some(next.1);
             }
         }
-        None
     }
 
     /// A stream to the target through the server.
@@ -355,14 +379,17 @@ impl Dialer {
 async fn keep_spare(
     endpoint: Arc<Endpoint>,
     spares: tokio::sync::mpsc::Sender<(Instant, ServerStream)>,
+    opening: Arc<AtomicBool>,
     shutdown: tokio_util::sync::CancellationToken,
 ) {
     let mut retry = SPARE_RETRY_MIN;
     loop {
+        opening.store(true, Ordering::Release);
         let opened = tokio::select! {
             () = shutdown.cancelled() => return,
             opened = open_server_connection(&endpoint) => opened,
         };
+        opening.store(false, Ordering::Release);
         let tls = match opened {
             Ok(tls) => tls,
             Err(error) => {
