@@ -11,7 +11,7 @@
 //!   per open camera keeping its latest frame) and its gRPC service.
 //! - [`deviceplugin`]: the kubelet device plugin (robots and cameras as `rlinf.io/device`);
 //!   [`devinit`]: DeviceService.Setup, macvlan interfaces in a calling pod's namespace.
-//! - [`server`]: serving on unix sockets; [`peer`]: who is connected (SO_PEERCRED);
+//! - [`server`]: serving on unix sockets, bound by [`socket`]; [`peer`]: who is connected (SO_PEERCRED);
 //!   [`client`]: dialing a socket; [`metrics`]: Prometheus metrics (`--metrics-listen`).
 //!
 //! [`run`] is `rlark embodied`: serve until the shutdown token is cancelled, then stop
@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod peer;
 pub mod robot;
 pub mod server;
+pub mod socket;
 
 use std::path::Path;
 

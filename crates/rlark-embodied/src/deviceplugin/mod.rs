@@ -213,8 +213,8 @@ async fn serve(
     path: &Path,
     inventory: &Arc<Inventory>,
     devices: &watch::Receiver<Vec<api::Device>>,
-) -> Result<Served, crate::ServeError> {
-    let listener = crate::server::bind(path).await?;
+) -> Result<Served, crate::socket::BindError> {
+    let listener = crate::socket::bind(path).await?;
     let stop = CancellationToken::new();
     let service = PluginService {
         inventory: inventory.clone(),
