@@ -2,8 +2,9 @@
 //! cameras as the gRPC `RobotController` and `CameraController` services of RLark's
 //! contract, on unix sockets.
 //!
-//! - [`config`]: the YAML configuration (robot types and modes, robots, allowed launch
-//!   packages, cameras, watchdog), validated up front with field paths.
+//! - [`config`]: the configuration (robot types and modes, robots, allowed launch
+//!   packages, cameras, watchdog, device plugin, macvlans); [`load`]: reading it from YAML,
+//!   validated up front with field paths.
 //! - [`robot`]: the controller (state machine per robot), its backends (ROS 1, ROS 2 and
 //!   a simulated arm), launch processes and logs, package discovery, the safety watchdog,
 //!   and the gRPC service.
@@ -22,6 +23,7 @@ pub mod client;
 pub mod config;
 pub mod deviceplugin;
 pub mod devinit;
+pub mod load;
 pub mod metrics;
 pub mod peer;
 pub mod robot;
