@@ -12,8 +12,9 @@
 //!   per open camera keeping its latest frame) and its gRPC service.
 //! - [`deviceplugin`]: the kubelet device plugin (robots and cameras as `rlinf.io/device`);
 //!   [`devinit`]: DeviceService.Setup, macvlan interfaces in a calling pod's namespace.
-//! - [`server`]: serving on unix sockets, bound by [`socket`]; [`peer`]: who is connected (SO_PEERCRED);
-//!   [`client`]: dialing a socket; [`metrics`]: Prometheus metrics (`--metrics-listen`).
+//! - [`server`]: serving on unix sockets, bound by [`socket`]; [`peer`]: who is connected
+//!   (SO_PEERCRED); [`client`]: dialing a socket; [`metrics`]: Prometheus metrics
+//!   (`--metrics-listen`).
 //!
 //! [`run`] is `rlark embodied`: serve until the shutdown token is cancelled, then stop
 //! every robot and close every camera. [`server::serve`] returns a handle instead (tests).

@@ -8,7 +8,8 @@ use serde::Deserialize;
 
 /// Default device-plugin directory of the kubelet (where `kubelet.sock` is).
 pub const DEFAULT_KUBELET_DIR: &str = "/var/lib/kubelet/device-plugins";
-/// Default host directory mounted at [`crate::deviceplugin::CONTAINER_BIN_DIR`] in allocated containers.
+/// Default host directory mounted at [`crate::deviceplugin::CONTAINER_BIN_DIR`] in allocated
+/// containers.
 pub const DEFAULT_BIN_DIR: &str = "/opt/rlinf/bin";
 /// `devicePlugin:` — advertise this host's robots and cameras to the kubelet.
 #[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
