@@ -2,8 +2,9 @@
 //! cameras as the gRPC `RobotController` and `CameraController` services of RLark's
 //! contract, on unix sockets.
 //!
-//! - [`config`]: the YAML configuration (robot types and modes, robots, allowed launch
-//!   packages, cameras, watchdog), validated up front with field paths.
+//! - [`config`]: the configuration (robot types and modes, robots, allowed launch
+//!   packages, cameras, watchdog, device plugin, macvlans); [`load`]: reading it from YAML,
+//!   validated up front with field paths.
 //! - [`robot`]: the controller (state machine per robot), its backends (ROS 1, ROS 2 and
 //!   a simulated arm), launch processes and logs, package discovery, the safety watchdog,
 //!   and the gRPC service.
@@ -11,8 +12,9 @@
 //!   per open camera keeping its latest frame) and its gRPC service.
 //! - [`deviceplugin`]: the kubelet device plugin (robots and cameras as `rlinf.io/device`);
 //!   [`devinit`]: DeviceService.Setup, macvlan interfaces in a calling pod's namespace.
-//! - [`server`]: serving on unix sockets; [`peer`]: who is connected (SO_PEERCRED);
-//!   [`client`]: dialing a socket; [`metrics`]: Prometheus metrics (`--metrics-listen`).
+//! - [`server`]: serving on unix sockets, bound by [`socket`]; [`peer`]: who is connected
+//!   (SO_PEERCRED); [`client`]: dialing a socket; [`metrics`]: Prometheus metrics
+//!   (`--metrics-listen`).
 //!
 //! [`run`] is `rlark embodied`: serve until the shutdown token is cancelled, then stop
 //! every robot and close every camera. [`server::serve`] returns a handle instead (tests).
@@ -22,10 +24,12 @@ pub mod client;
 pub mod config;
 pub mod deviceplugin;
 pub mod devinit;
+pub mod load;
 pub mod metrics;
 pub mod peer;
 pub mod robot;
 pub mod server;
+pub mod socket;
 
 use std::path::Path;
 

@@ -1,15 +1,14 @@
 //! Serving the controllers on unix sockets.
 //!
-//! Each socket file is created in the socket directory (made if missing) with mode 0660;
-//! a stale socket file left by a previous run is removed, but a socket some live server
-//! still answers on is refused, as is a path that is not a socket. Every accepted
-//! connection goes through the [`ConnTracker`] (peer PID for the watchdog). On shutdown the
-//! servers stop accepting, open connections get up to [`DRAIN_TIMEOUT`] to finish (frame
-//! streams end at once), every robot is stopped, every camera closed, and the socket files
-//! are removed.
+//! Each socket file is created in the socket directory (made if missing) by
+//! [`crate::socket::bind`]: mode 0660; a stale socket file left by a previous run is
+//! removed, but a socket some live server still answers on is refused, as is a path that
+//! is not a socket. Every accepted connection goes through the [`ConnTracker`] (peer PID
+//! for the watchdog). On shutdown the servers stop accepting, open connections get up to
+//! [`DRAIN_TIMEOUT`] to finish (frame streams end at once), every robot is stopped, every
+//! camera closed, and the socket files are removed.
 
 use std::net::SocketAddr;
-use std::os::unix::fs::{FileTypeExt as _, PermissionsExt as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -29,6 +28,7 @@ use crate::config::{Backend, EmbodiedConfig};
 use crate::peer::ConnTracker;
 use crate::robot::RobotController;
 use crate::robot::service::RobotService;
+use crate::socket::{BindError, bind};
 
 /// How long open connections may keep a server alive after shutdown began.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
@@ -41,25 +41,9 @@ pub enum ServeError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("{} is in use: another server answers on it", path.display())]
-    SocketInUse { path: PathBuf },
-    #[error("{} exists and is not a socket; refusing to replace it", path.display())]
-    NotASocket { path: PathBuf },
-    #[error("remove stale socket {}: {source}", path.display())]
-    RemoveStale {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("bind {}: {source}", path.display())]
-    Bind {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("set permissions of {}: {source}", path.display())]
-    Permissions {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    /// A socket could not be bound (see [`BindError`]).
+    #[error(transparent)]
+    Bind(#[from] BindError),
     #[error("serve {}: {message}", path.display())]
     Serve { path: PathBuf, message: String },
     // `error`, not `source`: the message already includes it (printed once).
@@ -186,7 +170,7 @@ pub async fn serve_with(
                 for (path, _, _) in &listeners {
                     let _ = std::fs::remove_file(path);
                 }
-                return Err(e);
+                return Err(e.into());
             }
         }
     }
@@ -207,7 +191,7 @@ pub async fn serve_with(
                 for (path, _, _) in &listeners {
                     let _ = std::fs::remove_file(path);
                 }
-                return Err(e);
+                return Err(e.into());
             }
         }
     } else {
@@ -228,7 +212,7 @@ pub async fn serve_with(
                 for path in bound.chain(camera_listener.as_ref().map(|(path, _)| path)) {
                     let _ = std::fs::remove_file(path);
                 }
-                return Err(e);
+                return Err(e.into());
             }
         }
     };
@@ -314,41 +298,6 @@ pub async fn serve_with(
         metrics_addr,
         task,
     })
-}
-
-/// Bind a socket at `path` (0660), replacing a stale socket file.
-pub(crate) async fn bind(path: &Path) -> Result<UnixListener, ServeError> {
-    match std::fs::symlink_metadata(path) {
-        Ok(meta) if meta.file_type().is_socket() => {
-            if tokio::net::UnixStream::connect(path).await.is_ok() {
-                return Err(ServeError::SocketInUse {
-                    path: path.to_path_buf(),
-                });
-            }
-            std::fs::remove_file(path).map_err(|source| ServeError::RemoveStale {
-                path: path.to_path_buf(),
-                source,
-            })?;
-            tracing::info!(socket = %path.display(), "removed stale socket");
-        }
-        Ok(_) => {
-            return Err(ServeError::NotASocket {
-                path: path.to_path_buf(),
-            });
-        }
-        Err(_) => {}
-    }
-    let listener = UnixListener::bind(path).map_err(|source| ServeError::Bind {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)).map_err(|source| {
-        ServeError::Permissions {
-            path: path.to_path_buf(),
-            source,
-        }
-    })?;
-    Ok(listener)
 }
 
 /// Serve one gRPC service on `listener` (the socket at `path`) until `shutdown`, every

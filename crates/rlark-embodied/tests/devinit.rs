@@ -612,7 +612,7 @@ host_macvlans:
     assert_eq!(config.macvlans[0].parent, "eth1");
     assert_eq!(
         config.macvlans[0].addressing(),
-        Ok(rlark_embodied::devinit::Addressing::Static(
+        Ok(rlark_embodied::config::macvlan::Addressing::Static(
             "172.16.0.10/24".parse().unwrap()
         ))
     );

@@ -9,11 +9,14 @@
 //!   `tokio::sync::watch`: readers never queue frames, a slow one just sees a newer frame
 //!   next time (the sequence gap is the drop). A frame is encoded once per encoding and the
 //!   bytes are shared by every reader ([`frame`]).
+//! - Frames captured and skipped per camera are counted in [`counters`] (Prometheus,
+//!   [`crate::metrics`]).
 //! - A failing source (ffmpeg exits, a camera is unplugged) puts the camera in ERROR; the
 //!   loop restarts it with backoff until it works again or the camera is closed.
 //!   [`CameraController::changes`] ticks on every such change of state.
 
 mod capture;
+pub mod counters;
 mod error;
 pub mod ffmpeg;
 mod font;
@@ -36,6 +39,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use self::counters::CameraCounters;
 use crate::config::{Camera, CameraDriver, Encoding};
 use capture::{CaptureLoop, Feed, SharedEncoding, Starter};
 pub use error::CameraError;
@@ -98,7 +102,7 @@ pub struct CameraController {
     changes: watch::Sender<u64>,
     shutdown: CancellationToken,
     /// Frames captured and skipped by watchers, per camera (Prometheus).
-    counters: crate::metrics::CameraCounters,
+    counters: CameraCounters,
 }
 
 /// One camera.
@@ -204,14 +208,14 @@ impl CameraController {
             devices_in_use: Mutex::new(BTreeMap::new()),
             changes: watch::Sender::new(0),
             shutdown,
-            counters: crate::metrics::CameraCounters::default(),
+            counters: CameraCounters::default(),
         };
         controller.rescan();
         Arc::new(controller)
     }
 
     /// Frames captured and skipped by watchers, per camera (see [`crate::metrics`]).
-    pub fn counters(&self) -> &crate::metrics::CameraCounters {
+    pub fn counters(&self) -> &CameraCounters {
         &self.counters
     }
 

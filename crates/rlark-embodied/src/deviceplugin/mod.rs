@@ -43,12 +43,12 @@ use tokio::time::Instant;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
-pub use self::config::DevicePluginConfig;
 use self::inventory::{Health, Inventory};
 pub use self::inventory::{camera_device_id, robot_device_id};
 use self::service::PluginService;
 use crate::camera::CameraController;
 use crate::config::EmbodiedConfig;
+use crate::config::device_plugin::DevicePluginConfig;
 use crate::robot::RobotController;
 
 /// The device-plugin API version this plugin speaks.
@@ -213,8 +213,8 @@ async fn serve(
     path: &Path,
     inventory: &Arc<Inventory>,
     devices: &watch::Receiver<Vec<api::Device>>,
-) -> Result<Served, crate::ServeError> {
-    let listener = crate::server::bind(path).await?;
+) -> Result<Served, crate::socket::BindError> {
+    let listener = crate::socket::bind(path).await?;
     let stop = CancellationToken::new();
     let service = PluginService {
         inventory: inventory.clone(),

@@ -22,7 +22,6 @@
 //! entry's static address, and not leased to another interface ([`leases`], a state file in
 //! the socket directory). Setup calls are served one at a time.
 
-pub mod config;
 pub mod leases;
 pub mod netlink;
 
@@ -39,9 +38,9 @@ use rlark_proto::device::v1::device_service_server::{DeviceService, DeviceServic
 use rlark_proto::device::v1::{InterfaceInfo, SetupRequest, SetupResponse};
 use tonic::{Request, Response, Status};
 
-pub use self::config::{Addressing, Macvlan};
 use self::leases::{Lease, Leases, NetnsId};
 use self::netlink::{Link, Netlink, NetlinkError};
+use crate::config::macvlan::{Addressing, Macvlan};
 use crate::peer::PeerInfo;
 
 /// Longest a Setup may take before it is abandoned.

@@ -7,7 +7,7 @@ use std::net::Ipv4Addr;
 use ipnet::Ipv4Net;
 use serde::Deserialize;
 
-use crate::config::FieldError;
+use super::FieldError;
 
 /// Longest interface name Linux accepts (IFNAMSIZ - 1).
 pub const MAX_IFNAME_LEN: usize = 15;

@@ -1,4 +1,5 @@
 use super::*;
+use crate::config::Encoding;
 
 const SIM: &str = r#"
 types:
