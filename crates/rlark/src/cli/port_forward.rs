@@ -224,6 +224,8 @@ const SPARE_MAX_AGE: Duration = Duration::from_secs(10);
 /// Waits between failed attempts to open a spare connection (doubling up to the maximum).
 const SPARE_RETRY_MIN: Duration = Duration::from_millis(500);
 const SPARE_RETRY_MAX: Duration = Duration::from_secs(30);
+/// Most bytes a local client may send ahead of the server's answer to its CONNECT.
+const EARLY_DATA_MAX: usize = 64 * 1024;
 /// Longest wait for the spare being opened before a connection dials one of its own.
 const SPARE_WAIT: Duration = Duration::from_millis(500);
 
@@ -241,38 +243,69 @@ pub(crate) async fn open_server_connection(endpoint: &Endpoint) -> anyhow::Resul
         .context("TLS handshake with the server")
 }
 
-/// Open a TLS connection to the server and `CONNECT` to `authority`; the returned stream
-/// carries the tunnelled bytes.
-pub(crate) async fn connect_through(
-    endpoint: &Endpoint,
-    authority: &str,
-) -> anyhow::Result<ServerStream> {
-    let tls = open_server_connection(endpoint).await?;
-    request_connect(tls, endpoint, authority).await
-}
-
 /// Send `CONNECT authority` on `tls` and read the answer; on 200 the stream carries the
 /// tunnelled bytes from here on, otherwise the error names the server's message.
+///
+/// With `early`, the bytes the local client sends meanwhile go to the server right behind
+/// the request instead of waiting for its answer, saving a round
+/// trip through the server and the agent: the server hands what follows the request head
+/// to the tunnel once it answers 200. `early.sent` keeps them (at most [`EARLY_DATA_MAX`];
+/// reading stops there until the answer) so that a retry on a fresh connection sends them
+/// again; `early.eof` says the client has half-closed.
 async fn request_connect(
-    mut tls: ServerStream,
+    tls: ServerStream,
     endpoint: &Endpoint,
     authority: &str,
+    mut early: Option<(&mut TcpStream, &mut EarlyData)>,
 ) -> anyhow::Result<ServerStream> {
     let mut request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
     if let Some(token) = &endpoint.bearer {
         request.push_str(&format!("Proxy-Authorization: Bearer {token}\r\n"));
     }
     request.push_str("\r\n");
-    tls.write_all(request.as_bytes()).await?;
+    let mut out = request.into_bytes();
+    if let Some((_, data)) = &early {
+        out.extend_from_slice(&data.sent);
+    }
+    let (mut read, mut write) = tokio::io::split(tls);
+    write.write_all(&out).await?;
     // Read the response head byte by byte: nothing after it may be consumed here.
     let mut head = Vec::new();
+    let mut buffer = vec![0u8; 16 * 1024];
     while !head.ends_with(b"\r\n\r\n") {
         if head.len() > 16 * 1024 {
             bail!("the server's CONNECT response head is over 16 KiB");
         }
-        let byte = tls.read_u8().await.context("read CONNECT response")?;
-        head.push(byte);
+        let reading_local = early
+            .as_ref()
+            .is_some_and(|(_, data)| !data.eof && data.sent.len() < EARLY_DATA_MAX);
+        tokio::select! {
+            byte = read.read_u8() => head.push(byte.context("read CONNECT response")?),
+            n = async {
+                match early.as_mut() {
+                    Some((local, data)) => {
+                        let room = EARLY_DATA_MAX - data.sent.len();
+                        let limit = room.min(buffer.len());
+                        local.read(&mut buffer[..limit]).await
+                    }
+                    None => std::future::pending().await,
+                }
+            }, if reading_local => {
+                // The local client's own error ends its connection: said as text, not as
+                // an io::Error, so that the caller does not retry it.
+                let n = n.map_err(|e| anyhow::anyhow!("read from the local client: {e}"))?;
+                if let Some((_, data)) = early.as_mut() {
+                    if n == 0 {
+                        data.eof = true;
+                    } else {
+                        data.sent.extend_from_slice(&buffer[..n]);
+                        write.write_all(&buffer[..n]).await?;
+                    }
+                }
+            }
+        }
     }
+    let mut tls = read.unsplit(write);
     let head = String::from_utf8_lossy(&head);
     let status_line = head.lines().next().unwrap_or_default().to_string();
     let code = status_line.split_whitespace().nth(1).unwrap_or_default();
@@ -289,9 +322,21 @@ async fn request_connect(
             .ok()
             .and_then(|v| v["message"].as_str().map(str::to_string))
             .unwrap_or_else(|| text.trim().to_string());
+        // Not an io::Error: an answer is final, never retried.
         bail!("CONNECT {authority}: {status_line}: {message}");
     }
+    if early.is_some_and(|(_, data)| data.eof) {
+        // The client half-closed before the answer: pass that on now.
+        tls.shutdown().await?;
+    }
     Ok(tls)
+}
+
+/// What a local client sent ahead of the server's answer to its CONNECT.
+#[derive(Default)]
+struct EarlyData {
+    sent: Vec<u8>,
+    eof: bool,
 }
 
 /// Dials through the server for a port-forward, keeping one connection with its TCP and
@@ -356,20 +401,38 @@ impl Dialer {
         }
     }
 
-    /// A stream to the target through the server.
-    async fn dial(&self) -> anyhow::Result<ServerStream> {
+    /// A stream to the target through the server for the local client `local`, whose
+    /// first bytes may already be on their way (see [`request_connect`]).
+    async fn dial(&self, local: &mut TcpStream) -> anyhow::Result<ServerStream> {
+        let mut early = EarlyData::default();
         if let Some(spare) = self.take_spare().await {
-            match request_connect(spare, &self.endpoint, &self.authority).await {
+            let attempt = request_connect(
+                spare,
+                &self.endpoint,
+                &self.authority,
+                Some((&mut *local, &mut early)),
+            )
+            .await;
+            match attempt {
                 Ok(stream) => return Ok(stream),
-                // An answer from the server (403, 502...) is the answer; only a connection
-                // that broke before answering is worth a fresh try.
+                // An answer from the server (403, 502...) is the answer, and the local
+                // client's own failure ends it; only a server connection that broke
+                // before answering (a spare the server closed) is worth a fresh try,
+                // which sends the early bytes again.
                 Err(error) if error.chain().any(|e| e.is::<std::io::Error>()) => {
                     tracing::debug!(error = %format!("{error:#}"), "spare server connection failed; dialing anew");
                 }
                 Err(error) => return Err(error),
             }
         }
-        connect_through(&self.endpoint, &self.authority).await
+        let tls = open_server_connection(&self.endpoint).await?;
+        request_connect(
+            tls,
+            &self.endpoint,
+            &self.authority,
+            Some((local, &mut early)),
+        )
+        .await
     }
 }
 
@@ -440,7 +503,7 @@ pub(crate) async fn port_forward(args: PortForwardArgs) -> anyhow::Result<()> {
         tokio::spawn(async move {
             let mut socket = socket;
             let _ = socket.set_nodelay(true);
-            match dialer.dial().await {
+            match dialer.dial(&mut socket).await {
                 Ok(mut remote) => {
                     if let Err(error) = tokio::io::copy_bidirectional_with_sizes(
                         &mut socket,
