@@ -424,27 +424,4 @@ mod tests {
             let _ = run_key(&t, "c");
         }
     }
-
-    #[test]
-    fn run_keys_change_with_a_new_run_only() {
-        let t = task("u1", &["n1", "n2"]);
-        let key = run_key(&t, "c").expect("placed");
-        assert_eq!(run_key(&t, "other"), None);
-        let mut stopped = t.clone();
-        stopped.spec.stopped = true;
-        assert_eq!(run_key(&stopped, "c").as_ref(), Some(&key));
-        let mut restarted = t.clone();
-        restarted
-            .annotations_mut()
-            .insert(labels::RESTARTED_AT.into(), "2026-01-01T00:00:00Z".into());
-        assert_ne!(run_key(&restarted, "c").as_ref(), Some(&key));
-        assert_ne!(
-            run_key(&task("u2", &["n1", "n2"]), "c").as_ref(),
-            Some(&key)
-        );
-        assert_ne!(
-            run_key(&task("u1", &["n2", "n1"]), "c").as_ref(),
-            Some(&key)
-        );
-    }
 }
