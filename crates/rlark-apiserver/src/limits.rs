@@ -43,9 +43,12 @@ pub struct Limits {
     /// Events are deleted this long after their last write (default 1 h, as kube-apiserver's
     /// `--event-ttl`).
     pub event_ttl: Duration,
-    /// Sustained writes per second of one agent (default 100).
+    /// Sustained writes per second of one agent (default 500: about 100 replica starts a
+    /// second, each a Pod create and a few status writes; one agent speaks for a whole
+    /// cluster, where each kubelet alone may write 50/s).
     pub agent_writes_per_second: f64,
-    /// Writes one agent may make at once above the sustained rate (default 1000).
+    /// Writes one agent may make at once above the sustained rate (default 5000: a burst
+    /// of 500 new replicas without waiting).
     pub agent_write_burst: u32,
     /// Sustained writes per second of one task token (default 10).
     pub task_writes_per_second: f64,
@@ -67,8 +70,8 @@ impl Default for Limits {
             max_event_message_bytes: 1024,
             max_event_bytes: 16 * 1024,
             event_ttl: Duration::from_secs(3600),
-            agent_writes_per_second: 100.0,
-            agent_write_burst: 1000,
+            agent_writes_per_second: 500.0,
+            agent_write_burst: 5000,
             task_writes_per_second: 10.0,
             task_write_burst: 100,
             max_events_per_namespace: 5000,

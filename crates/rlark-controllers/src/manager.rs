@@ -33,6 +33,26 @@ use crate::leader::{self, LeaderElector};
 /// How long a graceful stop waits for the controllers before aborting them.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Requests the controllers have in flight at most. Each HTTP/1.1 request in flight holds
+/// a connection of its own, the server admits 512 connections per source address
+/// (`connections.maxConnectionsPerIp`), and controllers running inside the server all
+/// connect from loopback: a burst of a thousand Jobs must not open a thousand connections
+/// and be refused. (A watch gives its slot back once its response head has arrived.)
+pub const MAX_REQUESTS_IN_FLIGHT: usize = 128;
+
+/// `client` with at most [`MAX_REQUESTS_IN_FLIGHT`] requests in flight; the others wait.
+pub fn bounded_client(client: kube::Client) -> kube::Client {
+    let namespace = client.default_namespace().to_string();
+    let send = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+        let client = client.clone();
+        async move { client.send(request).await }
+    });
+    kube::Client::new(
+        tower::limit::ConcurrencyLimit::new(send, MAX_REQUESTS_IN_FLIGHT),
+        namespace,
+    )
+}
+
 /// How the manager runs.
 #[derive(Clone, Debug)]
 pub struct ManagerOptions {
@@ -80,10 +100,12 @@ impl std::fmt::Debug for Manager {
 }
 
 impl Manager {
+    /// The controllers use `client` with at most [`MAX_REQUESTS_IN_FLIGHT`] requests in
+    /// flight ([`bounded_client`]).
     pub fn new(client: kube::Client, config: ControllerConfig, options: ManagerOptions) -> Self {
         let (leader_tx, _) = watch::channel(false);
         Self {
-            ctx: Arc::new(Context::new(client, config)),
+            ctx: Arc::new(Context::new(bounded_client(client), config)),
             options,
             leader_tx,
         }
@@ -284,4 +306,52 @@ pub async fn run_controllers(ctx: Arc<Context>, shutdown: CancellationToken) -> 
     }
     tracing::info!("controllers stopped");
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A client whose every request takes 20 ms; records the most requests in flight.
+    fn slow_server(peak: Arc<AtomicUsize>) -> kube::Client {
+        let in_flight = Arc::new(AtomicUsize::new(0));
+        let service = tower::service_fn(move |_request: http::Request<kube::client::Body>| {
+            let (peak, in_flight) = (peak.clone(), in_flight.clone());
+            async move {
+                let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                peak.fetch_max(now, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                in_flight.fetch_sub(1, Ordering::SeqCst);
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .header("content-type", "application/json")
+                        .body(kube::client::Body::from(br#"{"kind":"Status"}"#.to_vec()))
+                        .expect("response"),
+                )
+            }
+        });
+        kube::Client::new(service, "default")
+    }
+
+    #[tokio::test]
+    async fn the_controllers_client_keeps_at_most_the_bound_in_flight() {
+        let peak = Arc::new(AtomicUsize::new(0));
+        let client = bounded_client(slow_server(peak.clone()));
+        assert_eq!(client.default_namespace(), "default");
+        let requests = (0..3 * MAX_REQUESTS_IN_FLIGHT).map(|_| {
+            let client = client.clone();
+            async move {
+                let request = http::Request::get("/api/v1/namespaces")
+                    .body(Vec::new())
+                    .expect("request");
+                client.request_text(request).await
+            }
+        });
+        let answers = futures::future::join_all(requests).await;
+        assert!(answers.iter().all(Result::is_ok));
+        assert_eq!(peak.load(Ordering::SeqCst), MAX_REQUESTS_IN_FLIGHT);
+    }
 }

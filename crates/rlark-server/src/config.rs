@@ -619,8 +619,8 @@ pub struct ServerOverrides {
 ///     maxEventMessageBytes: 1024
 ///     maxEventBytes: 16384
 ///     eventTTLSeconds: 3600
-///     agentWritesPerSecond: 100
-///     agentWriteBurst: 1000
+///     agentWritesPerSecond: 500
+///     agentWriteBurst: 5000
 ///     taskWritesPerSecond: 10
 ///     taskWriteBurst: 100
 ///     maxEventsPerNamespace: 5000
@@ -744,9 +744,9 @@ pub struct LimitsConfigFile {
     /// `eventTTLSeconds` (default 3600; flag `--event-ttl`).
     #[serde(rename = "eventTTLSeconds")]
     pub event_ttl_seconds: Option<u64>,
-    /// `agentWritesPerSecond` (default 100).
+    /// `agentWritesPerSecond` (default 500).
     pub agent_writes_per_second: Option<f64>,
-    /// `agentWriteBurst` (default 1000).
+    /// `agentWriteBurst` (default 5000).
     pub agent_write_burst: Option<u32>,
     /// `taskWritesPerSecond` (default 10).
     pub task_writes_per_second: Option<f64>,

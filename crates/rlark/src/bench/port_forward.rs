@@ -266,9 +266,10 @@ impl PortForwardBenchReport {
         let ssh = self.path(SSH);
         if let (Some(r), Some(d)) = (rlark.setup.as_ref(), direct.and_then(|d| d.setup.as_ref())) {
             let mut line = format!(
-                "setup: rlark p50 {:.2} ms vs direct {:.2} ms: every forwarded connection opens \
-                 its own TCP + TLS 1.3 connection (client certificate) to the server and sends \
-                 CONNECT, the server opens a tunnel stream and the agent dials the target",
+                "setup: rlark p50 {:.2} ms vs direct {:.2} ms: every forwarded connection takes \
+                 its own TCP + TLS 1.3 connection (client certificate) to the server, opened \
+                 ahead as a spare, and sends CONNECT with the client's first bytes behind it; \
+                 the server opens a tunnel stream and the agent dials the target",
                 r.p50_ms, d.p50_ms
             );
             if let Some(s) = ssh.and_then(|s| s.setup.as_ref()) {
