@@ -246,17 +246,18 @@ pub(crate) async fn open_server_connection(endpoint: &Endpoint) -> anyhow::Resul
 /// Send `CONNECT authority` on `tls` and read the answer; on 200 the stream carries the
 /// tunnelled bytes from here on, otherwise the error names the server's message.
 ///
-/// With `early`, the bytes the local client sends meanwhile go to the server right behind
-/// the request instead of waiting for its answer, saving a round
-/// trip through the server and the agent: the server hands what follows the request head
-/// to the tunnel once it answers 200. `early.sent` keeps them (at most [`EARLY_DATA_MAX`];
+/// The bytes the local client `local` sends meanwhile go to the server right behind the
+/// request instead of waiting for its answer, saving a round trip through the server and
+/// the agent: the server hands what follows the request head to the tunnel once it answers
+/// 200. `early.sent` keeps them (at most [`EARLY_DATA_MAX`];
 /// reading stops there until the answer) so that a retry on a fresh connection sends them
 /// again; `early.eof` says the client has half-closed.
 async fn request_connect(
     tls: ServerStream,
     endpoint: &Endpoint,
     authority: &str,
-    mut early: Option<(&mut TcpStream, &mut EarlyData)>,
+    local: &mut TcpStream,
+    early: &mut EarlyData,
 ) -> anyhow::Result<ServerStream> {
     let mut request = format!("CONNECT {authority} HTTP/1.1\r\nHost: {authority}\r\n");
     if let Some(token) = &endpoint.bearer {
@@ -264,9 +265,7 @@ async fn request_connect(
     }
     request.push_str("\r\n");
     let mut out = request.into_bytes();
-    if let Some((_, data)) = &early {
-        out.extend_from_slice(&data.sent);
-    }
+    out.extend_from_slice(&early.sent);
     let (mut read, mut write) = tokio::io::split(tls);
     write.write_all(&out).await?;
     // Read the response head byte by byte: nothing after it may be consumed here.
@@ -276,31 +275,19 @@ async fn request_connect(
         if head.len() > 16 * 1024 {
             bail!("the server's CONNECT response head is over 16 KiB");
         }
-        let reading_local = early
-            .as_ref()
-            .is_some_and(|(_, data)| !data.eof && data.sent.len() < EARLY_DATA_MAX);
+        let room = EARLY_DATA_MAX - early.sent.len();
+        let limit = room.min(buffer.len());
         tokio::select! {
             byte = read.read_u8() => head.push(byte.context("read CONNECT response")?),
-            n = async {
-                match early.as_mut() {
-                    Some((local, data)) => {
-                        let room = EARLY_DATA_MAX - data.sent.len();
-                        let limit = room.min(buffer.len());
-                        local.read(&mut buffer[..limit]).await
-                    }
-                    None => std::future::pending().await,
-                }
-            }, if reading_local => {
+            n = local.read(&mut buffer[..limit]), if !early.eof && limit > 0 => {
                 // The local client's own error ends its connection: said as text, not as
                 // an io::Error, so that the caller does not retry it.
                 let n = n.map_err(|e| anyhow::anyhow!("read from the local client: {e}"))?;
-                if let Some((_, data)) = early.as_mut() {
-                    if n == 0 {
-                        data.eof = true;
-                    } else {
-                        data.sent.extend_from_slice(&buffer[..n]);
-                        write.write_all(&buffer[..n]).await?;
-                    }
+                if n == 0 {
+                    early.eof = true;
+                } else {
+                    early.sent.extend_from_slice(&buffer[..n]);
+                    write.write_all(&buffer[..n]).await?;
                 }
             }
         }
@@ -325,7 +312,7 @@ async fn request_connect(
         // Not an io::Error: an answer is final, never retried.
         bail!("CONNECT {authority}: {status_line}: {message}");
     }
-    if early.is_some_and(|(_, data)| data.eof) {
+    if early.eof {
         // The client half-closed before the answer: pass that on now.
         tls.shutdown().await?;
     }
@@ -406,13 +393,8 @@ impl Dialer {
     async fn dial(&self, local: &mut TcpStream) -> anyhow::Result<ServerStream> {
         let mut early = EarlyData::default();
         if let Some(spare) = self.take_spare().await {
-            let attempt = request_connect(
-                spare,
-                &self.endpoint,
-                &self.authority,
-                Some((&mut *local, &mut early)),
-            )
-            .await;
+            let attempt =
+                request_connect(spare, &self.endpoint, &self.authority, local, &mut early).await;
             match attempt {
                 Ok(stream) => return Ok(stream),
                 // An answer from the server (403, 502...) is the answer, and the local
@@ -426,13 +408,7 @@ impl Dialer {
             }
         }
         let tls = open_server_connection(&self.endpoint).await?;
-        request_connect(
-            tls,
-            &self.endpoint,
-            &self.authority,
-            Some((local, &mut early)),
-        )
-        .await
+        request_connect(tls, &self.endpoint, &self.authority, local, &mut early).await
     }
 }
 
