@@ -30,6 +30,9 @@ use serde::{Deserialize, Serialize};
 pub struct DomainSpec {
     /// Network address and prefix, e.g. `10.88.0.0/16` or `fd00:88::/64`; host bits zero.
     pub cidr: String,
+    /// Which Jobs may join the Domain (by their labels); absent: every Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_selector: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector>,
 }
 
 /// Observed state of a Domain, written by the Domain controller.
@@ -53,7 +56,18 @@ pub struct DomainIpAllocation {
     /// Task of the pod.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub task: Option<String>,
-    /// Holder: `<agentNamespace>/<podNamespace>/<podName>`.
+    /// Replica index within the task (the `<i>` of the Pod `<task>-<i>`). With job and
+    /// task it is the allocation's key: a restarted or rescheduled replica keeps its IP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub index: Option<i32>,
+    /// Cluster ID the replica is placed on (agent namespace `rlark-<cluster>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<String>,
+    /// Holder: `<agentNamespace>/<podName>`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pod: Option<String>,
+    /// When the holder went away (its Task was deleted or shrank); a released address is
+    /// kept for a while so a replica that comes back gets it again, then reused.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub released_at: Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>,
 }

@@ -19,9 +19,11 @@ pub use common::{
     AgentType, EnvVar, NodeEvent, PullProgress, ResourceList, ResourceRequirements, UnknownVariant,
 };
 pub use domain::{Domain, DomainIpAllocation, DomainSpec, DomainStatus};
-pub use domain_peer::{DomainPeer, DomainPeerSpec, DomainPeerStatus, DomainPodInfo};
+pub use domain_peer::{
+    DomainPathStats, DomainPeer, DomainPeerSpec, DomainPeerStatus, DomainPendingPod, DomainPodInfo,
+};
 pub use job::{Job, JobPhase, JobSpec, JobStatus, JobTaskStatus, JobTaskTemplate};
-pub use node::{Node, NodeCategory, NodeInfo, NodePhase, NodeSpec, NodeStatus};
+pub use node::{Node, NodeCategory, NodeInfo, NodeNetwork, NodePhase, NodeSpec, NodeStatus};
 pub use pod::{Pod, PodPhase, PodSpec, PodStatus};
 pub use task::{
     DockerContainerSpec, DockerTaskSpec, DockerVolumeRef, KubernetesTaskSpec,

@@ -100,6 +100,24 @@ pub struct NodeStatus {
     /// Recent events of the node and its pods.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<NodeEvent>,
+    /// The pod network on this node (absent: the agent runs no domain data path).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub network: Option<NodeNetwork>,
+}
+
+/// How a node's agent carries domain (pod network) traffic.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeNetwork {
+    /// `kernel` (netfilter REDIRECT, kernel TCP) or `tun` (TUN device, userspace TCP/IP).
+    pub mode: String,
+    /// `host:port` where the agent accepts direct mTLS connections from other agents;
+    /// absent: peers reach this node's members through the hub only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub direct_address: Option<String>,
+    /// Why the mode was chosen, or why the data path is not available.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// Facts about a node's machine.
