@@ -410,7 +410,9 @@ fn no_private_key_field_anywhere() {
         if let Some(props) = node.get("properties").and_then(Value::as_object) {
             for (name, sub) in props {
                 let lower = name.to_ascii_lowercase();
-                if lower == "key" || lower.contains("privatekey") || lower.contains("private_key") {
+                // A label selector's `matchExpressions[].key` is a label name, not a key.
+                let selector_key = path.ends_with(".matchExpressions") && name == "key";
+                if (lower == "key" && !selector_key) || lower.contains("privatekey") || lower.contains("private_key") {
                     found.push(format!("{path}.{name}"));
                 }
                 walk(sub, &format!("{path}.{name}"), found);
