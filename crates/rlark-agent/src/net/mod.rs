@@ -1,0 +1,8 @@
+//! The pod network on the agent's side (issue 16): each replica of a domain task runs in a
+//! network namespace of its own holding its virtual IP ([`netns`]), TCP flows out of it are
+//! redirected by nftables to the agent ([`nft`]), and UDP/ICMP reach the agent through the
+//! namespace's TUN device ([`tun`]).
+
+pub mod netns;
+pub mod nft;
+pub mod tun;
