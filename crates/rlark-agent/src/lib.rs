@@ -28,6 +28,7 @@ pub mod config;
 pub mod discovery;
 pub mod exec;
 pub mod join;
+pub mod net;
 pub mod node;
 mod runs;
 pub mod runtime;
