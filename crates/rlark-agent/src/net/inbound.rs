@@ -328,6 +328,20 @@ impl Inbound {
     }
 }
 
+/// Relay streams the hub opens towards this agent: the calling cluster is the one the hub
+/// put in `source_cluster` (from the caller's tunnel certificate).
+impl rlark_tunnel::agent::RelayHandler for Inbound {
+    fn serve(&self, header: RelayHeader, stream: rlark_tunnel::mux::MuxStream) {
+        let inbound = self.clone();
+        tokio::spawn(async move {
+            let cluster = header.source_cluster.clone();
+            inbound
+                .serve(header, cluster, Box::new(stream), PathKind::Relay)
+                .await;
+        });
+    }
+}
+
 /// Write an answer (and, for anything but a Tcp `ok`, the end of the stream), bounded.
 async fn answer(stream: &mut BoxStream, status: Status, message: String) {
     let response = if status == Status::Ok {
@@ -488,6 +502,124 @@ mod tests {
             "source 10.88.0.3 is rlark-b/cli-0 of cluster b, not of the calling cluster c"
         );
         let _: IpAddr = "10.88.0.2".parse().unwrap();
+    }
+
+    /// The hub's side of a tunnel session to an agent whose relay streams `inbound` serves.
+    fn tunnel_to(inbound: Inbound) -> rlark_tunnel::mux::Control {
+        use rlark_tunnel::mux::{MuxConfig, Role, Session};
+        let (hub_end, agent_end) = rlark_tunnel::transport::memory_pair(16);
+        let (hub, _hub_in) = Session::new(hub_end, Role::Server, MuxConfig::default());
+        let (_agent, agent_in) = Session::new(agent_end, Role::Client, MuxConfig::default());
+        let config = rlark_tunnel::agent::AgentConfig {
+            relay: Some(Arc::new(inbound)),
+            ..Default::default()
+        };
+        tokio::spawn(async move {
+            let _agent = _agent;
+            rlark_tunnel::agent::serve(agent_in, config).await;
+        });
+        hub
+    }
+
+    #[tokio::test]
+    async fn relay_streams_from_the_hub() {
+        use crate::net::router::tests::{LoopbackNetns, echo_server};
+        use crate::net::router::{Router, RouterConfig};
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let me_b = crate::net::membership::LocalIdentity {
+            cluster: "b".into(),
+            node: "nb".into(),
+        };
+        let membership = Membership::new(me_b);
+        membership.replace(&[peer(
+            "d1",
+            "10.88.0.0/16",
+            vec![
+                pod("a", "cli-0", "10.88.0.2", "na"),
+                pod("b", "srv-0", "10.88.0.3", "nb"),
+            ],
+        )]);
+        let metrics = DomainMetrics::new();
+        let router = Router::new(
+            membership,
+            metrics.clone(),
+            None,
+            None,
+            RouterConfig::new(Arc::new(|_: &tokio::net::TcpStream| {
+                Err(io::Error::other("unused"))
+            })),
+            CancellationToken::new(),
+        );
+        router
+            .attach("srv-0", "d1", Arc::new(LoopbackNetns::default()))
+            .await
+            .unwrap();
+        let hub = tunnel_to(router.inbound());
+        let echo = echo_server().await;
+        let mut h = header("10.88.0.2", "10.88.0.3");
+        h.port = echo.port();
+        h.source_cluster = Some("a".into());
+        let timeout = Duration::from_secs(10);
+        let mut stream = rlark_tunnel::relay::open(&hub, &h, timeout).await.unwrap();
+        stream.write_all(b"relayed").await.unwrap();
+        stream.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        tokio::time::timeout(timeout, stream.read_to_end(&mut back))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(back, b"relayed");
+
+        // The hub vouches for cluster c: a's member is not c's.
+        h.source_cluster = Some("c".into());
+        let e = rlark_tunnel::relay::open(&hub, &h, timeout)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e.status, Status::Forbidden);
+        assert!(e.message.contains("not of the calling cluster c"), "{e}");
+        // No cluster at all (not from the hub).
+        h.source_cluster = None;
+        let e = rlark_tunnel::relay::open(&hub, &h, timeout)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e.status, Status::Forbidden);
+        // Nothing listens on the port: refused, from the destination's netns.
+        let closed = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        h.port = closed.local_addr().unwrap().port();
+        drop(closed);
+        h.source_cluster = Some("a".into());
+        let e = rlark_tunnel::relay::open(&hub, &h, timeout)
+            .await
+            .err()
+            .unwrap();
+        assert_eq!(e.status, Status::Refused, "{e}");
+        // A probe is answered without touching the replica.
+        let probe = RelayHeader {
+            protocol: Protocol::Probe,
+            port: 0,
+            source_port: 0,
+            ..h.clone()
+        };
+        let mut stream = rlark_tunnel::relay::open(&hub, &probe, timeout)
+            .await
+            .unwrap();
+        let mut rest = Vec::new();
+        stream.read_to_end(&mut rest).await.unwrap();
+        assert!(rest.is_empty());
+        // Detached: the destination is no longer served.
+        assert!(router.detach("srv-0"));
+        let e = rlark_tunnel::relay::open(&hub, &probe, timeout)
+            .await
+            .err()
+            .unwrap();
+        assert!(e.message.contains("is not running on this agent"), "{e}");
+        let stats = metrics.path_stats("d1");
+        assert!(
+            stats.is_empty(),
+            "inbound flows are no outbound paths: {stats:?}"
+        );
     }
 
     #[test]

@@ -83,6 +83,22 @@ pub trait HubRelay: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<BoxStream, DialError>>;
 }
 
+/// The relay path over the agent's tunnel sessions.
+impl HubRelay for rlark_tunnel::client::HubStreams {
+    fn open(
+        &self,
+        header: RelayHeader,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<BoxStream, DialError>> {
+        let hub = self.clone();
+        Box::pin(async move {
+            hub.open_relay(&header, timeout)
+                .await
+                .map(|stream| Box::new(stream) as BoxStream)
+        })
+    }
+}
+
 /// Opens direct streams to peer agents (implemented by [`crate::net::direct::DirectEndpoint`]).
 pub trait DirectDialer: Send + Sync + 'static {
     /// Connect to the agent at `address` which must prove to be of `cluster`, send
@@ -974,4 +990,4 @@ async fn accept_loop(
 }
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -140,8 +140,8 @@ fn direct_memory_backs_off_and_forgets() {
 /// requested IP, connects to the same port on 127.0.0.1 whatever the address (the
 /// destination's virtual IP stands for "inside its netns").
 #[derive(Default)]
-struct LoopbackNetns {
-    listening: Mutex<Vec<SocketAddr>>,
+pub(crate) struct LoopbackNetns {
+    pub(crate) listening: Mutex<Vec<SocketAddr>>,
 }
 
 impl PodNetns for LoopbackNetns {
@@ -234,7 +234,7 @@ impl DirectDialer for FailingDirect {
     }
 }
 
-async fn echo_server() -> SocketAddr {
+pub(crate) async fn echo_server() -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
