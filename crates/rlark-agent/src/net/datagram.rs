@@ -922,3 +922,608 @@ async fn egress_failed(
         inner.metrics.drop(DropReason::WriteFailed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex as StdMutex;
+
+    use super::*;
+    use crate::net::packet::Echo;
+
+    const A4: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 88, 0, 2));
+    const B4: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 88, 0, 9));
+    const A6: IpAddr = IpAddr::V6(Ipv6Addr::new(0xfd00, 0x88, 0, 0, 0, 0, 0, 2));
+    const B6: IpAddr = IpAddr::V6(Ipv6Addr::new(0xfd00, 0x88, 0, 0, 0, 0, 0, 9));
+    const WAIT: Duration = Duration::from_secs(5);
+
+    fn config(addresses: Vec<IpAddr>, limits: Limits) -> PlaneConfig {
+        PlaneConfig {
+            domain: "ray".into(),
+            cidrs: vec![
+                "10.88.0.0/16".parse().unwrap(),
+                "fd00:88::/64".parse().unwrap(),
+            ],
+            addresses,
+            limits,
+        }
+    }
+
+    /// A TUN double: `inject` is what the replica's kernel sends, `written` what the
+    /// plane writes into the device.
+    struct MemIo {
+        inbound: tokio::sync::Mutex<mpsc::Receiver<Vec<u8>>>,
+        out: mpsc::UnboundedSender<Vec<u8>>,
+    }
+
+    struct MemTun {
+        inject: mpsc::Sender<Vec<u8>>,
+        written: mpsc::UnboundedReceiver<Vec<u8>>,
+    }
+
+    impl MemTun {
+        async fn next(&mut self) -> Vec<u8> {
+            tokio::time::timeout(WAIT, self.written.recv())
+                .await
+                .expect("a packet in time")
+                .expect("the plane is running")
+        }
+
+        async fn nothing_within(&mut self, wait: Duration) {
+            if let Ok(Some(packet)) = tokio::time::timeout(wait, self.written.recv()).await {
+                panic!("unexpected packet {:?}", Packet::parse(&packet));
+            }
+        }
+    }
+
+    fn mem_io() -> (Arc<MemIo>, MemTun) {
+        let (inject, inbound) = mpsc::channel(64);
+        let (out, written) = mpsc::unbounded_channel();
+        (
+            Arc::new(MemIo {
+                inbound: tokio::sync::Mutex::new(inbound),
+                out,
+            }),
+            MemTun { inject, written },
+        )
+    }
+
+    impl PacketIo for MemIo {
+        fn recv<'a>(&'a self, buf: &'a mut [u8]) -> BoxFuture<'a, io::Result<usize>> {
+            Box::pin(async move {
+                let packet = self.inbound.lock().await.recv().await;
+                let packet = packet.ok_or_else(|| io::Error::other("test device closed"))?;
+                buf[..packet.len()].copy_from_slice(&packet);
+                Ok(packet.len())
+            })
+        }
+
+        fn send<'a>(&'a self, packet: &'a [u8]) -> BoxFuture<'a, io::Result<()>> {
+            let _ = self.out.send(packet.to_vec());
+            Box::pin(async { Ok(()) })
+        }
+    }
+
+    /// Connects planes directly: a stream to the plane holding the destination, served
+    /// there by `serve_inbound` (what the router does after authorizing).
+    #[derive(Default)]
+    struct LoopOpener {
+        peers: StdMutex<Vec<DatagramPlane>>,
+        opened: StdMutex<Vec<RelayHeader>>,
+        fail: bool,
+    }
+
+    impl Opener for LoopOpener {
+        fn open(&self, header: RelayHeader) -> BoxFuture<'_, io::Result<BoxStream>> {
+            self.opened.lock().unwrap().push(header.clone());
+            let peer = self
+                .peers
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|p| p.inner.config.addresses.contains(&header.destination))
+                .cloned();
+            let fail = self.fail;
+            Box::pin(async move {
+                let peer = match peer {
+                    Some(peer) if !fail => peer,
+                    _ => return Err(io::Error::new(io::ErrorKind::ConnectionRefused, "refused")),
+                };
+                let (near, far) = tokio::io::duplex(64 * 1024);
+                tokio::spawn(async move { peer.serve_inbound(header, far).await });
+                Ok(Box::new(near) as BoxStream)
+            })
+        }
+    }
+
+    fn opened(opener: &LoopOpener) -> Vec<RelayHeader> {
+        opener.opened.lock().unwrap().clone()
+    }
+
+    struct Pair {
+        a: DatagramPlane,
+        b: DatagramPlane,
+        a_tun: MemTun,
+        b_tun: MemTun,
+        a_opener: Arc<LoopOpener>,
+        b_opener: Arc<LoopOpener>,
+        metrics: DatagramMetrics,
+    }
+
+    fn pair(a_ip: IpAddr, b_ip: IpAddr, limits: Limits) -> Pair {
+        let metrics = DatagramMetrics::default();
+        let (a_io, a_tun) = mem_io();
+        let (b_io, b_tun) = mem_io();
+        let a_opener = Arc::new(LoopOpener::default());
+        let b_opener = Arc::new(LoopOpener::default());
+        let a = DatagramPlane::start(
+            config(vec![a_ip], limits.clone()),
+            a_io,
+            a_opener.clone(),
+            metrics.clone(),
+        );
+        let b = DatagramPlane::start(
+            config(vec![b_ip], limits),
+            b_io,
+            b_opener.clone(),
+            metrics.clone(),
+        );
+        a_opener.peers.lock().unwrap().push(b.clone());
+        b_opener.peers.lock().unwrap().push(a.clone());
+        Pair {
+            a,
+            b,
+            a_tun,
+            b_tun,
+            a_opener,
+            b_opener,
+            metrics,
+        }
+    }
+
+    fn udp(from: IpAddr, fp: u16, to: IpAddr, tp: u16, payload: &[u8]) -> Vec<u8> {
+        build_udp(SocketAddr::new(from, fp), SocketAddr::new(to, tp), payload).unwrap()
+    }
+
+    fn echo(from: IpAddr, to: IpAddr, kind: EchoKind, id: u16, seq: u16) -> Vec<u8> {
+        build_echo(
+            from,
+            to,
+            &Echo {
+                kind,
+                id,
+                seq,
+                data: b"0123456789abcdef",
+            },
+        )
+        .unwrap()
+    }
+
+    #[tokio::test]
+    async fn udp_and_ping_between_two_planes_in_both_families() {
+        for (a_ip, b_ip) in [(A4, B4), (A6, B6)] {
+            let mut p = pair(a_ip, b_ip, Limits::default());
+            // A's task sends a UDP datagram to B's VIP: B's TUN gets the same packet.
+            let request = udp(a_ip, 40000, b_ip, 53, b"question");
+            p.a_tun.inject.send(request.clone()).await.unwrap();
+            assert_eq!(p.b_tun.next().await, request);
+            // B's task answers: A's TUN gets the reply, and B opened nothing (the reply
+            // belongs to the inbound flow).
+            let reply = udp(b_ip, 53, a_ip, 40000, b"answer");
+            p.b_tun.inject.send(reply.clone()).await.unwrap();
+            assert_eq!(p.a_tun.next().await, reply);
+            // A second datagram of the flow uses the same stream.
+            let again = udp(a_ip, 40000, b_ip, 53, b"");
+            p.a_tun.inject.send(again.clone()).await.unwrap();
+            assert_eq!(p.b_tun.next().await, again);
+            assert_eq!(
+                opened(&p.a_opener),
+                vec![RelayHeader {
+                    domain: "ray".into(),
+                    protocol: Protocol::Udp,
+                    source: a_ip,
+                    destination: b_ip,
+                    port: 53,
+                    source_port: 40000,
+                    source_cluster: None,
+                }]
+            );
+            assert!(opened(&p.b_opener).is_empty());
+
+            // Ping: the request reaches B's TUN, B's kernel's reply reaches A's.
+            let ping = echo(a_ip, b_ip, EchoKind::Request, 0x77, 1);
+            p.a_tun.inject.send(ping.clone()).await.unwrap();
+            assert_eq!(p.b_tun.next().await, ping);
+            let pong = echo(b_ip, a_ip, EchoKind::Reply, 0x77, 1);
+            p.b_tun.inject.send(pong.clone()).await.unwrap();
+            assert_eq!(p.a_tun.next().await, pong);
+            assert_eq!(opened(&p.a_opener).len(), 2);
+            assert_eq!(opened(&p.a_opener)[1].protocol, Protocol::Icmp);
+            // A reply with another identifier belongs to no flow.
+            p.b_tun
+                .inject
+                .send(echo(b_ip, a_ip, EchoKind::Reply, 0x78, 1))
+                .await
+                .unwrap();
+            p.a_tun.nothing_within(Duration::from_millis(200)).await;
+            assert_eq!(p.metrics.dropped_count(DropReason::NoFlow), 1);
+            let out = p.metrics.datagrams.get_or_create(&DatagramLabels {
+                domain: "ray".into(),
+                protocol: "udp".into(),
+                direction: "out".into(),
+            });
+            assert_eq!(out.get(), 3, "two from A, one from B");
+            assert_eq!(p.a.flow_count(), 2);
+            assert_eq!(p.b.flow_count(), 2);
+            p.a.shutdown();
+            p.b.shutdown();
+        }
+    }
+
+    /// A network namespace made by a test (root), deleted on drop.
+    struct TestNetns(String);
+
+    impl TestNetns {
+        fn new(name: &str) -> TestNetns {
+            let _ = ip(&["netns", "del", name]);
+            ip(&["netns", "add", name]).expect("ip netns add (the test runs as root)");
+            TestNetns(name.to_string())
+        }
+    }
+
+    impl Drop for TestNetns {
+        fn drop(&mut self) {
+            let _ = ip(&["netns", "del", &self.0]);
+        }
+    }
+
+    fn ip(args: &[&str]) -> Result<(), String> {
+        let out = std::process::Command::new("ip")
+            .args(args)
+            .output()
+            .map_err(|e| format!("ip {args:?}: {e}"))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(format!(
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            ))
+        }
+    }
+
+    /// Egress sockets are the agent's: here the "agent's namespace" is a netns of the
+    /// test's own with a server on a non-loopback address (a task's kernel never routes
+    /// loopback to its TUN, and the plane refuses to carry loopback destinations, which
+    /// would reach the agent's own loopback services).
+    #[test]
+    fn udp_outside_the_domain_leaves_through_an_egress_socket() {
+        let ns = TestNetns::new("h16dgram-egress");
+        ip(&["-n", &ns.0, "link", "set", "lo", "up"]).unwrap();
+        ip(&["-n", &ns.0, "addr", "add", "10.99.0.1/32", "dev", "lo"]).unwrap();
+        let path = format!("/run/netns/{}", ns.0);
+        std::thread::spawn(move || {
+            let netns = std::fs::File::open(&path).unwrap();
+            nix::sched::setns(netns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            rt.block_on(egress_in_this_namespace());
+        })
+        .join()
+        .expect("the egress test passed");
+    }
+
+    async fn egress_in_this_namespace() {
+        let server = UdpSocket::bind("10.99.0.1:0").await.unwrap();
+        let server_addr = server.local_addr().unwrap();
+        let mut p = pair(A4, B4, Limits::default());
+        // The replica's own address is its source; the egress socket is the agent's.
+        p.a_tun
+            .inject
+            .send(udp(A4, 5353, server_addr.ip(), server_addr.port(), b"dns?"))
+            .await
+            .unwrap();
+        let mut buf = [0u8; 64];
+        let (n, from) = tokio::time::timeout(WAIT, server.recv_from(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&buf[..n], b"dns?");
+        server.send_to(b"dns!", from).await.unwrap();
+        assert_eq!(
+            p.a_tun.next().await,
+            udp(server_addr.ip(), server_addr.port(), A4, 5353, b"dns!")
+        );
+        assert!(opened(&p.a_opener).is_empty());
+        // Loopback is not carried.
+        let local = UdpSocket::bind("127.0.0.1:0").await.unwrap();
+        let local_addr = local.local_addr().unwrap();
+        p.a_tun
+            .inject
+            .send(udp(A4, 5354, local_addr.ip(), local_addr.port(), b"x"))
+            .await
+            .unwrap();
+        let got = tokio::time::timeout(Duration::from_millis(300), local.recv_from(&mut buf)).await;
+        assert!(got.is_err(), "a loopback datagram was carried");
+        assert_eq!(p.metrics.dropped_count(DropReason::Unsupported), 1);
+        p.a.shutdown();
+        p.b.shutdown();
+    }
+
+    #[tokio::test]
+    async fn flows_are_bounded_evicted_oldest_first_and_idle_out() {
+        let limits = Limits {
+            max_flows: 2,
+            udp_idle: Duration::from_millis(300),
+            ..Limits::default()
+        };
+        let mut p = pair(A4, B4, limits);
+        for port in [1001, 1002, 1003] {
+            let packet = udp(A4, port, B4, 7, b"x");
+            p.a_tun.inject.send(packet.clone()).await.unwrap();
+            assert_eq!(p.b_tun.next().await, packet);
+        }
+        assert_eq!(p.a.flow_count(), 2);
+        // The first flow was evicted: its next datagram opens a new stream.
+        let packet = udp(A4, 1001, B4, 7, b"y");
+        p.a_tun.inject.send(packet.clone()).await.unwrap();
+        assert_eq!(p.b_tun.next().await, packet);
+        assert_eq!(opened(&p.a_opener).len(), 4);
+        // Idle flows end on both sides.
+        let deadline = Instant::now() + WAIT;
+        while p.a.flow_count() + p.b.flow_count() > 0 {
+            assert!(Instant::now() < deadline, "flows did not idle out");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        p.a.shutdown();
+        p.b.shutdown();
+    }
+
+    #[tokio::test]
+    async fn a_failed_open_is_held_so_packets_do_not_reopen_per_datagram() {
+        let metrics = DatagramMetrics::default();
+        let (io, tun) = mem_io();
+        let opener = Arc::new(LoopOpener {
+            fail: true,
+            ..LoopOpener::default()
+        });
+        let plane = DatagramPlane::start(
+            config(vec![A4], Limits::default()),
+            io,
+            opener.clone(),
+            metrics.clone(),
+        );
+        for _ in 0..5 {
+            tun.inject.send(udp(A4, 4000, B4, 9, b"x")).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let deadline = Instant::now() + WAIT;
+        while metrics.dropped_count(DropReason::OpenFailed) < 5 {
+            assert!(Instant::now() < deadline, "drops not counted");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(opened(&opener).len(), 1);
+        plane.shutdown();
+    }
+
+    #[tokio::test]
+    async fn serve_inbound_refuses_what_it_cannot_serve() {
+        let p = pair(A4, B4, Limits::default());
+        let header = |protocol, destination| RelayHeader {
+            domain: "ray".into(),
+            protocol,
+            source: A4,
+            destination,
+            port: if protocol == Protocol::Udp { 53 } else { 0 },
+            source_port: if protocol == Protocol::Udp { 1 } else { 0 },
+            source_cluster: None,
+        };
+        let (_near, far) = tokio::io::duplex(1024);
+        let error = p.b.serve_inbound(header(Protocol::Tcp, B4), far).await;
+        assert!(matches!(
+            error,
+            Err(DatagramError::NotDatagram(Protocol::Tcp))
+        ));
+        let (_near, far) = tokio::io::duplex(1024);
+        let error = p.b.serve_inbound(header(Protocol::Udp, A4), far).await;
+        assert!(matches!(error, Err(DatagramError::NotLocal(ip)) if ip == A4));
+        // An Icmp stream whose first frame is an echo reply.
+        let (mut near, far) = tokio::io::duplex(1024);
+        let reply = echo(A4, B4, EchoKind::Reply, 1, 1);
+        near.write_all(&encode_frame(&reply[20..]).unwrap())
+            .await
+            .unwrap();
+        let error = p.b.serve_inbound(header(Protocol::Icmp, B4), far).await;
+        assert!(
+            matches!(&error, Err(DatagramError::FirstFrame(m)) if m.contains("echo request")),
+            "{error:?}"
+        );
+        p.a.shutdown();
+        p.b.shutdown();
+    }
+
+    #[test]
+    fn classify_table() {
+        let limits = Limits::default();
+        let cfg = config(vec![A4, A6], limits);
+        let c8 = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 8));
+        let header = |protocol, destination, port, source_port| {
+            Route::Member(RelayHeader {
+                domain: "ray".into(),
+                protocol,
+                source: if matches!(destination, IpAddr::V6(_)) {
+                    A6
+                } else {
+                    A4
+                },
+                destination,
+                port,
+                source_port,
+                source_cluster: None,
+            })
+        };
+        let key = |kind, local: SocketAddr, remote: SocketAddr| FlowKey {
+            kind,
+            local,
+            remote,
+        };
+        let s = SocketAddr::new;
+        type Expected = Result<(FlowKey, Route), DropReason>;
+        let cases: Vec<(&str, Vec<u8>, Expected)> = vec![
+            (
+                "udp to a member",
+                udp(A4, 5000, B4, 53, b"q"),
+                Ok((
+                    key(FlowKind::Udp, s(A4, 5000), s(B4, 53)),
+                    header(Protocol::Udp, B4, 53, 5000),
+                )),
+            ),
+            (
+                "udp6 to a member",
+                udp(A6, 5000, B6, 53, b"q"),
+                Ok((
+                    key(FlowKind::Udp, s(A6, 5000), s(B6, 53)),
+                    header(Protocol::Udp, B6, 53, 5000),
+                )),
+            ),
+            (
+                "udp elsewhere",
+                udp(A4, 5000, c8, 53, b"q"),
+                Ok((key(FlowKind::Udp, s(A4, 5000), s(c8, 53)), Route::Egress)),
+            ),
+            (
+                "ping a member",
+                echo(A4, B4, EchoKind::Request, 9, 1),
+                Ok((
+                    key(FlowKind::EchoOut, s(A4, 9), s(B4, 0)),
+                    header(Protocol::Icmp, B4, 0, 0),
+                )),
+            ),
+            (
+                "answer a member's ping",
+                echo(A6, B6, EchoKind::Reply, 9, 1),
+                Ok((
+                    key(FlowKind::EchoIn, s(A6, 9), s(B6, 0)),
+                    Route::ExistingOnly,
+                )),
+            ),
+            (
+                "ping elsewhere",
+                echo(A4, c8, EchoKind::Request, 9, 1),
+                Err(DropReason::Unsupported),
+            ),
+            (
+                "spoofed source",
+                udp(B4, 5000, A4, 53, b"q"),
+                Err(DropReason::SpoofedSource),
+            ),
+            (
+                "multicast",
+                udp(
+                    A4,
+                    5000,
+                    IpAddr::V4(Ipv4Addr::new(224, 0, 0, 251)),
+                    5353,
+                    b"q",
+                ),
+                Err(DropReason::Unsupported),
+            ),
+            (
+                "link-local v6 (router solicitation)",
+                echo(
+                    IpAddr::V6(Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0, 1)),
+                    IpAddr::V6(Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2)),
+                    EchoKind::Request,
+                    1,
+                    1,
+                ),
+                Err(DropReason::Unsupported),
+            ),
+            (
+                "port 0",
+                udp(A4, 5000, B4, 0, b"q"),
+                Err(DropReason::Unsupported),
+            ),
+            ("garbage", vec![0x45, 0, 0], Err(DropReason::Malformed)),
+        ];
+        for (name, bytes, expected) in cases {
+            let got = match classify(&cfg, &bytes) {
+                Decision::Forward { key, route, .. } => Ok((key, route)),
+                Decision::Drop(reason) => Err(reason),
+            };
+            assert_eq!(got, expected, "{name}");
+        }
+        let mut fragment = udp(A4, 5000, B4, 53, b"q");
+        fragment[6] = 0x20;
+        assert_eq!(
+            classify(&cfg, &fragment),
+            Decision::Drop(DropReason::Fragment)
+        );
+    }
+
+    #[test]
+    fn frames_become_packets_towards_the_replica_only_when_they_fit_the_flow() {
+        let udp_key = FlowKey {
+            kind: FlowKind::Udp,
+            local: SocketAddr::new(A4, 5000),
+            remote: SocketAddr::new(B4, 53),
+        };
+        assert_eq!(
+            frame_to_packet(&udp_key, b"answer"),
+            Ok(udp(B4, 53, A4, 5000, b"answer"))
+        );
+        let out = FlowKey {
+            kind: FlowKind::EchoOut,
+            local: SocketAddr::new(A6, 9),
+            remote: SocketAddr::new(B6, 0),
+        };
+        let reply = echo(B6, A6, EchoKind::Reply, 9, 4);
+        assert_eq!(frame_to_packet(&out, &reply[40..]), Ok(reply.clone()));
+        let other_id = echo(B6, A6, EchoKind::Reply, 10, 4);
+        assert_eq!(
+            frame_to_packet(&out, &other_id[40..]),
+            Err(DropReason::BadFrame)
+        );
+        let request = echo(B6, A6, EchoKind::Request, 9, 4);
+        assert_eq!(
+            frame_to_packet(&out, &request[40..]),
+            Err(DropReason::BadFrame)
+        );
+        let inbound = FlowKey {
+            kind: FlowKind::EchoIn,
+            ..out
+        };
+        assert_eq!(frame_to_packet(&inbound, &request[40..]), Ok(request));
+        assert_eq!(
+            frame_to_packet(&inbound, b"\x80"),
+            Err(DropReason::BadFrame)
+        );
+        // An ICMPv4 message on an IPv6 flow is not an echo there.
+        let v4 = echo(B4, A4, EchoKind::Reply, 9, 4);
+        assert_eq!(frame_to_packet(&out, &v4[20..]), Err(DropReason::BadFrame));
+        let big = vec![0u8; 65_535];
+        assert_eq!(frame_to_packet(&udp_key, &big), Err(DropReason::TooBig));
+    }
+
+    #[tokio::test]
+    async fn frames_are_length_prefixed_and_a_cut_frame_is_an_error() {
+        let mut bytes = Vec::new();
+        for datagram in [&b"one"[..], b"", &[9u8; 300]] {
+            bytes.extend(encode_frame(datagram).unwrap());
+        }
+        let mut reader = &bytes[..];
+        let mut frame = Vec::new();
+        for expected in [&b"one"[..], b"", &[9u8; 300]] {
+            assert!(read_frame(&mut reader, &mut frame).await.unwrap());
+            assert_eq!(frame, expected);
+        }
+        assert!(!read_frame(&mut reader, &mut frame).await.unwrap());
+        assert_eq!(encode_frame(&vec![0; 65_536]), None);
+        for cut in [1, 2, 4] {
+            let mut reader = &bytes[..cut];
+            let error = read_frame(&mut reader, &mut frame).await.unwrap_err();
+            assert_eq!(error.kind(), io::ErrorKind::UnexpectedEof, "cut at {cut}");
+        }
+    }
+}
