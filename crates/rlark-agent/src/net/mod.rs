@@ -9,11 +9,14 @@
 
 pub mod datagram;
 pub mod direct;
+pub mod hosts;
 pub mod inbound;
 pub mod membership;
 pub mod metrics;
 pub mod netns;
 pub mod nft;
 pub mod packet;
+pub mod replica;
 pub mod router;
+pub mod start;
 pub mod tun;
