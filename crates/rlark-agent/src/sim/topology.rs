@@ -17,7 +17,8 @@
 //! [`COMMAND_TIMEOUT`].
 
 use std::ffi::OsString;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
@@ -26,6 +27,10 @@ use std::time::{Duration, Instant};
 pub const COMMAND_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long a spawned process has between SIGTERM and SIGKILL when the topology is dropped.
 pub const STOP_GRACE: Duration = Duration::from_secs(10);
+/// Longest wait for `rlark server` to listen or `rlark agent` to connect its tunnel.
+pub const START_TIMEOUT: Duration = Duration::from_secs(90);
+/// The port `rlark server` listens on in its namespace ([`Topology::start_server`]).
+pub const SERVER_PORT: u16 = 6443;
 /// Prefix length of the IPv4 addresses (198.18.0.0/15).
 pub const IPV4_PREFIX_LEN: u8 = 15;
 /// Prefix length of the IPv6 addresses (fd1b::/64).
@@ -54,6 +59,30 @@ pub enum TopologyError {
     },
     #[error("`{command}` did not finish within {timeout:?}")]
     Timeout { command: String, timeout: Duration },
+    #[error("{what} exited ({status})\n{log_tail}")]
+    Exited {
+        what: String,
+        status: std::process::ExitStatus,
+        log_tail: String,
+    },
+    #[error("{what} not ready within {within:?}\n{log_tail}")]
+    NotReady {
+        what: String,
+        within: Duration,
+        log_tail: String,
+    },
+    #[error("`{command}` printed no {field}: {output}")]
+    BadOutput {
+        command: String,
+        field: &'static str,
+        output: String,
+    },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
     #[error("`{command}` failed ({status}): {stderr}")]
     Failed {
         command: String,
@@ -295,6 +324,224 @@ impl Topology {
     }
 }
 
+/// An `rlark server` started by [`Topology::start_server`].
+#[derive(Debug, Clone)]
+pub struct ServerProcess {
+    /// The member it runs in.
+    pub member: String,
+    /// Its pid (stopped when the topology is dropped).
+    pub pid: u32,
+    /// `https://<member address>:SERVER_PORT`.
+    pub url: String,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+    /// The admin kubeconfig it wrote (usable inside any member's namespace).
+    pub kubeconfig: PathBuf,
+    /// Its log (JSON lines).
+    pub log: PathBuf,
+}
+
+/// An `rlark agent` started by [`Topology::start_agent`].
+#[derive(Debug, Clone)]
+pub struct AgentProcess {
+    /// The member it runs in.
+    pub member: String,
+    /// Its cluster ID (namespace `rlark-<cluster>`).
+    pub cluster: String,
+    /// Its pid (stopped when the topology is dropped).
+    pub pid: u32,
+    /// Its data directory.
+    pub data_dir: PathBuf,
+    /// Its log (JSON lines).
+    pub log: PathBuf,
+}
+
+impl Topology {
+    /// Start `rlark server` (the executable `exe`) in member `name`, listening on the
+    /// member's IPv4 address port [`SERVER_PORT`] with that address in its certificate,
+    /// data in `data_dir`, log in `data_dir/../<name>-server.log`, plus `extra` arguments;
+    /// wait (at most [`START_TIMEOUT`]) until it logs `listening`.
+    pub fn start_server(
+        &mut self,
+        name: &str,
+        exe: &Path,
+        data_dir: &Path,
+        extra: &[&str],
+    ) -> Result<ServerProcess, TopologyError> {
+        let address = self.address(name)?;
+        let listen = SocketAddr::new(address, SERVER_PORT);
+        let log = sibling(data_dir, &format!("{name}-server.log"));
+        let mut command = Command::new(exe);
+        command
+            .args(["--log-format", "json", "server", "--listen"])
+            .arg(listen.to_string())
+            .args(["--tls-san", &address.to_string(), "--data-dir"])
+            .arg(data_dir)
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env_remove("KUBECONFIG");
+        let what = format!("rlark server in {name}");
+        let pid = self.spawn_logged(name, &command, &log, &what)?;
+        self.wait_log(pid, &what, &log, |line| line.contains("\"listening\""))?;
+        Ok(ServerProcess {
+            member: name.to_string(),
+            pid,
+            url: format!("https://{listen}"),
+            data_dir: data_dir.to_path_buf(),
+            kubeconfig: data_dir.join("admin.kubeconfig"),
+            log,
+        })
+    }
+
+    /// Start `rlark agent` of `cluster` in member `name` (node name `<cluster>-0`, data in
+    /// `data_dir`, `--stop-tasks-on-exit`, 1 s heartbeats, plus `extra` arguments), joined
+    /// with a bootstrap token that `rlark token create` makes inside the server's member;
+    /// wait (at most [`START_TIMEOUT`]) until it logs `tunnel connected`.
+    pub fn start_agent(
+        &mut self,
+        name: &str,
+        exe: &Path,
+        server: &ServerProcess,
+        cluster: &str,
+        data_dir: &Path,
+        extra: &[&str],
+    ) -> Result<AgentProcess, TopologyError> {
+        let mut token = Command::new(exe);
+        token
+            .args(["token", "create", "--cluster-id", cluster, "--ttl", "10m"])
+            .args(["-o", "json", "--kubeconfig"])
+            .arg(&server.kubeconfig)
+            .env_remove("KUBECONFIG");
+        let described = describe(&token);
+        let output = self.run(&server.member, &token)?;
+        let text = String::from_utf8_lossy(&output.stdout).into_owned();
+        if !output.status.success() {
+            return Err(TopologyError::Failed {
+                command: described,
+                status: output.status,
+                stderr: String::from_utf8_lossy(&output.stderr).trim().to_string(),
+            });
+        }
+        let json: serde_json::Value =
+            serde_json::from_str(&text).map_err(|_| TopologyError::BadOutput {
+                command: described.clone(),
+                field: "JSON",
+                output: text.clone(),
+            })?;
+        let field = |field: &'static str| {
+            json[field]
+                .as_str()
+                .map(str::to_string)
+                .ok_or_else(|| TopologyError::BadOutput {
+                    command: described.clone(),
+                    field,
+                    output: text.clone(),
+                })
+        };
+        let (token, ca_hash) = (field("token")?, field("caHash")?);
+        let log = sibling(data_dir, &format!("{name}-agent.log"));
+        let mut command = Command::new(exe);
+        command
+            .args(["--log-format", "json", "agent", "--server", &server.url])
+            .args(["--cluster-id", cluster, "--data-dir"])
+            .arg(data_dir)
+            .args([
+                "--node-name",
+                &format!("{cluster}-0"),
+                "--stop-tasks-on-exit",
+            ])
+            .args(["--heartbeat-interval", "1s", "--token", &token])
+            .args(["--ca-hash", &ca_hash])
+            .args(extra)
+            .env("RUST_LOG", "info")
+            .env_remove("KUBECONFIG");
+        let what = format!("rlark agent of cluster {cluster} in {name}");
+        let pid = self.spawn_logged(name, &command, &log, &what)?;
+        self.wait_log(pid, &what, &log, |line| line.contains("tunnel connected"))?;
+        Ok(AgentProcess {
+            member: name.to_string(),
+            cluster: cluster.to_string(),
+            pid,
+            data_dir: data_dir.to_path_buf(),
+            log,
+        })
+    }
+
+    /// Spawn `command` in `name` with stdout and stderr appended to `log`.
+    fn spawn_logged(
+        &mut self,
+        name: &str,
+        command: &Command,
+        log: &Path,
+        what: &str,
+    ) -> Result<u32, TopologyError> {
+        let open = || {
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log)
+                .map_err(|source| TopologyError::Io {
+                    what: format!("open {} (log of {what})", log.display()),
+                    source,
+                })
+        };
+        let (out, err) = (open()?, open()?);
+        self.spawn_detached(name, command, |c| {
+            c.stdout(out).stderr(err);
+        })
+    }
+
+    /// Poll `log` until a line satisfies `ready`; fail early when `pid` exits.
+    fn wait_log(
+        &mut self,
+        pid: u32,
+        what: &str,
+        log: &Path,
+        ready: impl Fn(&str) -> bool,
+    ) -> Result<(), TopologyError> {
+        let until = Instant::now() + START_TIMEOUT;
+        loop {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            if text.lines().any(&ready) {
+                return Ok(());
+            }
+            if let Some(status) = self.try_wait(pid) {
+                return Err(TopologyError::Exited {
+                    what: what.to_string(),
+                    status,
+                    log_tail: log_tail(log),
+                });
+            }
+            if Instant::now() >= until {
+                return Err(TopologyError::NotReady {
+                    what: what.to_string(),
+                    within: START_TIMEOUT,
+                    log_tail: log_tail(log),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+/// `path`'s sibling named `file` (or `file` in the current directory).
+fn sibling(path: &Path, file: &str) -> PathBuf {
+    path.parent()
+        .map_or_else(|| PathBuf::from(file), |p| p.join(file))
+}
+
+/// The last 30 lines of `log`, for an error message.
+pub fn log_tail(log: &Path) -> String {
+    let text = std::fs::read_to_string(log).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    let start = lines.len().saturating_sub(30);
+    format!(
+        "{} (last lines):\n{}",
+        log.display(),
+        lines[start..].join("\n")
+    )
+}
+
 impl Drop for Topology {
     fn drop(&mut self) {
         stop_all(std::mem::take(&mut self.children), STOP_GRACE);
@@ -344,7 +591,7 @@ impl DropRule {
     fn delete(&self) -> Result<(), TopologyError> {
         ip_netns_exec(
             &self.netns,
-            &["nft", "delete", "table", "inet", &self.table].map(OsString::from),
+            &["nft", "delete", "table", "inet", self.table.as_str()].map(OsString::from),
         )
     }
 }
