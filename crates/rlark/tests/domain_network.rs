@@ -170,7 +170,8 @@ fn dropping_the_topology_kills_its_processes_and_deletes_its_namespaces() -> any
     )?;
     // Started outside `spawn_detached` (a grandchild): killed by the namespace sweep.
     let mut sweep = Command::new("sh");
-    sweep.args(["-c", "sleep 600 & echo $!"]);
+    // Its output elsewhere: `run` reads the pipes to their end.
+    sweep.args(["-c", "sleep 600 >/dev/null 2>&1 & echo $!"]);
     let out = topology.run("b", &sweep)?;
     let orphan: i32 = String::from_utf8_lossy(&out.stdout).trim().parse()?;
     let started = std::time::Instant::now();

@@ -246,7 +246,9 @@ impl Topology {
     }
 
     /// Run `command` inside member `name`'s namespace to completion (bounded by
-    /// [`COMMAND_TIMEOUT`]) and return its output, whatever its exit status.
+    /// [`COMMAND_TIMEOUT`]) and return its output, whatever its exit status. Its stdout and
+    /// stderr are read to their end: a process it leaves running must not keep them open
+    /// (redirect a background job's output).
     pub fn run(&self, name: &str, command: &Command) -> Result<Output, TopologyError> {
         let mut wrapped = self.wrap(name, command)?;
         output_within(&mut wrapped, COMMAND_TIMEOUT)
