@@ -9,6 +9,7 @@ mod cordon;
 mod delete;
 mod demo;
 mod describe;
+mod describe_domain;
 mod devinit;
 mod discovery;
 mod embodied;
