@@ -367,6 +367,9 @@ async fn start_with_token(
     .merge(security_routes)
     .merge(reports_routes)
     .merge(tunnel::routes::router(Arc::clone(&hub)))
+    .merge(tunnel::netcheck::router(
+        tunnel::netcheck::NetCheckState::new(Arc::clone(&hub), Arc::new(store.clone())),
+    ))
     .merge(tunnel::exec::router(tunnel::exec::ExecState::new(
         Arc::clone(&hub),
         Arc::new(store.clone()),

@@ -382,3 +382,195 @@ async fn the_destination_agents_refusal_and_other_requests() -> Result<()> {
     })
     .await
 }
+
+/// A fake agent API: `POST /v1/net/check` answers `relay` in 1234 µs for `10.8.0.3` and a
+/// refusal otherwise, and records every request body it got.
+struct FakeNetCheck {
+    seen: Arc<std::sync::Mutex<Vec<Value>>>,
+}
+
+impl rlark_testkit::tunnel_agent::rlark_tunnel::agent::AgentApi for FakeNetCheck {
+    fn serve(&self, stream: MuxStream) {
+        let seen = Arc::clone(&self.seen);
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(
+                move |request: hyper::Request<hyper::body::Incoming>| {
+                    let seen = Arc::clone(&seen);
+                    async move {
+                        use http_body_util::BodyExt as _;
+                        let path = request.uri().path().to_owned();
+                        let body = request
+                            .into_body()
+                            .collect()
+                            .await
+                            .map(|b| b.to_bytes())
+                            .unwrap_or_default();
+                        let body: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                        seen.lock().expect("lock").push(body.clone());
+                        let (status, answer) = if path != "/v1/net/check" {
+                            (404, json!({"message": format!("no route {path}")}))
+                        } else if body["to"] == "10.8.0.3" {
+                            (200, json!({"path": "relay", "setupMicros": 1234}))
+                        } else {
+                            (
+                                502,
+                                json!({"message": format!("connect to {}: connection refused", body["to"])}),
+                            )
+                        };
+                        hyper::Response::builder()
+                            .status(status)
+                            .header("content-type", "application/json")
+                            .body(http_body_util::Full::new(bytes::Bytes::from(
+                                answer.to_string(),
+                            )))
+                    }
+                },
+            );
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(hyper_util::rt::TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn net_check_route_and_cli() -> Result<()> {
+    bounded(async {
+        let server = TestServer::start().await?;
+        let admin = server.client().await?;
+        for (ns, name) in [("rlark-a", "j-w"), ("rlark-b", "j-h")] {
+            let task = json!({
+                "apiVersion": "rlinf.io/v1alpha1",
+                "kind": "Task",
+                "metadata": {"name": name, "namespace": ns},
+                "spec": {"role": "Actor", "agentType": "Raw", "raw": {"entrypoint": ["true"]}},
+            });
+            raw_api::call_ok(
+                &admin,
+                "POST",
+                &format!("/apis/rlinf.io/v1alpha1/namespaces/{ns}/tasks"),
+                Some(&task),
+            )
+            .await?;
+        }
+        domain(
+            &admin,
+            "ray",
+            "10.8.0.0/24",
+            json!([
+                member("10.8.0.2", "a", "j-w-0"),
+                member("10.8.0.3", "b", "j-h-0")
+            ]),
+        )
+        .await?;
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let fake = Arc::new(FakeNetCheck {
+            seen: Arc::clone(&seen),
+        });
+        let a = TunnelAgent::start_with(&[&server], "a", |config| {
+            config.agent.agent_api = Some(fake);
+        })
+        .await?;
+        let route = "/rlark/v1/namespaces/rlark-a/tasks/j-w/netcheck";
+
+        // By task: resolved through the Domain (once the hub's index has it).
+        let body = json!({"to": {"task": "j-h", "namespace": "rlark-b"}, "port": 8080});
+        let deadline = tokio::time::Instant::now() + DEADLINE;
+        let answer = loop {
+            let resp = raw_api::call(&admin, "POST", route, Some(&body)).await?;
+            if resp.code == 200 {
+                break resp.json;
+            }
+            ensure!(
+                tokio::time::Instant::now() < deadline,
+                "net check never succeeded: {} {}",
+                resp.code,
+                resp.brief()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        assert_eq!(answer["path"], "relay", "{answer}");
+        assert_eq!(answer["setupMicros"], 1234, "{answer}");
+        assert_eq!(answer["to"], json!({"ip": "10.8.0.3", "port": 8080}));
+        assert_eq!(
+            answer["from"],
+            json!({"namespace": "rlark-a", "pod": "j-w-0"})
+        );
+        assert_eq!(
+            seen.lock().expect("lock").last().cloned(),
+            Some(json!({"pod": "j-w-0", "to": "10.8.0.3", "port": 8080})),
+            "what the agent was asked"
+        );
+
+        // The agent's refusal is a 502 naming why.
+        let resp = raw_api::call(&admin, "POST", route, Some(&json!({"to": "10.8.0.9"}))).await?;
+        assert_eq!(resp.code, 502, "{}", resp.text);
+        assert!(
+            resp.message().contains("connection refused"),
+            "{}",
+            resp.text
+        );
+        // Bad requests name the field; a missing replica or Task is refused before any agent.
+        let resp = raw_api::call(&admin, "POST", route, Some(&json!({"to": "x"}))).await?;
+        assert_eq!(resp.code, 400, "{}", resp.text);
+        assert!(resp.message().contains("to \"x\""), "{}", resp.text);
+        let resp = raw_api::call(
+            &admin,
+            "POST",
+            route,
+            Some(&json!({"to": "10.8.0.3", "replica": 3})),
+        )
+        .await?;
+        assert_eq!(resp.code, 400, "{}", resp.text);
+        assert!(resp.message().contains("replica 3"), "{}", resp.text);
+        let resp = raw_api::call(
+            &admin,
+            "POST",
+            "/rlark/v1/namespaces/rlark-a/tasks/nope/netcheck",
+            Some(&json!({"to": "10.8.0.3"})),
+        )
+        .await?;
+        assert_eq!(resp.code, 404, "{}", resp.text);
+        let resp = raw_api::call(
+            &admin,
+            "POST",
+            route,
+            Some(&json!({"to": {"task": "j-w", "namespace": "rlark-a", "replica": 5}})),
+        )
+        .await?;
+        assert_eq!(resp.code, 400, "{}", resp.text);
+        assert!(
+            resp.message().contains("holds no Domain address"),
+            "{}",
+            resp.text
+        );
+
+        // The CLI: path and latency on success, exit code 1 with the reason on failure.
+        let kubeconfig = server.kubeconfig_path();
+        let rlark = |args: &'static [&'static str]| {
+            rlark_testkit::real_agent::run_cli(env!("CARGO_BIN_EXE_rlark"), kubeconfig, args)
+        };
+        let out = rlark(&["net", "check", "task/j-w", "task/j-h", "--port", "8080"]).await?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success(),
+            "rlark net check failed: {stdout} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            stdout.trim(),
+            "rlark-a/j-w-0 -> rlark-b/j-h-0 (10.8.0.3:8080): path relay, setup 1.234 ms"
+        );
+        let out = rlark(&["net", "check", "j-w", "10.8.0.9", "-n", "rlark-a"]).await?;
+        assert_eq!(out.status.code(), Some(1), "{out:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            stderr.contains("connection refused") && stderr.contains("10.8.0.9"),
+            "{stderr}"
+        );
+
+        a.stop().await;
+        server.stop().await
+    })
+    .await
+}

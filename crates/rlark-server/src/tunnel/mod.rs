@@ -12,6 +12,7 @@
 pub(crate) mod connect;
 pub(crate) mod exec;
 pub(crate) mod logs;
+pub(crate) mod netcheck;
 pub(crate) mod proxy_tls;
 pub(crate) mod relay;
 pub(crate) mod replicas;

@@ -274,6 +274,45 @@ impl DomainIndex {
         decide(&domains, caller, header)
     }
 
+    /// The address of replica `to` (`namespace`, `pod name`) in a Domain that replica `from`
+    /// is a member of too (live allocations only); the error says what is missing.
+    pub(crate) fn address_of(
+        &self,
+        from: (&str, &str),
+        to: (&str, &str),
+    ) -> Result<IpAddr, String> {
+        let holds = |members: &DomainMembers, (ns, name): (&str, &str)| {
+            members.by_ip.iter().find_map(|(ip, member)| {
+                let held = !member.released
+                    && member
+                        .pod
+                        .as_ref()
+                        .is_some_and(|(n, p)| n == ns && p == name);
+                held.then_some(*ip)
+            })
+        };
+        let domains = self.domains.read().unwrap_or_else(|e| e.into_inner());
+        let mut names: Vec<&String> = domains.keys().collect();
+        names.sort();
+        let mut elsewhere = false;
+        for name in names {
+            let members = &domains[name];
+            if let Some(ip) = holds(members, to) {
+                if holds(members, from).is_some() {
+                    return Ok(ip);
+                }
+                elsewhere = true;
+            }
+        }
+        let (to_ns, to_pod) = to;
+        let (from_ns, from_pod) = from;
+        Err(if elsewhere {
+            format!("{to_ns}/{to_pod} is in no Domain that {from_ns}/{from_pod} is a member of")
+        } else {
+            format!("{to_ns}/{to_pod} holds no Domain address")
+        })
+    }
+
     /// Whether `name` is an existing Domain (for metric labels).
     fn contains(&self, name: &str) -> bool {
         self.domains
@@ -411,7 +450,7 @@ impl Relay {
     }
 
     /// The node the Pod runs on (`status.node`), when the store says.
-    async fn node_of(&self, pod: &(String, String)) -> Option<String> {
+    pub(crate) async fn node_of(&self, pod: &(String, String)) -> Option<String> {
         let store = self.store.get()?;
         let key = ObjectKey::new(PODS, pod.0.as_str(), pod.1.as_str());
         match store.get(&key).await {
@@ -926,5 +965,28 @@ mod tests {
             .unwrap_err();
         assert_eq!(refusal.message, "domain \"ray\" does not exist");
         assert!(!index.contains("ray") && index.contains("other"));
+    }
+
+    #[test]
+    fn addresses_of_replicas() {
+        let index = DomainIndex::default();
+        index.replace_all(domains());
+        assert_eq!(
+            index.address_of(("rlark-a", "j-w-0"), ("rlark-b", "j-h-0")),
+            Ok("10.8.0.3".parse().unwrap())
+        );
+        assert_eq!(
+            index.address_of(("rlark-b", "o-0"), ("rlark-a", "o-0")),
+            Ok("10.9.0.3".parse().unwrap())
+        );
+        assert_eq!(
+            index.address_of(("rlark-a", "j-w-0"), ("rlark-b", "o-0")),
+            Err("rlark-b/o-0 is in no Domain that rlark-a/j-w-0 is a member of".into())
+        );
+        // Released holders have no address.
+        assert_eq!(
+            index.address_of(("rlark-b", "j-h-0"), ("rlark-a", "j-w-1")),
+            Err("rlark-a/j-w-1 holds no Domain address".into())
+        );
     }
 }
