@@ -299,6 +299,22 @@ impl ReplicaNetns {
         }
     }
 
+    /// Make the namespace match `spec` again (addresses, routes, nft table), keeping its
+    /// TUN descriptor: for a changed spec (e.g. new `loopback_passthrough` ports) while this
+    /// handle lives. [`create`](Self::create) does the same on adopt, but re-opens the TUN
+    /// device, which fails (`EBUSY`) while another handle in this process still holds it:
+    /// keep one `ReplicaNetns` per namespace. `spec.name` must be this namespace's.
+    pub async fn apply(&self, spec: &NetnsSpec) -> Result<(), NetError> {
+        spec.validate()?;
+        if spec.name != self.name {
+            return Err(NetError::InvalidSpec(format!(
+                "name {:?}: this handle is namespace {:?}",
+                spec.name, self.name
+            )));
+        }
+        self.configure(spec).await
+    }
+
     async fn configure(&self, spec: &NetnsSpec) -> Result<(), NetError> {
         let netlink = self.netlink().await?;
         let step_error = |step: &str, error: rtnetlink::Error| {
@@ -930,6 +946,14 @@ async fn unmount_and_remove(name: &str, path: &Path) -> Result<(), NetError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handles_are_shareable_between_tasks() {
+        fn shareable<T: Send + Sync + 'static>() {}
+        shareable::<ReplicaNetns>();
+        shareable::<Tun>();
+        shareable::<NetError>();
+    }
 
     fn spec() -> NetnsSpec {
         NetnsSpec {
