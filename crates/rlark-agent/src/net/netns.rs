@@ -106,6 +106,27 @@ impl Mode {
     }
 }
 
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    /// `kernel` or `tun` (`--net-mode`).
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "kernel" => Ok(Mode::Kernel),
+            "tun" => Ok(Mode::Tun),
+            other => Err(format!(
+                "network mode {other:?}: expected \"kernel\" or \"tun\""
+            )),
+        }
+    }
+}
+
 /// What a replica's namespace must look like.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetnsSpec {
@@ -953,6 +974,18 @@ mod tests {
         shareable::<ReplicaNetns>();
         shareable::<Tun>();
         shareable::<NetError>();
+    }
+
+    #[test]
+    fn modes_parse_and_print() {
+        for mode in [Mode::Kernel, Mode::Tun] {
+            assert_eq!(mode.to_string().parse::<Mode>(), Ok(mode));
+        }
+        let error = "iptables".parse::<Mode>().expect_err("unknown mode");
+        assert!(
+            error.contains("\"iptables\"") && error.contains("kernel"),
+            "{error}"
+        );
     }
 
     fn spec() -> NetnsSpec {
