@@ -38,6 +38,17 @@
 //!
 //! `GET /exec/{namespace}/{pod}?command=...`: a command in the running replica, over a
 //! WebSocket (Kubernetes' remotecommand protocol); see [`crate::exec`].
+//!
+//! `POST /v1/net/check` with `{"pod": "<task>-<i>", "to": "<ip>", "port": p}` (`port`
+//! optional): a test connection from that replica of this agent to the domain address
+//! `to` along the route its own connections take ([`crate::net::router::Router::check`]):
+//! with `port`, a TCP connection to it (closed at once); without, a probe that the
+//! destination's agent authorizes without touching the replica. `200` with
+//! `{"path": "local|direct|relay", "setupMicros": n}`; errors are JSON
+//! `{"message": "...", "status": "..."}` (`status`: the failed path's answer, when one
+//! came): `400` bad request or `to` outside the replica's domain, `404` pod not attached
+//! or no member at `to`, `409` the replica has no address, `502` the path refused or
+//! failed, `503` no pod network on this agent, `405` another method.
 
 use std::convert::Infallible;
 use std::io;
@@ -70,11 +81,21 @@ pub struct LocalApi {
     inner: Arc<Inner>,
 }
 
-#[derive(Debug)]
 struct Inner {
     tasks_dir: PathBuf,
     node: String,
     shutdown: CancellationToken,
+    router: std::sync::OnceLock<crate::net::router::Router>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inner")
+            .field("tasks_dir", &self.tasks_dir)
+            .field("node", &self.node)
+            .field("router", &self.router.get().is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl LocalApi {
@@ -86,8 +107,15 @@ impl LocalApi {
                 tasks_dir: tasks_dir.into(),
                 node: node.to_string(),
                 shutdown,
+                router: std::sync::OnceLock::new(),
             }),
         }
+    }
+
+    /// Serve `POST /v1/net/check` with `router` (once; later calls are ignored and return
+    /// false).
+    pub fn set_router(&self, router: crate::net::router::Router) -> bool {
+        self.inner.router.set(router).is_ok()
     }
 
     /// Serve HTTP/1.1 on `io` until the peer closes it, it fails, or the agent stops.
@@ -100,6 +128,9 @@ impl LocalApi {
             hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
                 let inner = inner.clone();
                 async move {
+                    if request.uri().path() == NET_CHECK_PATH {
+                        return Ok(net_check(inner.router.get(), request).await);
+                    }
                     if request.uri().path().starts_with(crate::exec::EXEC_PREFIX) {
                         let (dir, node, stop) = (&inner.tasks_dir, &inner.node, &inner.shutdown);
                         return Ok(crate::exec::handle(dir, node, stop, request).await);
@@ -308,6 +339,135 @@ impl Inner {
     }
 }
 
+/// The net check route.
+pub const NET_CHECK_PATH: &str = "/v1/net/check";
+/// Largest net check request body.
+const NET_CHECK_MAX_BODY: usize = 4096;
+
+/// The body of `POST /v1/net/check`.
+#[derive(Debug, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NetCheckRequest {
+    pod: String,
+    to: String,
+    #[serde(default)]
+    port: Option<u16>,
+}
+
+/// The answer of `POST /v1/net/check`.
+#[derive(Debug, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct NetCheckAnswer {
+    path: &'static str,
+    setup_micros: u64,
+}
+
+fn json_response(status: http::StatusCode, value: &serde_json::Value) -> http::Response<ApiBody> {
+    let body = http_body_util::Full::new(Bytes::from(value.to_string()))
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    let mut response = http::Response::new(body);
+    *response.status_mut() = status;
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn json_error(status: http::StatusCode, message: impl Into<String>) -> http::Response<ApiBody> {
+    json_response(status, &serde_json::json!({ "message": message.into() }))
+}
+
+/// `POST /v1/net/check` (see the module documentation).
+async fn net_check<B>(
+    router: Option<&crate::net::router::Router>,
+    request: http::Request<B>,
+) -> http::Response<ApiBody>
+where
+    B: hyper::body::Body,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    use crate::net::router::RouteError;
+    use http::StatusCode;
+    if request.method() != http::Method::POST {
+        return json_error(
+            StatusCode::METHOD_NOT_ALLOWED,
+            format!("{} is not allowed: use POST", request.method()),
+        );
+    }
+    let body = match http_body_util::Limited::new(request.into_body(), NET_CHECK_MAX_BODY)
+        .collect()
+        .await
+    {
+        Ok(body) => body.to_bytes(),
+        Err(e) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                format!("read the body (at most {NET_CHECK_MAX_BODY} bytes): {e}"),
+            );
+        }
+    };
+    let check: NetCheckRequest = match serde_json::from_slice(&body) {
+        Ok(check) => check,
+        Err(e) => {
+            return json_error(
+                StatusCode::BAD_REQUEST,
+                format!("the body must be {{\"pod\", \"to\", \"port\"?}}: {e}"),
+            );
+        }
+    };
+    let Ok(to) = check.to.parse::<std::net::IpAddr>() else {
+        return json_error(
+            StatusCode::BAD_REQUEST,
+            format!("to {:?} is not an IP address", check.to),
+        );
+    };
+    if check.port == Some(0) {
+        return json_error(StatusCode::BAD_REQUEST, "port 0 is not a port (1..=65535)");
+    }
+    let Some(router) = router else {
+        return json_error(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the pod network is not enabled on this agent",
+        );
+    };
+    match router.check(&check.pod, to, check.port).await {
+        Ok(result) => json_response(
+            StatusCode::OK,
+            &serde_json::to_value(NetCheckAnswer {
+                path: result.path.as_str(),
+                setup_micros: u64::try_from(result.setup.as_micros()).unwrap_or(u64::MAX),
+            })
+            .unwrap_or_default(),
+        ),
+        Err(error) => {
+            let status = match &error {
+                RouteError::NotInDomain { .. } | RouteError::Spoofed { .. } => {
+                    StatusCode::BAD_REQUEST
+                }
+                RouteError::UnknownPod { .. } | RouteError::NoMember { .. } => {
+                    StatusCode::NOT_FOUND
+                }
+                RouteError::NoAddress { .. } => StatusCode::CONFLICT,
+                RouteError::Failed { .. } => StatusCode::BAD_GATEWAY,
+                RouteError::Unavailable { .. } => StatusCode::SERVICE_UNAVAILABLE,
+            };
+            let mut value = serde_json::json!({ "message": error.to_string() });
+            if let RouteError::Failed {
+                path,
+                status: answer,
+                ..
+            } = &error
+            {
+                value["path"] = path.as_str().into();
+                value["status"] = answer.as_str().into();
+            }
+            json_response(status, &value)
+        }
+    }
+}
+
 /// Whether to go on after sending.
 #[derive(Debug, PartialEq, Eq)]
 enum Flow {
@@ -475,6 +635,80 @@ mod tests {
             .expect("body")
             .to_bytes();
         (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// `POST path` with `body` on a fresh connection to `api`; status and the whole body.
+    async fn post(api: &LocalApi, path: &str, body: &str) -> (http::StatusCode, String) {
+        let (client, server) = tokio::io::duplex(64 * 1024);
+        let serving = api.clone();
+        tokio::spawn(async move { serving.serve_connection(server).await });
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(client))
+            .await
+            .expect("handshake");
+        tokio::spawn(conn);
+        let request = http::Request::post(path)
+            .body(http_body_util::Full::new(Bytes::from(body.to_string())))
+            .expect("request");
+        let response = tokio::time::timeout(Duration::from_secs(10), sender.send_request(request))
+            .await
+            .expect("response in time")
+            .expect("response");
+        let status = response.status();
+        let body = response
+            .into_body()
+            .collect()
+            .await
+            .expect("body")
+            .to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    #[tokio::test]
+    async fn net_check_requests_and_errors() {
+        let dir = tempfile::tempdir().unwrap();
+        let api = LocalApi::new(dir.path(), "n1", CancellationToken::new());
+        let good = r#"{"pod": "w-0", "to": "10.88.0.3"}"#;
+        let (status, text) = post(&api, NET_CHECK_PATH, good).await;
+        assert_eq!(status, http::StatusCode::SERVICE_UNAVAILABLE, "{text}");
+        assert_eq!(
+            text,
+            r#"{"message":"the pod network is not enabled on this agent"}"#
+        );
+        let shutdown = CancellationToken::new();
+        let router = crate::net::router::Router::new(
+            crate::net::membership::Membership::new(crate::net::membership::LocalIdentity {
+                cluster: "a".into(),
+                node: "n1".into(),
+            }),
+            crate::net::metrics::DomainMetrics::new(),
+            None,
+            None,
+            crate::net::router::RouterConfig::new(Arc::new(|_: &tokio::net::TcpStream| {
+                Err(io::Error::other("unused"))
+            })),
+            shutdown,
+        );
+        assert!(api.set_router(router.clone()));
+        assert!(!api.set_router(router));
+        let (status, text) = post(&api, NET_CHECK_PATH, good).await;
+        assert_eq!(status, http::StatusCode::NOT_FOUND, "{text}");
+        assert!(text.contains("pod w-0 is not attached"), "{text}");
+        for (body, needle) in [
+            (r#"{"pod": "w-0"}"#, "missing field `to`"),
+            (r#"{"pod": "w-0", "to": "w-1.d"}"#, "is not an IP address"),
+            (r#"{"pod": "w-0", "to": "10.0.0.1", "port": 0}"#, "port 0"),
+            (
+                r#"{"pod": "w-0", "to": "10.0.0.1", "extra": 1}"#,
+                "unknown field",
+            ),
+            ("not json", "the body must be"),
+        ] {
+            let (status, text) = post(&api, NET_CHECK_PATH, body).await;
+            assert_eq!(status, http::StatusCode::BAD_REQUEST, "{body}: {text}");
+            assert!(text.contains(needle), "{body}: {text}");
+        }
+        let (status, _) = get(&api, NET_CHECK_PATH).await;
+        assert_eq!(status, http::StatusCode::METHOD_NOT_ALLOWED);
     }
 
     fn replica(tasks: &Path, uid: &str, content: &str) -> PathBuf {

@@ -82,6 +82,13 @@ pub struct AgentConfig {
     pub join: Option<JoinParams>,
     /// Plain-HTTP `/metrics` listener (a loopback address; port 0 picks one).
     pub metrics_listen: Option<SocketAddr>,
+    /// `--domain-listen`: where other agents reach this one directly (mutual TLS with the
+    /// agent certificates, [`crate::net::direct`]), e.g. `0.0.0.0:15002`; `None` (the
+    /// default): members here are reached through the hub only.
+    pub domain_listen: Option<SocketAddr>,
+    /// `--domain-advertise HOST:PORT`: the direct address announced in the Node's
+    /// `status.network.directAddress`; default: `domain_listen` when it names one IP.
+    pub domain_advertise: Option<String>,
 }
 
 impl AgentConfig {
@@ -105,7 +112,16 @@ impl AgentConfig {
             supervisor: crate::runtime::default_supervisor(),
             join: None,
             metrics_listen: None,
+            domain_listen: None,
+            domain_advertise: None,
         }
+    }
+
+    /// The direct address to announce, if the direct listener is on: `domain_advertise`,
+    /// else `domain_listen` when it names one IP.
+    pub fn domain_direct_address(&self) -> Option<String> {
+        let listen = self.domain_listen?;
+        crate::net::direct::advertised_address(listen, self.domain_advertise.as_deref())
     }
 
     /// `DATA_DIR/identity`: the credentials written by the join.
@@ -244,11 +260,60 @@ impl AgentConfig {
             );
         }
 
+        match (self.domain_listen, &self.domain_advertise) {
+            (None, Some(advertise)) => add(
+                "domain advertise address",
+                advertise,
+                "needs a direct listener (--domain-listen)".into(),
+            ),
+            (Some(listen), None) if listen.ip().is_unspecified() => add(
+                "domain listen address",
+                &listen.to_string(),
+                "names no single IP to announce: pass --domain-advertise HOST:PORT".into(),
+            ),
+            (Some(listen), None) if listen.port() == 0 => add(
+                "domain listen address",
+                &listen.to_string(),
+                "port 0 cannot be announced: give a port, or --domain-advertise HOST:PORT".into(),
+            ),
+            (_, Some(advertise)) => {
+                if let Err(reason) = check_host_port(advertise) {
+                    add("domain advertise address", advertise, reason);
+                }
+            }
+            _ => {}
+        }
+
         if problems.is_empty() {
             Ok(())
         } else {
             Err(ConfigError { problems })
         }
+    }
+}
+
+/// Check `HOST:PORT` (an IPv6 host in brackets; port 1..=65535).
+pub fn check_host_port(text: &str) -> Result<(), String> {
+    if text.parse::<SocketAddr>().is_ok() {
+        return Ok(());
+    }
+    let Some((host, port)) = text.rsplit_once(':') else {
+        return Err("must be HOST:PORT".into());
+    };
+    if host.is_empty() {
+        return Err("has no host".into());
+    }
+    if host.contains([':', '[', ']']) {
+        return Err("an IPv6 host must be in brackets: [ADDR]:PORT".into());
+    }
+    if let Err(reasons) = rlark_api::names::dns1123_subdomain(&host.to_ascii_lowercase()) {
+        return Err(format!(
+            "host {host:?} is not an IP address or DNS name: {reasons}"
+        ));
+    }
+    match port.parse::<u16>() {
+        Ok(p) if p > 0 => Ok(()),
+        _ => Err(format!("port {port:?} is not a number from 1 to 65535")),
     }
 }
 
@@ -524,6 +589,32 @@ mod tests {
                 "metrics listen address",
                 Box::new(|c| c.metrics_listen = Some("0.0.0.0:9100".parse().unwrap())),
             ),
+            (
+                "domain advertise address",
+                Box::new(|c| c.domain_advertise = Some("h:1".into())),
+            ),
+            (
+                "domain listen address",
+                Box::new(|c| c.domain_listen = Some("0.0.0.0:15002".parse().unwrap())),
+            ),
+            (
+                "domain listen address",
+                Box::new(|c| c.domain_listen = Some("127.0.0.1:0".parse().unwrap())),
+            ),
+            (
+                "domain advertise address",
+                Box::new(|c| {
+                    c.domain_listen = Some("0.0.0.0:15002".parse().unwrap());
+                    c.domain_advertise = Some("fd00::1:15002".into());
+                }),
+            ),
+            (
+                "domain advertise address",
+                Box::new(|c| {
+                    c.domain_listen = Some("0.0.0.0:15002".parse().unwrap());
+                    c.domain_advertise = Some("agent_b:0".into());
+                }),
+            ),
         ];
         for (field, change) in cases {
             let mut config = valid();
@@ -535,6 +626,28 @@ mod tests {
         let mut longest = valid();
         longest.cluster_id = "a".repeat(57);
         assert_eq!(longest.validate(), Ok(()));
+    }
+
+    #[test]
+    fn the_direct_address_to_announce() {
+        let mut config = valid();
+        assert_eq!(config.domain_direct_address(), None);
+        config.domain_listen = Some("192.0.2.7:15002".parse().unwrap());
+        assert_eq!(config.validate(), Ok(()));
+        assert_eq!(
+            config.domain_direct_address().as_deref(),
+            Some("192.0.2.7:15002")
+        );
+        config.domain_listen = Some("0.0.0.0:15002".parse().unwrap());
+        for advertise in [
+            "agent-b.example:15002",
+            "[fd00::1]:15002",
+            "198.51.100.1:443",
+        ] {
+            config.domain_advertise = Some(advertise.into());
+            assert_eq!(config.validate(), Ok(()), "{advertise}");
+            assert_eq!(config.domain_direct_address().as_deref(), Some(advertise));
+        }
     }
 
     #[test]

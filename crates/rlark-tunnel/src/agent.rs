@@ -11,7 +11,10 @@
 //!   of the request by half-closing work through the tunnel.
 //! * **agent-api**: answers `ok` and hands the stream to [`AgentConfig::agent_api`], or
 //!   `forbidden` when this agent serves no local API.
-//! * **relay**: `forbidden` (the pod-network relay is not enabled in the agent yet).
+//! * **relay**: with a [`RelayHandler`] ([`AgentConfig::relay`]), the body is decoded as a
+//!   [`RelayHeader`] (an invalid one is answered `bad-request` with the field that failed)
+//!   and the stream is handed to the handler, which authorizes and answers itself; without
+//!   one, `forbidden` ("relay is not enabled") whatever the body.
 //! * a malformed header: `bad-request` with the reason.
 //!
 //! Error answers are followed by FIN and then the stream is dropped.
@@ -31,6 +34,7 @@ use tracing::{Instrument, field};
 
 use crate::header::{self, ReadHeaderError, Status, StreamRequest, StreamResponse};
 use crate::mux::{Incoming, MuxStream};
+use crate::relay::RelayHeader;
 
 /// How long the agent waits for a stream's request header before resetting the stream.
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -49,6 +53,16 @@ pub trait AgentApi: Send + Sync + 'static {
     fn serve(&self, stream: MuxStream);
 }
 
+/// The pod-network side of relay streams (issue 16): given a decoded, well-formed
+/// [`RelayHeader`] and the stream positioned right after the request header, the handler
+/// authorizes the flow (by the caller's cluster — `header.source_cluster` on a stream from
+/// the hub — and its own membership view), writes the [`StreamResponse`] itself (`ok`, or
+/// `forbidden` / `unreachable` / … with a message naming what failed, then FIN), and on
+/// `ok` carries the flow. `serve` must not block: spawn a task.
+pub trait RelayHandler: Send + Sync + 'static {
+    fn serve(&self, header: RelayHeader, stream: MuxStream);
+}
+
 /// How the agent serves incoming streams.
 #[derive(Clone)]
 pub struct AgentConfig {
@@ -60,6 +74,8 @@ pub struct AgentConfig {
     pub max_dial_timeout: Duration,
     /// The local API served on `agent-api` streams; `None` answers them `forbidden`.
     pub agent_api: Option<Arc<dyn AgentApi>>,
+    /// The pod-network relay served on `relay` streams; `None` answers them `forbidden`.
+    pub relay: Option<Arc<dyn RelayHandler>>,
 }
 
 impl Default for AgentConfig {
@@ -68,6 +84,7 @@ impl Default for AgentConfig {
             default_dial_timeout: Duration::from_secs(10),
             max_dial_timeout: Duration::from_secs(60),
             agent_api: None,
+            relay: None,
         }
     }
 }
@@ -78,6 +95,7 @@ impl fmt::Debug for AgentConfig {
             .field("default_dial_timeout", &self.default_dial_timeout)
             .field("max_dial_timeout", &self.max_dial_timeout)
             .field("agent_api", &self.agent_api.is_some())
+            .field("relay", &self.relay.is_some())
             .finish()
     }
 }
@@ -172,10 +190,27 @@ async fn handle_stream(mut stream: MuxStream, config: Arc<AgentConfig>) {
                 .await;
             }
         },
-        StreamRequest::Relay(_) => {
-            span.record("outcome", Status::Forbidden.as_str());
-            tracing::info!("relay stream refused: relay is not enabled");
-            answer_error(&mut stream, Status::Forbidden, "relay is not enabled").await;
+        StreamRequest::Relay(body) => {
+            // Without a handler the body is not even parsed: there is nothing to serve.
+            let Some(handler) = &config.relay else {
+                span.record("outcome", Status::Forbidden.as_str());
+                tracing::info!("relay stream refused: relay is not enabled");
+                answer_error(&mut stream, Status::Forbidden, "relay is not enabled").await;
+                return;
+            };
+            match RelayHeader::decode(&body) {
+                Ok(relay) => {
+                    span.record("target", field::display(&relay));
+                    span.record("outcome", "handed-to-relay");
+                    tracing::debug!("relay stream handed to the relay handler");
+                    handler.serve(relay, stream);
+                }
+                Err(e) => {
+                    span.record("outcome", Status::BadRequest.as_str());
+                    tracing::warn!(error = %e, field = e.field(), "bad relay header");
+                    answer_error(&mut stream, Status::BadRequest, e.to_string()).await;
+                }
+            }
         }
     }
 }
@@ -253,14 +288,28 @@ async fn dial_tcp(mut stream: MuxStream, host: &str, port: u16, timeout: Duratio
     }
 }
 
-/// Copies between a stream and its target until both directions are finished, passing a
-/// FIN on as a half-close either way, like `tokio::io::copy_bidirectional`; returns the
-/// bytes copied (to the target, from the target) or the first error. Towards the target
-/// the received frames are written from their own buffers (`AsyncBufRead`), without the
-/// copy into a buffer of ours that `copy_bidirectional` would make.
 async fn copy_both_ways(stream: &mut MuxStream, tcp: &mut TcpStream) -> io::Result<(u64, u64)> {
+    splice(stream, tcp, COPY_BUFFER).await
+}
+
+/// Copies between a mux stream and `target` (a TCP connection, another mux stream, …)
+/// until both directions are finished, passing a FIN on as a half-close either way, like
+/// `tokio::io::copy_bidirectional`; returns the bytes copied (to the target, from the
+/// target) or the first error. Towards the target the received frames are written from
+/// their own buffers (`AsyncBufRead`), without the copy into a buffer of ours that
+/// `copy_bidirectional` would make; the other direction reads into a buffer of
+/// `buffer` bytes (at least 1).
+pub async fn splice<T>(
+    stream: &mut MuxStream,
+    target: &mut T,
+    buffer: usize,
+) -> io::Result<(u64, u64)>
+where
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    let tcp = target;
     let mut down = Down::default();
-    let mut up = Up::new(COPY_BUFFER);
+    let mut up = Up::new(buffer.max(1));
     std::future::poll_fn(|cx| {
         let to_target = down.poll(cx, stream, tcp)?;
         let from_target = up.poll(cx, tcp, stream)?;
@@ -281,11 +330,11 @@ struct Down {
 }
 
 impl Down {
-    fn poll(
+    fn poll<T: AsyncWrite + Unpin>(
         &mut self,
         cx: &mut Context<'_>,
         stream: &mut MuxStream,
-        tcp: &mut TcpStream,
+        tcp: &mut T,
     ) -> Poll<io::Result<u64>> {
         loop {
             if self.done {
@@ -333,10 +382,10 @@ impl Up {
         }
     }
 
-    fn poll(
+    fn poll<T: AsyncRead + Unpin>(
         &mut self,
         cx: &mut Context<'_>,
-        tcp: &mut TcpStream,
+        tcp: &mut T,
         stream: &mut MuxStream,
     ) -> Poll<io::Result<u64>> {
         loop {
@@ -644,6 +693,120 @@ mod tests {
         let err = dial(&hub, &StreamRequest::Relay(Bytes::from_static(b"x")))
             .await
             .unwrap_err();
+        assert_eq!(
+            err,
+            DialError::new(Status::Forbidden, "relay is not enabled")
+        );
+    }
+
+    /// Echoes a Tcp flow after `ok`; refuses anything else with `forbidden`, naming it.
+    struct EchoRelay(Mutex<Vec<RelayHeader>>);
+
+    impl RelayHandler for EchoRelay {
+        fn serve(&self, header: RelayHeader, mut stream: MuxStream) {
+            self.0.lock().unwrap().push(header.clone());
+            tokio::spawn(async move {
+                if header.protocol != crate::relay::Protocol::Tcp {
+                    let message = format!("{} is not served here", header.protocol);
+                    answer_error(&mut stream, Status::Forbidden, message).await;
+                    return;
+                }
+                stream
+                    .write_all(&StreamResponse::ok().encode())
+                    .await
+                    .unwrap();
+                let mut got = Vec::new();
+                stream.read_to_end(&mut got).await.unwrap();
+                stream.write_all(&got).await.unwrap();
+                stream.shutdown().await.unwrap();
+            });
+        }
+    }
+
+    fn relay_header(protocol: crate::relay::Protocol) -> RelayHeader {
+        RelayHeader {
+            domain: "ray".into(),
+            protocol,
+            source: "10.8.0.2".parse().unwrap(),
+            destination: "10.8.0.3".parse().unwrap(),
+            port: if protocol == crate::relay::Protocol::Tcp {
+                80
+            } else {
+                0
+            },
+            source_port: 0,
+            source_cluster: Some("a".into()),
+        }
+    }
+
+    #[tokio::test]
+    async fn relay_is_handed_to_the_handler() {
+        use crate::relay::Protocol;
+        let handler = Arc::new(EchoRelay(Mutex::new(Vec::new())));
+        let hub = tunnel(AgentConfig {
+            relay: Some(handler.clone()),
+            ..AgentConfig::default()
+        });
+        let mut s = crate::relay::open(&hub, &relay_header(Protocol::Tcp), Duration::from_secs(5))
+            .await
+            .unwrap();
+        s.write_all(b"over the relay").await.unwrap();
+        s.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        s.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, b"over the relay");
+        // The handler's own refusal comes back as written.
+        let err = crate::relay::open(&hub, &relay_header(Protocol::Probe), Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            DialError::new(Status::Forbidden, "probe is not served here")
+        );
+        assert_eq!(
+            *handler.0.lock().unwrap(),
+            vec![relay_header(Protocol::Tcp), relay_header(Protocol::Probe)]
+        );
+    }
+
+    #[tokio::test]
+    async fn bad_relay_body_is_bad_request_naming_the_field() {
+        let handler = Arc::new(EchoRelay(Mutex::new(Vec::new())));
+        let hub = tunnel(AgentConfig {
+            relay: Some(handler.clone()),
+            ..AgentConfig::default()
+        });
+        let mut body = relay_header(crate::relay::Protocol::Tcp)
+            .encode()
+            .unwrap()
+            .to_vec();
+        body[11] = 0; // port 0 (bytes 11..13 of an IPv4 header)
+        body[12] = 0;
+        for (body, field) in [
+            (Bytes::from(body), "port"),
+            (Bytes::from_static(b"x"), "version"),
+            (Bytes::new(), "version"),
+        ] {
+            let err = dial(&hub, &StreamRequest::Relay(body)).await.unwrap_err();
+            assert_eq!(err.status, Status::BadRequest, "{err}");
+            assert!(err.message.contains(field), "{err}");
+        }
+        assert!(
+            handler.0.lock().unwrap().is_empty(),
+            "nothing was handed on"
+        );
+    }
+
+    #[tokio::test]
+    async fn relay_without_handler_is_forbidden_even_when_well_formed() {
+        let hub = tunnel(AgentConfig::default());
+        let err = crate::relay::open(
+            &hub,
+            &relay_header(crate::relay::Protocol::Tcp),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_err();
         assert_eq!(
             err,
             DialError::new(Status::Forbidden, "relay is not enabled")

@@ -14,10 +14,14 @@
 //! connected right now ([`ClientHandle::connected`], [`ClientHandle::wait_connected`]) —
 //! for tests and status reporting. [`run_with_observer`] is [`run`] publishing the same list
 //! to a caller's `watch` channel.
+//!
+//! Streams also go the other way: [`HubStreams`] ([`ClientConfig::hub`], also
+//! [`ClientHandle::hub`]) opens streams from the agent towards the hub on the newest live
+//! session — the pod network's relay streams ([`HubStreams::open_relay`]).
 
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http::HeaderValue;
@@ -33,7 +37,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use crate::agent::{self, AgentConfig};
-use crate::mux::{MuxConfig, Role, Session};
+use crate::dial::{self, DialError};
+use crate::header::{Status, StreamRequest};
+use crate::mux::{Control, MuxConfig, MuxStream, Role, Session};
+use crate::relay::RelayHeader;
 use crate::transport::{self, ReadAhead, WsTransport};
 
 /// Path of the tunnel endpoint on the hub (appended to the server URL's path).
@@ -69,6 +76,10 @@ pub struct ClientConfig {
     /// gets its own connection loop, and loses it when a later list drops it. `None`: the
     /// configured servers only.
     pub discovered: Option<watch::Receiver<Vec<String>>>,
+    /// Where the client registers its live sessions, so the agent can open streams towards
+    /// the hub. [`ClientConfig::new`] makes an empty one; clone it before [`spawn`]ing to
+    /// hand it to code built before the client (e.g. the pod network's router).
+    pub hub: HubStreams,
 }
 
 impl ClientConfig {
@@ -84,6 +95,7 @@ impl ClientConfig {
             backoff_max: Duration::from_secs(30),
             node: None,
             discovered: None,
+            hub: HubStreams::new(),
         }
     }
 }
@@ -97,6 +109,7 @@ impl fmt::Debug for ClientConfig {
             .field("backoff_min", &self.backoff_min)
             .field("backoff_max", &self.backoff_max)
             .field("node", &self.node)
+            .field("hub", &self.hub)
             .finish_non_exhaustive()
     }
 }
@@ -351,21 +364,150 @@ fn same_server(a: &str, b: &str) -> bool {
     norm(a) == norm(b)
 }
 
+/// The agent's live tunnel sessions, for opening streams towards the hub (agent-opened
+/// streams: the pod network's relay). Cheap to clone; every clone sees the same sessions.
+/// A session is listed from the moment its mux session starts until it ends.
+#[derive(Clone, Default)]
+pub struct HubStreams {
+    inner: Arc<Mutex<HubSessions>>,
+}
+
+#[derive(Default)]
+struct HubSessions {
+    /// Sequence number of the next session (newer sessions have larger numbers).
+    next: u64,
+    /// (sequence, server URL, session), oldest first.
+    live: Vec<(u64, String, Control)>,
+}
+
+impl fmt::Debug for HubStreams {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("HubStreams")
+            .field("servers", &self.servers())
+            .finish()
+    }
+}
+
+impl HubStreams {
+    /// An empty registry (what [`ClientConfig::new`] uses).
+    pub fn new() -> Self {
+        HubStreams::default()
+    }
+
+    /// The servers of the live sessions, newest first.
+    pub fn servers(&self) -> Vec<String> {
+        self.newest_first()
+            .into_iter()
+            .map(|(url, _)| url)
+            .collect()
+    }
+
+    /// Opens a relay stream towards the hub carrying `header` and waits (at most
+    /// `timeout`) for the hub's answer, which is the destination's answer when the hub
+    /// forwarded the flow. Uses the newest live session; when that session turns out to
+    /// be closing, the next newest. Ok: the stream positioned at the first payload byte.
+    /// Err: the answer's status and message, [`Status::BadRequest`] for a header that
+    /// cannot be encoded, [`Status::NoSuchAgent`] when no session to the hub is up.
+    pub async fn open_relay(
+        &self,
+        header: &RelayHeader,
+        timeout: Duration,
+    ) -> Result<MuxStream, DialError> {
+        let request = header
+            .to_request()
+            .map_err(|e| DialError::new(Status::BadRequest, e.to_string()))?;
+        self.open(&request, timeout).await
+    }
+
+    /// Opens a stream towards the hub with any request header (see
+    /// [`HubStreams::open_relay`]; the hub serves only `relay`).
+    pub async fn open(
+        &self,
+        request: &StreamRequest,
+        timeout: Duration,
+    ) -> Result<MuxStream, DialError> {
+        let mut last = None;
+        for (url, control) in self.newest_first() {
+            if control.is_closed() {
+                continue;
+            }
+            match dial::open(&control, request, timeout).await {
+                // The session went away under us (not the hub's answer): try the next one.
+                Err(e) if e.status == Status::NoSuchAgent && control.is_closed() => {
+                    tracing::debug!(server = %url, error = %e, "hub session closed while opening; trying the next");
+                    last = Some(e);
+                }
+                result => return result,
+            }
+        }
+        Err(last.unwrap_or_else(|| {
+            DialError::new(Status::NoSuchAgent, "no tunnel session to the hub is up")
+        }))
+    }
+
+    fn newest_first(&self) -> Vec<(String, Control)> {
+        let sessions = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        sessions
+            .live
+            .iter()
+            .rev()
+            .map(|(_, url, control)| (url.clone(), control.clone()))
+            .collect()
+    }
+
+    /// Lists `control` until the returned guard is dropped.
+    fn register(&self, url: &str, control: Control) -> RegisteredSession {
+        let mut sessions = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        let seq = sessions.next;
+        sessions.next += 1;
+        sessions.live.push((seq, url.to_owned(), control));
+        RegisteredSession {
+            hub: self.clone(),
+            seq,
+        }
+    }
+}
+
+/// Removes a session from [`HubStreams`] when dropped.
+struct RegisteredSession {
+    hub: HubStreams,
+    seq: u64,
+}
+
+impl Drop for RegisteredSession {
+    fn drop(&mut self) {
+        let mut sessions = self.hub.inner.lock().unwrap_or_else(|e| e.into_inner());
+        sessions.live.retain(|(seq, _, _)| *seq != self.seq);
+    }
+}
+
 /// Handle to a client started with [`spawn`].
 #[derive(Debug)]
 pub struct ClientHandle {
     connected: watch::Receiver<Vec<String>>,
+    hub: HubStreams,
     task: tokio::task::JoinHandle<()>,
 }
 
 /// Starts [`run`] in a task and returns a handle that tells which servers are connected.
 pub fn spawn(config: ClientConfig, shutdown: CancellationToken) -> ClientHandle {
     let (observer, connected) = watch::channel(Vec::new());
+    let hub = config.hub.clone();
     let task = tokio::spawn(run_with_observer(config, shutdown, observer));
-    ClientHandle { connected, task }
+    ClientHandle {
+        connected,
+        hub,
+        task,
+    }
 }
 
 impl ClientHandle {
+    /// Opens streams towards the hub on this client's live sessions (the same registry as
+    /// [`ClientConfig::hub`]).
+    pub fn hub(&self) -> HubStreams {
+        self.hub.clone()
+    }
+
     /// The servers (URLs as configured, in configuration order) with an established
     /// session right now.
     pub fn connected(&self) -> Vec<String> {
@@ -449,6 +591,7 @@ async fn server_loop(
                         .instrument(tracing::Span::current()),
                 );
                 let stopping = {
+                    let _registered = config.hub.register(&target.url, control.clone());
                     let _listed = Listed::new(&observer, &target.url, &config.servers);
                     tokio::select! {
                         _ = control.closed() => false,
@@ -760,6 +903,8 @@ mod tests {
     struct Accepted {
         control: Control,
         node: Option<String>,
+        /// Streams the agent opens towards the hub.
+        incoming: crate::mux::Incoming,
     }
 
     struct Hub {
@@ -814,11 +959,12 @@ mod tests {
                     let Ok(ws) = transport::accept_hdr(tls, callback).await else {
                         return;
                     };
-                    let (control, _incoming) = Session::new(ws, Role::Server, MuxConfig::default());
+                    let (control, incoming) = Session::new(ws, Role::Server, MuxConfig::default());
                     let node = node.lock().unwrap().take();
                     let _ = tx.send(Accepted {
                         control: control.clone(),
                         node,
+                        incoming,
                     });
                     control.closed().await;
                 });
@@ -972,6 +1118,179 @@ mod tests {
         tokio::time::timeout(Duration::from_secs(10), handle.join())
             .await
             .expect("client stops after shutdown");
+    }
+
+    fn relay_header() -> RelayHeader {
+        RelayHeader {
+            domain: "ray".into(),
+            protocol: crate::relay::Protocol::Tcp,
+            source: "10.8.0.2".parse().unwrap(),
+            destination: "10.8.0.3".parse().unwrap(),
+            port: 80,
+            source_port: 40000,
+            source_cluster: None,
+        }
+    }
+
+    /// The hub side of one agent-opened relay stream: checks the header, answers ok,
+    /// echoes `tag` + what it reads.
+    async fn answer_relay(incoming: &mut crate::mux::Incoming, tag: &'static [u8]) {
+        use futures::StreamExt;
+        let mut s = tokio::time::timeout(Duration::from_secs(10), incoming.next())
+            .await
+            .expect("a stream in time")
+            .expect("session alive");
+        let request = crate::header::read_request(&mut s).await.unwrap();
+        let StreamRequest::Relay(body) = request else {
+            panic!("not a relay: {request}");
+        };
+        assert_eq!(RelayHeader::decode(&body).unwrap(), relay_header());
+        s.write_all(&crate::header::StreamResponse::ok().encode())
+            .await
+            .unwrap();
+        let mut got = Vec::new();
+        s.read_to_end(&mut got).await.unwrap();
+        s.write_all(tag).await.unwrap();
+        s.write_all(&got).await.unwrap();
+        s.shutdown().await.unwrap();
+    }
+
+    async fn relay_through(hub: &HubStreams) -> Vec<u8> {
+        let mut s = hub
+            .open_relay(&relay_header(), Duration::from_secs(10))
+            .await
+            .unwrap();
+        s.write_all(b"hello").await.unwrap();
+        s.shutdown().await.unwrap();
+        let mut back = Vec::new();
+        s.read_to_end(&mut back).await.unwrap();
+        back
+    }
+
+    #[tokio::test]
+    async fn agent_opens_relay_streams_on_the_live_session() {
+        let pki = pki();
+        let mut hub_server = hub(&pki, "127.0.0.1", 0).await;
+        let (_tls_tx, tls) = watch::channel(pki.client.clone());
+        let config = fast(ClientConfig::new(vec![hub_server.url.clone()], tls));
+        // Taken before spawning, as code built before the client does.
+        let streams = config.hub.clone();
+        let err = streams
+            .open_relay(&relay_header(), Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert_eq!(err.status, Status::NoSuchAgent, "{err}");
+        let shutdown = CancellationToken::new();
+        let handle = spawn(config, shutdown.clone());
+        let mut first = next_session(&mut hub_server).await;
+        assert!(handle.wait_connected(1).await);
+        let from_handle = handle.hub();
+        let (back, ()) = tokio::join!(
+            relay_through(&from_handle),
+            answer_relay(&mut first.incoming, b"first:")
+        );
+        assert_eq!(back, b"first:hello");
+        assert_eq!(streams.servers(), vec![hub_server.url.clone()]);
+
+        // After a reconnect the new session carries them.
+        first.control.close();
+        let mut second = next_session(&mut hub_server).await;
+        tokio::time::timeout(Duration::from_secs(5), async {
+            // Only the new session is listed: the old one was unregistered when it ended.
+            while !matches!(&streams.newest_first()[..], [(_, c)] if !c.is_closed()) {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await
+        .expect("the new session is registered");
+        let (back, ()) = tokio::join!(
+            relay_through(&streams),
+            answer_relay(&mut second.incoming, b"second:")
+        );
+        assert_eq!(back, b"second:hello");
+
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(10), handle.join())
+            .await
+            .expect("client stops after shutdown");
+        assert!(
+            streams.servers().is_empty(),
+            "no session listed after shutdown"
+        );
+        let err = streams
+            .open_relay(&relay_header(), Duration::from_secs(1))
+            .await
+            .unwrap_err();
+        assert_eq!(err.status, Status::NoSuchAgent, "{err}");
+    }
+
+    #[tokio::test]
+    async fn hub_streams_prefer_the_newest_session_and_skip_closed_ones() {
+        use crate::transport::memory_pair;
+        let streams = HubStreams::new();
+        let mut hubs = Vec::new();
+        let mut guards = Vec::new();
+        for url in ["old", "new"] {
+            let (a, b) = memory_pair(16);
+            let (hub_control, hub_in) = Session::new(a, Role::Server, MuxConfig::default());
+            let (agent, _agent_in) = Session::new(b, Role::Client, MuxConfig::default());
+            guards.push(streams.register(url, agent.clone()));
+            hubs.push((hub_control, hub_in, agent));
+        }
+        assert_eq!(streams.servers(), vec!["new", "old"]);
+        let (back, ()) = tokio::join!(
+            relay_through(&streams),
+            answer_relay(&mut hubs[1].1, b"new:")
+        );
+        assert_eq!(back, b"new:hello");
+        // The newest session is closed (but not yet unregistered): the older one is used.
+        hubs[1].2.close();
+        let (back, ()) = tokio::join!(
+            relay_through(&streams),
+            answer_relay(&mut hubs[0].1, b"old:")
+        );
+        assert_eq!(back, b"old:hello");
+        // An answer other than ok is the hub's, not retried elsewhere.
+        let refuse = async {
+            use futures::StreamExt;
+            let mut s = hubs[0].1.next().await.unwrap();
+            crate::header::read_request(&mut s).await.unwrap();
+            let answer = crate::header::StreamResponse::error(
+                Status::NoSuchAgent,
+                "cluster b has no session",
+            );
+            s.write_all(&answer.encode()).await.unwrap();
+            s.shutdown().await.unwrap();
+        };
+        let header = relay_header();
+        let (result, ()) =
+            tokio::join!(streams.open_relay(&header, Duration::from_secs(5)), refuse);
+        assert_eq!(
+            result.unwrap_err(),
+            DialError::new(Status::NoSuchAgent, "cluster b has no session")
+        );
+        // A header that cannot be encoded opens nothing.
+        let err = streams
+            .open_relay(
+                &RelayHeader {
+                    port: 0,
+                    ..relay_header()
+                },
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap_err();
+        assert_eq!(err.status, Status::BadRequest);
+        drop(guards);
+        assert!(streams.servers().is_empty());
+        let err = streams
+            .open_relay(&relay_header(), Duration::from_secs(5))
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err,
+            DialError::new(Status::NoSuchAgent, "no tunnel session to the hub is up")
+        );
     }
 
     #[tokio::test]

@@ -9,7 +9,8 @@
 //! Layers, bottom up: [`transport`] (messages over WebSocket, framed by [`ws`], or in
 //! memory for tests),
 //! [`frame`] and [`mux`] (the multiplexer; frame codec is sans-IO), [`header`] (the
-//! versioned request/response that starts every stream; sans-IO), [`dial`] (hub side of
+//! versioned request/response that starts every stream; sans-IO), [`relay`] (the body of a
+//! pod-network relay stream; sans-IO), [`dial`] (hub side of
 //! opening a stream), [`agent`] (agent side of serving streams), [`client`] (the agent's
 //! reconnecting connection loop).
 //!
@@ -27,6 +28,7 @@ pub mod metrics_endpoint;
 mod mutation;
 pub mod mux;
 mod pool;
+pub mod relay;
 #[cfg(test)]
 mod test_wait;
 pub mod transport;

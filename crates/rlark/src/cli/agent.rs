@@ -65,6 +65,15 @@ pub(crate) struct AgentArgs {
     /// one).
     #[arg(long, value_name = "ADDR")]
     pub metrics_listen: Option<SocketAddr>,
+    /// Accept direct pod-network connections from other agents here (mutual TLS with the
+    /// agent certificates), e.g. 0.0.0.0:15002 [default: off: members on this host are
+    /// reached through the hub only].
+    #[arg(long, value_name = "ADDR")]
+    pub domain_listen: Option<SocketAddr>,
+    /// HOST:PORT other agents dial to reach --domain-listen (announced in the Node's
+    /// status) [default: the --domain-listen address when it names one IP].
+    #[arg(long, value_name = "HOST:PORT", requires = "domain_listen")]
+    pub domain_advertise: Option<String>,
     /// How often the Node's heartbeat (Lease and status) is renewed (e.g. 10s, 500ms).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
@@ -119,6 +128,8 @@ impl AgentArgs {
         config.stop_tasks_on_exit = self.stop_tasks_on_exit;
         config.join = join;
         config.metrics_listen = self.metrics_listen;
+        config.domain_listen = self.domain_listen;
+        config.domain_advertise = self.domain_advertise;
         Ok(config)
     }
 }
@@ -177,6 +188,10 @@ mod tests {
             "127.0.0.1:0",
             "--heartbeat-interval",
             "500ms",
+            "--domain-listen",
+            "0.0.0.0:15002",
+            "--domain-advertise",
+            "edge-1.example:15002",
         ])
         .expect("parse");
         let config = args.into_config().expect("config");
@@ -193,6 +208,11 @@ mod tests {
         assert!(config.stop_tasks_on_exit);
         assert_eq!(config.heartbeat_interval, Duration::from_millis(500));
         assert_eq!(config.metrics_listen, Some("127.0.0.1:0".parse().unwrap()));
+        assert_eq!(config.domain_listen, Some("0.0.0.0:15002".parse().unwrap()));
+        assert_eq!(
+            config.domain_advertise.as_deref(),
+            Some("edge-1.example:15002")
+        );
         let join = config.join.expect("join");
         assert_eq!(join.ca_hash, "sha256:00");
 
@@ -209,6 +229,10 @@ mod tests {
         assert_eq!(config.node_category, NodeCategory::Cloud);
         assert_eq!(config.heartbeat_interval, Duration::from_secs(10));
         assert!(config.join.is_none() && !config.stop_tasks_on_exit);
+        assert_eq!(
+            (config.domain_listen, config.domain_advertise),
+            (None, None)
+        );
     }
 
     #[test]

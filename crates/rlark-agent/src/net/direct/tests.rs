@@ -1,0 +1,319 @@
+//! Two in-process agents on loopback with certificates from a real installation CA:
+//! a flow over the direct path, and the refusals (wrong CA, wrong cluster, a forged
+//! source).
+
+use std::io;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use rlark_tunnel::relay::Protocol;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+use super::*;
+use crate::net::membership::tests::{peer, pod};
+use crate::net::membership::{LocalIdentity, Membership};
+use crate::net::metrics::DomainMetrics;
+use crate::net::router::{PodNetns, Router, RouterConfig};
+
+fn ca() -> (tempfile::TempDir, rlark_pki::Ca) {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = rlark_pki::Ca::load_or_create(dir.path()).unwrap();
+    (dir, ca)
+}
+
+fn tls_for(ca: &rlark_pki::Ca, trust: &rlark_pki::Ca, user: &str) -> DirectTls {
+    let issued = ca
+        .issue_client(user, &[AGENT_GROUP.to_string()], Duration::from_secs(3600))
+        .unwrap();
+    DirectTls::new(&issued.cert_pem, &issued.key_pem, &trust.bundle_pem()).unwrap()
+}
+
+/// A netns stand-in: the test's own namespace, connecting to 127.0.0.1 at the port asked.
+struct Here;
+
+impl PodNetns for Here {
+    fn listen(&self, addr: SocketAddr) -> BoxFuture<'_, io::Result<TcpListener>> {
+        Box::pin(async move {
+            if addr.is_ipv6() {
+                return Err(io::Error::other("no IPv6 here"));
+            }
+            TcpListener::bind((addr.ip(), 0)).await
+        })
+    }
+
+    fn connect(
+        &self,
+        addr: SocketAddr,
+        _timeout: Duration,
+    ) -> BoxFuture<'_, io::Result<TcpStream>> {
+        Box::pin(TcpStream::connect(SocketAddr::from((
+            std::net::Ipv4Addr::LOCALHOST,
+            addr.port(),
+        ))))
+    }
+}
+
+/// Agent of cluster "b" serving member srv-0 (10.88.0.3) on a direct listener; returns
+/// its address and its metrics.
+async fn agent_b(tls: DirectTls) -> (SocketAddr, DomainMetrics) {
+    let membership = Membership::new(LocalIdentity {
+        cluster: "b".into(),
+        node: "nb".into(),
+    });
+    membership.replace(&[peer(
+        "d1",
+        "10.88.0.0/16",
+        vec![
+            pod("a", "cli-0", "10.88.0.2", "na"),
+            pod("b", "srv-0", "10.88.0.3", "nb"),
+            pod("c", "evil-0", "10.88.0.9", "nc"),
+        ],
+    )]);
+    let metrics = DomainMetrics::new();
+    let router = Router::new(
+        membership,
+        metrics.clone(),
+        None,
+        None,
+        RouterConfig::new(Arc::new(|_: &TcpStream| Err(io::Error::other("unused")))),
+        CancellationToken::new(),
+    );
+    router.attach("srv-0", "d1", Arc::new(Here)).await.unwrap();
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(DirectEndpoint::new(tls).serve(
+        listener,
+        router.inbound(),
+        CancellationToken::new(),
+    ));
+    (addr, metrics)
+}
+
+async fn echo_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = conn.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+                let _ = w.shutdown().await;
+            });
+        }
+    });
+    port
+}
+
+fn header(source: &str, port: u16) -> RelayHeader {
+    RelayHeader {
+        domain: "d1".into(),
+        protocol: Protocol::Tcp,
+        source: source.parse::<IpAddr>().unwrap(),
+        destination: "10.88.0.3".parse().unwrap(),
+        port,
+        source_port: 40000,
+        source_cluster: None,
+    }
+}
+
+const T: Duration = Duration::from_secs(10);
+
+#[tokio::test]
+async fn a_flow_over_mutual_tls() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (_dir, ca) = ca();
+    let (addr, metrics) = agent_b(tls_for(&ca, &ca, "system:rlark:agent:b")).await;
+    let a = DirectEndpoint::new(tls_for(&ca, &ca, "system:rlark:agent:a"));
+    let port = echo_port().await;
+    let mut stream = a
+        .connect(&addr.to_string(), "b", &header("10.88.0.2", port), T)
+        .await
+        .unwrap();
+    stream.write_all(b"direct hello").await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    tokio::time::timeout(T, stream.read_to_end(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(back, b"direct hello");
+
+    // The certificate says "a": a source of cluster c is refused, whatever the header says.
+    let refused = a
+        .connect(&addr.to_string(), "b", &header("10.88.0.9", port), T)
+        .await
+        .err()
+        .unwrap();
+    match &refused {
+        DirectError::Answer {
+            status: Status::Forbidden,
+            message,
+            ..
+        } => assert_eq!(
+            message,
+            "source 10.88.0.9 is rlark-c/evil-0 of cluster c, not of the calling cluster a"
+        ),
+        other => panic!("{other}"),
+    }
+    assert!(!refused.falls_back());
+    // Asserting a source cluster on the direct path is a bad request.
+    let mut forged = header("10.88.0.2", port);
+    forged.source_cluster = Some("b".into());
+    let e = a
+        .connect(&addr.to_string(), "b", &forged, T)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(
+            e,
+            DirectError::Answer {
+                status: Status::BadRequest,
+                ..
+            }
+        ),
+        "{e}"
+    );
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &{
+        let mut r = prometheus_client::registry::Registry::with_prefix("rlark");
+        metrics.register(&mut r);
+        r
+    })
+    .unwrap();
+    assert!(
+        text.contains(
+            r#"rlark_domain_refused_total{domain="d1",reason="source-cluster-mismatch"} 1"#
+        ),
+        "{text}"
+    );
+}
+
+#[tokio::test]
+async fn the_wrong_ca_or_cluster_is_refused() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (_dir, ca) = ca();
+    let (_dir2, other_ca) = ca_pair();
+    let (addr, _) = agent_b(tls_for(&ca, &ca, "system:rlark:agent:b")).await;
+    let port = echo_port().await;
+    let h = header("10.88.0.2", port);
+
+    // The client meant cluster c: b's certificate does not prove that.
+    let a = DirectEndpoint::new(tls_for(&ca, &ca, "system:rlark:agent:a"));
+    let e = a
+        .connect(&addr.to_string(), "c", &h, T)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&e, DirectError::Tls { reason, .. } if reason.contains("of cluster b, not c")),
+        "{e}"
+    );
+    assert!(e.falls_back());
+
+    // A client certificate of another CA: the server refuses the handshake.
+    let stranger = DirectEndpoint::new(tls_for(&other_ca, &ca, "system:rlark:agent:a"));
+    let e = stranger
+        .connect(&addr.to_string(), "b", &h, T)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(e, DirectError::Tls { .. } | DirectError::Other { .. }),
+        "{e}"
+    );
+
+    // A client that trusts another CA does not accept b.
+    let wary = DirectEndpoint::new(tls_for(&ca, &other_ca, "system:rlark:agent:a"));
+    let e = wary
+        .connect(&addr.to_string(), "b", &h, T)
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(e, DirectError::Tls { .. }), "{e}");
+
+    // A certificate of the right CA that is not an agent's.
+    let admin = DirectEndpoint::new(tls_for(&ca, &ca, "admin"));
+    let e = admin
+        .connect(&addr.to_string(), "b", &h, T)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        !matches!(
+            e,
+            DirectError::Answer {
+                status: Status::Ok,
+                ..
+            }
+        ),
+        "{e}"
+    );
+
+    // Nothing listening.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gone = closed.local_addr().unwrap();
+    drop(closed);
+    let e = a
+        .connect(&gone.to_string(), "b", &h, T)
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(e, DirectError::Connect { .. }), "{e}");
+    assert!(e.falls_back());
+}
+
+fn ca_pair() -> (tempfile::TempDir, rlark_pki::Ca) {
+    ca()
+}
+
+#[test]
+fn cluster_of_agent_certificates() {
+    let (_dir, ca) = ca();
+    let der = |user: &str, groups: &[&str]| {
+        let issued = ca
+            .issue_client(
+                user,
+                &groups.iter().map(|g| g.to_string()).collect::<Vec<_>>(),
+                Duration::from_secs(60),
+            )
+            .unwrap();
+        CertificateDer::from_pem_slice(issued.cert_pem.as_bytes())
+            .unwrap()
+            .to_vec()
+    };
+    assert_eq!(
+        cluster_of(&der("system:rlark:agent:gpu-1", &[AGENT_GROUP])),
+        Ok("gpu-1".into())
+    );
+    assert!(
+        cluster_of(&der("system:rlark:agent:gpu-1", &["rlark:viewers"]))
+            .unwrap_err()
+            .contains("not in group rlark:agents")
+    );
+    assert!(
+        cluster_of(&der("admin", &[AGENT_GROUP]))
+            .unwrap_err()
+            .contains("is not an agent's")
+    );
+    assert!(
+        cluster_of(&der("system:rlark:agent:Bad_ID", &[AGENT_GROUP]))
+            .unwrap_err()
+            .contains("cluster ID")
+    );
+}
+
+#[test]
+fn the_advertised_address() {
+    let listen = |s: &str| s.parse::<SocketAddr>().unwrap();
+    assert_eq!(
+        advertised_address(listen("0.0.0.0:15002"), Some("agent-b.example:15002")),
+        Some("agent-b.example:15002".into())
+    );
+    assert_eq!(advertised_address(listen("0.0.0.0:15002"), None), None);
+    assert_eq!(advertised_address(listen("[::]:15002"), None), None);
+    assert_eq!(
+        advertised_address(listen("192.0.2.7:15002"), None),
+        Some("192.0.2.7:15002".into())
+    );
+}

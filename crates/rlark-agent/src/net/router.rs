@@ -1,0 +1,993 @@
+//! The source side of the pod network: every TCP connection a replica opens ends at the
+//! agent (kernel mode: nftables REDIRECTs it to the agent's listener inside the replica's
+//! netns, [`REDIRECT_PORT`]), and the router decides where it goes:
+//!
+//! - a member of the replica's domain running on this agent → **local**: a socket made
+//!   inside the destination replica's netns connects to it;
+//! - a member elsewhere whose agent announced a direct address, not marked failed →
+//!   **direct**: mTLS to that agent ([`crate::net::direct`]), which authorizes and connects;
+//! - any other member → **relay**: a `relay` stream through the hub on the agent's tunnel;
+//! - an address of the domain's CIDR that no member holds → the connection is closed;
+//! - anything else (the control plane's loopback port passed through, the internet) →
+//!   **egress**: dialed from the agent's own namespace, so a task in a domain keeps the
+//!   outside TCP access it had before.
+//!
+//! The choice is the pure [`route`] over the [`MembershipView`] and the [`DirectMemory`].
+//! A direct attempt that fails (connect, TLS, or an answer other than `forbidden` /
+//! `refused`, which are final) falls back to the relay for that connection, and the peer
+//! agent is relay-only for [`DIRECT_BACKOFF_INITIAL`], doubling up to
+//! [`DIRECT_BACKOFF_MAX`] on each further failed try; a success forgets the failures.
+//!
+//! Bytes are copied both ways with half-close ([`COPY_BUFFER`] per direction), metered
+//! ([`crate::net::metrics`]).
+//!
+//! Every network edge is a trait ([`PodNetns`], [`HubRelay`], [`DirectDialer`],
+//! [`DestinationFn`]) so the logic is tested with in-memory and loopback stand-ins.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use rlark_tunnel::dial::DialError;
+use rlark_tunnel::header::{self, Status};
+use rlark_tunnel::relay::{Protocol, RelayHeader};
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::net::inbound::Inbound;
+use crate::net::membership::{Member, Membership, MembershipView};
+use crate::net::metrics::{DomainMetrics, Metered, PathKind};
+
+/// Where nftables sends a replica's TCP connections, on 127.0.0.1 and ::1 in its netns.
+pub const REDIRECT_PORT: u16 = 15001;
+/// Copy buffer per direction of a routed connection.
+pub const COPY_BUFFER: usize = 64 * 1024;
+/// How long setting up a local, relayed or egress connection may take.
+pub const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a direct attempt may take (TCP, TLS, answer) before the relay is tried: short,
+/// because a peer cut off by a firewall that drops packets only shows as silence.
+pub const DIRECT_TIMEOUT: Duration = Duration::from_secs(3);
+/// Relay-only period after a peer agent's first direct failure.
+pub const DIRECT_BACKOFF_INITIAL: Duration = Duration::from_secs(30);
+/// Longest relay-only period.
+pub const DIRECT_BACKOFF_MAX: Duration = Duration::from_secs(300);
+
+/// Any byte stream (a mux stream, a TLS stream, an in-process pipe).
+pub trait ByteStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> ByteStream for T {}
+/// A boxed [`ByteStream`].
+pub type BoxStream = Box<dyn ByteStream>;
+
+/// A replica's network namespace, as the router needs it (implemented by
+/// [`crate::net::netns::ReplicaNetns`]).
+pub trait PodNetns: Send + Sync + 'static {
+    /// A listener whose socket was made inside the netns.
+    fn listen(&self, addr: SocketAddr) -> BoxFuture<'_, io::Result<TcpListener>>;
+    /// A connection whose socket was made inside the netns.
+    fn connect(&self, addr: SocketAddr, timeout: Duration) -> BoxFuture<'_, io::Result<TcpStream>>;
+}
+
+/// Opens relay streams through the hub (implemented by the tunnel's `HubStreams`).
+pub trait HubRelay: Send + Sync + 'static {
+    /// Ok: the stream after the destination's `Ok` answer. Err: the answer (or the
+    /// tunnel's own reason).
+    fn open(
+        &self,
+        header: RelayHeader,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<BoxStream, DialError>>;
+}
+
+/// The relay path over the agent's tunnel sessions.
+impl HubRelay for rlark_tunnel::client::HubStreams {
+    fn open(
+        &self,
+        header: RelayHeader,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<BoxStream, DialError>> {
+        let hub = self.clone();
+        Box::pin(async move {
+            hub.open_relay(&header, timeout)
+                .await
+                .map(|stream| Box::new(stream) as BoxStream)
+        })
+    }
+}
+
+/// Opens direct streams to peer agents (implemented by [`crate::net::direct::DirectEndpoint`]).
+pub trait DirectDialer: Send + Sync + 'static {
+    /// Connect to the agent at `address` which must prove to be of `cluster`, send
+    /// `header`, read the answer.
+    fn open(
+        &self,
+        address: String,
+        cluster: String,
+        header: RelayHeader,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<BoxStream, DirectError>>;
+}
+
+/// The original destination of a redirected connection
+/// ([`crate::net::netns::original_destination`] in kernel mode).
+pub type DestinationFn = Arc<dyn Fn(&TcpStream) -> io::Result<SocketAddr> + Send + Sync>;
+
+/// Why a direct attempt failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DirectError {
+    #[error("connect to agent {address}: {source}")]
+    Connect {
+        address: String,
+        #[source]
+        source: io::Error,
+    },
+    #[error("TLS with agent {address}: {reason}")]
+    Tls { address: String, reason: String },
+    #[error("agent {address} answered {status}: {message}")]
+    Answer {
+        address: String,
+        status: Status,
+        message: String,
+    },
+    #[error("agent {address}: no answer within {timeout:?}")]
+    Timeout { address: String, timeout: Duration },
+    #[error("agent {address}: {reason}")]
+    Other { address: String, reason: String },
+}
+
+impl DirectError {
+    /// Whether the relay should be tried: everything but a final answer (`forbidden`: the
+    /// destination agent refuses this flow; `refused`: nothing listens on that port), which
+    /// the relay would only repeat.
+    pub fn falls_back(&self) -> bool {
+        !matches!(
+            self,
+            DirectError::Answer {
+                status: Status::Forbidden | Status::Refused,
+                ..
+            }
+        )
+    }
+
+    /// The status label for metrics and `net check`.
+    pub fn status(&self) -> Status {
+        match self {
+            DirectError::Connect { source, .. } => crate::net::inbound::connect_status(source),
+            DirectError::Answer { status, .. } => *status,
+            DirectError::Timeout { .. } => Status::Timeout,
+            DirectError::Tls { .. } | DirectError::Other { .. } => Status::Internal,
+        }
+    }
+}
+
+/// Which peer agents are relay-only for now, after direct failures. Pure: the caller passes
+/// the time.
+#[derive(Debug, Default)]
+pub struct DirectMemory {
+    peers: HashMap<String, Backoff>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Backoff {
+    until: Instant,
+    period: Duration,
+}
+
+impl DirectMemory {
+    /// Whether a direct attempt to `address` may be made at `now`.
+    pub fn allows(&self, address: &str, now: Instant) -> bool {
+        self.peers.get(address).is_none_or(|b| now >= b.until)
+    }
+
+    /// A direct attempt to `address` failed at `now`; returns the relay-only period now in
+    /// force. A failure during a relay-only period (a connection that started before it)
+    /// does not lengthen it; a failed retry after it doubles it.
+    pub fn failed(&mut self, address: &str, now: Instant) -> Duration {
+        let period = match self.peers.get(address) {
+            None => DIRECT_BACKOFF_INITIAL,
+            Some(b) if now < b.until => return b.period,
+            Some(b) => (b.period * 2).min(DIRECT_BACKOFF_MAX),
+        };
+        self.peers.insert(
+            address.to_string(),
+            Backoff {
+                until: now + period,
+                period,
+            },
+        );
+        period
+    }
+
+    /// A direct connection to `address` worked: forget its failures.
+    pub fn succeeded(&mut self, address: &str) {
+        self.peers.remove(address);
+    }
+}
+
+/// Where a destination goes (see the module documentation).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Route {
+    /// A member on this agent: pod name.
+    Local { pod: String },
+    /// A member of another agent with a usable direct address.
+    Direct { address: String, cluster: String },
+    /// A member of another agent, through the hub.
+    Relay { cluster: String },
+    /// Not a domain address: dial from the agent's namespace.
+    Egress,
+    /// An address of the domain's range that no member holds.
+    NoMember,
+}
+
+/// The route of a connection from a replica of `domain` to `destination`.
+pub fn route(
+    view: &MembershipView,
+    domain: &str,
+    destination: IpAddr,
+    memory: &DirectMemory,
+    now: Instant,
+) -> Route {
+    if destination.is_loopback() {
+        return Route::Egress;
+    }
+    let Some(view) = view.domain(domain) else {
+        return Route::Egress;
+    };
+    if !view.cidr.contains(&destination) {
+        return Route::Egress;
+    }
+    match view.members.get(&destination) {
+        None => Route::NoMember,
+        Some(member) => member_route(member, memory, now),
+    }
+}
+
+fn member_route(member: &Member, memory: &DirectMemory, now: Instant) -> Route {
+    if member.local {
+        return Route::Local {
+            pod: member.pod.clone(),
+        };
+    }
+    match &member.agent_address {
+        Some(address) if memory.allows(address, now) => Route::Direct {
+            address: address.clone(),
+            cluster: member.cluster.clone(),
+        },
+        _ => Route::Relay {
+            cluster: member.cluster.clone(),
+        },
+    }
+}
+
+/// What `net check` measured.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CheckResult {
+    pub path: PathKind,
+    /// From the start of the attempt to the destination's `Ok` (TCP connected, or the probe
+    /// authorized), including a failed direct attempt before a relay.
+    pub setup: Duration,
+}
+
+/// Why a check, or a datagram flow, could not be set up.
+#[derive(Debug, thiserror::Error)]
+pub enum RouteError {
+    #[error("pod {pod} is not attached to the pod network on this agent")]
+    UnknownPod { pod: String },
+    #[error("{to} is not in domain {domain}'s range {cidr}")]
+    NotInDomain {
+        to: IpAddr,
+        domain: String,
+        cidr: String,
+    },
+    #[error("no member of domain {domain} has the address {to}")]
+    NoMember { to: IpAddr, domain: String },
+    #[error("pod {pod} has no {family} address in domain {domain}{why}")]
+    NoAddress {
+        pod: String,
+        domain: String,
+        family: &'static str,
+        why: String,
+    },
+    #[error("{path} path: {status}: {message}")]
+    Failed {
+        path: PathKind,
+        status: Status,
+        message: String,
+    },
+    #[error("{reason}")]
+    Unavailable { reason: String },
+    #[error("pod {pod} does not hold {address} in domain {domain}: flow dropped")]
+    Spoofed {
+        pod: String,
+        address: IpAddr,
+        domain: String,
+    },
+}
+
+/// Tunables of the router.
+#[derive(Clone)]
+pub struct RouterConfig {
+    /// Where the listeners are bound in each replica's netns (127.0.0.1 and ::1).
+    pub redirect_port: u16,
+    /// The original destination of an accepted connection.
+    pub destination: DestinationFn,
+    pub setup_timeout: Duration,
+    pub direct_timeout: Duration,
+}
+
+impl std::fmt::Debug for RouterConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RouterConfig")
+            .field("redirect_port", &self.redirect_port)
+            .field("setup_timeout", &self.setup_timeout)
+            .field("direct_timeout", &self.direct_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl RouterConfig {
+    /// The defaults, with `destination` reading the original destination.
+    pub fn new(destination: DestinationFn) -> Self {
+        RouterConfig {
+            redirect_port: REDIRECT_PORT,
+            destination,
+            setup_timeout: SETUP_TIMEOUT,
+            direct_timeout: DIRECT_TIMEOUT,
+        }
+    }
+}
+
+/// A replica attached to the router.
+struct Attached {
+    domain: String,
+    netns: Arc<dyn PodNetns>,
+    stop: CancellationToken,
+}
+
+/// The replicas attached to the router, by pod name; shared with [`Inbound`], which
+/// connects inside their netns.
+#[derive(Clone, Default)]
+pub struct Pods {
+    inner: Arc<Mutex<HashMap<String, Attached>>>,
+}
+
+impl Pods {
+    /// The netns of attached replica `pod`.
+    pub fn netns(&self, pod: &str) -> Option<Arc<dyn PodNetns>> {
+        let pods = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        pods.get(pod).map(|a| a.netns.clone())
+    }
+
+    /// The domain of attached replica `pod`.
+    pub fn domain(&self, pod: &str) -> Option<String> {
+        let pods = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        pods.get(pod).map(|a| a.domain.clone())
+    }
+}
+
+/// The router (see the module documentation). Cheap to clone.
+#[derive(Clone)]
+pub struct Router {
+    inner: Arc<RouterInner>,
+}
+
+struct RouterInner {
+    membership: Membership,
+    metrics: DomainMetrics,
+    pods: Pods,
+    inbound: Inbound,
+    hub: Option<Arc<dyn HubRelay>>,
+    direct: Option<Arc<dyn DirectDialer>>,
+    memory: Mutex<DirectMemory>,
+    config: RouterConfig,
+    shutdown: CancellationToken,
+}
+
+/// Failures of [`Router::attach`].
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("pod {pod} is already attached")]
+    AlreadyAttached { pod: String },
+    #[error("listen on {addr} inside the netns of pod {pod}: {source}")]
+    Listen {
+        pod: String,
+        addr: SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl Router {
+    /// A router over `membership`. `hub`: the relay path (`None`: relay unavailable);
+    /// `direct`: the direct path (`None`: never direct). Everything stops on `shutdown`.
+    pub fn new(
+        membership: Membership,
+        metrics: DomainMetrics,
+        hub: Option<Arc<dyn HubRelay>>,
+        direct: Option<Arc<dyn DirectDialer>>,
+        config: RouterConfig,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let pods = Pods::default();
+        let inbound = Inbound::new(
+            membership.clone(),
+            pods.clone(),
+            metrics.clone(),
+            config.setup_timeout,
+            shutdown.clone(),
+        );
+        Router {
+            inner: Arc::new(RouterInner {
+                membership,
+                metrics,
+                pods,
+                inbound,
+                hub,
+                direct,
+                memory: Mutex::new(DirectMemory::default()),
+                config,
+                shutdown,
+            }),
+        }
+    }
+
+    /// The destination side sharing this router's replicas (for the hub's relay streams
+    /// and the direct listener).
+    pub fn inbound(&self) -> Inbound {
+        self.inner.inbound.clone()
+    }
+
+    /// The membership this router routes by.
+    pub fn membership(&self) -> &Membership {
+        &self.inner.membership
+    }
+
+    /// Start routing the connections of replica `pod` (a member of `domain`) whose netns is
+    /// `netns`: listeners on 127.0.0.1 and ::1 ([`RouterConfig::redirect_port`]) inside it,
+    /// each with its accept loop. The ::1 listener is optional (a netns without IPv6 has
+    /// none). Until [`Router::detach`], inbound connections to the replica are served too.
+    pub async fn attach(
+        &self,
+        pod: &str,
+        domain: &str,
+        netns: Arc<dyn PodNetns>,
+    ) -> Result<(), AttachError> {
+        if self.inner.pods.netns(pod).is_some() {
+            return Err(AttachError::AlreadyAttached {
+                pod: pod.to_string(),
+            });
+        }
+        let port = self.inner.config.redirect_port;
+        let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
+        let mut listeners = vec![
+            netns
+                .listen(v4)
+                .await
+                .map_err(|source| AttachError::Listen {
+                    pod: pod.to_string(),
+                    addr: v4,
+                    source,
+                })?,
+        ];
+        match netns.listen(v6).await {
+            Ok(listener) => listeners.push(listener),
+            Err(error) => {
+                tracing::debug!(%pod, %error, "no IPv6 listener in the replica's netns");
+            }
+        }
+        let stop = self.inner.shutdown.child_token();
+        {
+            let mut pods = self
+                .inner
+                .pods
+                .inner
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            if pods.contains_key(pod) {
+                return Err(AttachError::AlreadyAttached {
+                    pod: pod.to_string(),
+                });
+            }
+            pods.insert(
+                pod.to_string(),
+                Attached {
+                    domain: domain.to_string(),
+                    netns,
+                    stop: stop.clone(),
+                },
+            );
+        }
+        for listener in listeners {
+            tokio::spawn(accept_loop(
+                self.clone(),
+                pod.to_string(),
+                domain.to_string(),
+                listener,
+                stop.clone(),
+            ));
+        }
+        tracing::info!(%pod, %domain, port, "replica attached to the pod network");
+        Ok(())
+    }
+
+    /// Stop routing replica `pod`: its listeners close and its open connections end.
+    /// Returns whether it was attached.
+    pub fn detach(&self, pod: &str) -> bool {
+        let removed = self
+            .inner
+            .pods
+            .inner
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(pod);
+        match removed {
+            Some(attached) => {
+                attached.stop.cancel();
+                tracing::info!(%pod, "replica detached from the pod network");
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Whether a direct attempt to `address` is allowed now (tests, diagnostics).
+    pub fn direct_allowed(&self, address: &str) -> bool {
+        self.memory().allows(address, Instant::now())
+    }
+
+    fn memory(&self) -> std::sync::MutexGuard<'_, DirectMemory> {
+        self.inner
+            .memory
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Open a test connection from replica `pod` to `to` (`port`: a TCP connection to that
+    /// port, closed at once; none: a probe, which the destination's agent authorizes
+    /// without touching the replica) along the same route as its connections, and measure
+    /// the setup.
+    pub async fn check(
+        &self,
+        pod: &str,
+        to: IpAddr,
+        port: Option<u16>,
+    ) -> Result<CheckResult, RouteError> {
+        let domain = self
+            .inner
+            .pods
+            .domain(pod)
+            .ok_or_else(|| RouteError::UnknownPod {
+                pod: pod.to_string(),
+            })?;
+        let view = self.inner.membership.view();
+        let Some(domain_view) = view.domain(&domain) else {
+            return Err(RouteError::Unavailable {
+                reason: format!("domain {domain} is not known to this agent yet"),
+            });
+        };
+        if !domain_view.cidr.contains(&to) {
+            return Err(RouteError::NotInDomain {
+                to,
+                domain,
+                cidr: domain_view.cidr.to_string(),
+            });
+        }
+        let (protocol, port) = match port {
+            Some(port) => (Protocol::Tcp, port),
+            None => (Protocol::Probe, 0),
+        };
+        let header = self.header(&view, pod, &domain, protocol, to, port, 0)?;
+        let started = Instant::now();
+        let (path, stream) = self.open(&view, pod, header).await?;
+        let setup = started.elapsed();
+        drop(stream);
+        Ok(CheckResult { path, setup })
+    }
+
+    /// Open a flow described by `protocol`, `to` and `port` from replica `pod` (the
+    /// datagram plane's opener: Udp and Icmp). Ok: the stream after the destination's `Ok`.
+    pub async fn open_flow(
+        &self,
+        pod: &str,
+        protocol: Protocol,
+        to: IpAddr,
+        port: u16,
+        source_port: u16,
+    ) -> Result<(PathKind, BoxStream), RouteError> {
+        let domain = self
+            .inner
+            .pods
+            .domain(pod)
+            .ok_or_else(|| RouteError::UnknownPod {
+                pod: pod.to_string(),
+            })?;
+        let view = self.inner.membership.view();
+        let header = self.header(&view, pod, &domain, protocol, to, port, source_port)?;
+        self.open(&view, pod, header).await
+    }
+
+    /// Open the flow `header` describes for replica `pod` (the datagram plane's opener,
+    /// whose headers come from packets the replica wrote): the header's domain must be the
+    /// replica's and its source one of the replica's own addresses, so a replica cannot
+    /// speak for another by forging a packet's source address. Its `source_cluster` is
+    /// cleared (only the hub sets it).
+    pub async fn open_header(
+        &self,
+        pod: &str,
+        mut header: RelayHeader,
+    ) -> Result<(PathKind, BoxStream), RouteError> {
+        let domain = self
+            .inner
+            .pods
+            .domain(pod)
+            .ok_or_else(|| RouteError::UnknownPod {
+                pod: pod.to_string(),
+            })?;
+        let view = self.inner.membership.view();
+        let own = view.addresses_of(&domain, pod);
+        if header.domain != domain || !own.contains(&header.source) {
+            return Err(RouteError::Spoofed {
+                pod: pod.to_string(),
+                address: header.source,
+                domain: header.domain,
+            });
+        }
+        header.source_cluster = None;
+        self.open(&view, pod, header).await
+    }
+
+    /// The relay header of a flow from `pod`.
+    #[allow(clippy::too_many_arguments)]
+    fn header(
+        &self,
+        view: &MembershipView,
+        pod: &str,
+        domain: &str,
+        protocol: Protocol,
+        to: IpAddr,
+        port: u16,
+        source_port: u16,
+    ) -> Result<RelayHeader, RouteError> {
+        let Some(source) = view.source_address(domain, pod, to) else {
+            let why = match view.pending(pod) {
+                Some((_, entry)) => format!(": {} ({})", entry.reason, entry.message),
+                None => String::new(),
+            };
+            return Err(RouteError::NoAddress {
+                pod: pod.to_string(),
+                domain: domain.to_string(),
+                family: if to.is_ipv4() { "IPv4" } else { "IPv6" },
+                why,
+            });
+        };
+        Ok(RelayHeader {
+            domain: domain.to_string(),
+            protocol,
+            source,
+            destination: to,
+            port,
+            source_port,
+            source_cluster: None,
+        })
+    }
+
+    /// Open `header`'s flow along its route; every protocol, every path. Counts failures.
+    async fn open(
+        &self,
+        view: &MembershipView,
+        pod: &str,
+        header: RelayHeader,
+    ) -> Result<(PathKind, BoxStream), RouteError> {
+        let domain = header.domain.clone();
+        let route = route(
+            view,
+            &domain,
+            header.destination,
+            &self.memory(),
+            Instant::now(),
+        );
+        match route {
+            Route::Egress => Err(RouteError::NotInDomain {
+                to: header.destination,
+                domain: domain.clone(),
+                cidr: view
+                    .domain(&domain)
+                    .map(|d| d.cidr.to_string())
+                    .unwrap_or_default(),
+            }),
+            Route::NoMember => Err(RouteError::NoMember {
+                to: header.destination,
+                domain,
+            }),
+            Route::Local { pod: destination } => {
+                let own = self.inner.membership.identity().cluster.clone();
+                let stream = match header.protocol {
+                    Protocol::Tcp => {
+                        let netns = self.inner.pods.netns(&destination);
+                        let addr = SocketAddr::new(header.destination, header.port);
+                        match netns {
+                            None => Err(RouteError::Failed {
+                                path: PathKind::Local,
+                                status: Status::Unreachable,
+                                message: format!(
+                                    "pod {destination} is a member here but is not running"
+                                ),
+                            }),
+                            Some(netns) => netns
+                                .connect(addr, self.inner.config.setup_timeout)
+                                .await
+                                .map(|s| Box::new(s) as BoxStream)
+                                .map_err(|e| RouteError::Failed {
+                                    path: PathKind::Local,
+                                    status: crate::net::inbound::connect_status(&e),
+                                    message: format!("connect to {addr} in pod {destination}: {e}"),
+                                }),
+                        }
+                    }
+                    _ => self.open_in_process(header, &own).await,
+                };
+                match stream {
+                    Ok(stream) => Ok((PathKind::Local, stream)),
+                    Err(error) => {
+                        if let RouteError::Failed { status, .. } = &error {
+                            self.inner.metrics.failed(
+                                &domain,
+                                &own,
+                                PathKind::Local,
+                                status.as_str(),
+                            );
+                        }
+                        tracing::debug!(%pod, %error, "local flow failed");
+                        Err(error)
+                    }
+                }
+            }
+            Route::Direct { address, cluster } => {
+                let direct = self.inner.direct.clone();
+                if let Some(direct) = direct {
+                    let attempt = direct
+                        .open(
+                            address.clone(),
+                            cluster.clone(),
+                            header.clone(),
+                            self.inner.config.direct_timeout,
+                        )
+                        .await;
+                    match attempt {
+                        Ok(stream) => {
+                            self.memory().succeeded(&address);
+                            return Ok((PathKind::Direct, stream));
+                        }
+                        Err(error) => {
+                            let status = error.status();
+                            self.inner.metrics.failed(
+                                &domain,
+                                &cluster,
+                                PathKind::Direct,
+                                status.as_str(),
+                            );
+                            if !error.falls_back() {
+                                tracing::info!(%pod, flow = %header, %error, "direct path refused the flow");
+                                return Err(RouteError::Failed {
+                                    path: PathKind::Direct,
+                                    status,
+                                    message: error.to_string(),
+                                });
+                            }
+                            let period = self.memory().failed(&address, Instant::now());
+                            self.inner.metrics.fallback(&domain, &cluster);
+                            tracing::warn!(%pod, peer = %cluster, %address, %error, relay_only_for = ?period, "direct path failed: relaying");
+                        }
+                    }
+                }
+                self.relay(header, &cluster).await
+            }
+            Route::Relay { cluster } => self.relay(header, &cluster).await,
+        }
+    }
+
+    async fn relay(
+        &self,
+        header: RelayHeader,
+        cluster: &str,
+    ) -> Result<(PathKind, BoxStream), RouteError> {
+        let domain = header.domain.clone();
+        let Some(hub) = self.inner.hub.clone() else {
+            self.inner
+                .metrics
+                .failed(&domain, cluster, PathKind::Relay, "unavailable");
+            return Err(RouteError::Unavailable {
+                reason: "the relay through the hub is not available on this agent".into(),
+            });
+        };
+        match hub.open(header, self.inner.config.setup_timeout).await {
+            Ok(stream) => Ok((PathKind::Relay, stream)),
+            Err(error) => {
+                self.inner
+                    .metrics
+                    .failed(&domain, cluster, PathKind::Relay, error.status.as_str());
+                Err(RouteError::Failed {
+                    path: PathKind::Relay,
+                    status: error.status,
+                    message: error.message,
+                })
+            }
+        }
+    }
+
+    /// A flow to a member of this agent served by this agent's own inbound side through an
+    /// in-process pipe, so local datagrams and probes are authorized and delivered exactly
+    /// as remote ones.
+    async fn open_in_process(
+        &self,
+        header: RelayHeader,
+        own_cluster: &str,
+    ) -> Result<BoxStream, RouteError> {
+        let (mut near, far) = tokio::io::duplex(COPY_BUFFER);
+        let inbound = self.inner.inbound.clone();
+        let cluster = own_cluster.to_string();
+        tokio::spawn(async move {
+            inbound
+                .serve(header, Some(cluster), Box::new(far), PathKind::Local)
+                .await;
+        });
+        let answer = tokio::time::timeout(
+            self.inner.config.setup_timeout,
+            header::read_response(&mut near),
+        )
+        .await;
+        let failed = |status: Status, message: String| RouteError::Failed {
+            path: PathKind::Local,
+            status,
+            message,
+        };
+        match answer {
+            Err(_) => Err(failed(Status::Timeout, "no answer in time".into())),
+            Ok(Err(e)) => Err(failed(Status::Internal, e.to_string())),
+            Ok(Ok(response)) if response.status == Status::Ok => Ok(Box::new(near)),
+            Ok(Ok(response)) => Err(failed(response.status, response.message)),
+        }
+    }
+
+    /// Route one accepted connection of replica `pod`.
+    async fn handle(&self, pod: &str, domain: &str, mut conn: TcpStream) {
+        let destination = match (self.inner.config.destination)(&conn) {
+            Ok(destination) => destination,
+            Err(error) => {
+                tracing::warn!(%pod, %error, "no original destination: connection closed");
+                return;
+            }
+        };
+        let _ = conn.set_nodelay(true);
+        let view = self.inner.membership.view();
+        let route = route(
+            &view,
+            domain,
+            destination.ip(),
+            &self.memory(),
+            Instant::now(),
+        );
+        let (path, peer, mut stream): (PathKind, String, BoxStream) = match route {
+            Route::Egress => {
+                let dialed = tokio::time::timeout(
+                    self.inner.config.setup_timeout,
+                    TcpStream::connect(destination),
+                )
+                .await;
+                match dialed {
+                    Ok(Ok(tcp)) => {
+                        let _ = tcp.set_nodelay(true);
+                        (PathKind::Egress, String::new(), Box::new(tcp))
+                    }
+                    Ok(Err(error)) => {
+                        let status = crate::net::inbound::connect_status(&error);
+                        self.inner
+                            .metrics
+                            .failed(domain, "", PathKind::Egress, status.as_str());
+                        tracing::debug!(%pod, %destination, %error, "egress connect failed");
+                        return;
+                    }
+                    Err(_) => {
+                        self.inner
+                            .metrics
+                            .failed(domain, "", PathKind::Egress, "timeout");
+                        return;
+                    }
+                }
+            }
+            Route::NoMember => {
+                tracing::info!(%pod, %domain, %destination, "no member holds this address: connection closed");
+                return;
+            }
+            Route::Local { .. } | Route::Direct { .. } | Route::Relay { .. } => {
+                let peer = match &route {
+                    Route::Direct { cluster, .. } | Route::Relay { cluster } => cluster.clone(),
+                    _ => self.inner.membership.identity().cluster.clone(),
+                };
+                let source_port = conn.peer_addr().map(|a| a.port()).unwrap_or(0);
+                let header = match self.header(
+                    &view,
+                    pod,
+                    domain,
+                    Protocol::Tcp,
+                    destination.ip(),
+                    destination.port(),
+                    source_port,
+                ) {
+                    Ok(header) => header,
+                    Err(error) => {
+                        tracing::warn!(%pod, %error, "connection closed");
+                        return;
+                    }
+                };
+                match self.open(&view, pod, header).await {
+                    Ok((path, stream)) => (path, peer, stream),
+                    Err(error) => {
+                        tracing::debug!(%pod, %destination, %error, "connection not set up");
+                        return;
+                    }
+                }
+            }
+        };
+        let meter = self.inner.metrics.opened(domain, &peer, path);
+        let mut member = Metered::new(&mut conn, meter);
+        match tokio::io::copy_bidirectional_with_sizes(
+            &mut member,
+            &mut stream,
+            COPY_BUFFER,
+            COPY_BUFFER,
+        )
+        .await
+        {
+            Ok((out, back)) => {
+                tracing::debug!(%pod, %destination, %path, out, back, "connection done");
+            }
+            Err(error) => {
+                tracing::debug!(%pod, %destination, %path, %error, "connection ended with an error");
+            }
+        }
+        let _ = stream.shutdown().await;
+    }
+}
+
+/// Accept connections of replica `pod` until `stop`; each is routed in its own task,
+/// which ends with `stop` too.
+async fn accept_loop(
+    router: Router,
+    pod: String,
+    domain: String,
+    listener: TcpListener,
+    stop: CancellationToken,
+) {
+    loop {
+        let accepted = tokio::select! {
+            () = stop.cancelled() => return,
+            accepted = listener.accept() => accepted,
+        };
+        match accepted {
+            Ok((conn, _)) => {
+                let (router, pod, domain, stop) =
+                    (router.clone(), pod.clone(), domain.clone(), stop.clone());
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = stop.cancelled() => {}
+                        () = router.handle(&pod, &domain, conn) => {}
+                    }
+                });
+            }
+            Err(error) => {
+                // EMFILE and friends: wait a little rather than spin.
+                tracing::warn!(%pod, %error, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests;
