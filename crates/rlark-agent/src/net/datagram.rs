@@ -154,17 +154,19 @@ pub struct DatagramMetrics {
 }
 
 impl DatagramMetrics {
-    /// Registers `rlark_domain_datagrams_total{domain,protocol,direction}` and
-    /// `rlark_domain_datagrams_dropped_total{reason}` in `registry` (names relative to
-    /// its prefix, if any).
+    /// Registers the families as `domain_datagrams` and `domain_datagrams_dropped`
+    /// (counters get `_total`) under the registry's prefix: in a registry with prefix
+    /// `rlark` (as `net::metrics` expects) they are
+    /// `rlark_domain_datagrams_total{domain,protocol,direction}` and
+    /// `rlark_domain_datagrams_dropped_total{reason}`.
     pub fn register(&self, registry: &mut Registry) {
         registry.register(
-            "rlark_domain_datagrams",
+            "domain_datagrams",
             "Datagrams (UDP payloads, ICMP echo messages) carried for domain replicas",
             self.datagrams.clone(),
         );
         registry.register(
-            "rlark_domain_datagrams_dropped",
+            "domain_datagrams_dropped",
             "Datagrams the agent's datagram plane dropped, by reason",
             self.dropped.clone(),
         );
@@ -1504,6 +1506,27 @@ mod tests {
         assert_eq!(frame_to_packet(&out, &v4[20..]), Err(DropReason::BadFrame));
         let big = vec![0u8; 65_535];
         assert_eq!(frame_to_packet(&udp_key, &big), Err(DropReason::TooBig));
+    }
+
+    #[test]
+    fn metrics_are_exposed_under_the_rlark_prefix() {
+        let metrics = DatagramMetrics::default();
+        let mut registry = Registry::with_prefix("rlark");
+        metrics.register(&mut registry);
+        metrics.count("ray", "udp", "out");
+        metrics.drop(DropReason::SpoofedSource);
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(
+                r#"rlark_domain_datagrams_total{domain="ray",protocol="udp",direction="out"} 1"#
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"rlark_domain_datagrams_dropped_total{reason="spoofed_source"} 1"#),
+            "{text}"
+        );
     }
 
     #[tokio::test]
