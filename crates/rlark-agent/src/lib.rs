@@ -27,6 +27,9 @@ mod api_body;
 pub mod config;
 pub mod discovery;
 pub mod exec;
+#[cfg(any(test, feature = "fuzzing"))]
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod join;
 pub mod net;
 pub mod node;

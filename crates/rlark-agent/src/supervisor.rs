@@ -4,7 +4,8 @@
 //! `rlark-agent-supervise` (this crate's, for its tests).
 //!
 //! ```text
-//! rlark supervise --dir REPLICA_DIR [--grace-ms N] [--arg0 NAME] -- PROGRAM [ARGS...]
+//! rlark supervise --dir REPLICA_DIR [--grace-ms N] [--arg0 NAME]
+//!                 [--netns PATH] [--hosts FILE] -- PROGRAM [ARGS...]
 //! ```
 //!
 //! The agent starts one per replica ([`crate::runtime::spawn_replica`]) with the replica's
@@ -16,15 +17,24 @@
 //! 1. it leaves the agent's session and process group (`setsid`), so signals aimed at the
 //!    agent (a terminal's Ctrl-C, `kill -9` of the agent) never reach it, and becomes a
 //!    child subreaper, so the task's orphaned descendants are reparented to it and reaped;
-//! 2. it starts `PROGRAM` (argv\[0\] = `NAME` when given) as the leader of a new process
+//! 2. with `--netns PATH` (a replica of a domain task, [`crate::net::netns`]) it enters
+//!    that network namespace (`setns`; the supervisor is single-threaded, so the whole
+//!    process moves), and with `--netns` or `--hosts` it unshares a mount namespace of its
+//!    own whose mounts are slaves of the host's (`/` recursively `MS_SLAVE`: the host's
+//!    later mounts and unmounts still arrive, nothing done here leaks back); there it
+//!    mounts a fresh `/sys` (with `--netns`: `/sys/class/net` then shows the namespace's
+//!    devices, as under `ip netns exec`) and bind-mounts `FILE` over `/etc/hosts` (as `ip
+//!    netns exec` does with `/etc/netns/NAME/hosts`). The agent rewrites `FILE` in place
+//!    (same inode), so the task sees each update; a failure here is a start error;
+//! 3. it starts `PROGRAM` (argv\[0\] = `NAME` when given) as the leader of a new process
 //!    group, stdin `/dev/null`, everything else inherited;
-//! 3. it writes `REPLICA_DIR/pid.json` ([`PidRecord`]: task pid, process group, `/proc`
+//! 4. it writes `REPLICA_DIR/pid.json` ([`PidRecord`]: task pid, process group, `/proc`
 //!    start ticks, its own pid and start ticks, start time);
-//! 4. when the main process ends it writes `REPLICA_DIR/exit.json` ([`ExitRecord`]: `code`
+//! 5. when the main process ends it writes `REPLICA_DIR/exit.json` ([`ExitRecord`]: `code`
 //!    or `signal`, `finishedAt`) before anything else; then it SIGKILLs what is left of the
 //!    process group (a replica is its whole tree) — except during a stop, see below — waits
 //!    (bounded) until the group is gone, and exits 0;
-//! 5. a start error (`ENOENT`, `EACCES`, `ENOEXEC`, ...) is written to `exit.json` as
+//! 6. a start error (`ENOENT`, `EACCES`, `ENOEXEC`, ...) is written to `exit.json` as
 //!    `error` (+ `errno`) and the supervisor exits 1.
 //!
 //! # Signals
@@ -71,8 +81,8 @@ const KILLED_GROUP_WAIT: Duration = Duration::from_secs(5);
 /// Longest pause between two checks of a dying process group.
 const GROUP_POLL: Duration = Duration::from_millis(50);
 
-const USAGE: &str =
-    "usage: rlark supervise --dir REPLICA_DIR [--grace-ms N] [--arg0 NAME] -- PROGRAM [ARGS...]";
+const USAGE: &str = "usage: rlark supervise --dir REPLICA_DIR [--grace-ms N] [--arg0 NAME] \
+                     [--netns PATH] [--hosts FILE] -- PROGRAM [ARGS...]";
 
 /// Parsed command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -83,6 +93,10 @@ pub struct SupervisorArgs {
     pub grace: Duration,
     /// argv\[0\] of the task, when not `program`.
     pub arg0: Option<OsString>,
+    /// The network namespace to run the task in (`/run/netns/<name>`).
+    pub netns: Option<PathBuf>,
+    /// A file bind-mounted over `/etc/hosts` for the task.
+    pub hosts: Option<PathBuf>,
     /// The program to run: a path (absolute, or relative to the working directory; no
     /// `PATH` lookup — the agent resolves the program before it starts the supervisor).
     pub program: OsString,
@@ -97,6 +111,8 @@ impl SupervisorArgs {
         let mut dir = None;
         let mut grace = DEFAULT_GRACE;
         let mut arg0 = None;
+        let mut netns = None;
+        let mut hosts = None;
         loop {
             let Some(flag) = args.next() else {
                 return Err("missing `-- PROGRAM`".into());
@@ -106,6 +122,8 @@ impl SupervisorArgs {
                 Some("--") => break,
                 Some("--dir") => dir = Some(PathBuf::from(value("--dir")?)),
                 Some("--arg0") => arg0 = Some(value("--arg0")?),
+                Some("--netns") => netns = Some(PathBuf::from(value("--netns")?)),
+                Some("--hosts") => hosts = Some(PathBuf::from(value("--hosts")?)),
                 Some("--grace-ms") => {
                     let text = value("--grace-ms")?;
                     let ms: u64 = text
@@ -126,6 +144,8 @@ impl SupervisorArgs {
             dir,
             grace,
             arg0,
+            netns,
+            hosts,
             program,
             args: args.collect(),
         })
@@ -180,6 +200,13 @@ fn run(args: &SupervisorArgs) -> Result<(), String> {
     }
 
     let exit_path = args.dir.join(EXIT_FILE);
+    if let Err(message) = enter_network(args) {
+        let record = ExitRecord::start_failed(message.clone(), None);
+        if let Err(e) = record::write(&exit_path, &record) {
+            eprintln!("rlark supervise: write {}: {e}", exit_path.display());
+        }
+        return Err(message);
+    }
     let child = match spawn(args, &mask) {
         Ok(child) => child,
         Err(error) => {
@@ -211,6 +238,57 @@ fn run(args: &SupervisorArgs) -> Result<(), String> {
         ));
     }
     Supervision::new(pgid, args.grace, exit_path).run(&signals)
+}
+
+/// Step 2 of the module documentation: the network namespace, the mount namespace,
+/// `/sys` and `/etc/hosts`. Nothing to do without `--netns` and `--hosts`. The error names
+/// the step and the path.
+fn enter_network(args: &SupervisorArgs) -> Result<(), String> {
+    use nix::mount::{MntFlags, MsFlags, mount, umount2};
+    use nix::sched::{CloneFlags, setns, unshare};
+    if let Some(path) = &args.netns {
+        let namespace = std::fs::File::open(path)
+            .map_err(|e| format!("open network namespace {}: {e}", path.display()))?;
+        setns(&namespace, CloneFlags::CLONE_NEWNET)
+            .map_err(|e| format!("enter network namespace {}: {e}", path.display()))?;
+    }
+    if args.netns.is_none() && args.hosts.is_none() {
+        return Ok(());
+    }
+    unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare the mount namespace: {e}"))?;
+    mount(
+        None::<&str>,
+        "/",
+        None::<&str>,
+        MsFlags::MS_REC | MsFlags::MS_SLAVE,
+        None::<&str>,
+    )
+    .map_err(|e| format!("make / a recursive slave mount: {e}"))?;
+    if args.netns.is_some() {
+        // As `ip netns exec`: sysfs shows the network devices of the namespace that mounts
+        // it. Not fatal: the network itself works without it.
+        let _ = umount2("/sys", MntFlags::MNT_DETACH);
+        if let Err(e) = mount(
+            Some("sysfs"),
+            "/sys",
+            Some("sysfs"),
+            MsFlags::empty(),
+            None::<&str>,
+        ) {
+            eprintln!("rlark supervise: mount /sys for the network namespace: {e}; continuing");
+        }
+    }
+    if let Some(hosts) = &args.hosts {
+        mount(
+            Some(hosts.as_path()),
+            "/etc/hosts",
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        )
+        .map_err(|e| format!("bind-mount {} over /etc/hosts: {e}", hosts.display()))?;
+    }
+    Ok(())
 }
 
 /// Start the task: `args.program` as the leader of a new process group, stdin
@@ -471,6 +549,25 @@ mod tests {
         assert_eq!(args.arg0, Some(OsString::from("sh")));
         assert_eq!(args.program, OsString::from("/bin/sh"));
         assert_eq!(args.args, [OsString::from("-c"), OsString::from("exit 3")]);
+        assert_eq!((args.netns, args.hosts), (None, None));
+        let args = parse(&[
+            "--dir",
+            "/r",
+            "--netns",
+            "/run/netns/x",
+            "--hosts",
+            "/r/hosts",
+            "--",
+            "/bin/true",
+        ])
+        .expect("parse network flags");
+        assert_eq!(args.netns, Some(PathBuf::from("/run/netns/x")));
+        assert_eq!(args.hosts, Some(PathBuf::from("/r/hosts")));
+        assert!(
+            parse(&["--dir", "/r", "--netns"])
+                .expect_err("no value")
+                .contains("--netns needs a value")
+        );
         assert_eq!(
             parse(&["--dir", "/r", "--", "x"]).expect("defaults").grace,
             DEFAULT_GRACE

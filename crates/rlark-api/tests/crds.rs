@@ -412,7 +412,10 @@ fn no_private_key_field_anywhere() {
                 let lower = name.to_ascii_lowercase();
                 // A label selector's `matchExpressions[].key` is a label name, not a key.
                 let selector_key = path.ends_with(".matchExpressions") && name == "key";
-                if (lower == "key" && !selector_key) || lower.contains("privatekey") || lower.contains("private_key") {
+                if (lower == "key" && !selector_key)
+                    || lower.contains("privatekey")
+                    || lower.contains("private_key")
+                {
                     found.push(format!("{path}.{name}"));
                 }
                 walk(sub, &format!("{path}.{name}"), found);

@@ -1,15 +1,18 @@
 //! The pod network on the agent's side (issue 16): each replica of a domain task runs in a
 //! network namespace of its own holding its virtual IP ([`netns`]), TCP flows out of it are
 //! redirected by nftables to the agent ([`nft`]), and UDP/ICMP reach the agent through the
-//! namespace's TUN device ([`tun`]). The agent's view of the domains ([`membership`]) drives
-//! the [`router`] (local, direct or relayed), the [`direct`] mTLS path between agents and the
-//! destination side ([`inbound`]); [`metrics`] counts it all.
+//! namespace's TUN device ([`tun`]), where the datagram plane ([`datagram`], over the
+//! checked packet views of [`packet`]) carries them. The agent's view of the domains
+//! ([`membership`]) drives the [`router`] (local, direct or relayed), the [`direct`] mTLS
+//! path between agents and the destination side ([`inbound`]); [`metrics`] counts it all.
 
+pub mod datagram;
 pub mod direct;
 pub mod inbound;
 pub mod membership;
 pub mod metrics;
 pub mod netns;
 pub mod nft;
+pub mod packet;
 pub mod router;
 pub mod tun;

@@ -618,6 +618,22 @@ pub fn existing(prefix: &str) -> io::Result<Vec<String>> {
     Ok(names)
 }
 
+/// Replace the contents of `path` keeping its inode (truncate, then write; created when
+/// missing): a file bind-mounted elsewhere — a replica's `/etc/hosts` — shows the new
+/// contents, where a rename would leave the mount on the old inode. A reader can see the
+/// file empty or half-written for the moment the write takes.
+pub fn rewrite_in_place(path: &Path, contents: &[u8]) -> io::Result<()> {
+    use std::io::Write as _;
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o644)
+        .open(path)?;
+    file.write_all(contents)?;
+    file.flush()
+}
+
 /// The original destination of a connection that nftables REDIRECTed to a listener
 /// (`SO_ORIGINAL_DST` / `IP6T_SO_ORIGINAL_DST`, by the family of the accepted socket). An
 /// unredirected connection gives its own local address (conntrack's original tuple), or

@@ -115,6 +115,22 @@ pub struct ReplicaSpec {
     /// The supervisor command (program and leading arguments), e.g. `[rlark, supervise]`;
     /// its flags and the task's program follow. Default: [`default_supervisor`].
     pub supervisor: Vec<OsString>,
+    /// The pod network of a replica of a domain task: the process starts inside this
+    /// network namespace with its own `/etc/hosts`. `None`: the host's network.
+    pub network: Option<ReplicaNetwork>,
+}
+
+/// Where a replica of a domain task runs, network-wise (the supervisor's `--netns` and
+/// `--hosts`, see [`crate::supervisor`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaNetwork {
+    /// The replica's network namespace, `/run/netns/<name>`
+    /// ([`crate::net::netns::ReplicaNetns::path`]).
+    pub netns_path: PathBuf,
+    /// The file the task sees as `/etc/hosts` (bind-mounted); the agent rewrites it in place
+    /// ([`crate::net::netns::rewrite_in_place`]) and the task sees each update. Must exist
+    /// when the replica starts.
+    pub hosts_file: PathBuf,
 }
 
 /// The supervisor as a binary of its own, looked for beside the agent's executable.
@@ -208,6 +224,7 @@ impl ReplicaSpec {
             grace: DEFAULT_GRACE,
             log_limits: LogLimits::default(),
             supervisor: default_supervisor(),
+            network: None,
         }
     }
 
@@ -459,7 +476,15 @@ pub async fn spawn_replica(spec: ReplicaSpec) -> Result<ReplicaHandle, RuntimeEr
         .arg("--grace-ms")
         .arg(spec.grace.as_millis().to_string())
         .arg("--arg0")
-        .arg(&spec.entrypoint[0])
+        .arg(&spec.entrypoint[0]);
+    if let Some(network) = &spec.network {
+        command
+            .arg("--netns")
+            .arg(&network.netns_path)
+            .arg("--hosts")
+            .arg(&network.hosts_file);
+    }
+    command
         .arg("--")
         .arg(&prepared.program)
         .args(&spec.entrypoint[1..])
