@@ -83,6 +83,19 @@ pub trait HubRelay: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<BoxStream, DialError>>;
 }
 
+/// A replica's real network namespace.
+impl PodNetns for crate::net::netns::ReplicaNetns {
+    fn listen(&self, addr: SocketAddr) -> BoxFuture<'_, io::Result<TcpListener>> {
+        Box::pin(crate::net::netns::ReplicaNetns::listen(self, addr))
+    }
+
+    fn connect(&self, addr: SocketAddr, timeout: Duration) -> BoxFuture<'_, io::Result<TcpStream>> {
+        Box::pin(crate::net::netns::ReplicaNetns::connect(
+            self, addr, timeout,
+        ))
+    }
+}
+
 /// The relay path over the agent's tunnel sessions.
 impl HubRelay for rlark_tunnel::client::HubStreams {
     fn open(

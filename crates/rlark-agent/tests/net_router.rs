@@ -1,0 +1,289 @@
+//! The router on real replica network namespaces (`h16router-*`, deleted by a Drop guard):
+//! a "task" in one namespace connects to the virtual IPs of two others; nftables redirects
+//! each connection to the router, which reads the original destination and carries it
+//! locally (a member on this agent, connected from inside its namespace) or through a
+//! stand-in hub to another agent's destination side (which authorizes it and connects
+//! from inside the destination's namespace). Only these namespaces carry traffic.
+//!
+//! Needs root, `/dev/net/tun` and `nft`; elsewhere the test says why and passes without
+//! checking anything, except under `scripts/test.sh`/CI, where a missing tool fails it.
+
+#[path = "../../../tests/support/missing_tool.rs"]
+mod missing_tool;
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use anyhow::Result;
+use futures::future::BoxFuture;
+use rlark_agent::net::inbound::Inbound;
+use rlark_agent::net::membership::{LocalIdentity, Membership};
+use rlark_agent::net::metrics::{DomainMetrics, PathKind};
+use rlark_agent::net::netns::{DEFAULT_REDIRECT_PORT, Mode, NetnsSpec, ReplicaNetns};
+use rlark_agent::net::router::{BoxStream, HubRelay, Router, RouterConfig};
+use rlark_api::types::{DomainPeer, DomainPeerSpec, DomainPodInfo};
+use rlark_tunnel::dial::DialError;
+use rlark_tunnel::header::{self, Status};
+use rlark_tunnel::relay::RelayHeader;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+const LIMIT: Duration = Duration::from_secs(10);
+
+fn supported() -> bool {
+    if !rustix::process::geteuid().is_root() {
+        missing_tool::skip_or_fail("not root: network namespaces need CAP_SYS_ADMIN");
+        return false;
+    }
+    if !Path::new("/dev/net/tun").exists() {
+        missing_tool::skip_or_fail("/dev/net/tun is missing");
+        return false;
+    }
+    if rlark_agent::net::nft::binary().is_none() {
+        missing_tool::skip_or_fail("nft (package nftables) is not installed");
+        return false;
+    }
+    true
+}
+
+/// Removes namespace `h16router-<suffix>-<pid>` when dropped, whatever the test did.
+struct Guard(String);
+
+impl Guard {
+    fn new(suffix: &str) -> Self {
+        let name = format!("h16router-{suffix}-{}", std::process::id());
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "delete", &name])
+            .stderr(std::process::Stdio::null())
+            .status();
+        Guard(name)
+    }
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "delete", &self.0])
+            .stderr(std::process::Stdio::null())
+            .status();
+    }
+}
+
+async fn replica_netns(guard: &Guard, ip: &str) -> Result<Arc<ReplicaNetns>> {
+    Ok(Arc::new(
+        ReplicaNetns::create(&NetnsSpec {
+            name: guard.0.clone(),
+            addresses: vec![format!("{ip}/16").parse()?],
+            mode: Mode::Kernel,
+            redirect_port: DEFAULT_REDIRECT_PORT,
+            loopback_passthrough: vec![],
+        })
+        .await?,
+    ))
+}
+
+fn member(cluster: &str, node: &str, name: &str, ip: &str) -> DomainPodInfo {
+    DomainPodInfo {
+        global_namespace: format!("rlark-{cluster}"),
+        namespace: format!("rlark-{cluster}"),
+        name: name.into(),
+        uid: format!("uid-{name}"),
+        node: Some(node.into()),
+        ip: ip.into(),
+        cluster: cluster.into(),
+        ..Default::default()
+    }
+}
+
+fn domain_peer() -> DomainPeer {
+    DomainPeer::new(
+        "d1",
+        DomainPeerSpec {
+            domain: "d1".into(),
+            cidr: "10.77.0.0/16".into(),
+            prefix_len: 16,
+            pods: vec![
+                member("a", "na", "cli-0", "10.77.0.2"),
+                member("a", "na", "srv-0", "10.77.0.3"),
+                member("b", "nb", "far-0", "10.77.0.4"),
+            ],
+            pending: vec![],
+        },
+    )
+}
+
+/// The hub: forwards each relay stream to agent b's destination side in-process, with
+/// the caller's cluster set as the hub does.
+struct Hub {
+    b: Inbound,
+    seen: Mutex<Vec<RelayHeader>>,
+}
+
+impl HubRelay for Hub {
+    fn open(
+        &self,
+        header: RelayHeader,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<BoxStream, DialError>> {
+        self.seen.lock().unwrap().push(header.clone());
+        let b = self.b.clone();
+        Box::pin(async move {
+            let (mut near, far) = tokio::io::duplex(64 * 1024);
+            tokio::spawn(async move {
+                b.serve(
+                    header.with_source_cluster("a"),
+                    Some("a".into()),
+                    Box::new(far),
+                    PathKind::Relay,
+                )
+                .await;
+            });
+            let response = tokio::time::timeout(timeout, header::read_response(&mut near))
+                .await
+                .map_err(|_| DialError::new(Status::Timeout, "no answer"))?
+                .map_err(|e| DialError::new(Status::Internal, e.to_string()))?;
+            if response.status != Status::Ok {
+                return Err(DialError::new(response.status, response.message));
+            }
+            Ok(Box::new(near) as BoxStream)
+        })
+    }
+}
+
+/// A one-line "HTTP" server on `ip:8080` inside `netns`: answers `<name> got <request>`.
+async fn serve_in(netns: &ReplicaNetns, ip: &str, name: &'static str) -> Result<()> {
+    let listener: TcpListener = netns.listen(SocketAddr::new(ip.parse()?, 8080)).await?;
+    tokio::spawn(async move {
+        while let Ok((mut conn, peer)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut request = Vec::new();
+                let _ = conn.read_to_end(&mut request).await;
+                let answer = format!(
+                    "{name} got {} from {}",
+                    String::from_utf8_lossy(&request),
+                    peer.ip()
+                );
+                let _ = conn.write_all(answer.as_bytes()).await;
+                let _ = conn.shutdown().await;
+            });
+        }
+    });
+    Ok(())
+}
+
+/// What a task in `netns` gets back for `request` sent to `to:8080`.
+async fn ask(netns: &ReplicaNetns, to: &str, request: &str) -> Result<String> {
+    let mut conn = netns
+        .connect(SocketAddr::new(to.parse()?, 8080), LIMIT)
+        .await?;
+    conn.write_all(request.as_bytes()).await?;
+    conn.shutdown().await?;
+    let mut answer = Vec::new();
+    tokio::time::timeout(LIMIT, conn.read_to_end(&mut answer)).await??;
+    Ok(String::from_utf8(answer)?)
+}
+
+#[tokio::test]
+async fn local_and_relayed_connections_between_namespaces() -> Result<()> {
+    if !supported() {
+        return Ok(());
+    }
+    let (g_cli, g_srv, g_far) = (Guard::new("cli"), Guard::new("srv"), Guard::new("far"));
+    let cli = replica_netns(&g_cli, "10.77.0.2").await?;
+    let srv = replica_netns(&g_srv, "10.77.0.3").await?;
+    let far = replica_netns(&g_far, "10.77.0.4").await?;
+    serve_in(&srv, "10.77.0.3", "srv-0").await?;
+    serve_in(&far, "10.77.0.4", "far-0").await?;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let destination = || RouterConfig::new(Arc::new(rlark_agent::net::netns::original_destination));
+
+    // Agent b runs far-0.
+    let b_membership = Membership::new(LocalIdentity {
+        cluster: "b".into(),
+        node: "nb".into(),
+    });
+    b_membership.replace(&[domain_peer()]);
+    let b = Router::new(
+        b_membership,
+        DomainMetrics::new(),
+        None,
+        None,
+        destination(),
+        shutdown.clone(),
+    );
+    b.attach("far-0", "d1", far.clone()).await?;
+
+    // Agent a runs cli-0 and srv-0.
+    let membership = Membership::new(LocalIdentity {
+        cluster: "a".into(),
+        node: "na".into(),
+    });
+    membership.replace(&[domain_peer()]);
+    let metrics = DomainMetrics::new();
+    let hub = Arc::new(Hub {
+        b: b.inbound(),
+        seen: Mutex::new(vec![]),
+    });
+    let a = Router::new(
+        membership,
+        metrics.clone(),
+        Some(hub.clone()),
+        None,
+        destination(),
+        shutdown.clone(),
+    );
+    a.attach("cli-0", "d1", cli.clone()).await?;
+    a.attach("srv-0", "d1", srv.clone()).await?;
+
+    // Local: the server sees the connection coming from its own netns (the router
+    // connected from inside it).
+    assert_eq!(
+        ask(&cli, "10.77.0.3", "GET /local").await?,
+        "srv-0 got GET /local from 10.77.0.3"
+    );
+    // Relayed to agent b.
+    assert_eq!(
+        ask(&cli, "10.77.0.4", "GET /far").await?,
+        "far-0 got GET /far from 10.77.0.4"
+    );
+    let seen = hub.seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    assert_eq!(
+        (seen[0].source, seen[0].destination, seen[0].port),
+        (ip("10.77.0.2"), ip("10.77.0.4"), 8080)
+    );
+    assert_ne!(seen[0].source_port, 0, "the task's own port");
+
+    // An address of the domain that no member holds: closed, nothing carried.
+    let nobody = ask(&cli, "10.77.0.99", "GET /").await;
+    assert!(nobody.as_deref().map_or(true, str::is_empty), "{nobody:?}");
+
+    // net check along the same routes.
+    let check = a.check("cli-0", ip("10.77.0.4"), Some(8080)).await?;
+    assert_eq!(check.path, PathKind::Relay);
+    let check = a.check("cli-0", ip("10.77.0.3"), None).await?;
+    assert_eq!(check.path, PathKind::Local);
+
+    let stats = metrics.path_stats("d1");
+    let path = |p: &str| stats.iter().find(|s| s.path == p).cloned();
+    let local = path("local").expect("local stats");
+    assert_eq!((local.peer.as_str(), local.connections), ("a", 1));
+    assert!(local.bytes > 0);
+    let relay = path("relay").expect("relay stats");
+    assert_eq!((relay.peer.as_str(), relay.connections), ("b", 1));
+
+    // Detached replicas are neither routed nor served.
+    assert!(a.detach("cli-0") && a.detach("srv-0") && b.detach("far-0"));
+    drop((a, b));
+    for netns in [cli, srv, far] {
+        if let Ok(netns) = Arc::try_unwrap(netns) {
+            netns.delete().await?;
+        }
+    }
+    Ok(())
+}
