@@ -33,7 +33,6 @@ use rlark_tunnel::dial::DialError;
 use rlark_tunnel::header::Status;
 use rlark_tunnel::relay::RelayHeader;
 use sha2::{Digest as _, Sha256};
-use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
 use super::datagram::{
@@ -43,7 +42,7 @@ use super::hosts::{self, HostEntry};
 use super::inbound::InboundDatagrams;
 use super::membership::{Membership, MembershipView};
 use super::netns::{Mode, NetError, NetnsSpec, ReplicaNetns, Tun};
-use super::router::{BoxStream, HubRelay, PodNetns, Router};
+use super::router::{BoxStream, HubRelay, Router};
 use crate::runtime::ReplicaNetwork;
 
 /// How the agent runs the pod network.
@@ -243,7 +242,7 @@ impl DomainNet {
         if let Err(error) = self
             .inner
             .router
-            .attach(pod, domain, Arc::new(NetnsHandle(netns.clone())))
+            .attach(pod, domain, netns.clone())
             .await
         {
             // Nothing half-attached: the namespace is created again on the next try.
@@ -394,23 +393,6 @@ async fn delete_netns(netns: Arc<ReplicaNetns>) -> Result<(), NetError> {
         Ok(netns) => netns.delete().await,
         // Someone still holds it (a connection being set up): remove it by name.
         Err(shared) => super::netns::remove(shared.name()).await,
-    }
-}
-
-/// [`PodNetns`] over a replica's namespace.
-struct NetnsHandle(Arc<ReplicaNetns>);
-
-impl PodNetns for NetnsHandle {
-    fn listen(&self, addr: std::net::SocketAddr) -> BoxFuture<'_, io::Result<TcpListener>> {
-        self.0.listen(addr).boxed()
-    }
-
-    fn connect(
-        &self,
-        addr: std::net::SocketAddr,
-        timeout: Duration,
-    ) -> BoxFuture<'_, io::Result<TcpStream>> {
-        self.0.connect(addr, timeout).boxed()
     }
 }
 
