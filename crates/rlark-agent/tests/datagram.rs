@@ -248,3 +248,66 @@ async fn udp_and_ping_between_two_replica_namespaces() -> Result<()> {
     b.netns.delete().await?;
     Ok(())
 }
+
+/// UDP to a non-domain address leaves through a socket in the agent's namespace (what makes
+/// DNS work for a task in a domain). Here the agent's namespace is one more namespace of
+/// the test's, with the "DNS server" on a non-loopback address of its own: the whole agent
+/// side (replica namespace creation, the plane, its egress sockets) runs on a runtime whose
+/// threads live in it.
+#[test]
+fn udp_to_a_non_domain_address_leaves_through_the_agents_namespace() -> Result<()> {
+    if !supported() {
+        return Ok(());
+    }
+    let agent = Guard::new("agent");
+    let ip = |args: &[&str]| -> Result<()> {
+        let status = std::process::Command::new("ip").args(args).status()?;
+        if !status.success() {
+            bail!("ip {args:?} failed");
+        }
+        Ok(())
+    };
+    ip(&["netns", "add", &agent.0])?;
+    ip(&["-n", &agent.0, "link", "set", "lo", "up"])?;
+    ip(&["-n", &agent.0, "addr", "add", "10.99.0.1/32", "dev", "lo"])?;
+    let agent_path = Path::new("/run/netns").join(&agent.0);
+    in_netns(&agent_path, || {
+        // Threads inherit the creating thread's network namespace: the runtime's workers
+        // (and every socket the plane makes) are in the agent's namespace.
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()?
+            .block_on(egress_from_a_replica())
+    })
+    .join()
+    .expect("the agent thread")
+}
+
+async fn egress_from_a_replica() -> Result<()> {
+    let server = tokio::net::UdpSocket::bind("10.99.0.1:5353").await?;
+    let a = member("egress", 2).await?;
+    let metrics = DatagramMetrics::default();
+    let a_plane = plane(&a, Arc::new(DirectOpener::default()), &metrics);
+    let client = in_netns(a.netns.path(), || {
+        let socket = UdpSocket::bind("0.0.0.0:0")?;
+        socket.set_read_timeout(Some(LIMIT))?;
+        socket.send_to(b"A? head-0.ray", "10.99.0.1:5353")?;
+        let mut buf = [0u8; 512];
+        let (n, from) = socket.recv_from(&mut buf).context("the answer")?;
+        Ok((buf[..n].to_vec(), from))
+    });
+    let mut buf = [0u8; 512];
+    let (n, from) = tokio::time::timeout(LIMIT, server.recv_from(&mut buf)).await??;
+    assert_eq!(&buf[..n], b"A? head-0.ray");
+    // The query comes from the agent's socket, not from the replica's virtual IP.
+    assert_ne!(from.ip(), a.v4);
+    server.send_to(b"10.89.0.9", from).await?;
+    let (answer, answered_by) =
+        tokio::task::spawn_blocking(move || client.join().unwrap()).await??;
+    assert_eq!(answer, b"10.89.0.9");
+    assert_eq!(answered_by, "10.99.0.1:5353".parse::<SocketAddr>()?);
+    a_plane.shutdown();
+    a.netns.delete().await?;
+    Ok(())
+}
