@@ -14,10 +14,6 @@
 use std::fmt;
 use std::io;
 
-use futures::future::BoxFuture;
-
-use super::datagram::PacketIo;
-
 /// The name of the TUN device inside every replica namespace.
 pub const TUN_NAME: &str = "rlark0";
 
@@ -97,16 +93,5 @@ impl Tun {
             ));
         }
         Ok(())
-    }
-}
-
-/// The datagram plane reads and writes a replica's TUN device through this.
-impl PacketIo for Tun {
-    fn recv<'a>(&'a self, buf: &'a mut [u8]) -> BoxFuture<'a, io::Result<usize>> {
-        Box::pin(Tun::recv(self, buf))
-    }
-
-    fn send<'a>(&'a self, packet: &'a [u8]) -> BoxFuture<'a, io::Result<()>> {
-        Box::pin(Tun::send(self, packet))
     }
 }
