@@ -35,13 +35,11 @@ use rlark_tunnel::relay::RelayHeader;
 use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::datagram::{
-    self, DatagramMetrics, DatagramPlane, Limits, Opener, PacketIo, PlaneConfig,
-};
+use super::datagram::{self, DatagramMetrics, DatagramPlane, Limits, Opener, PlaneConfig};
 use super::hosts::{self, HostEntry};
 use super::inbound::InboundDatagrams;
 use super::membership::{Membership, MembershipView};
-use super::netns::{Mode, NetError, NetnsSpec, ReplicaNetns, Tun};
+use super::netns::{Mode, NetError, NetnsSpec, ReplicaNetns};
 use super::router::{BoxStream, HubRelay, Router};
 use crate::runtime::ReplicaNetwork;
 
@@ -239,12 +237,7 @@ impl DomainNet {
                 path: hosts_file.clone(),
                 source,
             })?;
-        if let Err(error) = self
-            .inner
-            .router
-            .attach(pod, domain, netns.clone())
-            .await
-        {
+        if let Err(error) = self.inner.router.attach(pod, domain, netns.clone()).await {
             // Nothing half-attached: the namespace is created again on the next try.
             let _ = delete_netns(netns).await;
             return Err(error.into());
@@ -263,7 +256,7 @@ impl DomainNet {
                 addresses: ips.clone(),
                 limits: Limits::default(),
             },
-            Arc::new(TunIo(netns.tun().clone())),
+            netns.tun().clone(),
             Arc::new(RouterOpener {
                 router: self.inner.router.clone(),
                 pod: pod.to_string(),
@@ -393,19 +386,6 @@ async fn delete_netns(netns: Arc<ReplicaNetns>) -> Result<(), NetError> {
         Ok(netns) => netns.delete().await,
         // Someone still holds it (a connection being set up): remove it by name.
         Err(shared) => super::netns::remove(shared.name()).await,
-    }
-}
-
-/// [`PacketIo`] over a namespace's TUN device.
-struct TunIo(Arc<Tun>);
-
-impl PacketIo for TunIo {
-    fn recv<'a>(&'a self, buf: &'a mut [u8]) -> BoxFuture<'a, io::Result<usize>> {
-        self.0.recv(buf).boxed()
-    }
-
-    fn send<'a>(&'a self, packet: &'a [u8]) -> BoxFuture<'a, io::Result<()>> {
-        self.0.send(packet).boxed()
     }
 }
 
