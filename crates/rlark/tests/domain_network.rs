@@ -6,9 +6,8 @@
 //! with a message, except under `scripts/test.sh` (which installs them) or `CI=true`,
 //! where they fail (`tests/support/missing_tool.rs`).
 //!
-//! The first tests check the topology itself. The scenarios after them need the Domain data
-//! path in the agent (IPAM, per-replica namespaces, routing); they are `#[ignore]`d with
-//! that reason until it is part of this build.
+//! The first tests check the topology itself; the scenarios after them exercise the data
+//! path end to end (docs/network.md).
 
 #[path = "../../../tests/support/missing_tool.rs"]
 mod missing_tool;
@@ -274,7 +273,6 @@ fn allocated_ip(net: &DomainNet, domain: &str, task: &str) -> anyhow::Result<Str
 }
 
 #[test]
-#[ignore = "needs the Domain data path (issue 16): not merged in this build"]
 fn a_task_in_a_reaches_an_http_server_in_b_by_ip_and_by_name() -> anyhow::Result<()> {
     if !can_run() {
         return Ok(());
@@ -310,7 +308,6 @@ fn a_task_in_a_reaches_an_http_server_in_b_by_ip_and_by_name() -> anyhow::Result
 }
 
 #[test]
-#[ignore = "needs the Domain data path (issue 16): not merged in this build"]
 fn a_ray_style_worker_finds_its_head_through_rlark_head_address() -> anyhow::Result<()> {
     if !can_run() {
         return Ok(());
@@ -338,7 +335,6 @@ fn a_ray_style_worker_finds_its_head_through_rlark_head_address() -> anyhow::Res
 }
 
 #[test]
-#[ignore = "needs the Domain data path (issue 16): not merged in this build"]
 fn a_task_outside_the_domain_is_refused() -> anyhow::Result<()> {
     if !can_run() {
         return Ok(());
@@ -374,7 +370,6 @@ fn a_task_outside_the_domain_is_refused() -> anyhow::Result<()> {
 }
 
 #[test]
-#[ignore = "needs the Domain data path (issue 16): not merged in this build"]
 fn a_restarted_replica_keeps_its_ip() -> anyhow::Result<()> {
     if !can_run() {
         return Ok(());
@@ -417,7 +412,6 @@ fn a_restarted_replica_keeps_its_ip() -> anyhow::Result<()> {
 }
 
 #[test]
-#[ignore = "needs the Domain data path (issue 16): not merged in this build"]
 fn a_cut_direct_path_falls_back_to_relay_and_shows_in_metrics() -> anyhow::Result<()> {
     if !can_run() {
         return Ok(());
@@ -475,7 +469,6 @@ fn a_cut_direct_path_falls_back_to_relay_and_shows_in_metrics() -> anyhow::Resul
 }
 
 #[test]
-#[ignore = "needs the Domain data path (issue 16): not merged in this build"]
 fn an_ipv6_domain_works() -> anyhow::Result<()> {
     if !can_run() {
         return Ok(());
@@ -503,7 +496,6 @@ fn an_ipv6_domain_works() -> anyhow::Result<()> {
 }
 
 #[test]
-#[ignore = "needs the Domain data path (issue 16): not merged in this build"]
 fn udp_and_ping_work_between_members() -> anyhow::Result<()> {
     if !can_run() {
         return Ok(());
