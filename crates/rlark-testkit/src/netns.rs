@@ -56,7 +56,8 @@ pub struct DomainNet {
 impl DomainNet {
     /// Build the topology (`s` plus one member per cluster, named as the cluster), start
     /// `exe server` in `s` (controllers on) and `exe agent` for each cluster in its member,
-    /// with `agent_args` added to every agent. `exe` is the `rlark` binary
+    /// with `agent_args` added to every agent (`{address}` in an argument becomes the
+    /// agent's own IPv4 address on the bridge). `exe` is the `rlark` binary
     /// (`env!("CARGO_BIN_EXE_rlark")`).
     pub fn start(exe: &str, clusters: &[&str], agent_args: &[&str]) -> anyhow::Result<DomainNet> {
         let dir = tempfile::Builder::new()
@@ -72,8 +73,14 @@ impl DomainNet {
         let mut agents = Vec::new();
         for cluster in clusters {
             let data = dir.path().join(format!("agent-{cluster}"));
+            let address = topology.address(cluster)?.to_string();
+            let args: Vec<String> = agent_args
+                .iter()
+                .map(|a| a.replace("{address}", &address))
+                .collect();
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let agent = topology
-                .start_agent(cluster, &exe, &server, cluster, &data, agent_args)
+                .start_agent(cluster, &exe, &server, cluster, &data, &args)
                 .with_context(|| format!("start the agent of cluster {cluster}"))?;
             agents.push(agent);
         }
