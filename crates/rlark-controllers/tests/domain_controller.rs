@@ -250,11 +250,13 @@ async fn replicas_get_stable_addresses_and_peers_and_bad_input_is_refused() -> a
     );
     let status = placed.status.clone().unwrap_or_default();
     assert_eq!(status.capacity.as_deref(), Some("6"));
-    assert_eq!(status.ip_allocations[0].job.as_deref(), Some("ppo"));
-    assert_eq!(
-        status.ip_allocations[0].pod.as_deref(),
-        Some("rlark-a/ppo-head-0")
-    );
+    let head_entry = status
+        .ip_allocations
+        .iter()
+        .find(|a| a.task.as_deref() == Some("ppo-head"))
+        .expect("head allocated");
+    assert_eq!(head_entry.job.as_deref(), Some("ppo"));
+    assert_eq!(head_entry.pod.as_deref(), Some("rlark-a/ppo-head-0"));
     let by_ns = eventually("peers in a and b", || {
         let client = client.clone();
         async move {
@@ -401,24 +403,16 @@ async fn replicas_get_stable_addresses_and_peers_and_bad_input_is_refused() -> a
         .into_iter()
         .filter(|a| a.1 == "ppo-worker")
         .collect();
+    let mut worker: Vec<(String, i32, String)> =
+        worker.into_iter().map(|a| (a.0, a.2, a.3)).collect();
+    worker.sort_by_key(|a| a.1);
     assert_eq!(
         worker,
         [
-            (
-                "10.77.0.2".into(),
-                "ppo-worker".into(),
-                0,
-                "c".into(),
-                false
-            ),
-            (
-                "10.77.0.3".into(),
-                "ppo-worker".into(),
-                1,
-                "c".into(),
-                false
-            ),
-        ]
+            (worker_ips[0].clone(), 0, "c".to_string()),
+            (worker_ips[1].clone(), 1, "c".to_string()),
+        ],
+        "same addresses, new cluster"
     );
 
     // Job ppo deleted: its Tasks go, its addresses are released (kept), and the waiting

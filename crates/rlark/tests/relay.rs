@@ -439,6 +439,17 @@ async fn net_check_route_and_cli() -> Result<()> {
         let server = TestServer::start().await?;
         let admin = server.client().await?;
         for (ns, name) in [("rlark-a", "j-w"), ("rlark-b", "j-h")] {
+            // The agent namespaces (a join would create its own; none joins as b here).
+            let namespace =
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}});
+            let resp =
+                raw_api::call(&admin, "POST", "/api/v1/namespaces", Some(&namespace)).await?;
+            ensure!(
+                resp.code == 201 || resp.code == 200 || resp.code == 409,
+                "create namespace {ns}: {} {}",
+                resp.code,
+                resp.brief()
+            );
             let task = json!({
                 "apiVersion": "rlinf.io/v1alpha1",
                 "kind": "Task",
