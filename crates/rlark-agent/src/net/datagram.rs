@@ -75,11 +75,22 @@ pub trait Opener: Send + Sync + 'static {
     fn open(&self, header: RelayHeader) -> BoxFuture<'_, io::Result<BoxStream>>;
 }
 
-/// The replica's packet device: the TUN in its netns (`net::netns::Tun`), or a test double.
+/// The replica's packet device: the TUN in its netns ([`super::tun::Tun`], shared as
+/// `Arc<Tun>` from [`super::netns::ReplicaNetns::tun`]), or a test double.
 /// `recv` reads one whole IP packet; `send` writes one.
 pub trait PacketIo: Send + Sync + 'static {
     fn recv<'a>(&'a self, buf: &'a mut [u8]) -> BoxFuture<'a, io::Result<usize>>;
     fn send<'a>(&'a self, packet: &'a [u8]) -> BoxFuture<'a, io::Result<()>>;
+}
+
+impl PacketIo for super::tun::Tun {
+    fn recv<'a>(&'a self, buf: &'a mut [u8]) -> BoxFuture<'a, io::Result<usize>> {
+        Box::pin(super::tun::Tun::recv(self, buf))
+    }
+
+    fn send<'a>(&'a self, packet: &'a [u8]) -> BoxFuture<'a, io::Result<()>> {
+        Box::pin(super::tun::Tun::send(self, packet))
+    }
 }
 
 /// Bounds of one plane.
