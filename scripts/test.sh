@@ -29,6 +29,11 @@ install_deps() {
     command -v curl >/dev/null 2>&1 || apt_pkgs+=(curl)
     # ip netns: the devinit (macvlan) tests build their network namespaces with it.
     command -v ip >/dev/null 2>&1 || apt_pkgs+=(iproute2)
+    # nft: the Domain network tests (tests/domain_network.rs) cut a path between network
+    # namespaces with an nftables drop rule, and the agent's kernel mode redirects with it.
+    command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || apt_pkgs+=(nftables)
+    # ping: the pod network's ICMP tests ping one replica from another.
+    command -v ping >/dev/null 2>&1 || apt_pkgs+=(iputils-ping)
     # setpriv: devinit's permission case runs the runtime without CAP_NET_ADMIN.
     command -v setpriv >/dev/null 2>&1 || apt_pkgs+=(util-linux)
     # ffmpeg: the embodied runtime's file and RTSP camera drivers decode through it.

@@ -112,6 +112,8 @@ pub enum AgentError {
     },
     #[error("task reconciler: {0}")]
     Tasks(#[source] tasks::TaskError),
+    #[error("pod network: {0}")]
+    PodNetwork(String),
     #[error("agent part {part} failed: {reason}")]
     Crashed { part: &'static str, reason: String },
 }
@@ -258,7 +260,7 @@ async fn start_with(
     let (tls_tx, tls_rx) = watch::channel(tls);
 
     // Metrics.
-    let metrics = Metrics::new();
+    let mut metrics = Metrics::new();
     let metrics_listener = match config.metrics_listen {
         Some(addr) => Some(
             MetricsListener::bind(addr)
@@ -269,8 +271,21 @@ async fn start_with(
     };
     let metrics_addr = metrics_listener.as_ref().map(MetricsListener::local_addr);
 
+    // Pod network (docs/network.md): the router is built before the tunnel, which serves its destination
+    // side (relay streams); it opens relay streams through the tunnel once that runs.
+    let pod_net = net::start::PodNet::start(
+        &config,
+        &node_name,
+        &credentials,
+        &mut metrics.registry,
+        shutdown.clone(),
+    )
+    .await
+    .map_err(|source| AgentError::PodNetwork(source.to_string()))?;
+
     // Node.
-    let description = node::detect(&config, &node_name).await;
+    let mut description = node::detect(&config, &node_name).await;
+    description.network = Some(pod_net.node_network());
     let reporter = NodeReporter::new(
         client.clone(),
         &config.cluster_id,
@@ -306,11 +321,10 @@ async fn start_with(
     ));
     let mut tunnel_config = rlark_tunnel::client::ClientConfig::new(config.servers.clone(), tls_rx);
     tunnel_config.node = Some(node_name.clone());
-    tunnel_config.agent.agent_api = Some(Arc::new(api::LocalApi::new(
-        config.tasks_dir(),
-        &node_name,
-        shutdown.clone(),
-    )));
+    let local_api = api::LocalApi::new(config.tasks_dir(), &node_name, shutdown.clone());
+    local_api.set_router(pod_net.router.clone());
+    tunnel_config.agent.agent_api = Some(Arc::new(local_api));
+    tunnel_config.agent.relay = Some(Arc::new(pod_net.router.inbound()));
     let (replicas_tx, replicas_rx) = watch::channel(Vec::new());
     tunnel_config.discovered = Some(replicas_rx);
     parts.push((
@@ -323,6 +337,11 @@ async fn start_with(
         )),
     ));
     let tunnel = rlark_tunnel::client::spawn(tunnel_config, shutdown.clone());
+    pod_net.hub.set(tunnel.hub());
+    let pod_network = pod_net.network.clone();
+    for (part, handle) in pod_net.spawn_parts(client.clone(), shutdown.clone()) {
+        parts.push((part, handle));
+    }
     let tunnel_watch = tunnel.watch();
     parts.push((
         "tunnel",
@@ -354,6 +373,7 @@ async fn start_with(
         ca_file: identity_dir.join(crate::join::AGENT_CA),
         stop_tasks_on_exit: config.stop_tasks_on_exit,
         supervisor: config.supervisor.clone(),
+        network: pod_network,
     };
     let tasks = tokio::spawn(tasks::run_tasks(client.clone(), context, shutdown.clone()));
     let supervisor = tokio::spawn(supervise(tasks, parts, shutdown.clone()));

@@ -114,6 +114,7 @@ pub async fn detect(config: &AgentConfig, name: &str) -> NodeDescription {
         allocatable,
         node_info: node_info(),
         addresses,
+        network: None,
     }
 }
 
@@ -581,6 +582,7 @@ mod tests {
             allocatable: ResourceList::from([(CPU.to_string(), Quantity("4".into()))]),
             node_info: node_info(),
             addresses: vec![],
+            network: None,
         };
         let object = node.to_node("c1");
         assert_eq!(object.metadata.namespace.as_deref(), Some("rlark-c1"));

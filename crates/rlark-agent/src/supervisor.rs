@@ -244,7 +244,7 @@ fn run(args: &SupervisorArgs) -> Result<(), String> {
 /// `/sys` and `/etc/hosts`. Nothing to do without `--netns` and `--hosts`. The error names
 /// the step and the path.
 fn enter_network(args: &SupervisorArgs) -> Result<(), String> {
-    use nix::mount::{MntFlags, MsFlags, mount, umount2};
+    use nix::mount::{MsFlags, mount};
     use nix::sched::{CloneFlags, setns, unshare};
     if let Some(path) = &args.netns {
         let namespace = std::fs::File::open(path)
@@ -266,8 +266,9 @@ fn enter_network(args: &SupervisorArgs) -> Result<(), String> {
     .map_err(|e| format!("make / a recursive slave mount: {e}"))?;
     if args.netns.is_some() {
         // As `ip netns exec`: sysfs shows the network devices of the namespace that mounts
-        // it. Not fatal: the network itself works without it.
-        let _ = umount2("/sys", MntFlags::MNT_DETACH);
+        // it. Mounted on top of the host's `/sys` (not after unmounting it, as `ip` does),
+        // so a failure leaves the task the host's `/sys` rather than none; not fatal: the
+        // network itself works without it.
         if let Err(e) = mount(
             Some("sysfs"),
             "/sys",

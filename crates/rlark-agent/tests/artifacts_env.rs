@@ -154,6 +154,19 @@ async fn create_job(h: &Harness, name: &str, raw: Value, extra: Value) -> anyhow
     if let (Some(task), Some(extra)) = (task.as_object_mut(), extra.as_object()) {
         task.extend(extra.clone());
     }
+    // A Job may only name a Domain that exists.
+    let domain: rlark_api::types::Domain = serde_json::from_value(json!({
+        "apiVersion": "rlinf.io/v1alpha1", "kind": "Domain",
+        "metadata": {"name": "lab-net"}, "spec": {"cidr": "10.99.0.0/24"},
+    }))?;
+    match Api::<rlark_api::types::Domain>::all(h.admin.clone())
+        .create(&PostParams::default(), &domain)
+        .await
+    {
+        Ok(_) => {}
+        Err(kube::Error::Api(status)) if status.code == 409 => {}
+        Err(error) => return Err(error.into()),
+    }
     let job: Job = serde_json::from_value(json!({
         "apiVersion": "rlinf.io/v1alpha1", "kind": "Job",
         "metadata": {"name": name},

@@ -142,6 +142,19 @@ async fn create_adopt_and_delete() -> Result<()> {
     assert!(rules.contains("ip daddr 10.88.0.3 return"), "{rules}");
     assert!(!rules.contains("10.88.0.2"), "{rules}");
 
+    // A changed spec applied through the live handle: new passthrough ports.
+    changed.loopback_passthrough = vec![6443, 9090];
+    adopted.apply(&changed).await?;
+    let rules = ip_netns_exec(&guard.0, &["nft", "list", "table", "inet", "rlark"])?;
+    assert!(rules.contains("9090"), "{rules}");
+    let mut other = changed.clone();
+    other.name = "h16netns-not-this-one".into();
+    let error = adopted.apply(&other).await.expect_err("another name");
+    assert!(
+        error.to_string().contains("h16netns-not-this-one"),
+        "{error}"
+    );
+
     adopted.delete().await?;
     assert!(!Path::new("/run/netns").join(&guard.0).exists());
     assert!(!netns::existing("h16netns-life-")?.contains(&guard.0));
@@ -279,11 +292,25 @@ async fn tun_mode_has_no_redirect() -> Result<()> {
     // Adopting a kernel-mode namespace in tun mode removes its table.
     drop(ReplicaNetns::create(&spec(&guard.0, Mode::Kernel)).await?);
     let netns = ReplicaNetns::create(&spec(&guard.0, Mode::Tun)).await?;
-    let tables = ip_netns_exec(&guard.0, &["nft", "list", "tables"]);
+    let result = async {
+        let tables = ip_netns_exec(&guard.0, &["nft", "list", "tables"])?;
+        assert!(!tables.contains("rlark"), "{tables}");
+        // TCP is not redirected: its SYN reaches the TUN device (for a userspace stack).
+        let target: SocketAddr = "10.88.0.9:8080".parse()?;
+        let connecting = netns.connect(target, Duration::from_secs(2));
+        let syn = recv_matching(&netns, |p| {
+            p.len() >= 40 && p[0] >> 4 == 4 && p[9] == 6 && p[16..20] == [10, 88, 0, 9]
+        });
+        let (connected, syn) = tokio::join!(connecting, syn);
+        assert!(connected.is_err(), "nothing answered the SYN");
+        let syn = syn?;
+        assert_eq!(u16::from_be_bytes([syn[22], syn[23]]), 8080);
+        assert_eq!(syn[33] & 0x12, 0x02, "a SYN without ACK");
+        anyhow::Ok(())
+    }
+    .await;
     netns.delete().await?;
-    let tables = tables?;
-    assert!(!tables.contains("rlark"), "{tables}");
-    Ok(())
+    result
 }
 
 /// Read packets from the TUN until one satisfies `wanted` (the kernel sends IPv6 router

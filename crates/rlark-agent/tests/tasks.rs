@@ -84,6 +84,7 @@ impl Harness {
             ca_file: self.agent_dir.path().join("identity/ca.crt"),
             stop_tasks_on_exit,
             supervisor: vec![env!("CARGO_BIN_EXE_rlark-agent-supervise").into()],
+            network: Default::default(),
         };
         let shutdown = CancellationToken::new();
         let join = tokio::spawn(tasks::run_tasks(self.client.clone(), ctx, shutdown.clone()));

@@ -47,3 +47,141 @@ pub const RESTARTED_AT: &str = "rlark.io/restarted-at";
 /// template (placement and `stopped` excluded); a different fingerprint means the
 /// template changed and the Task's spec is updated.
 pub const TEMPLATE_HASH: &str = "rlark.io/template-hash";
+
+/// The operators of a label selector's `matchExpressions`.
+pub const SELECTOR_OPERATORS: &[&str] = &["In", "NotIn", "Exists", "DoesNotExist"];
+
+/// Whether `selector` matches `labels`, with Kubernetes' semantics: every `matchLabels`
+/// pair and every `matchExpressions` requirement holds; an empty selector matches
+/// everything. A requirement with an unknown operator matches nothing (validation refuses
+/// it before it is stored: [`crate::validation`]).
+pub fn selector_matches(
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> bool {
+    let pairs = selector
+        .match_labels
+        .iter()
+        .flatten()
+        .all(|(key, value)| labels.get(key) == Some(value));
+    let expressions = selector.match_expressions.iter().flatten().all(|req| {
+        let value = labels.get(&req.key);
+        let values = req.values.as_deref().unwrap_or_default();
+        match req.operator.as_str() {
+            "In" => value.is_some_and(|v| values.contains(v)),
+            "NotIn" => value.is_none_or(|v| !values.contains(v)),
+            "Exists" => value.is_some(),
+            "DoesNotExist" => value.is_none(),
+            _ => false,
+        }
+    });
+    pairs && expressions
+}
+
+#[cfg(test)]
+mod selector_tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+
+    use super::selector_matches;
+
+    fn req(key: &str, operator: &str, values: &[&str]) -> LabelSelectorRequirement {
+        LabelSelectorRequirement {
+            key: key.into(),
+            operator: operator.into(),
+            values: (!values.is_empty()).then(|| values.iter().map(|v| v.to_string()).collect()),
+        }
+    }
+
+    #[test]
+    fn selectors_match_as_in_kubernetes() {
+        let labels: BTreeMap<String, String> = [("team", "rl"), ("tier", "gpu")]
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .into();
+        let pairs = |p: &[(&str, &str)]| {
+            Some(
+                p.iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            )
+        };
+        // (selector, matches)
+        let cases = [
+            (LabelSelector::default(), true),
+            (
+                LabelSelector {
+                    match_labels: pairs(&[("team", "rl")]),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                LabelSelector {
+                    match_labels: pairs(&[("team", "cv")]),
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                LabelSelector {
+                    match_labels: pairs(&[("team", "rl"), ("x", "y")]),
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                LabelSelector {
+                    match_expressions: Some(vec![req("team", "In", &["cv", "rl"])]),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                LabelSelector {
+                    match_expressions: Some(vec![req("team", "NotIn", &["rl"])]),
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                LabelSelector {
+                    match_expressions: Some(vec![req("absent", "NotIn", &["rl"])]),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                LabelSelector {
+                    match_expressions: Some(vec![req("tier", "Exists", &[])]),
+                    ..Default::default()
+                },
+                true,
+            ),
+            (
+                LabelSelector {
+                    match_expressions: Some(vec![req("tier", "DoesNotExist", &[])]),
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                LabelSelector {
+                    match_expressions: Some(vec![req("tier", "Bogus", &[])]),
+                    ..Default::default()
+                },
+                false,
+            ),
+            (
+                LabelSelector {
+                    match_labels: pairs(&[("team", "rl")]),
+                    match_expressions: Some(vec![req("tier", "In", &["cpu"])]),
+                },
+                false,
+            ),
+        ];
+        for (selector, want) in cases {
+            assert_eq!(selector_matches(&selector, &labels), want, "{selector:?}");
+        }
+    }
+}

@@ -66,6 +66,8 @@ pub enum FieldErrorKind {
     Forbidden,
     /// The value is longer than allowed (`FieldValueTooLong`).
     TooLong,
+    /// The value names an object that does not exist (`FieldValueNotFound`).
+    NotFound,
 }
 
 impl FieldErrorKind {
@@ -78,6 +80,7 @@ impl FieldErrorKind {
             FieldErrorKind::Duplicate => "FieldValueDuplicate",
             FieldErrorKind::Forbidden => "FieldValueForbidden",
             FieldErrorKind::TooLong => "FieldValueTooLong",
+            FieldErrorKind::NotFound => "FieldValueNotFound",
         }
     }
 
@@ -90,6 +93,7 @@ impl FieldErrorKind {
             FieldErrorKind::Duplicate => "Duplicate value",
             FieldErrorKind::Forbidden => "Forbidden",
             FieldErrorKind::TooLong => "Too long",
+            FieldErrorKind::NotFound => "Not found",
         }
     }
 }
@@ -1106,6 +1110,9 @@ fn domain_errors(domain: &Domain) -> Vec<FieldError> {
             ),
         ));
     }
+    if let Some(selector) = &domain.spec.job_selector {
+        check_label_selector(&mut errs, "spec.jobSelector", selector);
+    }
     let usable = usable_addresses(&net);
     if usable < 2 {
         errs.push(FieldError::invalid(
@@ -1117,6 +1124,55 @@ fn domain_errors(domain: &Domain) -> Vec<FieldError> {
         ));
     }
     errs
+}
+
+/// A label selector: label keys and values well-formed, operators known, `values` given
+/// exactly for `In`/`NotIn`.
+fn check_label_selector(
+    errs: &mut Vec<FieldError>,
+    path: &str,
+    selector: &k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector,
+) {
+    for (key, value) in selector.match_labels.iter().flatten() {
+        for problem in names::qualified_name_errors(key) {
+            errs.push(FieldError::invalid(
+                format!("{path}.matchLabels"),
+                format!("{key:?}: {problem}"),
+            ));
+        }
+        for problem in names::label_value_errors(value) {
+            errs.push(FieldError::invalid(
+                format!("{path}.matchLabels[{key}]"),
+                format!("{value:?}: {problem}"),
+            ));
+        }
+    }
+    for (i, req) in selector.match_expressions.iter().flatten().enumerate() {
+        let at = format!("{path}.matchExpressions[{i}]");
+        for problem in names::qualified_name_errors(&req.key) {
+            errs.push(FieldError::invalid(
+                format!("{at}.key"),
+                format!("{:?}: {problem}", req.key),
+            ));
+        }
+        let values = req.values.as_deref().unwrap_or_default();
+        match req.operator.as_str() {
+            "In" | "NotIn" if values.is_empty() => errs.push(FieldError::required(
+                format!("{at}.values"),
+                "must be specified when `operator` is 'In' or 'NotIn'",
+            )),
+            "Exists" | "DoesNotExist" if !values.is_empty() => errs.push(FieldError::forbidden(
+                format!("{at}.values"),
+                "may not be specified when `operator` is 'Exists' or 'DoesNotExist'",
+            )),
+            "In" | "NotIn" | "Exists" | "DoesNotExist" => {}
+            other => errs.push(FieldError::not_supported(
+                format!("{at}.operator"),
+                other,
+                crate::labels::SELECTOR_OPERATORS,
+            )),
+        }
+    }
 }
 
 fn check_ip(errs: &mut Vec<FieldError>, field: &str, value: Option<&str>) {
@@ -1253,6 +1309,8 @@ fn pod_errors(pod: &Pod) -> Vec<FieldError> {
     }
     errs
 }
+
+pub mod network;
 
 #[cfg(test)]
 mod tests;

@@ -203,6 +203,8 @@ fn printer_columns_point_at_existing_fields() {
         columns,
         [
             "Domain/CIDR=.spec.cidr",
+            "Domain/Members=.status.allocated",
+            "Domain/Capacity=.status.capacity",
             "Domain/Age=.metadata.creationTimestamp",
             "DomainPeer/Domain=.spec.domain",
             "DomainPeer/Prefix=.spec.prefixLen",

@@ -6,7 +6,7 @@
 //! | role | may |
 //! |---|---|
 //! | admin | everything |
-//! | agent of cluster `C` (namespace `rlark-C`) | every verb on `nodes`, `tasks`, `pods` (`rlinf.io`, and their `status`) and `leases` (`coordination.k8s.io`) in `rlark-C`; read `domainpeers` in `rlark-C`; create/get/list/watch/patch/update core `events` in `rlark-C`; get the Namespace `rlark-C` |
+//! | agent of cluster `C` (namespace `rlark-C`) | every verb on `nodes`, `tasks`, `pods` (`rlinf.io`, and their `status`) and `leases` (`coordination.k8s.io`) in `rlark-C`; read `domainpeers` in `rlark-C` and patch/update their `status`; create/get/list/watch/patch/update core `events` in `rlark-C`; get the Namespace `rlark-C` |
 //! | peer, viewer | get/list/watch every resource except the secret-like ones |
 //! | task `NS/NAME` | get its own Task `NS/NAME` (and its `status`); create core `events` in `NS` (admission further requires the Event to be about that Task) |
 //! | anyone else | nothing |
@@ -171,7 +171,13 @@ fn agent_permits(own: &str, attrs: &Attributes) -> bool {
         (RLINF_GROUP, "nodes" | "tasks" | "pods") => {
             attrs.main_or_status() && attrs.verb_in(ALL_VERBS)
         }
-        (RLINF_GROUP, "domainpeers") => attrs.main_or_status() && attrs.is_read(),
+        // The Domain controller writes a DomainPeer's spec (who the namespace may reach);
+        // the agent only reads it and reports the paths its members took in `status`.
+        (RLINF_GROUP, "domainpeers") => match attrs.subresource.as_deref() {
+            None => attrs.is_read(),
+            Some("status") => attrs.is_read() || attrs.verb_in(&["patch", "update"]),
+            Some(_) => false,
+        },
         (COORDINATION_GROUP, "leases") => attrs.subresource.is_none() && attrs.verb_in(ALL_VERBS),
         (CORE_GROUP, "events") => attrs.subresource.is_none() && attrs.verb_in(AGENT_EVENT_VERBS),
         (CORE_GROUP, "namespaces") => {
@@ -269,6 +275,7 @@ mod tests {
     const NODE_STATUS: &str = "rlinf.io/nodes/status";
     const PODS: &str = "rlinf.io/pods";
     const DOMAINPEERS: &str = "rlinf.io/domainpeers";
+    const DOMAINPEER_STATUS: &str = "rlinf.io/domainpeers/status";
     const LEASES: &str = "coordination.k8s.io/leases";
     const EVENTS: &str = "/events";
     const NAMESPACES: &str = "/namespaces";
@@ -354,7 +361,7 @@ mod tests {
         ("patch",            PODS,        A,       "p1", "YY....."),
         ("delete",           PODS,        B,       "p1", "Y.Y...."),
         ("watch",            PODS,        CLUSTER, "",   "Y..YY.."),
-        // DomainPeers: agents read their own, write none.
+        // DomainPeers: agents read their own and write only their status.
         ("get",              DOMAINPEERS, A,       "dp", "YY.YY.."),
         ("list",             DOMAINPEERS, A,       "",   "YY.YY.."),
         ("watch",            DOMAINPEERS, A,       "",   "YY.YY.."),
@@ -363,6 +370,12 @@ mod tests {
         ("delete",           DOMAINPEERS, A,       "dp", "Y......"),
         ("list",             DOMAINPEERS, B,       "",   "Y.YYY.."),
         ("list",             DOMAINPEERS, CLUSTER, "",   "Y..YY.."),
+        ("patch",            DOMAINPEERS, A,       "dp", "Y......"),
+        ("get",              DOMAINPEER_STATUS, A, "dp", "YY.YY.."),
+        ("patch",            DOMAINPEER_STATUS, A, "dp", "YY....."),
+        ("update",           DOMAINPEER_STATUS, A, "dp", "YY....."),
+        ("delete",           DOMAINPEER_STATUS, A, "dp", "Y......"),
+        ("patch",            DOMAINPEER_STATUS, B, "dp", "Y.Y...."),
         // Leases: the agent's heartbeat.
         ("get",              LEASES,      A,       "hb", "YY.YY.."),
         ("create",           LEASES,      A,       "",   "YY....."),
@@ -431,6 +444,7 @@ mod tests {
             NODE_STATUS,
             PODS,
             DOMAINPEERS,
+            DOMAINPEER_STATUS,
             LEASES,
             EVENTS,
             NAMESPACES,

@@ -25,6 +25,7 @@ pub mod table;
 
 mod admission;
 mod body;
+mod domain_admission;
 mod eventgc;
 mod fieldvalidation;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -109,6 +110,9 @@ pub(crate) struct Inner {
     /// Held by an agent's Node create from counting the namespace's Nodes to the write
     /// ([`ApiServerOptions::max_nodes_per_agent`]).
     pub(crate) agent_nodes: tokio::sync::Mutex<()>,
+    /// Held by a Domain or Job write (or a Domain delete) from its pod network admission
+    /// checks to its store write ([`domain_admission`]).
+    pub(crate) network: tokio::sync::Mutex<()>,
     /// Per-identity write rates ([`limits::RateLimiter`]), shared with the process's own
     /// write routes through [`ApiServer::rate_limiter`].
     pub(crate) rate_limiter: Arc<limits::RateLimiter>,
@@ -133,6 +137,7 @@ impl ApiServer {
                 shutdown: CancellationToken::new(),
                 audit: Arc::new(TracingAudit),
                 agent_nodes: tokio::sync::Mutex::new(()),
+                network: tokio::sync::Mutex::new(()),
             }),
         }
     }
@@ -153,6 +158,7 @@ impl ApiServer {
                     shutdown: shared.shutdown.clone(),
                     audit: sink,
                     agent_nodes: tokio::sync::Mutex::new(()),
+                    network: tokio::sync::Mutex::new(()),
                     rate_limiter: Arc::clone(&shared.rate_limiter),
                 });
             }

@@ -444,8 +444,10 @@ impl Inner {
         )?;
         check_type_meta(rt, &mut object)?;
         let namespace = check_namespace(rt, &mut object, url_namespace)?;
-        let (warnings, schema_causes) =
+        let dropped = crate::domain_admission::strip_domain_peer_secrets(rt, &mut object);
+        let (mut warnings, schema_causes) =
             field_check(rt, &mut object, &body.duplicates, options.field_validation)?;
+        warnings.extend(dropped);
         // Agents register a bounded number of Nodes: count and create under one lock, so
         // concurrent registrations cannot overshoot.
         let node_quota = match options.caller.as_ref().map(Identity::role) {
@@ -508,6 +510,7 @@ impl Inner {
                 self.check_agent_node_quota(&options, rt, &namespace, &name)
                     .await?;
             }
+            let _network = self.admit_network(rt, &object, None, false).await?;
             if options.dry_run {
                 let meta = metadata_mut(&mut object);
                 meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
@@ -681,7 +684,10 @@ impl Inner {
                 )));
             }
         }
-        let (warnings, _) = field_check(rt, &mut new, &body.duplicates, options.field_validation)?;
+        let dropped = crate::domain_admission::strip_domain_peer_secrets(rt, &mut new);
+        let (mut warnings, _) =
+            field_check(rt, &mut new, &body.duplicates, options.field_validation)?;
+        warnings.extend(dropped);
         let precondition = match meta_str(&new, "resourceVersion") {
             Some(rv) if !rv.is_empty() => Some(parse_resource_version(rv)?),
             _ => None,
@@ -703,6 +709,9 @@ impl Inner {
             let (_, causes) = field_check(rt, &mut candidate, &[], FieldValidation::Ignore)?;
             admission::admit(rt, &candidate, causes)?;
             crate::limits::admit_event_size(&self.options.limits, rt, &candidate)?;
+            let _network = self
+                .admit_network(rt, &candidate, Some(&old), status_only)
+                .await?;
             if options.dry_run {
                 return Ok(Written {
                     object: Arc::new(candidate),
@@ -748,12 +757,14 @@ impl Inner {
                     patched.pointer("/metadata/name").unwrap_or(&Value::Null),
                 ));
             }
-            let (warnings, _) = field_check(
+            let dropped = crate::domain_admission::strip_domain_peer_secrets(rt, &mut patched);
+            let (mut warnings, _) = field_check(
                 rt,
                 &mut patched,
                 &patch.duplicates,
                 options.field_validation,
             )?;
+            warnings.extend(dropped);
             let expected = if pinned {
                 parse_resource_version(meta_str(&patched, "resourceVersion").unwrap_or(""))?
             } else {
@@ -772,6 +783,9 @@ impl Inner {
             let (_, causes) = field_check(rt, &mut candidate, &[], FieldValidation::Ignore)?;
             admission::admit(rt, &candidate, causes)?;
             crate::limits::admit_event_size(&self.options.limits, rt, &candidate)?;
+            let _network = self
+                .admit_network(rt, &candidate, Some(&old), status_only)
+                .await?;
             if options.dry_run {
                 return Ok(Written {
                     object: Arc::new(candidate),
@@ -873,6 +887,7 @@ impl Inner {
                 // Deletion is already under way; repeating it changes nothing.
                 return Ok(old);
             }
+            let _network = self.admit_network_delete(rt, name).await?;
             if options.propagation == Propagation::Orphan && !options.dry_run {
                 self.orphan_dependents(&uid).await?;
             }

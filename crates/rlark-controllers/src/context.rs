@@ -88,16 +88,27 @@ pub struct ControllerLabel {
     pub controller: String,
 }
 
+/// Label of the per-Domain gauges.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DomainLabel {
+    pub domain: String,
+}
+
 /// Prometheus metrics of the controllers:
 ///
 /// - `rlark_controller_reconciles_total{controller,result}` (result `success`|`error`),
 /// - `rlark_controller_reconcile_duration_seconds{controller}` (histogram),
-/// - `rlark_controller_leader` (1 while this process runs the controllers).
+/// - `rlark_controller_leader` (1 while this process runs the controllers),
+/// - `rlark_domain_allocated_addresses{domain}`: addresses held by live replicas,
+/// - `rlark_domain_capacity_addresses{domain}`: usable addresses of the Domain's CIDR (a
+///   float: an IPv6 pool can exceed every integer gauge).
 #[derive(Debug)]
 pub struct Metrics {
     reconciles: Family<ReconcileLabels, Counter>,
     durations: Family<ControllerLabel, Histogram>,
     leader: Gauge,
+    domain_allocated: Family<DomainLabel, Gauge>,
+    domain_capacity: Family<DomainLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
 }
 
 impl Default for Metrics {
@@ -111,6 +122,8 @@ impl Default for Metrics {
                 ))
             }),
             leader: Gauge::default(),
+            domain_allocated: Family::default(),
+            domain_capacity: Family::default(),
         }
     }
 }
@@ -134,6 +147,48 @@ impl Metrics {
             "1 while this process holds leadership and runs the controllers.",
             self.leader.clone(),
         );
+        registry.register(
+            "rlark_domain_allocated_addresses",
+            "Addresses of a Domain held by live replicas.",
+            self.domain_allocated.clone(),
+        );
+        registry.register(
+            "rlark_domain_capacity_addresses",
+            "Usable addresses of a Domain's CIDR.",
+            self.domain_capacity.clone(),
+        );
+    }
+
+    /// Set the gauges of Domain `domain`.
+    pub fn set_domain(&self, domain: &str, allocated: usize, capacity: u128) {
+        let label = DomainLabel {
+            domain: domain.to_string(),
+        };
+        self.domain_allocated
+            .get_or_create(&label)
+            .set(i64::try_from(allocated).unwrap_or(i64::MAX));
+        // f64 of a u128: rounding is fine for a capacity.
+        self.domain_capacity
+            .get_or_create(&label)
+            .set(capacity as f64);
+    }
+
+    /// Drop the gauges of a Domain that is going away.
+    pub fn forget_domain(&self, domain: &str) {
+        let label = DomainLabel {
+            domain: domain.to_string(),
+        };
+        self.domain_allocated.remove(&label);
+        self.domain_capacity.remove(&label);
+    }
+
+    /// Addresses of `domain` held by live replicas, as last set (for tests).
+    pub fn domain_allocated(&self, domain: &str) -> i64 {
+        self.domain_allocated
+            .get_or_create(&DomainLabel {
+                domain: domain.to_string(),
+            })
+            .get()
     }
 
     /// Count one reconcile of `controller` that took `elapsed`.

@@ -7,11 +7,14 @@
 //! - [`workflow`]: the DAG of Jobs.
 //! - [`task`]: Task status aggregated from the Pods agents report.
 //! - [`node`]: heartbeat timeout → `Offline`, `NodeLost` on its Tasks.
+//! - [`domain`]: addresses of a Domain's replicas (pure [`domain::ipam`]) and the
+//!   DomainPeer of each agent namespace holding a member.
 //! - [`events`]: Kubernetes-style Events recorded for every transition and decision.
 //! - [`leader`]: leader election on a `coordination.k8s.io/v1` Lease.
 //! - [`manager`]: runs all of them until shutdown.
 
 pub mod context;
+pub mod domain;
 pub mod error;
 pub mod events;
 pub mod job;

@@ -1,4 +1,4 @@
-//! Runs the Job, Workflow, Task and Node controllers together until shutdown, optionally
+//! Runs the Job, Workflow, Task, Node and Domain controllers together until shutdown, optionally
 //! only while holding leadership of a Lease.
 //!
 //! With leader election, the controllers start when this process becomes leader and are
@@ -260,7 +260,7 @@ pub async fn run_controllers(ctx: Arc<Context>, shutdown: CancellationToken) -> 
     // Cancelled by `shutdown`, or by us when one controller ends on its own.
     let stop = shutdown.child_token();
     type Run = std::pin::Pin<Box<dyn Future<Output = ()> + Send>>;
-    let controllers: [(&'static str, Run); 4] = [
+    let controllers: [(&'static str, Run); 5] = [
         (
             crate::job::CONTROLLER,
             Box::pin(crate::job::run(ctx.clone(), stop.clone())),
@@ -276,6 +276,10 @@ pub async fn run_controllers(ctx: Arc<Context>, shutdown: CancellationToken) -> 
         (
             crate::node::CONTROLLER,
             Box::pin(crate::node::run(ctx.clone(), stop.clone())),
+        ),
+        (
+            crate::domain::CONTROLLER,
+            Box::pin(crate::domain::run(ctx.clone(), stop.clone())),
         ),
     ];
     let mut set = JoinSet::new();

@@ -35,6 +35,14 @@ impl Harness {
         rlark_testkit::init_tracing();
         let server = TestServer::start().await?;
         let client = server.client().await?;
+        // The Domain the Jobs here name (a Job may only name one that exists).
+        let domain: rlark_api::types::Domain = serde_json::from_value(json!({
+            "apiVersion": "rlinf.io/v1alpha1", "kind": "Domain",
+            "metadata": {"name": "d1"}, "spec": {"cidr": "10.98.0.0/16"},
+        }))?;
+        Api::<rlark_api::types::Domain>::all(client.clone())
+            .create(&PostParams::default(), &domain)
+            .await?;
         let mut h = Harness {
             server: Some(server),
             client,

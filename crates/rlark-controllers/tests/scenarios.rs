@@ -126,6 +126,14 @@ impl Cluster {
             ..Default::default()
         };
         namespaces.create(&PostParams::default(), &ns).await?;
+        // The Domain every Job here names (a Job may only name one that exists).
+        let domain: rlark_api::types::Domain = serde_json::from_value(json!({
+            "apiVersion": "rlinf.io/v1alpha1", "kind": "Domain",
+            "metadata": {"name": "d1"}, "spec": {"cidr": "10.98.0.0/16"},
+        }))?;
+        Api::<rlark_api::types::Domain>::all(client.clone())
+            .create(&PostParams::default(), &domain)
+            .await?;
         Ok(Cluster { server, client })
     }
 

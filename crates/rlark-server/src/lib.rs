@@ -367,6 +367,9 @@ async fn start_with_token(
     .merge(security_routes)
     .merge(reports_routes)
     .merge(tunnel::routes::router(Arc::clone(&hub)))
+    .merge(tunnel::netcheck::router(
+        tunnel::netcheck::NetCheckState::new(Arc::clone(&hub), Arc::new(store.clone())),
+    ))
     .merge(tunnel::exec::router(tunnel::exec::ExecState::new(
         Arc::clone(&hub),
         Arc::new(store.clone()),
@@ -389,12 +392,14 @@ async fn start_with_token(
         let security = Arc::clone(&security);
         let hub = Arc::clone(&hub);
         let reports_store: Arc<dyn rlark_store::Store> = Arc::new(store.clone());
+        let reports_store_for_relay = Arc::clone(&reports_store);
         tokio::spawn(async move {
             tokio::join!(
                 api.run_background(token.clone()),
                 reports::collect_deleted_task_reports(reports_store, token.clone()),
                 Arc::clone(&security).follow_revocations(token.clone()),
-                hub.enforce_revocations(security, token.clone()),
+                Arc::clone(&hub).enforce_revocations(security, token.clone()),
+                hub.relay().run(reports_store_for_relay, token.clone()),
                 Arc::clone(&replicas).run(token)
             );
         })

@@ -10,6 +10,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod netns;
 pub mod real_agent;
 pub mod tunnel_agent;
 pub mod wait;

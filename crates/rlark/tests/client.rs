@@ -172,6 +172,21 @@ async fn apply_get_delete_round_trip() -> anyhow::Result<()> {
     // Delete by name and by file.
     let deleted = cli.ok(&["delete", "task", "t1", "-n", "team-a"]).await?;
     assert_eq!(deleted.trim(), "task.rlinf.io \"t1\" deleted");
+    // A Domain in use by a Job is not deleted: first the Job.
+    let out = cli
+        .run(&[
+            "delete",
+            "-f",
+            &repo_root()
+                .join("examples/domain.yaml")
+                .display()
+                .to_string(),
+        ])
+        .await?;
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("in use by Job \"ppo-train\""), "{stderr}");
+    cli.ok(&["delete", "job", "ppo-train"]).await?;
     let deleted = cli
         .ok(&[
             "delete",

@@ -1023,6 +1023,8 @@ mod tests {
         peers: StdMutex<Vec<DatagramPlane>>,
         opened: StdMutex<Vec<RelayHeader>>,
         fail: bool,
+        /// Never finish opening (datagrams stay queued).
+        hang: bool,
     }
 
     impl Opener for LoopOpener {
@@ -1035,8 +1037,11 @@ mod tests {
                 .iter()
                 .find(|p| p.inner.config.addresses.contains(&header.destination))
                 .cloned();
-            let fail = self.fail;
+            let (fail, hang) = (self.fail, self.hang);
             Box::pin(async move {
+                if hang {
+                    futures::future::pending::<()>().await;
+                }
                 let peer = match peer {
                     Some(peer) if !fail => peer,
                     _ => return Err(io::Error::new(io::ErrorKind::ConnectionRefused, "refused")),
@@ -1318,6 +1323,52 @@ mod tests {
         }
         assert_eq!(opened(&opener).len(), 1);
         plane.shutdown();
+    }
+
+    #[tokio::test]
+    async fn queued_bytes_are_bounded_across_flows() {
+        let metrics = DatagramMetrics::default();
+        let (io, tun) = mem_io();
+        let opener = Arc::new(LoopOpener {
+            hang: true,
+            ..LoopOpener::default()
+        });
+        let limits = Limits {
+            max_queued_bytes: 20,
+            ..Limits::default()
+        };
+        let plane = DatagramPlane::start(
+            config(vec![A4], limits),
+            io,
+            opener.clone(),
+            metrics.clone(),
+        );
+        // 8 + 8 bytes fit (two flows), the third 8 does not; an empty datagram still does.
+        for (port, payload) in [
+            (1, &b"12345678"[..]),
+            (2, b"12345678"),
+            (3, b"12345678"),
+            (4, b""),
+        ] {
+            tun.inject
+                .send(udp(A4, port, B4, 9, payload))
+                .await
+                .unwrap();
+        }
+        let deadline = Instant::now() + WAIT;
+        while plane.flow_count() < 3 {
+            assert!(Instant::now() < deadline, "flows not created");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        assert_eq!(metrics.dropped_count(DropReason::QueueFull), 1);
+        assert_eq!(plane.inner.queued.load(Ordering::Relaxed), 16);
+        // Ending the flows releases what they held.
+        plane.shutdown();
+        let deadline = Instant::now() + WAIT;
+        while plane.inner.queued.load(Ordering::Relaxed) != 0 {
+            assert!(Instant::now() < deadline, "queued bytes not released");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
     }
 
     #[tokio::test]

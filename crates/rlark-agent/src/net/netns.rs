@@ -106,6 +106,27 @@ impl Mode {
     }
 }
 
+impl std::fmt::Display for Mode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for Mode {
+    type Err = String;
+
+    /// `kernel` or `tun` (`--net-mode`).
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "kernel" => Ok(Mode::Kernel),
+            "tun" => Ok(Mode::Tun),
+            other => Err(format!(
+                "network mode {other:?}: expected \"kernel\" or \"tun\""
+            )),
+        }
+    }
+}
+
 /// What a replica's namespace must look like.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct NetnsSpec {
@@ -297,6 +318,22 @@ impl ReplicaNetns {
                 Err(e)
             }
         }
+    }
+
+    /// Make the namespace match `spec` again (addresses, routes, nft table), keeping its
+    /// TUN descriptor: for a changed spec (e.g. new `loopback_passthrough` ports) while this
+    /// handle lives. [`create`](Self::create) does the same on adopt, but re-opens the TUN
+    /// device, which fails (`EBUSY`) while another handle in this process still holds it:
+    /// keep one `ReplicaNetns` per namespace. `spec.name` must be this namespace's.
+    pub async fn apply(&self, spec: &NetnsSpec) -> Result<(), NetError> {
+        spec.validate()?;
+        if spec.name != self.name {
+            return Err(NetError::InvalidSpec(format!(
+                "name {:?}: this handle is namespace {:?}",
+                spec.name, self.name
+            )));
+        }
+        self.configure(spec).await
     }
 
     async fn configure(&self, spec: &NetnsSpec) -> Result<(), NetError> {
@@ -930,6 +967,26 @@ async fn unmount_and_remove(name: &str, path: &Path) -> Result<(), NetError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn handles_are_shareable_between_tasks() {
+        fn shareable<T: Send + Sync + 'static>() {}
+        shareable::<ReplicaNetns>();
+        shareable::<Tun>();
+        shareable::<NetError>();
+    }
+
+    #[test]
+    fn modes_parse_and_print() {
+        for mode in [Mode::Kernel, Mode::Tun] {
+            assert_eq!(mode.to_string().parse::<Mode>(), Ok(mode));
+        }
+        let error = "iptables".parse::<Mode>().expect_err("unknown mode");
+        assert!(
+            error.contains("\"iptables\"") && error.contains("kernel"),
+            "{error}"
+        );
+    }
 
     fn spec() -> NetnsSpec {
         NetnsSpec {

@@ -51,6 +51,7 @@
 mod behaviour;
 mod node;
 mod runs;
+pub mod topology;
 
 pub use behaviour::{Behaviour, Behaviours};
 pub use node::SimNode;

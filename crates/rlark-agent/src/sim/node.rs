@@ -80,6 +80,7 @@ impl SimNode {
                 kernel_version: None,
             },
             addresses: Vec::new(),
+            network: None,
         }
     }
 }

@@ -166,6 +166,24 @@ pub struct TaskContext {
     pub stop_tasks_on_exit: bool,
     /// The replica supervisor command ([`ReplicaSpec::supervisor`]).
     pub supervisor: Vec<OsString>,
+    /// The pod network replicas of domain tasks join.
+    pub network: PodNetwork,
+}
+
+/// Whether this agent can give replicas of domain tasks their network.
+#[derive(Clone, Debug)]
+pub enum PodNetwork {
+    /// It can (docs/network.md).
+    Ready(crate::net::replica::DomainNet),
+    /// It cannot, and why (replicas of domain tasks fail with reason
+    /// `DomainNetworkUnavailable` and this message).
+    Unavailable(String),
+}
+
+impl Default for PodNetwork {
+    fn default() -> Self {
+        PodNetwork::Unavailable("the agent was started without a pod network".into())
+    }
 }
 
 /// Errors that end [`run_tasks`]. API errors never do: they are retried.
@@ -322,6 +340,7 @@ mod testing {
             ca_file: "/data/identity/ca.crt".into(),
             stop_tasks_on_exit: false,
             supervisor: Vec::new(),
+            network: super::PodNetwork::default(),
         }
     }
 }

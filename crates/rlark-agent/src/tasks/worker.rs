@@ -13,9 +13,10 @@ use kube::api::{Patch, PatchParams, PostParams};
 use rlark_api::agent::replica::{Action, Adopted as AdoptedAt, End, Event, Now, Replica, RunSpec};
 use rlark_api::agent::status::{self, StatusPatch};
 use rlark_api::agent::{
-    PENDING_AFTER, REASON_BACKOFF, REASON_STOPPED, RUN_KEY_ANNOTATION, replica_pod,
+    PENDING_AFTER, REASON_BACKOFF, REASON_DOMAIN_NETWORK_UNAVAILABLE, REASON_STOPPED,
+    REASON_WAITING_FOR_DOMAIN_IP, RUN_KEY_ANNOTATION, replica_pod,
 };
-use rlark_api::types::{Pod, PodPhase, PodStatus, RawTaskSpec, Task};
+use rlark_api::types::{DomainPendingPod, Pod, PodPhase, PodStatus, RawTaskSpec, Task};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -28,7 +29,8 @@ use super::pods::{
 use super::prune::prune_runs;
 use super::recovery::{Recovered, end_recovered};
 use super::{
-    ReplicaState, STATE_FILE, Shared, grace_period, replica_dir, replica_env, run_deadline,
+    PodNetwork, ReplicaState, STATE_FILE, Shared, grace_period, replica_dir, replica_env,
+    run_deadline,
 };
 use crate::runtime::{Adopted, ReplicaSpec, RunningReplica, RuntimeError, exit_report, timestamp};
 
@@ -80,6 +82,8 @@ pub(super) struct Worker {
     /// The Task as last seen.
     pub(super) task: Arc<Task>,
     resync: u64,
+    /// The replica's network while it is attached to its domain.
+    network: Option<crate::net::replica::Attachment>,
     /// The Pod status as this worker last wrote it (re-asserted on resync).
     pub(super) reported: PodStatus,
     /// The state file of the running process.
@@ -132,6 +136,7 @@ impl Worker {
             reported: PodStatus::default(),
             state: None,
             resume: None,
+            network: None,
         }
     }
 
@@ -145,7 +150,11 @@ impl Worker {
         let mut step = self.first_step(recovered).await;
         loop {
             step = match step {
-                Step::Start => self.run_replica().await,
+                Step::Start => {
+                    let step = self.run_replica().await;
+                    self.leave_domain().await;
+                    step
+                }
                 Step::Finished | Step::Stopped => self.idle(step).await,
                 Step::Exit => return,
             };
@@ -409,6 +418,11 @@ impl Worker {
             self.write_status(status, true).await;
             return Step::Finished;
         };
+        if let Some(domain) = self.task.spec.domain.clone().filter(|d| !d.is_empty())
+            && let Err(step) = self.join_domain(&domain).await
+        {
+            return step;
+        }
         let machine = self.machine();
         match resume {
             None => self.drive(machine, Event::Start, None, Some(raw)).await,
@@ -636,6 +650,113 @@ impl Worker {
         }
     }
 
+    /// Give the replica its place in `domain` before it starts: wait for its address
+    /// (reporting the Pod `Pending` with reason `NoDomainIP` while the Domain's pool is
+    /// full), then attach it ([`crate::net::replica::DomainNet::attach`]). Err: the step to
+    /// take instead of starting (a command came, or the network cannot be had).
+    async fn join_domain(&mut self, domain: &str) -> Result<(), Step> {
+        let net = match &self.shared.ctx.network {
+            PodNetwork::Ready(net) => net.clone(),
+            PodNetwork::Unavailable(why) => {
+                let message = format!(
+                    "task is in domain {domain}, but this agent runs no pod network: {why}"
+                );
+                let patch = status::start_failed(
+                    REASON_DOMAIN_NETWORK_UNAVAILABLE,
+                    message,
+                    0,
+                    Timestamp::now(),
+                );
+                self.write_status(patch, true).await;
+                return Err(Step::Finished);
+            }
+        };
+        let pod = self.pod.clone();
+        let (tx, mut pending) = watch::channel::<Option<Option<DomainPendingPod>>>(None);
+        let wait = net.wait_addresses(domain, &pod, move |p| {
+            let _ = tx.send(Some(p.cloned()));
+        });
+        tokio::pin!(wait);
+        enum Waited {
+            Addresses(Vec<ipnet::IpNet>),
+            Pending(Option<DomainPendingPod>),
+            Command(Command),
+        }
+        let addresses = loop {
+            let waited = tokio::select! {
+                addresses = &mut wait => Waited::Addresses(addresses),
+                Ok(()) = pending.changed() => Waited::Pending(pending.borrow_and_update().clone().flatten()),
+                command = self.next_command() => Waited::Command(command),
+            };
+            match waited {
+                Waited::Addresses(addresses) => break addresses,
+                Waited::Pending(entry) => {
+                    let (reason, message) = match entry {
+                        Some(entry) => (entry.reason, entry.message),
+                        None => (
+                            REASON_WAITING_FOR_DOMAIN_IP.to_string(),
+                            format!("waiting for an address in domain {domain}"),
+                        ),
+                    };
+                    let patch = status::waiting(&self.shared.ctx.node_name, &reason, message);
+                    self.write_status(patch, true).await;
+                }
+                Waited::Command(Command::Run { task, .. }) => {
+                    self.task = task;
+                    if self.task.spec.stopped {
+                        self.write_status(status::stopped_before_start(Timestamp::now()), false)
+                            .await;
+                        return Err(Step::Stopped);
+                    }
+                }
+                Waited::Command(Command::Remove) => {
+                    self.delete_own_pod().await;
+                    return Err(Step::Exit);
+                }
+                Waited::Command(Command::Supersede | Command::Shutdown) => return Err(Step::Exit),
+            }
+        };
+        let namespace = self.task.namespace().unwrap_or_default();
+        match net.attach(&namespace, &pod, domain, addresses).await {
+            Ok(attachment) => {
+                let ip = attachment.addresses.first().map(ToString::to_string);
+                self.network = Some(attachment);
+                let patch = StatusPatch {
+                    set: PodStatus {
+                        ip,
+                        ..PodStatus::default()
+                    },
+                    clear: Vec::new(),
+                };
+                self.write_status(patch, true).await;
+                Ok(())
+            }
+            Err(error) => {
+                tracing::warn!(pod = %self.pod, %error, "replica could not join its domain");
+                let patch =
+                    status::start_failed(error.reason(), error.to_string(), 0, Timestamp::now());
+                self.write_status(patch, true).await;
+                Err(Step::Finished)
+            }
+        }
+    }
+
+    /// The run is over for this worker: give the replica's network back (deleted, unless
+    /// the agent exits and leaves the replica running for the next agent).
+    async fn leave_domain(&mut self) {
+        if self.network.take().is_none() {
+            return;
+        }
+        let PodNetwork::Ready(net) = &self.shared.ctx.network else {
+            return;
+        };
+        if self.shared.shutdown.is_cancelled() && !self.shared.ctx.stop_tasks_on_exit {
+            net.leave(&self.pod);
+        } else {
+            net.release(&self.pod).await;
+        }
+    }
+
     fn replica_spec(&self, raw: &RawTaskSpec, deadline: Option<Instant>) -> ReplicaSpec {
         let mut spec = ReplicaSpec::new(raw.entrypoint.clone(), self.replica_dir());
         spec.env = replica_env(&self.task, self.index, &self.shared.ctx);
@@ -651,6 +772,12 @@ impl Worker {
         spec.deadline = deadline;
         spec.grace = self.grace();
         spec.supervisor = self.shared.ctx.supervisor.clone();
+        if let Some(attachment) = &self.network {
+            if let Some(ip) = attachment.addresses.first() {
+                spec.env.push(("RLARK_POD_IP".to_string(), ip.to_string()));
+            }
+            spec.network = Some(attachment.network.clone());
+        }
         spec
     }
 

@@ -57,6 +57,15 @@ pub const REASON_BACKOFF: &str = "BackOff";
 /// the agent's).
 pub const REASON_UNSUPPORTED_AGENT_TYPE: &str = "UnsupportedAgentType";
 
+/// `Pod.status.reason` of a replica of a domain task waiting for its address while the
+/// Domain's pool is full (the Domain controller lists it under the DomainPeer's `pending`).
+pub const REASON_NO_DOMAIN_IP: &str = "NoDomainIP";
+/// `Pod.status.reason` of a replica of a domain task whose address is not listed yet.
+pub const REASON_WAITING_FOR_DOMAIN_IP: &str = "WaitingForDomainIP";
+/// `Pod.status.reason` of a replica of a domain task on an agent that runs no pod network
+/// (not root, no netfilter): it fails at once rather than run outside its domain.
+pub const REASON_DOMAIN_NETWORK_UNAVAILABLE: &str = "DomainNetworkUnavailable";
+
 /// First restart delay.
 pub const BACKOFF_INITIAL: Duration = Duration::from_secs(1);
 /// Longest restart delay (the delay doubles after each restart up to this).

@@ -9,7 +9,8 @@ use k8s_openapi::jiff::Timestamp;
 use super::REASON_AGENT_READY;
 use crate::labels;
 use crate::types::{
-    AgentType, Node, NodeCategory, NodeInfo, NodePhase, NodeSpec, NodeStatus, ResourceList,
+    AgentType, Node, NodeCategory, NodeInfo, NodeNetwork, NodePhase, NodeSpec, NodeStatus,
+    ResourceList,
 };
 
 /// A machine as its Node reports it. The agent writes [`NodeDescription::to_node`] (the
@@ -33,6 +34,8 @@ pub struct NodeDescription {
     pub node_info: NodeInfo,
     /// `Hostname`, and the `InternalIP` this host reaches the server from.
     pub addresses: Vec<NodeAddress>,
+    /// The pod network on this node (`status.network`); `None`: not reported.
+    pub network: Option<NodeNetwork>,
 }
 
 impl NodeDescription {
@@ -73,6 +76,7 @@ impl NodeDescription {
             capacity: self.capacity.clone(),
             allocatable: self.allocatable.clone(),
             heartbeat_time: Some(Time(now)),
+            network: self.network.clone(),
             ..Default::default()
         }
     }
@@ -95,6 +99,7 @@ mod tests {
             allocatable: ResourceList::new(),
             node_info: NodeInfo::default(),
             addresses: Vec::new(),
+            network: None,
         };
         let node = description.to_node("c1");
         assert_eq!(node.metadata.namespace.as_deref(), Some("rlark-c1"));

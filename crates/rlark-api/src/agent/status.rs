@@ -204,6 +204,18 @@ pub fn pending(node: &str) -> StatusPatch {
     }
 }
 
+/// Not started yet and waiting for something outside the agent (the replica's domain
+/// address): `Pending` with `reason` and `message`.
+pub fn waiting(node: &str, reason: &str, message: String) -> StatusPatch {
+    let mut patch = pending(node);
+    patch.set.reason = Some(reason.to_string());
+    patch.set.message = Some(message);
+    patch
+        .clear
+        .retain(|f| !matches!(f, StatusField::Reason | StatusField::Message));
+    patch
+}
+
 /// The process runs (`startTime`: the run's first start).
 pub fn running(node: &str, start_time: Timestamp, restarts: i32) -> StatusPatch {
     StatusPatch {

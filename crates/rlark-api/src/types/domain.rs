@@ -21,6 +21,18 @@ use serde::{Deserialize, Serialize};
     doc = "Domain: a virtual IPv4/IPv6 network across clusters; pods of tasks in the domain get stable addresses from its CIDR.",
     printcolumn(name = "CIDR", type_ = "string", json_path = ".spec.cidr"),
     printcolumn(
+        name = "Members",
+        type_ = "integer",
+        json_path = ".status.allocated",
+        priority = 1
+    ),
+    printcolumn(
+        name = "Capacity",
+        type_ = "string",
+        json_path = ".status.capacity",
+        priority = 1
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -42,6 +54,12 @@ pub struct DomainStatus {
     /// Addresses handed out (and recently released ones kept for reuse).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub ip_allocations: Vec<DomainIpAllocation>,
+    /// Addresses held by live replicas (allocations without `releasedAt`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocated: Option<i64>,
+    /// Usable addresses of the CIDR, in decimal (a string: an IPv6 pool exceeds 64 bits).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capacity: Option<String>,
 }
 
 /// One address of a Domain and who holds it.

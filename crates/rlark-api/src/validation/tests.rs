@@ -77,6 +77,7 @@ fn cause_types_are_kubernetes_strings() {
         (Duplicate, "FieldValueDuplicate", "Duplicate value"),
         (Forbidden, "FieldValueForbidden", "Forbidden"),
         (TooLong, "FieldValueTooLong", "Too long"),
+        (NotFound, "FieldValueNotFound", "Not found"),
     ];
     for (kind, cause, label) in cases {
         assert_eq!(kind.cause_type(), cause);
@@ -990,6 +991,60 @@ fn domain_cidrs() {
         )]
     );
     assert_eq!(errors("Domain", &domain("fd00::1/128")).len(), 1);
+}
+
+#[test]
+fn domain_job_selectors() {
+    let with = |selector: Value| {
+        json!({"kind": "Domain", "metadata": {"name": "d"},
+               "spec": {"cidr": "10.88.0.0/16", "jobSelector": selector}})
+    };
+    assert_eq!(
+        errors(
+            "Domain",
+            &with(json!({"matchLabels": {"team": "rl"},
+                         "matchExpressions": [{"key": "tier", "operator": "In", "values": ["gpu"]},
+                                              {"key": "x", "operator": "Exists"}]}))
+        ),
+        []
+    );
+    let errs = errors(
+        "Domain",
+        &with(json!({"matchExpressions": [
+            {"key": "tier", "operator": "In"},
+            {"key": "x", "operator": "Exists", "values": ["a"]},
+            {"key": "y", "operator": "Near", "values": ["a"]},
+            {"key": "bad key", "operator": "Exists"}]})),
+    );
+    assert_eq!(
+        errs[..3],
+        [
+            e(
+                "spec.jobSelector.matchExpressions[0].values",
+                Required,
+                "must be specified when `operator` is 'In' or 'NotIn'"
+            ),
+            e(
+                "spec.jobSelector.matchExpressions[1].values",
+                Forbidden,
+                "may not be specified when `operator` is 'Exists' or 'DoesNotExist'"
+            ),
+            e(
+                "spec.jobSelector.matchExpressions[2].operator",
+                NotSupported,
+                r#""Near": supported values: "In", "NotIn", "Exists", "DoesNotExist""#
+            ),
+        ]
+    );
+    assert_eq!(errs.len(), 4);
+    assert_eq!(
+        (errs[3].0.as_str(), errs[3].1),
+        ("spec.jobSelector.matchExpressions[3].key", Invalid)
+    );
+    assert!(errs[3].2.starts_with(r#""bad key": "#), "{}", errs[3].2);
+    let bad_value = errors("Domain", &with(json!({"matchLabels": {"team": "not ok!"}})));
+    assert_eq!(bad_value.len(), 1);
+    assert_eq!(bad_value[0].0, "spec.jobSelector.matchLabels[team]");
 }
 
 #[test]

@@ -6,12 +6,15 @@
 //! for node agents). Several sessions of one agent may be live at once (a reconnect while
 //! the old connection drains, or one per server address); new streams go to the newest.
 //! Uses: the HTTP reverse proxy (`/api/proxy/...`), HTTP `CONNECT` on the HTTPS port, and
-//! `rlark port-forward`, all through [`Hub::dial`].
+//! `rlark port-forward`, all through [`Hub::dial`]. Streams the agents open towards the hub
+//! are the pod network's relay ([`relay`]).
 
 pub(crate) mod connect;
 pub(crate) mod exec;
 pub(crate) mod logs;
+pub(crate) mod netcheck;
 pub(crate) mod proxy_tls;
+pub(crate) mod relay;
 pub(crate) mod replicas;
 pub(crate) mod routes;
 
@@ -108,6 +111,7 @@ pub(crate) struct Hub {
     dials: Family<DialLabels, Counter>,
     connects: Counter,
     proxy_tls: ProxyTls,
+    relay: relay::Relay,
 }
 
 impl std::fmt::Debug for Hub {
@@ -128,11 +132,17 @@ impl Hub {
             dials: Family::default(),
             connects: Counter::default(),
             proxy_tls: ProxyTls::new(),
+            relay: relay::Relay::default(),
         })
     }
 
     pub(crate) fn config(&self) -> &TunnelConfig {
         &self.config
+    }
+
+    /// The pod-network relay (agent-opened streams).
+    pub(crate) fn relay(&self) -> &relay::Relay {
+        &self.relay
     }
 
     /// TLS towards `https` proxy targets.
@@ -383,6 +393,26 @@ impl prometheus_client::collector::Collector for HubCollector {
             "Agent tunnel sessions accepted",
             None,
             self.hub.connects.metric_type(),
+        )?)?;
+        let relay = self.hub.relay();
+        relay.streams.encode(encoder.encode_descriptor(
+            "rlark_tunnel_relay_streams",
+            "Pod-network relay streams opened by agents, by domain and outcome (ok, forbidden, \
+             bad-request, unreachable, no-such-agent, ...)",
+            None,
+            relay.streams.metric_type(),
+        )?)?;
+        relay.bytes.encode(encoder.encode_descriptor(
+            "rlark_tunnel_relay_bytes",
+            "Bytes relayed between agents, by domain and direction (counted when a relay ends)",
+            None,
+            relay.bytes.metric_type(),
+        )?)?;
+        relay.active.encode(encoder.encode_descriptor(
+            "rlark_tunnel_relay_active",
+            "Relays being spliced right now, by domain",
+            None,
+            relay.active.metric_type(),
         )?)?;
         Ok(())
     }

@@ -14,7 +14,6 @@ use axum::body::Body;
 use axum::extract::{Path, Request, State};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{any, get};
-use futures::StreamExt as _;
 use http::{HeaderMap, HeaderValue, StatusCode, header};
 use hyper_util::rt::TokioIo;
 use rlark_apiserver::auth::{Identity, Role};
@@ -122,7 +121,7 @@ async fn connect(State(hub): State<Arc<Hub>>, mut request: Request) -> Response 
             TokioIo::new(upgraded),
             rlark_tunnel::ws::Role::Server,
         );
-        let (control, mut incoming) = rlark_tunnel::mux::Session::new(
+        let (control, incoming) = rlark_tunnel::mux::Session::new(
             transport,
             rlark_tunnel::mux::Role::Server,
             hub.config().mux.clone(),
@@ -135,14 +134,15 @@ async fn connect(State(hub): State<Arc<Hub>>, mut request: Request) -> Response 
             control.clone(),
         );
         tracing::info!(cluster = %cluster_id, node = ?node, %remote, "agent tunnel connected");
-        // Agent-opened streams (the pod-network relay) are not served yet: refuse them.
-        let refuse = tokio::spawn(async move {
-            while let Some(stream) = incoming.next().await {
-                drop(stream);
-            }
-        });
+        // Agent-opened streams: the pod-network relay (`relay.rs`), served for as long as
+        // the session lives, with the session's certified cluster as the caller.
+        let serving = tokio::spawn(super::relay::serve_incoming(
+            Arc::clone(&hub),
+            cluster_id.clone(),
+            incoming,
+        ));
         control.closed().await;
-        refuse.abort();
+        serving.abort();
         hub.unregister(&cluster_id, id);
         tracing::info!(cluster = %cluster_id, node = ?node, %remote, "agent tunnel disconnected");
     });

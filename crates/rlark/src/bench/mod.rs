@@ -8,6 +8,7 @@ mod camera;
 mod client;
 mod controllers;
 mod micro;
+mod net;
 mod object;
 mod port_forward;
 mod report;
@@ -20,6 +21,7 @@ pub use agent::{AgentBenchOptions, AgentBenchReport, run_agent};
 pub use api::{ApiBenchOptions, run_api};
 pub use camera::{CameraBenchOptions, CameraBenchReport, run_camera};
 pub use controllers::{ControllerBenchOptions, ControllerBenchReport, run_controllers};
+pub use net::{NetBenchOptions, NetBenchReport, NetPeerOptions, run_net, run_net_peer};
 pub use port_forward::{PortForwardBenchOptions, PortForwardBenchReport, run_port_forward};
 pub use report::ApiBenchReport;
 pub use tunnel::{TunnelBenchOptions, run_tunnel};
@@ -55,6 +57,16 @@ pub enum BenchCommand {
     /// socket, JPEG and raw, to 1 and 4 clients: frames/s, MB/s, latency (capture ->
     /// receipt) p50/p99. Target: >= 60 fps to each of 4 JPEG clients with p99 <= 50 ms.
     Camera(CameraBenchOptions),
+    /// TCP between two "clusters" that are network namespaces on one bridge (needs root):
+    /// direct TCP and an OpenSSH relay (`ssh -L` + `ssh -R` through an sshd in a third
+    /// namespace) measured in the same run: single-stream and 8-stream throughput,
+    /// connection setup p50/p99, CPU seconds per GiB; the Domain network's paths beside
+    /// them with the targets (relayed >= 1.5x the OpenSSH relay with setup p99 <= 5
+    /// ms, kernel mode >= 3x tun mode, direct agent-to-agent >= 50% of direct TCP).
+    Net(NetBenchOptions),
+    /// One end of `rlark bench net`'s paths (run by it inside a namespace).
+    #[command(hide = true)]
+    NetPeer(NetPeerOptions),
 }
 
 /// Run a `rlark bench` subcommand and print its report (a table, or JSON with `--json`).
@@ -110,6 +122,17 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
             }
             Ok(())
         }
+        BenchCommand::Net(options) => {
+            let json = options.json;
+            let report: NetBenchReport = run_net(options).await?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{report}");
+            }
+            Ok(())
+        }
+        BenchCommand::NetPeer(options) => run_net_peer(options).await,
         BenchCommand::Controllers(options) => {
             let json = options.json;
             let report: ControllerBenchReport = run_controllers(options).await?;

@@ -531,7 +531,7 @@ impl std::fmt::Display for PortForwardBenchReport {
 /// The target server: per connection a mode byte, acknowledged with the same byte at once;
 /// `U`: read to EOF, answer the byte count (u64); `D`: read a u64 N, write N bytes, close;
 /// `E`: echo until EOF.
-async fn target_server() -> anyhow::Result<SocketAddr> {
+pub(super) async fn target_server() -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     tokio::spawn(async move {
@@ -544,7 +544,7 @@ async fn target_server() -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
-async fn serve_target(mut socket: TcpStream) -> std::io::Result<()> {
+pub(super) async fn serve_target(mut socket: TcpStream) -> std::io::Result<()> {
     socket.set_nodelay(true)?;
     let mode = socket.read_u8().await?;
     socket.write_all(&[mode]).await?;
@@ -586,7 +586,7 @@ async fn serve_target(mut socket: TcpStream) -> std::io::Result<()> {
 }
 
 /// Connect and have `mode` acknowledged by the target: the whole path is up.
-async fn open(addr: SocketAddr, mode: u8) -> anyhow::Result<TcpStream> {
+pub(super) async fn open(addr: SocketAddr, mode: u8) -> anyhow::Result<TcpStream> {
     let mut stream = TcpStream::connect(addr).await?;
     stream.set_nodelay(true)?;
     stream.write_all(&[mode]).await?;
@@ -597,7 +597,7 @@ async fn open(addr: SocketAddr, mode: u8) -> anyhow::Result<TcpStream> {
     Ok(stream)
 }
 
-async fn bounded<T>(
+pub(super) async fn bounded<T>(
     what: &str,
     future: impl Future<Output = anyhow::Result<T>>,
 ) -> anyhow::Result<T> {
@@ -608,7 +608,7 @@ async fn bounded<T>(
 
 /// Upload `bytes` over one connection; the time from the first byte written to the target's
 /// count.
-async fn upload(addr: SocketAddr, bytes: u64) -> anyhow::Result<Duration> {
+pub(super) async fn upload(addr: SocketAddr, bytes: u64) -> anyhow::Result<Duration> {
     bounded("upload", async {
         let mut stream = open(addr, b'U').await?;
         let chunk = vec![0x5au8; 256 * 1024];
@@ -672,7 +672,7 @@ async fn round_trips(addr: SocketAddr, n: usize) -> anyhow::Result<Vec<Duration>
 }
 
 /// `n` connection setups, one after another: connect + the mode byte echoed back.
-async fn setups(addr: SocketAddr, n: usize) -> anyhow::Result<Vec<Duration>> {
+pub(super) async fn setups(addr: SocketAddr, n: usize) -> anyhow::Result<Vec<Duration>> {
     bounded("setups", async {
         let mut samples = Vec::with_capacity(n);
         for _ in 0..n {
@@ -691,15 +691,15 @@ async fn setups(addr: SocketAddr, n: usize) -> anyhow::Result<Vec<Duration>> {
 // ---------------------------------------------------------------------------------------
 
 /// A child process, killed when dropped; its output goes to `log`.
-struct Proc {
-    name: String,
-    child: Child,
-    pid: u32,
-    log: PathBuf,
+pub(super) struct Proc {
+    pub(super) name: String,
+    pub(super) child: Child,
+    pub(super) pid: u32,
+    pub(super) log: PathBuf,
 }
 
 impl Proc {
-    fn spawn(name: &str, mut command: Command, log: &Path) -> anyhow::Result<Self> {
+    pub(super) fn spawn(name: &str, mut command: Command, log: &Path) -> anyhow::Result<Self> {
         let file =
             std::fs::File::create(log).with_context(|| format!("create {}", log.display()))?;
         command
@@ -718,7 +718,7 @@ impl Proc {
     }
 
     /// The last lines of its log, for an error message.
-    fn log_tail(&self) -> String {
+    pub(super) fn log_tail(&self) -> String {
         let text = std::fs::read_to_string(&self.log).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
         let start = lines.len().saturating_sub(20);
@@ -726,14 +726,14 @@ impl Proc {
     }
 
     /// Fails (with the log) when it has exited.
-    fn check_running(&mut self) -> anyhow::Result<()> {
+    pub(super) fn check_running(&mut self) -> anyhow::Result<()> {
         if let Some(status) = self.child.try_wait()? {
             bail!("{} exited with {status}\n{}", self.name, self.log_tail());
         }
         Ok(())
     }
 
-    async fn stop(mut self) {
+    pub(super) async fn stop(mut self) {
         let _ = self.child.start_kill();
         let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
     }
@@ -936,17 +936,17 @@ async fn wait_listening(server: &mut Proc) -> anyhow::Result<String> {
 }
 
 /// The OpenSSH relay: sshd, `ssh -R` (target side), `ssh -L` (client side).
-struct SshPath {
-    local: SocketAddr,
-    sshd: Proc,
-    reverse: Proc,
-    forward: Proc,
+pub(super) struct SshPath {
+    pub(super) local: SocketAddr,
+    pub(super) sshd: Proc,
+    pub(super) reverse: Proc,
+    pub(super) forward: Proc,
     _dir: tempfile::TempDir,
 }
 
 impl SshPath {
     /// The relay's processes: both clients, sshd and its per-connection children.
-    fn procs(&self) -> Vec<(String, u32)> {
+    pub(super) fn procs(&self) -> Vec<(String, u32)> {
         let mut procs = vec![
             ("ssh -L".to_string(), self.forward.pid),
             ("ssh -R".to_string(), self.reverse.pid),
@@ -960,7 +960,7 @@ impl SshPath {
         procs
     }
 
-    async fn stop(self) {
+    pub(super) async fn stop(self) {
         self.forward.stop().await;
         self.reverse.stop().await;
         self.sshd.stop().await;
@@ -968,7 +968,7 @@ impl SshPath {
 }
 
 /// `name` on PATH or in the sbin directories.
-fn find_tool(name: &str) -> Option<PathBuf> {
+pub(super) fn find_tool(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH").unwrap_or_default();
     std::env::split_paths(&path)
         .chain(["/usr/sbin", "/usr/local/sbin", "/sbin"].map(PathBuf::from))
@@ -977,7 +977,7 @@ fn find_tool(name: &str) -> Option<PathBuf> {
 }
 
 /// Processes whose parent chain reaches `root` (from `/proc`).
-fn descendants(root: u32) -> Vec<u32> {
+pub(super) fn descendants(root: u32) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
@@ -1007,7 +1007,10 @@ fn descendants(root: u32) -> Vec<u32> {
     found
 }
 
-async fn tool_output(program: &Path, args: &[&str]) -> anyhow::Result<std::process::Output> {
+pub(super) async fn tool_output(
+    program: &Path,
+    args: &[&str],
+) -> anyhow::Result<std::process::Output> {
     tokio::time::timeout(
         START_TIMEOUT,
         Command::new(program)
@@ -1021,11 +1024,104 @@ async fn tool_output(program: &Path, args: &[&str]) -> anyhow::Result<std::proce
     .with_context(|| format!("run {}", program.display()))
 }
 
-async fn start_ssh(
-    target: SocketAddr,
+/// One of the OpenSSH relay's processes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum SshRole {
+    /// `sshd`, the relay.
+    Sshd,
+    /// `ssh -R`, on the target's side.
+    Reverse,
+    /// `ssh -L`, on the client's side.
+    Forward,
+}
+
+/// Puts a relay process where it runs (e.g. into a network namespace).
+pub(super) type SshWrap<'a> =
+    &'a (dyn Fn(SshRole, std::process::Command) -> anyhow::Result<std::process::Command> + Sync);
+
+/// Where the OpenSSH relay's pieces run and listen.
+pub(super) struct SshLayout<'a> {
+    /// Address sshd listens on, which both clients connect to.
+    pub(super) sshd_host: std::net::IpAddr,
+    pub(super) sshd_port: u16,
+    /// Port sshd opens on its loopback for `ssh -R`.
+    pub(super) relay_port: u16,
+    /// Port `ssh -L` listens on, on its loopback: the path's entry.
+    pub(super) local_port: u16,
+    /// The target as `ssh -R` reaches it.
+    pub(super) target: SocketAddr,
+    /// `None`: every piece runs in this process's network namespace (readiness is
+    /// checked by connecting, the path by an echo through it). `Some`: each piece runs
+    /// where the function puts it; a port is ready when `ss` lists it listening there,
+    /// and the caller checks the path.
+    pub(super) wrap: Option<SshWrap<'a>>,
+}
+
+impl SshLayout<'_> {
+    /// All on 127.0.0.1, free ports.
+    fn loopback(target: SocketAddr) -> anyhow::Result<Self> {
+        Ok(Self {
+            sshd_host: std::net::Ipv4Addr::LOCALHOST.into(),
+            sshd_port: free_port()?,
+            relay_port: free_port()?,
+            local_port: free_port()?,
+            target,
+            wrap: None,
+        })
+    }
+
+    fn command(&self, role: SshRole, command: std::process::Command) -> anyhow::Result<Command> {
+        Ok(match self.wrap {
+            Some(wrap) => Command::from(wrap(role, command)?),
+            None => Command::from(command),
+        })
+    }
+
+    /// Wait until `port` listens where `role` runs.
+    async fn wait_port(
+        &self,
+        role: SshRole,
+        host: std::net::IpAddr,
+        port: u16,
+        proc: &mut Proc,
+    ) -> anyhow::Result<()> {
+        if self.wrap.is_none() {
+            return wait_port(SocketAddr::new(host, port), proc).await;
+        }
+        let until = Instant::now() + START_TIMEOUT;
+        while Instant::now() < until {
+            proc.check_running()?;
+            let mut ss = std::process::Command::new("ss");
+            ss.args(["-Hltn", &format!("sport = :{port}")]);
+            let out = tokio::time::timeout(
+                START_TIMEOUT,
+                self.command(role, ss)?
+                    .stdin(Stdio::null())
+                    .kill_on_drop(true)
+                    .output(),
+            )
+            .await
+            .context("ss: timed out")?
+            .context("run ss (iproute2)")?;
+            if !out.stdout.is_empty() {
+                return Ok(());
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        bail!(
+            "{} did not listen on port {port} within {START_TIMEOUT:?}\n{}",
+            proc.name,
+            proc.log_tail()
+        )
+    }
+}
+
+pub(super) async fn start_ssh(
+    layout: &SshLayout<'_>,
     cipher: Option<&str>,
     env: &mut Environment,
 ) -> anyhow::Result<SshPath> {
+    let target = layout.target;
     let sshd_bin = find_tool("sshd").context("sshd not found (apt-get install openssh-server)")?;
     let ssh_bin = find_tool("ssh").context("ssh not found (apt-get install openssh-client)")?;
     let keygen = find_tool("ssh-keygen").context("ssh-keygen not found")?;
@@ -1062,10 +1158,10 @@ async fn start_ssh(
         let _ = std::fs::create_dir_all("/run/sshd");
     }
 
-    let sshd_port = free_port()?;
-    let relay_port = free_port()?;
+    let (sshd_host, sshd_port, relay_port) =
+        (layout.sshd_host, layout.sshd_port, layout.relay_port);
     let config = format!(
-        "ListenAddress 127.0.0.1\nPort {sshd_port}\nHostKey {host}\nPidFile none\n\
+        "ListenAddress {sshd_host}\nPort {sshd_port}\nHostKey {host}\nPidFile none\n\
          AuthorizedKeysFile {auth}\nPubkeyAuthentication yes\nPasswordAuthentication no\n\
          KbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\nPermitRootLogin yes\n\
          AllowTcpForwarding yes\nGatewayPorts no\nX11Forwarding no\nPrintMotd no\nUseDNS no\n\
@@ -1074,13 +1170,14 @@ async fn start_ssh(
         auth = text(&path("authorized_keys")),
     );
     std::fs::write(path("sshd_config"), config)?;
-    let mut command = Command::new(&sshd_bin);
-    command
-        .args(["-D", "-e", "-f"])
-        .arg(path("sshd_config"))
-        .stdout(Stdio::null());
+    let mut command = std::process::Command::new(&sshd_bin);
+    command.args(["-D", "-e", "-f"]).arg(path("sshd_config"));
+    let mut command = layout.command(SshRole::Sshd, command)?;
+    command.stdout(Stdio::null());
     let mut sshd = Proc::spawn("sshd", command, &path("sshd.log"))?;
-    wait_port(SocketAddr::from(([127, 0, 0, 1], sshd_port)), &mut sshd).await?;
+    layout
+        .wait_port(SshRole::Sshd, sshd_host, sshd_port, &mut sshd)
+        .await?;
 
     let cipher = match cipher {
         Some(c) => c.to_string(),
@@ -1095,8 +1192,8 @@ async fn start_ssh(
         }
     };
     env.openssh_cipher = Some(cipher.clone());
-    let ssh = |forward: &str, spec: String| {
-        let mut command = Command::new(&ssh_bin);
+    let ssh = |role: SshRole, forward: &str, spec: String| -> anyhow::Result<Command> {
+        let mut command = std::process::Command::new(&ssh_bin);
         command
             .args(["-N", "-F", "/dev/null", "-p", &sshd_port.to_string(), "-i"])
             .arg(path("user_key"))
@@ -1118,31 +1215,41 @@ async fn start_ssh(
                 forward,
                 &spec,
             ])
-            .arg(format!("{user}@127.0.0.1"))
-            .stdout(Stdio::null());
-        command
+            .arg(format!("{user}@{sshd_host}"));
+        let mut command = layout.command(role, command)?;
+        command.stdout(Stdio::null());
+        Ok(command)
     };
     let mut reverse = Proc::spawn(
         "ssh -R",
         ssh(
+            SshRole::Reverse,
             "-R",
-            format!("127.0.0.1:{relay_port}:127.0.0.1:{}", target.port()),
-        ),
+            format!("127.0.0.1:{relay_port}:{}", bracketed(target)),
+        )?,
         &path("ssh-R.log"),
     )?;
-    wait_port(SocketAddr::from(([127, 0, 0, 1], relay_port)), &mut reverse).await?;
-    let local_port = free_port()?;
+    let loopback = std::net::IpAddr::from([127, 0, 0, 1]);
+    layout
+        .wait_port(SshRole::Sshd, loopback, relay_port, &mut reverse)
+        .await?;
+    let local_port = layout.local_port;
     let mut forward = Proc::spawn(
         "ssh -L",
         ssh(
+            SshRole::Forward,
             "-L",
             format!("127.0.0.1:{local_port}:127.0.0.1:{relay_port}"),
-        ),
+        )?,
         &path("ssh-L.log"),
     )?;
-    let local = SocketAddr::from(([127, 0, 0, 1], local_port));
-    wait_port(local, &mut forward).await?;
-    wait_path_ready(local, &mut [&mut sshd, &mut reverse, &mut forward]).await?;
+    let local = SocketAddr::new(loopback, local_port);
+    layout
+        .wait_port(SshRole::Forward, loopback, local_port, &mut forward)
+        .await?;
+    if layout.wrap.is_none() {
+        wait_path_ready(local, &mut [&mut sshd, &mut reverse, &mut forward]).await?;
+    }
     Ok(SshPath {
         local,
         sshd,
@@ -1152,7 +1259,15 @@ async fn start_ssh(
     })
 }
 
-fn is_root() -> bool {
+/// `host:port` as ssh's forwarding specs want it (an IPv6 host in brackets).
+fn bracketed(addr: SocketAddr) -> String {
+    match addr {
+        SocketAddr::V4(a) => a.to_string(),
+        SocketAddr::V6(a) => format!("[{}]:{}", a.ip(), a.port()),
+    }
+}
+
+pub(super) fn is_root() -> bool {
     // The owner of /proc/self is the effective user.
     std::fs::metadata("/proc/self").is_ok_and(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
 }
@@ -1180,7 +1295,7 @@ async fn wait_port(addr: SocketAddr, proc: &mut Proc) -> anyhow::Result<()> {
 
 /// CPU of this process, of each path's forwarding processes and of the machine at the
 /// start of a phase.
-struct Snapshot {
+pub(super) struct Snapshot {
     wall: Instant,
     own: Option<Duration>,
     groups: Vec<Vec<(String, Duration)>>,
@@ -1188,14 +1303,14 @@ struct Snapshot {
 }
 
 /// What a phase cost.
-struct Cost {
+pub(super) struct Cost {
     /// Per path: CPU of each forwarding process (by name, summed).
-    groups: Vec<Vec<(String, Duration)>>,
+    pub(super) groups: Vec<Vec<(String, Duration)>>,
     /// Cores busy outside this run.
-    others_cores: Option<f64>,
+    pub(super) others_cores: Option<f64>,
 }
 
-fn snapshot(groups: &[Vec<(String, u32)>]) -> Snapshot {
+pub(super) fn snapshot(groups: &[Vec<(String, u32)>]) -> Snapshot {
     Snapshot {
         wall: Instant::now(),
         own: process_cpu_time(),
@@ -1216,7 +1331,7 @@ fn snapshot(groups: &[Vec<(String, u32)>]) -> Snapshot {
     }
 }
 
-fn cost(before: &Snapshot, groups: &[Vec<(String, u32)>]) -> Cost {
+pub(super) fn cost(before: &Snapshot, groups: &[Vec<(String, u32)>]) -> Cost {
     let after = snapshot(groups);
     let wall = before.wall.elapsed();
     let mut deltas = Vec::new();
@@ -1255,13 +1370,13 @@ fn cost(before: &Snapshot, groups: &[Vec<(String, u32)>]) -> Cost {
     }
 }
 
-fn load_average() -> Option<[f64; 3]> {
+pub(super) fn load_average() -> Option<[f64; 3]> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
     let mut fields = text.split_whitespace().map(|f| f.parse::<f64>().ok());
     Some([fields.next()??, fields.next()??, fields.next()??])
 }
 
-fn mib_s(bytes: u64, elapsed: Duration) -> f64 {
+pub(super) fn mib_s(bytes: u64, elapsed: Duration) -> f64 {
     bytes as f64 / (1024.0 * 1024.0) / elapsed.as_secs_f64().max(1e-9)
 }
 
@@ -1342,9 +1457,11 @@ pub async fn run_port_forward(
     let ssh = if options.skip_ssh {
         Err("--skip-ssh".to_string())
     } else {
-        start_ssh(target, options.ssh_cipher.as_deref(), &mut env)
-            .await
-            .map_err(|e| format!("{e:#}"))
+        let started = match SshLayout::loopback(target) {
+            Ok(layout) => start_ssh(&layout, options.ssh_cipher.as_deref(), &mut env).await,
+            Err(e) => Err(e),
+        };
+        started.map_err(|e| format!("{e:#}"))
     };
 
     let mut paths = vec![

@@ -55,8 +55,53 @@ pub(crate) async fn describe(args: DescribeArgs) -> anyhow::Result<()> {
             None
         }
     };
+    if info.ar.group == "rlinf.io" && info.ar.kind == "Domain" {
+        let peers = match domain_peers(&session.client, &args.name).await {
+            Ok(peers) => Some(peers),
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "listing domainpeers failed");
+                None
+            }
+        };
+        let sections = super::describe_domain::sections(&object, peers.as_deref());
+        let mut shown = object.clone();
+        // Shown as the Members table instead.
+        if let Some(status) = shown["status"].as_object_mut() {
+            status.remove("ipAllocations");
+        }
+        print!(
+            "{}",
+            render_with(info, &shown, &sections, events.as_deref(), Utc::now())
+        );
+        return Ok(());
+    }
     print!("{}", render(info, &object, events.as_deref(), Utc::now()));
     Ok(())
+}
+
+/// The DomainPeers of Domain `name` (named after it, in every namespace).
+async fn domain_peers(client: &kube::Client, name: &str) -> anyhow::Result<Vec<Value>> {
+    let api: Api<DynamicObject> = Api::all_with(
+        client.clone(),
+        &kube::core::ApiResource {
+            group: "rlinf.io".into(),
+            version: "v1alpha1".into(),
+            api_version: "rlinf.io/v1alpha1".into(),
+            kind: "DomainPeer".into(),
+            plural: "domainpeers".into(),
+        },
+    );
+    let list = api
+        .list(&ListParams::default().fields(&format!("metadata.name={name}")))
+        .await
+        .context("list domainpeers")?;
+    let mut peers: Vec<Value> = list
+        .items
+        .into_iter()
+        .filter_map(|p| serde_json::to_value(p).ok())
+        .collect();
+    peers.sort_by_key(|p| p["metadata"]["namespace"].as_str().map(str::to_string));
+    Ok(peers)
 }
 
 /// Events whose `involvedObject` is this object (by kind, name and namespace; Events of
@@ -131,6 +176,17 @@ fn age(now: DateTime<Utc>, then: Option<DateTime<Utc>>) -> String {
 pub(crate) fn render(
     info: &ResourceInfo,
     object: &Value,
+    events: Option<&[Value]>,
+    now: DateTime<Utc>,
+) -> String {
+    render_with(info, object, "", events, now)
+}
+
+/// [`render`] with `sections` (a kind's own, already formatted) before the Events.
+pub(crate) fn render_with(
+    info: &ResourceInfo,
+    object: &Value,
+    sections: &str,
     events: Option<&[Value]>,
     now: DateTime<Utc>,
 ) -> String {
@@ -220,6 +276,7 @@ pub(crate) fn render(
         }
         out.push_str(&indent(&align(&lines)));
     }
+    out.push_str(sections);
     match events {
         None => out.push_str(&format!("{:<LABEL_WIDTH$}<unavailable>\n", "Events:")),
         Some([]) => out.push_str(&format!("{:<LABEL_WIDTH$}<none>\n", "Events:")),
@@ -260,7 +317,7 @@ pub(crate) fn render(
     out
 }
 
-fn text(value: &Value) -> String {
+pub(crate) fn text(value: &Value) -> String {
     match value {
         Value::Null => String::new(),
         Value::String(s) => s.replace('\n', " "),
@@ -290,7 +347,7 @@ fn indented_yaml(value: &Value) -> String {
     indent(yaml.trim_start_matches("---\n"))
 }
 
-fn indent(text: &str) -> String {
+pub(crate) fn indent(text: &str) -> String {
     text.lines()
         .map(|l| {
             if l.is_empty() {

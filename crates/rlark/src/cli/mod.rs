@@ -9,6 +9,7 @@ mod cordon;
 mod delete;
 mod demo;
 mod describe;
+mod describe_domain;
 mod devinit;
 mod discovery;
 mod embodied;
@@ -17,6 +18,7 @@ mod get;
 mod join;
 mod logs;
 mod manifest;
+mod net;
 mod port_forward;
 mod reports;
 mod robot;
@@ -103,6 +105,10 @@ enum Command {
     /// Run a command in a running replica (task/NAME picks replica 0), through the server
     /// and its agent: -i sends stdin, -t gives it a terminal; exits with the command's code.
     Exec(exec::ExecArgs),
+    /// Pod network: `net check SOURCE DESTINATION` opens a test connection between Domain
+    /// members and prints the path taken (local, direct or relay) and its setup latency.
+    #[command(subcommand)]
+    Net(net::NetCommand),
     /// Forward a local port to HOST:PORT as the agent of a cluster reaches it, through the
     /// server (HTTP CONNECT over the tunnel), until interrupted.
     PortForward(port_forward::PortForwardArgs),
@@ -181,6 +187,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Logs(args) => logs::logs(args).await,
         Command::Reports(args) => reports::reports(args).await,
         Command::Exec(args) => exec::exec(args).await,
+        Command::Net(command) => net::net(command).await,
         Command::PortForward(args) => port_forward::port_forward(args).await,
         Command::Embodied(args) => embodied::embodied(args).await,
         Command::Robot(args) => robot::robot(args).await,
@@ -220,6 +227,21 @@ mod tests {
         assert!(Cli::try_parse_from(["rlark", "delete", "jobs"]).is_err());
         assert!(Cli::try_parse_from(["rlark", "delete", "-f", "x", "jobs"]).is_err());
         assert!(Cli::try_parse_from(["rlark", "delete", "jobs", "a"]).is_ok());
+
+        let cli = Cli::try_parse_from([
+            "rlark", "net", "check", "task/a", "task/b", "-n", "rlark-x", "--port", "80",
+        ])
+        .expect("parse");
+        let Command::Net(net::NetCommand::Check(args)) = cli.command else {
+            panic!("not net check")
+        };
+        assert_eq!(
+            (args.source.as_str(), args.destination.as_str()),
+            ("task/a", "task/b")
+        );
+        assert_eq!(args.port, Some(80));
+        assert!(Cli::try_parse_from(["rlark", "net", "check", "a", "b", "--port", "0"]).is_err());
+        assert!(Cli::try_parse_from(["rlark", "net", "check", "a"]).is_err());
     }
 
     #[test]

@@ -1,0 +1,478 @@
+//! The pod network of the whole agent, as the Task worker uses it: [`DomainNet`] owns the
+//! router, the membership watch, the direct listener, the datagram planes and the hosts
+//! files, and gives each replica of a domain task its network ([`DomainNet::attach`]) and
+//! takes it back ([`DomainNet::release`]).
+//!
+//! A replica's life in the network:
+//!
+//! 1. the worker waits for the replica's address ([`DomainNet::wait_addresses`]): the
+//!    Domain controller lists it in the namespace's DomainPeer, or lists the replica under
+//!    `pending` (reason `NoDomainIP`, reported on the Pod while it waits);
+//! 2. [`DomainNet::attach`] creates (or, after an agent restart, adopts) its network
+//!    namespace `rlark-<hash>` with the addresses, writes its hosts file, attaches the
+//!    router (the redirect listener inside the namespace) and starts its datagram plane on
+//!    the namespace's TUN device; the runtime then starts the process inside
+//!    ([`crate::runtime::ReplicaNetwork`]);
+//! 3. restarts of the process keep all of it (same namespace, same address);
+//! 4. when the run ends for good (finished, stopped, removed, superseded) [`DomainNet::release`]
+//!    detaches it and deletes the namespace. An agent that exits and leaves replicas running
+//!    keeps their namespaces: the next agent attaches them again.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use futures::FutureExt as _;
+use futures::future::BoxFuture;
+use ipnet::IpNet;
+use rlark_api::types::DomainPendingPod;
+use rlark_tunnel::dial::DialError;
+use rlark_tunnel::header::Status;
+use rlark_tunnel::relay::RelayHeader;
+use sha2::{Digest as _, Sha256};
+use tokio_util::sync::CancellationToken;
+
+use super::datagram::{self, DatagramMetrics, DatagramPlane, Limits, Opener, PlaneConfig};
+use super::hosts::{self, HostEntry};
+use super::inbound::InboundDatagrams;
+use super::membership::{Membership, MembershipView};
+use super::netns::{Mode, NetError, NetnsSpec, ReplicaNetns};
+use super::router::{BoxStream, HubRelay, Router};
+use crate::runtime::ReplicaNetwork;
+
+/// How the agent runs the pod network.
+#[derive(Clone, Debug)]
+pub struct NetConfig {
+    /// How TCP leaving a replica is terminated ([`Mode::Kernel`] only, today).
+    pub mode: Mode,
+    /// The redirect listener's port inside each namespace.
+    pub redirect_port: u16,
+    /// Host-loopback TCP ports a task may reach as `127.0.0.1:<port>` (the control plane's
+    /// port when the agent reaches the server on loopback).
+    pub loopback_passthrough: Vec<u16>,
+    /// Where the hosts files live (`DATA_DIR/net`).
+    pub state_dir: PathBuf,
+}
+
+/// Failures of [`DomainNet::attach`]; each names the step.
+#[derive(Debug, thiserror::Error)]
+pub enum AttachError {
+    #[error("network namespace of pod {pod}: {source}")]
+    Netns {
+        pod: String,
+        #[source]
+        source: NetError,
+    },
+    #[error("hosts file {}: {source}", path.display())]
+    Hosts {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+    #[error(transparent)]
+    Router(#[from] super::router::AttachError),
+}
+
+impl AttachError {
+    /// The Pod reason of a replica that could not be attached.
+    pub fn reason(&self) -> &'static str {
+        "DomainNetworkError"
+    }
+}
+
+/// A replica's network, as the runtime needs it and as the Pod reports it.
+#[derive(Clone, Debug)]
+pub struct Attachment {
+    /// The namespace and hosts file the process starts with.
+    pub network: ReplicaNetwork,
+    /// The replica's virtual IPs.
+    pub addresses: Vec<IpAddr>,
+}
+
+/// One attached replica.
+struct Attached {
+    domain: String,
+    netns: Arc<ReplicaNetns>,
+    hosts_file: PathBuf,
+    plane: DatagramPlane,
+}
+
+/// The agent's pod network (see the module documentation). Cheap to clone.
+#[derive(Clone)]
+pub struct DomainNet {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    router: Router,
+    membership: Membership,
+    datagrams: DatagramMetrics,
+    config: NetConfig,
+    attached: Mutex<HashMap<String, Attached>>,
+}
+
+impl std::fmt::Debug for DomainNet {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DomainNet")
+            .field("config", &self.inner.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DomainNet {
+    /// The pod network over `router` (whose membership it follows). Registers itself as
+    /// the router's destination for datagram flows and keeps every attached replica's hosts
+    /// file current until `shutdown`.
+    pub fn new(
+        router: Router,
+        datagrams: DatagramMetrics,
+        config: NetConfig,
+        shutdown: CancellationToken,
+    ) -> Self {
+        let net = DomainNet {
+            inner: Arc::new(Inner {
+                membership: router.membership().clone(),
+                router,
+                datagrams,
+                config,
+                attached: Mutex::new(HashMap::new()),
+            }),
+        };
+        net.inner
+            .router
+            .inbound()
+            .set_datagrams(Arc::new(InboundPlanes(Arc::downgrade(&net.inner))));
+        tokio::spawn(net.clone().keep_hosts_current(shutdown));
+        net
+    }
+
+    /// The router (for the agent API's `net check`).
+    pub fn router(&self) -> &Router {
+        &self.inner.router
+    }
+
+    /// The mode replicas run in.
+    pub fn mode(&self) -> Mode {
+        self.inner.config.mode
+    }
+
+    fn attached(&self) -> std::sync::MutexGuard<'_, HashMap<String, Attached>> {
+        self.inner
+            .attached
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Wait until the DomainPeer of this namespace gives replica `pod` of `domain` its
+    /// addresses (with the domain's prefix). `waiting` is called with the replica's
+    /// `pending` entry (reason `NoDomainIP`) whenever the view changes while it waits, or
+    /// `None` while the domain does not list the replica at all yet.
+    pub async fn wait_addresses(
+        &self,
+        domain: &str,
+        pod: &str,
+        mut waiting: impl FnMut(Option<&DomainPendingPod>),
+    ) -> Vec<IpNet> {
+        let mut views = self.inner.membership.subscribe();
+        let mut last: Option<Option<DomainPendingPod>> = None;
+        loop {
+            let view = views.borrow_and_update().clone();
+            if let Some(addresses) = addresses_in(&view, domain, pod) {
+                return addresses;
+            }
+            let pending = view.pending(pod).map(|(_, p)| p.clone());
+            if last.as_ref() != Some(&pending) {
+                waiting(pending.as_ref());
+                last = Some(pending);
+            }
+            if views.changed().await.is_err() {
+                // The membership watch is gone (agent shutting down): wait to be cancelled.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Give replica `pod` (of Task namespace `namespace`) in `domain` its network at
+    /// `addresses` (see the module documentation). Idempotent for an attached replica.
+    pub async fn attach(
+        &self,
+        namespace: &str,
+        pod: &str,
+        domain: &str,
+        addresses: Vec<IpNet>,
+    ) -> Result<Attachment, AttachError> {
+        let name = netns_name(namespace, pod);
+        let hosts_file = self.inner.config.state_dir.join(format!("{name}.hosts"));
+        let ips: Vec<IpAddr> = addresses.iter().map(IpNet::addr).collect();
+        if let Some(existing) = self.attached().get(pod) {
+            return Ok(Attachment {
+                network: ReplicaNetwork {
+                    netns_path: existing.netns.path().to_path_buf(),
+                    hosts_file: existing.hosts_file.clone(),
+                },
+                addresses: ips,
+            });
+        }
+        let spec = NetnsSpec {
+            name: name.clone(),
+            addresses: addresses.clone(),
+            mode: self.inner.config.mode,
+            redirect_port: self.inner.config.redirect_port,
+            loopback_passthrough: self.inner.config.loopback_passthrough.clone(),
+        };
+        let netns =
+            Arc::new(
+                ReplicaNetns::create(&spec)
+                    .await
+                    .map_err(|source| AttachError::Netns {
+                        pod: pod.to_string(),
+                        source,
+                    })?,
+            );
+        self.write_hosts(&hosts_file, domain, &self.inner.membership.view())
+            .map_err(|source| AttachError::Hosts {
+                path: hosts_file.clone(),
+                source,
+            })?;
+        if let Err(error) = self.inner.router.attach(pod, domain, netns.clone()).await {
+            // Nothing half-attached: the namespace is created again on the next try.
+            let _ = delete_netns(netns).await;
+            return Err(error.into());
+        }
+        let cidrs = self
+            .inner
+            .membership
+            .view()
+            .domain(domain)
+            .map(|d| vec![d.cidr])
+            .unwrap_or_default();
+        let plane = DatagramPlane::start(
+            PlaneConfig {
+                domain: domain.to_string(),
+                cidrs,
+                addresses: ips.clone(),
+                limits: Limits::default(),
+            },
+            netns.tun().clone(),
+            Arc::new(RouterOpener {
+                router: self.inner.router.clone(),
+                pod: pod.to_string(),
+            }),
+            self.inner.datagrams.clone(),
+        );
+        let network = ReplicaNetwork {
+            netns_path: netns.path().to_path_buf(),
+            hosts_file: hosts_file.clone(),
+        };
+        self.attached().insert(
+            pod.to_string(),
+            Attached {
+                domain: domain.to_string(),
+                netns,
+                hosts_file,
+                plane,
+            },
+        );
+        tracing::info!(%pod, %domain, addresses = ?ips, netns = %name, "replica attached to its domain");
+        Ok(Attachment {
+            network,
+            addresses: ips,
+        })
+    }
+
+    /// Take replica `pod`'s network back: detach it from the router, stop its datagram
+    /// plane, delete its namespace and hosts file. Nothing happens for a replica that is
+    /// not attached.
+    pub async fn release(&self, pod: &str) {
+        let Some(attached) = self.attached().remove(pod) else {
+            return;
+        };
+        self.inner.router.detach(pod);
+        attached.plane.shutdown();
+        let name = attached.netns.name().to_string();
+        if let Err(error) = delete_netns(attached.netns).await {
+            tracing::warn!(%pod, netns = %name, %error, "delete the replica's network namespace");
+        }
+        if let Err(error) = std::fs::remove_file(&attached.hosts_file)
+            && error.kind() != io::ErrorKind::NotFound
+        {
+            tracing::warn!(%pod, file = %attached.hosts_file.display(), %error, "remove the replica's hosts file");
+        }
+        tracing::info!(%pod, domain = %attached.domain, "replica released from its domain");
+    }
+
+    /// Forget replica `pod` without deleting its namespace (the agent exits and leaves it
+    /// running; the next agent attaches it again).
+    pub fn leave(&self, pod: &str) {
+        if let Some(attached) = self.attached().remove(pod) {
+            self.inner.router.detach(pod);
+            attached.plane.shutdown();
+        }
+    }
+
+    fn write_hosts(&self, path: &Path, domain: &str, view: &MembershipView) -> io::Result<()> {
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        let base = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
+        let members: Vec<HostEntry> = view
+            .domain(domain)
+            .map(|d| {
+                d.members
+                    .values()
+                    .map(|m| HostEntry {
+                        pod: m.pod.clone(),
+                        ip: m.ip,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        let text = hosts::render(&base, domain, &members);
+        if std::fs::read_to_string(path).ok().as_deref() == Some(text.as_str()) {
+            return Ok(());
+        }
+        super::netns::rewrite_in_place(path, text.as_bytes())
+    }
+
+    /// Rewrite every attached replica's hosts file whenever the membership changes.
+    async fn keep_hosts_current(self, shutdown: CancellationToken) {
+        let mut views = self.inner.membership.subscribe();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                changed = views.changed() => if changed.is_err() { return },
+            }
+            let view = views.borrow_and_update().clone();
+            let files: Vec<(String, PathBuf)> = self
+                .attached()
+                .values()
+                .map(|a| (a.domain.clone(), a.hosts_file.clone()))
+                .collect();
+            for (domain, file) in files {
+                if let Err(error) = self.write_hosts(&file, &domain, &view) {
+                    tracing::warn!(file = %file.display(), %error, "rewrite a replica's hosts file");
+                }
+            }
+        }
+    }
+}
+
+/// The addresses `view` gives replica `pod` of `domain`, with the domain's prefix.
+fn addresses_in(view: &MembershipView, domain: &str, pod: &str) -> Option<Vec<IpNet>> {
+    let d = view.domain(domain)?;
+    let prefix = d.cidr.prefix_len();
+    let addresses: Vec<IpNet> = view
+        .addresses_of(domain, pod)
+        .into_iter()
+        .filter_map(|ip| IpNet::new(ip, prefix).ok())
+        .collect();
+    (!addresses.is_empty()).then_some(addresses)
+}
+
+/// The name of the namespace of replica `pod` in Task namespace `namespace`:
+/// `rlark-<16 hex digits of SHA-256(namespace/pod)>`, stable across agent restarts and
+/// short enough for any tool that shows it.
+pub fn netns_name(namespace: &str, pod: &str) -> String {
+    let digest = Sha256::digest(format!("{namespace}/{pod}").as_bytes());
+    let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
+    format!("rlark-{hex}")
+}
+
+async fn delete_netns(netns: Arc<ReplicaNetns>) -> Result<(), NetError> {
+    match Arc::try_unwrap(netns) {
+        Ok(netns) => netns.delete().await,
+        // Someone still holds it (a connection being set up): remove it by name.
+        Err(shared) => super::netns::remove(shared.name()).await,
+    }
+}
+
+/// The datagram plane's [`Opener`] for one replica: the router's choice of path.
+struct RouterOpener {
+    router: Router,
+    pod: String,
+}
+
+impl Opener for RouterOpener {
+    fn open(&self, header: RelayHeader) -> BoxFuture<'_, io::Result<datagram::BoxStream>> {
+        async move {
+            match self.router.open_header(&self.pod, header).await {
+                Ok((_, stream)) => Ok(Box::new(stream) as datagram::BoxStream),
+                Err(error) => Err(io::Error::other(error.to_string())),
+            }
+        }
+        .boxed()
+    }
+}
+
+/// The destination side of datagram flows: the plane of the replica they are for.
+struct InboundPlanes(std::sync::Weak<Inner>);
+
+impl InboundDatagrams for InboundPlanes {
+    fn serve(&self, header: RelayHeader, pod: String, stream: BoxStream) -> BoxFuture<'static, ()> {
+        let plane = self.0.upgrade().and_then(|inner| {
+            let attached = inner
+                .attached
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner);
+            attached.get(&pod).map(|a| a.plane.clone())
+        });
+        async move {
+            let Some(plane) = plane else {
+                tracing::debug!(%pod, "datagram flow for a replica that is not attached");
+                return;
+            };
+            if let Err(error) = plane.serve_inbound(header, stream).await {
+                tracing::debug!(%pod, %error, "inbound datagram flow ended");
+            }
+        }
+        .boxed()
+    }
+}
+
+/// A [`HubRelay`] whose tunnel is set once the tunnel client runs (the router is built
+/// before it, because the tunnel serves the router's destination side).
+#[derive(Clone, Default)]
+pub struct LateHub(Arc<OnceLock<rlark_tunnel::client::HubStreams>>);
+
+impl LateHub {
+    /// Use `hub` from now on (the first call wins).
+    pub fn set(&self, hub: rlark_tunnel::client::HubStreams) {
+        let _ = self.0.set(hub);
+    }
+}
+
+impl HubRelay for LateHub {
+    fn open(
+        &self,
+        header: RelayHeader,
+        timeout: Duration,
+    ) -> BoxFuture<'static, Result<BoxStream, DialError>> {
+        match self.0.get() {
+            Some(hub) => HubRelay::open(hub, header, timeout),
+            None => async {
+                Err(DialError::new(
+                    Status::NoSuchAgent,
+                    "the agent's tunnel is not running yet",
+                ))
+            }
+            .boxed(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn netns_names_are_stable_short_and_distinct() {
+        let a = netns_name("rlark-edge", "rl-actor-0");
+        assert_eq!(a, netns_name("rlark-edge", "rl-actor-0"));
+        assert_eq!(a.len(), "rlark-".len() + 16);
+        assert_ne!(a, netns_name("rlark-edge", "rl-actor-1"));
+        assert_ne!(a, netns_name("rlark-cloud", "rl-actor-0"));
+    }
+}

@@ -1,0 +1,247 @@
+//! Starting the agent's pod network: which mode it can run, the router with its relay and
+//! direct paths, the direct listener, the membership watch and the path-status writer.
+//!
+//! The pod network needs root (network namespaces, TUN, nftables) and, for the kernel mode,
+//! working netfilter in a fresh namespace ([`super::netns::probe_netfilter`]). When either
+//! is missing the agent still runs: it reports why in its Node's `status.network.message`,
+//! and replicas of domain tasks fail with reason `DomainNetworkUnavailable` and that
+//! message instead of running outside their domain. The userspace (TUN) mode for hosts
+//! without netfilter is planned; today such a host runs no pod network.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+use prometheus_client::registry::Registry;
+use rlark_api::types::NodeNetwork;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::datagram::DatagramMetrics;
+use super::direct::{DirectEndpoint, DirectTls, DirectTlsError};
+use super::membership::{LocalIdentity, Membership};
+use super::metrics::{DomainMetrics, write_path_status};
+use super::netns::{self, Mode};
+use super::replica::{DomainNet, LateHub, NetConfig};
+use super::router::{DirectDialer, REDIRECT_PORT, Router, RouterConfig};
+use crate::config::AgentConfig;
+use crate::join::AgentCredentials;
+use crate::tasks::PodNetwork;
+
+/// Failures that stop the agent: a direct listener that was asked for and cannot be had.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("direct listener TLS: {0}")]
+    Tls(#[from] DirectTlsError),
+    #[error("direct listener on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The agent's pod network, started (see the module documentation).
+pub struct PodNet {
+    /// Routes the connections of this agent's replicas; its `inbound()` serves relay streams.
+    pub router: Router,
+    /// The tunnel's relay path, set once the tunnel client runs.
+    pub hub: LateHub,
+    /// What the Task worker uses.
+    pub network: PodNetwork,
+    membership: Membership,
+    metrics: DomainMetrics,
+    direct: Option<(DirectEndpoint, tokio::net::TcpListener)>,
+    direct_address: Option<String>,
+    namespace: String,
+}
+
+impl PodNet {
+    /// Decide the mode, build the router (and bind the direct listener when configured),
+    /// register the metrics. Nothing runs in the background until [`PodNet::spawn_parts`].
+    pub async fn start(
+        config: &AgentConfig,
+        node: &str,
+        credentials: &AgentCredentials,
+        registry: &mut Registry,
+        shutdown: CancellationToken,
+    ) -> Result<PodNet, StartError> {
+        let identity = LocalIdentity {
+            cluster: config.cluster_id.clone(),
+            node: node.to_string(),
+        };
+        let namespace = identity.namespace();
+        let membership = Membership::new(identity);
+        let metrics = DomainMetrics::new();
+        metrics.register(registry);
+        let datagrams = DatagramMetrics::default();
+        datagrams.register(registry);
+        let hub = LateHub::default();
+        let direct = match config.domain_listen {
+            Some(addr) => {
+                let endpoint = DirectEndpoint::new(DirectTls::from_credentials(credentials)?);
+                let listener = tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map_err(|source| StartError::Listen { addr, source })?;
+                Some((endpoint, listener))
+            }
+            None => None,
+        };
+        let direct_address = direct
+            .as_ref()
+            .and_then(|(_, listener)| listener.local_addr().ok())
+            .and_then(|bound| {
+                super::direct::advertised_address(bound, config.domain_advertise.as_deref())
+            });
+        let router = Router::new(
+            membership.clone(),
+            metrics.clone(),
+            Some(Arc::new(hub.clone())),
+            direct
+                .as_ref()
+                .map(|(endpoint, _)| Arc::new(endpoint.clone()) as Arc<dyn DirectDialer>),
+            RouterConfig::new(Arc::new(netns::original_destination)),
+            shutdown.clone(),
+        );
+        let network = match availability().await {
+            Ok(mode) => PodNetwork::Ready(DomainNet::new(
+                router.clone(),
+                datagrams,
+                NetConfig {
+                    mode,
+                    redirect_port: REDIRECT_PORT,
+                    loopback_passthrough: loopback_ports(&config.servers),
+                    state_dir: config.data_dir.join("net"),
+                },
+                shutdown,
+            )),
+            Err(why) => {
+                tracing::warn!(reason = %why, "no pod network on this agent: replicas of domain tasks will fail");
+                PodNetwork::Unavailable(why)
+            }
+        };
+        if let PodNetwork::Ready(net) = &network {
+            tracing::info!(mode = net.mode().as_str(), direct = ?direct_address, "pod network ready");
+        }
+        Ok(PodNet {
+            router,
+            hub,
+            network,
+            membership,
+            metrics,
+            direct,
+            direct_address,
+            namespace,
+        })
+    }
+
+    /// What the Node reports in `status.network`.
+    pub fn node_network(&self) -> NodeNetwork {
+        match &self.network {
+            PodNetwork::Ready(net) => NodeNetwork {
+                mode: net.mode().as_str().to_string(),
+                direct_address: self.direct_address.clone(),
+                message: Some(match net.mode() {
+                    Mode::Kernel => "netfilter works here: kernel mode (nftables REDIRECT)".into(),
+                    Mode::Tun => "tun mode".into(),
+                }),
+            },
+            PodNetwork::Unavailable(why) => NodeNetwork {
+                mode: "none".into(),
+                direct_address: None,
+                message: Some(why.clone()),
+            },
+        }
+    }
+
+    /// The background parts: the DomainPeer watch, the path-status writer, the direct
+    /// listener.
+    pub fn spawn_parts(
+        self,
+        client: kube::Client,
+        shutdown: CancellationToken,
+    ) -> Vec<(&'static str, JoinHandle<()>)> {
+        let mut parts = vec![
+            (
+                "domain membership",
+                tokio::spawn(self.membership.clone().run(
+                    client.clone(),
+                    self.namespace.clone(),
+                    shutdown.clone(),
+                )),
+            ),
+            (
+                "domain path status",
+                tokio::spawn(write_path_status(
+                    self.metrics.clone(),
+                    client,
+                    self.namespace.clone(),
+                    shutdown.clone(),
+                )),
+            ),
+        ];
+        if let Some((endpoint, listener)) = self.direct {
+            if let Ok(addr) = listener.local_addr() {
+                tracing::info!(%addr, advertised = ?self.direct_address, "direct pod-network listener");
+            }
+            parts.push((
+                "domain direct listener",
+                tokio::spawn(endpoint.serve(listener, self.router.inbound(), shutdown)),
+            ));
+        }
+        parts
+    }
+}
+
+/// Which mode this host can run, or why it runs none.
+async fn availability() -> Result<Mode, String> {
+    if !nix::unistd::geteuid().is_root() {
+        return Err(
+            "the pod network needs root (network namespaces, TUN devices, nftables)".into(),
+        );
+    }
+    match netns::probe_netfilter().await {
+        Ok(()) => Ok(Mode::Kernel),
+        Err(why) => Err(format!(
+            "netfilter does not work here ({why}); the userspace (TUN) mode is planned"
+        )),
+    }
+}
+
+/// The ports of the servers the agent reaches on loopback: a task in a namespace reaches
+/// them as `127.0.0.1:<port>` too (passed through to the host's loopback), so
+/// `RLARK_SERVER` and `RLARK_REPORT_URL` work from inside.
+fn loopback_ports(servers: &[String]) -> Vec<u16> {
+    let mut ports = Vec::new();
+    for server in servers {
+        let Ok(url) = server.parse::<http::Uri>() else {
+            continue;
+        };
+        let host = url.host().unwrap_or_default().trim_matches(['[', ']']);
+        let loopback =
+            host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback());
+        if loopback {
+            let port = url.port_u16().unwrap_or(443);
+            if !ports.contains(&port) {
+                ports.push(port);
+            }
+        }
+    }
+    ports
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_servers_are_passed_through() {
+        let servers = [
+            "https://127.0.0.1:6443".to_string(),
+            "https://[::1]:7443/prefix".to_string(),
+            "https://localhost".to_string(),
+            "https://rlark.example.com:6443".to_string(),
+            "https://127.0.0.1:6443".to_string(),
+        ];
+        assert_eq!(loopback_ports(&servers), [6443, 7443, 443]);
+    }
+}

@@ -1,0 +1,781 @@
+//! `rlark bench net`: TCP between two "clusters" that are network namespaces on one bridge
+//! (`rlark_agent::sim::topology`: the server's namespace `s`, clusters `a` and `b`), through
+//! each path measured in the same run:
+//!
+//! - **direct TCP** from `a` to `b`'s address: the ceiling;
+//! - **OpenSSH relay**: `sshd` in `s`, `ssh -R` from `b` exposing the target on a relay
+//!   port of that sshd, `ssh -L` in `a` to that port (the port-forward bench's relay,
+//!   `super::port_forward::start_ssh`, placed in the namespaces);
+//! - the Domain network's paths (local, direct agent-to-agent, relayed through the hub, in
+//!   kernel and tun mode) are not part of this build: the report lists them as not
+//!   measured, with that reason, beside the issue's targets.
+//!
+//! Both ends are this executable: `rlark bench net-peer --listen ADDR` in `b` (the
+//! port-forward bench's target: a mode byte, then upload/download/echo) and `rlark bench
+//! net-peer --connect ADDR ...` in `a`, which prints its figures as one JSON line.
+//! Figures per path: single-stream and 8-stream upload throughput (MB/s, 10^6 bytes),
+//! connection setup p50/p99 (connect + the mode byte echoed back, one after another), and
+//! CPU seconds per GiB moved: of the two ends, and of the forwarding processes (the relay's
+//! `ssh`/`sshd` processes), from `/proc`. Needs root (it creates namespaces), `ip`, and
+//! `sshd`/`ssh` for the relay. Figures are printed, never asserted.
+
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, bail};
+use rlark_agent::sim::topology::{Topology, unique_prefix};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpListener;
+
+use super::port_forward::{
+    self, Proc, SshLayout, SshRole, bounded, cost, load_average, open, serve_target, setups,
+    snapshot, start_ssh,
+};
+use super::report::TargetCheck;
+use super::stats::{LatencySummary, cpu_time_of, process_cpu_time};
+
+/// Target: relayed single-stream throughput over the OpenSSH relay's.
+pub const TARGET_RELAY_VS_SSH: f64 = 1.5;
+/// Target: relayed connection setup p99, milliseconds.
+pub const TARGET_RELAY_SETUP_P99_MS: f64 = 5.0;
+/// Target: kernel-mode throughput over tun mode's.
+pub const TARGET_KERNEL_VS_TUN: f64 = 3.0;
+/// Target: direct agent-to-agent throughput over direct TCP's.
+pub const TARGET_DIRECT_VS_TCP: f64 = 0.5;
+/// The streams of the multi-stream measurement.
+pub const MULTI_STREAMS: usize = 8;
+/// Port of the target in `b`.
+const TARGET_PORT: u16 = 5201;
+/// Ports of the OpenSSH relay: sshd in `s`, its relay port, `ssh -L`'s in `a`.
+const SSHD_PORT: u16 = 2222;
+const RELAY_PORT: u16 = 5301;
+const SSH_LOCAL_PORT: u16 = 5401;
+/// Longest wait for a path to carry its first echo.
+const READY_TIMEOUT: Duration = Duration::from_secs(60);
+/// Upload chunk of the throughput client.
+const CHUNK: usize = 256 * 1024;
+
+/// Options of `rlark bench net`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NetBenchOptions {
+    /// Seconds per throughput measurement.
+    #[arg(long, default_value_t = 5.0)]
+    pub seconds: f64,
+    /// Connection setups timed per path.
+    #[arg(long, default_value_t = 500)]
+    pub setups: usize,
+    /// Smoke-test size: 1 s per throughput measurement, 50 setups.
+    #[arg(long)]
+    pub quick: bool,
+    /// Do not start the OpenSSH relay (reported as not measured).
+    #[arg(long)]
+    pub skip_ssh: bool,
+    /// Cipher of the OpenSSH relay (`ssh -c`); default: OpenSSH's own first choice.
+    #[arg(long, value_name = "CIPHER")]
+    pub ssh_cipher: Option<String>,
+    /// Give up after this many seconds (the whole run).
+    #[arg(long, default_value_t = 900)]
+    pub timeout: u64,
+    /// Print JSON instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Options of the hidden `rlark bench net-peer`: one end of a measured path.
+#[derive(Debug, Clone, clap::Args)]
+pub struct NetPeerOptions {
+    /// Serve as the target on ADDR until killed.
+    #[arg(long, value_name = "ADDR", conflicts_with = "connect")]
+    pub listen: Option<SocketAddr>,
+    /// Measure towards the target at ADDR and print one JSON line ([`PeerResult`]).
+    #[arg(long, value_name = "ADDR", required_unless_present = "listen")]
+    pub connect: Option<SocketAddr>,
+    /// Upload for this many seconds (0: no throughput measurement).
+    #[arg(long, default_value_t = 0.0)]
+    pub seconds: f64,
+    /// Parallel connections of the throughput measurement.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=256))]
+    pub streams: u16,
+    /// Connection setups to time (after the throughput measurement).
+    #[arg(long, default_value_t = 0)]
+    pub setups: usize,
+}
+
+/// What `rlark bench net-peer --connect` prints.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct PeerResult {
+    /// Bytes the target counted, all streams together.
+    pub bytes: u64,
+    /// From the first byte to the last stream's count, seconds.
+    pub seconds: f64,
+    pub streams: u16,
+    /// Each setup, microseconds.
+    pub setups_us: Vec<u64>,
+    /// CPU time of the client process, seconds.
+    pub cpu_seconds: f64,
+}
+
+/// Run `rlark bench net-peer`.
+pub async fn run_net_peer(options: NetPeerOptions) -> anyhow::Result<()> {
+    if let Some(addr) = options.listen {
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("listen on {addr}"))?;
+        loop {
+            let (socket, _) = listener.accept().await.context("accept")?;
+            tokio::spawn(async move {
+                let _ = serve_target(socket).await;
+            });
+        }
+    }
+    let addr = options
+        .connect
+        .context("--connect or --listen is required")?;
+    let mut result = PeerResult {
+        streams: options.streams,
+        ..PeerResult::default()
+    };
+    if options.seconds > 0.0 {
+        let duration = Duration::try_from_secs_f64(options.seconds)
+            .with_context(|| format!("--seconds {} is not a duration", options.seconds))?;
+        let (bytes, elapsed) = timed_upload(addr, options.streams, duration).await?;
+        result.bytes = bytes;
+        result.seconds = elapsed.as_secs_f64();
+    }
+    if options.setups > 0 {
+        result.setups_us = setups(addr, options.setups)
+            .await?
+            .into_iter()
+            .map(|d| u64::try_from(d.as_micros()).unwrap_or(u64::MAX))
+            .collect();
+    }
+    result.cpu_seconds = process_cpu_time().unwrap_or_default().as_secs_f64();
+    println!("{}", serde_json::to_string(&result)?);
+    Ok(())
+}
+
+/// Upload over `streams` connections for `duration`; bytes the target counted and the time
+/// from the first write to the last count.
+async fn timed_upload(
+    addr: SocketAddr,
+    streams: u16,
+    duration: Duration,
+) -> anyhow::Result<(u64, Duration)> {
+    let mut connections = Vec::new();
+    for _ in 0..streams {
+        connections.push(open(addr, b'U').await?);
+    }
+    let started = Instant::now();
+    let until = started + duration;
+    let mut tasks = tokio::task::JoinSet::new();
+    for mut stream in connections {
+        tasks.spawn(bounded("upload", async move {
+            let chunk = vec![0x5au8; CHUNK];
+            let mut sent = 0u64;
+            while Instant::now() < until {
+                stream.write_all(&chunk).await?;
+                sent += CHUNK as u64;
+            }
+            stream.shutdown().await?;
+            let got = stream.read_u64().await.context("read the target's count")?;
+            if got != sent {
+                bail!("the target counted {got} bytes of {sent}");
+            }
+            Ok(got)
+        }));
+    }
+    let mut total = 0u64;
+    while let Some(joined) = tasks.join_next().await {
+        total += joined.context("upload task")??;
+    }
+    Ok((total, started.elapsed()))
+}
+
+/// Where and how the run happened.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NetEnvironment {
+    /// `release` or `debug`.
+    pub build: String,
+    /// CPUs available to this process.
+    pub cpus: usize,
+    /// `/proc/loadavg` (1, 5, 15 minutes) before and after the run: other work on the
+    /// machine shows here.
+    pub load_average_start: Option<[f64; 3]>,
+    pub load_average_end: Option<[f64; 3]>,
+    /// Seconds per throughput measurement, setups per path.
+    pub seconds: f64,
+    pub setups: usize,
+    /// `ssh -V` and the relay's cipher.
+    pub openssh_version: Option<String>,
+    pub openssh_cipher: Option<String>,
+}
+
+/// One path's figures.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NetPath {
+    pub name: String,
+    pub route: String,
+    /// Why it was not measured (then every figure is absent).
+    pub not_measured: Option<String>,
+    /// Single-stream upload, MB/s (10^6 bytes).
+    pub single_mb_s: Option<f64>,
+    /// [`MULTI_STREAMS`]-stream upload, MB/s.
+    pub multi_mb_s: Option<f64>,
+    pub setup: Option<LatencySummary>,
+    /// CPU of the two ends per GiB moved (throughput measurements only).
+    pub ends_cpu_s_per_gib: Option<f64>,
+    /// CPU of the forwarding processes per GiB moved (none on direct TCP).
+    pub forwarding_cpu_s_per_gib: Option<f64>,
+    /// Errors of measurements that failed.
+    pub errors: Vec<String>,
+}
+
+/// The report of `rlark bench net`.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct NetBenchReport {
+    pub environment: NetEnvironment,
+    pub paths: Vec<NetPath>,
+    pub targets: Vec<TargetCheck>,
+    pub elapsed_seconds: f64,
+}
+
+const DIRECT: usize = 0;
+const SSH: usize = 1;
+/// The Domain network's paths, in report order after the baselines.
+const RLARK_PATHS: [(&str, &str); 5] = [
+    (
+        "rlark local (kernel)",
+        "replica -> nft REDIRECT -> agent -> replica, one agent",
+    ),
+    (
+        "rlark direct (kernel)",
+        "replica -> nft REDIRECT -> agent a -> mTLS -> agent b -> replica",
+    ),
+    (
+        "rlark relay (kernel)",
+        "replica -> nft REDIRECT -> agent a -> tunnel -> hub -> tunnel -> agent b -> replica",
+    ),
+    (
+        "rlark direct (tun)",
+        "replica -> TUN + userspace TCP -> agent a -> mTLS -> agent b -> replica",
+    ),
+    (
+        "rlark relay (tun)",
+        "replica -> TUN + userspace TCP -> agent a -> tunnel -> hub -> agent b -> replica",
+    ),
+];
+const RLARK_NOT_BUILT: &str = "the Domain data path (issue 16) is not part of this build";
+
+impl NetBenchReport {
+    fn path(&self, name: &str) -> Option<&NetPath> {
+        self.paths.iter().find(|p| p.name == name)
+    }
+
+    fn evaluate(&mut self) {
+        let single = |name: &str| self.path(name).and_then(|p| p.single_mb_s);
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) if b > 0.0 => Some(a / b),
+            _ => None,
+        };
+        let check = |name: &str, target: String, measured: Option<f64>, pass: bool, unit: &str| {
+            TargetCheck {
+                name: name.to_string(),
+                target,
+                pass: measured.is_some() && pass,
+                note: measured.is_none().then(|| "not measured".to_string()),
+                measured,
+                unit: unit.to_string(),
+            }
+        };
+        let relay_vs_ssh = ratio(single("rlark relay (kernel)"), single("OpenSSH relay"));
+        let relay_p99 = self
+            .path("rlark relay (kernel)")
+            .and_then(|p| p.setup.as_ref())
+            .map(|s| s.p99_ms);
+        let kernel_vs_tun = ratio(single("rlark relay (kernel)"), single("rlark relay (tun)"));
+        let direct_vs_tcp = ratio(single("rlark direct (kernel)"), single("direct TCP"));
+        self.targets = vec![
+            check(
+                "relayed single-stream / OpenSSH relay",
+                format!(">= {TARGET_RELAY_VS_SSH}x"),
+                relay_vs_ssh,
+                relay_vs_ssh.is_some_and(|r| r >= TARGET_RELAY_VS_SSH),
+                "x",
+            ),
+            check(
+                "relayed connection setup p99",
+                format!("<= {TARGET_RELAY_SETUP_P99_MS} ms"),
+                relay_p99,
+                relay_p99.is_some_and(|p| p <= TARGET_RELAY_SETUP_P99_MS),
+                "ms",
+            ),
+            check(
+                "kernel mode / tun mode (relayed, single stream)",
+                format!(">= {TARGET_KERNEL_VS_TUN}x"),
+                kernel_vs_tun,
+                kernel_vs_tun.is_some_and(|r| r >= TARGET_KERNEL_VS_TUN),
+                "x",
+            ),
+            check(
+                "direct agent-to-agent / direct TCP",
+                format!(">= {:.0}%", TARGET_DIRECT_VS_TCP * 100.0),
+                direct_vs_tcp,
+                direct_vs_tcp.is_some_and(|r| r >= TARGET_DIRECT_VS_TCP),
+                "x",
+            ),
+        ];
+    }
+}
+
+impl std::fmt::Display for NetBenchReport {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let env = &self.environment;
+        writeln!(
+            f,
+            "rlark bench net: namespaces a -> b on one bridge ({} build, {} CPUs, {} s per \
+             throughput run, {} setups; load average {:?} -> {:?})",
+            env.build,
+            env.cpus,
+            env.seconds,
+            env.setups,
+            env.load_average_start.map(|l| l[0]),
+            env.load_average_end.map(|l| l[0]),
+        )?;
+        if let Some(version) = &env.openssh_version {
+            writeln!(
+                f,
+                "OpenSSH: {version}, cipher {}",
+                env.openssh_cipher.as_deref().unwrap_or("?")
+            )?;
+        }
+        let cell = |v: Option<f64>, precision: usize| {
+            v.map_or_else(|| "-".to_string(), |v| format!("{v:.precision$}"))
+        };
+        writeln!(
+            f,
+            "{:<24} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12}",
+            "path",
+            "1 str MB/s",
+            "8 str MB/s",
+            "setup p50",
+            "setup p99",
+            "ends CPU s/G",
+            "fwd CPU s/G"
+        )?;
+        for path in &self.paths {
+            if let Some(why) = &path.not_measured {
+                writeln!(f, "{:<24} not measured: {why}", path.name)?;
+                continue;
+            }
+            writeln!(
+                f,
+                "{:<24} {:>10} {:>10} {:>10} {:>10} {:>12} {:>12}",
+                path.name,
+                cell(path.single_mb_s, 0),
+                cell(path.multi_mb_s, 0),
+                cell(path.setup.as_ref().map(|s| s.p50_ms), 3),
+                cell(path.setup.as_ref().map(|s| s.p99_ms), 3),
+                cell(path.ends_cpu_s_per_gib, 2),
+                cell(path.forwarding_cpu_s_per_gib, 2),
+            )?;
+            for error in &path.errors {
+                writeln!(f, "  error: {error}")?;
+            }
+        }
+        writeln!(f, "routes:")?;
+        for path in &self.paths {
+            writeln!(f, "  {}: {}", path.name, path.route)?;
+        }
+        writeln!(f, "targets (issue 16):")?;
+        for t in &self.targets {
+            let measured = t
+                .measured
+                .map_or_else(|| "-".to_string(), |v| format!("{v:.2} {}", t.unit));
+            let verdict = match (&t.note, t.pass) {
+                (Some(note), _) => note.clone(),
+                (None, true) => "met".to_string(),
+                (None, false) => "NOT met".to_string(),
+            };
+            writeln!(
+                f,
+                "  {:<48} {:>10} {:>14}  {verdict}",
+                t.name, t.target, measured
+            )?;
+        }
+        writeln!(f, "elapsed: {:.1} s", self.elapsed_seconds)
+    }
+}
+
+/// Processes on a path, by role, for CPU accounting.
+type Group = Vec<(String, u32)>;
+
+/// The namespaces and the processes in them; the topology is dropped last.
+struct Bench {
+    exe: PathBuf,
+    seconds: f64,
+    setups: usize,
+    target: Proc,
+    ssh: Option<port_forward::SshPath>,
+    dir: tempfile::TempDir,
+    topology: Topology,
+}
+
+impl Bench {
+    /// `rlark bench net-peer ARGS` inside member `member`, run to completion (bounded);
+    /// its parsed result.
+    async fn peer(&self, member: &str, args: &[String]) -> anyhow::Result<PeerResult> {
+        let mut command = std::process::Command::new(&self.exe);
+        command.args(["bench", "net-peer"]).args(args);
+        let mut command = tokio::process::Command::from(self.topology.wrap(member, &command)?);
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true);
+        let out = bounded("rlark bench net-peer", async {
+            Ok(command.output().await?)
+        })
+        .await?;
+        if !out.status.success() {
+            bail!(
+                "rlark bench net-peer {args:?} in {member} exited with {}: {}",
+                out.status,
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        let text = String::from_utf8_lossy(&out.stdout);
+        serde_json::from_str(text.trim())
+            .with_context(|| format!("rlark bench net-peer printed {text:?}"))
+    }
+
+    /// Retry one setup through `addr` from `a` until it works.
+    async fn wait_ready(&self, addr: SocketAddr) -> anyhow::Result<()> {
+        let until = Instant::now() + READY_TIMEOUT;
+        let args = vec![
+            "--connect".into(),
+            addr.to_string(),
+            "--setups".into(),
+            "1".into(),
+        ];
+        loop {
+            match self.peer("a", &args).await {
+                Ok(_) => return Ok(()),
+                Err(e) if Instant::now() >= until => {
+                    return Err(e.context(format!("no path to {addr} within {READY_TIMEOUT:?}")));
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
+    /// Throughput with `streams` streams through `addr` (from `a`): MB/s, the ends' and
+    /// the forwarders' CPU seconds, bytes.
+    async fn throughput(
+        &self,
+        addr: SocketAddr,
+        streams: usize,
+        forwarders: &Group,
+    ) -> anyhow::Result<(f64, f64, f64, u64)> {
+        let groups = vec![forwarders.clone()];
+        let before = snapshot(&groups);
+        let target_before = cpu_time_of(&self.target.pid.to_string()).unwrap_or_default();
+        let args = vec![
+            "--connect".into(),
+            addr.to_string(),
+            "--seconds".into(),
+            self.seconds.to_string(),
+            "--streams".into(),
+            streams.to_string(),
+        ];
+        let result = self.peer("a", &args).await?;
+        let target_cpu = cpu_time_of(&self.target.pid.to_string())
+            .unwrap_or_default()
+            .saturating_sub(target_before);
+        let spent = cost(&before, &groups);
+        let forwarding: Duration = spent.groups.iter().flatten().map(|(_, d)| *d).sum();
+        let mb_s = result.bytes as f64 / 1e6 / result.seconds.max(1e-9);
+        Ok((
+            mb_s,
+            result.cpu_seconds + target_cpu.as_secs_f64(),
+            forwarding.as_secs_f64(),
+            result.bytes,
+        ))
+    }
+
+    /// Every figure of one path through `addr`.
+    async fn measure(&self, path: &mut NetPath, addr: SocketAddr, forwarders: &Group) {
+        if let Err(e) = self.wait_ready(addr).await {
+            path.not_measured = Some(format!("{e:#}"));
+            return;
+        }
+        let (mut ends, mut fwd, mut bytes) = (0.0, 0.0, 0u64);
+        for (streams, slot) in [
+            (1, &mut path.single_mb_s),
+            (MULTI_STREAMS, &mut path.multi_mb_s),
+        ] {
+            match self.throughput(addr, streams, forwarders).await {
+                Ok((mb_s, e, f, b)) => {
+                    *slot = Some(mb_s);
+                    ends += e;
+                    fwd += f;
+                    bytes += b;
+                }
+                Err(e) => path.errors.push(format!("{streams} streams: {e:#}")),
+            }
+        }
+        if bytes > 0 {
+            let gib = bytes as f64 / (1u64 << 30) as f64;
+            path.ends_cpu_s_per_gib = Some(ends / gib);
+            if !forwarders.is_empty() {
+                path.forwarding_cpu_s_per_gib = Some(fwd / gib);
+            }
+        }
+        let args = vec![
+            "--connect".into(),
+            addr.to_string(),
+            "--setups".into(),
+            self.setups.to_string(),
+        ];
+        match self.peer("a", &args).await {
+            Ok(result) => {
+                let mut samples: Vec<Duration> = result
+                    .setups_us
+                    .iter()
+                    .map(|&us| Duration::from_micros(us))
+                    .collect();
+                path.setup = Some(LatencySummary::from_samples(&mut samples));
+            }
+            Err(e) => path.errors.push(format!("setups: {e:#}")),
+        }
+    }
+
+    async fn stop(self) {
+        if let Some(ssh) = self.ssh {
+            ssh.stop().await;
+        }
+        self.target.stop().await;
+        // The topology's Drop deletes the namespaces (blocking, bounded).
+        let topology = self.topology;
+        let _ = tokio::task::spawn_blocking(move || drop(topology)).await;
+        drop(self.dir);
+    }
+}
+
+/// Run the benchmark.
+pub async fn run_net(options: NetBenchOptions) -> anyhow::Result<NetBenchReport> {
+    let timeout = Duration::from_secs(options.timeout);
+    tokio::time::timeout(timeout, run_net_inner(options))
+        .await
+        .with_context(|| format!("rlark bench net: not done within {timeout:?}"))?
+}
+
+async fn run_net_inner(options: NetBenchOptions) -> anyhow::Result<NetBenchReport> {
+    let started = Instant::now();
+    if !port_forward::is_root() {
+        bail!("rlark bench net creates network namespaces: run it as root");
+    }
+    let (seconds, setup_count) = if options.quick {
+        (1.0, 50)
+    } else {
+        (options.seconds, options.setups.max(1))
+    };
+    if !(seconds > 0.0 && seconds <= 600.0) {
+        bail!("--seconds {seconds}: use a value in (0, 600]");
+    }
+    let mut env = NetEnvironment {
+        build: if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
+        .into(),
+        cpus: std::thread::available_parallelism().map_or(1, |n| n.get()),
+        load_average_start: load_average(),
+        seconds,
+        setups: setup_count,
+        ..NetEnvironment::default()
+    };
+    let exe = std::env::current_exe().context("this executable")?;
+    let dir = tempfile::Builder::new()
+        .prefix("rlark-bench-net-")
+        .tempdir()?;
+    let topology =
+        tokio::task::spawn_blocking(|| Topology::create(&unique_prefix(), &["s", "a", "b"]))
+            .await
+            .context("create the namespaces")??;
+
+    let b = topology.address("b")?;
+    let mut command = std::process::Command::new(&exe);
+    command
+        .args(["bench", "net-peer", "--listen"])
+        .arg(SocketAddr::new(IpAddr::from([0, 0, 0, 0]), TARGET_PORT).to_string());
+    let mut command = tokio::process::Command::from(topology.wrap("b", &command)?);
+    command.stdout(Stdio::null());
+    let target = Proc::spawn("net-peer target", command, &dir.path().join("target.log"))?;
+    let mut bench = Bench {
+        exe,
+        seconds,
+        setups: setup_count,
+        target,
+        ssh: None,
+        dir,
+        topology,
+    };
+
+    let mut paths = vec![
+        NetPath {
+            name: "direct TCP".into(),
+            route: "a -> bridge -> b".into(),
+            ..NetPath::default()
+        },
+        NetPath {
+            name: "OpenSSH relay".into(),
+            route: "a: ssh -L -> s: sshd -> b: ssh -R -> target".into(),
+            ..NetPath::default()
+        },
+    ];
+    paths.extend(RLARK_PATHS.iter().map(|(name, route)| NetPath {
+        name: name.to_string(),
+        route: route.to_string(),
+        not_measured: Some(RLARK_NOT_BUILT.to_string()),
+        ..NetPath::default()
+    }));
+
+    async {
+        bench
+            .measure(
+                &mut paths[DIRECT],
+                SocketAddr::new(b, TARGET_PORT),
+                &Vec::new(),
+            )
+            .await;
+        if options.skip_ssh {
+            paths[SSH].not_measured = Some("--skip-ssh".into());
+        } else {
+            match start_relay(&bench, options.ssh_cipher.as_deref()).await {
+                Ok((ssh, version, cipher)) => {
+                    env.openssh_version = version;
+                    env.openssh_cipher = cipher;
+                    let forwarders: Group = ssh.procs();
+                    let local = ssh.local;
+                    bench.ssh = Some(ssh);
+                    bench.measure(&mut paths[SSH], local, &forwarders).await;
+                }
+                Err(e) => paths[SSH].not_measured = Some(format!("{e:#}")),
+            }
+        }
+    }
+    .await;
+    bench.stop().await;
+    env.load_average_end = load_average();
+    let mut report = NetBenchReport {
+        environment: env,
+        paths,
+        targets: Vec::new(),
+        elapsed_seconds: started.elapsed().as_secs_f64(),
+    };
+    report.evaluate();
+    Ok(report)
+}
+
+/// The OpenSSH relay across the namespaces: sshd in `s`, `ssh -R` in `b` (to the target on
+/// its loopback), `ssh -L` in `a`.
+async fn start_relay(
+    bench: &Bench,
+    cipher: Option<&str>,
+) -> anyhow::Result<(port_forward::SshPath, Option<String>, Option<String>)> {
+    let topology = &bench.topology;
+    let wrap =
+        |role: SshRole, command: std::process::Command| -> anyhow::Result<std::process::Command> {
+            let member = match role {
+                SshRole::Sshd => "s",
+                SshRole::Reverse => "b",
+                SshRole::Forward => "a",
+            };
+            Ok(topology.wrap(member, &command)?)
+        };
+    let layout = SshLayout {
+        sshd_host: topology.address("s")?,
+        sshd_port: SSHD_PORT,
+        relay_port: RELAY_PORT,
+        local_port: SSH_LOCAL_PORT,
+        target: SocketAddr::from(([127, 0, 0, 1], TARGET_PORT)),
+        wrap: Some(&wrap),
+    };
+    let mut env = port_forward::Environment::default();
+    let ssh = start_ssh(&layout, cipher, &mut env).await?;
+    Ok((ssh, env.openssh_version, env.openssh_cipher))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn targets_are_not_measured_without_the_domain_paths() {
+        let mut report = NetBenchReport {
+            paths: vec![
+                NetPath {
+                    name: "direct TCP".into(),
+                    single_mb_s: Some(1000.0),
+                    ..NetPath::default()
+                },
+                NetPath {
+                    name: "OpenSSH relay".into(),
+                    single_mb_s: Some(500.0),
+                    ..NetPath::default()
+                },
+            ],
+            ..NetBenchReport::default()
+        };
+        report.evaluate();
+        assert_eq!(report.targets.len(), 4);
+        assert!(
+            report
+                .targets
+                .iter()
+                .all(|t| !t.pass && t.measured.is_none())
+        );
+        let text = report.to_string();
+        assert!(text.contains("not measured"), "{text}");
+    }
+
+    #[test]
+    fn targets_compare_the_right_paths() {
+        let path = |name: &str, mb_s: f64, p99: f64| NetPath {
+            name: name.into(),
+            single_mb_s: Some(mb_s),
+            setup: Some(LatencySummary {
+                p99_ms: p99,
+                ..LatencySummary::default()
+            }),
+            ..NetPath::default()
+        };
+        let mut report = NetBenchReport {
+            paths: vec![
+                path("direct TCP", 2000.0, 0.1),
+                path("OpenSSH relay", 500.0, 40.0),
+                path("rlark direct (kernel)", 900.0, 1.0),
+                path("rlark relay (kernel)", 800.0, 4.0),
+                path("rlark relay (tun)", 300.0, 6.0),
+            ],
+            ..NetBenchReport::default()
+        };
+        report.evaluate();
+        let by_name = |n: &str| {
+            report
+                .targets
+                .iter()
+                .find(|t| t.name.starts_with(n))
+                .unwrap()
+        };
+        assert_eq!(by_name("relayed single").measured, Some(1.6));
+        assert!(by_name("relayed single").pass);
+        assert!(by_name("relayed connection").pass);
+        assert!(!by_name("kernel mode").pass, "800/300 < 3");
+        assert!(!by_name("direct agent").pass, "900/2000 < 0.5");
+    }
+}

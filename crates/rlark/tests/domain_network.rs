@@ -1,0 +1,566 @@
+//! The Domain pod network across "clusters" that are network namespaces (issue 16, "Must
+//! show"): the server in namespace `s`, each cluster's real `rlark agent` in its own, all
+//! on one bridge (`rlark_testkit::netns`).
+//!
+//! Needs root, `ip` (iproute2), `nft` (nftables) and python3; without them the tests skip
+//! with a message, except under `scripts/test.sh` (which installs them) or `CI=true`,
+//! where they fail (`tests/support/missing_tool.rs`).
+//!
+//! The first tests check the topology itself; the scenarios after them exercise the data
+//! path end to end (docs/network.md).
+
+#[path = "../../../tests/support/missing_tool.rs"]
+mod missing_tool;
+
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use rlark_testkit::netns::{DomainNet, Topology, tools_missing, unique_prefix};
+
+const RLARK: &str = env!("CARGO_BIN_EXE_rlark");
+/// Longest wait for a pod of a scenario to reach the phase asked.
+const POD_WAIT: Duration = Duration::from_secs(120);
+
+/// Whether the namespace tests can run here; `false` (after saying why) when they skip.
+fn can_run() -> bool {
+    match tools_missing() {
+        None => true,
+        Some(why) => {
+            missing_tool::skip_or_fail(&why);
+            false
+        }
+    }
+}
+
+fn python(code: &str) -> Command {
+    let mut command = Command::new("python3");
+    command.args(["-c", code]);
+    command
+}
+
+/// A TCP server in the namespace that answers `ok` to every connection, on `port` of every
+/// address (v4 and v6).
+fn tcp_server(port: u16) -> Command {
+    python(&format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_INET6)\n\
+         s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)\n\
+         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         s.bind(('::', {port}))\n\
+         s.listen(16)\n\
+         while True:\n    c, _ = s.accept()\n    c.sendall(b'ok')\n    c.close()\n"
+    ))
+}
+
+/// Connect to `host:port` (1 s timeout) and expect `ok`.
+fn tcp_client(host: &str, port: u16) -> Command {
+    python(&format!(
+        "import socket, sys\n\
+         c = socket.create_connection(('{host}', {port}), timeout=1)\n\
+         sys.exit(0 if c.recv(2) == b'ok' else 3)\n"
+    ))
+}
+
+fn describe(out: &Output) -> String {
+    format!(
+        "{}: {}{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Run `client` in `from` until it succeeds (at most 10 tries, 300 ms apart: the server
+/// may still be starting).
+fn eventually_ok(topology: &Topology, from: &str, client: &Command) -> anyhow::Result<()> {
+    let mut last = None;
+    for _ in 0..10 {
+        let out = topology.run(from, client)?;
+        if out.status.success() {
+            return Ok(());
+        }
+        last = Some(describe(&out));
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    bail!(
+        "{client:?} in {from} kept failing: {}",
+        last.unwrap_or_default()
+    )
+}
+
+fn namespaces() -> anyhow::Result<String> {
+    let out = Command::new("ip").args(["netns", "list"]).output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+#[test]
+fn members_reach_each_other_over_the_bridge_v4_and_v6() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    let mut topology = Topology::create(&unique_prefix(), &["s", "a", "b"])?;
+    let b4 = topology.address("b")?.to_string();
+    let b6 = topology.address_v6("b")?.to_string();
+    ensure!(
+        b4 != topology.address("a")?.to_string(),
+        "distinct addresses"
+    );
+    topology.spawn_detached("b", &tcp_server(7000), |_| {})?;
+    eventually_ok(&topology, "a", &tcp_client(&b4, 7000))?;
+    eventually_ok(&topology, "a", &tcp_client(&b6, 7000))?;
+    eventually_ok(&topology, "s", &tcp_client(&b4, 7000))?;
+    // B's server is not reachable from the test's own namespace: nothing leaks out.
+    let out = tcp_client(&b4, 7000).output()?;
+    ensure!(
+        !out.status.success(),
+        "the bridge is visible outside its namespaces"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_drop_rule_cuts_one_port_only_until_removed() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    let mut topology = Topology::create(&unique_prefix(), &["a", "b"])?;
+    let b = topology.address("b")?;
+    topology.spawn_detached("b", &tcp_server(7001), |_| {})?;
+    topology.spawn_detached("b", &tcp_server(7002), |_| {})?;
+    eventually_ok(&topology, "a", &tcp_client(&b.to_string(), 7001))?;
+    eventually_ok(&topology, "a", &tcp_client(&b.to_string(), 7002))?;
+
+    let rule = topology.drop_tcp("a", b, 7001)?;
+    let cut = topology.run("a", &tcp_client(&b.to_string(), 7001))?;
+    ensure!(
+        !cut.status.success(),
+        "7001 still reachable: {}",
+        describe(&cut)
+    );
+    let other = topology.run("a", &tcp_client(&b.to_string(), 7002))?;
+    ensure!(other.status.success(), "7002 cut too: {}", describe(&other));
+    rule.remove()?;
+    eventually_ok(&topology, "a", &tcp_client(&b.to_string(), 7001))?;
+    Ok(())
+}
+
+#[test]
+fn dropping_the_topology_kills_its_processes_and_deletes_its_namespaces() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    let prefix = unique_prefix();
+    let mut topology = Topology::create(&prefix, &["a", "b"])?;
+    let listed = namespaces()?;
+    for name in ["wan", "a", "b"] {
+        ensure!(
+            listed.contains(&format!("{prefix}{name}")),
+            "{prefix}{name} missing from {listed}"
+        );
+    }
+    // A process that ignores SIGTERM: the drop must still get rid of it.
+    let stubborn = topology.spawn_detached(
+        "a",
+        &python(
+            "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\ntime.sleep(600)\n",
+        ),
+        |_| {},
+    )?;
+    // Started outside `spawn_detached` (a grandchild): killed by the namespace sweep.
+    let mut sweep = Command::new("sh");
+    // Its output elsewhere: `run` reads the pipes to their end.
+    sweep.args(["-c", "sleep 600 >/dev/null 2>&1 & echo $!"]);
+    let out = topology.run("b", &sweep)?;
+    let orphan: i32 = String::from_utf8_lossy(&out.stdout).trim().parse()?;
+    let started = std::time::Instant::now();
+    drop(topology);
+    ensure!(
+        started.elapsed() < Duration::from_secs(30),
+        "cleanup took {:?}",
+        started.elapsed()
+    );
+    let listed = namespaces()?;
+    ensure!(!listed.contains(&prefix), "left behind: {listed}");
+    for pid in [stubborn as i32, orphan] {
+        // Reaped (a zombie of ours would still show in /proc with state Z).
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        ensure!(
+            state.is_empty() || state.contains(") Z"),
+            "process {pid} survived: {state}"
+        );
+    }
+    Ok(())
+}
+
+#[test]
+fn server_and_agents_run_in_their_own_namespaces() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    let net = DomainNet::start(RLARK, &["a", "b"], &[])?;
+    let nodes = net.cli_ok(&["get", "nodes", "-A", "-o", "name"])?;
+    for node in ["a-0", "b-0"] {
+        ensure!(
+            nodes.contains(node),
+            "node {node} missing: {nodes}\n{}",
+            net.logs()
+        );
+    }
+    // A Job pinned to cluster b runs there: the agent in b's namespace reaches the server.
+    net.apply(&job_yaml("hello", None, &[("main", "b-0", "echo hello")]))?;
+    net.wait_pod("rlark-b", "hello-main-0", &["Succeeded"], POD_WAIT)?;
+    Ok(())
+}
+
+/// A Job of raw tasks, each `(template, node, shell script)`, in `domain` if given.
+fn job_yaml(name: &str, domain: Option<&str>, tasks: &[(&str, &str, &str)]) -> String {
+    let tasks: Vec<serde_json::Value> = tasks
+        .iter()
+        .map(|(task, node, script)| {
+            serde_json::json!({
+                "name": task,
+                "agentType": "Raw",
+                "role": "Actor",
+                "nodeName": node,
+                "raw": {"entrypoint": ["sh", "-c", script]},
+            })
+        })
+        .collect();
+    let mut spec = serde_json::json!({"tasks": tasks});
+    if let Some(domain) = domain {
+        spec["domain"] = domain.into();
+    }
+    serde_json::json!({
+        "apiVersion": "rlinf.io/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": spec,
+    })
+    .to_string()
+}
+
+fn domain_yaml(name: &str, cidr: &str) -> String {
+    serde_json::json!({
+        "apiVersion": "rlinf.io/v1alpha1",
+        "kind": "Domain",
+        "metadata": {"name": name},
+        "spec": {"cidr": cidr},
+    })
+    .to_string()
+}
+
+/// Fetch `url` (python, 2 s timeout), retried for up to 60 s; exit 0 on a 200.
+fn fetch_script(url: &str) -> String {
+    format!(
+        "for i in $(seq 60); do python3 -c \"import urllib.request as u; \
+         u.urlopen('{url}', timeout=2).read()\" && exit 0; sleep 1; done; exit 1"
+    )
+}
+
+/// The allocated virtual IP of replica 0 of `task` in Domain `domain`.
+fn allocated_ip(net: &DomainNet, domain: &str, task: &str) -> anyhow::Result<String> {
+    let domain = net
+        .get_json("domain", domain, None)?
+        .context("the Domain is gone")?;
+    domain["status"]["ipAllocations"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .find(|a| a["task"] == task && a["index"] == 0 && a["releasedAt"].is_null())
+        .and_then(|a| a["ip"].as_str().map(str::to_string))
+        .with_context(|| format!("no IP allocated to {task}-0: {domain}"))
+}
+
+#[test]
+fn a_task_in_a_reaches_an_http_server_in_b_by_ip_and_by_name() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    let net = DomainNet::start(RLARK, &["a", "b"], &[])?;
+    net.apply(&domain_yaml("net1", "10.88.0.0/24"))?;
+    net.apply(&job_yaml(
+        "web",
+        Some("net1"),
+        &[(
+            "server",
+            "b-0",
+            "exec python3 -m http.server 8080 --bind 0.0.0.0",
+        )],
+    ))?;
+    net.wait_pod("rlark-b", "web-server-0", &["Running"], POD_WAIT)?;
+    let ip = allocated_ip(&net, "net1", "web-server")?;
+    net.apply(&job_yaml(
+        "probe",
+        Some("net1"),
+        &[
+            ("by-ip", "a-0", &fetch_script(&format!("http://{ip}:8080/"))),
+            (
+                "by-name",
+                "a-0",
+                &fetch_script("http://web-server-0.net1:8080/"),
+            ),
+        ],
+    ))?;
+    net.wait_pod("rlark-a", "probe-by-ip-0", &["Succeeded"], POD_WAIT)?;
+    net.wait_pod("rlark-a", "probe-by-name-0", &["Succeeded"], POD_WAIT)?;
+    Ok(())
+}
+
+#[test]
+fn a_ray_style_worker_finds_its_head_through_rlark_head_address() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    let net = DomainNet::start(RLARK, &["a", "b"], &[])?;
+    net.apply(&domain_yaml("ray", "10.89.0.0/24"))?;
+    let head = serde_json::json!({
+        "apiVersion": "rlinf.io/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": "rl"},
+        "spec": {"domain": "ray", "tasks": [
+            {"name": "head", "head": true, "agentType": "Raw", "role": "Actor",
+             "nodeName": "b-0",
+             "raw": {"entrypoint": ["python3", "-m", "http.server", "6379", "--bind", "0.0.0.0"]}},
+            {"name": "worker", "agentType": "Raw", "role": "Rollout", "nodeName": "a-0",
+             "raw": {"entrypoint": ["sh", "-c",
+                 "test -n \"$RLARK_HEAD_ADDRESS\" || exit 9; host=${RLARK_HEAD_ADDRESS%%:*}; \
+                  for i in $(seq 60); do python3 -c \"import socket,sys; \
+                  socket.create_connection(('$host', 6379), timeout=2)\" && exit 0; sleep 1; done; exit 1"]}},
+        ]},
+    });
+    net.apply(&head.to_string())?;
+    net.wait_pod("rlark-a", "rl-worker-0", &["Succeeded"], POD_WAIT)?;
+    Ok(())
+}
+
+#[test]
+fn a_task_outside_the_domain_is_refused() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    let net = DomainNet::start(RLARK, &["a", "b"], &[])?;
+    net.apply(&domain_yaml("net1", "10.88.0.0/24"))?;
+    net.apply(&domain_yaml("net2", "10.90.0.0/24"))?;
+    net.apply(&job_yaml(
+        "web",
+        Some("net1"),
+        &[(
+            "server",
+            "b-0",
+            "exec python3 -m http.server 8080 --bind 0.0.0.0",
+        )],
+    ))?;
+    net.wait_pod("rlark-b", "web-server-0", &["Running"], POD_WAIT)?;
+    let ip = allocated_ip(&net, "net1", "web-server")?;
+    // A member of another domain, and a task in no domain: neither gets through.
+    let probe = format!(
+        "python3 -c \"import socket; socket.create_connection(('{ip}', 8080), timeout=3)\" \
+         && exit 1; exit 0"
+    );
+    net.apply(&job_yaml(
+        "other",
+        Some("net2"),
+        &[("probe", "a-0", &probe)],
+    ))?;
+    net.apply(&job_yaml("plain", None, &[("probe", "a-0", &probe)]))?;
+    net.wait_pod("rlark-a", "other-probe-0", &["Succeeded"], POD_WAIT)?;
+    net.wait_pod("rlark-a", "plain-probe-0", &["Succeeded"], POD_WAIT)?;
+    Ok(())
+}
+
+#[test]
+fn a_restarted_replica_keeps_its_ip() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    let net = DomainNet::start(RLARK, &["a"], &[])?;
+    net.apply(&domain_yaml("net1", "10.88.0.0/24"))?;
+    net.apply(&job_yaml(
+        "web",
+        Some("net1"),
+        &[("server", "a-0", "exec sleep 600")],
+    ))?;
+    net.wait_pod("rlark-a", "web-server-0", &["Running"], POD_WAIT)?;
+    let before = allocated_ip(&net, "net1", "web-server")?;
+    let first = net
+        .get_json("pod", "web-server-0", Some("rlark-a"))?
+        .context("pod")?;
+    net.cli_ok(&["delete", "pod", "web-server-0", "-n", "rlark-a"])?;
+    // The agent runs the replica again (a new Pod UID) with the same address.
+    let until = std::time::Instant::now() + POD_WAIT;
+    loop {
+        let pod = net.get_json("pod", "web-server-0", Some("rlark-a"))?;
+        if let Some(pod) = pod
+            && pod["metadata"]["uid"] != first["metadata"]["uid"]
+            && pod["status"]["phase"] == "Running"
+        {
+            break;
+        }
+        ensure!(
+            std::time::Instant::now() < until,
+            "no new replica\n{}",
+            net.logs()
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    ensure!(
+        allocated_ip(&net, "net1", "web-server")? == before,
+        "the IP changed"
+    );
+    Ok(())
+}
+
+#[test]
+fn a_cut_direct_path_falls_back_to_relay_and_shows_in_metrics() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    const DIRECT_PORT: u16 = 15443;
+    let listen = format!("0.0.0.0:{DIRECT_PORT}");
+    let net = DomainNet::start(
+        RLARK,
+        &["a", "b"],
+        &[
+            "--domain-listen",
+            &listen,
+            "--metrics-listen",
+            "127.0.0.1:9464",
+        ],
+    )?;
+    let b = net.topology.address("b")?;
+    let _cut = net.topology.drop_tcp("a", b, DIRECT_PORT)?;
+    net.apply(&domain_yaml("net1", "10.88.0.0/24"))?;
+    net.apply(&job_yaml(
+        "web",
+        Some("net1"),
+        &[(
+            "server",
+            "b-0",
+            "exec python3 -m http.server 8080 --bind 0.0.0.0",
+        )],
+    ))?;
+    net.wait_pod("rlark-b", "web-server-0", &["Running"], POD_WAIT)?;
+    net.apply(&job_yaml(
+        "probe",
+        Some("net1"),
+        &[(
+            "get",
+            "a-0",
+            &fetch_script("http://web-server-0.net1:8080/"),
+        )],
+    ))?;
+    net.wait_pod("rlark-a", "probe-get-0", &["Succeeded"], POD_WAIT)?;
+    let metrics = net.topology.run(
+        "a",
+        &python(
+            "import urllib.request as u\n\
+             print(u.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())",
+        ),
+    )?;
+    let text = String::from_utf8_lossy(&metrics.stdout);
+    let fallbacks: f64 = text
+        .lines()
+        .filter(|l| l.starts_with("rlark_domain_direct_fallbacks_total"))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    ensure!(fallbacks >= 1.0, "no fallback counted: {text}");
+    Ok(())
+}
+
+#[test]
+fn an_ipv6_domain_works() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    let net = DomainNet::start(RLARK, &["a", "b"], &[])?;
+    net.apply(&domain_yaml("net6", "fd00:88::/120"))?;
+    net.apply(&job_yaml(
+        "web",
+        Some("net6"),
+        &[(
+            "server",
+            "b-0",
+            "exec python3 -m http.server 8080 --bind ::",
+        )],
+    ))?;
+    net.wait_pod("rlark-b", "web-server-0", &["Running"], POD_WAIT)?;
+    let ip = allocated_ip(&net, "net6", "web-server")?;
+    net.apply(&job_yaml(
+        "probe",
+        Some("net6"),
+        &[("get", "a-0", &fetch_script(&format!("http://[{ip}]:8080/")))],
+    ))?;
+    net.wait_pod("rlark-a", "probe-get-0", &["Succeeded"], POD_WAIT)?;
+    Ok(())
+}
+
+#[test]
+fn udp_and_ping_work_between_members() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    let net = DomainNet::start(RLARK, &["a", "b"], &[])?;
+    net.apply(&domain_yaml("net1", "10.88.0.0/24"))?;
+    let echo = "exec python3 -c \"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+                s.bind(('0.0.0.0', 9999))\nwhile True:\n    d, a = s.recvfrom(2048)\n    s.sendto(d, a)\n\"";
+    net.apply(&job_yaml("udp", Some("net1"), &[("echo", "b-0", echo)]))?;
+    net.wait_pod("rlark-b", "udp-echo-0", &["Running"], POD_WAIT)?;
+    let client = "for i in $(seq 30); do python3 -c \"import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+                  s.settimeout(1)\ns.sendto(b'hi', ('udp-echo-0.net1', 9999))\n\
+                  assert s.recvfrom(2048)[0] == b'hi'\n\" && ping -c 1 -W 2 udp-echo-0.net1 && exit 0; sleep 1; done; exit 1";
+    net.apply(&job_yaml("probe", Some("net1"), &[("udp", "a-0", client)]))?;
+    net.wait_pod("rlark-a", "probe-udp-0", &["Succeeded"], POD_WAIT)?;
+    Ok(())
+}
+
+/// `rlark bench net --quick` runs end to end in its own namespaces: direct TCP and the
+/// OpenSSH relay are measured (the relay needs sshd: scripts/test.sh installs it).
+#[test]
+fn bench_net_quick_measures_its_baselines() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    let out = Command::new(RLARK)
+        .args(["bench", "net", "--quick", "--json", "--timeout", "240"])
+        .env("RUST_LOG", "warn")
+        .env_remove("KUBECONFIG")
+        .output()?;
+    ensure!(out.status.success(), "rlark bench net: {}", describe(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .with_context(|| format!("no JSON report: {}", describe(&out)))?;
+    println!("{report:#}");
+    let path = |name: &str| {
+        report["paths"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|p| p["name"] == name)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let direct = path("direct TCP");
+    ensure!(
+        direct["single_mb_s"].as_f64().is_some_and(|v| v > 0.0)
+            && direct["multi_mb_s"].as_f64().is_some_and(|v| v > 0.0)
+            && direct["setup"]["count"].as_u64().is_some_and(|n| n > 0),
+        "direct TCP not measured: {direct}"
+    );
+    let ssh = path("OpenSSH relay");
+    if let Some(why) = ssh["not_measured"].as_str() {
+        missing_tool::skip_or_fail(&format!("the OpenSSH relay was not measured: {why}"));
+        return Ok(());
+    }
+    ensure!(
+        ssh["single_mb_s"].as_f64().is_some_and(|v| v > 0.0)
+            && ssh["forwarding_cpu_s_per_gib"]
+                .as_f64()
+                .is_some_and(|v| v > 0.0),
+        "OpenSSH relay not measured: {ssh}"
+    );
+    ensure!(
+        report["targets"].as_array().is_some_and(|t| t.len() == 4),
+        "targets missing: {report}"
+    );
+    Ok(())
+}
