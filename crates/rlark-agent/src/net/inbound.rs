@@ -39,8 +39,13 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Serves Udp/Icmp flows for a member here once they are authorized and answered `ok`
 /// (the datagram plane: `net::datagram::serve_inbound` with the destination's TUN device).
 pub trait InboundDatagrams: Send + Sync + 'static {
-    /// Whether replica `pod`'s datagrams can be served (checked before the `ok` answer).
-    fn serves(&self, pod: &str) -> bool;
+    /// Whether replica `pod`'s datagrams can be served, checked before the `ok` answer so a
+    /// replica without a plane is answered `unreachable` rather than `ok` and a closed
+    /// stream. The default says yes and leaves it to [`InboundDatagrams::serve`].
+    fn serves(&self, pod: &str) -> bool {
+        let _ = pod;
+        true
+    }
     /// Carry `header`'s datagrams between `stream` and replica `pod`'s netns until the
     /// stream ends.
     fn serve(&self, header: RelayHeader, pod: String, stream: BoxStream) -> BoxFuture<'static, ()>;
