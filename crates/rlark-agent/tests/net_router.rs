@@ -3,7 +3,8 @@
 //! each connection to the router, which reads the original destination and carries it
 //! locally (a member on this agent, connected from inside its namespace) or through a
 //! stand-in hub to another agent's destination side (which authorizes it and connects
-//! from inside the destination's namespace). Only these namespaces carry traffic.
+//! from inside the destination's namespace); UDP and ping take the same routes through the
+//! datagram planes. Only these namespaces carry traffic.
 //!
 //! Needs root, `/dev/net/tun` and `nft`; elsewhere the test says why and passes without
 //! checking anything, except under `scripts/test.sh`/CI, where a missing tool fails it.
@@ -18,11 +19,12 @@ use std::time::Duration;
 
 use anyhow::Result;
 use futures::future::BoxFuture;
-use rlark_agent::net::inbound::Inbound;
+use rlark_agent::net::datagram::{DatagramMetrics, DatagramPlane, Limits, PlaneConfig};
+use rlark_agent::net::inbound::{DatagramPlanes, Inbound};
 use rlark_agent::net::membership::{LocalIdentity, Membership};
 use rlark_agent::net::metrics::{DomainMetrics, PathKind};
 use rlark_agent::net::netns::{DEFAULT_REDIRECT_PORT, Mode, NetnsSpec, ReplicaNetns};
-use rlark_agent::net::router::{BoxStream, HubRelay, Router, RouterConfig};
+use rlark_agent::net::router::{BoxStream, HubRelay, ReplicaOpener, Router, RouterConfig};
 use rlark_api::types::{DomainPeer, DomainPeerSpec, DomainPodInfo};
 use rlark_tunnel::dial::DialError;
 use rlark_tunnel::header::{self, Status};
@@ -285,5 +287,123 @@ async fn local_and_relayed_connections_between_namespaces() -> Result<()> {
             netns.delete().await?;
         }
     }
+    Ok(())
+}
+
+/// Runs `f` on a fresh thread inside the namespace at `path` (a "task" there).
+fn in_netns<T: Send + 'static>(
+    path: &Path,
+    f: impl FnOnce() -> Result<T> + Send + 'static,
+) -> std::thread::JoinHandle<Result<T>> {
+    let file = std::fs::File::open(path).expect("the namespace file");
+    std::thread::spawn(move || {
+        nix::sched::setns(&file, nix::sched::CloneFlags::CLONE_NEWNET)?;
+        f()
+    })
+}
+
+/// A replica's datagram plane whose flows take `router`'s routes.
+fn plane(router: &Router, pod: &str, netns: &ReplicaNetns, ip: &str) -> DatagramPlane {
+    DatagramPlane::start(
+        PlaneConfig {
+            domain: "d1".into(),
+            cidrs: vec!["10.77.0.0/16".parse().unwrap()],
+            addresses: vec![ip.parse().unwrap()],
+            limits: Limits::default(),
+        },
+        netns.tun().clone(),
+        Arc::new(ReplicaOpener::new(router.clone(), pod)),
+        DatagramMetrics::default(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn udp_and_ping_relayed_between_agents() -> Result<()> {
+    if !supported() {
+        return Ok(());
+    }
+    let (g_cli, g_far) = (Guard::new("ucli"), Guard::new("ufar"));
+    let cli = replica_netns(&g_cli, "10.77.0.2").await?;
+    let far = replica_netns(&g_far, "10.77.0.4").await?;
+    let shutdown = CancellationToken::new();
+    let _stop = shutdown.clone().drop_guard();
+    let config = || RouterConfig::new(Arc::new(rlark_agent::net::netns::original_destination));
+    let router_of = |cluster: &str, node: &str, hub: Option<Arc<dyn HubRelay>>| {
+        let membership = Membership::new(LocalIdentity {
+            cluster: cluster.into(),
+            node: node.into(),
+        });
+        membership.replace(&[domain_peer()]);
+        Router::new(
+            membership,
+            DomainMetrics::new(),
+            hub,
+            None,
+            config(),
+            shutdown.clone(),
+        )
+    };
+    let b = router_of("b", "nb", None);
+    b.attach("far-0", "d1", far.clone()).await?;
+    let hub = Arc::new(Hub {
+        b: b.inbound(),
+        seen: Mutex::new(vec![]),
+    });
+    let a = router_of("a", "na", Some(hub.clone()));
+    a.attach("cli-0", "d1", cli.clone()).await?;
+    let (a_planes, b_planes) = (DatagramPlanes::default(), DatagramPlanes::default());
+    a_planes.insert("cli-0", plane(&a, "cli-0", &cli, "10.77.0.2"));
+    b_planes.insert("far-0", plane(&b, "far-0", &far, "10.77.0.4"));
+    a.inbound().set_datagrams(Arc::new(a_planes));
+    b.inbound().set_datagrams(Arc::new(b_planes));
+
+    // A UDP echo server in far-0 (one datagram), a client in cli-0.
+    let bind: SocketAddr = "10.77.0.4:7007".parse()?;
+    let server = in_netns(far.path(), move || {
+        let socket = std::net::UdpSocket::bind(bind)?;
+        socket.set_read_timeout(Some(LIMIT))?;
+        let mut buf = [0u8; 1500];
+        let (n, from) = socket.recv_from(&mut buf)?;
+        socket.send_to(&buf[..n], from)?;
+        Ok(from)
+    });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let client = in_netns(cli.path(), move || {
+        let socket = std::net::UdpSocket::bind("0.0.0.0:0")?;
+        socket.set_read_timeout(Some(LIMIT))?;
+        socket.send_to(b"udp via the hub", bind)?;
+        let mut buf = [0u8; 1500];
+        let (n, from) = socket.recv_from(&mut buf)?;
+        anyhow::ensure!(
+            from == bind && &buf[..n] == b"udp via the hub",
+            "unexpected echo {:?} from {from}",
+            &buf[..n]
+        );
+        Ok(socket.local_addr()?.port())
+    });
+    let port = tokio::task::spawn_blocking(move || client.join().unwrap()).await??;
+    let seen = tokio::task::spawn_blocking(move || server.join().unwrap()).await??;
+    assert_eq!(seen, SocketAddr::new("10.77.0.2".parse()?, port));
+    let udp = hub.seen.lock().unwrap()[0].clone();
+    assert_eq!(
+        (udp.protocol, udp.source_port, udp.port),
+        (rlark_tunnel::relay::Protocol::Udp, port, 7007)
+    );
+
+    // ping: the echo request crosses the relay, far-0's kernel answers.
+    let name = g_cli.0.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("ip")
+            .args(["netns", "exec", &name, "ping", "-c1", "-W5", "10.77.0.4"])
+            .output()
+    })
+    .await??;
+    assert!(
+        output.status.success(),
+        "ping: {}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(a.detach("cli-0") && b.detach("far-0"));
     Ok(())
 }

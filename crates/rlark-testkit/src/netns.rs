@@ -15,7 +15,7 @@ use std::process::{Command, Output};
 
 use anyhow::{Context as _, bail};
 pub use rlark_agent::sim::topology::{
-    AgentProcess, DropRule, Member, ServerProcess, Topology, TopologyError, log_tail, unique_prefix,
+    AgentInNs, DropRule, Member, ServerInNs, Topology, TopologyError, log_tail, unique_prefix,
 };
 use tempfile::TempDir;
 
@@ -46,9 +46,9 @@ pub struct DomainNet {
     /// The namespaces (declared first: dropped before the data directory it logs into).
     pub topology: Topology,
     /// The server.
-    pub server: ServerProcess,
+    pub server: ServerInNs,
     /// The agents, in the order of the clusters given to [`DomainNet::start`].
-    pub agents: Vec<AgentProcess>,
+    pub agents: Vec<AgentInNs>,
     exe: PathBuf,
     dir: TempDir,
 }

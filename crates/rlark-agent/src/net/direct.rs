@@ -21,10 +21,11 @@
 //! reads one `StreamResponse`; after `ok`, a Tcp flow's bytes follow raw. The server hands
 //! the flow to [`crate::net::inbound::Inbound`], which authorizes it like a relayed one.
 //!
-//! Revocation: agents do not learn the installation's revoked certificate serials (they are
-//! kept by the servers), so a revoked but unexpired agent certificate is accepted here until
-//! it expires; the control plane refuses that agent's tunnel, so its replicas stop being
-//! members as soon as they are rescheduled or their Pods are reported gone.
+//! Revocation is not checked here: the installation's revoked serials are kept by the
+//! servers and not published to agents, so a revoked but unexpired agent certificate is
+//! accepted on this path until it expires (the flows it opens are still authorized by
+//! membership: its source must be a member of its own cluster). Closing that gap needs the
+//! servers to publish revoked agent serials to agents.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError, RwLock};

@@ -28,6 +28,7 @@ use rlark_tunnel::relay::{Protocol, RelayHeader};
 use tokio::io::AsyncWriteExt as _;
 use tokio_util::sync::CancellationToken;
 
+use crate::net::datagram::DatagramPlane;
 use crate::net::membership::{Member, Membership, MembershipView};
 use crate::net::metrics::{DomainMetrics, Metered, PathKind};
 use crate::net::router::{BoxStream, COPY_BUFFER, Pods};
@@ -38,9 +39,59 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
 /// Serves Udp/Icmp flows for a member here once they are authorized and answered `ok`
 /// (the datagram plane: `net::datagram::serve_inbound` with the destination's TUN device).
 pub trait InboundDatagrams: Send + Sync + 'static {
+    /// Whether replica `pod`'s datagrams can be served, checked before the `ok` answer so a
+    /// replica without a plane is answered `unreachable` rather than `ok` and a closed
+    /// stream. The default says yes and leaves it to [`InboundDatagrams::serve`].
+    fn serves(&self, pod: &str) -> bool {
+        let _ = pod;
+        true
+    }
     /// Carry `header`'s datagrams between `stream` and replica `pod`'s netns until the
     /// stream ends.
     fn serve(&self, header: RelayHeader, pod: String, stream: BoxStream) -> BoxFuture<'static, ()>;
+}
+
+/// The datagram planes of this agent's replicas, by pod name: serves inbound Udp/Icmp
+/// flows with the destination replica's plane. Cheap to clone.
+#[derive(Clone, Default)]
+pub struct DatagramPlanes {
+    planes: Arc<std::sync::Mutex<std::collections::HashMap<String, DatagramPlane>>>,
+}
+
+impl DatagramPlanes {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, DatagramPlane>> {
+        self.planes
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Serve replica `pod`'s inbound datagrams with `plane` (replacing an earlier one).
+    pub fn insert(&self, pod: &str, plane: DatagramPlane) {
+        self.lock().insert(pod.to_string(), plane);
+    }
+
+    /// Stop serving replica `pod`; returns its plane.
+    pub fn remove(&self, pod: &str) -> Option<DatagramPlane> {
+        self.lock().remove(pod)
+    }
+}
+
+impl InboundDatagrams for DatagramPlanes {
+    fn serves(&self, pod: &str) -> bool {
+        self.lock().contains_key(pod)
+    }
+
+    fn serve(&self, header: RelayHeader, pod: String, stream: BoxStream) -> BoxFuture<'static, ()> {
+        let plane = self.lock().get(&pod).cloned();
+        Box::pin(async move {
+            let Some(plane) = plane else {
+                return;
+            };
+            if let Err(error) = plane.serve_inbound(header.clone(), stream).await {
+                tracing::debug!(flow = %header, %pod, %error, "inbound datagram flow ended");
+            }
+        })
+    }
 }
 
 /// Why a flow is refused: a metric label and a message for the caller.
@@ -309,6 +360,15 @@ impl Inbound {
                     .await;
                     return;
                 };
+                if !datagrams.serves(&destination.pod) {
+                    answer(
+                        stream,
+                        Status::Unreachable,
+                        format!("pod {} has no datagram plane", destination.pod),
+                    )
+                    .await;
+                    return;
+                }
                 if stream
                     .write_all(&StreamResponse::ok().encode())
                     .await

@@ -83,6 +83,37 @@ pub trait HubRelay: Send + Sync + 'static {
     ) -> BoxFuture<'static, Result<BoxStream, DialError>>;
 }
 
+/// The datagram plane's opener for one replica: its Udp/Icmp flows take the router's
+/// routes ([`Router::open_header`], which also refuses a source that is not the replica's).
+#[derive(Clone)]
+pub struct ReplicaOpener {
+    router: Router,
+    pod: String,
+}
+
+impl ReplicaOpener {
+    pub fn new(router: Router, pod: impl Into<String>) -> Self {
+        ReplicaOpener {
+            router,
+            pod: pod.into(),
+        }
+    }
+}
+
+impl crate::net::datagram::Opener for ReplicaOpener {
+    fn open(
+        &self,
+        header: RelayHeader,
+    ) -> BoxFuture<'_, io::Result<crate::net::datagram::BoxStream>> {
+        Box::pin(async move {
+            match self.router.open_header(&self.pod, header).await {
+                Ok((_, stream)) => Ok(Box::new(stream) as crate::net::datagram::BoxStream),
+                Err(error) => Err(io::Error::other(error.to_string())),
+            }
+        })
+    }
+}
+
 /// A replica's real network namespace.
 impl PodNetns for crate::net::netns::ReplicaNetns {
     fn listen(&self, addr: SocketAddr) -> BoxFuture<'_, io::Result<TcpListener>> {

@@ -328,7 +328,7 @@ impl Topology {
 
 /// An `rlark server` started by [`Topology::start_server`].
 #[derive(Debug, Clone)]
-pub struct ServerProcess {
+pub struct ServerInNs {
     /// The member it runs in.
     pub member: String,
     /// Its pid (stopped when the topology is dropped).
@@ -345,7 +345,7 @@ pub struct ServerProcess {
 
 /// An `rlark agent` started by [`Topology::start_agent`].
 #[derive(Debug, Clone)]
-pub struct AgentProcess {
+pub struct AgentInNs {
     /// The member it runs in.
     pub member: String,
     /// Its cluster ID (namespace `rlark-<cluster>`).
@@ -369,7 +369,7 @@ impl Topology {
         exe: &Path,
         data_dir: &Path,
         extra: &[&str],
-    ) -> Result<ServerProcess, TopologyError> {
+    ) -> Result<ServerInNs, TopologyError> {
         let address = self.address(name)?;
         let listen = SocketAddr::new(address, SERVER_PORT);
         let log = sibling(data_dir, &format!("{name}-server.log"));
@@ -385,7 +385,7 @@ impl Topology {
         let what = format!("rlark server in {name}");
         let pid = self.spawn_logged(name, &command, &log, &what)?;
         self.wait_log(pid, &what, &log, |line| line.contains("\"listening\""))?;
-        Ok(ServerProcess {
+        Ok(ServerInNs {
             member: name.to_string(),
             pid,
             url: format!("https://{listen}"),
@@ -403,11 +403,11 @@ impl Topology {
         &mut self,
         name: &str,
         exe: &Path,
-        server: &ServerProcess,
+        server: &ServerInNs,
         cluster: &str,
         data_dir: &Path,
         extra: &[&str],
-    ) -> Result<AgentProcess, TopologyError> {
+    ) -> Result<AgentInNs, TopologyError> {
         let mut token = Command::new(exe);
         token
             .args(["token", "create", "--cluster-id", cluster, "--ttl", "10m"])
@@ -460,7 +460,7 @@ impl Topology {
         let what = format!("rlark agent of cluster {cluster} in {name}");
         let pid = self.spawn_logged(name, &command, &log, &what)?;
         self.wait_log(pid, &what, &log, |line| line.contains("tunnel connected"))?;
-        Ok(AgentProcess {
+        Ok(AgentInNs {
             member: name.to_string(),
             cluster: cluster.to_string(),
             pid,

@@ -317,3 +317,57 @@ fn the_advertised_address() {
         Some("192.0.2.7:15002".into())
     );
 }
+
+/// Agent a's router with the real direct path: cli-0 here, srv-0 at agent b's `address`.
+async fn router_a(tls: DirectTls, address: &str) -> Router {
+    let membership = Membership::new(LocalIdentity {
+        cluster: "a".into(),
+        node: "na".into(),
+    });
+    let mut srv = pod("b", "srv-0", "10.88.0.3", "nb");
+    srv.agent_address = Some(address.into());
+    membership.replace(&[peer(
+        "d1",
+        "10.88.0.0/16",
+        vec![pod("a", "cli-0", "10.88.0.2", "na"), srv],
+    )]);
+    let router = Router::new(
+        membership,
+        DomainMetrics::new(),
+        None,
+        Some(Arc::new(DirectEndpoint::new(tls))),
+        RouterConfig::new(Arc::new(|_: &TcpStream| Err(io::Error::other("unused")))),
+        CancellationToken::new(),
+    );
+    router.attach("cli-0", "d1", Arc::new(Here)).await.unwrap();
+    router
+}
+
+#[tokio::test]
+async fn the_router_takes_the_direct_path_and_remembers_its_failure() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (_dir, ca) = ca();
+    let (addr, _) = agent_b(tls_for(&ca, &ca, "system:rlark:agent:b")).await;
+    let port = echo_port().await;
+    let a = router_a(tls_for(&ca, &ca, "system:rlark:agent:a"), &addr.to_string()).await;
+    let ip: IpAddr = "10.88.0.3".parse().unwrap();
+    let check = a.check("cli-0", ip, Some(port)).await.unwrap();
+    assert_eq!(check.path, PathKind::Direct);
+    let check = a.check("cli-0", ip, None).await.unwrap();
+    assert_eq!(check.path, PathKind::Direct);
+    assert!(a.direct_allowed(&addr.to_string()));
+
+    // b's agent gone: the direct attempt fails, the relay is tried (none here), and b is
+    // relay-only for a while.
+    let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let gone = closed.local_addr().unwrap().to_string();
+    drop(closed);
+    let a = router_a(tls_for(&ca, &ca, "system:rlark:agent:a"), &gone).await;
+    let e = a.check("cli-0", ip, None).await.unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("relay through the hub is not available"),
+        "{e}"
+    );
+    assert!(!a.direct_allowed(&gone));
+}
