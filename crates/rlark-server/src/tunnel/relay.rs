@@ -786,6 +786,14 @@ mod tests {
         }
     }
 
+    /// (name, caller, header, expected decision).
+    type Case = (
+        &'static str,
+        &'static str,
+        RelayHeader,
+        Result<Destination, (Status, String)>,
+    );
+
     #[test]
     fn decisions() {
         let domains = domains();
@@ -797,12 +805,7 @@ mod tests {
             })
         };
         let refused = |status: Status, message: &str| Err((status, message.to_owned()));
-        let cases: Vec<(
-            &str,
-            &str,
-            RelayHeader,
-            Result<Destination, (Status, String)>,
-        )> = vec![
+        let cases: Vec<Case> = vec![
             (
                 "a to b",
                 "a",
