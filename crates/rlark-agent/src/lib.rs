@@ -271,8 +271,8 @@ async fn start_with(
     };
     let metrics_addr = metrics_listener.as_ref().map(MetricsListener::local_addr);
 
-    // Pod network (docs/network.md): the router is built before the tunnel, which serves its destination
-    // side (relay streams); it opens relay streams through the tunnel once that runs.
+    // Pod network (docs/network.md): the router is built before the tunnel, which serves its
+    // destination side (relay streams) and carries its relay streams to the hub.
     let pod_net = net::start::PodNet::start(
         &config,
         &node_name,
@@ -312,6 +312,7 @@ async fn start_with(
             identity_dir.clone(),
             client_tx,
             tls_tx,
+            pod_net.direct_endpoint(),
             shutdown.clone(),
         )),
     ));
@@ -325,6 +326,7 @@ async fn start_with(
     local_api.set_router(pod_net.router.clone());
     tunnel_config.agent.agent_api = Some(Arc::new(local_api));
     tunnel_config.agent.relay = Some(Arc::new(pod_net.router.inbound()));
+    tunnel_config.hub = pod_net.hub.clone();
     let (replicas_tx, replicas_rx) = watch::channel(Vec::new());
     tunnel_config.discovered = Some(replicas_rx);
     parts.push((
@@ -337,7 +339,6 @@ async fn start_with(
         )),
     ));
     let tunnel = rlark_tunnel::client::spawn(tunnel_config, shutdown.clone());
-    pod_net.hub.set(tunnel.hub());
     let pod_network = pod_net.network.clone();
     for (part, handle) in pod_net.spawn_parts(client.clone(), shutdown.clone()) {
         parts.push((part, handle));
@@ -586,6 +587,7 @@ async fn follow_renewals(
     identity_dir: PathBuf,
     client: watch::Sender<kube::Client>,
     tls: watch::Sender<Arc<rustls::ClientConfig>>,
+    direct: Option<net::direct::DirectEndpoint>,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -599,6 +601,12 @@ async fn follow_renewals(
                 tls.send_replace(config);
             }
             Err(error) => tracing::error!(%error, "renewed credentials: TLS config"),
+        }
+        if let Some(direct) = &direct {
+            match net::direct::DirectTls::from_credentials(&credentials) {
+                Ok(config) => direct.update(config),
+                Err(error) => tracing::error!(%error, "renewed credentials: direct path TLS"),
+            }
         }
         match kube_client(&identity_dir).await {
             Ok(new) => {

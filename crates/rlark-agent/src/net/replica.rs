@@ -22,25 +22,19 @@ use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
 
-use futures::FutureExt as _;
-use futures::future::BoxFuture;
 use ipnet::IpNet;
 use rlark_api::types::DomainPendingPod;
-use rlark_tunnel::dial::DialError;
-use rlark_tunnel::header::Status;
-use rlark_tunnel::relay::RelayHeader;
 use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 
-use super::datagram::{self, DatagramMetrics, DatagramPlane, Limits, Opener, PlaneConfig};
+use super::datagram::{DatagramMetrics, DatagramPlane, Limits, PlaneConfig};
 use super::hosts::{self, HostEntry};
-use super::inbound::InboundDatagrams;
+use super::inbound::DatagramPlanes;
 use super::membership::{Membership, MembershipView};
 use super::netns::{Mode, NetError, NetnsSpec, ReplicaNetns};
-use super::router::{BoxStream, HubRelay, Router};
+use super::router::{ReplicaOpener, Router};
 use crate::runtime::ReplicaNetwork;
 
 /// How the agent runs the pod network.
@@ -92,12 +86,11 @@ pub struct Attachment {
     pub addresses: Vec<IpAddr>,
 }
 
-/// One attached replica.
+/// One attached replica (its datagram plane is in [`Inner::planes`]).
 struct Attached {
     domain: String,
     netns: Arc<ReplicaNetns>,
     hosts_file: PathBuf,
-    plane: DatagramPlane,
 }
 
 /// The agent's pod network (see the module documentation). Cheap to clone.
@@ -110,6 +103,9 @@ struct Inner {
     router: Router,
     membership: Membership,
     datagrams: DatagramMetrics,
+    /// The datagram planes of attached replicas, which the router's destination side
+    /// serves inbound datagram flows with.
+    planes: DatagramPlanes,
     config: NetConfig,
     attached: Mutex<HashMap<String, Attached>>,
 }
@@ -132,19 +128,18 @@ impl DomainNet {
         config: NetConfig,
         shutdown: CancellationToken,
     ) -> Self {
+        let planes = DatagramPlanes::default();
+        router.inbound().set_datagrams(Arc::new(planes.clone()));
         let net = DomainNet {
             inner: Arc::new(Inner {
                 membership: router.membership().clone(),
                 router,
                 datagrams,
+                planes,
                 config,
                 attached: Mutex::new(HashMap::new()),
             }),
         };
-        net.inner
-            .router
-            .inbound()
-            .set_datagrams(Arc::new(InboundPlanes(Arc::downgrade(&net.inner))));
         tokio::spawn(net.clone().keep_hosts_current(shutdown));
         net
     }
@@ -257,23 +252,20 @@ impl DomainNet {
                 limits: Limits::default(),
             },
             netns.tun().clone(),
-            Arc::new(RouterOpener {
-                router: self.inner.router.clone(),
-                pod: pod.to_string(),
-            }),
+            Arc::new(ReplicaOpener::new(self.inner.router.clone(), pod)),
             self.inner.datagrams.clone(),
         );
         let network = ReplicaNetwork {
             netns_path: netns.path().to_path_buf(),
             hosts_file: hosts_file.clone(),
         };
+        self.inner.planes.insert(pod, plane);
         self.attached().insert(
             pod.to_string(),
             Attached {
                 domain: domain.to_string(),
                 netns,
                 hosts_file,
-                plane,
             },
         );
         tracing::info!(%pod, %domain, addresses = ?ips, netns = %name, "replica attached to its domain");
@@ -291,7 +283,9 @@ impl DomainNet {
             return;
         };
         self.inner.router.detach(pod);
-        attached.plane.shutdown();
+        if let Some(plane) = self.inner.planes.remove(pod) {
+            plane.shutdown();
+        }
         let name = attached.netns.name().to_string();
         if let Err(error) = delete_netns(attached.netns).await {
             tracing::warn!(%pod, netns = %name, %error, "delete the replica's network namespace");
@@ -307,9 +301,11 @@ impl DomainNet {
     /// Forget replica `pod` without deleting its namespace (the agent exits and leaves it
     /// running; the next agent attaches it again).
     pub fn leave(&self, pod: &str) {
-        if let Some(attached) = self.attached().remove(pod) {
+        if self.attached().remove(pod).is_some() {
             self.inner.router.detach(pod);
-            attached.plane.shutdown();
+            if let Some(plane) = self.inner.planes.remove(pod) {
+                plane.shutdown();
+            }
         }
     }
 
@@ -386,80 +382,6 @@ async fn delete_netns(netns: Arc<ReplicaNetns>) -> Result<(), NetError> {
         Ok(netns) => netns.delete().await,
         // Someone still holds it (a connection being set up): remove it by name.
         Err(shared) => super::netns::remove(shared.name()).await,
-    }
-}
-
-/// The datagram plane's [`Opener`] for one replica: the router's choice of path.
-struct RouterOpener {
-    router: Router,
-    pod: String,
-}
-
-impl Opener for RouterOpener {
-    fn open(&self, header: RelayHeader) -> BoxFuture<'_, io::Result<datagram::BoxStream>> {
-        async move {
-            match self.router.open_header(&self.pod, header).await {
-                Ok((_, stream)) => Ok(Box::new(stream) as datagram::BoxStream),
-                Err(error) => Err(io::Error::other(error.to_string())),
-            }
-        }
-        .boxed()
-    }
-}
-
-/// The destination side of datagram flows: the plane of the replica they are for.
-struct InboundPlanes(std::sync::Weak<Inner>);
-
-impl InboundDatagrams for InboundPlanes {
-    fn serve(&self, header: RelayHeader, pod: String, stream: BoxStream) -> BoxFuture<'static, ()> {
-        let plane = self.0.upgrade().and_then(|inner| {
-            let attached = inner
-                .attached
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
-            attached.get(&pod).map(|a| a.plane.clone())
-        });
-        async move {
-            let Some(plane) = plane else {
-                tracing::debug!(%pod, "datagram flow for a replica that is not attached");
-                return;
-            };
-            if let Err(error) = plane.serve_inbound(header, stream).await {
-                tracing::debug!(%pod, %error, "inbound datagram flow ended");
-            }
-        }
-        .boxed()
-    }
-}
-
-/// A [`HubRelay`] whose tunnel is set once the tunnel client runs (the router is built
-/// before it, because the tunnel serves the router's destination side).
-#[derive(Clone, Default)]
-pub struct LateHub(Arc<OnceLock<rlark_tunnel::client::HubStreams>>);
-
-impl LateHub {
-    /// Use `hub` from now on (the first call wins).
-    pub fn set(&self, hub: rlark_tunnel::client::HubStreams) {
-        let _ = self.0.set(hub);
-    }
-}
-
-impl HubRelay for LateHub {
-    fn open(
-        &self,
-        header: RelayHeader,
-        timeout: Duration,
-    ) -> BoxFuture<'static, Result<BoxStream, DialError>> {
-        match self.0.get() {
-            Some(hub) => HubRelay::open(hub, header, timeout),
-            None => async {
-                Err(DialError::new(
-                    Status::NoSuchAgent,
-                    "the agent's tunnel is not running yet",
-                ))
-            }
-            .boxed(),
-        }
     }
 }
 

@@ -21,7 +21,7 @@ use super::direct::{DirectEndpoint, DirectTls, DirectTlsError};
 use super::membership::{LocalIdentity, Membership};
 use super::metrics::{DomainMetrics, write_path_status};
 use super::netns::{self, Mode};
-use super::replica::{DomainNet, LateHub, NetConfig};
+use super::replica::{DomainNet, NetConfig};
 use super::router::{DirectDialer, REDIRECT_PORT, Router, RouterConfig};
 use crate::config::AgentConfig;
 use crate::join::AgentCredentials;
@@ -44,8 +44,9 @@ pub enum StartError {
 pub struct PodNet {
     /// Routes the connections of this agent's replicas; its `inbound()` serves relay streams.
     pub router: Router,
-    /// The tunnel's relay path, set once the tunnel client runs.
-    pub hub: LateHub,
+    /// The tunnel's relay path: the tunnel client's live sessions (give it to the client
+    /// as `ClientConfig::hub`).
+    pub hub: rlark_tunnel::client::HubStreams,
     /// What the Task worker uses.
     pub network: PodNetwork,
     membership: Membership,
@@ -75,7 +76,7 @@ impl PodNet {
         metrics.register(registry);
         let datagrams = DatagramMetrics::default();
         datagrams.register(registry);
-        let hub = LateHub::default();
+        let hub = rlark_tunnel::client::HubStreams::new();
         let direct = match config.domain_listen {
             Some(addr) => {
                 let endpoint = DirectEndpoint::new(DirectTls::from_credentials(credentials)?);
@@ -132,6 +133,12 @@ impl PodNet {
             direct_address,
             namespace,
         })
+    }
+
+    /// The direct path's endpoint, when `--domain-listen` is on (renewed certificates go
+    /// to it with `DirectEndpoint::update`).
+    pub fn direct_endpoint(&self) -> Option<DirectEndpoint> {
+        self.direct.as_ref().map(|(endpoint, _)| endpoint.clone())
     }
 
     /// What the Node reports in `status.network`.
