@@ -121,7 +121,7 @@ impl AgentConfig {
     /// else `domain_listen` when it names one IP.
     pub fn domain_direct_address(&self) -> Option<String> {
         let listen = self.domain_listen?;
-        crate::net::direct::advertised_address(listen, self.domain_advertise.as_deref())
+        advertised_address(listen, self.domain_advertise.as_deref())
     }
 
     /// `DATA_DIR/identity`: the credentials written by the join.
@@ -289,6 +289,16 @@ impl AgentConfig {
         } else {
             Err(ConfigError { problems })
         }
+    }
+}
+
+/// The address to announce for a direct listener on `listen`: `advertise` when given, else
+/// `listen` itself when it names one IP (not `0.0.0.0` / `::`).
+pub fn advertised_address(listen: SocketAddr, advertise: Option<&str>) -> Option<String> {
+    match advertise {
+        Some(advertise) => Some(advertise.to_string()),
+        None if listen.ip().is_unspecified() => None,
+        None => Some(listen.to_string()),
     }
 }
 

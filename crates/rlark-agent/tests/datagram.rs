@@ -11,6 +11,10 @@
 
 #[path = "../../../tests/support/missing_tool.rs"]
 mod missing_tool;
+#[path = "support/netns.rs"]
+mod netns_support;
+
+use netns_support::Guard;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr, UdpSocket};
@@ -29,12 +33,7 @@ use rlark_tunnel::relay::RelayHeader;
 const LIMIT: Duration = Duration::from_secs(10);
 
 fn supported() -> bool {
-    if !rustix::process::geteuid().is_root() {
-        missing_tool::skip_or_fail("not root: network namespaces need CAP_SYS_ADMIN");
-        return false;
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        missing_tool::skip_or_fail("/dev/net/tun is missing");
+    if !netns_support::supported(false) {
         return false;
     }
     let ping = std::process::Command::new("ping").arg("-V").output();
@@ -45,28 +44,8 @@ fn supported() -> bool {
     true
 }
 
-/// Removes namespace `h16dgram-<suffix>-<pid>` when dropped.
-struct Guard(String);
-
-impl Guard {
-    fn new(suffix: &str) -> Self {
-        let name = format!("h16dgram-{suffix}-{}", std::process::id());
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "delete", &name])
-            .stderr(std::process::Stdio::null())
-            .status();
-        Guard(name)
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "delete", &self.0])
-            .stderr(std::process::Stdio::null())
-            .status();
-    }
-}
+/// Namespaces of this file: `h16dgram-<suffix>-<pid>`.
+const PREFIX: &str = "h16dgram";
 
 /// Connects to the plane holding the destination and serves the stream there with
 /// `serve_inbound` (the router's job after authorizing).
@@ -101,7 +80,7 @@ struct Member {
 }
 
 async fn member(suffix: &str, host: u8) -> Result<Member> {
-    let guard = Guard::new(suffix);
+    let guard = Guard::new(PREFIX, suffix);
     let v4: IpAddr = format!("10.89.0.{host}").parse()?;
     let v6: IpAddr = format!("fd00:89::{host}").parse()?;
     let netns = ReplicaNetns::create(&NetnsSpec {
@@ -259,7 +238,7 @@ fn udp_to_a_non_domain_address_leaves_through_the_agents_namespace() -> Result<(
     if !supported() {
         return Ok(());
     }
-    let agent = Guard::new("agent");
+    let agent = Guard::new(PREFIX, "agent");
     let ip = |args: &[&str]| -> Result<()> {
         let status = std::process::Command::new("ip").args(args).status()?;
         if !status.success() {

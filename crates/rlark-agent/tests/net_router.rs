@@ -11,6 +11,10 @@
 
 #[path = "../../../tests/support/missing_tool.rs"]
 mod missing_tool;
+#[path = "support/netns.rs"]
+mod netns_support;
+
+use netns_support::Guard;
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
@@ -36,43 +40,11 @@ use tokio_util::sync::CancellationToken;
 const LIMIT: Duration = Duration::from_secs(10);
 
 fn supported() -> bool {
-    if !rustix::process::geteuid().is_root() {
-        missing_tool::skip_or_fail("not root: network namespaces need CAP_SYS_ADMIN");
-        return false;
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        missing_tool::skip_or_fail("/dev/net/tun is missing");
-        return false;
-    }
-    if rlark_agent::net::nft::binary().is_none() {
-        missing_tool::skip_or_fail("nft (package nftables) is not installed");
-        return false;
-    }
-    true
+    netns_support::supported(true)
 }
 
-/// Removes namespace `h16router-<suffix>-<pid>` when dropped, whatever the test did.
-struct Guard(String);
-
-impl Guard {
-    fn new(suffix: &str) -> Self {
-        let name = format!("h16router-{suffix}-{}", std::process::id());
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "delete", &name])
-            .stderr(std::process::Stdio::null())
-            .status();
-        Guard(name)
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "delete", &self.0])
-            .stderr(std::process::Stdio::null())
-            .status();
-    }
-}
+/// Namespaces of this file: `h16router-<suffix>-<pid>`.
+const PREFIX: &str = "h16router";
 
 async fn replica_netns(guard: &Guard, ip: &str) -> Result<Arc<ReplicaNetns>> {
     Ok(Arc::new(
@@ -193,7 +165,11 @@ async fn local_and_relayed_connections_between_namespaces() -> Result<()> {
     if !supported() {
         return Ok(());
     }
-    let (g_cli, g_srv, g_far) = (Guard::new("cli"), Guard::new("srv"), Guard::new("far"));
+    let (g_cli, g_srv, g_far) = (
+        Guard::new(PREFIX, "cli"),
+        Guard::new(PREFIX, "srv"),
+        Guard::new(PREFIX, "far"),
+    );
     let cli = replica_netns(&g_cli, "10.77.0.2").await?;
     let srv = replica_netns(&g_srv, "10.77.0.3").await?;
     let far = replica_netns(&g_far, "10.77.0.4").await?;
@@ -322,7 +298,7 @@ async fn udp_and_ping_relayed_between_agents() -> Result<()> {
     if !supported() {
         return Ok(());
     }
-    let (g_cli, g_far) = (Guard::new("ucli"), Guard::new("ufar"));
+    let (g_cli, g_far) = (Guard::new(PREFIX, "ucli"), Guard::new(PREFIX, "ufar"));
     let cli = replica_netns(&g_cli, "10.77.0.2").await?;
     let far = replica_netns(&g_far, "10.77.0.4").await?;
     let shutdown = CancellationToken::new();

@@ -7,6 +7,10 @@
 
 #[path = "../../../tests/support/missing_tool.rs"]
 mod missing_tool;
+#[path = "support/netns.rs"]
+mod netns_support;
+
+use netns_support::Guard;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
 use std::path::Path;
@@ -20,46 +24,12 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 const LIMIT: Duration = Duration::from_secs(10);
 
-/// True when this machine can run these tests; else reports why (skip or fail).
 fn supported() -> bool {
-    if !rustix::process::geteuid().is_root() {
-        missing_tool::skip_or_fail("not root: network namespaces need CAP_SYS_ADMIN");
-        return false;
-    }
-    if !Path::new("/dev/net/tun").exists() {
-        missing_tool::skip_or_fail("/dev/net/tun is missing");
-        return false;
-    }
-    if rlark_agent::net::nft::binary().is_none() {
-        missing_tool::skip_or_fail("nft (package nftables) is not installed");
-        return false;
-    }
-    true
+    netns_support::supported(true)
 }
 
-/// Removes namespace `h16netns-<suffix>` when dropped, whatever the test did.
-struct Guard(String);
-
-impl Guard {
-    fn new(suffix: &str) -> Self {
-        let name = format!("h16netns-{suffix}-{}", std::process::id());
-        // A leftover of an earlier run of the same pid would be adopted, not created.
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "delete", &name])
-            .stderr(std::process::Stdio::null())
-            .status();
-        Guard(name)
-    }
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new("ip")
-            .args(["netns", "delete", &self.0])
-            .stderr(std::process::Stdio::null())
-            .status();
-    }
-}
+/// Namespaces of this file: `h16netns-<suffix>-<pid>`.
+const PREFIX: &str = "h16netns";
 
 fn spec(name: &str, mode: Mode) -> NetnsSpec {
     NetnsSpec {
@@ -107,7 +77,7 @@ async fn create_adopt_and_delete() -> Result<()> {
     if !supported() {
         return Ok(());
     }
-    let guard = Guard::new("life");
+    let guard = Guard::new(PREFIX, "life");
     let spec = spec(&guard.0, Mode::Kernel);
     let created = ReplicaNetns::create(&spec).await?;
     assert_eq!(created.path(), Path::new("/run/netns").join(&guard.0));
@@ -180,7 +150,7 @@ async fn a_stale_namespace_file_is_replaced() -> Result<()> {
     if !supported() {
         return Ok(());
     }
-    let guard = Guard::new("stale");
+    let guard = Guard::new(PREFIX, "stale");
     std::fs::create_dir_all("/run/netns")?;
     std::fs::write(Path::new("/run/netns").join(&guard.0), b"")?;
     let netns = ReplicaNetns::create(&spec(&guard.0, Mode::Tun)).await?;
@@ -195,7 +165,7 @@ async fn listen_and_connect_inside() -> Result<()> {
     if !supported() {
         return Ok(());
     }
-    let guard = Guard::new("tcp");
+    let guard = Guard::new(PREFIX, "tcp");
     let netns = ReplicaNetns::create(&spec(&guard.0, Mode::Kernel)).await?;
     let result = async {
         // The replica's own address: not redirected, reachable only inside.
@@ -256,7 +226,7 @@ async fn tcp_is_redirected_with_its_original_destination() -> Result<()> {
     if !supported() {
         return Ok(());
     }
-    let guard = Guard::new("redir");
+    let guard = Guard::new(PREFIX, "redir");
     let netns = ReplicaNetns::create(&spec(&guard.0, Mode::Kernel)).await?;
     let result = async {
         let v4 = netns
@@ -288,7 +258,7 @@ async fn tun_mode_has_no_redirect() -> Result<()> {
     if !supported() {
         return Ok(());
     }
-    let guard = Guard::new("tunmode");
+    let guard = Guard::new(PREFIX, "tunmode");
     // Adopting a kernel-mode namespace in tun mode removes its table.
     drop(ReplicaNetns::create(&spec(&guard.0, Mode::Kernel)).await?);
     let netns = ReplicaNetns::create(&spec(&guard.0, Mode::Tun)).await?;
@@ -334,7 +304,7 @@ async fn udp_leaves_through_the_tun_and_packets_written_to_it_arrive() -> Result
     if !supported() {
         return Ok(());
     }
-    let guard = Guard::new("udp");
+    let guard = Guard::new(PREFIX, "udp");
     let netns = ReplicaNetns::create(&spec(&guard.0, Mode::Kernel)).await?;
     let result = async {
         // Outbound: a task's datagram to a domain address is read from the TUN.
@@ -520,7 +490,7 @@ async fn a_replica_starts_inside_with_its_address_and_hosts_file() -> Result<()>
     if !supported() {
         return Ok(());
     }
-    let guard = Guard::new("super");
+    let guard = Guard::new(PREFIX, "super");
     let netns = ReplicaNetns::create(&spec(&guard.0, Mode::Kernel)).await?;
     let dir = tempfile::tempdir()?;
     let result = async {

@@ -435,15 +435,5 @@ impl DirectDialer for DirectEndpoint {
     }
 }
 
-/// The address to announce for a direct listener on `listen`: `advertise` when given, else
-/// `listen` itself when it names one IP (not `0.0.0.0` / `::`).
-pub fn advertised_address(listen: SocketAddr, advertise: Option<&str>) -> Option<String> {
-    match advertise {
-        Some(advertise) => Some(advertise.to_string()),
-        None if listen.ip().is_unspecified() => None,
-        None => Some(listen.to_string()),
-    }
-}
-
 #[cfg(test)]
 mod tests;

@@ -31,7 +31,7 @@ use tokio_util::sync::CancellationToken;
 use crate::net::datagram::DatagramPlane;
 use crate::net::membership::{Member, Membership, MembershipView};
 use crate::net::metrics::{DomainMetrics, Metered, PathKind};
-use crate::net::router::{BoxStream, COPY_BUFFER, Pods};
+use crate::net::pods::{BoxStream, COPY_BUFFER, Pods};
 
 /// How long writing a refusal may take.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -212,7 +212,7 @@ struct InboundInner {
 }
 
 impl Inbound {
-    /// Built by [`crate::net::router::Router::new`]; shares its replicas.
+    /// Built by the router (`Router::new`); shares its replicas.
     pub(crate) fn new(
         membership: Membership,
         pods: Pods,

@@ -16,6 +16,7 @@ pub mod metrics;
 pub mod netns;
 pub mod nft;
 pub mod packet;
+pub mod pods;
 pub mod replica;
 pub mod router;
 pub mod start;

@@ -356,6 +356,22 @@ impl DomainNet {
     }
 }
 
+/// Whether this agent can give replicas of domain tasks their network.
+#[derive(Clone, Debug)]
+pub enum PodNetwork {
+    /// It can (docs/network.md).
+    Ready(DomainNet),
+    /// It cannot, and why (replicas of domain tasks fail with reason
+    /// `DomainNetworkUnavailable` and this message).
+    Unavailable(String),
+}
+
+impl Default for PodNetwork {
+    fn default() -> Self {
+        PodNetwork::Unavailable("the agent was started without a pod network".into())
+    }
+}
+
 /// The addresses `view` gives replica `pod` of `domain`, with the domain's prefix.
 fn addresses_in(view: &MembershipView, domain: &str, pod: &str) -> Option<Vec<IpNet>> {
     let d = view.domain(domain)?;

@@ -34,7 +34,7 @@ use futures::future::BoxFuture;
 use rlark_tunnel::dial::DialError;
 use rlark_tunnel::header::{self, Status};
 use rlark_tunnel::relay::{Protocol, RelayHeader};
-use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
+use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -42,11 +42,10 @@ use tokio_util::sync::CancellationToken;
 use crate::net::inbound::Inbound;
 use crate::net::membership::{Member, Membership, MembershipView};
 use crate::net::metrics::{DomainMetrics, Metered, PathKind};
+pub use crate::net::pods::{Attached, BoxStream, ByteStream, COPY_BUFFER, PodNetns, Pods};
 
 /// Where nftables sends a replica's TCP connections, on 127.0.0.1 and ::1 in its netns.
 pub const REDIRECT_PORT: u16 = 15001;
-/// Copy buffer per direction of a routed connection.
-pub const COPY_BUFFER: usize = 64 * 1024;
 /// How long setting up a local, relayed or egress connection may take.
 pub const SETUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a direct attempt may take (TCP, TLS, answer) before the relay is tried: short,
@@ -56,21 +55,6 @@ pub const DIRECT_TIMEOUT: Duration = Duration::from_secs(3);
 pub const DIRECT_BACKOFF_INITIAL: Duration = Duration::from_secs(30);
 /// Longest relay-only period.
 pub const DIRECT_BACKOFF_MAX: Duration = Duration::from_secs(300);
-
-/// Any byte stream (a mux stream, a TLS stream, an in-process pipe).
-pub trait ByteStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> ByteStream for T {}
-/// A boxed [`ByteStream`].
-pub type BoxStream = Box<dyn ByteStream>;
-
-/// A replica's network namespace, as the router needs it (implemented by
-/// [`crate::net::netns::ReplicaNetns`]).
-pub trait PodNetns: Send + Sync + 'static {
-    /// A listener whose socket was made inside the netns.
-    fn listen(&self, addr: SocketAddr) -> BoxFuture<'_, io::Result<TcpListener>>;
-    /// A connection whose socket was made inside the netns.
-    fn connect(&self, addr: SocketAddr, timeout: Duration) -> BoxFuture<'_, io::Result<TcpStream>>;
-}
 
 /// Opens relay streams through the hub (implemented by the tunnel's `HubStreams`).
 pub trait HubRelay: Send + Sync + 'static {
@@ -111,19 +95,6 @@ impl crate::net::datagram::Opener for ReplicaOpener {
                 Err(error) => Err(io::Error::other(error.to_string())),
             }
         })
-    }
-}
-
-/// A replica's real network namespace.
-impl PodNetns for crate::net::netns::ReplicaNetns {
-    fn listen(&self, addr: SocketAddr) -> BoxFuture<'_, io::Result<TcpListener>> {
-        Box::pin(crate::net::netns::ReplicaNetns::listen(self, addr))
-    }
-
-    fn connect(&self, addr: SocketAddr, timeout: Duration) -> BoxFuture<'_, io::Result<TcpStream>> {
-        Box::pin(crate::net::netns::ReplicaNetns::connect(
-            self, addr, timeout,
-        ))
     }
 }
 
@@ -385,34 +356,6 @@ impl RouterConfig {
     }
 }
 
-/// A replica attached to the router.
-struct Attached {
-    domain: String,
-    netns: Arc<dyn PodNetns>,
-    stop: CancellationToken,
-}
-
-/// The replicas attached to the router, by pod name; shared with [`Inbound`], which
-/// connects inside their netns.
-#[derive(Clone, Default)]
-pub struct Pods {
-    inner: Arc<Mutex<HashMap<String, Attached>>>,
-}
-
-impl Pods {
-    /// The netns of attached replica `pod`.
-    pub fn netns(&self, pod: &str) -> Option<Arc<dyn PodNetns>> {
-        let pods = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        pods.get(pod).map(|a| a.netns.clone())
-    }
-
-    /// The domain of attached replica `pod`.
-    pub fn domain(&self, pod: &str) -> Option<String> {
-        let pods = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        pods.get(pod).map(|a| a.domain.clone())
-    }
-}
-
 /// The router (see the module documentation). Cheap to clone.
 #[derive(Clone)]
 pub struct Router {
@@ -526,12 +469,7 @@ impl Router {
         }
         let stop = self.inner.shutdown.child_token();
         {
-            let mut pods = self
-                .inner
-                .pods
-                .inner
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner);
+            let mut pods = self.inner.pods.lock();
             if pods.contains_key(pod) {
                 return Err(AttachError::AlreadyAttached {
                     pod: pod.to_string(),
@@ -562,13 +500,7 @@ impl Router {
     /// Stop routing replica `pod`: its listeners close and its open connections end.
     /// Returns whether it was attached.
     pub fn detach(&self, pod: &str) -> bool {
-        let removed = self
-            .inner
-            .pods
-            .inner
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(pod);
+        let removed = self.inner.pods.lock().remove(pod);
         match removed {
             Some(attached) => {
                 attached.stop.cancel();

@@ -21,11 +21,10 @@ use super::direct::{DirectEndpoint, DirectTls, DirectTlsError};
 use super::membership::{LocalIdentity, Membership};
 use super::metrics::{DomainMetrics, write_path_status};
 use super::netns::{self, Mode};
-use super::replica::{DomainNet, NetConfig};
+use super::replica::{DomainNet, NetConfig, PodNetwork};
 use super::router::{DirectDialer, REDIRECT_PORT, Router, RouterConfig};
 use crate::config::AgentConfig;
 use crate::join::AgentCredentials;
-use crate::tasks::PodNetwork;
 
 /// Failures that stop the agent: a direct listener that was asked for and cannot be had.
 #[derive(Debug, thiserror::Error)]
@@ -91,7 +90,7 @@ impl PodNet {
             .as_ref()
             .and_then(|(_, listener)| listener.local_addr().ok())
             .and_then(|bound| {
-                super::direct::advertised_address(bound, config.domain_advertise.as_deref())
+                crate::config::advertised_address(bound, config.domain_advertise.as_deref())
             });
         let router = Router::new(
             membership.clone(),

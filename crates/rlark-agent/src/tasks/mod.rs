@@ -170,21 +170,7 @@ pub struct TaskContext {
     pub network: PodNetwork,
 }
 
-/// Whether this agent can give replicas of domain tasks their network.
-#[derive(Clone, Debug)]
-pub enum PodNetwork {
-    /// It can (docs/network.md).
-    Ready(crate::net::replica::DomainNet),
-    /// It cannot, and why (replicas of domain tasks fail with reason
-    /// `DomainNetworkUnavailable` and this message).
-    Unavailable(String),
-}
-
-impl Default for PodNetwork {
-    fn default() -> Self {
-        PodNetwork::Unavailable("the agent was started without a pod network".into())
-    }
-}
+pub use crate::net::replica::PodNetwork;
 
 /// Errors that end [`run_tasks`]. API errors never do: they are retried.
 #[derive(Debug, thiserror::Error)]

@@ -13,6 +13,8 @@ use super::client::Session;
 use super::discovery::{Catalog, ResourceInfo};
 use super::table::{align, human_duration};
 
+mod domain;
+
 #[derive(Debug, Args)]
 pub(crate) struct DescribeArgs {
     /// Resource type (jobs, job, tasks, nodes.rlinf.io, ns, ...).
@@ -63,7 +65,7 @@ pub(crate) async fn describe(args: DescribeArgs) -> anyhow::Result<()> {
                 None
             }
         };
-        let sections = super::describe_domain::sections(&object, peers.as_deref());
+        let sections = domain::sections(&object, peers.as_deref());
         let mut shown = object.clone();
         // Shown as the Members table instead.
         if let Some(status) = shown["status"].as_object_mut() {

@@ -9,7 +9,6 @@ mod cordon;
 mod delete;
 mod demo;
 mod describe;
-mod describe_domain;
 mod devinit;
 mod discovery;
 mod embodied;

@@ -305,6 +305,7 @@ fn cluster_of_agent_certificates() {
 
 #[test]
 fn the_advertised_address() {
+    use crate::config::advertised_address;
     let listen = |s: &str| s.parse::<SocketAddr>().unwrap();
     assert_eq!(
         advertised_address(listen("0.0.0.0:15002"), Some("agent-b.example:15002")),

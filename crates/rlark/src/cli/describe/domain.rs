@@ -4,10 +4,10 @@
 
 use serde_json::Value;
 
-use super::describe::{indent, text};
-use super::table::align;
+use super::{indent, text};
+use crate::cli::table::align;
 
-/// Width of the `Label:` column (as in [`super::describe`]).
+/// Width of the `Label:` column (as in [`super`]).
 const LABEL_WIDTH: usize = 15;
 
 fn cell(value: &Value) -> String {
