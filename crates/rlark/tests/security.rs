@@ -1998,7 +1998,7 @@ async fn agents_read_the_revoked_agent_serials() -> Result<()> {
         else {
             bail!("the held poll did not see the revocation");
         };
-        assert_eq!(serials, [b.info.serial.clone()]);
+        assert_eq!(serials, vec![b.info.serial.clone()]);
         assert_ne!(after_b, etag);
 
         // A user's revocation is not published to agents: the list stays as it was.
