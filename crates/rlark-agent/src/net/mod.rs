@@ -3,9 +3,8 @@
 //! are redirected by nftables to the agent ([`nft`]), and UDP/ICMP reach the agent through
 //! the namespace's TUN device ([`tun`]), where the [`datagram`] plane reads them (checked
 //! packet views in [`packet`]). The agent's view of the domains ([`membership`]) drives the
-//! [`router`] (local, direct or relayed), the [`direct`] mTLS path between agents (peers
-//! checked against the revoked agent certificates, [`revocations`]) and the destination side
-//! ([`inbound`]); [`metrics`] counts it all. [`replica`] ties one replica's
+//! [`router`] (local, direct or relayed), the [`direct`] mTLS path between agents and the
+//! destination side ([`inbound`]); [`metrics`] counts it all. [`replica`] ties one replica's
 //! pieces together for the Task worker, and [`hosts`] renders its `/etc/hosts`.
 
 pub mod datagram;
