@@ -640,4 +640,32 @@ mod tests {
             "{text}"
         );
     }
+
+    #[tokio::test]
+    async fn a_failed_read_keeps_the_last_set_and_is_counted() {
+        // Nothing listens there: every read fails at connect.
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", closed.local_addr().unwrap());
+        drop(closed);
+        let client = kube::Client::try_from(kube::Config::new(url.parse().unwrap())).unwrap();
+        let r = Revocations::known(["0a".to_string()]);
+        let stop = CancellationToken::new();
+        let follower = tokio::spawn(r.clone().follow(client, stop.clone()));
+        let counted = tokio::time::timeout(Duration::from_secs(30), async {
+            while r.inner.metrics.fetch_failures.get() == 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await;
+        stop.cancel();
+        follower.await.unwrap();
+        assert!(counted.is_ok(), "no failed read counted");
+        assert_eq!(
+            r.check("0a"),
+            Err(Refusal::Revoked {
+                serial: "0a".into()
+            })
+        );
+        assert_eq!(r.check("0b"), Ok(()));
+    }
 }
