@@ -202,7 +202,7 @@ pub fn inject(container: &mut Container, contract: &[EnvVar], input: &[EnvVar]) 
         .collect();
     for entry in own {
         if reserved.contains(entry.name.as_str()) {
-            let same = contract.iter().any(|c| *c == entry);
+            let same = contract.contains(&entry);
             if !same {
                 overridden.push(entry.name);
             }

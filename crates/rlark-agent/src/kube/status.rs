@@ -203,7 +203,7 @@ pub fn job_state(j: &Job) -> WorkloadState {
 }
 
 /// The container whose end is the Pod's: the one named `main`, else the first.
-fn main_status<'a>(pod: &'a MemberPod) -> Option<&'a ContainerStatus> {
+fn main_status(pod: &MemberPod) -> Option<&ContainerStatus> {
     let statuses = pod.status.as_ref()?.container_statuses.as_ref()?;
     statuses
         .iter()
@@ -621,6 +621,17 @@ mod tests {
                "imageID": image_id, "ready": false})
     }
 
+    /// (name, pod, phase, reason, message, exit code, restarts)
+    type PodCase = (
+        &'static str,
+        MemberPod,
+        PodPhase,
+        Option<&'static str>,
+        Option<&'static str>,
+        Option<i32>,
+        i32,
+    );
+
     #[test]
     fn member_pods_become_rlark_pod_statuses() {
         use PodPhase::*;
@@ -631,15 +642,7 @@ mod tests {
         let waiting = |reason: &str, message: &str| json!({"waiting": {"reason": reason, "message": message}});
         let running = json!({"running": {"startedAt": "2026-12-02T00:01:00Z"}});
         // (name, pod, phase, reason, message, exit code, restarts)
-        let cases: Vec<(
-            &str,
-            MemberPod,
-            PodPhase,
-            Option<&str>,
-            Option<&str>,
-            Option<i32>,
-            i32,
-        )> = vec![
+        let cases: Vec<PodCase> = vec![
             (
                 "pulling fails",
                 member_pod(
