@@ -17,6 +17,9 @@
 //!   (`pvc-<task>-<volume>`), each claim created ReadWriteOnce 10Gi with the storage class
 //!   `pvcStorageMap` gives its claim name (the cluster default when none).
 //!
+//! Once the workload is created, [`MemberObjects::own_dependents`] makes the Service and
+//! the claims its dependents, so deleting the workload cascades to them.
+//!
 //! Nothing is privileged: rlark adds no `privileged`, no `hostNetwork`, no capability (a
 //! template may still ask for them itself). RLark made every non-head Pod privileged with
 //! `hostNetwork` for device access; devices come from device plugins (`nvidia.com/gpu`
@@ -38,7 +41,7 @@ use k8s_openapi::api::core::v1::{
     Service, ServicePort, ServiceSpec, VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
 use kube::ResourceExt as _;
 use rlark_api::agent::{RUN_KEY_ANNOTATION, TASK_UID_ANNOTATION, run_key};
 use rlark_api::labels;
@@ -111,6 +114,27 @@ impl Workload {
         }
     }
 
+    /// The reference that makes an object a dependent of this workload (the Service, the
+    /// claims), so deleting the workload cascades to them. `None` until the workload has
+    /// a UID (the member API gives it one on create).
+    pub fn owner_reference(&self) -> Option<OwnerReference> {
+        let meta = self.metadata();
+        let (api_version, kind) = match self.kind() {
+            KubernetesWorkloadKind::Job => ("batch/v1", "Job"),
+            KubernetesWorkloadKind::Deployment => ("apps/v1", "Deployment"),
+            KubernetesWorkloadKind::StatefulSet => ("apps/v1", "StatefulSet"),
+            KubernetesWorkloadKind::DaemonSet => ("apps/v1", "DaemonSet"),
+        };
+        Some(OwnerReference {
+            api_version: api_version.to_string(),
+            kind: kind.to_string(),
+            name: meta.name.clone()?,
+            uid: meta.uid.clone().filter(|u| !u.is_empty())?,
+            controller: Some(false),
+            block_owner_deletion: Some(true),
+        })
+    }
+
     /// The workload's Pod template (`None` only for an object without `spec`).
     pub fn pod_template(&self) -> Option<&PodTemplateSpec> {
         match self {
@@ -134,6 +158,28 @@ pub struct MemberObjects {
     /// Fields of the Task's own template rlark replaced (a contract variable, one of its
     /// labels), as paths, for a Warning event.
     pub corrected: Vec<String>,
+}
+
+impl MemberObjects {
+    /// Makes the Service and the claims dependents of `created` (the workload as the member
+    /// API returned it, with its UID): returns false, changing nothing, when it has no UID.
+    pub fn own_dependents(&mut self, created: &Workload) -> bool {
+        let Some(owner) = created.owner_reference() else {
+            return false;
+        };
+        let metas = self
+            .head_service
+            .iter_mut()
+            .map(|s| &mut s.metadata)
+            .chain(self.claims.iter_mut().map(|c| &mut c.metadata));
+        for meta in metas {
+            let refs = meta.owner_references.get_or_insert_with(Vec::new);
+            if !refs.iter().any(|r| r.uid == owner.uid) {
+                refs.push(owner.clone());
+            }
+        }
+        true
+    }
 }
 
 /// The labels of every object of `task`'s run `run_key`.
@@ -706,6 +752,51 @@ mod tests {
             sts.spec.and_then(|s| s.service_name).as_deref(),
             Some("ppo-actor-ray-head")
         );
+    }
+
+    #[test]
+    fn the_service_and_claims_are_owned_by_the_created_workload() {
+        let mut t = task("ppo-actor", 1);
+        t.annotations_mut().insert(
+            labels::RAY_ROLE.to_string(),
+            labels::RAY_ROLE_HEAD.to_string(),
+        );
+        if let Some(w) = t.spec.kubernetes.as_mut().and_then(|k| k.workload.as_mut())
+            && let Some(pod) = w.template.spec.as_mut()
+        {
+            pod.volumes = Some(vec![
+                serde_json::from_value(
+                    json!({"name": "data", "persistentVolumeClaim": {"claimName": ""}}),
+                )
+                .expect("volume"),
+            ]);
+        }
+        let mut objects = build(&t, &ctx()).expect("build");
+        assert!(
+            !objects.own_dependents(&objects.workload.clone()),
+            "no UID before it is created"
+        );
+        assert!(objects.claims[0].metadata.owner_references.is_none());
+        let mut created = objects.workload.clone();
+        if let Workload::StatefulSet(s) = &mut created {
+            s.metadata.uid = Some("sts-uid".into());
+        }
+        assert!(objects.own_dependents(&created));
+        assert!(objects.own_dependents(&created), "idempotent");
+        let owners = |meta: &ObjectMeta| meta.owner_references.clone().unwrap_or_default();
+        let service = objects.head_service.as_ref().expect("service");
+        for refs in [
+            owners(&service.metadata),
+            owners(&objects.claims[0].metadata),
+        ] {
+            assert_eq!(refs.len(), 1);
+            assert_eq!(
+                (refs[0].kind.as_str(), refs[0].api_version.as_str()),
+                ("StatefulSet", "apps/v1")
+            );
+            assert_eq!(refs[0].uid, "sts-uid");
+            assert_eq!(refs[0].name, "ppo-actor");
+        }
     }
 
     #[test]
