@@ -551,6 +551,12 @@ spec:
     }
 
     #[test]
+    fn mutated_templates_never_panic() {
+        let (accepted, refused) = crate::fuzzing::mutate_job_templates(3_000);
+        assert!(accepted > 0 && refused > 0, "{accepted} {refused}");
+    }
+
+    #[test]
     fn a_task_without_a_template_or_placement_is_refused() {
         assert_eq!(
             render(&task("ppo-actor", 1), &ctx()),
