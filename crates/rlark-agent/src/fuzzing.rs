@@ -1,4 +1,5 @@
-//! Fuzz target bodies over the agent's parsers of untrusted input, as plain functions: the
+//! Fuzz target bodies over the agent's parsers of untrusted input (IP packets, Job
+//! templates), as plain functions: the
 //! cargo-fuzz targets in `fuzz/` (nightly, libFuzzer) call them, and so do this crate's
 //! stable mutation tests. Not an API: compiled for tests and with the `fuzzing` feature
 //! only.
@@ -116,6 +117,68 @@ pub fn mutate_packets(rounds: usize) -> (usize, usize) {
     for round in 0..rounds {
         let input = rng.mutate(&seeds[round % seeds.len()]);
         if packet(&input) {
+            accepted += 1;
+        } else {
+            refused += 1;
+        }
+    }
+    (accepted, refused)
+}
+
+/// A Task's `kubernetes.jobTemplate` (text written by any user who may create Tasks):
+/// rendering and parsing never panic, every refusal has a message, and a template that
+/// gives a Job gives one with rlark's forced fields (backoffLimit 0, restartPolicy Never,
+/// the Task's name). Returns whether a Job came out.
+pub fn job_template(data: &[u8]) -> bool {
+    use crate::kube::{MemberContext, template};
+    let text = String::from_utf8_lossy(data);
+    let mut spec: rlark_api::types::TaskSpec = serde_json::from_value(serde_json::json!({
+        "agentType": "Kubernetes", "role": "Rollout",
+        "placement": {"clusterID": "c1", "nodes": ["n1"]},
+        "input": {"question": "2+2", "n": 3, "list": [1, 2]},
+    }))
+    .expect("fixed task spec");
+    spec.kubernetes = Some(rlark_api::types::KubernetesTaskSpec {
+        job_template: Some(text.into_owned()),
+        ..Default::default()
+    });
+    let mut task = rlark_api::types::Task::new("fuzz-task", spec);
+    task.metadata.namespace = Some("rlark-c1".into());
+    task.metadata.uid = Some("uid-1".into());
+    let ctx = MemberContext {
+        cluster_id: "c1".into(),
+        namespace: "rlark-system".into(),
+        ..Default::default()
+    };
+    match template::render(&task, &ctx) {
+        Ok(rendered) => {
+            let spec = rendered.job.spec.expect("a rendered Job has a spec");
+            assert_eq!(spec.backoff_limit, Some(0));
+            let pod = spec.template.spec.expect("a rendered Job has a pod");
+            assert_eq!(pod.restart_policy.as_deref(), Some("Never"));
+            assert_eq!(rendered.job.metadata.name.as_deref(), Some("fuzz-task"));
+            true
+        }
+        Err(error) => {
+            assert!(!error.to_string().is_empty());
+            false
+        }
+    }
+}
+
+/// Runs [`job_template`] over `rounds` deterministic mutations of valid and nearly valid
+/// templates. Returns how many gave a Job and how many were refused.
+pub fn mutate_job_templates(rounds: usize) -> (usize, usize) {
+    let seeds: [&[u8]; 3] = [
+        b"apiVersion: batch/v1\nkind: Job\nmetadata: {name: {{ job_name }}}\nspec:\n  template:\n    spec:\n      containers:\n        - name: a\n          image: x\n          env:\n            - {name: Q, value: {{ input.question | yaml_escape }}}\n",
+        b"apiVersion: batch/v1\nkind: Job\nspec:\n  backoffLimit: 3\n  template:\n    spec:\n      restartPolicy: OnFailure\n      containers:\n{% for i in input.list %}        - {name: c{{ i }}, image: x}\n{% endfor %}",
+        b"{% if task.name %}apiVersion: batch/v1\nkind: Job\n---\nkind: Job\n{% endif %}",
+    ];
+    let mut rng = XorShift(0x2545_f491_4f6c_dd1d);
+    let (mut accepted, mut refused) = (0, 0);
+    for round in 0..rounds {
+        let input = rng.mutate(seeds[round % seeds.len()]);
+        if job_template(&input) {
             accepted += 1;
         } else {
             refused += 1;

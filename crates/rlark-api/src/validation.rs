@@ -25,8 +25,8 @@ use serde_json::Value;
 use crate::names;
 use crate::types::task::{InputPath, TaskEnvFrom};
 use crate::types::{
-    Domain, DomainPeer, EnvVar, Job, JobSpec, KINDS, Node, Pod, RawTaskSpec, ResourceList,
-    ResourceRequirements, Task, TaskSpec, Workflow,
+    Domain, DomainPeer, EnvVar, Job, JobSpec, KINDS, KubernetesTaskSpec, Node, Pod, RawTaskSpec,
+    ResourceList, ResourceRequirements, Task, TaskSpec, Workflow,
 };
 
 /// Prefix of the environment variables rlark sets for a task's processes; `envFrom.input`
@@ -513,6 +513,84 @@ fn check_resources(errs: &mut Vec<FieldError>, path: &str, res: &ResourceRequire
 // ---------------------------------------------------------------------------------------
 // Task
 
+/// Largest `kubernetes.jobTemplate`, in bytes: far more than any Job needs, small enough
+/// that rendering it cannot load the agent.
+pub const MAX_JOB_TEMPLATE_BYTES: usize = 256 * 1024;
+
+/// Checks a `kubernetes` block found at `path`: exactly one of `workload` and
+/// `jobTemplate`, and each of them.
+fn kubernetes_errors(errs: &mut Vec<FieldError>, path: &str, k: &KubernetesTaskSpec) {
+    match (&k.workload, &k.job_template) {
+        (Some(_), Some(_)) => errs.push(FieldError::invalid(
+            format!("{path}.jobTemplate"),
+            "must not be set together with workload: set exactly one of workload and jobTemplate",
+        )),
+        (None, None) => errs.push(FieldError::required(
+            format!("{path}.workload"),
+            "exactly one of workload and jobTemplate is required",
+        )),
+        _ => {}
+    }
+    if let Some(template) = &k.job_template {
+        let field = format!("{path}.jobTemplate");
+        if template.trim().is_empty() {
+            errs.push(FieldError::required(field, "must not be empty when set"));
+        } else if template.len() > MAX_JOB_TEMPLATE_BYTES {
+            errs.push(FieldError::invalid(
+                field,
+                format!(
+                    "{} bytes: must be at most {MAX_JOB_TEMPLATE_BYTES} bytes",
+                    template.len()
+                ),
+            ));
+        }
+    }
+    if let Some(seconds) = k.active_deadline_seconds {
+        check_range(
+            errs,
+            &format!("{path}.activeDeadlineSeconds"),
+            seconds,
+            1,
+            i64::MAX,
+        );
+    }
+    let Some(workload) = &k.workload else {
+        return;
+    };
+    let wl = format!("{path}.workload");
+    if let Some(replicas) = workload.replicas {
+        check_range(
+            errs,
+            &format!("{wl}.replicas"),
+            replicas.into(),
+            0,
+            MAX_REPLICAS,
+        );
+    }
+    if let Some(pod) = &workload.template.spec {
+        pod_template_errors(errs, &format!("{wl}.template.spec"), pod);
+    }
+    let has_containers = workload
+        .template
+        .spec
+        .as_ref()
+        .is_some_and(|s| !s.containers.is_empty());
+    if !has_containers {
+        errs.push(FieldError::required(
+            format!("{wl}.template.spec.containers"),
+            "at least one container is required",
+        ));
+    }
+    for claim in workload.pvc_storage_map.keys() {
+        check_name(
+            errs,
+            &format!("{wl}.pvcStorageMap"),
+            claim,
+            NameRule::Subdomain,
+        );
+    }
+}
+
 /// Checks a [`TaskSpec`] found at `path` (`spec` of a Task, `spec.tasks[i]` of a Job).
 fn task_spec_errors(errs: &mut Vec<FieldError>, path: &str, spec: &TaskSpec) {
     let block = spec.agent_type.block_name();
@@ -556,39 +634,7 @@ fn task_spec_errors(errs: &mut Vec<FieldError>, path: &str, spec: &TaskSpec) {
     }
 
     if let Some(k) = &spec.kubernetes {
-        let wl = format!("{path}.kubernetes.workload");
-        if let Some(replicas) = k.workload.replicas {
-            check_range(
-                errs,
-                &format!("{wl}.replicas"),
-                replicas.into(),
-                0,
-                MAX_REPLICAS,
-            );
-        }
-        if let Some(pod) = &k.workload.template.spec {
-            pod_template_errors(errs, &format!("{wl}.template.spec"), pod);
-        }
-        let has_containers = k
-            .workload
-            .template
-            .spec
-            .as_ref()
-            .is_some_and(|s| !s.containers.is_empty());
-        if !has_containers {
-            errs.push(FieldError::required(
-                format!("{wl}.template.spec.containers"),
-                "at least one container is required",
-            ));
-        }
-        for claim in k.workload.pvc_storage_map.keys() {
-            check_name(
-                errs,
-                &format!("{wl}.pvcStorageMap"),
-                claim,
-                NameRule::Subdomain,
-            );
-        }
+        kubernetes_errors(errs, &format!("{path}.kubernetes"), k);
     }
 
     if let Some(docker) = &spec.docker {

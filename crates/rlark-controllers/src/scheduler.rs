@@ -260,7 +260,8 @@ fn collect_requests(spec: &TaskSpec) -> (Resources, Vec<String>) {
             let pod = spec
                 .kubernetes
                 .as_ref()
-                .and_then(|k| k.workload.template.spec.as_ref());
+                .and_then(|k| k.workload.as_ref())
+                .and_then(|w| w.template.spec.as_ref());
             if let Some(pod) = pod {
                 for container in &pod.containers {
                     if let Some(requests) = container

@@ -297,24 +297,39 @@ impl TaskSpec {
     }
 
     /// Number of replicas (Ray nodes) the task runs: `raw.replicas`,
-    /// `kubernetes.workload.replicas` (1 when unset), 1 for `docker`.
+    /// `kubernetes.workload.replicas` (1 when unset), 1 for a `kubernetes.jobTemplate`
+    /// (its parallelism is only known once rendered on the member cluster) and for `docker`.
     pub fn replicas(&self) -> i32 {
         if let Some(raw) = &self.raw {
             raw.replicas
-        } else if let Some(k) = &self.kubernetes {
-            k.workload.replicas.unwrap_or(1)
+        } else if let Some(workload) = self.kubernetes.as_ref().and_then(|k| k.workload.as_ref()) {
+            workload.replicas.unwrap_or(1)
         } else {
             1
         }
     }
 }
 
-/// `kubernetes` runtime block.
-#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+/// `kubernetes` runtime block: exactly one of `workload` and `jobTemplate`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct KubernetesTaskSpec {
     /// The workload the agent creates in its cluster.
-    pub workload: KubernetesWorkloadSpec,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workload: Option<KubernetesWorkloadSpec>,
+    /// Jinja-compatible text (rendered with MiniJinja on the agent) that renders ONE
+    /// `batch/v1` Job. Variables: `input` (`spec.input`, none when unset), `task`
+    /// (`name`, `namespace`, `uid`, `job`) and `job_name` (the name the Job gets); filter
+    /// `yaml_escape` (a value as a quoted YAML string). An undefined variable is an error.
+    /// The agent forces `backoffLimit: 0`, `restartPolicy: Never`, the name, namespace,
+    /// rlark's labels and the environment contract, and reports what it corrected.
+    /// The scheduler counts no resources for such a Task (docs/tasks.md).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job_template: Option<String>,
+    /// Seconds a `Job` (a `workload` of kind Job, or a `jobTemplate`) may run before the
+    /// member cluster ends it (`DeadlineExceeded`); forced onto the rendered Job.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_deadline_seconds: Option<i64>,
 }
 
 /// A Kubernetes workload.

@@ -769,6 +769,69 @@ fn kubernetes_block() {
     );
 }
 
+#[test]
+fn kubernetes_job_template_and_workload_are_exclusive() {
+    let k8s = |block: Value| {
+        errors(
+            "Task",
+            &task(json!({"agentType": "Kubernetes", "role": "Actor", "kubernetes": block})),
+        )
+    };
+    let template = "apiVersion: batch/v1\nkind: Job\nspec: {}\n";
+    let workload = json!({"kind": "Job",
+        "template": {"spec": {"containers": [{"name": "main", "image": "busybox"}]}}});
+    assert_eq!(k8s(json!({"jobTemplate": template})), []);
+    assert_eq!(
+        k8s(json!({"jobTemplate": template, "activeDeadlineSeconds": 600})),
+        []
+    );
+    assert_eq!(
+        k8s(json!({"jobTemplate": template, "workload": workload})),
+        [e(
+            "spec.kubernetes.jobTemplate",
+            Invalid,
+            "must not be set together with workload: set exactly one of workload and jobTemplate"
+        )]
+    );
+    assert_eq!(
+        k8s(json!({})),
+        [e(
+            "spec.kubernetes.workload",
+            Required,
+            "exactly one of workload and jobTemplate is required"
+        )]
+    );
+    assert_eq!(
+        k8s(json!({"jobTemplate": "  \n"})),
+        [e(
+            "spec.kubernetes.jobTemplate",
+            Required,
+            "must not be empty when set"
+        )]
+    );
+    let huge = "x".repeat(crate::validation::MAX_JOB_TEMPLATE_BYTES + 1);
+    assert_eq!(
+        k8s(json!({"jobTemplate": huge})),
+        [e(
+            "spec.kubernetes.jobTemplate",
+            Invalid,
+            &format!(
+                "{} bytes: must be at most {} bytes",
+                crate::validation::MAX_JOB_TEMPLATE_BYTES + 1,
+                crate::validation::MAX_JOB_TEMPLATE_BYTES
+            )
+        )]
+    );
+    assert_eq!(
+        k8s(json!({"workload": workload, "activeDeadlineSeconds": 0})),
+        [e(
+            "spec.kubernetes.activeDeadlineSeconds",
+            Invalid,
+            "0: must be greater than or equal to 1"
+        )]
+    );
+}
+
 // --- Workflow -------------------------------------------------------------------------
 
 #[test]

@@ -1,0 +1,55 @@
+//! The Kubernetes runtime's pure core (docs/tasks.md, "Kubernetes runtime"): how a Task
+//! becomes objects on a member cluster, and how their status becomes the Task's.
+//!
+//! No IO, no clock reads, no client: functions over `k8s-openapi` types and JSON. The
+//! runtime that talks to the member cluster (planned: `rlark agent --agent-type
+//! Kubernetes`) calls them.
+//!
+//! - [`names`]: derived object names and label values (DNS-1123, shortened with a hash);
+//! - [`env`]: the environment contract as container `env` entries;
+//! - [`workload`]: a Task's `kubernetes.workload` → Deployment / StatefulSet / DaemonSet /
+//!   Job, Ray head Service, claims;
+//! - [`template`]: a Task's `kubernetes.jobTemplate` → one batch/v1 Job, forced fields;
+//! - [`status`]: member workload and Pod status → Task phase and rlark Pod status;
+//! - [`errors`]: a member API failure → fail, adopt or retry (with backoff);
+//! - [`ratelimit`]: the creation rate limit (defer, never fail).
+
+pub mod env;
+pub mod errors;
+pub mod names;
+pub mod ratelimit;
+pub mod status;
+pub mod template;
+pub mod workload;
+
+/// Label every object the runtime creates carries: `app.kubernetes.io/managed-by=rlark`.
+pub const MANAGED_BY_LABEL: &str = "app.kubernetes.io/managed-by";
+/// Value of [`MANAGED_BY_LABEL`].
+pub const MANAGED_BY: &str = "rlark";
+/// Label: the Task's name ([`names::label_value`] of it).
+pub const TASK_NAME_LABEL: &str = rlark_api::labels::TASK_NAME;
+/// Label: the Task's namespace (the agent namespace `rlark-<clusterID>`).
+pub const TASK_NAMESPACE_LABEL: &str = "rlark.io/task-namespace";
+/// Label: the Task's UID; with [`MANAGED_BY_LABEL`] it is the workload's selector.
+pub const TASK_UID_LABEL: &str = "rlark.io/task-uid";
+/// Label: [`names::run_label`] of the run key; the run key itself is the annotation
+/// [`rlark_api::agent::RUN_KEY_ANNOTATION`] (it holds `/` and `,`, which a label cannot).
+pub const RUN_LABEL: &str = "rlark.io/run";
+
+/// What the runtime knows that the Task does not say: the member cluster and the
+/// control plane.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MemberContext {
+    /// The control plane's URL, given to containers as `RLARK_SERVER`.
+    pub server_url: String,
+    /// The cluster ID of this agent (`RLARK_CLUSTER_ID`).
+    pub cluster_id: String,
+    /// Member namespace the workloads are created in.
+    pub namespace: String,
+    /// Secrets (in [`MemberContext::namespace`]) added to every Pod's
+    /// `imagePullSecrets`.
+    pub image_pull_secrets: Vec<String>,
+    /// Variables added to every container after the contract, winning over same-named
+    /// entries (the runtime's `RLARK_REPORT_URL`, `RLARK_TOKEN` from a Secret, ...).
+    pub extra_env: Vec<k8s_openapi::api::core::v1::EnvVar>,
+}
