@@ -130,7 +130,7 @@ pub fn mutate_packets(rounds: usize) -> (usize, usize) {
 /// gives a Job gives one with rlark's forced fields (backoffLimit 0, restartPolicy Never,
 /// the Task's name). Returns whether a Job came out.
 pub fn job_template(data: &[u8]) -> bool {
-    use crate::kube::{MemberContext, template};
+    use crate::kubernetes::{MemberContext, template};
     let text = String::from_utf8_lossy(data);
     let mut spec: rlark_api::types::TaskSpec = serde_json::from_value(serde_json::json!({
         "agentType": "Kubernetes", "role": "Rollout",

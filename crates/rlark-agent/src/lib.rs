@@ -32,7 +32,7 @@ pub mod exec;
 pub mod fuzzing;
 pub mod join;
 // `::kube` is the kube-rs crate; `kube` (this module) the Kubernetes runtime's core.
-pub mod kube;
+pub mod kubernetes;
 pub mod net;
 pub mod node;
 mod runs;
@@ -49,7 +49,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use crate::join::{AgentCredentials, JoinError, JoinOptions, Renewer};
-use ::kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use futures::future::BoxFuture;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
@@ -145,7 +145,7 @@ pub async fn start(config: AgentConfig) -> Result<RunningAgent, AgentError> {
 pub struct RunningAgent {
     cluster_id: String,
     node: NodeDescription,
-    client: ::kube::Client,
+    client: kube::Client,
     metrics_addr: Option<SocketAddr>,
     tunnel: watch::Receiver<Vec<String>>,
     shutdown: CancellationToken,
@@ -180,7 +180,7 @@ impl RunningAgent {
     }
 
     /// The agent's API client (its own identity; follows certificate renewals).
-    pub fn client(&self) -> ::kube::Client {
+    pub fn client(&self) -> kube::Client {
         self.client.clone()
     }
 
@@ -257,7 +257,7 @@ async fn start_with(
     let renewals = renewer.subscribe();
     let base_client = kube_client(&identity_dir).await?;
     let (client_tx, client_rx) = watch::channel(base_client);
-    let client = ::kube::Client::new(CurrentClient(client_rx), config.namespace());
+    let client = kube::Client::new(CurrentClient(client_rx), config.namespace());
     let tls = credentials.client_config().map_err(AgentError::Tls)?;
     let (tls_tx, tls_rx) = watch::channel(tls);
 
@@ -550,34 +550,34 @@ async fn join_now(
 }
 
 /// A kube client from `DIR/agent.kubeconfig` (the agent identity).
-async fn kube_client(identity_dir: &Path) -> Result<::kube::Client, AgentError> {
+async fn kube_client(identity_dir: &Path) -> Result<kube::Client, AgentError> {
     let path = identity_dir.join(crate::join::AGENT_KUBECONFIG);
     let err = |reason: String| AgentError::Client {
         path: path.clone(),
         reason,
     };
     let kubeconfig = Kubeconfig::read_from(&path).map_err(|e| err(e.to_string()))?;
-    let config = ::kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| err(e.to_string()))?;
-    ::kube::Client::try_from(config).map_err(|e| err(e.to_string()))
+    kube::Client::try_from(config).map_err(|e| err(e.to_string()))
 }
 
 /// A `kube::Client` service that sends each request through the latest client (rebuilt after
 /// each certificate renewal), so one `kube::Client` handed out at start never goes stale.
 #[derive(Clone)]
-struct CurrentClient(watch::Receiver<::kube::Client>);
+struct CurrentClient(watch::Receiver<kube::Client>);
 
-impl tower::Service<http::Request<::kube::client::Body>> for CurrentClient {
-    type Response = http::Response<::kube::client::Body>;
-    type Error = ::kube::Error;
+impl tower::Service<http::Request<kube::client::Body>> for CurrentClient {
+    type Response = http::Response<kube::client::Body>;
+    type Error = kube::Error;
     type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
 
     fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         Poll::Ready(Ok(()))
     }
 
-    fn call(&mut self, request: http::Request<::kube::client::Body>) -> Self::Future {
+    fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
         let client = self.0.borrow().clone();
         Box::pin(async move { client.send(request).await })
     }
@@ -587,7 +587,7 @@ impl tower::Service<http::Request<::kube::client::Body>> for CurrentClient {
 async fn follow_renewals(
     mut renewals: watch::Receiver<Arc<AgentCredentials>>,
     identity_dir: PathBuf,
-    client: watch::Sender<::kube::Client>,
+    client: watch::Sender<kube::Client>,
     tls: watch::Sender<Arc<rustls::ClientConfig>>,
     direct: Option<net::direct::DirectEndpoint>,
     shutdown: CancellationToken,

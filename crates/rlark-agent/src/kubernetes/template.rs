@@ -327,8 +327,8 @@ pub fn render(task: &Task, ctx: &MemberContext) -> Result<RenderedJob, TemplateE
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::kube::workload::testing::{ctx, task};
-    use crate::kube::{MANAGED_BY_LABEL, TASK_UID_LABEL};
+    use crate::kubernetes::workload::testing::{ctx, task};
+    use crate::kubernetes::{MANAGED_BY_LABEL, TASK_UID_LABEL};
 
     const CALC_X: &str = r#"apiVersion: batch/v1
 kind: Job

@@ -220,7 +220,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::kube::workload::testing::{ctx, task};
+    use crate::kubernetes::workload::testing::{ctx, task};
 
     fn by_name(env: &[EnvVar]) -> BTreeMap<String, EnvVar> {
         env.iter().map(|e| (e.name.clone(), e.clone())).collect()
