@@ -18,6 +18,7 @@ pub mod discovery;
 pub mod error;
 pub mod jsonpath;
 pub mod limits;
+pub mod member;
 pub mod openapi;
 pub mod protobuf;
 pub mod registry;
@@ -39,7 +40,9 @@ mod metrics;
 mod object;
 mod output;
 mod patch;
+mod podlog;
 mod request;
+mod scale;
 mod selectors;
 mod watch;
 
@@ -73,6 +76,10 @@ pub struct ApiServerOptions {
     pub max_nodes_per_agent: usize,
     /// Event sizes and expiry, per-identity write rates and object-count quotas.
     pub limits: limits::Limits,
+    /// Serve the Kubernetes built-in kinds of a member cluster, and Pod logs from the
+    /// given source: a test harness for the Kubernetes runtime ([`member`]). `None` (the
+    /// default, and always for `rlark server`): these kinds are not served.
+    pub member_simulation: Option<member::MemberSimulation>,
 }
 
 /// Default of [`ApiServerOptions::max_nodes_per_agent`].
@@ -86,6 +93,7 @@ impl Default for ApiServerOptions {
             default_watch_timeout: Duration::from_secs(30 * 60),
             max_nodes_per_agent: DEFAULT_MAX_NODES_PER_AGENT,
             limits: limits::Limits::default(),
+            member_simulation: None,
         }
     }
 }
@@ -127,10 +135,14 @@ impl ApiServer {
         metrics: &mut prometheus_client::registry::Registry,
     ) -> Self {
         let rate_limiter = Arc::new(limits::RateLimiter::new(options.limits.clone()));
+        let registry = match options.member_simulation {
+            Some(_) => member::registry(),
+            None => registry::Registry::builtin(),
+        };
         Self {
             inner: Arc::new(Inner {
                 store,
-                registry: Arc::new(registry::Registry::builtin()),
+                registry: Arc::new(registry),
                 options,
                 rate_limiter,
                 metrics: metrics::Metrics::new(metrics),
