@@ -10,6 +10,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod kubesim;
 pub mod netns;
 pub mod real_agent;
 pub mod tunnel_agent;
@@ -100,6 +101,20 @@ impl TestServer {
             .tempdir()
             .context("create temporary data directory")?;
         let config = Self::config_for(dir.path());
+        Self::start_config(config, DataDir::Temp(dir)).await
+    }
+
+    /// Start on a fresh temporary data directory (removed by [`TestServer::stop`]) with the
+    /// default test configuration changed by `configure`.
+    pub async fn start_configured(
+        configure: impl FnOnce(&mut ServerConfig),
+    ) -> anyhow::Result<TestServer> {
+        let dir = tempfile::Builder::new()
+            .prefix("rlark-test-")
+            .tempdir()
+            .context("create temporary data directory")?;
+        let mut config = Self::config_for(dir.path());
+        configure(&mut config);
         Self::start_config(config, DataDir::Temp(dir)).await
     }
 
