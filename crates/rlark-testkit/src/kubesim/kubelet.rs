@@ -46,14 +46,21 @@ pub(crate) struct PodRecord {
 pub(crate) enum ContainerState {
     Waiting(String),
     Running,
-    Terminated { exit_code: i32 },
+    Terminated {
+        exit_code: i32,
+    },
     /// Waiting to be restarted after a failure.
     CrashLoop,
 }
 
 /// How `phase` changes a Pod's record under its restart policy. Returns whether the
 /// containers restarted (their log instance ends), and whether they ended for good.
-pub(crate) fn apply_phase(record: &mut PodRecord, restart_policy: &str, phase: &Phase, now: &str) -> (bool, bool) {
+pub(crate) fn apply_phase(
+    record: &mut PodRecord,
+    restart_policy: &str,
+    phase: &Phase,
+    now: &str,
+) -> (bool, bool) {
     let terminated = |exit_code: i32, started: &str| {
         json!({"exitCode": exit_code, "reason": if exit_code == 0 { "Completed" } else { "Error" },
                "startedAt": started, "finishedAt": now})
@@ -130,7 +137,11 @@ pub(crate) fn pod_status(pod: &Value, record: &PodRecord, host_ip: &str) -> Valu
                 "message": format!("back-off restarting failed container in pod {}", pod.pointer("/metadata/name").and_then(Value::as_str).unwrap_or(""))}}),
         ),
         ContainerState::Terminated { exit_code } => (
-            if *exit_code == 0 { "Succeeded" } else { "Failed" },
+            if *exit_code == 0 {
+                "Succeeded"
+            } else {
+                "Failed"
+            },
             json!({"terminated": {"exitCode": exit_code,
                 "reason": if *exit_code == 0 { "Completed" } else { "Error" },
                 "startedAt": started, "finishedAt": record.finished_at}}),
@@ -297,7 +308,10 @@ pub(crate) fn schedule(pod: &Value, nodes: &[Value], bound: &[Value]) -> Result<
     let mut reasons: Vec<&str> = Vec::new();
     let mut best: Option<(usize, String)> = None;
     for node in nodes {
-        let name = node.pointer("/metadata/name").and_then(Value::as_str).unwrap_or("");
+        let name = node
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
         let on_node: Vec<&Value> = bound
             .iter()
             .filter(|p| p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(name))
@@ -317,14 +331,21 @@ pub(crate) fn schedule(pod: &Value, nodes: &[Value], bound: &[Value]) -> Result<
         let mut counted: Vec<String> = Vec::new();
         let mut i = 0;
         while i < reasons.len() {
-            let n = reasons[i..].iter().take_while(|r| **r == reasons[i]).count();
+            let n = reasons[i..]
+                .iter()
+                .take_while(|r| **r == reasons[i])
+                .count();
             counted.push(format!("{n} {}", reasons[i]));
             i += n;
         }
         format!(
             "0/{} nodes are available: {}.",
             nodes.len(),
-            if counted.is_empty() { "no nodes".to_string() } else { counted.join(", ") }
+            if counted.is_empty() {
+                "no nodes".to_string()
+            } else {
+                counted.join(", ")
+            }
         )
     })
 }
@@ -353,8 +374,20 @@ mod tests {
     #[test]
     fn a_failure_restarts_under_always_and_fails_under_never() {
         let table = [
-            ("Always", Phase::Failed { exit_code: 3 }, "Running", 1, Some(3)),
-            ("OnFailure", Phase::Failed { exit_code: 3 }, "Running", 1, Some(3)),
+            (
+                "Always",
+                Phase::Failed { exit_code: 3 },
+                "Running",
+                1,
+                Some(3),
+            ),
+            (
+                "OnFailure",
+                Phase::Failed { exit_code: 3 },
+                "Running",
+                1,
+                Some(3),
+            ),
             ("Never", Phase::Failed { exit_code: 3 }, "Failed", 0, None),
             ("Never", Phase::Succeeded, "Succeeded", 0, None),
             ("OnFailure", Phase::Succeeded, "Succeeded", 0, None),
@@ -367,9 +400,14 @@ mod tests {
             let status = pod_status(&pod(policy), &r, "10.0.0.1");
             assert_eq!(status["phase"], want_phase, "{policy} {phase:?}");
             let container = &status["containerStatuses"][0];
-            assert_eq!(container["restartCount"], want_restarts, "{policy} {phase:?}");
             assert_eq!(
-                container.pointer("/lastState/terminated/exitCode").and_then(Value::as_i64),
+                container["restartCount"], want_restarts,
+                "{policy} {phase:?}"
+            );
+            assert_eq!(
+                container
+                    .pointer("/lastState/terminated/exitCode")
+                    .and_then(Value::as_i64),
                 last_exit.map(i64::from),
                 "{policy} {phase:?}"
             );
@@ -382,10 +420,20 @@ mod tests {
     #[test]
     fn pending_shows_the_waiting_reason() {
         let mut r = record();
-        apply_phase(&mut r, "Always", &Phase::Pending { reason: "ImagePullBackOff".into() }, "t1");
+        apply_phase(
+            &mut r,
+            "Always",
+            &Phase::Pending {
+                reason: "ImagePullBackOff".into(),
+            },
+            "t1",
+        );
         let status = pod_status(&pod("Always"), &r, "10.0.0.1");
         assert_eq!(status["phase"], "Pending");
-        assert_eq!(status["containerStatuses"][0]["state"]["waiting"]["reason"], "ImagePullBackOff");
+        assert_eq!(
+            status["containerStatuses"][0]["state"]["waiting"]["reason"],
+            "ImagePullBackOff"
+        );
         assert!(!is_ready(&json!({"status": status})));
     }
 
@@ -397,10 +445,16 @@ mod tests {
 
     #[test]
     fn scheduling_honours_selectors_gpus_and_taints() {
-        let nodes = [node("a", 0, json!({"pool": "cpu"})), node("b", 2, json!({"pool": "gpu"}))];
-        let gpu_pod = json!({"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]}});
+        let nodes = [
+            node("a", 0, json!({"pool": "cpu"})),
+            node("b", 2, json!({"pool": "gpu"})),
+        ];
+        let gpu_pod =
+            json!({"spec": {"containers": [{"resources": {"limits": {"nvidia.com/gpu": "2"}}}]}});
         assert_eq!(schedule(&gpu_pod, &nodes, &[]).unwrap(), "b");
-        let bound = [json!({"spec": {"nodeName": "b", "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}})];
+        let bound = [
+            json!({"spec": {"nodeName": "b", "containers": [{"resources": {"limits": {"nvidia.com/gpu": "1"}}}]}}),
+        ];
         assert_eq!(
             schedule(&gpu_pod, &nodes, &bound).unwrap_err(),
             "0/2 nodes are available: 2 Insufficient nvidia.com/gpu."
@@ -411,8 +465,12 @@ mod tests {
         tainted["spec"] = json!({"taints": [{"key": "k", "value": "v", "effect": "NoSchedule"}]});
         let plain = json!({"spec": {}});
         assert!(schedule(&plain, std::slice::from_ref(&tainted), &[]).is_err());
-        let tolerant = json!({"spec": {"tolerations": [{"key": "k", "operator": "Equal", "value": "v"}]}});
-        assert_eq!(schedule(&tolerant, std::slice::from_ref(&tainted), &[]).unwrap(), "t");
+        let tolerant =
+            json!({"spec": {"tolerations": [{"key": "k", "operator": "Equal", "value": "v"}]}});
+        assert_eq!(
+            schedule(&tolerant, std::slice::from_ref(&tainted), &[]).unwrap(),
+            "t"
+        );
         // The least loaded Node wins.
         let two = [node("x", 0, json!({})), node("y", 0, json!({}))];
         let bound = [json!({"spec": {"nodeName": "x"}})];

@@ -51,7 +51,11 @@ impl Default for Shared {
 }
 
 fn key(namespace: &str, pod: &str, container: &str) -> LogKey {
-    (namespace.to_string(), pod.to_string(), container.to_string())
+    (
+        namespace.to_string(),
+        pod.to_string(),
+        container.to_string(),
+    )
 }
 
 /// The kubelet's line prefix with `timestamps=true` (RFC 3339 with nanoseconds).
@@ -285,7 +289,10 @@ mod tests {
             ..request(false)
         };
         let text = read_all(logs.open(&stamped).unwrap()).await;
-        assert!(text.lines().all(|l| l.ends_with('Z') || l.contains("Z ")), "{text}");
+        assert!(
+            text.lines().all(|l| l.ends_with('Z') || l.contains("Z ")),
+            "{text}"
+        );
         assert_eq!(text.lines().count(), 3);
         assert_eq!(
             logs.open(&PodLogRequest {

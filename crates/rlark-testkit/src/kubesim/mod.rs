@@ -295,17 +295,31 @@ impl Inner {
         // Scheduler.
         let unbound: Vec<usize> = (0..pods.len())
             .filter(|&i| {
-                pods[i].pointer("/spec/nodeName").and_then(Value::as_str).is_none_or(str::is_empty)
+                pods[i]
+                    .pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
                     && !plan::is_deleting(&pods[i])
             })
             .collect();
         for i in unbound {
-            let namespace = pods[i].pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("").to_string();
+            let namespace = pods[i]
+                .pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string();
             let name = name_of(&pods[i]).to_string();
             match kubelet::schedule(&pods[i], &nodes, &pods) {
                 Ok(node) => {
                     let wrote = self
-                        .act(&namespace, Action::Patch { kind: Kind::Pod, name, patch: json!({"spec": {"nodeName": node}}) })
+                        .act(
+                            &namespace,
+                            Action::Patch {
+                                kind: Kind::Pod,
+                                name,
+                                patch: json!({"spec": {"nodeName": node}}),
+                            },
+                        )
                         .await?;
                     if wrote {
                         pods[i]["spec"]["nodeName"] = json!(node);
@@ -319,7 +333,17 @@ impl Inner {
                         .map_or_else(now, str::to_string);
                     let status = kubelet::unschedulable_status(&message, &at);
                     if pods[i].get("status") != Some(&status) {
-                        writes += usize::from(self.act(&namespace, Action::Status { kind: Kind::Pod, name, status }).await?);
+                        writes += usize::from(
+                            self.act(
+                                &namespace,
+                                Action::Status {
+                                    kind: Kind::Pod,
+                                    name,
+                                    status,
+                                },
+                            )
+                            .await?,
+                        );
                     }
                 }
             }
@@ -329,7 +353,8 @@ impl Inner {
         let host_ips: HashMap<&str, String> = nodes
             .iter()
             .map(|n| {
-                let ip = n.pointer("/status/addresses")
+                let ip = n
+                    .pointer("/status/addresses")
                     .and_then(Value::as_array)
                     .into_iter()
                     .flatten()
@@ -345,13 +370,24 @@ impl Inner {
             let mut state = self.lock();
             let live: Vec<PodKey> = pods
                 .iter()
-                .map(|p| (p.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("").to_string(), name_of(p).to_string()))
+                .map(|p| {
+                    (
+                        p.pointer("/metadata/namespace")
+                            .and_then(Value::as_str)
+                            .unwrap_or("")
+                            .to_string(),
+                        name_of(p).to_string(),
+                    )
+                })
                 .collect();
             let gone: Vec<PodKey> = state
                 .records
                 .iter()
                 .filter(|(key, record)| {
-                    !pods.iter().zip(&live).any(|(p, k)| k == *key && uid_of(p) == record.uid)
+                    !pods
+                        .iter()
+                        .zip(&live)
+                        .any(|(p, k)| k == *key && uid_of(p) == record.uid)
                 })
                 .map(|(key, _)| key.clone())
                 .collect();
@@ -360,8 +396,13 @@ impl Inner {
                 self.logs.forget_pod(&key.0, &key.1);
             }
             for (pod, key) in pods.iter().zip(&live) {
-                let node = pod.pointer("/spec/nodeName").and_then(Value::as_str).unwrap_or("");
-                let Some(host_ip) = host_ips.get(node) else { continue };
+                let node = pod
+                    .pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .unwrap_or("");
+                let Some(host_ip) = host_ips.get(node) else {
+                    continue;
+                };
                 if plan::is_deleting(pod) {
                     continue;
                 }
@@ -377,10 +418,23 @@ impl Inner {
             }
         }
         for ((namespace, name), status) in statuses {
-            if let Some(pod) = pods.iter_mut().find(|p| name_of(p) == name && p.pointer("/metadata/namespace").and_then(Value::as_str) == Some(&namespace)) {
+            if let Some(pod) = pods.iter_mut().find(|p| {
+                name_of(p) == name
+                    && p.pointer("/metadata/namespace").and_then(Value::as_str) == Some(&namespace)
+            }) {
                 pod["status"] = status.clone();
             }
-            writes += usize::from(self.act(&namespace, Action::Status { kind: Kind::Pod, name, status }).await?);
+            writes += usize::from(
+                self.act(
+                    &namespace,
+                    Action::Status {
+                        kind: Kind::Pod,
+                        name,
+                        status,
+                    },
+                )
+                .await?,
+            );
         }
 
         // Workload controllers, namespace by namespace.
@@ -389,9 +443,18 @@ impl Inner {
         let stateful_sets = self.list(&resource(Kind::StatefulSet)).await?;
         let daemon_sets = self.list(&resource(Kind::DaemonSet)).await?;
         let jobs = self.list(&resource(Kind::Job)).await?;
-        let namespace_of = |o: &Value| o.pointer("/metadata/namespace").and_then(Value::as_str).unwrap_or("").to_string();
+        let namespace_of = |o: &Value| {
+            o.pointer("/metadata/namespace")
+                .and_then(Value::as_str)
+                .unwrap_or("")
+                .to_string()
+        };
         let in_namespace = |objects: &[Value], namespace: &str| -> Vec<Value> {
-            objects.iter().filter(|o| namespace_of(o) == namespace).cloned().collect()
+            objects
+                .iter()
+                .filter(|o| namespace_of(o) == namespace)
+                .cloned()
+                .collect()
         };
         let now_text = now();
         let now_seconds = chrono::Utc::now().timestamp();
@@ -400,30 +463,67 @@ impl Inner {
         {
             let mut state = self.lock();
             let live = |objects: &[Value]| -> Vec<Value> {
-                objects.iter().filter(|o| !plan::is_deleting(o)).cloned().collect()
+                objects
+                    .iter()
+                    .filter(|o| !plan::is_deleting(o))
+                    .cloned()
+                    .collect()
             };
             for sts in live(&stateful_sets) {
                 let ns = namespace_of(&sts);
-                planned.extend(plan::stateful_set(&sts, &in_namespace(&pods, &ns)).into_iter().map(|a| (ns.clone(), a)));
+                planned.extend(
+                    plan::stateful_set(&sts, &in_namespace(&pods, &ns))
+                        .into_iter()
+                        .map(|a| (ns.clone(), a)),
+                );
             }
             for deploy in live(&deployments) {
                 let ns = namespace_of(&deploy);
-                planned.extend(plan::deployment(&deploy, &in_namespace(&replica_sets, &ns), &now_text).into_iter().map(|a| (ns.clone(), a)));
+                planned.extend(
+                    plan::deployment(&deploy, &in_namespace(&replica_sets, &ns), &now_text)
+                        .into_iter()
+                        .map(|a| (ns.clone(), a)),
+                );
             }
             for rs in live(&replica_sets) {
                 let ns = namespace_of(&rs);
-                planned.extend(plan::replica_set(&rs, &in_namespace(&pods, &ns), &mut state.seq).into_iter().map(|a| (ns.clone(), a)));
+                planned.extend(
+                    plan::replica_set(&rs, &in_namespace(&pods, &ns), &mut state.seq)
+                        .into_iter()
+                        .map(|a| (ns.clone(), a)),
+                );
             }
             for ds in live(&daemon_sets) {
                 let ns = namespace_of(&ds);
-                planned.extend(plan::daemon_set(&ds, &in_namespace(&pods, &ns), &nodes, &mut state.seq).into_iter().map(|a| (ns.clone(), a)));
+                planned.extend(
+                    plan::daemon_set(&ds, &in_namespace(&pods, &ns), &nodes, &mut state.seq)
+                        .into_iter()
+                        .map(|a| (ns.clone(), a)),
+                );
             }
             for job in live(&jobs) {
                 let ns = namespace_of(&job);
-                let unfinished = !job.pointer("/status/conditions").and_then(Value::as_array).into_iter().flatten()
-                    .any(|c| matches!(c["type"].as_str(), Some("Complete" | "Failed")) && c["status"] == "True");
+                let unfinished = !job
+                    .pointer("/status/conditions")
+                    .and_then(Value::as_array)
+                    .into_iter()
+                    .flatten()
+                    .any(|c| {
+                        matches!(c["type"].as_str(), Some("Complete" | "Failed"))
+                            && c["status"] == "True"
+                    });
                 deadlines |= unfinished && job.pointer("/spec/activeDeadlineSeconds").is_some();
-                planned.extend(plan::job(&job, &in_namespace(&pods, &ns), &now_text, now_seconds, &mut state.seq).into_iter().map(|a| (ns.clone(), a)));
+                planned.extend(
+                    plan::job(
+                        &job,
+                        &in_namespace(&pods, &ns),
+                        &now_text,
+                        now_seconds,
+                        &mut state.seq,
+                    )
+                    .into_iter()
+                    .map(|a| (ns.clone(), a)),
+                );
             }
             state.deadlines = deadlines;
         }
@@ -472,10 +572,17 @@ impl KubeSim {
         });
         let shutdown = CancellationToken::new();
         let mut tasks = Vec::new();
-        let mut watched: Vec<ApiResource> = [Kind::Pod, Kind::ReplicaSet, Kind::Deployment, Kind::StatefulSet, Kind::DaemonSet, Kind::Job]
-            .into_iter()
-            .map(resource)
-            .collect();
+        let mut watched: Vec<ApiResource> = [
+            Kind::Pod,
+            Kind::ReplicaSet,
+            Kind::Deployment,
+            Kind::StatefulSet,
+            Kind::DaemonSet,
+            Kind::Job,
+        ]
+        .into_iter()
+        .map(resource)
+        .collect();
         watched.push(node_resource());
         for ar in watched {
             let inner = Arc::clone(&inner);
@@ -501,7 +608,11 @@ impl KubeSim {
         tasks.push(tokio::spawn(async move {
             loop {
                 let deadlines = driver.lock().deadlines;
-                let tick = if deadlines { Duration::from_millis(500) } else { Duration::from_secs(3600) };
+                let tick = if deadlines {
+                    Duration::from_millis(500)
+                } else {
+                    Duration::from_secs(3600)
+                };
                 tokio::select! {
                     () = stop.cancelled() => return,
                     () = driver.wake.notified() => {}
@@ -514,7 +625,11 @@ impl KubeSim {
                 }
             }
         }));
-        Self { inner, shutdown, tasks }
+        Self {
+            inner,
+            shutdown,
+            tasks,
+        }
     }
 
     /// How Pods scheduled from now on start.
@@ -532,8 +647,14 @@ impl KubeSim {
     /// restarts), then [`Self::settle`]: on return the Pod's status and its workload's
     /// status show it. Ending containers end their log (a follow stream ends); a restart
     /// keeps the old log as the previous one.
-    pub async fn set_pod_phase(&self, namespace: &str, name: &str, phase: Phase) -> anyhow::Result<()> {
-        let api: Api<DynamicObject> = Api::namespaced_with(self.inner.client.clone(), namespace, &resource(Kind::Pod));
+    pub async fn set_pod_phase(
+        &self,
+        namespace: &str,
+        name: &str,
+        phase: Phase,
+    ) -> anyhow::Result<()> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.inner.client.clone(), namespace, &resource(Kind::Pod));
         let pod = api
             .get_opt(name)
             .await
@@ -543,7 +664,10 @@ impl KubeSim {
         let (restarted, ended) = {
             let mut state = self.inner.lock();
             let key = (namespace.to_string(), name.to_string());
-            let fresh = state.records.get(&key).is_none_or(|r| r.uid != uid_of(&pod));
+            let fresh = state
+                .records
+                .get(&key)
+                .is_none_or(|r| r.uid != uid_of(&pod));
             if fresh {
                 let record = self.inner.record(&mut state, &pod);
                 state.records.insert(key.clone(), record);
@@ -618,28 +742,46 @@ impl KubeSim {
                          "operatingSystem": "linux", "architecture": "amd64", "osImage": "kubesim",
                          "kernelVersion": "", "kubeProxyVersion": "", "machineID": "", "systemUUID": "", "bootID": ""},
         });
-        api.patch_status(&node.name, &PatchParams::default(), &Patch::Merge(json!({"status": status})))
-            .await
-            .with_context(|| format!("write status of node {}", node.name))?;
+        api.patch_status(
+            &node.name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": status})),
+        )
+        .await
+        .with_context(|| format!("write status of node {}", node.name))?;
         self.settle().await
     }
 
     /// Set Node `name`'s `Ready` condition (a NotReady Node gets no new Pods).
     pub async fn set_node_ready(&self, name: &str, ready: bool) -> anyhow::Result<()> {
         let api: Api<DynamicObject> = Api::all_with(self.inner.client.clone(), &node_resource());
-        let node = serde_json::to_value(api.get(name).await.with_context(|| format!("get node {name}"))?)?;
-        let (status, reason) = if ready { ("True", "KubeletReady") } else { ("Unknown", "NodeStatusUnknown") };
+        let node = serde_json::to_value(
+            api.get(name)
+                .await
+                .with_context(|| format!("get node {name}"))?,
+        )?;
+        let (status, reason) = if ready {
+            ("True", "KubeletReady")
+        } else {
+            ("Unknown", "NodeStatusUnknown")
+        };
         let mut conditions: Vec<Value> = node
             .pointer("/status/conditions")
             .and_then(Value::as_array)
             .cloned()
             .unwrap_or_default();
         conditions.retain(|c| c["type"] != "Ready");
-        conditions.push(json!({"type": "Ready", "status": status, "reason": reason, "message": reason,
-                               "lastHeartbeatTime": now(), "lastTransitionTime": now()}));
-        api.patch_status(name, &PatchParams::default(), &Patch::Merge(json!({"status": {"conditions": conditions}})))
-            .await
-            .with_context(|| format!("write status of node {name}"))?;
+        conditions.push(
+            json!({"type": "Ready", "status": status, "reason": reason, "message": reason,
+                               "lastHeartbeatTime": now(), "lastTransitionTime": now()}),
+        );
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"conditions": conditions}})),
+        )
+        .await
+        .with_context(|| format!("write status of node {name}"))?;
         self.settle().await
     }
 

@@ -41,12 +41,26 @@ impl Kind {
 /// One write a pass makes.
 #[derive(Clone, Debug, PartialEq)]
 pub(crate) enum Action {
-    Create { kind: Kind, object: Value },
-    Delete { kind: Kind, name: String },
+    Create {
+        kind: Kind,
+        object: Value,
+    },
+    Delete {
+        kind: Kind,
+        name: String,
+    },
     /// Merge patch of the main resource (spec, labels).
-    Patch { kind: Kind, name: String, patch: Value },
+    Patch {
+        kind: Kind,
+        name: String,
+        patch: Value,
+    },
     /// Replace `status` (written only when it differs from the stored one).
-    Status { kind: Kind, name: String, status: Value },
+    Status {
+        kind: Kind,
+        name: String,
+        status: Value,
+    },
 }
 
 /// Kubernetes' `generateName` alphabet (no vowels, no look-alikes).
@@ -64,7 +78,9 @@ fn fnv32a(bytes: &[u8]) -> u32 {
 fn safe_encode(mut value: u32, len: usize) -> String {
     let mut out = String::with_capacity(len);
     for _ in 0..len {
-        out.push(char::from(ALPHABET[(value % ALPHABET.len() as u32) as usize]));
+        out.push(char::from(
+            ALPHABET[(value % ALPHABET.len() as u32) as usize],
+        ));
         value /= ALPHABET.len() as u32;
     }
     out
@@ -88,7 +104,10 @@ pub(crate) fn suffix(owner_uid: &str, seq: u64) -> String {
 }
 
 fn str_at<'a>(object: &'a Value, pointer: &str) -> &'a str {
-    object.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+    object
+        .pointer(pointer)
+        .and_then(Value::as_str)
+        .unwrap_or("")
 }
 
 pub(crate) fn name_of(object: &Value) -> &str {
@@ -100,11 +119,16 @@ pub(crate) fn uid_of(object: &Value) -> &str {
 }
 
 fn int_at(object: &Value, pointer: &str, default: i64) -> i64 {
-    object.pointer(pointer).and_then(Value::as_i64).unwrap_or(default)
+    object
+        .pointer(pointer)
+        .and_then(Value::as_i64)
+        .unwrap_or(default)
 }
 
 pub(crate) fn is_deleting(object: &Value) -> bool {
-    object.pointer("/metadata/deletionTimestamp").is_some_and(|v| !v.is_null())
+    object
+        .pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
 }
 
 /// The uid of `object`'s controlling owner.
@@ -142,8 +166,14 @@ fn pod_from_template(
     labels: &[(&str, String)],
     spec_extra: &[(&str, Value)],
 ) -> Value {
-    let template = owner.pointer("/spec/template").cloned().unwrap_or_else(|| json!({}));
-    let mut metadata = template.get("metadata").cloned().unwrap_or_else(|| json!({}));
+    let template = owner
+        .pointer("/spec/template")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let mut metadata = template
+        .get("metadata")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
     if !metadata.is_object() {
         metadata = json!({});
     }
@@ -156,7 +186,10 @@ fn pod_from_template(
         }
     }
     metadata["name"] = json!(name);
-    metadata["namespace"] = owner.pointer("/metadata/namespace").cloned().unwrap_or(Value::Null);
+    metadata["namespace"] = owner
+        .pointer("/metadata/namespace")
+        .cloned()
+        .unwrap_or(Value::Null);
     metadata["ownerReferences"] = json!([owner_reference(kind, owner)]);
     let mut spec = template.get("spec").cloned().unwrap_or_else(|| json!({}));
     if let Value::Object(map) = &mut spec {
@@ -177,7 +210,14 @@ fn status_action(kind: Kind, object: &Value, status: Value) -> Option<Action> {
 }
 
 /// A condition keeping the stored one's transition time when its status is unchanged.
-fn condition(object: &Value, kind: &str, status: bool, reason: &str, message: &str, now: &str) -> Value {
+fn condition(
+    object: &Value,
+    kind: &str,
+    status: bool,
+    reason: &str,
+    message: &str,
+    now: &str,
+) -> Value {
     let status = if status { "True" } else { "False" };
     let previous = object
         .pointer("/status/conditions")
@@ -186,7 +226,9 @@ fn condition(object: &Value, kind: &str, status: bool, reason: &str, message: &s
         .flatten()
         .find(|c| c["type"] == kind);
     let since = match previous {
-        Some(p) if p["status"] == status => p.get("lastTransitionTime").cloned().unwrap_or(json!(now)),
+        Some(p) if p["status"] == status => {
+            p.get("lastTransitionTime").cloned().unwrap_or(json!(now))
+        }
         _ => json!(now),
     };
     json!({"type": kind, "status": status, "reason": reason, "message": message,
@@ -217,7 +259,10 @@ pub(crate) fn stateful_set(sts: &Value, pods: &[Value]) -> Vec<Action> {
     let name = name_of(sts);
     let replicas = int_at(sts, "/spec/replicas", 1).max(0) as usize;
     let parallel = str_at(sts, "/spec/podManagementPolicy") == "Parallel";
-    let revision = format!("{name}-{}", template_hash(sts.pointer("/spec/template").unwrap_or(&Value::Null)));
+    let revision = format!(
+        "{name}-{}",
+        template_hash(sts.pointer("/spec/template").unwrap_or(&Value::Null))
+    );
     let mine = owned(sts, pods);
     let ordinal = |pod: &Value| {
         name_of(pod)
@@ -230,15 +275,16 @@ pub(crate) fn stateful_set(sts: &Value, pods: &[Value]) -> Vec<Action> {
         if pods.iter().any(|p| name_of(p) == pod_name) {
             continue;
         }
-        let previous_ready = (0..i).all(|j| {
-            mine.iter()
-                .any(|p| ordinal(p) == Some(j) && is_ready(p))
-        });
+        let previous_ready =
+            (0..i).all(|j| mine.iter().any(|p| ordinal(p) == Some(j) && is_ready(p)));
         if !parallel && !previous_ready {
             break;
         }
         let mut spec_extra = vec![("hostname", json!(pod_name))];
-        if let Some(service) = sts.pointer("/spec/serviceName").filter(|s| s.as_str().is_some_and(|s| !s.is_empty())) {
+        if let Some(service) = sts
+            .pointer("/spec/serviceName")
+            .filter(|s| s.as_str().is_some_and(|s| !s.is_empty()))
+        {
             spec_extra.push(("subdomain", service.clone()));
         }
         actions.push(Action::Create {
@@ -334,7 +380,10 @@ pub(crate) fn replica_set(rs: &Value, pods: &[Value], seq: &mut u64) -> Vec<Acti
 pub(crate) fn deployment(deploy: &Value, replica_sets: &[Value], now: &str) -> Vec<Action> {
     let name = name_of(deploy);
     let replicas = int_at(deploy, "/spec/replicas", 1).max(0);
-    let template = deploy.pointer("/spec/template").cloned().unwrap_or_else(|| json!({}));
+    let template = deploy
+        .pointer("/spec/template")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
     let hash = template_hash(&template);
     let rs_name = format!("{name}-{hash}");
     let mine = owned(deploy, replica_sets);
@@ -344,7 +393,10 @@ pub(crate) fn deployment(deploy: &Value, replica_sets: &[Value], now: &str) -> V
         None => {
             let mut template = template.clone();
             template["metadata"]["labels"]["pod-template-hash"] = json!(hash);
-            let mut selector = deploy.pointer("/spec/selector").cloned().unwrap_or_else(|| json!({}));
+            let mut selector = deploy
+                .pointer("/spec/selector")
+                .cloned()
+                .unwrap_or_else(|| json!({}));
             selector["matchLabels"]["pod-template-hash"] = json!(hash);
             let mut labels = template["metadata"]["labels"].clone();
             if !labels.is_object() {
@@ -420,9 +472,18 @@ fn node_matches(ds: &Value, node: &Value) -> bool {
 
 /// The DaemonSet controller: one Pod `<ds>-<5 chars>` bound to each Node its node selector
 /// matches.
-pub(crate) fn daemon_set(ds: &Value, pods: &[Value], nodes: &[Value], seq: &mut u64) -> Vec<Action> {
+pub(crate) fn daemon_set(
+    ds: &Value,
+    pods: &[Value],
+    nodes: &[Value],
+    seq: &mut u64,
+) -> Vec<Action> {
     let mine = owned(ds, pods);
-    let eligible: Vec<&str> = nodes.iter().filter(|n| node_matches(ds, n)).map(name_of).collect();
+    let eligible: Vec<&str> = nodes
+        .iter()
+        .filter(|n| node_matches(ds, n))
+        .map(name_of)
+        .collect();
     let mut actions = Vec::new();
     for node in &eligible {
         if mine.iter().any(|p| str_at(p, "/spec/nodeName") == *node) {
@@ -432,7 +493,13 @@ pub(crate) fn daemon_set(ds: &Value, pods: &[Value], nodes: &[Value], seq: &mut 
         let pod_name = format!("{}-{}", name_of(ds), suffix(uid_of(ds), *seq));
         actions.push(Action::Create {
             kind: Kind::Pod,
-            object: pod_from_template(Kind::DaemonSet, ds, &pod_name, &[], &[("nodeName", json!(node))]),
+            object: pod_from_template(
+                Kind::DaemonSet,
+                ds,
+                &pod_name,
+                &[],
+                &[("nodeName", json!(node))],
+            ),
         });
     }
     let mut scheduled = Vec::new();
@@ -466,7 +533,9 @@ fn finished(job: &Value) -> Option<&str> {
         .and_then(Value::as_array)
         .into_iter()
         .flatten()
-        .find(|c| matches!(c["type"].as_str(), Some("Complete" | "Failed")) && c["status"] == "True")
+        .find(|c| {
+            matches!(c["type"].as_str(), Some("Complete" | "Failed")) && c["status"] == "True"
+        })
         .and_then(|c| c["type"].as_str())
 }
 
@@ -475,7 +544,13 @@ fn finished(job: &Value) -> Option<&str> {
 /// `BackoffLimitExceeded`); `activeDeadlineSeconds` past `startTime` fails it
 /// (`DeadlineExceeded`); `suspend: true` removes its active Pods (`Suspended`).
 /// `now_seconds`: the current Unix time, for the deadline.
-pub(crate) fn job(job: &Value, pods: &[Value], now: &str, now_seconds: i64, seq: &mut u64) -> Vec<Action> {
+pub(crate) fn job(
+    job: &Value,
+    pods: &[Value],
+    now: &str,
+    now_seconds: i64,
+    seq: &mut u64,
+) -> Vec<Action> {
     let mine = owned(job, pods);
     let succeeded = mine.iter().filter(|p| phase_of(p) == "Succeeded").count() as i64;
     let failed = mine.iter().filter(|p| phase_of(p) == "Failed").count() as i64;
@@ -488,8 +563,15 @@ pub(crate) fn job(job: &Value, pods: &[Value], now: &str, now_seconds: i64, seq:
     let parallelism = int_at(job, "/spec/parallelism", 1).max(0);
     let backoff_limit = int_at(job, "/spec/backoffLimit", 6);
     let suspended = job.pointer("/spec/suspend").and_then(Value::as_bool) == Some(true);
-    let start_time = job.pointer("/status/startTime").cloned().filter(|v| !v.is_null());
-    let mut status = job.get("status").cloned().filter(Value::is_object).unwrap_or_else(|| json!({}));
+    let start_time = job
+        .pointer("/status/startTime")
+        .cloned()
+        .filter(|v| !v.is_null());
+    let mut status = job
+        .get("status")
+        .cloned()
+        .filter(Value::is_object)
+        .unwrap_or_else(|| json!({}));
     let mut conditions: Vec<Value> = status
         .get("conditions")
         .and_then(Value::as_array)
@@ -504,7 +586,11 @@ pub(crate) fn job(job: &Value, pods: &[Value], now: &str, now_seconds: i64, seq:
             });
         }
     };
-    let set_condition = |conditions: &mut Vec<Value>, kind: &str, on: bool, reason: &str, message: &str| {
+    let set_condition = |conditions: &mut Vec<Value>,
+                         kind: &str,
+                         on: bool,
+                         reason: &str,
+                         message: &str| {
         let status = if on { "True" } else { "False" };
         match conditions.iter_mut().find(|c| c["type"] == kind) {
             Some(c) if c["status"] == status => {}
@@ -519,12 +605,14 @@ pub(crate) fn job(job: &Value, pods: &[Value], now: &str, now_seconds: i64, seq:
     };
     let deadline_passed = || {
         let (Some(deadline), Some(start)) = (
-            job.pointer("/spec/activeDeadlineSeconds").and_then(Value::as_i64),
+            job.pointer("/spec/activeDeadlineSeconds")
+                .and_then(Value::as_i64),
             start_time.as_ref().and_then(Value::as_str),
         ) else {
             return false;
         };
-        chrono::DateTime::parse_from_rfc3339(start).is_ok_and(|s| s.timestamp() + deadline <= now_seconds)
+        chrono::DateTime::parse_from_rfc3339(start)
+            .is_ok_and(|s| s.timestamp() + deadline <= now_seconds)
     };
     let mut ended = finished(job).is_some();
     if ended {
@@ -535,18 +623,42 @@ pub(crate) fn job(job: &Value, pods: &[Value], now: &str, now_seconds: i64, seq:
         ended = true;
         delete_active(&mut actions);
     } else if failed > backoff_limit {
-        set_condition(&mut conditions, "Failed", true, "BackoffLimitExceeded", "Job has reached the specified backoff limit");
+        set_condition(
+            &mut conditions,
+            "Failed",
+            true,
+            "BackoffLimitExceeded",
+            "Job has reached the specified backoff limit",
+        );
         ended = true;
         delete_active(&mut actions);
     } else if deadline_passed() {
-        set_condition(&mut conditions, "Failed", true, "DeadlineExceeded", "Job was active longer than specified deadline");
+        set_condition(
+            &mut conditions,
+            "Failed",
+            true,
+            "DeadlineExceeded",
+            "Job was active longer than specified deadline",
+        );
         ended = true;
         delete_active(&mut actions);
     } else if suspended {
-        set_condition(&mut conditions, "Suspended", true, "JobSuspended", "Job suspended");
+        set_condition(
+            &mut conditions,
+            "Suspended",
+            true,
+            "JobSuspended",
+            "Job suspended",
+        );
         delete_active(&mut actions);
     } else {
-        set_condition(&mut conditions, "Suspended", false, "JobResumed", "Job resumed");
+        set_condition(
+            &mut conditions,
+            "Suspended",
+            false,
+            "JobResumed",
+            "Job resumed",
+        );
         let want = parallelism.min(completions - succeeded) - active.len() as i64;
         for _ in 0..want.max(0) {
             let pod_name = loop {
@@ -577,10 +689,21 @@ pub(crate) fn job(job: &Value, pods: &[Value], now: &str, now_seconds: i64, seq:
             status["startTime"] = json!(now);
         }
     }
-    let running = if ended || suspended { 0 } else { active.len() as i64 };
+    let running = if ended || suspended {
+        0
+    } else {
+        active.len() as i64
+    };
     let mut fields = Map::new();
     fields.insert("active".into(), json!(running));
-    fields.insert("ready".into(), json!(if running == 0 { 0 } else { active.iter().filter(|p| is_ready(p)).count() }));
+    fields.insert(
+        "ready".into(),
+        json!(if running == 0 {
+            0
+        } else {
+            active.iter().filter(|p| is_ready(p)).count()
+        }),
+    );
     fields.insert("succeeded".into(), json!(succeeded));
     fields.insert("failed".into(), json!(failed));
     fields.insert("conditions".into(), json!(conditions));
@@ -619,45 +742,79 @@ mod tests {
     }
 
     fn ready(mut pod: Value) -> Value {
-        pod["status"] = json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+        pod["status"] =
+            json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
         pod
     }
 
     #[test]
     fn stateful_set_pods_are_ordinal_and_ordered() {
-        let sts = workload("StatefulSet", "actor", json!({"replicas": 2, "serviceName": "actor", "template": template()}));
+        let sts = workload(
+            "StatefulSet",
+            "actor",
+            json!({"replicas": 2, "serviceName": "actor", "template": template()}),
+        );
         let first = created(&stateful_set(&sts, &[]));
         assert_eq!(first.len(), 1, "one at a time");
         let pod0 = &first[0];
         assert_eq!(pod0["metadata"]["name"], "actor-0");
         assert_eq!(pod0["metadata"]["labels"]["app"], "a");
-        assert_eq!(pod0["metadata"]["labels"]["statefulset.kubernetes.io/pod-name"], "actor-0");
+        assert_eq!(
+            pod0["metadata"]["labels"]["statefulset.kubernetes.io/pod-name"],
+            "actor-0"
+        );
         assert_eq!(pod0["metadata"]["ownerReferences"][0]["uid"], "uid-actor");
         assert_eq!(pod0["metadata"]["ownerReferences"][0]["controller"], true);
-        assert_eq!((pod0["spec"]["hostname"].as_str(), pod0["spec"]["subdomain"].as_str()), (Some("actor-0"), Some("actor")));
+        assert_eq!(
+            (
+                pod0["spec"]["hostname"].as_str(),
+                pod0["spec"]["subdomain"].as_str()
+            ),
+            (Some("actor-0"), Some("actor"))
+        );
         // Pod 1 waits for pod 0 to be ready.
         assert!(created(&stateful_set(&sts, std::slice::from_ref(pod0))).is_empty());
         let next = created(&stateful_set(&sts, &[ready(pod0.clone())]));
         assert_eq!(next[0]["metadata"]["name"], "actor-1");
         // Scale to 0: the highest ordinal goes first.
-        let scaled = workload("StatefulSet", "actor", json!({"replicas": 0, "template": template()}));
+        let scaled = workload(
+            "StatefulSet",
+            "actor",
+            json!({"replicas": 0, "template": template()}),
+        );
         let pods = [ready(pod0.clone()), ready(next[0].clone())];
         let deletes: Vec<Action> = stateful_set(&scaled, &pods)
             .into_iter()
             .filter(|a| matches!(a, Action::Delete { .. }))
             .collect();
-        assert_eq!(deletes, [Action::Delete { kind: Kind::Pod, name: "actor-1".into() }]);
+        assert_eq!(
+            deletes,
+            [Action::Delete {
+                kind: Kind::Pod,
+                name: "actor-1".into()
+            }]
+        );
     }
 
     #[test]
     fn deployment_makes_a_replica_set_that_makes_pods() {
-        let deploy = workload("Deployment", "rollout", json!({"replicas": 3, "selector": {"matchLabels": {"app": "a"}}, "template": template()}));
+        let deploy = workload(
+            "Deployment",
+            "rollout",
+            json!({"replicas": 3, "selector": {"matchLabels": {"app": "a"}}, "template": template()}),
+        );
         let actions = deployment(&deploy, &[], "t");
         let rs = created(&actions).remove(0);
         let hash = template_hash(&template());
         assert_eq!(rs["metadata"]["name"], format!("rollout-{hash}"));
-        assert_eq!(rs["spec"]["template"]["metadata"]["labels"]["pod-template-hash"], hash);
-        assert_eq!(rs["spec"]["selector"]["matchLabels"], json!({"app": "a", "pod-template-hash": hash}));
+        assert_eq!(
+            rs["spec"]["template"]["metadata"]["labels"]["pod-template-hash"],
+            hash
+        );
+        assert_eq!(
+            rs["spec"]["selector"]["matchLabels"],
+            json!({"app": "a", "pod-template-hash": hash})
+        );
         let mut rs = rs;
         rs["metadata"]["uid"] = json!("uid-rs");
         let mut seq = 0;
@@ -673,7 +830,11 @@ mod tests {
         let mut changed = deploy.clone();
         changed["spec"]["template"]["spec"]["containers"][0]["image"] = json!("img:2");
         let actions = deployment(&changed, &[rs.clone()], "t");
-        assert!(actions.contains(&Action::Patch { kind: Kind::ReplicaSet, name: format!("rollout-{hash}"), patch: json!({"spec": {"replicas": 0}}) }));
+        assert!(actions.contains(&Action::Patch {
+            kind: Kind::ReplicaSet,
+            name: format!("rollout-{hash}"),
+            patch: json!({"spec": {"replicas": 0}})
+        }));
         assert_eq!(created(&actions).len(), 1);
     }
 
@@ -685,8 +846,16 @@ mod tests {
         let pods = created(&job(&job_object, &[], "t", 0, &mut seq));
         assert_eq!(pods.len(), 1);
         let pod = &pods[0];
-        assert_eq!(pod["metadata"]["labels"]["batch.kubernetes.io/job-name"], "train");
-        assert!(pod["metadata"]["name"].as_str().unwrap().starts_with("train-"));
+        assert_eq!(
+            pod["metadata"]["labels"]["batch.kubernetes.io/job-name"],
+            "train"
+        );
+        assert!(
+            pod["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("train-")
+        );
         let mut done = pod.clone();
         done["status"] = json!({"phase": "Succeeded"});
         let status = job(&job_object, &[done.clone()], "t", 0, &mut seq)
@@ -712,13 +881,18 @@ mod tests {
         let mut suspended = job_object.clone();
         suspended["spec"]["suspend"] = json!(true);
         let actions = job(&suspended, std::slice::from_ref(pod), "t", 0, &mut seq);
-        assert!(actions.contains(&Action::Delete { kind: Kind::Pod, name: pod["metadata"]["name"].as_str().unwrap().into() }));
+        assert!(actions.contains(&Action::Delete {
+            kind: Kind::Pod,
+            name: pod["metadata"]["name"].as_str().unwrap().into()
+        }));
         assert!(created(&actions).is_empty());
         // The deadline counts from startTime.
         let mut timed = job_object.clone();
         timed["spec"]["activeDeadlineSeconds"] = json!(10);
         timed["status"] = json!({"startTime": "2026-01-01T00:00:00Z"});
-        let start = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z").unwrap().timestamp();
+        let start = chrono::DateTime::parse_from_rfc3339("2026-01-01T00:00:00Z")
+            .unwrap()
+            .timestamp();
         let status = |now: i64| {
             job(&timed, std::slice::from_ref(pod), "t", now, &mut 0)
                 .into_iter()
@@ -729,7 +903,10 @@ mod tests {
                 .unwrap()
         };
         assert!(status(start + 5).get("conditions").is_none());
-        assert_eq!(status(start + 10)["conditions"][0]["reason"], "DeadlineExceeded");
+        assert_eq!(
+            status(start + 10)["conditions"][0]["reason"],
+            "DeadlineExceeded"
+        );
     }
 
     #[test]
