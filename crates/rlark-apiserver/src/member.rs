@@ -109,6 +109,37 @@ pub fn registry() -> Registry {
     registry
 }
 
+/// A core Secret's `stringData` merged into `data` (base64), as kube-apiserver does on every
+/// write: `stringData` is write-only and never stored. Other kinds are left alone.
+pub(crate) fn fold_string_data(rt: &ResourceType, object: &mut Value) {
+    use base64::Engine as _;
+    if !(rt.group.is_empty() && rt.plural == "secrets") {
+        return;
+    }
+    let Some(map) = object.as_object_mut() else {
+        return;
+    };
+    let Some(Value::Object(strings)) = map.shift_remove("stringData") else {
+        return;
+    };
+    let data = map.entry("data").or_insert_with(|| json!({}));
+    if !data.is_object() {
+        *data = json!({});
+    }
+    if let Value::Object(data) = data {
+        for (key, value) in strings {
+            let text = value
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| value.to_string());
+            data.insert(
+                key,
+                json!(base64::engine::general_purpose::STANDARD.encode(text)),
+            );
+        }
+    }
+}
+
 /// A schema that stores whatever it is given under `fields` (each an object).
 fn permissive(description: &str, fields: &[&str]) -> Value {
     let mut extra = serde_json::Map::new();
@@ -352,6 +383,18 @@ mod tests {
         assert_eq!(first("nodes").as_deref(), Some(""));
         assert_eq!(first("jobs").as_deref(), Some("batch"));
         assert!(registry.get("rlinf.io", "v1alpha1", "pods").is_some());
+    }
+
+    #[test]
+    fn secret_string_data_is_folded_into_data() {
+        let secret = kinds().into_iter().find(|k| k.kind == "Secret").unwrap();
+        let mut object = json!({"data": {"a": "eA=="}, "stringData": {"b": "token", "a": "y"}});
+        fold_string_data(&secret, &mut object);
+        assert_eq!(object, json!({"data": {"a": "eQ==", "b": "dG9rZW4="}}));
+        let config_map = kinds().into_iter().find(|k| k.kind == "ConfigMap").unwrap();
+        let mut untouched = json!({"stringData": {"b": "x"}});
+        fold_string_data(&config_map, &mut untouched);
+        assert_eq!(untouched, json!({"stringData": {"b": "x"}}));
     }
 
     #[test]

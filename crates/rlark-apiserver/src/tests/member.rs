@@ -139,6 +139,17 @@ async fn discovery_lists_the_kinds_and_their_subresources() {
     // Built-in groups first, as kube-apiserver lists them before CRD groups.
     let position = |g: &str| names.iter().position(|n| *n == g).unwrap();
     assert!(position("apps") < position("rlinf.io") && position("batch") < position("rlinf.io"));
+    // kubectl reads the OpenAPI documents (apply, explain): they describe the new kinds.
+    let v3 = h.get("/openapi/v3/apis/apps/v1").await;
+    assert_eq!(v3.status, StatusCode::OK);
+    let schemas = v3.body["components"]["schemas"].as_object().unwrap();
+    assert!(
+        schemas.keys().any(|k| k.ends_with("StatefulSet")),
+        "{:?}",
+        schemas.keys()
+    );
+    assert_eq!(h.get("/openapi/v3/api/v1").await.status, StatusCode::OK);
+    assert_eq!(h.get("/openapi/v2").await.status, StatusCode::OK);
 }
 
 #[tokio::test]
