@@ -17,6 +17,8 @@ use std::sync::Arc;
 use futures::stream::BoxStream;
 use serde_json::{Value, json};
 
+use rlark_api::validation::FieldError;
+
 use crate::registry::{PrinterColumn, Registry, ResourceType, column, object_schema};
 
 /// Where `pods/log` reads from while the member kinds are served.
@@ -77,7 +79,7 @@ pub trait PodLogSource: Send + Sync + 'static {
 /// The member kinds in the order a member cluster lists them: core kinds first, then
 /// `apps`, then `batch`.
 pub fn kinds() -> Vec<ResourceType> {
-    vec![
+    let mut kinds = vec![
         pod(),
         service(),
         config_map(),
@@ -89,7 +91,126 @@ pub fn kinds() -> Vec<ResourceType> {
         workload("DaemonSet", "daemonsets", &["ds"], false),
         workload("ReplicaSet", "replicasets", &["rs"], true),
         job(),
-    ]
+    ];
+    for rt in &mut kinds {
+        let kind = rt.kind.clone();
+        rt.validator = match kind.as_str() {
+            "Pod" => Some(Arc::new(|object: &Value| {
+                errors(pod_spec_errors(object.get("spec"), "spec", None))
+            })),
+            "Deployment" | "StatefulSet" | "DaemonSet" | "ReplicaSet" | "Job" => {
+                Some(Arc::new(move |object: &Value| {
+                    errors(workload_errors(&kind, object))
+                }))
+            }
+            _ => None,
+        };
+    }
+    kinds
+}
+
+fn errors(found: Vec<FieldError>) -> Result<(), Vec<FieldError>> {
+    if found.is_empty() { Ok(()) } else { Err(found) }
+}
+
+/// What kube-apiserver refuses in a PodSpec at `path` (a subset: containers, their names
+/// and images, the restart policy; `allowed` restricts the restart policy further, as
+/// workloads do).
+fn pod_spec_errors(spec: Option<&Value>, path: &str, allowed: Option<&[&str]>) -> Vec<FieldError> {
+    let mut found = Vec::new();
+    let containers = spec
+        .and_then(|s| s.get("containers"))
+        .and_then(Value::as_array)
+        .filter(|c| !c.is_empty());
+    match containers {
+        None => found.push(FieldError::required(format!("{path}.containers"), "")),
+        Some(containers) => {
+            let mut names = std::collections::HashSet::new();
+            for (i, container) in containers.iter().enumerate() {
+                let at = format!("{path}.containers[{i}]");
+                match container
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .filter(|n| !n.is_empty())
+                {
+                    None => found.push(FieldError::required(format!("{at}.name"), "")),
+                    Some(name) if !names.insert(name) => {
+                        found.push(FieldError::duplicate(format!("{at}.name"), name));
+                    }
+                    Some(_) => {}
+                }
+                if container
+                    .get("image")
+                    .and_then(Value::as_str)
+                    .is_none_or(str::is_empty)
+                {
+                    found.push(FieldError::required(format!("{at}.image"), ""));
+                }
+            }
+        }
+    }
+    let policy = spec
+        .and_then(|s| s.get("restartPolicy"))
+        .and_then(Value::as_str)
+        .unwrap_or("Always");
+    let supported = allowed.unwrap_or(&["Always", "OnFailure", "Never"]);
+    if !supported.contains(&policy) {
+        found.push(FieldError::not_supported(
+            format!("{path}.restartPolicy"),
+            policy,
+            supported,
+        ));
+    }
+    found
+}
+
+/// What kube-apiserver refuses in a workload (a subset): its Pod template (as
+/// [`pod_spec_errors`], with the restart policies the kind allows), negative replicas, and
+/// for `apps/v1` kinds a missing selector or one the template's labels do not match.
+fn workload_errors(kind: &str, object: &Value) -> Vec<FieldError> {
+    let mut found = Vec::new();
+    let allowed: &[&str] = if kind == "Job" {
+        &["OnFailure", "Never"]
+    } else {
+        &["Always"]
+    };
+    found.extend(pod_spec_errors(
+        object.pointer("/spec/template/spec"),
+        "spec.template.spec",
+        Some(allowed),
+    ));
+    if let Some(replicas) = object.pointer("/spec/replicas").and_then(Value::as_i64)
+        && replicas < 0
+    {
+        found.push(FieldError::invalid(
+            "spec.replicas",
+            format!("{replicas}: must be greater than or equal to 0"),
+        ));
+    }
+    if kind == "Job" {
+        return found;
+    }
+    let Some(selector) = object.pointer("/spec/selector").filter(|s| s.is_object()) else {
+        found.push(FieldError::required("spec.selector", ""));
+        return found;
+    };
+    let labels = object.pointer("/spec/template/metadata/labels");
+    let matches = selector
+        .get("matchLabels")
+        .and_then(Value::as_object)
+        .into_iter()
+        .flatten()
+        .all(|(k, v)| labels.and_then(|l| l.get(k)) == Some(v));
+    if !matches {
+        found.push(FieldError::invalid(
+            "spec.template.metadata.labels",
+            format!(
+                "{}: `selector` does not match template `labels`",
+                labels.cloned().unwrap_or(Value::Null)
+            ),
+        ));
+    }
+    found
 }
 
 /// The registry of a server in member simulation: [`Registry::builtin`]'s Namespace, Lease
@@ -383,6 +504,63 @@ mod tests {
         assert_eq!(first("nodes").as_deref(), Some(""));
         assert_eq!(first("jobs").as_deref(), Some("batch"));
         assert!(registry.get("rlinf.io", "v1alpha1", "pods").is_some());
+    }
+
+    #[test]
+    fn invalid_pods_and_workloads_are_refused_as_kube_apiserver_refuses_them() {
+        let validate = |kind: &str, object: Value| -> Vec<String> {
+            let rt = kinds().into_iter().find(|k| k.kind == kind).unwrap();
+            match (rt.validator.as_ref().unwrap())(&object) {
+                Ok(()) => vec![],
+                Err(errors) => errors.iter().map(ToString::to_string).collect(),
+            }
+        };
+        let container = json!({"name": "main", "image": "img"});
+        assert!(validate("Pod", json!({"spec": {"containers": [container]}})).is_empty());
+        assert_eq!(
+            validate(
+                "Pod",
+                json!({"spec": {"containers": [{"name": "a"}, {"name": "a", "image": "i"}], "restartPolicy": "Sometimes"}})
+            ),
+            [
+                "spec.containers[0].image: Required value",
+                "spec.containers[1].name: Duplicate value: \"a\"",
+                "spec.restartPolicy: Unsupported value: \"Sometimes\": supported values: \"Always\", \"OnFailure\", \"Never\"",
+            ]
+        );
+        assert_eq!(
+            validate("Pod", json!({"spec": {}})),
+            ["spec.containers: Required value"]
+        );
+        let template =
+            json!({"metadata": {"labels": {"app": "a"}}, "spec": {"containers": [container]}});
+        let sts =
+            json!({"spec": {"selector": {"matchLabels": {"app": "a"}}, "template": template}});
+        assert!(validate("StatefulSet", sts).is_empty());
+        assert_eq!(
+            validate(
+                "Deployment",
+                json!({"spec": {"replicas": -1, "selector": {"matchLabels": {"app": "b"}}, "template": template}})
+            ),
+            [
+                "spec.replicas: Invalid value: -1: must be greater than or equal to 0",
+                "spec.template.metadata.labels: Invalid value: {\"app\":\"a\"}: `selector` does not match template `labels`",
+            ]
+        );
+        assert_eq!(
+            validate("DaemonSet", json!({"spec": {"template": template}})),
+            ["spec.selector: Required value"]
+        );
+        // A Job's Pods may not restart always (the default).
+        assert_eq!(
+            validate("Job", json!({"spec": {"template": template}})),
+            [
+                "spec.template.spec.restartPolicy: Unsupported value: \"Always\": supported values: \"OnFailure\", \"Never\""
+            ]
+        );
+        let mut never = template.clone();
+        never["spec"]["restartPolicy"] = json!("Never");
+        assert!(validate("Job", json!({"spec": {"template": never}})).is_empty());
     }
 
     #[test]

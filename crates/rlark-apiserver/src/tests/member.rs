@@ -220,6 +220,19 @@ async fn workloads_are_stored_with_status_and_scale() {
         )
         .await;
     assert_eq!(put.body["spec"]["replicas"], 4);
+    // An object kube-apiserver would refuse is refused with its wording.
+    let invalid = h
+        .post(
+            "/apis/batch/v1/namespaces/default/jobs",
+            &json!({"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+                    "spec": {"template": {"spec": {"containers": [{"name": "main"}]}}}}),
+        )
+        .await;
+    assert_eq!(invalid.status, StatusCode::UNPROCESSABLE_ENTITY);
+    assert_eq!(
+        invalid.message(),
+        "Job.batch \"j\" is invalid: [spec.template.spec.containers[0].image: Required value, spec.template.spec.restartPolicy: Unsupported value: \"Always\": supported values: \"OnFailure\", \"Never\"]"
+    );
     // Strategic merge patch is accepted on the built-in kinds.
     let smp = h
         .patch(
@@ -305,7 +318,9 @@ async fn owner_references_cascade_through_the_garbage_collector() {
         .create(
             STS,
             &json!({"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "s"},
-                    "spec": {"replicas": 1}}),
+                    "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "a"}},
+                             "template": {"metadata": {"labels": {"app": "a"}},
+                                          "spec": {"containers": [{"name": "main", "image": "x"}]}}}}),
         )
         .await;
     let mut child = pod("s-0", Some("n1"));
