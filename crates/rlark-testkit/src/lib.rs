@@ -187,7 +187,8 @@ impl TestServer {
         Ok(())
     }
 
-    /// Shut down gracefully and start again on the same data directory (new port).
+    /// Shut down gracefully and start again on the same data directory (new port), with the
+    /// default test configuration (what [`Self::start_configured`] changed is not kept).
     pub async fn restart(self) -> anyhow::Result<TestServer> {
         let TestServer { server, dir } = self;
         server.shutdown().await.context("shut down rlark server")?;
