@@ -119,7 +119,11 @@ pub(crate) fn resource_attributes(target: &Target, verb: Verb) -> Attributes {
         verb: verb.as_str().to_string(),
         group: rt.group.clone(),
         resource: rt.plural.clone(),
-        subresource: target.status.then(|| "status".to_string()),
+        subresource: match (target.status, target.subresource) {
+            (true, _) => Some("status".to_string()),
+            (false, Some(sub)) => Some(sub.as_str().to_string()),
+            (false, None) => None,
+        },
         namespace,
         name: target.name.clone(),
     }

@@ -47,6 +47,8 @@ const RESOURCE_VERBS: [&str; 8] = [
 ];
 /// Verbs of a `/status` subresource.
 const STATUS_VERBS: [&str; 3] = ["get", "patch", "update"];
+/// Verbs of a `/log` subresource (core Pods in member simulation).
+const LOG_VERBS: [&str; 1] = ["get"];
 
 /// Serves the discovery endpoints listed in the module docs, and nothing deeper (resource
 /// URLs belong to the CRUD handlers' fallback). Unknown groups or versions get a 404 `Status`.
@@ -414,6 +416,26 @@ fn resource_list(group_version: &str, types: &[&Arc<ResourceType>]) -> Value {
                 "verbs": STATUS_VERBS,
             }));
         }
+        if t.log_subresource {
+            resources.push(json!({
+                "name": format!("{}/log", t.plural),
+                "singularName": "",
+                "namespaced": t.namespaced,
+                "kind": t.kind,
+                "verbs": LOG_VERBS,
+            }));
+        }
+        if t.scale_subresource {
+            resources.push(json!({
+                "name": format!("{}/scale", t.plural),
+                "singularName": "",
+                "namespaced": t.namespaced,
+                "group": "autoscaling",
+                "version": "v1",
+                "kind": "Scale",
+                "verbs": STATUS_VERBS,
+            }));
+        }
     }
     json!({
         "kind": "APIResourceList",
@@ -458,12 +480,30 @@ fn discovery_resource(t: &ResourceType) -> Value {
     if !t.categories.is_empty() {
         resource["categories"] = json!(t.categories);
     }
+    let mut subresources = Vec::new();
     if t.status_subresource {
-        resource["subresources"] = json!([{
+        subresources.push(json!({
             "subresource": "status",
             "responseKind": response_kind,
             "verbs": STATUS_VERBS,
-        }]);
+        }));
+    }
+    if t.log_subresource {
+        subresources.push(json!({
+            "subresource": "log",
+            "responseKind": {"group": "", "version": "v1", "kind": "Pod"},
+            "verbs": LOG_VERBS,
+        }));
+    }
+    if t.scale_subresource {
+        subresources.push(json!({
+            "subresource": "scale",
+            "responseKind": {"group": "autoscaling", "version": "v1", "kind": "Scale"},
+            "verbs": STATUS_VERBS,
+        }));
+    }
+    if !subresources.is_empty() {
+        resource["subresources"] = json!(subresources);
     }
     resource
 }

@@ -23,7 +23,9 @@ use crate::list::Page;
 use crate::object::key;
 use crate::output::{Output, json_response};
 use crate::patch;
-use crate::request::{self, Query, Target, Verb};
+use crate::podlog;
+use crate::request::{self, Query, Subresource, Target, Verb};
+use crate::scale;
 use crate::selectors::Selectors;
 use crate::watch::WatchRequest;
 
@@ -203,6 +205,18 @@ async fn handle(
     let (headers, limit) = (&parts.headers, inner.options.max_request_bytes);
     let read_body = move |body: Body| body::read(body, headers, limit);
     let media_type = body::media_type(&parts.headers);
+    match target.subresource {
+        Some(Subresource::Log) => return podlog::serve(inner, &target, parts).await,
+        Some(Subresource::Scale) => {
+            let body = match verb {
+                Verb::Get => None,
+                _ => Some((media_type.to_string(), read_body(body).await?)),
+            };
+            let options = write_options(&query, parts)?;
+            return scale::serve(inner, &target, verb, body, options).await;
+        }
+        None => {}
+    }
     match verb {
         Verb::Get => {
             let key = key(&rt, namespace.unwrap_or(""), name);

@@ -2,7 +2,8 @@
 //!
 //! Serves the `rlinf.io/v1alpha1` resources (defined by CRDs from `rlark-api`), core
 //! `v1/Namespace` and `coordination.k8s.io/v1/Lease` well enough that kubectl, kube-rs and
-//! the official Python client work unmodified. The router is a plain `axum::Router`; the
+//! the official Python client work unmodified; in member simulation ([`member`], a test
+//! harness switched on in code) also the Kubernetes built-in workload kinds. The router is a plain `axum::Router`; the
 //! process around it (TLS, identity extraction) lives in `rlark-server`, which inserts an
 //! [`auth::Identity`] request extension for every authenticated request.
 
@@ -18,6 +19,7 @@ pub mod discovery;
 pub mod error;
 pub mod jsonpath;
 pub mod limits;
+pub mod member;
 pub mod openapi;
 pub mod protobuf;
 pub mod registry;
@@ -39,7 +41,9 @@ mod metrics;
 mod object;
 mod output;
 mod patch;
+mod podlog;
 mod request;
+mod scale;
 mod selectors;
 mod watch;
 
@@ -73,6 +77,10 @@ pub struct ApiServerOptions {
     pub max_nodes_per_agent: usize,
     /// Event sizes and expiry, per-identity write rates and object-count quotas.
     pub limits: limits::Limits,
+    /// Serve the Kubernetes built-in kinds of a member cluster, and Pod logs from the
+    /// given source: a test harness for the Kubernetes runtime ([`member`]). `None` (the
+    /// default, and always for `rlark server`): these kinds are not served.
+    pub member_simulation: Option<member::MemberSimulation>,
 }
 
 /// Default of [`ApiServerOptions::max_nodes_per_agent`].
@@ -86,6 +94,7 @@ impl Default for ApiServerOptions {
             default_watch_timeout: Duration::from_secs(30 * 60),
             max_nodes_per_agent: DEFAULT_MAX_NODES_PER_AGENT,
             limits: limits::Limits::default(),
+            member_simulation: None,
         }
     }
 }
@@ -127,10 +136,14 @@ impl ApiServer {
         metrics: &mut prometheus_client::registry::Registry,
     ) -> Self {
         let rate_limiter = Arc::new(limits::RateLimiter::new(options.limits.clone()));
+        let registry = match options.member_simulation {
+            Some(_) => member::registry(),
+            None => registry::Registry::builtin(),
+        };
         Self {
             inner: Arc::new(Inner {
                 store,
-                registry: Arc::new(registry::Registry::builtin()),
+                registry: Arc::new(registry),
                 options,
                 rate_limiter,
                 metrics: metrics::Metrics::new(metrics),

@@ -445,6 +445,7 @@ impl Inner {
         check_type_meta(rt, &mut object)?;
         let namespace = check_namespace(rt, &mut object, url_namespace)?;
         let dropped = crate::domain_admission::strip_domain_peer_secrets(rt, &mut object);
+        crate::member::fold_string_data(rt, &mut object);
         let (mut warnings, schema_causes) =
             field_check(rt, &mut object, &body.duplicates, options.field_validation)?;
         warnings.extend(dropped);
@@ -685,6 +686,7 @@ impl Inner {
             }
         }
         let dropped = crate::domain_admission::strip_domain_peer_secrets(rt, &mut new);
+        crate::member::fold_string_data(rt, &mut new);
         let (mut warnings, _) =
             field_check(rt, &mut new, &body.duplicates, options.field_validation)?;
         warnings.extend(dropped);
@@ -758,6 +760,7 @@ impl Inner {
                 ));
             }
             let dropped = crate::domain_admission::strip_domain_peer_secrets(rt, &mut patched);
+            crate::member::fold_string_data(rt, &mut patched);
             let (mut warnings, _) = field_check(
                 rt,
                 &mut patched,

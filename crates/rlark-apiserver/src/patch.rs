@@ -4,7 +4,9 @@
 //!
 //! Strategic merge patch here: maps merge as in a merge patch (`null` deletes); lists are
 //! replaced, except `metadata.finalizers` (a set: union) and `metadata.ownerReferences`
-//! (merged by `uid`), as `ObjectMeta`'s patch strategies say. The directives `$patch`
+//! (merged by `uid`), as `ObjectMeta`'s patch strategies say, and a PodSpec's containers,
+//! volumes, image pull secrets and the containers' env, ports, volume mounts and devices
+//! (merged by their keys; the Kubernetes kinds of member simulation). The directives `$patch`
 //! (`replace`, `delete`, `merge`), `$retainKeys`, `$setElementOrder/<field>` and
 //! `$deleteFromPrimitiveList/<field>` are honoured; `$setElementOrder` only orders and is
 //! dropped. No directive is ever stored.
@@ -148,7 +150,35 @@ fn list_strategy(path: &str) -> ListStrategy {
     match path {
         "metadata.finalizers" => ListStrategy::Set,
         "metadata.ownerReferences" => ListStrategy::MergeByKey("uid"),
-        _ => ListStrategy::Replace,
+        _ => pod_spec_list(path).unwrap_or(ListStrategy::Replace),
+    }
+}
+
+/// The merge keys of PodSpec's lists (a core Pod's `spec`, a workload's
+/// `spec.template.spec`; member simulation), from the Kubernetes types' `patchMergeKey`
+/// tags. Other lists of a PodSpec (tolerations, args, ...) are replaced, as there.
+fn pod_spec_list(path: &str) -> Option<ListStrategy> {
+    let rest = path
+        .strip_prefix("spec.template.spec.")
+        .or_else(|| path.strip_prefix("spec."))?;
+    let by = |key| Some(ListStrategy::MergeByKey(key));
+    let containers = |list: &str| {
+        matches!(
+            list,
+            "containers" | "initContainers" | "ephemeralContainers"
+        )
+    };
+    match rest.split_once('.') {
+        None if containers(rest) || matches!(rest, "volumes" | "imagePullSecrets") => by("name"),
+        None => None,
+        Some((list, field)) if containers(list) => match field {
+            "env" => by("name"),
+            "ports" => by("containerPort"),
+            "volumeMounts" => by("mountPath"),
+            "volumeDevices" => by("devicePath"),
+            _ => None,
+        },
+        Some(_) => None,
     }
 }
 
@@ -323,6 +353,52 @@ mod tests {
                 .duplicates,
             vec!["a"]
         );
+    }
+
+    #[test]
+    fn pod_spec_lists_merge_by_their_keys() {
+        let sts = crate::member::kinds()
+            .into_iter()
+            .find(|k| k.kind == "StatefulSet")
+            .unwrap();
+        let mut target = json!({"spec": {"template": {"spec": {
+            "containers": [
+                {"name": "main", "image": "a:1", "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}],
+                 "ports": [{"containerPort": 80, "name": "http"}]},
+                {"name": "sidecar", "image": "s:1"}
+            ],
+            "tolerations": [{"key": "a"}]
+        }}}});
+        let patch = json!({"spec": {"template": {"spec": {
+            "containers": [{"name": "main", "image": "a:2", "env": [{"name": "Y", "value": "3"}],
+                            "ports": [{"containerPort": 80, "protocol": "TCP"}]}],
+            "tolerations": [{"key": "b"}]
+        }}}});
+        Patch::Strategic(patch)
+            .apply(&sts, "s", &mut target)
+            .unwrap();
+        assert_eq!(
+            target,
+            json!({"spec": {"template": {"spec": {
+                "containers": [
+                    {"name": "main", "image": "a:2", "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "3"}],
+                     "ports": [{"containerPort": 80, "name": "http", "protocol": "TCP"}]},
+                    {"name": "sidecar", "image": "s:1"}
+                ],
+                "tolerations": [{"key": "b"}]
+            }}}})
+        );
+        // A Pod's own spec, and deleting one container by its key.
+        let pod = crate::member::kinds()
+            .into_iter()
+            .find(|k| k.kind == "Pod")
+            .unwrap();
+        let mut target = json!({"spec": {"containers": [{"name": "a"}, {"name": "b"}]}});
+        let patch = json!({"spec": {"containers": [{"name": "a", "$patch": "delete"}]}});
+        Patch::Strategic(patch)
+            .apply(&pod, "p", &mut target)
+            .unwrap();
+        assert_eq!(target, json!({"spec": {"containers": [{"name": "b"}]}}));
     }
 
     #[test]

@@ -50,6 +50,12 @@ pub struct ResourceType {
     /// Whether `application/strategic-merge-patch+json` is accepted (built-in kinds only,
     /// as in Kubernetes).
     pub strategic_merge_patch: bool,
+    /// Whether `GET .../{name}/log` is served (core Pods in member simulation only,
+    /// answered by [`crate::member::PodLogSource`]).
+    pub log_subresource: bool,
+    /// Whether `/scale` (`autoscaling/v1` Scale over `spec.replicas`, `status.replicas`
+    /// and `spec.selector`) is served.
+    pub scale_subresource: bool,
     pub validator: Option<Validator>,
 }
 
@@ -165,6 +171,8 @@ impl ResourceType {
             selectable_fields,
             schema,
             strategic_merge_patch: false,
+            log_subresource: false,
+            scale_subresource: false,
             validator,
         })
     }
@@ -199,6 +207,8 @@ impl ResourceType {
                 }),
             ),
             strategic_merge_patch: true,
+            log_subresource: false,
+            scale_subresource: false,
             validator: None,
         }
     }
@@ -236,6 +246,8 @@ impl ResourceType {
                 }),
             ),
             strategic_merge_patch: true,
+            log_subresource: false,
+            scale_subresource: false,
             validator: None,
         }
     }
@@ -325,12 +337,14 @@ impl ResourceType {
                 }),
             ),
             strategic_merge_patch: true,
+            log_subresource: false,
+            scale_subresource: false,
             validator: None,
         }
     }
 }
 
-fn column(name: &str, type_: &str, json_path: &str) -> PrinterColumn {
+pub(crate) fn column(name: &str, type_: &str, json_path: &str) -> PrinterColumn {
     PrinterColumn {
         name: name.into(),
         type_: type_.into(),
@@ -342,7 +356,7 @@ fn column(name: &str, type_: &str, json_path: &str) -> PrinterColumn {
 }
 
 /// A top-level object schema with the standard `apiVersion`/`kind`/`metadata` fields.
-fn object_schema(description: &str, extra: Value) -> Value {
+pub(crate) fn object_schema(description: &str, extra: Value) -> Value {
     let mut properties = json!({
         "apiVersion": {"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."},
         "kind": {"type": "string", "description": "Kind is a string value representing the REST resource this object represents."},
@@ -367,6 +381,12 @@ impl Registry {
         registry.add(ResourceType::namespace());
         registry.add(ResourceType::lease());
         registry.add(ResourceType::event());
+        registry.add_rlark_kinds();
+        registry
+    }
+
+    /// Add rlark's `rlinf.io/v1alpha1` kinds, each validated by `rlark_api::validation`.
+    pub(crate) fn add_rlark_kinds(&mut self) {
         for crd in rlark_api::crd::crds() {
             let kind = crd.spec.names.kind.clone();
             let validator: Validator =
@@ -374,11 +394,10 @@ impl Registry {
             // The CRDs are generated from our own types and covered by rlark-api's tests,
             // so a failure here is a programming error worth failing loudly on at startup.
             match ResourceType::from_crd(&crd, Some(validator)) {
-                Ok(rt) => registry.add(rt),
+                Ok(rt) => self.add(rt),
                 Err(error) => panic!("built-in CRD is unusable: {error}"),
             }
         }
-        registry
     }
 
     pub fn add(&mut self, resource: ResourceType) {

@@ -20,6 +20,27 @@ pub(crate) struct Target {
     pub name: Option<String>,
     /// The `/status` subresource.
     pub status: bool,
+    /// Any other subresource (`log` of core Pods, `scale` of workloads in member
+    /// simulation).
+    pub subresource: Option<Subresource>,
+}
+
+/// A subresource other than `status`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Subresource {
+    /// `pods/{name}/log`: read only.
+    Log,
+    /// `{workload}/{name}/scale`: get, update, patch.
+    Scale,
+}
+
+impl Subresource {
+    pub(crate) fn as_str(self) -> &'static str {
+        match self {
+            Subresource::Log => "log",
+            Subresource::Scale => "scale",
+        }
+    }
 }
 
 /// The Kubernetes verb of a request (the `verb` label of metrics and audit).
@@ -55,16 +76,26 @@ impl Verb {
         let collection = target.name.is_none();
         // Only list/watch are served on the all-namespaces URL of a namespaced kind.
         let all_namespaces = target.rt.namespaced && target.namespace.is_none();
-        let verb = match *method {
-            Method::GET if query.watch => Some(Verb::Watch),
-            Method::GET if collection => Some(Verb::List),
-            Method::GET => Some(Verb::Get),
-            Method::POST if collection && !all_namespaces && !target.status => Some(Verb::Create),
-            Method::PUT if !collection => Some(Verb::Update),
-            Method::PATCH if !collection => Some(Verb::Patch),
-            Method::DELETE if !collection && !target.status => Some(Verb::Delete),
-            Method::DELETE if collection && !all_namespaces => Some(Verb::DeleteCollection),
-            _ => None,
+        let verb = match target.subresource {
+            Some(sub) => match *method {
+                Method::GET if !query.watch => Some(Verb::Get),
+                Method::PUT if sub == Subresource::Scale => Some(Verb::Update),
+                Method::PATCH if sub == Subresource::Scale => Some(Verb::Patch),
+                _ => None,
+            },
+            None => match *method {
+                Method::GET if query.watch => Some(Verb::Watch),
+                Method::GET if collection => Some(Verb::List),
+                Method::GET => Some(Verb::Get),
+                Method::POST if collection && !all_namespaces && !target.status => {
+                    Some(Verb::Create)
+                }
+                Method::PUT if !collection => Some(Verb::Update),
+                Method::PATCH if !collection => Some(Verb::Patch),
+                Method::DELETE if !collection && !target.status => Some(Verb::Delete),
+                Method::DELETE if collection && !all_namespaces => Some(Verb::DeleteCollection),
+                _ => None,
+            },
         };
         verb.ok_or_else(|| {
             ApiError::method_not_allowed(format!(
@@ -127,9 +158,11 @@ pub(crate) fn parse_path(registry: &Registry, path: &str) -> Result<Target, ApiE
     if rt.namespaced && namespace.is_none() && name.is_some() {
         return Err(no_such_resource(group, plural));
     }
-    let status = match sub {
-        None => false,
-        Some("status") if rt.status_subresource => true,
+    let (status, subresource) = match sub {
+        None => (false, None),
+        Some("status") if rt.status_subresource => (true, None),
+        Some("log") if rt.log_subresource => (false, Some(Subresource::Log)),
+        Some("scale") if rt.scale_subresource => (false, Some(Subresource::Scale)),
         Some(sub) => return Err(no_such_resource(group, &format!("{plural}/{sub}"))),
     };
     Ok(Target {
@@ -137,6 +170,7 @@ pub(crate) fn parse_path(registry: &Registry, path: &str) -> Result<Target, ApiE
         namespace: namespace.map(str::to_string),
         name: name.map(str::to_string),
         status,
+        subresource,
     })
 }
 

@@ -10,6 +10,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod kubesim;
 pub mod netns;
 pub mod real_agent;
 pub mod tunnel_agent;
@@ -103,6 +104,20 @@ impl TestServer {
         Self::start_config(config, DataDir::Temp(dir)).await
     }
 
+    /// Start on a fresh temporary data directory (removed by [`TestServer::stop`]) with the
+    /// default test configuration changed by `configure`.
+    pub async fn start_configured(
+        configure: impl FnOnce(&mut ServerConfig),
+    ) -> anyhow::Result<TestServer> {
+        let dir = tempfile::Builder::new()
+            .prefix("rlark-test-")
+            .tempdir()
+            .context("create temporary data directory")?;
+        let mut config = Self::config_for(dir.path());
+        configure(&mut config);
+        Self::start_config(config, DataDir::Temp(dir)).await
+    }
+
     /// Start on `dir` (created if missing, kept on stop): use it to restart a server on the
     /// same data.
     pub async fn start_in(dir: &Path) -> anyhow::Result<TestServer> {
@@ -172,7 +187,8 @@ impl TestServer {
         Ok(())
     }
 
-    /// Shut down gracefully and start again on the same data directory (new port).
+    /// Shut down gracefully and start again on the same data directory (new port), with the
+    /// default test configuration (what [`Self::start_configured`] changed is not kept).
     pub async fn restart(self) -> anyhow::Result<TestServer> {
         let TestServer { server, dir } = self;
         server.shutdown().await.context("shut down rlark server")?;

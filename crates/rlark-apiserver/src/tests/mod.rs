@@ -7,6 +7,7 @@ mod bad_input;
 mod collection;
 mod crud;
 mod listing;
+mod member;
 mod watching;
 
 use std::sync::Arc;
