@@ -35,6 +35,10 @@
 //!   same: the REDIRECT listener accepts first).
 //! - No half-close: when the task shuts down its sending side, the stack closes both
 //!   directions once its own sent data is acknowledged.
+//! - No retransmission timer: a lost segment is resent only when a packet of its connection
+//!   arrives; [`replay::AckReplay`] feeds the replica's last ACK in again when the replica
+//!   falls silent with data outstanding, and ipstack's retransmission limit is raised from
+//!   3 (after which it silently dropped the segment from the stream) to [`MAX_RETRANSMITS`].
 //! - Its internal queues are unbounded; what is fed to it is bounded here, and its receive
 //!   window (at most 64 KiB, no window scaling) bounds each connection's unread data.
 //! - An idle connection is reset after [`IDLE_TIMEOUT`] (ipstack's session timeout).
@@ -61,6 +65,10 @@ use super::datagram::{DatagramMetrics, DropReason, PacketIo};
 use super::pods::BoxStream;
 use super::tun::TUN_MTU;
 
+pub mod replay;
+
+use replay::AckReplay;
+
 /// TCP packets queued from the TUN reader to the stack.
 pub const TCP_QUEUE: usize = 1024;
 /// Packets queued from the stack to the TUN writer.
@@ -76,6 +84,12 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(2 * 3600);
 /// The MSS the stack announces: ipstack hands at most 8 KiB of received data to the reader
 /// per incoming packet, so larger segments would pile up inside it.
 pub const MSS: u16 = 8192;
+
+/// How often the device asks [`AckReplay`] what to replay.
+pub const REPLAY_TICK: Duration = Duration::from_millis(500);
+/// Retransmissions of one segment before ipstack gives up on it (its default, 3, drops the
+/// segment from the stream and leaves the connection corrupt).
+pub const MAX_RETRANSMITS: usize = 12;
 
 /// Serves the connections the stack accepts.
 pub trait TcpHandler: Send + Sync + 'static {
@@ -96,6 +110,10 @@ pub struct ChannelDevice {
     incoming: mpsc::Receiver<Vec<u8>>,
     outgoing: PollSender<Vec<u8>>,
     metrics: DatagramMetrics,
+    /// The retransmission nudge: sees both directions, and its due ACKs are read next.
+    replay: AckReplay,
+    replays: Vec<Vec<u8>>,
+    tick: Pin<Box<tokio::time::Sleep>>,
 }
 
 impl ChannelDevice {
@@ -110,28 +128,50 @@ impl ChannelDevice {
             incoming,
             outgoing: PollSender::new(outgoing),
             metrics,
+            replay: AckReplay::default(),
+            replays: Vec::new(),
+            tick: Box::pin(tokio::time::sleep(REPLAY_TICK)),
         }
     }
 }
 
 impl AsyncRead for ChannelDevice {
-    /// The next queued packet, whole. Once the queue is closed and empty this stays
-    /// pending: ipstack treats a 0-byte read as a packet and would spin on it; the stack is
-    /// torn down by its owner instead.
+    /// The next queued packet, whole, or an ACK [`AckReplay`] says is due (checked every
+    /// [`REPLAY_TICK`]). Once the queue is closed and empty this stays pending: ipstack
+    /// treats a 0-byte read as a packet and would spin on it; the stack is torn down by its
+    /// owner instead.
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<io::Result<()>> {
+        let this = &mut *self;
         loop {
-            match ready!(self.incoming.poll_recv(cx)) {
-                Some(packet) if packet.len() <= buf.remaining() => {
+            if let Some(packet) = this.replays.pop() {
+                if packet.len() <= buf.remaining() {
                     buf.put_slice(&packet);
                     return Poll::Ready(Ok(()));
                 }
-                Some(_) => self.metrics.count_drop(DropReason::TooBig),
-                None => return Poll::Pending,
+                continue;
             }
+            match this.incoming.poll_recv(cx) {
+                Poll::Ready(Some(packet)) if packet.len() <= buf.remaining() => {
+                    this.replay.from_replica(&packet, std::time::Instant::now());
+                    buf.put_slice(&packet);
+                    return Poll::Ready(Ok(()));
+                }
+                Poll::Ready(Some(_)) => {
+                    this.metrics.count_drop(DropReason::TooBig);
+                    continue;
+                }
+                Poll::Ready(None) => return Poll::Pending,
+                Poll::Pending => {}
+            }
+            ready!(this.tick.as_mut().poll(cx));
+            this.tick
+                .as_mut()
+                .reset(tokio::time::Instant::now() + REPLAY_TICK);
+            this.replays = this.replay.due(std::time::Instant::now());
         }
     }
 }
@@ -148,6 +188,7 @@ impl AsyncWrite for ChannelDevice {
         if ready!(self.outgoing.poll_reserve(cx)).is_err() {
             return Poll::Ready(Err(gone()));
         }
+        self.replay.from_stack(buf);
         self.outgoing.send_item(buf.to_vec()).map_err(|_| gone())?;
         Poll::Ready(Ok(buf.len()))
     }
@@ -246,11 +287,12 @@ impl<S: AsyncWrite + Unpin> AsyncWrite for FinRetry<S> {
 }
 
 /// The ipstack configuration of a replica's stack: packets as large as the TUN's MTU, the
-/// [`MSS`], [`IDLE_TIMEOUT`], and up to 64 KiB in flight each way.
+/// [`MSS`], [`IDLE_TIMEOUT`], [`MAX_RETRANSMITS`], and up to 64 KiB in flight each way.
 pub fn stack_config() -> IpStackConfig {
     let mut tcp = TcpConfig::default();
     tcp.timeout = IDLE_TIMEOUT;
     tcp.max_unacked_bytes = u32::from(u16::MAX);
+    tcp.max_retransmit_count = MAX_RETRANSMITS;
     tcp.options = Some(vec![TcpOptions::MaximumSegmentSize(MSS)]);
     let mut config = IpStackConfig::default();
     config.mtu_unchecked(TUN_MTU).with_tcp_config(tcp);
