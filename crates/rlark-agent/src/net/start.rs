@@ -230,10 +230,23 @@ async fn availability(requested: NetMode) -> Result<(Mode, String), String> {
         NetMode::Tun => None,
     };
     let tun = match (requested, &netfilter) {
-        (NetMode::Tun, _) | (NetMode::Auto, Some(Err(_))) => Some(netns::probe_tun().await),
+        (NetMode::Tun, _) | (NetMode::Auto, Some(Err(_))) => {
+            Some(netns::probe_tun().await.and_then(|()| multi_threaded()))
+        }
         _ => None,
     };
     decide(requested, netfilter, tun)
+}
+
+/// Tun mode's stack (ipstack) blocks a runtime worker briefly when a connection is dropped
+/// (`block_in_place`), which a current-thread runtime does not allow.
+fn multi_threaded() -> Result<(), String> {
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::CurrentThread => {
+            Err("tun mode needs the multi-threaded tokio runtime".into())
+        }
+        _ => Ok(()),
+    }
 }
 
 /// The choice itself (sans IO): the mode for `requested` given the outcomes of the
