@@ -1,12 +1,15 @@
 //! Starting the agent's pod network: which mode it can run, the router with its relay and
 //! direct paths, the direct listener, the membership watch and the path-status writer.
 //!
-//! The pod network needs root (network namespaces, TUN, nftables) and, for the kernel mode,
-//! working netfilter in a fresh namespace ([`super::netns::probe_netfilter`]). When either
-//! is missing the agent still runs: it reports why in its Node's `status.network.message`,
-//! and replicas of domain tasks fail with reason `DomainNetworkUnavailable` and that
-//! message instead of running outside their domain. The userspace (TUN) mode for hosts
-//! without netfilter is planned; today such a host runs no pod network.
+//! The pod network needs root (network namespaces, TUN devices) and, for the kernel mode,
+//! working netfilter in a fresh namespace ([`super::netns::probe_netfilter`]); the tun
+//! mode needs only a TUN device in a fresh namespace ([`super::netns::probe_tun`]).
+//! `--net-mode auto` ([`NetMode::Auto`]) takes kernel mode where netfilter works, else tun
+//! mode; when neither works the agent still runs: it reports why in its Node's
+//! `status.network.message`, and replicas of domain tasks fail with reason
+//! `DomainNetworkUnavailable` and that message instead of running outside their domain. A
+//! mode forced with `--net-mode kernel|tun` that this host cannot run stops the agent at
+//! start ([`StartError::NetMode`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -24,7 +27,7 @@ use super::netns::{self, Mode};
 use super::replica::{DomainNet, NetConfig, PodNetwork};
 use super::revocations::Revocations;
 use super::router::{DirectDialer, REDIRECT_PORT, Router, RouterConfig};
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, NetMode};
 use crate::join::AgentCredentials;
 
 /// Failures that stop the agent: a direct listener that was asked for and cannot be had.
@@ -38,6 +41,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("--net-mode {requested}: {reason}")]
+    NetMode { requested: NetMode, reason: String },
 }
 
 /// The agent's pod network, started (see the module documentation).
@@ -54,6 +59,8 @@ pub struct PodNet {
     direct: Option<(DirectEndpoint, tokio::net::TcpListener)>,
     direct_address: Option<String>,
     namespace: String,
+    /// Why the mode runs (the Node's `status.network.message`).
+    mode_reason: String,
 }
 
 impl PodNet {
@@ -108,25 +115,39 @@ impl PodNet {
             RouterConfig::new(Arc::new(netns::original_destination)),
             shutdown.clone(),
         );
-        let network = match availability().await {
-            Ok(mode) => PodNetwork::Ready(DomainNet::new(
-                router.clone(),
-                datagrams,
-                NetConfig {
-                    mode,
-                    redirect_port: REDIRECT_PORT,
-                    loopback_passthrough: loopback_ports(&config.servers),
-                    state_dir: config.data_dir.join("net"),
-                },
-                shutdown,
-            )),
+        let chosen = match availability(config.net_mode).await {
+            Ok(chosen) => Ok(chosen),
+            Err(reason) if config.net_mode != NetMode::Auto => {
+                return Err(StartError::NetMode {
+                    requested: config.net_mode,
+                    reason,
+                });
+            }
+            Err(reason) => Err(reason),
+        };
+        let mut mode_reason = String::new();
+        let network = match chosen {
+            Ok((mode, reason)) => {
+                mode_reason = reason;
+                PodNetwork::Ready(DomainNet::new(
+                    router.clone(),
+                    datagrams,
+                    NetConfig {
+                        mode,
+                        redirect_port: REDIRECT_PORT,
+                        loopback_passthrough: loopback_ports(&config.servers),
+                        state_dir: config.data_dir.join("net"),
+                    },
+                    shutdown,
+                ))
+            }
             Err(why) => {
                 tracing::warn!(reason = %why, "no pod network on this agent: replicas of domain tasks will fail");
                 PodNetwork::Unavailable(why)
             }
         };
         if let PodNetwork::Ready(net) = &network {
-            tracing::info!(mode = net.mode().as_str(), direct = ?direct_address, "pod network ready");
+            tracing::info!(mode = net.mode().as_str(), requested = config.net_mode.as_str(), why = %mode_reason, direct = ?direct_address, "pod network ready");
         }
         Ok(PodNet {
             router,
@@ -137,6 +158,7 @@ impl PodNet {
             direct,
             direct_address,
             namespace,
+            mode_reason,
         })
     }
 
@@ -152,10 +174,7 @@ impl PodNet {
             PodNetwork::Ready(net) => NodeNetwork {
                 mode: net.mode().as_str().to_string(),
                 direct_address: self.direct_address.clone(),
-                message: Some(match net.mode() {
-                    Mode::Kernel => "netfilter works here: kernel mode (nftables REDIRECT)".into(),
-                    Mode::Tun => "tun mode".into(),
-                }),
+                message: Some(self.mode_reason.clone()),
             },
             PodNetwork::Unavailable(why) => NodeNetwork {
                 mode: "none".into(),
@@ -212,18 +231,83 @@ impl PodNet {
     }
 }
 
-/// Which mode this host can run, or why it runs none.
-async fn availability() -> Result<Mode, String> {
+/// The mode to run for `requested` and why (the Node's `status.network.message`), or why
+/// none can run. Probes only what the choice needs (auto: TUN only when netfilter fails).
+async fn availability(requested: NetMode) -> Result<(Mode, String), String> {
     if !nix::unistd::geteuid().is_root() {
         return Err(
             "the pod network needs root (network namespaces, TUN devices, nftables)".into(),
         );
     }
-    match netns::probe_netfilter().await {
-        Ok(()) => Ok(Mode::Kernel),
-        Err(why) => Err(format!(
-            "netfilter does not work here ({why}); the userspace (TUN) mode is planned"
-        )),
+    let netfilter = match requested {
+        NetMode::Kernel | NetMode::Auto => Some(netns::probe_netfilter().await),
+        NetMode::Tun => None,
+    };
+    let tun = match (requested, &netfilter) {
+        (NetMode::Tun, _) | (NetMode::Auto, Some(Err(_))) => {
+            Some(netns::probe_tun().await.and_then(|()| multi_threaded()))
+        }
+        _ => None,
+    };
+    decide(requested, netfilter, tun)
+}
+
+/// Tun mode's stack (ipstack) blocks a runtime worker briefly when a connection is dropped
+/// (`block_in_place`), which a current-thread runtime does not allow.
+fn multi_threaded() -> Result<(), String> {
+    match tokio::runtime::Handle::current().runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::CurrentThread => {
+            Err("tun mode needs the multi-threaded tokio runtime".into())
+        }
+        _ => Ok(()),
+    }
+}
+
+/// The choice itself (sans IO): the mode for `requested` given the outcomes of the
+/// netfilter and TUN probes that ran (`None`: not run), with the reason shown on the Node;
+/// or why no mode runs.
+fn decide(
+    requested: NetMode,
+    netfilter: Option<Result<(), String>>,
+    tun: Option<Result<(), String>>,
+) -> Result<(Mode, String), String> {
+    let not_run = |probe: &str| format!("the {probe} probe did not run");
+    match requested {
+        NetMode::Kernel => match netfilter {
+            Some(Ok(())) => Ok((
+                Mode::Kernel,
+                "kernel mode (nftables REDIRECT), as --net-mode kernel asks".into(),
+            )),
+            Some(Err(why)) => Err(format!("netfilter does not work here: {why}")),
+            None => Err(not_run("netfilter")),
+        },
+        NetMode::Tun => match tun {
+            Some(Ok(())) => Ok((
+                Mode::Tun,
+                "tun mode (userspace TCP stack), as --net-mode tun asks".into(),
+            )),
+            Some(Err(why)) => Err(format!("no TUN device can be made here: {why}")),
+            None => Err(not_run("TUN")),
+        },
+        NetMode::Auto => match (netfilter, tun) {
+            (Some(Ok(())), _) => Ok((
+                Mode::Kernel,
+                "netfilter works here: kernel mode (nftables REDIRECT)".into(),
+            )),
+            (Some(Err(netfilter)), Some(Ok(()))) => Ok((
+                Mode::Tun,
+                format!(
+                    "netfilter does not work here ({netfilter}): tun mode (userspace TCP \
+                     stack)"
+                ),
+            )),
+            (Some(Err(netfilter)), Some(Err(tun))) => Err(format!(
+                "netfilter does not work here ({netfilter}) and no TUN device can be made \
+                 ({tun})"
+            )),
+            (None, _) => Err(not_run("netfilter")),
+            (Some(Err(_)), None) => Err(not_run("TUN")),
+        },
     }
 }
 
@@ -252,6 +336,41 @@ fn loopback_ports(servers: &[String]) -> Vec<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mode_follows_the_request_and_the_probes() {
+        let ok = || Some(Ok(()));
+        let failed = |why: &str| Some(Err(why.to_string()));
+        let mode = |r: Result<(Mode, String), String>| r.map(|(mode, _)| mode);
+        // auto: kernel where netfilter works, else tun, else none with both reasons.
+        assert_eq!(mode(decide(NetMode::Auto, ok(), None)), Ok(Mode::Kernel));
+        let (chosen, why) =
+            decide(NetMode::Auto, failed("no nft"), ok()).expect("tun as the fallback");
+        assert_eq!(chosen, Mode::Tun);
+        assert!(why.contains("no nft") && why.contains("tun mode"), "{why}");
+        let none = decide(NetMode::Auto, failed("no nft"), failed("no /dev/net/tun"))
+            .expect_err("neither works");
+        assert!(
+            none.contains("no nft") && none.contains("no /dev/net/tun"),
+            "{none}"
+        );
+        // Forced modes: only their own probe counts.
+        assert_eq!(mode(decide(NetMode::Kernel, ok(), None)), Ok(Mode::Kernel));
+        let kernel = decide(NetMode::Kernel, failed("nat table missing"), ok())
+            .expect_err("kernel is not available");
+        assert!(
+            kernel.contains("netfilter does not work here: nat table missing"),
+            "{kernel}"
+        );
+        let (chosen, why) = decide(NetMode::Tun, None, ok()).expect("tun");
+        assert_eq!(chosen, Mode::Tun);
+        assert!(why.contains("--net-mode tun"), "{why}");
+        let tun = decide(NetMode::Tun, ok(), failed("EPERM")).expect_err("no TUN");
+        assert!(
+            tun.contains("no TUN device can be made here: EPERM"),
+            "{tun}"
+        );
+    }
 
     #[test]
     fn loopback_servers_are_passed_through() {
