@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rlark_api::labels;
-use rlark_api::types::NodeCategory;
+use rlark_api::types::{AgentType, NodeCategory};
 
 /// Heartbeat interval when none is given (the Lease and `status.heartbeatTime`).
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
@@ -89,6 +89,13 @@ pub struct AgentConfig {
     /// `--domain-advertise HOST:PORT`: the direct address announced in the Node's
     /// `status.network.directAddress`; default: `domain_listen` when it names one IP.
     pub domain_advertise: Option<String>,
+    /// `--agent-type`: how Tasks run here: `Raw` (processes, the default) or `Docker`
+    /// (containers of the node's Docker engine, [`crate::runtime::docker`]). The Node
+    /// reports it, so only Tasks of that agent type are placed here.
+    pub agent_type: AgentType,
+    /// `--docker-host`: the engine of a `Docker` agent (`unix:///path`); `None`:
+    /// `DOCKER_HOST`, else [`crate::runtime::docker::DEFAULT_DOCKER_HOST`].
+    pub docker_host: Option<String>,
 }
 
 impl AgentConfig {
@@ -114,6 +121,8 @@ impl AgentConfig {
             metrics_listen: None,
             domain_listen: None,
             domain_advertise: None,
+            agent_type: AgentType::Raw,
+            docker_host: None,
         }
     }
 

@@ -10,6 +10,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod docker;
 pub mod netns;
 pub mod real_agent;
 pub mod tunnel_agent;
