@@ -68,13 +68,11 @@ pub fn ensure_test_image() -> anyhow::Result<()> {
     dir.set_mode(0o755);
     dir.set_size(0);
     archive.append_data(&mut dir, "bin/", std::io::empty())?;
-    for tmp in ["tmp/"] {
-        let mut header = tar::Header::new_gnu();
-        header.set_entry_type(tar::EntryType::Directory);
-        header.set_mode(0o1777);
-        header.set_size(0);
-        archive.append_data(&mut header, tmp, std::io::empty())?;
-    }
+    let mut tmp = tar::Header::new_gnu();
+    tmp.set_entry_type(tar::EntryType::Directory);
+    tmp.set_mode(0o1777);
+    tmp.set_size(0);
+    archive.append_data(&mut tmp, "tmp/", std::io::empty())?;
     let mut file = tar::Header::new_gnu();
     file.set_mode(0o755);
     file.set_size(u64::try_from(busybox.len())?);

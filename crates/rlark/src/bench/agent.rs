@@ -832,18 +832,23 @@ async fn measure(
             agent_cpu_cores,
             supervisors,
             supervisors_pss_mib,
-            // The agent is this executable, so it makes the same choice.
-            supervisor: rlark_agent::runtime::default_supervisor()
-                .iter()
-                .map(|a| {
-                    std::path::Path::new(a)
-                        .file_name()
-                        .unwrap_or(a)
-                        .to_string_lossy()
-                        .into_owned()
-                })
-                .collect::<Vec<_>>()
-                .join(" "),
+            // The agent is this executable, so it makes the same choice. Containers have
+            // none: the engine runs them.
+            supervisor: if options.agent_type == BenchRuntime::Docker {
+                "none: the Docker engine runs the containers".to_string()
+            } else {
+                rlark_agent::runtime::default_supervisor()
+                    .iter()
+                    .map(|a| {
+                        std::path::Path::new(a)
+                            .file_name()
+                            .unwrap_or(a)
+                            .to_string_lossy()
+                            .into_owned()
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            },
         })
     }
     .await;

@@ -153,12 +153,21 @@ pub fn container_name(
     format!("{cut}-{hash}")
 }
 
-/// Amounts of `resources` for the engine: (`NanoCpus`, `Memory` bytes, GPUs).
-fn resource_limits(
-    container: &DockerContainerSpec,
-) -> Result<(Option<i64>, Option<i64>, Option<i64>), String> {
+/// Amounts of a container's `resources` for the engine.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+struct Limits {
+    /// `NanoCpus`.
+    nano_cpus: Option<i64>,
+    /// `Memory`, bytes.
+    memory: Option<i64>,
+    /// GPUs of the device request.
+    gpus: Option<i64>,
+}
+
+/// The engine's amounts of `container`'s `resources` (limits, else requests).
+fn resource_limits(container: &DockerContainerSpec) -> Result<Limits, String> {
     let Some(resources) = &container.resources else {
-        return Ok((None, None, None));
+        return Ok(Limits::default());
     };
     let amount = |name: &str, scale: i32| -> Result<Option<i64>, String> {
         let Some(quantity) = resources
@@ -177,11 +186,11 @@ fn resource_limits(
             .ok_or_else(|| format!("resources {name} {:?} is out of range", quantity.0))?;
         Ok(Some(scaled))
     };
-    Ok((
-        amount("cpu", -9)?,
-        amount("memory", 0)?,
-        amount("nvidia.com/gpu", 0)?,
-    ))
+    Ok(Limits {
+        nano_cpus: amount("cpu", -9)?,
+        memory: amount("memory", 0)?,
+        gpus: amount("nvidia.com/gpu", 0)?,
+    })
 }
 
 /// The engine's create body for `container` (see the module documentation).
@@ -223,7 +232,11 @@ fn create_body(
             binds.push(format!("{0}:{0}:ro", file.display()));
         }
     }
-    let (nano_cpus, memory, gpus) = resource_limits(container)?;
+    let Limits {
+        nano_cpus,
+        memory,
+        gpus,
+    } = resource_limits(container)?;
     let mut labels = set.labels.clone();
     labels.insert(LABEL_CONTAINER.to_string(), container.name.clone());
     let mut host = json!({
@@ -468,7 +481,7 @@ impl DockerRuntime {
             .await?;
         let mut removed = 0;
         for container in found {
-            if known.iter().any(|id| *id == container.id) {
+            if known.contains(&container.id) {
                 continue;
             }
             tracing::info!(container = %container.id, names = ?container.names, task = container.labels.get(LABEL_TASK).map(String::as_str).unwrap_or(""), "removing a container no replica owns");
