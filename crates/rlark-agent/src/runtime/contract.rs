@@ -1,7 +1,8 @@
 //! The contract between the Task reconciler (`tasks/`) and a runtime: what the
 //! per-replica worker asks of whatever runs its replica. The raw runtime ([`RawRuntime`]:
-//! a process group under a supervisor process, this module's parent) implements it; the
-//! Kubernetes and Docker runtimes plug in beside it.
+//! a process group under a supervisor process, this module's parent) implements it, and so
+//! does the docker runtime ([`super::docker::DockerRuntime`]: containers of the node's
+//! engine).
 
 use std::time::{Duration, SystemTime};
 
@@ -19,8 +20,8 @@ use super::{
 /// A runtime owns the replica while the agent runs and keeps running it when the agent
 /// exits or dies: starting, waiting and stopping go through it; a later agent takes a
 /// replica back with [`Runtime::adopt`]. Everything a replica leaves on disk lives in
-/// [`ReplicaSpec::replica_dir`] (`logs/current.log` included), so the logs API and exec
-/// work the same for every runtime.
+/// [`ReplicaSpec::replica_dir`] (`logs/current.log` included), so the logs API works the
+/// same for every runtime (exec into a container goes through its engine, `exec.rs`).
 pub trait Runtime: Send + Sync {
     /// Start replica `spec`. Returns once it runs (or could not be started: the error's
     /// [`RuntimeError::reason`] is the Pod reason, its message names the problem; nothing is
