@@ -381,6 +381,43 @@ async fn a_killed_docker_agent_adopts_its_container_and_leaves_no_orphan() -> an
     let scratch = tempfile::tempdir()?;
     let data_dir = scratch.path().join("agent");
     let token = bootstrap_token(&server, "a").await?;
+
+    // An engine that does not answer stops the agent with a message naming it.
+    let mut unreachable = Command::new(RLARK);
+    unreachable
+        .args([
+            "agent",
+            "--server",
+            &server.url(),
+            "--cluster-id",
+            "a",
+            "--data-dir",
+        ])
+        .arg(scratch.path().join("no-engine"))
+        .args(["--node-name", "docker-none-0", "--agent-type", "Docker"])
+        .args(["--docker-host", "unix:///nonexistent/docker.sock"])
+        .arg("--token")
+        .arg(token["token"].as_str().context("token")?)
+        .arg("--ca-hash")
+        .arg(token["caHash"].as_str().context("caHash")?)
+        .env_remove("KUBECONFIG")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let out = tokio::time::timeout(
+        DEADLINE,
+        tokio::task::spawn_blocking(move || unreachable.output()),
+    )
+    .await
+    .context("the agent without an engine did not exit")???;
+    ensure!(!out.status.success(), "an agent without its engine runs");
+    let said = text(&out.stderr);
+    assert!(
+        said.contains("cannot reach the Docker engine at /nonexistent/docker.sock"),
+        "{said}"
+    );
+
+    let token = bootstrap_token(&server, "a").await?;
     let first = DockerAgent::spawn(&server, &data_dir, NODE, Some(&token))?;
     create_job(
         &admin,
