@@ -356,6 +356,7 @@ async fn start_with_token(
         security: Arc::clone(&security),
         ssh_ca,
         api: api.clone(),
+        shutdown: background.clone(),
     });
     let router = http::router(
         http::ProcessState {

@@ -566,3 +566,117 @@ fn bench_net_quick_measures_its_baselines() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// Agent a's metrics, read inside its namespace (`--metrics-listen 127.0.0.1:9464`).
+fn agent_metrics(net: &DomainNet, cluster: &str) -> anyhow::Result<String> {
+    let out = net.topology.run(
+        cluster,
+        &python(
+            "import urllib.request as u\n\
+             print(u.urlopen('http://127.0.0.1:9464/metrics', timeout=5).read().decode())",
+        ),
+    )?;
+    ensure!(
+        out.status.success(),
+        "metrics of {cluster}: {}",
+        describe(&out)
+    );
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// The sum of the samples of `family` whose line contains every one of `labels`.
+fn metric_sum(text: &str, family: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(family) && labels.iter().all(|label| l.contains(label)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+#[test]
+fn a_revoked_agent_is_refused_on_the_direct_path() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    const DIRECT_PORT: u16 = 15443;
+    let listen = format!("{{address}}:{DIRECT_PORT}");
+    let net = DomainNet::start(
+        RLARK,
+        &["a", "b"],
+        &[
+            "--domain-listen",
+            &listen,
+            "--metrics-listen",
+            "127.0.0.1:9464",
+        ],
+    )?;
+    net.apply(&domain_yaml("net1", "10.88.0.0/24"))?;
+    net.apply(&job_yaml(
+        "web",
+        Some("net1"),
+        &[(
+            "server",
+            "b-0",
+            "exec python3 -m http.server 8080 --bind 0.0.0.0",
+        )],
+    ))?;
+    net.wait_pod("rlark-b", "web-server-0", &["Running"], POD_WAIT)?;
+    let url = "http://web-server-0.net1:8080/";
+    net.apply(&job_yaml(
+        "before",
+        Some("net1"),
+        &[("get", "a-0", &fetch_script(url))],
+    ))?;
+    net.wait_pod("rlark-a", "before-get-0", &["Succeeded"], POD_WAIT)?;
+    let text = agent_metrics(&net, "a")?;
+    ensure!(
+        metric_sum(
+            &text,
+            "rlark_agent_domain_connections_total",
+            &["path=\"direct\"", "outcome=\"ok\""]
+        ) >= 1.0,
+        "the first fetch did not take the direct path: {text}"
+    );
+
+    net.cli_ok(&["cert", "revoke", "--cluster-id", "b"])?;
+    // a's agent learns of it (its long poll answers at once); bounded.
+    let mut learned = false;
+    for _ in 0..60 {
+        let text = agent_metrics(&net, "a")?;
+        if metric_sum(&text, "rlark_agent_domain_revoked_agent_serials", &[]) >= 1.0 {
+            learned = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    ensure!(
+        learned,
+        "agent a did not learn of the revocation\n{}",
+        net.logs()
+    );
+
+    // b's server still runs, but a refuses b's certificate on the direct path, and b's
+    // tunnel is closed, so the relay has no way to b either: every fetch fails.
+    net.apply(&job_yaml(
+        "after",
+        Some("net1"),
+        &[(
+            "get",
+            "a-0",
+            &format!(
+                "for i in $(seq 5); do python3 -c \"import urllib.request as u; \
+                 u.urlopen('{url}', timeout=2).read()\" && exit 1; sleep 1; done; exit 0"
+            ),
+        )],
+    ))?;
+    net.wait_pod("rlark-a", "after-get-0", &["Succeeded"], POD_WAIT)?;
+    let text = agent_metrics(&net, "a")?;
+    ensure!(
+        metric_sum(
+            &text,
+            "rlark_agent_domain_direct_refused_total",
+            &["direction=\"outbound\"", "reason=\"revoked\""]
+        ) >= 1.0,
+        "no direct connection refused for revocation: {text}"
+    );
+    Ok(())
+}

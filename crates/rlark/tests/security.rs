@@ -1918,3 +1918,133 @@ async fn revoking_a_serial_revokes_its_renewals() -> Result<()> {
     })
     .await
 }
+
+// ---------------------------------------------------------------------------------------
+// The revoked agent serials agents check direct-path peers against
+// ---------------------------------------------------------------------------------------
+
+const AGENT_REVOCATIONS: &str = "/rlark/v1/agentrevocations";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agents_read_the_revoked_agent_serials() -> Result<()> {
+    use rlark_agent::net::revocations::{Fetched, Refusal, Revocations, fetch};
+    bounded(async {
+        let server = TestServer::start().await?;
+        let admin = server.client().await?;
+        let tmp = tempfile::tempdir()?;
+        let ca = ca_bundle(&admin).await?;
+        let a_dir = tmp.path().join("a");
+        join_cluster(&server, &admin, "a", &a_dir).await?;
+        let agent_a = client_from_kubeconfig(&a_dir.join(AGENT_KUBECONFIG)).await?;
+        let b = join_cluster(&server, &admin, "b", &tmp.path().join("b")).await?;
+        let c = join_cluster(&server, &admin, "c", &tmp.path().join("c")).await?;
+        let (viewer, _) = client_from_yaml(
+            tmp.path(),
+            "viewer.kubeconfig",
+            &viewer_kubeconfig(&server, &admin, "alice").await?,
+        )
+        .await?;
+        let (anonymous, _) = client_from_yaml(
+            tmp.path(),
+            "anonymous.kubeconfig",
+            &kubeconfig_with_user(&server.url(), &ca, "{}"),
+        )
+        .await?;
+
+        // Who may read it.
+        let first = call(&agent_a, "GET", AGENT_REVOCATIONS, None).await?;
+        assert_eq!(first.code, 200, "{}", first.brief());
+        assert_eq!(first.json["serials"], json!([]), "{}", first.text);
+        let etag = first
+            .headers
+            .get(http::header::ETAG)
+            .and_then(|v| v.to_str().ok())
+            .context("no ETag")?
+            .to_string();
+        assert_eq!(
+            call(&admin, "GET", AGENT_REVOCATIONS, None).await?.code,
+            200
+        );
+        let refused = call(&anonymous, "GET", AGENT_REVOCATIONS, None).await?;
+        assert_eq!(refused.code, 401, "{}", refused.brief());
+        let refused = call(&viewer, "GET", AGENT_REVOCATIONS, None).await?;
+        assert_eq!(refused.code, 403, "{}", refused.brief());
+        for bad in ["?waitSeconds=61", "?waitSeconds=x", "?watch=1"] {
+            let resp = call(&agent_a, "GET", &format!("{AGENT_REVOCATIONS}{bad}"), None).await?;
+            assert_eq!(resp.code, 400, "{bad}: {}", resp.brief());
+        }
+        // Unchanged: 304.
+        assert_eq!(
+            fetch(&agent_a, Some(&etag), Duration::ZERO).await?,
+            Fetched::Unchanged
+        );
+
+        // A poll held open learns of the revocation of cluster b.
+        let poll = {
+            let (agent_a, etag) = (agent_a.clone(), etag.clone());
+            tokio::spawn(async move { fetch(&agent_a, Some(&etag), Duration::from_secs(30)).await })
+        };
+        call_ok(
+            &admin,
+            "POST",
+            "/rlark/v1/revocations",
+            Some(&json!({"clusterID": "b"})),
+        )
+        .await?;
+        let Fetched::Changed {
+            etag: after_b,
+            serials,
+        } = poll.await??
+        else {
+            bail!("the held poll did not see the revocation");
+        };
+        assert_eq!(serials, vec![b.info.serial.clone()]);
+        assert_ne!(after_b, etag);
+
+        // A user's revocation is not published to agents: the list stays as it was.
+        call_ok(
+            &admin,
+            "POST",
+            "/rlark/v1/revocations",
+            Some(&json!({"user": "alice"})),
+        )
+        .await?;
+        assert_eq!(
+            fetch(&agent_a, Some(&after_b), Duration::ZERO).await?,
+            Fetched::Unchanged
+        );
+
+        // The agent's follower: the set it reads at start, then a change while it polls.
+        let revocations = Revocations::unknown();
+        let stop = CancellationToken::new();
+        let follower = tokio::spawn(revocations.clone().follow(agent_a.clone(), stop.clone()));
+        tokio::time::timeout(Duration::from_secs(30), revocations.wait_known())
+            .await
+            .context("the follower did not read the set")?;
+        assert_eq!(
+            revocations.check(&b.info.serial),
+            Err(Refusal::Revoked {
+                serial: b.info.serial.clone()
+            })
+        );
+        assert_eq!(revocations.check(&c.info.serial), Ok(()));
+        call_ok(
+            &admin,
+            "POST",
+            "/rlark/v1/revocations",
+            Some(&json!({"serial": c.info.serial})),
+        )
+        .await?;
+        tokio::time::timeout(Duration::from_secs(30), async {
+            while revocations.check(&c.info.serial).is_ok() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .context("the follower did not learn of the revocation of c")?;
+        stop.cancel();
+        follower.await?;
+        server.stop().await
+    })
+    .await
+}

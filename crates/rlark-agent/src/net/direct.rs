@@ -21,11 +21,14 @@
 //! reads one `StreamResponse`; after `ok`, a Tcp flow's bytes follow raw. The server hands
 //! the flow to [`crate::net::inbound::Inbound`], which authorizes it like a relayed one.
 //!
-//! Revocation is not checked here: the installation's revoked serials are kept by the
-//! servers and not published to agents, so a revoked but unexpired agent certificate is
-//! accepted on this path until it expires (the flows it opens are still authorized by
-//! membership: its source must be a member of its own cluster). Closing that gap needs the
-//! servers to publish revoked agent serials to agents.
+//! Revocation: both ends check the other's certificate serial against the revoked agent
+//! serials the servers publish ([`crate::net::revocations`]) right after the handshake.
+//! The listener closes a revoked client's connection without answering; the dialer drops a
+//! revoked server's connection before sending anything and reports a TLS failure, so the
+//! router relays that flow through the hub (which refuses a revoked agent's tunnel itself).
+//! Until the set has been read once the listener does not accept and the dialer refuses.
+//! Connections of a peer whose certificate is revoked while they are open are cut when the
+//! new set arrives.
 
 use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -47,6 +50,7 @@ use tokio_util::sync::CancellationToken;
 use crate::join::AgentCredentials;
 use crate::net::inbound::Inbound;
 use crate::net::metrics::PathKind;
+use crate::net::revocations::{Direction, Revocations};
 use crate::net::router::{BoxStream, DirectDialer, DirectError};
 
 /// Subject CN prefix of agent certificates (`system:rlark:agent:<clusterID>`).
@@ -222,17 +226,31 @@ impl ServerCertVerifier for AgentServerVerifier {
 }
 
 /// Both ends of the direct path, with TLS that follows certificate renewals
-/// ([`DirectEndpoint::update`]). Cheap to clone.
+/// ([`DirectEndpoint::update`]) and peers checked against `revocations`. Cheap to clone.
 #[derive(Clone, Debug)]
 pub struct DirectEndpoint {
     tls: Arc<RwLock<Arc<DirectTls>>>,
+    revocations: Revocations,
+}
+
+/// The serial of a peer's (chain-verified) certificate, as the servers publish it.
+fn serial_of(cert_der: &[u8]) -> Result<String, String> {
+    rlark_pki::CertInfo::from_der(cert_der)
+        .map(|info| info.serial)
+        .map_err(|e| format!("peer certificate: {e}"))
 }
 
 impl DirectEndpoint {
-    pub fn new(tls: DirectTls) -> Self {
+    pub fn new(tls: DirectTls, revocations: Revocations) -> Self {
         DirectEndpoint {
             tls: Arc::new(RwLock::new(Arc::new(tls))),
+            revocations,
         }
+    }
+
+    /// The revoked agent certificates this endpoint refuses.
+    pub fn revocations(&self) -> Revocations {
+        self.revocations.clone()
     }
 
     /// Use `tls` (renewed credentials) for new connections.
@@ -257,6 +275,13 @@ impl DirectEndpoint {
         timeout: Duration,
     ) -> Result<BoxStream, DirectError> {
         let tls = self.current();
+        // Not even a connection before the set is known: the router relays instead.
+        if let Err(refusal) = self.revocations.ensure_known(Direction::Outbound) {
+            return Err(DirectError::Other {
+                address: address.to_string(),
+                reason: refusal.to_string(),
+            });
+        }
         let attempt = async {
             let tcp = TcpStream::connect(address)
                 .await
@@ -271,7 +296,7 @@ impl DirectEndpoint {
                     reason: format!("cluster {cluster:?} cannot be verified: {e}"),
                 }
             })?;
-            let mut stream = tls
+            let stream = tls
                 .client
                 .connect(name, tcp)
                 .await
@@ -279,6 +304,26 @@ impl DirectEndpoint {
                     address: address.to_string(),
                     reason: e.to_string(),
                 })?;
+            let tls_error = |reason: String| DirectError::Tls {
+                address: address.to_string(),
+                reason,
+            };
+            let serial = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .ok_or_else(|| tls_error("no server certificate".into()))
+                .and_then(|cert| serial_of(cert.as_ref()).map_err(tls_error))?;
+            // Dropped unanswered: nothing is sent to a revoked peer.
+            self.revocations
+                .admit(&serial, Direction::Outbound)
+                .map_err(|refusal| {
+                    tls_error(format!(
+                        "the agent of cluster {cluster} answered with {refusal}"
+                    ))
+                })?;
+            let mut stream = self.revocations.track(&serial, Direction::Outbound, stream);
             let other = |reason: String| DirectError::Other {
                 address: address.to_string(),
                 reason,
@@ -322,7 +367,16 @@ impl DirectEndpoint {
 
     /// Accept direct connections on `listener` until `shutdown`, each served by `inbound`
     /// with the cluster of its client certificate.
+    /// Nothing is accepted before the revoked agent certificates are known (connections wait
+    /// in the listen backlog; dialers time out and relay).
     pub async fn serve(self, listener: TcpListener, inbound: Inbound, shutdown: CancellationToken) {
+        if !self.revocations.is_known() {
+            tracing::info!("direct listener: waiting for the revoked agent certificates");
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = self.revocations.wait_known() => {}
+            }
+        }
         loop {
             let accepted = tokio::select! {
                 () = shutdown.cancelled() => return,
@@ -350,7 +404,7 @@ impl DirectEndpoint {
         let _ = tcp.set_nodelay(true);
         let tls = self.current();
         let setup = async {
-            let mut stream = tls
+            let stream = tls
                 .server
                 .accept(tcp)
                 .await
@@ -362,6 +416,12 @@ impl DirectEndpoint {
                 .and_then(|c| c.first())
                 .ok_or("no client certificate")?;
             let cluster = cluster_of(cert.as_ref())?;
+            let serial = serial_of(cert.as_ref())?;
+            // Closed unanswered: a revoked client learns nothing here.
+            self.revocations
+                .admit(&serial, Direction::Inbound)
+                .map_err(|refusal| format!("cluster {cluster}: {refusal}"))?;
+            let mut stream = self.revocations.track(&serial, Direction::Inbound, stream);
             let request = match header::read_request(&mut stream).await {
                 Ok(request) => request,
                 Err(ReadHeaderError::Header(e)) => {

@@ -18,6 +18,7 @@ pub mod nft;
 pub mod packet;
 pub mod pods;
 pub mod replica;
+pub mod revocations;
 pub mod router;
 pub mod start;
 pub mod tun;

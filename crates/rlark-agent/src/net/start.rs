@@ -22,6 +22,7 @@ use super::membership::{LocalIdentity, Membership};
 use super::metrics::{DomainMetrics, write_path_status};
 use super::netns::{self, Mode};
 use super::replica::{DomainNet, NetConfig, PodNetwork};
+use super::revocations::Revocations;
 use super::router::{DirectDialer, REDIRECT_PORT, Router, RouterConfig};
 use crate::config::AgentConfig;
 use crate::join::AgentCredentials;
@@ -78,7 +79,12 @@ impl PodNet {
         let hub = rlark_tunnel::client::HubStreams::new();
         let direct = match config.domain_listen {
             Some(addr) => {
-                let endpoint = DirectEndpoint::new(DirectTls::from_credentials(credentials)?);
+                let revocations = Revocations::unknown();
+                revocations.register(registry);
+                let endpoint = DirectEndpoint::new(
+                    DirectTls::from_credentials(credentials)?,
+                    revocations.clone(),
+                );
                 let listener = tokio::net::TcpListener::bind(addr)
                     .await
                     .map_err(|source| StartError::Listen { addr, source })?;
@@ -160,7 +166,7 @@ impl PodNet {
     }
 
     /// The background parts: the DomainPeer watch, the path-status writer, the direct
-    /// listener.
+    /// listener and the revoked agent certificates it checks peers against.
     pub fn spawn_parts(
         self,
         client: kube::Client,
@@ -179,7 +185,7 @@ impl PodNet {
                 "domain path status",
                 tokio::spawn(write_path_status(
                     self.metrics.clone(),
-                    client,
+                    client.clone(),
                     self.namespace.clone(),
                     shutdown.clone(),
                 )),
@@ -189,6 +195,14 @@ impl PodNet {
             if let Ok(addr) = listener.local_addr() {
                 tracing::info!(%addr, advertised = ?self.direct_address, "direct pod-network listener");
             }
+            parts.push((
+                "domain revocations",
+                tokio::spawn(
+                    endpoint
+                        .revocations()
+                        .follow(client.clone(), shutdown.clone()),
+                ),
+            ));
             parts.push((
                 "domain direct listener",
                 tokio::spawn(endpoint.serve(listener, self.router.inbound(), shutdown)),

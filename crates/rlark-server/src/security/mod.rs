@@ -7,13 +7,14 @@
 //! a shared store, by another replica — bumps [`Security::subscribe`]'s counter; open
 //! connections of the revoked identity close on that signal (see `lib.rs`).
 
+pub(crate) mod agent_revocations;
 pub(crate) mod audit_file;
 pub(crate) mod join_limit;
 pub(crate) mod records;
 pub(crate) mod revocation_file;
 pub(crate) mod routes;
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
@@ -279,6 +280,8 @@ pub struct Security {
     revocation_file: revocation_file::RevocationFile,
     join_limiter: join_limit::JoinLimiter,
     changes: watch::Sender<u64>,
+    /// What `GET /rlark/v1/agentrevocations` answers, recomputed after a change.
+    agent_revocations: tokio::sync::Mutex<agent_revocations::Cached>,
 }
 
 impl std::fmt::Debug for Security {
@@ -323,6 +326,7 @@ impl Security {
             revocation_file,
             join_limiter,
             changes,
+            agent_revocations: tokio::sync::Mutex::new(None),
         });
         let in_store = security.list::<RevocationRecord>(REVOCATIONS).await?;
         let stored: HashSet<String> = in_store.iter().map(|r| r.serial.clone()).collect();
@@ -415,6 +419,37 @@ impl Security {
     /// A receiver that changes whenever something was revoked (certificate or token).
     pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
         self.changes.subscribe()
+    }
+
+    /// The revoked serials agents are told about ([`agent_revocations`]), computed from the
+    /// store again only when something was revoked since the last call.
+    pub(crate) async fn agent_revocations(
+        &self,
+    ) -> SecResult<Arc<agent_revocations::AgentRevocations>> {
+        // One computation at a time: the others wait for it and then share it.
+        let mut cached = self.agent_revocations.lock().await;
+        // Read before listing: a revocation stored after this moves the counter again, so
+        // the list computed here is never kept past it.
+        let version = *self.changes.borrow();
+        if let Some((at, list)) = cached.as_ref()
+            && *at == version
+        {
+            return Ok(Arc::clone(list));
+        }
+        let revocations = self.list::<RevocationRecord>(REVOCATIONS).await?;
+        let certificates: HashMap<String, CertificateRecord> = self
+            .list::<CertificateRecord>(CERTIFICATES)
+            .await?
+            .into_iter()
+            .map(|c| (c.serial.clone(), c))
+            .collect();
+        let list = Arc::new(agent_revocations::published(
+            &revocations,
+            &certificates,
+            SystemTime::now(),
+        ));
+        *cached = Some((version, Arc::clone(&list)));
+        Ok(list)
     }
 
     fn notify(&self) {

@@ -8,6 +8,7 @@
 //! | `GET/POST /rlark/v1/certificates` | admin | list issued / sign a CSR for a role |
 //! | `POST /rlark/v1/sshcertificates` | admin | sign an OpenSSH certificate (`domain`, `ssh-guest`) |
 //! | `GET/POST /rlark/v1/revocations` | admin | list / revoke a serial (and the certificates renewed from it), user, cluster or token |
+//! | `GET /rlark/v1/agentrevocations` | agents, admin | the revoked agent serials, with `ETag` and a long poll (see `agent_revocations`) |
 //! | `POST /rlark/v1/tokens` | admin | bootstrap token, or bearer token of a user |
 //! | `POST /rlark/v1/namespaces/{ns}/tasks/{name}/token` | admin, agent of `ns` | task token |
 
@@ -27,6 +28,7 @@ use rlark_pki::ssh::{SshCa, SshCertRole};
 use serde::Deserialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
 
 use super::{AuthMethod, CertRole, Security, SecurityError, rfc3339};
 
@@ -39,6 +41,8 @@ pub(crate) struct RoutesState {
     pub security: Arc<Security>,
     pub ssh_ca: Arc<SshCa>,
     pub api: ApiServer,
+    /// Cancelled when the server begins to stop: held requests (long polls) answer then.
+    pub shutdown: CancellationToken,
 }
 
 /// The routes; merged into the process router.
@@ -50,6 +54,7 @@ pub(crate) fn router(state: RoutesState) -> Router {
         .route("/rlark/v1/certificates", get(list_certificates).post(sign))
         .route("/rlark/v1/sshcertificates", post(sign_ssh))
         .route("/rlark/v1/revocations", get(list_revocations).post(revoke))
+        .route(super::agent_revocations::ROUTE, get(agent_revocations))
         .route("/rlark/v1/tokens", post(create_token))
         .route(
             "/rlark/v1/namespaces/{namespace}/tasks/{name}/token",
@@ -430,6 +435,93 @@ async fn list_revocations(State(state): State<RoutesState>, request: Request) ->
     }
     .await;
     result.map(ok).unwrap_or_else(error_response)
+}
+
+/// `waitSeconds` of the query (0 when absent), or why it is refused.
+fn wait_seconds(query: Option<&str>) -> Result<Duration, SecurityError> {
+    let mut wait = Duration::ZERO;
+    for pair in query
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+    {
+        let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+        if name != "waitSeconds" {
+            return Err(SecurityError::bad_request(format!(
+                "unknown query parameter {name:?}; expected waitSeconds"
+            )));
+        }
+        let max = super::agent_revocations::MAX_WAIT.as_secs();
+        wait = match value.parse::<u64>() {
+            Ok(seconds) if seconds <= max => Duration::from_secs(seconds),
+            _ => {
+                return Err(SecurityError::bad_request(format!(
+                    "waitSeconds {value:?} must be a whole number from 0 to {max}"
+                )));
+            }
+        };
+    }
+    Ok(wait)
+}
+
+/// The revoked serials agents check peers against (`super::agent_revocations`): agents and
+/// admins; `If-None-Match` answers 304 while unchanged, `waitSeconds` holds the request
+/// until a change.
+async fn agent_revocations(State(state): State<RoutesState>, request: Request) -> Response {
+    let result = async move {
+        let Some(identity) = identity_of(&request) else {
+            return Err(SecurityError::unauthorized("Unauthorized"));
+        };
+        if !matches!(identity.role(), Role::Admin | Role::Agent { .. }) {
+            return Err(deny(
+                &state.security,
+                &identity,
+                "get",
+                "agentrevocations",
+                "",
+                "only agents and admins may read the revoked agent certificates",
+            ));
+        }
+        let wait = wait_seconds(request.uri().query())?;
+        let known = request
+            .headers()
+            .get(http::header::IF_NONE_MATCH)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        // Subscribed before the first read, so a revocation between the two is not missed.
+        let mut changes = state.security.subscribe();
+        let mut list = state.security.agent_revocations().await?;
+        if let Some(known) = &known {
+            let deadline = tokio::time::Instant::now() + wait;
+            while &list.etag == known {
+                tokio::select! {
+                    () = state.shutdown.cancelled() => break,
+                    () = tokio::time::sleep_until(deadline) => break,
+                    changed = changes.changed() => {
+                        if changed.is_err() {
+                            break;
+                        }
+                        list = state.security.agent_revocations().await?;
+                    }
+                }
+            }
+        }
+        Ok((known, list))
+    }
+    .await;
+    let (known, list) = match result {
+        Ok(answer) => answer,
+        Err(error) => return error_response(error),
+    };
+    let etag = [(http::header::ETAG, list.etag.clone())];
+    if known.as_deref() == Some(list.etag.as_str()) {
+        return (http::StatusCode::NOT_MODIFIED, etag).into_response();
+    }
+    (
+        etag,
+        axum::Json(json!({"kind": "AgentRevocationList", "serials": list.serials})),
+    )
+        .into_response()
 }
 
 #[derive(Deserialize)]

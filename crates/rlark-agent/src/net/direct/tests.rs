@@ -13,12 +13,18 @@ use super::*;
 use crate::net::membership::tests::{peer, pod};
 use crate::net::membership::{LocalIdentity, Membership};
 use crate::net::metrics::DomainMetrics;
+use crate::net::revocations::Revocations;
 use crate::net::router::{PodNetns, Router, RouterConfig};
 
 fn ca() -> (tempfile::TempDir, rlark_pki::Ca) {
     let dir = tempfile::tempdir().unwrap();
     let ca = rlark_pki::Ca::load_or_create(dir.path()).unwrap();
     (dir, ca)
+}
+
+/// An endpoint that knows of no revocation.
+fn endpoint(tls: DirectTls) -> DirectEndpoint {
+    DirectEndpoint::new(tls, Revocations::known(Vec::new()))
 }
 
 fn tls_for(ca: &rlark_pki::Ca, trust: &rlark_pki::Ca, user: &str) -> DirectTls {
@@ -56,6 +62,11 @@ impl PodNetns for Here {
 /// Agent of cluster "b" serving member srv-0 (10.88.0.3) on a direct listener; returns
 /// its address and its metrics.
 async fn agent_b(tls: DirectTls) -> (SocketAddr, DomainMetrics) {
+    agent_b_checking(tls, Revocations::known(Vec::new())).await
+}
+
+/// [`agent_b`], refusing the peers `revocations` names.
+async fn agent_b_checking(tls: DirectTls, revocations: Revocations) -> (SocketAddr, DomainMetrics) {
     let membership = Membership::new(LocalIdentity {
         cluster: "b".into(),
         node: "nb".into(),
@@ -81,7 +92,7 @@ async fn agent_b(tls: DirectTls) -> (SocketAddr, DomainMetrics) {
     router.attach("srv-0", "d1", Arc::new(Here)).await.unwrap();
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(DirectEndpoint::new(tls).serve(
+    tokio::spawn(DirectEndpoint::new(tls, revocations).serve(
         listener,
         router.inbound(),
         CancellationToken::new(),
@@ -123,7 +134,7 @@ async fn a_flow_over_mutual_tls() {
     let _ = rustls::crypto::ring::default_provider().install_default();
     let (_dir, ca) = ca();
     let (addr, metrics) = agent_b(tls_for(&ca, &ca, "system:rlark:agent:b")).await;
-    let a = DirectEndpoint::new(tls_for(&ca, &ca, "system:rlark:agent:a"));
+    let a = endpoint(tls_for(&ca, &ca, "system:rlark:agent:a"));
     let port = echo_port().await;
     let mut stream = a
         .connect(&addr.to_string(), "b", &header("10.88.0.2", port), T)
@@ -199,7 +210,7 @@ async fn the_wrong_ca_or_cluster_is_refused() {
     let h = header("10.88.0.2", port);
 
     // The client meant cluster c: b's certificate does not prove that.
-    let a = DirectEndpoint::new(tls_for(&ca, &ca, "system:rlark:agent:a"));
+    let a = endpoint(tls_for(&ca, &ca, "system:rlark:agent:a"));
     let e = a
         .connect(&addr.to_string(), "c", &h, T)
         .await
@@ -212,7 +223,7 @@ async fn the_wrong_ca_or_cluster_is_refused() {
     assert!(e.falls_back());
 
     // A client certificate of another CA: the server refuses the handshake.
-    let stranger = DirectEndpoint::new(tls_for(&other_ca, &ca, "system:rlark:agent:a"));
+    let stranger = endpoint(tls_for(&other_ca, &ca, "system:rlark:agent:a"));
     let e = stranger
         .connect(&addr.to_string(), "b", &h, T)
         .await
@@ -224,7 +235,7 @@ async fn the_wrong_ca_or_cluster_is_refused() {
     );
 
     // A client that trusts another CA does not accept b.
-    let wary = DirectEndpoint::new(tls_for(&ca, &other_ca, "system:rlark:agent:a"));
+    let wary = endpoint(tls_for(&ca, &other_ca, "system:rlark:agent:a"));
     let e = wary
         .connect(&addr.to_string(), "b", &h, T)
         .await
@@ -233,7 +244,7 @@ async fn the_wrong_ca_or_cluster_is_refused() {
     assert!(matches!(e, DirectError::Tls { .. }), "{e}");
 
     // A certificate of the right CA that is not an agent's.
-    let admin = DirectEndpoint::new(tls_for(&ca, &ca, "admin"));
+    let admin = endpoint(tls_for(&ca, &ca, "admin"));
     let e = admin
         .connect(&addr.to_string(), "b", &h, T)
         .await
@@ -336,7 +347,7 @@ async fn router_a(tls: DirectTls, address: &str) -> Router {
         membership,
         DomainMetrics::new(),
         None,
-        Some(Arc::new(DirectEndpoint::new(tls))),
+        Some(Arc::new(endpoint(tls))),
         RouterConfig::new(Arc::new(|_: &TcpStream| Err(io::Error::other("unused")))),
         CancellationToken::new(),
     );
@@ -371,4 +382,238 @@ async fn the_router_takes_the_direct_path_and_remembers_its_failure() {
         "{e}"
     );
     assert!(!a.direct_allowed(&gone));
+}
+
+/// An agent's TLS for the direct path and the serial of its certificate.
+fn agent_tls(ca: &rlark_pki::Ca, cluster: &str) -> (DirectTls, String) {
+    let issued = ca
+        .issue_client(
+            &format!("{AGENT_USER_PREFIX}{cluster}"),
+            &[AGENT_GROUP.to_string()],
+            Duration::from_secs(3600),
+        )
+        .unwrap();
+    let serial = rlark_pki::CertInfo::from_pem(&issued.cert_pem)
+        .unwrap()
+        .serial;
+    let tls = DirectTls::new(&issued.cert_pem, &issued.key_pem, &ca.bundle_pem()).unwrap();
+    (tls, serial)
+}
+
+/// The text exposition of `revocations`' metrics, under the agent's prefix.
+fn revocation_metrics(revocations: &Revocations) -> String {
+    let mut registry = prometheus_client::registry::Registry::with_prefix("rlark_agent");
+    revocations.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text
+}
+
+#[tokio::test]
+async fn a_revoked_client_is_refused_unanswered() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (_dir, ca) = ca();
+    let (a_tls, a_serial) = agent_tls(&ca, "a");
+    let b_revocations = Revocations::known([a_serial.clone()]);
+    let (addr, _) = agent_b_checking(agent_tls(&ca, "b").0, b_revocations.clone()).await;
+    let port = echo_port().await;
+    let h = header("10.88.0.2", port);
+
+    let revoked = endpoint(a_tls);
+    let e = revoked
+        .connect(&addr.to_string(), "b", &h, T)
+        .await
+        .err()
+        .unwrap();
+    // No answer at all: the TLS session ends before the header is answered.
+    assert!(
+        matches!(e, DirectError::Tls { .. } | DirectError::Other { .. }),
+        "{e}"
+    );
+    assert!(e.falls_back());
+    assert!(
+        revocation_metrics(&b_revocations).contains(
+            r#"rlark_agent_domain_direct_refused_total{direction="inbound",reason="revoked"} 1"#
+        ),
+        "{}",
+        revocation_metrics(&b_revocations)
+    );
+
+    // The refusal is of that certificate: cluster a's next one is served.
+    let renewed = endpoint(agent_tls(&ca, "a").0);
+    let mut stream = renewed
+        .connect(&addr.to_string(), "b", &h, T)
+        .await
+        .unwrap();
+    stream.write_all(b"renewed").await.unwrap();
+    stream.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    tokio::time::timeout(T, stream.read_to_end(&mut back))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(back, b"renewed");
+}
+
+#[tokio::test]
+async fn a_revoked_server_is_refused_and_the_flow_relayed() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (_dir, ca) = ca();
+    let (b_tls, b_serial) = agent_tls(&ca, "b");
+    let (addr, _) = agent_b(b_tls).await;
+    let port = echo_port().await;
+    let h = header("10.88.0.2", port);
+
+    let a_revocations = Revocations::known([b_serial.clone()]);
+    let a = DirectEndpoint::new(agent_tls(&ca, "a").0, a_revocations.clone());
+    let e = a
+        .connect(&addr.to_string(), "b", &h, T)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&e, DirectError::Tls { reason, .. }
+            if reason.contains(&format!("certificate {b_serial} is revoked"))),
+        "{e}"
+    );
+    assert!(e.falls_back());
+    assert!(
+        revocation_metrics(&a_revocations).contains(
+            r#"rlark_agent_domain_direct_refused_total{direction="outbound",reason="revoked"} 1"#
+        ),
+        "{}",
+        revocation_metrics(&a_revocations)
+    );
+
+    // Before the set is known the dialer does not even connect.
+    let unknown = Revocations::unknown();
+    let a = DirectEndpoint::new(agent_tls(&ca, "a").0, unknown.clone());
+    let e = a
+        .connect(&addr.to_string(), "b", &h, T)
+        .await
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&e, DirectError::Other { reason, .. } if reason.contains("not known yet")),
+        "{e}"
+    );
+    assert!(e.falls_back());
+    // The router then relays (no hub here, so the relay's absence is what it reports).
+    let mut srv = pod("b", "srv-0", "10.88.0.3", "nb");
+    srv.agent_address = Some(addr.to_string());
+    let membership = Membership::new(LocalIdentity {
+        cluster: "a".into(),
+        node: "na".into(),
+    });
+    membership.replace(&[peer(
+        "d1",
+        "10.88.0.0/16",
+        vec![pod("a", "cli-0", "10.88.0.2", "na"), srv],
+    )]);
+    let router = Router::new(
+        membership,
+        DomainMetrics::new(),
+        None,
+        Some(Arc::new(DirectEndpoint::new(
+            agent_tls(&ca, "a").0,
+            Revocations::known([b_serial]),
+        ))),
+        RouterConfig::new(Arc::new(|_: &TcpStream| Err(io::Error::other("unused")))),
+        CancellationToken::new(),
+    );
+    router.attach("cli-0", "d1", Arc::new(Here)).await.unwrap();
+    let e = router
+        .check("cli-0", "10.88.0.3".parse().unwrap(), None)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("relay through the hub is not available"),
+        "{e}"
+    );
+}
+
+#[tokio::test]
+async fn the_listener_accepts_only_once_revocations_are_known() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (_dir, ca) = ca();
+    let b_revocations = Revocations::unknown();
+    let (addr, _) = agent_b_checking(agent_tls(&ca, "b").0, b_revocations.clone()).await;
+    let port = echo_port().await;
+    let a = endpoint(agent_tls(&ca, "a").0);
+    let e = a
+        .connect(
+            &addr.to_string(),
+            "b",
+            &header("10.88.0.2", port),
+            Duration::from_millis(500),
+        )
+        .await
+        .err()
+        .unwrap();
+    assert!(matches!(e, DirectError::Timeout { .. }), "{e}");
+    b_revocations.replace(Vec::new());
+    a.connect(&addr.to_string(), "b", &header("10.88.0.2", port), T)
+        .await
+        .unwrap();
+}
+
+/// Write `probe` and read until the end: what came back, or the error that ended it.
+async fn echo_after(stream: &mut BoxStream, probe: &[u8]) -> Result<Vec<u8>, io::Error> {
+    stream.write_all(probe).await?;
+    let mut back = Vec::new();
+    tokio::time::timeout(T, stream.read_to_end(&mut back))
+        .await
+        .map_err(|_| io::Error::other("no end within the hang guard"))??;
+    Ok(back)
+}
+
+#[tokio::test]
+async fn live_connections_are_cut_when_the_peer_is_revoked() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let (_dir, ca) = ca();
+    let (a_tls, a_serial) = agent_tls(&ca, "a");
+    let (b_tls, b_serial) = agent_tls(&ca, "b");
+    let b_revocations = Revocations::known(Vec::new());
+    let (addr, _) = agent_b_checking(b_tls, b_revocations.clone()).await;
+    let port = echo_port().await;
+    let a_revocations = Revocations::known(Vec::new());
+    let a = DirectEndpoint::new(a_tls, a_revocations.clone());
+    let (address, h) = (addr.to_string(), header("10.88.0.2", port));
+    let open = || a.connect(&address, "b", &h, T);
+
+    // b learns that a's certificate is revoked: b cuts a's open connection; what a sends
+    // after that is not echoed.
+    let mut first = open().await.unwrap();
+    let mut hello = [0u8; 5];
+    first.write_all(b"hello").await.unwrap();
+    first.read_exact(&mut hello).await.unwrap();
+    b_revocations.replace([a_serial.clone()]);
+    match echo_after(&mut first, b"after").await {
+        Ok(back) => assert!(back.is_empty(), "echoed after the cut: {back:?}"),
+        Err(e) => assert_ne!(e.to_string(), "no end within the hang guard"),
+    }
+    assert!(
+        revocation_metrics(&b_revocations).contains(
+            r#"rlark_agent_domain_direct_refused_total{direction="inbound",reason="revoked-while-open"} 1"#
+        ),
+        "{}",
+        revocation_metrics(&b_revocations)
+    );
+
+    // a learns that b's certificate is revoked: a cuts its own end.
+    b_revocations.replace(Vec::new());
+    let mut second = open().await.unwrap();
+    second.write_all(b"hello").await.unwrap();
+    second.read_exact(&mut hello).await.unwrap();
+    a_revocations.replace([b_serial]);
+    let e = echo_after(&mut second, b"after").await.unwrap_err();
+    assert_eq!(e.kind(), io::ErrorKind::ConnectionAborted, "{e}");
+    assert!(
+        revocation_metrics(&a_revocations).contains(
+            r#"rlark_agent_domain_direct_refused_total{direction="outbound",reason="revoked-while-open"} 1"#
+        ),
+        "{}",
+        revocation_metrics(&a_revocations)
+    );
 }
