@@ -41,6 +41,10 @@ install_deps() {
     # sshd: `rlark bench port-forward` measures an OpenSSH relay (ssh -L + ssh -R through a
     # loopback sshd) beside the port-forward; its smoke test runs it.
     command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || apt_pkgs+=(openssh-server)
+    # The docker runtime's tests (crates/rlark/tests/docker_runtime.rs) run a real engine
+    # and a test image imported from a static busybox (no registry is reachable).
+    command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || apt_pkgs+=(docker.io)
+    [ -x /bin/busybox ] || apt_pkgs+=(busybox-static)
     if [ ${#apt_pkgs[@]} -gt 0 ]; then
         log "installing Debian packages: ${apt_pkgs[*]}"
         export DEBIAN_FRONTEND=noninteractive
@@ -54,7 +58,24 @@ install_deps() {
     python3 -m pip install -q --disable-pip-version-check "./sdk/python[test]"
 }
 
+# A Docker engine for the docker runtime's tests: started here (in the background, logging
+# to target/dockerd.log) when none answers; no systemd is assumed. Bounded wait.
+start_dockerd() {
+    docker version >/dev/null 2>&1 && return 0
+    command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || return 0
+    mkdir -p "$ROOT/target"
+    log "starting dockerd (log: target/dockerd.log)"
+    PATH=$PATH:/usr/sbin nohup dockerd --host unix:///var/run/docker.sock \
+        >"$ROOT/target/dockerd.log" 2>&1 &
+    for _ in $(seq 1 60); do
+        docker version >/dev/null 2>&1 && return 0
+        sleep 1
+    done
+    echo "dockerd did not answer within 60 s; see target/dockerd.log" >&2
+}
+
 install_deps
+[ "${RLARK_SKIP_INSTALL:-0}" = 1 ] || start_dockerd
 # Every tool is installed now: a test that finds one missing fails instead of skipping
 # (tests/support/missing_tool.rs). CI=true has the same effect.
 [ "${RLARK_SKIP_INSTALL:-0}" = 1 ] || export RLARK_REQUIRE_TOOLS=1

@@ -86,6 +86,8 @@ struct Inner {
     node: String,
     shutdown: CancellationToken,
     router: std::sync::OnceLock<crate::net::router::Router>,
+    /// The engine of a docker agent: exec into container replicas goes through it.
+    docker: std::sync::OnceLock<crate::runtime::docker::DockerClient>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -108,6 +110,7 @@ impl LocalApi {
                 node: node.to_string(),
                 shutdown,
                 router: std::sync::OnceLock::new(),
+                docker: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -116,6 +119,12 @@ impl LocalApi {
     /// false).
     pub fn set_router(&self, router: crate::net::router::Router) -> bool {
         self.inner.router.set(router).is_ok()
+    }
+
+    /// Exec into container replicas through the engine `client` (a docker agent; once,
+    /// later calls are ignored and return false).
+    pub fn set_docker(&self, client: crate::runtime::docker::DockerClient) -> bool {
+        self.inner.docker.set(client).is_ok()
     }
 
     /// Serve HTTP/1.1 on `io` until the peer closes it, it fails, or the agent stops.
@@ -133,7 +142,8 @@ impl LocalApi {
                     }
                     if request.uri().path().starts_with(crate::exec::EXEC_PREFIX) {
                         let (dir, node, stop) = (&inner.tasks_dir, &inner.node, &inner.shutdown);
-                        return Ok(crate::exec::handle(dir, node, stop, request).await);
+                        let docker = inner.docker.get();
+                        return Ok(crate::exec::handle(dir, node, docker, stop, request).await);
                     }
                     Ok::<_, Infallible>(inner.handle(&request).await)
                 }
@@ -781,6 +791,8 @@ mod tests {
             pid: std::process::id(),
             pgid: 0,
             proc_start_ticks: None,
+            containers: Vec::new(),
+            container_names: Vec::new(),
             start_time: String::new(),
             grace_seconds: 1,
             final_status: None,

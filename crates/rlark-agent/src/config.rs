@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use rlark_api::labels;
-use rlark_api::types::NodeCategory;
+use rlark_api::types::{AgentType, NodeCategory};
 
 /// Heartbeat interval when none is given (the Lease and `status.heartbeatTime`).
 pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
@@ -91,6 +91,13 @@ pub struct AgentConfig {
     pub domain_advertise: Option<String>,
     /// `--net-mode`: how the pod network terminates a replica's TCP ([`NetMode`]).
     pub net_mode: NetMode,
+    /// `--agent-type`: how Tasks run here: `Raw` (processes, the default) or `Docker`
+    /// (containers of the node's Docker engine, [`crate::runtime::docker`]). The Node
+    /// reports it, so only Tasks of that agent type are placed here.
+    pub agent_type: AgentType,
+    /// `--docker-host`: the engine of a `Docker` agent (`unix:///path`); `None`:
+    /// `DOCKER_HOST`, else [`crate::runtime::docker::DEFAULT_DOCKER_HOST`].
+    pub docker_host: Option<String>,
 }
 
 /// `--net-mode`: which termination mode the pod network runs (docs/network.md).
@@ -166,6 +173,8 @@ impl AgentConfig {
             domain_listen: None,
             domain_advertise: None,
             net_mode: NetMode::Auto,
+            agent_type: AgentType::Raw,
+            docker_host: None,
         }
     }
 

@@ -79,6 +79,8 @@ use rlark_api::agent::parse_pod_name;
 
 use crate::api_body::{ApiBody, text_response};
 use crate::runs::find_runs;
+use crate::runtime::docker::DockerClient;
+use crate::runtime::docker::logs::Demux;
 use crate::tasks::{ReplicaState, STATE_FILE};
 
 /// Path prefix of the exec route on the local API.
@@ -114,6 +116,7 @@ pub fn ws_config() -> WebSocketConfig {
 pub(crate) async fn handle<B>(
     tasks_dir: &Path,
     node: &str,
+    docker: Option<&DockerClient>,
     shutdown: &CancellationToken,
     mut request: http::Request<B>,
 ) -> http::Response<ApiBody> {
@@ -198,6 +201,19 @@ pub(crate) async fn handle<B>(
         Ok(Err(message)) => return text_response(http::StatusCode::CONFLICT, message),
         Err(e) => return text_response(http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
+    let engine = match (&target.container, docker) {
+        (None, _) => None,
+        (Some(_), Some(client)) => Some(client.clone()),
+        (Some(container), None) => {
+            return text_response(
+                http::StatusCode::CONFLICT,
+                format!(
+                    "pod {namespace}/{pod}: replica {index} of task {task:?} runs in container \
+                     {container}, and this agent has no Docker engine to exec through"
+                ),
+            );
+        }
+    };
     tracing::info!(
         namespace,
         pod,
@@ -219,7 +235,13 @@ pub(crate) async fn handle<B>(
                     Some(ws_config()),
                 )
                 .await;
-                let outcome = run_session(ws, upgrade.protocol, options, target, shutdown).await;
+                let outcome = match (engine, target.container.clone()) {
+                    (Some(client), Some(container)) => {
+                        let session = DockerSession { client, container };
+                        run_docker_session(ws, upgrade.protocol, options, session, shutdown).await
+                    }
+                    _ => run_session(ws, upgrade.protocol, options, target, shutdown).await,
+                };
                 tracing::info!(pod = %what, outcome = ?outcome, "exec ended");
             }
             Err(error) => tracing::debug!(%error, pod = %what, "exec upgrade failed"),
@@ -256,6 +278,9 @@ pub(crate) async fn handle<B>(
 struct ProcessTarget {
     cwd: PathBuf,
     env: Vec<(OsString, OsString)>,
+    /// The main container of a container replica: the command runs in it, through the
+    /// engine's exec API (its working directory and environment are the container's).
+    container: Option<String>,
 }
 
 impl ProcessTarget {
@@ -277,7 +302,11 @@ impl ProcessTarget {
             .ok()
             .filter(|env| !env.is_empty())
             .unwrap_or_else(|| fallback_env(&state));
-        Ok(ProcessTarget { cwd, env })
+        Ok(ProcessTarget {
+            cwd,
+            env,
+            container: state.containers.first().cloned(),
+        })
     }
 }
 
@@ -324,6 +353,14 @@ enum Input {
     None,
     Pipe(tokio::process::ChildStdin),
     Pty(pty_process::OwnedWritePty),
+    /// The engine's exec stream of a container replica (`None` once stdin was closed) and
+    /// what resizes its terminal.
+    Docker {
+        write: Option<tokio::io::WriteHalf<TokioIo<hyper::upgrade::Upgraded>>>,
+        exec: String,
+        client: DockerClient,
+        tty: bool,
+    },
 }
 
 /// A started process.
@@ -588,6 +625,236 @@ where
     Ended::Finished(outcome)
 }
 
+/// The container a session execs into.
+struct DockerSession {
+    client: DockerClient,
+    container: String,
+}
+
+/// Run one exec session in a container replica through the engine's exec API: the same
+/// protocol, statuses and lifecycle as [`run_session`], the process being the engine's
+/// (`POST /containers/{id}/exec`, then `/exec/{id}/start` with the connection hijacked; a
+/// terminal is sized through `/exec/{id}/resize`). When the client goes away the process
+/// gets SIGHUP, then SIGKILL after [`HANGUP_GRACE`] (by its host pid, which the engine
+/// reports).
+async fn run_docker_session<S>(
+    ws: WebSocketStream<S>,
+    protocol: &'static str,
+    options: ExecOptions,
+    session: DockerSession,
+    shutdown: CancellationToken,
+) -> Ended
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let (sink, mut source) = ws.split();
+    let mut size = TerminalSize::default();
+    let mut first = None;
+    if options.tty {
+        match tokio::time::timeout(INITIAL_SIZE_WAIT, source.next()).await {
+            Err(_) => {}
+            Ok(None | Some(Err(_))) => return Ended::ClientGone,
+            Ok(Some(Ok(message))) => {
+                let resize = match &message {
+                    Message::Binary(bytes) => match decode_frame(bytes) {
+                        Ok((Channel::Resize, payload)) => TerminalSize::parse(payload).ok(),
+                        _ => None,
+                    },
+                    _ => None,
+                };
+                match resize {
+                    Some(initial) => size = initial,
+                    None => first = Some(message),
+                }
+            }
+        }
+    }
+    let gone = CancellationToken::new();
+    let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
+    let writer = AbortOnDrop(tokio::spawn(write_out(sink, out_rx, gone.clone())));
+    let DockerSession { client, container } = session;
+    let started = async {
+        let exec = client
+            .exec_create(
+                &container,
+                &options.command,
+                options.stdin,
+                options.stdout,
+                options.stderr,
+                options.tty,
+            )
+            .await?;
+        let stream = client.exec_start(&exec, options.tty).await?;
+        Ok::<_, crate::runtime::docker::DockerError>((exec, stream))
+    }
+    .await;
+    let (exec, stream) = match started {
+        Ok(started) => started,
+        Err(error) => {
+            let outcome = ExecOutcome::Failed {
+                reason: "InternalError".into(),
+                message: format!(
+                    "exec {:?} in container {container}: {error}",
+                    options.command
+                ),
+            };
+            let _ = out_tx
+                .send(encode_frame(Channel::Error, &outcome.to_status()))
+                .await;
+            drop(out_tx);
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer.join()).await;
+            let _ = tokio::time::timeout(CLOSE_TIMEOUT, async {
+                while let Some(Ok(message)) = source.next().await {
+                    if message.is_close() {
+                        return;
+                    }
+                }
+            })
+            .await;
+            return Ended::Finished(outcome);
+        }
+    };
+    if options.tty
+        && let Err(error) = client.exec_resize(&exec, size.height, size.width).await
+    {
+        tracing::debug!(%error, "exec initial size");
+    }
+    let (read, write) = tokio::io::split(stream);
+    let mut reader = AbortOnDrop(tokio::spawn(pump_engine(read, options.tty, out_tx.clone())));
+    let input = Input::Docker {
+        write: options.stdin.then_some(write),
+        exec: exec.clone(),
+        client: client.clone(),
+        tty: options.tty,
+    };
+    let _input = AbortOnDrop(tokio::spawn(read_in(
+        source,
+        first,
+        input,
+        options.stdin,
+        protocol,
+        gone.clone(),
+    )));
+    let ended = tokio::select! {
+        _ = &mut reader.0 => true,
+        () = gone.cancelled() => false,
+        () = shutdown.cancelled() => false,
+    };
+    if !ended {
+        hang_up_exec(&client, &exec).await;
+        return if shutdown.is_cancelled() {
+            Ended::Shutdown
+        } else {
+            Ended::ClientGone
+        };
+    }
+    // The output ended: the process exited (the engine may take a moment to say so).
+    let until = tokio::time::Instant::now() + DRAIN_TIMEOUT;
+    let outcome = loop {
+        match client.exec_inspect(&exec).await {
+            Ok(state) if !state.running => {
+                let code = state
+                    .exit_code
+                    .and_then(|c| i32::try_from(c).ok())
+                    .unwrap_or(1);
+                break ExecOutcome::Exited(code);
+            }
+            Ok(_) if tokio::time::Instant::now() < until => {
+                tokio::time::sleep(GONE_POLL).await;
+            }
+            Ok(_) => {
+                break ExecOutcome::Failed {
+                    reason: "InternalError".into(),
+                    message: "the exec's output ended but the engine says it still runs"
+                        .to_string(),
+                };
+            }
+            Err(error) => {
+                break ExecOutcome::Failed {
+                    reason: "InternalError".into(),
+                    message: format!("read the exec's exit code: {error}"),
+                };
+            }
+        }
+    };
+    if out_tx
+        .send(encode_frame(Channel::Error, &outcome.to_status()))
+        .await
+        .is_ok()
+    {
+        drop(out_tx);
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, writer.join()).await;
+        let _ = tokio::time::timeout(CLOSE_TIMEOUT, gone.cancelled()).await;
+    }
+    Ended::Finished(outcome)
+}
+
+/// Copy an engine exec stream to `out`: raw bytes (a terminal) to channel 1, or the
+/// multiplexed frames (stream 1 stdout, 2 stderr) to channels 1 and 2.
+async fn pump_engine<R: AsyncRead + Unpin>(mut source: R, tty: bool, out: mpsc::Sender<Vec<u8>>) {
+    if tty {
+        return pump(source, Channel::Stdout, out).await;
+    }
+    let mut demux = Demux::default();
+    let mut buf = vec![0u8; CHUNK];
+    loop {
+        let n = match source.read(&mut buf).await {
+            Ok(0) => return,
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(error) => {
+                tracing::debug!(%error, "exec output ended");
+                return;
+            }
+        };
+        demux.push(&buf[..n]);
+        loop {
+            let (stream, payload) = match demux.next_frame() {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(error) => {
+                    tracing::warn!(%error, "exec output is corrupt");
+                    return;
+                }
+            };
+            let channel = if stream == 2 {
+                Channel::Stderr
+            } else {
+                Channel::Stdout
+            };
+            for piece in payload.chunks(CHUNK) {
+                if out.send(encode_frame(channel, piece)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// SIGHUP to an exec's process, SIGKILL after [`HANGUP_GRACE`] unless it ended.
+async fn hang_up_exec(client: &DockerClient, exec: &str) {
+    let pid = match client.exec_inspect(exec).await {
+        Ok(state) if state.running && state.pid > 1 => state.pid,
+        Ok(_) => return,
+        Err(error) => {
+            tracing::warn!(%error, exec, "cannot find the exec's process to end it");
+            return;
+        }
+    };
+    let Ok(pid) = i32::try_from(pid) else {
+        return;
+    };
+    let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGHUP);
+    let until = tokio::time::Instant::now() + HANGUP_GRACE;
+    while tokio::time::Instant::now() < until {
+        if matches!(client.exec_inspect(exec).await, Ok(state) if !state.running) {
+            return;
+        }
+        tokio::time::sleep(GONE_POLL).await;
+    }
+    let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+}
+
 /// Send queued messages to the client; once the queue is closed, a normal close. Cancels
 /// `gone` when the client cannot be written to.
 async fn write_out<S>(
@@ -664,7 +931,10 @@ async fn read_in<S>(
                 let written = match &mut input {
                     Input::Pipe(pipe) => pipe.write_all(payload).await,
                     Input::Pty(pty) => pty.write_all(payload).await,
-                    Input::None => Ok(()),
+                    Input::Docker {
+                        write: Some(write), ..
+                    } => write.write_all(payload).await,
+                    Input::Docker { write: None, .. } | Input::None => Ok(()),
                 };
                 if let Err(error) = written {
                     // The process closed its input (or exited): later stdin goes nowhere.
@@ -675,6 +945,24 @@ async fn read_in<S>(
                 }
             }
             Channel::Resize => {
+                if let Input::Docker {
+                    exec,
+                    client,
+                    tty: true,
+                    ..
+                } = &input
+                {
+                    match TerminalSize::parse(payload) {
+                        Ok(size) => {
+                            if let Err(error) =
+                                client.exec_resize(exec, size.height, size.width).await
+                            {
+                                tracing::debug!(%error, "exec resize");
+                            }
+                        }
+                        Err(error) => tracing::debug!(%error, "exec resize ignored"),
+                    }
+                }
                 if let Input::Pty(pty) = &input {
                     match TerminalSize::parse(payload) {
                         Ok(size) => {
@@ -695,6 +983,14 @@ async fn read_in<S>(
                 // A pipe ends (the process reads its end of input); a terminal has none.
                 if matches!(input, Input::Pipe(_)) {
                     input = Input::None;
+                }
+                if let Input::Docker {
+                    write, tty: false, ..
+                } = &mut input
+                    && let Some(mut half) = write.take()
+                {
+                    // Half-closes the engine stream: the engine closes the process's stdin.
+                    let _ = half.shutdown().await;
                 }
             }
             _ => {}

@@ -116,6 +116,10 @@ pub enum AgentError {
     Tasks(#[source] tasks::TaskError),
     #[error("pod network: {0}")]
     PodNetwork(String),
+    #[error("the Docker engine of this Docker agent: {0}")]
+    Docker(String),
+    #[error("agent type {0} is not run by this agent (use Raw or Docker)")]
+    UnsupportedAgentType(String),
     #[error("agent part {part} failed: {reason}")]
     Crashed { part: &'static str, reason: String },
 }
@@ -273,6 +277,9 @@ async fn start_with(
     };
     let metrics_addr = metrics_listener.as_ref().map(MetricsListener::local_addr);
 
+    // The runtime: a Docker agent checks its engine before it registers its Node.
+    let docker = docker_runtime(&config, &node_name).await?;
+
     // Pod network (docs/network.md): the router is built before the tunnel, which serves its
     // destination side (relay streams) and carries its relay streams to the hub.
     let pod_net = net::start::PodNet::start(
@@ -326,6 +333,9 @@ async fn start_with(
     tunnel_config.node = Some(node_name.clone());
     let local_api = api::LocalApi::new(config.tasks_dir(), &node_name, shutdown.clone());
     local_api.set_router(pod_net.router.clone());
+    if let Some(docker) = &docker {
+        local_api.set_docker(docker.client().clone());
+    }
     tunnel_config.agent.agent_api = Some(Arc::new(local_api));
     tunnel_config.agent.relay = Some(Arc::new(pod_net.router.inbound()));
     tunnel_config.hub = pod_net.hub.clone();
@@ -377,6 +387,7 @@ async fn start_with(
         stop_tasks_on_exit: config.stop_tasks_on_exit,
         supervisor: config.supervisor.clone(),
         network: pod_network,
+        docker,
     };
     let tasks = tokio::spawn(tasks::run_tasks(client.clone(), context, shutdown.clone()));
     let supervisor = tokio::spawn(supervise(tasks, parts, shutdown.clone()));
@@ -391,6 +402,33 @@ async fn start_with(
         shutdown,
         supervisor,
     })
+}
+
+/// The docker runtime of a `Docker` agent (its engine answered), `None` for a `Raw` one.
+async fn docker_runtime(
+    config: &AgentConfig,
+    node_name: &str,
+) -> Result<Option<runtime::docker::DockerRuntime>, AgentError> {
+    use rlark_api::types::AgentType;
+    match config.agent_type {
+        AgentType::Raw => Ok(None),
+        AgentType::Docker => {
+            let host = config
+                .docker_host
+                .clone()
+                .or_else(|| std::env::var("DOCKER_HOST").ok().filter(|h| !h.is_empty()))
+                .unwrap_or_else(|| runtime::docker::DEFAULT_DOCKER_HOST.to_string());
+            let client = runtime::docker::DockerClient::new(&host)
+                .map_err(|e| AgentError::Docker(e.to_string()))?;
+            let version = client
+                .version()
+                .await
+                .map_err(|e| AgentError::Docker(e.to_string()))?;
+            tracing::info!(%host, %version, "Docker engine");
+            Ok(Some(runtime::docker::DockerRuntime::new(client, node_name)))
+        }
+        other => Err(AgentError::UnsupportedAgentType(other.as_str().to_string())),
+    }
 }
 
 /// Wait for shutdown (or a failed task reconciler), then for every part.

@@ -6,7 +6,7 @@
 //! the simulated agent ([`crate::sim`]) writes:
 //! - the Node `<name>` in `rlark-<clusterID>`: labels `rlark.io/cluster-id`,
 //!   `kubernetes.io/hostname`, `rlark.io/node-category`, `rlark.io/agent-type` (plus the
-//!   configured ones), `spec.agentType: Raw`;
+//!   configured ones), `spec.agentType` (`Raw`, or `Docker` with `--agent-type Docker`);
 //! - its status, by a merge patch on the `status` subresource: `phase: Online`,
 //!   `reason: AgentReady`, `nodeInfo`, `addresses`, `capacity`, `allocatable`,
 //!   `heartbeatTime`;
@@ -31,7 +31,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use prometheus_client::metrics::counter::Counter;
-use rlark_api::types::{AgentType, Node, NodeInfo, NodePhase, ResourceList};
+use rlark_api::types::{Node, NodeInfo, NodePhase, ResourceList};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -115,6 +115,7 @@ pub async fn detect(config: &AgentConfig, name: &str) -> NodeDescription {
         node_info: node_info(),
         addresses,
         network: None,
+        agent_type: config.agent_type,
     }
 }
 
@@ -382,7 +383,7 @@ impl NodeReporter {
             Err(kube::Error::Api(s)) if s.code == 409 => {
                 let patch = json!({
                     "metadata": {"labels": object.metadata.labels},
-                    "spec": {"agentType": AgentType::Raw.as_str()},
+                    "spec": {"agentType": self.node.agent_type.as_str()},
                 });
                 api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
@@ -534,7 +535,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use rlark_api::labels;
-    use rlark_api::types::NodeCategory;
+    use rlark_api::types::{AgentType, NodeCategory};
 
     use super::*;
 
@@ -583,6 +584,7 @@ mod tests {
             node_info: node_info(),
             addresses: vec![],
             network: None,
+            agent_type: AgentType::Raw,
         };
         let object = node.to_node("c1");
         assert_eq!(object.metadata.namespace.as_deref(), Some("rlark-c1"));

@@ -65,6 +65,8 @@ impl Replica {
             pid: process.id().context("pid")?,
             pgid: 0,
             proc_start_ticks: None,
+            containers: Vec::new(),
+            container_names: Vec::new(),
             start_time: String::new(),
             grace_seconds: 1,
             final_status: None,

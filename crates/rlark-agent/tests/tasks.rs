@@ -85,6 +85,7 @@ impl Harness {
             stop_tasks_on_exit,
             supervisor: vec![env!("CARGO_BIN_EXE_rlark-agent-supervise").into()],
             network: Default::default(),
+            docker: None,
         };
         let shutdown = CancellationToken::new();
         let join = tokio::spawn(tasks::run_tasks(self.client.clone(), ctx, shutdown.clone()));

@@ -10,6 +10,7 @@
 //! # Ok(()) }
 //! ```
 
+pub mod docker;
 pub mod kubesim;
 pub mod netns;
 pub mod real_agent;

@@ -119,6 +119,34 @@ fn bench_agent_runs() {
     bench(&["agent", "--tasks", "6", "--running", "4", "--batch", "3"]);
 }
 
+/// The docker runtime's variant, on this machine's engine with the test kit's image; skips
+/// without an engine (fails under `CI=true`, scripts/test.sh starts one).
+#[test]
+fn bench_agent_docker_runs() {
+    if let Some(why) = rlark_testkit::docker::engine_missing() {
+        missing_tool::skip_or_fail(&why);
+        return;
+    }
+    rlark_testkit::docker::ensure_test_image().expect("build the test image");
+    let report = bench(&[
+        "agent",
+        "--agent-type",
+        "docker",
+        "--image",
+        rlark_testkit::docker::TEST_IMAGE,
+        "--tasks",
+        "4",
+        "--running",
+        "2",
+        "--batch",
+        "2",
+        "--docker-runs",
+        "3",
+    ]);
+    assert_eq!(report["agent_type"], "docker", "{report}");
+    assert_eq!(report["docker_run"]["count"], 3, "{report}");
+}
+
 #[test]
 fn bench_camera_runs() {
     bench(&[

@@ -1,7 +1,8 @@
 //! The contract between the Task reconciler (`tasks/`) and a runtime: what the
 //! per-replica worker asks of whatever runs its replica. The raw runtime ([`RawRuntime`]:
-//! a process group under a supervisor process, this module's parent) implements it; the
-//! Kubernetes and Docker runtimes plug in beside it.
+//! a process group under a supervisor process, this module's parent) implements it, and so
+//! does the docker runtime ([`super::docker::DockerRuntime`]: containers of the node's
+//! engine).
 
 use std::time::{Duration, SystemTime};
 
@@ -19,8 +20,8 @@ use super::{
 /// A runtime owns the replica while the agent runs and keeps running it when the agent
 /// exits or dies: starting, waiting and stopping go through it; a later agent takes a
 /// replica back with [`Runtime::adopt`]. Everything a replica leaves on disk lives in
-/// [`ReplicaSpec::replica_dir`] (`logs/current.log` included), so the logs API and exec
-/// work the same for every runtime.
+/// [`ReplicaSpec::replica_dir`] (`logs/current.log` included), so the logs API works the
+/// same for every runtime (exec into a container goes through its engine, `exec.rs`).
 pub trait Runtime: Send + Sync {
     /// Start replica `spec`. Returns once it runs (or could not be started: the error's
     /// [`RuntimeError::reason`] is the Pod reason, its message names the problem; nothing is
@@ -41,12 +42,20 @@ pub trait Runtime: Send + Sync {
         spec: &'a ReplicaSpec,
         recorded: &'a RecordedReplica,
     ) -> BoxFuture<'a, Adopted>;
+
+    /// Called once at start-up, before any replica is started or adopted, with every
+    /// replica the state files name: remove what this runtime runs that none of them is
+    /// (nothing for the raw runtime: its processes are found through their state files).
+    fn sweep<'a>(&'a self, known: &'a [ReplicaRecord]) -> BoxFuture<'a, ()> {
+        let _ = known;
+        Box::pin(async {})
+    }
 }
 
 /// A replica that runs (or ran), started or adopted by a [`Runtime`].
 pub trait RunningReplica: Send + Sync {
     /// What identifies it for the agent's state file.
-    fn record(&self) -> ProcessRecord;
+    fn record(&self) -> ReplicaRecord;
 
     /// When it (its current process) started.
     fn started_at(&self) -> SystemTime;
@@ -73,11 +82,44 @@ pub struct ProcessRecord {
     pub start_ticks: Option<u64>,
 }
 
+/// What identifies a replica's containers (the docker runtime).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ContainerRecord {
+    /// Engine ids of its containers, the main one first.
+    pub ids: Vec<String>,
+    /// Their names in the Task, in the same order.
+    pub names: Vec<String>,
+    /// Host pid of the main container's main process (0 when unknown).
+    pub pid: u32,
+    /// Its start in clock ticks after boot.
+    pub start_ticks: Option<u64>,
+}
+
+/// What identifies a replica: a process group (raw) or containers (docker).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ReplicaRecord {
+    /// A process group on this host.
+    Process(ProcessRecord),
+    /// Containers of the node's Docker engine.
+    Container(ContainerRecord),
+}
+
+impl ReplicaRecord {
+    /// Host pid of the replica's main process (for logs and the local API's liveness
+    /// check; 0 when unknown).
+    pub fn pid(&self) -> u32 {
+        match self {
+            ReplicaRecord::Process(p) => p.pid,
+            ReplicaRecord::Container(c) => c.pid,
+        }
+    }
+}
+
 /// What the agent recorded of a started replica (in its state file).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RecordedReplica {
-    /// Its main process.
-    pub process: ProcessRecord,
+    /// Its main process, or its containers.
+    pub record: ReplicaRecord,
     /// The SIGTERM → SIGKILL grace period it was started with.
     pub grace: Duration,
 }
@@ -115,11 +157,19 @@ impl Runtime for RawRuntime {
         recorded: &'a RecordedReplica,
     ) -> BoxFuture<'a, Adopted> {
         Box::pin(async move {
+            let ReplicaRecord::Process(process) = recorded.record.clone() else {
+                return Adopted::Lost(
+                    "the replica ran in containers, and this agent runs processes (its agent \
+                     type changed); the containers were left as they are and the outcome of \
+                     the run is unknown"
+                        .to_string(),
+                );
+            };
             match adopt_replica(spec).await {
                 Adoption::Running(handle) => Adopted::Running(Box::new(handle)),
                 Adoption::Exited(exit) => Adopted::Exited(exit),
                 Adoption::Lost(message) => Adopted::Lost(message),
-                Adoption::NoRecord => Adopted::Lost(end_unrecorded(recorded).await),
+                Adoption::NoRecord => Adopted::Lost(end_unrecorded(process, recorded.grace).await),
             }
         })
     }
@@ -128,9 +178,7 @@ impl Runtime for RawRuntime {
 /// A replica recorded without a supervisor record (`pid.json`; a start by an agent that
 /// ran processes without supervisors): its process group is killed, its outcome unknown.
 /// Returns the `AgentLost` message.
-async fn end_unrecorded(recorded: &RecordedReplica) -> String {
-    let grace = recorded.grace;
-    let recorded = recorded.process;
+async fn end_unrecorded(recorded: ProcessRecord, grace: Duration) -> String {
     let leader_running = process::process_running(recorded.pid, recorded.start_ticks);
     // Without its leader, the group can only still exist with our stragglers in it (a
     // process group id is not reused while any member lives).
@@ -154,12 +202,12 @@ async fn end_unrecorded(recorded: &RecordedReplica) -> String {
 }
 
 impl RunningReplica for ReplicaHandle {
-    fn record(&self) -> ProcessRecord {
-        ProcessRecord {
+    fn record(&self) -> ReplicaRecord {
+        ReplicaRecord::Process(ProcessRecord {
             pid: self.pid(),
             pgid: self.pgid(),
             start_ticks: self.start_ticks(),
-        }
+        })
     }
 
     fn started_at(&self) -> SystemTime {

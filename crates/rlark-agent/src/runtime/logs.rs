@@ -52,6 +52,14 @@ impl LogFiles {
         }
     }
 
+    /// The files `dir/<name>`, `dir/<name>.1`, ... with `limits` (a sidecar container's).
+    pub fn named(dir: &Path, name: &str, limits: LogLimits) -> Self {
+        Self {
+            path: dir.join(name),
+            limits,
+        }
+    }
+
     /// Path of `current.log`.
     pub fn path(&self) -> &Path {
         &self.path

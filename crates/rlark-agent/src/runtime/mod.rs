@@ -35,6 +35,7 @@
 
 mod artifact;
 mod contract;
+pub mod docker;
 pub mod logs;
 pub mod process;
 pub mod record;
@@ -53,8 +54,8 @@ use tokio::time::Instant;
 
 pub use artifact::CACHE_DIGEST_DIR;
 pub use contract::{
-    Adopted, ProcessRecord, RawRuntime, RecordedReplica, RunningReplica, Runtime, exit_report,
-    timestamp,
+    Adopted, ContainerRecord, ProcessRecord, RawRuntime, RecordedReplica, ReplicaRecord,
+    RunningReplica, Runtime, exit_report, timestamp,
 };
 pub use logs::{LOG_FILE, LogFiles, LogLimits};
 pub use record::{EXIT_FILE, PID_FILE};
@@ -118,6 +119,10 @@ pub struct ReplicaSpec {
     /// The pod network of a replica of a domain task: the process starts inside this
     /// network namespace with its own `/etc/hosts`. `None`: the host's network.
     pub network: Option<ReplicaNetwork>,
+    /// The containers of a replica of a `docker` task (the docker runtime runs them; the
+    /// raw runtime's fields above are then unused but for `replica_dir`, `env`, `deadline`,
+    /// `grace` and `log_limits`). `None`: a process replica.
+    pub containers: Option<docker::ContainerSet>,
 }
 
 /// Where a replica of a domain task runs, network-wise (the supervisor's `--netns` and
@@ -225,6 +230,7 @@ impl ReplicaSpec {
             log_limits: LogLimits::default(),
             supervisor: default_supervisor(),
             network: None,
+            containers: None,
         }
     }
 
@@ -264,6 +270,12 @@ pub enum RuntimeError {
     Artifact { url: String, message: String },
     #[error("replica preparation failed: {0}")]
     Internal(String),
+    /// A container replica could not be started; `reason` is the Pod reason.
+    #[error("{message}")]
+    Container {
+        reason: &'static str,
+        message: String,
+    },
 }
 
 impl RuntimeError {
@@ -272,6 +284,7 @@ impl RuntimeError {
         match self {
             RuntimeError::ArtifactChecksumMismatch { .. } => REASON_ARTIFACT_CHECKSUM,
             RuntimeError::Artifact { .. } => REASON_ARTIFACT_ERROR,
+            RuntimeError::Container { reason, .. } => reason,
             _ => REASON_START_ERROR,
         }
     }

@@ -81,6 +81,7 @@ impl SimNode {
             },
             addresses: Vec::new(),
             network: None,
+            agent_type: rlark_api::types::AgentType::Raw,
         }
     }
 }

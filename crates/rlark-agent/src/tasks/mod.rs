@@ -129,6 +129,7 @@ use rlark_api::types::{Pod, RawTaskSpec};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::runtime::docker::DockerRuntime;
 use crate::runtime::{RawRuntime, Runtime};
 use crate::task_reports::TaskTokens;
 
@@ -168,6 +169,9 @@ pub struct TaskContext {
     pub supervisor: Vec<OsString>,
     /// The pod network replicas of domain tasks join.
     pub network: PodNetwork,
+    /// The runtime of a Docker agent (replicas of `docker` tasks run as containers);
+    /// `None`: a Raw agent (processes).
+    pub docker: Option<DockerRuntime>,
 }
 
 pub use crate::net::replica::PodNetwork;
@@ -220,6 +224,7 @@ pub async fn run_tasks(
         source,
     })?;
     let namespace = rlark_api::names::agent_namespace(&ctx.cluster_id);
+    let shared_docker = ctx.docker.clone();
     let shared = Arc::new(Shared {
         client,
         ctx,
@@ -227,7 +232,10 @@ pub async fn run_tasks(
         shutdown,
         task_tokens: TaskTokens::default(),
         recovered: Mutex::new(BTreeMap::new()),
-        runtime: Arc::new(RawRuntime),
+        runtime: match shared_docker {
+            Some(docker) => Arc::new(docker) as Arc<dyn Runtime>,
+            None => Arc::new(RawRuntime),
+        },
     });
     tokio::select! {
         _ = shared.shutdown.cancelled() => return Ok(()),
@@ -327,6 +335,7 @@ mod testing {
             stop_tasks_on_exit: false,
             supervisor: Vec::new(),
             network: super::PodNetwork::default(),
+            docker: None,
         }
     }
 }

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::pods::{Retry, delete_pod, is_run_of, is_status, pod_is_terminal};
 use super::state::{find_state_files, remove_state_file};
 use super::{ReplicaState, Shared, pod_name};
-use crate::runtime::{Adopted, LogLimits, MAX_GRACE, ProcessRecord, RecordedReplica, ReplicaSpec};
+use crate::runtime::{Adopted, LogLimits, MAX_GRACE, RecordedReplica, ReplicaSpec};
 
 /// A replica left by an earlier agent (its state file has no final status), waiting for
 /// the worker of its replica to adopt or end it (or for [`Reconciler::sweep`]).
@@ -41,11 +41,7 @@ impl Recovered {
     /// What its state file says about its process.
     pub(super) fn recorded(&self) -> RecordedReplica {
         RecordedReplica {
-            process: ProcessRecord {
-                pid: self.state.pid,
-                pgid: self.state.pgid,
-                start_ticks: self.state.proc_start_ticks,
-            },
+            record: self.state.record(),
             grace: Duration::from_secs(self.state.grace_seconds),
         }
     }
@@ -72,6 +68,9 @@ pub(super) async fn recover(shared: &Shared) {
         };
         left.push(Recovered { path, state });
     }
+    // What the runtime runs that no state file names goes before anything starts.
+    let known: Vec<_> = left.iter().map(|r| r.state.record()).collect();
+    shared.runtime.sweep(&known).await;
     let (reported, waiting): (Vec<Recovered>, Vec<Recovered>) = left
         .into_iter()
         .partition(|r| r.state.final_status.is_some());

@@ -7,6 +7,8 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::runtime::{ContainerRecord, ProcessRecord, ReplicaRecord};
+
 /// Name of a replica's state file.
 pub const STATE_FILE: &str = "state.json";
 
@@ -32,6 +34,14 @@ pub struct ReplicaState {
     /// process with the same pid.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub proc_start_ticks: Option<u64>,
+    /// Engine ids of the replica's containers, the main one first (a replica of a `docker`
+    /// task; `pid` is then the host pid of the main container's process). Empty for a
+    /// process replica — and in the state files of agents before the docker runtime.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub containers: Vec<String>,
+    /// The containers' names in the Task, in the same order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub container_names: Vec<String>,
     /// When it was started (RFC 3339).
     pub start_time: String,
     /// SIGTERM → SIGKILL grace period.
@@ -42,6 +52,24 @@ pub struct ReplicaState {
 }
 
 impl ReplicaState {
+    /// What it says about the replica's process or containers.
+    pub fn record(&self) -> ReplicaRecord {
+        if self.containers.is_empty() {
+            ReplicaRecord::Process(ProcessRecord {
+                pid: self.pid,
+                pgid: self.pgid,
+                start_ticks: self.proc_start_ticks,
+            })
+        } else {
+            ReplicaRecord::Container(ContainerRecord {
+                ids: self.containers.clone(),
+                names: self.container_names.clone(),
+                pid: self.pid,
+                start_ticks: self.proc_start_ticks,
+            })
+        }
+    }
+
     /// Read a state file.
     pub fn read(path: &Path) -> io::Result<ReplicaState> {
         let text = std::fs::read(path)?;
@@ -116,6 +144,8 @@ mod tests {
             pid: 42,
             pgid: 42,
             proc_start_ticks: Some(7),
+            containers: Vec::new(),
+            container_names: Vec::new(),
             start_time: "2026-01-01T00:00:00Z".into(),
             grace_seconds: 30,
             final_status: None,
@@ -123,6 +153,58 @@ mod tests {
         let path = replica.join(STATE_FILE);
         state.write(&path).expect("write");
         assert_eq!(ReplicaState::read(&path).expect("read"), state);
-        assert_eq!(find_state_files(&dir.path().join("rlark-c")), vec![path]);
+        assert_eq!(
+            find_state_files(&dir.path().join("rlark-c")),
+            vec![path.clone()]
+        );
+        // No container fields for a process replica: what earlier agents wrote.
+        let text = std::fs::read_to_string(&path).expect("text");
+        assert!(!text.contains("containers"), "{text}");
+
+        let mut container = state.clone();
+        container.containers = vec!["abc".into(), "def".into()];
+        container.container_names = vec!["main".into(), "side".into()];
+        container.write(&path).expect("write");
+        assert_eq!(ReplicaState::read(&path).expect("read"), container);
+    }
+
+    #[test]
+    fn state_files_of_the_previous_version_read_as_process_replicas() {
+        // Written by the agent before the docker runtime (no container fields).
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join(STATE_FILE);
+        std::fs::write(
+            &path,
+            r#"{
+  "namespace": "rlark-c",
+  "task": "j-a",
+  "uid": "u1",
+  "index": 0,
+  "runKey": "u1//n1",
+  "pid": 42,
+  "pgid": 42,
+  "procStartTicks": 7,
+  "startTime": "2026-01-01T00:00:00Z",
+  "graceSeconds": 30
+}"#,
+        )
+        .expect("write");
+        let state = ReplicaState::read(&path).expect("read");
+        assert!(state.containers.is_empty());
+        assert_eq!(
+            state.record(),
+            crate::runtime::ReplicaRecord::Process(crate::runtime::ProcessRecord {
+                pid: 42,
+                pgid: 42,
+                start_ticks: Some(7),
+            })
+        );
+        let mut docker = state.clone();
+        docker.containers = vec!["c1".into()];
+        docker.container_names = vec!["main".into()];
+        assert!(matches!(
+            docker.record(),
+            crate::runtime::ReplicaRecord::Container(c) if c.ids == ["c1"] && c.pid == 42
+        ));
     }
 }

@@ -16,7 +16,9 @@ use rlark_api::agent::{
     PENDING_AFTER, REASON_BACKOFF, REASON_DOMAIN_NETWORK_UNAVAILABLE, REASON_STOPPED,
     REASON_WAITING_FOR_DOMAIN_IP, RUN_KEY_ANNOTATION, replica_pod,
 };
-use rlark_api::types::{DomainPendingPod, Pod, PodPhase, PodStatus, RawTaskSpec, Task};
+use rlark_api::types::{
+    DockerTaskSpec, DomainPendingPod, Pod, PodPhase, PodStatus, RawTaskSpec, Task,
+};
 use serde_json::json;
 use tokio::sync::watch;
 use tokio::time::Instant;
@@ -32,7 +34,10 @@ use super::{
     PodNetwork, ReplicaState, STATE_FILE, Shared, grace_period, replica_dir, replica_env,
     run_deadline,
 };
-use crate::runtime::{Adopted, ReplicaSpec, RunningReplica, RuntimeError, exit_report, timestamp};
+use crate::runtime::docker::{ContainerSet, container_name, labels as docker_labels};
+use crate::runtime::{
+    Adopted, ReplicaRecord, ReplicaSpec, RunningReplica, RuntimeError, exit_report, timestamp,
+};
 
 /// Where a worker stands between steps.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -292,7 +297,7 @@ impl Worker {
         let task_stopped = self.task.spec.stopped;
         let (at, running) = match self.shared.runtime.adopt(&spec, &r.recorded()).await {
             Adopted::Running(running) => {
-                tracing::info!(pod = %self.pod, pid = running.record().pid, "adopted a running replica");
+                tracing::info!(pod = %self.pod, pid = running.record().pid(), "adopted a running replica");
                 let started_at = timestamp(running.started_at());
                 (AdoptedAt::Running { started_at }, Some(running))
             }
@@ -363,7 +368,7 @@ impl Worker {
     /// while its Pod is created, rather than after. `start` finds it in the cache, or
     /// waits for this very mint.
     fn prefetch_task_token(&self) {
-        if self.task.spec.raw.is_some() {
+        if RunBody::of(&self.task).is_some() {
             let shared = Arc::clone(&self.shared);
             let task = Arc::clone(&self.task);
             tokio::spawn(async move {
@@ -410,7 +415,11 @@ impl Worker {
     /// otherwise. Takes up [`Worker::resume`] when set.
     async fn run_replica(&mut self) -> Step {
         let resume = self.resume.take();
-        let Some(raw) = self.task.spec.raw.clone() else {
+        let body = match RunBody::of(&self.task) {
+            Some(RunBody::Docker(_)) if self.shared.ctx.docker.is_none() => None,
+            body => body,
+        };
+        let Some(body) = body else {
             let status = status::unsupported_agent_type(
                 self.task.spec.agent_type.as_str(),
                 Timestamp::now(),
@@ -418,6 +427,22 @@ impl Worker {
             self.write_status(status, true).await;
             return Step::Finished;
         };
+        if let RunBody::Docker(_) = body
+            && let Some(domain) = self.task.spec.domain.as_deref().filter(|d| !d.is_empty())
+        {
+            // Planned: containers joining the pod network (docs/tasks.md, "Docker runtime").
+            let message = format!(
+                "task is in domain {domain}, but the Docker runtime does not join Domains yet"
+            );
+            let patch = status::start_failed(
+                REASON_DOMAIN_NETWORK_UNAVAILABLE,
+                message,
+                0,
+                Timestamp::now(),
+            );
+            self.write_status(patch, true).await;
+            return Step::Finished;
+        }
         if let Some(domain) = self.task.spec.domain.clone().filter(|d| !d.is_empty())
             && let Err(step) = self.join_domain(&domain).await
         {
@@ -425,7 +450,7 @@ impl Worker {
         }
         let machine = self.machine();
         match resume {
-            None => self.drive(machine, Event::Start, None, Some(raw)).await,
+            None => self.drive(machine, Event::Start, None, Some(body)).await,
             Some(resume) => {
                 let event = Event::Adopt {
                     at: resume.at,
@@ -433,21 +458,21 @@ impl Worker {
                     first_start: resume.first_start,
                     task_stopped: false,
                 };
-                self.drive(machine, event, resume.running, Some(raw)).await
+                self.drive(machine, event, resume.running, Some(body)).await
             }
         }
     }
 
     /// Feed `first` to `machine`, then every event that follows (the process's exit, the
     /// Task's changes, wake-ups), executing the machine's actions, until the run is over.
-    /// `running` is the process of an adopted run; `raw` the Task's raw spec as the run
-    /// began (what a start uses when the Task has none any more).
+    /// `running` is the process of an adopted run; `body` the Task's runtime block as the
+    /// run began (what a start uses when the Task has none any more).
     async fn drive(
         &mut self,
         mut machine: Replica<Instant>,
         first: Event,
         mut running: Option<Box<dyn RunningReplica>>,
-        raw: Option<RawTaskSpec>,
+        body: Option<RunBody>,
     ) -> Step {
         let mut actions: VecDeque<Action<Instant>> = machine.step(first, now()).into();
         let mut wake_at: Option<Instant> = None;
@@ -459,10 +484,10 @@ impl Worker {
                         restarts,
                         pending,
                     } => {
-                        let spawned = match self.task.spec.raw.clone().or_else(|| raw.clone()) {
-                            Some(raw) => self.start(&raw, deadline, restarts, pending).await,
+                        let spawned = match RunBody::of(&self.task).or_else(|| body.clone()) {
+                            Some(body) => self.start(&body, deadline, restarts, pending).await,
                             None => Err(RuntimeError::Internal(
-                                "the task has no raw spec to start".to_string(),
+                                "the task has no raw or docker spec to start".to_string(),
                             )),
                         };
                         match spawned {
@@ -495,7 +520,7 @@ impl Worker {
                     Action::Detach => {
                         if let Some(process) = running.take() {
                             // Keep running; the state file tells the next agent about it.
-                            tracing::info!(pod = %self.pod, pid = process.record().pid, "leaving replica running");
+                            tracing::info!(pod = %self.pod, pid = process.record().pid(), "leaving replica running");
                             process.detach();
                         }
                         None
@@ -568,7 +593,7 @@ impl Worker {
         match command {
             Command::Run { task, resync } => {
                 self.task = task;
-                if self.task.spec.raw.is_some() {
+                if RunBody::of(&self.task).is_some() {
                     machine.set_spec(self.run_spec());
                 }
                 if self.task.spec.stopped {
@@ -593,12 +618,15 @@ impl Worker {
     /// [`PENDING_AFTER`], and always before whatever is reported next.
     async fn start(
         &mut self,
-        raw: &RawTaskSpec,
+        body: &RunBody,
         deadline: Option<Instant>,
         restarts: i32,
         pending: Option<StatusPatch>,
     ) -> Result<Box<dyn RunningReplica>, RuntimeError> {
-        let mut spec = self.replica_spec(raw, deadline);
+        let mut spec = match body {
+            RunBody::Raw(raw) => self.replica_spec(raw, deadline),
+            RunBody::Docker(docker) => self.container_spec(docker, deadline),
+        };
         let shared = Arc::clone(&self.shared);
         let task = Arc::clone(&self.task);
         let pod = self.pod.clone();
@@ -628,7 +656,7 @@ impl Worker {
             None => starting.await,
         };
         if let Ok(started) = &spawned {
-            tracing::info!(pod = %self.pod, pid = started.record().pid, restarts, "replica started");
+            tracing::info!(pod = %self.pod, pid = started.record().pid(), restarts, "replica started");
         }
         spawned
     }
@@ -781,6 +809,36 @@ impl Worker {
         spec
     }
 
+    /// The spec of a replica of a `docker` task: its containers, the environment contract,
+    /// the identity labels.
+    fn container_spec(&self, docker: &DockerTaskSpec, deadline: Option<Instant>) -> ReplicaSpec {
+        let mut spec = ReplicaSpec::new(Vec::new(), self.replica_dir());
+        spec.env = replica_env(&self.task, self.index, &self.shared.ctx);
+        spec.deadline = deadline;
+        spec.grace = self.grace();
+        let task = self.task.name_any();
+        let uid = self.uid();
+        let namespace = &self.shared.namespace;
+        spec.containers = Some(ContainerSet {
+            containers: docker.containers.clone(),
+            labels: docker_labels(
+                &self.shared.ctx.node_name,
+                namespace,
+                &task,
+                &uid,
+                self.index,
+                &self.key,
+            ),
+            names: docker
+                .containers
+                .iter()
+                .map(|c| container_name(namespace, &task, &uid, self.index, &c.name))
+                .collect(),
+            read_only_files: vec![self.shared.ctx.ca_file.clone()],
+        });
+        spec
+    }
+
     /// The next command (the reconciler gone counts as a shutdown).
     async fn next_command(&mut self) -> Command {
         match self.commands.changed().await {
@@ -833,16 +891,27 @@ impl Worker {
     }
 
     fn save_state(&mut self, started: &dyn RunningReplica) {
-        let process = started.record();
+        let record = started.record();
+        let (containers, container_names, pgid, start_ticks) = match &record {
+            ReplicaRecord::Process(p) => (Vec::new(), Vec::new(), p.pgid, p.start_ticks),
+            ReplicaRecord::Container(c) => (
+                c.ids.clone(),
+                c.names.clone(),
+                i32::try_from(c.pid).unwrap_or(0),
+                c.start_ticks,
+            ),
+        };
         let state = ReplicaState {
             namespace: self.shared.namespace.clone(),
             task: self.task.name_any(),
             uid: self.uid(),
             index: self.index,
             run_key: self.key.clone(),
-            pid: process.pid,
-            pgid: process.pgid,
-            proc_start_ticks: process.start_ticks,
+            pid: record.pid(),
+            pgid,
+            proc_start_ticks: start_ticks,
+            containers,
+            container_names,
             start_time: timestamp(started.started_at()).to_string(),
             grace_seconds: self.grace().as_secs(),
             final_status: None,
@@ -999,6 +1068,24 @@ impl Worker {
             if !retry.again(&self.shared, "write pod status", &error).await {
                 return false;
             }
+        }
+    }
+}
+
+/// The runtime block of a Task that this agent can run: `raw` (processes) or `docker`
+/// (containers).
+#[derive(Clone, Debug)]
+enum RunBody {
+    Raw(RawTaskSpec),
+    Docker(DockerTaskSpec),
+}
+
+impl RunBody {
+    fn of(task: &Task) -> Option<RunBody> {
+        match (&task.spec.raw, &task.spec.docker) {
+            (Some(raw), _) => Some(RunBody::Raw(raw.clone())),
+            (None, Some(docker)) => Some(RunBody::Docker(docker.clone())),
+            (None, None) => None,
         }
     }
 }

@@ -36,18 +36,21 @@ pub struct NodeDescription {
     pub addresses: Vec<NodeAddress>,
     /// The pod network on this node (`status.network`); `None`: not reported.
     pub network: Option<NodeNetwork>,
+    /// The runtime of the node's agent (`spec.agentType` and the [`labels::AGENT_TYPE`]
+    /// label): only Tasks of that agent type are placed on the Node.
+    pub agent_type: AgentType,
 }
 
 impl NodeDescription {
     /// Every label the Node carries for cluster `cluster_id`: the configured ones, then
     /// (winning over them) [`labels::CLUSTER_ID`], [`labels::HOSTNAME`] (the node name),
-    /// [`labels::NODE_CATEGORY`] and [`labels::AGENT_TYPE`] (`Raw`).
+    /// [`labels::NODE_CATEGORY`] and [`labels::AGENT_TYPE`] (the agent type).
     pub fn all_labels(&self, cluster_id: &str) -> BTreeMap<String, String> {
         let mut all = self.labels.clone();
         all.insert(labels::CLUSTER_ID.into(), cluster_id.into());
         all.insert(labels::HOSTNAME.into(), self.name.clone());
         all.insert(labels::NODE_CATEGORY.into(), self.category.as_str().into());
-        all.insert(labels::AGENT_TYPE.into(), AgentType::Raw.as_str().into());
+        all.insert(labels::AGENT_TYPE.into(), self.agent_type.as_str().into());
         all
     }
 
@@ -56,7 +59,7 @@ impl NodeDescription {
         let mut node = Node::new(
             &self.name,
             NodeSpec {
-                agent_type: AgentType::Raw,
+                agent_type: self.agent_type,
                 unschedulable: false,
             },
         );
@@ -100,7 +103,22 @@ mod tests {
             node_info: NodeInfo::default(),
             addresses: Vec::new(),
             network: None,
+            agent_type: AgentType::Raw,
         };
+        let docker = NodeDescription {
+            agent_type: AgentType::Docker,
+            ..description.clone()
+        }
+        .to_node("c1");
+        assert_eq!(docker.spec.agent_type, AgentType::Docker);
+        assert_eq!(
+            docker
+                .metadata
+                .labels
+                .as_ref()
+                .map(|l| l[labels::AGENT_TYPE].clone()),
+            Some("Docker".to_string())
+        );
         let node = description.to_node("c1");
         assert_eq!(node.metadata.namespace.as_deref(), Some("rlark-c1"));
         assert_eq!(node.spec.agent_type, AgentType::Raw);

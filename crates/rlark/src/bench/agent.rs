@@ -17,6 +17,13 @@
 //!   `Running`: the agent process's RSS (`VmRSS`) and CPU over a 5 s window, and the
 //!   replicas' supervisor processes (count, and the sum of their proportional set sizes —
 //!   memory the agent's way of running tasks costs besides the agent itself).
+//!
+//! With `--agent-type docker` the agent runs `--agent-type Docker` and the tasks are
+//! `docker` tasks of `--image` (which must be on the engine: nothing is pulled), `true` and
+//! `sleep 3600` as above; beside the task start latency, the same run measures `docker run
+//! -d --rm IMAGE true` (the engine's own create + start, from the CLI) `--docker-runs`
+//! times in a row: what rlark adds to a container start. There are no supervisor
+//! processes then (the engine runs the containers).
 
 use std::collections::HashMap;
 use std::process::Stdio;
@@ -79,11 +86,35 @@ pub struct AgentBenchOptions {
     /// a start spends its time (`RUST_LOG=rlark_agent=debug` logs every step of a replica).
     #[arg(long, value_name = "FILE")]
     pub agent_log: Option<std::path::PathBuf>,
+    /// The runtime measured: raw (processes) or docker (containers of this machine's
+    /// Docker engine).
+    #[arg(long, value_enum, default_value_t = BenchRuntime::Raw)]
+    pub agent_type: BenchRuntime,
+    /// The image of the docker tasks (must be present on the engine; it needs `true` and
+    /// `sleep`).
+    #[arg(long, default_value = "rlark-test/busybox:1")]
+    pub image: String,
+    /// `docker run -d --rm IMAGE true` measured this many times beside (docker only).
+    #[arg(long, default_value_t = 50)]
+    pub docker_runs: usize,
+}
+
+/// `--agent-type` of the bench.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BenchRuntime {
+    Raw,
+    Docker,
 }
 
 /// Figures of one run.
 #[derive(Debug, Clone, Serialize)]
 pub struct AgentBenchReport {
+    /// The runtime measured.
+    pub agent_type: BenchRuntime,
+    /// `docker run -d --rm IMAGE true` in the same run (docker only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_run: Option<LatencySummary>,
     pub tasks: usize,
     pub batch: usize,
     /// Task seen by a watch → Pod seen `Running`/`Succeeded` by a watch.
@@ -125,8 +156,8 @@ impl std::fmt::Display for AgentBenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "rlark bench agent: {} short tasks (batches of {}), {} long-running tasks; server in this process, `rlark agent` as its own process (replica supervisor: `{}`), on 127.0.0.1",
-            self.tasks, self.batch, self.running, self.supervisor
+            "rlark bench agent ({:?} runtime): {} short tasks (batches of {}), {} long-running tasks; server in this process, `rlark agent` as its own process (replica supervisor: `{}`), on 127.0.0.1",
+            self.agent_type, self.tasks, self.batch, self.running, self.supervisor
         )?;
         writeln!(f)?;
         writeln!(f, "{:<48} {:>12}  target", "", "value")?;
@@ -144,6 +175,15 @@ impl std::fmt::Display for AgentBenchReport {
             verdict(s.p99_ms <= START_P99_TARGET_MS && s.count > 0)
         )?;
         writeln!(f, "{:<48} {:>9.1} ms", "task start max", s.max_ms)?;
+        if let Some(d) = &self.docker_run {
+            writeln!(
+                f,
+                "{:<48} {:>9.1} ms / {:.1} ms",
+                format!("`docker run -d` p50 / p99 ({} runs)", d.count),
+                d.p50_ms,
+                d.p99_ms
+            )?;
+        }
         let j = &self.job_start;
         writeln!(
             f,
@@ -230,7 +270,24 @@ fn children_of(parent: u32) -> Vec<u32> {
         .collect()
 }
 
-fn job(name: &str, entrypoint: &[&str]) -> anyhow::Result<Job> {
+fn job(name: &str, entrypoint: &[&str], docker_image: Option<&str>) -> anyhow::Result<Job> {
+    if let Some(image) = docker_image {
+        return Ok(serde_json::from_value(json!({
+            "apiVersion": "rlinf.io/v1alpha1",
+            "kind": "Job",
+            "metadata": {"name": name},
+            "spec": {"tasks": [{
+                "name": "main",
+                "agentType": "Docker",
+                "role": "Actor",
+                "docker": {"containers": [{
+                    "name": "main",
+                    "image": image,
+                    "command": entrypoint,
+                }]},
+            }]},
+        }))?);
+    }
     Ok(serde_json::from_value(json!({
         "apiVersion": "rlinf.io/v1alpha1",
         "kind": "Job",
@@ -273,6 +330,7 @@ async fn create_in_batches(
     count: usize,
     batch: usize,
     entrypoint: &'static [&'static str],
+    docker_image: Option<&str>,
 ) -> anyhow::Result<Vec<Start>> {
     let mut out = Vec::with_capacity(count);
     let mut next = 0;
@@ -282,8 +340,9 @@ async fn create_in_batches(
         for i in next..end {
             let jobs = jobs.clone();
             let name = format!("{prefix}-{i}");
+            let image = docker_image.map(str::to_string);
             creates.spawn(async move {
-                let object = job(&name, entrypoint)?;
+                let object = job(&name, entrypoint, image.as_deref())?;
                 let started = Instant::now();
                 jobs.create(&PostParams::default(), &object)
                     .await
@@ -410,6 +469,7 @@ impl AgentProcess {
         server: &RunningServer,
         admin: &kube::Client,
         log_path: Option<&std::path::Path>,
+        runtime: BenchRuntime,
     ) -> anyhow::Result<AgentProcess> {
         let dir = tempfile::tempdir()?;
         let token = bootstrap_token(admin, CLUSTER).await?;
@@ -433,6 +493,10 @@ impl AgentProcess {
             .arg("--ca-hash")
             .arg(&token.ca_hash)
             .arg("--stop-tasks-on-exit")
+            .args(match runtime {
+                BenchRuntime::Raw => ["--agent-type", "Raw"],
+                BenchRuntime::Docker => ["--agent-type", "Docker"],
+            })
             .env("RUST_LOG", level)
             .env_remove("KUBECONFIG")
             .stdin(Stdio::null())
@@ -479,7 +543,13 @@ pub async fn run_agent(options: AgentBenchOptions) -> anyhow::Result<AgentBenchR
     let (server, _server_dir) = start_server().await?;
     let admin = admin_client(&server.kubeconfig_path).await?;
     let result = async {
-        let mut agent = AgentProcess::start(&server, &admin, options.agent_log.as_deref()).await?;
+        let mut agent = AgentProcess::start(
+            &server,
+            &admin,
+            options.agent_log.as_deref(),
+            options.agent_type,
+        )
+        .await?;
         let result = measure(&admin, &agent, &options).await;
         // The Jobs are deleted by `measure`; the agent stops what is left on exit
         // (`--stop-tasks-on-exit`), and kill_on_drop ends it should that hang.
@@ -626,6 +696,34 @@ async fn delete_jobs(jobs: &Api<Job>, prefix: &str, count: usize) {
     }
 }
 
+/// `docker run -d --rm IMAGE true`, `runs` times in a row: from the command's start to its
+/// exit (it returns once the container started).
+async fn docker_runs(image: &str, runs: usize) -> anyhow::Result<LatencySummary> {
+    let mut samples = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let started = Instant::now();
+        let out = tokio::time::timeout(
+            BATCH_DEADLINE,
+            tokio::process::Command::new("docker")
+                .args(["run", "-d", "--rm", "--network", "host", image, "true"])
+                .stdin(Stdio::null())
+                .kill_on_drop(true)
+                .output(),
+        )
+        .await
+        .context("docker run timed out")?
+        .context("run `docker run`")?;
+        if !out.status.success() {
+            bail!(
+                "docker run -d --rm {image} true: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            );
+        }
+        samples.push(started.elapsed());
+    }
+    Ok(LatencySummary::from_samples(&mut samples))
+}
+
 async fn measure(
     admin: &kube::Client,
     agent: &AgentProcess,
@@ -640,6 +738,7 @@ async fn measure(
 
         // 1. Start latency of short tasks.
         let counts_before = ControlPlaneCounts::read(admin).await?;
+        let image = (options.agent_type == BenchRuntime::Docker).then_some(options.image.as_str());
         let starts = create_in_batches(
             &jobs,
             &watches,
@@ -647,6 +746,7 @@ async fn measure(
             options.tasks,
             options.batch,
             &["true"],
+            image,
         )
         .await?;
         let task_failures = starts
@@ -665,6 +765,10 @@ async fn measure(
             .await?
             .since(&counts_before, options.tasks);
         delete_jobs(&jobs, "start", options.tasks).await;
+        let docker_run = match image {
+            Some(image) => Some(docker_runs(image, options.docker_runs).await?),
+            None => None,
+        };
 
         // 2. Resources with long-running tasks.
         let ready_clock = Instant::now();
@@ -675,6 +779,7 @@ async fn measure(
             options.running,
             options.batch,
             &["sleep", "3600"],
+            image,
         )
         .await?;
         let running_ready_s = ready_clock.elapsed().as_secs_f64();
@@ -710,6 +815,8 @@ async fn measure(
         .await;
 
         anyhow::Ok(AgentBenchReport {
+            agent_type: options.agent_type,
+            docker_run,
             tasks: options.tasks,
             batch: options.batch,
             task_start,
@@ -725,18 +832,23 @@ async fn measure(
             agent_cpu_cores,
             supervisors,
             supervisors_pss_mib,
-            // The agent is this executable, so it makes the same choice.
-            supervisor: rlark_agent::runtime::default_supervisor()
-                .iter()
-                .map(|a| {
-                    std::path::Path::new(a)
-                        .file_name()
-                        .unwrap_or(a)
-                        .to_string_lossy()
-                        .into_owned()
-                })
-                .collect::<Vec<_>>()
-                .join(" "),
+            // The agent is this executable, so it makes the same choice. Containers have
+            // none: the engine runs them.
+            supervisor: if options.agent_type == BenchRuntime::Docker {
+                "none: the Docker engine runs the containers".to_string()
+            } else {
+                rlark_agent::runtime::default_supervisor()
+                    .iter()
+                    .map(|a| {
+                        std::path::Path::new(a)
+                            .file_name()
+                            .unwrap_or(a)
+                            .to_string_lossy()
+                            .into_owned()
+                    })
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            },
         })
     }
     .await;

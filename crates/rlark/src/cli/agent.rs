@@ -10,7 +10,7 @@ use std::time::Duration;
 use anyhow::bail;
 use clap::{Args, ValueEnum};
 use rlark_agent::{AgentConfig, JoinParams, NetMode};
-use rlark_api::types::NodeCategory;
+use rlark_api::types::{AgentType, NodeCategory};
 use tokio_util::sync::CancellationToken;
 
 use super::controller_manager::parse_duration;
@@ -80,9 +80,35 @@ pub(crate) struct AgentArgs {
     /// else tun). A forced mode this host cannot run stops the agent at start.
     #[arg(long, value_enum, default_value_t = NetModeArg::Auto)]
     pub net_mode: NetModeArg,
+    /// How this agent runs Tasks: Raw (processes) or Docker (containers of the node's
+    /// Docker engine; the Node reports it, so only Tasks of that agent type land here).
+    #[arg(long, value_enum, default_value_t = AgentKind::Raw)]
+    pub agent_type: AgentKind,
+    /// The Docker engine of a Docker agent, unix:///PATH [default: $DOCKER_HOST, else
+    /// unix:///var/run/docker.sock].
+    #[arg(long, value_name = "URL")]
+    pub docker_host: Option<String>,
     /// How often the Node's heartbeat (Lease and status) is renewed (e.g. 10s, 500ms).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
+}
+
+/// `--agent-type`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum AgentKind {
+    #[value(name = "Raw", alias = "raw")]
+    Raw,
+    #[value(name = "Docker", alias = "docker")]
+    Docker,
+}
+
+impl From<AgentKind> for AgentType {
+    fn from(kind: AgentKind) -> Self {
+        match kind {
+            AgentKind::Raw => AgentType::Raw,
+            AgentKind::Docker => AgentType::Docker,
+        }
+    }
 }
 
 /// `--node-category`.
@@ -155,6 +181,11 @@ impl AgentArgs {
         config.domain_listen = self.domain_listen;
         config.domain_advertise = self.domain_advertise;
         config.net_mode = self.net_mode.into();
+        config.agent_type = self.agent_type.into();
+        if self.docker_host.is_some() && self.agent_type != AgentKind::Docker {
+            bail!("--docker-host is for --agent-type Docker");
+        }
+        config.docker_host = self.docker_host;
         Ok(config)
     }
 }
