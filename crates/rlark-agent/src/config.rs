@@ -89,12 +89,63 @@ pub struct AgentConfig {
     /// `--domain-advertise HOST:PORT`: the direct address announced in the Node's
     /// `status.network.directAddress`; default: `domain_listen` when it names one IP.
     pub domain_advertise: Option<String>,
+    /// `--net-mode`: how the pod network terminates a replica's TCP ([`NetMode`]).
+    pub net_mode: NetMode,
+}
+
+/// `--net-mode`: which termination mode the pod network runs (docs/network.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NetMode {
+    /// Kernel mode where netfilter works (the start-up probe), else tun mode where a TUN
+    /// device can be made, else no pod network (the Node's `status.network.message` says
+    /// why).
+    #[default]
+    Auto,
+    /// Kernel mode (nftables REDIRECT) or the agent does not start.
+    Kernel,
+    /// Tun mode (a userspace TCP stack behind the replica's TUN device) or the agent does
+    /// not start.
+    Tun,
+}
+
+impl NetMode {
+    /// `auto`, `kernel` or `tun`, as on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetMode::Auto => "auto",
+            NetMode::Kernel => "kernel",
+            NetMode::Tun => "tun",
+        }
+    }
+}
+
+impl fmt::Display for NetMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for NetMode {
+    type Err = String;
+
+    /// `auto`, `kernel` or `tun`; anything else is an error naming the choices.
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "auto" => Ok(NetMode::Auto),
+            "kernel" => Ok(NetMode::Kernel),
+            "tun" => Ok(NetMode::Tun),
+            other => Err(format!(
+                "net mode {other:?}: expected \"auto\", \"kernel\" or \"tun\""
+            )),
+        }
+    }
 }
 
 impl AgentConfig {
     /// A configuration with the defaults: node named after the host, category `cloud`, no
     /// extra labels, heartbeat every 10 s, tasks left running on exit, no join parameters,
-    /// no metrics listener, `<this executable> supervise` as the replica supervisor.
+    /// no metrics listener, `<this executable> supervise` as the replica supervisor, net mode
+    /// `auto`.
     pub fn new(
         servers: Vec<String>,
         cluster_id: impl Into<String>,
@@ -114,6 +165,7 @@ impl AgentConfig {
             metrics_listen: None,
             domain_listen: None,
             domain_advertise: None,
+            net_mode: NetMode::Auto,
         }
     }
 
@@ -483,6 +535,19 @@ pub fn is_joined(data_dir: &Path) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn net_modes_parse_print_and_default_to_auto() {
+        for mode in [NetMode::Auto, NetMode::Kernel, NetMode::Tun] {
+            assert_eq!(mode.to_string().parse::<NetMode>(), Ok(mode));
+        }
+        let error = "iptables".parse::<NetMode>().expect_err("unknown mode");
+        assert!(
+            error.contains("\"iptables\"") && error.contains("\"tun\""),
+            "{error}"
+        );
+        assert_eq!(AgentConfig::new(vec![], "c", "/d").net_mode, NetMode::Auto);
+    }
 
     fn valid() -> AgentConfig {
         let mut config = AgentConfig::new(

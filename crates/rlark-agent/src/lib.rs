@@ -56,7 +56,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-pub use config::{AgentConfig, ConfigError, JoinParams};
+pub use config::{AgentConfig, ConfigError, JoinParams, NetMode};
 pub use node::{NodeDescription, NodeError, NodeReporter};
 
 /// How long [`RunningAgent::stop`] waits for each part other than the task reconciler.

@@ -738,6 +738,29 @@ pub async fn probe_netfilter() -> Result<(), String> {
     deleted
 }
 
+/// Can this host run tun mode? Creates a throwaway tun-mode namespace (its TUN device
+/// `rlark0` with an address and the default routes, no nft table), then deletes it. The
+/// error says which step failed (no `/dev/net/tun`, not permitted, ...).
+pub async fn probe_tun() -> Result<(), String> {
+    static PROBES: AtomicU64 = AtomicU64::new(0);
+    let name = format!(
+        "rlarkprobetun-{}-{}",
+        std::process::id(),
+        PROBES.fetch_add(1, Ordering::Relaxed)
+    );
+    let spec = NetnsSpec {
+        name,
+        addresses: vec!["198.18.0.2/15".parse().expect("a valid network")],
+        mode: Mode::Tun,
+        redirect_port: DEFAULT_REDIRECT_PORT,
+        loopback_passthrough: Vec::new(),
+    };
+    let netns = ReplicaNetns::create(&spec)
+        .await
+        .map_err(|e| format!("TUN check: {e}"))?;
+    netns.delete().await.map_err(|e| e.to_string())
+}
+
 /// An rtnetlink connection bound to one namespace; its task ends when it is dropped.
 struct Netlink {
     handle: Handle,

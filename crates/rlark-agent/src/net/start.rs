@@ -1,12 +1,15 @@
 //! Starting the agent's pod network: which mode it can run, the router with its relay and
 //! direct paths, the direct listener, the membership watch and the path-status writer.
 //!
-//! The pod network needs root (network namespaces, TUN, nftables) and, for the kernel mode,
-//! working netfilter in a fresh namespace ([`super::netns::probe_netfilter`]). When either
-//! is missing the agent still runs: it reports why in its Node's `status.network.message`,
-//! and replicas of domain tasks fail with reason `DomainNetworkUnavailable` and that
-//! message instead of running outside their domain. The userspace (TUN) mode for hosts
-//! without netfilter is planned; today such a host runs no pod network.
+//! The pod network needs root (network namespaces, TUN devices) and, for the kernel mode,
+//! working netfilter in a fresh namespace ([`super::netns::probe_netfilter`]); the tun
+//! mode needs only a TUN device in a fresh namespace ([`super::netns::probe_tun`]).
+//! `--net-mode auto` ([`NetMode::Auto`]) takes kernel mode where netfilter works, else tun
+//! mode; when neither works the agent still runs: it reports why in its Node's
+//! `status.network.message`, and replicas of domain tasks fail with reason
+//! `DomainNetworkUnavailable` and that message instead of running outside their domain. A
+//! mode forced with `--net-mode kernel|tun` that this host cannot run stops the agent at
+//! start ([`StartError::NetMode`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -23,7 +26,7 @@ use super::metrics::{DomainMetrics, write_path_status};
 use super::netns::{self, Mode};
 use super::replica::{DomainNet, NetConfig, PodNetwork};
 use super::router::{DirectDialer, REDIRECT_PORT, Router, RouterConfig};
-use crate::config::AgentConfig;
+use crate::config::{AgentConfig, NetMode};
 use crate::join::AgentCredentials;
 
 /// Failures that stop the agent: a direct listener that was asked for and cannot be had.
@@ -37,6 +40,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("--net-mode {requested}: {reason}")]
+    NetMode { requested: NetMode, reason: String },
 }
 
 /// The agent's pod network, started (see the module documentation).
@@ -53,6 +58,8 @@ pub struct PodNet {
     direct: Option<(DirectEndpoint, tokio::net::TcpListener)>,
     direct_address: Option<String>,
     namespace: String,
+    /// Why the mode runs (the Node's `status.network.message`).
+    mode_reason: String,
 }
 
 impl PodNet {
@@ -102,25 +109,39 @@ impl PodNet {
             RouterConfig::new(Arc::new(netns::original_destination)),
             shutdown.clone(),
         );
-        let network = match availability().await {
-            Ok(mode) => PodNetwork::Ready(DomainNet::new(
-                router.clone(),
-                datagrams,
-                NetConfig {
-                    mode,
-                    redirect_port: REDIRECT_PORT,
-                    loopback_passthrough: loopback_ports(&config.servers),
-                    state_dir: config.data_dir.join("net"),
-                },
-                shutdown,
-            )),
+        let chosen = match availability(config.net_mode).await {
+            Ok(chosen) => Ok(chosen),
+            Err(reason) if config.net_mode != NetMode::Auto => {
+                return Err(StartError::NetMode {
+                    requested: config.net_mode,
+                    reason,
+                });
+            }
+            Err(reason) => Err(reason),
+        };
+        let mut mode_reason = String::new();
+        let network = match chosen {
+            Ok((mode, reason)) => {
+                mode_reason = reason;
+                PodNetwork::Ready(DomainNet::new(
+                    router.clone(),
+                    datagrams,
+                    NetConfig {
+                        mode,
+                        redirect_port: REDIRECT_PORT,
+                        loopback_passthrough: loopback_ports(&config.servers),
+                        state_dir: config.data_dir.join("net"),
+                    },
+                    shutdown,
+                ))
+            }
             Err(why) => {
                 tracing::warn!(reason = %why, "no pod network on this agent: replicas of domain tasks will fail");
                 PodNetwork::Unavailable(why)
             }
         };
         if let PodNetwork::Ready(net) = &network {
-            tracing::info!(mode = net.mode().as_str(), direct = ?direct_address, "pod network ready");
+            tracing::info!(mode = net.mode().as_str(), requested = config.net_mode.as_str(), why = %mode_reason, direct = ?direct_address, "pod network ready");
         }
         Ok(PodNet {
             router,
@@ -131,6 +152,7 @@ impl PodNet {
             direct,
             direct_address,
             namespace,
+            mode_reason,
         })
     }
 
@@ -146,10 +168,7 @@ impl PodNet {
             PodNetwork::Ready(net) => NodeNetwork {
                 mode: net.mode().as_str().to_string(),
                 direct_address: self.direct_address.clone(),
-                message: Some(match net.mode() {
-                    Mode::Kernel => "netfilter works here: kernel mode (nftables REDIRECT)".into(),
-                    Mode::Tun => "tun mode".into(),
-                }),
+                message: Some(self.mode_reason.clone()),
             },
             PodNetwork::Unavailable(why) => NodeNetwork {
                 mode: "none".into(),
@@ -198,18 +217,53 @@ impl PodNet {
     }
 }
 
-/// Which mode this host can run, or why it runs none.
-async fn availability() -> Result<Mode, String> {
+/// The mode to run for `requested` and why (the Node's `status.network.message`), or why
+/// none can run.
+async fn availability(requested: NetMode) -> Result<(Mode, String), String> {
     if !nix::unistd::geteuid().is_root() {
         return Err(
             "the pod network needs root (network namespaces, TUN devices, nftables)".into(),
         );
     }
-    match netns::probe_netfilter().await {
-        Ok(()) => Ok(Mode::Kernel),
-        Err(why) => Err(format!(
-            "netfilter does not work here ({why}); the userspace (TUN) mode is planned"
-        )),
+    match requested {
+        NetMode::Kernel => match netns::probe_netfilter().await {
+            Ok(()) => Ok((
+                Mode::Kernel,
+                "kernel mode (nftables REDIRECT), as --net-mode kernel asks".into(),
+            )),
+            Err(why) => Err(format!("netfilter does not work here: {why}")),
+        },
+        NetMode::Tun => match netns::probe_tun().await {
+            Ok(()) => Ok((
+                Mode::Tun,
+                "tun mode (userspace TCP stack), as --net-mode tun asks".into(),
+            )),
+            Err(why) => Err(format!("no TUN device can be made here: {why}")),
+        },
+        NetMode::Auto => {
+            let netfilter = match netns::probe_netfilter().await {
+                Ok(()) => {
+                    return Ok((
+                        Mode::Kernel,
+                        "netfilter works here: kernel mode (nftables REDIRECT)".into(),
+                    ));
+                }
+                Err(why) => why,
+            };
+            match netns::probe_tun().await {
+                Ok(()) => Ok((
+                    Mode::Tun,
+                    format!(
+                        "netfilter does not work here ({netfilter}): tun mode (userspace TCP \
+                         stack)"
+                    ),
+                )),
+                Err(tun) => Err(format!(
+                    "netfilter does not work here ({netfilter}) and no TUN device can be made \
+                     ({tun})"
+                )),
+            }
+        }
     }
 }
 

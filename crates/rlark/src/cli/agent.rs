@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use anyhow::bail;
 use clap::{Args, ValueEnum};
-use rlark_agent::{AgentConfig, JoinParams};
+use rlark_agent::{AgentConfig, JoinParams, NetMode};
 use rlark_api::types::NodeCategory;
 use tokio_util::sync::CancellationToken;
 
@@ -74,6 +74,12 @@ pub(crate) struct AgentArgs {
     /// status) [default: the --domain-listen address when it names one IP].
     #[arg(long, value_name = "HOST:PORT", requires = "domain_listen")]
     pub domain_advertise: Option<String>,
+    /// How the pod network terminates the TCP connections of domain replicas: kernel
+    /// (nftables REDIRECT to the agent), tun (a userspace TCP stack behind each replica's
+    /// TUN device, for hosts without netfilter), or auto (kernel where netfilter works,
+    /// else tun). A forced mode this host cannot run stops the agent at start.
+    #[arg(long, value_enum, default_value_t = NetModeArg::Auto)]
+    pub net_mode: NetModeArg,
     /// How often the Node's heartbeat (Lease and status) is renewed (e.g. 10s, 500ms).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
@@ -93,6 +99,24 @@ impl From<Category> for NodeCategory {
             Category::Cloud => NodeCategory::Cloud,
             Category::Edge => NodeCategory::Edge,
             Category::Robot => NodeCategory::Robot,
+        }
+    }
+}
+
+/// `--net-mode`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum NetModeArg {
+    Auto,
+    Kernel,
+    Tun,
+}
+
+impl From<NetModeArg> for NetMode {
+    fn from(mode: NetModeArg) -> Self {
+        match mode {
+            NetModeArg::Auto => NetMode::Auto,
+            NetModeArg::Kernel => NetMode::Kernel,
+            NetModeArg::Tun => NetMode::Tun,
         }
     }
 }
@@ -130,6 +154,7 @@ impl AgentArgs {
         config.metrics_listen = self.metrics_listen;
         config.domain_listen = self.domain_listen;
         config.domain_advertise = self.domain_advertise;
+        config.net_mode = self.net_mode.into();
         Ok(config)
     }
 }
@@ -264,5 +289,30 @@ mod tests {
         assert!(with(&["--heartbeat-interval", "soon"]).is_err());
         let twice = with(&["--label", "a=1", "--label", "a=2"]).expect("parse");
         assert!(twice.into_config().is_err(), "a label given twice");
+    }
+
+    #[test]
+    fn net_mode_flag() {
+        let base = [
+            "--server",
+            "https://a:1",
+            "--cluster-id",
+            "c",
+            "--data-dir",
+            "d",
+        ];
+        let mode = |extra: &[&str]| {
+            let mut all: Vec<&str> = base.to_vec();
+            all.extend_from_slice(extra);
+            parse(&all).map(|args| args.into_config().expect("config").net_mode)
+        };
+        assert_eq!(mode(&[]).expect("default"), NetMode::Auto);
+        assert_eq!(mode(&["--net-mode", "auto"]).expect("auto"), NetMode::Auto);
+        assert_eq!(
+            mode(&["--net-mode", "kernel"]).expect("kernel"),
+            NetMode::Kernel
+        );
+        assert_eq!(mode(&["--net-mode", "tun"]).expect("tun"), NetMode::Tun);
+        assert!(mode(&["--net-mode", "iptables"]).is_err());
     }
 }
