@@ -58,7 +58,9 @@ const SSHD_PORT: u16 = 2222;
 const RELAY_PORT: u16 = 5301;
 const SSH_LOCAL_PORT: u16 = 5401;
 /// Longest wait for a path to carry its first echo.
-const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for one readiness probe (a path that drops SYNs would hang it).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Upload chunk of the throughput client.
 const CHUNK: usize = 256 * 1024;
 
@@ -483,7 +485,10 @@ impl Bench {
             "1".into(),
         ];
         loop {
-            match self.peer(client, &args).await {
+            let probe = tokio::time::timeout(PROBE_TIMEOUT, self.peer(client, &args))
+                .await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {PROBE_TIMEOUT:?}")));
+            match probe {
                 Ok(_) => return Ok(()),
                 Err(e) if Instant::now() >= until => {
                     return Err(e.context(format!("no path to {addr} within {READY_TIMEOUT:?}")));
