@@ -307,6 +307,63 @@ fn a_task_in_a_reaches_an_http_server_in_b_by_ip_and_by_name() -> anyhow::Result
     Ok(())
 }
 
+/// Tun mode end to end: agents started with `--net-mode tun` (no nftables in the replicas'
+/// namespaces; a userspace TCP stack per replica) report it on their Nodes, and a task in
+/// cluster a fetches from an HTTP server in cluster b by IP and by name over the relay.
+#[test]
+fn tun_mode_agents_carry_http_by_ip_and_by_name_over_the_relay() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    let net = DomainNet::start(RLARK, &["a", "b"], &["--net-mode", "tun"])?;
+    for (cluster, name) in [("a", "a-0"), ("b", "b-0")] {
+        // The Node is written by the agent's reporter: poll briefly (bounded).
+        let mut network = serde_json::Value::Null;
+        for _ in 0..60 {
+            let node = net.get_json("node", name, Some(&format!("rlark-{cluster}")))?;
+            network = node.map_or(serde_json::Value::Null, |n| n["status"]["network"].clone());
+            if !network.is_null() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        ensure!(network["mode"] == "tun", "Node of {cluster}: {network}");
+        ensure!(
+            network["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("--net-mode tun")),
+            "Node of {cluster}: {network}"
+        );
+    }
+    net.apply(&domain_yaml("net1", "10.88.0.0/24"))?;
+    net.apply(&job_yaml(
+        "web",
+        Some("net1"),
+        &[(
+            "server",
+            "b-0",
+            "exec python3 -m http.server 8080 --bind 0.0.0.0",
+        )],
+    ))?;
+    net.wait_pod("rlark-b", "web-server-0", &["Running"], POD_WAIT)?;
+    let ip = allocated_ip(&net, "net1", "web-server")?;
+    net.apply(&job_yaml(
+        "probe",
+        Some("net1"),
+        &[
+            ("by-ip", "a-0", &fetch_script(&format!("http://{ip}:8080/"))),
+            (
+                "by-name",
+                "a-0",
+                &fetch_script("http://web-server-0.net1:8080/"),
+            ),
+        ],
+    ))?;
+    net.wait_pod("rlark-a", "probe-by-ip-0", &["Succeeded"], POD_WAIT)?;
+    net.wait_pod("rlark-a", "probe-by-name-0", &["Succeeded"], POD_WAIT)?;
+    Ok(())
+}
+
 #[test]
 fn a_ray_style_worker_finds_its_head_through_rlark_head_address() -> anyhow::Result<()> {
     if !can_run() {

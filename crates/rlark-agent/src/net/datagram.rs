@@ -201,6 +201,11 @@ impl DatagramMetrics {
             .inc();
     }
 
+    /// Counts one dropped datagram (in tun mode also a TCP packet) for `reason`.
+    pub fn count_drop(&self, reason: DropReason) {
+        self.drop(reason);
+    }
+
     /// Dropped datagrams so far for `reason` (tests, `rlark describe`).
     pub fn dropped_count(&self, reason: DropReason) -> u64 {
         self.dropped
@@ -220,8 +225,9 @@ pub enum DropReason {
     Fragment,
     /// The source address is not one of the replica's own.
     SpoofedSource,
-    /// TCP (redirected in kernel mode), non-echo ICMP, another protocol, ICMP outside the
-    /// domain, multicast/broadcast/link-local destinations, port 0.
+    /// TCP when the plane has no TCP stack (kernel mode redirects TCP before the TUN),
+    /// non-echo ICMP, another protocol, ICMP outside the domain,
+    /// multicast/broadcast/link-local destinations, port 0.
     Unsupported,
     /// An echo reply (or a reply to a flow) that matches no flow.
     NoFlow,
@@ -235,6 +241,9 @@ pub enum DropReason {
     TooBig,
     /// Writing into the TUN or an egress socket failed.
     WriteFailed,
+    /// Tun mode: the queue of TCP packets into the replica's userspace TCP stack is full
+    /// ([`super::stack::TCP_QUEUE`]).
+    TcpQueueFull,
 }
 
 impl DropReason {
@@ -250,6 +259,7 @@ impl DropReason {
             DropReason::BadFrame => "bad_frame",
             DropReason::TooBig => "too_big",
             DropReason::WriteFailed => "write_failed",
+            DropReason::TcpQueueFull => "tcp_queue_full",
         }
     }
 }
@@ -311,6 +321,9 @@ pub enum Decision<'a> {
         route: Route,
         datagram: &'a [u8],
     },
+    /// A TCP packet from one of the replica's own addresses: for the replica's userspace
+    /// TCP stack in tun mode ([`super::stack`]), dropped (`unsupported`) without one.
+    Tcp,
     Drop(DropReason),
 }
 
@@ -381,6 +394,7 @@ pub fn classify<'a>(config: &PlaneConfig, bytes: &'a [u8]) -> Decision<'a> {
                 datagram: payload,
             }
         }
+        Transport::Tcp { .. } => Decision::Tcp,
         Transport::Echo(echo) if in_domain => {
             let (kind, route) = match echo.kind {
                 EchoKind::Request => (
@@ -520,6 +534,8 @@ impl FlowTable {
 struct Inner {
     config: PlaneConfig,
     io: Arc<dyn PacketIo>,
+    /// Tun mode: where TCP packets go (the replica's userspace stack).
+    tcp: Option<mpsc::Sender<Vec<u8>>>,
     opener: Arc<dyn Opener>,
     metrics: DatagramMetrics,
     table: Mutex<FlowTable>,
@@ -538,12 +554,26 @@ pub struct DatagramPlane {
 }
 
 impl DatagramPlane {
-    /// Starts the plane: spawns the task that reads `io` until shutdown.
+    /// Starts the plane: spawns the task that reads `io` until shutdown. TCP packets are
+    /// dropped (`unsupported`).
     pub fn start(
         config: PlaneConfig,
         io: Arc<dyn PacketIo>,
         opener: Arc<dyn Opener>,
         metrics: DatagramMetrics,
+    ) -> DatagramPlane {
+        Self::start_with_tcp(config, io, opener, metrics, None)
+    }
+
+    /// [`DatagramPlane::start`], and (tun mode) every TCP packet from the replica's own
+    /// addresses is offered to `tcp` (the replica's userspace stack) without waiting: a
+    /// full queue drops it (`tcp_queue_full`).
+    pub fn start_with_tcp(
+        config: PlaneConfig,
+        io: Arc<dyn PacketIo>,
+        opener: Arc<dyn Opener>,
+        metrics: DatagramMetrics,
+        tcp: Option<mpsc::Sender<Vec<u8>>>,
     ) -> DatagramPlane {
         let shutdown = CancellationToken::new();
         let inner = Arc::new(Inner {
@@ -554,6 +584,7 @@ impl DatagramPlane {
             }),
             config,
             io,
+            tcp,
             opener,
             metrics,
             queued: Arc::new(AtomicUsize::new(0)),
@@ -692,6 +723,21 @@ async fn read_tun(inner: Arc<Inner>) {
         };
         match classify(&inner.config, &buf[..n]) {
             Decision::Drop(reason) => inner.metrics.drop(reason),
+            Decision::Tcp => match &inner.tcp {
+                Some(tcp) => {
+                    match tcp.try_send(buf[..n].to_vec()) {
+                        Ok(()) => {}
+                        Err(mpsc::error::TrySendError::Full(_)) => {
+                            inner.metrics.drop(DropReason::TcpQueueFull);
+                        }
+                        // The stack is gone (the replica is being released).
+                        Err(mpsc::error::TrySendError::Closed(_)) => {
+                            inner.metrics.drop(DropReason::Unsupported);
+                        }
+                    }
+                }
+                None => inner.metrics.drop(DropReason::Unsupported),
+            },
             Decision::Forward {
                 key,
                 route,
@@ -1515,6 +1561,7 @@ mod tests {
             let got = match classify(&cfg, &bytes) {
                 Decision::Forward { key, route, .. } => Ok((key, route)),
                 Decision::Drop(reason) => Err(reason),
+                Decision::Tcp => panic!("{name}: not a TCP packet"),
             };
             assert_eq!(got, expected, "{name}");
         }

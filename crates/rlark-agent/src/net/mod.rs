@@ -1,8 +1,9 @@
 //! The pod network on the agent's side (docs/network.md): each replica of a domain task runs
 //! in a network namespace of its own holding its virtual IP ([`netns`]), TCP flows out of it
-//! are redirected by nftables to the agent ([`nft`]), and UDP/ICMP reach the agent through
-//! the namespace's TUN device ([`tun`]), where the [`datagram`] plane reads them (checked
-//! packet views in [`packet`]). The agent's view of the domains ([`membership`]) drives the
+//! are redirected by nftables to the agent ([`nft`], kernel mode) or terminated by a
+//! userspace TCP stack behind the namespace's TUN device ([`stack`], tun mode), and UDP/ICMP
+//! reach the agent through that TUN device ([`tun`]), where the [`datagram`] plane reads
+//! them (checked packet views in [`packet`]). The agent's view of the domains ([`membership`]) drives the
 //! [`router`] (local, direct or relayed), the [`direct`] mTLS path between agents and the
 //! destination side ([`inbound`]); [`metrics`] counts it all. [`replica`] ties one replica's
 //! pieces together for the Task worker, and [`hosts`] renders its `/etc/hosts`.
@@ -19,5 +20,6 @@ pub mod packet;
 pub mod pods;
 pub mod replica;
 pub mod router;
+pub mod stack;
 pub mod start;
 pub mod tun;

@@ -34,15 +34,16 @@ use super::hosts::{self, HostEntry};
 use super::inbound::DatagramPlanes;
 use super::membership::{Membership, MembershipView};
 use super::netns::{Mode, NetError, NetnsSpec, ReplicaNetns};
-use super::router::{ReplicaOpener, Router};
+use super::router::{ReplicaOpener, ReplicaTcp, Router};
+use super::stack::TcpStack;
 use crate::runtime::ReplicaNetwork;
 
 /// How the agent runs the pod network.
 #[derive(Clone, Debug)]
 pub struct NetConfig {
-    /// How TCP leaving a replica is terminated ([`Mode::Kernel`] only, today).
+    /// How TCP leaving a replica is terminated.
     pub mode: Mode,
-    /// The redirect listener's port inside each namespace.
+    /// The redirect listener's port inside each namespace (kernel mode).
     pub redirect_port: u16,
     /// Host-loopback TCP ports a task may reach as `127.0.0.1:<port>` (the control plane's
     /// port when the agent reaches the server on loopback).
@@ -91,6 +92,8 @@ struct Attached {
     domain: String,
     netns: Arc<ReplicaNetns>,
     hosts_file: PathBuf,
+    /// Cancelled on release or leave: ends the replica's TCP stack (tun mode).
+    stop: CancellationToken,
 }
 
 /// The agent's pod network (see the module documentation). Cheap to clone.
@@ -108,6 +111,8 @@ struct Inner {
     planes: DatagramPlanes,
     config: NetConfig,
     attached: Mutex<HashMap<String, Attached>>,
+    /// The agent's shutdown (each replica's `stop` is a child of it).
+    shutdown: CancellationToken,
 }
 
 impl std::fmt::Debug for DomainNet {
@@ -138,6 +143,7 @@ impl DomainNet {
                 planes,
                 config,
                 attached: Mutex::new(HashMap::new()),
+                shutdown: shutdown.clone(),
             }),
         };
         tokio::spawn(net.clone().keep_hosts_current(shutdown));
@@ -232,7 +238,21 @@ impl DomainNet {
                 path: hosts_file.clone(),
                 source,
             })?;
-        if let Err(error) = self.inner.router.attach(pod, domain, netns.clone()).await {
+        let attached = match self.inner.config.mode {
+            Mode::Kernel => self.inner.router.attach(pod, domain, netns.clone()).await,
+            Mode::Tun => {
+                self.inner
+                    .router
+                    .attach_tun(
+                        pod,
+                        domain,
+                        netns.clone(),
+                        &self.inner.config.loopback_passthrough,
+                    )
+                    .await
+            }
+        };
+        if let Err(error) = attached {
             // Nothing half-attached: the namespace is created again on the next try.
             let _ = delete_netns(netns).await;
             return Err(error.into());
@@ -244,7 +264,18 @@ impl DomainNet {
             .domain(domain)
             .map(|d| vec![d.cidr])
             .unwrap_or_default();
-        let plane = DatagramPlane::start(
+        let stop = self.inner.shutdown.child_token();
+        // Tun mode: the replica's TCP goes from the TUN reader to its userspace stack.
+        let tcp = (self.inner.config.mode == Mode::Tun).then(|| {
+            TcpStack::start(
+                netns.tun().clone(),
+                Arc::new(ReplicaTcp::new(self.inner.router.clone(), pod)),
+                self.inner.datagrams.clone(),
+                stop.clone(),
+            )
+            .packets()
+        });
+        let plane = DatagramPlane::start_with_tcp(
             PlaneConfig {
                 domain: domain.to_string(),
                 cidrs,
@@ -254,6 +285,7 @@ impl DomainNet {
             netns.tun().clone(),
             Arc::new(ReplicaOpener::new(self.inner.router.clone(), pod)),
             self.inner.datagrams.clone(),
+            tcp,
         );
         let network = ReplicaNetwork {
             netns_path: netns.path().to_path_buf(),
@@ -266,6 +298,7 @@ impl DomainNet {
                 domain: domain.to_string(),
                 netns,
                 hosts_file,
+                stop,
             },
         );
         tracing::info!(%pod, %domain, addresses = ?ips, netns = %name, "replica attached to its domain");
@@ -283,6 +316,7 @@ impl DomainNet {
             return;
         };
         self.inner.router.detach(pod);
+        attached.stop.cancel();
         if let Some(plane) = self.inner.planes.remove(pod) {
             plane.shutdown();
         }
@@ -301,7 +335,8 @@ impl DomainNet {
     /// Forget replica `pod` without deleting its namespace (the agent exits and leaves it
     /// running; the next agent attaches it again).
     pub fn leave(&self, pod: &str) {
-        if self.attached().remove(pod).is_some() {
+        if let Some(attached) = self.attached().remove(pod) {
+            attached.stop.cancel();
             self.inner.router.detach(pod);
             if let Some(plane) = self.inner.planes.remove(pod) {
                 plane.shutdown();

@@ -1,6 +1,8 @@
 //! The source side of the pod network: every TCP connection a replica opens ends at the
 //! agent (kernel mode: nftables REDIRECTs it to the agent's listener inside the replica's
-//! netns, [`REDIRECT_PORT`]), and the router decides where it goes:
+//! netns, [`REDIRECT_PORT`]; tun mode: the replica's userspace TCP stack accepts it,
+//! [`crate::net::stack`], and hands it to [`Router::serve_tcp`]), and the router decides
+//! where it goes:
 //!
 //! - a member of the replica's domain running on this agent → **local**: a socket made
 //!   inside the destination replica's netns connects to it;
@@ -34,7 +36,7 @@ use futures::future::BoxFuture;
 use rlark_tunnel::dial::DialError;
 use rlark_tunnel::header::{self, Status};
 use rlark_tunnel::relay::{Protocol, RelayHeader};
-use tokio::io::AsyncWriteExt as _;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -95,6 +97,35 @@ impl crate::net::datagram::Opener for ReplicaOpener {
                 Err(error) => Err(io::Error::other(error.to_string())),
             }
         })
+    }
+}
+
+/// Tun mode: the connections replica `pod`'s userspace TCP stack accepts go to
+/// [`Router::serve_tcp`].
+#[derive(Clone)]
+pub struct ReplicaTcp {
+    router: Router,
+    pod: String,
+}
+
+impl ReplicaTcp {
+    pub fn new(router: Router, pod: impl Into<String>) -> Self {
+        ReplicaTcp {
+            router,
+            pod: pod.into(),
+        }
+    }
+}
+
+impl crate::net::stack::TcpHandler for ReplicaTcp {
+    fn serve(
+        &self,
+        stream: BoxStream,
+        source: SocketAddr,
+        destination: SocketAddr,
+    ) -> BoxFuture<'static, ()> {
+        let (router, pod) = (self.router.clone(), self.pod.clone());
+        Box::pin(async move { router.serve_tcp(&pod, stream, source, destination).await })
     }
 }
 
@@ -434,37 +465,70 @@ impl Router {
     }
 
     /// Start routing the connections of replica `pod` (a member of `domain`) whose netns is
-    /// `netns`: listeners on 127.0.0.1 and ::1 ([`RouterConfig::redirect_port`]) inside it,
-    /// each with its accept loop. The ::1 listener is optional (a netns without IPv6 has
-    /// none). Until [`Router::detach`], inbound connections to the replica are served too.
+    /// `netns` (kernel mode): listeners on 127.0.0.1 and ::1 ([`RouterConfig::redirect_port`])
+    /// inside it, each with its accept loop, routing by the original destination. The ::1
+    /// listener is optional (a netns without IPv6 has none). Until [`Router::detach`],
+    /// inbound connections to the replica are served too.
     pub async fn attach(
         &self,
         pod: &str,
         domain: &str,
         netns: Arc<dyn PodNetns>,
     ) -> Result<(), AttachError> {
+        let port = self.inner.config.redirect_port;
+        self.attach_with(pod, domain, netns, &[(port, ListenerKind::Redirect)])
+            .await
+    }
+
+    /// [`Router::attach`] for tun mode, where the replica's userspace TCP stack hands its
+    /// connections to [`Router::serve_tcp`]: no redirect listener, but one on 127.0.0.1
+    /// and ::1 inside the netns for each of `loopback_passthrough` (the host-loopback ports
+    /// a task reaches as `127.0.0.1:<port>`, which never reach the TUN device), each
+    /// connection dialed to the same loopback address and port in the agent's namespace.
+    pub async fn attach_tun(
+        &self,
+        pod: &str,
+        domain: &str,
+        netns: Arc<dyn PodNetns>,
+        loopback_passthrough: &[u16],
+    ) -> Result<(), AttachError> {
+        let listeners: Vec<(u16, ListenerKind)> = loopback_passthrough
+            .iter()
+            .map(|&port| (port, ListenerKind::Passthrough))
+            .collect();
+        self.attach_with(pod, domain, netns, &listeners).await
+    }
+
+    async fn attach_with(
+        &self,
+        pod: &str,
+        domain: &str,
+        netns: Arc<dyn PodNetns>,
+        ports: &[(u16, ListenerKind)],
+    ) -> Result<(), AttachError> {
         if self.inner.pods.netns(pod).is_some() {
             return Err(AttachError::AlreadyAttached {
                 pod: pod.to_string(),
             });
         }
-        let port = self.inner.config.redirect_port;
-        let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
-        let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
-        let mut listeners = vec![
-            netns
+        let mut listeners = Vec::new();
+        for &(port, kind) in ports {
+            let v4 = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+            let v6 = SocketAddr::from((Ipv6Addr::LOCALHOST, port));
+            let listener = netns
                 .listen(v4)
                 .await
                 .map_err(|source| AttachError::Listen {
                     pod: pod.to_string(),
                     addr: v4,
                     source,
-                })?,
-        ];
-        match netns.listen(v6).await {
-            Ok(listener) => listeners.push(listener),
-            Err(error) => {
-                tracing::debug!(%pod, %error, "no IPv6 listener in the replica's netns");
+                })?;
+            listeners.push((listener, kind.destination(v4)));
+            match netns.listen(v6).await {
+                Ok(listener) => listeners.push((listener, kind.destination(v6))),
+                Err(error) => {
+                    tracing::debug!(%pod, %error, "no IPv6 listener in the replica's netns");
+                }
             }
         }
         let stop = self.inner.shutdown.child_token();
@@ -484,16 +548,18 @@ impl Router {
                 },
             );
         }
-        for listener in listeners {
+        for (listener, destination) in listeners {
             tokio::spawn(accept_loop(
                 self.clone(),
                 pod.to_string(),
                 domain.to_string(),
                 listener,
+                destination,
                 stop.clone(),
             ));
         }
-        tracing::info!(%pod, %domain, port, "replica attached to the pod network");
+        let ports: Vec<u16> = ports.iter().map(|(port, _)| *port).collect();
+        tracing::info!(%pod, %domain, ?ports, "replica attached to the pod network");
         Ok(())
     }
 
@@ -830,16 +896,68 @@ impl Router {
         }
     }
 
-    /// Route one accepted connection of replica `pod`.
-    async fn handle(&self, pod: &str, domain: &str, mut conn: TcpStream) {
-        let destination = match (self.inner.config.destination)(&conn) {
-            Ok(destination) => destination,
-            Err(error) => {
-                tracing::warn!(%pod, %error, "no original destination: connection closed");
-                return;
-            }
+    /// Route one connection that replica `pod`'s userspace TCP stack accepted (tun mode):
+    /// `source` is the replica's ip:port, `destination` where it connected to. The same
+    /// routing as a redirected connection of kernel mode; ends when the connection is done
+    /// or the replica is detached. A pod that is not attached gets its connection closed.
+    pub async fn serve_tcp(
+        &self,
+        pod: &str,
+        conn: BoxStream,
+        source: SocketAddr,
+        destination: SocketAddr,
+    ) {
+        let attached = {
+            let pods = self.inner.pods.lock();
+            pods.get(pod).map(|a| (a.domain.clone(), a.stop.clone()))
+        };
+        let Some((domain, stop)) = attached else {
+            tracing::debug!(%pod, %source, %destination, "connection of a pod that is not attached: closed");
+            return;
+        };
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = self.route_connection(pod, &domain, conn, source.port(), destination) => {}
+        }
+    }
+
+    /// Route one accepted connection of replica `pod`: to `destination` when given (a
+    /// passthrough listener), else to its original destination.
+    async fn handle(
+        &self,
+        pod: &str,
+        domain: &str,
+        conn: TcpStream,
+        destination: Option<SocketAddr>,
+    ) {
+        let destination = match destination {
+            Some(destination) => destination,
+            None => match (self.inner.config.destination)(&conn) {
+                Ok(destination) => destination,
+                Err(error) => {
+                    tracing::warn!(%pod, %error, "no original destination: connection closed");
+                    return;
+                }
+            },
         };
         let _ = conn.set_nodelay(true);
+        let source_port = conn.peer_addr().map(|a| a.port()).unwrap_or(0);
+        self.route_connection(pod, domain, conn, source_port, destination)
+            .await;
+    }
+
+    /// Route one connection of replica `pod` (from its `source_port`) to `destination`
+    /// and copy it both ways until done.
+    async fn route_connection<C>(
+        &self,
+        pod: &str,
+        domain: &str,
+        mut conn: C,
+        source_port: u16,
+        destination: SocketAddr,
+    ) where
+        C: AsyncRead + AsyncWrite + Unpin,
+    {
         let view = self.inner.membership.view();
         let route = route(
             &view,
@@ -885,7 +1003,6 @@ impl Router {
                     Route::Direct { cluster, .. } | Route::Relay { cluster } => cluster.clone(),
                     _ => self.inner.membership.identity().cluster.clone(),
                 };
-                let source_port = conn.peer_addr().map(|a| a.port()).unwrap_or(0);
                 let header = match self.header(
                     &view,
                     pod,
@@ -931,13 +1048,35 @@ impl Router {
     }
 }
 
-/// Accept connections of replica `pod` until `stop`; each is routed in its own task,
-/// which ends with `stop` too.
+/// What a listener of a replica's netns is for.
+#[derive(Clone, Copy, Debug)]
+enum ListenerKind {
+    /// Kernel mode's redirect listener: each connection goes to its original destination.
+    Redirect,
+    /// Tun mode's loopback passthrough: each connection goes to the listener's own address
+    /// in the agent's namespace.
+    Passthrough,
+}
+
+impl ListenerKind {
+    /// The fixed destination of a listener of this kind bound to `bound` (`None`: the
+    /// original destination of each connection).
+    fn destination(self, bound: SocketAddr) -> Option<SocketAddr> {
+        match self {
+            ListenerKind::Redirect => None,
+            ListenerKind::Passthrough => Some(bound),
+        }
+    }
+}
+
+/// Accept connections of replica `pod` until `stop`; each is routed (to `destination` when
+/// given, else to its original destination) in its own task, which ends with `stop` too.
 async fn accept_loop(
     router: Router,
     pod: String,
     domain: String,
     listener: TcpListener,
+    destination: Option<SocketAddr>,
     stop: CancellationToken,
 ) {
     loop {
@@ -952,7 +1091,7 @@ async fn accept_loop(
                 tokio::spawn(async move {
                     tokio::select! {
                         () = stop.cancelled() => {}
-                        () = router.handle(&pod, &domain, conn) => {}
+                        () = router.handle(&pod, &domain, conn, destination) => {}
                     }
                 });
             }

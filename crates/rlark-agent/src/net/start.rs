@@ -218,52 +218,69 @@ impl PodNet {
 }
 
 /// The mode to run for `requested` and why (the Node's `status.network.message`), or why
-/// none can run.
+/// none can run. Probes only what the choice needs (auto: TUN only when netfilter fails).
 async fn availability(requested: NetMode) -> Result<(Mode, String), String> {
     if !nix::unistd::geteuid().is_root() {
         return Err(
             "the pod network needs root (network namespaces, TUN devices, nftables)".into(),
         );
     }
+    let netfilter = match requested {
+        NetMode::Kernel | NetMode::Auto => Some(netns::probe_netfilter().await),
+        NetMode::Tun => None,
+    };
+    let tun = match (requested, &netfilter) {
+        (NetMode::Tun, _) | (NetMode::Auto, Some(Err(_))) => Some(netns::probe_tun().await),
+        _ => None,
+    };
+    decide(requested, netfilter, tun)
+}
+
+/// The choice itself (sans IO): the mode for `requested` given the outcomes of the
+/// netfilter and TUN probes that ran (`None`: not run), with the reason shown on the Node;
+/// or why no mode runs.
+fn decide(
+    requested: NetMode,
+    netfilter: Option<Result<(), String>>,
+    tun: Option<Result<(), String>>,
+) -> Result<(Mode, String), String> {
+    let not_run = |probe: &str| format!("the {probe} probe did not run");
     match requested {
-        NetMode::Kernel => match netns::probe_netfilter().await {
-            Ok(()) => Ok((
+        NetMode::Kernel => match netfilter {
+            Some(Ok(())) => Ok((
                 Mode::Kernel,
                 "kernel mode (nftables REDIRECT), as --net-mode kernel asks".into(),
             )),
-            Err(why) => Err(format!("netfilter does not work here: {why}")),
+            Some(Err(why)) => Err(format!("netfilter does not work here: {why}")),
+            None => Err(not_run("netfilter")),
         },
-        NetMode::Tun => match netns::probe_tun().await {
-            Ok(()) => Ok((
+        NetMode::Tun => match tun {
+            Some(Ok(())) => Ok((
                 Mode::Tun,
                 "tun mode (userspace TCP stack), as --net-mode tun asks".into(),
             )),
-            Err(why) => Err(format!("no TUN device can be made here: {why}")),
+            Some(Err(why)) => Err(format!("no TUN device can be made here: {why}")),
+            None => Err(not_run("TUN")),
         },
-        NetMode::Auto => {
-            let netfilter = match netns::probe_netfilter().await {
-                Ok(()) => {
-                    return Ok((
-                        Mode::Kernel,
-                        "netfilter works here: kernel mode (nftables REDIRECT)".into(),
-                    ));
-                }
-                Err(why) => why,
-            };
-            match netns::probe_tun().await {
-                Ok(()) => Ok((
-                    Mode::Tun,
-                    format!(
-                        "netfilter does not work here ({netfilter}): tun mode (userspace TCP \
-                         stack)"
-                    ),
-                )),
-                Err(tun) => Err(format!(
-                    "netfilter does not work here ({netfilter}) and no TUN device can be made \
-                     ({tun})"
-                )),
-            }
-        }
+        NetMode::Auto => match (netfilter, tun) {
+            (Some(Ok(())), _) => Ok((
+                Mode::Kernel,
+                "netfilter works here: kernel mode (nftables REDIRECT)".into(),
+            )),
+            (Some(Err(netfilter)), Some(Ok(()))) => Ok((
+                Mode::Tun,
+                format!(
+                    "netfilter does not work here ({netfilter}): tun mode (userspace TCP \
+                     stack)"
+                ),
+            )),
+            (Some(Err(netfilter)), Some(Err(tun))) => Err(format!(
+                "netfilter does not work here ({netfilter}) and no TUN device can be made \
+                 ({tun})"
+            )),
+            (None, _) => Err(not_run("netfilter")),
+            (Some(Err(_)), None) => Err(not_run("TUN")),
+        },
     }
 }
 
@@ -292,6 +309,41 @@ fn loopback_ports(servers: &[String]) -> Vec<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_mode_follows_the_request_and_the_probes() {
+        let ok = || Some(Ok(()));
+        let failed = |why: &str| Some(Err(why.to_string()));
+        let mode = |r: Result<(Mode, String), String>| r.map(|(mode, _)| mode);
+        // auto: kernel where netfilter works, else tun, else none with both reasons.
+        assert_eq!(mode(decide(NetMode::Auto, ok(), None)), Ok(Mode::Kernel));
+        let (chosen, why) =
+            decide(NetMode::Auto, failed("no nft"), ok()).expect("tun as the fallback");
+        assert_eq!(chosen, Mode::Tun);
+        assert!(why.contains("no nft") && why.contains("tun mode"), "{why}");
+        let none = decide(NetMode::Auto, failed("no nft"), failed("no /dev/net/tun"))
+            .expect_err("neither works");
+        assert!(
+            none.contains("no nft") && none.contains("no /dev/net/tun"),
+            "{none}"
+        );
+        // Forced modes: only their own probe counts.
+        assert_eq!(mode(decide(NetMode::Kernel, ok(), None)), Ok(Mode::Kernel));
+        let kernel = decide(NetMode::Kernel, failed("nat table missing"), ok())
+            .expect_err("kernel is not available");
+        assert!(
+            kernel.contains("netfilter does not work here: nat table missing"),
+            "{kernel}"
+        );
+        let (chosen, why) = decide(NetMode::Tun, None, ok()).expect("tun");
+        assert_eq!(chosen, Mode::Tun);
+        assert!(why.contains("--net-mode tun"), "{why}");
+        let tun = decide(NetMode::Tun, ok(), failed("EPERM")).expect_err("no TUN");
+        assert!(
+            tun.contains("no TUN device can be made here: EPERM"),
+            "{tun}"
+        );
+    }
 
     #[test]
     fn loopback_servers_are_passed_through() {
