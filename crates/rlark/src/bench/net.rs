@@ -167,7 +167,9 @@ pub async fn run_net_peer(options: NetPeerOptions) -> anyhow::Result<()> {
 }
 
 /// Upload over `streams` connections for `duration`; bytes the target counted and the time
-/// from the first write to the last count.
+/// from the first write to the last count. The upload is framed (the target's mode `F`) and
+/// ends with an empty frame, not a half-close: tun mode's userspace stack has no half-close
+/// and would lose the count sent after it.
 async fn timed_upload(
     addr: SocketAddr,
     streams: u16,
@@ -175,20 +177,22 @@ async fn timed_upload(
 ) -> anyhow::Result<(u64, Duration)> {
     let mut connections = Vec::new();
     for _ in 0..streams {
-        connections.push(open(addr, b'U').await?);
+        connections.push(open(addr, b'F').await?);
     }
     let started = Instant::now();
     let until = started + duration;
     let mut tasks = tokio::task::JoinSet::new();
     for mut stream in connections {
         tasks.spawn(bounded("upload", async move {
-            let chunk = vec![0x5au8; CHUNK];
+            // One write per frame: the length, then the payload.
+            let mut frame = vec![0x5au8; 4 + CHUNK];
+            frame[..4].copy_from_slice(&(CHUNK as u32).to_be_bytes());
             let mut sent = 0u64;
             while Instant::now() < until {
-                stream.write_all(&chunk).await?;
+                stream.write_all(&frame).await?;
                 sent += CHUNK as u64;
             }
-            stream.shutdown().await?;
+            stream.write_all(&0u32.to_be_bytes()).await?;
             let got = stream.read_u64().await.context("read the target's count")?;
             if got != sent {
                 bail!("the target counted {got} bytes of {sent}");
@@ -803,6 +807,28 @@ async fn start_relay(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_framed_upload_is_counted_by_the_target_without_a_half_close() {
+        let target = port_forward::target_server().await.unwrap();
+        let (bytes, _) = timed_upload(target, 2, Duration::from_millis(200))
+            .await
+            .unwrap();
+        // Each stream sent at least one frame, and the target's counts matched.
+        assert!(bytes >= 2 * CHUNK as u64, "{bytes}");
+        assert_eq!(bytes % CHUNK as u64, 0);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_frame_ends_the_connection_without_a_count() {
+        let target = port_forward::target_server().await.unwrap();
+        let mut stream = open(target, b'F').await.unwrap();
+        let too_big = u32::try_from(port_forward::MAX_FRAME + 1).unwrap();
+        stream.write_all(&too_big.to_be_bytes()).await.unwrap();
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest).await;
+        assert!(rest.is_empty(), "{rest:?}");
+    }
 
     #[test]
     fn targets_are_not_measured_without_the_domain_paths() {
