@@ -25,7 +25,8 @@ install_deps() {
     command -v python3 >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip)
     # ssh-keygen checks the OpenSSH certificates rlark signs.
     command -v ssh-keygen >/dev/null 2>&1 || apt_pkgs+=(openssh-client)
-    # curl drives the tunnel's HTTP CONNECT as an unmodified client would.
+    # curl drives the tunnel's HTTP CONNECT as an unmodified client would, and reads an
+    # agent's metrics inside its namespace for `rlark bench net`.
     command -v curl >/dev/null 2>&1 || apt_pkgs+=(curl)
     # ip netns: the devinit (macvlan) tests build their network namespaces with it.
     command -v ip >/dev/null 2>&1 || apt_pkgs+=(iproute2)
@@ -36,6 +37,8 @@ install_deps() {
     command -v ping >/dev/null 2>&1 || apt_pkgs+=(iputils-ping)
     # setpriv: devinit's permission case runs the runtime without CAP_NET_ADMIN.
     command -v setpriv >/dev/null 2>&1 || apt_pkgs+=(util-linux)
+    # nsenter: `rlark bench net` runs its client inside a replica's network namespace.
+    command -v nsenter >/dev/null 2>&1 || apt_pkgs+=(util-linux)
     # ffmpeg: the embodied runtime's file and RTSP camera drivers decode through it.
     command -v ffmpeg >/dev/null 2>&1 || apt_pkgs+=(ffmpeg)
     # sshd: `rlark bench port-forward` measures an OpenSSH relay (ssh -L + ssh -R through a

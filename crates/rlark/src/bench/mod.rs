@@ -60,9 +60,10 @@ pub enum BenchCommand {
     /// TCP between two "clusters" that are network namespaces on one bridge (needs root):
     /// direct TCP and an OpenSSH relay (`ssh -L` + `ssh -R` through an sshd in a third
     /// namespace) measured in the same run: single-stream and 8-stream throughput,
-    /// connection setup p50/p99, CPU seconds per GiB; the Domain network's paths beside
-    /// them with the targets (relayed >= 1.5x the OpenSSH relay with setup p99 <= 5
-    /// ms, kernel mode >= 3x tun mode, direct agent-to-agent >= 50% of direct TCP).
+    /// connection setup p50/p99, CPU seconds per GiB; beside them the Domain network's
+    /// local, direct and relayed paths through a real server and real agents (kernel and
+    /// tun mode), with the targets (relayed >= 1.5x the OpenSSH relay with setup
+    /// p99 <= 5 ms, kernel mode >= 3x tun mode, direct agent-to-agent >= 50% of direct TCP).
     Net(NetBenchOptions),
     /// One end of `rlark bench net`'s paths (run by it inside a namespace).
     #[command(hide = true)]

@@ -1,23 +1,25 @@
-//! `rlark bench net`: TCP between two "clusters" that are network namespaces on one bridge
-//! (`rlark_agent::sim::topology`: the server's namespace `s`, clusters `a` and `b`), through
-//! each path measured in the same run:
+//! `rlark bench net`: TCP between "clusters" that are network namespaces on one bridge
+//! (`rlark_agent::sim::topology`: the server's namespace `s`, clusters `a`, `b` and `c`),
+//! through each path measured in the same run:
 //!
 //! - **direct TCP** from `a` to `b`'s address: the ceiling;
 //! - **OpenSSH relay**: `sshd` in `s`, `ssh -R` from `b` exposing the target on a relay
 //!   port of that sshd, `ssh -L` in `a` to that port (the port-forward bench's relay,
 //!   `super::port_forward::start_ssh`, placed in the namespaces);
-//! - the Domain network's paths (local, direct agent-to-agent, relayed through the hub, in
-//!   kernel and tun mode) are not part of this build: the report lists them as not
-//!   measured, with that reason, beside the targets.
+//! - the Domain network's paths through the real processes ([`domain`]): `rlark server` in
+//!   `s`, an `rlark agent` per cluster, the client inside a replica's network namespace on
+//!   `a` and targets in replicas on `a` (local), `b` (direct agent-to-agent) and `c`
+//!   (relayed through the hub), once per termination mode (kernel, tun) the agent offers.
 //!
-//! Both ends are this executable: `rlark bench net-peer --listen ADDR` in `b` (the
-//! port-forward bench's target: a mode byte, then upload/download/echo) and `rlark bench
-//! net-peer --connect ADDR ...` in `a`, which prints its figures as one JSON line.
+//! Both ends are this executable: `rlark bench net-peer --listen ADDR` (the port-forward
+//! bench's target: a mode byte, then upload/download/echo) and `rlark bench net-peer
+//! --connect ADDR ...`, which prints its figures as one JSON line.
 //! Figures per path: single-stream and 8-stream upload throughput (MB/s, 10^6 bytes),
 //! connection setup p50/p99 (connect + the mode byte echoed back, one after another), and
 //! CPU seconds per GiB moved: of the two ends, and of the forwarding processes (the relay's
-//! `ssh`/`sshd` processes), from `/proc`. Needs root (it creates namespaces), `ip`, and
-//! `sshd`/`ssh` for the relay. Figures are printed, never asserted.
+//! `ssh`/`sshd` processes; the agents and the server), from `/proc`. Needs root (it creates
+//! namespaces), `ip`, `nsenter` and `curl`; `sshd`/`ssh` for the relay. Figures are
+//! printed, never asserted.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -37,6 +39,8 @@ use super::port_forward::{
 use super::report::TargetCheck;
 use super::stats::{LatencySummary, cpu_time_of, process_cpu_time};
 
+mod domain;
+
 /// Target: relayed single-stream throughput over the OpenSSH relay's.
 pub const TARGET_RELAY_VS_SSH: f64 = 1.5;
 /// Target: relayed connection setup p99, milliseconds.
@@ -54,7 +58,9 @@ const SSHD_PORT: u16 = 2222;
 const RELAY_PORT: u16 = 5301;
 const SSH_LOCAL_PORT: u16 = 5401;
 /// Longest wait for a path to carry its first echo.
-const READY_TIMEOUT: Duration = Duration::from_secs(60);
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Longest wait for one readiness probe (a path that drops SYNs would hang it).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Upload chunk of the throughput client.
 const CHUNK: usize = 256 * 1024;
 
@@ -73,6 +79,9 @@ pub struct NetBenchOptions {
     /// Do not start the OpenSSH relay (reported as not measured).
     #[arg(long)]
     pub skip_ssh: bool,
+    /// Do not start the server and agents: the Domain paths are reported as not measured.
+    #[arg(long)]
+    pub skip_domain: bool,
     /// Cipher of the OpenSSH relay (`ssh -c`); default: OpenSSH's own first choice.
     #[arg(long, value_name = "CIPHER")]
     pub ssh_cipher: Option<String>,
@@ -158,7 +167,9 @@ pub async fn run_net_peer(options: NetPeerOptions) -> anyhow::Result<()> {
 }
 
 /// Upload over `streams` connections for `duration`; bytes the target counted and the time
-/// from the first write to the last count.
+/// from the first write to the last count. The upload is framed (the target's mode `F`) and
+/// ends with an empty frame, not a half-close: tun mode's userspace stack has no half-close
+/// and would lose the count sent after it.
 async fn timed_upload(
     addr: SocketAddr,
     streams: u16,
@@ -166,20 +177,22 @@ async fn timed_upload(
 ) -> anyhow::Result<(u64, Duration)> {
     let mut connections = Vec::new();
     for _ in 0..streams {
-        connections.push(open(addr, b'U').await?);
+        connections.push(open(addr, b'F').await?);
     }
     let started = Instant::now();
     let until = started + duration;
     let mut tasks = tokio::task::JoinSet::new();
     for mut stream in connections {
         tasks.spawn(bounded("upload", async move {
-            let chunk = vec![0x5au8; CHUNK];
+            // One write per frame: the length, then the payload.
+            let mut frame = vec![0x5au8; 4 + CHUNK];
+            frame[..4].copy_from_slice(&(CHUNK as u32).to_be_bytes());
             let mut sent = 0u64;
             while Instant::now() < until {
-                stream.write_all(&chunk).await?;
+                stream.write_all(&frame).await?;
                 sent += CHUNK as u64;
             }
-            stream.shutdown().await?;
+            stream.write_all(&0u32.to_be_bytes()).await?;
             let got = stream.read_u64().await.context("read the target's count")?;
             if got != sent {
                 bail!("the target counted {got} bytes of {sent}");
@@ -229,6 +242,9 @@ pub struct NetPath {
     pub ends_cpu_s_per_gib: Option<f64>,
     /// CPU of the forwarding processes per GiB moved (none on direct TCP).
     pub forwarding_cpu_s_per_gib: Option<f64>,
+    /// Domain paths: connections the client's agent counted on this path during the
+    /// measurement (`rlark_agent_domain_connections_total`).
+    pub counted_connections: Option<u64>,
     /// Errors of measurements that failed.
     pub errors: Vec<String>,
 }
@@ -244,31 +260,6 @@ pub struct NetBenchReport {
 
 const DIRECT: usize = 0;
 const SSH: usize = 1;
-/// The Domain network's paths, in report order after the baselines.
-const RLARK_PATHS: [(&str, &str); 5] = [
-    (
-        "rlark local (kernel)",
-        "replica -> nft REDIRECT -> agent -> replica, one agent",
-    ),
-    (
-        "rlark direct (kernel)",
-        "replica -> nft REDIRECT -> agent a -> mTLS -> agent b -> replica",
-    ),
-    (
-        "rlark relay (kernel)",
-        "replica -> nft REDIRECT -> agent a -> tunnel -> hub -> tunnel -> agent b -> replica",
-    ),
-    (
-        "rlark direct (tun)",
-        "replica -> TUN + userspace TCP -> agent a -> mTLS -> agent b -> replica",
-    ),
-    (
-        "rlark relay (tun)",
-        "replica -> TUN + userspace TCP -> agent a -> tunnel -> hub -> agent b -> replica",
-    ),
-];
-const RLARK_NOT_BUILT: &str =
-    "this bench does not drive the Domain data path yet (planned: tasks in replica namespaces)";
 
 impl NetBenchReport {
     fn path(&self, name: &str) -> Option<&NetPath> {
@@ -413,6 +404,22 @@ impl std::fmt::Display for NetBenchReport {
 /// Processes on a path, by role, for CPU accounting.
 type Group = Vec<(String, u32)>;
 
+/// Where the measuring client of a path runs.
+#[derive(Debug, Clone)]
+enum Client {
+    /// In a topology member's namespace (`ip netns exec`).
+    Member(String),
+    /// In the network namespace bound at this path (`nsenter --net=PATH`): a replica's.
+    Netns(PathBuf),
+}
+
+/// The two ends of a path: where the client runs, and the target's pid (for its CPU).
+#[derive(Debug, Clone)]
+struct Ends {
+    client: Client,
+    target_pid: u32,
+}
+
 /// The namespaces and the processes in them; the topology is dropped last.
 struct Bench {
     exe: PathBuf,
@@ -425,12 +432,32 @@ struct Bench {
 }
 
 impl Bench {
-    /// `rlark bench net-peer ARGS` inside member `member`, run to completion (bounded);
-    /// its parsed result.
-    async fn peer(&self, member: &str, args: &[String]) -> anyhow::Result<PeerResult> {
+    /// The baselines' ends: the client in `a`, the target in `b`.
+    fn baseline_ends(&self) -> Ends {
+        Ends {
+            client: Client::Member("a".into()),
+            target_pid: self.target.pid,
+        }
+    }
+
+    /// `rlark bench net-peer ARGS` run by `client`, to completion (bounded); its parsed
+    /// result.
+    async fn peer(&self, client: &Client, args: &[String]) -> anyhow::Result<PeerResult> {
         let mut command = std::process::Command::new(&self.exe);
         command.args(["bench", "net-peer"]).args(args);
-        let mut command = tokio::process::Command::from(self.topology.wrap(member, &command)?);
+        let command = match client {
+            Client::Member(member) => self.topology.wrap(member, &command)?,
+            Client::Netns(path) => {
+                let mut nsenter = std::process::Command::new("nsenter");
+                nsenter
+                    .arg(format!("--net={}", path.display()))
+                    .arg("--")
+                    .arg(command.get_program())
+                    .args(command.get_args());
+                nsenter
+            }
+        };
+        let mut command = tokio::process::Command::from(command);
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -442,7 +469,7 @@ impl Bench {
         .await?;
         if !out.status.success() {
             bail!(
-                "rlark bench net-peer {args:?} in {member} exited with {}: {}",
+                "rlark bench net-peer {args:?} in {client:?} exited with {}: {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
             );
@@ -452,8 +479,8 @@ impl Bench {
             .with_context(|| format!("rlark bench net-peer printed {text:?}"))
     }
 
-    /// Retry one setup through `addr` from `a` until it works.
-    async fn wait_ready(&self, addr: SocketAddr) -> anyhow::Result<()> {
+    /// Retry one setup through `addr` from `client` until it works.
+    async fn wait_ready(&self, client: &Client, addr: SocketAddr) -> anyhow::Result<()> {
         let until = Instant::now() + READY_TIMEOUT;
         let args = vec![
             "--connect".into(),
@@ -462,7 +489,10 @@ impl Bench {
             "1".into(),
         ];
         loop {
-            match self.peer("a", &args).await {
+            let probe = tokio::time::timeout(PROBE_TIMEOUT, self.peer(client, &args))
+                .await
+                .unwrap_or_else(|_| Err(anyhow::anyhow!("no answer within {PROBE_TIMEOUT:?}")));
+            match probe {
                 Ok(_) => return Ok(()),
                 Err(e) if Instant::now() >= until => {
                     return Err(e.context(format!("no path to {addr} within {READY_TIMEOUT:?}")));
@@ -472,17 +502,18 @@ impl Bench {
         }
     }
 
-    /// Throughput with `streams` streams through `addr` (from `a`): MB/s, the ends' and
-    /// the forwarders' CPU seconds, bytes.
+    /// Throughput with `streams` streams through `addr` between `ends`: MB/s, the ends'
+    /// and the forwarders' CPU seconds, bytes.
     async fn throughput(
         &self,
+        ends: &Ends,
         addr: SocketAddr,
         streams: usize,
         forwarders: &Group,
     ) -> anyhow::Result<(f64, f64, f64, u64)> {
         let groups = vec![forwarders.clone()];
         let before = snapshot(&groups);
-        let target_before = cpu_time_of(&self.target.pid.to_string()).unwrap_or_default();
+        let target_before = cpu_time_of(&ends.target_pid.to_string()).unwrap_or_default();
         let args = vec![
             "--connect".into(),
             addr.to_string(),
@@ -491,8 +522,8 @@ impl Bench {
             "--streams".into(),
             streams.to_string(),
         ];
-        let result = self.peer("a", &args).await?;
-        let target_cpu = cpu_time_of(&self.target.pid.to_string())
+        let result = self.peer(&ends.client, &args).await?;
+        let target_cpu = cpu_time_of(&ends.target_pid.to_string())
             .unwrap_or_default()
             .saturating_sub(target_before);
         let spent = cost(&before, &groups);
@@ -506,30 +537,39 @@ impl Bench {
         ))
     }
 
-    /// Every figure of one path through `addr`.
-    async fn measure(&self, path: &mut NetPath, addr: SocketAddr, forwarders: &Group) {
-        if let Err(e) = self.wait_ready(addr).await {
+    /// Every figure of one path through `addr` between `ends`; the number of connections
+    /// the client opened (setups and throughput streams, the readiness probes not counted).
+    async fn measure(
+        &self,
+        path: &mut NetPath,
+        ends: &Ends,
+        addr: SocketAddr,
+        forwarders: &Group,
+    ) -> usize {
+        if let Err(e) = self.wait_ready(&ends.client, addr).await {
             path.not_measured = Some(format!("{e:#}"));
-            return;
+            return 0;
         }
-        let (mut ends, mut fwd, mut bytes) = (0.0, 0.0, 0u64);
+        let (mut ends_cpu, mut fwd, mut bytes) = (0.0, 0.0, 0u64);
+        let mut opened = 0;
         for (streams, slot) in [
             (1, &mut path.single_mb_s),
             (MULTI_STREAMS, &mut path.multi_mb_s),
         ] {
-            match self.throughput(addr, streams, forwarders).await {
+            match self.throughput(ends, addr, streams, forwarders).await {
                 Ok((mb_s, e, f, b)) => {
                     *slot = Some(mb_s);
-                    ends += e;
+                    ends_cpu += e;
                     fwd += f;
                     bytes += b;
+                    opened += streams;
                 }
                 Err(e) => path.errors.push(format!("{streams} streams: {e:#}")),
             }
         }
         if bytes > 0 {
             let gib = bytes as f64 / (1u64 << 30) as f64;
-            path.ends_cpu_s_per_gib = Some(ends / gib);
+            path.ends_cpu_s_per_gib = Some(ends_cpu / gib);
             if !forwarders.is_empty() {
                 path.forwarding_cpu_s_per_gib = Some(fwd / gib);
             }
@@ -540,8 +580,9 @@ impl Bench {
             "--setups".into(),
             self.setups.to_string(),
         ];
-        match self.peer("a", &args).await {
+        match self.peer(&ends.client, &args).await {
             Ok(result) => {
+                opened += result.setups_us.len();
                 let mut samples: Vec<Duration> = result
                     .setups_us
                     .iter()
@@ -551,6 +592,7 @@ impl Bench {
             }
             Err(e) => path.errors.push(format!("setups: {e:#}")),
         }
+        opened
     }
 
     async fn stop(self) {
@@ -604,7 +646,7 @@ async fn run_net_inner(options: NetBenchOptions) -> anyhow::Result<NetBenchRepor
         .prefix("rlark-bench-net-")
         .tempdir()?;
     let topology =
-        tokio::task::spawn_blocking(|| Topology::create(&unique_prefix(), &["s", "a", "b"]))
+        tokio::task::spawn_blocking(|| Topology::create(&unique_prefix(), &["s", "a", "b", "c"]))
             .await
             .context("create the namespaces")??;
 
@@ -638,17 +680,17 @@ async fn run_net_inner(options: NetBenchOptions) -> anyhow::Result<NetBenchRepor
             ..NetPath::default()
         },
     ];
-    paths.extend(RLARK_PATHS.iter().map(|(name, route)| NetPath {
-        name: name.to_string(),
-        route: route.to_string(),
-        not_measured: Some(RLARK_NOT_BUILT.to_string()),
-        ..NetPath::default()
-    }));
+    let mut domain_rows: Vec<(domain::Mode, Vec<NetPath>)> = domain::Mode::ALL
+        .iter()
+        .map(|&mode| (mode, domain::rows(mode)))
+        .collect();
 
     async {
+        let ends = bench.baseline_ends();
         bench
             .measure(
                 &mut paths[DIRECT],
+                &ends,
                 SocketAddr::new(b, TARGET_PORT),
                 &Vec::new(),
             )
@@ -663,15 +705,23 @@ async fn run_net_inner(options: NetBenchOptions) -> anyhow::Result<NetBenchRepor
                     let forwarders: Group = ssh.procs();
                     let local = ssh.local;
                     bench.ssh = Some(ssh);
-                    bench.measure(&mut paths[SSH], local, &forwarders).await;
+                    bench
+                        .measure(&mut paths[SSH], &ends, local, &forwarders)
+                        .await;
                 }
                 Err(e) => paths[SSH].not_measured = Some(format!("{e:#}")),
             }
         }
+        // The relay is done: its processes would only add noise to the Domain paths.
+        if let Some(ssh) = bench.ssh.take() {
+            ssh.stop().await;
+        }
+        measure_domain(&mut bench, &options, &mut domain_rows).await;
     }
     .await;
     bench.stop().await;
     env.load_average_end = load_average();
+    paths.extend(domain_rows.into_iter().flat_map(|(_, rows)| rows));
     let mut report = NetBenchReport {
         environment: env,
         paths,
@@ -680,6 +730,49 @@ async fn run_net_inner(options: NetBenchOptions) -> anyhow::Result<NetBenchRepor
     };
     report.evaluate();
     Ok(report)
+}
+
+/// The Domain paths of every mode into `rows`: the server in `s`, then per mode the agents
+/// and replicas ([`domain::measure_mode`]); a mode the agent cannot run, or a server that
+/// does not start, leaves its rows not measured with the reason.
+async fn measure_domain(
+    bench: &mut Bench,
+    options: &NetBenchOptions,
+    rows: &mut [(domain::Mode, Vec<NetPath>)],
+) {
+    let not_measured = |rows: &mut [NetPath], why: &str| {
+        for row in rows {
+            row.not_measured = Some(why.to_string());
+        }
+    };
+    if options.skip_domain {
+        for (_, rows) in rows.iter_mut() {
+            not_measured(rows, "--skip-domain");
+        }
+        return;
+    }
+    let data = bench.dir.path().join("domain");
+    let server = match std::fs::create_dir_all(&data)
+        .context("create the data directory")
+        .and_then(|()| domain::start_server(bench, &data))
+    {
+        Ok(server) => server,
+        Err(e) => {
+            for (_, rows) in rows.iter_mut() {
+                not_measured(rows, &format!("{e:#}"));
+            }
+            return;
+        }
+    };
+    for (mode, rows) in rows.iter_mut() {
+        if let Some(why) = domain::unsupported(&bench.exe, *mode) {
+            not_measured(rows, &why);
+            continue;
+        }
+        domain::measure_mode(bench, &server, *mode, rows).await;
+    }
+    let pid = server.pid;
+    tokio::task::block_in_place(|| bench.topology.stop(pid, Duration::from_secs(10)));
 }
 
 /// The OpenSSH relay across the namespaces: sshd in `s`, `ssh -R` in `b` (to the target on
@@ -714,6 +807,28 @@ async fn start_relay(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn the_framed_upload_is_counted_by_the_target_without_a_half_close() {
+        let target = port_forward::target_server().await.unwrap();
+        let (bytes, _) = timed_upload(target, 2, Duration::from_millis(200))
+            .await
+            .unwrap();
+        // Each stream sent at least one frame, and the target's counts matched.
+        assert!(bytes >= 2 * CHUNK as u64, "{bytes}");
+        assert_eq!(bytes % CHUNK as u64, 0);
+    }
+
+    #[tokio::test]
+    async fn an_oversized_frame_ends_the_connection_without_a_count() {
+        let target = port_forward::target_server().await.unwrap();
+        let mut stream = open(target, b'F').await.unwrap();
+        let too_big = u32::try_from(port_forward::MAX_FRAME + 1).unwrap();
+        stream.write_all(&too_big.to_be_bytes()).await.unwrap();
+        let mut rest = Vec::new();
+        let _ = stream.read_to_end(&mut rest).await;
+        assert!(rest.is_empty(), "{rest:?}");
+    }
 
     #[test]
     fn targets_are_not_measured_without_the_domain_paths() {

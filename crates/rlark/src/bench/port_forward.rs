@@ -47,6 +47,8 @@ const OP_TIMEOUT: Duration = Duration::from_secs(120);
 const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Round-trip payload.
 const ECHO_BYTES: usize = 64;
+/// Largest frame of the target's framed upload (mode `F`).
+pub(super) const MAX_FRAME: usize = 16 << 20;
 /// The agent's cluster ID.
 const CLUSTER: &str = "bench";
 
@@ -544,6 +546,10 @@ pub(super) async fn target_server() -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
+/// Serve one connection of the target: a mode byte (echoed back), then `U` (upload until
+/// the client half-closes, answer the count), `F` (framed upload, [`MAX_FRAME`] at most a
+/// frame, ended by an empty frame, answer the count: no half-close), `D` (download the
+/// `u64` asked), or `E` (echo).
 pub(super) async fn serve_target(mut socket: TcpStream) -> std::io::Result<()> {
     socket.set_nodelay(true)?;
     let mode = socket.read_u8().await?;
@@ -570,6 +576,36 @@ pub(super) async fn serve_target(mut socket: TcpStream) -> std::io::Result<()> {
                 left -= n as u64;
             }
             socket.shutdown().await?;
+            // Until the client closes.
+            let _ = socket.read(&mut buf).await;
+        }
+        b'F' => {
+            // Framed upload: `u32` length + payload, until a zero length; then the count.
+            // Needs no half-close (tun mode's userspace stack has none).
+            let mut total = 0u64;
+            loop {
+                let len = socket.read_u32().await? as usize;
+                if len == 0 {
+                    break;
+                }
+                if len > MAX_FRAME {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        format!("frame of {len} bytes, at most {MAX_FRAME}"),
+                    ));
+                }
+                let mut left = len;
+                while left > 0 {
+                    let want = left.min(buf.len());
+                    let n = socket.read(&mut buf[..want]).await?;
+                    if n == 0 {
+                        return Err(std::io::ErrorKind::UnexpectedEof.into());
+                    }
+                    left -= n;
+                    total += n as u64;
+                }
+            }
+            socket.write_u64(total).await?;
             // Until the client closes.
             let _ = socket.read(&mut buf).await;
         }
