@@ -49,8 +49,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use crate::join::{AgentCredentials, JoinError, JoinOptions, Renewer};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use futures::future::BoxFuture;
+use kube::config::{KubeConfigOptions, Kubeconfig};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use rlark_tunnel::metrics_endpoint::MetricsListener;
