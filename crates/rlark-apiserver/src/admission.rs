@@ -179,7 +179,9 @@ pub(crate) fn inert_field_warnings(rt: &ResourceType, object: &Value) -> Vec<Str
     let Some(spec) = object.get("spec") else {
         return Vec::new();
     };
-    let decode = |spec: &Value| serde_json::from_value(spec.clone()).ok();
+    fn decode<T: serde::de::DeserializeOwned>(spec: &Value) -> Option<T> {
+        serde_json::from_value(spec.clone()).ok()
+    }
     match rt.plural.as_str() {
         "jobs" => decode(spec)
             .map(|s| rlark_api::inert::job_warnings(&s))
