@@ -169,6 +169,33 @@ pub(crate) fn admit(
     Err(ApiError::invalid(rt, name, causes))
 }
 
+/// The `Warning`s for RLark fields set in a Job, Workflow or Task that its tasks'
+/// `agentType` does not act on (the table is [`rlark_api::inert`]); none for other kinds,
+/// for status writes, or for a spec that does not decode (admission refuses it anyway).
+pub(crate) fn inert_field_warnings(rt: &ResourceType, object: &Value) -> Vec<String> {
+    if rt.group != rlark_api::GROUP {
+        return Vec::new();
+    }
+    let Some(spec) = object.get("spec") else {
+        return Vec::new();
+    };
+    fn decode<T: serde::de::DeserializeOwned>(spec: &Value) -> Option<T> {
+        serde_json::from_value(spec.clone()).ok()
+    }
+    match rt.plural.as_str() {
+        "jobs" => decode(spec)
+            .map(|s| rlark_api::inert::job_warnings(&s))
+            .unwrap_or_default(),
+        "workflows" => decode(spec)
+            .map(|s| rlark_api::inert::workflow_warnings(&s))
+            .unwrap_or_default(),
+        "tasks" => decode(spec)
+            .map(|s| rlark_api::inert::task_warnings(&s))
+            .unwrap_or_default(),
+        _ => Vec::new(),
+    }
+}
+
 /// Identity-specific admission of an object about to be written by `identity`, beyond what
 /// [`crate::authz`] can decide from the URL (`old`: the stored object for an update or
 /// patch, `None` for a create). It may fill in fields the server owns:

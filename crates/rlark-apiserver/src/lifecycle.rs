@@ -449,6 +449,7 @@ impl Inner {
         let (mut warnings, schema_causes) =
             field_check(rt, &mut object, &body.duplicates, options.field_validation)?;
         warnings.extend(dropped);
+        warnings.extend(admission::inert_field_warnings(rt, &object));
         // Agents register a bounded number of Nodes: count and create under one lock, so
         // concurrent registrations cannot overshoot.
         let node_quota = match options.caller.as_ref().map(Identity::role) {
@@ -690,6 +691,9 @@ impl Inner {
         let (mut warnings, _) =
             field_check(rt, &mut new, &body.duplicates, options.field_validation)?;
         warnings.extend(dropped);
+        if !status_only {
+            warnings.extend(admission::inert_field_warnings(rt, &new));
+        }
         let precondition = match meta_str(&new, "resourceVersion") {
             Some(rv) if !rv.is_empty() => Some(parse_resource_version(rv)?),
             _ => None,
@@ -768,6 +772,9 @@ impl Inner {
                 options.field_validation,
             )?;
             warnings.extend(dropped);
+            if !status_only {
+                warnings.extend(admission::inert_field_warnings(rt, &patched));
+            }
             let expected = if pinned {
                 parse_resource_version(meta_str(&patched, "resourceVersion").unwrap_or(""))?
             } else {

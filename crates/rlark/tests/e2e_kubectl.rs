@@ -353,3 +353,157 @@ spec:
     server.terminate()?;
     Ok(())
 }
+
+/// RLark fields a task's runtime does not act on are accepted, and kubectl prints one
+/// `Warning:` per field naming its path; fields the runtime does act on (a Kubernetes
+/// task's `prepareScript`) and manifests without such fields get none.
+#[test]
+fn kubectl_apply_warns_about_fields_rlark_does_not_act_on() -> Result<()> {
+    if !kubectl_available() {
+        missing_tool::skip_or_fail("kubectl is not on PATH");
+        return Ok(());
+    }
+    let data_dir = tempfile::tempdir()?;
+    let server = ServerProcess::spawn_with_args(
+        Path::new(env!("CARGO_BIN_EXE_rlark")),
+        data_dir.path(),
+        &["--controllers=false"],
+    )?;
+    let k = Kubectl {
+        kubeconfig: server.kubeconfig_path().to_path_buf(),
+        cache: tempfile::tempdir()?,
+    };
+    // kubectl prints the server's warnings on stderr, even when the apply succeeds.
+    let apply = |manifest: &str| -> Result<String> {
+        let mut child = k
+            .command(&["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        std::io::Write::write_all(child.stdin.as_mut().context("stdin")?, manifest.as_bytes())?;
+        let output = child.wait_with_output()?;
+        let stderr = String::from_utf8_lossy(&output.stderr).into_owned();
+        if !output.status.success() {
+            bail!("kubectl apply failed ({}): {stderr}", output.status);
+        }
+        Ok(stderr)
+    };
+    let warnings = |stderr: &str| -> Vec<String> {
+        stderr
+            .lines()
+            .filter_map(|l| l.strip_prefix("Warning: "))
+            .map(str::to_string)
+            .collect()
+    };
+
+    let job = r#"apiVersion: rlinf.io/v1alpha1
+kind: Job
+metadata:
+  name: inert-fields
+spec:
+  sshPublicKey: ssh-ed25519 AAAAC3Nza
+  tasks:
+    - name: head
+      head: true
+      agentType: Kubernetes
+      role: Actor
+      prepareScript: pip install rlinf
+      tensorBoardDir: /logs
+      kubernetes:
+        workload:
+          kind: Job
+          template:
+            spec:
+              containers: [{name: main, image: busybox}]
+    - name: rollout
+      agentType: Raw
+      role: Rollout
+      runScript: python3 rollout.py
+      raw:
+        entrypoint: ["python3", "-c", "print('rollout')"]
+"#;
+    let stderr = apply(job)?;
+    let mut paths: Vec<String> = warnings(&stderr)
+        .iter()
+        .map(|w| w.split(':').next().unwrap_or("").to_string())
+        .collect();
+    paths.sort();
+    assert_eq!(
+        paths,
+        [
+            "spec.sshPublicKey",
+            "spec.tasks[0].tensorBoardDir",
+            "spec.tasks[1].runScript"
+        ],
+        "stderr:\n{stderr}"
+    );
+    assert!(
+        stderr.contains(
+            "Warning: spec.tasks[1].runScript: accepted but not acted on for agentType Raw"
+        ) && stderr.contains("see docs/compat.md"),
+        "stderr:\n{stderr}"
+    );
+    // The fields are stored as given: RLark manifests round-trip.
+    let stored = k.ok(&["get", "jobs.rlinf.io", "inert-fields", "-o", "yaml"])?;
+    assert!(stored.contains("tensorBoardDir: /logs"), "{stored}");
+
+    // An update of the same Job warns again (the fields are still not acted on).
+    let updated = apply(&job.replace("/logs", "/tb"))?;
+    assert_eq!(warnings(&updated).len(), 3, "stderr:\n{updated}");
+
+    // A Task and a Workflow's job templates, by their own paths.
+    let task = r#"apiVersion: rlinf.io/v1alpha1
+kind: Task
+metadata:
+  name: inert-task
+spec:
+  agentType: Raw
+  role: Actor
+  downstreamName: old
+  raw:
+    entrypoint: ["true"]
+"#;
+    let stderr = apply(task)?;
+    assert_eq!(
+        warnings(&stderr)
+            .iter()
+            .map(|w| w.split(':').next().unwrap_or(""))
+            .collect::<Vec<_>>(),
+        ["spec.downstreamName"],
+        "stderr:\n{stderr}"
+    );
+    let workflow = r#"apiVersion: rlinf.io/v1alpha1
+kind: Workflow
+metadata:
+  name: inert-flow
+spec:
+  jobTemplates:
+    - name: train
+      spec:
+        tasks:
+          - name: actor
+            agentType: Raw
+            role: Actor
+            prepareScript: pip install x
+            raw:
+              entrypoint: ["true"]
+"#;
+    let stderr = apply(workflow)?;
+    assert_eq!(
+        warnings(&stderr)
+            .iter()
+            .map(|w| w.split(':').next().unwrap_or(""))
+            .collect::<Vec<_>>(),
+        ["spec.jobTemplates[0].spec.tasks[0].prepareScript"],
+        "stderr:\n{stderr}"
+    );
+
+    // Nothing inert: no warning at all.
+    let plain = task
+        .replace("inert-task", "plain-task")
+        .replace("  downstreamName: old\n", "");
+    let stderr = apply(&plain)?;
+    assert!(warnings(&stderr).is_empty(), "stderr:\n{stderr}");
+    Ok(())
+}
