@@ -353,10 +353,7 @@ pub fn build_job(workflow: &Workflow, index: usize) -> Result<Job, Error> {
     Ok(Job {
         metadata: ObjectMeta {
             name: Some(workflow_job_name(&name, &template.name)),
-            labels: Some(BTreeMap::from([(
-                labels::WORKFLOW.to_string(),
-                name.clone(),
-            )])),
+            labels: Some(labels::workflow_job_labels(&name)),
             owner_references: Some(vec![owner]),
             ..Default::default()
         },
