@@ -29,7 +29,7 @@
 //! every pass, so it converges after a restart at any point without duplicate Jobs
 //! (creating an existing Job of this Workflow is fine).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
