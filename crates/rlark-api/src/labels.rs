@@ -19,6 +19,13 @@ pub const NODE_CATEGORY: &str = "rlark.io/node-category";
 pub const JOB: &str = "rlinf.io/job";
 /// Job label: name of the Workflow that owns the Job.
 pub const WORKFLOW: &str = "rlinf.io/workflow";
+
+/// The labels of a Job that Workflow `workflow` creates: exactly [`WORKFLOW`] = its name
+/// (the Job carries none of the Workflow's own labels). Admission evaluates a Domain's
+/// `jobSelector` against these when the Workflow is applied, so they are fixed here.
+pub fn workflow_job_labels(workflow: &str) -> std::collections::BTreeMap<String, String> {
+    std::collections::BTreeMap::from([(WORKFLOW.to_string(), workflow.to_string())])
+}
 /// Pod label: name of the Task the Pod runs.
 pub const TASK_NAME: &str = "rlark.io/task-name";
 /// Pod label: name of the pod (or process group) in its own cluster.

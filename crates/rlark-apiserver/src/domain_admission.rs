@@ -7,17 +7,20 @@
 //! | Domain update | `spec.cidr` changes while live replicas hold addresses | 422, `spec.cidr` |
 //! | Domain delete | a Job (not being deleted) joins it | 409, naming the Jobs |
 //! | Job create/update | a Domain it names does not exist, is being deleted, its `jobSelector` does not match the Job's labels, or its CIDR holds fewer addresses than the Job's replicas in it | 422, `spec.domain` or `spec.tasks[i].domain` |
+//! | Workflow create/update | the Job a `spec.jobTemplates[i]` becomes would be refused so (its labels are the ones the Workflow controller gives it: only `rlinf.io/workflow=<workflow>`) | 422, `spec.jobTemplates[i].spec.domain` or `spec.jobTemplates[i].spec.tasks[k].domain` |
 //! | DomainPeer create/update | RLark's `spec.cert` / `spec.key` are present | accepted, the fields dropped before storing, a `Warning` header |
 //!
 //! These writes are serialized by one lock held from the check to the store write, so two
 //! concurrent writes cannot both pass a check the pair breaks (two overlapping Domains, a
 //! Job joining a Domain being deleted). A Job update that changes neither its labels nor
 //! which Domains its templates join (and how many replicas) is not checked again: a Job
-//! admitted once stays writable (e.g. stopped) whatever happened to its Domain since.
+//! admitted once stays writable (e.g. stopped) whatever happened to its Domain since; so
+//! does a Workflow update that changes neither its name nor its templates' Domains and
+//! replicas.
 
 use std::collections::BTreeMap;
 
-use rlark_api::types::{Domain, Job};
+use rlark_api::types::{Domain, Job, Workflow};
 use rlark_api::validation::network;
 use rlark_store::ListOptions;
 use serde_json::Value;
@@ -98,7 +101,17 @@ impl Inner {
             })
     }
 
-    /// Check a Domain or Job write (`object` as it would be stored, `old` the stored one
+    /// Every stored Domain, by name.
+    async fn domains_by_name(&self) -> Result<BTreeMap<String, Domain>, ApiError> {
+        Ok(self
+            .list_all::<Domain>(&*self.network_rt("domains")?)
+            .await?
+            .into_iter()
+            .filter_map(|d| Some((d.metadata.name.clone()?, d)))
+            .collect())
+    }
+
+    /// Check a Domain, Job or Workflow write (`object` as it would be stored, `old` the stored one
     /// for an update; status writes are not checked). `Ok` holds the lock the caller keeps
     /// until its store write is done (`None`: nothing to serialize).
     pub(crate) async fn admit_network(
@@ -110,7 +123,8 @@ impl Inner {
     ) -> Result<Option<MutexGuard<'_, ()>>, ApiError> {
         let is_domain = is_rlinf(rt, "domains");
         let is_job = is_rlinf(rt, "jobs");
-        if status_only || !(is_domain || is_job) {
+        let is_workflow = is_rlinf(rt, "workflows");
+        if status_only || !(is_domain || is_job || is_workflow) {
             return Ok(None);
         }
         let guard = self.network.lock().await;
@@ -125,6 +139,20 @@ impl Inner {
                 errors.extend(network::domain_update_errors(&domain, &old));
             }
             errors
+        } else if is_workflow {
+            let Some(workflow) = decode::<Workflow>(object) else {
+                return Ok(Some(guard));
+            };
+            let fingerprint = network::workflow_domain_fingerprint(&workflow);
+            let unchanged = old.and_then(decode::<Workflow>).is_some_and(|o| {
+                o.metadata.name == workflow.metadata.name
+                    && network::workflow_domain_fingerprint(&o) == fingerprint
+            });
+            if unchanged || fingerprint.iter().all(Vec::is_empty) {
+                return Ok(Some(guard));
+            }
+            let domains = self.domains_by_name().await?;
+            network::workflow_domain_errors(&workflow, &domains)
         } else {
             let Some(job) = decode::<Job>(object) else {
                 return Ok(Some(guard));
@@ -135,12 +163,7 @@ impl Inner {
             if unchanged || network::job_domains(&job).is_empty() {
                 return Ok(Some(guard));
             }
-            let domains: BTreeMap<String, Domain> = self
-                .list_all::<Domain>(&*self.network_rt("domains")?)
-                .await?
-                .into_iter()
-                .filter_map(|d| Some((d.metadata.name.clone()?, d)))
-                .collect();
+            let domains = self.domains_by_name().await?;
             network::job_domain_errors(&job, &domains)
         };
         if errors.is_empty() {

@@ -109,6 +109,9 @@ pub struct Metrics {
     leader: Gauge,
     domain_allocated: Family<DomainLabel, Gauge>,
     domain_capacity: Family<DomainLabel, Gauge<f64, std::sync::atomic::AtomicU64>>,
+    /// The Domains whose gauges are set (a `Family` cannot list its label sets), so the
+    /// gauges of Domains deleted while no watch saw it can be found ([`Metrics::retain_domains`]).
+    domains: std::sync::Mutex<std::collections::BTreeSet<String>>,
 }
 
 impl Default for Metrics {
@@ -124,6 +127,7 @@ impl Default for Metrics {
             leader: Gauge::default(),
             domain_allocated: Family::default(),
             domain_capacity: Family::default(),
+            domains: std::sync::Mutex::default(),
         }
     }
 }
@@ -164,6 +168,10 @@ impl Metrics {
         let label = DomainLabel {
             domain: domain.to_string(),
         };
+        self.domains
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(domain.to_string());
         self.domain_allocated
             .get_or_create(&label)
             .set(i64::try_from(allocated).unwrap_or(i64::MAX));
@@ -173,13 +181,34 @@ impl Metrics {
             .set(capacity as f64);
     }
 
-    /// Drop the gauges of a Domain that is going away.
+    /// Drop the gauges of a Domain that is going away or gone: its label sets leave the
+    /// encoded metrics.
     pub fn forget_domain(&self, domain: &str) {
         let label = DomainLabel {
             domain: domain.to_string(),
         };
+        self.domains
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(domain);
         self.domain_allocated.remove(&label);
         self.domain_capacity.remove(&label);
+    }
+
+    /// Drop the gauges of every Domain for which `keep` is false (after a relist, the
+    /// Domains no longer listed).
+    pub fn retain_domains(&self, keep: impl Fn(&str) -> bool) {
+        let gone: Vec<String> = self
+            .domains
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter(|name| !keep(name))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.forget_domain(&name);
+        }
     }
 
     /// Addresses of `domain` held by live replicas, as last set (for tests).

@@ -29,7 +29,7 @@
 //! every pass, so it converges after a restart at any point without duplicate Jobs
 //! (creating an existing Job of this Workflow is fine).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -353,10 +353,7 @@ pub fn build_job(workflow: &Workflow, index: usize) -> Result<Job, Error> {
     Ok(Job {
         metadata: ObjectMeta {
             name: Some(workflow_job_name(&name, &template.name)),
-            labels: Some(BTreeMap::from([(
-                labels::WORKFLOW.to_string(),
-                name.clone(),
-            )])),
+            labels: Some(labels::workflow_job_labels(&name)),
             owner_references: Some(vec![owner]),
             ..Default::default()
         },

@@ -1,5 +1,6 @@
 //! Checks of the pod network that need other objects: a Domain against the other
-//! Domains and its stored self, a Job against the Domains it names, a Domain's deletion
+//! Domains and its stored self, a Job (or a Workflow's job templates) against the Domains
+//! it names, a Domain's deletion
 //! against the Jobs that use it. Pure: the API server reads the objects and turns the
 //! [`FieldError`]s into a 422 (or the users into a 409).
 
@@ -9,7 +10,7 @@ use ipnet::IpNet;
 
 use super::{FieldError, FieldErrorKind, usable_addresses};
 use crate::labels;
-use crate::types::{Domain, Job};
+use crate::types::{Domain, Job, Workflow};
 
 /// The Domain each template of `job` joins (`spec.domain` of the Job, else the template's
 /// own), with the field that says so, by template index.
@@ -155,6 +156,58 @@ pub fn job_domain_errors(job: &Job, domains: &BTreeMap<String, Domain>) -> Vec<F
         }
     }
     errs
+}
+
+/// The Job that template `index` of `workflow` becomes, as far as Domain checks look at it:
+/// the template's spec and the labels the Workflow controller gives its Jobs
+/// ([`labels::workflow_job_labels`]).
+fn workflow_job(workflow: &Workflow, index: usize) -> Option<Job> {
+    let template = workflow.spec.job_templates.get(index)?;
+    let name = workflow.metadata.name.as_deref().unwrap_or("");
+    Some(Job {
+        metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+            name: Some(format!("{name}-{}", template.name)),
+            labels: Some(labels::workflow_job_labels(name)),
+            ..Default::default()
+        },
+        spec: template.spec.clone(),
+        status: None,
+    })
+}
+
+/// What Domain checks look at in a Workflow, per job template: the Domain and replicas of
+/// each of its task templates (the Jobs' labels depend only on the Workflow's name). Equal
+/// fingerprints: an update that cannot change the outcome of [`workflow_domain_errors`].
+pub fn workflow_domain_fingerprint(workflow: &Workflow) -> Vec<Vec<(String, i32)>> {
+    (0..workflow.spec.job_templates.len())
+        .filter_map(|i| workflow_job(workflow, i))
+        .map(|job| {
+            job_domains(&job)
+                .into_iter()
+                .map(|(t, d, _)| (d, job.spec.tasks[t].spec.replicas()))
+                .collect()
+        })
+        .collect()
+}
+
+/// [`job_domain_errors`] of the Job each template of `workflow` becomes, so a Workflow is
+/// refused at apply as its Jobs would be when the controller creates them; fields are
+/// named within the Workflow (`spec.jobTemplates[2].spec.domain`).
+pub fn workflow_domain_errors(
+    workflow: &Workflow,
+    domains: &BTreeMap<String, Domain>,
+) -> Vec<FieldError> {
+    (0..workflow.spec.job_templates.len())
+        .filter_map(|i| Some((i, workflow_job(workflow, i)?)))
+        .flat_map(|(i, job)| {
+            job_domain_errors(&job, domains)
+                .into_iter()
+                .map(move |mut error| {
+                    error.field = format!("spec.jobTemplates[{i}].{}", error.field);
+                    error
+                })
+        })
+        .collect()
 }
 
 /// A selector as `kubectl` prints one: `team=rl,tier in (gpu),!x`.
@@ -362,6 +415,78 @@ mod tests {
                 &domains
             )),
             [r#"spec.domain: Forbidden: Domain "open" is being deleted"#]
+        );
+    }
+
+    #[test]
+    fn workflow_job_templates_are_checked_as_the_jobs_they_become() {
+        let mut domains: BTreeMap<String, Domain> = BTreeMap::new();
+        domains.insert("open".into(), domain("open", "10.2.0.0/24"));
+        let mut picky = domain("picky", "10.1.0.0/24");
+        picky.spec.job_selector = Some(
+            serde_json::from_value(json!({"matchLabels": {"rlinf.io/workflow": "wf"}})).unwrap(),
+        );
+        domains.insert("picky".into(), picky);
+        let mut deleting = domain("going", "10.3.0.0/24");
+        deleting.metadata.deletion_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                k8s_openapi::jiff::Timestamp::from_second(1).unwrap(),
+            ));
+        domains.insert("going".into(), deleting);
+        let workflow = |name: &str, templates: serde_json::Value| -> Workflow {
+            serde_json::from_value(json!({
+                "metadata": {"name": name, "labels": {"team": "rl"}},
+                "spec": {"jobTemplates": templates}
+            }))
+            .unwrap()
+        };
+        let tasks = |domain: Option<&str>| {
+            let mut t = template("a", 1);
+            if let Some(d) = domain {
+                t["domain"] = json!(d);
+            }
+            json!([t])
+        };
+        let wf = workflow(
+            "wf",
+            json!([
+                {"name": "a", "spec": {"domain": "open", "tasks": tasks(None)}},
+                {"name": "b", "spec": {"domain": "picky", "tasks": tasks(None)}},
+                {"name": "c", "spec": {"domain": "nope", "tasks": tasks(None)}},
+                {"name": "d", "spec": {"tasks": tasks(Some("going"))}},
+                {"name": "e", "spec": {"tasks": tasks(None)}}
+            ]),
+        );
+        // The Job of template "b" carries rlinf.io/workflow=wf, which "picky" admits.
+        assert_eq!(
+            rendered(&workflow_domain_errors(&wf, &domains)),
+            [
+                r#"spec.jobTemplates[2].spec.domain: Not found: "nope": no Domain of that name exists; create it first"#,
+                r#"spec.jobTemplates[3].spec.tasks[0].domain: Forbidden: Domain "going" is being deleted"#,
+            ]
+        );
+        // Another Workflow's Jobs carry another name: "picky" refuses them, whatever the
+        // Workflow's own labels.
+        let other = workflow(
+            "other",
+            json!([{"name": "b", "spec": {"domain": "picky", "tasks": tasks(None)}}]),
+        );
+        assert_eq!(
+            rendered(&workflow_domain_errors(&other, &domains)),
+            [
+                r#"spec.jobTemplates[0].spec.domain: Forbidden: Domain "picky" admits only Jobs whose labels match its spec.jobSelector (rlinf.io/workflow=wf); this Job's labels do not"#
+            ]
+        );
+        assert_eq!(
+            workflow_domain_fingerprint(&other),
+            [[("picky".to_string(), 1)]]
+        );
+        assert!(
+            workflow_domain_fingerprint(&workflow(
+                "x",
+                json!([{"name": "e", "spec": {"tasks": tasks(None)}}])
+            ))[0]
+                .is_empty()
         );
     }
 

@@ -669,3 +669,73 @@ fn extreme_numbers_in_every_field_of_every_kind_are_admitted_or_refused() {
     assert!(fields > 50, "{fields}");
     assert!(outcomes[0] > 0 && outcomes[1] > 0, "{outcomes:?}");
 }
+
+#[tokio::test]
+async fn workflow_job_templates_are_domain_checked_at_apply() {
+    let h = Harness::new().await;
+    h.create(
+        DOMAINS,
+        &json!({"apiVersion": "rlinf.io/v1alpha1", "kind": "Domain",
+                "metadata": {"name": "picky"},
+                "spec": {"cidr": "10.77.0.0/24",
+                         "jobSelector": {"matchLabels": {"rlinf.io/workflow": "wf"}}}}),
+    )
+    .await;
+    let with_domains = |name: &str, first: &str, second: &str| {
+        let mut wf = workflow(name);
+        wf["spec"]["jobTemplates"][0]["spec"]["domain"] = json!(first);
+        wf["spec"]["jobTemplates"][1]["spec"]["tasks"][0]["domain"] = json!(second);
+        wf
+    };
+    // Unknown Domain, and a Domain whose jobSelector the Jobs of "other" do not match.
+    let refused = h
+        .post(WORKFLOWS, &with_domains("other", "nope", "picky"))
+        .await;
+    assert_eq!(
+        refused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{:?}",
+        refused.body
+    );
+    assert_eq!(
+        refused.causes(),
+        [
+            (
+                "spec.jobTemplates[0].spec.domain".to_string(),
+                "FieldValueNotFound".to_string()
+            ),
+            (
+                "spec.jobTemplates[1].spec.tasks[0].domain".to_string(),
+                "FieldValueForbidden".to_string()
+            ),
+        ]
+    );
+    assert!(
+        refused.message().contains("no Domain of that name exists"),
+        "{}",
+        refused.message()
+    );
+    assert!(!h.exists(&format!("{WORKFLOWS}/other")).await);
+    // The Jobs of "wf" carry rlinf.io/workflow=wf: admitted.
+    let created = h
+        .post(WORKFLOWS, &with_domains("wf", "picky", "picky"))
+        .await;
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.body);
+    // An update that names an unknown Domain is refused too.
+    let mut update = created.body.clone();
+    update["spec"]["jobTemplates"][1]["spec"]["tasks"][0]["domain"] = json!("nope");
+    let refused = h.put(&format!("{WORKFLOWS}/wf"), &update).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{:?}",
+        refused.body
+    );
+    assert_eq!(
+        refused.causes(),
+        [(
+            "spec.jobTemplates[1].spec.tasks[0].domain".to_string(),
+            "FieldValueNotFound".to_string()
+        )]
+    );
+}

@@ -186,7 +186,29 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         backoff: ErrorBackoff::default(),
         warned: Mutex::default(),
     });
-    Controller::new(Api::<Domain>::all(client), watcher::Config::default())
+    let (domain_store, domain_writer) = reflector::store::<Domain>();
+    let domain_events = {
+        let ctx = Arc::clone(&state.ctx);
+        let domain_store = domain_store.clone();
+        reflector::reflector(
+            domain_writer,
+            watcher(Api::<Domain>::all(client), watcher::Config::default()),
+        )
+        .default_backoff()
+        .filter_map(move |event| {
+            if let Ok(event) = &event {
+                forget_deleted(&ctx.metrics, event, &domain_store);
+            }
+            futures::future::ready(match event {
+                Ok(watcher::Event::Apply(d) | watcher::Event::InitApply(d)) => Some(Ok(d)),
+                Ok(watcher::Event::Delete(_) | watcher::Event::Init | watcher::Event::InitDone) => {
+                    None
+                }
+                Err(error) => Some(Err(error)),
+            })
+        })
+    };
+    Controller::for_stream(domain_events, domain_store)
         .watches_stream(task_events, |task: Task| {
             domain_of_task(&task).map(|d| ObjectRef::new(&d))
         })
@@ -217,6 +239,23 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
             }
         })
         .await;
+}
+
+/// Drops the gauges of Domains that are gone, as the Domain watch says: reconciles never run
+/// for a deleted Domain. `store` is the reflector's, already updated with `event`: after a
+/// relist (`InitDone`) every Domain it does not hold is forgotten (a deletion the watch missed).
+fn forget_deleted(
+    metrics: &crate::context::Metrics,
+    event: &watcher::Event<Domain>,
+    store: &Store<Domain>,
+) {
+    match event {
+        watcher::Event::Delete(domain) => metrics.forget_domain(&domain.name_any()),
+        watcher::Event::InitDone => {
+            metrics.retain_domains(|name| store.get(&ObjectRef::new(name)).is_some())
+        }
+        watcher::Event::Apply(_) | watcher::Event::InitApply(_) | watcher::Event::Init => {}
+    }
 }
 
 async fn reconcile(domain: Arc<Domain>, state: Arc<DomainState>) -> Result<Action, Error> {

@@ -291,3 +291,72 @@ fn task_messages_and_expiry() {
         Some(Duration::from_secs(1))
     );
 }
+
+fn a_domain(name: &str) -> Domain {
+    Domain::new(
+        name,
+        rlark_api::types::DomainSpec {
+            cidr: "10.8.0.0/24".into(),
+            job_selector: None,
+        },
+    )
+}
+
+fn encoded(metrics: &crate::context::Metrics) -> String {
+    let mut registry = prometheus_client::registry::Registry::default();
+    metrics.register(&mut registry);
+    let mut text = String::new();
+    prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+    text
+}
+
+#[test]
+fn deleted_domains_leave_the_gauges() {
+    let metrics = crate::context::Metrics::default();
+    let (store, mut writer) = reflector::store::<Domain>();
+    for name in ["d", "e", "f"] {
+        let event = watcher::Event::Apply(a_domain(name));
+        writer.apply_watcher_event(&event);
+        forget_deleted(&metrics, &event, &store);
+        metrics.set_domain(name, 2, 254);
+    }
+    let text = encoded(&metrics);
+    for name in ["d", "e", "f"] {
+        assert!(
+            text.contains(&format!(
+                "rlark_domain_allocated_addresses{{domain=\"{name}\"}} 2"
+            )),
+            "{text}"
+        );
+        assert!(
+            text.contains(&format!(
+                "rlark_domain_capacity_addresses{{domain=\"{name}\"}} 254"
+            )),
+            "{text}"
+        );
+    }
+
+    // A deletion the watch sees.
+    let event = watcher::Event::Delete(a_domain("d"));
+    writer.apply_watcher_event(&event);
+    forget_deleted(&metrics, &event, &store);
+    let text = encoded(&metrics);
+    assert!(!text.contains("domain=\"d\""), "{text}");
+    assert!(text.contains("domain=\"e\""), "{text}");
+
+    // A deletion the watch missed: the relist no longer holds "e".
+    for event in [
+        watcher::Event::Init,
+        watcher::Event::InitApply(a_domain("f")),
+        watcher::Event::InitDone,
+    ] {
+        writer.apply_watcher_event(&event);
+        forget_deleted(&metrics, &event, &store);
+    }
+    let text = encoded(&metrics);
+    assert!(!text.contains("domain=\"e\""), "{text}");
+    assert!(
+        text.contains("rlark_domain_allocated_addresses{domain=\"f\"} 2"),
+        "{text}"
+    );
+}

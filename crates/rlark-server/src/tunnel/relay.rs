@@ -20,8 +20,9 @@
 //!    `ok` splices the two streams both ways with half-close.
 //!
 //! Metrics (in the hub's collector): `rlark_tunnel_relay_streams_total{domain,outcome}`,
-//! `rlark_tunnel_relay_bytes_total{domain,direction}` (counted when a stream ends),
-//! `rlark_tunnel_relay_active{domain}`. The `domain` label is the Domain's name only when
+//! `rlark_tunnel_relay_bytes_total{domain,direction}` (counted as bytes move, by
+//! [`Counting`] around the onward stream: a long-lived relay shows progress and one that is
+//! reset keeps what it moved), //! `rlark_tunnel_relay_active{domain}`. The `domain` label is the Domain's name only when
 //! that Domain exists (else `(unknown)`), so a caller cannot grow the label set.
 
 use std::collections::HashMap;
@@ -39,7 +40,7 @@ use rlark_tunnel::header::{self, ReadHeaderError, Status, StreamRequest, StreamR
 use rlark_tunnel::mux::MuxStream;
 use rlark_tunnel::relay::RelayHeader;
 use serde_json::Value;
-use tokio::io::AsyncWriteExt as _;
+use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 
@@ -440,6 +441,17 @@ impl Relay {
         }
     }
 
+    /// The `rlark_tunnel_relay_bytes_total` counter of `domain` (a label from
+    /// [`Relay::label`]) and `direction`.
+    fn bytes_counter(&self, domain: &str, direction: &str) -> Counter {
+        self.bytes
+            .get_or_create(&RelayBytesLabels {
+                domain: domain.to_owned(),
+                direction: direction.to_owned(),
+            })
+            .clone()
+    }
+
     fn count(&self, domain: &str, outcome: &str) {
         self.streams
             .get_or_create(&RelayLabels {
@@ -630,15 +642,19 @@ async fn serve_stream(hub: Arc<Hub>, caller: String, mut stream: MuxStream) {
             })
             .clone(),
     );
+    let mut onward = Counting::new(
+        &mut onward,
+        relay.bytes_counter(&domain, "to_destination"),
+        relay.bytes_counter(&domain, "to_source"),
+    );
     let spliced = rlark_tunnel::agent::splice(&mut stream, &mut onward, SPLICE_BUFFER).await;
     drop(active);
     match spliced {
         Ok((to_destination, to_source)) => {
-            add_bytes(relay, &domain, to_destination, to_source);
             tracing::debug!(to_destination, to_source, "relay done");
         }
         Err(error) => {
-            // A reset by either end lands here; the bytes moved are not known.
+            // A reset by either end lands here; what moved until then is counted already.
             tracing::debug!(%error, "relay ended with an error");
         }
     }
@@ -661,15 +677,66 @@ impl Drop for Active {
     }
 }
 
-fn add_bytes(relay: &Relay, domain: &str, to_destination: u64, to_source: u64) {
-    for (direction, bytes) in [("to_destination", to_destination), ("to_source", to_source)] {
-        relay
-            .bytes
-            .get_or_create(&RelayBytesLabels {
-                domain: domain.to_owned(),
-                direction: direction.to_owned(),
-            })
-            .inc_by(bytes);
+/// An onward stream that counts, as they move, the bytes written to it (`written`: towards
+/// the destination) and read from it (`read`: towards the source) — per successful I/O call,
+/// so the counters show progress while a relay lives and keep what moved when it is reset.
+pub(crate) struct Counting<T> {
+    inner: T,
+    written: Counter,
+    read: Counter,
+}
+
+impl<T> Counting<T> {
+    pub(crate) fn new(inner: T, written: Counter, read: Counter) -> Self {
+        Counting {
+            inner,
+            written,
+            read,
+        }
+    }
+}
+
+impl<T: AsyncRead + Unpin> AsyncRead for Counting<T> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if let std::task::Poll::Ready(Ok(())) = polled {
+            let n = buf.filled().len().saturating_sub(before);
+            self.read.inc_by(n as u64);
+        }
+        polled
+    }
+}
+
+impl<T: AsyncWrite + Unpin> AsyncWrite for Counting<T> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, data);
+        if let std::task::Poll::Ready(Ok(n)) = polled {
+            self.written.inc_by(n as u64);
+        }
+        polled
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
@@ -990,6 +1057,54 @@ mod tests {
         assert_eq!(
             index.address_of(("rlark-b", "j-h-0"), ("rlark-a", "j-w-1")),
             Err("rlark-a/j-w-1 holds no Domain address".into())
+        );
+    }
+
+    #[tokio::test]
+    async fn relay_bytes_are_counted_as_they_move_and_kept_on_reset() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+
+        let relay = Relay::default();
+        let (onward, mut destination) = tokio::io::duplex(64);
+        let mut counted = Counting::new(
+            onward,
+            relay.bytes_counter("ray", "to_destination"),
+            relay.bytes_counter("ray", "to_source"),
+        );
+        let value = |direction: &str| {
+            relay
+                .bytes
+                .get_or_create(&RelayBytesLabels {
+                    domain: "ray".into(),
+                    direction: direction.into(),
+                })
+                .get()
+        };
+        // Mid-stream: both directions show what moved, with the stream still open.
+        counted.write_all(b"hello").await.unwrap();
+        let mut got = [0u8; 5];
+        destination.read_exact(&mut got).await.unwrap();
+        assert_eq!(&got, b"hello");
+        destination.write_all(b"back!!!").await.unwrap();
+        let mut back = [0u8; 7];
+        counted.read_exact(&mut back).await.unwrap();
+        assert_eq!((value("to_destination"), value("to_source")), (5, 7));
+        // The destination goes away (a reset): the next write fails, the counts stay.
+        drop(destination);
+        let error = counted.write_all(b"lost").await.unwrap_err();
+        assert_eq!(error.kind(), std::io::ErrorKind::BrokenPipe);
+        drop(counted);
+        assert_eq!((value("to_destination"), value("to_source")), (5, 7));
+        // The encoded metric carries them too.
+        let mut registry = prometheus_client::registry::Registry::default();
+        registry.register("rlark_tunnel_relay_bytes", "", relay.bytes.clone());
+        let mut text = String::new();
+        prometheus_client::encoding::text::encode(&mut text, &registry).unwrap();
+        assert!(
+            text.contains(
+                "rlark_tunnel_relay_bytes_total{domain=\"ray\",direction=\"to_destination\"} 5"
+            ),
+            "{text}"
         );
     }
 }
