@@ -487,6 +487,39 @@ enum Ended {
     Shutdown,
 }
 
+/// With a terminal, the client's first message is normally its size: wait for it up to
+/// [`INITIAL_SIZE_WAIT`]. Returns the size (the default when none came) and the first
+/// message when it was something else, to be handled as input; `None` when the client
+/// went away meanwhile.
+async fn initial_size<T>(
+    options: &ExecOptions,
+    source: &mut T,
+) -> Option<(TerminalSize, Option<Message>)>
+where
+    T: futures::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    if !options.tty {
+        return Some((TerminalSize::default(), None));
+    }
+    match tokio::time::timeout(INITIAL_SIZE_WAIT, source.next()).await {
+        Err(_) => Some((TerminalSize::default(), None)),
+        Ok(None | Some(Err(_))) => None,
+        Ok(Some(Ok(message))) => {
+            let resize = match &message {
+                Message::Binary(bytes) => match decode_frame(bytes) {
+                    Ok((Channel::Resize, payload)) => TerminalSize::parse(payload).ok(),
+                    _ => None,
+                },
+                _ => None,
+            };
+            Some(match resize {
+                Some(initial) => (initial, None),
+                None => (TerminalSize::default(), Some(message)),
+            })
+        }
+    }
+}
+
 /// Run one exec session on an upgraded connection (see the module documentation).
 async fn run_session<S>(
     ws: WebSocketStream<S>,
@@ -499,28 +532,9 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (sink, mut source) = ws.split();
-    // With a terminal, the client's first message is normally its size.
-    let mut size = TerminalSize::default();
-    let mut first = None;
-    if options.tty {
-        match tokio::time::timeout(INITIAL_SIZE_WAIT, source.next()).await {
-            Err(_) => {}
-            Ok(None | Some(Err(_))) => return Ended::ClientGone,
-            Ok(Some(Ok(message))) => {
-                let resize = match &message {
-                    Message::Binary(bytes) => match decode_frame(bytes) {
-                        Ok((Channel::Resize, payload)) => TerminalSize::parse(payload).ok(),
-                        _ => None,
-                    },
-                    _ => None,
-                };
-                match resize {
-                    Some(initial) => size = initial,
-                    None => first = Some(message),
-                }
-            }
-        }
-    }
+    let Some((size, first)) = initial_size(&options, &mut source).await else {
+        return Ended::ClientGone;
+    };
 
     let gone = CancellationToken::new();
     let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
@@ -648,27 +662,9 @@ where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let (sink, mut source) = ws.split();
-    let mut size = TerminalSize::default();
-    let mut first = None;
-    if options.tty {
-        match tokio::time::timeout(INITIAL_SIZE_WAIT, source.next()).await {
-            Err(_) => {}
-            Ok(None | Some(Err(_))) => return Ended::ClientGone,
-            Ok(Some(Ok(message))) => {
-                let resize = match &message {
-                    Message::Binary(bytes) => match decode_frame(bytes) {
-                        Ok((Channel::Resize, payload)) => TerminalSize::parse(payload).ok(),
-                        _ => None,
-                    },
-                    _ => None,
-                };
-                match resize {
-                    Some(initial) => size = initial,
-                    None => first = Some(message),
-                }
-            }
-        }
-    }
+    let Some((size, first)) = initial_size(&options, &mut source).await else {
+        return Ended::ClientGone;
+    };
     let gone = CancellationToken::new();
     let (out_tx, out_rx) = mpsc::channel::<Vec<u8>>(OUT_QUEUE);
     let writer = AbortOnDrop(tokio::spawn(write_out(sink, out_rx, gone.clone())));
