@@ -3,7 +3,8 @@
 #   unit + integration (cargo test: in-process servers, real processes on loopback)
 #   end-to-end (real kubectl, the official Python Kubernetes client) — driven from cargo
 #   tests and pytest against the binary that `cargo test` built.
-#   Python SDK (sdk/python, pytest) against a real `rlark embodied` from that binary.
+#   Python SDKs (sdk/python/rlark, sdk/python/rlark-embodied): wheels built, installed into
+#   a fresh venv, tested against a real `rlark up` / `rlark embodied` from that binary.
 #   Hygiene: cargo fmt, cargo machete (no unused dependencies), no test kit among the rlark
 #   binary's normal dependencies, cargo deny (licenses, duplicate versions, sources; not
 #   advisories, see below), no import cycle between a crate's modules
@@ -23,6 +24,8 @@ install_deps() {
     local apt_pkgs=()
     command -v kubectl >/dev/null 2>&1 || apt_pkgs+=(kubectl)
     command -v python3 >/dev/null 2>&1 || apt_pkgs+=(python3 python3-pip)
+    # The SDKs' tests run in a fresh virtual environment (Debian splits venv out).
+    python3 -c 'import venv, ensurepip' >/dev/null 2>&1 || apt_pkgs+=(python3-venv)
     # ssh-keygen checks the OpenSSH certificates rlark signs.
     command -v ssh-keygen >/dev/null 2>&1 || apt_pkgs+=(openssh-client)
     # curl drives the tunnel's HTTP CONNECT as an unmodified client would, and reads an
@@ -55,10 +58,8 @@ install_deps() {
         apt-get install -y -qq "${apt_pkgs[@]}"
     fi
     log "installing Python test packages"
+    # tests/python's client and pytest, and `build`, which builds the SDKs' wheels.
     python3 -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
-    # The Python SDK itself (as its users install it) and its test tools (pytest, Pillow,
-    # numpy, the pinned grpcio-tools the stub regeneration test needs).
-    python3 -m pip install -q --disable-pip-version-check "./sdk/python[test]"
 }
 
 # A Docker engine for the docker runtime's tests: started here (in the background, logging
@@ -147,5 +148,34 @@ log "python end-to-end tests (official kubernetes client)"
 export RLARK_BIN="$TARGET_DIR/debug/rlark"
 python3 -m pytest -q tests/python
 
-log "python SDK tests (rlark-embodied against a real rlark embodied)"
-python3 -m pytest -q sdk/python/tests
+# The SDKs as their users get them: wheels built with `python -m build` (which must leave
+# the source tree as it was: a read-only checkout builds), installed with their `test`
+# extras into a fresh virtual environment, tested there: rlark against a real `rlark up`,
+# rlark-embodied against a real `rlark embodied`.
+log "python SDKs: build wheels, install them into a fresh venv, test against the real binary"
+export PYTHONDONTWRITEBYTECODE=1
+if [ "${RLARK_SKIP_INSTALL:-0}" = 1 ]; then
+    echo "RLARK_SKIP_INSTALL=1: testing the SDKs from their source trees, no wheels" >&2
+    [ "${CI:-}" = true ] && exit 1
+    PYTHONPATH=sdk/python/rlark/src python3 -m pytest -q -p no:cacheprovider sdk/python/rlark/tests
+    python3 -m pytest -q -p no:cacheprovider sdk/python/rlark-embodied/tests
+else
+    sdk_work="$(mktemp -d)"
+    trap 'rm -rf "$sdk_work"' EXIT
+    before="$(git status --porcelain --ignored -- sdk/python)"
+    for sdk in rlark rlark-embodied; do
+        python3 -m build -q --outdir "$sdk_work/dist" "sdk/python/$sdk" >"$sdk_work/build-$sdk.log" 2>&1 ||
+            { cat "$sdk_work/build-$sdk.log"; exit 1; }
+    done
+    after="$(git status --porcelain --ignored -- sdk/python)"
+    if [ "$before" != "$after" ]; then
+        echo "building the SDKs wrote into the source tree:" >&2
+        diff <(echo "$before") <(echo "$after") >&2 || true
+        exit 1
+    fi
+    python3 -m venv "$sdk_work/venv"
+    "$sdk_work/venv/bin/python" -m pip install -q --disable-pip-version-check \
+        "$(echo "$sdk_work"/dist/rlark-*.whl)[test]" "$(echo "$sdk_work"/dist/rlark_embodied-*.whl)[test]"
+    "$sdk_work/venv/bin/python" -m pytest -q -p no:cacheprovider sdk/python/rlark/tests
+    "$sdk_work/venv/bin/python" -m pytest -q -p no:cacheprovider sdk/python/rlark-embodied/tests
+fi

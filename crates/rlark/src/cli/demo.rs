@@ -32,6 +32,25 @@ const DEMO_MANIFESTS: [(&str, &str); 1] = [(
     include_str!("../../../../examples/demo/workflow.yaml"),
 )];
 
+/// The training-side Python SDK (`sdk/python/rlark`), embedded so that the demo's tasks
+/// can `import rlark` on a machine where it is not installed: [`install_python_sdk`] writes
+/// it under the data directory and the demo's tasks get it on their `PYTHONPATH`.
+const PYTHON_SDK: [(&str, &str); 4] = [
+    (
+        "rlark/__init__.py",
+        include_str!("../../../../sdk/python/rlark/src/rlark/__init__.py"),
+    ),
+    (
+        "rlark/_reporter.py",
+        include_str!("../../../../sdk/python/rlark/src/rlark/_reporter.py"),
+    ),
+    (
+        "rlark/_task.py",
+        include_str!("../../../../sdk/python/rlark/src/rlark/_task.py"),
+    ),
+    ("rlark/py.typed", ""),
+];
+
 /// The Workflow the demo follows.
 const WORKFLOW: &str = "demo";
 
@@ -55,6 +74,7 @@ fn manifests() -> anyhow::Result<Vec<Manifest>> {
 /// Task when it failed, did not end within `timeout`, or `shutdown` was cancelled.
 pub(crate) async fn run(
     kubeconfig: &Path,
+    data_dir: &Path,
     timeout: Duration,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
@@ -63,7 +83,11 @@ pub(crate) async fn run(
     };
     let session = Session::connect(&args, None).await?;
     let client = session.client.clone();
-    let manifests = manifests()?;
+    let sdk = install_python_sdk(data_dir)?;
+    let mut manifests = manifests()?;
+    for manifest in &mut manifests {
+        add_python_path(&mut manifest.object, &sdk);
+    }
     let catalog = Catalog::discover(&client).await?;
     let jobs = job_names(&manifests);
 
@@ -93,6 +117,48 @@ pub(crate) async fn run(
     tokio::select! {
         result = follow(&client, &jobs, timeout) => result,
         () = shutdown.cancelled() => bail!("interrupted before workflow {WORKFLOW} ended"),
+    }
+}
+
+/// Write [`PYTHON_SDK`] to `DATA_DIR/demo/python/` (replacing an earlier copy, which may
+/// be of another version) and return that directory, absolute.
+fn install_python_sdk(data_dir: &Path) -> anyhow::Result<PathBuf> {
+    let root = std::path::absolute(data_dir.join("demo").join("python"))
+        .context("resolve the data directory")?;
+    for (file, text) in PYTHON_SDK {
+        let path = root.join(file);
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)
+                .with_context(|| format!("create {}", parent.display()))?;
+        }
+        std::fs::write(&path, text).with_context(|| format!("write {}", path.display()))?;
+    }
+    Ok(root)
+}
+
+/// Put `sdk` first on the `PYTHONPATH` of every raw task of a Workflow's job templates.
+fn add_python_path(object: &mut Value, sdk: &Path) {
+    let Some(templates) = object["spec"]["jobTemplates"].as_array_mut() else {
+        return;
+    };
+    let tasks = templates
+        .iter_mut()
+        .filter_map(|t| t["spec"]["tasks"].as_array_mut())
+        .flatten();
+    for task in tasks {
+        let Some(raw) = task.get_mut("raw").and_then(Value::as_object_mut) else {
+            continue;
+        };
+        let environment = raw
+            .entry("environment")
+            .or_insert_with(|| Value::Array(Vec::new()));
+        if let Some(list) = environment.as_array_mut() {
+            list.retain(|e| e["name"] != "PYTHONPATH");
+            list.push(serde_json::json!({
+                "name": "PYTHONPATH",
+                "value": sdk.display().to_string(),
+            }));
+        }
     }
 }
 
@@ -446,5 +512,41 @@ mod tests {
                 ("rollout".to_string(), "edge".to_string(), 2)
             ]
         );
+    }
+
+    #[test]
+    fn the_embedded_python_sdk_is_the_whole_package() {
+        let package =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk/python/rlark/src/rlark");
+        let mut on_disk: Vec<String> = std::fs::read_dir(&package)
+            .expect("read the SDK's package")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|name| name.ends_with(".py") || name == "py.typed")
+            .map(|name| format!("rlark/{name}"))
+            .collect();
+        on_disk.sort();
+        let mut embedded: Vec<String> = PYTHON_SDK.iter().map(|(f, _)| f.to_string()).collect();
+        embedded.sort();
+        assert_eq!(embedded, on_disk, "add the new module to PYTHON_SDK");
+    }
+
+    #[test]
+    fn the_demo_tasks_get_the_installed_sdk_on_their_python_path() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let sdk = install_python_sdk(dir.path()).expect("install");
+        assert!(sdk.is_absolute());
+        let installed = std::fs::read_to_string(sdk.join("rlark/_task.py")).expect("read");
+        assert_eq!(installed, PYTHON_SDK[2].1);
+        let mut manifests = manifests().expect("parse the demo");
+        add_python_path(&mut manifests[0].object, &sdk);
+        add_python_path(&mut manifests[0].object, &sdk); // idempotent
+        let workflow: Workflow =
+            serde_json::from_value(manifests[0].object.clone()).expect("a Workflow");
+        for task in &workflow.spec.job_templates[0].spec.tasks {
+            let env = &task.spec.raw.as_ref().expect("raw").environment;
+            let paths: Vec<_> = env.iter().filter(|e| e.name == "PYTHONPATH").collect();
+            assert_eq!(paths.len(), 1, "{}", task.name);
+            assert_eq!(paths[0].value.as_str(), sdk.to_str().expect("utf-8"));
+        }
     }
 }

@@ -205,7 +205,8 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
     if args.demo {
         println!("Running the demo workflow (examples/demo/):\n");
         let timeout = std::time::Duration::from_secs(args.demo_timeout);
-        let result = super::demo::run(&server.kubeconfig_path, timeout, &shutdown).await;
+        let result =
+            super::demo::run(&server.kubeconfig_path, &args.data_dir, timeout, &shutdown).await;
         if args.once {
             stop_agents(agents).await;
             server.shutdown().await?;

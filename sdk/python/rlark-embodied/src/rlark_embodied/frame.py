@@ -28,8 +28,9 @@ def _import_numpy() -> Any:
         import numpy
     except ImportError:
         raise ImportError(
-            "Frame.to_numpy() needs numpy, which is not installed: "
-            "pip install 'rlark-embodied[numpy]' (or 'rlark-embodied[image]' for jpeg/png)"
+            "Frame.to_numpy() needs numpy, which is not installed: pip install numpy "
+            "(or install the SDK with its extra: pip install './sdk/python/rlark-embodied[numpy]' "
+            "from an rlark checkout; the extra [image] adds Pillow for jpeg/png frames)"
         ) from None
     return numpy
 
@@ -39,9 +40,10 @@ def _import_pillow() -> Any:
         from PIL import Image
     except ImportError:
         raise ImportError(
-            "decoding jpeg/png frames needs Pillow, which is not installed: "
-            "pip install 'rlark-embodied[image]' (or open the camera with encoding='raw', "
-            "which needs numpy only)"
+            "decoding jpeg/png frames needs Pillow, which is not installed: pip install Pillow "
+            "(or install the SDK with its extra: pip install './sdk/python/rlark-embodied[image]' "
+            "from an rlark checkout; or open the camera with encoding='raw', which needs numpy "
+            "only)"
         ) from None
     return Image
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import enum
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import grpc
 
+from ._enum import NamedIntEnum
 from ._gen import camera_pb2, camera_pb2_grpc
 from ._transport import BaseClient, camera_socket_path, resolve_target
 from .errors import from_rpc_error
@@ -22,7 +22,7 @@ _SERVER_WAIT = 5.0
 _WAIT_MARGIN = 5.0
 
 
-class CameraState(enum.IntEnum):
+class CameraState(NamedIntEnum):
     """A camera's state (``camera.controller.v1.CameraState``); compares equal to the
     ``state`` fields of the responses."""
 

@@ -23,7 +23,7 @@ import pytest
 from rlark_embodied import CameraClient, FailedPreconditionError, RobotClient, RobotState
 
 SDK = Path(__file__).resolve().parent.parent
-REPO = SDK.parent.parent
+REPO = SDK.parent.parent.parent
 SIM_CONFIG = REPO / "examples" / "embodied" / "sim.yaml"
 # The sim.yaml camera.
 CAMERA = "cam-0"

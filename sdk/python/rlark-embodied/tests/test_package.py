@@ -1,4 +1,4 @@
-"""The installed distribution (`pip install ./sdk/python`) ships what the source tree has:
+"""The installed distribution (`pip install ./sdk/python/rlark-embodied`) ships what the source tree has:
 every module, the gencode and its .pyi stubs, and py.typed. The other tests import the
 source tree (pytest's pythonpath), so this is what ties them to the installed package."""
 
@@ -20,7 +20,7 @@ def test_installed_package_matches_source() -> None:
     path = [p for p in sys.path if Path(p or ".").resolve() != SRC.resolve()]
     dist = next(iter(metadata.distributions(name="rlark-embodied", path=path)), None)
     if dist is None:
-        pytest.fail("rlark-embodied is not installed: pip install './sdk/python[test]'")
+        pytest.fail("rlark-embodied is not installed: pip install './sdk/python/rlark-embodied[test]'")
     assert dist.version == "0.1.0"
     requires = dist.requires or []
     assert any(r.startswith("grpcio") and "extra" not in r for r in requires), requires
@@ -38,10 +38,10 @@ def test_installed_package_matches_source() -> None:
     }
     assert "rlark_embodied/py.typed" in installed
     assert "rlark_embodied/_gen/robot_pb2.pyi" in installed
-    assert sorted(installed) == sorted(source), "reinstall: pip install './sdk/python[test]'"
+    assert sorted(installed) == sorted(source), "reinstall: pip install './sdk/python/rlark-embodied[test]'"
     stale = [
         name
         for name, path in source.items()
         if installed[name].locate().read_bytes() != path.read_bytes()
     ]
-    assert not stale, f"installed copy is stale in {stale}: pip install './sdk/python[test]'"
+    assert not stale, f"installed copy is stale in {stale}: pip install './sdk/python/rlark-embodied[test]'"

@@ -31,10 +31,10 @@ def test_checked_in_gencode_is_up_to_date(tmp_path: Path) -> None:
     try:
         installed = metadata.version("grpcio-tools")
     except metadata.PackageNotFoundError:
-        pytest.fail("grpcio-tools is not installed: pip install './sdk/python[test]'")
+        pytest.fail("grpcio-tools is not installed: pip install './sdk/python/rlark-embodied[test]'")
     assert installed == pinned.group(1), (
         f"grpcio-tools {installed} installed, pyproject pins {pinned.group(1)}: "
-        "pip install './sdk/python[test]'"
+        "pip install './sdk/python/rlark-embodied[test]'"
     )
 
     out = tmp_path / "_gen"
@@ -50,7 +50,7 @@ def test_checked_in_gencode_is_up_to_date(tmp_path: Path) -> None:
     assert sorted(fresh) == sorted(checked_in), "generated file set differs"
     stale = [name for name in fresh if fresh[name] != checked_in[name]]
     assert not stale, (
-        f"checked-in gencode is stale in {stale}: run python sdk/python/scripts/regenerate.py"
+        f"checked-in gencode is stale in {stale}: run python sdk/python/rlark-embodied/scripts/regenerate.py"
     )
 
 

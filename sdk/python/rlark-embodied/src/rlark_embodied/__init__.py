@@ -13,7 +13,7 @@ RLark's ``embodied_runtime`` SDK so its users can switch::
         cameras.open_camera("cam-0")
         image = cameras.capture_frame("cam-0").to_numpy()
 
-See sdk/python/README.md and docs/embodied.md ("Python SDK").
+See sdk/python/rlark-embodied/README.md and docs/embodied.md ("Python SDK").
 """
 
 from ._gen import camera_pb2, robot_pb2

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import enum
 import os
 from collections.abc import Mapping
 from typing import Any
 
+from ._enum import NamedIntEnum
 from ._gen import robot_pb2, robot_pb2_grpc
 from ._transport import (
     DEFAULT_ROS_SOCKET,
@@ -30,7 +30,7 @@ ModeConfig = robot_pb2.ModeConfig
 _DETACH = (("rlark-detach", "true"),)
 
 
-class RobotState(enum.IntEnum):
+class RobotState(NamedIntEnum):
     """A robot's state (``ros.controller.v1.RobotState``); compares equal to the ``state``
     fields of the responses: ``status.state == RobotState.RUNNING``."""
 

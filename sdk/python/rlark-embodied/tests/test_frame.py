@@ -58,14 +58,14 @@ def test_bitstreams_and_garbage_are_errors() -> None:
 
 def test_missing_numpy_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "numpy", None)
-    with pytest.raises(ImportError, match=r"needs numpy.*rlark-embodied\[numpy\]"):
+    with pytest.raises(ImportError, match=r"needs numpy, which is not installed: pip install numpy .*sdk/python/rlark-embodied\[numpy\]"):
         _frame(bytes(24), "raw").to_numpy()
 
 
 def test_missing_pillow_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "PIL", None)
     monkeypatch.setitem(sys.modules, "PIL.Image", None)
-    with pytest.raises(ImportError, match=r"needs Pillow.*rlark-embodied\[image\]"):
+    with pytest.raises(ImportError, match=r"needs Pillow, which is not installed: pip install Pillow .*sdk/python/rlark-embodied\[image\]"):
         _frame(b"\xff\xd8", "jpeg").to_numpy()
     # Raw frames need numpy only.
     assert _frame(bytes(24), "raw").to_numpy().shape == (2, 4, 3)
@@ -85,3 +85,12 @@ def test_from_messages() -> None:
     assert frame.error_code is grpc.StatusCode.NOT_FOUND
     with pytest.raises(NotFoundError, match="camera not found"):
         frame.raise_for_error()
+
+
+def test_states_print_as_names() -> None:
+    from rlark_embodied import CameraState, RobotState
+
+    assert str(RobotState.RUNNING) == "RUNNING"
+    assert f"{CameraState.OPEN}" == "OPEN" and f"{RobotState.ERROR:>7}" == "  ERROR"
+    assert repr(RobotState.RUNNING) == "<RobotState.RUNNING: 2>"
+    assert RobotState.RUNNING == 2 and RobotState(2) is RobotState.RUNNING
