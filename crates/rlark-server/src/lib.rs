@@ -30,6 +30,7 @@
 mod auth;
 mod config;
 mod controllers;
+pub mod data_lock;
 mod http;
 pub mod limits;
 mod metrics;
@@ -106,6 +107,9 @@ pub enum ServerError {
     /// The CA shows an installation that ran before, but its store is missing or empty.
     #[error("{0}")]
     StoreLost(String),
+    /// Another server uses the data directory, or its lock file cannot be made.
+    #[error(transparent)]
+    DataDir(#[from] data_lock::LockError),
 }
 
 /// Path of the admin kubeconfig for a data directory.
@@ -209,6 +213,8 @@ async fn start_with_token(
     config.validate()?;
     let data_dir = config.data_dir.clone();
     rlark_pki::create_private_dir(&data_dir)?;
+    // Before anything in it is read or written; held until the server has stopped.
+    let data_lock = data_lock::acquire(&data_dir)?;
 
     // PKI: CA (once), serving certificate (every start), admin certificate (reused).
     let pki_dir = data_dir.join(PKI_DIR);
@@ -458,6 +464,7 @@ async fn start_with_token(
             tracing::error!(error = %e, "API background task failed");
         }
         store.close().await;
+        drop(data_lock);
         tracing::info!("server stopped");
         Ok(())
     });

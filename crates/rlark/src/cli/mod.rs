@@ -36,7 +36,7 @@ pub(crate) use client::report;
 #[command(name = "rlark", version, about, propagate_version = true)]
 pub(crate) struct Cli {
     /// Log format on stderr. The level comes from RUST_LOG (default: info for `server`,
-    /// `up`, `agent` and `controller-manager`, warn otherwise).
+    /// `up`, `agent` and `controller-manager`, warn otherwise and for `up` on a terminal).
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
     log_format: LogFormat,
 
@@ -145,9 +145,17 @@ pub(crate) fn init_tracing(cli: &Cli) {
         Command::Embodied(_) => "info",
         _ => "warn",
     };
+    use std::io::IsTerminal as _;
+    // On a terminal `rlark up` prints a banner and the demo's progress: INFO lines would
+    // bury them, so only warnings show there unless RUST_LOG asks for more.
+    let default_level = if matches!(cli.command, Command::Up(_)) && std::io::stderr().is_terminal()
+    {
+        "warn"
+    } else {
+        default_level
+    };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    use std::io::IsTerminal as _;
     let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

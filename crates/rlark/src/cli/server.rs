@@ -97,6 +97,10 @@ pub(crate) struct UpArgs {
     #[arg(long, value_name = "DURATION", value_parser = parse_seconds, default_value = "120",
           requires = "demo")]
     demo_timeout: u64,
+    /// Leave the tasks running when `rlark up` exits, for the next `rlark up` on this data
+    /// directory to adopt. Without it `up` is a session: its tasks stop when it does.
+    #[arg(long)]
+    keep_tasks: bool,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -172,13 +176,30 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
     config.reinitialize_store = args.store.reinitialize_store;
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
-    let server = rlark_server::start(config).await?;
-    let agents = match start_up_agents(&server, &args.data_dir).await {
+    // A start that fails leaves no data directory behind that it created itself.
+    let created = !args.data_dir.exists();
+    let remove_created = || {
+        if created && let Err(e) = std::fs::remove_dir_all(&args.data_dir) {
+            tracing::warn!(dir = %args.data_dir.display(), error = %e, "remove the data directory of a failed start");
+        }
+    };
+    let server = match rlark_server::start(config).await {
+        Ok(server) => server,
+        Err(error) => {
+            // A refusal because another rlark holds the directory leaves it to that one.
+            if !matches!(error, rlark_server::ServerError::DataDir(_)) {
+                remove_created();
+            }
+            return Err(up_start_error(error, args.listen));
+        }
+    };
+    let agents = match start_up_agents(&server, &args.data_dir, args.keep_tasks).await {
         Ok(agents) => agents,
         Err(error) => {
             if let Err(e) = server.shutdown().await {
                 tracing::warn!(error = %e, "server shutdown after a failed start");
             }
+            remove_created();
             return Err(error);
         }
     };
@@ -197,10 +218,16 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
          \x20 rlark get jobs\n\
          \x20 rlark apply -f examples/\n\n\
          Local agents:       {agent_list}   (rlark get nodes -A)\n\
-         Read-only user:     rlark kubeconfig --user NAME --role viewer -o NAME.kubeconfig\n",
+         Read-only user:     rlark kubeconfig --user NAME --role viewer -o NAME.kubeconfig\n\
+         Tasks:              {tasks}\n",
         url = server.url(),
         data = args.data_dir.display(),
         kubeconfig = kubeconfig.display(),
+        tasks = if args.keep_tasks {
+            "keep running when rlark up exits (--keep-tasks); the next rlark up adopts them"
+        } else {
+            "stop when rlark up exits (--keep-tasks leaves them running)"
+        },
     );
     if args.demo {
         println!("Running the demo workflow (examples/demo/):\n");
@@ -235,6 +262,7 @@ const UP_AGENTS: [(&str, NodeCategory); 2] =
 async fn start_up_agents(
     server: &rlark_server::RunningServer,
     data_dir: &Path,
+    keep_tasks: bool,
 ) -> anyhow::Result<Vec<rlark_agent::RunningAgent>> {
     let host = up_node_prefix();
     let mut admin: Option<SecurityClient> = None;
@@ -244,6 +272,7 @@ async fn start_up_agents(
         let mut config = rlark_agent::AgentConfig::new(vec![server.url()], id, &dir);
         config.node_name = Some(format!("{host}-{id}"));
         config.node_category = category;
+        config.stop_tasks_on_exit = !keep_tasks;
         let started = async {
             if !rlark_agent::config::is_joined(&dir) {
                 let api = match &mut admin {
@@ -290,6 +319,24 @@ async fn start_up_agents(
         }
     }
     Ok(agents)
+}
+
+/// The error of a failed `rlark up` start, with the flag that gets around it where there is
+/// one.
+fn up_start_error(error: rlark_server::ServerError, listen: SocketAddr) -> anyhow::Error {
+    match &error {
+        rlark_server::ServerError::Bind { source, .. }
+            if source.kind() == std::io::ErrorKind::AddrInUse =>
+        {
+            let mut other = listen;
+            other.set_port(listen.port().wrapping_add(1).max(1));
+            anyhow::anyhow!(
+                "{listen} is already in use (another rlark up, or another program): pick \
+                 another address with --listen, e.g. --listen {other}"
+            )
+        }
+        _ => error.into(),
+    }
 }
 
 async fn stop_agents(agents: Vec<rlark_agent::RunningAgent>) {

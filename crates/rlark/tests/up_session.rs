@@ -1,0 +1,273 @@
+//! `rlark up` as a local session (the built binary, real processes): its tasks stop when it
+//! exits unless `--keep-tasks`; a second `up` on the same data directory is refused at once
+//! naming the first one's pid; a taken port names the flag that picks another and leaves no
+//! data directory behind.
+
+use std::io::{BufRead as _, BufReader, Read as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_rlark");
+/// Bound of every wait.
+const WAIT: Duration = Duration::from_secs(60);
+
+/// A running `rlark up` with its stdout collected line by line.
+struct Up {
+    child: Child,
+    data_dir: PathBuf,
+    stdout: Arc<Mutex<String>>,
+}
+
+impl Up {
+    fn start(data_dir: &Path, extra: &[&str]) -> Up {
+        let mut child = Command::new(BIN)
+            .arg("up")
+            .arg("--data-dir")
+            .arg(data_dir)
+            .args(["--listen", "127.0.0.1:0"])
+            .args(extra)
+            .env("RUST_LOG", "warn")
+            .env_remove("KUBECONFIG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start rlark up");
+        let stdout = Arc::new(Mutex::new(String::new()));
+        let pipe = child.stdout.take().expect("stdout");
+        let sink = Arc::clone(&stdout);
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut text = sink.lock().expect("lock");
+                text.push_str(&line);
+                text.push('\n');
+            }
+        });
+        let up = Up {
+            child,
+            data_dir: data_dir.to_path_buf(),
+            stdout,
+        };
+        wait_for("rlark up to be ready", || {
+            up.output().contains("Press Ctrl-C to stop.")
+        });
+        up
+    }
+
+    fn output(&self) -> String {
+        self.stdout.lock().expect("lock").clone()
+    }
+
+    fn rlark(&self, args: &[&str]) -> std::process::Output {
+        Command::new(BIN)
+            .args(args)
+            .arg("--kubeconfig")
+            .arg(self.data_dir.join("admin.kubeconfig"))
+            .output()
+            .expect("run rlark")
+    }
+
+    /// SIGINT (Ctrl-C), then wait for the exit.
+    fn interrupt(mut self) -> std::process::ExitStatus {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+        let deadline = Instant::now() + WAIT;
+        loop {
+            if let Some(status) = self.child.try_wait().expect("wait") {
+                return status;
+            }
+            assert!(Instant::now() < deadline, "rlark up did not exit on SIGINT");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + WAIT;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Pids of the processes whose command line contains `marker`.
+fn processes_with(marker: &str) -> Vec<i32> {
+    let mut pids = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("read /proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let mut cmdline = Vec::new();
+        if std::fs::File::open(entry.path().join("cmdline"))
+            .and_then(|mut f| f.read_to_end(&mut cmdline))
+            .is_ok()
+            && String::from_utf8_lossy(&cmdline).contains(marker)
+        {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Apply a Job with one long-running raw replica on `cloud` whose command line carries
+/// `marker`, and wait until that process runs.
+fn run_sleeper(up: &Up, dir: &Path, marker: &str) {
+    let manifest = dir.join("sleeper.yaml");
+    std::fs::write(
+        &manifest,
+        format!(
+            "apiVersion: rlinf.io/v1alpha1\nkind: Job\nmetadata:\n  name: sleeper\nspec:\n  \
+             tasks:\n    - name: main\n      agentType: Raw\n      role: Actor\n      \
+             nodeSelector:\n        rlark.io/cluster-id: cloud\n      raw:\n        \
+             replicas: 1\n        entrypoint: [sh, -c, 'sleep 300; : {marker}']\n"
+        ),
+    )
+    .expect("write manifest");
+    let out = up.rlark(&["apply", "-f", manifest.to_str().expect("utf-8")]);
+    assert!(
+        out.status.success(),
+        "apply: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("the sleeper to run", || !processes_with(marker).is_empty());
+}
+
+#[test]
+fn up_stops_its_tasks_on_exit_unless_keep_tasks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+
+    let up = Up::start(&data, &[]);
+    assert!(
+        up.output().contains(
+            "Tasks:              stop when rlark up exits (--keep-tasks leaves them running)"
+        ),
+        "{}",
+        up.output()
+    );
+    let marker = format!("rlark-up-session-{}", std::process::id());
+    run_sleeper(&up, dir.path(), &marker);
+    assert!(up.interrupt().success());
+    assert_eq!(
+        processes_with(&marker),
+        Vec::<i32>::new(),
+        "task left running"
+    );
+
+    // --keep-tasks: the process outlives `up`, and the next `up` adopts it (it still runs
+    // and the Task is Running again).
+    let up = Up::start(&data, &["--keep-tasks"]);
+    assert!(
+        up.output()
+            .contains("(--keep-tasks); the next rlark up adopts them")
+    );
+    let kept = format!("rlark-up-kept-{}", std::process::id());
+    let out = up.rlark(&["delete", "job", "sleeper"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("the old Job's Task to go", || {
+        !up.rlark(&["get", "task", "sleeper-main", "-n", "rlark-cloud"])
+            .status
+            .success()
+    });
+    run_sleeper(&up, dir.path(), &kept);
+    let before = processes_with(&kept);
+    assert!(up.interrupt().success());
+    assert_eq!(
+        processes_with(&kept),
+        before,
+        "--keep-tasks stopped the task"
+    );
+
+    let up = Up::start(&data, &[]);
+    wait_for("the adopted Task to be Running", || {
+        let out = up.rlark(&[
+            "get",
+            "task",
+            "sleeper-main",
+            "-n",
+            "rlark-cloud",
+            "-o",
+            "json",
+        ]);
+        out.status.success()
+            && serde_json::from_slice::<serde_json::Value>(&out.stdout)
+                .map(|t| t["status"]["phase"] == "Running")
+                .unwrap_or(false)
+    });
+    assert_eq!(processes_with(&kept), before, "adoption restarted the task");
+    assert!(up.interrupt().success());
+    assert_eq!(
+        processes_with(&kept),
+        Vec::<i32>::new(),
+        "adopted task left running"
+    );
+}
+
+#[test]
+fn a_second_up_on_the_same_data_directory_names_the_first() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    let up = Up::start(&data, &[]);
+    let second = Command::new(BIN)
+        .arg("up")
+        .arg("--data-dir")
+        .arg(&data)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("run a second rlark up");
+    assert_eq!(second.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&second.stderr).trim(),
+        format!(
+            "error: another rlark is using {} (pid {})",
+            data.display(),
+            up.child.id()
+        )
+    );
+    assert!(up.interrupt().success());
+}
+
+#[test]
+fn a_taken_port_names_the_flag_and_leaves_no_data_directory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = taken.local_addr().expect("addr");
+    let data = dir.path().join("data");
+    let out = Command::new(BIN)
+        .arg("up")
+        .arg("--data-dir")
+        .arg(&data)
+        .arg("--listen")
+        .arg(addr.to_string())
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("run rlark up");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.starts_with(&format!(
+            "error: {addr} is already in use (another rlark up, or another program): pick \
+             another address with --listen, e.g. --listen 127.0.0.1:"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        !data.exists(),
+        "a half-created data directory was left behind"
+    );
+}
