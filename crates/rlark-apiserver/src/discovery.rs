@@ -353,8 +353,32 @@ impl Documents {
     }
 }
 
+/// What the build knows of itself, for `/version`: set once by the binary
+/// ([`set_build_info`]); a server in a test process reports an empty commit and the epoch.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BuildInfo {
+    /// The git commit the binary was built from (empty when unknown).
+    pub git_commit: String,
+    /// The build date, RFC 3339 (the commit's date unless `SOURCE_DATE_EPOCH` said
+    /// otherwise).
+    pub build_date: String,
+}
+
+static BUILD_INFO: std::sync::OnceLock<BuildInfo> = std::sync::OnceLock::new();
+
+/// Set the build information `/version` reports; the first call wins.
+pub fn set_build_info(info: BuildInfo) {
+    let _ = BUILD_INFO.set(info);
+}
+
 /// `version.Info` as kube-apiserver reports it; kubectl compares `major`/`minor` with its own.
 fn version_info() -> Value {
+    let build = BUILD_INFO.get().cloned().unwrap_or_default();
+    let build_date = if build.build_date.is_empty() {
+        "1970-01-01T00:00:00Z".to_string()
+    } else {
+        build.build_date
+    };
     let arch = match std::env::consts::ARCH {
         "x86_64" => "amd64",
         "aarch64" => "arm64",
@@ -364,10 +388,9 @@ fn version_info() -> Value {
         "major": "1",
         "minor": KUBERNETES_MINOR,
         "gitVersion": format!("{KUBERNETES_VERSION}+rlark-{}", env!("CARGO_PKG_VERSION")),
-        "gitCommit": "",
+        "gitCommit": build.git_commit,
         "gitTreeState": "",
-        // Not recorded: builds are reproducible and carry no timestamp.
-        "buildDate": "1970-01-01T00:00:00Z",
+        "buildDate": build_date,
         "goVersion": "rust",
         "compiler": "rustc",
         "platform": format!("{}/{arch}", std::env::consts::OS),

@@ -63,6 +63,7 @@ pub use config::{
     ServerOverrides, TunnelConfigFile,
 };
 pub use limits::ConnectionLimits;
+pub use rlark_apiserver::discovery::{BuildInfo, set_build_info};
 pub use security::audit_file::{AUDIT_LOG_FILE, AuditLogConfig};
 pub use security::join_limit::JoinLimitConfig;
 pub use security::revocation_file::REVOCATIONS_FILE;

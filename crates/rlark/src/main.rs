@@ -24,6 +24,8 @@ fn main() -> ExitCode {
     // clap prints usage errors and exits with 2 (0 for --help/--version).
     let args = cli::Cli::parse();
     cli::init_tracing(&args);
+    // What `/version` of a server this process runs reports.
+    rlark_server::set_build_info(cli::version::build_info());
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

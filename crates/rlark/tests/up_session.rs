@@ -271,3 +271,47 @@ fn a_taken_port_names_the_flag_and_leaves_no_data_directory() {
         "a half-created data directory was left behind"
     );
 }
+
+#[test]
+fn version_reports_the_build_of_client_and_server() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let up = Up::start(&dir.path().join("data"), &[]);
+    let out = up.rlark(&["version", "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    let (client, server) = (&doc["clientVersion"], &doc["serverVersion"]);
+    assert_eq!(
+        client["gitVersion"],
+        format!("v{}", env!("CARGO_PKG_VERSION"))
+    );
+    assert_eq!(
+        server["gitVersion"],
+        format!("v1.33.0+rlark-{}", env!("CARGO_PKG_VERSION"))
+    );
+    // The tests run from a git checkout: the build knows its commit and the commit's date,
+    // and the server in the same binary reports the same.
+    let commit = client["gitCommit"].as_str().expect("commit");
+    assert_eq!(commit.len(), 40, "{doc}");
+    assert_eq!(server["gitCommit"], commit);
+    assert_ne!(client["buildDate"], "1970-01-01T00:00:00Z");
+    assert_eq!(server["buildDate"], client["buildDate"]);
+
+    let out = up.rlark(&["version"]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let short = &commit[..12];
+    assert!(
+        text.starts_with(&format!(
+            "Client Version: v{} (commit {short}, built ",
+            env!("CARGO_PKG_VERSION")
+        )) && text.contains(&format!(
+            "Server Version: v1.33.0+rlark-{} (commit {short}, built ",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{text}"
+    );
+    assert!(up.interrupt().success());
+}

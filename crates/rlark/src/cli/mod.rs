@@ -24,6 +24,7 @@ mod robot;
 mod security;
 mod server;
 mod table;
+pub(crate) mod version;
 
 use std::path::PathBuf;
 
@@ -123,6 +124,8 @@ enum Command {
     /// Talk to the cameras of `rlark embodied` on this host: list, info, open, close, save
     /// a frame, watch frames.
     Camera(camera::CameraArgs),
+    /// Print the client's and the server's version, git commit and build date.
+    Version(version::VersionArgs),
 }
 
 /// Data directory of `rlark up`, `rlark kubeconfig` and `rlark ca` when none is given.
@@ -200,6 +203,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Robot(args) => robot::robot(args).await,
         Command::Devinit(args) => devinit::devinit(args).await,
         Command::Camera(args) => camera::camera(args).await,
+        Command::Version(args) => version::version(args).await,
     }
 }
 
