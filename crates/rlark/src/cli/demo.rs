@@ -60,8 +60,9 @@ pub(crate) async fn run(
 ) -> anyhow::Result<()> {
     let args = ClientArgs {
         kubeconfig: Some(PathBuf::from(kubeconfig)),
+        ..ClientArgs::default()
     };
-    let session = Session::connect(&args, None).await?;
+    let session = Session::connect(&args).await?;
     let client = session.client.clone();
     let manifests = manifests()?;
     let catalog = Catalog::discover(&client).await?;
