@@ -167,10 +167,14 @@ pub(crate) fn connection_service(
             user = tracing::field::Empty,
         );
         let started = Instant::now();
+        // Recorded into this request's span itself: when it is disabled (debug off),
+        // `Span::current()` would be the connection's span, and every request of the
+        // connection would append one more `user=` to it.
+        let request_span = span.clone();
         let fut = async move {
             match auth::authenticate(&peer, request.headers(), &security).await {
                 Ok(Some((identity, method))) => {
-                    tracing::Span::current().record("user", identity.user.as_str());
+                    request_span.record("user", identity.user.as_str());
                     request.extensions_mut().insert(identity);
                     request.extensions_mut().insert(method);
                 }

@@ -507,3 +507,60 @@ spec:
     assert!(warnings(&stderr).is_empty(), "stderr:\n{stderr}");
     Ok(())
 }
+
+/// kubectl's own `--validate` (strict by default) reaches rlark's `fieldValidation`: a
+/// misspelt field is refused with the server's words; `--validate=warn` creates the object
+/// and kubectl prints the server's `Warning` (issue 18, item 1).
+#[test]
+fn kubectl_apply_refuses_unknown_fields_strictly() -> Result<()> {
+    if !kubectl_available() {
+        missing_tool::skip_or_fail("kubectl is not on PATH");
+        return Ok(());
+    }
+    let data_dir = tempfile::tempdir()?;
+    let server = ServerProcess::spawn_with_args(
+        Path::new(env!("CARGO_BIN_EXE_rlark")),
+        data_dir.path(),
+        &["--controllers=false"],
+    )?;
+    let k = Kubectl {
+        kubeconfig: server.kubeconfig_path().to_path_buf(),
+        cache: tempfile::tempdir()?,
+    };
+    let job = "apiVersion: rlinf.io/v1alpha1\nkind: Job\nmetadata:\n  name: typo\nspec:\n  \
+               tasks:\n    - name: main\n      agentType: Raw\n      role: Actor\n      raw:\n        \
+               entrypoint: [sleep, '1']\n        replcas: 3\n";
+    let apply = |args: &[&str]| -> Result<Output> {
+        let mut child = k
+            .command(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        std::io::Write::write_all(child.stdin.as_mut().context("stdin")?, job.as_bytes())?;
+        Ok(child.wait_with_output()?)
+    };
+    let out = apply(&["apply", "-f", "-"])?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.starts_with("Error from server (BadRequest)"),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains("strict decoding error: unknown field \"spec.tasks[0].raw.replcas\""),
+        "{stderr}"
+    );
+    let out = apply(&["apply", "-f", "-", "--validate=warn"])?;
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+    assert_eq!(
+        stderr,
+        "Warning: unknown field \"spec.tasks[0].raw.replcas\"\n"
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "job.rlinf.io/typo created\n"
+    );
+    Ok(())
+}

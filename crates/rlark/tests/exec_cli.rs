@@ -115,7 +115,8 @@ async fn rlark_exec_runs_commands_in_a_running_replica() -> anyhow::Result<()> {
         (Some(0), String::new())
     );
 
-    // -t without a local terminal still gives the command one.
+    // -t without a local terminal: kubectl's warning, and the command runs without one
+    // (issue 18, item 9; it used to get a terminal anyway).
     let out = rlark(
         &kubeconfig,
         &[
@@ -125,13 +126,17 @@ async fn rlark_exec_runs_commands_in_a_running_replica() -> anyhow::Result<()> {
             "--",
             "sh",
             "-c",
-            "[ -t 1 ] && echo TTY",
+            "[ -t 1 ] && echo TTY || echo NO-TTY",
         ],
         None,
     )
     .await?;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    assert_eq!(text(&out.stdout), "TTY\r\n");
+    assert_eq!(text(&out.stdout), "NO-TTY\n");
+    assert_eq!(
+        text(&out.stderr),
+        "Unable to use a TTY - input is not a terminal or the right kind of file\n"
+    );
 
     // Refusals: exit 1 with the server's message.
     let out = rlark(
@@ -153,13 +158,17 @@ async fn rlark_exec_runs_commands_in_a_running_replica() -> anyhow::Result<()> {
         "{}",
         text(&out.stderr)
     );
+    // A program that does not exist: 127 and a message saying so, as docker and kubectl
+    // (issue 18, item 9; it used to be 1).
     let out = rlark(&kubeconfig, &["exec", POD, "--", "no-such-program-x"], None).await?;
-    assert_eq!(out.status.code(), Some(1));
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    let stderr = text(&out.stderr);
     assert!(
-        text(&out.stderr).contains("no-such-program-x"),
-        "{}",
-        text(&out.stderr)
+        stderr.starts_with("error: exec: \"no-such-program-x\": executable file not found (start \"no-such-program-x\" in "),
+        "{stderr}"
     );
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(out.stdout.is_empty());
 
     // A viewer may read logs but not exec: 403 worded as every denial.
     let dir = tempfile::tempdir()?;

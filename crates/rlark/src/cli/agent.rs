@@ -23,6 +23,7 @@ pub(crate) struct AgentArgs {
     #[arg(
         long = "server",
         value_name = "URL",
+        env = "RLARK_SERVER",
         value_delimiter = ',',
         required = true
     )]
@@ -31,7 +32,7 @@ pub(crate) struct AgentArgs {
     #[arg(long, value_name = "ID")]
     pub cluster_id: String,
     /// Data directory: credentials in DIR/identity, task state and logs in DIR/tasks.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "RLARK_DATA_DIR")]
     pub data_dir: PathBuf,
     /// Bootstrap token from `rlark token create`, for the first start (ignored once the
     /// agent has joined).

@@ -6,7 +6,7 @@
 
 use anyhow::{Context as _, bail};
 use clap::Args;
-use kube::api::{Api, DynamicObject, Patch, PatchParams, PostParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams, ValidationDirective};
 use serde_json::Value;
 
 use super::ClientArgs;
@@ -24,11 +24,51 @@ pub(crate) struct ApplyArgs {
         value_name = "FILE|DIR|-"
     )]
     pub filenames: Vec<String>,
-    /// Namespace for namespaced objects that name none.
-    #[arg(short = 'n', long)]
-    pub namespace: Option<String>,
-    #[command(flatten)]
+    /// What the server does with fields the schema does not know (or given twice), as
+    /// kubectl's `--validate`: `strict` refuses the object, `warn` drops them with a
+    /// warning, `ignore` drops them silently. `true` means strict, `false` ignore.
+    #[arg(
+        long,
+        value_name = "MODE",
+        default_value = "strict",
+        num_args = 0..=1,
+        default_missing_value = "strict",
+        value_parser = parse_validate
+    )]
+    pub validate: Validate,
+    #[arg(skip)]
     pub client: ClientArgs,
+}
+
+/// `--validate`: the `fieldValidation` directive of apply's writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Validate {
+    Strict,
+    Warn,
+    Ignore,
+}
+
+impl Validate {
+    /// The `fieldValidation` query value.
+    pub(crate) fn directive(self) -> &'static str {
+        match self {
+            Validate::Strict => "Strict",
+            Validate::Warn => "Warn",
+            Validate::Ignore => "Ignore",
+        }
+    }
+}
+
+/// kubectl's `--validate` values.
+fn parse_validate(text: &str) -> Result<Validate, String> {
+    match text.to_ascii_lowercase().as_str() {
+        "strict" | "true" => Ok(Validate::Strict),
+        "warn" => Ok(Validate::Warn),
+        "ignore" | "false" => Ok(Validate::Ignore),
+        _ => Err(format!(
+            "invalid value {text:?}: use strict, warn or ignore (true = strict, false = ignore)"
+        )),
+    }
 }
 
 /// What apply did to one object.
@@ -54,11 +94,11 @@ pub(crate) async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
     if manifests.is_empty() {
         bail!("no objects passed to apply");
     }
-    let session = Session::connect(&args.client, args.namespace.as_deref()).await?;
+    let session = Session::connect(&args.client).await?;
     let catalog = Catalog::discover(&session.client).await?;
     let mut errors = 0;
     for manifest in &manifests {
-        match apply_one(&session, &catalog, manifest).await {
+        match apply_one(&session, &catalog, manifest, args.validate).await {
             Ok((info, outcome)) => {
                 println!(
                     "{}/{} {}",
@@ -80,7 +120,7 @@ pub(crate) async fn apply(args: ApplyArgs) -> anyhow::Result<()> {
             }
             Err(ApplyError::Other(e)) => {
                 errors += 1;
-                eprintln!("error: {e:#}");
+                eprintln!("error: {}", super::client::error_chain(&e));
             }
         }
     }
@@ -145,6 +185,7 @@ async fn apply_one<'c>(
     session: &Session,
     catalog: &'c Catalog,
     manifest: &Manifest,
+    validate: Validate,
 ) -> Result<(&'c ResourceInfo, Outcome), ApplyError> {
     let (info, namespace, object) = place(
         catalog,
@@ -172,9 +213,7 @@ async fn apply_one<'c>(
         }
     };
     if existing.is_none() {
-        let body: DynamicObject = serde_json::from_value(object.clone())
-            .with_context(|| format!("{}: object {name:?} is malformed", manifest.source))?;
-        match api.create(&PostParams::default(), &body).await {
+        match create(session, info, namespace.as_deref(), &object, validate).await {
             Ok(_) => return Ok((info, Outcome::Created)),
             // Created by someone else in between: fall through to the update.
             Err(kube::Error::Api(status)) if status.code == 409 => {}
@@ -192,10 +231,15 @@ async fn apply_one<'c>(
         }
     }
     let before = existing.and_then(|o| o.metadata.resource_version);
-    match api
-        .patch(name, &PatchParams::default(), &Patch::Merge(&object))
-        .await
-    {
+    let params = PatchParams {
+        field_validation: Some(match validate {
+            Validate::Strict => ValidationDirective::Strict,
+            Validate::Warn => ValidationDirective::Warn,
+            Validate::Ignore => ValidationDirective::Ignore,
+        }),
+        ..PatchParams::default()
+    };
+    match api.patch(name, &params, &Patch::Merge(&object)).await {
         Ok(patched) => {
             let unchanged = before.is_some() && patched.metadata.resource_version == before;
             Ok((
@@ -215,6 +259,29 @@ async fn apply_one<'c>(
             .context(format!("patch {} {name}", info.qualified_kind()))
             .into()),
     }
+}
+
+/// POST `object` to its collection with the `fieldValidation` directive (kube's
+/// `PostParams` has no field for it).
+async fn create(
+    session: &Session,
+    info: &ResourceInfo,
+    namespace: Option<&str>,
+    object: &Value,
+    validate: Validate,
+) -> Result<Value, kube::Error> {
+    let path = format!(
+        "{}?fieldValidation={}",
+        info.collection_path(namespace),
+        validate.directive()
+    );
+    let body = serde_json::to_vec(object).map_err(kube::Error::SerdeError)?;
+    let request = http::Request::post(path)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .header(http::header::ACCEPT, "application/json")
+        .body(body)
+        .map_err(|e| kube::Error::BuildRequest(kube::core::request::Error::BuildRequest(e)))?;
+    session.client.request::<Value>(request).await
 }
 
 #[cfg(test)]
@@ -246,6 +313,22 @@ mod tests {
         assert_eq!(ns.as_deref(), Some("a"));
         let err = place(&catalog, &task, "b", true).expect_err("conflicting namespace");
         assert!(err.to_string().contains("--namespace=a"), "{err}");
+    }
+
+    #[test]
+    fn validate_takes_kubectls_values() {
+        for (text, mode) in [
+            ("strict", Validate::Strict),
+            ("true", Validate::Strict),
+            ("Warn", Validate::Warn),
+            ("ignore", Validate::Ignore),
+            ("false", Validate::Ignore),
+        ] {
+            assert_eq!(parse_validate(text), Ok(mode), "{text}");
+        }
+        let err = parse_validate("lax").expect_err("unknown mode");
+        assert!(err.contains("strict, warn or ignore"), "{err}");
+        assert_eq!(Validate::Warn.directive(), "Warn");
     }
 
     #[test]

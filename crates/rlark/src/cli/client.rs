@@ -8,7 +8,8 @@ use kube::core::Status;
 
 use super::ClientArgs;
 
-/// Kubeconfig used when neither `--kubeconfig` nor `$KUBECONFIG` is given.
+/// Kubeconfig used when neither `--kubeconfig` nor `$KUBECONFIG` is given (before
+/// `~/.kube/config`).
 pub(crate) const DEFAULT_KUBECONFIG: &str = ".rlark/admin.kubeconfig";
 
 /// A failure whose message was already printed (e.g. per-object errors of `apply`); `main`
@@ -29,17 +30,14 @@ pub(crate) struct Session {
 }
 
 impl Session {
-    /// Connect using `--kubeconfig`, else `$KUBECONFIG` (a `:`-separated list is merged),
-    /// else `./.rlark/admin.kubeconfig`.
-    pub async fn connect(args: &ClientArgs, namespace: Option<&str>) -> anyhow::Result<Session> {
-        let kubeconfig = load_kubeconfig(args.kubeconfig.as_deref())?;
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .context("load kubeconfig")?;
-        let client = kube::Client::try_from(config).context("create client")?;
-        let (namespace, namespace_explicit) = match namespace {
-            Some(ns) => (ns.to_string(), true),
+    /// Connect with the kubeconfig [`load_kubeconfig`] finds and the context `--context`
+    /// names (else the current one); the namespace is `-n`, else the context's.
+    pub async fn connect(args: &ClientArgs) -> anyhow::Result<Session> {
+        let kubeconfig = load_kubeconfig(args, Path::new(DEFAULT_KUBECONFIG))?;
+        let config = kube_config(kubeconfig, args).await?;
+        let client = build_client(config)?;
+        let (namespace, namespace_explicit) = match &args.namespace {
+            Some(ns) => (ns.clone(), true),
             None => (client.default_namespace().to_string(), false),
         };
         Ok(Session {
@@ -50,22 +48,134 @@ impl Session {
     }
 }
 
-fn load_kubeconfig(flag: Option<&Path>) -> anyhow::Result<Kubeconfig> {
+/// The client configuration of `kubeconfig`'s `--context` (else its current context).
+pub(crate) async fn kube_config(
+    kubeconfig: Kubeconfig,
+    args: &ClientArgs,
+) -> anyhow::Result<kube::Config> {
+    let options = KubeConfigOptions {
+        context: args.context.clone(),
+        ..KubeConfigOptions::default()
+    };
+    kube::Config::from_custom_kubeconfig(kubeconfig, &options)
+        .await
+        .context("load kubeconfig")
+}
+
+/// A client for `config` that prints every `Warning` header of the server's answers on
+/// stderr (`Warning: TEXT`, as kubectl does).
+pub(crate) fn build_client(config: kube::Config) -> anyhow::Result<kube::Client> {
+    let builder = kube::client::ClientBuilder::try_from(config).context("create client")?;
+    Ok(builder
+        .with_layer(&tower::util::MapResponseLayer::new(print_warnings))
+        .build())
+}
+
+fn print_warnings<B>(response: http::Response<B>) -> http::Response<B> {
+    for value in response.headers().get_all(http::header::WARNING) {
+        if let Some(text) = warning_text(value.as_bytes()) {
+            eprintln!("Warning: {text}");
+        }
+    }
+    response
+}
+
+/// The text of a `Warning` header value (`299 - "text"`, RFC 7234 §5.5), as kubectl shows
+/// it; `None` when the value is not of that form.
+pub(crate) fn warning_text(value: &[u8]) -> Option<String> {
+    let value = std::str::from_utf8(value).ok()?.trim();
+    let (code, rest) = value.split_once(' ')?;
+    if code.len() != 3 || !code.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let (_agent, rest) = rest.trim_start().split_once(' ')?;
+    let quoted = rest.trim_start().strip_prefix('"')?;
+    // The text ends at the first unescaped quote (a date may follow).
+    let mut text = String::new();
+    let mut chars = quoted.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => text.push(chars.next()?),
+            '"' => return Some(text),
+            c => text.push(c),
+        }
+    }
+    None
+}
+
+/// Where a client's kubeconfig comes from, first match wins:
+/// 1. `--kubeconfig FILE`;
+/// 2. `$KUBECONFIG`, a `:`-separated list: the files that exist, merged as kubectl merges
+///    them (the first file to set a value wins); an error when none exists;
+/// 3. `default` (`./.rlark/admin.kubeconfig`, or the data directory's) when it exists;
+/// 4. `~/.kube/config` when it exists.
+pub(crate) fn kubeconfig_sources(
+    flag: Option<&Path>,
+    env: Option<&std::ffi::OsStr>,
+    default: &Path,
+    home: Option<&Path>,
+) -> anyhow::Result<Vec<PathBuf>> {
     if let Some(path) = flag {
-        return Kubeconfig::read_from(path)
-            .with_context(|| format!("read kubeconfig {}", path.display()));
+        return Ok(vec![path.to_path_buf()]);
     }
-    if let Some(merged) = Kubeconfig::from_env().context("read kubeconfig from $KUBECONFIG")? {
-        return Ok(merged);
+    if let Some(list) = env.filter(|v| !v.is_empty()) {
+        let listed: Vec<PathBuf> = std::env::split_paths(list)
+            .filter(|p| !p.as_os_str().is_empty())
+            .collect();
+        let existing: Vec<PathBuf> = listed.iter().filter(|p| p.exists()).cloned().collect();
+        if existing.is_empty() {
+            bail!(
+                "none of the kubeconfig files in $KUBECONFIG exists ({})",
+                listed
+                    .iter()
+                    .map(|p| p.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            );
+        }
+        return Ok(existing);
     }
-    let default = PathBuf::from(DEFAULT_KUBECONFIG);
-    if !default.exists() {
-        bail!(
-            "no kubeconfig: pass --kubeconfig, set KUBECONFIG, or start a local server with \
-             `rlark up` (looked for ./{DEFAULT_KUBECONFIG})"
-        );
+    if default.exists() {
+        return Ok(vec![default.to_path_buf()]);
     }
-    Kubeconfig::read_from(&default).with_context(|| format!("read kubeconfig {DEFAULT_KUBECONFIG}"))
+    if let Some(home_config) = home.map(|h| h.join(".kube").join("config"))
+        && home_config.exists()
+    {
+        return Ok(vec![home_config]);
+    }
+    bail!(
+        "no kubeconfig: pass --kubeconfig, set KUBECONFIG, or start a local server with \
+         `rlark up` (looked for {} and ~/.kube/config)",
+        default.display()
+    );
+}
+
+/// Read and merge the kubeconfig files of [`kubeconfig_sources`] for this process.
+pub(crate) fn load_kubeconfig(args: &ClientArgs, default: &Path) -> anyhow::Result<Kubeconfig> {
+    let env = std::env::var_os("KUBECONFIG");
+    let home = std::env::var_os("HOME").map(PathBuf::from);
+    let sources = kubeconfig_sources(
+        args.kubeconfig.as_deref(),
+        env.as_deref(),
+        default,
+        home.as_deref(),
+    )?;
+    merge_files(&sources)
+}
+
+fn merge_files(paths: &[PathBuf]) -> anyhow::Result<Kubeconfig> {
+    let mut merged: Option<Kubeconfig> = None;
+    for path in paths {
+        // kube's error already names the file and the cause.
+        let next = Kubeconfig::read_from(path)?;
+        merged = Some(match merged {
+            None => next,
+            Some(m) => m
+                .merge(next)
+                .with_context(|| format!("merge kubeconfig {}", path.display()))?,
+        });
+    }
+    merged.context("no kubeconfig file")
 }
 
 /// kubectl's rendering of a server `Status`: `Error from server (Reason): message`.
@@ -105,7 +215,21 @@ pub(crate) fn report(error: &anyhow::Error) -> Option<String> {
     if let Some(status) = status_of(error) {
         return Some(format_status(status));
     }
-    Some(format!("error: {error:#}"))
+    Some(format!("error: {}", error_chain(error)))
+}
+
+/// `error` and its causes as `a: b: c`, each cause once: a cause whose text its parent
+/// already shows (as `kube` and `std::io` wrappers do, `... (os error 2)`) is left out.
+pub(crate) fn error_chain(error: &anyhow::Error) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    for cause in error.chain() {
+        let text = cause.to_string();
+        if text.is_empty() || parts.iter().any(|shown| shown.contains(&text)) {
+            continue;
+        }
+        parts.push(text);
+    }
+    parts.join(": ")
 }
 
 #[cfg(test)]
@@ -134,6 +258,17 @@ mod tests {
             Some("error: read manifests: disk on fire")
         );
         assert_eq!(report(&anyhow::Error::new(Reported { count: 2 })), None);
+        // A cause its parent already quotes is printed once.
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let text = io.to_string();
+        let wrapped = kube::config::KubeconfigError::ReadConfig(io, PathBuf::from("/x/k"));
+        let err = anyhow::Error::new(wrapped).context("load kubeconfig");
+        let shown = report(&err).expect("printed");
+        assert_eq!(shown.matches(&text).count(), 1, "{shown}");
+        assert!(
+            shown.starts_with("error: load kubeconfig: failed to read kubeconfig from"),
+            "{shown}"
+        );
         assert_eq!(
             format_status(&status("", "", 500)),
             "Error from server: the server answered 500"

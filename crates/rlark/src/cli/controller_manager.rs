@@ -25,7 +25,7 @@ use super::server::watch_signals;
 
 #[derive(Debug, Args)]
 pub(crate) struct ControllerManagerArgs {
-    #[command(flatten)]
+    #[arg(skip)]
     pub client: ClientArgs,
     /// Act only while holding the leader-election Lease (`--leader-elect=false` to run
     /// unconditionally: only when no other manager or server runs the controllers).
@@ -94,7 +94,7 @@ fn default_identity(random: &str) -> String {
 pub(crate) async fn controller_manager(args: ControllerManagerArgs) -> anyhow::Result<()> {
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
-    let session = Session::connect(&args.client, None).await?;
+    let session = Session::connect(&args.client).await?;
     let defaults = ControllerConfig::default();
     let config = ControllerConfig {
         node_grace_period: args.node_grace_period,

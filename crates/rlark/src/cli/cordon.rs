@@ -2,8 +2,9 @@
 //! Node, so the scheduler places no new Task on it (running Tasks are not touched).
 //!
 //! A Node is named `NAMESPACE/NAME` (`rlark-<cluster>/gpu-0`), `NAME -n NAMESPACE`, or just
-//! `NAME`: then it is looked up across namespaces, and an ambiguous or unknown name is an
-//! error that lists what exists.
+//! `NAME` (also as `node/NAME` or `node NAME`, as the other commands name objects): then it
+//! is looked up across namespaces, and an ambiguous or unknown name is an error that lists
+//! what exists.
 
 use anyhow::{Context as _, bail};
 use clap::Args;
@@ -17,13 +18,12 @@ use super::client::Session;
 
 #[derive(Debug, Args)]
 pub(crate) struct CordonArgs {
-    /// The Node: `NAME`, or `NAMESPACE/NAME` (e.g. `rlark-gpu/gpu-0`).
+    /// The Node: `NAME`, `NAMESPACE/NAME` (e.g. `rlark-gpu/gpu-0`), `node/NAME`, or `node`
+    /// followed by NAME.
     pub node: String,
-    /// Namespace of the Node (its agent namespace, `rlark-<clusterID>`). Default: the
-    /// namespace in NODE, else found across namespaces.
-    #[arg(short = 'n', long)]
-    pub namespace: Option<String>,
-    #[command(flatten)]
+    /// The name, when NODE is the kind (`rlark cordon node NAME`).
+    pub name: Option<String>,
+    #[arg(skip)]
     pub client: ClientArgs,
 }
 
@@ -32,6 +32,26 @@ pub(crate) struct CordonArgs {
 pub(crate) struct NodeRef {
     pub namespace: Option<String>,
     pub name: String,
+}
+
+/// What names the Node kind on the command line (`node/NAME`, `node NAME`).
+fn is_node_kind(word: &str) -> bool {
+    matches!(
+        word.to_ascii_lowercase().as_str(),
+        "node" | "nodes" | "no" | "node.rlinf.io" | "nodes.rlinf.io"
+    )
+}
+
+/// `cordon NODE [NAME]`: `node NAME` and `node/NAME` are `NAME`; anything else is NODE.
+pub(crate) fn node_arg(node: &str, name: Option<&str>) -> anyhow::Result<String> {
+    match name {
+        Some(name) if is_node_kind(node) => Ok(name.to_string()),
+        Some(_) => bail!("{node:?} is not a node kind: use `node NAME`, `node/NAME` or NAME"),
+        None => match node.split_once('/') {
+            Some((kind, name)) if is_node_kind(kind) => Ok(name.to_string()),
+            _ => Ok(node.to_string()),
+        },
+    }
 }
 
 /// Parse `NAMESPACE/NAME` or `NAME`, with `-n` (which must agree with an explicit
@@ -88,8 +108,11 @@ async fn locate(client: &kube::Client, node: &NodeRef) -> anyhow::Result<String>
 
 /// `rlark cordon` (`unschedulable = true`) and `rlark uncordon` (`false`).
 pub(crate) async fn cordon(args: CordonArgs, unschedulable: bool) -> anyhow::Result<()> {
-    let node = parse_node(&args.node, args.namespace.as_deref())?;
-    let session = Session::connect(&args.client, None).await?;
+    let node = parse_node(
+        &node_arg(&args.node, args.name.as_deref())?,
+        args.client.namespace.as_deref(),
+    )?;
+    let session = Session::connect(&args.client).await?;
     let namespace = locate(&session.client, &node).await?;
     let api: Api<Node> = Api::namespaced(session.client.clone(), &namespace);
     let current = api
@@ -119,6 +142,15 @@ pub(crate) async fn cordon(args: CordonArgs, unschedulable: bool) -> anyhow::Res
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_node_kind_may_come_first() {
+        assert_eq!(node_arg("node", Some("n1")).unwrap(), "n1");
+        assert_eq!(node_arg("node/n1", None).unwrap(), "n1");
+        assert_eq!(node_arg("nodes.rlinf.io/n1", None).unwrap(), "n1");
+        assert_eq!(node_arg("rlark-c1/n1", None).unwrap(), "rlark-c1/n1");
+        assert!(node_arg("task", Some("n1")).is_err());
+    }
 
     #[test]
     fn node_names() {

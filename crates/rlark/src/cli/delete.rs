@@ -1,5 +1,6 @@
-//! `rlark delete KIND NAME... [-n NS]` and `rlark delete -f FILE|DIR|-`.
+//! `rlark delete KIND NAME... | KIND/NAME... [-n NS]` and `rlark delete -f FILE|DIR|-`.
 
+use anyhow::bail;
 use clap::Args;
 use kube::api::{Api, DeleteParams, DynamicObject};
 
@@ -8,42 +9,56 @@ use super::apply::place;
 use super::client::{Reported, Session, format_status, is_not_found};
 use super::discovery::{Catalog, ResourceInfo};
 use super::manifest;
+use super::names;
 
 #[derive(Debug, Args)]
 pub(crate) struct DeleteArgs {
-    /// Resource type (jobs, job, rljob, tasks, ns, ...).
-    #[arg(
-        required_unless_present = "filenames",
-        conflicts_with = "filenames",
-        requires = "names"
-    )]
+    /// Resource type (jobs, job, rljob, tasks, ns, ...), or KIND/NAME.
+    #[arg(required_unless_present = "filenames", conflicts_with = "filenames")]
     pub kind: Option<String>,
-    /// Names of the objects to delete.
+    /// Names of the objects to delete (or more KIND/NAME). Without -n, a namespaced object
+    /// is found in whichever namespace holds it.
     pub names: Vec<String>,
     /// Delete the objects of these manifests (file, directory or `-`). Repeatable.
     #[arg(short = 'f', long = "filename", value_name = "FILE|DIR|-")]
     pub filenames: Vec<String>,
-    /// Namespace (default: the kubeconfig context's, else `default`).
-    #[arg(short = 'n', long)]
-    pub namespace: Option<String>,
     /// Treat "not found" as success.
     #[arg(long)]
     pub ignore_not_found: bool,
-    #[command(flatten)]
+    #[arg(skip)]
     pub client: ClientArgs,
+}
+
+/// The kind and names of `delete KIND NAME...` or `delete KIND/NAME...`; at least one name.
+pub(crate) fn named(kind: &str, names: &[String]) -> anyhow::Result<(String, Vec<String>)> {
+    let (kind, names) = names::kind_and_names(kind, names)?;
+    if names.is_empty() {
+        bail!(
+            "resource(s) were provided, but no name was specified: `rlark delete {kind} NAME` \
+             or `rlark delete {kind}/NAME`"
+        );
+    }
+    Ok((kind, names))
 }
 
 pub(crate) async fn delete(args: DeleteArgs) -> anyhow::Result<()> {
     // Read the manifests before connecting, so a bad file fails fast.
     let manifests = manifest::read_sources(&args.filenames)?;
-    let session = Session::connect(&args.client, args.namespace.as_deref()).await?;
+    let session = Session::connect(&args.client).await?;
     let catalog = Catalog::discover(&session.client).await?;
     let mut targets: Vec<(&ResourceInfo, Option<String>, String)> = Vec::new();
     if let Some(kind) = &args.kind {
-        let info = catalog.resolve(kind)?;
-        let namespace = info.namespaced.then(|| session.namespace.clone());
-        for name in &args.names {
-            targets.push((info, namespace.clone(), name.clone()));
+        let (kind, names) = named(kind, &args.names)?;
+        let info = catalog.resolve(&kind)?;
+        let explicit = session
+            .namespace_explicit
+            .then_some(session.namespace.as_str());
+        for name in names {
+            let namespace = match info.namespaced {
+                true => Some(names::locate(&session.client, info, &name, explicit).await?),
+                false => None,
+            };
+            targets.push((info, namespace, name));
         }
     }
     for manifest in &manifests {

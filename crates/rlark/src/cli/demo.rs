@@ -80,8 +80,9 @@ pub(crate) async fn run(
 ) -> anyhow::Result<()> {
     let args = ClientArgs {
         kubeconfig: Some(PathBuf::from(kubeconfig)),
+        ..ClientArgs::default()
     };
-    let session = Session::connect(&args, None).await?;
+    let session = Session::connect(&args).await?;
     let client = session.client.clone();
     let sdk = install_python_sdk(data_dir)?;
     let mut manifests = manifests()?;

@@ -1,8 +1,8 @@
-//! `rlark describe KIND NAME [-n NS]`: an object for humans, like `kubectl describe`:
+//! `rlark describe KIND NAME | KIND/NAME [-n NS]`: an object for humans, like `kubectl describe`:
 //! metadata, spec, status, conditions, and the Events recorded about it (newest last), so
 //! one sees why a Job waits or a Task failed.
 
-use anyhow::Context as _;
+use anyhow::{Context as _, bail};
 use chrono::{DateTime, Utc};
 use clap::Args;
 use kube::api::{Api, DynamicObject, ListParams};
@@ -11,20 +11,19 @@ use serde_json::Value;
 use super::ClientArgs;
 use super::client::Session;
 use super::discovery::{Catalog, ResourceInfo};
+use super::names;
 use super::table::{align, human_duration};
 
 mod domain;
 
 #[derive(Debug, Args)]
 pub(crate) struct DescribeArgs {
-    /// Resource type (jobs, job, tasks, nodes.rlinf.io, ns, ...).
+    /// Resource type (jobs, job, tasks, nodes.rlinf.io, ns, ...), or KIND/NAME.
     pub kind: String,
-    /// Name of the object.
-    pub name: String,
-    /// Namespace (default: the kubeconfig context's, else `default`).
-    #[arg(short = 'n', long)]
-    pub namespace: Option<String>,
-    #[command(flatten)]
+    /// Name of the object (unless given as KIND/NAME). Without -n, a namespaced object is
+    /// found in whichever namespace holds it.
+    pub name: Option<String>,
+    #[arg(skip)]
     pub client: ClientArgs,
 }
 
@@ -35,20 +34,37 @@ const LABEL_WIDTH: usize = 15;
 const HIDDEN_ANNOTATIONS: &[&str] = &["kubectl.kubernetes.io/last-applied-configuration"];
 
 pub(crate) async fn describe(args: DescribeArgs) -> anyhow::Result<()> {
-    let session = Session::connect(&args.client, args.namespace.as_deref()).await?;
+    let (kind, name) = match names::join_target(&args.kind, args.name.as_deref())?.split_once('/') {
+        Some((kind, name)) => (kind.to_string(), name.to_string()),
+        None => bail!("describe needs KIND NAME or KIND/NAME (e.g. `rlark describe task t1`)"),
+    };
+    let session = Session::connect(&args.client).await?;
     let catalog = Catalog::discover(&session.client).await?;
-    let info = catalog.resolve(&args.kind)?;
-    let namespace = info.namespaced.then(|| session.namespace.clone());
+    let info = catalog.resolve(&kind)?;
+    let namespace = match info.namespaced {
+        true => Some(
+            names::locate(
+                &session.client,
+                info,
+                &name,
+                session
+                    .namespace_explicit
+                    .then_some(session.namespace.as_str()),
+            )
+            .await?,
+        ),
+        false => None,
+    };
     let api: Api<DynamicObject> = match &namespace {
         Some(ns) => Api::namespaced_with(session.client.clone(), ns, &info.ar),
         None => Api::all_with(session.client.clone(), &info.ar),
     };
     let object = api
-        .get(&args.name)
+        .get(&name)
         .await
-        .with_context(|| format!("get {} {}", info.qualified_kind(), args.name))?;
+        .with_context(|| format!("get {} {}", info.qualified_kind(), name))?;
     let object = serde_json::to_value(&object).context("encode object")?;
-    let events = events_about(&session.client, info, &args.name, namespace.as_deref()).await;
+    let events = events_about(&session.client, info, &name, namespace.as_deref()).await;
     let events = match events {
         Ok(events) => Some(events),
         Err(error) => {
@@ -58,7 +74,7 @@ pub(crate) async fn describe(args: DescribeArgs) -> anyhow::Result<()> {
         }
     };
     if info.ar.group == "rlinf.io" && info.ar.kind == "Domain" {
-        let peers = match domain_peers(&session.client, &args.name).await {
+        let peers = match domain_peers(&session.client, &name).await {
             Ok(peers) => Some(peers),
             Err(error) => {
                 tracing::warn!(error = %format!("{error:#}"), "listing domainpeers failed");

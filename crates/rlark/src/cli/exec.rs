@@ -9,13 +9,15 @@
 //!   certificate or bearer token, as `rlark port-forward` reads them).
 //! - `-i` sends this process's stdin; its end closes the command's stdin (v5). Without
 //!   `-i`, nothing is sent.
-//! - `-t` gives the command a terminal (stderr merged into stdout). When this process's
-//!   stdin is a terminal too and `-i` is given, it is put in raw mode for the session (and
-//!   restored on every way out); the terminal's size is sent first and again on every
-//!   `SIGWINCH`.
+//! - `-t` gives the command a terminal (stderr merged into stdout) when this process's
+//!   stdin is a terminal; otherwise it prints kubectl's warning ("Unable to use a TTY -
+//!   input is not a terminal or the right kind of file") and runs the command without one.
+//!   With `-i` too, the local terminal is put in raw mode for the session (and restored on
+//!   every way out); the terminal's size is sent first and again on every `SIGWINCH`.
 //! - The exit code is the command's: 0 on success, its code otherwise (a signal `n` is
-//!   `128+n`); 1 with a message when the exec itself failed (not found, forbidden, the
-//!   program could not start, the connection broke).
+//!   `128+n`); 127 when the program does not exist in the replica and 126 when it may not
+//!   be run (as a shell, docker and kubectl report them), with a message; 1 with a message
+//!   when the exec itself failed (not found, forbidden, the connection broke).
 
 use std::io::Read as _;
 use std::sync::Arc;
@@ -43,30 +45,38 @@ use super::logs::{Kind, find_pod, find_task, parse_target};
 
 /// How often an idle session pings the agent (the tunnel resets streams idle for 10 min).
 const PING_EVERY: Duration = Duration::from_secs(30);
+/// kubectl's words when `-t` is given but stdin is not a terminal (the command then runs
+/// without one).
+const NO_TTY_WARNING: &str =
+    "Unable to use a TTY - input is not a terminal or the right kind of file";
+/// Exit code when the command does not exist in the replica (as a shell, docker and
+/// kubectl report it).
+const EXIT_NOT_FOUND: i32 = 127;
+/// Exit code when the command exists but cannot be run (permission denied).
+const EXIT_NOT_EXECUTABLE: i32 = 126;
 /// Largest piece of stdin sent at once.
 const STDIN_CHUNK: usize = 32 * 1024;
 
 #[derive(Debug, Args)]
 pub(crate) struct ExecArgs {
-    /// Where: `task/NAME` (replica 0, or --replica), `pod/NAME`, or `NAME` (a Pod).
+    /// Where: `task/NAME` (replica 0, or --replica), `pod/NAME`, or `NAME` (a Pod); or the
+    /// kind alone, followed by NAME.
     pub target: String,
-    /// Namespace of the Task or Pod (`rlark-<clusterID>`). Default: looked up across
-    /// namespaces.
-    #[arg(short = 'n', long)]
-    pub namespace: Option<String>,
+    /// The name, when TARGET is only the kind (`rlark exec task NAME -- CMD`).
+    pub name: Option<String>,
     /// With task/NAME: the replica to exec into.
     #[arg(long, value_name = "N")]
     pub replica: Option<usize>,
     /// Send stdin to the command.
     #[arg(short = 'i', long)]
     pub stdin: bool,
-    /// Give the command a terminal.
+    /// Give the command a terminal (only when stdin is one; otherwise warn and run without).
     #[arg(short = 't', long)]
     pub tty: bool,
     /// The command and its arguments (after `--`; no shell: use `sh -c '...'` for one).
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<String>,
-    #[command(flatten)]
+    #[arg(skip)]
     pub client: ClientArgs,
 }
 
@@ -83,14 +93,17 @@ pub(crate) async fn exec(args: ExecArgs) -> anyhow::Result<()> {
 
 /// Run the session; the command's exit code.
 async fn run(args: ExecArgs) -> anyhow::Result<i32> {
-    let (kind, name) = parse_target(&args.target)?;
+    let (kind, name) = parse_target(&super::names::join_target(
+        &args.target,
+        args.name.as_deref(),
+    )?)?;
     if kind == Kind::Job {
         bail!("exec runs in one replica: use task/NAME or pod/NAME, not a job");
     }
     if kind == Kind::Pod && args.replica.is_some() {
         bail!("--replica only applies to task/NAME (a Pod is one replica already)");
     }
-    let session = Session::connect(&args.client, args.namespace.as_deref()).await?;
+    let session = Session::connect(&args.client).await?;
     let namespace = session
         .namespace_explicit
         .then(|| session.namespace.clone());
@@ -115,19 +128,24 @@ async fn run(args: ExecArgs) -> anyhow::Result<i32> {
             (pod.namespace, pod.name)
         }
     };
+    let terminal = Terminal::detect();
+    // As kubectl: a terminal is only asked for when our input is one.
+    let tty = args.tty && terminal.stdin;
+    if args.tty && !tty {
+        eprintln!("{NO_TTY_WARNING}");
+    }
     let options = ExecOptions {
         command: args.command.clone(),
         stdin: args.stdin,
         stdout: true,
-        stderr: !args.tty,
-        tty: args.tty,
+        stderr: !tty,
+        tty,
     };
-    let endpoint = super::port_forward::endpoint(args.client.kubeconfig.as_deref())?;
+    let endpoint = super::port_forward::endpoint(&args.client)?;
     let (ws, protocol) = connect(&endpoint, &namespace, &pod, &options).await?;
 
-    let terminal = Terminal::detect();
     // Raw mode only when our own keystrokes go to the remote terminal.
-    let _raw = if args.tty && args.stdin && terminal.stdin {
+    let _raw = if tty && args.stdin {
         Some(RawMode::enable().context("put the terminal in raw mode")?)
     } else {
         None
@@ -399,14 +417,63 @@ async fn session_loop(
     writer.abort();
     match outcome {
         Some(ExecOutcome::Exited(code)) => Ok(code),
-        Some(ExecOutcome::Failed { reason, message }) => bail!("exec failed ({reason}): {message}"),
+        Some(ExecOutcome::Failed { reason, message }) => {
+            match start_failure(&options.command[0], &message) {
+                Some((code, what)) => {
+                    eprintln!("error: {what} ({message})");
+                    Ok(code)
+                }
+                None => bail!("exec failed ({reason}): {message}"),
+            }
+        }
         None => bail!("the exec connection closed before the command's exit status arrived"),
     }
+}
+
+/// The exit code and explanation for an agent's report that `program` could not be
+/// started: it does not exist (127) or may not be run (126). The agent's message names the
+/// OS error of the start (`... (os error 2)`); `None` for any other failure.
+fn start_failure(program: &str, message: &str) -> Option<(i32, String)> {
+    if !message.starts_with("start ") {
+        return None;
+    }
+    if message.ends_with("(os error 2)") {
+        return Some((
+            EXIT_NOT_FOUND,
+            format!("exec: {program:?}: executable file not found"),
+        ));
+    }
+    if message.ends_with("(os error 13)") {
+        return Some((
+            EXIT_NOT_EXECUTABLE,
+            format!("exec: {program:?}: permission denied"),
+        ));
+    }
+    None
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn start_failures_map_to_shell_exit_codes() {
+        let (code, what) = start_failure(
+            "nope",
+            "start \"nope\" in /d/work: No such file or directory (os error 2)",
+        )
+        .expect("not found");
+        assert_eq!(code, 127);
+        assert_eq!(what, "exec: \"nope\": executable file not found");
+        let (code, _) = start_failure("f", "start \"f\" in /d: Permission denied (os error 13)")
+            .expect("not executable");
+        assert_eq!(code, 126);
+        assert_eq!(start_failure("f", "allocate a terminal: out of ptys"), None);
+        assert_eq!(
+            start_failure("f", "start \"f\" in /d: Resource busy (os error 16)"),
+            None
+        );
+    }
 
     #[test]
     fn refusals_read_the_server_status() {

@@ -9,17 +9,18 @@ use serde_json::{Value, json};
 use super::ClientArgs;
 use super::client::{Reported, Session, format_status};
 use super::discovery::{Catalog, ResourceInfo};
+use super::names;
 use super::table::{self, TABLE_ACCEPT, TableOptions};
 
 #[derive(Debug, Args)]
 pub(crate) struct GetArgs {
-    /// Resource type: plural, singular, kind or short name (jobs, job, rljob, tasks, ns, leases).
+    /// Resource type: plural, singular, kind or short name (jobs, job, rljob, tasks, ns,
+    /// leases), or KIND/NAME.
     pub kind: String,
-    /// Names of the objects (default: all).
+    /// Names of the objects (default: all), or more KIND/NAME. Without -n, namespaced
+    /// objects are found in whichever namespace holds them (an error lists the namespaces
+    /// when several do) and listed across all namespaces.
     pub names: Vec<String>,
-    /// Namespace (default: the kubeconfig context's, else `default`).
-    #[arg(short = 'n', long)]
-    pub namespace: Option<String>,
     /// List across all namespaces.
     #[arg(short = 'A', long)]
     pub all_namespaces: bool,
@@ -32,7 +33,7 @@ pub(crate) struct GetArgs {
     /// Omit the table header.
     #[arg(long)]
     pub no_headers: bool,
-    #[command(flatten)]
+    #[arg(skip)]
     pub client: ClientArgs,
 }
 
@@ -44,50 +45,97 @@ pub(crate) enum OutputFormat {
     Name,
 }
 
-pub(crate) async fn get(args: GetArgs) -> anyhow::Result<()> {
+pub(crate) async fn get(mut args: GetArgs) -> anyhow::Result<()> {
+    (args.kind, args.names) = names::kind_and_names(&args.kind, &args.names)?;
     if !args.names.is_empty() && args.all_namespaces {
         bail!("a resource cannot be retrieved by name across all namespaces");
     }
     if !args.names.is_empty() && args.selector.is_some() {
         bail!("name cannot be provided when a selector is specified");
     }
-    let session = Session::connect(&args.client, args.namespace.as_deref()).await?;
+    let session = Session::connect(&args.client).await?;
     // Tunnels are live state of the server's hub, not stored objects (`/api/v1/tunnels`).
     if matches!(args.kind.as_str(), "tunnels" | "tunnel") {
         return print_tunnels(&session, &args).await;
     }
     let catalog = Catalog::discover(&session.client).await?;
     let info = catalog.resolve(&args.kind)?;
+    // Without -n, namespaced objects are listed (and found by name) across namespaces:
+    // rlark keeps them in agent namespaces, never in `default` (see `names`).
     let namespace = match (info.namespaced, args.all_namespaces) {
-        (true, false) => Some(session.namespace.as_str()),
+        (true, false) if session.namespace_explicit => Some(session.namespace.as_str()),
         _ => None,
     };
     let path = info.collection_path(namespace);
-    match args.output {
+    let mut errors = 0;
+    let mut targets = Vec::new();
+    for name in &args.names {
+        if !info.namespaced || namespace.is_some() {
+            targets.push((name.clone(), path.clone()));
+            continue;
+        }
+        match names::locate(&session.client, info, name, None).await {
+            Ok(ns) => targets.push((name.clone(), info.collection_path(Some(&ns)))),
+            Err(error) => {
+                if let Some(message) = super::client::report(&error) {
+                    eprintln!("{message}");
+                }
+                errors += 1;
+            }
+        }
+    }
+    if !args.names.is_empty() && targets.is_empty() {
+        return Err(Reported { count: errors }.into());
+    }
+    let listed = Listing {
+        path: &path,
+        namespace,
+        targets: &targets,
+    };
+    let result = match args.output {
         None | Some(OutputFormat::Wide) => {
             let options = TableOptions {
                 wide: args.output == Some(OutputFormat::Wide),
-                with_namespace: info.namespaced && args.all_namespaces,
+                with_namespace: info.namespaced && namespace.is_none(),
                 no_headers: args.no_headers,
             };
-            print_table(&session, info, &path, namespace, &args, options).await
+            print_table(&session, info, &listed, &args, options).await
         }
-        Some(format) => print_objects(&session, info, &path, &args, format).await,
+        Some(format) => print_objects(&session, info, &listed, &args, format).await,
+    };
+    match result {
+        Err(e) if errors > 0 => match e.downcast::<Reported>() {
+            Ok(r) => Err(Reported {
+                count: r.count + errors,
+            }
+            .into()),
+            Err(e) => Err(e),
+        },
+        Ok(()) if errors > 0 => Err(Reported { count: errors }.into()),
+        other => other,
     }
+}
+
+/// What `get` reads: the collection (`namespace` `None` = all namespaces), or the named
+/// objects, each with the collection path of its namespace.
+struct Listing<'a> {
+    path: &'a str,
+    namespace: Option<&'a str>,
+    targets: &'a [(String, String)],
 }
 
 async fn print_table(
     session: &Session,
     info: &ResourceInfo,
-    path: &str,
-    namespace: Option<&str>,
+    listing: &Listing<'_>,
     args: &GetArgs,
     options: TableOptions,
 ) -> anyhow::Result<()> {
     let mut errors = 0;
+    let namespace = listing.namespace;
     let table = if args.names.is_empty() {
         let list_params = list_params(args);
-        let request = Request::new(path).list(&list_params)?;
+        let request = Request::new(listing.path).list(&list_params)?;
         let response = table_request(session, request)
             .await
             .with_context(|| format!("list {}", info.qualified_plural()))?;
@@ -102,7 +150,7 @@ async fn print_table(
         table
     } else {
         let mut merged: Option<Value> = None;
-        for name in &args.names {
+        for (name, path) in listing.targets {
             let request = Request::new(path).get(name, &Default::default())?;
             match table_request(session, request).await {
                 Ok(response) => {
@@ -168,7 +216,7 @@ fn list_params(args: &GetArgs) -> ListParams {
 async fn print_objects(
     session: &Session,
     info: &ResourceInfo,
-    path: &str,
+    listing: &Listing<'_>,
     args: &GetArgs,
     format: OutputFormat,
 ) -> anyhow::Result<()> {
@@ -176,7 +224,7 @@ async fn print_objects(
     let mut objects = Vec::new();
     let single = args.names.len() == 1;
     if args.names.is_empty() {
-        let request = Request::new(path).list(&list_params(args))?;
+        let request = Request::new(listing.path).list(&list_params(args))?;
         let list: Value = session
             .client
             .request(request)
@@ -184,7 +232,7 @@ async fn print_objects(
             .with_context(|| format!("list {}", info.qualified_plural()))?;
         objects.extend(list["items"].as_array().cloned().unwrap_or_default());
     } else {
-        for name in &args.names {
+        for (name, path) in listing.targets {
             let request = Request::new(path).get(name, &Default::default())?;
             match session.client.request::<Value>(request).await {
                 Ok(object) => objects.push(object),

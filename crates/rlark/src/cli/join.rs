@@ -11,7 +11,7 @@ pub(crate) const DEFAULT_AGENT_DIR: &str = ".rlark/agent";
 #[derive(Debug, Args)]
 pub(crate) struct JoinArgs {
     /// URL of the server, https://HOST:PORT (printed by `rlark token create`).
-    #[arg(long, value_name = "URL")]
+    #[arg(long, value_name = "URL", env = "RLARK_SERVER")]
     server: String,
     /// Bootstrap token from `rlark token create`.
     #[arg(

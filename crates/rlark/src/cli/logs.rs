@@ -29,12 +29,11 @@ use super::client::{Reported, Session, format_status, status_of};
 
 #[derive(Debug, Args)]
 pub(crate) struct LogsArgs {
-    /// What to read: `pod/NAME` (or `NAME`), `task/NAME`, or `job/NAME`.
+    /// What to read: `pod/NAME` (or `NAME`), `task/NAME`, or `job/NAME`; or the kind alone,
+    /// followed by NAME.
     pub target: String,
-    /// Namespace of the Pod or Task (`rlark-<clusterID>`). Default: looked up across
-    /// namespaces.
-    #[arg(short = 'n', long)]
-    pub namespace: Option<String>,
+    /// The name, when TARGET is only the kind (`rlark logs task NAME`).
+    pub name: Option<String>,
     /// Keep streaming new output until the replicas exit.
     #[arg(short = 'f', long)]
     pub follow: bool,
@@ -47,7 +46,7 @@ pub(crate) struct LogsArgs {
     /// At most N bytes of each Pod.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub limit_bytes: Option<u64>,
-    #[command(flatten)]
+    #[arg(skip)]
     pub client: ClientArgs,
 }
 
@@ -89,8 +88,11 @@ pub(crate) struct PodRef {
 }
 
 pub(crate) async fn logs(args: LogsArgs) -> anyhow::Result<()> {
-    let (kind, name) = parse_target(&args.target)?;
-    let session = Session::connect(&args.client, args.namespace.as_deref()).await?;
+    let (kind, name) = parse_target(&super::names::join_target(
+        &args.target,
+        args.name.as_deref(),
+    )?)?;
+    let session = Session::connect(&args.client).await?;
     let namespace = session
         .namespace_explicit
         .then(|| session.namespace.clone());
@@ -124,7 +126,7 @@ pub(crate) async fn logs(args: LogsArgs) -> anyhow::Result<()> {
             if let Err(error) = &result {
                 let message = match status_of(error) {
                     Some(status) => format_status(status),
-                    None => format!("error: {error:#}"),
+                    None => format!("error: {}", super::client::error_chain(error)),
                 };
                 let _guard = out
                     .lock()

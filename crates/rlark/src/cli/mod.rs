@@ -17,8 +17,11 @@ mod get;
 mod join;
 mod logs;
 mod manifest;
+mod names;
 mod net;
 mod port_forward;
+#[cfg(test)]
+mod reference;
 mod reports;
 mod robot;
 mod security;
@@ -36,10 +39,8 @@ pub(crate) use client::report;
 #[derive(Debug, Parser)]
 #[command(name = "rlark", version, about, propagate_version = true)]
 pub(crate) struct Cli {
-    /// Log format on stderr. The level comes from RUST_LOG (default: info for `server`,
-    /// `up`, `agent` and `controller-manager`, warn otherwise and for `up` on a terminal).
-    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
-    log_format: LogFormat,
+    #[command(flatten)]
+    global: GlobalArgs,
 
     #[command(subcommand)]
     command: Command,
@@ -131,12 +132,47 @@ enum Command {
 /// Data directory of `rlark up`, `rlark kubeconfig` and `rlark ca` when none is given.
 pub(crate) const DEFAULT_DATA_DIR: &str = ".rlark";
 
-/// Flags shared by the commands that talk to a server.
-#[derive(Clone, Debug, Default, Args)]
-pub(crate) struct ClientArgs {
-    /// Kubeconfig file. Default: $KUBECONFIG, else ./.rlark/admin.kubeconfig.
-    #[arg(long, value_name = "PATH")]
+/// Flags accepted anywhere on the command line, before or after the subcommand (clap
+/// `global`), as kubectl's.
+#[derive(Clone, Debug, Args)]
+pub(crate) struct GlobalArgs {
+    /// Kubeconfig file of the commands that talk to a server. Default: $KUBECONFIG (a
+    /// `:`-separated list; missing files are skipped, the first file to set a value wins),
+    /// else ./.rlark/admin.kubeconfig, else ~/.kube/config.
+    #[arg(long, global = true, value_name = "PATH")]
     kubeconfig: Option<PathBuf>,
+    /// Kubeconfig context to use (default: its current-context).
+    #[arg(long, global = true, value_name = "NAME")]
+    context: Option<String>,
+    /// Namespace (default: the kubeconfig context's, else `default`; commands that find
+    /// objects across namespaces say so in their help).
+    #[arg(short = 'n', long, global = true, value_name = "NAMESPACE")]
+    namespace: Option<String>,
+    /// Log format on stderr. The level comes from RUST_LOG (default: info for `server`,
+    /// `up`, `agent` and `controller-manager`, warn otherwise and for `up` on a terminal).
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
+}
+
+/// What the commands that talk to a server take from the global flags.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct ClientArgs {
+    /// `--kubeconfig`.
+    pub kubeconfig: Option<PathBuf>,
+    /// `--context`.
+    pub context: Option<String>,
+    /// `-n/--namespace`.
+    pub namespace: Option<String>,
+}
+
+impl GlobalArgs {
+    fn client(&self) -> ClientArgs {
+        ClientArgs {
+            kubeconfig: self.kubeconfig.clone(),
+            context: self.context.clone(),
+            namespace: self.namespace.clone(),
+        }
+    }
 }
 
 /// Set up `tracing` on stderr: `RUST_LOG` filter, text or JSON lines.
@@ -165,7 +201,7 @@ pub(crate) fn init_tracing(cli: &Cli) {
         .with_ansi(ansi)
         .with_writer(std::io::stderr);
     // Err only if a subscriber is already set, which cannot happen in `main`.
-    let _ = match cli.log_format {
+    let _ = match cli.global.log_format {
         LogFormat::Text => builder.try_init(),
         LogFormat::Json => builder.json().try_init(),
     };
@@ -173,37 +209,74 @@ pub(crate) fn init_tracing(cli: &Cli) {
 
 /// Run the parsed command.
 pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
+    let client = cli.global.client();
     match cli.command {
         Command::Server(args) => server::server(args).await,
         Command::Up(args) => server::up(args).await,
-        Command::Kubeconfig(args) => server::kubeconfig(args).await,
-        Command::Token(command) => security::token(command).await,
-        Command::Cert(command) => security::cert(command).await,
+        Command::Kubeconfig(args) => server::kubeconfig(args, client).await,
+        Command::Token(command) => security::token(command, client).await,
+        Command::Cert(command) => security::cert(command, client).await,
         Command::Ca(command) => security::ca(command),
         Command::Bench(command) => crate::bench::run(command).await,
         Command::Crds => {
             print!("{}", rlark_api::crd::crds_yaml());
             Ok(())
         }
-        Command::Apply(args) => apply::apply(args).await,
-        Command::Get(args) => get::get(args).await,
-        Command::Delete(args) => delete::delete(args).await,
-        Command::Describe(args) => describe::describe(args).await,
-        Command::Cordon(args) => cordon::cordon(args, true).await,
-        Command::Uncordon(args) => cordon::cordon(args, false).await,
-        Command::ControllerManager(args) => controller_manager::controller_manager(args).await,
+        Command::Apply(mut args) => {
+            args.client = client;
+            apply::apply(args).await
+        }
+        Command::Get(mut args) => {
+            args.client = client;
+            get::get(args).await
+        }
+        Command::Delete(mut args) => {
+            args.client = client;
+            delete::delete(args).await
+        }
+        Command::Describe(mut args) => {
+            args.client = client;
+            describe::describe(args).await
+        }
+        Command::Cordon(mut args) => {
+            args.client = client;
+            cordon::cordon(args, true).await
+        }
+        Command::Uncordon(mut args) => {
+            args.client = client;
+            cordon::cordon(args, false).await
+        }
+        Command::ControllerManager(mut args) => {
+            args.client = client;
+            controller_manager::controller_manager(args).await
+        }
         Command::Agent(args) => agent::agent(args).await,
         Command::Join(args) => join::join(args).await,
-        Command::Logs(args) => logs::logs(args).await,
-        Command::Reports(args) => reports::reports(args).await,
-        Command::Exec(args) => exec::exec(args).await,
-        Command::Net(command) => net::net(command).await,
-        Command::PortForward(args) => port_forward::port_forward(args).await,
+        Command::Logs(mut args) => {
+            args.client = client;
+            logs::logs(args).await
+        }
+        Command::Reports(mut args) => {
+            args.client = client;
+            reports::reports(args).await
+        }
+        Command::Exec(mut args) => {
+            args.client = client;
+            exec::exec(args).await
+        }
+        Command::Net(command) => net::net(command, client).await,
+        Command::PortForward(mut args) => {
+            args.client = client;
+            port_forward::port_forward(args).await
+        }
         Command::Embodied(args) => embodied::embodied(args).await,
         Command::Robot(args) => robot::robot(args).await,
         Command::Devinit(args) => devinit::devinit(args).await,
         Command::Camera(args) => camera::camera(args).await,
-        Command::Version(args) => version::version(args).await,
+        Command::Version(mut args) => {
+            args.client_args = client;
+            version::version(args).await
+        }
     }
 }
 
@@ -235,7 +308,12 @@ mod tests {
         assert_eq!(args.filenames, ["-", "dir"]);
 
         assert!(Cli::try_parse_from(["rlark", "get"]).is_err());
-        assert!(Cli::try_parse_from(["rlark", "delete", "jobs"]).is_err());
+        // `delete jobs` parses (`delete job/x` has no NAME either) but names nothing.
+        let cli = Cli::try_parse_from(["rlark", "delete", "jobs"]).expect("parse");
+        let Command::Delete(args) = cli.command else {
+            panic!("not delete")
+        };
+        assert!(delete::named(args.kind.as_deref().unwrap_or_default(), &args.names).is_err());
         assert!(Cli::try_parse_from(["rlark", "delete", "-f", "x", "jobs"]).is_err());
         assert!(Cli::try_parse_from(["rlark", "delete", "jobs", "a"]).is_ok());
 
@@ -262,13 +340,15 @@ mod tests {
         let cli =
             Cli::try_parse_from(["rlark", "uncordon", "n1", "-n", "rlark-c1"]).expect("parse");
         assert!(
-            matches!(cli.command, Command::Uncordon(ref a) if a.namespace.as_deref() == Some("rlark-c1"))
+            matches!(cli.command, Command::Uncordon(_))
+                && cli.global.namespace.as_deref() == Some("rlark-c1")
         );
         let cli = Cli::try_parse_from(["rlark", "describe", "job", "ppo"]).expect("parse");
         assert!(
-            matches!(cli.command, Command::Describe(ref a) if a.kind == "job" && a.name == "ppo")
+            matches!(cli.command, Command::Describe(ref a) if a.kind == "job" && a.name.as_deref() == Some("ppo"))
         );
-        assert!(Cli::try_parse_from(["rlark", "describe", "job"]).is_err());
+        let cli = Cli::try_parse_from(["rlark", "describe", "job/ppo"]).expect("parse");
+        assert!(matches!(cli.command, Command::Describe(ref a) if a.name.is_none()));
 
         let cli = Cli::try_parse_from([
             "rlark",

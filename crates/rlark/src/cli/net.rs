@@ -35,10 +35,6 @@ pub(crate) struct CheckArgs {
     pub source: String,
     /// The destination: a virtual IP, or `task/NAME` / `NAME`.
     pub destination: String,
-    /// Namespace of the source Task (`rlark-<clusterID>`). Default: looked up across
-    /// namespaces.
-    #[arg(short = 'n', long)]
-    pub namespace: Option<String>,
     /// The source replica.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub replica: u32,
@@ -51,13 +47,14 @@ pub(crate) struct CheckArgs {
     /// Destination port; without it the destination member is only probed.
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     pub port: Option<u16>,
-    #[command(flatten)]
+    #[arg(skip)]
     pub client: ClientArgs,
 }
 
-pub(crate) async fn net(command: NetCommand) -> anyhow::Result<()> {
+pub(crate) async fn net(command: NetCommand, client: ClientArgs) -> anyhow::Result<()> {
     match command {
-        NetCommand::Check(args) => {
+        NetCommand::Check(mut args) => {
+            args.client = client;
             let line = check(args).await?;
             println!("{line}");
             Ok(())
@@ -83,7 +80,7 @@ pub(crate) async fn check(args: CheckArgs) -> anyhow::Result<String> {
     if destination.is_some() && (args.to_namespace.is_some() || args.to_replica != 0) {
         bail!("--to-namespace and --to-replica apply to a task destination, not to an IP");
     }
-    let session = Session::connect(&args.client, args.namespace.as_deref()).await?;
+    let session = Session::connect(&args.client).await?;
     let namespace = match session.namespace_explicit {
         true => session.namespace.clone(),
         false => find_task(&session.client, &source, None)

@@ -3,7 +3,7 @@
 //! reaches it, through the server's HTTP `CONNECT` (see `docs/tunnel.md`).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
@@ -30,8 +30,8 @@ pub(crate) struct PortForwardArgs {
     /// Local address to listen on.
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
     address: IpAddr,
-    #[command(flatten)]
-    client: ClientArgs,
+    #[arg(skip)]
+    pub(crate) client: ClientArgs,
 }
 
 /// A parsed `LOCAL:HOST:PORT`.
@@ -116,26 +116,16 @@ struct UserEntry {
     token: Option<String>,
 }
 
-fn kubeconfig_path(flag: Option<&Path>) -> PathBuf {
-    if let Some(path) = flag {
-        return path.to_path_buf();
+/// Read the server, CA and credentials (embedded `*-data` and `token` fields, as rlark
+/// writes them) of `--context`, else the current context, of the kubeconfig the client
+/// commands use (see [`super::client::kubeconfig_sources`]).
+pub(crate) fn endpoint(args: &ClientArgs) -> anyhow::Result<Endpoint> {
+    let merged = super::client::load_kubeconfig(args, Path::new(DEFAULT_KUBECONFIG))?;
+    let value = serde_json::to_value(&merged).context("re-encode the kubeconfig")?;
+    let mut file: KubeconfigFile = serde_json::from_value(value).context("parse the kubeconfig")?;
+    if let Some(context) = &args.context {
+        file.current_context = Some(context.clone());
     }
-    if let Some(first) = std::env::var_os("KUBECONFIG")
-        .and_then(|v| std::env::split_paths(&v).find(|p| !p.as_os_str().is_empty()))
-    {
-        return first;
-    }
-    PathBuf::from(DEFAULT_KUBECONFIG)
-}
-
-/// Read the current context's server, CA and credentials (embedded `*-data` and `token`
-/// fields, as rlark writes them).
-pub(crate) fn endpoint(flag: Option<&Path>) -> anyhow::Result<Endpoint> {
-    let path = kubeconfig_path(flag);
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("read kubeconfig {}", path.display()))?;
-    let file: KubeconfigFile = serde_saphyr::from_str(&text)
-        .with_context(|| format!("parse kubeconfig {}", path.display()))?;
     let context_name = file
         .current_context
         .clone()
@@ -457,7 +447,7 @@ async fn keep_spare(
 
 pub(crate) async fn port_forward(args: PortForwardArgs) -> anyhow::Result<()> {
     let mapping = parse_mapping(&args.mapping)?;
-    let endpoint = Arc::new(endpoint(args.client.kubeconfig.as_deref())?);
+    let endpoint = Arc::new(endpoint(&args.client)?);
     let authority = format!("{}.{}.agent:{}", mapping.host, args.cluster, mapping.port);
     let listener = TcpListener::bind(SocketAddr::new(args.address, mapping.local))
         .await
@@ -492,7 +482,10 @@ pub(crate) async fn port_forward(args: PortForwardArgs) -> anyhow::Result<()> {
                         tracing::debug!(%error, %peer, "forwarded connection ended");
                     }
                 }
-                Err(error) => eprintln!("error forwarding connection from {peer}: {error:#}"),
+                Err(error) => eprintln!(
+                    "error forwarding connection from {peer}: {}",
+                    super::client::error_chain(&error)
+                ),
             }
         });
     }

@@ -27,16 +27,13 @@ use super::table::align;
 pub(crate) struct ReportsArgs {
     /// The task: `task/NAME` (or `NAME`).
     pub target: String,
-    /// Namespace of the Task (`rlark-<clusterID>`). Default: looked up across namespaces.
-    #[arg(short = 'n', long)]
-    pub namespace: Option<String>,
     /// Keep printing new reports as they are stored.
     #[arg(short = 'f', long)]
     pub follow: bool,
     /// Output format.
     #[arg(short = 'o', long, value_enum)]
     pub output: Option<OutputFormat>,
-    #[command(flatten)]
+    #[arg(skip)]
     pub client: ClientArgs,
 }
 
@@ -132,7 +129,7 @@ async fn task_namespace(
 
 pub(crate) async fn reports(args: ReportsArgs) -> anyhow::Result<()> {
     let name = parse_target(&args.target)?;
-    let session = Session::connect(&args.client, args.namespace.as_deref()).await?;
+    let session = Session::connect(&args.client).await?;
     let namespace = session
         .namespace_explicit
         .then(|| session.namespace.clone());

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use clap::{ArgGroup, Args, Subcommand, ValueEnum};
-use kube::config::{KubeConfigOptions, Kubeconfig};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject as _;
 use serde_json::{Value, json};
@@ -45,7 +44,7 @@ pub(crate) struct TokenCreateArgs {
     /// Print the server's response as JSON.
     #[arg(short = 'o', long, value_name = "FORMAT", value_enum)]
     output: Option<OutputFormat>,
-    #[command(flatten)]
+    #[arg(skip)]
     client: ClientArgs,
 }
 
@@ -67,7 +66,7 @@ pub(crate) struct CertListArgs {
     /// Print the server's response as JSON instead of a table.
     #[arg(short = 'o', long, value_name = "FORMAT", value_enum)]
     output: Option<OutputFormat>,
-    #[command(flatten)]
+    #[arg(skip)]
     client: ClientArgs,
 }
 
@@ -93,7 +92,7 @@ pub(crate) struct CertRevokeArgs {
     /// Why; recorded with the revocation and in the audit log.
     #[arg(long, value_name = "TEXT")]
     reason: Option<String>,
-    #[command(flatten)]
+    #[arg(skip)]
     client: ClientArgs,
 }
 
@@ -119,7 +118,7 @@ pub(crate) struct CertSignArgs {
     /// Write the certificate to FILE instead of stdout.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
-    #[command(flatten)]
+    #[arg(skip)]
     client: ClientArgs,
 }
 
@@ -136,7 +135,7 @@ pub(crate) enum CaCommand {
 #[derive(Debug, Args)]
 pub(crate) struct CaArgs {
     /// Data directory of the server; the CA is in DIR/pki.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_DATA_DIR)]
+    #[arg(long, value_name = "DIR", env = "RLARK_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
 }
 
@@ -229,47 +228,22 @@ pub(crate) struct SecurityClient {
 }
 
 impl SecurityClient {
-    /// Connect with `flag`, else `$KUBECONFIG`, else `default` (`missing` explains what to
-    /// do when it does not exist).
+    /// Connect with the kubeconfig of `args` (see [`super::client::kubeconfig_sources`]),
+    /// `default` standing for `./.rlark/admin.kubeconfig`.
     pub(crate) async fn connect(
-        flag: Option<&Path>,
+        args: &ClientArgs,
         default: &Path,
-        missing: &str,
     ) -> anyhow::Result<SecurityClient> {
-        let kubeconfig = if let Some(path) = flag {
-            Kubeconfig::read_from(path)
-                .with_context(|| format!("read kubeconfig {}", path.display()))?
-        } else if let Some(merged) =
-            Kubeconfig::from_env().context("read kubeconfig from $KUBECONFIG")?
-        {
-            merged
-        } else if default.exists() {
-            Kubeconfig::read_from(default)
-                .with_context(|| format!("read kubeconfig {}", default.display()))?
-        } else {
-            bail!("{missing}");
-        };
-        let config =
-            kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
-                .await
-                .context("load kubeconfig")?;
+        let kubeconfig = super::client::load_kubeconfig(args, default)?;
+        let config = super::client::kube_config(kubeconfig, args).await?;
         let server_url = server_url(&config.cluster_url);
-        let client = kube::Client::try_from(config).context("create client")?;
+        let client = super::client::build_client(config)?;
         Ok(SecurityClient { client, server_url })
     }
 
-    /// Connect as the client commands do (`--kubeconfig`, `$KUBECONFIG`,
-    /// `./.rlark/admin.kubeconfig`).
+    /// Connect as the client commands do.
     async fn from_args(args: &ClientArgs) -> anyhow::Result<SecurityClient> {
-        Self::connect(
-            args.kubeconfig.as_deref(),
-            Path::new(DEFAULT_KUBECONFIG),
-            &format!(
-                "no kubeconfig: pass --kubeconfig, set KUBECONFIG, or start a local server \
-                 with `rlark up` (looked for ./{DEFAULT_KUBECONFIG})"
-            ),
-        )
-        .await
+        Self::connect(args, Path::new(DEFAULT_KUBECONFIG)).await
     }
 
     async fn get(&self, path: &str) -> anyhow::Result<Value> {
@@ -342,9 +316,12 @@ fn shell_word(word: &str) -> String {
     }
 }
 
-pub(crate) async fn token(command: TokenCommand) -> anyhow::Result<()> {
+pub(crate) async fn token(command: TokenCommand, client: ClientArgs) -> anyhow::Result<()> {
     match command {
-        TokenCommand::Create(args) => token_create(args).await,
+        TokenCommand::Create(mut args) => {
+            args.client = client;
+            token_create(args).await
+        }
     }
 }
 
@@ -407,12 +384,24 @@ async fn token_create(args: TokenCreateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-pub(crate) async fn cert(command: CertCommand) -> anyhow::Result<()> {
+pub(crate) async fn cert(command: CertCommand, client: ClientArgs) -> anyhow::Result<()> {
     match command {
-        CertCommand::List(args) => cert_list(args).await,
-        CertCommand::Revoke(args) => cert_revoke(args).await,
-        CertCommand::Sign(args) => cert_sign(args).await,
-        CertCommand::Revocations(args) => cert_revocations(args).await,
+        CertCommand::List(mut args) => {
+            args.client = client;
+            cert_list(args).await
+        }
+        CertCommand::Revoke(mut args) => {
+            args.client = client;
+            cert_revoke(args).await
+        }
+        CertCommand::Sign(mut args) => {
+            args.client = client;
+            cert_sign(args).await
+        }
+        CertCommand::Revocations(mut args) => {
+            args.client = client;
+            cert_revocations(args).await
+        }
     }
 }
 

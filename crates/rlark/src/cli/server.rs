@@ -10,13 +10,13 @@ use rlark_server::{ServerConfig, ServerConfigFile, ServerOverrides};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
-use super::DEFAULT_DATA_DIR;
 use super::security::{self, SecurityClient, UserRole, parse_seconds};
+use super::{ClientArgs, DEFAULT_DATA_DIR};
 
 #[derive(Debug, Args)]
 pub(crate) struct ServerArgs {
     /// Data directory (CA, database, admin kubeconfig). Required unless the config file sets dataDir.
-    #[arg(long, value_name = "DIR")]
+    #[arg(long, value_name = "DIR", env = "RLARK_DATA_DIR")]
     data_dir: Option<PathBuf>,
     /// HTTPS listen address [default: 127.0.0.1:8443]. Port 0 picks a free port.
     #[arg(long, value_name = "ADDR")]
@@ -81,7 +81,7 @@ struct StoreArgs {
 #[derive(Debug, Args)]
 pub(crate) struct UpArgs {
     /// Data directory.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_DATA_DIR)]
+    #[arg(long, value_name = "DIR", env = "RLARK_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
     /// HTTPS listen address; must be a loopback address (use `rlark server` otherwise).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8443")]
@@ -108,7 +108,7 @@ pub(crate) struct UpArgs {
 #[derive(Debug, Args)]
 pub(crate) struct KubeconfigArgs {
     /// Data directory of the server.
-    #[arg(long, value_name = "DIR", default_value = DEFAULT_DATA_DIR)]
+    #[arg(long, value_name = "DIR", env = "RLARK_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
     /// Print the admin kubeconfig's path instead of its content.
     #[arg(long, conflicts_with_all = ["user", "output"])]
@@ -124,10 +124,6 @@ pub(crate) struct KubeconfigArgs {
     /// --user) [default: the server's].
     #[arg(long, value_name = "DURATION", value_parser = parse_seconds, requires = "user")]
     validity: Option<u64>,
-    /// Admin kubeconfig used to have the user's certificate signed (with --user). Default:
-    /// $KUBECONFIG, else DIR/admin.kubeconfig.
-    #[arg(long, value_name = "PATH", requires = "user")]
-    kubeconfig: Option<PathBuf>,
     /// Write the kubeconfig to FILE (mode 0600) instead of stdout.
     #[arg(short = 'o', long = "output", value_name = "FILE")]
     output: Option<PathBuf>,
@@ -240,7 +236,7 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
             return result;
         }
         if let Err(error) = result {
-            eprintln!("demo: {error:#}");
+            eprintln!("demo: {}", super::client::error_chain(&error));
         }
         println!();
     }
@@ -279,9 +275,11 @@ async fn start_up_agents(
                     Some(api) => api,
                     slot @ None => slot.insert(
                         SecurityClient::connect(
-                            Some(&server.kubeconfig_path),
+                            &ClientArgs {
+                                kubeconfig: Some(server.kubeconfig_path.clone()),
+                                ..ClientArgs::default()
+                            },
                             &server.kubeconfig_path,
-                            "no admin kubeconfig",
                         )
                         .await?,
                     ),
@@ -372,15 +370,12 @@ fn up_node_prefix() -> String {
     }
 }
 
-pub(crate) async fn kubeconfig(args: KubeconfigArgs) -> anyhow::Result<()> {
+/// `rlark kubeconfig`; with `--user`, the admin credentials come from `client`
+/// (`--kubeconfig`, `$KUBECONFIG`, else DIR/admin.kubeconfig).
+pub(crate) async fn kubeconfig(args: KubeconfigArgs, client: ClientArgs) -> anyhow::Result<()> {
     let path = rlark_server::admin_kubeconfig_path(&args.data_dir);
     if let Some(user) = &args.user {
-        let missing = format!(
-            "no admin kubeconfig: pass --kubeconfig, set KUBECONFIG, or give the server's \
-             --data-dir (looked for {})",
-            path.display()
-        );
-        let api = SecurityClient::connect(args.kubeconfig.as_deref(), &path, &missing).await?;
+        let api = SecurityClient::connect(&client, &path).await?;
         return security::user_kubeconfig(
             &api,
             user,

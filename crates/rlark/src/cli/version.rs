@@ -20,8 +20,8 @@ pub(crate) struct VersionArgs {
     /// Output format.
     #[arg(short = 'o', long, value_enum)]
     output: Option<Format>,
-    #[command(flatten)]
-    client_args: ClientArgs,
+    #[arg(skip)]
+    pub client_args: ClientArgs,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -109,7 +109,7 @@ pub(crate) async fn version(args: VersionArgs) -> anyhow::Result<()> {
 }
 
 async fn server_info(args: &ClientArgs) -> anyhow::Result<Value> {
-    let session = Session::connect(args, None).await?;
+    let session = Session::connect(args).await?;
     let info = session
         .client
         .apiserver_version()
