@@ -147,6 +147,13 @@ impl World {
         }
         let mclient = member.client().await?;
         let heartbeats = CancellationToken::new();
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+            )
+            .await?;
         for node in nodes {
             register_member_node(&admin, node, heartbeats.clone()).await?;
         }
