@@ -15,7 +15,9 @@
 //!   the local API ([`api`]: replica logs) on the hub's `agent-api` streams;
 //! - **tasks**: the Task reconciler ([`tasks::run_tasks`]); each replica runs under its own
 //!   supervisor process ([`supervisor`], `rlark supervise`), so replicas outlive an agent
-//!   that exits or dies and the next agent adopts them;
+//!   that exits or dies and the next agent adopts them. A `Kubernetes` agent runs
+//!   [`member::run`] instead: the Tasks placed on its cluster become workloads of a member
+//!   Kubernetes cluster, their Pods mirrored as rlark Pods;
 //! - **metrics** (optional): `GET /metrics` on a loopback address
 //!   ([`rlark_tunnel::metrics_endpoint`]).
 //!
