@@ -98,6 +98,15 @@ pub struct AgentConfig {
     /// `--docker-host`: the engine of a `Docker` agent (`unix:///path`); `None`:
     /// `DOCKER_HOST`, else [`crate::runtime::docker::DEFAULT_DOCKER_HOST`].
     pub docker_host: Option<String>,
+    /// The member cluster of a `Kubernetes` agent (`--member-kubeconfig`,
+    /// `--member-namespace`, `--max-creates-per-minute`; [`crate::member`]).
+    pub member: crate::member::MemberOptions,
+}
+
+/// Whether the agent runs in a Pod of a Kubernetes cluster (what kube's in-cluster
+/// config needs: `KUBERNETES_SERVICE_HOST`).
+fn in_cluster() -> bool {
+    std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty())
 }
 
 /// `--net-mode`: which termination mode the pod network runs (docs/network.md).
@@ -175,6 +184,7 @@ impl AgentConfig {
             net_mode: NetMode::Auto,
             agent_type: AgentType::Raw,
             docker_host: None,
+            member: crate::member::MemberOptions::default(),
         }
     }
 
@@ -307,6 +317,30 @@ impl AgentConfig {
                 );
             }
             Some(_) => {}
+        }
+
+        if self.agent_type == AgentType::Kubernetes {
+            if self.member.kubeconfig.is_none() && !in_cluster() {
+                add(
+                    "member kubeconfig",
+                    "",
+                    "a Kubernetes agent needs --member-kubeconfig FILE, or to run in a Pod of \
+                     the member cluster (in-cluster config: KUBERNETES_SERVICE_HOST is not set)"
+                        .into(),
+                );
+            }
+            if let Err(reason) = rlark_api::names::dns1123_label(&self.member.namespace) {
+                add("member namespace", &self.member.namespace, reason);
+            }
+        } else if let Some(path) = &self.member.kubeconfig {
+            add(
+                "member kubeconfig",
+                &path.display().to_string(),
+                format!(
+                    "only a Kubernetes agent has a member cluster (this one is {})",
+                    self.agent_type.as_str()
+                ),
+            );
         }
 
         if let Some(addr) = self.metrics_listen

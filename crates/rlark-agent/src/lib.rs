@@ -15,7 +15,9 @@
 //!   the local API ([`api`]: replica logs) on the hub's `agent-api` streams;
 //! - **tasks**: the Task reconciler ([`tasks::run_tasks`]); each replica runs under its own
 //!   supervisor process ([`supervisor`], `rlark supervise`), so replicas outlive an agent
-//!   that exits or dies and the next agent adopts them;
+//!   that exits or dies and the next agent adopts them. A `Kubernetes` agent runs
+//!   [`member::run`] instead: the Tasks placed on its cluster become workloads of a member
+//!   Kubernetes cluster, their Pods mirrored as rlark Pods;
 //! - **metrics** (optional): `GET /metrics` on a loopback address
 //!   ([`rlark_tunnel::metrics_endpoint`]).
 //!
@@ -33,6 +35,7 @@ pub mod fuzzing;
 pub mod join;
 // `::kube` is the kube-rs crate; `kube` (this module) the Kubernetes runtime's core.
 pub mod kubernetes;
+pub mod member;
 pub mod net;
 pub mod node;
 mod runs;
@@ -118,8 +121,10 @@ pub enum AgentError {
     PodNetwork(String),
     #[error("the Docker engine of this Docker agent: {0}")]
     Docker(String),
-    #[error("agent type {0} is not run by this agent (use Raw or Docker)")]
+    #[error("agent type {0} is not run by this agent (use Raw, Docker or Kubernetes)")]
     UnsupportedAgentType(String),
+    #[error("the member cluster of this Kubernetes agent: {0}")]
+    Member(#[from] member::MemberError),
     #[error("agent part {part} failed: {reason}")]
     Crashed { part: &'static str, reason: String },
 }
@@ -249,6 +254,13 @@ async fn start_with(
         reason: e.to_string(),
     })?;
 
+    // A Kubernetes agent checks its member cluster before anything else touches the
+    // network (a member API that does not answer stops it here, naming it).
+    let member_client = match config.agent_type {
+        rlark_api::types::AgentType::Kubernetes => Some(member::connect(&config.member).await?),
+        _ => None,
+    };
+
     // Identity.
     let identity_dir = config.identity_dir();
     let credentials = identity(&config).await?;
@@ -267,6 +279,7 @@ async fn start_with(
 
     // Metrics.
     let mut metrics = Metrics::new();
+    let member_metrics = member::MemberMetrics::register(&mut metrics.registry);
     let metrics_listener = match config.metrics_listen {
         Some(addr) => Some(
             MetricsListener::bind(addr)
@@ -310,6 +323,9 @@ async fn start_with(
             false
         }
     };
+    if member_client.is_some() {
+        cordon_own_node(&client, &config.namespace(), &node_name).await;
+    }
 
     // Everything else runs in the background from here on.
     let mut parts: Vec<(&'static str, JoinHandle<()>)> = Vec::new();
@@ -389,7 +405,31 @@ async fn start_with(
         network: pod_network,
         docker,
     };
-    let tasks = tokio::spawn(tasks::run_tasks(client.clone(), context, shutdown.clone()));
+    let tasks = match member_client {
+        Some(member_client) => {
+            let run = member::MemberRun {
+                control: client.clone(),
+                member: member_client,
+                cluster_id: config.cluster_id.clone(),
+                server_url: config.servers[0].clone(),
+                max_creates_per_minute: config.member.max_creates_per_minute,
+                metrics: member_metrics,
+            };
+            let shutdown = shutdown.clone();
+            tokio::spawn(
+                async move { member::run(run, shutdown).await.map_err(AgentError::Member) },
+            )
+        }
+        None => {
+            let shutdown = shutdown.clone();
+            let client_for_tasks = client.clone();
+            tokio::spawn(async move {
+                tasks::run_tasks(client_for_tasks, context, shutdown)
+                    .await
+                    .map_err(AgentError::Tasks)
+            })
+        }
+    };
     let supervisor = tokio::spawn(supervise(tasks, parts, shutdown.clone()));
 
     Ok(RunningAgent {
@@ -411,7 +451,7 @@ async fn docker_runtime(
 ) -> Result<Option<runtime::docker::DockerRuntime>, AgentError> {
     use rlark_api::types::AgentType;
     match config.agent_type {
-        AgentType::Raw => Ok(None),
+        AgentType::Raw | AgentType::Kubernetes => Ok(None),
         AgentType::Docker => {
             let host = config
                 .docker_host
@@ -427,13 +467,30 @@ async fn docker_runtime(
             tracing::info!(%host, %version, "Docker engine");
             Ok(Some(runtime::docker::DockerRuntime::new(client, node_name)))
         }
-        other => Err(AgentError::UnsupportedAgentType(other.as_str().to_string())),
+    }
+}
+
+/// Register the agent's own Node of a Kubernetes agent cordoned (`spec.unschedulable`):
+/// it stands for the agent's host, not a member node, so the scheduler places Tasks on the
+/// mirrored member Nodes only. One attempt; logged on failure.
+async fn cordon_own_node(client: &kube::Client, namespace: &str, node: &str) {
+    let api: kube::Api<rlark_api::types::Node> = kube::Api::namespaced(client.clone(), namespace);
+    let patch = serde_json::json!({"spec": {"unschedulable": true}});
+    if let Err(error) = api
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+    {
+        tracing::warn!(%error, node, "could not cordon the Kubernetes agent's own node");
     }
 }
 
 /// Wait for shutdown (or a failed task reconciler), then for every part.
 async fn supervise(
-    mut tasks: JoinHandle<Result<(), tasks::TaskError>>,
+    mut tasks: JoinHandle<Result<(), AgentError>>,
     parts: Vec<(&'static str, JoinHandle<()>)>,
     shutdown: CancellationToken,
 ) -> Result<(), AgentError> {
@@ -456,7 +513,7 @@ async fn supervise(
     shutdown.cancel();
     let result = match tasks_result {
         Ok(Ok(())) => Ok(()),
-        Ok(Err(error)) => Err(AgentError::Tasks(error)),
+        Ok(Err(error)) => Err(error),
         Err(e) => Err(AgentError::Crashed {
             part: "task reconciler",
             reason: e.to_string(),

@@ -2,7 +2,7 @@
 //! becomes objects on a member cluster, and how their status becomes the Task's.
 //!
 //! No IO, no clock reads, no client: functions over `k8s-openapi` types and JSON. The
-//! runtime that talks to the member cluster (planned: `rlark agent --agent-type
+//! runtime that talks to the member cluster ([`crate::member`], `rlark agent --agent-type
 //! Kubernetes`) calls them.
 //!
 //! - [`names`]: derived object names and label values (DNS-1123, shortened with a hash);

@@ -81,14 +81,28 @@ pub(crate) struct AgentArgs {
     /// else tun). A forced mode this host cannot run stops the agent at start.
     #[arg(long, value_enum, default_value_t = NetModeArg::Auto)]
     pub net_mode: NetModeArg,
-    /// How this agent runs Tasks: Raw (processes) or Docker (containers of the node's
-    /// Docker engine; the Node reports it, so only Tasks of that agent type land here).
+    /// How this agent runs Tasks: Raw (processes), Docker (containers of the node's
+    /// Docker engine) or Kubernetes (workloads of a member Kubernetes cluster, see
+    /// --member-kubeconfig); the Node reports it, so only Tasks of that agent type land
+    /// here.
     #[arg(long, value_enum, default_value_t = AgentKind::Raw)]
     pub agent_type: AgentKind,
     /// The Docker engine of a Docker agent, unix:///PATH [default: $DOCKER_HOST, else
     /// unix:///var/run/docker.sock].
     #[arg(long, value_name = "URL")]
     pub docker_host: Option<String>,
+    /// Kubeconfig of the member cluster of a Kubernetes agent [default: in-cluster config,
+    /// when the agent runs in a Pod of that cluster; neither is an error at start].
+    #[arg(long, value_name = "FILE")]
+    pub member_kubeconfig: Option<PathBuf>,
+    /// Namespace of the member cluster the workloads of a Kubernetes agent go to (created
+    /// when missing).
+    #[arg(long, value_name = "NS", default_value = rlark_agent::member::DEFAULT_MEMBER_NAMESPACE)]
+    pub member_namespace: String,
+    /// Most workload creations a Kubernetes agent makes in any 60 s window; more Tasks
+    /// wait (they never fail for it). Must be at least 1.
+    #[arg(long, value_name = "N", default_value_t = rlark_agent::kubernetes::ratelimit::DEFAULT_MAX_CREATES_PER_MINUTE)]
+    pub max_creates_per_minute: u32,
     /// How often the Node's heartbeat (Lease and status) is renewed (e.g. 10s, 500ms).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
@@ -101,6 +115,8 @@ pub(crate) enum AgentKind {
     Raw,
     #[value(name = "Docker", alias = "docker")]
     Docker,
+    #[value(name = "Kubernetes", alias = "kubernetes")]
+    Kubernetes,
 }
 
 impl From<AgentKind> for AgentType {
@@ -108,6 +124,7 @@ impl From<AgentKind> for AgentType {
         match kind {
             AgentKind::Raw => AgentType::Raw,
             AgentKind::Docker => AgentType::Docker,
+            AgentKind::Kubernetes => AgentType::Kubernetes,
         }
     }
 }
@@ -187,6 +204,25 @@ impl AgentArgs {
             bail!("--docker-host is for --agent-type Docker");
         }
         config.docker_host = self.docker_host;
+        let is_kubernetes = self.agent_type == AgentKind::Kubernetes;
+        if !is_kubernetes && self.member_namespace != rlark_agent::member::DEFAULT_MEMBER_NAMESPACE
+        {
+            bail!("--member-namespace is for --agent-type Kubernetes");
+        }
+        if !is_kubernetes
+            && self.max_creates_per_minute
+                != rlark_agent::kubernetes::ratelimit::DEFAULT_MAX_CREATES_PER_MINUTE
+        {
+            bail!("--max-creates-per-minute is for --agent-type Kubernetes");
+        }
+        config.member.kubeconfig = self.member_kubeconfig;
+        config.member.namespace = self.member_namespace;
+        config.member.max_creates_per_minute =
+            std::num::NonZeroU32::new(self.max_creates_per_minute).ok_or_else(|| {
+                anyhow::anyhow!(
+                    "--max-creates-per-minute must be at least 1 (0 would never create a workload)"
+                )
+            })?;
         Ok(config)
     }
 }

@@ -1,0 +1,82 @@
+//! The Kubernetes runtime (`rlark agent --agent-type Kubernetes`, docs/tasks.md
+//! "Kubernetes runtime"): the IO around the pure core [`crate::kubernetes`]. The agent
+//! runs the Tasks placed on its cluster as workloads of a member Kubernetes cluster and
+//! mirrors their Pods as rlark Pods, so the control plane's controllers compute the Task
+//! and Job phases as they do for raw replicas.
+//!
+//! - `client`: the member cluster's client ([`connect`]: `--member-kubeconfig` or
+//!   in-cluster config, the start-up check, the workload namespace) and the workload calls;
+//! - `mirror`: pure: a member Pod → its rlark Pod, the failure Pod of a Task that cannot
+//!   run, status patches;
+//! - `reconciler`: the loop ([`run`]): watches of the Tasks, the rlark Pods, the member
+//!   workloads and Pods, a pass over all of them on every change and every
+//!   [`RESYNC_INTERVAL`];
+//! - `events`: Warning events on Tasks (fields a template tried to set that rlark forces).
+//!
+//! Node mirroring, logs and exec of member Pods live beside this (`nodes`, `logs`, `exec`).
+
+mod client;
+mod events;
+mod mirror;
+mod reconciler;
+
+use std::num::NonZeroU32;
+use std::path::PathBuf;
+use std::time::Duration;
+
+pub use client::{MemberClient, connect};
+pub use mirror::{MEMBER_FAILURE_ANNOTATION, MEMBER_POD_ANNOTATION};
+pub use reconciler::{MemberMetrics, MemberRun, run};
+
+/// Default of `--member-namespace`: where the workloads are created on the member cluster.
+pub const DEFAULT_MEMBER_NAMESPACE: &str = "rlark-workloads";
+/// Period of the full pass (besides the one every watched change triggers).
+pub const RESYNC_INTERVAL: Duration = Duration::from_secs(10);
+
+/// How the agent reaches its member cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberOptions {
+    /// `--member-kubeconfig`: a kubeconfig of the member cluster; `None`: in-cluster
+    /// config (the agent runs in a Pod of the member cluster).
+    pub kubeconfig: Option<PathBuf>,
+    /// `--member-namespace`: where the workloads go ([`DEFAULT_MEMBER_NAMESPACE`]).
+    pub namespace: String,
+    /// `--max-creates-per-minute` (default
+    /// [`crate::kubernetes::ratelimit::DEFAULT_MAX_CREATES_PER_MINUTE`]).
+    pub max_creates_per_minute: NonZeroU32,
+}
+
+impl Default for MemberOptions {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            namespace: DEFAULT_MEMBER_NAMESPACE.to_string(),
+            max_creates_per_minute: NonZeroU32::new(
+                crate::kubernetes::ratelimit::DEFAULT_MAX_CREATES_PER_MINUTE,
+            )
+            .unwrap_or(NonZeroU32::MIN),
+        }
+    }
+}
+
+/// Why the Kubernetes runtime cannot run.
+#[derive(Debug, thiserror::Error)]
+pub enum MemberError {
+    /// Neither `--member-kubeconfig` nor in-cluster config.
+    #[error(
+        "no member cluster: give --member-kubeconfig FILE, or run the agent in a Pod of the member cluster (in-cluster config: {0})"
+    )]
+    NoConfig(String),
+    /// The kubeconfig could not be read or used.
+    #[error("member kubeconfig {}: {reason}", path.display())]
+    Kubeconfig { path: PathBuf, reason: String },
+    /// The member API did not answer the start-up check.
+    #[error("the member cluster's API at {server} does not answer: {reason}")]
+    Unreachable { server: String, reason: String },
+    /// The workload namespace is not there and cannot be created.
+    #[error("member namespace {namespace:?}: {reason}")]
+    Namespace { namespace: String, reason: String },
+    /// A watch of the control plane or the member ended for good.
+    #[error("watch of {0} ended")]
+    WatchEnded(&'static str),
+}

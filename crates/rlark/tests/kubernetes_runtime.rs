@@ -1,0 +1,684 @@
+//! The Kubernetes runtime end to end: an in-process server with its controllers,
+//! `rlark agent --agent-type Kubernetes --member-kubeconfig <kubesim>` (the built binary),
+//! and a simulated member cluster ([`rlark_testkit::kubesim`]: rlark's API server in member
+//! simulation plus a simulator playing the workload controllers and kubelets; a test
+//! harness, not a kube-apiserver, docs/tasks.md).
+//!
+//! The rlark Nodes the scheduler places on are registered by the test for the member
+//! nodes (as node mirroring does), with Lease heartbeats.
+//!
+//! Every wait is bounded by [`DEADLINE`]; nothing asserts a duration.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use anyhow::{Context as _, bail, ensure};
+use k8s_openapi::api::apps::v1::{Deployment, StatefulSet};
+use k8s_openapi::api::batch::v1::Job as MemberJob;
+use k8s_openapi::api::core::v1::{Event, Pod as MemberPod, Service};
+use kube::ResourceExt as _;
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
+use nix::sys::signal::{Signal, kill};
+use nix::unistd::Pid;
+use rlark_agent::{AgentConfig, NodeReporter};
+use rlark_api::types::{AgentType, Job, JobPhase, Pod, PodPhase, Task, TaskPhase};
+use rlark_testkit::TestServer;
+use rlark_testkit::kubesim::{MemberCluster, MemberNode, Phase};
+use rlark_testkit::real_agent::{DEADLINE, eventually, start_server_with_controllers};
+use rlark_testkit::tunnel_agent::bootstrap_token;
+use serde_json::{Value, json};
+use tempfile::TempDir;
+use tokio_util::sync::CancellationToken;
+
+const RLARK: &str = env!("CARGO_BIN_EXE_rlark");
+/// The Kubernetes agent's cluster.
+const CLUSTER: &str = "k";
+/// Its namespace.
+const NS: &str = "rlark-k";
+/// The member namespace (the agent's default).
+const MNS: &str = "rlark-workloads";
+
+/// `rlark agent --agent-type Kubernetes` as a child process; SIGKILLed if dropped.
+struct KubeAgent {
+    child: Option<Child>,
+    log: PathBuf,
+}
+
+impl KubeAgent {
+    fn spawn(
+        server: &TestServer,
+        dir: &Path,
+        kubeconfig: &Path,
+        join: Option<&Value>,
+        extra: &[&str],
+    ) -> anyhow::Result<Self> {
+        std::fs::create_dir_all(dir)?;
+        let log = dir.with_extension("agent.log");
+        let mut command = Command::new(RLARK);
+        command
+            .args(["agent", "--server", &server.url(), "--cluster-id", CLUSTER])
+            .arg("--data-dir")
+            .arg(dir)
+            .args(["--node-name", "kube-agent", "--heartbeat-interval", "500ms"])
+            .args(["--agent-type", "Kubernetes", "--net-mode", "auto"])
+            .arg("--member-kubeconfig")
+            .arg(kubeconfig)
+            .args(extra);
+        if let Some(token) = join {
+            command
+                .arg("--token")
+                .arg(token["token"].as_str().context("token")?)
+                .arg("--ca-hash")
+                .arg(token["caHash"].as_str().context("caHash")?);
+        }
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log)?;
+        let child = command
+            .env("RUST_LOG", "info")
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdin(Stdio::null())
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .context("start rlark agent")?;
+        Ok(KubeAgent {
+            child: Some(child),
+            log,
+        })
+    }
+
+    /// Send `signal` and wait (bounded) for the exit.
+    async fn end(mut self, signal: Signal) -> anyhow::Result<()> {
+        let mut child = self.child.take().context("no agent process")?;
+        kill(Pid::from_raw(i32::try_from(child.id())?), signal)?;
+        let until = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            if child.try_wait()?.is_some() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= until {
+                let _ = child.kill();
+                bail!(
+                    "the agent did not exit after {signal}; log:\n{}",
+                    self.log_text()
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for KubeAgent {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// The control plane, a member cluster with `nodes`, rlark Nodes for them, and the agent.
+struct World {
+    server: TestServer,
+    _server_dir: TempDir,
+    admin: kube::Client,
+    member: MemberCluster,
+    mclient: kube::Client,
+    scratch: TempDir,
+    token: Value,
+    heartbeats: CancellationToken,
+}
+
+impl World {
+    async fn start(nodes: &[&str]) -> anyhow::Result<Self> {
+        let (server, server_dir) = start_server_with_controllers().await?;
+        let admin = server.client().await?;
+        let member = MemberCluster::start().await?;
+        for node in nodes {
+            member.sim().add_node(MemberNode::new(node)).await?;
+        }
+        let mclient = member.client().await?;
+        let heartbeats = CancellationToken::new();
+        let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+            )
+            .await?;
+        for node in nodes {
+            register_member_node(&admin, node, heartbeats.clone()).await?;
+        }
+        let token = bootstrap_token(&server, CLUSTER).await?;
+        Ok(World {
+            server,
+            _server_dir: server_dir,
+            admin,
+            member,
+            mclient,
+            scratch: tempfile::tempdir()?,
+            token,
+            heartbeats,
+        })
+    }
+
+    fn agent(&self, extra: &[&str]) -> anyhow::Result<KubeAgent> {
+        KubeAgent::spawn(
+            &self.server,
+            &self.scratch.path().join("agent"),
+            self.member.kubeconfig_path(),
+            Some(&self.token),
+            extra,
+        )
+    }
+
+    async fn stop(self) -> anyhow::Result<()> {
+        self.heartbeats.cancel();
+        self.member.stop().await?;
+        self.server.stop().await
+    }
+
+    async fn create_job(&self, name: &str, tasks: Value) -> anyhow::Result<()> {
+        let job: Job = serde_json::from_value(json!({
+            "apiVersion": "rlinf.io/v1alpha1",
+            "kind": "Job",
+            "metadata": {"name": name},
+            "spec": {"tasks": tasks},
+        }))?;
+        Api::<Job>::all(self.admin.clone())
+            .create(&PostParams::default(), &job)
+            .await?;
+        Ok(())
+    }
+
+    async fn task_phase(&self, task: &str, phase: TaskPhase) -> anyhow::Result<Task> {
+        let api: Api<Task> = Api::namespaced(self.admin.clone(), NS);
+        eventually(&format!("task {task} {phase:?}"), || async {
+            Ok(api
+                .get_opt(task)
+                .await?
+                .filter(|t| t.status.as_ref().and_then(|s| s.phase) == Some(phase)))
+        })
+        .await
+    }
+
+    /// The member Pods of `task` (by rlark's task-name label).
+    async fn member_pods(&self, task: &str) -> anyhow::Result<Vec<MemberPod>> {
+        let api: Api<MemberPod> = Api::namespaced(self.mclient.clone(), MNS);
+        Ok(api
+            .list(&ListParams::default().labels(&format!("rlark.io/task-name={task}")))
+            .await?
+            .items)
+    }
+
+    /// Wait until `task` has `n` member Pods in phase `phase`; their names, sorted.
+    async fn wait_member_pods(
+        &self,
+        task: &str,
+        n: usize,
+        phase: &str,
+    ) -> anyhow::Result<Vec<String>> {
+        eventually(&format!("{n} member pods of {task} {phase}"), || async {
+            let pods = self.member_pods(task).await?;
+            let mut names: Vec<String> = pods
+                .iter()
+                .filter(|p| p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some(phase))
+                .filter(|p| p.metadata.deletion_timestamp.is_none())
+                .map(|p| p.name_any())
+                .collect();
+            names.sort();
+            Ok((names.len() == n && pods.len() == n).then_some(names))
+        })
+        .await
+    }
+
+    async fn rlark_pod(
+        &self,
+        name: &str,
+        what: &str,
+        pred: impl Fn(&Pod) -> bool,
+    ) -> anyhow::Result<Pod> {
+        let api: Api<Pod> = Api::namespaced(self.admin.clone(), NS);
+        eventually(&format!("rlark pod {name} {what}"), || async {
+            Ok(api.get_opt(name).await?.filter(|p| pred(p)))
+        })
+        .await
+    }
+}
+
+/// Register rlark Node `name` of cluster [`CLUSTER`] (agentType Kubernetes) and keep its
+/// Lease renewed until `stop`: what node mirroring does for a member node.
+async fn register_member_node(
+    admin: &kube::Client,
+    name: &str,
+    stop: CancellationToken,
+) -> anyhow::Result<()> {
+    let mut config = AgentConfig::new(vec!["https://127.0.0.1:1".into()], CLUSTER, "/nonexistent");
+    config.agent_type = AgentType::Kubernetes;
+    let description = rlark_agent::node::detect(&config, name).await;
+    let reporter = NodeReporter::new(
+        admin.clone(),
+        CLUSTER,
+        description,
+        Duration::from_millis(500),
+    );
+    reporter.register().await?;
+    tokio::spawn(reporter.run(Duration::from_millis(500), true, stop));
+    Ok(())
+}
+
+fn phase_of(pod: &Pod) -> Option<PodPhase> {
+    pod.status.as_ref().and_then(|s| s.phase)
+}
+
+/// A task running `kind` with `replicas` of one container `main`.
+fn kube_task(name: &str, kind: &str, replicas: i32) -> Value {
+    json!({
+        "name": name,
+        "agentType": "Kubernetes",
+        "role": "Actor",
+        "kubernetes": {"workload": {
+            "kind": kind,
+            "replicas": replicas,
+            "template": {"spec": {"containers": [{"name": "main", "image": "rlinf/rlinf:dev"}]}},
+        }},
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batch_job_succeeds_and_a_failed_container_fails_the_task_with_its_exit_code()
+-> anyhow::Result<()> {
+    let world = World::start(&["m-0"]).await?;
+    let agent = world.agent(&[])?;
+    world
+        .create_job("batch", json!([kube_task("main", "Job", 1)]))
+        .await?;
+    world
+        .create_job("crash", json!([kube_task("main", "Job", 1)]))
+        .await?;
+
+    // A batch Job on the member cluster, its Pod mirrored with its member Pod and node.
+    let pods = world.wait_member_pods("batch-main", 1, "Running").await?;
+    let jobs: Api<MemberJob> = Api::namespaced(world.mclient.clone(), MNS);
+    let job = jobs.get("batch-main").await?;
+    assert_eq!(
+        job.labels()
+            .get("app.kubernetes.io/managed-by")
+            .map(String::as_str),
+        Some("rlark")
+    );
+    let spec = job.spec.clone().context("job spec")?;
+    assert_eq!(spec.backoff_limit, Some(0));
+    let env: Vec<String> = spec.template.spec.context("pod spec")?.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .map(|e| e.name.clone())
+        .collect();
+    assert!(env.contains(&"RLARK_TASK".to_string()), "{env:?}");
+    let mirrored = world
+        .rlark_pod(&pods[0], "Running", |p| {
+            phase_of(p) == Some(PodPhase::Running)
+        })
+        .await?;
+    assert_eq!(
+        mirrored.annotations().get("rlark.io/member-pod"),
+        Some(&format!("{MNS}/{}", pods[0]))
+    );
+    assert_eq!(
+        mirrored.status.as_ref().and_then(|s| s.node.as_deref()),
+        Some("m-0")
+    );
+    world.task_phase("batch-main", TaskPhase::Running).await?;
+
+    // Completed: the Task and the Job succeed.
+    world
+        .member
+        .sim()
+        .set_pod_phase(MNS, &pods[0], Phase::Succeeded)
+        .await?;
+    world.task_phase("batch-main", TaskPhase::Succeeded).await?;
+    let jobs_api: Api<Job> = Api::all(world.admin.clone());
+    eventually("job batch Succeeded", || async {
+        let job = jobs_api.get("batch").await?;
+        Ok((job.status.and_then(|s| s.phase) == Some(JobPhase::Succeeded)).then_some(()))
+    })
+    .await?;
+
+    // A failed container fails its Task with the exit code.
+    let crash = world.wait_member_pods("crash-main", 1, "Running").await?;
+    world
+        .member
+        .sim()
+        .set_pod_phase(MNS, &crash[0], Phase::Failed { exit_code: 3 })
+        .await?;
+    let task = world.task_phase("crash-main", TaskPhase::Failed).await?;
+    let message = task.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(message.contains('3'), "{message}");
+    let pod = world
+        .rlark_pod(&crash[0], "Failed", |p| {
+            phase_of(p) == Some(PodPhase::Failed)
+        })
+        .await?;
+    assert_eq!(pod.status.and_then(|s| s.exit_code), Some(3));
+
+    // A deleted Job: its workloads go, and so do the mirrored Pods.
+    Api::<Job>::all(world.admin.clone())
+        .delete("batch", &Default::default())
+        .await?;
+    eventually("the member Job of a deleted task is deleted", || async {
+        Ok(jobs.get_opt("batch-main").await?.is_none().then_some(()))
+    })
+    .await?;
+    let rlark_pods: Api<Pod> = Api::namespaced(world.admin.clone(), NS);
+    eventually("the mirrored pod of a deleted task is deleted", || async {
+        Ok(rlark_pods.get_opt(&pods[0]).await?.is_none().then_some(()))
+    })
+    .await?;
+
+    agent.end(Signal::SIGTERM).await?;
+    world.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stop_resume_and_adoption_after_agent_kill_9() -> anyhow::Result<()> {
+    let world = World::start(&["m-0", "m-1"]).await?;
+    let agent = world.agent(&[])?;
+    world
+        .create_job("ppo", json!([kube_task("actor", "StatefulSet", 2)]))
+        .await?;
+    let pods = world.wait_member_pods("ppo-actor", 2, "Running").await?;
+    assert_eq!(pods, ["ppo-actor-0", "ppo-actor-1"]);
+    world.task_phase("ppo-actor", TaskPhase::Running).await?;
+    let sts: Api<StatefulSet> = Api::namespaced(world.mclient.clone(), MNS);
+    let uid = sts.get("ppo-actor").await?.uid();
+
+    // kill -9 and a new agent: the StatefulSet is adopted, not created again.
+    agent.end(Signal::SIGKILL).await?;
+    let agent = world.agent(&[])?;
+    // The new agent is at work once it reflects a change: stop the Job.
+    Api::<Job>::all(world.admin.clone())
+        .patch(
+            "ppo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"stopped": true}})),
+        )
+        .await?;
+    eventually("the StatefulSet is scaled to 0", || async {
+        let s = sts.get("ppo-actor").await?;
+        Ok((s.spec.as_ref().and_then(|s| s.replicas) == Some(0)).then_some(()))
+    })
+    .await?;
+    assert_eq!(
+        sts.get("ppo-actor").await?.uid(),
+        uid,
+        "adopted, not recreated"
+    );
+    let all = sts.list(&ListParams::default()).await?.items;
+    assert_eq!(all.len(), 1, "no duplicate workload");
+    world.task_phase("ppo-actor", TaskPhase::Stopped).await?;
+    eventually("no member pods while stopped", || async {
+        Ok(world
+            .member_pods("ppo-actor")
+            .await?
+            .is_empty()
+            .then_some(()))
+    })
+    .await?;
+
+    // Resume.
+    Api::<Job>::all(world.admin.clone())
+        .patch(
+            "ppo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"stopped": false}})),
+        )
+        .await?;
+    world.wait_member_pods("ppo-actor", 2, "Running").await?;
+    world.task_phase("ppo-actor", TaskPhase::Running).await?;
+    assert_eq!(sts.get("ppo-actor").await?.uid(), uid);
+
+    agent.end(Signal::SIGTERM).await?;
+    world.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn template_override_is_corrected_and_an_invalid_object_fails_with_the_member_message()
+-> anyhow::Result<()> {
+    let world = World::start(&["m-0"]).await?;
+    let agent = world.agent(&[])?;
+    let template = |image: &str| {
+        json!({
+            "name": "agent",
+            "agentType": "Kubernetes",
+            "role": "Env",
+            "input": {"question": "2+2"},
+            "kubernetes": {"jobTemplate": format!(
+                "apiVersion: batch/v1\nkind: Job\nmetadata: {{name: {{{{ job_name }}}}}}\nspec:\n  backoffLimit: 6\n  template:\n    spec:\n      restartPolicy: OnFailure\n      containers:\n        - name: agent\n          {image}\n          env:\n            - {{name: QUESTION, value: {{{{ input.question | yaml_escape }}}}}}\n"
+            )},
+        })
+    };
+    world
+        .create_job("calc", json!([template("image: calc-x-agent:dev")]))
+        .await?;
+    // No image: the member API refuses the Job (422).
+    world.create_job("noimage", json!([template("")])).await?;
+
+    let jobs: Api<MemberJob> = Api::namespaced(world.mclient.clone(), MNS);
+    let job = eventually("the rendered Job", || async {
+        Ok(jobs.get_opt("calc-agent").await?)
+    })
+    .await?;
+    let spec = job.spec.context("spec")?;
+    assert_eq!(spec.backoff_limit, Some(0), "forced");
+    let pod = spec.template.spec.context("pod spec")?;
+    assert_eq!(pod.restart_policy.as_deref(), Some("Never"), "forced");
+    let env = pod.containers[0].env.clone().unwrap_or_default();
+    assert!(
+        env.iter()
+            .any(|e| e.name == "QUESTION" && e.value.as_deref() == Some("2+2")),
+        "{env:?}"
+    );
+    let events: Api<Event> = Api::namespaced(world.admin.clone(), NS);
+    let warning = eventually("the Warning event on the task", || async {
+        let list = events.list(&ListParams::default()).await?.items;
+        Ok(list.into_iter().find(|e| {
+            e.involved_object.name.as_deref() == Some("calc-agent")
+                && e.type_.as_deref() == Some("Warning")
+                && e.reason.as_deref() == Some("FieldsCorrected")
+        }))
+    })
+    .await?;
+    let message = warning.message.unwrap_or_default();
+    assert!(
+        message.contains("spec.backoffLimit") && message.contains("restartPolicy"),
+        "{message}"
+    );
+    world.wait_member_pods("calc-agent", 1, "Running").await?;
+
+    let task = world.task_phase("noimage-agent", TaskPhase::Failed).await?;
+    let message = task.status.and_then(|s| s.message).unwrap_or_default();
+    assert!(
+        message.contains("422") && message.contains("image"),
+        "{message}"
+    );
+    ensure!(jobs.get_opt("noimage-agent").await?.is_none());
+
+    agent.end(Signal::SIGTERM).await?;
+    world.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creates_over_the_limit_are_deferred_not_failed() -> anyhow::Result<()> {
+    let world = World::start(&["m-0"]).await?;
+    let agent = world.agent(&["--max-creates-per-minute", "5"])?;
+    let tasks: Vec<Value> = (0..8)
+        .map(|i| kube_task(&format!("t{i}"), "Job", 1))
+        .collect();
+    world.create_job("burst", Value::Array(tasks)).await?;
+    let jobs: Api<MemberJob> = Api::namespaced(world.mclient.clone(), MNS);
+    eventually("5 Jobs created", || async {
+        Ok((jobs.list(&ListParams::default()).await?.items.len() == 5).then_some(()))
+    })
+    .await?;
+    // The other 3 wait: Pending, not Failed, and nothing more is created meanwhile.
+    let task_api: Api<Task> = Api::namespaced(world.admin.clone(), NS);
+    let listed = task_api.list(&ListParams::default()).await?.items;
+    ensure!(listed.len() == 8, "{} tasks", listed.len());
+    for task in &listed {
+        let phase = task.status.as_ref().and_then(|s| s.phase);
+        ensure!(
+            phase != Some(TaskPhase::Failed),
+            "{} failed",
+            task.name_any()
+        );
+    }
+    ensure!(jobs.list(&ListParams::default()).await?.items.len() == 5);
+    // A minute after the first creations the rest are created.
+    let all = rlark_testkit::wait::eventually_within(
+        Duration::from_secs(120),
+        "all 8 Jobs created",
+        || async {
+            let n = jobs.list(&ListParams::default()).await?.items.len();
+            Ok((n == 8).then_some(n))
+        },
+    )
+    .await?;
+    assert_eq!(all, 8);
+    for i in 0..8 {
+        let task = task_api.get(&format!("burst-t{i}")).await?;
+        let phase = task.status.and_then(|s| s.phase);
+        ensure!(phase != Some(TaskPhase::Failed), "burst-t{i} failed");
+    }
+    agent.end(Signal::SIGTERM).await?;
+    world.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rlark_format_job_runs_on_a_kubernetes_cluster_and_a_raw_cluster_at_once()
+-> anyhow::Result<()> {
+    let world = World::start(&["gpu-0", "gpu-1"]).await?;
+    let agent = world.agent(&[])?;
+    let raw_dir = tempfile::tempdir()?;
+    let raw = rlark_testkit::real_agent::start_agent_with(
+        &world.server,
+        "r",
+        "raw-0",
+        raw_dir.path(),
+        vec![RLARK.into(), "supervise".into()],
+    )
+    .await?;
+    let mut actor = kube_task("actor", "StatefulSet", 2);
+    actor["head"] = json!(true);
+    world
+        .create_job(
+            "rl",
+            json!([
+                actor,
+                kube_task("rollout", "Deployment", 1),
+                {
+                    "name": "env",
+                    "agentType": "Raw",
+                    "role": "Env",
+                    "raw": {"entrypoint": ["/bin/sh", "-c", "echo env $RLARK_TASK; sleep 30"]},
+                },
+            ]),
+        )
+        .await?;
+    world.wait_member_pods("rl-actor", 2, "Running").await?;
+    world.wait_member_pods("rl-rollout", 1, "Running").await?;
+    let services: Api<Service> = Api::namespaced(world.mclient.clone(), MNS);
+    let head = eventually("the Ray head Service", || async {
+        Ok(services.get_opt("rl-actor-ray-head").await?)
+    })
+    .await?;
+    assert_eq!(
+        head.spec.and_then(|s| s.cluster_ip).as_deref(),
+        Some("None"),
+        "headless"
+    );
+    let sts: Api<StatefulSet> = Api::namespaced(world.mclient.clone(), MNS);
+    let actor_sts = sts.get("rl-actor").await?;
+    assert_eq!(
+        actor_sts.spec.and_then(|s| s.service_name).as_deref(),
+        Some("rl-actor-ray-head")
+    );
+    let deployments: Api<Deployment> = Api::namespaced(world.mclient.clone(), MNS);
+    ensure!(deployments.get_opt("rl-rollout").await?.is_some());
+    world.task_phase("rl-actor", TaskPhase::Running).await?;
+    world.task_phase("rl-rollout", TaskPhase::Running).await?;
+    let raw_pods: Api<Pod> = Api::namespaced(world.admin.clone(), "rlark-r");
+    eventually("the raw task runs on the raw cluster", || async {
+        Ok(raw_pods
+            .get_opt("rl-env-0")
+            .await?
+            .filter(|p| phase_of(p) == Some(PodPhase::Running)))
+    })
+    .await?;
+    let jobs_api: Api<Job> = Api::all(world.admin.clone());
+    eventually("job rl Running", || async {
+        let job = jobs_api.get("rl").await?;
+        Ok((job.status.and_then(|s| s.phase) == Some(JobPhase::Running)).then_some(()))
+    })
+    .await?;
+
+    raw.stop().await?;
+    agent.end(Signal::SIGTERM).await?;
+    world.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_kubernetes_agent_without_a_member_cluster_does_not_start() -> anyhow::Result<()> {
+    let dir = tempfile::tempdir()?;
+    let run = |extra: &[&str]| {
+        Command::new(RLARK)
+            .args([
+                "agent",
+                "--server",
+                "https://127.0.0.1:1",
+                "--cluster-id",
+                "k",
+            ])
+            .arg("--data-dir")
+            .arg(dir.path())
+            .args(["--node-name", "n", "--agent-type", "Kubernetes"])
+            .args(extra)
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .stdin(Stdio::null())
+            .output()
+    };
+    let out = run(&[])?;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--member-kubeconfig"), "{err}");
+    let out = run(&["--member-kubeconfig", "/nonexistent/kubeconfig"])?;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("/nonexistent/kubeconfig"), "{err}");
+    // A member API that does not answer: named in the error.
+    let member = MemberCluster::start().await?;
+    let kubeconfig = dir.path().join("member.kubeconfig");
+    std::fs::copy(member.kubeconfig_path(), &kubeconfig)?;
+    let url = member.server().url();
+    member.stop().await?;
+    let out = run(&["--member-kubeconfig", kubeconfig.to_str().context("path")?])?;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("does not answer") && err.contains(url.trim_end_matches('/')),
+        "{err}"
+    );
+    let out = run(&["--member-kubeconfig", "/x", "--max-creates-per-minute", "0"])?;
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--max-creates-per-minute"), "{err}");
+    Ok(())
+}
