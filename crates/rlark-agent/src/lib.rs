@@ -33,6 +33,7 @@ pub mod fuzzing;
 pub mod join;
 // `::kube` is the kube-rs crate; `kube` (this module) the Kubernetes runtime's core.
 pub mod kubernetes;
+pub mod member;
 pub mod net;
 pub mod node;
 mod runs;

@@ -1,0 +1,5 @@
+//! The Kubernetes runtime's IO side: what talks to the member cluster.
+//!
+//! - [`nodes`]: the member's Nodes mirrored as rlark Nodes, and cordons pushed down.
+
+pub mod nodes;
