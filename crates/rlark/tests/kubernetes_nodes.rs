@@ -296,3 +296,111 @@ async fn member_nodes_are_mirrored_and_cordons_pushed_down() -> Result<()> {
     control.stop().await?;
     Ok(())
 }
+
+/// `rlark logs` of a Pod the Kubernetes runtime mirrors (the annotation
+/// `rlark.io/member-pod`): the CLI → the server → the agent's tunnel → the agent's local API
+/// → the member API's `pods/{name}/log`.
+#[tokio::test]
+async fn rlark_logs_of_a_mirrored_pod_read_the_member_api() -> Result<()> {
+    let control = TestServer::start().await?;
+    let admin = control.client().await?;
+    let member = MemberCluster::start().await?;
+    let member_client = member.client().await?;
+    let sim = member.sim();
+    sim.add_node(SimNode::new("gpu-0")).await?;
+    let member_ns: Api<Namespace> = Api::all(member_client.clone());
+    member_ns
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "work"}}))?,
+        )
+        .await?;
+    let member_pods: Api<Pod> = Api::namespaced(member_client.clone(), "work");
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "actor-0"},
+        "spec": {"nodeName": "gpu-0", "restartPolicy": "Never", "containers": [
+            {"name": "main", "image": "rlark/worker:1"},
+            {"name": "tensorboard", "image": "rlark/tb:1"}]}
+    }))?;
+    member_pods.create(&PostParams::default(), &pod).await?;
+    sim.settle().await?;
+    sim.write_log("work", "actor-0", "main", "hello\nworld\n");
+    sim.write_log("work", "actor-0", "tensorboard", "not this one\n");
+
+    let dir = tempfile::tempdir()?;
+    let stop = CancellationToken::new();
+    let _stop_on_drop = stop.clone().drop_guard();
+    let api = rlark_agent::api::LocalApi::new(dir.path(), "k1-agent", stop.clone());
+    let served = api.clone();
+    let agent = TunnelAgent::start_with(&[&control], CLUSTER, move |config| {
+        config.agent.agent_api = Some(std::sync::Arc::new(served));
+    })
+    .await?;
+    let agent_client =
+        rlark_testkit::client_from_kubeconfig(&agent.dir().join("agent.kubeconfig")).await?;
+    assert!(api.set_member(rlark_agent::member::logs::MemberPods::new(
+        agent_client,
+        member_client.clone()
+    )));
+    let namespaces: Api<Namespace> = Api::all(admin.clone());
+    if namespaces.get_opt(NS).await?.is_none() {
+        namespaces
+            .create(
+                &PostParams::default(),
+                &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
+            )
+            .await?;
+    }
+    // The rlark Pods the runtime would mirror (the annotation is the contract).
+    let rlark_pods: Api<rlark_api::types::Pod> = Api::namespaced(admin.clone(), NS);
+    for (name, target) in [("actor-0", "work/actor-0"), ("ghost-0", "work/ghost-0")] {
+        let pod = serde_json::from_value(json!({
+            "apiVersion": "rlinf.io/v1alpha1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": {
+                rlark_agent::member::logs::MEMBER_POD_ANNOTATION: target}},
+            "spec": {"taskName": "actor", "taskNamespace": NS, "replicaIndex": 0},
+        }))?;
+        rlark_pods.create(&PostParams::default(), &pod).await?;
+    }
+
+    let kubeconfig = control.kubeconfig_path().to_path_buf();
+    let all = rlark(&kubeconfig, &["logs", "pod/actor-0", "-n", NS]).await?;
+    assert_eq!(all, "hello\nworld\n", "the default container's log");
+    let tail = rlark(
+        &kubeconfig,
+        &["logs", "pod/actor-0", "-n", NS, "--tail", "1"],
+    )
+    .await?;
+    assert_eq!(tail, "world\n");
+    let limited = rlark(
+        &kubeconfig,
+        &["logs", "pod/actor-0", "-n", NS, "--limit-bytes", "3"],
+    )
+    .await?;
+    assert_eq!(limited, "hel");
+
+    // -f: streams until the container ends.
+    let follow = tokio::spawn({
+        let kubeconfig = kubeconfig.clone();
+        async move { rlark(&kubeconfig, &["logs", "pod/actor-0", "-n", NS, "-f"]).await }
+    });
+    sim.write_log("work", "actor-0", "main", "more\n");
+    sim.set_pod_phase("work", "actor-0", rlark_testkit::kubesim::Phase::Succeeded)
+        .await?;
+    let followed = tokio::time::timeout(Duration::from_secs(60), follow)
+        .await
+        .context("the follow ends with the container")???;
+    assert_eq!(followed, "hello\nworld\nmore\n");
+
+    // The member API's refusal comes back with its message.
+    let missing = rlark(&kubeconfig, &["logs", "pod/ghost-0", "-n", NS])
+        .await
+        .expect_err("no member pod");
+    assert!(format!("{missing:#}").contains("ghost-0"), "{missing:#}");
+
+    stop.cancel();
+    agent.stop().await;
+    member.stop().await?;
+    control.stop().await?;
+    Ok(())
+}
