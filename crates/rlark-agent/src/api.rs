@@ -34,7 +34,11 @@
 //!   `current.log.1`, then `current.log` from its start. A replica that restarts after a
 //!   backoff ends the follow at the exit (as `kubectl logs -f` does at a container exit);
 //! - `404` with a message when no such replica ever ran on this agent (or no previous
-//!   run), `400` for a bad name or parameter, `405` for another method.
+//!   run), `400` for a bad name or parameter, `405` for another method;
+//! - on a Kubernetes agent ([`LocalApi::set_member`]), a Pod whose rlark object carries
+//!   the annotation `rlark.io/member-pod` is read from the member API instead
+//!   ([`crate::member::logs`]: default container, `tail` → `tailLines`, `previous` = the
+//!   container's previous instance); the member API's refusals keep its code and message.
 //!
 //! `GET /exec/{namespace}/{pod}?command=...`: a command in the running replica, over a
 //! WebSocket (Kubernetes' remotecommand protocol); see [`crate::exec`].
@@ -88,6 +92,9 @@ struct Inner {
     router: std::sync::OnceLock<crate::net::router::Router>,
     /// The engine of a docker agent: exec into container replicas goes through it.
     docker: std::sync::OnceLock<crate::runtime::docker::DockerClient>,
+    /// A Kubernetes agent's clients: logs and exec of the Pods it mirrors go to the member
+    /// cluster's API.
+    member: std::sync::OnceLock<crate::member::logs::MemberPods>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -111,6 +118,7 @@ impl LocalApi {
                 shutdown,
                 router: std::sync::OnceLock::new(),
                 docker: std::sync::OnceLock::new(),
+                member: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -125,6 +133,13 @@ impl LocalApi {
     /// later calls are ignored and return false).
     pub fn set_docker(&self, client: crate::runtime::docker::DockerClient) -> bool {
         self.inner.docker.set(client).is_ok()
+    }
+
+    /// Serve logs and exec of the Pods a Kubernetes agent mirrors (those with the annotation
+    /// [`crate::member::logs::MEMBER_POD_ANNOTATION`]) from the member cluster through
+    /// `pods` (once; later calls are ignored and return false).
+    pub fn set_member(&self, pods: crate::member::logs::MemberPods) -> bool {
+        self.inner.member.set(pods).is_ok()
     }
 
     /// Serve HTTP/1.1 on `io` until the peer closes it, it fails, or the agent stops.
@@ -258,6 +273,17 @@ impl Inner {
                 format!("invalid pod name {pod:?}: {e}"),
             );
         }
+        if let Some(member) = self.member.get() {
+            match member.resolve(namespace, pod).await {
+                Ok(Some((member_ns, member_pod))) => {
+                    return self
+                        .member_log(member, &member_ns, &member_pod, &options)
+                        .await;
+                }
+                Ok(None) => {}
+                Err(error) => return text_response(error.status(), error.to_string()),
+            }
+        }
         let Some((task, index)) = parse_pod_name(pod) else {
             return text_response(
                 http::StatusCode::NOT_FOUND,
@@ -340,6 +366,33 @@ impl Inner {
             let item = rx.recv().await?;
             Some((item.map(Frame::data), rx))
         });
+        let mut response = http::Response::new(StreamBody::new(stream).boxed_unsync());
+        response.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        response
+    }
+}
+
+impl Inner {
+    /// The log of member Pod `namespace/pod` (see [`crate::member::logs`]), until it ends,
+    /// the client leaves or the agent stops.
+    async fn member_log(
+        &self,
+        member: &crate::member::logs::MemberPods,
+        namespace: &str,
+        pod: &str,
+        options: &LogOptions,
+    ) -> http::Response<ApiBody> {
+        use futures::StreamExt as _;
+        let stream = match member.log(namespace, pod, options).await {
+            Ok(stream) => stream,
+            Err(error) => return text_response(error.status(), error.to_string()),
+        };
+        let stream = stream
+            .take_until(self.shutdown.clone().cancelled_owned())
+            .map(|item| item.map(Frame::data));
         let mut response = http::Response::new(StreamBody::new(stream).boxed_unsync());
         response.headers_mut().insert(
             http::header::CONTENT_TYPE,

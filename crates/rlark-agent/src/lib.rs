@@ -280,6 +280,9 @@ async fn start_with(
     // Metrics.
     let mut metrics = Metrics::new();
     let member_metrics = member::MemberMetrics::register(&mut metrics.registry);
+    let mirror_counters = member_client
+        .as_ref()
+        .map(|_| member::nodes::MirrorCounters::register(&mut metrics.registry));
     let metrics_listener = match config.metrics_listen {
         Some(addr) => Some(
             MetricsListener::bind(addr)
@@ -351,6 +354,27 @@ async fn start_with(
     local_api.set_router(pod_net.router.clone());
     if let Some(docker) = &docker {
         local_api.set_docker(docker.client().clone());
+    }
+    if let Some(member_client) = &member_client {
+        // Logs of the Pods the runtime mirrors come from the member cluster.
+        local_api.set_member(member::logs::MemberPods::new(
+            client.clone(),
+            member_client.client.clone(),
+        ));
+        // The member's Nodes become this cluster's rlark Nodes: placement sees them.
+        let mirror = member::nodes::NodeMirror::new(
+            member_client.client.clone(),
+            client.clone(),
+            member::nodes::MirrorConfig {
+                cluster_id: config.cluster_id.clone(),
+                category: config.node_category,
+                labels: config.labels.clone(),
+                heartbeat_interval: config.heartbeat_interval,
+                agent_node: Some(node_name.clone()),
+            },
+        )
+        .with_counters(mirror_counters.clone().unwrap_or_default());
+        parts.push(("node mirror", tokio::spawn(mirror.run(shutdown.clone()))));
     }
     tunnel_config.agent.agent_api = Some(Arc::new(local_api));
     tunnel_config.agent.relay = Some(Arc::new(pod_net.router.inbound()));

@@ -13,11 +13,14 @@
 //!   [`RESYNC_INTERVAL`];
 //! - `events`: Warning events on Tasks (fields a template tried to set that rlark forces).
 //!
-//! Node mirroring, logs and exec of member Pods live beside this (`nodes`, `logs`, `exec`).
+//! - [`nodes`]: the member's Nodes mirrored as rlark Nodes, and cordons pushed down;
+//! - [`logs`]: `rlark logs` of a mirrored Pod from the member API.
 
 mod client;
 mod events;
+pub mod logs;
 mod mirror;
+pub mod nodes;
 mod reconciler;
 
 use std::num::NonZeroU32;
