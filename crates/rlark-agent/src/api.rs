@@ -760,7 +760,7 @@ mod tests {
             (
                 http::StatusCode::BAD_REQUEST,
                 "pod rlark-a/job-main-0: container \"main\": this replica runs processes, not \
-                 containers (omit the container)"
+                 containers (omit the container)\n"
                     .into()
             )
         );
@@ -783,7 +783,7 @@ mod tests {
             (
                 http::StatusCode::BAD_REQUEST,
                 "pod rlark-a/job-main-0: container \"db\" is not in this replica: its \
-                 containers are main, tb"
+                 containers are main, tb\n"
                     .into()
             )
         );
