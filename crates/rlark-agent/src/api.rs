@@ -70,7 +70,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use crate::runtime::LOG_FILE;
+use crate::runs::{container_param, run_containers};
+use crate::runtime::docker::container_log_file;
 
 /// How often a followed log is checked for new bytes and its replica for an exit.
 pub const FOLLOW_POLL: Duration = Duration::from_millis(200);
@@ -251,7 +252,12 @@ impl Inner {
             Ok(options) => options,
             Err(message) => return text_response(http::StatusCode::BAD_REQUEST, message),
         };
-        self.logs(namespace, pod, options).await
+        let container = match container_param(request.uri().query()) {
+            Ok(container) => container,
+            Err(message) => return text_response(http::StatusCode::BAD_REQUEST, message),
+        };
+        self.logs(namespace, pod, options, container.as_deref())
+            .await
     }
 
     async fn logs(
@@ -259,6 +265,7 @@ impl Inner {
         namespace: &str,
         pod: &str,
         options: LogOptions,
+        container: Option<&str>,
     ) -> http::Response<ApiBody> {
         // The names become path components: only DNS-1123 names, never `..` or `/`.
         if let Err(e) = rlark_api::names::dns1123_label(namespace) {
@@ -325,10 +332,20 @@ impl Inner {
             (_, true) => runs[1].clone(),
             ([current, ..], false) => current.clone(),
         };
+        let names = run_containers(&run.dir);
+        let file = match container_log_file(&names, container) {
+            Ok(file) => file,
+            Err(message) => {
+                return text_response(
+                    http::StatusCode::BAD_REQUEST,
+                    format!("pod {namespace}/{pod}: {message}"),
+                );
+            }
+        };
         let logs = run.dir.join("logs");
         let mut follower = Follower {
-            path: logs.join(LOG_FILE),
-            rotated: logs.join(format!("{LOG_FILE}.1")),
+            path: logs.join(&file),
+            rotated: logs.join(format!("{file}.1")),
             offset: 0,
             remaining: options.limit_bytes,
             dir: run.dir,
@@ -645,6 +662,8 @@ impl Follower {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::runtime::LOG_FILE;
+    use crate::runtime::docker::CONTAINERS_FILE;
     use crate::tasks::{ReplicaState, STATE_FILE};
     use std::io::Write as _;
     use std::path::Path;
@@ -779,6 +798,54 @@ mod tests {
         std::fs::create_dir_all(dir.join("logs")).unwrap();
         std::fs::write(dir.join("logs").join(LOG_FILE), content).unwrap();
         dir
+    }
+
+    /// `container=`: the main container's log is `current.log`, a sidecar's
+    /// `<name>.log`; an unknown name is a 400 listing the containers; a process replica
+    /// has none to choose.
+    #[tokio::test]
+    async fn container_logs_pick_the_main_or_a_sidecar_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let api = LocalApi::new(dir.path(), "n1", CancellationToken::new());
+        let run = replica(dir.path(), "uid-1", "from main\n");
+        assert_eq!(
+            get(&api, "/logs/rlark-a/job-main-0?container=main").await,
+            (
+                http::StatusCode::BAD_REQUEST,
+                "pod rlark-a/job-main-0: container \"main\": this replica runs processes, not \
+                 containers (omit the container)\n"
+                    .into()
+            )
+        );
+        crate::runtime::record::write(&run.join(CONTAINERS_FILE), &["main", "tb"]).unwrap();
+        std::fs::write(run.join("logs/tb.log"), "from the sidecar\n").unwrap();
+        for (query, expected) in [
+            ("", "from main\n"),
+            ("?container=main", "from main\n"),
+            ("?container=tb", "from the sidecar\n"),
+            ("?container=tb&tail=1", "from the sidecar\n"),
+        ] {
+            assert_eq!(
+                get(&api, &format!("/logs/rlark-a/job-main-0{query}")).await,
+                (http::StatusCode::OK, expected.into()),
+                "{query}"
+            );
+        }
+        assert_eq!(
+            get(&api, "/logs/rlark-a/job-main-0?container=db").await,
+            (
+                http::StatusCode::BAD_REQUEST,
+                "pod rlark-a/job-main-0: container \"db\" is not in this replica: its \
+                 containers are main, tb\n"
+                    .into()
+            )
+        );
+        let (status, text) = get(&api, "/logs/rlark-a/job-main-0?container=Bad_Name").await;
+        assert_eq!(status, http::StatusCode::BAD_REQUEST);
+        assert!(
+            text.contains("invalid container name \"Bad_Name\""),
+            "{text}"
+        );
     }
 
     #[tokio::test]

@@ -78,9 +78,9 @@ use tokio_util::sync::CancellationToken;
 use rlark_api::agent::parse_pod_name;
 
 use crate::api_body::{ApiBody, text_response};
-use crate::runs::find_runs;
-use crate::runtime::docker::DockerClient;
+use crate::runs::{container_param, find_runs};
 use crate::runtime::docker::logs::Demux;
+use crate::runtime::docker::{DockerClient, container_index};
 use crate::tasks::{ReplicaState, STATE_FILE};
 
 /// Path prefix of the exec route on the local API.
@@ -156,6 +156,10 @@ pub(crate) async fn handle<B>(
         Ok(options) => options,
         Err(message) => return text_response(http::StatusCode::BAD_REQUEST, message),
     };
+    let container = match container_param(request.uri().query()) {
+        Ok(container) => container,
+        Err(message) => return text_response(http::StatusCode::BAD_REQUEST, message),
+    };
     let upgrade = match rlark_tunnel::agent_api::exec_upgrade(request.headers()) {
         Ok(upgrade) => upgrade,
         Err(message) => return text_response(http::StatusCode::BAD_REQUEST, message),
@@ -196,11 +200,21 @@ pub(crate) async fn handle<B>(
         );
     }
     let run_dir = run.dir.clone();
-    let target = match tokio::task::spawn_blocking(move || ProcessTarget::of(&run_dir)).await {
+    let mut target = match tokio::task::spawn_blocking(move || ProcessTarget::of(&run_dir)).await {
         Ok(Ok(target)) => target,
         Ok(Err(message)) => return text_response(http::StatusCode::CONFLICT, message),
         Err(e) => return text_response(http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
+    // `-c NAME`: that container of a docker replica (a sidecar), else the main one.
+    match container_index(&target.container_names, container.as_deref()) {
+        Ok(i) => target.container = target.containers.get(i).cloned(),
+        Err(message) => {
+            return text_response(
+                http::StatusCode::BAD_REQUEST,
+                format!("pod {namespace}/{pod}: {message}"),
+            );
+        }
+    }
     let engine = match (&target.container, docker) {
         (None, _) => None,
         (Some(_), Some(client)) => Some(client.clone()),
@@ -278,9 +292,14 @@ pub(crate) async fn handle<B>(
 struct ProcessTarget {
     cwd: PathBuf,
     env: Vec<(OsString, OsString)>,
-    /// The main container of a container replica: the command runs in it, through the
-    /// engine's exec API (its working directory and environment are the container's).
+    /// The container of a container replica the command runs in (the main one unless
+    /// the request names another), through the engine's exec API (its working directory
+    /// and environment are the container's).
     container: Option<String>,
+    /// Engine ids of the replica's containers, main first (empty for processes).
+    containers: Vec<String>,
+    /// Their names in the Task, in the same order.
+    container_names: Vec<String>,
 }
 
 impl ProcessTarget {
@@ -306,6 +325,8 @@ impl ProcessTarget {
             cwd,
             env,
             container: state.containers.first().cloned(),
+            containers: state.containers.clone(),
+            container_names: state.container_names.clone(),
         })
     }
 }

@@ -7,6 +7,35 @@ use std::time::SystemTime;
 use crate::runtime::process;
 use crate::tasks::{ReplicaState, STATE_FILE};
 
+/// The `container` parameter of a logs or exec request (kubectl's `-c`): `None` when
+/// absent or empty (the main container), else a DNS-1123 label; `Err` names a bad value.
+pub(crate) fn container_param(query: Option<&str>) -> Result<Option<String>, String> {
+    let mut found = None;
+    for pair in query.unwrap_or_default().split('&') {
+        if let Some(value) = pair.strip_prefix("container=") {
+            if value.is_empty() {
+                continue;
+            }
+            if let Err(e) = rlark_api::names::dns1123_label(value) {
+                return Err(format!("invalid container name {value:?}: {e}"));
+            }
+            found = Some(value.to_string());
+        }
+    }
+    Ok(found)
+}
+
+/// The container names of the run in `run_dir` (main first), from its
+/// [`crate::runtime::docker::CONTAINERS_FILE`]; empty for a process replica (no such file) or an unreadable one.
+pub(crate) fn run_containers(run_dir: &Path) -> Vec<String> {
+    crate::runtime::record::read::<Vec<String>>(
+        &run_dir.join(crate::runtime::docker::CONTAINERS_FILE),
+    )
+    .ok()
+    .flatten()
+    .unwrap_or_default()
+}
+
 /// One run of a replica found on disk.
 #[derive(Clone, Debug)]
 pub(crate) struct Run {

@@ -6,6 +6,7 @@
 
 pub mod agent;
 pub mod crd;
+pub mod defaults;
 pub mod inert;
 pub mod labels;
 pub mod names;

@@ -208,9 +208,17 @@ pub fn invalid_message(kind: &str, name: &str, errors: &[FieldError]) -> String 
 /// Contract: `kind` is one of [`KINDS`] (else one `kind` NotSupported error). The object is
 /// first decoded into its typed struct; if that fails, the result is exactly one error at
 /// the failing path (enum values → NotSupported, missing fields → Required, others →
-/// Invalid). Otherwise every semantic rule of the kind is checked and all violations are
+/// Invalid); a task spec without `agentType` that [`crate::defaults::default_agent_types`]
+/// could not fill in gives one Required error per such spec instead, naming its runtime
+/// blocks. Otherwise every semantic rule of the kind is checked and all violations are
 /// returned, in a deterministic order. `Ok(())` means the object may be stored.
 pub fn validate(kind: &str, object: &Value) -> Result<(), Vec<FieldError>> {
+    // A task spec still without `agentType` after defaulting would otherwise fail to decode
+    // with serde's bare "missing field"; say why it could not be inferred instead.
+    let missing = missing_agent_type_errors(kind, object);
+    if !missing.is_empty() {
+        return Err(missing);
+    }
     let errors = match kind {
         "Domain" => decode_then(object, domain_errors),
         "DomainPeer" => decode_then(object, domain_peer_errors),
@@ -222,6 +230,29 @@ pub fn validate(kind: &str, object: &Value) -> Result<(), Vec<FieldError>> {
         other => vec![FieldError::not_supported("kind", other, KINDS)],
     };
     into_result(errors)
+}
+
+/// One Required error per task spec of `object` that has no `agentType` and none or
+/// several runtime blocks ([`crate::defaults::undefaulted`]), at its `agentType`, naming
+/// the blocks.
+fn missing_agent_type_errors(kind: &str, object: &Value) -> Vec<FieldError> {
+    crate::defaults::undefaulted(kind, object)
+        .into_iter()
+        .map(|spec| {
+            let message = if spec.blocks.is_empty() {
+                "agentType is not set and cannot be inferred: the spec has none of the \
+                 runtime blocks kubernetes, docker, raw; set one of them"
+                    .to_string()
+            } else {
+                format!(
+                    "agentType is not set and cannot be inferred: the spec has several \
+                     runtime blocks ({}); keep one, or set agentType and keep only its block",
+                    spec.blocks.join(", ")
+                )
+            };
+            FieldError::required(format!("{}.agentType", spec.path), message)
+        })
+        .collect()
 }
 
 /// Semantic checks of a decoded Domain (what [`validate`] runs after decoding).
@@ -638,6 +669,12 @@ fn task_spec_errors(errs: &mut Vec<FieldError>, path: &str, spec: &TaskSpec) {
     }
 
     if let Some(docker) = &spec.docker {
+        run_limits_errors(
+            errs,
+            &format!("{path}.docker"),
+            docker.active_deadline_seconds,
+            docker.termination_grace_period_seconds,
+        );
         let dp = format!("{path}.docker.containers");
         if docker.containers.is_empty() {
             errs.push(FieldError::required(
@@ -776,6 +813,34 @@ fn is_absolute_url(s: &str) -> bool {
     }
 }
 
+/// The ranges of `activeDeadlineSeconds` and `terminationGracePeriodSeconds` of the
+/// `raw` or `docker` block at `path`.
+fn run_limits_errors(
+    errs: &mut Vec<FieldError>,
+    path: &str,
+    active_deadline_seconds: Option<i64>,
+    termination_grace_period_seconds: Option<i64>,
+) {
+    if let Some(deadline) = active_deadline_seconds {
+        check_range(
+            errs,
+            &format!("{path}.activeDeadlineSeconds"),
+            deadline,
+            1,
+            MAX_ACTIVE_DEADLINE_SECONDS,
+        );
+    }
+    if let Some(grace) = termination_grace_period_seconds {
+        check_range(
+            errs,
+            &format!("{path}.terminationGracePeriodSeconds"),
+            grace,
+            0,
+            MAX_TERMINATION_GRACE_PERIOD_SECONDS,
+        );
+    }
+}
+
 fn raw_errors(errs: &mut Vec<FieldError>, rp: &str, raw: &RawTaskSpec) {
     match raw.entrypoint.first() {
         None => errs.push(FieldError::required(
@@ -827,24 +892,12 @@ fn raw_errors(errs: &mut Vec<FieldError>, rp: &str, raw: &RawTaskSpec) {
         0,
         MAX_REPLICAS,
     );
-    if let Some(deadline) = raw.active_deadline_seconds {
-        check_range(
-            errs,
-            &format!("{rp}.activeDeadlineSeconds"),
-            deadline,
-            1,
-            MAX_ACTIVE_DEADLINE_SECONDS,
-        );
-    }
-    if let Some(grace) = raw.termination_grace_period_seconds {
-        check_range(
-            errs,
-            &format!("{rp}.terminationGracePeriodSeconds"),
-            grace,
-            0,
-            MAX_TERMINATION_GRACE_PERIOD_SECONDS,
-        );
-    }
+    run_limits_errors(
+        errs,
+        rp,
+        raw.active_deadline_seconds,
+        raw.termination_grace_period_seconds,
+    );
     if let Some(res) = &raw.resources {
         check_resources(errs, &format!("{rp}.resources"), res);
     }

@@ -169,6 +169,15 @@ pub(crate) fn admit(
     Err(ApiError::invalid(rt, name, causes))
 }
 
+/// Defaulting of rlark's kinds before the schema walk and admission: a task spec without
+/// `agentType` takes it from its one runtime block ([`rlark_api::defaults`]). The defaulted
+/// value is stored, so reads show it. Other kinds are left alone.
+pub(crate) fn apply_defaults(rt: &ResourceType, object: &mut Value) {
+    if rt.group == rlark_api::GROUP {
+        rlark_api::defaults::default_agent_types(&rt.kind, object);
+    }
+}
+
 /// The `Warning`s for RLark fields set in a Job, Workflow or Task that its tasks'
 /// `agentType` does not act on (the table is [`rlark_api::inert`]); none for other kinds,
 /// for status writes, or for a spec that does not decode (admission refuses it anyway).

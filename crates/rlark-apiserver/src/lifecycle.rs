@@ -446,6 +446,7 @@ impl Inner {
         let namespace = check_namespace(rt, &mut object, url_namespace)?;
         let dropped = crate::domain_admission::strip_domain_peer_secrets(rt, &mut object);
         crate::member::fold_string_data(rt, &mut object);
+        admission::apply_defaults(rt, &mut object);
         let (mut warnings, schema_causes) =
             field_check(rt, &mut object, &body.duplicates, options.field_validation)?;
         warnings.extend(dropped);
@@ -688,6 +689,9 @@ impl Inner {
         }
         let dropped = crate::domain_admission::strip_domain_peer_secrets(rt, &mut new);
         crate::member::fold_string_data(rt, &mut new);
+        if !status_only {
+            admission::apply_defaults(rt, &mut new);
+        }
         let (mut warnings, _) =
             field_check(rt, &mut new, &body.duplicates, options.field_validation)?;
         warnings.extend(dropped);
@@ -765,6 +769,9 @@ impl Inner {
             }
             let dropped = crate::domain_admission::strip_domain_peer_secrets(rt, &mut patched);
             crate::member::fold_string_data(rt, &mut patched);
+            if !status_only {
+                admission::apply_defaults(rt, &mut patched);
+            }
             let (mut warnings, _) = field_check(
                 rt,
                 &mut patched,

@@ -145,6 +145,11 @@ fn bench_agent_docker_runs() {
     ]);
     assert_eq!(report["agent_type"], "docker", "{report}");
     assert_eq!(report["docker_run"]["count"], 3, "{report}");
+    // The burst baseline: `--batch` `docker run -d` at once, all cleaned up.
+    assert_eq!(report["docker_burst"]["count"], 2, "{report}");
+    let left = rlark_testkit::docker::containers_with(&["rlark.io/bench=docker-run"])
+        .expect("list the bench's containers");
+    assert!(left.is_empty(), "docker run containers left: {left:?}");
 }
 
 #[test]

@@ -501,3 +501,252 @@ async fn a_killed_docker_agent_adopts_its_container_and_leaves_no_orphan() -> an
     ensure!(status.success(), "agent exit {status:?}");
     server.stop().await
 }
+
+/// A Job whose one task has the `docker` block `docker` (containers and run limits).
+async fn create_docker_job(admin: &kube::Client, name: &str, docker: Value) -> anyhow::Result<()> {
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "rlinf.io/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"tasks": [{
+            "name": "main",
+            "agentType": "Docker",
+            "role": "Env",
+            "docker": docker,
+        }]},
+    }))?;
+    Api::<Job>::all(admin.clone())
+        .create(&PostParams::default(), &job)
+        .await?;
+    Ok(())
+}
+
+/// The `docker` block's `restartPolicy`, `activeDeadlineSeconds` and
+/// `terminationGracePeriodSeconds` act as the `raw` block's: a container that fails once
+/// under `OnFailure` is started again (a new container, the same bind mount) and succeeds
+/// with one restart; a container past its deadline is stopped and fails
+/// `DeadlineExceeded`; a stop with a grace period of 0 SIGKILLs a container whose TERM trap
+/// would have exited 7 (137), where the default grace lets the trap finish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_block_restart_policy_deadline_and_grace_period() -> anyhow::Result<()> {
+    if !can_run()? {
+        return Ok(());
+    }
+    const NODE: &str = "docker-limits-0";
+    let _cleanup = NodeContainers(NODE.to_string());
+    remove_containers_with(&[&format!("rlark.io/node={NODE}")]);
+    let (server, _server_dir) = start_server_with_controllers().await?;
+    let admin = server.client().await?;
+    let scratch = tempfile::tempdir()?;
+    let token = bootstrap_token(&server, "a").await?;
+    let agent = DockerAgent::spawn(&server, &scratch.path().join("agent"), NODE, Some(&token))?;
+    let state = scratch.path().join("state");
+    std::fs::create_dir_all(&state)?;
+
+    let main = |script: &str| {
+        json!({
+            "name": "main",
+            "image": TEST_IMAGE,
+            "command": ["/bin/sh", "-c", script],
+            "volumes": [{"source": state.to_string_lossy(), "target": "/state"}],
+        })
+    };
+    create_docker_job(
+        &admin,
+        "retry",
+        json!({
+            "restartPolicy": "OnFailure",
+            "containers": [main(
+                "if [ -e /state/ran ]; then echo second; exit 0; fi; \
+                 touch /state/ran; echo first; exit 4"
+            )],
+        }),
+    )
+    .await?;
+    create_docker_job(
+        &admin,
+        "late",
+        json!({
+            "activeDeadlineSeconds": 1,
+            "containers": [main("while true; do sleep 0.1; done")],
+        }),
+    )
+    .await?;
+    let trap = "trap 'sleep 3; exit 7' TERM; echo up; while true; do sleep 0.1; done";
+    create_docker_job(
+        &admin,
+        "nograce",
+        json!({"terminationGracePeriodSeconds": 0, "containers": [main(trap)]}),
+    )
+    .await?;
+    create_docker_job(&admin, "grace", json!({"containers": [main(trap)]})).await?;
+
+    // OnFailure: the failed first run is restarted, the second succeeds.
+    let pod = wait_pod(&admin, "retry-main-0", "Succeeded", |p| {
+        phase_of(p) == Some(PodPhase::Succeeded)
+    })
+    .await?;
+    let status = pod.status.context("status")?;
+    assert_eq!(status.restart_count, Some(1), "{status:?}");
+    assert_eq!(status.exit_code, Some(0), "{status:?}");
+
+    // activeDeadlineSeconds: stopped and failed with the reason.
+    let pod = wait_pod(&admin, "late-main-0", "Failed", |p| {
+        phase_of(p) == Some(PodPhase::Failed)
+    })
+    .await?;
+    let status = pod.status.context("status")?;
+    assert_eq!(
+        status.reason.as_deref(),
+        Some("DeadlineExceeded"),
+        "{status:?}"
+    );
+    eventually("the late replica's container is removed", || async {
+        Ok(task_containers(NODE, "late-main")?.is_empty().then_some(()))
+    })
+    .await?;
+
+    // terminationGracePeriodSeconds: 0 kills at once; the default lets the trap exit 7.
+    let running = |p: &Pod| phase_of(p) == Some(PodPhase::Running);
+    wait_pod(&admin, "nograce-main-0", "Running", running).await?;
+    wait_pod(&admin, "grace-main-0", "Running", running).await?;
+    for job in ["nograce", "grace"] {
+        eventually(&format!("{job} trapped TERM"), || async {
+            let out = rlark(
+                server.kubeconfig_path(),
+                &["logs", &format!("task/{job}-main")],
+            )
+            .await?;
+            Ok(text(&out.stdout).contains("up").then_some(()))
+        })
+        .await?;
+        Api::<Job>::all(admin.clone())
+            .patch(
+                job,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"stopped": true}})),
+            )
+            .await?;
+    }
+    for (job, code) in [("nograce", 137), ("grace", 7)] {
+        let pod = wait_pod(&admin, &format!("{job}-main-0"), "Failed", |p| {
+            phase_of(p) == Some(PodPhase::Failed)
+        })
+        .await?;
+        let status = pod.status.context("status")?;
+        assert_eq!(
+            status.reason.as_deref(),
+            Some("Stopped"),
+            "{job}: {status:?}"
+        );
+        assert_eq!(status.exit_code, Some(code), "{job}: {status:?}");
+    }
+
+    let status = agent.end(Signal::SIGTERM).await?;
+    ensure!(status.success(), "agent exit {status:?}");
+    server.stop().await
+}
+
+/// A sidecar's output and a command in it: `rlark logs -c NAME` reads the sidecar's log,
+/// no `-c` (or the main container's name) the main one's; `rlark exec -c NAME` runs in the
+/// sidecar; a name the replica does not have is an error listing the names it has.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_sidecar_logs_and_exec_by_container_name() -> anyhow::Result<()> {
+    if !can_run()? {
+        return Ok(());
+    }
+    const NODE: &str = "docker-sidecar-0";
+    let _cleanup = NodeContainers(NODE.to_string());
+    remove_containers_with(&[&format!("rlark.io/node={NODE}")]);
+    let (server, _server_dir) = start_server_with_controllers().await?;
+    let admin = server.client().await?;
+    let kubeconfig = server.kubeconfig_path().to_path_buf();
+    let scratch = tempfile::tempdir()?;
+    let token = bootstrap_token(&server, "a").await?;
+    let agent = DockerAgent::spawn(&server, &scratch.path().join("agent"), NODE, Some(&token))?;
+    let container = |name: &str, script: &str| {
+        json!({
+            "name": name,
+            "image": TEST_IMAGE,
+            "command": ["/bin/sh", "-c", script],
+            "environment": [{"name": "WHO", "value": name}],
+        })
+    };
+    create_docker_job(
+        &admin,
+        "pair",
+        json!({"containers": [
+            container("main", "echo main says hi; while true; do sleep 0.1; done"),
+            container("board", "echo board says hi; while true; do sleep 0.1; done"),
+        ]}),
+    )
+    .await?;
+    let running = |p: &Pod| phase_of(p) == Some(PodPhase::Running);
+    wait_pod(&admin, "pair-main-0", "Running", running).await?;
+
+    for (args, expected) in [
+        (vec!["logs", "pod/pair-main-0"], "main says hi\n"),
+        (
+            vec!["logs", "pod/pair-main-0", "-c", "main"],
+            "main says hi\n",
+        ),
+        (
+            vec!["logs", "pod/pair-main-0", "-c", "board"],
+            "board says hi\n",
+        ),
+    ] {
+        let shown = eventually(&format!("rlark {args:?}"), || async {
+            let out = rlark(&kubeconfig, &args).await?;
+            let log = text(&out.stdout);
+            Ok((!log.is_empty()).then_some(log))
+        })
+        .await?;
+        assert_eq!(shown, expected, "{args:?}");
+    }
+    let out = rlark(&kubeconfig, &["logs", "pod/pair-main-0", "-c", "db"]).await?;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr)
+            .contains("container \"db\" is not in this replica: its containers are main, board"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let out = rlark(
+        &kubeconfig,
+        &[
+            "exec",
+            "task/pair-main",
+            "-c",
+            "board",
+            "--",
+            "sh",
+            "-c",
+            "echo $WHO",
+        ],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "board\n");
+    let out = rlark(
+        &kubeconfig,
+        &["exec", "task/pair-main", "--", "sh", "-c", "echo $WHO"],
+    )
+    .await?;
+    assert_eq!(text(&out.stdout), "main\n", "{}", text(&out.stderr));
+    let out = rlark(
+        &kubeconfig,
+        &["exec", "task/pair-main", "-c", "db", "--", "true"],
+    )
+    .await?;
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("its containers are main, board"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let status = agent.end(Signal::SIGTERM).await?;
+    ensure!(status.success(), "agent exit {status:?}");
+    server.stop().await
+}

@@ -508,6 +508,150 @@ spec:
     Ok(())
 }
 
+/// RLark manifests leave `agentType` out: `kubectl apply` of a Job, a Task and a Workflow
+/// without it succeeds, the API server stores the type its one runtime block names (shown by
+/// `kubectl get -o yaml`), and a task with no runtime block or two is refused with an error
+/// naming the blocks.
+#[test]
+fn kubectl_apply_infers_agent_type_from_the_runtime_block() -> Result<()> {
+    if !kubectl_available() {
+        missing_tool::skip_or_fail("kubectl is not on PATH");
+        return Ok(());
+    }
+    let data_dir = tempfile::tempdir()?;
+    let server = ServerProcess::spawn_with_args(
+        Path::new(env!("CARGO_BIN_EXE_rlark")),
+        data_dir.path(),
+        &["--controllers=false"],
+    )?;
+    let k = Kubectl {
+        kubeconfig: server.kubeconfig_path().to_path_buf(),
+        cache: tempfile::tempdir()?,
+    };
+    let job = r#"apiVersion: rlinf.io/v1alpha1
+kind: Job
+metadata:
+  name: no-agent-type
+spec:
+  tasks:
+    - name: actor
+      role: Actor
+      raw:
+        entrypoint: ["true"]
+    - name: env
+      role: Env
+      docker:
+        containers: [{name: main, image: busybox}]
+    - name: rollout
+      role: Rollout
+      kubernetes:
+        workload:
+          kind: Deployment
+          template:
+            spec:
+              containers: [{name: main, image: busybox}]
+"#;
+    k.ok_with_stdin(&["apply", "-f", "-"], job)?;
+    let types = k.ok(&[
+        "get",
+        "jobs.rlinf.io",
+        "no-agent-type",
+        "-o",
+        "jsonpath={.spec.tasks[*].agentType}",
+    ])?;
+    assert_eq!(types, "Raw Docker Kubernetes");
+    let yaml = k.ok(&["get", "jobs.rlinf.io", "no-agent-type", "-o", "yaml"])?;
+    assert!(yaml.contains("agentType: Docker"), "{yaml}");
+    // Applying the same manifest again is a no-op, not a conflict with the defaulted field.
+    k.ok_with_stdin(&["apply", "-f", "-"], job)?;
+
+    let task = r#"apiVersion: rlinf.io/v1alpha1
+kind: Task
+metadata:
+  name: no-agent-type-task
+spec:
+  role: Actor
+  docker:
+    containers: [{name: main, image: busybox}]
+"#;
+    k.ok_with_stdin(&["apply", "-f", "-"], task)?;
+    let agent = k.ok(&[
+        "get",
+        "tasks.rlinf.io",
+        "no-agent-type-task",
+        "-o",
+        "jsonpath={.spec.agentType}",
+    ])?;
+    assert_eq!(agent, "Docker");
+
+    let workflow = r#"apiVersion: rlinf.io/v1alpha1
+kind: Workflow
+metadata:
+  name: no-agent-type-flow
+spec:
+  jobTemplates:
+    - name: train
+      spec:
+        tasks:
+          - name: actor
+            role: Actor
+            raw:
+              entrypoint: ["true"]
+"#;
+    k.ok_with_stdin(&["apply", "-f", "-"], workflow)?;
+    let agent = k.ok(&[
+        "get",
+        "workflows.rlinf.io",
+        "no-agent-type-flow",
+        "-o",
+        "jsonpath={.spec.jobTemplates[0].spec.tasks[0].agentType}",
+    ])?;
+    assert_eq!(agent, "Raw");
+
+    // No block, and two blocks: refused, naming the field and the blocks.
+    let refused = |manifest: &str| -> Result<String> {
+        let mut child = k
+            .command(&["apply", "-f", "-"])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        std::io::Write::write_all(child.stdin.as_mut().context("stdin")?, manifest.as_bytes())?;
+        let output = child.wait_with_output()?;
+        if output.status.success() {
+            bail!("kubectl apply accepted {manifest}");
+        }
+        Ok(String::from_utf8_lossy(&output.stderr).into_owned())
+    };
+    let none = task.replace("no-agent-type-task", "no-block").replace(
+        "  docker:\n    containers: [{name: main, image: busybox}]\n",
+        "",
+    );
+    let stderr = refused(&none)?;
+    assert!(
+        stderr.contains("spec.agentType: Required value: agentType is not set and cannot be inferred: the spec has none of the runtime blocks kubernetes, docker, raw"),
+        "{stderr}"
+    );
+    let two =
+        task.replace("no-agent-type-task", "two-blocks") + "  raw:\n    entrypoint: [\"true\"]\n";
+    let stderr = refused(&two)?;
+    assert!(
+        stderr.contains("several runtime blocks (docker, raw)"),
+        "{stderr}"
+    );
+    // An explicit agentType that disagrees with the block is refused as before.
+    let wrong = task
+        .replace("no-agent-type-task", "wrong-type")
+        .replace("  role: Actor\n", "  role: Actor\n  agentType: Raw\n");
+    let stderr = refused(&wrong)?;
+    assert!(
+        stderr.contains(r#"agentType Raw requires the \"raw\" block and no other"#)
+            || stderr.contains(r#"agentType Raw requires the "raw" block and no other"#),
+        "{stderr}"
+    );
+    Ok(())
+}
+
 /// kubectl's own `--validate` (strict by default) reaches rlark's `fieldValidation`: a
 /// misspelt field is refused with the server's words; `--validate=warn` creates the object
 /// and kubectl prints the server's `Warning` (issue 18, item 1).

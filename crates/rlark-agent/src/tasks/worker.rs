@@ -30,10 +30,7 @@ use super::pods::{
 };
 use super::prune::prune_runs;
 use super::recovery::{Recovered, end_recovered};
-use super::{
-    PodNetwork, ReplicaState, STATE_FILE, Shared, grace_period, replica_dir, replica_env,
-    run_deadline,
-};
+use super::{PodNetwork, ReplicaState, STATE_FILE, Shared, replica_dir, replica_env};
 use crate::runtime::docker::{ContainerSet, container_name, labels as docker_labels};
 use crate::runtime::{
     Adopted, ReplicaRecord, ReplicaSpec, RunningReplica, RuntimeError, exit_report, timestamp,
@@ -180,8 +177,9 @@ impl Worker {
         )
     }
 
+    /// `terminationGracePeriodSeconds` of the `raw` or `docker` block.
     fn grace(&self) -> Duration {
-        grace_period(self.task.spec.raw.as_ref())
+        rlark_api::agent::grace_period(self.task.spec.termination_grace_period_seconds())
     }
 
     /// What the state machine needs to know of the Task now.
@@ -345,7 +343,12 @@ impl Worker {
         let elapsed = SystemTime::now()
             .duration_since(SystemTime::from(first_start))
             .unwrap_or_default();
-        run_deadline(self.task.spec.raw.as_ref()?, Instant::now(), elapsed)
+        // `raw` or `docker` block: both carry `activeDeadlineSeconds`.
+        rlark_api::agent::deadline_after(
+            self.task.spec.active_deadline_seconds(),
+            Instant::now(),
+            elapsed,
+        )
     }
 
     /// Replace `existing` (if any) by a new Pod for this run.

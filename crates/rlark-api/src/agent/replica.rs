@@ -52,11 +52,11 @@ impl RunSpec {
     /// What `task`'s `raw` spec says: its restart policy, deadline and grace period. A Task
     /// without one never restarts, has no deadline and gets the default grace period.
     pub fn for_task(task: &Task) -> RunSpec {
-        let raw = task.spec.raw.as_ref();
+        // The `raw` or the `docker` block: both carry the same three fields.
         RunSpec {
-            restart_policy: raw.map(|r| r.restart_policy).unwrap_or_default(),
-            active_deadline_seconds: raw.and_then(|r| r.active_deadline_seconds),
-            grace: super::grace_period(raw.and_then(|r| r.termination_grace_period_seconds)),
+            restart_policy: task.spec.restart_policy(),
+            active_deadline_seconds: task.spec.active_deadline_seconds(),
+            grace: super::grace_period(task.spec.termination_grace_period_seconds()),
         }
     }
 }
@@ -587,6 +587,49 @@ mod tests {
 
     fn secs(s: u64) -> Duration {
         Duration::from_secs(s)
+    }
+
+    #[test]
+    fn run_spec_comes_from_the_raw_or_docker_block() {
+        let task = |block: serde_json::Value| -> Task {
+            let mut spec = serde_json::json!({"agentType": "Docker", "role": "Env"});
+            for (k, v) in block.as_object().expect("object") {
+                spec[k] = v.clone();
+            }
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": "t"}, "spec": spec,
+            }))
+            .expect("task")
+        };
+        let limits = serde_json::json!({"restartPolicy": "OnFailure",
+            "activeDeadlineSeconds": 60, "terminationGracePeriodSeconds": 2});
+        let mut docker = limits.clone();
+        docker["containers"] = serde_json::json!([{"name": "c", "image": "i"}]);
+        let mut raw = limits;
+        raw["entrypoint"] = serde_json::json!(["x"]);
+        let expected = RunSpec {
+            restart_policy: RestartPolicy::OnFailure,
+            active_deadline_seconds: Some(60),
+            grace: Duration::from_secs(2),
+        };
+        assert_eq!(
+            RunSpec::for_task(&task(serde_json::json!({"docker": docker}))),
+            expected
+        );
+        assert_eq!(
+            RunSpec::for_task(&task(serde_json::json!({"raw": raw}))),
+            expected
+        );
+        // Unset: the raw block's defaults (Never, no deadline, 30 s).
+        let plain = task(serde_json::json!({"docker": {"containers": []}}));
+        assert_eq!(
+            RunSpec::for_task(&plain),
+            RunSpec {
+                restart_policy: RestartPolicy::Never,
+                active_deadline_seconds: None,
+                grace: super::super::grace_period(None),
+            }
+        );
     }
 
     fn spec(policy: RestartPolicy, deadline: Option<i64>) -> RunSpec {

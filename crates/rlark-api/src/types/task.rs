@@ -113,6 +113,7 @@ pub struct TaskPlacement {
 // Repeated `type_ = "string"` in the printcolumn(...) lists is not a mistake.
 #[allow(clippy::duplicated_attributes)]
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[schemars(transform = agent_type_not_required)]
 #[kube(
     crates(kube_core = ::kube_core),
     group = "rlinf.io",
@@ -137,6 +138,8 @@ pub struct TaskPlacement {
 #[serde(rename_all = "camelCase")]
 pub struct TaskSpec {
     /// Runtime that executes the task; selects the `kubernetes`, `docker` or `raw` block.
+    /// Optional in a manifest: the API server fills it in from the one runtime block that
+    /// is set, so a stored spec always has it.
     pub agent_type: AgentType,
     /// Role in the RL loop.
     pub role: TaskRole,
@@ -241,6 +244,15 @@ pub enum InputEnvError {
     },
 }
 
+/// `agentType` may be left out of a manifest (the API server defaults it from the runtime
+/// block, [`crate::defaults`]), so the schema must not require it; the Rust type does,
+/// because every stored spec has it.
+fn agent_type_not_required(schema: &mut schemars::Schema) {
+    if let Some(serde_json::Value::Array(required)) = schema.get_mut("required") {
+        required.retain(|field| field != "agentType");
+    }
+}
+
 /// Schema of a field that holds any JSON value: structural schemas express "anything" as
 /// `x-kubernetes-preserve-unknown-fields: true` without a `type`.
 fn any_json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
@@ -294,6 +306,34 @@ impl TaskSpec {
             }
         }
         (values, errors)
+    }
+
+    /// When an exited replica is restarted: the `raw` or `docker` block's
+    /// `restartPolicy` (`Never` for other tasks).
+    pub fn restart_policy(&self) -> RestartPolicy {
+        match (&self.raw, &self.docker) {
+            (Some(raw), _) => raw.restart_policy,
+            (None, Some(docker)) => docker.restart_policy,
+            (None, None) => RestartPolicy::Never,
+        }
+    }
+
+    /// `activeDeadlineSeconds` of the `raw` or `docker` block.
+    pub fn active_deadline_seconds(&self) -> Option<i64> {
+        match (&self.raw, &self.docker) {
+            (Some(raw), _) => raw.active_deadline_seconds,
+            (None, Some(docker)) => docker.active_deadline_seconds,
+            (None, None) => None,
+        }
+    }
+
+    /// `terminationGracePeriodSeconds` of the `raw` or `docker` block.
+    pub fn termination_grace_period_seconds(&self) -> Option<i64> {
+        match (&self.raw, &self.docker) {
+            (Some(raw), _) => raw.termination_grace_period_seconds,
+            (None, Some(docker)) => docker.termination_grace_period_seconds,
+            (None, None) => None,
+        }
     }
 
     /// Number of replicas (Ray nodes) the task runs: `raw.replicas`,
@@ -354,9 +394,22 @@ pub struct KubernetesWorkloadSpec {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct DockerTaskSpec {
-    /// Containers started together on the node.
+    /// Containers started together on the node; the first is the main one (its exit is
+    /// the replica's).
     #[serde(default)]
     pub containers: Vec<DockerContainerSpec>,
+    /// When an exited replica is restarted (default `Never`), as for `raw`: the agent
+    /// starts the containers again; the engine's own restart policy stays `no`.
+    #[serde(default)]
+    pub restart_policy: RestartPolicy,
+    /// Seconds after the first start when every container is stopped and the task fails
+    /// (`DeadlineExceeded`), as for `raw`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub active_deadline_seconds: Option<i64>,
+    /// Seconds between SIGTERM and SIGKILL to the containers on stop (default 30), as for
+    /// `raw`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub termination_grace_period_seconds: Option<i64>,
 }
 
 /// One Docker container.

@@ -1476,3 +1476,59 @@ fn env_from_input_in_job_templates_names_the_template() {
         [e("spec.tasks[0].envFrom.input[0].path", Required, "")]
     );
 }
+
+#[test]
+fn agent_type_left_out_is_inferred_or_refused_naming_the_blocks() {
+    // Defaulted (as the API server does before validating): valid.
+    let mut job_value = job(json!([{"name": "a", "role": "Actor", "raw": {"entrypoint": ["x"]}}]));
+    crate::defaults::default_agent_types("Job", &mut job_value);
+    assert_eq!(errors("Job", &job_value), []);
+
+    let refused = job(json!([
+        {"name": "a", "role": "Actor"},
+        {"name": "b", "role": "Actor", "raw": {"entrypoint": ["x"]},
+         "docker": {"containers": [{"name": "c", "image": "busybox"}]}},
+    ]));
+    assert_eq!(
+        errors("Job", &refused),
+        [
+            e(
+                "spec.tasks[0].agentType",
+                Required,
+                "agentType is not set and cannot be inferred: the spec has none of the runtime \
+                 blocks kubernetes, docker, raw; set one of them"
+            ),
+            e(
+                "spec.tasks[1].agentType",
+                Required,
+                "agentType is not set and cannot be inferred: the spec has several runtime \
+                 blocks (docker, raw); keep one, or set agentType and keep only its block"
+            ),
+        ]
+    );
+}
+
+#[test]
+fn docker_run_limits_have_the_raw_ranges() {
+    let spec = json!({"agentType": "Docker", "role": "Env", "docker": {
+        "containers": [{"name": "c", "image": "busybox"}],
+        "restartPolicy": "OnFailure",
+        "activeDeadlineSeconds": 0,
+        "terminationGracePeriodSeconds": -1,
+    }});
+    let found = errors("Task", &task(spec));
+    let fields: Vec<&str> = found.iter().map(|(f, _, _)| f.as_str()).collect();
+    assert_eq!(
+        fields,
+        [
+            "spec.docker.activeDeadlineSeconds",
+            "spec.docker.terminationGracePeriodSeconds"
+        ]
+    );
+    let good = json!({"agentType": "Docker", "role": "Env", "docker": {
+        "containers": [{"name": "c", "image": "busybox"}],
+        "activeDeadlineSeconds": 5,
+        "terminationGracePeriodSeconds": 0,
+    }});
+    assert_eq!(errors("Task", &task(good)), []);
+}

@@ -118,6 +118,10 @@ async fn exec(
         Ok(options) => options,
         Err(message) => return ApiError::bad_request(message).into_response(),
     };
+    let container = match super::logs::container_param(request.uri().query()) {
+        Ok(container) => container,
+        Err(message) => return ApiError::bad_request(message).into_response(),
+    };
     if let Err(message) = exec_upgrade(request.headers()) {
         return ApiError::bad_request(format!("{ROUTE_NAME}: {message}")).into_response();
     }
@@ -185,7 +189,11 @@ async fn exec(
             tracing::debug!(%error, "agent exec connection ended");
         }
     });
-    let uri = format!("{}?{}", exec_path(&namespace, &pod), options.to_query());
+    let uri = format!(
+        "{}?{}",
+        exec_path(&namespace, &pod),
+        super::logs::with_container(options.to_query(), container.as_deref())
+    );
     let mut out = http::Request::get(&uri)
         .header(header::HOST, "agent")
         .header(header::CONNECTION, "Upgrade")

@@ -6,6 +6,7 @@
 //! | `follow=true` | keep streaming until the replica's process exits (or the client leaves) |
 //! | `previous=true` | the previous run of the replica (an earlier Task of the same name) |
 //! | `limitBytes=N` | at most N bytes |
+//! | `container=NAME` | that container of a docker replica (kubectl's `-c`; default: the main one) |
 //!
 //! **Who**: admins and viewers (a viewer may read every replica's output: logs are part of
 //! what "read everything" means in rlark; do not print secrets in task output). Anyone
@@ -44,6 +45,11 @@ const AGENT_NAMESPACE_PREFIX: &str = "rlark-";
 /// Most of an agent's error answer that is read.
 const MAX_ERROR_BODY: usize = 64 * 1024;
 
+/// Whether `name` is a DNS-1123 label (a container name).
+fn valid_label(name: &str) -> bool {
+    name.len() <= 63 && !name.contains('.') && valid_name(name)
+}
+
 /// Whether `name` can be a Pod name (and so a path component on the agent).
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -59,6 +65,35 @@ fn valid_name(name: &str) -> bool {
             .bytes()
             .last()
             .is_some_and(|b| b.is_ascii_alphanumeric())
+}
+
+/// The `container` query parameter (kubectl's `-c`): `None` when absent or empty, else a
+/// DNS-1123 label (it names a container of the Task, and is passed on to the agent); `Err`
+/// names a bad value.
+pub(super) fn container_param(query: Option<&str>) -> Result<Option<String>, String> {
+    let mut found = None;
+    for pair in query.unwrap_or_default().split('&') {
+        if let Some(value) = pair.strip_prefix("container=").filter(|v| !v.is_empty()) {
+            if !valid_label(value) {
+                return Err(format!(
+                    "invalid container name {value:?}: a container name is a DNS-1123 label \
+                     (lower case letters, digits and '-', starting and ending with a letter \
+                     or digit, at most 63 characters)"
+                ));
+            }
+            found = Some(value.to_string());
+        }
+    }
+    Ok(found)
+}
+
+/// `query` (an agent API query string) with `container=NAME` added when given.
+pub(super) fn with_container(query: String, container: Option<&str>) -> String {
+    match container {
+        None => query,
+        Some(name) if query.is_empty() => format!("container={name}"),
+        Some(name) => format!("{query}&container={name}"),
+    }
 }
 
 /// `GET /rlark/v1/namespaces/{namespace}/pods/{pod}/log`.
@@ -84,6 +119,10 @@ pub(crate) async fn pod_log(
     }
     let query = match LogOptions::parse(request.uri().query()) {
         Ok(query) => query,
+        Err(message) => return ApiError::bad_request(message).into_response(),
+    };
+    let container = match container_param(request.uri().query()) {
+        Ok(container) => container,
         Err(message) => return ApiError::bad_request(message).into_response(),
     };
     let Some(cluster) = namespace
@@ -126,7 +165,7 @@ pub(crate) async fn pod_log(
     // The connection (and its tunnel stream) ends with the response body at the latest.
     let guard = AbortOnDrop(conn.abort_handle());
     let mut uri = rlark_tunnel::agent_api::logs_path(&namespace, &pod);
-    let q = query.to_query();
+    let q = with_container(query.to_query(), container.as_deref());
     if !q.is_empty() {
         uri.push('?');
         uri.push_str(&q);
@@ -227,6 +266,26 @@ impl Drop for AbortOnDrop {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn container_parameter_is_checked_and_passed_on() {
+        assert_eq!(container_param(None), Ok(None));
+        assert_eq!(container_param(Some("tail=3&container=")), Ok(None));
+        assert_eq!(
+            container_param(Some("follow=true&container=tb")),
+            Ok(Some("tb".to_string()))
+        );
+        assert!(
+            container_param(Some("container=../x"))
+                .is_err_and(|e| e.contains("invalid container name \"../x\""))
+        );
+        assert_eq!(with_container(String::new(), Some("tb")), "container=tb");
+        assert_eq!(
+            with_container("tail=1".into(), Some("tb")),
+            "tail=1&container=tb"
+        );
+        assert_eq!(with_container("tail=1".into(), None), "tail=1");
+    }
 
     #[test]
     fn pod_names_are_checked() {

@@ -22,7 +22,9 @@
 //! `docker` tasks of `--image` (which must be on the engine: nothing is pulled), `true` and
 //! `sleep 3600` as above; beside the task start latency, the same run measures `docker run
 //! -d --rm IMAGE true` (the engine's own create + start, from the CLI) `--docker-runs`
-//! times in a row: what rlark adds to a container start. There are no supervisor
+//! times in a row: what rlark adds to a container start; and `--batch` of those commands
+//! at once, the engine's own figure for a burst the size of a batch of tasks (each from
+//! the common start to its command's exit). There are no supervisor
 //! processes then (the engine runs the containers).
 
 use std::collections::HashMap;
@@ -115,6 +117,10 @@ pub struct AgentBenchReport {
     /// `docker run -d --rm IMAGE true` in the same run (docker only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub docker_run: Option<LatencySummary>,
+    /// `docker run -d --rm IMAGE true`, `batch` of them at once (docker only): the
+    /// engine's own figure for a burst the size of a batch of tasks.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub docker_burst: Option<LatencySummary>,
     pub tasks: usize,
     pub batch: usize,
     /// Task seen by a watch → Pod seen `Running`/`Succeeded` by a watch.
@@ -180,6 +186,15 @@ impl std::fmt::Display for AgentBenchReport {
                 f,
                 "{:<48} {:>9.1} ms / {:.1} ms",
                 format!("`docker run -d` p50 / p99 ({} runs)", d.count),
+                d.p50_ms,
+                d.p99_ms
+            )?;
+        }
+        if let Some(d) = &self.docker_burst {
+            writeln!(
+                f,
+                "{:<48} {:>9.1} ms / {:.1} ms",
+                format!("`docker run -d` p50 / p99 ({} at once)", d.count),
                 d.p50_ms,
                 d.p99_ms
             )?;
@@ -696,32 +711,108 @@ async fn delete_jobs(jobs: &Api<Job>, prefix: &str, count: usize) {
     }
 }
 
-/// `docker run -d --rm IMAGE true`, `runs` times in a row: from the command's start to its
-/// exit (it returns once the container started).
+/// Label on the bench's own `docker run` containers, so that whatever a failed or timed
+/// out run left behind is removed ([`remove_bench_containers`]).
+const BENCH_CONTAINER_LABEL: &str = "rlark.io/bench=docker-run";
+
+/// One `docker run -d --rm IMAGE true`, bounded by [`BATCH_DEADLINE`]: from the command's
+/// start to its exit (it returns once the container started).
+async fn docker_run_once(image: &str) -> anyhow::Result<Duration> {
+    let started = Instant::now();
+    let out = tokio::time::timeout(
+        BATCH_DEADLINE,
+        tokio::process::Command::new("docker")
+            .args(["run", "-d", "--rm", "--network", "host", "--label"])
+            .arg(BENCH_CONTAINER_LABEL)
+            .args([image, "true"])
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await
+    .context("docker run timed out")?
+    .context("run `docker run`")?;
+    if !out.status.success() {
+        bail!(
+            "docker run -d --rm {image} true: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(started.elapsed())
+}
+
+/// `docker run -d --rm IMAGE true`, `runs` times in a row.
 async fn docker_runs(image: &str, runs: usize) -> anyhow::Result<LatencySummary> {
     let mut samples = Vec::with_capacity(runs);
     for _ in 0..runs {
-        let started = Instant::now();
-        let out = tokio::time::timeout(
-            BATCH_DEADLINE,
-            tokio::process::Command::new("docker")
-                .args(["run", "-d", "--rm", "--network", "host", image, "true"])
-                .stdin(Stdio::null())
-                .kill_on_drop(true)
-                .output(),
-        )
-        .await
-        .context("docker run timed out")?
-        .context("run `docker run`")?;
-        if !out.status.success() {
-            bail!(
-                "docker run -d --rm {image} true: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
-        }
-        samples.push(started.elapsed());
+        samples.push(docker_run_once(image).await?);
     }
     Ok(LatencySummary::from_samples(&mut samples))
+}
+
+/// `docker run -d --rm IMAGE true`, `count` at once (the engine's side of a batch of
+/// `count` docker tasks): each sample from the common start to that command's exit. The
+/// containers remove themselves (`--rm`, `true` exits at once); whatever a failed run left
+/// is removed before returning.
+async fn docker_burst(image: &str, count: usize) -> anyhow::Result<LatencySummary> {
+    let mut runs = JoinSet::new();
+    for _ in 0..count {
+        let image = image.to_string();
+        runs.spawn(async move { docker_run_once(&image).await });
+    }
+    let mut samples = Vec::with_capacity(count);
+    let mut failure = None;
+    while let Some(joined) = runs.join_next().await {
+        match joined.context("a docker run task panicked").and_then(|r| r) {
+            Ok(sample) => samples.push(sample),
+            Err(error) => failure = failure.or(Some(error)),
+        }
+    }
+    remove_bench_containers().await;
+    match failure {
+        Some(error) => Err(error.context(format!("{count} `docker run -d` at once"))),
+        None => Ok(LatencySummary::from_samples(&mut samples)),
+    }
+}
+
+/// Remove the bench's own containers ([`BENCH_CONTAINER_LABEL`]) that are still there;
+/// best effort, bounded by [`WAIT_DEADLINE`].
+async fn remove_bench_containers() {
+    let listed = tokio::time::timeout(
+        WAIT_DEADLINE,
+        tokio::process::Command::new("docker")
+            .args(["ps", "-aq", "--filter"])
+            .arg(format!("label={BENCH_CONTAINER_LABEL}"))
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
+    )
+    .await;
+    let Ok(Ok(out)) = listed else {
+        return;
+    };
+    let ids: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_string)
+        .collect();
+    if ids.is_empty() {
+        return;
+    }
+    let removed = tokio::time::timeout(
+        WAIT_DEADLINE,
+        tokio::process::Command::new("docker")
+            .args(["rm", "-f"])
+            .args(&ids)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .status(),
+    )
+    .await;
+    if !matches!(removed, Ok(Ok(status)) if status.success()) {
+        tracing::warn!(containers = ?ids, "could not remove the bench's docker run containers");
+    }
 }
 
 async fn measure(
@@ -765,9 +856,12 @@ async fn measure(
             .await?
             .since(&counts_before, options.tasks);
         delete_jobs(&jobs, "start", options.tasks).await;
-        let docker_run = match image {
-            Some(image) => Some(docker_runs(image, options.docker_runs).await?),
-            None => None,
+        let (docker_run, docker_burst) = match image {
+            Some(image) => (
+                Some(docker_runs(image, options.docker_runs).await?),
+                Some(docker_burst(image, options.batch).await?),
+            ),
+            None => (None, None),
         };
 
         // 2. Resources with long-running tasks.
@@ -817,6 +911,7 @@ async fn measure(
         anyhow::Ok(AgentBenchReport {
             agent_type: options.agent_type,
             docker_run,
+            docker_burst,
             tasks: options.tasks,
             batch: options.batch,
             task_start,

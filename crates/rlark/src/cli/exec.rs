@@ -1,4 +1,5 @@
-//! `rlark exec (task/NAME | pod/NAME | NAME) [-n NS] [--replica N] [-i] [-t] -- CMD ARGS...`:
+//! `rlark exec (task/NAME | pod/NAME | NAME) [-n NS] [--replica N] [-c CONTAINER] [-i] [-t]
+//! -- CMD ARGS...`:
 //! run a command in a running replica, through the server and the replica's agent
 //! (`GET /rlark/v1/namespaces/{ns}/pods/{pod}/exec`, admins only; docs/tunnel.md, "Exec").
 //!
@@ -7,6 +8,8 @@
 //! - The connection is a WebSocket (Kubernetes' remotecommand protocol, `v5.channel.k8s.io`
 //!   or `v4.channel.k8s.io`) over TLS with the kubeconfig's credentials (embedded client
 //!   certificate or bearer token, as `rlark port-forward` reads them).
+//! - `-c NAME` (kubectl's flag) runs the command in that container of a `docker` replica
+//!   (a sidecar); without it, in the main (first) container.
 //! - `-i` sends this process's stdin; its end closes the command's stdin (v5). Without
 //!   `-i`, nothing is sent.
 //! - `-t` gives the command a terminal (stderr merged into stdout) when this process's
@@ -67,6 +70,9 @@ pub(crate) struct ExecArgs {
     /// With task/NAME: the replica to exec into.
     #[arg(long, value_name = "N")]
     pub replica: Option<usize>,
+    /// The container of a docker replica to run in (default: the main, first one).
+    #[arg(short = 'c', long, value_name = "NAME")]
+    pub container: Option<String>,
     /// Send stdin to the command.
     #[arg(short = 'i', long)]
     pub stdin: bool,
@@ -142,7 +148,14 @@ async fn run(args: ExecArgs) -> anyhow::Result<i32> {
         tty,
     };
     let endpoint = super::port_forward::endpoint(&args.client)?;
-    let (ws, protocol) = connect(&endpoint, &namespace, &pod, &options).await?;
+    let (ws, protocol) = connect(
+        &endpoint,
+        &namespace,
+        &pod,
+        &options,
+        args.container.as_deref(),
+    )
+    .await?;
 
     // Raw mode only when our own keystrokes go to the remote terminal.
     let _raw = if tty && args.stdin {
@@ -159,14 +172,18 @@ async fn connect(
     namespace: &str,
     pod: &str,
     options: &ExecOptions,
+    container: Option<&str>,
 ) -> anyhow::Result<(Ws, &'static str)> {
     let host = if endpoint.host.contains(':') {
         format!("[{}]", endpoint.host)
     } else {
         endpoint.host.clone()
     };
+    let container = container
+        .map(|c| format!("&container={}", percent_encode(c)))
+        .unwrap_or_default();
     let url = format!(
-        "wss://{host}:{}/rlark/v1/namespaces/{}/pods/{}/exec?{}",
+        "wss://{host}:{}/rlark/v1/namespaces/{}/pods/{}/exec?{}{container}",
         endpoint.port,
         percent_encode(namespace),
         percent_encode(pod),

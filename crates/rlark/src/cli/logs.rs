@@ -1,4 +1,5 @@
-//! `rlark logs (pod/NAME | task/NAME | job/NAME) [-n NS] [-f] [--tail N] [--previous]`:
+//! `rlark logs (pod/NAME | task/NAME | job/NAME) [-n NS] [-c CONTAINER] [-f] [--tail N]
+//! [--previous]`:
 //! the output of replicas, read by their agents through the server
 //! (`GET /rlark/v1/namespaces/{ns}/pods/{pod}/log`, admins and viewers).
 //!
@@ -6,6 +7,10 @@
 //! - `task/NAME`: every Pod of the Task (label `rlark.io/task-name=NAME`);
 //! - `job/NAME`: every Pod of every Task of the Job (label `rlinf.io/job=NAME`, in any
 //!   namespace).
+//!
+//! `-c NAME` (kubectl's flag) reads that container of a `docker` replica (a sidecar's
+//! output); without it, the main (first) container. A name the replica does not have is
+//! an error listing the names it has.
 //!
 //! Without `-n`, Pods and Tasks are looked up across namespaces (they live in the agent
 //! namespaces `rlark-<clusterID>`). With more than one Pod, each line is prefixed with
@@ -46,6 +51,9 @@ pub(crate) struct LogsArgs {
     /// At most N bytes of each Pod.
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     pub limit_bytes: Option<u64>,
+    /// The container of a docker replica to read (default: the main, first one).
+    #[arg(short = 'c', long, value_name = "NAME")]
+    pub container: Option<String>,
     #[arg(skip)]
     pub client: ClientArgs,
 }
@@ -171,6 +179,14 @@ fn query(args: &LogsArgs) -> String {
     }
     if let Some(limit) = args.limit_bytes {
         parts.push(format!("limitBytes={limit}"));
+    }
+    if let Some(container) = &args.container {
+        // A DNS label when valid; the server refuses anything else by name, so only
+        // characters that would break the query are escaped here.
+        parts.push(format!(
+            "container={}",
+            rlark_tunnel::agent_api::percent_encode(container)
+        ));
     }
     if parts.is_empty() {
         String::new()

@@ -90,6 +90,41 @@ pub const LABEL_RUN_KEY: &str = "rlark.io/run-key";
 pub const LABEL_CONTAINER: &str = "rlark.io/container";
 /// Longest container name.
 pub const MAX_NAME: usize = 63;
+/// File in a replica's directory naming its containers (a JSON array, main first),
+/// written at each start: the local API's `container=` of logs and exec picks by it.
+pub const CONTAINERS_FILE: &str = "containers.json";
+
+/// The file in a docker replica's `logs/` with the output of `container` (`None`: the
+/// main one), given the replica's container names (main first, [`CONTAINERS_FILE`]):
+/// `current.log` for the main container, `<name>.log` for a sidecar. `Err` names the
+/// containers there are.
+pub fn container_log_file(names: &[String], container: Option<&str>) -> Result<String, String> {
+    match container_index(names, container)? {
+        0 => Ok(super::LOG_FILE.to_string()),
+        i => Ok(format!("{}.log", names[i])),
+    }
+}
+
+/// Index of `container` (`None`: the main one, 0) among a replica's container `names`
+/// (main first); `Err` for a name that is not there, listing them, or for any name when
+/// the replica has no containers (a process replica).
+pub fn container_index(names: &[String], container: Option<&str>) -> Result<usize, String> {
+    let Some(container) = container else {
+        return Ok(0);
+    };
+    if names.is_empty() {
+        return Err(format!(
+            "container {container:?}: this replica runs processes, not containers (omit the \
+             container)"
+        ));
+    }
+    names.iter().position(|n| n == container).ok_or_else(|| {
+        format!(
+            "container {container:?} is not in this replica: its containers are {}",
+            names.join(", ")
+        )
+    })
+}
 /// How long the log streams may take to end after the containers stopped.
 const LOG_DRAIN: Duration = Duration::from_secs(5);
 /// Pause before retrying a failed engine wait.
@@ -310,6 +345,13 @@ impl DockerRuntime {
         std::fs::create_dir_all(&logs_dir).map_err(|source| RuntimeError::Io {
             path: logs_dir.clone(),
             source,
+        })?;
+        let names: Vec<&str> = set.containers.iter().map(|c| c.name.as_str()).collect();
+        record::write(&spec.replica_dir.join(CONTAINERS_FILE), &names).map_err(|source| {
+            RuntimeError::Io {
+                path: spec.replica_dir.join(CONTAINERS_FILE),
+                source,
+            }
         })?;
         // A new run of the replica starts without an earlier run's exit or log position.
         for stale in [
@@ -783,6 +825,32 @@ impl Supervision {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn container_log_files_and_unknown_names() {
+        let names = vec!["main".to_string(), "tb".to_string()];
+        assert_eq!(
+            container_log_file(&names, None).as_deref(),
+            Ok("current.log")
+        );
+        assert_eq!(
+            container_log_file(&names, Some("main")).as_deref(),
+            Ok("current.log")
+        );
+        assert_eq!(
+            container_log_file(&names, Some("tb")).as_deref(),
+            Ok("tb.log")
+        );
+        assert_eq!(
+            container_log_file(&names, Some("nope")),
+            Err("container \"nope\" is not in this replica: its containers are main, tb".into())
+        );
+        assert_eq!(container_index(&[], None), Ok(0));
+        assert!(
+            container_index(&[], Some("main"))
+                .is_err_and(|e| e.contains("runs processes, not containers")),
+        );
+    }
     use rlark_api::types::{DockerVolumeRef, EnvVar, ResourceRequirements};
 
     #[test]
