@@ -183,7 +183,9 @@ pub(crate) fn init_tracing(cli: &Cli) {
             "info"
         }
         Command::Embodied(_) => "info",
-        _ => "warn",
+        // kube logs a failed connection at ERROR before returning the error, which the
+        // command prints itself: the cause would show twice.
+        _ => "warn,kube_client::client::builder=off",
     };
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
