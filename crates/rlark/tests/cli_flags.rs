@@ -468,7 +468,7 @@ fn task_manifest(name: &str, namespace: Option<&str>) -> String {
 }
 
 /// Issue 18, item 3: `KIND/NAME` and `KIND NAME` name the same object in get, describe,
-/// delete, logs, exec and cordon; namespaced objects are found in whichever namespace holds
+/// delete, logs, exec, events and cordon; namespaced objects are found in whichever namespace holds
 /// them, several candidates are listed, and listing without -n spans every namespace.
 #[test]
 fn objects_are_named_the_same_way_everywhere() -> anyhow::Result<()> {
@@ -488,8 +488,63 @@ fn objects_are_named_the_same_way_everywhere() -> anyhow::Result<()> {
         "---\napiVersion: rlinf.io/v1alpha1\nkind: Node\nmetadata:\n  name: n1\n  namespace: rlark-b\n\
          spec:\n  agentType: Raw\n",
     );
+    objects.push_str(
+        "---\napiVersion: v1\nkind: Event\nmetadata:\n  name: solo.1\n  namespace: rlark-a\n\
+         involvedObject:\n  apiVersion: rlinf.io/v1alpha1\n  kind: Task\n  name: solo\n  \
+         namespace: rlark-a\nreason: Testing\nmessage: hello from the test\ntype: Normal\n\
+         lastTimestamp: '2026-01-01T00:00:00Z'\n",
+    );
     let file = env.write("objects.yaml", &objects)?;
     env.ok(&["apply", "-f", file.to_str().context("path")?])?;
+
+    // events: both forms and kubectl's --for; all Events with their namespace.
+    for args in [
+        vec!["events", "task", "solo"],
+        vec!["events", "task/solo"],
+        vec!["events", "--for", "task/solo"],
+    ] {
+        let table = env.ok(&args)?;
+        let lines: Vec<Vec<&str>> = table
+            .lines()
+            .map(|l| l.split_whitespace().collect())
+            .collect();
+        assert_eq!(lines.len(), 2, "{args:?}: {table}");
+        assert_eq!(
+            lines[0],
+            ["LAST", "SEEN", "TYPE", "REASON", "OBJECT", "MESSAGE"],
+            "{table}"
+        );
+        assert_eq!(
+            lines[1][1..],
+            [
+                "Normal",
+                "Testing",
+                "task/solo",
+                "hello",
+                "from",
+                "the",
+                "test"
+            ],
+            "{table}"
+        );
+    }
+    let all = env.ok(&["events"])?;
+    assert!(all.starts_with("NAMESPACE "), "{all}");
+    assert!(
+        all.lines()
+            .nth(1)
+            .is_some_and(|l| l.starts_with("rlark-a ")),
+        "{all}"
+    );
+    let out = env.any(&["events", "-n", "rlark-b"])?;
+    assert_eq!(text(&out.stderr), "No events found in rlark-b namespace.\n");
+    let out = env.any(&["events", "task", "twin"])?;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("(rlark-a, rlark-b)"),
+        "{}",
+        text(&out.stderr)
+    );
 
     // get: both forms, found in rlark-a without -n.
     for args in [

@@ -243,6 +243,77 @@ mod tests {
     }
 
     #[test]
+    fn warning_headers_read_as_kubectl_shows_them() {
+        assert_eq!(
+            warning_text(br#"299 - "unknown field \"spec.x\"""#).as_deref(),
+            Some(r#"unknown field "spec.x""#)
+        );
+        assert_eq!(
+            warning_text(br#"299 rlark "text" "Wed, 02 Dec 2026 00:00:00 GMT""#).as_deref(),
+            Some("text")
+        );
+        for bad in [
+            &b"text"[..],
+            b"299 - text",
+            b"29 - \"x\"",
+            b"299 - \"open",
+            b"\xff",
+        ] {
+            assert_eq!(
+                warning_text(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn kubeconfig_sources_follow_kubectl() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let file = |name: &str| {
+            let path = dir.path().join(name);
+            std::fs::write(&path, "").expect("write");
+            path
+        };
+        let (a, b) = (file("a"), file("b"));
+        let missing = dir.path().join("missing");
+        let default = dir.path().join("default");
+        let home = dir.path().join("home");
+        let flag = Some(missing.as_path());
+        assert_eq!(
+            kubeconfig_sources(flag, None, &default, None).unwrap(),
+            [missing.clone()]
+        );
+        let list = std::env::join_paths([&missing, &b, &a]).unwrap();
+        assert_eq!(
+            kubeconfig_sources(None, Some(&list), &default, None).unwrap(),
+            [b.clone(), a.clone()]
+        );
+        let only_missing = missing.clone().into_os_string();
+        let err = kubeconfig_sources(None, Some(&only_missing), &default, None).unwrap_err();
+        assert!(
+            err.to_string().contains("none of the kubeconfig files"),
+            "{err}"
+        );
+        // An empty KUBECONFIG counts as unset.
+        let err = kubeconfig_sources(None, Some(std::ffi::OsStr::new("")), &default, Some(&home))
+            .unwrap_err();
+        assert!(err.to_string().contains("no kubeconfig"), "{err}");
+        std::fs::create_dir_all(home.join(".kube")).unwrap();
+        std::fs::write(home.join(".kube/config"), "").unwrap();
+        assert_eq!(
+            kubeconfig_sources(None, None, &default, Some(&home)).unwrap(),
+            [home.join(".kube/config")]
+        );
+        std::fs::write(&default, "").unwrap();
+        assert_eq!(
+            kubeconfig_sources(None, None, &default, Some(&home)).unwrap(),
+            [default.clone()]
+        );
+    }
+
+    #[test]
     fn server_errors_print_like_kubectl() {
         let err = anyhow::Error::new(kube::Error::Api(
             status("NotFound", "jobs.rlinf.io \"x\" not found", 404).boxed(),

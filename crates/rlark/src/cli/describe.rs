@@ -124,7 +124,7 @@ async fn domain_peers(client: &kube::Client, name: &str) -> anyhow::Result<Vec<V
 
 /// Events whose `involvedObject` is this object (by kind, name and namespace; Events of
 /// cluster-scoped objects live in `default`), oldest first.
-async fn events_about(
+pub(crate) async fn events_about(
     client: &kube::Client,
     info: &ResourceInfo,
     name: &str,
@@ -175,7 +175,7 @@ fn parse_time(value: &Value) -> Option<DateTime<Utc>> {
 
 /// When an Event last happened: `lastTimestamp`, else `eventTime`, `firstTimestamp`,
 /// creation.
-fn last_seen(event: &Value) -> Option<DateTime<Utc>> {
+pub(crate) fn last_seen(event: &Value) -> Option<DateTime<Utc>> {
     parse_time(&event["lastTimestamp"])
         .or_else(|| parse_time(&event["series"]["lastObservedTime"]))
         .or_else(|| parse_time(&event["eventTime"]))
@@ -183,7 +183,7 @@ fn last_seen(event: &Value) -> Option<DateTime<Utc>> {
         .or_else(|| parse_time(&event["metadata"]["creationTimestamp"]))
 }
 
-fn age(now: DateTime<Utc>, then: Option<DateTime<Utc>>) -> String {
+pub(crate) fn age(now: DateTime<Utc>, then: Option<DateTime<Utc>>) -> String {
     match then {
         Some(t) => human_duration((now - t).num_seconds()),
         None => "<unknown>".into(),

@@ -12,6 +12,7 @@ mod describe;
 mod devinit;
 mod discovery;
 mod embodied;
+mod events;
 mod exec;
 mod get;
 mod join;
@@ -83,6 +84,9 @@ enum Command {
     Delete(delete::DeleteArgs),
     /// Show an object with its conditions and the Events recorded about it.
     Describe(describe::DescribeArgs),
+    /// Print Events (LAST SEEN, TYPE, REASON, OBJECT, MESSAGE) as `kubectl events`: all of
+    /// them, or those about one object (KIND/NAME, KIND NAME or --for KIND/NAME).
+    Events(events::EventsArgs),
     /// Mark a Node unschedulable: no new Task is placed on it.
     Cordon(cordon::CordonArgs),
     /// Mark a Node schedulable again.
@@ -182,7 +186,9 @@ pub(crate) fn init_tracing(cli: &Cli) {
             "info"
         }
         Command::Embodied(_) => "info",
-        _ => "warn",
+        // kube logs a failed connection at ERROR before returning the error, which the
+        // command prints itself: the cause would show twice.
+        _ => "warn,kube_client::client::builder=off",
     };
     use std::io::IsTerminal as _;
     // On a terminal `rlark up` prints a banner and the demo's progress: INFO lines would
@@ -237,6 +243,10 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Describe(mut args) => {
             args.client = client;
             describe::describe(args).await
+        }
+        Command::Events(mut args) => {
+            args.client = client;
+            events::events(args).await
         }
         Command::Cordon(mut args) => {
             args.client = client;
