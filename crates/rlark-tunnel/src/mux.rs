@@ -796,6 +796,43 @@ impl MuxStream {
 }
 
 impl MuxStream {
+    /// Raises this stream's receive window to `window` bytes (at most `MuxConfig::window`,
+    /// the per-stream bound, which stays the bound of what the stream may buffer) and grants
+    /// the difference to the peer at once; a window already at least that large is left as
+    /// it is. For streams known to carry bulk data over a long pipeline (the hub's relay:
+    /// two tunnels and three processes between the ends), where the start window, sized for
+    /// one loopback hop, would limit a single stream to window / turnaround. Auto-tuning
+    /// goes on from the new window.
+    pub fn raise_window(&self, window: u32) {
+        let target = window.min(self.shared.config.window);
+        let mut st = lock(&self.cell.st);
+        if st.end.is_some() || st.fin_recv || target <= st.recv_window {
+            return;
+        }
+        let growth = target - st.recv_window;
+        st.recv_window = target;
+        st.recv_allowed += u64::from(growth);
+        if st.open_pending {
+            // Not opened on the wire yet: the grant follows the OPEN (a WINDOW ahead of it
+            // would name a stream the peer does not know).
+            st.grant_pending = st.grant_pending.saturating_add(growth);
+            return;
+        }
+        drop(st);
+        let w = {
+            let mut inner = lock(&self.shared.inner);
+            if inner.closing {
+                None
+            } else {
+                inner.push_control(Frame::Window {
+                    stream: self.cell.id,
+                    credit: growth,
+                })
+            }
+        };
+        wake(w);
+    }
+
     /// Books `n` bytes read by the application; returns credit to the peer (WINDOW) once
     /// half the stream's window has been consumed, plus the window's growth when
     /// auto-tuning grows it. Takes the stream lock the caller holds.
@@ -1837,6 +1874,70 @@ mod tests {
         assert!(written.load(Ordering::SeqCst) > window as u64);
         a_writer.abort();
         let _ = agent;
+    }
+
+    /// A writer that never stops, counting the bytes its stream accepted.
+    fn spawn_endless_writer(s: MuxStream) -> (Arc<AtomicU64>, tokio::task::JoinHandle<()>) {
+        let written = Arc::new(AtomicU64::new(0));
+        let w = written.clone();
+        let task = tokio::spawn(async move {
+            let mut s = s;
+            let chunk = vec![0x5a; 10_000];
+            loop {
+                let Ok(n) = s.write(&chunk).await else { return };
+                w.fetch_add(n as u64, Ordering::SeqCst);
+            }
+        });
+        (written, task)
+    }
+
+    /// `raise_window` (the relay's bulk streams) moves the bound of what a stream buffers
+    /// for a reader that does not read: the sender gets exactly the raised window ahead,
+    /// never more, and never past `MuxConfig::window` — also when the stream is raised by
+    /// the side that opened it, before its OPEN went out.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_raised_window_is_the_new_bound_and_never_exceeds_the_maximum() {
+        let config = MuxConfig {
+            window: MIB as u32,
+            start_window: 128 * KIB as u32,
+            ..cfg()
+        };
+        let ((hub, mut hub_in), (agent, mut agent_in)) = pair_with(config.clone(), config);
+        // Raised by the receiver of a stream the peer opened: 512 KiB, then (asking for
+        // 4 MiB) the 1 MiB maximum.
+        for (raise, bound) in [(512 * KIB, 512 * KIB), (4 * MIB, MIB)] {
+            let (written, writer) = spawn_endless_writer(hub.open().unwrap());
+            let peer = agent_in.next().await.unwrap();
+            eventually("the start window buffered", || {
+                peer.flow().recv_buffered == 128 * KIB
+            })
+            .await;
+            peer.raise_window(raise as u32);
+            eventually("the raised window buffered", || {
+                peer.flow().recv_buffered == bound
+            })
+            .await;
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            assert_eq!(written.load(Ordering::SeqCst), bound as u64);
+            let f = peer.flow();
+            assert_eq!((f.recv_window, f.recv_allowed), (bound as u32, 0));
+            writer.abort();
+        }
+        // Raised by the side that opened it, right away (OPEN still queued): the grant
+        // follows the OPEN, and the peer's writer stops at the raised window.
+        let mine = agent.open().unwrap();
+        mine.raise_window(256 * KIB as u32);
+        let (written, writer) = spawn_endless_writer(hub_in.next().await.unwrap());
+        eventually("the raised window buffered", || {
+            mine.flow().recv_buffered == 256 * KIB
+        })
+        .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert_eq!(written.load(Ordering::SeqCst), 256 * KIB as u64);
+        writer.abort();
+        // Lowering is not a thing: a smaller value leaves the window as it is.
+        mine.raise_window(64 * KIB as u32);
+        assert_eq!(mine.flow().recv_window, 256 * KIB as u32);
     }
 
     /// One busy stream does not starve another: a small request/response on C completes

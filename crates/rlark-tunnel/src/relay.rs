@@ -49,6 +49,15 @@ pub const MAX_DOMAIN_LEN: usize = 253;
 pub const MAX_CLUSTER_LEN: usize = 57;
 /// Largest payload of one framed datagram on a Udp/Icmp relay stream (the `u16` length).
 pub const MAX_DATAGRAM: usize = u16::MAX as usize;
+/// Receive window of each tunnel stream of a relayed TCP flow
+/// ([`crate::mux::MuxStream::raise_window`]; capped at `MuxConfig::window`), set by the
+/// stream's receiver once it knows the stream is one: the hub for both of its streams, the
+/// destination agent for the stream it accepts, the source agent for the stream it opened.
+/// A relayed byte crosses two tunnels and three processes, so a stream's credit comes
+/// back much later than over one loopback hop, and the 512 KiB start window held a single
+/// relayed stream to about 200 MB/s (docs/network.md, *Performance*). Memory stays bounded
+/// by the window: at most this much is buffered per stream and direction at each receiver.
+pub const RELAY_WINDOW: u32 = 2 * 1024 * 1024;
 
 const PROTO_TCP: u8 = 1;
 const PROTO_UDP: u8 = 2;

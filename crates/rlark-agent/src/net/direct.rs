@@ -29,6 +29,10 @@
 //! Until the set has been read once the listener does not accept and the dialer refuses.
 //! Connections of a peer whose certificate is revoked while they are open are cut when the
 //! new set arrives.
+//!
+//! Bulk transfer: both ends put [`ReadAhead`] under TLS (one `recv` per 64 KiB instead of
+//! rustls' 4 KiB reads) and let rustls queue [`TLS_BUFFER_LIMIT`] of outgoing records, as
+//! the tunnel does (`docs/network.md`, *Performance*).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError, RwLock};
@@ -37,6 +41,7 @@ use std::time::Duration;
 use futures::future::BoxFuture;
 use rlark_tunnel::header::{self, ReadHeaderError, Status, StreamRequest, StreamResponse};
 use rlark_tunnel::relay::RelayHeader;
+use rlark_tunnel::transport::{ReadAhead, TLS_BUFFER_LIMIT};
 use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
@@ -296,14 +301,15 @@ impl DirectEndpoint {
                     reason: format!("cluster {cluster:?} cannot be verified: {e}"),
                 }
             })?;
-            let stream = tls
+            let mut stream = tls
                 .client
-                .connect(name, tcp)
+                .connect(name, ReadAhead::new(tcp))
                 .await
                 .map_err(|e| DirectError::Tls {
                     address: address.to_string(),
                     reason: e.to_string(),
                 })?;
+            stream.get_mut().1.set_buffer_limit(Some(TLS_BUFFER_LIMIT));
             let tls_error = |reason: String| DirectError::Tls {
                 address: address.to_string(),
                 reason,
@@ -404,11 +410,12 @@ impl DirectEndpoint {
         let _ = tcp.set_nodelay(true);
         let tls = self.current();
         let setup = async {
-            let stream = tls
+            let mut stream = tls
                 .server
-                .accept(tcp)
+                .accept(ReadAhead::new(tcp))
                 .await
                 .map_err(|e| format!("TLS: {e}"))?;
+            stream.get_mut().1.set_buffer_limit(Some(TLS_BUFFER_LIMIT));
             let cert = stream
                 .get_ref()
                 .1

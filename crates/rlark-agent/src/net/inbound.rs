@@ -392,6 +392,9 @@ impl Inbound {
 /// put in `source_cluster` (from the caller's tunnel certificate).
 impl rlark_tunnel::agent::RelayHandler for Inbound {
     fn serve(&self, header: RelayHeader, stream: rlark_tunnel::mux::MuxStream) {
+        if header.protocol == Protocol::Tcp {
+            stream.raise_window(rlark_tunnel::relay::RELAY_WINDOW);
+        }
         let inbound = self.clone();
         tokio::spawn(async move {
             let cluster = header.source_cluster.clone();

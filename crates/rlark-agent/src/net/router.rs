@@ -138,9 +138,11 @@ impl HubRelay for rlark_tunnel::client::HubStreams {
     ) -> BoxFuture<'static, Result<BoxStream, DialError>> {
         let hub = self.clone();
         Box::pin(async move {
-            hub.open_relay(&header, timeout)
-                .await
-                .map(|stream| Box::new(stream) as BoxStream)
+            let stream = hub.open_relay(&header, timeout).await?;
+            if header.protocol == Protocol::Tcp {
+                stream.raise_window(rlark_tunnel::relay::RELAY_WINDOW);
+            }
+            Ok(Box::new(stream) as BoxStream)
         })
     }
 }

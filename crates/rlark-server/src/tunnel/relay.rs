@@ -38,7 +38,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use rlark_store::{EventType, ListOptions, ObjectKey, Store};
 use rlark_tunnel::header::{self, ReadHeaderError, Status, StreamRequest, StreamResponse};
 use rlark_tunnel::mux::MuxStream;
-use rlark_tunnel::relay::RelayHeader;
+use rlark_tunnel::relay::{Protocol, RelayHeader};
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt as _, ReadBuf};
 use tokio_util::sync::CancellationToken;
@@ -633,6 +633,11 @@ async fn serve_stream(hub: Arc<Hub>, caller: String, mut stream: MuxStream) {
     }
     span.record("outcome", Status::Ok.as_str());
     relay.count(&domain, Status::Ok.as_str());
+    if header.protocol == Protocol::Tcp {
+        // Both receive directions of the hub: see RELAY_WINDOW.
+        stream.raise_window(rlark_tunnel::relay::RELAY_WINDOW);
+        onward.raise_window(rlark_tunnel::relay::RELAY_WINDOW);
+    }
     tracing::debug!(cluster = %destination.cluster, node = ?node, "relay established");
     let active = Active::new(
         relay
