@@ -37,7 +37,7 @@
 //!   run), `400` for a bad name or parameter, `405` for another method;
 //! - on a Kubernetes agent ([`LocalApi::set_member`]), a Pod whose rlark object carries
 //!   the annotation `rlark.io/member-pod` is read from the member API instead
-//!   ([`crate::member::logs`]: default container, `tail` → `tailLines`, `previous` = the
+//!   ([`crate::member::logs`]: `container` or the default one, `tail` → `tailLines`, `previous` = the
 //!   container's previous instance); the member API's refusals keep its code and message.
 //!
 //! `GET /exec/{namespace}/{pod}?command=...`: a command in the running replica, over a
@@ -284,7 +284,7 @@ impl Inner {
             match member.resolve(namespace, pod).await {
                 Ok(Some((member_ns, member_pod))) => {
                     return self
-                        .member_log(member, &member_ns, &member_pod, &options)
+                        .member_log(member, &member_ns, &member_pod, &options, container)
                         .await;
                 }
                 Ok(None) => {}
@@ -401,9 +401,10 @@ impl Inner {
         namespace: &str,
         pod: &str,
         options: &LogOptions,
+        container: Option<&str>,
     ) -> http::Response<ApiBody> {
         use futures::StreamExt as _;
-        let stream = match member.log(namespace, pod, options).await {
+        let stream = match member.log(namespace, pod, options, container).await {
             Ok(stream) => stream,
             Err(error) => return text_response(error.status(), error.to_string()),
         };

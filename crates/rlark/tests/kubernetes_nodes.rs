@@ -379,6 +379,12 @@ async fn rlark_logs_of_a_mirrored_pod_read_the_member_api() -> Result<()> {
     )
     .await?;
     assert_eq!(limited, "hel");
+    let sidecar = rlark(
+        &kubeconfig,
+        &["logs", "pod/actor-0", "-n", NS, "-c", "tensorboard"],
+    )
+    .await?;
+    assert_eq!(sidecar, "not this one\n", "-c names the container");
 
     // -f: streams until the container ends.
     let follow = tokio::spawn({

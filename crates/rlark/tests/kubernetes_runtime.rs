@@ -4,8 +4,8 @@
 //! simulation plus a simulator playing the workload controllers and kubelets; a test
 //! harness, not a kube-apiserver, docs/tasks.md).
 //!
-//! The rlark Nodes the scheduler places on are registered by the test for the member
-//! nodes (as node mirroring does), with Lease heartbeats.
+//! The rlark Nodes the scheduler places on are the agent's mirrors of the member nodes
+//! (`member::nodes`); the test registers none itself.
 //!
 //! Every wait is bounded by [`DEADLINE`]; nothing asserts a duration.
 
@@ -21,15 +21,13 @@ use kube::ResourceExt as _;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
-use rlark_agent::{AgentConfig, NodeReporter};
-use rlark_api::types::{AgentType, Job, JobPhase, Pod, PodPhase, Task, TaskPhase};
+use rlark_api::types::{Job, JobPhase, Pod, PodPhase, Task, TaskPhase};
 use rlark_testkit::TestServer;
 use rlark_testkit::kubesim::{MemberCluster, MemberNode, Phase};
 use rlark_testkit::real_agent::{DEADLINE, eventually, start_server_with_controllers};
 use rlark_testkit::tunnel_agent::bootstrap_token;
 use serde_json::{Value, json};
 use tempfile::TempDir;
-use tokio_util::sync::CancellationToken;
 
 const RLARK: &str = env!("CARGO_BIN_EXE_rlark");
 /// The Kubernetes agent's cluster.
@@ -125,7 +123,7 @@ impl Drop for KubeAgent {
     }
 }
 
-/// The control plane, a member cluster with `nodes`, rlark Nodes for them, and the agent.
+/// The control plane and a member cluster with `nodes` (agents are started by each test).
 struct World {
     server: TestServer,
     _server_dir: TempDir,
@@ -134,7 +132,6 @@ struct World {
     mclient: kube::Client,
     scratch: TempDir,
     token: Value,
-    heartbeats: CancellationToken,
 }
 
 impl World {
@@ -146,7 +143,6 @@ impl World {
             member.sim().add_node(MemberNode::new(node)).await?;
         }
         let mclient = member.client().await?;
-        let heartbeats = CancellationToken::new();
         let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(admin.clone());
         namespaces
             .create(
@@ -154,9 +150,6 @@ impl World {
                 &serde_json::from_value(json!({"metadata": {"name": NS}}))?,
             )
             .await?;
-        for node in nodes {
-            register_member_node(&admin, node, heartbeats.clone()).await?;
-        }
         let token = bootstrap_token(&server, CLUSTER).await?;
         Ok(World {
             server,
@@ -166,7 +159,6 @@ impl World {
             mclient,
             scratch: tempfile::tempdir()?,
             token,
-            heartbeats,
         })
     }
 
@@ -181,7 +173,6 @@ impl World {
     }
 
     async fn stop(self) -> anyhow::Result<()> {
-        self.heartbeats.cancel();
         self.member.stop().await?;
         self.server.stop().await
     }
@@ -254,27 +245,6 @@ impl World {
     }
 }
 
-/// Register rlark Node `name` of cluster [`CLUSTER`] (agentType Kubernetes) and keep its
-/// Lease renewed until `stop`: what node mirroring does for a member node.
-async fn register_member_node(
-    admin: &kube::Client,
-    name: &str,
-    stop: CancellationToken,
-) -> anyhow::Result<()> {
-    let mut config = AgentConfig::new(vec!["https://127.0.0.1:1".into()], CLUSTER, "/nonexistent");
-    config.agent_type = AgentType::Kubernetes;
-    let description = rlark_agent::node::detect(&config, name).await;
-    let reporter = NodeReporter::new(
-        admin.clone(),
-        CLUSTER,
-        description,
-        Duration::from_millis(500),
-    );
-    reporter.register().await?;
-    tokio::spawn(reporter.run(Duration::from_millis(500), true, stop));
-    Ok(())
-}
-
 fn phase_of(pod: &Pod) -> Option<PodPhase> {
     pod.status.as_ref().and_then(|s| s.phase)
 }
@@ -338,6 +308,25 @@ async fn batch_job_succeeds_and_a_failed_container_fails_the_task_with_its_exit_
         Some("m-0")
     );
     world.task_phase("batch-main", TaskPhase::Running).await?;
+
+    // `rlark logs` of the mirrored Pod: CLI → server → tunnel → this agent → member API.
+    world
+        .member
+        .sim()
+        .write_log(MNS, &pods[0], "main", "step 1\nstep 2\n");
+    let out = Command::new(env!("CARGO_BIN_EXE_rlark"))
+        .env_remove("KUBECONFIG")
+        .env_remove("RUST_LOG")
+        .args(["logs", &format!("pod/{}", pods[0]), "-n", NS, "--tail", "1"])
+        .arg("--kubeconfig")
+        .arg(world.server.kubeconfig_path())
+        .output()?;
+    ensure!(
+        out.status.success(),
+        "rlark logs: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "step 2\n");
 
     // Completed: the Task and the Job succeed.
     world

@@ -200,16 +200,21 @@ impl MemberPods {
         })
     }
 
-    /// The log of member Pod `namespace/name` as `options` ask, as a stream of pieces of at
-    /// most 32 KiB; the member API's refusal (unknown Pod, container waiting to start, no
+    /// The log of `container` (default: [`Self::container`]) of member Pod
+    /// `namespace/name` as `options` ask, as a stream of pieces of at most 32 KiB; the
+    /// member API's refusal (unknown Pod or container, container waiting to start, no
     /// previous instance, ...) is an error with its code and message.
     pub async fn log(
         &self,
         namespace: &str,
         name: &str,
         options: &LogOptions,
+        container: Option<&str>,
     ) -> Result<impl Stream<Item = std::io::Result<Bytes>> + Send + use<>, MemberPodError> {
-        let container = self.container(namespace, name).await?;
+        let container = match container {
+            Some(container) => container.to_string(),
+            None => self.container(namespace, name).await?,
+        };
         let api: Api<MemberPod> = Api::namespaced(self.member.clone(), namespace);
         let reader = api
             .log_stream(name, &log_params(options, &container))
