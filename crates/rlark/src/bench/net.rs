@@ -584,7 +584,10 @@ impl Bench {
             (1, &mut path.single_mb_s),
             (MULTI_STREAMS, &mut path.multi_mb_s),
         ] {
-            progress(&path.name, &format!("{streams} stream(s), {} s", self.seconds));
+            progress(
+                &path.name,
+                &format!("{streams} stream(s), {} s", self.seconds),
+            );
             match self.throughput(ends, addr, streams, forwarders).await {
                 Ok((mb_s, e, f, b)) => {
                     *slot = Some(mb_s);

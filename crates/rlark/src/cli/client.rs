@@ -283,7 +283,7 @@ mod tests {
         let flag = Some(missing.as_path());
         assert_eq!(
             kubeconfig_sources(flag, None, &default, None).unwrap(),
-            [missing.clone()]
+            vec![missing.clone()]
         );
         let list = std::env::join_paths([&missing, &b, &a]).unwrap();
         assert_eq!(
@@ -309,7 +309,7 @@ mod tests {
         std::fs::write(&default, "").unwrap();
         assert_eq!(
             kubeconfig_sources(None, None, &default, Some(&home)).unwrap(),
-            [default.clone()]
+            vec![default.clone()]
         );
     }
 
