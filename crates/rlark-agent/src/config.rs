@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fmt;
 use std::net::SocketAddr;
+use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -100,7 +101,7 @@ pub struct AgentConfig {
     pub docker_host: Option<String>,
     /// The member cluster of a `Kubernetes` agent (`--member-kubeconfig`,
     /// `--member-namespace`, `--max-creates-per-minute`; [`crate::member`]).
-    pub member: crate::member::MemberOptions,
+    pub member: MemberOptions,
 }
 
 /// Whether the agent runs in a Pod of a Kubernetes cluster (what kube's in-cluster
@@ -184,7 +185,7 @@ impl AgentConfig {
             net_mode: NetMode::Auto,
             agent_type: AgentType::Raw,
             docker_host: None,
-            member: crate::member::MemberOptions::default(),
+            member: MemberOptions::default(),
         }
     }
 
@@ -573,6 +574,34 @@ pub fn is_joined(data_dir: &Path) -> bool {
         .join(IDENTITY_DIR)
         .join(crate::join::AGENT_PEM)
         .is_file()
+}
+
+/// Default of `--member-namespace`: where the workloads are created on the member cluster.
+pub const DEFAULT_MEMBER_NAMESPACE: &str = "rlark-workloads";
+/// How the agent reaches its member cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MemberOptions {
+    /// `--member-kubeconfig`: a kubeconfig of the member cluster; `None`: in-cluster
+    /// config (the agent runs in a Pod of the member cluster).
+    pub kubeconfig: Option<PathBuf>,
+    /// `--member-namespace`: where the workloads go ([`DEFAULT_MEMBER_NAMESPACE`]).
+    pub namespace: String,
+    /// `--max-creates-per-minute` (default
+    /// [`crate::kubernetes::ratelimit::DEFAULT_MAX_CREATES_PER_MINUTE`]).
+    pub max_creates_per_minute: NonZeroU32,
+}
+
+impl Default for MemberOptions {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            namespace: DEFAULT_MEMBER_NAMESPACE.to_string(),
+            max_creates_per_minute: NonZeroU32::new(
+                crate::kubernetes::ratelimit::DEFAULT_MAX_CREATES_PER_MINUTE,
+            )
+            .unwrap_or(NonZeroU32::MIN),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -23,44 +23,16 @@ mod mirror;
 pub mod nodes;
 mod reconciler;
 
-use std::num::NonZeroU32;
 use std::path::PathBuf;
 use std::time::Duration;
 
+pub use crate::config::{DEFAULT_MEMBER_NAMESPACE, MemberOptions};
 pub use client::{MemberClient, connect};
 pub use mirror::{MEMBER_FAILURE_ANNOTATION, MEMBER_POD_ANNOTATION};
 pub use reconciler::{MemberMetrics, MemberRun, run};
 
-/// Default of `--member-namespace`: where the workloads are created on the member cluster.
-pub const DEFAULT_MEMBER_NAMESPACE: &str = "rlark-workloads";
 /// Period of the full pass (besides the one every watched change triggers).
 pub const RESYNC_INTERVAL: Duration = Duration::from_secs(10);
-
-/// How the agent reaches its member cluster.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct MemberOptions {
-    /// `--member-kubeconfig`: a kubeconfig of the member cluster; `None`: in-cluster
-    /// config (the agent runs in a Pod of the member cluster).
-    pub kubeconfig: Option<PathBuf>,
-    /// `--member-namespace`: where the workloads go ([`DEFAULT_MEMBER_NAMESPACE`]).
-    pub namespace: String,
-    /// `--max-creates-per-minute` (default
-    /// [`crate::kubernetes::ratelimit::DEFAULT_MAX_CREATES_PER_MINUTE`]).
-    pub max_creates_per_minute: NonZeroU32,
-}
-
-impl Default for MemberOptions {
-    fn default() -> Self {
-        Self {
-            kubeconfig: None,
-            namespace: DEFAULT_MEMBER_NAMESPACE.to_string(),
-            max_creates_per_minute: NonZeroU32::new(
-                crate::kubernetes::ratelimit::DEFAULT_MAX_CREATES_PER_MINUTE,
-            )
-            .unwrap_or(NonZeroU32::MIN),
-        }
-    }
-}
 
 /// Why the Kubernetes runtime cannot run.
 #[derive(Debug, thiserror::Error)]
