@@ -284,19 +284,43 @@ async fn docker_tasks_get_the_contract_logs_exec_exit_codes_and_stop_grace() -> 
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "env-main mine\n");
     assert!(text(&out.stderr).contains("oops"), "{}", text(&out.stderr));
-    let out = rlark(
-        &kubeconfig,
-        &[
-            "exec",
-            "-t",
-            "task/env-main",
-            "--",
-            "sh",
-            "-c",
-            "tty; echo term=$TERM",
-        ],
+    // -t without a local terminal: kubectl's warning, and no terminal in the container.
+    let tty_args = [
+        "exec",
+        "-t",
+        "task/env-main",
+        "--",
+        "sh",
+        "-c",
+        "tty; echo term=$TERM",
+    ];
+    let out = rlark(&kubeconfig, &tty_args).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "not a tty\nterm=\n");
+    assert!(
+        text(&out.stderr).contains("Unable to use a TTY"),
+        "{}",
+        text(&out.stderr)
+    );
+    // -t on a terminal (util-linux `script` gives rlark a pseudo-terminal): the container
+    // gets one too.
+    let mut line = format!("{RLARK} --kubeconfig {}", kubeconfig.display());
+    for arg in tty_args {
+        line.push_str(&format!(" '{arg}'"));
+    }
+    let out = tokio::time::timeout(
+        DEADLINE,
+        tokio::process::Command::new("script")
+            .args(["-qec", &line, "/dev/null"])
+            .env_remove("KUBECONFIG")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .kill_on_drop(true)
+            .output(),
     )
-    .await?;
+    .await
+    .context("rlark exec -t under script timed out")?
+    .context("run script (util-linux)")?;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let shown = text(&out.stdout);
     assert!(
