@@ -23,7 +23,7 @@ use crate::list::Page;
 use crate::object::key;
 use crate::output::{Output, json_response};
 use crate::patch;
-use crate::podlog;
+use crate::{podexec, podlog};
 use crate::request::{self, Query, Subresource, Target, Verb};
 use crate::scale;
 use crate::selectors::Selectors;
@@ -207,6 +207,7 @@ async fn handle(
     let media_type = body::media_type(&parts.headers);
     match target.subresource {
         Some(Subresource::Log) => return podlog::serve(inner, &target, parts).await,
+        Some(Subresource::Exec) => return podexec::serve(inner, &target, parts).await,
         Some(Subresource::Scale) => {
             let body = match verb {
                 Verb::Get => None,
