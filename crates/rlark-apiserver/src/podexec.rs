@@ -24,8 +24,8 @@ use http::request::Parts;
 use http::{HeaderValue, StatusCode};
 use hyper_util::rt::TokioIo;
 use rlark_tunnel::agent_api::{
-    Channel, ExecOptions, ExecOutcome, MAX_EXEC_MESSAGE, decode_frame, encode_frame,
-    exec_upgrade, percent_decode,
+    Channel, ExecOptions, ExecOutcome, MAX_EXEC_MESSAGE, decode_frame, encode_frame, exec_upgrade,
+    percent_decode,
 };
 use serde_json::Value;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWriteExt as _};
@@ -188,7 +188,10 @@ pub(crate) async fn serve(
     let mut response = Response::new(Body::empty());
     *response.status_mut() = StatusCode::SWITCHING_PROTOCOLS;
     let headers = response.headers_mut();
-    headers.insert(http::header::CONNECTION, HeaderValue::from_static("Upgrade"));
+    headers.insert(
+        http::header::CONNECTION,
+        HeaderValue::from_static("Upgrade"),
+    );
     headers.insert(http::header::UPGRADE, HeaderValue::from_static("websocket"));
     headers.insert(
         http::header::SEC_WEBSOCKET_PROTOCOL,
@@ -258,7 +261,8 @@ async fn session<S>(
                     status = child.wait() => status,
                     () = gone.cancelled() => return,
                 };
-                let _ = tokio::time::timeout(DRAIN_TIMEOUT, futures::future::join_all(readers)).await;
+                let _ =
+                    tokio::time::timeout(DRAIN_TIMEOUT, futures::future::join_all(readers)).await;
                 let outcome = match status {
                     Ok(status) => {
                         use std::os::unix::process::ExitStatusExt as _;
@@ -336,8 +340,15 @@ mod tests {
         assert_eq!(running_container(&pod, "p", Some("main")).unwrap(), "main");
         let side = running_container(&pod, "p", Some("side")).unwrap_err();
         assert!(side.message.contains("not running"), "{}", side.message);
-        assert_eq!(running_container(&pod, "p", Some("x")).unwrap_err().code, 400);
+        assert_eq!(
+            running_container(&pod, "p", Some("x")).unwrap_err().code,
+            400
+        );
         let none = running_container(&pod, "p", None).unwrap_err();
-        assert!(none.message.contains("choose one of: [main side]"), "{}", none.message);
+        assert!(
+            none.message.contains("choose one of: [main side]"),
+            "{}",
+            none.message
+        );
     }
 }

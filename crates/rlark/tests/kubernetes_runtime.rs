@@ -231,6 +231,35 @@ impl World {
         .await
     }
 
+    /// `rlark ARGS` against the control plane, with `stdin` (else none); bounded by
+    /// [`DEADLINE`].
+    async fn rlark(
+        &self,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+    ) -> anyhow::Result<std::process::Output> {
+        use tokio::io::AsyncWriteExt as _;
+        let mut child = tokio::process::Command::new(RLARK)
+            .env("KUBECONFIG", self.server.kubeconfig_path())
+            .env_remove("RUST_LOG")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("start rlark")?;
+        let mut input = child.stdin.take().context("stdin")?;
+        if let Some(bytes) = stdin {
+            input.write_all(bytes).await?;
+        }
+        drop(input);
+        tokio::time::timeout(DEADLINE, child.wait_with_output())
+            .await
+            .with_context(|| format!("rlark {args:?} did not end"))?
+            .context("rlark")
+    }
+
     async fn rlark_pod(
         &self,
         name: &str,
@@ -327,6 +356,85 @@ async fn batch_job_succeeds_and_a_failed_container_fails_the_task_with_its_exit_
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "step 2\n");
+
+    // `rlark exec` of the mirrored Pod: CLI → server → tunnel → this agent → the member
+    // API's pods/exec (the simulation runs the command as a local process in a directory
+    // of the Pod's own); output, stdin, `-c` and the exit code come back.
+    let pod_ref = format!("pod/{}", pods[0]);
+    let out = world
+        .rlark(&["exec", &pod_ref, "-n", NS, "--", "echo", "hi"], None)
+        .await?;
+    ensure!(
+        out.status.success(),
+        "rlark exec: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    let out = world
+        .rlark(
+            &[
+                "exec",
+                &pod_ref,
+                "-n",
+                NS,
+                "-c",
+                "main",
+                "--",
+                "sh",
+                "-c",
+                "echo oops >&2; exit 3",
+            ],
+            None,
+        )
+        .await?;
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("oops"));
+    let out = world
+        .rlark(
+            &[
+                "exec",
+                "-i",
+                &pod_ref,
+                "-n",
+                NS,
+                "--",
+                "sh",
+                "-c",
+                "cat > in.txt; cat in.txt",
+            ],
+            Some(b"through stdin\n"),
+        )
+        .await?;
+    ensure!(
+        out.status.success(),
+        "rlark exec -i: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "through stdin\n");
+    assert_eq!(
+        std::fs::read_to_string(
+            world
+                .member
+                .exec()
+                .dir(MNS, &pods[0], "main")
+                .join("in.txt")
+        )?,
+        "through stdin\n"
+    );
+    let out = world
+        .rlark(
+            &["exec", &pod_ref, "-n", NS, "-c", "nope", "--", "true"],
+            None,
+        )
+        .await?;
+    assert!(!out.status.success());
+    let refusal = String::from_utf8_lossy(&out.stderr);
+    assert!(refusal.contains("container nope is not valid"), "{refusal}");
 
     // Completed: the Task and the Job succeed.
     world

@@ -95,8 +95,15 @@ pub(crate) async fn handle<B>(
         },
     };
     let what = format!("member pod {member_ns}/{member_pod}");
-    let member = match open(pods, &member_ns, &member_pod, &container, &options, upgrade.protocol)
-        .await
+    let member = match open(
+        pods,
+        &member_ns,
+        &member_pod,
+        &container,
+        &options,
+        upgrade.protocol,
+    )
+    .await
     {
         Ok(member) => member,
         Err((status, message)) => {
@@ -192,7 +199,10 @@ async fn open(
     let upgraded = hyper::upgrade::on(&mut response)
         .await
         .map_err(|e| gateway(format!("the member API's exec upgrade failed: {e}")))?;
-    Ok(WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, Some(ws_config())).await)
+    Ok(
+        WebSocketStream::from_raw_socket(TokioIo::new(upgraded), Role::Client, Some(ws_config()))
+            .await,
+    )
 }
 
 /// Copy messages between `client` and `member` until one side ends (see the module
@@ -257,7 +267,8 @@ mod tests {
 
     #[test]
     fn refusals_keep_the_member_message() {
-        let status = br#"{"kind":"Status","code":400,"message":"container \"main\" is not running"}"#;
+        let status =
+            br#"{"kind":"Status","code":400,"message":"container \"main\" is not running"}"#;
         assert_eq!(refusal_message(status), "container \"main\" is not running");
         assert_eq!(refusal_message(b"upstream down\n"), "upstream down");
     }

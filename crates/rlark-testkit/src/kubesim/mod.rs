@@ -38,8 +38,8 @@ mod kubelet;
 mod logs;
 mod plan;
 
-pub use kubelet::Phase;
 pub use exec::SimExec;
+pub use kubelet::Phase;
 pub use logs::SimLogs;
 
 use std::collections::{BTreeMap, HashMap};
