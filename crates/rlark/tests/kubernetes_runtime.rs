@@ -334,7 +334,12 @@ async fn batch_job_succeeds_and_a_failed_container_fails_the_task_with_its_exit_
         .flatten()
         .find(|e| e.name == "RLARK_TOKEN")
         .and_then(|e| e.value_from.as_ref()?.secret_key_ref.clone())
-        .with_context(|| format!("RLARK_TOKEN is not a secretKeyRef: {:?}", pod_spec.containers[0].env))?;
+        .with_context(|| {
+            format!(
+                "RLARK_TOKEN is not a secretKeyRef: {:?}",
+                pod_spec.containers[0].env
+            )
+        })?;
     assert_eq!(
         (token_ref.name.as_str(), token_ref.key.as_str()),
         ("batch-main-rlark-token", "token")
