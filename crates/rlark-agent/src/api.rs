@@ -41,7 +41,9 @@
 //!   container's previous instance); the member API's refusals keep its code and message.
 //!
 //! `GET /exec/{namespace}/{pod}?command=...`: a command in the running replica, over a
-//! WebSocket (Kubernetes' remotecommand protocol); see [`crate::exec`].
+//! WebSocket (Kubernetes' remotecommand protocol); see [`crate::exec`]. On a Kubernetes
+//! agent, a Pod with the annotation `rlark.io/member-pod` is exec'd into through the member
+//! API's `pods/exec` instead ([`crate::member::exec`]).
 //!
 //! `POST /v1/net/check` with `{"pod": "<task>-<i>", "to": "<ip>", "port": p}` (`port`
 //! optional): a test connection from that replica of this agent to the domain address
@@ -150,13 +152,21 @@ impl LocalApi {
     {
         let inner = self.inner.clone();
         let service =
-            hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+            hyper::service::service_fn(move |mut request: http::Request<hyper::body::Incoming>| {
                 let inner = inner.clone();
                 async move {
                     if request.uri().path() == NET_CHECK_PATH {
                         return Ok(net_check(inner.router.get(), request).await);
                     }
                     if request.uri().path().starts_with(crate::exec::EXEC_PREFIX) {
+                        // A Pod a Kubernetes agent mirrors: exec goes to the member API.
+                        if let Some(member) = inner.member.get()
+                            && let Some(response) =
+                                crate::member::exec::handle(member, &inner.shutdown, &mut request)
+                                    .await
+                        {
+                            return Ok(response);
+                        }
                         let (dir, node, stop) = (&inner.tasks_dir, &inner.node, &inner.shutdown);
                         let docker = inner.docker.get();
                         return Ok(crate::exec::handle(dir, node, docker, stop, request).await);

@@ -261,6 +261,13 @@ pub(crate) async fn handle<B>(
             Err(error) => tracing::debug!(%error, pod = %what, "exec upgrade failed"),
         }
     });
+    switching_protocols(&upgrade)
+}
+
+/// The `101` accepting the exec WebSocket `upgrade` asks for.
+pub(crate) fn switching_protocols(
+    upgrade: &rlark_tunnel::agent_api::ExecUpgrade,
+) -> http::Response<ApiBody> {
     let accept =
         tokio_tungstenite::tungstenite::handshake::derive_accept_key(upgrade.key.as_bytes());
     let mut response = http::Response::new(ApiBody::default());

@@ -436,6 +436,7 @@ async fn start_with(
                 member: member_client,
                 cluster_id: config.cluster_id.clone(),
                 server_url: config.servers[0].clone(),
+                ca_file: identity_dir.join(crate::join::AGENT_CA),
                 max_creates_per_minute: config.member.max_creates_per_minute,
                 metrics: member_metrics,
             };

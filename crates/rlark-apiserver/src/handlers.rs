@@ -23,11 +23,11 @@ use crate::list::Page;
 use crate::object::key;
 use crate::output::{Output, json_response};
 use crate::patch;
-use crate::podlog;
 use crate::request::{self, Query, Subresource, Target, Verb};
 use crate::scale;
 use crate::selectors::Selectors;
 use crate::watch::WatchRequest;
+use crate::{podexec, podlog};
 
 /// Serve one request to a resource URL. Never fails: errors become `Status` responses.
 /// The request is authorized right after its URL is parsed, before its body is read or the
@@ -207,6 +207,7 @@ async fn handle(
     let media_type = body::media_type(&parts.headers);
     match target.subresource {
         Some(Subresource::Log) => return podlog::serve(inner, &target, parts).await,
+        Some(Subresource::Exec) => return podexec::serve(inner, &target, parts).await,
         Some(Subresource::Scale) => {
             let body = match verb {
                 Verb::Get => None,

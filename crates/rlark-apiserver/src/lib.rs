@@ -41,6 +41,7 @@ mod metrics;
 mod object;
 mod output;
 mod patch;
+mod podexec;
 mod podlog;
 mod request;
 mod scale;

@@ -1,12 +1,13 @@
 //! Member-cluster simulation: the Kubernetes built-in kinds a workload runtime uses
 //! (`apps/v1` Deployment, StatefulSet, DaemonSet, ReplicaSet; `batch/v1` Job; core `v1`
 //! Pod, Service, ConfigMap, Secret, PersistentVolumeClaim, Node), served as stored objects,
-//! and the seam through which `pods/{name}/log` is answered.
+//! and the seams through which `pods/{name}/log` and `pods/{name}/exec` are answered.
 //!
 //! This is a **test harness**, not a kube-apiserver: nothing here acts on these objects (no
 //! workload controller, scheduler or kubelet: the test kit's simulator plays them), the
-//! schemas keep unknown fields rather than validate the Kubernetes types, and exec, attach
-//! and port-forward are not served. It is switched on only through
+//! schemas keep unknown fields rather than validate the Kubernetes types, attach and
+//! port-forward are not served, and `pods/exec` runs the command as a local process the
+//! [`PodExecSource`] prepares (no container, no terminal). It is switched on only through
 //! [`ApiServerOptions::member_simulation`](crate::ApiServerOptions::member_simulation),
 //! which a program sets in code; `rlark server` has no flag for it, because the kinds are
 //! useless without a simulator and a log source living in the same process. Without it the
@@ -27,6 +28,9 @@ pub struct MemberSimulation {
     /// Answers every `GET .../pods/{name}/log` the server has checked (the Pod exists, the
     /// container is one of its containers).
     pub pod_logs: Arc<dyn PodLogSource>,
+    /// Prepares the process of every `GET .../pods/{name}/exec` the server has checked;
+    /// without one, exec is answered `404`.
+    pub pod_exec: Option<Arc<dyn PodExecSource>>,
 }
 
 impl std::fmt::Debug for MemberSimulation {
@@ -74,6 +78,25 @@ pub trait PodLogSource: Send + Sync + 'static {
     /// Open the log `request` names. Called only for a Pod that exists and a container
     /// of its spec.
     fn open(&self, request: &PodLogRequest) -> Result<LogStream, PodLogError>;
+}
+
+/// One exec request, after the server checked the Pod and resolved the container.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodExecRequest {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    /// Program and arguments, as given (no shell).
+    pub command: Vec<String>,
+}
+
+/// What runs an exec in the simulation (the test kit's simulator is one): a local process
+/// stands for the container's.
+pub trait PodExecSource: Send + Sync + 'static {
+    /// The process for `request`: program, arguments, working directory and environment.
+    /// The server sets its stdio and starts it; it is killed when the client goes away.
+    /// Called only for a Pod that exists and a running container of its spec.
+    fn command(&self, request: &PodExecRequest) -> Result<std::process::Command, PodLogError>;
 }
 
 /// The member kinds in the order a member cluster lists them: core kinds first, then

@@ -32,6 +32,8 @@ pub(crate) enum Subresource {
     Log,
     /// `{workload}/{name}/scale`: get, update, patch.
     Scale,
+    /// `pods/{name}/exec`: a WebSocket upgrade (member simulation only).
+    Exec,
 }
 
 impl Subresource {
@@ -39,6 +41,7 @@ impl Subresource {
         match self {
             Subresource::Log => "log",
             Subresource::Scale => "scale",
+            Subresource::Exec => "exec",
         }
     }
 }
@@ -162,6 +165,7 @@ pub(crate) fn parse_path(registry: &Registry, path: &str) -> Result<Target, ApiE
         None => (false, None),
         Some("status") if rt.status_subresource => (true, None),
         Some("log") if rt.log_subresource => (false, Some(Subresource::Log)),
+        Some("exec") if rt.log_subresource => (false, Some(Subresource::Exec)),
         Some("scale") if rt.scale_subresource => (false, Some(Subresource::Scale)),
         Some(sub) => return Err(no_such_resource(group, &format!("{plural}/{sub}"))),
     };

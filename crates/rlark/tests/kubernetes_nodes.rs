@@ -185,6 +185,39 @@ async fn member_nodes_are_mirrored_and_cordons_pushed_down() -> Result<()> {
         }))
     })
     .await?;
+    // `pullProgress`: a Pod waiting on its image shows on its node, until it runs.
+    sim.set_pod_phase(
+        "work",
+        "trainer",
+        rlark_testkit::kubesim::Phase::Pending {
+            reason: "ErrImagePull".into(),
+        },
+    )
+    .await?;
+    eventually("gpu-0 reports the failed pull", || async {
+        let pulls = nodes
+            .get("gpu-0")
+            .await?
+            .status
+            .unwrap_or_default()
+            .pull_progress;
+        Ok(matching(pulls, |p| {
+            p.len() == 1 && p[0].image == "rlark/worker:1" && p[0].status == "Failed"
+        }))
+    })
+    .await?;
+    sim.set_pod_phase("work", "trainer", rlark_testkit::kubesim::Phase::Running)
+        .await?;
+    eventually("gpu-0 reports no pull once the pod runs", || async {
+        let pulls = nodes
+            .get("gpu-0")
+            .await?
+            .status
+            .unwrap_or_default()
+            .pull_progress;
+        Ok(matching(pulls, |p| p.is_empty()))
+    })
+    .await?;
     pods.delete("trainer", &DeleteParams::default()).await?;
     eventually("gpu-0 uses nothing once the pod is gone", || async {
         let used = nodes.get("gpu-0").await?.status.unwrap_or_default().used;

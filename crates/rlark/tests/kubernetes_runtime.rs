@@ -231,6 +231,35 @@ impl World {
         .await
     }
 
+    /// `rlark ARGS` against the control plane, with `stdin` (else none); bounded by
+    /// [`DEADLINE`].
+    async fn rlark(
+        &self,
+        args: &[&str],
+        stdin: Option<&[u8]>,
+    ) -> anyhow::Result<std::process::Output> {
+        use tokio::io::AsyncWriteExt as _;
+        let mut child = tokio::process::Command::new(RLARK)
+            .env("KUBECONFIG", self.server.kubeconfig_path())
+            .env_remove("RUST_LOG")
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .context("start rlark")?;
+        let mut input = child.stdin.take().context("stdin")?;
+        if let Some(bytes) = stdin {
+            input.write_all(bytes).await?;
+        }
+        drop(input);
+        tokio::time::timeout(DEADLINE, child.wait_with_output())
+            .await
+            .with_context(|| format!("rlark {args:?} did not end"))?
+            .context("rlark")
+    }
+
     async fn rlark_pod(
         &self,
         name: &str,
@@ -287,13 +316,98 @@ async fn batch_job_succeeds_and_a_failed_container_fails_the_task_with_its_exit_
     );
     let spec = job.spec.clone().context("job spec")?;
     assert_eq!(spec.backoff_limit, Some(0));
-    let env: Vec<String> = spec.template.spec.context("pod spec")?.containers[0]
+    let env: Vec<String> = spec.template.spec.clone().context("pod spec")?.containers[0]
         .env
         .iter()
         .flatten()
         .map(|e| e.name.clone())
         .collect();
     assert!(env.contains(&"RLARK_TASK".to_string()), "{env:?}");
+
+    // The task token: a Secret of the run, owned by the Job (so it cascades), read by
+    // every container (RLARK_TOKEN by secretKeyRef, the CA mounted as RLARK_CA_FILE); its
+    // token and CA reach the control plane's report endpoint.
+    let pod_spec = spec.template.spec.clone().context("pod spec")?;
+    let token_ref = pod_spec.containers[0]
+        .env
+        .iter()
+        .flatten()
+        .find(|e| e.name == "RLARK_TOKEN")
+        .and_then(|e| e.value_from.as_ref()?.secret_key_ref.clone())
+        .with_context(|| {
+            format!(
+                "RLARK_TOKEN is not a secretKeyRef: {:?}",
+                pod_spec.containers[0].env
+            )
+        })?;
+    assert_eq!(
+        (token_ref.name.as_str(), token_ref.key.as_str()),
+        ("batch-main-rlark-token", "token")
+    );
+    assert!(
+        pod_spec.containers[0]
+            .volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path == "/var/run/rlark" && m.name == "rlark-task-token"),
+        "{:?}",
+        pod_spec.containers[0].volume_mounts
+    );
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> =
+        Api::namespaced(world.mclient.clone(), MNS);
+    let secret = eventually("the token secret of batch-main", || async {
+        Ok(secrets.get_opt("batch-main-rlark-token").await?)
+    })
+    .await?;
+    let owners = secret.metadata.owner_references.clone().unwrap_or_default();
+    assert!(
+        owners.iter().any(|o| o.kind == "Job"
+            && o.name == "batch-main"
+            && Some(&o.uid) == job.metadata.uid.as_ref()),
+        "{owners:?}"
+    );
+    let data = secret.data.clone().unwrap_or_default();
+    let token = String::from_utf8(data.get("token").context("no token")?.0.clone())?;
+    let ca = data.get("ca.crt").context("no ca.crt")?.0.clone();
+    let ca_path = world.scratch.path().join("member-ca.crt");
+    std::fs::write(&ca_path, &ca)?;
+    let kubeconfig = world.scratch.path().join("task-token.kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: \"{}\"\n    \
+             certificate-authority: {}\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: t\n\
+             current-context: c\nusers:\n- name: t\n  user: {{token: \"{token}\"}}\n",
+            world.server.url(),
+            ca_path.display()
+        ),
+    )?;
+    let config = kube::Config::from_custom_kubeconfig(
+        kube::config::Kubeconfig::read_from(&kubeconfig)?,
+        &Default::default(),
+    )
+    .await?;
+    let as_task = kube::Client::try_from(config)?;
+    let report = http::Request::post(format!(
+        "/rlark/v1/namespaces/{NS}/tasks/batch-main/reports"
+    ))
+    .header(http::header::CONTENT_TYPE, "application/json")
+    .body(serde_json::to_vec(
+        &json!({"type": "reward", "value": 1.5, "step": 1}),
+    )?)?;
+    as_task
+        .request_text(report)
+        .await
+        .context("a report with the member Pods' token and CA")?;
+    let forged = http::Request::post(format!(
+        "/rlark/v1/namespaces/{NS}/tasks/crash-main/reports"
+    ))
+    .header(http::header::CONTENT_TYPE, "application/json")
+    .body(serde_json::to_vec(&json!({"type": "reward", "value": 1}))?)?;
+    match as_task.request_text(forged).await {
+        Err(kube::Error::Api(status)) => assert_eq!(status.code, 403, "{status:?}"),
+        other => bail!("a report to another task with this token: {other:?}"),
+    }
     let mirrored = world
         .rlark_pod(&pods[0], "Running", |p| {
             phase_of(p) == Some(PodPhase::Running)
@@ -327,6 +441,85 @@ async fn batch_job_succeeds_and_a_failed_container_fails_the_task_with_its_exit_
         String::from_utf8_lossy(&out.stderr)
     );
     assert_eq!(String::from_utf8_lossy(&out.stdout), "step 2\n");
+
+    // `rlark exec` of the mirrored Pod: CLI → server → tunnel → this agent → the member
+    // API's pods/exec (the simulation runs the command as a local process in a directory
+    // of the Pod's own); output, stdin, `-c` and the exit code come back.
+    let pod_ref = format!("pod/{}", pods[0]);
+    let out = world
+        .rlark(&["exec", &pod_ref, "-n", NS, "--", "echo", "hi"], None)
+        .await?;
+    ensure!(
+        out.status.success(),
+        "rlark exec: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "hi\n");
+    let out = world
+        .rlark(
+            &[
+                "exec",
+                &pod_ref,
+                "-n",
+                NS,
+                "-c",
+                "main",
+                "--",
+                "sh",
+                "-c",
+                "echo oops >&2; exit 3",
+            ],
+            None,
+        )
+        .await?;
+    assert_eq!(
+        out.status.code(),
+        Some(3),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("oops"));
+    let out = world
+        .rlark(
+            &[
+                "exec",
+                "-i",
+                &pod_ref,
+                "-n",
+                NS,
+                "--",
+                "sh",
+                "-c",
+                "cat > in.txt; cat in.txt",
+            ],
+            Some(b"through stdin\n"),
+        )
+        .await?;
+    ensure!(
+        out.status.success(),
+        "rlark exec -i: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "through stdin\n");
+    assert_eq!(
+        std::fs::read_to_string(
+            world
+                .member
+                .exec()
+                .dir(MNS, &pods[0], "main")
+                .join("in.txt")
+        )?,
+        "through stdin\n"
+    );
+    let out = world
+        .rlark(
+            &["exec", &pod_ref, "-n", NS, "-c", "nope", "--", "true"],
+            None,
+        )
+        .await?;
+    assert!(!out.status.success());
+    let refusal = String::from_utf8_lossy(&out.stderr);
+    assert!(refusal.contains("container nope is not valid"), "{refusal}");
 
     // Completed: the Task and the Job succeed.
     world

@@ -10,7 +10,9 @@
 
 use std::collections::BTreeSet;
 
-use k8s_openapi::api::core::v1::{Container, EnvVar, EnvVarSource, ObjectFieldSelector};
+use k8s_openapi::api::core::v1::{
+    Container, EnvVar, EnvVarSource, ObjectFieldSelector, SecretKeySelector,
+};
 use kube::ResourceExt as _;
 use rlark_api::labels;
 use rlark_api::types::Task;
@@ -41,7 +43,19 @@ pub const CONTRACT_NAMES: &[&str] = &[
     "RLARK_NODE_IP",
     "RLARK_PREPARE_SCRIPT",
     "RLARK_RUN_SCRIPT",
+    "RLARK_REPORT_URL",
+    "RLARK_TOKEN",
+    "RLARK_CA_FILE",
 ];
+
+/// Key of the task token in the Task's token Secret ([`names::token_secret_name`]).
+pub const TOKEN_KEY: &str = "token";
+/// Key of the installation's CA bundle in the token Secret.
+pub const CA_KEY: &str = "ca.crt";
+/// Where every container has the token Secret's CA bundle mounted (read only).
+pub const TOKEN_MOUNT_DIR: &str = "/var/run/rlark";
+/// The volume of the token Secret in every Pod.
+pub const TOKEN_VOLUME: &str = "rlark-task-token";
 
 /// Port of the Ray head (`RLARK_RAY_PORT`; RLark's value).
 pub const RAY_PORT: i32 = 6379;
@@ -101,7 +115,9 @@ pub fn task_job(task: &Task) -> String {
 /// `RLARK_RAY_PORT`, and `RLARK_NODE_IP` = the Pod IP on the head), `RLARK_HEAD_ADDRESS`
 /// (the head task's Ray head Service, [`names::head_service_name`]),
 /// `RLARK_PREPARE_SCRIPT` (`spec.prepareScript`) and `RLARK_RUN_SCRIPT`
-/// (`spec.runScript`, on the head or a task without a Ray role); then
+/// (`spec.runScript`, on the head or a task without a Ray role); `RLARK_REPORT_URL`,
+/// `RLARK_TOKEN` (from the Task's token Secret, [`names::token_secret_name`], key
+/// [`TOKEN_KEY`], optional) and `RLARK_CA_FILE` (under [`TOKEN_MOUNT_DIR`]); then
 /// [`MemberContext::extra_env`].
 pub fn contract_env(task: &Task, ctx: &MemberContext, index: IndexSource) -> Vec<EnvVar> {
     let annotations = task.annotations();
@@ -167,6 +183,32 @@ pub fn contract_env(task: &Task, ctx: &MemberContext, index: IndexSource) -> Vec
     {
         env.push(literal("RLARK_RUN_SCRIPT", script));
     }
+    // The task token (task reports): the Secret the agent creates for the run; optional,
+    // so a Pod starts even when no token could be minted (reports never block a task).
+    env.push(literal(
+        "RLARK_REPORT_URL",
+        crate::task_reports::report_url(
+            &ctx.server_url,
+            &task.namespace().unwrap_or_default(),
+            &task.name_any(),
+        ),
+    ));
+    env.push(EnvVar {
+        name: "RLARK_TOKEN".to_string(),
+        value: None,
+        value_from: Some(EnvVarSource {
+            secret_key_ref: Some(SecretKeySelector {
+                name: names::token_secret_name(&task.name_any()),
+                key: TOKEN_KEY.to_string(),
+                optional: Some(true),
+            }),
+            ..Default::default()
+        }),
+    });
+    env.push(literal(
+        "RLARK_CA_FILE",
+        format!("{TOKEN_MOUNT_DIR}/{CA_KEY}"),
+    ));
     env.extend(ctx.extra_env.iter().cloned());
     env
 }

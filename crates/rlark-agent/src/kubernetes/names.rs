@@ -118,6 +118,12 @@ pub fn head_service_name(task: &str) -> String {
     dns1035_label(&format!("{task}{HEAD_SERVICE_SUFFIX}"))
 }
 
+/// Name of the Secret holding Task `task`'s token and CA bundle:
+/// `<task>-rlark-token`, as a DNS-1123 label.
+pub fn token_secret_name(task: &str) -> String {
+    dns_label(&format!("{task}-rlark-token"), DNS1123_LABEL_MAX_LENGTH)
+}
+
 /// Name of the claim the agent creates for volume `volume` of Task `task` when the
 /// volume names no claim: `pvc-<task>-<volume>`, as a DNS-1123 label.
 pub fn claim_name(task: &str, volume: &str) -> String {

@@ -38,7 +38,8 @@ use k8s_openapi::api::batch::v1::{Job, JobSpec};
 use k8s_openapi::api::core::v1::{
     Affinity, Container, LocalObjectReference, NodeAffinity, NodeSelector, NodeSelectorRequirement,
     NodeSelectorTerm, PersistentVolumeClaim, PersistentVolumeClaimSpec, PodSpec, PodTemplateSpec,
-    Service, ServicePort, ServiceSpec, VolumeResourceRequirements,
+    Secret, SecretVolumeSource, Service, ServicePort, ServiceSpec, Volume, VolumeMount,
+    VolumeResourceRequirements,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta, OwnerReference};
@@ -155,13 +156,16 @@ pub struct MemberObjects {
     pub head_service: Option<Service>,
     /// Claims to create unless they exist.
     pub claims: Vec<PersistentVolumeClaim>,
+    /// The run's token Secret ([`token_secret`]), without its data: the runtime fills it
+    /// in ([`fill_token_secret`]) once it has minted the token.
+    pub token_secret: Option<Secret>,
     /// Fields of the Task's own template rlark replaced (a contract variable, one of its
     /// labels), as paths, for a Warning event.
     pub corrected: Vec<String>,
 }
 
 impl MemberObjects {
-    /// Makes the Service and the claims dependents of `created` (the workload as the member
+    /// Makes the Service, the claims and the token Secret dependents of `created` (the workload as the member
     /// API returned it, with its UID): returns false, changing nothing, when it has no UID.
     pub fn own_dependents(&mut self, created: &Workload) -> bool {
         let Some(owner) = created.owner_reference() else {
@@ -171,7 +175,8 @@ impl MemberObjects {
             .head_service
             .iter_mut()
             .map(|s| &mut s.metadata)
-            .chain(self.claims.iter_mut().map(|c| &mut c.metadata));
+            .chain(self.claims.iter_mut().map(|c| &mut c.metadata))
+            .chain(self.token_secret.iter_mut().map(|s| &mut s.metadata));
         for meta in metas {
             let refs = meta.owner_references.get_or_insert_with(Vec::new);
             if !refs.iter().any(|r| r.uid == owner.uid) {
@@ -295,6 +300,7 @@ pub(crate) fn prepare_pod(
     if let Some(init) = pod.init_containers.as_mut() {
         each(init, "initContainers");
     }
+    corrected.extend(add_token_volume(pod, task, path));
     add_pull_secrets(pod, &ctx.image_pull_secrets);
     Ok(corrected)
 }
@@ -452,6 +458,90 @@ pub fn head_service(task: &Task, ctx: &MemberContext, run_key: &str) -> Service 
     }
 }
 
+/// The token Secret of `task`'s run ([`names::token_secret_name`], the run's labels), with
+/// no data yet: every container reads `RLARK_TOKEN` from its key [`env::TOKEN_KEY`] and
+/// has its [`env::CA_KEY`] mounted under [`env::TOKEN_MOUNT_DIR`].
+pub fn token_secret(task: &Task, ctx: &MemberContext, run_key: &str) -> Secret {
+    Secret {
+        metadata: object_meta(
+            task,
+            ctx,
+            run_key,
+            names::token_secret_name(&task.name_any()),
+        ),
+        type_: Some("Opaque".to_string()),
+        ..Default::default()
+    }
+}
+
+/// `secret` with its data: the task `token` and the installation's `ca` bundle.
+pub fn fill_token_secret(secret: &mut Secret, token: &str, ca: &[u8]) {
+    secret.data = Some(BTreeMap::from([
+        (
+            env::TOKEN_KEY.to_string(),
+            k8s_openapi::ByteString(token.as_bytes().to_vec()),
+        ),
+        (
+            env::CA_KEY.to_string(),
+            k8s_openapi::ByteString(ca.to_vec()),
+        ),
+    ]));
+}
+
+/// Adds the token Secret's volume (only the CA bundle, optional: a Pod starts without it)
+/// to `pod` and mounts it read only under [`env::TOKEN_MOUNT_DIR`] in every container
+/// (replacing a volume or mount of the same name or path the template had). Returns the
+/// replaced fields, as paths.
+fn add_token_volume(pod: &mut PodSpec, task: &Task, path: &str) -> Vec<String> {
+    let mut corrected = Vec::new();
+    let volumes = pod.volumes.get_or_insert_with(Vec::new);
+    if volumes.iter().any(|v| v.name == env::TOKEN_VOLUME) {
+        corrected.push(format!("{path}.spec.volumes[{}]", env::TOKEN_VOLUME));
+        volumes.retain(|v| v.name != env::TOKEN_VOLUME);
+    }
+    volumes.push(Volume {
+        name: env::TOKEN_VOLUME.to_string(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(names::token_secret_name(&task.name_any())),
+            items: Some(vec![k8s_openapi::api::core::v1::KeyToPath {
+                key: env::CA_KEY.to_string(),
+                path: env::CA_KEY.to_string(),
+                mode: None,
+            }]),
+            optional: Some(true),
+            default_mode: None,
+        }),
+        ..Default::default()
+    });
+    let mut each = |list: &mut Vec<Container>, field: &str| {
+        for container in list.iter_mut() {
+            let mounts = container.volume_mounts.get_or_insert_with(Vec::new);
+            let clash = |m: &VolumeMount| {
+                m.name == env::TOKEN_VOLUME || m.mount_path == env::TOKEN_MOUNT_DIR
+            };
+            if mounts.iter().any(clash) {
+                corrected.push(format!(
+                    "{path}.spec.{field}[{}].volumeMounts[{}]",
+                    container.name,
+                    env::TOKEN_MOUNT_DIR
+                ));
+                mounts.retain(|m| !clash(m));
+            }
+            mounts.push(VolumeMount {
+                name: env::TOKEN_VOLUME.to_string(),
+                mount_path: env::TOKEN_MOUNT_DIR.to_string(),
+                read_only: Some(true),
+                ..Default::default()
+            });
+        }
+    };
+    each(&mut pod.containers, "containers");
+    if let Some(init) = pod.init_containers.as_mut() {
+        each(init, "initContainers");
+    }
+    corrected
+}
+
 /// Whether `task` is a Ray head (annotation `rlark.io/ray-role=head`).
 fn is_ray_head(task: &Task) -> bool {
     task.annotations()
@@ -579,6 +669,7 @@ pub fn build(task: &Task, ctx: &MemberContext) -> Result<MemberObjects, BuildErr
         workload,
         head_service: head.then(|| head_service(task, ctx, &run_key)),
         claims,
+        token_secret: Some(token_secret(task, ctx, &run_key)),
         corrected,
     })
 }
@@ -785,9 +876,11 @@ mod tests {
         assert!(objects.own_dependents(&created), "idempotent");
         let owners = |meta: &ObjectMeta| meta.owner_references.clone().unwrap_or_default();
         let service = objects.head_service.as_ref().expect("service");
+        let secret = objects.token_secret.as_ref().expect("token secret");
         for refs in [
             owners(&service.metadata),
             owners(&objects.claims[0].metadata),
+            owners(&secret.metadata),
         ] {
             assert_eq!(refs.len(), 1);
             assert_eq!(
@@ -797,6 +890,105 @@ mod tests {
             assert_eq!(refs[0].uid, "sts-uid");
             assert_eq!(refs[0].name, "ppo-actor");
         }
+    }
+
+    #[test]
+    fn every_container_reads_the_token_from_the_run_secret_and_mounts_the_ca() {
+        let mut t = task("ppo-actor", 1);
+        if let Some(w) = t.spec.kubernetes.as_mut().and_then(|k| k.workload.as_mut())
+            && let Some(pod) = w.template.spec.as_mut()
+        {
+            // A template's own token and mount over the CA's directory are replaced.
+            pod.containers[0].env = Some(vec![
+                serde_json::from_value(json!({"name": "RLARK_TOKEN", "value": "forged"}))
+                    .expect("env"),
+            ]);
+            pod.containers[0].volume_mounts = Some(vec![
+                serde_json::from_value(json!({"name": "mine", "mountPath": "/var/run/rlark"}))
+                    .expect("mount"),
+            ]);
+        }
+        let mut objects = build(&t, &ctx()).expect("build");
+        let pod = objects
+            .workload
+            .pod_template()
+            .and_then(|t| t.spec.clone())
+            .expect("pod spec");
+        let env = pod.containers[0].env.clone().unwrap_or_default();
+        let token = env.iter().find(|e| e.name == "RLARK_TOKEN").expect("token");
+        let secret_ref = token
+            .value_from
+            .as_ref()
+            .and_then(|v| v.secret_key_ref.as_ref())
+            .expect("secretKeyRef");
+        assert_eq!(
+            (
+                secret_ref.name.as_str(),
+                secret_ref.key.as_str(),
+                secret_ref.optional
+            ),
+            ("ppo-actor-rlark-token", "token", Some(true))
+        );
+        let value = |name: &str| {
+            env.iter()
+                .find(|e| e.name == name)
+                .and_then(|e| e.value.clone())
+        };
+        assert_eq!(
+            value("RLARK_REPORT_URL").as_deref(),
+            Some("https://cp:6443/rlark/v1/namespaces/rlark-c1/tasks/ppo-actor/reports")
+        );
+        assert_eq!(
+            value("RLARK_CA_FILE").as_deref(),
+            Some("/var/run/rlark/ca.crt")
+        );
+        let mounts = pod.containers[0].volume_mounts.clone().unwrap_or_default();
+        assert_eq!(mounts.len(), 1, "{mounts:?}");
+        assert_eq!(
+            (
+                mounts[0].name.as_str(),
+                mounts[0].mount_path.as_str(),
+                mounts[0].read_only
+            ),
+            ("rlark-task-token", "/var/run/rlark", Some(true))
+        );
+        let volume = pod
+            .volumes
+            .unwrap_or_default()
+            .into_iter()
+            .find(|v| v.name == "rlark-task-token")
+            .and_then(|v| v.secret)
+            .expect("secret volume");
+        assert_eq!(volume.secret_name.as_deref(), Some("ppo-actor-rlark-token"));
+        assert!(
+            objects
+                .corrected
+                .iter()
+                .any(|c| c.ends_with("volumeMounts[/var/run/rlark]")),
+            "{:?}",
+            objects.corrected
+        );
+        assert!(
+            objects
+                .corrected
+                .iter()
+                .any(|c| c.ends_with("env[RLARK_TOKEN]")),
+            "{:?}",
+            objects.corrected
+        );
+        let secret = objects.token_secret.as_mut().expect("secret");
+        assert_eq!(
+            secret.metadata.name.as_deref(),
+            Some("ppo-actor-rlark-token")
+        );
+        assert!(
+            secret.data.is_none(),
+            "filled only once the token is minted"
+        );
+        fill_token_secret(secret, "rlk-a.b", b"PEM");
+        let data = secret.data.clone().unwrap_or_default();
+        assert_eq!(data["token"].0, b"rlk-a.b");
+        assert_eq!(data["ca.crt"].0, b"PEM");
     }
 
     #[test]

@@ -3,7 +3,7 @@
 
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Service};
+use k8s_openapi::api::core::v1::{Namespace, PersistentVolumeClaim, Secret, Service};
 use kube::api::{
     Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions, PropagationPolicy,
 };
@@ -142,6 +142,28 @@ impl MemberClient {
             match self.api::<PersistentVolumeClaim>().create(&pp, claim).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if let Some(secret) = objects.token_secret.as_ref().filter(|s| s.data.is_some()) {
+            let api = self.api::<Secret>();
+            match api.create(&pp, secret).await {
+                Ok(_) => {}
+                // One left by the run before (its owner gone, the collector not done yet),
+                // or ours from a pass that failed after it: this run's data and owner.
+                Err(kube::Error::Api(s)) if s.code == 409 => {
+                    let name = secret.metadata.name.clone().unwrap_or_default();
+                    let patch = json!({
+                        "metadata": {
+                            "labels": secret.metadata.labels,
+                            "annotations": secret.metadata.annotations,
+                            "ownerReferences": secret.metadata.owner_references,
+                        },
+                        "data": secret.data,
+                    });
+                    api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch))
+                        .await?;
+                }
                 Err(e) => return Err(e),
             }
         }

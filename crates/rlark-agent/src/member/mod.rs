@@ -14,10 +14,12 @@
 //! - `events`: Warning events on Tasks (fields a template tried to set that rlark forces).
 //!
 //! - [`nodes`]: the member's Nodes mirrored as rlark Nodes, and cordons pushed down;
-//! - [`logs`]: `rlark logs` of a mirrored Pod from the member API.
+//! - [`logs`]: `rlark logs` of a mirrored Pod from the member API;
+//! - [`exec`]: `rlark exec` into a mirrored Pod through the member API's `pods/exec`.
 
 mod client;
 mod events;
+pub mod exec;
 pub mod logs;
 mod mirror;
 pub mod nodes;

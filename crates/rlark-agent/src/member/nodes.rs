@@ -262,6 +262,33 @@ pub fn used_by_node<'a>(pods: impl IntoIterator<Item = &'a Pod>) -> BTreeMap<Str
         .collect()
 }
 
+/// The image pulls of the Pods bound to each node while they are Pending (pure): per Pod,
+/// [`crate::kubernetes::status::pull_progress`] without the images already there
+/// (`Done`), so a node lists what it is pulling and what failed to pull (`Failed`,
+/// `BackOff` with the kubelet's message). Kubernetes reports no byte counts: `downloaded`,
+/// `total` and `speed` are 0.
+pub fn pulls_by_node<'a>(
+    pods: impl IntoIterator<Item = &'a Pod>,
+) -> BTreeMap<String, Vec<rlark_api::types::PullProgress>> {
+    let mut pulls: BTreeMap<String, Vec<rlark_api::types::PullProgress>> = BTreeMap::new();
+    for pod in pods {
+        let Some(node) = pod.spec.as_ref().and_then(|s| s.node_name.clone()) else {
+            continue;
+        };
+        let pending = crate::kubernetes::status::pull_progress(pod)
+            .into_iter()
+            .filter(|p| p.status != "Done");
+        let list = pulls.entry(node).or_default();
+        for pull in pending {
+            if !list.contains(&pull) {
+                list.push(pull);
+            }
+        }
+    }
+    pulls.retain(|_, list| !list.is_empty());
+    pulls
+}
+
 /// `value` as Kubernetes writes it: whole numbers of bytes in binary units (`4Gi`),
 /// other whole numbers plain (`2`), fractions in thousandths (`1500m`), else a decimal.
 pub fn quantity(value: QuantityValue) -> Quantity {
@@ -466,6 +493,7 @@ impl NodeMirror {
             .filter_map(|n| Some((n.metadata.name.clone()?, n)))
             .collect();
         let used = used_by_node(pods);
+        let pulls = pulls_by_node(pods);
         let empty = ResourceList::new();
         let mut report = SyncReport::default();
         let mut first_error: Option<MirrorError> = None;
@@ -488,7 +516,7 @@ impl NodeMirror {
                 );
                 continue;
             }
-            let Some(desired) = mirror(
+            let Some(mut desired) = mirror(
                 member,
                 used.get(member.metadata.name.as_deref().unwrap_or_default())
                     .unwrap_or(&empty),
@@ -496,6 +524,7 @@ impl NodeMirror {
             ) else {
                 continue;
             };
+            desired.status.pull_progress = pulls.get(&desired.name).cloned().unwrap_or_default();
             mirrored.insert(desired.name.clone());
             let existing = current.get(&desired.name);
             let written = self.write(&nodes, &desired, existing).await;
@@ -649,6 +678,10 @@ impl NodeMirror {
             }
             if old.disk_pressure.is_some() && status.disk_pressure.is_none() {
                 value["status"]["diskPressure"] = Value::Null;
+            }
+            // An empty list is omitted by serde: the pulls that ended are cleared.
+            if !old.pull_progress.is_empty() && status.pull_progress.is_empty() {
+                value["status"]["pullProgress"] = Value::Null;
             }
         }
         nodes
@@ -1015,6 +1048,46 @@ mod tests {
             }),
             ..Default::default()
         }
+    }
+
+    #[test]
+    fn pending_pods_give_their_nodes_pull_progress() {
+        let pulling = |name: &str, node: &str, image: &str, waiting: &str| -> Pod {
+            serde_json::from_value(serde_json::json!({
+                "metadata": {"name": name},
+                "spec": {"nodeName": node, "containers": [{"name": "main", "image": image}]},
+                "status": {"phase": "Pending", "containerStatuses": [{
+                    "name": "main", "image": image, "imageID": "", "ready": false,
+                    "restartCount": 0,
+                    "state": {"waiting": {"reason": waiting, "message": "pull access denied"}},
+                }]},
+            }))
+            .expect("pod")
+        };
+        let mut done = pulling("d", "a", "have:1", "ContainerCreating");
+        if let Some(status) = done.status.as_mut() {
+            status.container_statuses.as_mut().expect("statuses")[0].image_id = "sha256:x".into();
+        }
+        let pods = [
+            pulling("p", "a", "big:1", "ContainerCreating"),
+            pulling("q", "a", "big:1", "ContainerCreating"),
+            pulling("f", "b", "nope:1", "ErrImagePull"),
+            done,
+            pod(Some("c"), "Running", &[&[]], &[]),
+        ];
+        let pulls = pulls_by_node(&pods);
+        assert_eq!(pulls.keys().collect::<Vec<_>>(), ["a", "b"], "{pulls:?}");
+        let a: Vec<(&str, &str)> = pulls["a"]
+            .iter()
+            .map(|p| (p.image.as_str(), p.status.as_str()))
+            .collect();
+        assert_eq!(
+            a,
+            [("big:1", "Pulling")],
+            "one entry per pull, none for an image there"
+        );
+        assert_eq!(pulls["b"][0].status, "Failed");
+        assert_eq!(pulls["b"][0].message.as_deref(), Some("pull access denied"));
     }
 
     #[test]

@@ -68,6 +68,7 @@ use crate::kubernetes::{
     MANAGED_BY, MANAGED_BY_LABEL, MemberContext, RUN_LABEL, TASK_NAMESPACE_LABEL, TASK_UID_LABEL,
     names, status, template,
 };
+use crate::task_reports::TaskTokens;
 
 /// Annotation of a workload: a hash of the spec rlark built for it, so a changed Task
 /// (stop, resume) is told from the member cluster's own defaults.
@@ -128,6 +129,8 @@ pub struct MemberRun {
     pub cluster_id: String,
     /// The control plane's URL (`RLARK_SERVER`).
     pub server_url: String,
+    /// The installation's CA bundle, put into every run's token Secret.
+    pub ca_file: std::path::PathBuf,
     /// `--max-creates-per-minute`.
     pub max_creates_per_minute: NonZeroU32,
     /// Metrics.
@@ -241,6 +244,7 @@ pub async fn run(config: MemberRun, shutdown: CancellationToken) -> Result<(), M
         failures: HashMap::new(),
         created: HashMap::new(),
         unowned: HashSet::new(),
+        tokens: TaskTokens::default(),
     };
     loop {
         let wake = reconciler.pass().await;
@@ -331,8 +335,10 @@ struct Reconciler {
     failures: HashMap<String, Failure>,
     /// Task UID label → (run key, when) of a workload created but not yet seen cached.
     created: HashMap<String, (String, Instant)>,
-    /// Task UID labels whose Service or claims are still to be created.
+    /// Task UID labels whose Service, claims or token Secret are still to be created.
     unowned: HashSet<String>,
+    /// Task tokens by run.
+    tokens: TaskTokens,
 }
 
 /// The workload kind a Task asks for (a template renders a Job).
@@ -414,6 +420,60 @@ impl Reconciler {
         all
     }
 
+    /// Creates the Service, the claims and the token Secret of `task`'s run (with the
+    /// task token minted now and the installation's CA bundle) as dependents of `owner`;
+    /// false when one of them is still to be created (the next pass retries).
+    async fn create_dependents(
+        &self,
+        task: &Task,
+        objects: &mut MemberObjects,
+        owner: &Workload,
+    ) -> bool {
+        if !objects.own_dependents(owner) {
+            return false;
+        }
+        let mut complete = true;
+        if let Some(secret) = objects.token_secret.as_mut() {
+            match self.token_data(task).await {
+                Ok((token, ca)) => workload::fill_token_secret(secret, &token, &ca),
+                Err(error) => {
+                    tracing::warn!(%error, task = %task.name_any(), "no task token for the member Pods yet (retried next pass)");
+                    objects.token_secret = None;
+                    complete = false;
+                }
+            }
+        }
+        if let Err(error) = self.config.member.create_dependents(objects).await {
+            self.config.metrics.api_errors.inc();
+            tracing::warn!(%error, task = %task.name_any(), "create service/claims/token secret (retried next pass)");
+            return false;
+        }
+        complete
+    }
+
+    /// The task token of `task`'s run (minted once per run, [`TaskTokens`]) and the CA
+    /// bundle the member Pods trust the control plane with.
+    async fn token_data(&self, task: &Task) -> Result<(String, Vec<u8>), String> {
+        let ca = tokio::fs::read(&self.config.ca_file)
+            .await
+            .map_err(|e| format!("read the CA bundle {}: {e}", self.config.ca_file.display()))?;
+        let env = self
+            .tokens
+            .env(
+                &self.config.control,
+                &self.config.server_url,
+                &self.config.ca_file,
+                task,
+            )
+            .await;
+        let token = env
+            .into_iter()
+            .find(|(name, _)| name == "RLARK_TOKEN")
+            .map(|(_, token)| token)
+            .ok_or_else(|| "the control plane minted no task token".to_string())?;
+        Ok((token, ca))
+    }
+
     /// The member objects of `task`'s run.
     fn desired_objects(&self, task: &Task) -> Result<MemberObjects, String> {
         let k = task.spec.kubernetes.as_ref();
@@ -421,10 +481,12 @@ impl Reconciler {
             workload::build(task, &self.ctx).map_err(|e| e.to_string())
         } else {
             let rendered = template::render(task, &self.ctx).map_err(|e| e.to_string())?;
+            let run_key = rlark_api::agent::run_key(task, &self.ctx.cluster_id).unwrap_or_default();
             Ok(MemberObjects {
                 workload: Workload::Job(rendered.job),
                 head_service: None,
                 claims: Vec::new(),
+                token_secret: Some(workload::token_secret(task, &self.ctx, &run_key)),
                 corrected: rendered.corrected,
             })
         }
@@ -558,16 +620,10 @@ impl Reconciler {
                         tracing::warn!(%error, task = %task.name_any(), "update workload (retried next pass)");
                     }
                 }
-                if self.unowned.contains(uid) && objects.own_dependents(existing) {
-                    match self.config.member.create_dependents(&objects).await {
-                        Ok(()) => {
-                            self.unowned.remove(uid);
-                        }
-                        Err(error) => {
-                            self.config.metrics.api_errors.inc();
-                            tracing::warn!(%error, task = %task.name_any(), "create service/claims (retried next pass)");
-                        }
-                    }
+                if self.unowned.contains(uid)
+                    && self.create_dependents(task, &mut objects, existing).await
+                {
+                    self.unowned.remove(uid);
                 }
                 continue;
             }
@@ -597,12 +653,7 @@ impl Reconciler {
                     self.retries.remove(uid);
                     self.created.insert(uid.clone(), (key.clone(), now));
                     tracing::info!(task = %task.name_any(), kind = ?created.kind(), workload = ?created.metadata().name, "workload created");
-                    if (objects.head_service.is_some() || !objects.claims.is_empty())
-                        && objects.own_dependents(&created)
-                        && let Err(error) = self.config.member.create_dependents(&objects).await
-                    {
-                        self.config.metrics.api_errors.inc();
-                        tracing::warn!(%error, task = %task.name_any(), "create service/claims (retried next pass)");
+                    if !self.create_dependents(task, &mut objects, &created).await {
                         self.unowned.insert(uid.clone());
                     }
                     if !objects.corrected.is_empty() {

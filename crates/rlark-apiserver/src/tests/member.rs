@@ -41,6 +41,7 @@ async fn member_harness() -> (Harness, Arc<EchoLogs>) {
     let options = ApiServerOptions {
         member_simulation: Some(MemberSimulation {
             pod_logs: logs.clone(),
+            pod_exec: None,
         }),
         ..fast_options()
     };

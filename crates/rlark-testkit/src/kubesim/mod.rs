@@ -24,16 +24,21 @@
 //! ([`Policy::AutoRun`], the default) or wait until the test says ([`Policy::Hold`]); they
 //! stop, fail or restart when the test says ([`KubeSim::set_pod_phase`]).
 //!
-//! What it does not: exec, attach and port-forward; images (nothing is pulled or run; a
+//! Exec (`pods/exec`) runs the command as a local process of the test in a directory per
+//! Pod and container ([`SimExec`]): a simulation, not a container.
+//!
+//! What it does not: attach and port-forward; images (nothing is pulled or run; a
 //! pull failure is a waiting reason the test sets); Services, ConfigMaps, Secrets and PVCs
 //! are stored but nothing acts on them (no endpoints, no volume binding); rolling updates
 //! (a changed Deployment template replaces every Pod at once), Indexed Jobs, Pod
 //! disruption, preemption, resource accounting beyond `nvidia.com/gpu`.
 
+mod exec;
 mod kubelet;
 mod logs;
 mod plan;
 
+pub use exec::SimExec;
 pub use kubelet::Phase;
 pub use logs::SimLogs;
 
@@ -805,6 +810,7 @@ impl Drop for KubeSim {
 pub struct MemberCluster {
     server: TestServer,
     sim: KubeSim,
+    exec: SimExec,
 }
 
 impl MemberCluster {
@@ -813,14 +819,19 @@ impl MemberCluster {
     pub async fn start() -> anyhow::Result<Self> {
         let logs = SimLogs::default();
         let source = Arc::new(logs.clone());
+        let exec = SimExec::new().context("a directory for the simulation's execs")?;
+        let pod_exec = Arc::new(exec.clone());
         let server = TestServer::start_configured(|config| {
-            config.api.member_simulation = Some(MemberSimulation { pod_logs: source });
+            config.api.member_simulation = Some(MemberSimulation {
+                pod_logs: source,
+                pod_exec: Some(pod_exec),
+            });
             config.controllers.enabled = false;
         })
         .await?;
         let client = server.client().await?;
         let sim = KubeSim::start(client, logs);
-        Ok(Self { server, sim })
+        Ok(Self { server, sim, exec })
     }
 
     pub fn sim(&self) -> &KubeSim {
@@ -829,6 +840,11 @@ impl MemberCluster {
 
     pub fn server(&self) -> &TestServer {
         &self.server
+    }
+
+    /// Where the execs into the member Pods run.
+    pub fn exec(&self) -> &SimExec {
+        &self.exec
     }
 
     /// The admin kubeconfig of the member cluster (what `--member-kubeconfig` is given).

@@ -9,7 +9,9 @@
 //!   or `v4.channel.k8s.io`) over TLS with the kubeconfig's credentials (embedded client
 //!   certificate or bearer token, as `rlark port-forward` reads them).
 //! - `-c NAME` (kubectl's flag) runs the command in that container of a `docker` replica
-//!   (a sidecar); without it, in the main (first) container.
+//!   (a sidecar) or of a member Pod of a Kubernetes agent; without it, in the main (first)
+//!   container (for a member Pod: the `kubectl.kubernetes.io/default-container` one, else
+//!   the first).
 //! - `-i` sends this process's stdin; its end closes the command's stdin (v5). Without
 //!   `-i`, nothing is sent.
 //! - `-t` gives the command a terminal (stderr merged into stdout) when this process's
@@ -70,7 +72,8 @@ pub(crate) struct ExecArgs {
     /// With task/NAME: the replica to exec into.
     #[arg(long, value_name = "N")]
     pub replica: Option<usize>,
-    /// The container of a docker replica to run in (default: the main, first one).
+    /// The container of a docker replica or member Pod to run in (default: the main, first
+    /// one).
     #[arg(short = 'c', long, value_name = "NAME")]
     pub container: Option<String>,
     /// Send stdin to the command.
