@@ -23,6 +23,7 @@ pub mod member;
 pub mod openapi;
 pub mod protobuf;
 pub mod registry;
+pub mod replicas;
 pub mod table;
 
 mod admission;
