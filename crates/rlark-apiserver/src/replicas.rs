@@ -64,7 +64,7 @@ pub fn core_pods() -> ResourceType {
 }
 
 fn printer_columns() -> Vec<PrinterColumn> {
-    let mut wide = |mut c: PrinterColumn| {
+    let wide = |mut c: PrinterColumn| {
         c.priority = 1;
         c
     };
