@@ -71,10 +71,10 @@ fn rlark_query(query: &str) -> Result<String, String> {
     Ok(kept.join("&"))
 }
 
-/// `request` with its query rewritten by [`rlark_query`], or the 400 to answer.
-fn rewrite(mut request: Request) -> Result<Request, Response> {
-    let query = rlark_query(request.uri().query().unwrap_or_default())
-        .map_err(|message| ApiError::bad_request(message).into_response())?;
+/// `request` with its query rewritten by [`rlark_query`]; `Err` is the message of the 400
+/// to answer.
+fn rewrite(mut request: Request) -> Result<Request, String> {
+    let query = rlark_query(request.uri().query().unwrap_or_default())?;
     let path = request.uri().path();
     let uri = if query.is_empty() {
         path.to_string()
@@ -83,14 +83,14 @@ fn rewrite(mut request: Request) -> Result<Request, Response> {
     };
     *request.uri_mut() = uri
         .parse()
-        .map_err(|_| ApiError::bad_request("invalid request URI").into_response())?;
+        .map_err(|e| format!("invalid request URI: {e}"))?;
     Ok(request)
 }
 
 async fn log(state: State<Arc<Hub>>, path: Path<(String, String)>, request: Request) -> Response {
     match rewrite(request) {
         Ok(request) => super::logs::pod_log(state, path, request).await,
-        Err(response) => response,
+        Err(message) => ApiError::bad_request(message).into_response(),
     }
 }
 
@@ -101,7 +101,7 @@ async fn exec_route(
 ) -> Response {
     match rewrite(request) {
         Ok(request) => super::exec::exec(state, path, request).await,
-        Err(response) => response,
+        Err(message) => ApiError::bad_request(message).into_response(),
     }
 }
 
