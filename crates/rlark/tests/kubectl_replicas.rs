@@ -71,7 +71,15 @@ async fn kubectl_reads_logs_of_and_execs_in_replicas() -> anyhow::Result<()> {
         .unwrap_or_default()
         .split_whitespace()
         .collect();
-    assert_eq!(header, ["NAMESPACE", "NAME", "STATUS", "RESTARTS", "AGE"]);
+    if header != ["NAMESPACE", "NAME", "STATUS", "RESTARTS", "AGE"] {
+        // kubectl resolved `pods` to another kind: show what discovery told it, to tell a
+        // server-side ordering problem from a kubectl one.
+        let resources = k(&["api-resources", "-o", "wide"]).await?;
+        panic!(
+            "`kubectl get pods -A` is not the core Pod table:\n{listing}\napi-resources:\n{}",
+            text(&resources.stdout)
+        );
+    }
     let row: Vec<&str> = listing
         .lines()
         .find(|l| l.contains("talk-main-0"))
