@@ -47,8 +47,34 @@ const RESOURCE_VERBS: [&str; 8] = [
 ];
 /// Verbs of a `/status` subresource.
 const STATUS_VERBS: [&str; 3] = ["get", "patch", "update"];
-/// Verbs of a `/log` subresource (core Pods in member simulation).
+/// Verbs of a `/log` subresource (core Pods).
 const LOG_VERBS: [&str; 1] = ["get"];
+/// Verbs of a read-only projection ([`crate::replicas`]).
+const READ_VERBS: [&str; 3] = ["get", "list", "watch"];
+/// Verbs of the replica Pods' `/exec` (served by the server process through the tunnel).
+const EXEC_VERBS: [&str; 2] = ["create", "get"];
+
+/// Verbs of `t`'s main resource.
+fn verbs(t: &ResourceType) -> &'static [&'static str] {
+    if t.projection.is_some() {
+        &READ_VERBS
+    } else {
+        &RESOURCE_VERBS
+    }
+}
+
+/// Subresources besides status and scale, with their verbs: `log` of core Pods, and `exec`
+/// of the replica projection (both answered outside this crate for the projection).
+fn pod_subresources(t: &ResourceType) -> Vec<(&'static str, &'static [&'static str])> {
+    let mut found: Vec<(&'static str, &'static [&'static str])> = Vec::new();
+    if t.log_subresource || t.projection.is_some() {
+        found.push(("log", &LOG_VERBS));
+    }
+    if t.projection.is_some() {
+        found.push(("exec", &EXEC_VERBS));
+    }
+    found
+}
 
 /// Serves the discovery endpoints listed in the module docs, and nothing deeper (resource
 /// URLs belong to the CRUD handlers' fallback). Unknown groups or versions get a 404 `Status`.
@@ -420,7 +446,7 @@ fn resource_list(group_version: &str, types: &[&Arc<ResourceType>]) -> Value {
             "singularName": t.singular,
             "namespaced": t.namespaced,
             "kind": t.kind,
-            "verbs": RESOURCE_VERBS,
+            "verbs": verbs(t),
         });
         if !t.short_names.is_empty() {
             resource["shortNames"] = json!(t.short_names);
@@ -439,13 +465,13 @@ fn resource_list(group_version: &str, types: &[&Arc<ResourceType>]) -> Value {
                 "verbs": STATUS_VERBS,
             }));
         }
-        if t.log_subresource {
+        for (sub, sub_verbs) in pod_subresources(t) {
             resources.push(json!({
-                "name": format!("{}/log", t.plural),
+                "name": format!("{}/{sub}", t.plural),
                 "singularName": "",
                 "namespaced": t.namespaced,
                 "kind": t.kind,
-                "verbs": LOG_VERBS,
+                "verbs": sub_verbs,
             }));
         }
         if t.scale_subresource {
@@ -495,7 +521,7 @@ fn discovery_resource(t: &ResourceType) -> Value {
         "responseKind": response_kind,
         "scope": if t.namespaced { "Namespaced" } else { "Cluster" },
         "singularResource": t.singular,
-        "verbs": RESOURCE_VERBS,
+        "verbs": verbs(t),
     });
     if !t.short_names.is_empty() {
         resource["shortNames"] = json!(t.short_names);
@@ -511,11 +537,11 @@ fn discovery_resource(t: &ResourceType) -> Value {
             "verbs": STATUS_VERBS,
         }));
     }
-    if t.log_subresource {
+    for (sub, sub_verbs) in pod_subresources(t) {
         subresources.push(json!({
-            "subresource": "log",
+            "subresource": sub,
             "responseKind": {"group": "", "version": "v1", "kind": "Pod"},
-            "verbs": LOG_VERBS,
+            "verbs": sub_verbs,
         }));
     }
     if t.scale_subresource {
@@ -746,7 +772,20 @@ mod tests {
             .iter()
             .map(|r| r["name"].as_str().unwrap())
             .collect();
-        assert_eq!(names, ["namespaces", "namespaces/status", "events"]);
+        assert_eq!(
+            names,
+            [
+                "namespaces",
+                "namespaces/status",
+                "events",
+                "pods",
+                "pods/log",
+                "pods/exec"
+            ]
+        );
+        // Core Pods are the read-only view of rlark's replicas.
+        assert_eq!(core["resources"][3]["verbs"], json!(READ_VERBS));
+        assert_eq!(core["resources"][5]["verbs"], json!(EXEC_VERBS));
         assert_eq!(core["resources"][0]["shortNames"], json!(["ns"]));
         assert_eq!(core["resources"][0]["namespaced"], false);
         assert_eq!(
@@ -827,7 +866,7 @@ mod tests {
                 .unwrap()
                 .resources
                 .len(),
-            3
+            6
         );
         let (_, _, apis) = get("/apis", None).await;
         let groups = serde_json::from_value::<APIGroupList>(apis).unwrap().groups;

@@ -236,7 +236,7 @@ impl Collector {
     async fn run_once(&mut self, shutdown: &CancellationToken) -> Result<(), GcError> {
         self.inner.ensure_default_namespace().await?;
         let mut streams = Vec::new();
-        for rt in self.inner.registry.all() {
+        for rt in self.inner.registry.stored() {
             let resource = rt.store_resource();
             let listed = self
                 .inner
@@ -574,7 +574,7 @@ impl Collector {
     /// the namespace.
     async fn finish_namespace(&self, namespace: &str) -> Result<(), ApiError> {
         let mut remaining = 0;
-        for rt in self.inner.registry.all().iter().filter(|rt| rt.namespaced) {
+        for rt in self.inner.registry.stored().filter(|rt| rt.namespaced) {
             let options = ListOptions {
                 namespace: Some(namespace.to_string()),
                 ..ListOptions::default()

@@ -205,6 +205,15 @@ async fn handle(
     let (headers, limit) = (&parts.headers, inner.options.max_request_bytes);
     let read_body = move |body: Body| body::read(body, headers, limit);
     let media_type = body::media_type(&parts.headers);
+    if let Some(projection) = &rt.projection
+        && !matches!(verb, Verb::Get | Verb::List | Verb::Watch)
+    {
+        return Err(ApiError::method_not_allowed(format!(
+            "{} are read-only: {}",
+            rt.qualified_name(),
+            projection.read_only_because
+        )));
+    }
     match target.subresource {
         Some(Subresource::Log) => return podlog::serve(inner, &target, parts).await,
         Some(Subresource::Exec) => return podexec::serve(inner, &target, parts).await,
@@ -227,7 +236,7 @@ async fn handle(
                 .await
                 .map_err(|e| ApiError::from_store(e, &rt, name))?
                 .ok_or_else(|| ApiError::not_found(&rt, name))?;
-            Ok(object_response(StatusCode::OK, &object, &[]))
+            Ok(object_response(StatusCode::OK, &rt.present(object), &[]))
         }
         Verb::List => {
             let selectors = Selectors::parse(

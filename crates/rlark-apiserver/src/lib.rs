@@ -2,7 +2,8 @@
 //!
 //! Serves the `rlinf.io/v1alpha1` resources (defined by CRDs from `rlark-api`), core
 //! `v1/Namespace` and `coordination.k8s.io/v1/Lease` well enough that kubectl, kube-rs and
-//! the official Python client work unmodified; in member simulation ([`member`], a test
+//! the official Python client work unmodified, and core `v1/Pod` as a read-only view of
+//! rlark's replicas ([`replicas`]); in member simulation ([`member`], a test
 //! harness switched on in code) also the Kubernetes built-in workload kinds. The router is a plain `axum::Router`; the
 //! process around it (TLS, identity extraction) lives in `rlark-server`, which inserts an
 //! [`auth::Identity`] request extension for every authenticated request.
@@ -23,6 +24,7 @@ pub mod member;
 pub mod openapi;
 pub mod protobuf;
 pub mod registry;
+pub mod replicas;
 pub mod table;
 
 mod admission;

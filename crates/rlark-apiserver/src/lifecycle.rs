@@ -966,7 +966,7 @@ impl Inner {
                 .and_then(Value::as_array)
                 .is_some_and(|refs| refs.iter().any(|r| names_uid(r, owner_uid)))
         };
-        for rt in self.registry.all() {
+        for rt in self.registry.stored() {
             let all = self
                 .store
                 .list(&rt.store_resource(), &ListOptions::default())

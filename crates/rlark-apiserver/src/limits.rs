@@ -299,7 +299,7 @@ impl Inner {
             && agent_namespace(cluster_id) == namespace
         {
             let mut total = 0u64;
-            for rt in self.registry.all().iter().filter(|rt| rt.namespaced) {
+            for rt in self.registry.stored().filter(|rt| rt.namespaced) {
                 total += self.count_in(rt, namespace).await?;
             }
             if total >= limits.max_objects_per_agent_namespace as u64 {

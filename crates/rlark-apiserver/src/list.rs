@@ -276,13 +276,14 @@ impl Inner {
                 .await
                 .map_err(|e| ApiError::from_store(e, rt, ""))?;
             first_revision.get_or_insert(result.revision);
+            let listed: Vec<Arc<Value>> = result.items.into_iter().map(|o| rt.present(o)).collect();
             if selectors.is_empty() {
                 more = result.continue_after.is_some();
                 remaining = more.then_some(result.remaining);
-                items = result.items;
+                items = listed;
                 break;
             }
-            for item in &result.items {
+            for item in &listed {
                 if limit > 0 && items.len() == limit {
                     // Something follows; it may not match, then the next page is empty (as in
                     // Kubernetes, whose continue only promises "maybe more").

@@ -325,6 +325,7 @@ fn kind(
         log_subresource: false,
         scale_subresource: false,
         validator: None,
+        projection: None,
     }
 }
 
@@ -603,6 +604,13 @@ mod tests {
         let plain = Registry::builtin();
         let member = registry();
         for rt in kinds() {
+            if rt.plural == "pods" {
+                // Without member simulation, core Pods are the replicas' projection.
+                let projected = plain.get(&rt.group, &rt.version, &rt.plural).unwrap();
+                assert!(projected.projection.is_some());
+                assert!(member.get("", "v1", "pods").unwrap().projection.is_none());
+                continue;
+            }
             assert!(
                 plain.get(&rt.group, &rt.version, &rt.plural).is_none(),
                 "{} served without member simulation",

@@ -639,6 +639,12 @@ fn resource_paths(rt: &ResourceType) -> Vec<PathItem> {
             ],
         },
     ];
+    if rt.projection.is_some() {
+        // A read-only view: its writes are 405, so the document offers reads only.
+        for item in &mut paths {
+            item.operations.retain(|o| o.method == "get");
+        }
+    }
     if rt.status_subresource {
         paths.push(PathItem {
             path: format!("{collection}/{{name}}/status"),
@@ -1220,6 +1226,14 @@ mod tests {
         );
         assert_eq!(ns["operationId"], "patchCoreV1Namespace");
         assert!(core["components"]["schemas"]["io.k8s.api.core.v1.Namespace"].is_object());
+        // Core Pods, the replicas' read-only view, offer reads only.
+        let pod = &core["paths"]["/api/v1/namespaces/{namespace}/pods/{name}"];
+        assert_eq!(pod["get"]["operationId"], "readCoreV1NamespacedPod");
+        for write in ["put", "patch", "delete"] {
+            assert!(pod.get(write).is_none(), "{write}");
+        }
+        let pods = &core["paths"]["/api/v1/namespaces/{namespace}/pods"];
+        assert!(pods.get("get").is_some() && pods.get("post").is_none());
         let (_, _, coordination) = get(&gv_url(&index, "apis/coordination.k8s.io/v1"), &[]).await;
         let lease = &coordination["paths"]["/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{name}"];
         assert!(

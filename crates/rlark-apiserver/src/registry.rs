@@ -57,6 +57,30 @@ pub struct ResourceType {
     /// and `spec.selector`) is served.
     pub scale_subresource: bool,
     pub validator: Option<Validator>,
+    /// `Some` for a read-only view of another stored kind (core `v1` Pods over rlark's
+    /// replicas, [`crate::replicas`]): get, list and watch read the source kind and show
+    /// each object through the projection; every write is a 405.
+    pub projection: Option<Projection>,
+}
+
+/// How a read-only kind is read: from the objects of another kind, each mapped.
+#[derive(Clone, Copy)]
+pub struct Projection {
+    /// Store resource the objects are read from (`pods.rlinf.io`).
+    pub source: &'static str,
+    /// The object as this kind shows it. Pure: a function of the stored object only, so
+    /// that get, list and watch show the same thing.
+    pub project: fn(&Value) -> Value,
+    /// Why writes are refused, for the 405 `Status` (names what to write instead).
+    pub read_only_because: &'static str,
+}
+
+impl std::fmt::Debug for Projection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Projection")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
 }
 
 impl std::fmt::Debug for ResourceType {
@@ -93,9 +117,12 @@ impl ResourceType {
         }
     }
 
-    /// Key prefix in the store: `plural.group`, or `plural` for the core group.
+    /// Key prefix in the store: `plural.group`, or `plural` for the core group; for a
+    /// projection, the source kind's.
     pub fn store_resource(&self) -> String {
-        if self.group.is_empty() {
+        if let Some(projection) = &self.projection {
+            projection.source.to_string()
+        } else if self.group.is_empty() {
             self.plural.clone()
         } else {
             format!("{}.{}", self.plural, self.group)
@@ -104,7 +131,19 @@ impl ResourceType {
 
     /// `plural.group` as kubectl prints it in messages (`jobs.rlinf.io`), `plural` for core.
     pub fn qualified_name(&self) -> String {
-        self.store_resource()
+        if self.group.is_empty() {
+            self.plural.clone()
+        } else {
+            format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    /// `object` as this kind shows it: projected for a projection, else as stored.
+    pub(crate) fn present(&self, object: Arc<Value>) -> Arc<Value> {
+        match &self.projection {
+            Some(projection) => Arc::new((projection.project)(&object)),
+            None => object,
+        }
     }
 
     /// Describe the first served version of a CRD.
@@ -173,6 +212,7 @@ impl ResourceType {
             strategic_merge_patch: false,
             log_subresource: false,
             scale_subresource: false,
+            projection: None,
             validator,
         })
     }
@@ -209,6 +249,7 @@ impl ResourceType {
             strategic_merge_patch: true,
             log_subresource: false,
             scale_subresource: false,
+            projection: None,
             validator: None,
         }
     }
@@ -248,6 +289,7 @@ impl ResourceType {
             strategic_merge_patch: true,
             log_subresource: false,
             scale_subresource: false,
+            projection: None,
             validator: None,
         }
     }
@@ -339,6 +381,7 @@ impl ResourceType {
             strategic_merge_patch: true,
             log_subresource: false,
             scale_subresource: false,
+            projection: None,
             validator: None,
         }
     }
@@ -381,6 +424,7 @@ impl Registry {
         registry.add(ResourceType::namespace());
         registry.add(ResourceType::lease());
         registry.add(ResourceType::event());
+        registry.add(crate::replicas::core_pods());
         registry.add_rlark_kinds();
         registry
     }
@@ -406,6 +450,13 @@ impl Registry {
 
     pub fn all(&self) -> &[Arc<ResourceType>] {
         &self.types
+    }
+
+    /// The kinds that own stored objects: every kind but projections (whose objects are
+    /// another kind's). Garbage collection, namespace cleanup and quotas walk these, so a
+    /// replica is not seen twice.
+    pub fn stored(&self) -> impl Iterator<Item = &Arc<ResourceType>> {
+        self.types.iter().filter(|t| t.projection.is_none())
     }
 
     /// Look up by URL coordinates (group empty for core).

@@ -290,7 +290,7 @@ mod tests {
             target("/api/v1/namespaces/dev/finalize").unwrap_err().code,
             404
         );
-        assert_eq!(target("/api/v1/pods").unwrap_err().code, 404);
+        assert_eq!(target("/api/v1/widgets").unwrap_err().code, 404);
         assert_eq!(target("/api/v2/namespaces").unwrap_err().code, 404);
     }
 

@@ -164,8 +164,9 @@ impl State {
     /// Handle one item of the store's stream; `false` when it ended the watch.
     fn on_event(&mut self, item: Result<WatchEvent, StoreError>) -> bool {
         match item {
-            Ok(event) => {
+            Ok(mut event) => {
                 self.progress = self.progress.max(event.revision);
+                event.object = self.rt.present(event.object);
                 if let Some(event_type) = self.tracker.classify(&event) {
                     self.push_object(event_type, &event.object);
                 }
@@ -320,10 +321,12 @@ impl Inner {
             let list_options = list_options.clone();
             let rt = Arc::clone(&rt);
             async move {
-                store.list(&resource, &list_options).await.map_err(|e| {
+                let mut listed = store.list(&resource, &list_options).await.map_err(|e| {
                     tracing::debug!(error = %e, what, "watch list failed");
                     ApiError::from_store(e, &rt, "")
-                })
+                })?;
+                listed.items = listed.items.into_iter().map(|o| rt.present(o)).collect();
+                Ok(listed)
             }
         };
 

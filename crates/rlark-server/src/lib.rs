@@ -365,6 +365,11 @@ async fn start_with_token(
         api: api.clone(),
         shutdown: background.clone(),
     });
+    let exec_state = tunnel::exec::ExecState::new(
+        Arc::clone(&hub),
+        Arc::new(store.clone()),
+        Arc::clone(&audit),
+    );
     let router = http::router(
         http::ProcessState {
             ready: ready.clone(),
@@ -378,11 +383,7 @@ async fn start_with_token(
     .merge(tunnel::netcheck::router(
         tunnel::netcheck::NetCheckState::new(Arc::clone(&hub), Arc::new(store.clone())),
     ))
-    .merge(tunnel::exec::router(tunnel::exec::ExecState::new(
-        Arc::clone(&hub),
-        Arc::new(store.clone()),
-        Arc::clone(&audit),
-    )))
+    .merge(tunnel::exec::router(exec_state.clone()))
     .merge(
         axum::Router::new()
             .route(
@@ -391,6 +392,13 @@ async fn start_with_token(
             )
             .with_state(Arc::clone(&replicas)),
     );
+    // Core Pods' log and exec reach the replicas' agents, unless core Pods are a simulated
+    // member cluster's own.
+    let router = if config.api.member_simulation.is_none() {
+        router.merge(tunnel::core_pods::router(Arc::clone(&hub), exec_state))
+    } else {
+        router
+    };
     // The routes merged after `http::router` get the same panic handler.
     let router = http::catch_panics(router);
 

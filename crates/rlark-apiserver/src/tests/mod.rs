@@ -8,6 +8,7 @@ mod collection;
 mod crud;
 mod listing;
 mod member;
+mod replicas;
 mod watching;
 
 use std::sync::Arc;

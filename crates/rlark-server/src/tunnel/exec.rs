@@ -84,7 +84,7 @@ fn attributes(namespace: &str, pod: &str) -> Attributes {
     }
 }
 
-async fn exec(
+pub(super) async fn exec(
     State(state): State<ExecState>,
     Path((namespace, pod)): Path<(String, String)>,
     mut request: Request,

@@ -10,6 +10,7 @@
 //! are the pod network's relay ([`relay`]).
 
 pub(crate) mod connect;
+pub(crate) mod core_pods;
 pub(crate) mod exec;
 pub(crate) mod logs;
 pub(crate) mod netcheck;

@@ -8,6 +8,9 @@ use anyhow::Context as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResourceList;
 use kube::core::{ApiResource, DynamicObject, Resource as _};
 
+/// rlark's own API group.
+const RLARK_GROUP: &str = "rlinf.io";
+
 /// One served resource.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub(crate) struct ResourceInfo {
@@ -133,9 +136,17 @@ impl Catalog {
 
     /// Resolve a resource type as typed on the command line, case-insensitively: plural,
     /// singular or kind, optionally qualified as `NAME.GROUP` or `NAME.VERSION.GROUP`; then
-    /// short names. The first match in catalog order wins (core, then groups as the server
-    /// lists them, preferred versions first).
+    /// short names. An unqualified name that rlark's own group (`rlinf.io`) serves is
+    /// rlark's: `pods` is `pods.rlinf.io` here, although the server also serves core `v1`
+    /// Pods (a read-only view of the same replicas for kubectl, which resolves `pods` to
+    /// the core kind). Otherwise the first match in catalog order wins (core, then groups
+    /// as the server lists them, preferred versions first).
     pub fn resolve(&self, typed: &str) -> anyhow::Result<&ResourceInfo> {
+        if !typed.contains('.')
+            && let Ok(own) = self.resolve(&format!("{typed}.{RLARK_GROUP}"))
+        {
+            return Ok(own);
+        }
         let typed = typed.to_lowercase();
         let (name, qualifier) = match typed.split_once('.') {
             Some((n, q)) => (n, Some(q)),
@@ -229,6 +240,35 @@ pub(crate) mod tests {
         let err = catalog.resolve("pods").expect_err("pods are not served");
         assert!(err.to_string().contains("\"pods\""), "{err}");
         assert!(catalog.resolve("jobs.batch").is_err());
+    }
+
+    /// The server serves core Pods (kubectl's `pods`) beside `pods.rlinf.io`: the rlark CLI
+    /// reads `pods` as rlark's kind and `po` (a short name only the core kind has) as the core one.
+    #[test]
+    fn rlarks_own_kind_wins_an_unqualified_name() {
+        let list = |group_version: &str, short: &str| -> APIResourceList {
+            serde_json::from_value(serde_json::json!({
+                "groupVersion": group_version,
+                "resources": [{"name": "pods", "singularName": "pod", "namespaced": true,
+                               "kind": "Pod", "verbs": ["get", "list"], "shortNames": [short]}]
+            }))
+            .expect("pods")
+        };
+        let catalog =
+            Catalog::from_lists(vec![list("v1", "po"), list("rlinf.io/v1alpha1", "rlpod")]);
+        for (typed, api_version) in [
+            ("pods", "rlinf.io/v1alpha1"),
+            ("pod", "rlinf.io/v1alpha1"),
+            ("Pod", "rlinf.io/v1alpha1"),
+            ("rlpod", "rlinf.io/v1alpha1"),
+            ("pods.rlinf.io", "rlinf.io/v1alpha1"),
+            ("po", "v1"),
+        ] {
+            let found = catalog
+                .resolve(typed)
+                .unwrap_or_else(|e| panic!("{typed}: {e}"));
+            assert_eq!(found.ar.api_version, api_version, "{typed}");
+        }
     }
 
     #[test]
