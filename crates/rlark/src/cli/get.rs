@@ -1,7 +1,7 @@
 //! `rlark get KIND [NAME...] [-n NS | -A] [-o yaml|json|wide|name] [-l SELECTOR]`.
 
 use anyhow::{Context as _, bail};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use kube::api::ListParams;
 use kube::core::Request;
 use serde_json::{Value, json};
@@ -10,6 +10,7 @@ use super::ClientArgs;
 use super::client::{Reported, Session, format_status};
 use super::discovery::{Catalog, ResourceInfo};
 use super::names;
+use super::output::{CustomColumns, Template};
 use super::table::{self, TABLE_ACCEPT, TableOptions};
 
 #[derive(Debug, Args)]
@@ -24,8 +25,10 @@ pub(crate) struct GetArgs {
     /// List across all namespaces.
     #[arg(short = 'A', long)]
     pub all_namespaces: bool,
-    /// Output format (default: a table).
-    #[arg(short = 'o', long, value_enum)]
+    /// Output format (default: a table): yaml, json, wide, name, jsonpath=TEMPLATE (e.g.
+    /// `jsonpath='{.items[*].metadata.name}'`, with `{range PATH}...{end}` and `{"\n"}`),
+    /// or custom-columns=HEADER:PATH,... (e.g. `custom-columns=NAME:.metadata.name`).
+    #[arg(short = 'o', long, value_name = "FORMAT", value_parser = parse_output)]
     pub output: Option<OutputFormat>,
     /// Label selector, e.g. `app=ppo,tier!=gpu`.
     #[arg(short = 'l', long)]
@@ -37,12 +40,36 @@ pub(crate) struct GetArgs {
     pub client: ClientArgs,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Debug)]
 pub(crate) enum OutputFormat {
     Yaml,
     Json,
     Wide,
     Name,
+    JsonPath(Template),
+    CustomColumns(CustomColumns),
+}
+
+/// `-o FORMAT`: a name, or `jsonpath=` / `custom-columns=` with their argument.
+fn parse_output(value: &str) -> Result<OutputFormat, String> {
+    match value {
+        "yaml" => return Ok(OutputFormat::Yaml),
+        "json" => return Ok(OutputFormat::Json),
+        "wide" => return Ok(OutputFormat::Wide),
+        "name" => return Ok(OutputFormat::Name),
+        _ => {}
+    }
+    if let Some(template) = value.strip_prefix("jsonpath=") {
+        return Template::parse(template)
+            .map(OutputFormat::JsonPath)
+            .map_err(|e| e.to_string());
+    }
+    if let Some(spec) = value.strip_prefix("custom-columns=") {
+        return CustomColumns::parse(spec)
+            .map(OutputFormat::CustomColumns)
+            .map_err(|e| e.to_string());
+    }
+    Err("one of yaml, json, wide, name, jsonpath=TEMPLATE, custom-columns=SPEC".to_string())
 }
 
 pub(crate) async fn get(mut args: GetArgs) -> anyhow::Result<()> {
@@ -92,10 +119,10 @@ pub(crate) async fn get(mut args: GetArgs) -> anyhow::Result<()> {
         namespace,
         targets: &targets,
     };
-    let result = match args.output {
+    let result = match &args.output {
         None | Some(OutputFormat::Wide) => {
             let options = TableOptions {
-                wide: args.output == Some(OutputFormat::Wide),
+                wide: matches!(args.output, Some(OutputFormat::Wide)),
                 with_namespace: info.namespaced && namespace.is_none(),
                 no_headers: args.no_headers,
             };
@@ -218,7 +245,7 @@ async fn print_objects(
     info: &ResourceInfo,
     listing: &Listing<'_>,
     args: &GetArgs,
-    format: OutputFormat,
+    format: &OutputFormat,
 ) -> anyhow::Result<()> {
     let mut errors = 0;
     let mut objects = Vec::new();
@@ -255,7 +282,11 @@ async fn print_objects(
                 .or_insert_with(|| Value::String(info.ar.kind.clone()));
         }
     }
-    if format == OutputFormat::Name {
+    if let OutputFormat::CustomColumns(columns) = format {
+        if !objects.is_empty() {
+            print!("{}", columns.render(&objects, args.no_headers));
+        }
+    } else if matches!(format, OutputFormat::Name) {
         for object in &objects {
             println!(
                 "{}/{}",
@@ -277,9 +308,18 @@ async fn print_objects(
     Ok(())
 }
 
-fn print_document(document: &Value, format: OutputFormat) -> anyhow::Result<()> {
+fn print_document(document: &Value, format: &OutputFormat) -> anyhow::Result<()> {
     match format {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(document)?),
+        // As kubectl: no newline of its own (templates end with `{"\n"}`).
+        OutputFormat::JsonPath(template) => {
+            use std::io::Write as _;
+            let mut stdout = std::io::stdout().lock();
+            stdout
+                .write_all(template.render(document).as_bytes())
+                .and_then(|()| stdout.flush())
+                .context("write to stdout")?;
+        }
         _ => print!(
             "{}",
             serde_saphyr::to_string(document).context("render YAML")?
@@ -310,9 +350,14 @@ async fn print_tunnels(session: &Session, args: &GetArgs) -> anyhow::Result<()> 
                 .any(|n| t["clusterID"].as_str() == Some(n))
         });
     }
-    match args.output {
-        Some(OutputFormat::Json) => println!("{}", serde_json::to_string_pretty(&list)?),
-        Some(OutputFormat::Yaml) => print!("{}", serde_saphyr::to_string(&list)?),
+    match &args.output {
+        Some(format @ (OutputFormat::Json | OutputFormat::Yaml | OutputFormat::JsonPath(_))) => {
+            print_document(&list, format)?;
+        }
+        Some(OutputFormat::CustomColumns(columns)) => {
+            let items: Vec<Value> = items.into_iter().cloned().collect();
+            print!("{}", columns.render(&items, args.no_headers));
+        }
         Some(OutputFormat::Name) => {
             for t in items {
                 println!("tunnel/{}", t["clusterID"].as_str().unwrap_or_default());
