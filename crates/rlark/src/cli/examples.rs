@@ -167,6 +167,10 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
             "rlark get tasks -A -o wide",
             "rlark get jobs -l app=ppo",
             "rlark get nodes --no-headers",
+            "# a row for every change, until Ctrl-C",
+            "rlark get tasks -w",
+            "rlark get tasks -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase}{\"\\n\"}{end}'",
+            "rlark get tasks -o custom-columns=NAME:.metadata.name,PHASE:.status.phase",
         ],
     ),
     (

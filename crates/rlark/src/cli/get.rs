@@ -36,6 +36,11 @@ pub(crate) struct GetArgs {
     /// Omit the table header.
     #[arg(long)]
     pub no_headers: bool,
+    /// After the table, print a row for every change to the listed objects (added,
+    /// modified, deleted) until interrupted, as `kubectl get -w`. Lists only (no NAME), as
+    /// a table (default or `-o wide`).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
     #[arg(skip)]
     pub client: ClientArgs,
 }
@@ -79,6 +84,12 @@ pub(crate) async fn get(mut args: GetArgs) -> anyhow::Result<()> {
     }
     if !args.names.is_empty() && args.selector.is_some() {
         bail!("name cannot be provided when a selector is specified");
+    }
+    if args.watch && !args.names.is_empty() {
+        bail!("--watch follows a whole list: name no object (narrow it with -l or -n)");
+    }
+    if args.watch && !matches!(args.output, None | Some(OutputFormat::Wide)) {
+        bail!("--watch prints table rows: use it without -o or with -o wide");
     }
     let session = Session::connect(&args.client).await?;
     // Tunnels are live state of the server's hub, not stored objects (`/api/v1/tunnels`).
@@ -160,7 +171,7 @@ async fn print_table(
 ) -> anyhow::Result<()> {
     let mut errors = 0;
     let namespace = listing.namespace;
-    let table = if args.names.is_empty() {
+    if args.names.is_empty() {
         let list_params = list_params(args);
         let request = Request::new(listing.path).list(&list_params)?;
         let response = table_request(session, request)
@@ -172,10 +183,19 @@ async fn print_table(
                 Some(ns) => eprintln!("No resources found in {ns} namespace."),
                 None => eprintln!("No resources found"),
             }
-            return Ok(());
+            if !args.watch {
+                return Ok(());
+            }
+        } else {
+            print!("{}", table::render(&table, options));
+            flush_stdout()?;
         }
-        table
-    } else {
+        if args.watch {
+            return watch_rows(session, info, listing, args, &table, options).await;
+        }
+        return Ok(());
+    }
+    let table = {
         let mut merged: Option<Value> = None;
         for (name, path) in listing.targets {
             let request = Request::new(path).get(name, &Default::default())?;
@@ -205,6 +225,100 @@ async fn print_table(
     if errors > 0 {
         return Err(Reported { count: errors }.into());
     }
+    Ok(())
+}
+
+fn flush_stdout() -> anyhow::Result<()> {
+    use std::io::Write as _;
+    std::io::stdout().flush().context("write to stdout")
+}
+
+/// `get -w`: watch the collection from the list's resourceVersion, asking for Table
+/// events, and print each event's rows with the list's columns (the header only if the
+/// list printed none) until interrupted: when the server ends a watch (after its timeout)
+/// the next one starts from the last change seen.
+async fn watch_rows(
+    session: &Session,
+    info: &ResourceInfo,
+    listing: &Listing<'_>,
+    args: &GetArgs,
+    list: &Value,
+    options: TableOptions,
+) -> anyhow::Result<()> {
+    use futures::TryStreamExt as _;
+    use kube::core::WatchEvent;
+
+    let mut version = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let mut params = kube::api::WatchParams::default();
+    if let Some(selector) = &args.selector {
+        params = params.labels(selector);
+    }
+    let mut header_printed = !table::rows(list).is_empty() || options.no_headers;
+    loop {
+        let mut request = Request::new(listing.path).watch(&params, &version)?;
+        request.headers_mut().insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static(TABLE_ACCEPT),
+        );
+        let events = session
+            .client
+            .request_events::<Value>(request)
+            .await
+            .with_context(|| format!("watch {}", info.qualified_plural()))?;
+        futures::pin_mut!(events);
+        while let Some(event) = events
+            .try_next()
+            .await
+            .with_context(|| format!("watch {}", info.qualified_plural()))?
+        {
+            let changed = match event {
+                WatchEvent::Added(t) | WatchEvent::Modified(t) | WatchEvent::Deleted(t) => t,
+                WatchEvent::Bookmark(mark) => {
+                    version = mark.metadata.resource_version;
+                    continue;
+                }
+                WatchEvent::Error(e) => {
+                    bail!("watch {}: {}", info.qualified_plural(), e.message)
+                }
+            };
+            print_event(&changed, list, options, &mut header_printed, &mut version)?;
+        }
+    }
+}
+
+/// One watch event's rows; `version` becomes the newest resourceVersion in them.
+fn print_event(
+    changed: &Value,
+    list: &Value,
+    options: TableOptions,
+    header_printed: &mut bool,
+    version: &mut String,
+) -> anyhow::Result<()> {
+    let rows = match changed["kind"].as_str() {
+        Some("Table") => changed["rows"].clone(),
+        // A server that sends objects: rows of the generic columns.
+        _ => table::synthesize(std::slice::from_ref(changed), chrono::Utc::now())["rows"].clone(),
+    };
+    for row in rows.as_array().into_iter().flatten() {
+        if let Some(v) = row["object"]["metadata"]["resourceVersion"].as_str() {
+            *version = v.to_string();
+        }
+    }
+    let mut columns = list["columnDefinitions"].clone();
+    if columns.as_array().is_none_or(Vec::is_empty) {
+        columns = json!([{"name": "Name", "type": "string", "format": "name", "priority": 0}]);
+    }
+    let event_table = json!({"columnDefinitions": columns, "rows": rows});
+    let event_options = TableOptions {
+        no_headers: *header_printed,
+        ..options
+    };
+    *header_printed = true;
+    print!("{}", table::render(&event_table, event_options));
+    flush_stdout()?;
     Ok(())
 }
 
