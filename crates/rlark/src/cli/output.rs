@@ -2,8 +2,25 @@
 //! path expressions are the API server's JSONPath subset
 //! (`rlark_apiserver::jsonpath`, the one printer columns use).
 
+use anyhow::Context as _;
 use rlark_apiserver::jsonpath::{JsonPath, JsonPathError};
 use serde_json::Value;
+
+/// `-o json|yaml` of the listing commands that are not `get` (robots, cameras).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum DataFormat {
+    Json,
+    Yaml,
+}
+
+/// `value` on stdout as pretty JSON or YAML.
+pub(crate) fn print_data(value: &Value, format: DataFormat) -> anyhow::Result<()> {
+    match format {
+        DataFormat::Json => println!("{}", serde_json::to_string_pretty(value)?),
+        DataFormat::Yaml => print!("{}", serde_saphyr::to_string(value).context("render YAML")?),
+    }
+    Ok(())
+}
 
 /// A bad `-o` template or column spec.
 #[derive(Debug, thiserror::Error)]
