@@ -105,7 +105,7 @@ fn section(out: &mut String, command: &clap::Command, path: &str) {
     if let Some(after) = command.get_after_long_help().or(command.get_after_help()) {
         let after = after.to_string();
         let (title, body) = after.split_once('\n').unwrap_or((after.as_str(), ""));
-        let _ = writeln!(out, "{title}\n\n```sh\n{}\n```\n", unindent(body));
+        let _ = writeln!(out, "{title}\n\n```sh\n{}\n```", unindent(body));
     }
     for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
         if sub.get_name() == "help" {
