@@ -7,6 +7,7 @@
 pub mod agent;
 pub mod crd;
 pub mod defaults;
+pub mod doc_text;
 pub mod inert;
 pub mod labels;
 pub mod names;

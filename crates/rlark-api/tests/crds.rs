@@ -469,3 +469,61 @@ fn crds_stay_small_enough_for_kubectl_apply() {
         );
     }
 }
+
+/// Every `description` string anywhere in `value` with its JSON path.
+fn descriptions<'a>(value: &'a Value, path: String, out: &mut Vec<(String, &'a str)>) {
+    match value {
+        Value::Object(map) => {
+            for (key, child) in map {
+                if key == "description"
+                    && let Value::String(text) = child
+                {
+                    out.push((path.clone(), text));
+                }
+                descriptions(child, format!("{path}.{key}"), out);
+            }
+        }
+        Value::Array(items) => {
+            for (i, child) in items.iter().enumerate() {
+                descriptions(child, format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Issue 18, item 8: `kubectl explain` shows the schema descriptions as they are, so no
+/// rustdoc intra-doc link (``[`TaskSpec`]``, ``[`super::JobPhase`]``) may remain in any
+/// CRD, while the linked names themselves stay.
+#[test]
+fn schema_descriptions_have_no_rustdoc_links() {
+    let mut found = Vec::new();
+    let mut all_text = String::new();
+    for crd in all() {
+        let value = serde_json::to_value(crd).unwrap();
+        let name = crd.metadata.name.clone().unwrap_or_default();
+        let mut texts = Vec::new();
+        descriptions(&value, name, &mut texts);
+        assert!(!texts.is_empty(), "a CRD without descriptions");
+        for (path, text) in texts {
+            all_text.push_str(text);
+            all_text.push('\n');
+            for marker in ["[`", "`]", "](crate::", "](super::", "super::", "crate::"] {
+                if text.contains(marker) {
+                    found.push(format!("{path}: {text}"));
+                }
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "rustdoc markup in descriptions:\n{}",
+        found.join("\n")
+    );
+    // The links the types' docs make are kept as names.
+    assert!(
+        all_text.contains("a TaskSpec inline"),
+        "JobTaskTemplate's description lost its TaskSpec"
+    );
+    assert!(all_text.contains("see JobPhase)"), "{all_text}");
+}

@@ -6,8 +6,6 @@ mod cli;
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
-
 fn main() -> ExitCode {
     // `rlark supervise ...`: the per-replica supervisor the agent starts (hidden; see
     // rlark_agent::supervisor). Dispatched before anything else: it runs no async runtime
@@ -22,7 +20,7 @@ fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
 
     // clap prints usage errors and exits with 2 (0 for --help/--version).
-    let args = cli::Cli::parse();
+    let args = cli::parse();
     cli::init_tracing(&args);
     // What `/version` of a server this process runs reports.
     rlark_server::set_build_info(cli::version::build_info());

@@ -106,7 +106,7 @@ pub struct NetPeerOptions {
     /// Serve as the target on ADDR until killed.
     #[arg(long, value_name = "ADDR", conflicts_with = "connect")]
     pub listen: Option<SocketAddr>,
-    /// Measure towards the target at ADDR and print one JSON line ([`PeerResult`]).
+    /// Measure towards the target at ADDR and print one JSON line (a `PeerResult`).
     #[arg(long, value_name = "ADDR", required_unless_present = "listen")]
     pub connect: Option<SocketAddr>,
     /// Upload for this many seconds (0: no throughput measurement).

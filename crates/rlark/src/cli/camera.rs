@@ -15,6 +15,7 @@ use rlark_proto::camera::v1::CameraState;
 use rlark_proto::camera::v1::camera_controller_client::CameraControllerClient;
 use tonic::transport::Channel;
 
+use super::output::{DataFormat, print_data};
 use super::table::align;
 
 #[derive(Debug, Args)]
@@ -58,7 +59,12 @@ impl EncodingArg {
 #[derive(Debug, Subcommand)]
 pub(crate) enum CameraCommand {
     /// List the cameras (configured ones and V4L2 devices found) with their state.
-    List,
+    List {
+        /// Print them as a `CameraList` document (`items`) in JSON or YAML instead of a
+        /// table.
+        #[arg(short = 'o', long, value_enum)]
+        output: Option<DataFormat>,
+    },
     /// Show one camera.
     Info { id: String },
     /// Open a camera: start its capture loop. Stays open after this command exits.
@@ -152,6 +158,30 @@ fn list_row(c: &pb::CameraDescriptor) -> Vec<String> {
     ]
 }
 
+/// A camera as `camera list -o json|yaml` prints it.
+fn camera_json(c: &pb::CameraDescriptor) -> serde_json::Value {
+    serde_json::json!({
+        "id": c.camera_id,
+        "name": c.name,
+        "type": c.camera_type,
+        "serialNumber": c.serial_number,
+        "state": state(c.state),
+        "width": c.width,
+        "height": c.height,
+        "fps": c.fps,
+        "encoding": c.encoding,
+        "pixelFormat": c.pixel_format,
+        "supportedResolutions": c
+            .supported_resolutions
+            .iter()
+            .map(|r| serde_json::json!({"width": r.width, "height": r.height}))
+            .collect::<Vec<_>>(),
+        "supportedFps": c.supported_fps,
+        "lastSequence": c.last_sequence,
+        "message": c.message,
+    })
+}
+
 fn header(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
@@ -205,7 +235,7 @@ fn age(timestamp_ns: i64) -> Duration {
 pub(crate) async fn camera(args: CameraArgs) -> anyhow::Result<()> {
     let dir = args.socket_dir;
     match args.command {
-        CameraCommand::List => {
+        CameraCommand::List { output } => {
             let cameras = client(&dir)
                 .await?
                 .list_cameras(pb::ListCamerasRequest {})
@@ -213,6 +243,13 @@ pub(crate) async fn camera(args: CameraArgs) -> anyhow::Result<()> {
                 .map_err(rpc_error)?
                 .into_inner()
                 .cameras;
+            if let Some(format) = output {
+                let items: Vec<serde_json::Value> = cameras.iter().map(camera_json).collect();
+                return print_data(
+                    &serde_json::json!({"kind": "CameraList", "items": items}),
+                    format,
+                );
+            }
             let mut lines = vec![header(&LIST_HEADER)];
             lines.extend(cameras.iter().map(list_row));
             print!("{}", align(&lines));

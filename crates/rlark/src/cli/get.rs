@@ -1,7 +1,7 @@
 //! `rlark get KIND [NAME...] [-n NS | -A] [-o yaml|json|wide|name] [-l SELECTOR]`.
 
 use anyhow::{Context as _, bail};
-use clap::{Args, ValueEnum};
+use clap::Args;
 use kube::api::ListParams;
 use kube::core::Request;
 use serde_json::{Value, json};
@@ -10,6 +10,7 @@ use super::ClientArgs;
 use super::client::{Reported, Session, format_status};
 use super::discovery::{Catalog, ResourceInfo};
 use super::names;
+use super::output::{CustomColumns, Template};
 use super::table::{self, TABLE_ACCEPT, TableOptions};
 
 #[derive(Debug, Args)]
@@ -24,8 +25,10 @@ pub(crate) struct GetArgs {
     /// List across all namespaces.
     #[arg(short = 'A', long)]
     pub all_namespaces: bool,
-    /// Output format (default: a table).
-    #[arg(short = 'o', long, value_enum)]
+    /// Output format (default: a table): yaml, json, wide, name, jsonpath=TEMPLATE (e.g.
+    /// `jsonpath='{.items[*].metadata.name}'`, with `{range PATH}...{end}` and `{"\n"}`),
+    /// or custom-columns=HEADER:PATH,... (e.g. `custom-columns=NAME:.metadata.name`).
+    #[arg(short = 'o', long, value_name = "FORMAT", value_parser = parse_output)]
     pub output: Option<OutputFormat>,
     /// Label selector, e.g. `app=ppo,tier!=gpu`.
     #[arg(short = 'l', long)]
@@ -33,16 +36,45 @@ pub(crate) struct GetArgs {
     /// Omit the table header.
     #[arg(long)]
     pub no_headers: bool,
+    /// After the table, print a row for every change to the listed objects (added,
+    /// modified, deleted) until interrupted, as `kubectl get -w`. Lists only (no NAME), as
+    /// a table (default or `-o wide`).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
     #[arg(skip)]
     pub client: ClientArgs,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+#[derive(Clone, Debug)]
 pub(crate) enum OutputFormat {
     Yaml,
     Json,
     Wide,
     Name,
+    JsonPath(Template),
+    CustomColumns(CustomColumns),
+}
+
+/// `-o FORMAT`: a name, or `jsonpath=` / `custom-columns=` with their argument.
+fn parse_output(value: &str) -> Result<OutputFormat, String> {
+    match value {
+        "yaml" => return Ok(OutputFormat::Yaml),
+        "json" => return Ok(OutputFormat::Json),
+        "wide" => return Ok(OutputFormat::Wide),
+        "name" => return Ok(OutputFormat::Name),
+        _ => {}
+    }
+    if let Some(template) = value.strip_prefix("jsonpath=") {
+        return Template::parse(template)
+            .map(OutputFormat::JsonPath)
+            .map_err(|e| e.to_string());
+    }
+    if let Some(spec) = value.strip_prefix("custom-columns=") {
+        return CustomColumns::parse(spec)
+            .map(OutputFormat::CustomColumns)
+            .map_err(|e| e.to_string());
+    }
+    Err("one of yaml, json, wide, name, jsonpath=TEMPLATE, custom-columns=SPEC".to_string())
 }
 
 pub(crate) async fn get(mut args: GetArgs) -> anyhow::Result<()> {
@@ -52,6 +84,12 @@ pub(crate) async fn get(mut args: GetArgs) -> anyhow::Result<()> {
     }
     if !args.names.is_empty() && args.selector.is_some() {
         bail!("name cannot be provided when a selector is specified");
+    }
+    if args.watch && !args.names.is_empty() {
+        bail!("--watch follows a whole list: name no object (narrow it with -l or -n)");
+    }
+    if args.watch && !matches!(args.output, None | Some(OutputFormat::Wide)) {
+        bail!("--watch prints table rows: use it without -o or with -o wide");
     }
     let session = Session::connect(&args.client).await?;
     // Tunnels are live state of the server's hub, not stored objects (`/api/v1/tunnels`).
@@ -92,10 +130,10 @@ pub(crate) async fn get(mut args: GetArgs) -> anyhow::Result<()> {
         namespace,
         targets: &targets,
     };
-    let result = match args.output {
+    let result = match &args.output {
         None | Some(OutputFormat::Wide) => {
             let options = TableOptions {
-                wide: args.output == Some(OutputFormat::Wide),
+                wide: matches!(args.output, Some(OutputFormat::Wide)),
                 with_namespace: info.namespaced && namespace.is_none(),
                 no_headers: args.no_headers,
             };
@@ -133,7 +171,7 @@ async fn print_table(
 ) -> anyhow::Result<()> {
     let mut errors = 0;
     let namespace = listing.namespace;
-    let table = if args.names.is_empty() {
+    if args.names.is_empty() {
         let list_params = list_params(args);
         let request = Request::new(listing.path).list(&list_params)?;
         let response = table_request(session, request)
@@ -145,10 +183,19 @@ async fn print_table(
                 Some(ns) => eprintln!("No resources found in {ns} namespace."),
                 None => eprintln!("No resources found"),
             }
-            return Ok(());
+            if !args.watch {
+                return Ok(());
+            }
+        } else {
+            print!("{}", table::render(&table, options));
+            flush_stdout()?;
         }
-        table
-    } else {
+        if args.watch {
+            return watch_rows(session, info, listing, args, &table, options).await;
+        }
+        return Ok(());
+    }
+    let table = {
         let mut merged: Option<Value> = None;
         for (name, path) in listing.targets {
             let request = Request::new(path).get(name, &Default::default())?;
@@ -178,6 +225,100 @@ async fn print_table(
     if errors > 0 {
         return Err(Reported { count: errors }.into());
     }
+    Ok(())
+}
+
+fn flush_stdout() -> anyhow::Result<()> {
+    use std::io::Write as _;
+    std::io::stdout().flush().context("write to stdout")
+}
+
+/// `get -w`: watch the collection from the list's resourceVersion, asking for Table
+/// events, and print each event's rows with the list's columns (the header only if the
+/// list printed none) until interrupted: when the server ends a watch (after its timeout)
+/// the next one starts from the last change seen.
+async fn watch_rows(
+    session: &Session,
+    info: &ResourceInfo,
+    listing: &Listing<'_>,
+    args: &GetArgs,
+    list: &Value,
+    options: TableOptions,
+) -> anyhow::Result<()> {
+    use futures::TryStreamExt as _;
+    use kube::core::WatchEvent;
+
+    let mut version = list["metadata"]["resourceVersion"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    let mut params = kube::api::WatchParams::default();
+    if let Some(selector) = &args.selector {
+        params = params.labels(selector);
+    }
+    let mut header_printed = !table::rows(list).is_empty() || options.no_headers;
+    loop {
+        let mut request = Request::new(listing.path).watch(&params, &version)?;
+        request.headers_mut().insert(
+            http::header::ACCEPT,
+            http::HeaderValue::from_static(TABLE_ACCEPT),
+        );
+        let events = session
+            .client
+            .request_events::<Value>(request)
+            .await
+            .with_context(|| format!("watch {}", info.qualified_plural()))?;
+        futures::pin_mut!(events);
+        while let Some(event) = events
+            .try_next()
+            .await
+            .with_context(|| format!("watch {}", info.qualified_plural()))?
+        {
+            let changed = match event {
+                WatchEvent::Added(t) | WatchEvent::Modified(t) | WatchEvent::Deleted(t) => t,
+                WatchEvent::Bookmark(mark) => {
+                    version = mark.metadata.resource_version;
+                    continue;
+                }
+                WatchEvent::Error(e) => {
+                    bail!("watch {}: {}", info.qualified_plural(), e.message)
+                }
+            };
+            print_event(&changed, list, options, &mut header_printed, &mut version)?;
+        }
+    }
+}
+
+/// One watch event's rows; `version` becomes the newest resourceVersion in them.
+fn print_event(
+    changed: &Value,
+    list: &Value,
+    options: TableOptions,
+    header_printed: &mut bool,
+    version: &mut String,
+) -> anyhow::Result<()> {
+    let rows = match changed["kind"].as_str() {
+        Some("Table") => changed["rows"].clone(),
+        // A server that sends objects: rows of the generic columns.
+        _ => table::synthesize(std::slice::from_ref(changed), chrono::Utc::now())["rows"].clone(),
+    };
+    for row in rows.as_array().into_iter().flatten() {
+        if let Some(v) = row["object"]["metadata"]["resourceVersion"].as_str() {
+            *version = v.to_string();
+        }
+    }
+    let mut columns = list["columnDefinitions"].clone();
+    if columns.as_array().is_none_or(Vec::is_empty) {
+        columns = json!([{"name": "Name", "type": "string", "format": "name", "priority": 0}]);
+    }
+    let event_table = json!({"columnDefinitions": columns, "rows": rows});
+    let event_options = TableOptions {
+        no_headers: *header_printed,
+        ..options
+    };
+    *header_printed = true;
+    print!("{}", table::render(&event_table, event_options));
+    flush_stdout()?;
     Ok(())
 }
 
@@ -218,7 +359,7 @@ async fn print_objects(
     info: &ResourceInfo,
     listing: &Listing<'_>,
     args: &GetArgs,
-    format: OutputFormat,
+    format: &OutputFormat,
 ) -> anyhow::Result<()> {
     let mut errors = 0;
     let mut objects = Vec::new();
@@ -255,7 +396,11 @@ async fn print_objects(
                 .or_insert_with(|| Value::String(info.ar.kind.clone()));
         }
     }
-    if format == OutputFormat::Name {
+    if let OutputFormat::CustomColumns(columns) = format {
+        if !objects.is_empty() {
+            print!("{}", columns.render(&objects, args.no_headers));
+        }
+    } else if matches!(format, OutputFormat::Name) {
         for object in &objects {
             println!(
                 "{}/{}",
@@ -277,9 +422,18 @@ async fn print_objects(
     Ok(())
 }
 
-fn print_document(document: &Value, format: OutputFormat) -> anyhow::Result<()> {
+fn print_document(document: &Value, format: &OutputFormat) -> anyhow::Result<()> {
     match format {
         OutputFormat::Json => println!("{}", serde_json::to_string_pretty(document)?),
+        // As kubectl: no newline of its own (templates end with `{"\n"}`).
+        OutputFormat::JsonPath(template) => {
+            use std::io::Write as _;
+            let mut stdout = std::io::stdout().lock();
+            stdout
+                .write_all(template.render(document).as_bytes())
+                .and_then(|()| stdout.flush())
+                .context("write to stdout")?;
+        }
         _ => print!(
             "{}",
             serde_saphyr::to_string(document).context("render YAML")?
@@ -310,9 +464,14 @@ async fn print_tunnels(session: &Session, args: &GetArgs) -> anyhow::Result<()> 
                 .any(|n| t["clusterID"].as_str() == Some(n))
         });
     }
-    match args.output {
-        Some(OutputFormat::Json) => println!("{}", serde_json::to_string_pretty(&list)?),
-        Some(OutputFormat::Yaml) => print!("{}", serde_saphyr::to_string(&list)?),
+    match &args.output {
+        Some(format @ (OutputFormat::Json | OutputFormat::Yaml | OutputFormat::JsonPath(_))) => {
+            print_document(&list, format)?;
+        }
+        Some(OutputFormat::CustomColumns(columns)) => {
+            let items: Vec<Value> = items.into_iter().cloned().collect();
+            print!("{}", columns.render(&items, args.no_headers));
+        }
         Some(OutputFormat::Name) => {
             for t in items {
                 println!("tunnel/{}", t["clusterID"].as_str().unwrap_or_default());

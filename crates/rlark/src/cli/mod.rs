@@ -4,6 +4,7 @@ mod agent;
 mod apply;
 mod camera;
 mod client;
+mod completion;
 mod controller_manager;
 mod cordon;
 mod delete;
@@ -13,6 +14,7 @@ mod devinit;
 mod discovery;
 mod embodied;
 mod events;
+mod examples;
 mod exec;
 mod get;
 mod join;
@@ -20,6 +22,7 @@ mod logs;
 mod manifest;
 mod names;
 mod net;
+mod output;
 mod port_forward;
 #[cfg(test)]
 mod reference;
@@ -131,6 +134,18 @@ enum Command {
     Camera(camera::CameraArgs),
     /// Print the client's and the server's version, git commit and build date.
     Version(version::VersionArgs),
+    /// Print a shell completion script (bash, zsh or fish) on stdout.
+    Completion(completion::CompletionArgs),
+    /// Write man pages for rlark and every subcommand into a directory.
+    Man(completion::ManArgs),
+}
+
+/// The command line parsed against the CLI's definition with its examples
+/// ([`examples::command`]); usage errors exit as clap's do (2, or 0 for `--help`).
+pub(crate) fn parse() -> Cli {
+    use clap::FromArgMatches as _;
+    let matches = examples::command().get_matches();
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
 }
 
 /// Data directory of `rlark up`, `rlark kubeconfig` and `rlark ca` when none is given.
@@ -287,6 +302,8 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
             args.client_args = client;
             version::version(args).await
         }
+        Command::Completion(args) => completion::completion(args),
+        Command::Man(args) => completion::man(args),
     }
 }
 
@@ -296,8 +313,7 @@ mod tests {
 
     #[test]
     fn cli_definition_is_consistent() {
-        use clap::CommandFactory as _;
-        Cli::command().debug_assert();
+        examples::command().debug_assert();
     }
 
     #[test]

@@ -4,13 +4,9 @@
 
 use std::fmt::Write as _;
 
-use clap::CommandFactory as _;
-
-use super::Cli;
-
 /// The Markdown reference of `rlark` and every (visible) subcommand.
 pub(crate) fn render() -> String {
-    let mut command = Cli::command();
+    let mut command = super::examples::command();
     command.build();
     let mut out = String::from(
         "# rlark command reference\n\n\
@@ -106,12 +102,25 @@ fn section(out: &mut String, command: &clap::Command, path: &str) {
         }
         out.push('\n');
     }
+    if let Some(after) = command.get_after_long_help().or(command.get_after_help()) {
+        let after = after.to_string();
+        let (title, body) = after.split_once('\n').unwrap_or((after.as_str(), ""));
+        let _ = writeln!(out, "{title}\n\n```sh\n{}\n```", unindent(body));
+    }
     for sub in command.get_subcommands().filter(|s| !s.is_hide_set()) {
         if sub.get_name() == "help" {
             continue;
         }
         section(out, sub, &format!("{path} {}", sub.get_name()));
     }
+}
+
+/// `text` without the two spaces `--help` indents examples by.
+fn unindent(text: &str) -> String {
+    text.lines()
+        .map(|l| l.strip_prefix("  ").unwrap_or(l))
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn help_of(arg: &clap::Arg) -> String {
@@ -141,6 +150,31 @@ mod tests {
             "docs/cli.md is out of date: regenerate it with \
              `RLARK_UPDATE_DOCS=1 cargo test -p rlark --bin rlark cli::reference`"
         );
+    }
+
+    /// Issue 18, item 8: the `--help` of every command, hidden ones included, as a user
+    /// sees it, has no rustdoc link syntax.
+    #[test]
+    fn every_commands_help_has_no_rustdoc_markup() {
+        fn check(command: &mut clap::Command, path: &str, seen: &mut usize) {
+            let help = command.render_long_help().to_string();
+            *seen += 1;
+            for marker in ["[`", "`]", "](crate::", "](super::", "crate::", "super::"] {
+                assert!(
+                    !help.contains(marker),
+                    "{marker:?} in `{path} --help`:\n{help}"
+                );
+            }
+            for sub in command.get_subcommands_mut() {
+                let sub_path = format!("{path} {}", sub.get_name());
+                check(sub, &sub_path, seen);
+            }
+        }
+        let mut command = crate::cli::examples::command();
+        command.build();
+        let mut seen = 0;
+        check(&mut command, "rlark", &mut seen);
+        assert!(seen > 50, "only {seen} commands");
     }
 
     /// Help is read by users, not rustdoc: no intra-doc links or rustdoc-only markup.

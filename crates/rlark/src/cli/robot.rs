@@ -18,6 +18,7 @@ use rlark_proto::robot::v1::RobotState;
 use rlark_proto::robot::v1::robot_controller_client::RobotControllerClient;
 use tonic::transport::Channel;
 
+use super::output::{DataFormat, print_data};
 use super::table::align;
 
 #[derive(Debug, Args)]
@@ -32,7 +33,11 @@ pub(crate) struct RobotArgs {
 #[derive(Debug, Subcommand)]
 pub(crate) enum RobotCommand {
     /// List the robots with their state, mode and owner.
-    List,
+    List {
+        /// Print them as a `RobotList` document (`items`) in JSON or YAML instead of a table.
+        #[arg(short = 'o', long, value_enum)]
+        output: Option<DataFormat>,
+    },
     /// Show one robot (with the joint state of a simulated arm).
     Status { id: String },
     /// Start a robot in a mode (default: its type's default mode). Not tied to this
@@ -158,6 +163,27 @@ fn list_row(info: &pb::RobotInfo) -> Vec<String> {
     ]
 }
 
+/// A robot as `robot list -o json|yaml` prints it: the list columns' fields by name, with
+/// the state as its name and a sim arm's joint positions.
+fn robot_json(info: &pb::RobotInfo) -> serde_json::Value {
+    let mut robot = serde_json::json!({
+        "id": info.robot_id,
+        "type": info.robot_type,
+        "backend": info.backend,
+        "state": state(info.state),
+        "mode": info.mode,
+        "ownerPid": info.owner_pid,
+        "rosMasterUri": info.ros_master_uri,
+        "rosDomainId": info.ros_domain_id,
+        "params": info.params,
+        "message": info.message,
+    });
+    if let Some(sim) = &info.sim {
+        robot["joints"] = serde_json::json!(sim.positions);
+    }
+    robot
+}
+
 fn header(names: &[&str]) -> Vec<String> {
     names.iter().map(|s| s.to_string()).collect()
 }
@@ -203,8 +229,9 @@ fn mode_config(args: Vec<(String, String)>) -> Option<pb::ModeConfig> {
 pub(crate) async fn robot(args: RobotArgs) -> anyhow::Result<()> {
     let dir = args.socket_dir;
     match args.command {
-        RobotCommand::List => {
+        RobotCommand::List { output } => {
             let mut lines = vec![header(&LIST_HEADER)];
+            let mut items = Vec::new();
             for socket in sockets(&dir)? {
                 let robots = client(&socket)
                     .await?
@@ -215,8 +242,15 @@ pub(crate) async fn robot(args: RobotArgs) -> anyhow::Result<()> {
                     .into_inner()
                     .robots;
                 lines.extend(robots.iter().map(list_row));
+                items.extend(robots.iter().map(robot_json));
             }
-            print!("{}", align(&lines));
+            match output {
+                Some(format) => print_data(
+                    &serde_json::json!({"kind": "RobotList", "items": items}),
+                    format,
+                )?,
+                None => print!("{}", align(&lines)),
+            }
         }
         RobotCommand::Status { id } => {
             let status = client_for(&dir, &id)

@@ -10,9 +10,6 @@ use super::ClientArgs;
 use super::client::Session;
 
 #[derive(Debug, Args)]
-#[command(
-    after_help = "Examples:\n  rlark version\n  rlark version --client\n  rlark version -o json"
-)]
 pub(crate) struct VersionArgs {
     /// Only this binary's version; do not ask the server.
     #[arg(long)]
