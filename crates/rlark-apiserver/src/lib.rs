@@ -29,6 +29,7 @@ pub mod table;
 
 mod admission;
 mod body;
+mod builtin;
 mod domain_admission;
 mod eventgc;
 mod fieldvalidation;

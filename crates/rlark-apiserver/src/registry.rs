@@ -58,7 +58,7 @@ pub struct ResourceType {
     pub scale_subresource: bool,
     pub validator: Option<Validator>,
     /// `Some` for a read-only view of another stored kind (core `v1` Pods over rlark's
-    /// replicas, [`crate::replicas`]): get, list and watch read the source kind and show
+    /// replicas, the `replicas` module): get, list and watch read the source kind and show
     /// each object through the projection; every write is a 405.
     pub projection: Option<Projection>,
 }
@@ -418,17 +418,6 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// rlark's `rlinf.io/v1alpha1` kinds plus core Namespace, Event and Lease.
-    pub fn builtin() -> Self {
-        let mut registry = Self::default();
-        registry.add(ResourceType::namespace());
-        registry.add(ResourceType::lease());
-        registry.add(ResourceType::event());
-        registry.add(crate::replicas::core_pods());
-        registry.add_rlark_kinds();
-        registry
-    }
-
     /// Add rlark's `rlinf.io/v1alpha1` kinds, each validated by `rlark_api::validation`.
     pub(crate) fn add_rlark_kinds(&mut self) {
         for crd in rlark_api::crd::crds() {

@@ -55,7 +55,7 @@ pub const MAX_DATAGRAM: usize = u16::MAX as usize;
 /// destination agent for the stream it accepts, the source agent for the stream it opened.
 /// A relayed byte crosses two tunnels and three processes, so a stream's credit comes
 /// back much later than over one loopback hop, and the 512 KiB start window held a single
-/// relayed stream to about 200 MB/s (docs/network.md, *Performance*). Memory stays bounded
+/// relayed stream to about 200 MB/s (docs/benchmarks.md, `rlark bench net`). Memory stays bounded
 /// by the window: at most this much is buffered per stream and direction at each receiver.
 pub const RELAY_WINDOW: u32 = 2 * 1024 * 1024;
 

@@ -32,7 +32,7 @@
 //!
 //! Bulk transfer: both ends put [`ReadAhead`] under TLS (one `recv` per 64 KiB instead of
 //! rustls' 4 KiB reads) and let rustls queue [`TLS_BUFFER_LIMIT`] of outgoing records, as
-//! the tunnel does (`docs/network.md`, *Performance*).
+//! the tunnel does (figures: docs/benchmarks.md, `rlark bench net`).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, PoisonError, RwLock};
