@@ -280,9 +280,6 @@ async fn start_with(
     // Metrics.
     let mut metrics = Metrics::new();
     let member_metrics = member::MemberMetrics::register(&mut metrics.registry);
-    let mirror_counters = member_client
-        .as_ref()
-        .map(|_| member::nodes::MirrorCounters::register(&mut metrics.registry));
     let metrics_listener = match config.metrics_listen {
         Some(addr) => Some(
             MetricsListener::bind(addr)
@@ -373,7 +370,9 @@ async fn start_with(
                 agent_node: Some(node_name.clone()),
             },
         )
-        .with_counters(mirror_counters.clone().unwrap_or_default());
+        .with_counters(member::nodes::MirrorCounters::register(
+            &mut metrics.registry,
+        ));
         parts.push(("node mirror", tokio::spawn(mirror.run(shutdown.clone()))));
     }
     tunnel_config.agent.agent_api = Some(Arc::new(local_api));

@@ -39,6 +39,7 @@ use crate::Inner;
 use crate::error::ApiError;
 use crate::member::{PodExecRequest, PodLogError};
 use crate::object::key;
+use crate::podlog::names;
 use crate::request::Target;
 
 /// Largest piece of output sent in one message.
@@ -56,16 +57,6 @@ fn container_param(query: Option<&str>) -> Result<Option<String>, ApiError> {
         }
     }
     Ok(None)
-}
-
-fn names(pod: &Value, field: &str) -> Vec<String> {
-    pod.pointer(&format!("/spec/{field}"))
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.get("name").and_then(Value::as_str))
-        .map(str::to_string)
-        .collect()
 }
 
 /// The container an exec runs in (the named one, or the only one) and a check that it is

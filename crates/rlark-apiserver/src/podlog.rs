@@ -105,7 +105,8 @@ fn parse_options(uri: &http::Uri) -> Result<LogOptions, ApiError> {
     Ok(options)
 }
 
-fn names(pod: &Value, field: &str) -> Vec<String> {
+/// The names of the Pod spec's `field` list (`containers`, `initContainers`, ...).
+pub(crate) fn names(pod: &Value, field: &str) -> Vec<String> {
     pod.pointer(&format!("/spec/{field}"))
         .and_then(Value::as_array)
         .into_iter()
