@@ -63,17 +63,14 @@ fn verbs(t: &ResourceType) -> &'static [&'static str] {
     }
 }
 
-/// Subresources besides status and scale, with their verbs: `log` of core Pods, and `exec`
-/// of the replica projection (both answered outside this crate for the projection).
+/// Subresources besides status and scale, with their verbs: `log` and `exec` of core Pods
+/// (member simulation) and of the replica projection (answered outside this crate there).
 fn pod_subresources(t: &ResourceType) -> Vec<(&'static str, &'static [&'static str])> {
-    let mut found: Vec<(&'static str, &'static [&'static str])> = Vec::new();
     if t.log_subresource || t.projection.is_some() {
-        found.push(("log", &LOG_VERBS));
+        vec![("log", &LOG_VERBS), ("exec", &EXEC_VERBS)]
+    } else {
+        Vec::new()
     }
-    if t.projection.is_some() {
-        found.push(("exec", &EXEC_VERBS));
-    }
-    found
 }
 
 /// Serves the discovery endpoints listed in the module docs, and nothing deeper (resource

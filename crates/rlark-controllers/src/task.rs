@@ -42,7 +42,7 @@ use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{WatchStreamExt as _, watcher};
 use rlark_api::agent::{REASON_STOPPED, TASK_UID_ANNOTATION};
 use rlark_api::labels;
-use rlark_api::types::{Pod, PodPhase, Task, TaskPhase, TaskSpec, TaskStatus};
+use rlark_api::types::{Pod, PodPhase, PullProgress, Task, TaskPhase, TaskSpec, TaskStatus};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
@@ -66,6 +66,7 @@ const OWNED_FIELDS: &[&str] = &[
     "retryCount",
     "startTime",
     "completionTime",
+    "pullProgress",
 ];
 
 struct TaskContext {
@@ -370,6 +371,20 @@ pub fn aggregate(
     } else {
         None
     };
+    // While Pending: the image pulls its replicas report (runtimes that pull), each
+    // (image, state, detail) once.
+    let mut pull_progress: Vec<PullProgress> = Vec::new();
+    if phase == TaskPhase::Pending {
+        for pull in considered
+            .iter()
+            .filter_map(|p| p.status.as_ref())
+            .flat_map(|s| &s.pull_progress)
+        {
+            if !pull_progress.contains(pull) {
+                pull_progress.push(pull.clone());
+            }
+        }
+    }
     let observed_nodes: BTreeSet<String> = considered
         .iter()
         .filter_map(|p| p.status.as_ref()?.node.clone())
@@ -387,6 +402,7 @@ pub fn aggregate(
         ready_replicas: Some(running),
         succeeded_replicas: Some(succeeded),
         failed_replicas: Some(failed),
+        pull_progress,
         ..current.clone()
     }
 }
@@ -615,6 +631,42 @@ mod tests {
         assert_eq!(status.ready_replicas, Some(0));
         assert_eq!(status.start_time, None);
         assert_eq!(status.retry_count, Some(0));
+    }
+
+    #[test]
+    fn a_pending_task_lists_its_replicas_pulls_once_each() {
+        let pulling = |image: &str, status: &str| PullProgress {
+            image: image.into(),
+            status: status.into(),
+            ..Default::default()
+        };
+        let mut pods = [
+            pod("p0", 0, PodPhase::Pending),
+            pod("p1", 1, PodPhase::Pending),
+        ];
+        for p in &mut pods {
+            let status = p.status.as_mut().expect("status");
+            status.pull_progress = vec![pulling("big:1", "Pulling"), pulling("side:1", "Done")];
+        }
+        let status = run(&spec(2), &TaskStatus::default(), &pods);
+        assert_eq!(status.phase, Some(TaskPhase::Pending));
+        assert_eq!(
+            status.pull_progress,
+            [pulling("big:1", "Pulling"), pulling("side:1", "Done")]
+        );
+        let patch = status_patch(&TaskStatus::default(), &status)
+            .expect("patch")
+            .expect("a change");
+        assert_eq!(patch["pullProgress"][0]["image"], "big:1");
+
+        pods[0].status.as_mut().expect("status").phase = Some(PodPhase::Running);
+        let running = run(&spec(2), &status, &pods);
+        assert_eq!(running.phase, Some(TaskPhase::Running));
+        assert!(running.pull_progress.is_empty(), "only while Pending");
+        let patch = status_patch(&status, &running)
+            .expect("patch")
+            .expect("a change");
+        assert_eq!(patch["pullProgress"], Value::Null, "cleared: {patch}");
     }
 
     #[test]

@@ -11,12 +11,15 @@
 //!   Job, Ray head Service, claims;
 //! - [`template`]: a Task's `kubernetes.jobTemplate` → one batch/v1 Job, forced fields;
 //! - [`status`]: member workload and Pod status → Task phase and rlark Pod status;
+//! - [`pulls`]: a member Pod's image pulls, completed by the kubelet's `Pulling`/`Pulled`
+//!   Events (image size, pull speed);
 //! - [`errors`]: a member API failure → fail, adopt or retry (with backoff);
 //! - [`ratelimit`]: the creation rate limit (defer, never fail).
 
 pub mod env;
 pub mod errors;
 pub mod names;
+pub mod pulls;
 pub mod ratelimit;
 pub mod status;
 pub mod template;

@@ -226,7 +226,7 @@ pub const PULL_FAILURES: &[&str] = &[
 /// while Pending or Running the first waiting container's reason and message
 /// (`ErrImagePull`, `ImagePullBackOff` with the pull error, `ContainerCreating`, ...),
 /// `CrashLoopBackOff` reported as [`REASON_BACKOFF`] as raw replicas waiting to restart
-/// are.
+/// are; while Pending its image pulls ([`pull_progress`]).
 pub fn pod_status(pod: &MemberPod) -> PodStatus {
     let status = pod.status.clone().unwrap_or_default();
     let phase = match status.phase.as_deref() {
@@ -248,6 +248,7 @@ pub fn pod_status(pod: &MemberPod) -> PodStatus {
         ip: status.pod_ip.clone(),
         restart_count: Some(restarts),
         start_time: status.start_time.clone(),
+        pull_progress: pull_progress(pod),
         ..Default::default()
     };
     match phase {

@@ -170,6 +170,14 @@ impl MemberClient {
         Ok(())
     }
 
+    /// Whether the token Secret `name` exists with a token in it.
+    pub async fn token_secret_filled(&self, name: &str) -> Result<bool, kube::Error> {
+        let secret = self.api::<Secret>().get_opt(name).await?;
+        Ok(secret
+            .and_then(|s| s.data)
+            .is_some_and(|d| d.contains_key(crate::kubernetes::env::TOKEN_KEY)))
+    }
+
     /// Replace the spec of the stored `current` with `desired`'s and set `annotations`
     /// (a Job's template is immutable: only `suspend` and `parallelism` change there).
     pub async fn update_workload(

@@ -7,7 +7,7 @@
 
 use std::collections::BTreeMap;
 
-use k8s_openapi::api::core::v1::Pod as MemberPod;
+use k8s_openapi::api::core::v1::{Event, Pod as MemberPod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
@@ -16,7 +16,7 @@ use rlark_api::labels;
 use rlark_api::types::{Pod, PodPhase, PodSpec, PodStatus, Task};
 use serde_json::{Map, Value};
 
-use crate::kubernetes::{names, status};
+use crate::kubernetes::{names, pulls, status};
 
 /// Annotation of a mirrored rlark Pod: `<member namespace>/<member pod name>` (the logs
 /// and exec of the Pod go there).
@@ -88,8 +88,10 @@ fn identity(task: &Task, run_key: &str, name: String, extra: (&str, String)) -> 
 /// The rlark Pod mirroring member Pod `member` of `task`'s run `run_key`: same name, in
 /// the Task's namespace, label `rlark.io/task-name`, annotations task UID, run key and
 /// [`MEMBER_POD_ANNOTATION`]; spec naming the Task, the member Pod and its replica index;
-/// status from [`status::pod_status`] (its `node` is the member Pod's `spec.nodeName`).
-pub fn mirrored_pod(member: &MemberPod, task: &Task, run_key: &str) -> Pod {
+/// status from [`status::pod_status`] (its `node` is the member Pod's `spec.nodeName`),
+/// its image pulls completed by `pull_events`, the member Pod's `Pulling`/`Pulled` Events
+/// ([`pulls::with_events`]).
+pub fn mirrored_pod(member: &MemberPod, task: &Task, run_key: &str, pull_events: &[&Event]) -> Pod {
     let member_ns = member.namespace().unwrap_or_default();
     let name = member.name_any();
     let metadata = identity(
@@ -106,10 +108,14 @@ pub fn mirrored_pod(member: &MemberPod, task: &Task, run_key: &str) -> Pod {
         pod_name: Some(name),
         replica_index: replica_index(member),
     };
+    let mut status = status::pod_status(member);
+    if !status.pull_progress.is_empty() {
+        status.pull_progress = pulls::with_events(status.pull_progress, pull_events);
+    }
     Pod {
         metadata,
         spec,
-        status: Some(status::pod_status(member)),
+        status: Some(status),
     }
 }
 
@@ -230,7 +236,7 @@ mod tests {
                 "imageID": "", "ready": false, "restartCount": 0,
                 "state": {"terminated": {"exitCode": 3, "reason": "Error"}}}]}
         }));
-        let mirrored = mirrored_pod(&pod, &t, "run-1");
+        let mirrored = mirrored_pod(&pod, &t, "run-1", &[]);
         assert_eq!(mirrored.name_any(), "train-0");
         assert_eq!(mirrored.namespace(), t.namespace());
         assert_eq!(mirrored.annotations()[MEMBER_POD_ANNOTATION], "w/train-0");

@@ -1,17 +1,20 @@
 //! The Kubernetes runtime's reconciler: Tasks placed on this cluster → member workloads,
 //! member Pods → rlark Pods.
 //!
-//! Level-triggered: six watches (the Tasks and rlark Pods of `rlark-<clusterID>`; the
+//! Level-triggered: watches (the Tasks and rlark Pods of `rlark-<clusterID>`; the
 //! member Deployments, StatefulSets, DaemonSets, Jobs and Pods labelled
-//! `app.kubernetes.io/managed-by=rlark` and `rlark.io/task-namespace=rlark-<clusterID>`)
-//! feed caches, and every change (and every [`RESYNC_INTERVAL`]) runs one pass over all
+//! `app.kubernetes.io/managed-by=rlark` and `rlark.io/task-namespace=rlark-<clusterID>`;
+//! the member namespace's `Pulling` and `Pulled` Events) feed caches, and every change (and every [`RESYNC_INTERVAL`]) runs one pass over all
 //! of them that makes the member cluster and the rlark Pods match the Tasks:
 //!
 //! - a Task placed here (`spec.placement.clusterID`, not being deleted) with
 //!   `agentType: Kubernetes` has one workload, built by [`workload::build`] or
 //!   [`template::render`]. Missing → created (through the creation rate limit: over it the
-//!   Task waits, it never fails), then its Ray head Service and claims as dependents of
-//!   it; a Warning event lists the fields of the Task's own template rlark replaced.
+//!   Task waits, it never fails), then its Ray head Service, claims and token Secret as
+//!   dependents of it; a Warning event lists the fields of the Task's own template rlark
+//!   replaced. The dependents of a workload this agent did not create (adopted after a
+//!   restart) are checked once by their token Secret, and created when it is missing (a
+//!   create that failed before the restart is not lost).
 //!   Present with the Task's run key → adopted (after an agent restart nothing is created
 //!   twice: the caches are listed before the first pass); its spec is replaced when the
 //!   desired spec changed (annotation [`SPEC_HASH_ANNOTATION`]: `spec.stopped` scales to
@@ -24,7 +27,8 @@
 //!   the Task fails with the API's message (a failure Pod, [`mirror::failure_pod`]);
 //!   `AlreadyExists` → adopted; anything else → retried with capped backoff;
 //! - every member Pod of a current run → an rlark Pod of the same name
-//!   ([`mirror::mirrored_pod`]), its status kept up to date; rlark Pods whose member Pod
+//!   ([`mirror::mirrored_pod`], image pulls completed by the Pod's pull Events), its
+//!   status kept up to date; rlark Pods whose member Pod
 //!   is gone (or whose Task is) are deleted;
 //! - a Task whose template renders no valid Job, whose workload reports `Failed` with no
 //!   failed Pod to show it, or whose `agentType` is not `Kubernetes`
@@ -40,7 +44,7 @@ use std::time::Duration;
 use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod as MemberPod;
+use k8s_openapi::api::core::v1::{Event, Pod as MemberPod};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams, Preconditions};
@@ -66,7 +70,7 @@ use crate::kubernetes::ratelimit::{Admission, CreateLimiter};
 use crate::kubernetes::workload::{self, MemberObjects, Workload};
 use crate::kubernetes::{
     MANAGED_BY, MANAGED_BY_LABEL, MemberContext, RUN_LABEL, TASK_NAMESPACE_LABEL, TASK_UID_LABEL,
-    names, status, template,
+    names, pulls, status, template,
 };
 use crate::task_reports::TaskTokens;
 
@@ -208,6 +212,17 @@ pub async fn run(config: MemberRun, shutdown: CancellationToken) -> Result<(), M
         &shutdown,
         &mut watches,
     );
+    // The kubelet's pull Events (image size, pull time): one watch per reason, as a
+    // field selector takes no alternatives.
+    let pull_events = [pulls::REASON_PULLING, pulls::REASON_PULLED].map(|reason| {
+        reflect::<Event>(
+            Api::namespaced(mk.clone(), mns),
+            watcher::Config::default().fields(&format!("reason={reason},involvedObject.kind=Pod")),
+            &notify,
+            &shutdown,
+            &mut watches,
+        )
+    });
     let ready = async {
         tasks.wait_until_ready().await?;
         pods.wait_until_ready().await?;
@@ -215,7 +230,11 @@ pub async fn run(config: MemberRun, shutdown: CancellationToken) -> Result<(), M
         deployments.wait_until_ready().await?;
         statefulsets.wait_until_ready().await?;
         daemonsets.wait_until_ready().await?;
-        jobs.wait_until_ready().await
+        jobs.wait_until_ready().await?;
+        for events in &pull_events {
+            events.wait_until_ready().await?;
+        }
+        Ok::<(), reflector::store::WriterDropped>(())
     };
     tokio::select! {
         () = shutdown.cancelled() => return Ok(()),
@@ -240,10 +259,12 @@ pub async fn run(config: MemberRun, shutdown: CancellationToken) -> Result<(), M
         statefulsets,
         daemonsets,
         jobs,
+        pull_events,
         retries: HashMap::new(),
         failures: HashMap::new(),
         created: HashMap::new(),
         unowned: HashSet::new(),
+        complete: HashSet::new(),
         tokens: TaskTokens::default(),
     };
     loop {
@@ -329,6 +350,8 @@ struct Reconciler {
     statefulsets: Store<StatefulSet>,
     daemonsets: Store<DaemonSet>,
     jobs: Store<Job>,
+    /// The member's `Pulling` and `Pulled` Events of Pods.
+    pull_events: [Store<Event>; 2],
     /// Task UID label → retry state of its failed create.
     retries: HashMap<String, RetryState>,
     /// Task UID label → why it cannot run.
@@ -337,6 +360,9 @@ struct Reconciler {
     created: HashMap<String, (String, Instant)>,
     /// Task UID labels whose Service, claims or token Secret are still to be created.
     unowned: HashSet<String>,
+    /// Task UID labels whose dependents are known to exist (created by this agent, or
+    /// their token Secret found); the others are checked once ([`Self::check_dependents`]).
+    complete: HashSet<String>,
     /// Task tokens by run.
     tokens: TaskTokens,
 }
@@ -451,6 +477,31 @@ impl Reconciler {
         complete
     }
 
+    /// Decides whether the dependents of a workload this agent did not create in this
+    /// life (adopted after a restart) are complete: the token Secret is created last, so
+    /// its presence says the Service and claims are there too. Missing → `unowned` (the
+    /// pass creates them); unknown (the member API failed) → asked again next pass.
+    async fn check_dependents(&mut self, uid: &str, objects: &MemberObjects) {
+        let Some(secret) = objects.token_secret.as_ref() else {
+            self.complete.insert(uid.to_string());
+            return;
+        };
+        let name = secret.metadata.name.clone().unwrap_or_default();
+        match self.config.member.token_secret_filled(&name).await {
+            Ok(true) => {
+                self.complete.insert(uid.to_string());
+            }
+            Ok(false) => {
+                tracing::info!(secret = %name, "an adopted workload's token Secret is missing; creating it");
+                self.unowned.insert(uid.to_string());
+            }
+            Err(error) => {
+                self.config.metrics.api_errors.inc();
+                tracing::warn!(%error, secret = %name, "check the token secret (retried next pass)");
+            }
+        }
+    }
+
     /// The task token of `task`'s run (minted once per run, [`TaskTokens`]) and the CA
     /// bundle the member Pods trust the control plane with.
     async fn token_data(&self, task: &Task) -> Result<(String, Vec<u8>), String> {
@@ -512,6 +563,8 @@ impl Reconciler {
         self.failures
             .retain(|uid, f| wanted.get(uid).is_some_and(|(_, key)| *key == f.run_key));
         self.retries.retain(|uid, _| wanted.contains_key(uid));
+        self.unowned.retain(|uid| wanted.contains_key(uid));
+        self.complete.retain(|uid| wanted.contains_key(uid));
         self.created.retain(|uid, (key, at)| {
             wanted.get(uid).is_some_and(|(_, k)| k == key)
                 && now.duration_since(*at) < CREATED_GRACE
@@ -620,10 +673,14 @@ impl Reconciler {
                         tracing::warn!(%error, task = %task.name_any(), "update workload (retried next pass)");
                     }
                 }
+                if !self.unowned.contains(uid) && !self.complete.contains(uid) {
+                    self.check_dependents(uid, &objects).await;
+                }
                 if self.unowned.contains(uid)
                     && self.create_dependents(task, &mut objects, existing).await
                 {
                     self.unowned.remove(uid);
+                    self.complete.insert(uid.clone());
                 }
                 continue;
             }
@@ -653,7 +710,9 @@ impl Reconciler {
                     self.retries.remove(uid);
                     self.created.insert(uid.clone(), (key.clone(), now));
                     tracing::info!(task = %task.name_any(), kind = ?created.kind(), workload = ?created.metadata().name, "workload created");
-                    if !self.create_dependents(task, &mut objects, &created).await {
+                    if self.create_dependents(task, &mut objects, &created).await {
+                        self.complete.insert(uid.clone());
+                    } else {
                         self.unowned.insert(uid.clone());
                     }
                     if !objects.corrected.is_empty() {
@@ -703,6 +762,13 @@ impl Reconciler {
         // rlark Pods: mirrors of the member Pods of current runs, and failure Pods.
         let mut desired: BTreeMap<String, Pod> = BTreeMap::new();
         let mut failed_mirrors: HashSet<String> = HashSet::new();
+        let events: Vec<Arc<Event>> = self.pull_events.iter().flat_map(Store::state).collect();
+        let mut events_of: HashMap<&str, Vec<&Event>> = HashMap::new();
+        for event in &events {
+            if let Some(uid) = event.involved_object.uid.as_deref() {
+                events_of.entry(uid).or_default().push(event);
+            }
+        }
         for member in self.member_pods.state() {
             let uid = uid_label_of(&member.metadata);
             let Some((task, key)) = wanted.get(&uid) else {
@@ -713,7 +779,11 @@ impl Reconciler {
             {
                 continue;
             }
-            let pod = mirror::mirrored_pod(&member, task, key);
+            let pull_events = member
+                .uid()
+                .and_then(|uid| events_of.get(uid.as_str()))
+                .map_or(&[][..], Vec::as_slice);
+            let pod = mirror::mirrored_pod(&member, task, key, pull_events);
             if pod.status.as_ref().and_then(|s| s.phase) == Some(PodPhase::Failed) {
                 failed_mirrors.insert(uid.clone());
             }

@@ -5,7 +5,7 @@ use kube_derive::CustomResource;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use super::common::string_enum;
+use super::common::{PullProgress, string_enum};
 
 /// Phase of a Pod.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
@@ -104,4 +104,8 @@ pub struct PodStatus {
     /// When it finished.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub finish_time: Option<Time>,
+    /// The image pulls of the pod's containers while it is Pending (runtimes that pull
+    /// images: Kubernetes), one per container image.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub pull_progress: Vec<PullProgress>,
 }

@@ -120,6 +120,7 @@ async fn discovery_lists_the_kinds_and_their_subresources() {
         "pods",
         "pods/status",
         "pods/log",
+        "pods/exec",
         "services",
         "configmaps",
         "secrets",

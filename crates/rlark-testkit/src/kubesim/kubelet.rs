@@ -39,6 +39,9 @@ pub(crate) struct PodRecord {
     pub started_at: String,
     pub finished_at: Option<String>,
     pub pod_ip: String,
+    /// Images the test said are pulled ([`super::KubeSim::pull_image`]) while the
+    /// containers wait; once they have run, every image is there.
+    pub pulled: std::collections::BTreeSet<String>,
 }
 
 /// The containers' state (all containers of a Pod move together).
@@ -113,6 +116,17 @@ pub(crate) fn restart_policy(pod: &Value) -> &str {
         .unwrap_or("Always")
 }
 
+/// `(container, image)` of each container of `pod`.
+pub(crate) fn images(pod: &Value) -> Vec<(String, String)> {
+    containers(pod)
+        .into_iter()
+        .map(|c| {
+            let field = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+            (field("name"), field("image"))
+        })
+        .collect()
+}
+
 fn containers(pod: &Value) -> Vec<&Value> {
     pod.pointer("/spec/containers")
         .and_then(Value::as_array)
@@ -153,10 +167,19 @@ pub(crate) fn pod_status(pod: &Value, record: &PodRecord, host_ip: &str) -> Valu
         .map(|c| {
             let name = c.get("name").and_then(Value::as_str).unwrap_or("");
             let image = c.get("image").and_then(Value::as_str).unwrap_or("");
+            // The kubelet reports an image ID once the image is there: a waiting container
+            // whose image was not pulled yet has none.
+            let present = !matches!(record.state, ContainerState::Waiting(_))
+                || record.pulled.contains(image);
+            let image_id = if present {
+                format!("sim://{image}")
+            } else {
+                String::new()
+            };
             let mut status = json!({
                 "name": name,
                 "image": image,
-                "imageID": format!("sim://{image}"),
+                "imageID": image_id,
                 "ready": ready,
                 "started": matches!(record.state, ContainerState::Running),
                 "restartCount": record.restarts,
@@ -363,6 +386,7 @@ mod tests {
             started_at: "t0".into(),
             finished_at: None,
             pod_ip: "10.244.0.2".into(),
+            pulled: Default::default(),
         }
     }
 
@@ -435,6 +459,24 @@ mod tests {
             "ImagePullBackOff"
         );
         assert!(!is_ready(&json!({"status": status})));
+    }
+
+    #[test]
+    fn a_waiting_container_has_an_image_id_once_its_image_is_pulled() {
+        let image_id = |r: &PodRecord| {
+            pod_status(&pod("Always"), r, "10.0.0.1")["containerStatuses"][0]["imageID"].clone()
+        };
+        let mut r = record();
+        assert_eq!(image_id(&r), "", "waiting on its image");
+        r.pulled.insert("img".into());
+        assert_eq!(image_id(&r), "sim://img");
+        let mut running = record();
+        apply_phase(&mut running, "Always", &Phase::Running, "t1");
+        assert_eq!(
+            image_id(&running),
+            "sim://img",
+            "a container that ran has its image"
+        );
     }
 
     fn node(name: &str, gpus: i64, labels: Value) -> Value {

@@ -27,8 +27,12 @@
 //! Exec (`pods/exec`) runs the command as a local process of the test in a directory per
 //! Pod and container ([`SimExec`]): a simulation, not a container.
 //!
-//! What it does not: attach and port-forward; images (nothing is pulled or run; a
-//! pull failure is a waiting reason the test sets); Services, ConfigMaps, Secrets and PVCs
+//! Images are not pulled: a Pod that waits ([`Policy::Hold`]) waits on its images (no
+//! image ID, a `Pulling` Event per container) until the test says an image is pulled
+//! ([`KubeSim::pull_image`]: a `Pulled` Event with its size) or the Pod runs; a pull
+//! failure is a waiting reason the test sets.
+//!
+//! What it does not: attach and port-forward; run images; Services, ConfigMaps, Secrets and PVCs
 //! are stored but nothing acts on them (no endpoints, no volume binding); rolling updates
 //! (a changed Deployment template replaces every Pod at once), Indexed Jobs, Pod
 //! disruption, preemption, resource accounting beyond `nvidia.com/gpu`.
@@ -287,7 +291,42 @@ impl Inner {
             started_at: now,
             finished_at: None,
             pod_ip: format!("10.244.{}.{}", n / 250, n % 250 + 2),
+            pulled: Default::default(),
         }
+    }
+
+    /// Write the Event the kubelet on `node` writes about `container` of `pod`.
+    async fn kubelet_event(
+        &self,
+        pod: &Value,
+        node: &str,
+        container: &str,
+        reason: &str,
+        message: &str,
+    ) -> anyhow::Result<()> {
+        let namespace = pod
+            .pointer("/metadata/namespace")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let name = name_of(pod);
+        let now = now();
+        let event: DynamicObject = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"generateName": format!("{name}."), "namespace": namespace},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": name,
+                "namespace": namespace, "uid": uid_of(pod),
+                "fieldPath": format!("spec.containers{{{container}}}")},
+            "reason": reason, "message": message, "type": "Normal",
+            "source": {"component": "kubelet", "host": node},
+            "firstTimestamp": now, "lastTimestamp": now, "count": 1,
+        }))?;
+        let events =
+            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk("", "v1", "Event"), "events");
+        Api::<DynamicObject>::namespaced_with(self.client.clone(), namespace, &events)
+            .create(&PostParams::default(), &event)
+            .await
+            .with_context(|| format!("create the {reason} event of pod {namespace}/{name}"))?;
+        Ok(())
     }
 
     /// One pass over the whole cluster. Returns the number of writes.
@@ -371,6 +410,8 @@ impl Inner {
             })
             .collect();
         let mut statuses = Vec::new();
+        // Pods whose containers start waiting on their images now: (pod, node).
+        let mut pulling: Vec<(Value, String)> = Vec::new();
         {
             let mut state = self.lock();
             let live: Vec<PodKey> = pods
@@ -413,6 +454,9 @@ impl Inner {
                 }
                 if !state.records.contains_key(key) {
                     let record = self.record(&mut state, pod);
+                    if matches!(record.state, ContainerState::Waiting(_)) {
+                        pulling.push((pod.clone(), node.to_string()));
+                    }
                     state.records.insert(key.clone(), record);
                 }
                 let record = &state.records[key];
@@ -420,6 +464,13 @@ impl Inner {
                 if pod.get("status") != Some(&status) {
                     statuses.push((key.clone(), status));
                 }
+            }
+        }
+        for (pod, node) in &pulling {
+            for (container, image) in kubelet::images(pod) {
+                let message = format!("Pulling image \"{image}\"");
+                self.kubelet_event(pod, node, &container, "Pulling", &message)
+                    .await?;
             }
         }
         for ((namespace, name), status) in statuses {
@@ -686,6 +737,61 @@ impl KubeSim {
             } else if ended {
                 self.inner.logs.close(namespace, name, &container);
             }
+        }
+        self.settle().await
+    }
+
+    /// The kubelet finished pulling `image` for Pod `namespace/name`, whose containers
+    /// wait ([`Policy::Hold`]): the containers with that image report an image ID, and a
+    /// `Pulled` Event says its size and how long the pull took, as a 1.28+ kubelet writes
+    /// it. Then [`Self::settle`].
+    pub async fn pull_image(
+        &self,
+        namespace: &str,
+        name: &str,
+        image: &str,
+        size_bytes: u64,
+        took: Duration,
+    ) -> anyhow::Result<()> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.inner.client.clone(), namespace, &resource(Kind::Pod));
+        let pod = api
+            .get_opt(name)
+            .await
+            .with_context(|| format!("get pod {namespace}/{name}"))?
+            .with_context(|| format!("pod {namespace}/{name} does not exist"))?;
+        let pod = serde_json::to_value(pod)?;
+        let containers: Vec<String> = kubelet::images(&pod)
+            .into_iter()
+            .filter(|(_, i)| i == image)
+            .map(|(c, _)| c)
+            .collect();
+        if containers.is_empty() {
+            bail!("no container of pod {namespace}/{name} has image {image:?}");
+        }
+        {
+            let mut state = self.inner.lock();
+            let key = (namespace.to_string(), name.to_string());
+            let record = state
+                .records
+                .get_mut(&key)
+                .filter(|r| r.uid == uid_of(&pod))
+                .with_context(|| format!("pod {namespace}/{name} is not on a node yet"))?;
+            record.pulled.insert(image.to_string());
+        }
+        let node = pod
+            .pointer("/spec/nodeName")
+            .and_then(Value::as_str)
+            .unwrap_or("")
+            .to_string();
+        let seconds = format!("{:.3}s", took.as_secs_f64());
+        let message = format!(
+            "Successfully pulled image \"{image}\" in {seconds} ({seconds} including waiting). Image size: {size_bytes} bytes."
+        );
+        for container in containers {
+            self.inner
+                .kubelet_event(&pod, &node, &container, "Pulled", &message)
+                .await?;
         }
         self.settle().await
     }
