@@ -80,7 +80,8 @@ struct StoreArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct UpArgs {
-    /// Data directory.
+    /// Data directory: store, CA, admin.kubeconfig, and examples/ (the built-in example
+    /// manifests, rewritten at every start; the banner prints their absolute path).
     #[arg(long, value_name = "DIR", env = "RLARK_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
     /// HTTPS listen address; must be a loopback address (use `rlark server` otherwise).
