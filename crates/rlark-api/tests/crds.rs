@@ -157,10 +157,32 @@ const OBJECT_META_FIELDS: &[&str] = &[
     "uid",
 ];
 
+/// Maps of ObjectMeta a printer column may index (`.metadata.labels.rlark\.io/x`).
+const OBJECT_META_MAPS: &[&str] = &["labels", "annotations"];
+
+/// The names of a JSONPath's steps (`\.` is a dot inside a name).
+fn steps(json_path: &str) -> Vec<String> {
+    let mut steps = vec![String::new()];
+    let mut chars = json_path.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => steps.last_mut().unwrap().extend(chars.next()),
+            '.' => steps.push(String::new()),
+            c => steps.last_mut().unwrap().push(c),
+        }
+    }
+    steps.into_iter().filter(|s| !s.is_empty()).collect()
+}
+
+/// The schema of the field `json_path` selects: a property, or a value of a map
+/// (`additionalProperties`).
 fn resolve<'a>(schema: &'a Value, json_path: &str) -> Option<&'a Value> {
     let mut node = schema;
-    for part in json_path.strip_prefix('.')?.split('.') {
-        node = node.get("properties")?.get(part)?;
+    for part in steps(json_path.strip_prefix('.')?) {
+        node = match node.get("properties").and_then(|p| p.get(&part)) {
+            Some(property) => property,
+            None => node.get("additionalProperties").filter(|v| v.is_object())?,
+        };
     }
     Some(node)
 }
@@ -178,8 +200,10 @@ fn printer_columns_point_at_existing_fields() {
         {
             columns.push(format!("{kind}/{}={}", col.name, col.json_path));
             if let Some(field) = col.json_path.strip_prefix(".metadata.") {
+                let map = field.split_once('.').map(|(map, _)| map);
                 assert!(
-                    OBJECT_META_FIELDS.contains(&field),
+                    OBJECT_META_FIELDS.contains(&field)
+                        || map.is_some_and(|m| OBJECT_META_MAPS.contains(&m)),
                     "{kind}: {}",
                     col.json_path
                 );
@@ -191,7 +215,11 @@ fn printer_columns_point_at_existing_fields() {
                     col.name, col.json_path
                 )
             });
-            let ty = node.get("type").and_then(Value::as_str).unwrap_or("");
+            let ty = match node.get("x-kubernetes-int-or-string") {
+                // A quantity: printed as the string it is stored as.
+                Some(Value::Bool(true)) => "string",
+                _ => node.get("type").and_then(Value::as_str).unwrap_or(""),
+            };
             match col.type_.as_str() {
                 "string" | "date" => assert_eq!(ty, "string", "{kind}: {}", col.json_path),
                 "integer" => assert_eq!(ty, "integer", "{kind}: {}", col.json_path),
@@ -209,8 +237,13 @@ fn printer_columns_point_at_existing_fields() {
             "DomainPeer/Domain=.spec.domain",
             "DomainPeer/Prefix=.spec.prefixLen",
             "DomainPeer/Age=.metadata.creationTimestamp",
-            "Node/Agent=.spec.agentType",
+            "Node/Agent=.metadata.labels.rlark\\.io/cluster-id",
+            "Node/Type=.spec.agentType",
             "Node/Phase=.status.phase",
+            "Node/CPU=.status.capacity.cpu",
+            "Node/Memory=.status.capacity.memory",
+            "Node/GPU=.status.capacity.nvidia\\.com/gpu",
+            "Node/Category=.metadata.labels.rlark\\.io/node-category",
             "Node/Age=.metadata.creationTimestamp",
             "Job/Phase=.status.phase",
             "Job/Age=.metadata.creationTimestamp",
@@ -234,6 +267,7 @@ fn the_resolver_rejects_missing_fields() {
     assert!(resolve(&schema, ".spec.cidr").is_some());
     assert!(resolve(&schema, ".spec.domain").is_none());
     assert!(resolve(&schema, ".status.node").is_none());
+    assert_eq!(steps(".a.b\\.c/d"), ["a", "b.c/d"]);
 }
 
 /// Keys a schema under allOf/anyOf/oneOf/not may not carry in a structural schema.

@@ -1,6 +1,7 @@
 //! Issue 18, item 8: `rlark get` output as kubectl's: `-o jsonpath=TEMPLATE`,
-//! `-o custom-columns=SPEC` and `-w` (rows as objects change), against a real
-//! `rlark server` process.
+//! `-o custom-columns=SPEC`, `-w` (rows as objects change; with `-o`, an object per change;
+//! with a NAME, that object only), several kinds at once (`jobs,tasks`), and
+//! `rlark describe -o json|yaml`, against a real `rlark server` process.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::Path;
@@ -66,17 +67,79 @@ impl Env {
     }
 
     fn apply_task(&self, name: &str, role: &str) -> anyhow::Result<()> {
-        let path = self.cwd.path().join(format!("{name}.yaml"));
-        std::fs::write(
-            &path,
-            format!(
+        self.apply_labelled_task(name, role, "ppo")
+    }
+
+    /// A Task in `default` with labels `app: APP`.
+    fn apply_labelled_task(&self, name: &str, role: &str, app: &str) -> anyhow::Result<()> {
+        self.apply(
+            name,
+            &format!(
                 "apiVersion: rlinf.io/v1alpha1\nkind: Task\nmetadata:\n  name: {name}\n  \
-                 namespace: default\n  labels: {{app: ppo}}\nspec:\n  role: {role}\n  \
+                 namespace: default\n  labels: {{app: {app}}}\nspec:\n  role: {role}\n  \
                  agentType: Raw\n  raw:\n    entrypoint: [\"true\"]\n"
             ),
-        )?;
+        )
+    }
+
+    fn apply(&self, name: &str, manifest: &str) -> anyhow::Result<()> {
+        let path = self.cwd.path().join(format!("{name}.yaml"));
+        std::fs::write(&path, manifest)?;
         self.ok(&["apply", "-f", path.to_str().context("path")?])?;
         Ok(())
+    }
+
+    /// `rlark ARGS` running, its stdout line by line (killed when dropped).
+    fn follow(&self, args: &[&str]) -> anyhow::Result<Lines> {
+        let mut child = self
+            .command(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()?;
+        let stdout = child.stdout.take().context("stdout")?;
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines() {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(Lines { child, rx })
+    }
+}
+
+/// The stdout lines of a running `rlark`.
+struct Lines {
+    child: std::process::Child,
+    rx: mpsc::Receiver<std::io::Result<String>>,
+}
+
+impl Lines {
+    fn next(&self, what: &str) -> anyhow::Result<String> {
+        match self.rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(line) => Ok(line?),
+            Err(e) => bail!("no line {what} within 30 s: {e}"),
+        }
+    }
+
+    /// The lines up to (without) the next one equal to `end`.
+    fn until(&self, end: &str, what: &str) -> anyhow::Result<Vec<String>> {
+        let mut lines = Vec::new();
+        loop {
+            let line = self.next(what)?;
+            if line == end {
+                return Ok(lines);
+            }
+            lines.push(line);
+        }
+    }
+}
+
+impl Drop for Lines {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 
@@ -200,20 +263,223 @@ fn get_watch_prints_rows_as_objects_change() -> anyhow::Result<()> {
     result
 }
 
+/// `get -w` with `-o`: the listed objects, then an object per change (JSON documents, YAML
+/// documents separated by `---`, names, template output); with a NAME only that object.
+#[test]
+fn get_watch_prints_objects_and_follows_one_by_name() -> anyhow::Result<()> {
+    let env = Env::start()?;
+    env.apply_labelled_task("o-a", "Actor", "v1")?;
+
+    // JSON: a pretty document per object; the stream parses as consecutive documents.
+    let json = env.follow(&["get", "tasks", "-n", "default", "-w", "-o", "json"])?;
+    let first = json.until("}", "of the listed task")?;
+    let first: serde_json::Value = serde_json::from_str(&format!("{}\n}}", first.join("\n")))?;
+    assert_eq!(first["kind"], "Task", "{first}");
+    assert_eq!(first["apiVersion"], "rlinf.io/v1alpha1");
+    assert_eq!(first["metadata"]["name"], "o-a");
+    env.apply_labelled_task("o-b", "Rollout", "v1")?;
+    let added = json.until("}", "after the create")?;
+    let added: serde_json::Value = serde_json::from_str(&format!("{}\n}}", added.join("\n")))?;
+    assert_eq!(added["metadata"]["name"], "o-b", "{added}");
+    drop(json);
+
+    // One object by name (found without -n), as names, YAML, a template and table rows.
+    let names = env.follow(&["get", "task/o-b", "-w", "-o", "name"])?;
+    let yaml = env.follow(&["get", "task", "o-b", "-n", "default", "-w", "-o", "yaml"])?;
+    let template = env.follow(&[
+        "get",
+        "task",
+        "o-b",
+        "-w",
+        "-o",
+        r#"jsonpath={.metadata.name}={.metadata.labels.app}{"\n"}"#,
+    ])?;
+    let rows = env.follow(&["get", "task", "o-b", "-w"])?;
+    assert_eq!(names.next("of o-b")?, "task.rlinf.io/o-b");
+    assert_eq!(template.next("of o-b")?, "o-b=v1");
+    let header = rows.next("header")?;
+    assert!(header.starts_with("NAMESPACE   NAME "), "{header}");
+    let row = rows.next("of o-b")?;
+    assert!(row.starts_with("default     o-b "), "{row}");
+
+    // Another task changes: nothing of it shows. Then o-b changes.
+    env.apply_labelled_task("o-a", "Actor", "v2")?;
+    env.apply_labelled_task("o-b", "Rollout", "v2")?;
+    assert_eq!(names.next("after the change")?, "task.rlinf.io/o-b");
+    assert_eq!(template.next("after the change")?, "o-b=v2");
+    let changed = rows.next("after the change")?;
+    assert!(changed.starts_with("default     o-b "), "{changed}");
+    // YAML: the first document, `---`, the changed one.
+    let document = yaml.until("---", "of o-b")?;
+    assert_eq!(document[0], "apiVersion: rlinf.io/v1alpha1", "{document:?}");
+    assert!(document.iter().any(|l| l == "  name: o-b"), "{document:?}");
+    assert!(
+        document.iter().any(|l| l.trim() == "app: v1"),
+        "{document:?}"
+    );
+    let mut second = Vec::new();
+    while !second.iter().any(|l: &String| l.trim() == "app: v2") {
+        second.push(yaml.next("of the changed o-b")?);
+    }
+    assert_eq!(second[0], "apiVersion: rlinf.io/v1alpha1", "{second:?}");
+    assert!(
+        second.iter().all(|l| l != "---" && !l.contains("o-a")),
+        "{second:?}"
+    );
+    Ok(())
+}
+
 #[test]
 fn get_watch_refuses_what_it_cannot_follow() -> anyhow::Result<()> {
     let env = Env::start()?;
-    let out = env.run(&["get", "task", "x", "-w"])?;
+    for (args, message) in [
+        (
+            &["get", "jobs,tasks", "-w"][..],
+            "error: --watch follows one kind, not jobs, tasks: run one `rlark get -w` per kind\n",
+        ),
+        (
+            &["get", "task", "a", "b", "-n", "default", "-w"][..],
+            "error: --watch follows one object or a whole list, not 2 objects: name one (or \
+             narrow the list with -l or -n)\n",
+        ),
+        (
+            &["get", "tunnels", "-w"][..],
+            "error: --watch does not follow tunnels (they are not stored objects)\n",
+        ),
+    ] {
+        let out = env.run(args)?;
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert_eq!(text(&out.stderr), message, "{args:?}");
+    }
+    let out = env.run(&[
+        "get", "task", "nothere", "-n", "default", "-w", "-o", "json",
+    ])?;
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(
-        text(&out.stderr),
-        "error: --watch follows a whole list: name no object (narrow it with -l or -n)\n"
+    assert!(out.stdout.is_empty());
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("NotFound") && stderr.contains("\"nothere\" not found"),
+        "{stderr}"
     );
-    let out = env.run(&["get", "tasks", "-w", "-o", "yaml"])?;
+    Ok(())
+}
+
+/// `get jobs,tasks`: each kind in turn, a table each with kind-prefixed names and a blank
+/// line between; one List (or names) across kinds with `-o`; `KIND/NAME` of several kinds.
+#[test]
+fn get_lists_several_kinds_in_turn() -> anyhow::Result<()> {
+    let env = Env::start()?;
+    env.apply_task("k-a", "Actor")?;
+    env.apply_task("k-b", "Rollout")?;
+    env.apply(
+        "job",
+        "apiVersion: rlinf.io/v1alpha1\nkind: Job\nmetadata:\n  name: k-job\nspec:\n  tasks:\n  \
+         - name: main\n    agentType: Raw\n    role: Env\n    raw:\n      entrypoint: [\"true\"]\n",
+    )?;
+
+    let out = env.ok(&["get", "jobs,tasks", "-n", "default"])?;
+    let tables: Vec<&str> = out.split("\n\n").collect();
+    assert_eq!(tables.len(), 2, "a blank line between the kinds:\n{out}");
+    let jobs: Vec<&str> = tables[0].lines().collect();
+    assert!(
+        jobs[0].starts_with("NAME ") && jobs[0].contains("PHASE"),
+        "{out}"
+    );
+    assert!(jobs[1].starts_with("job.rlinf.io/k-job "), "{out}");
+    assert_eq!(jobs.len(), 2, "{out}");
+    let tasks: Vec<&str> = tables[1].lines().collect();
+    assert!(
+        tasks[0].starts_with("NAME ") && tasks[0].contains("ROLE"),
+        "{out}"
+    );
+    assert!(tasks[1].starts_with("task.rlinf.io/k-a "), "{out}");
+    assert!(tasks[2].starts_with("task.rlinf.io/k-b "), "{out}");
+    assert_eq!(tasks.len(), 3, "{out}");
+
+    let out = env.ok(&["get", "jobs,tasks", "-o", "name"])?;
+    assert_eq!(
+        out,
+        "job.rlinf.io/k-job\ntask.rlinf.io/k-a\ntask.rlinf.io/k-b\n"
+    );
+    let out = env.ok(&["get", "tasks,jobs", "-o", "json"])?;
+    let list: serde_json::Value = serde_json::from_str(&out)?;
+    assert_eq!(list["kind"], "List");
+    let kinds: Vec<&str> = list["items"]
+        .as_array()
+        .context("items")?
+        .iter()
+        .filter_map(|i| i["kind"].as_str())
+        .collect();
+    assert_eq!(kinds, ["Task", "Task", "Job"]);
+    let out = env.ok(&["get", "task/k-b", "job/k-job", "task/k-a", "-o", "name"])?;
+    assert_eq!(
+        out, "task.rlinf.io/k-b\ntask.rlinf.io/k-a\njob.rlinf.io/k-job\n",
+        "grouped by kind, kinds in command-line order"
+    );
+    // Namespaced objects found by name without -n: a NAMESPACE column.
+    let out = env.ok(&["get", "task/k-b", "job/k-job", "--no-headers"])?;
+    assert!(
+        out.starts_with("default   task.rlinf.io/k-b ") && out.contains("\n\njob.rlinf.io/k-job "),
+        "{out}"
+    );
+
+    // Bad input names the problem; nothing is printed for the kinds that were fine.
+    for (args, message) in [
+        (
+            &["get", "jobs,jbos"][..],
+            "error: the server doesn't have a resource type \"jbos\"\n",
+        ),
+        (
+            &["get", "jobs,"][..],
+            "error: \"jobs,\" has an empty resource type: list kinds as KIND,KIND (e.g. \
+             jobs,tasks)\n",
+        ),
+        (
+            &["get", "job,task/k-a"][..],
+            "error: invalid argument \"job,task/k-a\": arguments in resource/name form must \
+             have a single resource and name\n",
+        ),
+        (
+            &["get", "jobs,tunnels"][..],
+            "error: tunnels are listed alone: `rlark get tunnels`, then the other kinds\n",
+        ),
+    ] {
+        let out = env.run(args)?;
+        assert_eq!(out.status.code(), Some(1), "{args:?}");
+        assert!(out.stdout.is_empty(), "{args:?}: {}", text(&out.stdout));
+        assert_eq!(text(&out.stderr), message, "{args:?}");
+    }
+    Ok(())
+}
+
+/// `describe -o json|yaml` prints the object exactly as `get -o json|yaml` does, and
+/// nothing else.
+#[test]
+fn describe_prints_the_object_as_get_does() -> anyhow::Result<()> {
+    let env = Env::start()?;
+    env.apply_task("d-a", "Actor")?;
+    for format in ["json", "yaml"] {
+        let described = env.ok(&["describe", "task", "d-a", "-o", format])?;
+        let got = env.ok(&["get", "task", "d-a", "-o", format])?;
+        assert_eq!(described, got, "-o {format}");
+        let described = env.ok(&["describe", "task/d-a", "-o", format])?;
+        assert_eq!(described, got, "task/d-a -o {format}");
+    }
+    let object: serde_json::Value =
+        serde_json::from_str(&env.ok(&["describe", "task", "d-a", "-o", "json"])?)?;
+    assert_eq!(object["kind"], "Task");
+    assert_eq!(object["metadata"]["name"], "d-a");
+    assert_eq!(object["spec"]["role"], "Actor");
+
+    let out = env.run(&["describe", "task", "d-a", "-o", "wide"])?;
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("[possible values: json, yaml]"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = env.run(&["describe", "task", "nothere", "-o", "json"])?;
     assert_eq!(out.status.code(), Some(1));
-    assert_eq!(
-        text(&out.stderr),
-        "error: --watch prints table rows: use it without -o or with -o wide\n"
-    );
+    assert!(out.stdout.is_empty());
     Ok(())
 }

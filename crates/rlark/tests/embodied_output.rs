@@ -88,3 +88,75 @@ async fn robot_and_camera_lists_print_json_and_yaml() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// `robot status` and `camera info` take `-o json|yaml` too: the object is the one their
+/// list prints as an item.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn robot_status_and_camera_info_print_json_and_yaml() -> anyhow::Result<()> {
+    let mut server = Embodied::start()?;
+    server.first_list("robot").await?;
+
+    let listed: Value = serde_json::from_str(&ok(
+        server.cli("robot", &["list", "-o", "json"]).await?,
+        "robot list -o json",
+    )?)?;
+    let out = ok(
+        server
+            .cli("robot", &["status", "arm-0", "-o", "json"])
+            .await?,
+        "robot status -o json",
+    )?;
+    let robot: Value = serde_json::from_str(&out)?;
+    assert_eq!(robot, listed["items"][0], "{out}");
+    assert_eq!(robot["id"], "arm-0");
+    assert_eq!(robot["state"], "STOPPED", "the state by name: {out}");
+    let out = ok(
+        server
+            .cli("robot", &["status", "arm-0", "-o", "yaml"])
+            .await?,
+        "robot status -o yaml",
+    )?;
+    let from_yaml: Value = serde_saphyr::from_str(&out)?;
+    assert_eq!(from_yaml, robot, "YAML and JSON say the same");
+
+    let listed: Value = serde_json::from_str(&ok(
+        server.cli("camera", &["list", "-o", "json"]).await?,
+        "camera list -o json",
+    )?)?;
+    let out = ok(
+        server
+            .cli("camera", &["info", "cam-0", "-o", "json"])
+            .await?,
+        "camera info -o json",
+    )?;
+    let camera: Value = serde_json::from_str(&out)?;
+    assert_eq!(camera, listed["items"][0], "{out}");
+    assert_eq!(camera["state"], "CLOSED", "{out}");
+    let out = ok(
+        server
+            .cli("camera", &["info", "cam-0", "-o", "yaml"])
+            .await?,
+        "camera info -o yaml",
+    )?;
+    let from_yaml: Value = serde_saphyr::from_str(&out)?;
+    assert_eq!(from_yaml, camera);
+
+    for (command, args) in [
+        ("robot", ["status", "arm-0", "-o", "wide"]),
+        ("camera", ["info", "cam-0", "-o", "wide"]),
+    ] {
+        let bad = server.cli(command, &args).await?;
+        assert_eq!(bad.status.code(), Some(2), "{command} {args:?}");
+        let stderr = String::from_utf8_lossy(&bad.stderr);
+        assert!(stderr.contains("[possible values: json, yaml]"), "{stderr}");
+    }
+    let missing = server
+        .cli("robot", &["status", "arm-9", "-o", "json"])
+        .await?;
+    assert_eq!(missing.status.code(), Some(1));
+    assert!(
+        missing.stdout.is_empty(),
+        "nothing on stdout for a missing robot"
+    );
+    Ok(())
+}

@@ -46,8 +46,44 @@ string_enum!(NodeCategory { Cloud => "cloud", Edge => "edge", Robot => "robot" }
     shortname = "rlnode",
     category = "rlark",
     doc = "Node: a machine of a cluster where the cluster's agent runs tasks.",
-    printcolumn(name = "Agent", type_ = "string", json_path = ".spec.agentType"),
+    printcolumn(
+        name = "Agent",
+        type_ = "string",
+        description = "The agent (cluster ID) that reports the node.",
+        json_path = ".metadata.labels.rlark\\.io/cluster-id"
+    ),
+    printcolumn(
+        name = "Type",
+        type_ = "string",
+        description = "Runtime of the node's agent (Raw, Docker, Kubernetes).",
+        json_path = ".spec.agentType"
+    ),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
+    printcolumn(
+        name = "CPU",
+        type_ = "string",
+        description = "CPUs of the machine (status.capacity).",
+        json_path = ".status.capacity.cpu"
+    ),
+    printcolumn(
+        name = "Memory",
+        type_ = "string",
+        description = "Memory of the machine (status.capacity).",
+        json_path = ".status.capacity.memory"
+    ),
+    printcolumn(
+        name = "GPU",
+        type_ = "string",
+        description = "NVIDIA GPUs of the machine (status.capacity; empty: none).",
+        json_path = ".status.capacity.nvidia\\.com/gpu"
+    ),
+    printcolumn(
+        name = "Category",
+        type_ = "string",
+        description = "cloud, edge or robot.",
+        json_path = ".metadata.labels.rlark\\.io/node-category",
+        priority = 1
+    ),
     printcolumn(
         name = "Age",
         type_ = "date",

@@ -66,7 +66,13 @@ pub(crate) enum CameraCommand {
         output: Option<DataFormat>,
     },
     /// Show one camera.
-    Info { id: String },
+    Info {
+        id: String,
+        /// Print it in JSON or YAML (an item of `camera list -o json|yaml`) instead of
+        /// `key: value` lines.
+        #[arg(short = 'o', long, value_enum)]
+        output: Option<DataFormat>,
+    },
     /// Open a camera: start its capture loop. Stays open after this command exits.
     Open {
         id: String,
@@ -254,7 +260,7 @@ pub(crate) async fn camera(args: CameraArgs) -> anyhow::Result<()> {
             lines.extend(cameras.iter().map(list_row));
             print!("{}", align(&lines));
         }
-        CameraCommand::Info { id } => {
+        CameraCommand::Info { id, output } => {
             let camera = client(&dir)
                 .await?
                 .get_camera_info(pb::GetCameraInfoRequest { camera_id: id })
@@ -263,7 +269,10 @@ pub(crate) async fn camera(args: CameraArgs) -> anyhow::Result<()> {
                 .into_inner()
                 .camera
                 .context("the controller sent no camera")?;
-            print!("{}", info_text(&camera));
+            match output {
+                Some(format) => print_data(&camera_json(&camera), format)?,
+                None => print!("{}", info_text(&camera)),
+            }
         }
         CameraCommand::Open {
             id,

@@ -31,7 +31,15 @@ pub(crate) struct DeleteArgs {
 
 /// The kind and names of `delete KIND NAME...` or `delete KIND/NAME...`; at least one name.
 pub(crate) fn named(kind: &str, names: &[String]) -> anyhow::Result<(String, Vec<String>)> {
-    let (kind, names) = names::kind_and_names(kind, names)?;
+    let mut groups = names::kind_groups(kind, names)?;
+    if groups.len() > 1 {
+        let kinds: Vec<&str> = groups.iter().map(|g| g.kind.as_str()).collect();
+        bail!(
+            "delete names one kind, not {}: run one command per kind",
+            kinds.join(", ")
+        );
+    }
+    let names::KindNames { kind, names } = groups.remove(0);
     if names.is_empty() {
         bail!(
             "resource(s) were provided, but no name was specified: `rlark delete {kind} NAME` \

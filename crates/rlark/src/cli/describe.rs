@@ -12,6 +12,7 @@ use super::ClientArgs;
 use super::client::Session;
 use super::discovery::{Catalog, ResourceInfo};
 use super::names;
+use super::output::{DataFormat, print_data};
 use super::table::{align, human_duration};
 
 mod domain;
@@ -23,6 +24,10 @@ pub(crate) struct DescribeArgs {
     /// Name of the object (unless given as KIND/NAME). Without -n, a namespaced object is
     /// found in whichever namespace holds it.
     pub name: Option<String>,
+    /// Print the object alone, as `rlark get KIND NAME -o json|yaml` prints it (no
+    /// Events), instead of the description.
+    #[arg(short = 'o', long, value_enum, value_name = "FORMAT")]
+    pub output: Option<DataFormat>,
     #[arg(skip)]
     pub client: ClientArgs,
 }
@@ -55,15 +60,16 @@ pub(crate) async fn describe(args: DescribeArgs) -> anyhow::Result<()> {
         ),
         false => None,
     };
-    let api: Api<DynamicObject> = match &namespace {
-        Some(ns) => Api::namespaced_with(session.client.clone(), ns, &info.ar),
-        None => Api::all_with(session.client.clone(), &info.ar),
-    };
-    let object = api
-        .get(&name)
+    let request = kube::core::Request::new(info.collection_path(namespace.as_deref()))
+        .get(&name, &Default::default())?;
+    let object: Value = session
+        .client
+        .request(request)
         .await
         .with_context(|| format!("get {} {}", info.qualified_kind(), name))?;
-    let object = serde_json::to_value(&object).context("encode object")?;
+    if let Some(format) = args.output {
+        return print_data(&object, format);
+    }
     let events = events_about(&session.client, info, &name, namespace.as_deref()).await;
     let events = match events {
         Ok(events) => Some(events),

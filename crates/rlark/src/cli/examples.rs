@@ -12,9 +12,9 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
     (
         "",
         &[
-            "# a control plane on this machine, then the objects of the examples",
+            "# a control plane on this machine, then the examples it writes into its data directory",
             "rlark up",
-            "rlark apply -f examples/",
+            "rlark apply -f .rlark/examples/",
             "rlark get jobs",
         ],
     ),
@@ -152,11 +152,12 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
     (
         "apply",
         &[
-            "rlark apply -f examples/job.yaml",
-            "rlark apply -f examples/",
-            "cat examples/job.yaml | rlark apply -f -",
+            "rlark apply -f .rlark/examples/job.yaml",
+            "# every example `rlark up` wrote into its data directory",
+            "rlark apply -f .rlark/examples/",
+            "cat .rlark/examples/job.yaml | rlark apply -f -",
             "# create it even with fields the server does not know, and show its warnings",
-            "rlark apply -f examples/job.yaml --validate=warn",
+            "rlark apply -f .rlark/examples/job.yaml --validate=warn",
         ],
     ),
     (
@@ -166,9 +167,13 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
             "rlark get job ppo-train -o yaml",
             "rlark get tasks -A -o wide",
             "rlark get jobs -l app=ppo",
-            "rlark get nodes --no-headers",
+            "rlark get nodes -A --no-headers",
+            "# several kinds, a table each",
+            "rlark get jobs,tasks",
             "# a row for every change, until Ctrl-C",
             "rlark get tasks -w",
+            "# one object, as a JSON document per change",
+            "rlark get job counter -w -o json",
             "rlark get tasks -o jsonpath='{range .items[*]}{.metadata.name} {.status.phase}{\"\\n\"}{end}'",
             "rlark get tasks -o custom-columns=NAME:.metadata.name,PHASE:.status.phase",
         ],
@@ -178,7 +183,7 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
         &[
             "rlark delete job ppo-train",
             "rlark delete job/ppo-train workflow/train-eval",
-            "rlark delete -f examples/",
+            "rlark delete -f .rlark/examples/",
             "rlark delete job ppo-train --ignore-not-found",
         ],
     ),
@@ -188,6 +193,8 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
             "rlark describe job ppo-train",
             "rlark describe task/ppo-train-actor",
             "rlark describe node host-1",
+            "# the object only, as `rlark get -o yaml` prints it",
+            "rlark describe job ppo-train -o yaml",
         ],
     ),
     (
@@ -287,7 +294,10 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
     ),
     (
         "robot status",
-        &["rlark robot --socket-dir /tmp/rlark-run status arm-0"],
+        &[
+            "rlark robot --socket-dir /tmp/rlark-run status arm-0",
+            "rlark robot --socket-dir /tmp/rlark-run status arm-0 -o json",
+        ],
     ),
     (
         "robot start",
@@ -333,7 +343,10 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
     ),
     (
         "camera info",
-        &["rlark camera --socket-dir /tmp/rlark-run info cam-0"],
+        &[
+            "rlark camera --socket-dir /tmp/rlark-run info cam-0",
+            "rlark camera --socket-dir /tmp/rlark-run info cam-0 -o yaml",
+        ],
     ),
     (
         "camera open",

@@ -14,6 +14,7 @@ mod devinit;
 mod discovery;
 mod embodied;
 mod events;
+mod example_files;
 mod examples;
 mod exec;
 mod get;

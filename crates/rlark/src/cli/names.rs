@@ -11,13 +11,11 @@ use kube::api::{Api, DynamicObject, ListParams};
 
 use super::discovery::ResourceInfo;
 
-/// `rlark get KIND NAME...` or `rlark get KIND/NAME...` (all of one kind): the kind and the
-/// names.
-pub(crate) fn kind_and_names(
-    first: &str,
-    rest: &[String],
-) -> anyhow::Result<(String, Vec<String>)> {
-    let Some((kind, name)) = first.split_once('/') else {
+/// The kinds `rlark get` lists and the names of each (none: all), in command-line order:
+/// `KIND[,KIND...] [NAME...]` (every kind with the same names, as kubectl's
+/// `get jobs,tasks x`) or `KIND/NAME...` (kinds may differ; names of one kind grouped).
+pub(crate) fn kind_groups(first: &str, rest: &[String]) -> anyhow::Result<Vec<KindNames>> {
+    if !first.contains('/') {
         if let Some(slashed) = rest.iter().find(|n| n.contains('/')) {
             bail!(
                 "there is no need to specify a resource type as a separate argument when \
@@ -25,19 +23,58 @@ pub(crate) fn kind_and_names(
                  instead of 'rlark get resource resource/<name>'): {slashed:?}"
             );
         }
-        return Ok((first.to_string(), rest.to_vec()));
-    };
-    let mut names = vec![checked_name(first, name)?];
-    for arg in rest {
-        match arg.split_once('/') {
-            Some((k, n)) if k.eq_ignore_ascii_case(kind) => names.push(checked_name(arg, n)?),
-            Some((k, _)) => {
-                bail!("{arg:?} names another kind ({k:?}) than {first:?}: run one command per kind")
-            }
-            None => bail!("{arg:?} must be {kind}/NAME like {first:?}"),
+        return Ok(kind_list(first)?
+            .into_iter()
+            .map(|kind| KindNames {
+                kind,
+                names: rest.to_vec(),
+            })
+            .collect());
+    }
+    let mut groups: Vec<KindNames> = Vec::new();
+    for arg in std::iter::once(first).chain(rest.iter().map(String::as_str)) {
+        let Some((kind, name)) = arg.split_once('/') else {
+            bail!("{arg:?} must be KIND/NAME like {first:?}");
+        };
+        if kind.is_empty() || kind.contains(',') {
+            bail!(
+                "invalid argument {arg:?}: arguments in resource/name form must have a \
+                 single resource and name"
+            );
+        }
+        let name = checked_name(arg, name)?;
+        let kind = kind.to_lowercase();
+        match groups.iter_mut().find(|g| g.kind == kind) {
+            Some(group) => group.names.push(name),
+            None => groups.push(KindNames {
+                kind,
+                names: vec![name],
+            }),
         }
     }
-    Ok((kind.to_string(), names))
+    Ok(groups)
+}
+
+/// One kind of a `get` command line and the names asked for (empty: all).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct KindNames {
+    pub kind: String,
+    pub names: Vec<String>,
+}
+
+/// `jobs,tasks`: the kinds, each once, none empty.
+fn kind_list(text: &str) -> anyhow::Result<Vec<String>> {
+    let mut kinds: Vec<String> = Vec::new();
+    for kind in text.split(',') {
+        let kind = kind.trim();
+        if kind.is_empty() {
+            bail!("{text:?} has an empty resource type: list kinds as KIND,KIND (e.g. jobs,tasks)");
+        }
+        if !kinds.iter().any(|k| k.eq_ignore_ascii_case(kind)) {
+            kinds.push(kind.to_string());
+        }
+    }
+    Ok(kinds)
 }
 
 fn checked_name(arg: &str, name: &str) -> anyhow::Result<String> {
@@ -116,29 +153,57 @@ mod tests {
         items.iter().map(|s| s.to_string()).collect()
     }
 
+    fn group(kind: &str, names: &[&str]) -> KindNames {
+        KindNames {
+            kind: kind.to_string(),
+            names: strings(names),
+        }
+    }
+
     #[test]
     fn both_forms_name_the_same_objects() {
         assert_eq!(
-            kind_and_names("task", &strings(&["a", "b"])).unwrap(),
-            ("task".to_string(), strings(&["a", "b"]))
+            kind_groups("task", &strings(&["a", "b"])).unwrap(),
+            [group("task", &["a", "b"])]
         );
         assert_eq!(
-            kind_and_names("task/a", &strings(&["task/b", "TASK/c"])).unwrap(),
-            ("task".to_string(), strings(&["a", "b", "c"]))
+            kind_groups("task/a", &strings(&["task/b", "TASK/c"])).unwrap(),
+            [group("task", &["a", "b", "c"])]
         );
-        assert_eq!(
-            kind_and_names("jobs", &[]).unwrap(),
-            ("jobs".to_string(), vec![])
-        );
-        let err = kind_and_names("task/a", &strings(&["job/b"])).unwrap_err();
-        assert!(err.to_string().contains("one command per kind"), "{err}");
-        let err = kind_and_names("task/a", &strings(&["b"])).unwrap_err();
-        assert!(err.to_string().contains("must be task/NAME"), "{err}");
-        let err = kind_and_names("task", &strings(&["task/b"])).unwrap_err();
+        assert_eq!(kind_groups("jobs", &[]).unwrap(), [group("jobs", &[])]);
+        let err = kind_groups("task/a", &strings(&["b"])).unwrap_err();
+        assert!(err.to_string().contains("must be KIND/NAME"), "{err}");
+        let err = kind_groups("task", &strings(&["task/b"])).unwrap_err();
         assert!(err.to_string().contains("no need to specify"), "{err}");
-        assert!(kind_and_names("task/", &[]).is_err());
-        assert!(kind_and_names("task/a/b", &[]).is_err());
+        assert!(kind_groups("task/", &[]).is_err());
+        assert!(kind_groups("task/a/b", &[]).is_err());
+    }
 
+    #[test]
+    fn several_kinds_are_listed_in_turn() {
+        assert_eq!(
+            kind_groups("jobs,tasks", &[]).unwrap(),
+            [group("jobs", &[]), group("tasks", &[])]
+        );
+        assert_eq!(
+            kind_groups("jobs,tasks,jobs", &strings(&["x"])).unwrap(),
+            [group("jobs", &["x"]), group("tasks", &["x"])]
+        );
+        assert_eq!(
+            kind_groups("job/a", &strings(&["task/b", "job/c"])).unwrap(),
+            [group("job", &["a", "c"]), group("task", &["b"])]
+        );
+        let err = kind_groups("jobs,", &[]).unwrap_err().to_string();
+        assert_eq!(
+            err,
+            "\"jobs,\" has an empty resource type: list kinds as KIND,KIND (e.g. jobs,tasks)"
+        );
+        let err = kind_groups("job,task/a", &[]).unwrap_err().to_string();
+        assert!(err.contains("single resource and name"), "{err}");
+    }
+
+    #[test]
+    fn single_targets_join_kind_and_name() {
         assert_eq!(join_target("task", Some("a")).unwrap(), "task/a");
         assert_eq!(join_target("task/a", None).unwrap(), "task/a");
         assert_eq!(join_target("a", None).unwrap(), "a");

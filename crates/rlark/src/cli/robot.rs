@@ -39,7 +39,13 @@ pub(crate) enum RobotCommand {
         output: Option<DataFormat>,
     },
     /// Show one robot (with the joint state of a simulated arm).
-    Status { id: String },
+    Status {
+        id: String,
+        /// Print it in JSON or YAML (an item of `robot list -o json|yaml`) instead of a
+        /// table.
+        #[arg(short = 'o', long, value_enum)]
+        output: Option<DataFormat>,
+    },
     /// Start a robot in a mode (default: its type's default mode). Not tied to this
     /// process: stop it with `rlark robot stop`.
     Start {
@@ -252,14 +258,18 @@ pub(crate) async fn robot(args: RobotArgs) -> anyhow::Result<()> {
                 None => print!("{}", align(&lines)),
             }
         }
-        RobotCommand::Status { id } => {
+        RobotCommand::Status { id, output } => {
             let status = client_for(&dir, &id)
                 .await?
                 .get_robot_status(pb::GetRobotStatusRequest { robot_id: id })
                 .await
                 .map_err(rpc_error)?
                 .into_inner();
-            print!("{}", status_table(&info_from_status(status)));
+            let info = info_from_status(status);
+            match output {
+                Some(format) => print_data(&robot_json(&info), format)?,
+                None => print!("{}", status_table(&info)),
+            }
         }
         RobotCommand::Start { id, mode, args } => {
             let mut request = tonic::Request::new(pb::StartRobotRequest {

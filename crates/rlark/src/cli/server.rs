@@ -80,7 +80,8 @@ struct StoreArgs {
 
 #[derive(Debug, Args)]
 pub(crate) struct UpArgs {
-    /// Data directory.
+    /// Data directory: store, CA, admin.kubeconfig, and examples/ (the built-in example
+    /// manifests, rewritten at every start; the banner prints their absolute path).
     #[arg(long, value_name = "DIR", env = "RLARK_DATA_DIR", default_value = DEFAULT_DATA_DIR)]
     data_dir: PathBuf,
     /// HTTPS listen address; must be a loopback address (use `rlark server` otherwise).
@@ -189,6 +190,16 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
             return Err(up_start_error(error, args.listen));
         }
     };
+    let examples = match super::example_files::write(&args.data_dir) {
+        Ok(dir) => dir,
+        Err(error) => {
+            if let Err(e) = server.shutdown().await {
+                tracing::warn!(error = %e, "server shutdown after a failed start");
+            }
+            remove_created();
+            return Err(error);
+        }
+    };
     let agents = match start_up_agents(&server, &args.data_dir, args.keep_tasks).await {
         Ok(agents) => agents,
         Err(error) => {
@@ -211,14 +222,18 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
          Use it with kubectl or rlark:\n\n\
          \x20 export KUBECONFIG={kubeconfig}\n\
          \x20 kubectl get jobs -A\n\
-         \x20 rlark get jobs\n\
-         \x20 rlark apply -f examples/\n\n\
+         \x20 rlark apply -f {examples}{sep}\n\
+         \x20 rlark get jobs,tasks\n\
+         \x20 rlark get tasks -w\n\n\
+         Examples:           {examples}{sep} (a Domain, Jobs, a Workflow; Job counter runs until stopped)\n\
          Local agents:       {agent_list}   (rlark get nodes -A)\n\
          Read-only user:     rlark kubeconfig --user NAME --role viewer -o NAME.kubeconfig\n\
          Tasks:              {tasks}\n",
         url = server.url(),
         data = args.data_dir.display(),
         kubeconfig = kubeconfig.display(),
+        examples = examples.display(),
+        sep = std::path::MAIN_SEPARATOR,
         tasks = if args.keep_tasks {
             "keep running when rlark up exits (--keep-tasks); the next rlark up adopts them"
         } else {

@@ -30,6 +30,16 @@ pub(crate) fn rows(table: &Value) -> &[Value] {
 /// `table` is a `Table` object (`columnDefinitions` + `rows`); the rows may come from
 /// several responses (see [`merge`]).
 pub(crate) fn render(table: &Value, options: TableOptions) -> String {
+    render_within(table, options, &mut Vec::new())
+}
+
+/// [`render`] with every column at least `widths` wide, widened (and `widths` updated) to
+/// fit: tables printed one after the other (the rows of a watch) line up.
+pub(crate) fn render_within(
+    table: &Value,
+    options: TableOptions,
+    widths: &mut Vec<usize>,
+) -> String {
     let empty = Vec::new();
     let columns = table["columnDefinitions"].as_array().unwrap_or(&empty);
     let shown: Vec<usize> = columns
@@ -65,7 +75,7 @@ pub(crate) fn render(table: &Value, options: TableOptions) -> String {
         line.extend(shown.iter().map(|&i| format_cell(&row["cells"][i])));
         lines.push(line);
     }
-    align(&lines)
+    align_within(&lines, widths)
 }
 
 /// Append the rows of `other` to `table` (same resource, so the same columns).
@@ -79,6 +89,27 @@ pub(crate) fn merge(table: &mut Value, other: Value) {
     match table.get_mut("rows") {
         Some(Value::Array(rows)) => rows.extend(more),
         _ => table["rows"] = Value::Array(more),
+    }
+}
+
+/// Put `prefix` (`job.rlinf.io/`) before every row's name, as kubectl does when one
+/// command shows several kinds. The name column is the one with format `name`, else the
+/// one called Name.
+pub(crate) fn prefix_names(table: &mut Value, prefix: &str) {
+    let Some(columns) = table["columnDefinitions"].as_array() else {
+        return;
+    };
+    let by_format = columns.iter().position(|c| c["format"] == "name");
+    let Some(index) = by_format.or_else(|| columns.iter().position(|c| c["name"] == "Name")) else {
+        return;
+    };
+    let Some(rows) = table.get_mut("rows").and_then(Value::as_array_mut) else {
+        return;
+    };
+    for row in rows {
+        if let Some(Value::String(name)) = row["cells"].get_mut(index) {
+            name.insert_str(0, prefix);
+        }
     }
 }
 
@@ -166,20 +197,26 @@ fn format_cell(cell: &Value) -> String {
 
 /// Left-aligned columns (3 spaces apart, at least 10 wide), as kubectl prints tables.
 pub(crate) fn align(lines: &[Vec<String>]) -> String {
+    align_within(lines, &mut Vec::new())
+}
+
+/// [`align`] with columns at least `widths` wide; `widths` becomes the widths used.
+fn align_within(lines: &[Vec<String>], widths: &mut Vec<usize>) -> String {
     const PADDING: usize = 3;
     const MIN_WIDTH: usize = 10;
     let columns = lines.iter().map(Vec::len).max().unwrap_or(0);
-    let widths: Vec<usize> = (0..columns)
-        .map(|c| {
-            let longest = lines
-                .iter()
-                .filter_map(|l| l.get(c))
-                .map(|s| s.chars().count())
-                .max()
-                .unwrap_or(0);
-            (longest + PADDING).max(MIN_WIDTH)
-        })
-        .collect();
+    if widths.len() < columns {
+        widths.resize(columns, 0);
+    }
+    for (c, width) in widths.iter_mut().enumerate().take(columns) {
+        let longest = lines
+            .iter()
+            .filter_map(|l| l.get(c))
+            .map(|s| s.chars().count())
+            .max()
+            .unwrap_or(0);
+        *width = (*width).max((longest + PADDING).max(MIN_WIDTH));
+    }
     let mut out = String::new();
     for line in lines {
         let mut text = String::new();
@@ -271,6 +308,37 @@ mod tests {
             },
         );
         assert_eq!(empty, "");
+    }
+
+    #[test]
+    fn tables_printed_in_turn_line_up() {
+        let mut widths = Vec::new();
+        let first = render_within(&job_table(), TableOptions::default(), &mut widths);
+        let mut short = job_table();
+        short["rows"] = json!([{"cells": ["x", "Done", 0, "1s"]}]);
+        let next = render_within(
+            &short,
+            TableOptions {
+                no_headers: true,
+                ..Default::default()
+            },
+            &mut widths,
+        );
+        assert_eq!(first.lines().next(), Some("NAME        PHASE     AGE"));
+        assert_eq!(next, "x           Done      1s\n");
+    }
+
+    #[test]
+    fn names_take_the_kind_prefix() {
+        let mut table = job_table();
+        prefix_names(&mut table, "job.rlinf.io/");
+        let out = render(&table, TableOptions::default());
+        assert_eq!(
+            out,
+            "NAME                     PHASE     AGE\n\
+             job.rlinf.io/ppo-train   Running   5m\n\
+             job.rlinf.io/eval                  20h\n"
+        );
     }
 
     #[test]
