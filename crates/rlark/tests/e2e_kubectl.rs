@@ -182,9 +182,10 @@ spec:
         tasks
             .lines()
             .next()
-            .is_some_and(|h| h.contains("ROLE") && h.contains("AGENT")),
+            .is_some_and(|h| h.contains("ROLE") && h.contains("AGENT") && h.contains("TYPE")),
         "{tasks}"
     );
+    // TYPE is the runtime; AGENT the cluster once the task is placed.
     assert!(tasks.contains("Actor") && tasks.contains("Raw"), "{tasks}");
 
     // Full object.

@@ -127,7 +127,13 @@ pub struct TaskPlacement {
     category = "rlark",
     doc = "Task: one role of a Job (actor, rollout or env), run by the agent of one cluster.",
     printcolumn(name = "Role", type_ = "string", json_path = ".spec.role"),
-    printcolumn(name = "Agent", type_ = "string", json_path = ".spec.agentType"),
+    printcolumn(
+        name = "Agent",
+        type_ = "string",
+        description = "Cluster whose agent runs the task (empty until placed).",
+        json_path = ".spec.placement.clusterID"
+    ),
+    printcolumn(name = "Type", type_ = "string", json_path = ".spec.agentType"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(
         name = "Age",
