@@ -102,6 +102,9 @@ pub struct AgentConfig {
     /// The member cluster of a `Kubernetes` agent (`--member-kubeconfig`,
     /// `--member-namespace`, `--max-creates-per-minute`; [`crate::member`]).
     pub member: MemberOptions,
+    /// `--embodied-socket-dir`: the sockets of the host's `rlark embodied` runtime, whose
+    /// robots and cameras the Node offers as resources ([`crate::devices`]); `None`: none.
+    pub embodied_socket_dir: Option<PathBuf>,
 }
 
 /// Whether the agent runs in a Pod of a Kubernetes cluster (what kube's in-cluster
@@ -186,6 +189,7 @@ impl AgentConfig {
             agent_type: AgentType::Raw,
             docker_host: None,
             member: MemberOptions::default(),
+            embodied_socket_dir: None,
         }
     }
 

@@ -27,6 +27,7 @@
 pub mod api;
 mod api_body;
 pub mod config;
+pub mod devices;
 pub mod discovery;
 pub mod exec;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -345,6 +346,18 @@ async fn start_with(
         "node reporter",
         tokio::spawn(reporter.run(config.heartbeat_interval, registered, shutdown.clone())),
     ));
+    if let Some(socket_dir) = &config.embodied_socket_dir {
+        // The robots and cameras of the host's embodied runtime become Node resources.
+        let reporter = devices::DeviceReporter::new(
+            kube::Api::namespaced(client.clone(), &config.namespace()),
+            &node_name,
+            socket_dir.clone(),
+        );
+        parts.push((
+            "device reporter",
+            tokio::spawn(reporter.run(shutdown.clone())),
+        ));
+    }
     let mut tunnel_config = rlark_tunnel::client::ClientConfig::new(config.servers.clone(), tls_rx);
     tunnel_config.node = Some(node_name.clone());
     let local_api = api::LocalApi::new(config.tasks_dir(), &node_name, shutdown.clone());

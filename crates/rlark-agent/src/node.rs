@@ -399,7 +399,10 @@ impl NodeReporter {
                 ("capacity", &old.capacity, &status.capacity),
                 ("allocatable", &old.allocatable, &status.allocatable),
             ] {
-                for gone in old_list.keys().filter(|k| !new_list.contains_key(*k)) {
+                // Device resources are the device reporter's (`crate::devices`).
+                for gone in old_list.keys().filter(|k| {
+                    !new_list.contains_key(*k) && !crate::devices::inventory::is_device_key(k)
+                }) {
                     value["status"][field][gone] = serde_json::Value::Null;
                 }
             }

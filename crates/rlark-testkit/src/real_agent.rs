@@ -102,16 +102,36 @@ pub async fn start_agent_with(
     dir: &Path,
     supervisor: Vec<OsString>,
 ) -> anyhow::Result<RunningAgent> {
+    start_agent_configured(server, cluster, node_name, dir, |config| {
+        config.supervisor = supervisor;
+    })
+    .await
+}
+
+/// [`start_agent`] with its configuration changed by `edit` before it starts.
+pub async fn start_agent_configured(
+    server: &TestServer,
+    cluster: &str,
+    node_name: &str,
+    dir: &Path,
+    edit: impl FnOnce(&mut AgentConfig),
+) -> anyhow::Result<RunningAgent> {
+    let near = supervisor_near_test_binary();
     let token = bootstrap_token(server, cluster).await?;
     let mut config = AgentConfig::new(vec![server.url()], cluster, dir);
     config.node_name = Some(node_name.to_string());
     config.heartbeat_interval = Duration::from_millis(500);
     config.stop_tasks_on_exit = true;
-    config.supervisor = supervisor;
+    config.supervisor = near.as_ref().cloned().unwrap_or_default();
     config.join = Some(JoinParams {
         token: token["token"].as_str().unwrap_or_default().to_string(),
         ca_hash: token["caHash"].as_str().unwrap_or_default().to_string(),
     });
+    edit(&mut config);
+    if config.supervisor.is_empty() {
+        // No supervisor given and none built: say why.
+        near?;
+    }
     let agent = tokio::time::timeout(DEADLINE, rlark_agent::start(config))
         .await
         .context("agent start timed out")??;

@@ -23,7 +23,9 @@ pub use domain_peer::{
     DomainPathStats, DomainPeer, DomainPeerSpec, DomainPeerStatus, DomainPendingPod, DomainPodInfo,
 };
 pub use job::{Job, JobPhase, JobSpec, JobStatus, JobTaskStatus, JobTaskTemplate};
-pub use node::{Node, NodeCategory, NodeInfo, NodeNetwork, NodePhase, NodeSpec, NodeStatus};
+pub use node::{
+    Node, NodeCategory, NodeDevice, NodeInfo, NodeNetwork, NodePhase, NodeSpec, NodeStatus,
+};
 pub use pod::{Pod, PodPhase, PodSpec, PodStatus};
 pub use task::{
     DockerContainerSpec, DockerTaskSpec, DockerVolumeRef, KubernetesTaskSpec,

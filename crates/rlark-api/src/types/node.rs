@@ -139,6 +139,26 @@ pub struct NodeStatus {
     /// The pod network on this node (absent: the agent runs no domain data path).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub network: Option<NodeNetwork>,
+    /// The robots and cameras of the node's embodied runtime, with their health (an
+    /// unhealthy one is not in `allocatable`; its `message` says why).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<NodeDevice>,
+}
+
+/// A robot or camera a node's agent found in its embodied runtime.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeDevice {
+    /// `robot-<id>` or `camera-<id>` (the IDs the device plugin uses too).
+    pub id: String,
+    /// The resource it counts under besides `rlinf.io/device`, e.g.
+    /// `rlinf.io/robot-sim-arm`, `rlinf.io/camera-sim`.
+    pub resource: String,
+    /// `Healthy` or `Unhealthy`.
+    pub health: String,
+    /// Why it is unhealthy.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// How a node's agent carries domain (pod network) traffic.

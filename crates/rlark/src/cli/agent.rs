@@ -106,6 +106,11 @@ pub(crate) struct AgentArgs {
     /// How often the Node's heartbeat (Lease and status) is renewed (e.g. 10s, 500ms).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
+    /// Socket directory of this host's `rlark embodied` runtime: its robots and cameras
+    /// become Node resources (rlinf.io/device, rlinf.io/robot-TYPE, rlinf.io/camera-DRIVER)
+    /// that tasks can request [default: none; the runtime's own default is /var/run/rlark].
+    #[arg(long, value_name = "DIR")]
+    pub embodied_socket_dir: Option<PathBuf>,
 }
 
 /// `--agent-type`.
@@ -205,6 +210,12 @@ impl AgentArgs {
         }
         config.docker_host = self.docker_host;
         let is_kubernetes = self.agent_type == AgentKind::Kubernetes;
+        if is_kubernetes && self.embodied_socket_dir.is_some() {
+            bail!(
+                "--embodied-socket-dir is for Raw and Docker agents: on a Kubernetes cluster the embodied runtime's device plugin offers the devices to the member's kubelet"
+            );
+        }
+        config.embodied_socket_dir = self.embodied_socket_dir;
         if !is_kubernetes && self.member_namespace != rlark_agent::member::DEFAULT_MEMBER_NAMESPACE
         {
             bail!("--member-namespace is for --agent-type Kubernetes");

@@ -1,0 +1,293 @@
+//! Robots and cameras of the node's embodied runtime on the agent's Node
+//! (`rlark agent --embodied-socket-dir DIR`; docs/embodied.md, "Devices on Nodes").
+//!
+//! Every [`POLL_INTERVAL`] the reporter asks the runtime's sockets in DIR (`ros-ctrl.sock`
+//! and `ros2-ctrl.sock`: ListRobots; `camera-ctrl.sock`: ListCameras; a socket file that is
+//! not there has no devices), computes the device part of the Node ([`inventory`]) and,
+//! when the Node does not show it yet, writes it: `status.capacity` / `status.allocatable`
+//! entries `rlinf.io/...`, `status.devices`, and the model labels. It compares with the
+//! stored Node, not with what it wrote last, so a Node registered again (which writes the
+//! machine's resources) gets its devices back on the next poll.
+
+pub mod inventory;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use kube::api::{Api, Patch, PatchParams};
+use rlark_api::types::{Node, NodeDevice};
+use rlark_proto::camera::v1::camera_controller_client::CameraControllerClient;
+use rlark_proto::camera::v1::{CameraDescriptor, ListCamerasRequest};
+use rlark_proto::robot::v1::robot_controller_client::RobotControllerClient;
+use rlark_proto::robot::v1::{ListRobotsRequest, RobotInfo};
+use serde_json::{Map, Value, json};
+use tokio_util::sync::CancellationToken;
+
+use self::inventory::{Answer, NodeDevices};
+
+/// How often the runtime is asked: a device that goes unhealthy leaves `allocatable`
+/// within this (plus one Node write).
+pub const POLL_INTERVAL: Duration = Duration::from_secs(1);
+/// How long one list call may take before the socket counts as not answering.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Reports the devices of the runtime at `socket_dir` on Node `node` (in `nodes`' namespace).
+pub struct DeviceReporter {
+    nodes: Api<Node>,
+    node: String,
+    socket_dir: PathBuf,
+    /// Per socket, the devices of the last poll (a socket that stops answering keeps
+    /// them, unhealthy).
+    last: BTreeMap<&'static str, Vec<NodeDevice>>,
+}
+
+impl DeviceReporter {
+    pub fn new(nodes: Api<Node>, node: &str, socket_dir: PathBuf) -> Self {
+        Self {
+            nodes,
+            node: node.to_string(),
+            socket_dir,
+            last: BTreeMap::new(),
+        }
+    }
+
+    /// Poll until `shutdown`. Failures are logged and retried at the next poll.
+    pub async fn run(mut self, shutdown: CancellationToken) {
+        let mut ticker = tokio::time::interval(POLL_INTERVAL);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            let devices = self.poll().await;
+            if let Err(error) = self.write(&devices).await {
+                tracing::warn!(%error, node = %self.node, "write the node's devices (retried next poll)");
+            }
+        }
+    }
+
+    /// Ask every socket; the Node's device part.
+    pub async fn poll(&mut self) -> NodeDevices {
+        let mut all = Vec::new();
+        for socket in [rlark_embodied::ROS_SOCKET, rlark_embodied::ROS2_SOCKET] {
+            let last = self.last.remove(socket).unwrap_or_default();
+            let devices = match ask_robots(&self.socket_dir.join(socket)).await {
+                None => Vec::new(),
+                Some(answer) => inventory::robot_devices(&answer, &last),
+            };
+            all.extend(devices.iter().cloned());
+            self.last.insert(socket, devices);
+        }
+        let socket = rlark_embodied::CAMERA_SOCKET;
+        let last = self.last.remove(socket).unwrap_or_default();
+        let devices = match ask_cameras(&self.socket_dir.join(socket)).await {
+            None => Vec::new(),
+            Some(answer) => inventory::camera_devices(&answer, &last),
+        };
+        all.extend(devices.iter().cloned());
+        self.last.insert(socket, devices);
+        inventory::node_devices(all)
+    }
+
+    /// Make the stored Node show `devices` (no write when it does).
+    async fn write(&self, devices: &NodeDevices) -> Result<(), kube::Error> {
+        let Some(node) = self.nodes.get_opt(&self.node).await? else {
+            // Not registered (yet, or again): the node reporter does that.
+            return Ok(());
+        };
+        let (status, labels) = patches(&node, devices);
+        let params = PatchParams::default();
+        if let Some(labels) = labels {
+            let body = json!({"metadata": {"labels": labels}});
+            self.nodes
+                .patch(&self.node, &params, &Patch::Merge(&body))
+                .await?;
+        }
+        if let Some(status) = status {
+            let body = json!({ "status": status });
+            self.nodes
+                .patch_status(&self.node, &params, &Patch::Merge(&body))
+                .await?;
+            tracing::info!(node = %self.node, devices = devices.devices.len(), allocatable = ?devices.allocatable, "node devices written");
+        }
+        Ok(())
+    }
+}
+
+/// ListRobots on the socket at `path`; `None` when there is no socket file.
+async fn ask_robots(path: &Path) -> Option<Answer<RobotInfo>> {
+    if !path.exists() {
+        return None;
+    }
+    let call = async {
+        let channel = rlark_embodied::client::connect(path)
+            .await
+            .map_err(|e| e.to_string())?;
+        let reply = RobotControllerClient::new(channel)
+            .list_robots(ListRobotsRequest::default())
+            .await
+            .map_err(|s| format!("ListRobots: {}", s.message()))?;
+        Ok::<_, String>(reply.into_inner().robots)
+    };
+    Some(answer(tokio::time::timeout(CALL_TIMEOUT, call).await))
+}
+
+/// ListCameras on the socket at `path`; `None` when there is no socket file.
+async fn ask_cameras(path: &Path) -> Option<Answer<CameraDescriptor>> {
+    if !path.exists() {
+        return None;
+    }
+    let call = async {
+        let channel = rlark_embodied::client::connect(path)
+            .await
+            .map_err(|e| e.to_string())?;
+        let reply = CameraControllerClient::new(channel)
+            .list_cameras(ListCamerasRequest::default())
+            .await
+            .map_err(|s| format!("ListCameras: {}", s.message()))?;
+        Ok::<_, String>(reply.into_inner().cameras)
+    };
+    Some(answer(tokio::time::timeout(CALL_TIMEOUT, call).await))
+}
+
+fn answer<T>(result: Result<Result<Vec<T>, String>, tokio::time::error::Elapsed>) -> Answer<T> {
+    match result {
+        Ok(Ok(list)) => Answer::Listed(list),
+        Ok(Err(why)) => Answer::Failed(why),
+        Err(_) => Answer::Failed(format!("no answer within {CALL_TIMEOUT:?}")),
+    }
+}
+
+/// Merge patches that make `node` show `devices`: (status, labels), each `None` when
+/// nothing there changes. Only keys under `rlinf.io/` are touched: the machine's resources
+/// and other labels belong to the node reporter and the user.
+pub fn patches(node: &Node, devices: &NodeDevices) -> (Option<Value>, Option<Value>) {
+    let status = node.status.clone().unwrap_or_default();
+    let mut status_patch = Map::new();
+    for (field, current, desired) in [
+        ("capacity", &status.capacity, &devices.capacity),
+        ("allocatable", &status.allocatable, &devices.allocatable),
+    ] {
+        let mut changes = Map::new();
+        for (name, quantity) in current.iter().filter(|(k, _)| inventory::is_device_key(k)) {
+            match desired.get(name) {
+                None => {
+                    changes.insert(name.clone(), Value::Null);
+                }
+                Some(q) if q != quantity => {
+                    changes.insert(name.clone(), json!(q));
+                }
+                Some(_) => {}
+            }
+        }
+        for (name, quantity) in desired.iter().filter(|(k, _)| !current.contains_key(*k)) {
+            changes.insert(name.clone(), json!(quantity));
+        }
+        if !changes.is_empty() {
+            status_patch.insert(field.to_string(), Value::Object(changes));
+        }
+    }
+    if status.devices != devices.devices {
+        let list = if devices.devices.is_empty() {
+            Value::Null
+        } else {
+            json!(devices.devices)
+        };
+        status_patch.insert("devices".to_string(), list);
+    }
+    let current_labels = node.metadata.labels.clone().unwrap_or_default();
+    let mut label_patch = Map::new();
+    for name in current_labels
+        .keys()
+        .filter(|k| inventory::is_device_key(k))
+    {
+        if !devices.labels.contains_key(name) {
+            label_patch.insert(name.clone(), Value::Null);
+        }
+    }
+    for (name, value) in &devices.labels {
+        if current_labels.get(name) != Some(value) {
+            label_patch.insert(name.clone(), json!(value));
+        }
+    }
+    (
+        (!status_patch.is_empty()).then_some(Value::Object(status_patch)),
+        (!label_patch.is_empty()).then_some(Value::Object(label_patch)),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use inventory::{Answer, camera_devices, node_devices};
+    use rlark_proto::camera::v1::CameraState;
+
+    fn cams(state: CameraState) -> NodeDevices {
+        node_devices(camera_devices(
+            &Answer::Listed(vec![CameraDescriptor {
+                camera_id: "cam-0".into(),
+                camera_type: "sim".into(),
+                state: state as i32,
+                ..Default::default()
+            }]),
+            &[],
+        ))
+    }
+
+    #[test]
+    fn patches_touch_only_device_keys_and_only_what_differs() {
+        let mut node: Node = serde_json::from_value(json!({
+            "metadata": {"name": "n", "labels": {"rlark.io/cluster-id": "c", "rlinf.io/robot-old": "true"}},
+            "spec": {"agentType": "Raw"},
+            "status": {"capacity": {"cpu": "2", "rlinf.io/robot-old": "1"},
+                       "allocatable": {"cpu": "2", "rlinf.io/robot-old": "1"}},
+        }))
+        .expect("node");
+        let healthy = cams(CameraState::Closed);
+        let (status, labels) = patches(&node, &healthy);
+        let status = status.expect("a status patch");
+        assert_eq!(status["capacity"]["rlinf.io/robot-old"], Value::Null);
+        assert_eq!(status["capacity"]["rlinf.io/camera-sim"], "1");
+        assert_eq!(status["allocatable"]["rlinf.io/device"], "1");
+        assert!(
+            status["capacity"].get("cpu").is_none(),
+            "not ours: {status}"
+        );
+        assert_eq!(status["devices"][0]["id"], "camera-cam-0");
+        let labels = labels.expect("a label patch");
+        assert_eq!(
+            labels,
+            json!({"rlinf.io/robot-old": null, "rlinf.io/camera-sim": "true"})
+        );
+
+        // Applied: nothing more to write.
+        let mut stored = node.status.take().unwrap_or_default();
+        stored.capacity.retain(|k, _| !inventory::is_device_key(k));
+        stored
+            .allocatable
+            .retain(|k, _| !inventory::is_device_key(k));
+        stored.capacity.extend(healthy.capacity.clone());
+        stored.allocatable.extend(healthy.allocatable.clone());
+        stored.devices = healthy.devices.clone();
+        node.status = Some(stored);
+        let mut labels = node.metadata.labels.take().unwrap_or_default();
+        labels.remove("rlinf.io/robot-old");
+        labels.extend(healthy.labels.clone());
+        node.metadata.labels = Some(labels);
+        assert_eq!(patches(&node, &healthy), (None, None));
+
+        // The camera fails: allocatable drops, the list says why; labels stay.
+        let failed = cams(CameraState::Error);
+        let (status, labels) = patches(&node, &failed);
+        let status = status.expect("a status patch");
+        assert_eq!(
+            status["allocatable"],
+            json!({"rlinf.io/camera-sim": "0", "rlinf.io/device": "0"})
+        );
+        assert!(status.get("capacity").is_none());
+        assert_eq!(status["devices"][0]["health"], "Unhealthy");
+        assert_eq!(labels, None);
+    }
+}
