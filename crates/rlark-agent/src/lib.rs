@@ -346,12 +346,17 @@ async fn start_with(
         "node reporter",
         tokio::spawn(reporter.run(config.heartbeat_interval, registered, shutdown.clone())),
     ));
-    if let Some(socket_dir) = &config.embodied_socket_dir {
-        // The robots and cameras of the host's embodied runtime become Node resources.
+    let device_access = config
+        .embodied_socket_dir
+        .clone()
+        .map(devices::DeviceAccess::new);
+    if let Some(access) = &device_access {
+        // The robots and cameras of the host's embodied runtime become Node resources,
+        // and replicas that request them get them (`devices::allocator`).
         let reporter = devices::DeviceReporter::new(
             kube::Api::namespaced(client.clone(), &config.namespace()),
             &node_name,
-            socket_dir.clone(),
+            access.clone(),
         );
         parts.push((
             "device reporter",
@@ -440,6 +445,7 @@ async fn start_with(
         supervisor: config.supervisor.clone(),
         network: pod_network,
         docker,
+        devices: device_access,
     };
     let tasks = match member_client {
         Some(member_client) => {

@@ -86,6 +86,7 @@ impl Harness {
             supervisor: vec![env!("CARGO_BIN_EXE_rlark-agent-supervise").into()],
             network: Default::default(),
             docker: None,
+            devices: None,
         };
         let shutdown = CancellationToken::new();
         let join = tokio::spawn(tasks::run_tasks(self.client.clone(), ctx, shutdown.clone()));

@@ -12,8 +12,8 @@ use std::collections::BTreeMap;
 use anyhow::{Context as _, ensure};
 use embodied_common::Embodied;
 use kube::ResourceExt as _;
-use kube::api::{Api, PostParams};
-use rlark_api::types::{Job, Node, Task};
+use kube::api::{Api, ListParams, PostParams};
+use rlark_api::types::{Job, Node, Pod, Task};
 use rlark_testkit::real_agent::{
     eventually, start_agent_configured, start_server_with_controllers,
 };
@@ -28,8 +28,13 @@ fn quantity(
     list.get(name).map(|q| q.0.clone())
 }
 
-/// A Job of one raw task asking for one simulated arm.
-fn arm_job(name: &str) -> anyhow::Result<Job> {
+/// A Job of one raw task asking for one simulated arm; its replica writes what it was
+/// given to `out`.
+fn arm_job(name: &str, out: &std::path::Path) -> anyhow::Result<Job> {
+    let script = format!(
+        "echo \"$RLINF_EMBODIED_DEVICES $RLINF_EMBODIED_ROS_SOCKET_PATH\" > {}; exec sleep 300",
+        out.display()
+    );
     Ok(serde_json::from_value(json!({
         "apiVersion": "rlinf.io/v1alpha1",
         "kind": "Job",
@@ -39,7 +44,7 @@ fn arm_job(name: &str) -> anyhow::Result<Job> {
             "agentType": "Raw",
             "role": "Rollout",
             "raw": {
-                "entrypoint": ["sleep", "300"],
+                "entrypoint": ["sh", "-c", script],
                 "resources": {"requests": {ARM: "1"}, "limits": {ARM: "1"}},
             },
         }]},
@@ -103,7 +108,9 @@ async fn robots_and_cameras_are_node_resources_that_placement_counts() -> anyhow
 
     // A task asking for an arm goes where the arm is.
     let jobs: Api<Job> = Api::all(admin.clone());
-    jobs.create(&PostParams::default(), &arm_job("first")?)
+    let scratch = tempfile::tempdir()?;
+    let given = scratch.path().join("first.env");
+    jobs.create(&PostParams::default(), &arm_job("first", &given)?)
         .await?;
     let tasks: Api<Task> = Api::namespaced(admin.clone(), "rlark-lab");
     let task = eventually("first-rollout placed on lab", || async {
@@ -117,9 +124,36 @@ async fn robots_and_cameras_are_node_resources_that_placement_counts() -> anyhow
     .await?;
     assert_eq!(task.namespace().as_deref(), Some("rlark-lab"));
 
+    // Its replica holds the arm (recorded on its Pod) and got the runtime's socket.
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "rlark-lab");
+    eventually("first's replica holds robot-arm-0", || async {
+        Ok(pods
+            .list(&ListParams::default().labels("rlark.io/task-name=first-rollout"))
+            .await?
+            .items
+            .into_iter()
+            .find(|p| {
+                p.status
+                    .as_ref()
+                    .is_some_and(|s| s.devices == ["robot-arm-0"])
+            }))
+    })
+    .await?;
+    let env = eventually("the replica wrote its environment", || async {
+        Ok(std::fs::read_to_string(&given)
+            .ok()
+            .filter(|t| t.ends_with('\n')))
+    })
+    .await?;
+    let ros_socket = embodied.socket_dir.join("ros-ctrl.sock");
+    assert_eq!(env.trim(), format!("robot-arm-0 {}", ros_socket.display()));
+
     // A second one does not fit: the only arm is taken. The Job says which resource.
-    jobs.create(&PostParams::default(), &arm_job("second")?)
-        .await?;
+    jobs.create(
+        &PostParams::default(),
+        &arm_job("second", &scratch.path().join("second.env"))?,
+    )
+    .await?;
     let message = eventually("second is unschedulable", || async {
         let job = jobs.get("second").await?;
         let value = serde_json::to_value(&job)?;

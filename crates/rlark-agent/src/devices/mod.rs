@@ -9,7 +9,10 @@
 //! stored Node, not with what it wrote last, so a Node registered again (which writes the
 //! machine's resources) gets its devices back on the next poll.
 
+pub mod allocator;
 pub mod inventory;
+
+use std::sync::{Arc, Mutex};
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -24,7 +27,32 @@ use rlark_proto::robot::v1::{ListRobotsRequest, RobotInfo};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
 
+use self::allocator::{Allocator, Offered};
 use self::inventory::{Answer, NodeDevices};
+
+/// What replicas need to get devices: the runtime's socket directory and the allocator the
+/// reporter keeps up to date.
+#[derive(Clone, Debug)]
+pub struct DeviceAccess {
+    pub socket_dir: PathBuf,
+    pub allocator: Arc<Mutex<Allocator>>,
+}
+
+impl DeviceAccess {
+    pub fn new(socket_dir: PathBuf) -> Self {
+        Self {
+            socket_dir,
+            allocator: Arc::default(),
+        }
+    }
+
+    /// The allocator (a plain table: a panic elsewhere leaves it consistent).
+    pub fn lock(&self) -> std::sync::MutexGuard<'_, Allocator> {
+        self.allocator
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
 
 /// How often the runtime is asked: a device that goes unhealthy leaves `allocatable`
 /// within this (plus one Node write).
@@ -36,19 +64,22 @@ const CALL_TIMEOUT: Duration = Duration::from_secs(3);
 pub struct DeviceReporter {
     nodes: Api<Node>,
     node: String,
-    socket_dir: PathBuf,
+    access: DeviceAccess,
     /// Per socket, the devices of the last poll (a socket that stops answering keeps
     /// them, unhealthy).
     last: BTreeMap<&'static str, Vec<NodeDevice>>,
+    /// Robot ID → (ROS master URI, ROS 2 domain), from the last answers.
+    ros: BTreeMap<String, (String, i32)>,
 }
 
 impl DeviceReporter {
-    pub fn new(nodes: Api<Node>, node: &str, socket_dir: PathBuf) -> Self {
+    pub fn new(nodes: Api<Node>, node: &str, access: DeviceAccess) -> Self {
         Self {
             nodes,
             node: node.to_string(),
-            socket_dir,
+            access,
             last: BTreeMap::new(),
+            ros: BTreeMap::new(),
         }
     }
 
@@ -68,26 +99,51 @@ impl DeviceReporter {
         }
     }
 
-    /// Ask every socket; the Node's device part.
+    /// Ask every socket; the Node's device part. What is on offer goes to the allocator.
     pub async fn poll(&mut self) -> NodeDevices {
-        let mut all = Vec::new();
+        let dir = self.access.socket_dir.clone();
         for socket in [rlark_embodied::ROS_SOCKET, rlark_embodied::ROS2_SOCKET] {
             let last = self.last.remove(socket).unwrap_or_default();
-            let devices = match ask_robots(&self.socket_dir.join(socket)).await {
+            let devices = match ask_robots(&dir.join(socket)).await {
                 None => Vec::new(),
-                Some(answer) => inventory::robot_devices(&answer, &last),
+                Some(answer) => {
+                    if let Answer::Listed(robots) = &answer {
+                        for r in robots {
+                            let ros = (r.ros_master_uri.clone(), r.ros_domain_id);
+                            self.ros.insert(r.robot_id.clone(), ros);
+                        }
+                    }
+                    inventory::robot_devices(&answer, &last)
+                }
             };
-            all.extend(devices.iter().cloned());
             self.last.insert(socket, devices);
         }
         let socket = rlark_embodied::CAMERA_SOCKET;
         let last = self.last.remove(socket).unwrap_or_default();
-        let devices = match ask_cameras(&self.socket_dir.join(socket)).await {
+        let devices = match ask_cameras(&dir.join(socket)).await {
             None => Vec::new(),
             Some(answer) => inventory::camera_devices(&answer, &last),
         };
-        all.extend(devices.iter().cloned());
         self.last.insert(socket, devices);
+        let mut offered = Vec::new();
+        for (socket, devices) in &self.last {
+            for device in devices {
+                let robot = device
+                    .id
+                    .strip_prefix("robot-")
+                    .and_then(|id| self.ros.get(id));
+                offered.push(Offered {
+                    device: device.clone(),
+                    socket,
+                    ros_master_uri: robot.map(|r| r.0.clone()).filter(|u| !u.is_empty()),
+                    ros_domain_id: robot
+                        .filter(|_| *socket == rlark_embodied::ROS2_SOCKET)
+                        .map(|r| r.1),
+                });
+            }
+        }
+        let all: Vec<NodeDevice> = offered.iter().map(|o| o.device.clone()).collect();
+        self.access.lock().set_offered(offered);
         inventory::node_devices(all)
     }
 

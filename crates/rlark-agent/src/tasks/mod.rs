@@ -172,6 +172,9 @@ pub struct TaskContext {
     /// The runtime of a Docker agent (replicas of `docker` tasks run as containers);
     /// `None`: a Raw agent (processes).
     pub docker: Option<DockerRuntime>,
+    /// The host's robots and cameras (`--embodied-socket-dir`); `None`: no embodied
+    /// runtime, and a replica that requests devices fails to start.
+    pub devices: Option<crate::devices::DeviceAccess>,
 }
 
 pub use crate::net::replica::PodNetwork;
@@ -336,6 +339,7 @@ mod testing {
             supervisor: Vec::new(),
             network: super::PodNetwork::default(),
             docker: None,
+            devices: None,
         }
     }
 }

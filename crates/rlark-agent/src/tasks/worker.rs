@@ -86,6 +86,8 @@ pub(super) struct Worker {
     resync: u64,
     /// The replica's network while it is attached to its domain.
     network: Option<crate::net::replica::Attachment>,
+    /// The robots and cameras this run holds (`crate::devices::allocator`).
+    devices: Vec<crate::devices::allocator::Offered>,
     /// The Pod status as this worker last wrote it (re-asserted on resync).
     pub(super) reported: PodStatus,
     /// The state file of the running process.
@@ -104,6 +106,13 @@ struct Resume {
     at: AdoptedAt,
     /// Its process, when it still runs.
     running: Option<Box<dyn RunningReplica>>,
+}
+
+impl Drop for Worker {
+    /// A worker that ends any other way (its task aborted) frees its devices too.
+    fn drop(&mut self) {
+        self.release_devices();
+    }
 }
 
 /// The current time for the state machine.
@@ -139,6 +148,7 @@ impl Worker {
             state: None,
             resume: None,
             network: None,
+            devices: Vec::new(),
         }
     }
 
@@ -155,6 +165,7 @@ impl Worker {
                 Step::Start => {
                     let step = self.run_replica().await;
                     self.leave_domain().await;
+                    self.release_devices();
                     step
                 }
                 Step::Finished | Step::Stopped => self.idle(step).await,
@@ -445,6 +456,9 @@ impl Worker {
             );
             self.write_status(patch, true).await;
             return Step::Finished;
+        }
+        if let Err(step) = self.take_devices(&body).await {
+            return step;
         }
         if let Some(domain) = self.task.spec.domain.clone().filter(|d| !d.is_empty())
             && let Err(step) = self.join_domain(&domain).await
@@ -774,6 +788,82 @@ impl Worker {
 
     /// The run is over for this worker: give the replica's network back (deleted, unless
     /// the agent exits and leaves the replica running for the next agent).
+    /// Takes the robots and cameras the Task requests for this run (none requested: no
+    /// change), records them in the Pod's status, and gives the process their environment
+    /// ([`Self::replica_spec`]). An adopted run prefers what its Pod recorded. Devices that
+    /// cannot be had fail the run with `DevicesUnavailable`, as a kubelet fails a pod its
+    /// device plugins cannot serve.
+    async fn take_devices(&mut self, body: &RunBody) -> Result<(), Step> {
+        use crate::devices::allocator::{self, REASON_DEVICES_UNAVAILABLE};
+        let requests = match body {
+            RunBody::Raw(raw) => raw
+                .resources
+                .as_ref()
+                .map(|r| r.requests.clone())
+                .unwrap_or_default(),
+            RunBody::Docker(docker) => docker
+                .containers
+                .iter()
+                .filter_map(|c| c.resources.as_ref())
+                .flat_map(|r| r.requests.clone())
+                .collect(),
+        };
+        let wanted = allocator::device_requests(&requests).and_then(|wants| {
+            if wants.is_empty() {
+                return Ok(Vec::new());
+            }
+            if matches!(body, RunBody::Docker(_)) {
+                return Err(
+                    "the Docker runtime does not hand out robots and cameras yet (planned)"
+                        .to_string(),
+                );
+            }
+            let Some(access) = &self.shared.ctx.devices else {
+                return Err(
+                    "this agent has no embodied runtime (rlark agent --embodied-socket-dir)"
+                        .to_string(),
+                );
+            };
+            let prefer = self.reported.devices.clone();
+            access.lock().allocate(&self.key, &wants, &prefer)
+        });
+        match wanted {
+            Ok(devices) if devices.is_empty() => Ok(()),
+            Ok(devices) => {
+                let ids: Vec<String> = devices.iter().map(|o| o.device.id.clone()).collect();
+                tracing::info!(pod = %self.pod, devices = ?ids, "devices given to the replica");
+                self.devices = devices;
+                let patch = StatusPatch {
+                    set: PodStatus {
+                        devices: ids,
+                        ..PodStatus::default()
+                    },
+                    clear: Vec::new(),
+                };
+                self.write_status(patch, true).await;
+                Ok(())
+            }
+            Err(message) => {
+                tracing::warn!(pod = %self.pod, %message, "the replica's devices cannot be given");
+                let patch =
+                    status::start_failed(REASON_DEVICES_UNAVAILABLE, message, 0, Timestamp::now());
+                self.write_status(patch, true).await;
+                Err(Step::Finished)
+            }
+        }
+    }
+
+    /// Frees this run's devices for other replicas.
+    fn release_devices(&mut self) {
+        if self.devices.is_empty() {
+            return;
+        }
+        if let Some(access) = &self.shared.ctx.devices {
+            access.lock().release(&self.key);
+        }
+        self.devices.clear();
+    }
+
     async fn leave_domain(&mut self) {
         if self.network.take().is_none() {
             return;
@@ -803,6 +893,12 @@ impl Worker {
         spec.deadline = deadline;
         spec.grace = self.grace();
         spec.supervisor = self.shared.ctx.supervisor.clone();
+        if let Some(access) = &self.shared.ctx.devices {
+            spec.env.extend(crate::devices::allocator::replica_env(
+                &access.socket_dir,
+                &self.devices,
+            ));
+        }
         if let Some(attachment) = &self.network {
             if let Some(ip) = attachment.addresses.first() {
                 spec.env.push(("RLARK_POD_IP".to_string(), ip.to_string()));

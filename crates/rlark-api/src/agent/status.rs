@@ -111,6 +111,9 @@ impl StatusPatch {
             start_time,
             finish_time
         );
+        if !set.devices.is_empty() {
+            status.devices.clone_from(&set.devices);
+        }
         for field in &self.clear {
             field.clear(status);
         }

@@ -108,4 +108,8 @@ pub struct PodStatus {
     /// images: Kubernetes), one per container image.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub pull_progress: Vec<PullProgress>,
+    /// The robots and cameras the replica holds (`robot-<id>`, `camera-<id>`), given by
+    /// its agent when it started; they are its alone until it ends.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub devices: Vec<String>,
 }
