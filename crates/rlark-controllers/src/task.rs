@@ -4,8 +4,10 @@
 //! # What it owns
 //!
 //! `status.phase`, `message`, `observedNodes`, `replicas`, `readyReplicas`,
-//! `succeededReplicas`, `failedReplicas`, `retryCount`, `startTime`, `completionTime`.
-//! It never writes `conditions` (the Node controller adds `NodeLost` there), and writes
+//! `succeededReplicas`, `failedReplicas`, `retryCount`, `startTime`, `completionTime`,
+//! `pullProgress` (while Pending: the replicas' image pulls), and in `conditions` only
+//! the condition `DeviceUnhealthy` (from the replicas' `status.unhealthyDevices`; the
+//! others, e.g. the Node controller's `NodeLost`, are written back as they were). It writes
 //! with a merge patch of only the fields that changed, preconditioned on the Task's
 //! `resourceVersion` so a concurrent writer (the Node controller failing the Task) is never
 //! overwritten with a stale aggregate.
@@ -33,7 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
 use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Api, Patch, PatchParams};
@@ -67,6 +69,7 @@ const OWNED_FIELDS: &[&str] = &[
     "startTime",
     "completionTime",
     "pullProgress",
+    "conditions",
 ];
 
 struct TaskContext {
@@ -385,6 +388,7 @@ pub fn aggregate(
             }
         }
     }
+    let conditions = with_device_health(&current.conditions, &replicas, now);
     let observed_nodes: BTreeSet<String> = considered
         .iter()
         .filter_map(|p| p.status.as_ref()?.node.clone())
@@ -403,8 +407,67 @@ pub fn aggregate(
         succeeded_replicas: Some(succeeded),
         failed_replicas: Some(failed),
         pull_progress,
+        conditions,
         ..current.clone()
     }
+}
+
+/// Condition type: a replica holds a robot or camera that is unhealthy now.
+pub const CONDITION_DEVICE_UNHEALTHY: &str = "DeviceUnhealthy";
+
+/// `conditions` with [`CONDITION_DEVICE_UNHEALTHY`] as the replicas' Pods say: `True`
+/// naming each unhealthy device while one is, then `False` (reason `DevicesHealthy`) once
+/// none is; absent while it never was. Other conditions are kept as they are.
+fn with_device_health(
+    conditions: &[Condition],
+    replicas: &[(ReplicaKey, &Pod)],
+    now: Timestamp,
+) -> Vec<Condition> {
+    let problems: Vec<String> = replicas
+        .iter()
+        .flat_map(|(index, pod)| {
+            pod.status
+                .iter()
+                .flat_map(|s| &s.unhealthy_devices)
+                .map(move |d| {
+                    let why = d.message.as_deref().unwrap_or("unhealthy");
+                    format!("{index}: {}: {why}", d.id)
+                })
+        })
+        .collect();
+    let mut out = conditions.to_vec();
+    let existing = out
+        .iter_mut()
+        .find(|c| c.type_ == CONDITION_DEVICE_UNHEALTHY);
+    let (status, reason, message) = if problems.is_empty() {
+        (
+            "False",
+            "DevicesHealthy",
+            "every device the replicas hold is healthy".to_string(),
+        )
+    } else {
+        ("True", CONDITION_DEVICE_UNHEALTHY, problems.join("; "))
+    };
+    match existing {
+        None if problems.is_empty() => {}
+        None => out.push(Condition {
+            type_: CONDITION_DEVICE_UNHEALTHY.into(),
+            status: status.into(),
+            reason: reason.into(),
+            message,
+            last_transition_time: Time(now),
+            observed_generation: None,
+        }),
+        Some(c) => {
+            if c.status != status {
+                c.last_transition_time = Time(now);
+            }
+            c.status = status.into();
+            c.reason = reason.into();
+            c.message = message;
+        }
+    }
+    out
 }
 
 /// The `rlark.io/restarted-at` annotation of a Task, when it parses as RFC 3339.
@@ -667,6 +730,50 @@ mod tests {
             .expect("patch")
             .expect("a change");
         assert_eq!(patch["pullProgress"], Value::Null, "cleared: {patch}");
+    }
+
+    #[test]
+    fn an_unhealthy_device_conditions_the_task_until_it_recovers() {
+        let mut pods = [pod("p0", 0, PodPhase::Running)];
+        pods[0].status.as_mut().expect("status").unhealthy_devices =
+            vec![rlark_api::types::NodeDevice {
+                id: "robot-arm-0".into(),
+                resource: "rlinf.io/robot-sim-arm".into(),
+                health: "Unhealthy".into(),
+                message: Some("robot arm-0 is in ERROR: launch exited".into()),
+            }];
+        let status = run(&spec(1), &TaskStatus::default(), &pods);
+        let c = &status.conditions[0];
+        assert_eq!(
+            (c.type_.as_str(), c.status.as_str()),
+            ("DeviceUnhealthy", "True")
+        );
+        assert_eq!(
+            c.message,
+            "replica 0: robot-arm-0: robot arm-0 is in ERROR: launch exited"
+        );
+        assert_eq!(status.phase, Some(TaskPhase::Running), "kept running");
+
+        pods[0]
+            .status
+            .as_mut()
+            .expect("status")
+            .unhealthy_devices
+            .clear();
+        let healed = run(&spec(1), &status, &pods);
+        assert_eq!(healed.conditions.len(), 1);
+        assert_eq!(healed.conditions[0].status, "False");
+        assert_eq!(healed.conditions[0].reason, "DevicesHealthy");
+        let patch = status_patch(&status, &healed)
+            .expect("patch")
+            .expect("a change");
+        assert_eq!(patch["conditions"][0]["status"], "False");
+        assert!(
+            run(&spec(1), &TaskStatus::default(), &pods)
+                .conditions
+                .is_empty(),
+            "no condition while no device ever failed"
+        );
     }
 
     #[test]

@@ -190,6 +190,29 @@ async fn robots_and_cameras_are_node_resources_that_placement_counts() -> anyhow
     let why = status.devices[0].message.clone().unwrap_or_default();
     assert!(why.contains("does not answer"), "{why}");
 
+    // The replica holding the arm is told, and its Task is conditioned (and kept running).
+    let task = eventually("first-rollout has DeviceUnhealthy", || async {
+        let task = tasks.get("first-rollout").await?;
+        let unhealthy = task.status.as_ref().is_some_and(|s| {
+            s.conditions
+                .iter()
+                .any(|c| c.type_ == "DeviceUnhealthy" && c.status == "True")
+        });
+        Ok(unhealthy.then_some(task))
+    })
+    .await?;
+    let condition = task
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == "DeviceUnhealthy"))
+        .context("the condition")?;
+    assert_eq!(condition.status, "True");
+    assert!(
+        condition.message.contains("robot-arm-0") && condition.message.contains("does not answer"),
+        "{}",
+        condition.message
+    );
+
     lab.stop().await?;
     cloud.stop().await?;
     server.stop().await

@@ -144,6 +144,21 @@ impl Allocator {
         Ok(self.held_by(holder))
     }
 
+    /// Every holder with the devices it holds that are unhealthy now (holders whose
+    /// devices are all healthy are listed with none).
+    pub fn problems(&self) -> BTreeMap<String, Vec<NodeDevice>> {
+        let mut out: BTreeMap<String, Vec<NodeDevice>> = BTreeMap::new();
+        for (id, holder) in &self.held {
+            let list = out.entry(holder.clone()).or_default();
+            if let Some(o) = self.offered.iter().find(|o| o.device.id == *id)
+                && o.device.health != HEALTHY
+            {
+                list.push(o.device.clone());
+            }
+        }
+        out
+    }
+
     /// `holder`'s devices are free again.
     pub fn release(&mut self, holder: &str) {
         self.held.retain(|_, h| h != holder);
@@ -265,6 +280,25 @@ mod tests {
             "{err}"
         );
         assert!(a.held_by("r2").is_empty(), "nothing taken on failure");
+        let mut failing = lab();
+        failing
+            .allocate("r1", &wants(&[(ARM, 1)]), &[])
+            .expect("fits");
+        failing.set_offered(vec![offered(
+            "robot-a",
+            ARM,
+            false,
+            rlark_embodied::ROS_SOCKET,
+        )]);
+        let problems = failing.problems();
+        assert_eq!(
+            problems["r1"]
+                .iter()
+                .map(|d| d.id.as_str())
+                .collect::<Vec<_>>(),
+            ["robot-a"],
+            "a held device that failed is the holder's problem"
+        );
         a.release("r1");
         assert_eq!(
             ids(&a.allocate("r2", &wants(&[(ARM, 1)]), &[]).expect("free")),

@@ -70,6 +70,8 @@ pub struct DeviceReporter {
     last: BTreeMap<&'static str, Vec<NodeDevice>>,
     /// Robot ID → (ROS master URI, ROS 2 domain), from the last answers.
     ros: BTreeMap<String, (String, i32)>,
+    /// Pod → the unhealthy devices last written into its status.
+    written: BTreeMap<String, Vec<NodeDevice>>,
 }
 
 impl DeviceReporter {
@@ -80,6 +82,7 @@ impl DeviceReporter {
             access,
             last: BTreeMap::new(),
             ros: BTreeMap::new(),
+            written: BTreeMap::new(),
         }
     }
 
@@ -96,6 +99,7 @@ impl DeviceReporter {
             if let Err(error) = self.write(&devices).await {
                 tracing::warn!(%error, node = %self.node, "write the node's devices (retried next poll)");
             }
+            self.write_holders().await;
         }
     }
 
@@ -169,6 +173,54 @@ impl DeviceReporter {
             tracing::info!(node = %self.node, devices = devices.devices.len(), allocatable = ?devices.allocatable, "node devices written");
         }
         Ok(())
+    }
+}
+
+impl DeviceReporter {
+    /// Tell every replica holding devices which of them are unhealthy now (Pod
+    /// `status.unhealthyDevices`), when that changed.
+    async fn write_holders(&mut self) {
+        let problems = self.access.lock().problems();
+        let pods: Api<rlark_api::types::Pod> =
+            Api::namespaced(self.nodes.clone().into_client(), &self.namespace());
+        let gone: Vec<String> = self
+            .written
+            .keys()
+            .filter(|pod| !problems.contains_key(*pod))
+            .cloned()
+            .collect();
+        for pod in gone {
+            // Released: its record no longer applies.
+            self.written.remove(&pod);
+        }
+        for (pod, unhealthy) in problems {
+            if self.written.get(&pod).unwrap_or(&Vec::new()) == &unhealthy {
+                continue;
+            }
+            let list = if unhealthy.is_empty() {
+                Value::Null
+            } else {
+                json!(unhealthy)
+            };
+            let body = json!({"status": {"unhealthyDevices": list}});
+            match pods
+                .patch_status(&pod, &PatchParams::default(), &Patch::Merge(&body))
+                .await
+            {
+                Ok(_) => {
+                    tracing::info!(%pod, unhealthy = unhealthy.len(), "replica's device health written");
+                    self.written.insert(pod, unhealthy);
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => {}
+                Err(error) => {
+                    tracing::warn!(%error, %pod, "write the replica's device health (retried next poll)");
+                }
+            }
+        }
+    }
+
+    fn namespace(&self) -> String {
+        self.nodes.namespace().unwrap_or_default().to_string()
     }
 }
 

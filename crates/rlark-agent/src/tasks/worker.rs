@@ -825,7 +825,7 @@ impl Worker {
                 );
             };
             let prefer = self.reported.devices.clone();
-            access.lock().allocate(&self.key, &wants, &prefer)
+            access.lock().allocate(&self.pod, &wants, &prefer)
         });
         match wanted {
             Ok(devices) if devices.is_empty() => Ok(()),
@@ -859,7 +859,7 @@ impl Worker {
             return;
         }
         if let Some(access) = &self.shared.ctx.devices {
-            access.lock().release(&self.key);
+            access.lock().release(&self.pod);
         }
         self.devices.clear();
     }

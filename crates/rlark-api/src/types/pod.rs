@@ -6,6 +6,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use super::common::{PullProgress, string_enum};
+use super::node::NodeDevice;
 
 /// Phase of a Pod.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
@@ -112,4 +113,8 @@ pub struct PodStatus {
     /// its agent when it started; they are its alone until it ends.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub devices: Vec<String>,
+    /// Those of `devices` that are unhealthy now, with why (written by the agent while the
+    /// replica holds them; the Task gets the condition `DeviceUnhealthy`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unhealthy_devices: Vec<NodeDevice>,
 }
