@@ -79,6 +79,8 @@ impl Forward {
             .arg("--cache-dir")
             .arg(home.join("cache"))
             .args(["port-forward", "-n", NAMESPACE, "--address", "127.0.0.1"])
+            // Level 4 logs the WebSocket dialer's negotiation.
+            .arg("-v=4")
             .arg(format!("pod/{pod}"))
             .arg(format!("0:{remote}"))
             .env("HOME", home)
@@ -179,11 +181,8 @@ async fn kubectl_port_forwards_to_a_replica() -> anyhow::Result<()> {
     // The replica is a raw process on the agent's host, this machine: it listens on the
     // node's loopback, where the agent dials.
     let port = free_port()?;
-    h.create_job(
-        "echo",
-        &format!("exec python3 -c '{ECHO_SERVER}' {port}"),
-    )
-    .await?;
+    h.create_job("echo", &format!("exec python3 -c '{ECHO_SERVER}' {port}"))
+        .await?;
     h.wait_pod("echo-main-0", PodPhase::Running).await?;
     eventually("the echo server listens", || async {
         Ok(TcpStream::connect(("127.0.0.1", port)).await.ok().map(drop))
@@ -208,16 +207,23 @@ async fn kubectl_port_forwards_to_a_replica() -> anyhow::Result<()> {
         }
         // Two at once, each beyond SPDY's initial 64 KiB window.
         let (a, b) = (payload(7, 300_000), payload(9, 200_000));
-        let (back_a, back_b) = tokio::try_join!(
-            forward.round_trip(a.clone()),
-            forward.round_trip(b.clone())
-        )?;
+        let (back_a, back_b) =
+            tokio::try_join!(forward.round_trip(a.clone()), forward.round_trip(b.clone()))?;
         assert!(
             back_a == a && back_b == b,
             "{transport}: concurrent connections got {} and {} bytes back; stderr: {}",
             back_a.len(),
             back_b.len(),
             forward.stderr()
+        );
+        // The transport asked for is the one used: kubectl's WebSocket dialer logs its
+        // negotiation (at -v=4), and the SPDY upgrade never goes through it.
+        let stderr = forward.stderr();
+        assert_eq!(
+            stderr.contains("tunneling_dialer.go")
+                && stderr.contains("negotiated protocol: portforward.k8s.io"),
+            websockets,
+            "{transport}: {stderr}"
         );
         let mut child = forward.child;
         child.kill().await?;
