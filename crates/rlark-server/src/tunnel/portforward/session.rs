@@ -199,7 +199,7 @@ impl State {
             }
             Frame::Ping { id } => {
                 // Odd ids are the client's pings; even ones would answer ours (none sent).
-                if id % 2 == 1 {
+                if !id.is_multiple_of(2) {
                     self.send(Frame::Ping { id }).await;
                 }
             }
@@ -216,7 +216,7 @@ impl State {
 
     async fn open(&mut self, stream_id: u32, headers: &Headers) {
         // Client streams have odd, increasing ids (SPDY/3.1 2.3.2).
-        if stream_id % 2 == 0 || stream_id <= self.last_id {
+        if stream_id.is_multiple_of(2) || stream_id <= self.last_id {
             self.refuse(stream_id, rst::PROTOCOL_ERROR).await;
             return;
         }
