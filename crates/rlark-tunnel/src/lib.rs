@@ -10,7 +10,8 @@
 //! memory for tests),
 //! [`frame`] and [`mux`] (the multiplexer; frame codec is sans-IO), [`header`] (the
 //! versioned request/response that starts every stream; sans-IO), [`relay`] (the body of a
-//! pod-network relay stream; sans-IO), [`dial`] (hub side of
+//! pod-network relay stream; sans-IO), [`spdy`] (SPDY/3.1 framing for `kubectl
+//! port-forward`; sans-IO), [`dial`] (hub side of
 //! opening a stream), [`agent`] (agent side of serving streams), [`client`] (the agent's
 //! reconnecting connection loop).
 //!
@@ -29,6 +30,7 @@ mod mutation;
 pub mod mux;
 mod pool;
 pub mod relay;
+pub mod spdy;
 #[cfg(test)]
 mod test_wait;
 pub mod transport;

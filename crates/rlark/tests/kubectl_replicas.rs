@@ -156,14 +156,7 @@ async fn kubectl_reads_logs_of_and_execs_in_replicas() -> anyhow::Result<()> {
         "{}",
         text(&out.stderr)
     );
-    // Port-forward is not served with kubectl's protocol: the error says what to use.
-    let out = k(&["port-forward", "-n", "rlark-a", "talk-main-0", "0:8080"]).await?;
-    assert_ne!(out.status.code(), Some(0));
-    assert!(
-        text(&out.stderr).contains("rlark port-forward a"),
-        "{}",
-        text(&out.stderr)
-    );
+    // `kubectl port-forward` is tests/kubectl_portforward.rs.
 
     // `kubectl logs -f` follows until the process exits.
     h.create_job("tick", "echo a; sleep 2; echo b").await?;

@@ -1,11 +1,12 @@
-//! The `log` and `exec` subresources of core `v1` Pods, the read-only view of rlark's
+//! The `log`, `exec` and `portforward` subresources of core `v1` Pods, the read-only view of rlark's
 //! replicas that the API server serves (`rlark_apiserver::replicas`), so that `kubectl logs`
-//! and `kubectl exec` work on replicas:
+//! `kubectl exec` and `kubectl port-forward` work on replicas:
 //!
 //! | route | served as |
 //! |---|---|
 //! | `GET /api/v1/namespaces/{ns}/pods/{pod}/log` | `GET /rlark/v1/namespaces/{ns}/pods/{pod}/log` ([`super::logs`]) |
 //! | `GET\|POST /api/v1/namespaces/{ns}/pods/{pod}/exec` | `/rlark/v1/namespaces/{ns}/pods/{pod}/exec` ([`super::exec`]: kubectl's remotecommand WebSocket protocol) |
+//! | `GET\|POST /api/v1/namespaces/{ns}/pods/{pod}/portforward` | [`super::portforward`] (no rlark twin: SPDY/3.1 served here, TCP dialed by the agent) |
 //!
 //! Same identities, checks, audit and errors as the rlark routes. Two differences, both from
 //! what kubectl sends: `container=main` ([`MAIN_CONTAINER`], the one container a projected
@@ -14,9 +15,11 @@
 //! and the `PodLogOptions` the agent cannot honour (`sinceSeconds`, `sinceTime`,
 //! `timestamps=true`) are a 400 naming the option rather than silently ignored.
 //!
-//! `pods/portforward` is not served: kubectl speaks SPDY (or SPDY inside a WebSocket) for
-//! it, which this server does not implement; the route answers 400 pointing at
-//! `rlark port-forward`. Not registered in member simulation, where core Pods are a member
+//! `GET|POST /api/v1/namespaces/{ns}/pods/{pod}/portforward` is [`super::portforward`]:
+//! kubectl's port-forward protocol (SPDY/3.1, over a WebSocket or an HTTP upgrade) to the
+//! replica's ports through its agent.
+//!
+//! None of these is registered in member simulation, where core Pods are a member
 //! cluster's own.
 
 use std::sync::Arc;
@@ -41,9 +44,12 @@ pub(crate) fn router(hub: Arc<Hub>, exec: ExecState) -> Router {
         .route(LOG_ROUTE, get(log).with_state(hub))
         .route(
             EXEC_ROUTE,
-            get(exec_route).post(exec_route).with_state(exec),
+            get(exec_route).post(exec_route).with_state(exec.clone()),
         )
-        .route(PORTFORWARD_ROUTE, any(portforward))
+        .route(
+            PORTFORWARD_ROUTE,
+            any(super::portforward::portforward).with_state(exec),
+        )
 }
 
 /// `query` as the rlark routes take it: `container=main` dropped; `Err` names an option
@@ -103,22 +109,6 @@ async fn exec_route(
         Ok(request) => super::exec::exec(state, path, request).await,
         Err(message) => ApiError::bad_request(message).into_response(),
     }
-}
-
-async fn portforward(Path((namespace, pod)): Path<(String, String)>, request: Request) -> Response {
-    if request
-        .extensions()
-        .get::<rlark_apiserver::auth::Identity>()
-        .is_none()
-    {
-        return ApiError::unauthorized().into_response();
-    }
-    ApiError::bad_request(format!(
-        "port-forward to pod {namespace}/{pod} is not served by kubectl's protocol (SPDY): use \
-         `rlark port-forward {} LOCAL_PORT:HOST:PORT`, which reaches the replica's agent",
-        namespace.strip_prefix("rlark-").unwrap_or("CLUSTER")
-    ))
-    .into_response()
 }
 
 #[cfg(test)]

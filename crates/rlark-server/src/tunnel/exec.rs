@@ -54,9 +54,9 @@ const MAX_ERROR_BODY: usize = 64 * 1024;
 /// State of the exec route.
 #[derive(Clone)]
 pub(crate) struct ExecState {
-    hub: Arc<Hub>,
-    store: Arc<dyn Store>,
-    audit: Arc<dyn AuditSink>,
+    pub(super) hub: Arc<Hub>,
+    pub(super) store: Arc<dyn Store>,
+    pub(super) audit: Arc<dyn AuditSink>,
 }
 
 impl ExecState {

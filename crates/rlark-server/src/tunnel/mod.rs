@@ -14,6 +14,7 @@ pub(crate) mod core_pods;
 pub(crate) mod exec;
 pub(crate) mod logs;
 pub(crate) mod netcheck;
+pub(crate) mod portforward;
 pub(crate) mod proxy_tls;
 pub(crate) mod relay;
 pub(crate) mod replicas;
@@ -101,6 +102,15 @@ pub struct TunnelInfo {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, prometheus_client::encoding::EncodeLabelSet)]
 struct DialLabels {
     status: String,
+}
+
+/// Which session of a cluster a stream goes through.
+#[derive(Debug, Clone, Copy)]
+enum Pick<'a> {
+    /// The newest of this node, else the newest of any node.
+    Prefer(Option<&'a str>),
+    /// The newest of this node, else none.
+    Exactly(&'a str),
 }
 
 /// The registry of agent sessions.
@@ -195,9 +205,25 @@ impl Hub {
     /// The newest live session of `cluster_id`, preferring one of `node` when given
     /// (falling back to any session of the cluster).
     fn pick(&self, cluster_id: &str, node: Option<&str>) -> Option<Control> {
+        self.pick_by(cluster_id, Pick::Prefer(node))
+    }
+
+    /// The newest live session of `cluster_id` that `pick` accepts.
+    fn pick_by(&self, cluster_id: &str, pick: Pick<'_>) -> Option<Control> {
         let sessions = self.lock();
         let list = sessions.get(cluster_id)?;
         let live = |s: &&Arc<AgentSession>| !s.control.is_closed();
+        let node = match pick {
+            Pick::Exactly(node) => {
+                return list
+                    .iter()
+                    .rev()
+                    .filter(live)
+                    .find(|s| s.node.as_deref() == Some(node))
+                    .map(|s| s.control.clone());
+            }
+            Pick::Prefer(node) => node,
+        };
         let by_node = node.and_then(|n| {
             list.iter()
                 .rev()
@@ -225,7 +251,28 @@ impl Hub {
         };
         // The agent gets the whole dial timeout; the answer may take a moment longer.
         let deadline = self.config.dial_timeout + Duration::from_secs(1);
-        self.open(cluster_id, node, &request, deadline).await
+        self.open(cluster_id, Pick::Prefer(node), &request, deadline)
+            .await
+    }
+
+    /// [`Hub::dial`] through the session of `node` only, never another node's: for
+    /// addresses that mean something different on each host (its loopback, where a raw
+    /// replica's ports are).
+    pub(crate) async fn dial_on_node(
+        &self,
+        cluster_id: &str,
+        node: &str,
+        host: &str,
+        port: u16,
+    ) -> Result<MuxStream, DialError> {
+        let request = StreamRequest::DialTcp {
+            host: host.to_string(),
+            port,
+            timeout: self.config.dial_timeout,
+        };
+        let deadline = self.config.dial_timeout + Duration::from_secs(1);
+        self.open(cluster_id, Pick::Exactly(node), &request, deadline)
+            .await
     }
 
     /// Open a stream to the local API of the agent of `cluster_id` (logs; later exec).
@@ -236,7 +283,7 @@ impl Hub {
     ) -> Result<MuxStream, DialError> {
         self.open(
             cluster_id,
-            node,
+            Pick::Prefer(node),
             &StreamRequest::AgentApi,
             self.config.dial_timeout,
         )
@@ -247,14 +294,22 @@ impl Hub {
     async fn open(
         &self,
         cluster_id: &str,
-        node: Option<&str>,
+        pick: Pick<'_>,
         request: &StreamRequest,
         deadline: Duration,
     ) -> Result<MuxStream, DialError> {
-        let result = match self.pick(cluster_id, node) {
+        let result = match self.pick_by(cluster_id, pick) {
             None => Err(DialError {
                 status: Status::NoSuchAgent,
-                message: format!("no agent of cluster {cluster_id:?} is connected to this server"),
+                message: match pick {
+                    Pick::Exactly(node) => format!(
+                        "the agent of node {node:?} (cluster {cluster_id:?}) is not connected \
+                         to this server"
+                    ),
+                    Pick::Prefer(_) => {
+                        format!("no agent of cluster {cluster_id:?} is connected to this server")
+                    }
+                },
             }),
             Some(control) => rlark_tunnel::dial::open(&control, request, deadline).await,
         };

@@ -1,0 +1,506 @@
+//! `GET|POST /api/v1/namespaces/{ns}/pods/{pod}/portforward`: `kubectl port-forward` to a
+//! replica, through its agent.
+//!
+//! **Transports** (both served; kubectl 1.30+ tries the first and falls back to the second
+//! when the upgrade is refused):
+//!
+//! - WebSocket with subprotocol `SPDY/3.1+portforward.k8s.io`: SPDY frames inside binary
+//!   messages (kubectl's `PortForwardWebsockets`, its default since 1.31);
+//! - HTTP `Upgrade: SPDY/3.1` with `X-Stream-Protocol-Version: portforward.k8s.io`.
+//!
+//! After the upgrade both are the same [`session`]: SPDY/3.1 ([`rlark_tunnel::spdy`]),
+//! one error and one data stream per forwarded connection.
+//!
+//! **Who**: as exec — the built-in policy's decision for verb `create` on
+//! `pods/portforward` in `rlinf.io` (admins only: a port-forward reaches any port of the
+//! agent's host), with the same 403 text; denials and every session are audited.
+//!
+//! **Checks, in order**: identity (401), authorization (403), the upgrade (400 naming what
+//! is missing), agent namespace `rlark-<clusterID>` (400), the Pod exists (404) and is
+//! `Running` (400), its destination ([`Destination::of`]; 400 when it has none).
+//!
+//! **Where a port is**: the agent dials it (a `dial-tcp` tunnel stream, as
+//! `rlark port-forward` does) when kubectl opens the data stream:
+//!
+//! - a `Raw` or `Docker` replica without a Domain runs in its node's network (processes on
+//!   the host; containers with `NetworkMode: host`): `127.0.0.1:PORT` through the session
+//!   of the replica's node and no other (another node's loopback is another host);
+//! - a `Kubernetes` replica is a member cluster's Pod: its IP (`status.ip`) as the agent
+//!   reaches it, through any session of the cluster;
+//! - a `Raw` replica in a Domain listens in its own network namespace, which the agent only
+//!   enters for authorized Domain members (the pod network's inbound path); no tunnel
+//!   request reaches it from the server, so the port-forward is refused with a 400 that
+//!   says so (use `kubectl exec`, or a Domain member).
+
+mod session;
+
+use std::sync::Arc;
+
+use axum::body::Body;
+use axum::extract::{Path, Request, State};
+use axum::response::{IntoResponse, Response};
+use futures::StreamExt as _;
+use futures::future::BoxFuture;
+use http::{HeaderMap, StatusCode, header};
+use hyper_util::rt::TokioIo;
+use rlark_apiserver::audit::AuditEntry;
+use rlark_apiserver::auth::Identity;
+use rlark_apiserver::authz::{self, Attributes, Decision};
+use rlark_apiserver::error::ApiError;
+use rlark_store::ObjectKey;
+use serde_json::Value;
+use tokio_util::codec::{BytesCodec, FramedWrite};
+use tokio_util::io::ReaderStream;
+
+use super::Hub;
+use super::exec::ExecState;
+use session::{Dialer, TargetIo};
+
+/// The WebSocket subprotocol of kubectl's tunneled SPDY.
+pub(crate) const WEBSOCKET_PROTOCOL: &str = "SPDY/3.1+portforward.k8s.io";
+/// The stream protocol of the SPDY upgrade.
+pub(crate) const STREAM_PROTOCOL: &str = "portforward.k8s.io";
+/// The `Upgrade` token of the SPDY upgrade.
+const SPDY_UPGRADE: &str = "SPDY/3.1";
+const X_STREAM_PROTOCOL_VERSION: &str = "x-stream-protocol-version";
+
+const POD_GROUP: &str = "rlinf.io";
+const POD_RESOURCE: &str = "pods";
+const PODS: &str = "pods.rlinf.io";
+const TASKS: &str = "tasks.rlinf.io";
+
+/// The attributes of a port-forward, as the built-in policy sees it.
+fn attributes(namespace: &str, pod: &str) -> Attributes {
+    Attributes {
+        verb: "create".into(),
+        group: POD_GROUP.into(),
+        resource: POD_RESOURCE.into(),
+        subresource: Some("portforward".into()),
+        namespace: Some(namespace.into()),
+        name: Some(pod.into()),
+    }
+}
+
+/// The transport a request asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Upgrade {
+    /// WebSocket; the client's `Sec-WebSocket-Key`.
+    WebSocket {
+        key: String,
+    },
+    Spdy,
+}
+
+fn has_token(headers: &HeaderMap, name: &str, token: &str) -> bool {
+    headers.get_all(name).iter().any(|value| {
+        value.to_str().is_ok_and(|v| {
+            v.split(',')
+                .any(|part| part.trim().eq_ignore_ascii_case(token))
+        })
+    })
+}
+
+/// The transport of `headers`, or the 400's message.
+fn upgrade(headers: &HeaderMap) -> Result<Upgrade, String> {
+    if !has_token(headers, "connection", "upgrade") {
+        return Err(format!(
+            "port-forward needs an upgraded connection (Connection: Upgrade) to \
+             {SPDY_UPGRADE} or to a WebSocket with subprotocol {WEBSOCKET_PROTOCOL}, as \
+             kubectl port-forward makes"
+        ));
+    }
+    if has_token(headers, "upgrade", "websocket") {
+        if !has_token(headers, "sec-websocket-protocol", WEBSOCKET_PROTOCOL) {
+            // kubectl falls back to the SPDY upgrade on this answer.
+            return Err(format!(
+                "port-forward over WebSocket needs subprotocol {WEBSOCKET_PROTOCOL}"
+            ));
+        }
+        let key = headers
+            .get(header::SEC_WEBSOCKET_KEY)
+            .and_then(|v| v.to_str().ok())
+            .filter(|k| !k.is_empty())
+            .ok_or("WebSocket upgrade without Sec-WebSocket-Key")?;
+        return Ok(Upgrade::WebSocket {
+            key: key.to_string(),
+        });
+    }
+    if has_token(headers, "upgrade", SPDY_UPGRADE) {
+        if !has_token(headers, X_STREAM_PROTOCOL_VERSION, STREAM_PROTOCOL) {
+            return Err(format!(
+                "port-forward over {SPDY_UPGRADE} needs X-Stream-Protocol-Version: \
+                 {STREAM_PROTOCOL}"
+            ));
+        }
+        return Ok(Upgrade::Spdy);
+    }
+    Err(format!(
+        "port-forward needs Upgrade: {SPDY_UPGRADE} or Upgrade: websocket (subprotocol \
+         {WEBSOCKET_PROTOCOL})"
+    ))
+}
+
+/// Where a replica's ports are, as the agent dials them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Destination {
+    host: String,
+    /// Through this node's session only; `None`: any session of the cluster.
+    node: Option<String>,
+}
+
+impl Destination {
+    /// The destination of a stored replica Pod whose Task (if still stored) is `task`;
+    /// `Err` is the 400's message.
+    fn of(pod: &Value, task: Option<&Value>) -> Result<Destination, String> {
+        let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+        let agent_type = task
+            .and_then(|t| t["spec"]["agentType"].as_str())
+            .unwrap_or("Raw");
+        let node = pod["status"]["node"].as_str().filter(|n| !n.is_empty());
+        let domain = pod["spec"]["domain"].as_str().filter(|d| !d.is_empty());
+        match agent_type {
+            "Kubernetes" => {
+                let ip = pod["status"]["ip"]
+                    .as_str()
+                    .filter(|ip| !ip.is_empty())
+                    .ok_or_else(|| format!("pod {name} has no IP yet"))?;
+                Ok(Destination {
+                    host: ip.to_string(),
+                    node: None,
+                })
+            }
+            // Docker containers run with the host's network and join no Domain.
+            "Raw" if domain.is_some() => Err(format!(
+                "pod {name} is in Domain {:?}: its ports are in the replica's own network \
+                 namespace, which the agent opens only to members of the Domain; \
+                 port-forward reaches a node's loopback only (use kubectl exec, or connect \
+                 from another member of the Domain)",
+                domain.unwrap_or_default()
+            )),
+            _ => {
+                let node = node.ok_or_else(|| format!("pod {name} is on no node yet"))?;
+                Ok(Destination {
+                    host: "127.0.0.1".into(),
+                    node: Some(node.to_string()),
+                })
+            }
+        }
+    }
+}
+
+/// Dials a replica's ports through the hub.
+struct HubDialer {
+    hub: Arc<Hub>,
+    cluster: String,
+    destination: Destination,
+    /// `namespace/pod`, for messages.
+    pod: String,
+}
+
+impl Dialer for HubDialer {
+    fn dial(&self, port: u16) -> BoxFuture<'static, Result<Box<dyn TargetIo>, String>> {
+        let hub = Arc::clone(&self.hub);
+        let cluster = self.cluster.clone();
+        let Destination { host, node } = self.destination.clone();
+        let pod = self.pod.clone();
+        Box::pin(async move {
+            let result = match &node {
+                Some(node) => hub.dial_on_node(&cluster, node, &host, port).await,
+                None => hub.dial(&cluster, None, &host, port).await,
+            };
+            // kubelet's wording, so kubectl users recognize it.
+            result
+                .map(|stream| Box::new(stream) as Box<dyn TargetIo>)
+                .map_err(|error| {
+                    let on = node.map(|n| format!(" on node {n}")).unwrap_or_default();
+                    format!(
+                        "error forwarding port {port} to pod {pod}: dial {host}:{port}{on} \
+                         through the agent of cluster {cluster:?}: {error}"
+                    )
+                })
+        })
+    }
+}
+
+/// The route's handler.
+pub(super) async fn portforward(
+    State(state): State<ExecState>,
+    Path((namespace, pod)): Path<(String, String)>,
+    mut request: Request,
+) -> Response {
+    let Some(identity) = request.extensions().get::<Identity>().cloned() else {
+        return ApiError::unauthorized().into_response();
+    };
+    let attrs = attributes(&namespace, &pod);
+    let audit = |action: &str, reason: String| {
+        let decision = if action == "denied" {
+            "denied"
+        } else {
+            "allowed"
+        };
+        state.audit.record(AuditEntry {
+            verb: attrs.verb.clone(),
+            resource: format!("{PODS}/portforward"),
+            namespace: namespace.clone(),
+            name: pod.clone(),
+            reason,
+            ..AuditEntry::now(action, decision).by(Some(&identity))
+        });
+    };
+    if let Decision::Deny(reason) = authz::authorize(&identity, &attrs) {
+        audit("denied", reason.clone());
+        return ApiError::forbidden_resource(POD_GROUP, POD_RESOURCE, Some(&pod), &reason)
+            .into_response();
+    }
+    let transport = match upgrade(request.headers()) {
+        Ok(transport) => transport,
+        Err(message) => return ApiError::bad_request(message).into_response(),
+    };
+    let Some(cluster) = namespace
+        .strip_prefix("rlark-")
+        .filter(|c| crate::security::validate_cluster_id(c).is_ok())
+        .map(str::to_string)
+    else {
+        return ApiError::bad_request(format!(
+            "namespace {namespace:?} is not an agent namespace: replicas run on the agent of \
+             a cluster, so the namespace must be rlark-<clusterID>"
+        ))
+        .into_response();
+    };
+    let read = |key: ObjectKey| {
+        let store = Arc::clone(&state.store);
+        async move { store.get(&key).await }
+    };
+    let object = match read(ObjectKey::new(PODS, namespace.as_str(), pod.as_str())).await {
+        Ok(Some(object)) => object,
+        Ok(None) => {
+            return ApiError::new(404, "NotFound", format!("{PODS} \"{pod}\" not found"))
+                .into_response();
+        }
+        Err(error) => {
+            return ApiError::new(
+                500,
+                "InternalError",
+                format!("read pod {namespace}/{pod}: {error}"),
+            )
+            .into_response();
+        }
+    };
+    let phase = object["status"]["phase"].as_str().unwrap_or("none yet");
+    if phase != "Running" {
+        return ApiError::bad_request(format!(
+            "pod {namespace}/{pod} is not running (phase {phase})"
+        ))
+        .into_response();
+    }
+    // The Task says which runtime runs the replica; a Task already deleted (the replica
+    // still winding down) leaves the Pod's own fields to decide.
+    let task = match (
+        object["spec"]["taskNamespace"].as_str(),
+        object["spec"]["taskName"].as_str(),
+    ) {
+        (Some(task_namespace), Some(task_name)) => {
+            read(ObjectKey::new(TASKS, task_namespace, task_name))
+                .await
+                .ok()
+                .flatten()
+        }
+        _ => None,
+    };
+    let destination = match Destination::of(&object, task.as_deref()) {
+        Ok(destination) => destination,
+        Err(message) => return ApiError::bad_request(message).into_response(),
+    };
+
+    audit(
+        "portforward",
+        format!(
+            "to {}{}",
+            destination.host,
+            destination
+                .node
+                .as_deref()
+                .map(|n| format!(" on node {n}"))
+                .unwrap_or_default()
+        ),
+    );
+    let kind = match &transport {
+        Upgrade::WebSocket { .. } => "websocket",
+        Upgrade::Spdy => "spdy",
+    };
+    tracing::info!(
+        user = %identity.user,
+        namespace = %namespace,
+        pod = %pod,
+        host = %destination.host,
+        node = ?destination.node,
+        transport = kind,
+        "port-forward"
+    );
+    let label = format!("{namespace}/{pod}");
+    let dialer: Arc<dyn Dialer> = Arc::new(HubDialer {
+        hub: Arc::clone(&state.hub),
+        cluster,
+        destination,
+        pod: label.clone(),
+    });
+    let on_upgrade = hyper::upgrade::on(&mut request);
+    let websocket = matches!(transport, Upgrade::WebSocket { .. });
+    tokio::spawn(async move {
+        let upgraded = match on_upgrade.await {
+            Ok(upgraded) => TokioIo::new(upgraded),
+            Err(error) => {
+                tracing::debug!(%error, pod = %label, "port-forward upgrade failed");
+                return;
+            }
+        };
+        if websocket {
+            let transport = rlark_tunnel::transport::WsTransport::from_raw_socket(
+                upgraded,
+                rlark_tunnel::ws::Role::Server,
+            );
+            let (output, input) = transport.split();
+            session::serve(input, output, dialer, label).await;
+        } else {
+            let (read, write) = tokio::io::split(upgraded);
+            session::serve(
+                ReaderStream::new(read),
+                FramedWrite::new(write, BytesCodec::new()),
+                dialer,
+                label,
+            )
+            .await;
+        }
+    });
+    let response = Response::builder()
+        .status(StatusCode::SWITCHING_PROTOCOLS)
+        .header(header::CONNECTION, "Upgrade");
+    let response = match transport {
+        Upgrade::WebSocket { key } => response
+            .header(header::UPGRADE, "websocket")
+            .header(
+                header::SEC_WEBSOCKET_ACCEPT,
+                tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes()),
+            )
+            .header(header::SEC_WEBSOCKET_PROTOCOL, WEBSOCKET_PROTOCOL),
+        Upgrade::Spdy => response
+            .header(header::UPGRADE, SPDY_UPGRADE)
+            .header(X_STREAM_PROTOCOL_VERSION, STREAM_PROTOCOL),
+    };
+    response.body(Body::empty()).unwrap_or_else(|error| {
+        ApiError::new(500, "InternalError", error.to_string()).into_response()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rlark_apiserver::auth::{ADMIN_GROUP, VIEWER_GROUP};
+    use serde_json::json;
+
+    #[test]
+    fn only_admins_may_port_forward() {
+        let attrs = attributes("rlark-a", "t-0");
+        let who = |user: &str, group: &str| Identity {
+            user: user.into(),
+            groups: vec![group.into()],
+        };
+        assert!(authz::authorize(&who("root", ADMIN_GROUP), &attrs).is_allowed());
+        for identity in [
+            who("vera", VIEWER_GROUP),
+            who("system:rlark:agent:a", "rlark:agents"),
+            who("bob", "developers"),
+        ] {
+            let Decision::Deny(reason) = authz::authorize(&identity, &attrs) else {
+                panic!("{} may port-forward", identity.user)
+            };
+            assert!(
+                reason.contains("cannot create resource \"pods/portforward\""),
+                "{reason}"
+            );
+        }
+    }
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        for (name, value) in pairs {
+            map.append(
+                http::HeaderName::from_bytes(name.as_bytes()).unwrap(),
+                value.parse().unwrap(),
+            );
+        }
+        map
+    }
+
+    #[test]
+    fn kubectl_upgrades_are_recognized() {
+        // What kubectl 1.32 sends first, and its fallback.
+        assert_eq!(
+            upgrade(&headers(&[
+                ("connection", "Upgrade"),
+                ("upgrade", "websocket"),
+                ("sec-websocket-key", "dGhlIHNhbXBsZSBub25jZQ=="),
+                ("sec-websocket-protocol", "SPDY/3.1+portforward.k8s.io"),
+            ])),
+            Ok(Upgrade::WebSocket {
+                key: "dGhlIHNhbXBsZSBub25jZQ==".into()
+            })
+        );
+        assert_eq!(
+            upgrade(&headers(&[
+                ("connection", "Upgrade"),
+                ("upgrade", "SPDY/3.1"),
+                ("x-stream-protocol-version", "portforward.k8s.io"),
+            ])),
+            Ok(Upgrade::Spdy)
+        );
+        for bad in [
+            headers(&[]),
+            headers(&[("connection", "Upgrade"), ("upgrade", "h2c")]),
+            headers(&[
+                ("connection", "Upgrade"),
+                ("upgrade", "websocket"),
+                ("sec-websocket-key", "k"),
+                ("sec-websocket-protocol", "v5.channel.k8s.io"),
+            ]),
+            headers(&[("connection", "Upgrade"), ("upgrade", "SPDY/3.1")]),
+        ] {
+            assert!(upgrade(&bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn destinations_follow_the_runtime() {
+        let pod = |spec: Value, status: Value| json!({"metadata": {"name": "t-0"}, "spec": spec, "status": status});
+        let task = |agent_type: &str| json!({"spec": {"agentType": agent_type}});
+        let raw = pod(json!({}), json!({"node": "n1"}));
+        let loopback = Destination {
+            host: "127.0.0.1".into(),
+            node: Some("n1".into()),
+        };
+        assert_eq!(
+            Destination::of(&raw, Some(&task("Raw"))),
+            Ok(loopback.clone())
+        );
+        assert_eq!(Destination::of(&raw, None), Ok(loopback.clone()));
+        assert_eq!(Destination::of(&raw, Some(&task("Docker"))), Ok(loopback));
+        let in_domain = pod(
+            json!({"domain": "d"}),
+            json!({"node": "n1", "ip": "10.88.0.2"}),
+        );
+        assert!(
+            Destination::of(&in_domain, Some(&task("Raw")))
+                .is_err_and(|e| e.contains("Domain \"d\""))
+        );
+        let member = pod(json!({}), json!({"node": "k8s-node", "ip": "10.1.0.7"}));
+        assert_eq!(
+            Destination::of(&member, Some(&task("Kubernetes"))),
+            Ok(Destination {
+                host: "10.1.0.7".into(),
+                node: None
+            })
+        );
+        assert!(Destination::of(&pod(json!({}), json!({})), Some(&task("Kubernetes"))).is_err());
+        assert!(Destination::of(&pod(json!({}), json!({})), Some(&task("Raw"))).is_err());
+    }
+}
