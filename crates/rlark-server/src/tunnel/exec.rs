@@ -72,15 +72,77 @@ pub(crate) fn router(state: ExecState) -> Router {
         .with_state(state)
 }
 
-/// The attributes of an exec, as the built-in policy sees it.
-fn attributes(namespace: &str, pod: &str) -> Attributes {
+/// The attributes of a `create` of Pod subresource `subresource` (`exec`,
+/// `portforward`), as the built-in policy sees it.
+pub(super) fn attributes(namespace: &str, pod: &str, subresource: &str) -> Attributes {
     Attributes {
         verb: "create".into(),
         group: POD_GROUP.into(),
         resource: POD_RESOURCE.into(),
-        subresource: Some("exec".into()),
+        subresource: Some(subresource.into()),
         namespace: Some(namespace.into()),
         name: Some(pod.into()),
+    }
+}
+
+/// The authorized caller of a Pod subresource (exec, port-forward), and its audit trail.
+pub(super) struct PodCaller {
+    pub(super) identity: Identity,
+    attrs: Attributes,
+    audit: Arc<dyn AuditSink>,
+    namespace: String,
+    pod: String,
+    subresource: &'static str,
+}
+
+impl PodCaller {
+    /// The caller of `request` for `subresource` of Pod `namespace/pod`: 401 without an
+    /// identity, 403 (audited as `denied`) when the policy refuses it.
+    pub(super) fn authorize(
+        state: &ExecState,
+        request: &Request,
+        namespace: &str,
+        pod: &str,
+        subresource: &'static str,
+    ) -> Result<Self, Box<ApiError>> {
+        let Some(identity) = request.extensions().get::<Identity>().cloned() else {
+            return Err(Box::new(ApiError::unauthorized()));
+        };
+        let caller = PodCaller {
+            identity,
+            attrs: attributes(namespace, pod, subresource),
+            audit: Arc::clone(&state.audit),
+            namespace: namespace.to_string(),
+            pod: pod.to_string(),
+            subresource,
+        };
+        if let Decision::Deny(reason) = authz::authorize(&caller.identity, &caller.attrs) {
+            caller.audit("denied", reason.clone());
+            return Err(Box::new(ApiError::forbidden_resource(
+                POD_GROUP,
+                POD_RESOURCE,
+                Some(pod),
+                &reason,
+            )));
+        }
+        Ok(caller)
+    }
+
+    /// Audit `action` (`denied`, or what was done: `exec`, `portforward`) with `reason`.
+    pub(super) fn audit(&self, action: &str, reason: String) {
+        let decision = if action == "denied" {
+            "denied"
+        } else {
+            "allowed"
+        };
+        self.audit.record(AuditEntry {
+            verb: self.attrs.verb.clone(),
+            resource: format!("{PODS}/{}", self.subresource),
+            namespace: self.namespace.clone(),
+            name: self.pod.clone(),
+            reason,
+            ..AuditEntry::now(action, decision).by(Some(&self.identity))
+        });
     }
 }
 
@@ -89,31 +151,10 @@ pub(super) async fn exec(
     Path((namespace, pod)): Path<(String, String)>,
     mut request: Request,
 ) -> Response {
-    let Some(identity) = request.extensions().get::<Identity>().cloned() else {
-        return ApiError::unauthorized().into_response();
+    let caller = match PodCaller::authorize(&state, &request, &namespace, &pod, "exec") {
+        Ok(caller) => caller,
+        Err(error) => return (*error).into_response(),
     };
-    let attrs = attributes(&namespace, &pod);
-    // `action` is `exec` (allowed) or `denied`.
-    let audit = |action: &str, reason: String| {
-        let decision = if action == "denied" {
-            "denied"
-        } else {
-            "allowed"
-        };
-        state.audit.record(AuditEntry {
-            verb: attrs.verb.clone(),
-            resource: format!("{PODS}/exec"),
-            namespace: namespace.clone(),
-            name: pod.clone(),
-            reason,
-            ..AuditEntry::now(action, decision).by(Some(&identity))
-        });
-    };
-    if let Decision::Deny(reason) = authz::authorize(&identity, &attrs) {
-        audit("denied", reason.clone());
-        return ApiError::forbidden_resource(POD_GROUP, POD_RESOURCE, Some(&pod), &reason)
-            .into_response();
-    }
     let options = match ExecOptions::parse(request.uri().query()) {
         Ok(options) => options,
         Err(message) => return ApiError::bad_request(message).into_response(),
@@ -244,7 +285,7 @@ pub(super) async fn exec(
         }
         .into_response();
     }
-    audit(
+    caller.audit(
         "exec",
         format!(
             "command {:?} (tty={}, stdin={})",
@@ -252,7 +293,7 @@ pub(super) async fn exec(
         ),
     );
     tracing::info!(
-        user = %identity.user,
+        user = %caller.identity.user,
         namespace = %namespace,
         pod = %pod,
         command = ?options.command,
@@ -285,7 +326,7 @@ mod tests {
 
     #[test]
     fn only_admins_may_exec() {
-        let attrs = attributes("rlark-a", "t-0");
+        let attrs = attributes("rlark-a", "t-0", "exec");
         let who = |user: &str, group: &str| Identity {
             user: user.into(),
             groups: vec![group.into()],

@@ -43,9 +43,6 @@ use futures::StreamExt as _;
 use futures::future::BoxFuture;
 use http::{HeaderMap, StatusCode, header};
 use hyper_util::rt::TokioIo;
-use rlark_apiserver::audit::AuditEntry;
-use rlark_apiserver::auth::Identity;
-use rlark_apiserver::authz::{self, Attributes, Decision};
 use rlark_apiserver::error::ApiError;
 use rlark_store::ObjectKey;
 use serde_json::Value;
@@ -53,7 +50,7 @@ use tokio_util::codec::{BytesCodec, FramedWrite};
 use tokio_util::io::ReaderStream;
 
 use super::Hub;
-use super::exec::ExecState;
+use super::exec::{ExecState, PodCaller};
 use session::{Dialer, TargetIo};
 
 /// The WebSocket subprotocol of kubectl's tunneled SPDY.
@@ -64,22 +61,8 @@ pub(crate) const STREAM_PROTOCOL: &str = "portforward.k8s.io";
 const SPDY_UPGRADE: &str = "SPDY/3.1";
 const X_STREAM_PROTOCOL_VERSION: &str = "x-stream-protocol-version";
 
-const POD_GROUP: &str = "rlinf.io";
-const POD_RESOURCE: &str = "pods";
 const PODS: &str = "pods.rlinf.io";
 const TASKS: &str = "tasks.rlinf.io";
-
-/// The attributes of a port-forward, as the built-in policy sees it.
-fn attributes(namespace: &str, pod: &str) -> Attributes {
-    Attributes {
-        verb: "create".into(),
-        group: POD_GROUP.into(),
-        resource: POD_RESOURCE.into(),
-        subresource: Some("portforward".into()),
-        namespace: Some(namespace.into()),
-        name: Some(pod.into()),
-    }
-}
 
 /// The transport a request asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,30 +211,10 @@ pub(super) async fn portforward(
     Path((namespace, pod)): Path<(String, String)>,
     mut request: Request,
 ) -> Response {
-    let Some(identity) = request.extensions().get::<Identity>().cloned() else {
-        return ApiError::unauthorized().into_response();
+    let caller = match PodCaller::authorize(&state, &request, &namespace, &pod, "portforward") {
+        Ok(caller) => caller,
+        Err(error) => return (*error).into_response(),
     };
-    let attrs = attributes(&namespace, &pod);
-    let audit = |action: &str, reason: String| {
-        let decision = if action == "denied" {
-            "denied"
-        } else {
-            "allowed"
-        };
-        state.audit.record(AuditEntry {
-            verb: attrs.verb.clone(),
-            resource: format!("{PODS}/portforward"),
-            namespace: namespace.clone(),
-            name: pod.clone(),
-            reason,
-            ..AuditEntry::now(action, decision).by(Some(&identity))
-        });
-    };
-    if let Decision::Deny(reason) = authz::authorize(&identity, &attrs) {
-        audit("denied", reason.clone());
-        return ApiError::forbidden_resource(POD_GROUP, POD_RESOURCE, Some(&pod), &reason)
-            .into_response();
-    }
     let transport = match upgrade(request.headers()) {
         Ok(transport) => transport,
         Err(message) => return ApiError::bad_request(message).into_response(),
@@ -312,7 +275,7 @@ pub(super) async fn portforward(
         Err(message) => return ApiError::bad_request(message).into_response(),
     };
 
-    audit(
+    caller.audit(
         "portforward",
         format!(
             "to {}{}",
@@ -329,7 +292,7 @@ pub(super) async fn portforward(
         Upgrade::Spdy => "spdy",
     };
     tracing::info!(
-        user = %identity.user,
+        user = %caller.identity.user,
         namespace = %namespace,
         pod = %pod,
         host = %destination.host,
@@ -395,12 +358,13 @@ pub(super) async fn portforward(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rlark_apiserver::auth::{ADMIN_GROUP, VIEWER_GROUP};
+    use rlark_apiserver::auth::{ADMIN_GROUP, Identity, VIEWER_GROUP};
+    use rlark_apiserver::authz::{self, Decision};
     use serde_json::json;
 
     #[test]
     fn only_admins_may_port_forward() {
-        let attrs = attributes("rlark-a", "t-0");
+        let attrs = super::super::exec::attributes("rlark-a", "t-0", "portforward");
         let who = |user: &str, group: &str| Identity {
             user: user.into(),
             groups: vec![group.into()],
