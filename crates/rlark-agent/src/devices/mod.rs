@@ -226,24 +226,35 @@ impl DeviceReporter {
 
 /// ListRobots on the socket at `path`; `None` when there is no socket file.
 async fn ask_robots(path: &Path) -> Option<Answer<RobotInfo>> {
-    if !path.exists() {
-        return None;
-    }
-    let call = async {
-        let channel = rlark_embodied::client::connect(path)
-            .await
-            .map_err(|e| e.to_string())?;
+    ask(path, |channel| async move {
         let reply = RobotControllerClient::new(channel)
             .list_robots(ListRobotsRequest::default())
             .await
             .map_err(|s| format!("ListRobots: {}", s.message()))?;
-        Ok::<_, String>(reply.into_inner().robots)
-    };
-    Some(answer(tokio::time::timeout(CALL_TIMEOUT, call).await))
+        Ok(reply.into_inner().robots)
+    })
+    .await
 }
 
 /// ListCameras on the socket at `path`; `None` when there is no socket file.
 async fn ask_cameras(path: &Path) -> Option<Answer<CameraDescriptor>> {
+    ask(path, |channel| async move {
+        let reply = CameraControllerClient::new(channel)
+            .list_cameras(ListCamerasRequest::default())
+            .await
+            .map_err(|s| format!("ListCameras: {}", s.message()))?;
+        Ok(reply.into_inner().cameras)
+    })
+    .await
+}
+
+/// `list` over a channel to the socket at `path`, within [`CALL_TIMEOUT`]; `None` when
+/// there is no socket file, [`Answer::Failed`] when the connection or the call fails.
+async fn ask<T, F, Fut>(path: &Path, list: F) -> Option<Answer<T>>
+where
+    F: FnOnce(tonic::transport::Channel) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<T>, String>>,
+{
     if !path.exists() {
         return None;
     }
@@ -251,21 +262,13 @@ async fn ask_cameras(path: &Path) -> Option<Answer<CameraDescriptor>> {
         let channel = rlark_embodied::client::connect(path)
             .await
             .map_err(|e| e.to_string())?;
-        let reply = CameraControllerClient::new(channel)
-            .list_cameras(ListCamerasRequest::default())
-            .await
-            .map_err(|s| format!("ListCameras: {}", s.message()))?;
-        Ok::<_, String>(reply.into_inner().cameras)
+        list(channel).await
     };
-    Some(answer(tokio::time::timeout(CALL_TIMEOUT, call).await))
-}
-
-fn answer<T>(result: Result<Result<Vec<T>, String>, tokio::time::error::Elapsed>) -> Answer<T> {
-    match result {
-        Ok(Ok(list)) => Answer::Listed(list),
+    Some(match tokio::time::timeout(CALL_TIMEOUT, call).await {
+        Ok(Ok(found)) => Answer::Listed(found),
         Ok(Err(why)) => Answer::Failed(why),
         Err(_) => Answer::Failed(format!("no answer within {CALL_TIMEOUT:?}")),
-    }
+    })
 }
 
 /// Merge patches that make `node` show `devices`: (status, labels), each `None` when

@@ -85,6 +85,39 @@ pub(super) fn attributes(namespace: &str, pod: &str, subresource: &str) -> Attri
     }
 }
 
+/// Replica Pod `namespace/pod` from the store, when it is `Running`: else 404 (no such
+/// Pod), 500 (the store failed) or 400 naming its phase.
+pub(super) async fn running_pod(
+    state: &ExecState,
+    namespace: &str,
+    pod: &str,
+) -> Result<Arc<serde_json::Value>, Box<ApiError>> {
+    let object = match state.store.get(&ObjectKey::new(PODS, namespace, pod)).await {
+        Ok(Some(object)) => object,
+        Ok(None) => {
+            return Err(Box::new(ApiError::new(
+                404,
+                "NotFound",
+                format!("{PODS} \"{pod}\" not found"),
+            )));
+        }
+        Err(error) => {
+            return Err(Box::new(ApiError::new(
+                500,
+                "InternalError",
+                format!("read pod {namespace}/{pod}: {error}"),
+            )));
+        }
+    };
+    let phase = object["status"]["phase"].as_str().unwrap_or("none yet");
+    if phase != "Running" {
+        return Err(Box::new(ApiError::bad_request(format!(
+            "pod {namespace}/{pod} is not running (phase {phase})"
+        ))));
+    }
+    Ok(object)
+}
+
 /// The authorized caller of a Pod subresource (exec, port-forward), and its audit trail.
 pub(super) struct PodCaller {
     pub(super) identity: Identity,
@@ -177,32 +210,10 @@ pub(super) async fn exec(
         ))
         .into_response();
     };
-    let object = match state
-        .store
-        .get(&ObjectKey::new(PODS, namespace.as_str(), pod.as_str()))
-        .await
-    {
-        Ok(Some(object)) => object,
-        Ok(None) => {
-            return ApiError::new(404, "NotFound", format!("{PODS} \"{pod}\" not found"))
-                .into_response();
-        }
-        Err(error) => {
-            return ApiError::new(
-                500,
-                "InternalError",
-                format!("read pod {namespace}/{pod}: {error}"),
-            )
-            .into_response();
-        }
+    let object = match running_pod(&state, &namespace, &pod).await {
+        Ok(object) => object,
+        Err(error) => return (*error).into_response(),
     };
-    let phase = object["status"]["phase"].as_str().unwrap_or("none yet");
-    if phase != "Running" {
-        return ApiError::bad_request(format!(
-            "pod {namespace}/{pod} is not running (phase {phase})"
-        ))
-        .into_response();
-    }
     let node = object["status"]["node"].as_str().map(str::to_string);
 
     let stream = match state.hub.dial_agent_api(&cluster, node.as_deref()).await {

@@ -244,14 +244,7 @@ impl Hub {
         host: &str,
         port: u16,
     ) -> Result<MuxStream, DialError> {
-        let request = StreamRequest::DialTcp {
-            host: host.to_string(),
-            port,
-            timeout: self.config.dial_timeout,
-        };
-        // The agent gets the whole dial timeout; the answer may take a moment longer.
-        let deadline = self.config.dial_timeout + Duration::from_secs(1);
-        self.open(cluster_id, Pick::Prefer(node), &request, deadline)
+        self.dial_through(cluster_id, Pick::Prefer(node), host, port)
             .await
     }
 
@@ -265,14 +258,26 @@ impl Hub {
         host: &str,
         port: u16,
     ) -> Result<MuxStream, DialError> {
+        self.dial_through(cluster_id, Pick::Exactly(node), host, port)
+            .await
+    }
+
+    /// A `DialTcp` stream through the session `pick` chooses.
+    async fn dial_through(
+        &self,
+        cluster_id: &str,
+        pick: Pick<'_>,
+        host: &str,
+        port: u16,
+    ) -> Result<MuxStream, DialError> {
         let request = StreamRequest::DialTcp {
             host: host.to_string(),
             port,
             timeout: self.config.dial_timeout,
         };
+        // The agent gets the whole dial timeout; the answer may take a moment longer.
         let deadline = self.config.dial_timeout + Duration::from_secs(1);
-        self.open(cluster_id, Pick::Exactly(node), &request, deadline)
-            .await
+        self.open(cluster_id, pick, &request, deadline).await
     }
 
     /// Open a stream to the local API of the agent of `cluster_id` (logs; later exec).

@@ -50,7 +50,7 @@ use tokio_util::codec::{BytesCodec, FramedWrite};
 use tokio_util::io::ReaderStream;
 
 use super::Hub;
-use super::exec::{ExecState, PodCaller};
+use super::exec::{ExecState, PodCaller, running_pod};
 use session::{Dialer, TargetIo};
 
 /// The WebSocket subprotocol of kubectl's tunneled SPDY.
@@ -61,7 +61,6 @@ pub(crate) const STREAM_PROTOCOL: &str = "portforward.k8s.io";
 const SPDY_UPGRADE: &str = "SPDY/3.1";
 const X_STREAM_PROTOCOL_VERSION: &str = "x-stream-protocol-version";
 
-const PODS: &str = "pods.rlinf.io";
 const TASKS: &str = "tasks.rlinf.io";
 
 /// The transport a request asks for.
@@ -234,28 +233,10 @@ pub(super) async fn portforward(
         let store = Arc::clone(&state.store);
         async move { store.get(&key).await }
     };
-    let object = match read(ObjectKey::new(PODS, namespace.as_str(), pod.as_str())).await {
-        Ok(Some(object)) => object,
-        Ok(None) => {
-            return ApiError::new(404, "NotFound", format!("{PODS} \"{pod}\" not found"))
-                .into_response();
-        }
-        Err(error) => {
-            return ApiError::new(
-                500,
-                "InternalError",
-                format!("read pod {namespace}/{pod}: {error}"),
-            )
-            .into_response();
-        }
+    let object = match running_pod(&state, &namespace, &pod).await {
+        Ok(object) => object,
+        Err(error) => return (*error).into_response(),
     };
-    let phase = object["status"]["phase"].as_str().unwrap_or("none yet");
-    if phase != "Running" {
-        return ApiError::bad_request(format!(
-            "pod {namespace}/{pod} is not running (phase {phase})"
-        ))
-        .into_response();
-    }
     // The Task says which runtime runs the replica; a Task already deleted (the replica
     // still winding down) leaves the Pod's own fields to decide.
     let task = match (

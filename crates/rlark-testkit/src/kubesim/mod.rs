@@ -198,15 +198,26 @@ fn is_gone(error: &kube::Error) -> bool {
 }
 
 fn containers_of(pod: &Value) -> Vec<String> {
-    pod.pointer("/spec/containers")
-        .and_then(Value::as_array)
+    kubelet::images(pod)
         .into_iter()
-        .flatten()
-        .filter_map(|c| c["name"].as_str().map(str::to_string))
+        .map(|(c, _)| c)
+        .filter(|c| !c.is_empty())
         .collect()
 }
 
 impl Inner {
+    /// Pod `namespace/name` as JSON; an error when it is not there.
+    async fn get_pod(&self, namespace: &str, name: &str) -> anyhow::Result<Value> {
+        let api: Api<DynamicObject> =
+            Api::namespaced_with(self.client.clone(), namespace, &resource(Kind::Pod));
+        let pod = api
+            .get_opt(name)
+            .await
+            .with_context(|| format!("get pod {namespace}/{name}"))?
+            .with_context(|| format!("pod {namespace}/{name} does not exist"))?;
+        Ok(serde_json::to_value(pod)?)
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, SimState> {
         // A panic while holding this lock is a test bug; the state stays usable.
         self.state.lock().unwrap_or_else(|e| e.into_inner())
@@ -709,14 +720,7 @@ impl KubeSim {
         name: &str,
         phase: Phase,
     ) -> anyhow::Result<()> {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.inner.client.clone(), namespace, &resource(Kind::Pod));
-        let pod = api
-            .get_opt(name)
-            .await
-            .with_context(|| format!("get pod {namespace}/{name}"))?
-            .with_context(|| format!("pod {namespace}/{name} does not exist"))?;
-        let pod = serde_json::to_value(pod)?;
+        let pod = self.inner.get_pod(namespace, name).await?;
         let (restarted, ended) = {
             let mut state = self.inner.lock();
             let key = (namespace.to_string(), name.to_string());
@@ -753,14 +757,7 @@ impl KubeSim {
         size_bytes: u64,
         took: Duration,
     ) -> anyhow::Result<()> {
-        let api: Api<DynamicObject> =
-            Api::namespaced_with(self.inner.client.clone(), namespace, &resource(Kind::Pod));
-        let pod = api
-            .get_opt(name)
-            .await
-            .with_context(|| format!("get pod {namespace}/{name}"))?
-            .with_context(|| format!("pod {namespace}/{name} does not exist"))?;
-        let pod = serde_json::to_value(pod)?;
+        let pod = self.inner.get_pod(namespace, name).await?;
         let containers: Vec<String> = kubelet::images(&pod)
             .into_iter()
             .filter(|(_, i)| i == image)
