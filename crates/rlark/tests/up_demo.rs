@@ -1,20 +1,23 @@
 //! `rlark up --demo --once`: the built binary starts the platform on a fresh data directory
-//! and a free port, runs the embedded demo Workflow (an actor on `cloud`, two rollout
-//! replicas on `edge`, each posting reward reports) and exits 0 after printing the summary.
-//! Needs `python3` on PATH (`scripts/test.sh` installs it).
+//! and a free port, with its embedded embodied runtime (simulated arms and cameras on
+//! `edge`), runs the embedded demo (a learner on `cloud`, two rollout replicas on `edge`
+//! each driving a simulated arm through the embodied SDK), prints the summary and the reward
+//! curve, and exits 0 only if the policy learned. Needs `python3` on PATH with numpy,
+//! grpcio and protobuf (`scripts/test.sh` installs them: tests/python/requirements.txt).
 
 use std::io::Read as _;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The whole run, startup and shutdown included, must end within this.
-const HANG_GUARD: Duration = Duration::from_secs(120);
+const HANG_GUARD: Duration = Duration::from_secs(180);
 
 /// Runs `rlark up --demo --once` in `dir` with the default data directory, `./.rlark` —
 /// a relative path, as in the README's first command.
-fn run_demo(dir: &std::path::Path) -> (std::process::ExitStatus, String, String) {
+fn run_demo(dir: &std::path::Path, extra: &[&str]) -> (std::process::ExitStatus, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rlark"))
         .args(["up", "--demo", "--once"])
+        .args(extra)
         .args(["--listen", "127.0.0.1:0"])
         .env("RUST_LOG", "warn")
         .env_remove("KUBECONFIG")
@@ -75,10 +78,91 @@ fn summary_row<'a>(stdout: &'a str, task: &str) -> Vec<&'a str> {
         .collect()
 }
 
+/// The rows of the reward curve: (iteration, mean return).
+fn curve(stdout: &str) -> Vec<(u32, f64)> {
+    let header = stdout
+        .lines()
+        .position(|l| l.starts_with("ITERATION") && l.contains("MEAN RETURN"))
+        .unwrap_or_else(|| panic!("no reward curve:\n{stdout}"));
+    stdout
+        .lines()
+        .skip(header + 1)
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| {
+            let cells: Vec<&str> = l.split_whitespace().collect();
+            (
+                cells[0]
+                    .parse()
+                    .unwrap_or_else(|_| panic!("iteration in {l:?}")),
+                cells[1]
+                    .parse()
+                    .unwrap_or_else(|_| panic!("return in {l:?}")),
+            )
+        })
+        .collect()
+}
+
+/// What docs/embodied.md states as the margin the demo's `--once` checks.
+const MARGIN: f64 = 0.3;
+
+/// Whether this process may build network namespaces (the Domain network needs root).
+fn root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("Uid:"))
+                .map(|l| l.split_whitespace().nth(2) == Some("0"))
+        })
+        .unwrap_or(false)
+}
+
+/// The checks both runs share.
+fn check_run(stdout: &str) {
+    // TASK ROLE CLUSTER NODE PHASE REPLICAS REPORTS LAST-REWARD
+    let learner = summary_row(stdout, "demo-train-learner");
+    assert_eq!(learner[1..3], ["Actor", "cloud"], "{stdout}");
+    assert!(learner[3].ends_with("-cloud"), "{stdout}");
+    assert_eq!(learner[4..7], ["Succeeded", "1/1", "8"], "{stdout}");
+    let rollout = summary_row(stdout, "demo-train-rollout");
+    assert_eq!(rollout[1..3], ["Rollout", "edge"], "{stdout}");
+    assert!(rollout[3].ends_with("-edge"), "{stdout}");
+    assert_eq!(rollout[4..6], ["Succeeded", "2/2"], "{stdout}");
+    // One report per episode: 8 iterations of 10 candidates (a candidate handed out again
+    // after a lost result would add one).
+    let episodes: usize = rollout[6].parse().expect("reports");
+    assert!(episodes >= 80, "{stdout}");
+    // The curve: one row per iteration, and the policy learned by the stated margin.
+    let curve = curve(stdout);
+    let iterations: Vec<u32> = curve.iter().map(|(i, _)| *i).collect();
+    assert_eq!(iterations, (1..=8).collect::<Vec<_>>(), "{stdout}");
+    let gain = curve[7].1 - curve[0].1;
+    assert!(gain >= MARGIN, "gain {gain}:\n{stdout}");
+    assert!(
+        curve.iter().all(|(_, r)| *r <= 0.0 && *r > -5.0),
+        "returns are minus a distance in radians:\n{stdout}"
+    );
+    assert!(
+        stdout.contains("Learned: the mean return rose from"),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("Devices on edge:    simulated arms arm-0, arm-1, cameras cam-0, cam-1"),
+        "{stdout}"
+    );
+    // Progress lines show reports arriving while the Tasks run.
+    assert!(
+        stdout.lines().any(|l| l.contains("task demo-train-rollout")
+            && l.contains("Running")
+            && l.contains("last reward")),
+        "{stdout}"
+    );
+}
+
 #[test]
-fn up_demo_once_runs_the_demo_workflow_to_success() {
+fn up_demo_once_runs_an_embodied_rl_loop_that_learns() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let (status, stdout, stderr) = run_demo(dir.path());
+    let (status, stdout, stderr) = run_demo(dir.path(), &[]);
     assert!(
         status.success(),
         "exit {status}\nstdout:\n{stdout}\nstderr:\n{stderr}"
@@ -88,32 +172,22 @@ fn up_demo_once_runs_the_demo_workflow_to_success() {
         stdout.contains("workflow.rlinf.io/demo created"),
         "{stdout}"
     );
-    assert!(
-        stdout.contains("3/3 replicas Succeeded, 15 reports"),
-        "{stdout}"
-    );
-    // TASK ROLE CLUSTER NODE PHASE REPLICAS REPORTS LAST-REWARD
-    let actor = summary_row(&stdout, "demo-train-actor");
-    assert_eq!(actor[1..3], ["Actor", "cloud"], "{stdout}");
-    assert!(actor[3].ends_with("-cloud"), "{stdout}");
-    assert_eq!(actor[4..7], ["Succeeded", "1/1", "5"], "{stdout}");
-    assert!(actor[7].parse::<f64>().is_ok(), "{stdout}");
-    let rollout = summary_row(&stdout, "demo-train-rollout");
-    assert_eq!(rollout[1..3], ["Rollout", "edge"], "{stdout}");
-    assert!(rollout[3].ends_with("-edge"), "{stdout}");
-    assert_eq!(rollout[4..7], ["Succeeded", "2/2", "10"], "{stdout}");
-    assert!(rollout[7].parse::<f64>().is_ok(), "{stdout}");
-    // Progress lines show reports arriving while the Tasks run.
-    assert!(
-        stdout.lines().any(|l| l.contains("task demo-train-rollout")
-            && l.contains("Running")
-            && l.contains("last reward")),
-        "{stdout}"
-    );
+    // As root (the test script) the hosts have a pod network: the rollouts reach the
+    // learner over the Domain; elsewhere over the host's loopback.
+    if root() {
+        assert!(
+            stdout.contains("Network: the Domain demo (both clusters have a pod network"),
+            "{stdout}\nstderr:\n{stderr}"
+        );
+        assert!(stdout.contains("domain.rlinf.io/demo created"), "{stdout}");
+    } else {
+        assert!(stdout.contains("Network: the host's loopback"), "{stdout}");
+    }
+    check_run(&stdout);
 
     // A second run on the same data directory replaces the first Workflow and counts only
-    // its own reports.
-    let (status, stdout, stderr) = run_demo(dir.path());
+    // its own reports; this one without the Domain.
+    let (status, stdout, stderr) = run_demo(dir.path(), &["--demo-network", "host"]);
     assert!(
         status.success(),
         "second run: exit {status}\nstdout:\n{stdout}\nstderr:\n{stderr}"
@@ -123,7 +197,26 @@ fn up_demo_once_runs_the_demo_workflow_to_success() {
         "{stdout}"
     );
     assert!(
-        stdout.contains("3/3 replicas Succeeded, 15 reports"),
+        stdout.contains("Network: the host's loopback (--demo-network host)"),
         "{stdout}"
     );
+    check_run(&stdout);
+}
+
+#[test]
+fn up_demo_refuses_a_python_without_the_demo_packages_before_starting() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fake = dir.path().join("python");
+    std::fs::write(&fake, "#!/bin/sh\necho numpy\n").expect("write");
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let python = fake.to_str().expect("utf-8").to_string();
+    let (status, stdout, stderr) = run_demo(dir.path(), &["--demo-python", &python]);
+    assert_eq!(
+        status.code(),
+        Some(1),
+        "stdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(stderr.contains("lacks numpy"), "{stderr}");
+    assert!(!dir.path().join(".rlark").exists(), "nothing started");
 }

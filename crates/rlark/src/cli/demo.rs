@@ -1,6 +1,7 @@
-//! `rlark up --demo`: apply the embedded `examples/demo/` Workflow to the platform `up`
-//! just started, follow it until it ends (Task phases, replica counts, reports as they
-//! arrive) and print a summary table.
+//! `rlark up --demo`: apply the embedded `examples/demo/` manifests to the platform `up`
+//! just started, follow the Workflow until it ends (Task phases, replica counts, reports as
+//! they arrive), print a summary table and the learner's reward curve, and check that the
+//! policy learned (docs/embodied.md, "The embodied RL demo").
 //!
 //! A Workflow `demo` left by an earlier run (same data directory) is deleted first, with
 //! its Jobs and Tasks, so every run starts afresh. Task reports outlive their Task, so only
@@ -15,7 +16,7 @@ use anyhow::{Context as _, bail};
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, PostParams};
 use rlark_api::labels;
-use rlark_api::types::{Job, Task, TaskPhase, Workflow, WorkflowPhase};
+use rlark_api::types::{Job, Node, Task, TaskPhase, Workflow, WorkflowPhase};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
@@ -32,10 +33,13 @@ const DEMO_MANIFESTS: [(&str, &str); 1] = [(
     include_str!("../../../../examples/demo/workflow.yaml"),
 )];
 
-/// The training-side Python SDK (`sdk/python/rlark`), embedded so that the demo's tasks
-/// can `import rlark` on a machine where it is not installed: [`install_python_sdk`] writes
-/// it under the data directory and the demo's tasks get it on their `PYTHONPATH`.
-const PYTHON_SDK: [(&str, &str); 4] = [
+/// The Python the demo's tasks import, embedded so that they run on a machine where none of
+/// it is installed: the training SDK (`sdk/python/rlark`), the embodied SDK
+/// (`sdk/python/rlark-embodied`) and the demo's programs (`examples/demo/rlark_demo`).
+/// [`install_python`] writes them under the data directory and the tasks get that
+/// directory on their `PYTHONPATH`. What they need beyond the standard library (numpy,
+/// grpcio, protobuf) is checked by [`check_python`] before anything starts.
+const PYTHON_PACKAGES: [(&str, &str); 23] = [
     (
         "rlark/__init__.py",
         include_str!("../../../../sdk/python/rlark/src/rlark/__init__.py"),
@@ -49,16 +53,145 @@ const PYTHON_SDK: [(&str, &str); 4] = [
         include_str!("../../../../sdk/python/rlark/src/rlark/_task.py"),
     ),
     ("rlark/py.typed", ""),
+    (
+        "rlark_embodied/__init__.py",
+        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/__init__.py"),
+    ),
+    (
+        "rlark_embodied/_enum.py",
+        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/_enum.py"),
+    ),
+    (
+        "rlark_embodied/_transport.py",
+        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/_transport.py"),
+    ),
+    (
+        "rlark_embodied/camera.py",
+        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/camera.py"),
+    ),
+    (
+        "rlark_embodied/errors.py",
+        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/errors.py"),
+    ),
+    (
+        "rlark_embodied/frame.py",
+        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/frame.py"),
+    ),
+    ("rlark_embodied/py.typed", ""),
+    (
+        "rlark_embodied/robot.py",
+        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/robot.py"),
+    ),
+    (
+        "rlark_embodied/_gen/__init__.py",
+        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/__init__.py"),
+    ),
+    (
+        "rlark_embodied/_gen/camera_pb2.py",
+        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/camera_pb2.py"),
+    ),
+    (
+        "rlark_embodied/_gen/camera_pb2.pyi",
+        include_str!(
+            "../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/camera_pb2.pyi"
+        ),
+    ),
+    (
+        "rlark_embodied/_gen/camera_pb2_grpc.py",
+        include_str!(
+            "../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/camera_pb2_grpc.py"
+        ),
+    ),
+    (
+        "rlark_embodied/_gen/robot_pb2.py",
+        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/robot_pb2.py"),
+    ),
+    (
+        "rlark_embodied/_gen/robot_pb2.pyi",
+        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/robot_pb2.pyi"),
+    ),
+    (
+        "rlark_embodied/_gen/robot_pb2_grpc.py",
+        include_str!(
+            "../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/robot_pb2_grpc.py"
+        ),
+    ),
+    (
+        "rlark_demo/__init__.py",
+        include_str!("../../../../examples/demo/rlark_demo/__init__.py"),
+    ),
+    (
+        "rlark_demo/cem.py",
+        include_str!("../../../../examples/demo/rlark_demo/cem.py"),
+    ),
+    (
+        "rlark_demo/learner.py",
+        include_str!("../../../../examples/demo/rlark_demo/learner.py"),
+    ),
+    (
+        "rlark_demo/rollout.py",
+        include_str!("../../../../examples/demo/rlark_demo/rollout.py"),
+    ),
 ];
 
 /// The Workflow the demo follows.
 const WORKFLOW: &str = "demo";
+/// The Domain its Job joins where the hosts have a pod network.
+const DOMAIN: &str = "demo";
+/// The task that learns, and the one whose replicas drive the arms.
+const LEARNER_TASK: &str = "learner";
+const ROLLOUT_TASK: &str = "rollout";
+/// The Task whose reports are the reward curve.
+const LEARNER: &str = "demo-train-learner";
+
+/// How much the learner's mean return must rise from the first iteration to the last for
+/// the demo to count as having learned (returns are minus radians of distance to the goal;
+/// docs/embodied.md states this margin and why).
+pub(crate) const LEARNING_MARGIN: f64 = 0.3;
 
 /// How often the demo's state is read.
 const POLL: Duration = Duration::from_millis(250);
 
+/// At most one progress line per Task in this time when only its reports changed.
+const REPORT_LINES_EVERY: Duration = Duration::from_secs(2);
+
 /// How long the removal of an earlier run may take.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How long `--demo-network auto` waits for both Nodes to report their pod network.
+const NETWORK_WAIT: Duration = Duration::from_secs(20);
+
+/// How the rollouts reach the learner (`--demo-network`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub(crate) enum DemoNetwork {
+    /// The Domain where both local Nodes have a pod network (root, netfilter or TUN), else
+    /// the host's loopback.
+    Auto,
+    /// The Domain `demo`: the rollouts reach the learner by name (`RLARK_HEAD_ADDRESS`).
+    Domain,
+    /// No Domain: the learner listens on the host's loopback, where the rollouts reach it
+    /// (`rlark up`'s clusters share one host).
+    Host,
+}
+
+/// What `rlark up --demo` was asked for.
+#[derive(Clone, Debug)]
+pub(crate) struct DemoOptions {
+    /// How long the Workflow may take.
+    pub timeout: Duration,
+    /// How the rollouts reach the learner.
+    pub network: DemoNetwork,
+    /// The interpreter of the tasks, as [`check_python`] resolved it.
+    pub python: PathBuf,
+}
+
+/// The network the demo runs on, once chosen.
+#[derive(Clone, Debug, PartialEq)]
+enum Network {
+    Domain,
+    /// The learner's loopback port.
+    Host(u16),
+}
 
 /// The parsed embedded manifests.
 fn manifests() -> anyhow::Result<Vec<Manifest>> {
@@ -69,13 +202,98 @@ fn manifests() -> anyhow::Result<Vec<Manifest>> {
     Ok(all)
 }
 
+/// Python run with `-c` to list what the demo's tasks lack: one line per missing package.
+const PYTHON_CHECK: &str = r#"
+import sys
+missing = []
+if sys.version_info < (3, 10):
+    missing.append("Python >= 3.10 (this is %s)" % sys.version.split()[0])
+try:
+    import numpy
+except ImportError:
+    missing.append("numpy")
+try:
+    import grpc
+    if tuple(int(x) for x in grpc.__version__.split(".")[:2]) < (1, 85):
+        missing.append("grpcio>=1.85.1 (found %s)" % grpc.__version__)
+except ImportError:
+    missing.append("grpcio>=1.85.1")
+try:
+    from google.protobuf import __version__ as protobuf
+    if int(protobuf.split(".")[0]) != 7:
+        missing.append("protobuf>=7.35.1,<8 (found %s)" % protobuf)
+except ImportError:
+    missing.append("protobuf>=7.35.1,<8")
+print("\n".join(missing))
+"#;
+
+/// Resolve `python` (a path, or a name looked up on `PATH`) and check that it can run the
+/// demo's tasks: Python 3.10+, numpy, and the embodied SDK's grpcio and protobuf. The error
+/// names what is missing and the command that installs it.
+pub(crate) fn check_python(python: &Path) -> anyhow::Result<PathBuf> {
+    let resolved = if python.components().count() > 1 {
+        std::path::absolute(python).context("resolve --demo-python")?
+    } else {
+        find_on_path(python).with_context(|| {
+            format!(
+                "the demo's tasks run {}, which is not on PATH: install Python 3 \
+                 (Debian: apt-get install python3 python3-pip) or pass --demo-python PATH",
+                python.display()
+            )
+        })?
+    };
+    let output = std::process::Command::new(&resolved)
+        .arg("-c")
+        .arg(PYTHON_CHECK)
+        .output()
+        .with_context(|| format!("run {}", resolved.display()))?;
+    if !output.status.success() {
+        bail!(
+            "{} does not run: {}",
+            resolved.display(),
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    let missing: Vec<String> = String::from_utf8_lossy(&output.stdout)
+        .lines()
+        .filter(|l| !l.trim().is_empty())
+        .map(str::to_string)
+        .collect();
+    if !missing.is_empty() {
+        bail!(
+            "the demo's tasks run {python}, which lacks {missing}. Install them with\n  \
+             {python} -m pip install numpy 'grpcio>=1.85.1,<2' 'protobuf>=7.35.1,<8'\n\
+             or pass --demo-python with an interpreter that has them (a virtual \
+             environment's bin/python)",
+            python = resolved.display(),
+            missing = missing.join(", "),
+        );
+    }
+    Ok(resolved)
+}
+
+/// The first executable file named `name` in a directory of `PATH`.
+fn find_on_path(name: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|dir| dir.join(name))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+        .and_then(|p| std::path::absolute(p).ok())
+}
+
 /// Run the demo against the server whose admin kubeconfig is `kubeconfig`: apply it, follow
-/// it, print the summary. `Ok` when the Workflow succeeded; an error naming the failing
-/// Task when it failed, did not end within `timeout`, or `shutdown` was cancelled.
+/// it, print the summary and the reward curve. `Ok` when the Workflow succeeded and the
+/// mean return rose by [`LEARNING_MARGIN`]; an error naming the failing Task, or the curve
+/// that did not rise, otherwise, and when it did not end within the timeout or `shutdown`
+/// was cancelled.
 pub(crate) async fn run(
     kubeconfig: &Path,
     data_dir: &Path,
-    timeout: Duration,
+    options: &DemoOptions,
     shutdown: &CancellationToken,
 ) -> anyhow::Result<()> {
     let args = ClientArgs {
@@ -84,18 +302,20 @@ pub(crate) async fn run(
     };
     let session = Session::connect(&args).await?;
     let client = session.client.clone();
-    let sdk = install_python_sdk(data_dir)?;
-    let mut manifests = manifests()?;
-    for manifest in &mut manifests {
-        add_python_path(&mut manifest.object, &sdk);
-    }
+    let python_path = install_python(data_dir)?;
     let catalog = Catalog::discover(&client).await?;
+    let mut manifests = manifests()?;
     let jobs = job_names(&manifests);
 
     tokio::select! {
         result = remove_earlier_run(&client, &jobs) => result?,
         () = shutdown.cancelled() => bail!("interrupted"),
     }
+    let network = tokio::select! {
+        result = choose_network(&client, options.network) => result?,
+        () = shutdown.cancelled() => bail!("interrupted"),
+    };
+    prepare(&mut manifests, &python_path, &options.python, &network);
     for manifest in &manifests {
         let (info, namespace, object) = place(
             &catalog,
@@ -109,24 +329,111 @@ pub(crate) async fn run(
         };
         let body: DynamicObject = serde_json::from_value(object)
             .with_context(|| format!("{}: object is malformed", manifest.source))?;
-        api.create(&PostParams::default(), &body)
-            .await
-            .with_context(|| format!("create {} {}", info.qualified_kind(), manifest.name()))?;
-        println!("{}/{} created", info.qualified_kind(), manifest.name());
+        match api.create(&PostParams::default(), &body).await {
+            Ok(_) => println!("{}/{} created", info.qualified_kind(), manifest.name()),
+            // The Domain of an earlier run stays (it is not deleted with the Workflow).
+            Err(kube::Error::Api(status)) if status.code == 409 && manifest.kind() == "Domain" => {
+                println!("{}/{} unchanged", info.qualified_kind(), manifest.name())
+            }
+            Err(e) => {
+                return Err(anyhow::Error::new(e).context(format!(
+                    "create {} {}",
+                    info.qualified_kind(),
+                    manifest.name()
+                )));
+            }
+        }
     }
     println!();
     tokio::select! {
-        result = follow(&client, &jobs, timeout) => result,
+        result = follow(&client, &jobs, options.timeout) => result,
         () = shutdown.cancelled() => bail!("interrupted before workflow {WORKFLOW} ended"),
     }
 }
 
-/// Write [`PYTHON_SDK`] to `DATA_DIR/demo/python/` (replacing an earlier copy, which may
-/// be of another version) and return that directory, absolute.
-fn install_python_sdk(data_dir: &Path) -> anyhow::Result<PathBuf> {
+/// Pick the network: `--demo-network auto` reads the local Nodes' `status.network` (waiting
+/// up to [`NETWORK_WAIT`] for the agents to report it) and takes the Domain when every Node
+/// has a pod network. Prints the choice and why.
+async fn choose_network(client: &kube::Client, wanted: DemoNetwork) -> anyhow::Result<Network> {
+    let host = || -> anyhow::Result<Network> {
+        let port = std::net::TcpListener::bind(("127.0.0.1", 0))
+            .and_then(|l| l.local_addr())
+            .context("find a free loopback port for the learner")?
+            .port();
+        Ok(Network::Host(port))
+    };
+    match wanted {
+        DemoNetwork::Domain => {
+            println!("Network: the Domain {DOMAIN} (--demo-network domain)");
+            return Ok(Network::Domain);
+        }
+        DemoNetwork::Host => {
+            let network = host()?;
+            println!("Network: the host's loopback (--demo-network host)");
+            return Ok(network);
+        }
+        DemoNetwork::Auto => {}
+    }
+    let nodes: Api<Node> = Api::all(client.clone());
+    let deadline = Instant::now() + NETWORK_WAIT;
+    loop {
+        let listed = nodes
+            .list(&ListParams::default())
+            .await
+            .context("list nodes")?;
+        let mut modes = BTreeMap::new();
+        for node in &listed.items {
+            let Some(cluster) = node.labels().get(labels::CLUSTER_ID) else {
+                continue;
+            };
+            if cluster != "cloud" && cluster != "edge" {
+                continue;
+            }
+            let network = node.status.as_ref().and_then(|s| s.network.clone());
+            modes.insert(cluster.clone(), network);
+        }
+        let reported = modes.len() == 2 && modes.values().all(Option::is_some);
+        if reported || Instant::now() >= deadline {
+            let without: Vec<String> = ["cloud", "edge"]
+                .iter()
+                .filter_map(|cluster| match modes.get(*cluster).cloned().flatten() {
+                    Some(n) if n.mode == "kernel" || n.mode == "tun" => None,
+                    Some(n) => Some(format!(
+                        "{cluster}: {}",
+                        n.message.unwrap_or_else(|| format!("mode {}", n.mode))
+                    )),
+                    None => Some(format!("{cluster}: no pod network reported")),
+                })
+                .collect();
+            if without.is_empty() {
+                println!(
+                    "Network: the Domain {DOMAIN} (both clusters have a pod network; the \
+                     rollouts reach the learner by name)"
+                );
+                return Ok(Network::Domain);
+            }
+            let network = host()?;
+            println!(
+                "Network: the host's loopback, not the Domain {DOMAIN}: no pod network ({})",
+                without.join("; ")
+            );
+            return Ok(network);
+        }
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// Write [`PYTHON_PACKAGES`] to `DATA_DIR/demo/python/` (replacing an earlier copy, which
+/// may be of another version) and return that directory, absolute.
+fn install_python(data_dir: &Path) -> anyhow::Result<PathBuf> {
     let root = std::path::absolute(data_dir.join("demo").join("python"))
         .context("resolve the data directory")?;
-    for (file, text) in PYTHON_SDK {
+    match std::fs::remove_dir_all(&root) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("remove {}", root.display())),
+    }
+    for (file, text) in PYTHON_PACKAGES {
         let path = root.join(file);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent)
@@ -137,28 +444,60 @@ fn install_python_sdk(data_dir: &Path) -> anyhow::Result<PathBuf> {
     Ok(root)
 }
 
-/// Put `sdk` first on the `PYTHONPATH` of every raw task of a Workflow's job templates.
-fn add_python_path(object: &mut Value, sdk: &Path) {
-    let Some(templates) = object["spec"]["jobTemplates"].as_array_mut() else {
-        return;
-    };
-    let tasks = templates
-        .iter_mut()
-        .filter_map(|t| t["spec"]["tasks"].as_array_mut())
-        .flatten();
-    for task in tasks {
-        let Some(raw) = task.get_mut("raw").and_then(Value::as_object_mut) else {
+/// Make the manifests run here: every raw task gets `python_path` first on its
+/// `PYTHONPATH` and runs `python` for `python3`; on [`Network::Host`] the Domain goes, the
+/// Job joins none, the learner listens on the loopback port and the rollouts dial it.
+fn prepare(manifests: &mut Vec<Manifest>, python_path: &Path, python: &Path, network: &Network) {
+    if matches!(network, Network::Host(_)) {
+        manifests.retain(|m| m.kind() != "Domain");
+    }
+    for manifest in manifests.iter_mut() {
+        let Some(templates) = manifest.object["spec"]["jobTemplates"].as_array_mut() else {
             continue;
         };
-        let environment = raw
-            .entry("environment")
-            .or_insert_with(|| Value::Array(Vec::new()));
-        if let Some(list) = environment.as_array_mut() {
-            list.retain(|e| e["name"] != "PYTHONPATH");
-            list.push(serde_json::json!({
-                "name": "PYTHONPATH",
-                "value": sdk.display().to_string(),
-            }));
+        for template in templates {
+            if matches!(network, Network::Host(_))
+                && let Some(spec) = template["spec"].as_object_mut()
+            {
+                spec.remove("domain");
+            }
+            let Some(tasks) = template["spec"]["tasks"].as_array_mut() else {
+                continue;
+            };
+            for task in tasks {
+                let name = task["name"].as_str().unwrap_or_default().to_string();
+                let Some(raw) = task.get_mut("raw").and_then(Value::as_object_mut) else {
+                    continue;
+                };
+                if let Some(entrypoint) = raw.get_mut("entrypoint").and_then(Value::as_array_mut)
+                    && entrypoint.first().and_then(Value::as_str) == Some("python3")
+                {
+                    entrypoint[0] = Value::String(python.display().to_string());
+                }
+                let mut env = vec![("PYTHONPATH".to_string(), python_path.display().to_string())];
+                if let Network::Host(port) = network {
+                    match name.as_str() {
+                        LEARNER_TASK => {
+                            env.push(("DEMO_LEARNER_HOST".into(), "127.0.0.1".into()));
+                            env.push(("DEMO_LEARNER_PORT".into(), port.to_string()));
+                        }
+                        ROLLOUT_TASK => env.push((
+                            "DEMO_LEARNER_URL".into(),
+                            format!("http://127.0.0.1:{port}"),
+                        )),
+                        _ => {}
+                    }
+                }
+                let environment = raw
+                    .entry("environment")
+                    .or_insert_with(|| Value::Array(Vec::new()));
+                if let Some(list) = environment.as_array_mut() {
+                    for (name, value) in env {
+                        list.retain(|e| e["name"] != name.as_str());
+                        list.push(serde_json::json!({"name": name, "value": value}));
+                    }
+                }
+            }
         }
     }
 }
@@ -252,9 +591,31 @@ struct TaskView {
     message: String,
     reports: usize,
     last_reward: Option<String>,
+    /// The reward reports of this run: (step, value, best), in step order.
+    rewards: Vec<CurvePoint>,
+}
+
+/// One reward report: the learner's mean return of an iteration (`step`) and the best.
+#[derive(Clone, Debug, PartialEq)]
+struct CurvePoint {
+    step: i64,
+    reward: f64,
+    best: Option<f64>,
 }
 
 impl TaskView {
+    /// Whether `self` and `other` differ in their reports only (then a progress line waits
+    /// for [`REPORT_LINES_EVERY`]: 80 episode reports would otherwise be 80 lines).
+    fn reports_only_differ(&self, other: &TaskView) -> bool {
+        let strip = |v: &TaskView| TaskView {
+            reports: 0,
+            last_reward: None,
+            rewards: Vec::new(),
+            ..v.clone()
+        };
+        self != other && strip(self) == strip(other)
+    }
+
     fn progress_line(&self) -> String {
         let mut line = format!(
             "task {} ({} on {}): {}, replicas {} running / {} succeeded / {} failed of {}, {} report{}",
@@ -319,6 +680,19 @@ async fn task_view(client: &kube::Client, task: &Task) -> anyhow::Result<TaskVie
                 .collect()
         })
         .unwrap_or_default();
+    let mut rewards: Vec<CurvePoint> = reports
+        .iter()
+        .map(|r| &r["spec"]["report"])
+        .filter(|e| e["type"] == "reward")
+        .filter_map(|e| {
+            Some(CurvePoint {
+                step: e["step"].as_i64()?,
+                reward: e["value"].as_f64()?,
+                best: e["best"].as_f64(),
+            })
+        })
+        .collect();
+    rewards.sort_by_key(|p| p.step);
     let last_reward = reports
         .iter()
         .rev()
@@ -344,6 +718,7 @@ async fn task_view(client: &kube::Client, task: &Task) -> anyhow::Result<TaskVie
         message: status.message.unwrap_or_default(),
         reports: reports.len(),
         last_reward,
+        rewards,
     })
 }
 
@@ -352,7 +727,7 @@ async fn follow(client: &kube::Client, jobs: &[String], timeout: Duration) -> an
     let workflows: Api<Workflow> = Api::all(client.clone());
     let started = Instant::now();
     let mut shown_phase = String::new();
-    let mut shown: BTreeMap<String, TaskView> = BTreeMap::new();
+    let mut shown: BTreeMap<String, (TaskView, Instant)> = BTreeMap::new();
     let mut stdout = std::io::stdout();
     loop {
         let workflow = workflows
@@ -371,9 +746,16 @@ async fn follow(client: &kube::Client, jobs: &[String], timeout: Duration) -> an
             writeln!(stdout, "{elapsed} workflow {WORKFLOW}: {shown_phase}")?;
         }
         for view in &views {
-            if shown.get(&view.name) != Some(view) {
+            let due = match shown.get(&view.name) {
+                None => true,
+                Some((_, at)) if view.reports_only_differ(&shown[&view.name].0) => {
+                    at.elapsed() >= REPORT_LINES_EVERY
+                }
+                Some((before, _)) => before != view,
+            };
+            if due {
                 writeln!(stdout, "{elapsed} {}", view.progress_line())?;
-                shown.insert(view.name.clone(), view.clone());
+                shown.insert(view.name.clone(), (view.clone(), Instant::now()));
             }
         }
         stdout.flush()?;
@@ -383,8 +765,14 @@ async fn follow(client: &kube::Client, jobs: &[String], timeout: Duration) -> an
         );
         if finished {
             print_summary(&views, phase, started.elapsed());
+            let curve = views
+                .iter()
+                .find(|v| v.name == LEARNER)
+                .map(|v| v.rewards.as_slice())
+                .unwrap_or_default();
+            print_curve(curve);
             if phase == WorkflowPhase::Succeeded {
-                return Ok(());
+                return check_learning(curve);
             }
             bail!("{}", failure_message(phase, &status, &views));
         }
@@ -485,18 +873,97 @@ fn print_summary(views: &[TaskView], phase: WorkflowPhase, elapsed: Duration) {
     );
 }
 
+/// Print the learner's curve: one row per iteration, with a bar from the worst return.
+fn print_curve(curve: &[CurvePoint]) {
+    if curve.is_empty() {
+        println!("\nNo reward curve: the learner reported no iteration.");
+        return;
+    }
+    let low = curve.iter().map(|p| p.reward).fold(f64::INFINITY, f64::min);
+    let high = curve
+        .iter()
+        .map(|p| p.reward)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let mut lines = vec![
+        ["ITERATION", "MEAN RETURN", "BEST", ""]
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>(),
+    ];
+    for point in curve {
+        let width = if high > low {
+            (1.0 + 39.0 * (point.reward - low) / (high - low)).round() as usize
+        } else {
+            40
+        };
+        lines.push(vec![
+            point.step.to_string(),
+            format!("{:+.3}", point.reward),
+            point
+                .best
+                .map(|b| format!("{b:+.3}"))
+                .unwrap_or_else(|| "-".to_string()),
+            "#".repeat(width),
+        ]);
+    }
+    println!(
+        "\nReward curve (task {LEARNER}: mean return of each iteration's episodes; minus the \
+         arm's distance to the goal in radians, 0 is perfect):\n"
+    );
+    print!("{}", align(&lines));
+}
+
+/// `Ok` when the last iteration's mean return exceeds the first's by [`LEARNING_MARGIN`].
+fn check_learning(curve: &[CurvePoint]) -> anyhow::Result<()> {
+    let (Some(first), Some(last)) = (curve.first(), curve.last()) else {
+        bail!("the learner reported no iteration: no reward curve to check");
+    };
+    if curve.len() < 2 {
+        bail!("the learner reported one iteration only: no learning to check");
+    }
+    let gain = last.reward - first.reward;
+    if gain < LEARNING_MARGIN {
+        bail!(
+            "the policy did not learn: the mean return went from {:+.3} (iteration {}) to \
+             {:+.3} (iteration {}), {gain:+.3}, less than the margin {LEARNING_MARGIN}",
+            first.reward,
+            first.step,
+            last.reward,
+            last.step
+        );
+    }
+    println!(
+        "\nLearned: the mean return rose from {:+.3} to {:+.3} ({gain:+.3}; the demo asks for \
+         at least +{LEARNING_MARGIN}).",
+        first.reward, last.reward
+    );
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn workflow(manifests: &[Manifest]) -> Workflow {
+        let object = &manifests
+            .iter()
+            .find(|m| m.kind() == "Workflow")
+            .expect("a Workflow")
+            .object;
+        serde_json::from_value(object.clone()).expect("a Workflow")
+    }
 
     #[test]
     fn embedded_manifests_parse_and_pin_the_tasks_to_the_up_clusters() {
         let manifests = manifests().expect("parse the demo");
         assert_eq!(job_names(&manifests), ["demo-train"]);
-        let workflow: Workflow =
-            serde_json::from_value(manifests[0].object.clone()).expect("a Workflow");
-        let tasks = &workflow.spec.job_templates[0].spec.tasks;
-        let pinned: Vec<(String, String, i32)> = tasks
+        let kinds: Vec<&str> = manifests.iter().map(|m| m.kind()).collect();
+        assert_eq!(kinds, ["Domain", "Workflow"]);
+        let workflow = workflow(&manifests);
+        let job = &workflow.spec.job_templates[0].spec;
+        assert_eq!(job.domain.as_deref(), Some(DOMAIN));
+        let pinned: Vec<(String, String, i32)> = job
+            .tasks
             .iter()
             .map(|t| {
                 (
@@ -509,45 +976,164 @@ mod tests {
         assert_eq!(
             pinned,
             [
-                ("actor".to_string(), "cloud".to_string(), 1),
-                ("rollout".to_string(), "edge".to_string(), 2)
+                (LEARNER_TASK.to_string(), "cloud".to_string(), 1),
+                (ROLLOUT_TASK.to_string(), "edge".to_string(), 2)
             ]
         );
+        assert_eq!(format!("demo-train-{LEARNER_TASK}"), LEARNER);
     }
 
+    /// Every file of the packages on disk is embedded, and nothing else.
     #[test]
-    fn the_embedded_python_sdk_is_the_whole_package() {
-        let package =
-            Path::new(env!("CARGO_MANIFEST_DIR")).join("../../sdk/python/rlark/src/rlark");
-        let mut on_disk: Vec<String> = std::fs::read_dir(&package)
-            .expect("read the SDK's package")
-            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
-            .filter(|name| name.ends_with(".py") || name == "py.typed")
-            .map(|name| format!("rlark/{name}"))
-            .collect();
-        on_disk.sort();
-        let mut embedded: Vec<String> = PYTHON_SDK.iter().map(|(f, _)| f.to_string()).collect();
-        embedded.sort();
-        assert_eq!(embedded, on_disk, "add the new module to PYTHON_SDK");
-    }
-
-    #[test]
-    fn the_demo_tasks_get_the_installed_sdk_on_their_python_path() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let sdk = install_python_sdk(dir.path()).expect("install");
-        assert!(sdk.is_absolute());
-        let installed = std::fs::read_to_string(sdk.join("rlark/_task.py")).expect("read");
-        assert_eq!(installed, PYTHON_SDK[2].1);
-        let mut manifests = manifests().expect("parse the demo");
-        add_python_path(&mut manifests[0].object, &sdk);
-        add_python_path(&mut manifests[0].object, &sdk); // idempotent
-        let workflow: Workflow =
-            serde_json::from_value(manifests[0].object.clone()).expect("a Workflow");
-        for task in &workflow.spec.job_templates[0].spec.tasks {
-            let env = &task.spec.raw.as_ref().expect("raw").environment;
-            let paths: Vec<_> = env.iter().filter(|e| e.name == "PYTHONPATH").collect();
-            assert_eq!(paths.len(), 1, "{}", task.name);
-            assert_eq!(paths[0].value.as_str(), sdk.to_str().expect("utf-8"));
+    fn the_embedded_python_is_the_whole_of_each_package() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+        let packages = [
+            ("rlark", root.join("sdk/python/rlark/src/rlark")),
+            (
+                "rlark_embodied",
+                root.join("sdk/python/rlark-embodied/src/rlark_embodied"),
+            ),
+            ("rlark_demo", root.join("examples/demo/rlark_demo")),
+        ];
+        let mut on_disk = Vec::new();
+        for (name, dir) in packages {
+            let mut stack = vec![(dir, name.to_string())];
+            while let Some((dir, prefix)) = stack.pop() {
+                for entry in std::fs::read_dir(&dir).expect("read a package") {
+                    let entry = entry.expect("entry");
+                    let file = entry.file_name().to_string_lossy().into_owned();
+                    if entry.file_type().expect("type").is_dir() {
+                        if file != "__pycache__" {
+                            stack.push((entry.path(), format!("{prefix}/{file}")));
+                        }
+                    } else if file.ends_with(".py") || file.ends_with(".pyi") || file == "py.typed"
+                    {
+                        let text = std::fs::read_to_string(entry.path()).expect("read");
+                        on_disk.push((format!("{prefix}/{file}"), text));
+                    }
+                }
+            }
         }
+        on_disk.sort();
+        let mut embedded: Vec<(String, String)> = PYTHON_PACKAGES
+            .iter()
+            .map(|(f, t)| (f.to_string(), t.to_string()))
+            .collect();
+        embedded.sort();
+        let names = |files: &[(String, String)]| -> Vec<String> {
+            files.iter().map(|(f, _)| f.clone()).collect()
+        };
+        assert_eq!(names(&embedded), names(&on_disk), "update PYTHON_PACKAGES");
+        assert!(embedded == on_disk, "PYTHON_PACKAGES is stale: rebuild");
+    }
+
+    fn env_of(workflow: &Workflow, task: &str) -> BTreeMap<String, String> {
+        let task = workflow.spec.job_templates[0]
+            .spec
+            .tasks
+            .iter()
+            .find(|t| t.name == task)
+            .expect("task");
+        let raw = task.spec.raw.as_ref().expect("raw");
+        let mut env = BTreeMap::new();
+        for e in &raw.environment {
+            assert!(
+                env.insert(e.name.clone(), e.value.clone()).is_none(),
+                "{} twice",
+                e.name
+            );
+        }
+        env
+    }
+
+    #[test]
+    fn on_the_domain_the_tasks_get_the_python_and_keep_the_domain() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = install_python(dir.path()).expect("install");
+        assert!(path.is_absolute());
+        let installed = std::fs::read_to_string(path.join("rlark_demo/cem.py")).expect("read");
+        assert!(installed.contains("class CrossEntropy"));
+        // A second install replaces the first, stale files included.
+        std::fs::write(path.join("rlark_demo/stale.py"), "").expect("write");
+        install_python(dir.path()).expect("install again");
+        assert!(!path.join("rlark_demo/stale.py").exists());
+
+        let mut manifests = manifests().expect("parse the demo");
+        let python = Path::new("/opt/venv/bin/python");
+        prepare(&mut manifests, &path, python, &Network::Domain);
+        prepare(&mut manifests, &path, python, &Network::Domain); // idempotent
+        assert_eq!(manifests.len(), 2, "the Domain stays");
+        let workflow = workflow(&manifests);
+        assert_eq!(
+            workflow.spec.job_templates[0].spec.domain.as_deref(),
+            Some(DOMAIN)
+        );
+        for task in [LEARNER_TASK, ROLLOUT_TASK] {
+            let env = env_of(&workflow, task);
+            assert_eq!(env["PYTHONPATH"], path.display().to_string());
+            assert!(!env.contains_key("DEMO_LEARNER_URL"), "{task}");
+        }
+        for task in &workflow.spec.job_templates[0].spec.tasks {
+            let raw = task.spec.raw.as_ref().expect("raw");
+            assert_eq!(raw.entrypoint[0], "/opt/venv/bin/python", "{}", task.name);
+        }
+    }
+
+    #[test]
+    fn on_the_host_the_domain_goes_and_the_rollouts_dial_the_learners_loopback_port() {
+        let mut manifests = manifests().expect("parse the demo");
+        prepare(
+            &mut manifests,
+            Path::new("/data/demo/python"),
+            Path::new("/usr/bin/python3"),
+            &Network::Host(40123),
+        );
+        let kinds: Vec<&str> = manifests.iter().map(|m| m.kind()).collect();
+        assert_eq!(kinds, ["Workflow"]);
+        let workflow = workflow(&manifests);
+        assert_eq!(workflow.spec.job_templates[0].spec.domain, None);
+        let learner = env_of(&workflow, LEARNER_TASK);
+        assert_eq!(learner["DEMO_LEARNER_HOST"], "127.0.0.1");
+        assert_eq!(learner["DEMO_LEARNER_PORT"], "40123");
+        let rollout = env_of(&workflow, ROLLOUT_TASK);
+        assert_eq!(rollout["DEMO_LEARNER_URL"], "http://127.0.0.1:40123");
+    }
+
+    fn point(step: i64, reward: f64) -> CurvePoint {
+        CurvePoint {
+            step,
+            reward,
+            best: None,
+        }
+    }
+
+    #[test]
+    fn learning_is_a_rise_of_the_margin_from_the_first_iteration_to_the_last() {
+        assert!(check_learning(&[point(1, -1.2), point(2, -0.9), point(3, -0.8)]).is_ok());
+        let flat = check_learning(&[point(1, -1.2), point(2, -0.5), point(3, -1.0)])
+            .expect_err("+0.2 is under the margin");
+        assert!(
+            flat.to_string().contains("did not learn")
+                && flat.to_string().contains("-1.200 (iteration 1)"),
+            "{flat}"
+        );
+        assert!(check_learning(&[]).is_err());
+        assert!(check_learning(&[point(1, 0.0)]).is_err());
+    }
+
+    #[test]
+    fn a_python_without_the_packages_is_refused_naming_them() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // A "python" that runs the check with every import failing.
+        let fake = dir.path().join("python");
+        std::fs::write(&fake, "#!/bin/sh\necho numpy\necho 'grpcio>=1.85.1'\n").expect("write");
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        let error = check_python(&fake).expect_err("missing packages");
+        let text = error.to_string();
+        assert!(text.contains("lacks numpy, grpcio>=1.85.1"), "{text}");
+        assert!(text.contains("-m pip install numpy"), "{text}");
+        let missing = check_python(Path::new("no-such-python-rlark")).expect_err("not on PATH");
+        assert!(missing.to_string().contains("not on PATH"), "{missing}");
     }
 }

@@ -10,6 +10,7 @@ use rlark_server::{ServerConfig, ServerConfigFile, ServerOverrides};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio_util::sync::CancellationToken;
 
+use super::demo::{DemoNetwork, DemoOptions};
 use super::security::{self, SecurityClient, UserRole, parse_seconds};
 use super::{ClientArgs, DEFAULT_DATA_DIR};
 
@@ -87,10 +88,31 @@ pub(crate) struct UpArgs {
     /// HTTPS listen address; must be a loopback address (use `rlark server` otherwise).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8443")]
     listen: SocketAddr,
-    /// Once up, run the demo Workflow (`examples/demo/`, built in): an actor on `cloud`, two
-    /// rollout replicas on `edge` posting reward reports; follow it and print a summary.
+    /// Once up, run the demo (`examples/demo/`, built in): an embodied RL loop, a learner on
+    /// `cloud` and two rollout replicas on `edge` driving simulated arms; follow it and print
+    /// a summary and the reward curve. The tasks need Python 3.10+ with numpy, grpcio and
+    /// protobuf (checked first; see --demo-python).
     #[arg(long)]
     demo: bool,
+    /// With --demo: how the rollouts reach the learner: `domain` (the Domain network, needs
+    /// root), `host` (the host's loopback), or `auto` (the Domain where both clusters have a
+    /// pod network).
+    #[arg(
+        long,
+        value_enum,
+        value_name = "MODE",
+        default_value = "auto",
+        requires = "demo"
+    )]
+    demo_network: DemoNetwork,
+    /// With --demo: the Python interpreter of the demo's tasks (a path, or a name on PATH).
+    #[arg(
+        long,
+        value_name = "PYTHON",
+        default_value = "python3",
+        requires = "demo"
+    )]
+    demo_python: PathBuf,
     /// With --demo: stop once the demo Workflow ended; exit 0 when it succeeded.
     #[arg(long, requires = "demo")]
     once: bool,
@@ -167,6 +189,16 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
             args.listen
         );
     }
+    // The demo's tasks need a Python with its packages: refuse before anything starts.
+    let demo = if args.demo {
+        Some(DemoOptions {
+            timeout: std::time::Duration::from_secs(args.demo_timeout),
+            network: args.demo_network,
+            python: super::demo::check_python(&args.demo_python)?,
+        })
+    } else {
+        None
+    };
     let mut config = ServerConfig::new(&args.data_dir);
     config.listen = args.listen;
     config.controllers.enabled = true;
@@ -200,9 +232,27 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
             return Err(error);
         }
     };
-    let agents = match start_up_agents(&server, &args.data_dir, args.keep_tasks).await {
+    let embodied = match UpEmbodied::start(&args.data_dir).await {
+        Ok(embodied) => embodied,
+        Err(error) => {
+            if let Err(e) = server.shutdown().await {
+                tracing::warn!(error = %e, "server shutdown after a failed start");
+            }
+            remove_created();
+            return Err(error);
+        }
+    };
+    let agents = match start_up_agents(
+        &server,
+        &args.data_dir,
+        args.keep_tasks,
+        &embodied.socket_dir,
+    )
+    .await
+    {
         Ok(agents) => agents,
         Err(error) => {
+            embodied.stop().await;
             if let Err(e) = server.shutdown().await {
                 tracing::warn!(error = %e, "server shutdown after a failed start");
             }
@@ -227,6 +277,7 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
          \x20 rlark get tasks -w\n\n\
          Examples:           {examples}{sep} (a Domain, Jobs, a Workflow; Job counter runs until stopped)\n\
          Local agents:       {agent_list}   (rlark get nodes -A)\n\
+         Devices on {devices_cluster}:    {devices}   (rlark robot --socket-dir {socket_dir} list)\n\
          Read-only user:     rlark kubeconfig --user NAME --role viewer -o NAME.kubeconfig\n\
          Tasks:              {tasks}\n",
         url = server.url(),
@@ -234,19 +285,22 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
         kubeconfig = kubeconfig.display(),
         examples = examples.display(),
         sep = std::path::MAIN_SEPARATOR,
+        devices_cluster = UP_DEVICES_CLUSTER,
+        devices = embodied.describe(),
+        socket_dir = embodied.socket_dir.display(),
         tasks = if args.keep_tasks {
             "keep running when rlark up exits (--keep-tasks); the next rlark up adopts them"
         } else {
             "stop when rlark up exits (--keep-tasks leaves them running)"
         },
     );
-    if args.demo {
+    if let Some(demo) = &demo {
         println!("Running the demo workflow (examples/demo/):\n");
-        let timeout = std::time::Duration::from_secs(args.demo_timeout);
         let result =
-            super::demo::run(&server.kubeconfig_path, &args.data_dir, timeout, &shutdown).await;
+            super::demo::run(&server.kubeconfig_path, &args.data_dir, demo, &shutdown).await;
         if args.once {
             stop_agents(agents).await;
+            embodied.stop().await;
             server.shutdown().await?;
             return result;
         }
@@ -258,8 +312,71 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
     println!("Press Ctrl-C to stop.");
     shutdown.cancelled().await;
     stop_agents(agents).await;
+    embodied.stop().await;
     server.shutdown().await?;
     Ok(())
+}
+
+/// The embodied runtime `rlark up` runs for its edge agent: simulated arms and cameras
+/// (`examples/demo/embodied.yaml`, built in), served in this process.
+const UP_EMBODIED_CONFIG: &str = include_str!("../../../../examples/demo/embodied.yaml");
+/// The local cluster whose agent offers those devices.
+const UP_DEVICES_CLUSTER: &str = "edge";
+
+/// The running embodied runtime of `rlark up`.
+struct UpEmbodied {
+    running: rlark_embodied::Running,
+    /// `DATA_DIR/embodied`, absolute: the sockets the edge agent and its replicas use.
+    socket_dir: PathBuf,
+    stop: CancellationToken,
+}
+
+impl UpEmbodied {
+    async fn start(data_dir: &Path) -> anyhow::Result<Self> {
+        let config = rlark_embodied::EmbodiedConfig::from_yaml(UP_EMBODIED_CONFIG)
+            .context("the built-in embodied configuration (examples/demo/embodied.yaml)")?;
+        let socket_dir =
+            std::path::absolute(data_dir.join("embodied")).context("resolve the data directory")?;
+        let stop = CancellationToken::new();
+        let running = rlark_embodied::serve(config, &socket_dir, stop.clone())
+            .await
+            .with_context(|| {
+                format!(
+                    "start the local embodied runtime in {}",
+                    socket_dir.display()
+                )
+            })?;
+        Ok(Self {
+            running,
+            socket_dir,
+            stop,
+        })
+    }
+
+    /// The devices, as the banner lists them.
+    fn describe(&self) -> String {
+        let robots = self.running.robots().robot_ids();
+        let cameras: Vec<String> = self
+            .running
+            .cameras()
+            .list()
+            .into_iter()
+            .map(|c| c.camera_id)
+            .collect();
+        format!(
+            "simulated arms {}, cameras {}",
+            robots.join(", "),
+            cameras.join(", ")
+        )
+    }
+
+    /// Stop every robot, close every camera, remove the sockets.
+    async fn stop(self) {
+        self.stop.cancel();
+        if let Err(error) = self.running.wait().await {
+            tracing::warn!(%error, "the local embodied runtime stopped with an error");
+        }
+    }
 }
 
 /// The agents `rlark up` runs in-process: cluster ID (also the node-name suffix) and node
@@ -274,6 +391,7 @@ async fn start_up_agents(
     server: &rlark_server::RunningServer,
     data_dir: &Path,
     keep_tasks: bool,
+    embodied_socket_dir: &Path,
 ) -> anyhow::Result<Vec<rlark_agent::RunningAgent>> {
     let host = up_node_prefix();
     let mut admin: Option<SecurityClient> = None;
@@ -284,6 +402,9 @@ async fn start_up_agents(
         config.node_name = Some(format!("{host}-{id}"));
         config.node_category = category;
         config.stop_tasks_on_exit = !keep_tasks;
+        if id == UP_DEVICES_CLUSTER {
+            config.embodied_socket_dir = Some(embodied_socket_dir.to_path_buf());
+        }
         let started = async {
             if !rlark_agent::config::is_joined(&dir) {
                 let api = match &mut admin {
