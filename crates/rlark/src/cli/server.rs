@@ -323,6 +323,46 @@ const UP_EMBODIED_CONFIG: &str = include_str!("../../../../examples/demo/embodie
 /// The local cluster whose agent offers those devices.
 const UP_DEVICES_CLUSTER: &str = "edge";
 
+/// Longest socket path a `sockaddr_un` holds, less its terminating NUL.
+const MAX_SOCKET_PATH: usize = 107;
+/// The longest socket name of the runtime.
+const LONGEST_SOCKET: &str = "camera-ctrl.sock";
+
+/// `DATA_DIR/embodied`, absolute; when its socket paths would not fit a unix socket
+/// address (a deep data directory), `TMPDIR/rlark-embodied-<hash of that path>` instead,
+/// created 0700 (an existing one must be ours and private).
+fn up_socket_dir(data_dir: &Path) -> anyhow::Result<PathBuf> {
+    use std::hash::{Hash as _, Hasher as _};
+    use std::os::unix::fs::{DirBuilderExt as _, MetadataExt as _};
+    let dir =
+        std::path::absolute(data_dir.join("embodied")).context("resolve the data directory")?;
+    if dir.join(LONGEST_SOCKET).as_os_str().len() <= MAX_SOCKET_PATH {
+        return Ok(dir);
+    }
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    dir.hash(&mut hasher);
+    let short = std::env::temp_dir().join(format!("rlark-embodied-{:016x}", hasher.finish()));
+    match std::fs::DirBuilder::new().mode(0o700).create(&short) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e).with_context(|| format!("create {}", short.display())),
+    }
+    let owner = std::fs::metadata(data_dir)
+        .with_context(|| format!("read {}", data_dir.display()))?
+        .uid();
+    let meta =
+        std::fs::symlink_metadata(&short).with_context(|| format!("read {}", short.display()))?;
+    if !meta.is_dir() || meta.uid() != owner || meta.mode() & 0o077 != 0 {
+        bail!(
+            "{} (the embodied sockets' directory: {} is too long for a unix socket path) \
+             exists but is not a private directory of this user; remove it",
+            short.display(),
+            dir.display()
+        );
+    }
+    Ok(short)
+}
+
 /// The running embodied runtime of `rlark up`.
 struct UpEmbodied {
     running: rlark_embodied::Running,
@@ -335,8 +375,7 @@ impl UpEmbodied {
     async fn start(data_dir: &Path) -> anyhow::Result<Self> {
         let config = rlark_embodied::EmbodiedConfig::from_yaml(UP_EMBODIED_CONFIG)
             .context("the built-in embodied configuration (examples/demo/embodied.yaml)")?;
-        let socket_dir =
-            std::path::absolute(data_dir.join("embodied")).context("resolve the data directory")?;
+        let socket_dir = up_socket_dir(data_dir)?;
         let stop = CancellationToken::new();
         let running = rlark_embodied::serve(config, &socket_dir, stop.clone())
             .await
@@ -569,4 +608,34 @@ pub(crate) fn watch_signals(shutdown: CancellationToken) -> anyhow::Result<()> {
         std::process::exit(1);
     });
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_embodied_sockets_live_in_the_data_dir_unless_their_paths_would_be_too_long() {
+        let short = tempfile::tempdir().expect("tempdir");
+        let dir = up_socket_dir(short.path()).expect("socket dir");
+        assert_eq!(dir, short.path().join("embodied"));
+
+        let deep = short.path().join("d".repeat(100));
+        std::fs::create_dir_all(&deep).expect("mkdir");
+        let dir = up_socket_dir(&deep).expect("socket dir");
+        assert!(dir.starts_with(std::env::temp_dir()), "{}", dir.display());
+        assert!(dir.join(LONGEST_SOCKET).as_os_str().len() <= MAX_SOCKET_PATH);
+        assert_eq!(up_socket_dir(&deep).expect("again"), dir, "stable");
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(&dir).expect("stat").permissions().mode();
+        assert_eq!(mode & 0o777, 0o700);
+        // A directory others can write is refused, not used.
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).expect("chmod");
+        let error = up_socket_dir(&deep).expect_err("not private");
+        assert!(
+            error.to_string().contains("not a private directory"),
+            "{error}"
+        );
+        std::fs::remove_dir(&dir).expect("clean up");
+    }
 }
