@@ -7,6 +7,7 @@ mod baseline;
 mod camera;
 mod client;
 mod controllers;
+mod guard;
 mod micro;
 mod net;
 mod object;
@@ -25,6 +26,11 @@ pub use net::{NetBenchOptions, NetBenchReport, NetPeerOptions, run_net, run_net_
 pub use port_forward::{PortForwardBenchOptions, PortForwardBenchReport, run_port_forward};
 pub use report::ApiBenchReport;
 pub use tunnel::{TunnelBenchOptions, run_tunnel};
+
+use std::path::{Path, PathBuf};
+
+use anyhow::Context as _;
+use guard::{Comparison, Guarded, RatioFile, RatioTable};
 
 /// The `rlark bench` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -70,79 +76,151 @@ pub enum BenchCommand {
     NetPeer(NetPeerOptions),
 }
 
-/// Run a `rlark bench` subcommand and print its report (a table, or JSON with `--json`).
-pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
-    match command {
+/// `rlark bench`: a subcommand and the regression guard's flags, which go anywhere after
+/// `bench`.
+#[derive(Debug, clap::Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    pub command: BenchCommand,
+    /// Compare this run's CPU-per-operation ratios (each path against its same-run
+    /// baseline) with those in FILE (the committed docs/bench-ratios.json) and flag every
+    /// ratio more than 25% worse; exit 1 when one is.
+    #[arg(long, value_name = "FILE", global = true)]
+    pub compare: Option<PathBuf>,
+    /// Write this run's ratios into FILE, keeping the other benches' entries (how
+    /// docs/bench-ratios.json is refreshed, from a release build).
+    #[arg(long, value_name = "FILE", global = true)]
+    pub write_ratios: Option<PathBuf>,
+}
+
+/// Print `report` (JSON with `json`), its guard table, and the comparison with `compare`.
+fn finish<R: serde::Serialize + std::fmt::Display + Guarded>(
+    report: &R,
+    json: bool,
+    compare: Option<(&Path, &RatioFile)>,
+    write_ratios: Option<&Path>,
+) -> anyhow::Result<()> {
+    let ratios = report.ratios();
+    let comparison =
+        compare.map(|(path, file)| Comparison::new(path, file, report.bench(), &ratios));
+    if json {
+        let mut value = serde_json::to_value(report)?;
+        if let Some(object) = value.as_object_mut() {
+            object.insert("guard".into(), serde_json::to_value(&ratios)?);
+            if let Some(c) = &comparison {
+                object.insert("comparison".into(), serde_json::to_value(c)?);
+            }
+        }
+        println!("{}", serde_json::to_string_pretty(&value)?);
+    } else {
+        print!("{report}");
+        print!("{}", RatioTable(&ratios));
+        if let Some(c) = &comparison {
+            print!("{c}");
+        }
+    }
+    if let Some(path) = write_ratios {
+        let existing = match path.exists() {
+            true => Some(RatioFile::load(path)?),
+            false => None,
+        };
+        let mut file = RatioFile::merged(existing, report.bench(), &ratios);
+        file.measured = format!(
+            "{} build, {} CPU(s); see docs/benchmarks.md",
+            if cfg!(debug_assertions) {
+                "debug"
+            } else {
+                "release"
+            },
+            std::thread::available_parallelism().map_or(0, |n| n.get())
+        );
+        std::fs::write(path, serde_json::to_string_pretty(&file)? + "\n")
+            .with_context(|| format!("write {}", path.display()))?;
+        eprintln!(
+            "ratios of bench {} written to {}",
+            report.bench(),
+            path.display()
+        );
+    }
+    if let Some(c) = comparison {
+        let regressions = c.regressions();
+        if !regressions.is_empty() {
+            anyhow::bail!(
+                "{} ratio(s) more than {:.0}% worse than {}: {}",
+                regressions.len(),
+                guard::WORSE_BY * 100.0,
+                c.file.display(),
+                regressions.join(", ")
+            );
+        }
+    }
+    Ok(())
+}
+
+/// Run a `rlark bench` subcommand and print its report (a table, or JSON with `--json`),
+/// then the regression guard's ratios (and, with `--compare`, their comparison).
+pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
+    // The ratio file is read and checked before anything is measured.
+    let committed = args.compare.as_deref().map(RatioFile::load).transpose()?;
+    let compare = args.compare.as_deref().zip(committed.as_ref());
+    let write = args.write_ratios.as_deref();
+    match args.command {
         BenchCommand::Api(options) => {
             let json = options.json;
             let report: ApiBenchReport = run_api(options).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{report}");
-            }
-            Ok(())
+            finish(&report, json, compare, write)
         }
         BenchCommand::Tunnel(options) => {
             let json = options.json;
             let report = run_tunnel(options).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{report}");
-            }
-            Ok(())
+            finish(&report, json, compare, write)
         }
         BenchCommand::PortForward(options) => {
             let json = options.json;
             let report: PortForwardBenchReport = run_port_forward(options).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{report}");
-            }
-            Ok(())
-        }
-        BenchCommand::Agent(options) => {
-            let json = options.json;
-            let report: AgentBenchReport = run_agent(options).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{report}");
-            }
-            Ok(())
-        }
-        BenchCommand::Camera(options) => {
-            let json = options.json;
-            let report: CameraBenchReport = run_camera(options).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{report}");
-            }
-            Ok(())
+            finish(&report, json, compare, write)
         }
         BenchCommand::Net(options) => {
             let json = options.json;
             let report: NetBenchReport = run_net(options).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{report}");
-            }
-            Ok(())
+            finish(&report, json, compare, write)
         }
-        BenchCommand::NetPeer(options) => run_net_peer(options).await,
+        // No same-run baseline to divide by yet: these print their report alone.
+        BenchCommand::Agent(options) => {
+            let json = options.json;
+            let report: AgentBenchReport = run_agent(options).await?;
+            print_unguarded(&report, json, compare.is_some() || write.is_some())
+        }
+        BenchCommand::Camera(options) => {
+            let json = options.json;
+            let report: CameraBenchReport = run_camera(options).await?;
+            print_unguarded(&report, json, compare.is_some() || write.is_some())
+        }
         BenchCommand::Controllers(options) => {
             let json = options.json;
             let report: ControllerBenchReport = run_controllers(options).await?;
-            if json {
-                println!("{}", serde_json::to_string_pretty(&report)?);
-            } else {
-                print!("{report}");
-            }
-            Ok(())
+            print_unguarded(&report, json, compare.is_some() || write.is_some())
         }
+        BenchCommand::NetPeer(options) => run_net_peer(options).await,
     }
+}
+
+/// The benches without a guard yet: their report, and a note when a guard flag was given.
+fn print_unguarded<R: serde::Serialize + std::fmt::Display>(
+    report: &R,
+    json: bool,
+    guard_asked: bool,
+) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(report)?);
+    } else {
+        print!("{report}");
+    }
+    if guard_asked {
+        eprintln!(
+            "this bench has no same-run CPU baseline yet: --compare and --write-ratios do \
+             not apply to it"
+        );
+    }
+    Ok(())
 }

@@ -60,8 +60,7 @@ pub(crate) enum LogFormat {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Benchmarks that run on this machine (network on 127.0.0.1 only).
-    #[command(subcommand)]
-    Bench(crate::bench::BenchCommand),
+    Bench(crate::bench::BenchArgs),
     /// Run the control-plane server until SIGTERM or SIGINT.
     Server(server::ServerArgs),
     /// Start a local control plane on loopback with embedded defaults and print how to use it.
