@@ -167,8 +167,10 @@ impl Allocator {
 
 /// The environment a replica holding `devices` gets, the contract the Python SDK reads
 /// (the device plugin's `Allocate` gives a kubelet's containers the same): the IDs, the
-/// socket of each kind it holds, and for exactly one robot its ROS master / domain.
-pub fn replica_env(socket_dir: &Path, devices: &[Offered]) -> Vec<(String, String)> {
+/// socket of each kind it holds, for exactly one robot its ROS master / domain, and
+/// `RLINF_EMBODIED_OWNER` = `owner` (`<namespace>/<pod>`), which the SDKs send as
+/// `rlark-owner` so the replica, not the calling process, owns the robots it starts.
+pub fn replica_env(socket_dir: &Path, devices: &[Offered], owner: &str) -> Vec<(String, String)> {
     if devices.is_empty() {
         return Vec::new();
     }
@@ -180,6 +182,10 @@ pub fn replica_env(socket_dir: &Path, devices: &[Offered]) -> Vec<(String, Strin
             "1".to_string(),
         ),
         ("RLINF_EMBODIED_DEVICES".to_string(), ids.join(",")),
+        (
+            rlark_embodied::robot::service::OWNER_ENV.to_string(),
+            owner.to_string(),
+        ),
     ];
     let uses = |name: &str| devices.iter().any(|o| o.socket == name);
     for (name, flag, path) in [
@@ -343,10 +349,11 @@ mod tests {
         let mut arm = offered("robot-a", ARM, true, rlark_embodied::ROS_SOCKET);
         arm.ros_master_uri = Some("http://127.0.0.1:11311".into());
         let cam = offered("camera-c", CAM, true, rlark_embodied::CAMERA_SOCKET);
-        let env: BTreeMap<String, String> = replica_env(Path::new("/run/e"), &[arm, cam])
+        let env: BTreeMap<String, String> = replica_env(Path::new("/run/e"), &[arm, cam], "ns/p-0")
             .into_iter()
             .collect();
         assert_eq!(env["RLINF_EMBODIED_DEVICES"], "robot-a,camera-c");
+        assert_eq!(env["RLINF_EMBODIED_OWNER"], "ns/p-0");
         assert_eq!(
             env["RLINF_EMBODIED_ROS_SOCKET_PATH"],
             "/run/e/ros-ctrl.sock"
@@ -357,6 +364,6 @@ mod tests {
         );
         assert_eq!(env["ROS_MASTER_URI"], "http://127.0.0.1:11311");
         assert!(!env.contains_key("RLINF_EMBODIED_ROS2_SOCKET_PATH"));
-        assert!(replica_env(Path::new("/run/e"), &[]).is_empty());
+        assert!(replica_env(Path::new("/run/e"), &[], "ns/p-0").is_empty());
     }
 }
