@@ -63,6 +63,18 @@ pub fn device_requests(requests: &ResourceList) -> Result<BTreeMap<String, u64>,
     Ok(wants)
 }
 
+/// The device requests of several lists (a docker task's containers), summed per
+/// resource; errors as [`device_requests`].
+pub fn device_requests_of(lists: &[&ResourceList]) -> Result<BTreeMap<String, u64>, String> {
+    let mut total: BTreeMap<String, u64> = BTreeMap::new();
+    for list in lists {
+        for (name, count) in device_requests(list)? {
+            *total.entry(name).or_default() += count;
+        }
+    }
+    Ok(total)
+}
+
 impl Allocator {
     /// What the runtime offers now (the last poll).
     pub fn set_offered(&mut self, offered: Vec<Offered>) {
@@ -342,6 +354,13 @@ mod tests {
         assert!(device_requests(&list("0")).expect("ok").is_empty());
         let err = device_requests(&list("500m")).expect_err("a half arm");
         assert!(err.contains("rlinf.io/robot-sim-arm"), "{err}");
+        let (one, two) = (list("1"), list("2"));
+        assert_eq!(
+            device_requests_of(&[&one, &two]).expect("ok"),
+            wants(&[(ARM, 3)]),
+            "containers' requests add up"
+        );
+        assert!(device_requests_of(&[&one, &list("0.5")]).is_err());
     }
 
     #[test]

@@ -803,20 +803,18 @@ impl Worker {
     /// device plugins cannot serve.
     async fn take_devices(&mut self, body: &RunBody) -> Result<(), Step> {
         use crate::devices::allocator::{self, REASON_DEVICES_UNAVAILABLE};
-        let requests = match body {
-            RunBody::Raw(raw) => raw
-                .resources
-                .as_ref()
-                .map(|r| r.requests.clone())
-                .unwrap_or_default(),
+        // Per replica: the raw block's requests, or the sum over a docker task's containers
+        // (as placement counts them).
+        let lists: Vec<&rlark_api::types::ResourceList> = match body {
+            RunBody::Raw(raw) => raw.resources.iter().map(|r| &r.requests).collect(),
             RunBody::Docker(docker) => docker
                 .containers
                 .iter()
                 .filter_map(|c| c.resources.as_ref())
-                .flat_map(|r| r.requests.clone())
+                .map(|r| &r.requests)
                 .collect(),
         };
-        let wanted = allocator::device_requests(&requests).and_then(|wants| {
+        let wanted = allocator::device_requests_of(&lists).and_then(|wants| {
             if wants.is_empty() {
                 return Ok(Vec::new());
             }

@@ -16,7 +16,11 @@
 //!   which wins), the installation's CA file bind-mounted read-only at its host path (so
 //!   `RLARK_CA_FILE` is valid inside), `volumes` as bind mounts (the target must be
 //!   absolute), `resources.limits` (else requests): `cpu` → `NanoCpus`, `memory` →
-//!   `Memory`, `nvidia.com/gpu` → a device request of that many GPUs.
+//!   `Memory`, `nvidia.com/gpu` → a device request of that many GPUs. A replica holding
+//!   robots or cameras (`rlinf.io/...` requests) also gets the embodied runtime's socket
+//!   directory bind-mounted read-write at its host path
+//!   ([`ContainerSet::read_write_dirs`]), so the `RLINF_EMBODIED_*_SOCKET_PATH` values of
+//!   its environment are valid inside.
 //! - Labels: `rlark.io/managed-by=rlark`, the node, task namespace, name, UID, replica
 //!   index, run key and container name ([`labels`]). Names: [`container_name`], at most 63
 //!   characters, deterministic.
