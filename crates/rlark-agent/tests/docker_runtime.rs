@@ -66,6 +66,7 @@ fn spec(
         containers,
         labels: labels(node, "rlark-t", task, "uid-1", 0, "key"),
         read_only_files: Vec::new(),
+        read_write_dirs: Vec::new(),
     });
     spec
 }

@@ -217,3 +217,310 @@ async fn robots_and_cameras_are_node_resources_that_placement_counts() -> anyhow
     cloud.stop().await?;
     server.stop().await
 }
+
+/// A Job of one raw task holding the arm: `script` (sh) runs with the replica's
+/// environment; `RLARK` is the rlark binary, `DIR` the runtime's socket directory (from
+/// `RLINF_EMBODIED_ROS_SOCKET_PATH`).
+fn arm_script_job(name: &str, script: &str, extra: Value) -> anyhow::Result<Job> {
+    let script = format!(
+        "RLARK={rlark}; DIR=$(dirname \"$RLINF_EMBODIED_ROS_SOCKET_PATH\"); {script}",
+        rlark = embodied_common::RLARK
+    );
+    let mut task = json!({
+        "name": "rollout",
+        "agentType": "Raw",
+        "role": "Rollout",
+        "raw": {
+            "entrypoint": ["sh", "-c", script],
+            "resources": {"requests": {ARM: "1"}, "limits": {ARM: "1"}},
+        },
+    });
+    if let (Some(task), Some(extra)) = (task.as_object_mut(), extra.as_object()) {
+        task.extend(extra.clone());
+    }
+    Ok(serde_json::from_value(json!({
+        "apiVersion": "rlinf.io/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"tasks": [task]},
+    }))?)
+}
+
+/// `rlark robot status arm-0 -o json`.
+async fn arm_status(embodied: &Embodied) -> anyhow::Result<Value> {
+    let out = embodied_common::ok(
+        embodied
+            .cli("robot", &["status", "arm-0", "-o", "json"])
+            .await?,
+        "rlark robot status",
+    )?;
+    Ok(serde_json::from_str(&out)?)
+}
+
+/// Waits until arm-0 is in `state`; its status then.
+async fn arm_in(embodied: &Embodied, state: &str) -> anyhow::Result<Value> {
+    eventually(&format!("arm-0 {state}"), || async {
+        let status = arm_status(embodied).await?;
+        Ok((status["state"] == state).then_some(status))
+    })
+    .await
+}
+
+/// The Pod of `task`'s replica once it holds robot-arm-0.
+async fn holder(pods: &Api<Pod>, task: &str) -> anyhow::Result<Pod> {
+    eventually(&format!("{task}'s replica holds robot-arm-0"), || async {
+        Ok(pods
+            .list(&ListParams::default().labels(&format!("rlark.io/task-name={task}")))
+            .await?
+            .items
+            .into_iter()
+            .find(|p| {
+                p.status
+                    .as_ref()
+                    .is_some_and(|s| s.devices == ["robot-arm-0"])
+            }))
+    })
+    .await
+}
+
+/// Waits until the file at `path` holds a line.
+async fn line_in(path: &std::path::Path) -> anyhow::Result<String> {
+    eventually(&format!("{} written", path.display()), || async {
+        Ok(std::fs::read_to_string(path)
+            .ok()
+            .filter(|t| t.ends_with('\n'))
+            .map(|t| t.trim().to_string()))
+    })
+    .await
+}
+
+/// Stops Job `name` (`spec.stopped`): its Task ends `Stopped` and holds nothing for
+/// placement any more (a deleted Task may be counted a while longer).
+async fn stop_job(jobs: &Api<Job>, name: &str) -> anyhow::Result<()> {
+    jobs.patch(
+        name,
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(json!({"spec": {"stopped": true}})),
+    )
+    .await?;
+    Ok(())
+}
+
+/// The direct children of process `pid` (from `/proc/PID/task/PID/children`).
+fn children(pid: i64) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_owns_its_robots_and_an_unhealthy_device_can_stop_it() -> anyhow::Result<()> {
+    let mut embodied = Embodied::start()?;
+    embodied.first_list("robot").await?;
+    let (server, _server_dir) = start_server_with_controllers().await?;
+    let admin = server.client().await?;
+    let lab_dir = tempfile::tempdir()?;
+    let socket_dir = embodied.socket_dir.clone();
+    let lab = start_agent_configured(&server, "lab", "lab-0", lab_dir.path(), |config| {
+        config.embodied_socket_dir = Some(socket_dir);
+    })
+    .await?;
+    let jobs: Api<Job> = Api::all(admin.clone());
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "rlark-lab");
+    let scratch = tempfile::tempdir()?;
+    let create = PostParams::default();
+
+    // 1. A short-lived child of the replica (the CLI) starts the arm and exits; the
+    //    replica lives on, and so does the arm, well past the watchdog (sim.yaml: 2 s).
+    let out = scratch.path().join("owner.out");
+    let script = format!(
+        "\"$RLARK\" robot --socket-dir \"$DIR\" start arm-0 && echo \"$RLINF_EMBODIED_OWNER\" > {}; exec sleep 300",
+        out.display()
+    );
+    let always = json!({"raw": {
+        "entrypoint": ["sh", "-c", format!(
+            "RLARK={rlark}; DIR=$(dirname \"$RLINF_EMBODIED_ROS_SOCKET_PATH\"); {script}",
+            rlark = embodied_common::RLARK
+        )],
+        "restartPolicy": "Always",
+        "resources": {"requests": {ARM: "1"}, "limits": {ARM: "1"}},
+    }});
+    jobs.create(&create, &arm_script_job("owner", &script, always)?)
+        .await?;
+    let pod = holder(&pods, "owner-rollout").await?;
+    let label = line_in(&out).await?;
+    assert_eq!(label, format!("rlark-lab/{}", pod.name_any()));
+    let status = arm_status(&embodied).await?;
+    assert_eq!(status["state"], "RUNNING", "{status}");
+    tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+    let status = arm_status(&embodied).await?;
+    assert_eq!(
+        status["state"], "RUNNING",
+        "the CLI that started it exited, the replica did not: {status}"
+    );
+    let leader = status["ownerPid"].as_i64().context("ownerPid")?;
+    ensure!(leader > 0, "an owner: {status}");
+    let logs = embodied_common::ok(
+        embodied.cli("robot", &["logs", "arm-0"]).await?,
+        "rlark robot logs",
+    )?;
+    ensure!(
+        logs.contains(&format!(
+            "for replica {label} (session leader process {leader})"
+        )),
+        "{logs}"
+    );
+    // Kill the replica's main process (the session leader is its supervisor): the
+    // replica dies, and the runtime's watchdog stops the arm. The run goes on
+    // (restartPolicy Always), so this is not the agent's end-of-run backstop.
+    let main = children(leader);
+    ensure!(!main.is_empty(), "the supervisor {leader} has a child");
+    for pid in main {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        )?;
+    }
+    let safety_stop = format!(
+        "safety stop: owner replica {label} ended (its session leader, process {leader}, exited)"
+    );
+    eventually(
+        "the watchdog stopped the arm for the dead replica",
+        || async {
+            let logs = embodied_common::ok(
+                embodied.cli("robot", &["logs", "arm-0"]).await?,
+                "rlark robot logs",
+            )?;
+            Ok(logs.contains(&safety_stop).then_some(()))
+        },
+    )
+    .await?;
+    // The restarted replica starts it again; the end of the run stops it for good.
+    eventually("the restarted replica runs the arm", || async {
+        let status = arm_status(&embodied).await?;
+        Ok((status["state"] == "RUNNING" && status["ownerPid"] != leader).then_some(()))
+    })
+    .await?;
+    stop_job(&jobs, "owner").await?;
+    let stopped = arm_in(&embodied, "STOPPED").await?;
+    let message = stopped["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&label),
+        "stopped for the replica {label}: {message}"
+    );
+
+    // 2. The backstop: the arm runs for a live, connected process outside the replica
+    //    (this test); when the replica holding it ends, its agent stops it.
+    let out = scratch.path().join("backstop.out");
+    let script = format!("echo ready > {}; exec sleep 300", out.display());
+    jobs.create(&create, &arm_script_job("backstop", &script, json!({}))?)
+        .await?;
+    let pod = holder(&pods, "backstop-rollout").await?;
+    line_in(&out).await?;
+    let channel =
+        rlark_embodied::client::connect(embodied.socket_dir.join("ros-ctrl.sock")).await?;
+    let mut client =
+        rlark_proto::robot::v1::robot_controller_client::RobotControllerClient::new(channel);
+    let started = client
+        .start_robot(rlark_proto::robot::v1::StartRobotRequest {
+            robot_id: "arm-0".into(),
+            mode: String::new(),
+            mode_config: None,
+        })
+        .await?
+        .into_inner();
+    assert_eq!(started.owner_pid, i32::try_from(std::process::id())?);
+    stop_job(&jobs, "backstop").await?;
+    let stopped = arm_in(&embodied, "STOPPED").await?;
+    let message = stopped["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains(&format!(
+            "replica rlark-lab/{}, which held it, ended",
+            pod.name_any()
+        )),
+        "{message}"
+    );
+    drop(client);
+
+    // 3. A detached start survives its replica: the next replica gets the arm still running.
+    let out = scratch.path().join("detached.out");
+    let script = format!(
+        "\"$RLARK\" robot --socket-dir \"$DIR\" start arm-0 --detach && echo started > {}; exec sleep 300",
+        out.display()
+    );
+    jobs.create(&create, &arm_script_job("detached", &script, json!({}))?)
+        .await?;
+    holder(&pods, "detached-rollout").await?;
+    line_in(&out).await?;
+    let status = arm_status(&embodied).await?;
+    assert_eq!(
+        (&status["state"], &status["ownerPid"]),
+        (&json!("RUNNING"), &json!(0))
+    );
+    stop_job(&jobs, "detached").await?;
+    // Once another replica holds the arm, the first one's run is over (devices are freed
+    // after the backstop ran).
+    let out = scratch.path().join("next.out");
+    let script = format!("echo ready > {}; exec sleep 300", out.display());
+    jobs.create(&create, &arm_script_job("next", &script, json!({}))?)
+        .await?;
+    holder(&pods, "next-rollout").await?;
+    let status = arm_status(&embodied).await?;
+    assert_eq!(status["state"], "RUNNING", "detached: left alone: {status}");
+    embodied_common::ok(
+        embodied.cli("robot", &["stop", "arm-0"]).await?,
+        "rlark robot stop",
+    )?;
+    stop_job(&jobs, "next").await?;
+
+    // 4. onDeviceUnhealthy: Stop — the replica's arm faults: the agent stops the replica,
+    //    its Pod ends Failed (DeviceUnhealthy) naming the device, and the Task fails.
+    let out = scratch.path().join("faulty.out");
+    let script = format!(
+        "\"$RLARK\" robot --socket-dir \"$DIR\" start arm-0 --arg fault=boom && echo started > {}; exec sleep 300",
+        out.display()
+    );
+    let policy = json!({"onDeviceUnhealthy": "Stop", "raw": {
+        "entrypoint": ["sh", "-c", format!(
+            "RLARK={rlark}; DIR=$(dirname \"$RLINF_EMBODIED_ROS_SOCKET_PATH\"); {script}",
+            rlark = embodied_common::RLARK
+        )],
+        "restartPolicy": "Always",
+        "resources": {"requests": {ARM: "1"}, "limits": {ARM: "1"}},
+    }});
+    jobs.create(&create, &arm_script_job("faulty", &script, policy)?)
+        .await?;
+    holder(&pods, "faulty-rollout").await?;
+    let failed = eventually("faulty's replica Failed", || async {
+        Ok(pods
+            .list(&ListParams::default().labels("rlark.io/task-name=faulty-rollout"))
+            .await?
+            .items
+            .into_iter()
+            .find(|p| {
+                p.status
+                    .as_ref()
+                    .is_some_and(|s| s.phase == Some(rlark_api::types::PodPhase::Failed))
+            }))
+    })
+    .await?;
+    let status = failed.status.context("status")?;
+    assert_eq!(status.reason.as_deref(), Some("DeviceUnhealthy"));
+    let message = status.message.unwrap_or_default();
+    assert!(
+        message.contains("robot-arm-0") && message.contains("simulated arm fault: boom"),
+        "{message}"
+    );
+    let tasks: Api<Task> = Api::namespaced(admin.clone(), "rlark-lab");
+    eventually("faulty-rollout Failed", || async {
+        let task = tasks.get("faulty-rollout").await?;
+        let phase = task.status.as_ref().and_then(|s| s.phase);
+        Ok((phase == Some(rlark_api::types::TaskPhase::Failed)).then_some(task))
+    })
+    .await?;
+
+    lab.stop().await?;
+    server.stop().await
+}

@@ -63,6 +63,18 @@ pub fn device_requests(requests: &ResourceList) -> Result<BTreeMap<String, u64>,
     Ok(wants)
 }
 
+/// The device requests of several lists (a docker task's containers), summed per
+/// resource; errors as [`device_requests`].
+pub fn device_requests_of(lists: &[&ResourceList]) -> Result<BTreeMap<String, u64>, String> {
+    let mut total: BTreeMap<String, u64> = BTreeMap::new();
+    for list in lists {
+        for (name, count) in device_requests(list)? {
+            *total.entry(name).or_default() += count;
+        }
+    }
+    Ok(total)
+}
+
 impl Allocator {
     /// What the runtime offers now (the last poll).
     pub fn set_offered(&mut self, offered: Vec<Offered>) {
@@ -167,8 +179,10 @@ impl Allocator {
 
 /// The environment a replica holding `devices` gets, the contract the Python SDK reads
 /// (the device plugin's `Allocate` gives a kubelet's containers the same): the IDs, the
-/// socket of each kind it holds, and for exactly one robot its ROS master / domain.
-pub fn replica_env(socket_dir: &Path, devices: &[Offered]) -> Vec<(String, String)> {
+/// socket of each kind it holds, for exactly one robot its ROS master / domain, and
+/// `RLINF_EMBODIED_OWNER` = `owner` (`<namespace>/<pod>`), which the SDKs send as
+/// `rlark-owner` so the replica, not the calling process, owns the robots it starts.
+pub fn replica_env(socket_dir: &Path, devices: &[Offered], owner: &str) -> Vec<(String, String)> {
     if devices.is_empty() {
         return Vec::new();
     }
@@ -180,6 +194,10 @@ pub fn replica_env(socket_dir: &Path, devices: &[Offered]) -> Vec<(String, Strin
             "1".to_string(),
         ),
         ("RLINF_EMBODIED_DEVICES".to_string(), ids.join(",")),
+        (
+            rlark_embodied::robot::service::OWNER_ENV.to_string(),
+            owner.to_string(),
+        ),
     ];
     let uses = |name: &str| devices.iter().any(|o| o.socket == name);
     for (name, flag, path) in [
@@ -336,6 +354,13 @@ mod tests {
         assert!(device_requests(&list("0")).expect("ok").is_empty());
         let err = device_requests(&list("500m")).expect_err("a half arm");
         assert!(err.contains("rlinf.io/robot-sim-arm"), "{err}");
+        let (one, two) = (list("1"), list("2"));
+        assert_eq!(
+            device_requests_of(&[&one, &two]).expect("ok"),
+            wants(&[(ARM, 3)]),
+            "containers' requests add up"
+        );
+        assert!(device_requests_of(&[&one, &list("0.5")]).is_err());
     }
 
     #[test]
@@ -343,10 +368,11 @@ mod tests {
         let mut arm = offered("robot-a", ARM, true, rlark_embodied::ROS_SOCKET);
         arm.ros_master_uri = Some("http://127.0.0.1:11311".into());
         let cam = offered("camera-c", CAM, true, rlark_embodied::CAMERA_SOCKET);
-        let env: BTreeMap<String, String> = replica_env(Path::new("/run/e"), &[arm, cam])
+        let env: BTreeMap<String, String> = replica_env(Path::new("/run/e"), &[arm, cam], "ns/p-0")
             .into_iter()
             .collect();
         assert_eq!(env["RLINF_EMBODIED_DEVICES"], "robot-a,camera-c");
+        assert_eq!(env["RLINF_EMBODIED_OWNER"], "ns/p-0");
         assert_eq!(
             env["RLINF_EMBODIED_ROS_SOCKET_PATH"],
             "/run/e/ros-ctrl.sock"
@@ -357,6 +383,6 @@ mod tests {
         );
         assert_eq!(env["ROS_MASTER_URI"], "http://127.0.0.1:11311");
         assert!(!env.contains_key("RLINF_EMBODIED_ROS2_SOCKET_PATH"));
-        assert!(replica_env(Path::new("/run/e"), &[]).is_empty());
+        assert!(replica_env(Path::new("/run/e"), &[], "ns/p-0").is_empty());
     }
 }

@@ -25,17 +25,25 @@ use rlark_proto::camera::v1::{CameraDescriptor, ListCamerasRequest};
 use rlark_proto::robot::v1::robot_controller_client::RobotControllerClient;
 use rlark_proto::robot::v1::{ListRobotsRequest, RobotInfo};
 use serde_json::{Map, Value, json};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use self::allocator::{Allocator, Offered};
 use self::inventory::{Answer, NodeDevices};
 
-/// What replicas need to get devices: the runtime's socket directory and the allocator the
-/// reporter keeps up to date.
+/// Holder (a replica's Pod name) → the devices it holds that are unhealthy now (holders
+/// whose devices are all healthy have an empty list).
+pub type Problems = BTreeMap<String, Vec<NodeDevice>>;
+
+/// What replicas need to get devices: the runtime's socket directory, the allocator the
+/// reporter keeps up to date, and the health of what each replica holds.
 #[derive(Clone, Debug)]
 pub struct DeviceAccess {
     pub socket_dir: PathBuf,
     pub allocator: Arc<Mutex<Allocator>>,
+    /// [`Allocator::problems`] as of the last poll; replicas whose Task says
+    /// `onDeviceUnhealthy: Stop` follow it.
+    problems: Arc<watch::Sender<Problems>>,
 }
 
 impl DeviceAccess {
@@ -43,7 +51,30 @@ impl DeviceAccess {
         Self {
             socket_dir,
             allocator: Arc::default(),
+            problems: Arc::new(watch::Sender::new(Problems::new())),
         }
+    }
+
+    /// Replace what the runtime offers ([`Allocator::set_offered`]) and publish the
+    /// holders' problems when they changed.
+    pub fn set_offered(&self, offered: Vec<Offered>) {
+        let problems = {
+            let mut allocator = self.lock();
+            allocator.set_offered(offered);
+            allocator.problems()
+        };
+        self.problems.send_if_modified(|current| {
+            let changed = *current != problems;
+            if changed {
+                *current = problems;
+            }
+            changed
+        });
+    }
+
+    /// Follows the holders' problems (marked changed at each change).
+    pub fn problems(&self) -> watch::Receiver<Problems> {
+        self.problems.subscribe()
     }
 
     /// The allocator (a plain table: a panic elsewhere leaves it consistent).
@@ -147,7 +178,7 @@ impl DeviceReporter {
             }
         }
         let all: Vec<NodeDevice> = offered.iter().map(|o| o.device.clone()).collect();
-        self.access.lock().set_offered(offered);
+        self.access.set_offered(offered);
         inventory::node_devices(all)
     }
 
@@ -222,6 +253,82 @@ impl DeviceReporter {
     fn namespace(&self) -> String {
         self.nodes.namespace().unwrap_or_default().to_string()
     }
+}
+
+/// `devices` (what a replica held) as `id: why` for messages: `robot-arm-0: simulated
+/// arm fault: boom; camera-cam-0: ...`.
+pub fn describe_unhealthy(devices: &[NodeDevice]) -> String {
+    devices
+        .iter()
+        .map(|d| match d.message.as_deref().filter(|m| !m.is_empty()) {
+            Some(why) => format!("{}: {why}", d.id),
+            None => d.id.clone(),
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The backstop of the safety watchdog (docs/embodied.md, "Safety watchdog"): when a
+/// replica's run ends, stop every robot among the `devices` it held that still runs
+/// something and has an owner (`owner_pid` not 0: not started detached). `holder` names the
+/// replica in the robots' stop message. Each call is bounded by [`CALL_TIMEOUT`]; failures
+/// are logged (the runtime's own watchdog is the first line).
+pub async fn stop_held_robots(socket_dir: &Path, devices: &[Offered], holder: &str) {
+    for offered in devices {
+        let Some(robot) = offered.device.id.strip_prefix("robot-") else {
+            continue;
+        };
+        let path = socket_dir.join(offered.socket);
+        let reason = format!("replica {holder}, which held it, ended");
+        let call = stop_if_owned(&path, robot, &reason);
+        match tokio::time::timeout(CALL_TIMEOUT, call).await {
+            Ok(Ok(true)) => {
+                tracing::info!(robot, replica = %holder, "stopped a robot the ended replica held");
+            }
+            Ok(Ok(false)) => {
+                tracing::debug!(robot, replica = %holder, "robot stopped already or detached; left alone");
+            }
+            Ok(Err(error)) => {
+                tracing::warn!(robot, replica = %holder, %error, "could not stop a robot the ended replica held");
+            }
+            Err(_) => {
+                tracing::warn!(robot, replica = %holder, "the embodied runtime did not answer within {CALL_TIMEOUT:?}; robot not stopped");
+            }
+        }
+    }
+}
+
+/// StopRobot on `robot` (with `reason`) unless it is STOPPED or has no owner. Ok(whether
+/// it was stopped).
+async fn stop_if_owned(path: &Path, robot: &str, reason: &str) -> Result<bool, String> {
+    use rlark_proto::robot::v1::{GetRobotStatusRequest, RobotState, StopRobotRequest};
+    let channel = rlark_embodied::client::connect(path)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut client = RobotControllerClient::new(channel);
+    let status = client
+        .get_robot_status(GetRobotStatusRequest {
+            robot_id: robot.to_string(),
+        })
+        .await
+        .map_err(|s| format!("GetRobotStatus: {}", s.message()))?
+        .into_inner();
+    if status.state == RobotState::Stopped as i32 || status.owner_pid == 0 {
+        return Ok(false);
+    }
+    let mut request = tonic::Request::new(StopRobotRequest {
+        robot_id: robot.to_string(),
+    });
+    if let Ok(value) = reason.parse() {
+        request
+            .metadata_mut()
+            .insert(rlark_embodied::robot::service::REASON_METADATA, value);
+    }
+    client
+        .stop_robot(request)
+        .await
+        .map_err(|s| format!("StopRobot: {}", s.message()))?;
+    Ok(true)
 }
 
 /// ListRobots on the socket at `path`; `None` when there is no socket file.

@@ -208,6 +208,7 @@ fn placeholder_spec() -> rlark_api::types::TaskSpec {
         placement: None,
         stopped: false,
         node_lost_policy: None,
+        on_device_unhealthy: None,
         kubernetes: None,
         docker: None,
         raw: None,

@@ -17,7 +17,8 @@ use rlark_api::agent::{
     REASON_WAITING_FOR_DOMAIN_IP, RUN_KEY_ANNOTATION, replica_pod,
 };
 use rlark_api::types::{
-    DockerTaskSpec, DomainPendingPod, Pod, PodPhase, PodStatus, RawTaskSpec, Task,
+    DeviceUnhealthyPolicy, DockerTaskSpec, DomainPendingPod, Pod, PodPhase, PodStatus, RawTaskSpec,
+    Task,
 };
 use serde_json::json;
 use tokio::sync::watch;
@@ -165,6 +166,9 @@ impl Worker {
                 Step::Start => {
                     let step = self.run_replica().await;
                     self.leave_domain().await;
+                    if !self.left_running() {
+                        self.stop_held_robots().await;
+                    }
                     self.release_devices();
                     step
                 }
@@ -596,10 +600,16 @@ impl Worker {
         running: &mut Option<Box<dyn RunningReplica>>,
         wake_at: &mut Option<Instant>,
     ) -> Option<Event> {
+        let devices = self.device_watch();
+        let pod = self.pod.clone();
         let command = tokio::select! {
             exit = wait_exit(running) => {
                 *running = None;
                 return Some(Event::Exited(exit_report(&exit)));
+            }
+            devices = device_trouble(devices, pod) => {
+                tracing::warn!(pod = %self.pod, %devices, "a device the replica holds is unhealthy; stopping it (onDeviceUnhealthy: Stop)");
+                return Some(Event::DeviceUnhealthy { devices });
             }
             () = sleep_until_opt(*wake_at) => {
                 *wake_at = None;
@@ -786,8 +796,6 @@ impl Worker {
         }
     }
 
-    /// The run is over for this worker: give the replica's network back (deleted, unless
-    /// the agent exits and leaves the replica running for the next agent).
     /// Takes the robots and cameras the Task requests for this run (none requested: no
     /// change), records them in the Pod's status, and gives the process their environment
     /// ([`Self::replica_spec`]). An adopted run prefers what its Pod recorded. Devices that
@@ -795,28 +803,20 @@ impl Worker {
     /// device plugins cannot serve.
     async fn take_devices(&mut self, body: &RunBody) -> Result<(), Step> {
         use crate::devices::allocator::{self, REASON_DEVICES_UNAVAILABLE};
-        let requests = match body {
-            RunBody::Raw(raw) => raw
-                .resources
-                .as_ref()
-                .map(|r| r.requests.clone())
-                .unwrap_or_default(),
+        // Per replica: the raw block's requests, or the sum over a docker task's containers
+        // (as placement counts them).
+        let lists: Vec<&rlark_api::types::ResourceList> = match body {
+            RunBody::Raw(raw) => raw.resources.iter().map(|r| &r.requests).collect(),
             RunBody::Docker(docker) => docker
                 .containers
                 .iter()
                 .filter_map(|c| c.resources.as_ref())
-                .flat_map(|r| r.requests.clone())
+                .map(|r| &r.requests)
                 .collect(),
         };
-        let wanted = allocator::device_requests(&requests).and_then(|wants| {
+        let wanted = allocator::device_requests_of(&lists).and_then(|wants| {
             if wants.is_empty() {
                 return Ok(Vec::new());
-            }
-            if matches!(body, RunBody::Docker(_)) {
-                return Err(
-                    "the Docker runtime does not hand out robots and cameras yet (planned)"
-                        .to_string(),
-                );
             }
             let Some(access) = &self.shared.ctx.devices else {
                 return Err(
@@ -853,6 +853,48 @@ impl Worker {
         }
     }
 
+    /// The replica stays running after this worker (the agent exits and leaves its tasks
+    /// for the next agent to adopt).
+    fn left_running(&self) -> bool {
+        self.shared.shutdown.is_cancelled() && !self.shared.ctx.stop_tasks_on_exit
+    }
+
+    /// `<namespace>/<pod>`: how the replica is named to the embodied runtime
+    /// (`RLINF_EMBODIED_OWNER`, robots' stop messages).
+    fn owner_label(&self) -> String {
+        format!("{}/{}", self.shared.namespace, self.pod)
+    }
+
+    /// The backstop of the runtime's safety watchdog: the run is over, so every robot it
+    /// held that still runs for an owner is stopped (a detached one is left alone), even if
+    /// some process outside the replica started it
+    /// ([`crate::devices::stop_held_robots`]).
+    async fn stop_held_robots(&self) {
+        if self.devices.is_empty() {
+            return;
+        }
+        if let Some(access) = &self.shared.ctx.devices {
+            crate::devices::stop_held_robots(
+                &access.socket_dir,
+                &self.devices,
+                &self.owner_label(),
+            )
+            .await;
+        }
+    }
+
+    /// What the replica's devices say now, when its Task wants it stopped on an unhealthy
+    /// device (`onDeviceUnhealthy: Stop`) and it holds some: a receiver of the holders'
+    /// problems. `None`: nothing to follow.
+    fn device_watch(&self) -> Option<watch::Receiver<crate::devices::Problems>> {
+        if self.devices.is_empty()
+            || self.task.spec.on_device_unhealthy != Some(DeviceUnhealthyPolicy::Stop)
+        {
+            return None;
+        }
+        self.shared.ctx.devices.as_ref().map(|a| a.problems())
+    }
+
     /// Frees this run's devices for other replicas.
     fn release_devices(&mut self) {
         if self.devices.is_empty() {
@@ -864,6 +906,8 @@ impl Worker {
         self.devices.clear();
     }
 
+    /// The run is over for this worker: give the replica's network back (deleted, unless
+    /// the agent exits and leaves the replica running for the next agent).
     async fn leave_domain(&mut self) {
         if self.network.take().is_none() {
             return;
@@ -897,6 +941,7 @@ impl Worker {
             spec.env.extend(crate::devices::allocator::replica_env(
                 &access.socket_dir,
                 &self.devices,
+                &self.owner_label(),
             ));
         }
         if let Some(attachment) = &self.network {
@@ -934,7 +979,22 @@ impl Worker {
                 .map(|c| container_name(namespace, &task, &uid, self.index, &c.name))
                 .collect(),
             read_only_files: vec![self.shared.ctx.ca_file.clone()],
+            read_write_dirs: Vec::new(),
         });
+        // Devices: the same environment as a raw replica's, and the runtime's socket
+        // directory at the same path inside (so the socket paths in it are valid).
+        if let Some(access) = &self.shared.ctx.devices
+            && !self.devices.is_empty()
+        {
+            spec.env.extend(crate::devices::allocator::replica_env(
+                &access.socket_dir,
+                &self.devices,
+                &self.owner_label(),
+            ));
+            if let Some(set) = spec.containers.as_mut() {
+                set.read_write_dirs.push(access.socket_dir.clone());
+            }
+        }
         spec
     }
 
@@ -1194,6 +1254,30 @@ async fn wait_exit(running: &mut Option<Box<dyn RunningReplica>>) -> crate::runt
     match running {
         Some(process) => process.wait().await,
         None => std::future::pending().await,
+    }
+}
+
+/// Once `pod` holds an unhealthy device (per `problems`; now, or after a change), which
+/// and why ([`crate::devices::describe_unhealthy`]). Never without a receiver.
+async fn device_trouble(
+    problems: Option<watch::Receiver<crate::devices::Problems>>,
+    pod: String,
+) -> String {
+    let Some(mut problems) = problems else {
+        return std::future::pending().await;
+    };
+    loop {
+        let unhealthy = problems
+            .borrow_and_update()
+            .get(&pod)
+            .filter(|list| !list.is_empty())
+            .map(|list| crate::devices::describe_unhealthy(list));
+        if let Some(devices) = unhealthy {
+            return devices;
+        }
+        if problems.changed().await.is_err() {
+            return std::future::pending().await;
+        }
     }
 }
 

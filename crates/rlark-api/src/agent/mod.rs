@@ -44,6 +44,9 @@ pub const REASON_ERROR: &str = "Error";
 pub const REASON_STOPPED: &str = "Stopped";
 /// `Pod.status.reason` of a replica killed at its `activeDeadlineSeconds`.
 pub const REASON_DEADLINE_EXCEEDED: &str = "DeadlineExceeded";
+/// `Pod.status.reason` of a replica stopped because a robot or camera it holds became
+/// unhealthy and its Task says `onDeviceUnhealthy: Stop`.
+pub const REASON_DEVICE_UNHEALTHY: &str = "DeviceUnhealthy";
 /// `Pod.status.reason` of a replica whose outcome the agent lost (it restarted and found
 /// no record of how the replica ended).
 pub const REASON_AGENT_LOST: &str = "AgentLost";

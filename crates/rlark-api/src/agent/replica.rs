@@ -11,8 +11,8 @@
 //! restart) until it ends ([`Action::Done`]): what happens before (creating the Pod) and
 //! after (a stopped replica resumed starts a new `Replica`) is the worker's.
 //!
-//! The caller delivers [`Event::Stop`], [`Event::Supersede`], [`Event::Remove`] and
-//! [`Event::Shutdown`] only while the process runs or the replica waits to restart
+//! The caller delivers [`Event::Stop`], [`Event::Supersede`], [`Event::Remove`],
+//! [`Event::Shutdown`] and [`Event::DeviceUnhealthy`] only while the process runs or the replica waits to restart
 //! ([`Replica::follows_task`]); while a start is in progress it holds them until
 //! [`Event::Started`] or [`Event::StartFailed`] was delivered.
 
@@ -136,6 +136,13 @@ pub enum Event {
     /// The time of the last [`Action::WakeAt`] came (the backoff elapsed, or the deadline
     /// passed while waiting to restart).
     Wake,
+    /// A device the replica holds became unhealthy and the Task says
+    /// `onDeviceUnhealthy: Stop` (the worker sends it only then): the process is stopped
+    /// and the run ends `Failed` with reason `DeviceUnhealthy`, without a restart.
+    DeviceUnhealthy {
+        /// Which devices and why (`robot-arm-0: simulated arm fault: boom`).
+        devices: String,
+    },
 }
 
 /// How a run ended, for the worker.
@@ -205,6 +212,8 @@ pub enum KillReason {
     Remove,
     /// The agent shuts down and stops its tasks.
     Shutdown,
+    /// A device it holds became unhealthy (`onDeviceUnhealthy: Stop`).
+    DeviceUnhealthy,
 }
 
 /// Where a replica stands.
@@ -248,6 +257,8 @@ pub struct Replica<I> {
     backoff: Duration,
     /// The restart policy read when the current process started.
     policy: RestartPolicy,
+    /// The unhealthy devices a [`KillReason::DeviceUnhealthy`] stop is for.
+    unhealthy: String,
 }
 
 impl<I> Replica<I>
@@ -270,6 +281,7 @@ where
             deadline: None,
             backoff: BACKOFF_INITIAL,
             policy: spec.restart_policy,
+            unhealthy: String::new(),
         }
     }
 
@@ -294,8 +306,9 @@ where
     }
 
     /// Whether the worker delivers changes of the Task now ([`Event::Stop`],
-    /// [`Event::Supersede`], [`Event::Remove`], [`Event::Shutdown`]): while the process
-    /// runs and while the replica waits to restart.
+    /// [`Event::Supersede`], [`Event::Remove`], [`Event::Shutdown`]) and of its devices
+    /// ([`Event::DeviceUnhealthy`]): while the process runs and while the replica waits to
+    /// restart.
     pub fn follows_task(&self) -> bool {
         matches!(self.state, State::Running { .. } | State::BackingOff { .. })
     }
@@ -363,6 +376,10 @@ where
             (State::Running { .. }, Event::Stop) => self.kill(KillReason::Stop),
             (State::Running { .. }, Event::Supersede) => self.kill(KillReason::Supersede),
             (State::Running { .. }, Event::Remove) => self.kill(KillReason::Remove),
+            (State::Running { .. }, Event::DeviceUnhealthy { devices }) => {
+                self.unhealthy = devices;
+                self.kill(KillReason::DeviceUnhealthy)
+            }
             (State::Running { .. }, Event::Shutdown { stop_replicas }) => {
                 if stop_replicas {
                     self.kill(KillReason::Shutdown)
@@ -387,6 +404,16 @@ where
                     ))],
                     End::Exit,
                 ),
+                KillReason::DeviceUnhealthy => {
+                    let patch = status::device_unhealthy(
+                        &self.unhealthy,
+                        Some(&exit),
+                        self.spec.grace,
+                        self.restarts,
+                        now.wall,
+                    );
+                    self.end(vec![Action::Finish(patch)], End::Finished)
+                }
             },
             (State::BackingOff { restart_at }, Event::Wake) => {
                 if self.deadline.is_some_and(|deadline| deadline <= now.mono) {
@@ -409,6 +436,16 @@ where
             (State::BackingOff { .. }, Event::Stop) => {
                 let patch = status::stopped(None, self.spec.grace, self.restarts, now.wall);
                 self.end(vec![Action::Finish(patch)], End::Stopped)
+            }
+            (State::BackingOff { .. }, Event::DeviceUnhealthy { devices }) => {
+                let patch = status::device_unhealthy(
+                    &devices,
+                    None,
+                    self.spec.grace,
+                    self.restarts,
+                    now.wall,
+                );
+                self.end(vec![Action::Finish(patch)], End::Finished)
             }
             (State::BackingOff { .. }, Event::Supersede) => self.end(Vec::new(), End::Exit),
             (State::BackingOff { .. }, Event::Remove) => {
@@ -565,8 +602,8 @@ where
 mod tests {
     use super::*;
     use crate::agent::status::{
-        agent_lost, agent_shutdown, backoff, deadline_exceeded, exited, pending, running,
-        start_failed, stopped,
+        agent_lost, agent_shutdown, backoff, deadline_exceeded, device_unhealthy, exited, pending,
+        running, start_failed, stopped,
     };
 
     const NODE: &str = "n1";
@@ -882,6 +919,44 @@ mod tests {
                 state: State::Done(End::Stopped),
             },
             Row {
+                name: "running, a held device unhealthy (Stop policy): kill",
+                spec: always,
+                before: running_since_10(),
+                event: Event::DeviceUnhealthy {
+                    devices: "robot-arm-0: fault".into(),
+                },
+                at: 30,
+                expect: vec![Kill { grace: GRACE }],
+                state: State::Killing(KillReason::DeviceUnhealthy),
+            },
+            Row {
+                name: "killed for an unhealthy device: Failed DeviceUnhealthy, no restart even with Always",
+                spec: always,
+                before: [
+                    running_since_10(),
+                    vec![(
+                        Event::DeviceUnhealthy {
+                            devices: "robot-arm-0: fault".into(),
+                        },
+                        30,
+                    )],
+                ]
+                .concat(),
+                event: Event::Exited(killed_at(ExitCause::Terminated, 31)),
+                at: 31,
+                expect: vec![
+                    Finish(device_unhealthy(
+                        "robot-arm-0: fault",
+                        Some(&killed_at(ExitCause::Terminated, 31)),
+                        GRACE,
+                        0,
+                        wall(31),
+                    )),
+                    Done(End::Finished),
+                ],
+                state: State::Done(End::Finished),
+            },
+            Row {
                 name: "running, superseded: kill",
                 spec: never,
                 before: running_since_10(),
@@ -1020,6 +1095,26 @@ mod tests {
                     Done(End::Stopped),
                 ],
                 state: State::Done(End::Stopped),
+            },
+            Row {
+                name: "backing off, a held device unhealthy: Failed DeviceUnhealthy without an exit",
+                spec: on_failure,
+                before: backing_off(),
+                event: Event::DeviceUnhealthy {
+                    devices: "camera-cam-0: gone".into(),
+                },
+                at: 20,
+                expect: vec![
+                    Finish(device_unhealthy(
+                        "camera-cam-0: gone",
+                        None,
+                        GRACE,
+                        0,
+                        wall(20),
+                    )),
+                    Done(End::Finished),
+                ],
+                state: State::Done(End::Finished),
             },
             Row {
                 name: "backing off, superseded: nothing to kill",

@@ -13,7 +13,8 @@ use serde_json::{Map, Value};
 
 use super::{
     REASON_AGENT_LOST, REASON_AGENT_SHUTDOWN, REASON_BACKOFF, REASON_COMPLETED,
-    REASON_DEADLINE_EXCEEDED, REASON_ERROR, REASON_STOPPED, REASON_UNSUPPORTED_AGENT_TYPE,
+    REASON_DEADLINE_EXCEEDED, REASON_DEVICE_UNHEALTHY, REASON_ERROR, REASON_STOPPED,
+    REASON_UNSUPPORTED_AGENT_TYPE,
 };
 use crate::types::{PodPhase, PodStatus};
 
@@ -359,6 +360,32 @@ pub fn deadline_exceeded(
     )
 }
 
+/// Stopped because a device it holds became unhealthy and its Task says
+/// `onDeviceUnhealthy: Stop` ([`REASON_DEVICE_UNHEALTHY`]); `devices` says which and why
+/// (e.g. `robot-arm-0: simulated arm fault: boom`). After a kill of the process (`exit`)
+/// or while waiting to restart (`None`).
+pub fn device_unhealthy(
+    devices: &str,
+    exit: Option<&ExitReport>,
+    grace: Duration,
+    restarts: i32,
+    now: Timestamp,
+) -> StatusPatch {
+    let message = match exit {
+        Some(exit) => format!(
+            "device unhealthy: {devices}; stopped (onDeviceUnhealthy: Stop): {}",
+            kill_detail(exit, grace)
+        ),
+        None => format!(
+            "device unhealthy: {devices}; stopped (onDeviceUnhealthy: Stop) while waiting to restart"
+        ),
+    };
+    with_restarts(
+        failed(REASON_DEVICE_UNHEALTHY, message, now).exit_code(exit.and_then(|e| e.code)),
+        restarts,
+    )
+}
+
 /// Stopped because the agent shut down and stops its tasks on exit
 /// ([`REASON_AGENT_SHUTDOWN`]).
 pub fn agent_shutdown(exit: Option<&ExitReport>, now: Timestamp) -> StatusPatch {
@@ -528,6 +555,48 @@ mod tests {
             "active deadline exceeded while waiting to restart"
         );
         assert_eq!(d["exitCode"], Value::Null);
+
+        let u = device_unhealthy(
+            "robot-arm-0: simulated arm fault: boom",
+            Some(&termed),
+            Duration::from_secs(30),
+            1,
+            at(7),
+        )
+        .to_json();
+        assert_eq!(
+            (
+                &u["phase"],
+                &u["reason"],
+                &u["exitCode"],
+                &u["restartCount"]
+            ),
+            (
+                &json!("Failed"),
+                &json!(REASON_DEVICE_UNHEALTHY),
+                &json!(143),
+                &json!(1)
+            )
+        );
+        assert_eq!(
+            u["message"],
+            "device unhealthy: robot-arm-0: simulated arm fault: boom; stopped \
+             (onDeviceUnhealthy: Stop): SIGTERM sent to the process group; the process was \
+             killed by SIGTERM"
+        );
+        let u = device_unhealthy(
+            "camera-cam-0: gone",
+            None,
+            Duration::from_secs(30),
+            0,
+            at(7),
+        )
+        .to_json();
+        assert_eq!(
+            u["message"],
+            "device unhealthy: camera-cam-0: gone; stopped (onDeviceUnhealthy: Stop) while \
+             waiting to restart"
+        );
 
         let b = backoff(
             &exit(Some(1), "exited with code 1", ExitCause::Exited, false),

@@ -28,9 +28,9 @@ pub use node::{
 };
 pub use pod::{Pod, PodPhase, PodSpec, PodStatus};
 pub use task::{
-    DockerContainerSpec, DockerTaskSpec, DockerVolumeRef, KubernetesTaskSpec,
-    KubernetesWorkloadKind, KubernetesWorkloadSpec, NodeLostPolicy, RawTaskSpec, RestartPolicy,
-    Task, TaskPhase, TaskPlacement, TaskRole, TaskSpec, TaskStatus,
+    DeviceUnhealthyPolicy, DockerContainerSpec, DockerTaskSpec, DockerVolumeRef,
+    KubernetesTaskSpec, KubernetesWorkloadKind, KubernetesWorkloadSpec, NodeLostPolicy,
+    RawTaskSpec, RestartPolicy, Task, TaskPhase, TaskPlacement, TaskRole, TaskSpec, TaskStatus,
 };
 pub use workflow::{
     Workflow, WorkflowJobStatus, WorkflowJobTemplate, WorkflowPhase, WorkflowSpec, WorkflowStatus,

@@ -93,6 +93,22 @@ pub enum NodeLostPolicy {
 }
 string_enum!(NodeLostPolicy { Fail => "Fail", Reschedule => "Reschedule" });
 
+/// What the agent does with a running replica when a robot or camera it holds becomes
+/// unhealthy (`spec.onDeviceUnhealthy`, docs/embodied.md). Either way the replica's Pod lists
+/// the device in `status.unhealthyDevices` and the Task gets the condition
+/// `DeviceUnhealthy`.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, Hash, JsonSchema)]
+pub enum DeviceUnhealthyPolicy {
+    /// The replica keeps running (it may wait for the device to recover); the default.
+    #[default]
+    Keep,
+    /// The agent stops the replica (SIGTERM, SIGKILL after the grace period); its Pod ends
+    /// `Failed` with reason `DeviceUnhealthy` and a message naming the device, without an
+    /// in-place restart, and the Task fails as for any failed replica.
+    Stop,
+}
+string_enum!(DeviceUnhealthyPolicy { Keep => "Keep", Stop => "Stop" });
+
 /// Where the scheduler placed a Task: the cluster (its agent namespace is
 /// `rlark-<clusterID>`) and one Node per replica, by replica index.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -173,6 +189,10 @@ pub struct TaskSpec {
     /// What to do when the Task's Node is lost (`Fail` by default).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node_lost_policy: Option<NodeLostPolicy>,
+    /// What to do with a running replica when a robot or camera it holds becomes unhealthy
+    /// (`Keep` by default; `Stop` ends it `Failed` with reason `DeviceUnhealthy`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub on_device_unhealthy: Option<DeviceUnhealthyPolicy>,
     /// Workload for `agentType: Kubernetes`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kubernetes: Option<KubernetesTaskSpec>,

@@ -132,6 +132,28 @@ fn unknown_kind_is_named() {
 // --- decoding -------------------------------------------------------------------------
 
 #[test]
+fn on_device_unhealthy_is_keep_or_stop() {
+    let mut spec = raw_task(&["x"]);
+    spec["onDeviceUnhealthy"] = json!("Stop");
+    assert!(errors("Task", &task(spec.clone())).is_empty());
+    spec["onDeviceUnhealthy"] = json!("Restart");
+    assert_eq!(
+        one_error("Task", &task(spec)),
+        r#"spec.onDeviceUnhealthy: Unsupported value: "Restart": supported values: "Keep", "Stop""#
+    );
+    let mut t = template("rollout");
+    t["onDeviceUnhealthy"] = json!("stop");
+    assert_eq!(
+        errors("Job", &job(json!([t]))),
+        [e(
+            "spec.tasks[0].onDeviceUnhealthy",
+            NotSupported,
+            r#""stop": supported values: "Keep", "Stop""#
+        )]
+    );
+}
+
+#[test]
 fn bad_enum_value_is_not_supported_with_the_choices() {
     let mut spec = raw_task(&["x"]);
     spec["role"] = json!("Foo");

@@ -43,7 +43,7 @@ use self::backend::{Backend, BackendEvent, EventKind, LaunchContext};
 use self::process::LogRing;
 use self::ros::{RosBackend, RosKind, RosSetup};
 use self::sim::{ArmState, SimBackend};
-use self::watchdog::Owner;
+use self::watchdog::{Owner, OwnerScope};
 use crate::config::{Backend as BackendKind, EmbodiedConfig, Robot as RobotSpec};
 use crate::peer::ConnTracker;
 
@@ -56,6 +56,10 @@ pub struct Caller {
     pub pid: Option<i32>,
     /// The caller asked not to own the robot (`rlark-detach: true`): no watchdog follows it.
     pub detach: bool,
+    /// The caller asked for its replica to own the robot (`rlark-owner: LABEL`): the
+    /// watchdog follows the caller's session leader; `LABEL` is only shown
+    /// ([`watchdog`]).
+    pub owner: Option<String>,
 }
 
 /// The mutable state of a robot, read without waiting for operations.
@@ -436,10 +440,20 @@ impl RobotController {
             status.owner = owner.clone();
         }
         robot.note(&match &owner {
-            Some(owner) => format!("start mode {} for process {}", plan.mode.name, owner.pid),
+            Some(
+                owner @ Owner {
+                    scope: OwnerScope::Replica { caller, .. },
+                    ..
+                },
+            ) => format!(
+                "start mode {} for {}, called by process {caller}",
+                plan.mode.name,
+                owner.describe()
+            ),
+            Some(owner) => format!("start mode {} for {}", plan.mode.name, owner.describe()),
             None => format!("start mode {} (no owner process)", plan.mode.name),
         });
-        tracing::info!(robot = id, mode = %plan.mode.name, owner = owner.as_ref().map(|o| o.pid), "starting robot");
+        tracing::info!(robot = id, mode = %plan.mode.name, owner = owner.as_ref().map(|o| o.pid), owner_scope = ?owner.as_ref().map(|o| &o.scope), "starting robot");
         self.launch(robot, &mut ops, &plan).await?;
         Ok(self.info(robot))
     }

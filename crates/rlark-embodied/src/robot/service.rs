@@ -16,6 +16,27 @@ use crate::peer::PeerInfo;
 /// Metadata key a StartRobot caller sets to `true` to start a robot without owning it.
 pub const DETACH_METADATA: &str = "rlark-detach";
 
+/// Metadata key a StartRobot caller sets to a label (rlark's agent gives each replica one
+/// in [`OWNER_ENV`]) to make its replica — its session — the robot's owner instead of the
+/// calling process ([`super::watchdog`]). `rlark-detach: true` wins over it.
+pub const OWNER_METADATA: &str = "rlark-owner";
+
+/// The environment variable holding the label a replica's clients send as
+/// [`OWNER_METADATA`] (`<namespace>/<pod>`, set by rlark's agent for replicas that hold
+/// devices).
+pub const OWNER_ENV: &str = "RLINF_EMBODIED_OWNER";
+
+/// Longest [`OWNER_METADATA`] value accepted.
+pub const MAX_OWNER_LABEL: usize = 253;
+
+/// Metadata key a StopRobot caller may set to say why (e.g. rlark's agent: `replica X,
+/// which held it, ended`); added to the robot's message and log. Printable ASCII, cut at
+/// [`MAX_REASON`] characters; anything else is ignored.
+pub const REASON_METADATA: &str = "rlark-reason";
+
+/// Longest [`REASON_METADATA`] text kept.
+pub const MAX_REASON: usize = 256;
+
 /// The RobotController service of one socket.
 pub struct RobotService {
     controller: Arc<RobotController>,
@@ -56,14 +77,34 @@ impl RobotService {
     }
 }
 
-fn caller<T>(request: &Request<T>) -> Caller {
+/// Who calls: the peer's PID, `rlark-detach`, `rlark-owner` (an empty, non-ASCII or
+/// overlong label is `InvalidArgument` naming the key).
+fn caller<T>(request: &Request<T>) -> Result<Caller, Status> {
     let pid = request.extensions().get::<PeerInfo>().and_then(|p| p.pid);
     let detach = request
         .metadata()
         .get(DETACH_METADATA)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| matches!(v.trim(), "true" | "1"));
-    Caller { pid, detach }
+    let owner = match request.metadata().get(OWNER_METADATA) {
+        None => None,
+        Some(value) => Some(owner_label(value.to_str().ok())?),
+    };
+    Ok(Caller { pid, detach, owner })
+}
+
+/// A valid `rlark-owner` label: 1 to [`MAX_OWNER_LABEL`] visible ASCII characters.
+fn owner_label(value: Option<&str>) -> Result<String, Status> {
+    let label = value.map(str::trim).unwrap_or_default();
+    if label.is_empty()
+        || label.len() > MAX_OWNER_LABEL
+        || !label.chars().all(|c| c.is_ascii_graphic())
+    {
+        return Err(Status::invalid_argument(format!(
+            "metadata {OWNER_METADATA} must be 1 to {MAX_OWNER_LABEL} visible ASCII characters (the replica's label, e.g. namespace/pod)"
+        )));
+    }
+    Ok(label.to_string())
 }
 
 /// The calling process, if known.
@@ -77,7 +118,7 @@ impl RobotControllerRpc for RobotService {
         &self,
         request: Request<pb::StartRobotRequest>,
     ) -> Result<Response<pb::StartRobotResponse>, Status> {
-        let caller = caller(&request);
+        let caller = caller(&request)?;
         let r = request.into_inner();
         self.check_robot(&r.robot_id)?;
         let controller = self.controller.clone();
@@ -107,12 +148,21 @@ impl RobotControllerRpc for RobotService {
         request: Request<pb::StopRobotRequest>,
     ) -> Result<Response<pb::StopRobotResponse>, Status> {
         let pid = peer_pid(&request);
+        let why = request
+            .metadata()
+            .get(REASON_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .map(|v| v.trim().chars().take(MAX_REASON).collect::<String>())
+            .filter(|v| !v.is_empty());
         let r = request.into_inner();
         self.check_robot(&r.robot_id)?;
-        let reason = match pid {
+        let mut reason = match pid {
             Some(pid) => format!("stopped by process {pid}"),
             None => "stopped by request".to_string(),
         };
+        if let Some(why) = why {
+            reason = format!("{reason}: {why}");
+        }
         let controller = self.controller.clone();
         let info =
             to_completion(async move { controller.stop(&r.robot_id, &reason).await }).await?;

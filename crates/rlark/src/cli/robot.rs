@@ -4,14 +4,16 @@
 //!
 //! `start` sends `rlark-detach: true`: the CLI exits right away, so the robot must not be
 //! tied to its process by the safety watchdog (docs/embodied.md). Stop it with
-//! `rlark robot stop`.
+//! `rlark robot stop`. Inside a replica holding devices (`RLINF_EMBODIED_OWNER` set by the
+//! agent) it sends `rlark-owner` instead, so the robot belongs to the replica and stops
+//! when the replica ends; `--detach` opts out.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
-use rlark_embodied::robot::service::DETACH_METADATA;
+use rlark_embodied::client::Ownership;
 use rlark_embodied::robot::state_name;
 use rlark_proto::robot::v1 as pb;
 use rlark_proto::robot::v1::RobotState;
@@ -47,7 +49,8 @@ pub(crate) enum RobotCommand {
         output: Option<DataFormat>,
     },
     /// Start a robot in a mode (default: its type's default mode). Not tied to this
-    /// process: stop it with `rlark robot stop`.
+    /// process: stop it with `rlark robot stop`. Inside a replica holding devices
+    /// (`RLINF_EMBODIED_OWNER` set) the replica owns it: it stops when the replica ends.
     Start {
         id: String,
         /// Preset mode of the robot's type.
@@ -56,6 +59,9 @@ pub(crate) enum RobotCommand {
         /// Extra launch argument. Repeatable.
         #[arg(long = "arg", value_name = "NAME=VALUE", value_parser = parse_pair)]
         args: Vec<(String, String)>,
+        /// Start it detached even inside a replica: no owner, no safety watchdog.
+        #[arg(long)]
+        detach: bool,
     },
     /// Stop a robot (and its ROS master).
     Stop { id: String },
@@ -76,6 +82,16 @@ pub(crate) enum RobotCommand {
         #[arg(long, default_value_t = 0)]
         tail: u32,
     },
+}
+
+/// Who owns a robot `rlark robot start` starts: nobody with `--detach` or outside a
+/// replica (the CLI exits at once), the replica in `RLINF_EMBODIED_OWNER` inside one.
+fn start_ownership(detach: bool) -> Ownership {
+    if detach {
+        Ownership::Detached
+    } else {
+        Ownership::from_env_or(Ownership::Detached)
+    }
 }
 
 fn parse_pair(text: &str) -> Result<(String, String), String> {
@@ -271,16 +287,18 @@ pub(crate) async fn robot(args: RobotArgs) -> anyhow::Result<()> {
                 None => print!("{}", status_table(&info)),
             }
         }
-        RobotCommand::Start { id, mode, args } => {
+        RobotCommand::Start {
+            id,
+            mode,
+            args,
+            detach,
+        } => {
             let mut request = tonic::Request::new(pb::StartRobotRequest {
                 robot_id: id.clone(),
                 mode: mode.unwrap_or_default(),
                 mode_config: mode_config(args),
             });
-            request.metadata_mut().insert(
-                DETACH_METADATA,
-                tonic::metadata::MetadataValue::from_static("true"),
-            );
+            start_ownership(detach).apply(&mut request);
             let started = client_for(&dir, &id)
                 .await?
                 .start_robot(request)
@@ -375,10 +393,17 @@ mod tests {
         ])
         .expect("parse");
         assert_eq!(args.socket_dir, PathBuf::from("/tmp/s"));
-        let RobotCommand::Start { id, mode, args } = args.command else {
+        let RobotCommand::Start {
+            id,
+            mode,
+            args,
+            detach,
+        } = args.command
+        else {
             panic!("not start")
         };
         assert_eq!((id.as_str(), mode.as_deref()), ("arm-0", Some("teleop")));
+        assert!(!detach);
         assert_eq!(args, [("target".to_string(), "1,2".to_string())]);
 
         let args =

@@ -36,6 +36,8 @@ if then == "hold":
 
 def _start_child(runtime: Runtime, then: str) -> tuple[subprocess.Popen[str], int]:
     env = dict(os.environ)
+    # The process rule: no replica owner, whatever environment the tests run in.
+    env.pop("RLINF_EMBODIED_OWNER", None)
     env["PYTHONPATH"] = os.pathsep.join(
         p for p in [str(SDK / "src"), env.get("PYTHONPATH", "")] if p
     )
@@ -94,3 +96,45 @@ def test_safety_stop_when_owner_is_killed(runtime: Runtime, robots: RobotClient)
         child.wait(timeout=30)
     message = _wait_stopped(robots, WATCHDOG + GRACE)
     assert message.startswith(f"safety stop: owner process {child.pid}"), message
+
+
+def test_a_replica_owns_what_its_short_lived_child_started(
+    runtime: Runtime, robots: RobotClient
+) -> None:
+    """With RLINF_EMBODIED_OWNER (set by rlark's agent in a replica) the caller's session
+    owns the robot: a helper that starts it and exits leaves it running while the session
+    leader lives; the leader's end stops it."""
+    env = dict(os.environ)
+    env["RLINF_EMBODIED_OWNER"] = "rlark-test/replica-0"
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [str(SDK / "src"), env.get("PYTHONPATH", "")] if p
+    )
+    # The leader of a new session (as rlark's supervisor is): runs the helper, says so,
+    # and lives on.
+    script = '"$0" -c "$1" "$2" "$3" exit && echo helper-done && exec sleep 120'
+    leader = subprocess.Popen(
+        ["sh", "-c", script, sys.executable, CHILD, str(runtime.robot_socket), ROBOT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    try:
+        assert leader.stdout is not None
+        owner = leader.stdout.readline().strip()
+        done = leader.stdout.readline().strip()
+        if done != "helper-done":
+            leader.kill()
+            pytest.fail(f"helper failed ({owner!r}, {done!r}): {leader.stderr.read()}")
+        assert int(owner) == leader.pid, "the session leader, not the helper, owns it"
+        # The helper is gone; well past the watchdog the robot still runs.
+        time.sleep(WATCHDOG + 1.0)
+        status = robots.get_robot_status(ROBOT)
+        assert status.state == RobotState.RUNNING, status.message
+        assert status.owner_pid == leader.pid
+    finally:
+        leader.send_signal(signal.SIGKILL)
+        leader.wait(timeout=30)
+    message = _wait_stopped(robots, WATCHDOG + GRACE)
+    assert message.startswith("safety stop: owner replica rlark-test/replica-0 ended"), message

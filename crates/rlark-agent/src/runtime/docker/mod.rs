@@ -16,7 +16,11 @@
 //!   which wins), the installation's CA file bind-mounted read-only at its host path (so
 //!   `RLARK_CA_FILE` is valid inside), `volumes` as bind mounts (the target must be
 //!   absolute), `resources.limits` (else requests): `cpu` → `NanoCpus`, `memory` →
-//!   `Memory`, `nvidia.com/gpu` → a device request of that many GPUs.
+//!   `Memory`, `nvidia.com/gpu` → a device request of that many GPUs. A replica holding
+//!   robots or cameras (`rlinf.io/...` requests) also gets the embodied runtime's socket
+//!   directory bind-mounted read-write at its host path
+//!   ([`ContainerSet::read_write_dirs`]), so the `RLINF_EMBODIED_*_SOCKET_PATH` values of
+//!   its environment are valid inside.
 //! - Labels: `rlark.io/managed-by=rlark`, the node, task namespace, name, UID, replica
 //!   index, run key and container name ([`labels`]). Names: [`container_name`], at most 63
 //!   characters, deterministic.
@@ -141,6 +145,10 @@ pub struct ContainerSet {
     pub names: Vec<String>,
     /// Host files mounted read-only at the same path (the CA file).
     pub read_only_files: Vec<PathBuf>,
+    /// Host directories mounted read-write at the same path (the embodied runtime's socket
+    /// directory of a replica holding devices: connecting to a unix socket needs write
+    /// access to it).
+    pub read_write_dirs: Vec<PathBuf>,
 }
 
 /// The identity labels of the containers of replica `index` of a task.
@@ -266,6 +274,9 @@ fn create_body(
         if file.is_file() {
             binds.push(format!("{0}:{0}:ro", file.display()));
         }
+    }
+    for dir in &set.read_write_dirs {
+        binds.push(format!("{0}:{0}", dir.display()));
     }
     let Limits {
         nano_cpus,
@@ -902,7 +913,7 @@ mod tests {
             "nvidia.com/gpu".into(),
             k8s_openapi::apimachinery::pkg::api::resource::Quantity("2".into()),
         );
-        let set = ContainerSet {
+        let mut set = ContainerSet {
             labels: labels("n1", "rlark-c", "t", "u", 0, "k"),
             ..ContainerSet::default()
         };
@@ -918,6 +929,15 @@ mod tests {
         assert_eq!(body["Labels"][LABEL_MANAGED_BY], MANAGED_BY);
         assert_eq!(body["Labels"][LABEL_CONTAINER], "main");
         assert_eq!(body["Labels"][LABEL_NODE], "n1");
+
+        // A replica holding devices: the runtime's socket directory at the same path.
+        set.read_write_dirs
+            .push(PathBuf::from("/run/rlark-embodied"));
+        let body = create_body(&set, &container, &env).expect("body");
+        assert_eq!(
+            body["HostConfig"]["Binds"],
+            json!(["/data:/in", "/run/rlark-embodied:/run/rlark-embodied"])
+        );
 
         container.volumes[0].target = "relative".into();
         let error = create_body(&set, &container, &env).expect_err("relative target");

@@ -29,6 +29,22 @@ ModeConfig = robot_pb2.ModeConfig
 # "Safety watchdog"). Sent only when start_robot(detach=True) asks for it.
 _DETACH = (("rlark-detach", "true"),)
 
+#: The variable rlark's agent sets in a replica holding devices (``<namespace>/<pod>``).
+#: When set, start_robot sends it as the metadata ``rlark-owner``: the replica (the calling
+#: process's session), not the calling process, owns the robot.
+ENV_OWNER = "RLINF_EMBODIED_OWNER"
+_OWNER_KEY = "rlark-owner"
+
+
+def _start_metadata(detach: bool) -> tuple[tuple[str, str], ...] | None:
+    """The ownership metadata of a StartRobot call (docs/embodied.md, "Safety watchdog")."""
+    if detach:
+        return _DETACH
+    owner = os.environ.get(ENV_OWNER, "").strip()
+    if owner:
+        return ((_OWNER_KEY, owner),)
+    return None
+
 
 class RobotState(NamedIntEnum):
     """A robot's state (``ros.controller.v1.RobotState``); compares equal to the ``state``
@@ -90,7 +106,9 @@ class RobotClient(BaseClient):
     Safety: the process that starts a robot owns it, and the runtime stops the robot when
     that process exits or has had no connection to the runtime for its watchdog period
     (default 2 s). Keep a client open while the robot should run, or start it with
-    ``detach=True``.
+    ``detach=True``. Inside an rlark replica holding devices (``$RLINF_EMBODIED_OWNER``
+    set) the replica owns it instead: the robot stops when the replica ends, whichever of
+    its processes started it.
 
     Methods return the generated response messages (``_gen/robot_pb2.pyi`` types them);
     failures raise :class:`~rlark_embodied.EmbodiedError` subclasses.
@@ -129,7 +147,8 @@ class RobotClient(BaseClient):
         ``args`` and ``env`` are added to the launch (``mode_config.args`` / ``.env``).
         Returns once the robot is RUNNING.
 
-        This process becomes the robot's owner (safety watchdog) unless ``detach`` is true.
+        This process becomes the robot's owner (safety watchdog) unless ``detach`` is true;
+        with ``$RLINF_EMBODIED_OWNER`` set (an rlark replica) its replica does.
         Raises NotFoundError, InvalidArgumentError (unknown mode, bad arguments),
         PermissionDeniedError (package not allowed), FailedPreconditionError (not STOPPED),
         InternalError (the launch failed; the robot is in ERROR).
@@ -143,7 +162,7 @@ class RobotClient(BaseClient):
             request,
             timeout,
             default_timeout=LONG_TIMEOUT,
-            metadata=_DETACH if detach else None,
+            metadata=_start_metadata(detach),
         )
         return response
 
