@@ -440,6 +440,7 @@ mod tests {
             event_type,
             key: ObjectKey::new("namespaces", "", name),
             object: Arc::new(json!({"metadata": {"name": name}, "status": {"phase": phase}})),
+            json: None,
             revision,
         }
     }
