@@ -19,7 +19,8 @@ use crate::body;
 use crate::error::ApiError;
 use crate::fieldvalidation::FieldValidation;
 use crate::lifecycle::{DeleteOptions, Propagation, WriteOptions};
-use crate::list::Page;
+use crate::list::{Listed, Page};
+use crate::list_body;
 use crate::object::key;
 use crate::output::{Output, json_response};
 use crate::patch;
@@ -245,7 +246,7 @@ async fn handle(
                 &rt,
             )?;
             let page = inner.list_page(&rt, namespace, &selectors, &query).await?;
-            Ok(json_response(StatusCode::OK, output.list(&rt, &page), &[]))
+            Ok(list_body::response(output, rt, page))
         }
         Verb::Watch => {
             let mut selectors = Selectors::parse(
@@ -337,16 +338,12 @@ async fn handle(
                 .delete_collection(&rt, namespace, &selectors, &options)
                 .await?;
             let page = Page {
-                items,
+                items: items.into_iter().map(Listed::new).collect(),
                 revision,
                 continue_token: None,
                 remaining: None,
             };
-            Ok(json_response(
-                StatusCode::OK,
-                Output::Object.list(&rt, &page),
-                &[],
-            ))
+            Ok(list_body::response(Output::Object, rt, page))
         }
     }
 }

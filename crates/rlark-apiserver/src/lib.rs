@@ -31,6 +31,7 @@ mod admission;
 mod body;
 mod builtin;
 mod domain_admission;
+mod event_encodings;
 mod eventgc;
 mod fieldvalidation;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -40,6 +41,7 @@ mod gc;
 mod handlers;
 mod lifecycle;
 mod list;
+mod list_body;
 mod metrics;
 mod object;
 mod output;
@@ -129,6 +131,8 @@ pub(crate) struct Inner {
     /// Per-identity write rates ([`limits::RateLimiter`]), shared with the process's own
     /// write routes through [`ApiServer::rate_limiter`].
     pub(crate) rate_limiter: Arc<limits::RateLimiter>,
+    /// Watch event lines shared by the watchers that send the same bytes.
+    pub(crate) event_encodings: Arc<event_encodings::EventEncodings>,
 }
 
 impl ApiServer {
@@ -140,6 +144,10 @@ impl ApiServer {
         metrics: &mut prometheus_client::registry::Registry,
     ) -> Self {
         let rate_limiter = Arc::new(limits::RateLimiter::new(options.limits.clone()));
+        let event_encodings = Arc::new(event_encodings::EventEncodings::new(
+            event_encodings::DEFAULT_BUDGET_BYTES,
+        ));
+        event_encodings.register(metrics);
         let registry = match options.member_simulation {
             Some(_) => member::registry(),
             None => registry::Registry::builtin(),
@@ -155,6 +163,7 @@ impl ApiServer {
                 audit: Arc::new(TracingAudit),
                 agent_nodes: tokio::sync::Mutex::new(()),
                 network: tokio::sync::Mutex::new(()),
+                event_encodings,
             }),
         }
     }
@@ -177,6 +186,7 @@ impl ApiServer {
                     agent_nodes: tokio::sync::Mutex::new(()),
                     network: tokio::sync::Mutex::new(()),
                     rate_limiter: Arc::clone(&shared.rate_limiter),
+                    event_encodings: Arc::clone(&shared.event_encodings),
                 });
             }
         }

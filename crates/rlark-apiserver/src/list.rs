@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use rlark_store::{ListOptions, Revision, Store};
+use rlark_store::{EncodedObject, ListOptions, Revision, Store};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -194,10 +194,39 @@ impl ContinueToken {
     }
 }
 
-/// One page of a list.
+/// One listed object as this kind shows it.
+#[derive(Clone, Debug)]
+pub(crate) struct Listed {
+    pub object: Arc<Value>,
+    /// The store's encoding of `object` (`serde_json::to_string`, byte for byte), when
+    /// `object` is what the store holds; `None` when the kind shows it projected.
+    pub json: Option<Arc<str>>,
+}
+
+impl Listed {
+    /// An object without an encoding at hand (rendered when sent).
+    pub(crate) fn new(object: Arc<Value>) -> Self {
+        Self { object, json: None }
+    }
+
+    /// A stored object (with its stored encoding) as `rt` shows it.
+    pub(crate) fn presented(rt: &ResourceType, stored: EncodedObject) -> Self {
+        if rt.projection.is_some() {
+            Self::new(rt.present(stored.object))
+        } else {
+            Self {
+                object: stored.object,
+                json: Some(stored.json),
+            }
+        }
+    }
+}
+
+/// One page of a list. Holds the objects (shared, not copied) so that the body can be
+/// rendered while it is sent: everything that can fail happened when the page was read.
 #[derive(Debug)]
 pub(crate) struct Page {
-    pub items: Vec<Arc<Value>>,
+    pub items: Vec<Listed>,
     /// The list's `metadata.resourceVersion`.
     pub revision: Revision,
     pub continue_token: Option<String>,
@@ -272,26 +301,30 @@ impl Inner {
             };
             let result = self
                 .store
-                .list(&resource, &options)
+                .list_encoded(&resource, &options)
                 .await
                 .map_err(|e| ApiError::from_store(e, rt, ""))?;
             first_revision.get_or_insert(result.revision);
-            let listed: Vec<Arc<Value>> = result.items.into_iter().map(|o| rt.present(o)).collect();
+            let listed: Vec<Listed> = result
+                .items
+                .into_iter()
+                .map(|stored| Listed::presented(rt, stored))
+                .collect();
             if selectors.is_empty() {
                 more = result.continue_after.is_some();
                 remaining = more.then_some(result.remaining);
                 items = listed;
                 break;
             }
-            for item in &listed {
+            for item in listed {
                 if limit > 0 && items.len() == limit {
                     // Something follows; it may not match, then the next page is empty (as in
                     // Kubernetes, whose continue only promises "maybe more").
                     more = true;
                     break;
                 }
-                if selectors.matches(item) {
-                    items.push(Arc::clone(item));
+                if selectors.matches(&item.object) {
+                    items.push(item);
                 }
             }
             match result.continue_after {
@@ -313,10 +346,10 @@ impl Inner {
             (true, Some(last)) => Some(
                 ContinueToken {
                     rv: revision,
-                    ns: crate::object::meta_str(last, "namespace")
+                    ns: crate::object::meta_str(&last.object, "namespace")
                         .unwrap_or("")
                         .to_string(),
-                    name: crate::object::meta_str(last, "name")
+                    name: crate::object::meta_str(&last.object, "name")
                         .unwrap_or("")
                         .to_string(),
                 }

@@ -1,18 +1,18 @@
-//! Response bodies: objects, lists and watch events, rendered as the client negotiated
-//! (`Accept`): the object itself, a `meta.k8s.io/v1` `Table` (kubectl), or
-//! `PartialObjectMetadata` (kube-rs' metadata API).
+//! Response bodies: objects and watch events, rendered as the client negotiated (`Accept`):
+//! the object itself, a `meta.k8s.io/v1` `Table` (kubectl), or `PartialObjectMetadata`
+//! (kube-rs' metadata API). List bodies are streamed by `list_body` with the same rules.
 
 use std::borrow::Cow;
 use std::sync::Arc;
 
 use axum::response::{IntoResponse, Response};
 use bytes::Bytes;
+use chrono::{DateTime, Utc};
 use http::{HeaderMap, HeaderValue, StatusCode};
 use serde::Serialize;
 use serde_json::{Value, json};
 
 use crate::discovery::accepted_media_ranges;
-use crate::list::Page;
 use crate::registry::ResourceType;
 use crate::table;
 
@@ -67,52 +67,59 @@ impl Output {
         }
     }
 
-    /// A list page as the response body.
-    pub(crate) fn list(self, rt: &ResourceType, page: &Page) -> Vec<u8> {
-        #[derive(Serialize)]
-        struct List<'a> {
-            kind: &'a str,
-            #[serde(rename = "apiVersion")]
-            api_version: &'a str,
-            metadata: Value,
-            items: Vec<Cow<'a, Value>>,
+    /// A small number naming this output, for keys of shared renderings.
+    pub(crate) fn code(self) -> u8 {
+        match self {
+            Self::Object => 0,
+            Self::Table => 1,
+            Self::Metadata => 2,
         }
-        let api_version = rt.api_version();
-        let body = match self {
-            Self::Table => {
-                return to_vec(&table::to_table(rt, &page.items, page.list_meta(), true));
+    }
+
+    /// One watch event line of `object` sent as `event_type`. `json`: the store's encoding of
+    /// `object` (`None` if unknown), copied instead of encoding the object when the body is
+    /// the object itself. `now`: the clock of a Table's ages. A function of its arguments
+    /// only, so the line can be shared by watchers that pass the same ones
+    /// (`event_encodings`).
+    pub(crate) fn event_line(
+        self,
+        rt: &ResourceType,
+        event_type: &str,
+        object: &Arc<Value>,
+        json: Option<&str>,
+        columns: bool,
+        now: DateTime<Utc>,
+    ) -> Bytes {
+        match (self, json) {
+            (Self::Object, Some(json)) if has_type_meta(object) => {
+                event_line_of_json(event_type, json)
             }
-            Self::Object => List {
-                kind: &rt.list_kind,
-                api_version: &api_version,
-                metadata: page.list_meta(),
-                items: page.items.iter().map(|o| with_type_meta(rt, o)).collect(),
-            },
-            Self::Metadata => List {
-                kind: "PartialObjectMetadataList",
-                api_version: "meta.k8s.io/v1",
-                metadata: page.list_meta(),
-                items: page
-                    .items
-                    .iter()
-                    .map(|o| Cow::Owned(partial_metadata(o)))
-                    .collect(),
-            },
-        };
-        to_vec(&body)
+            (Self::Table, _) => {
+                let meta = json!({"resourceVersion": object.pointer("/metadata/resourceVersion").cloned().unwrap_or(json!(""))});
+                let table =
+                    table::to_table_at(rt, std::slice::from_ref(object), meta, columns, now);
+                event_line(event_type, &table)
+            }
+            _ => event_line(event_type, &self.object(rt, object, columns)),
+        }
     }
 }
 
-/// The object with `kind`/`apiVersion` set (stored objects normally have them; borrowed
-/// then).
-fn with_type_meta<'a>(rt: &ResourceType, object: &'a Value) -> Cow<'a, Value> {
+/// Whether `object` carries non-empty `kind` and `apiVersion` (then it is sent as stored).
+pub(crate) fn has_type_meta(object: &Value) -> bool {
     let has = |field: &str| {
         object
             .get(field)
             .and_then(Value::as_str)
             .is_some_and(|s| !s.is_empty())
     };
-    if has("kind") && has("apiVersion") {
+    has("kind") && has("apiVersion")
+}
+
+/// The object with `kind`/`apiVersion` set (stored objects normally have them; borrowed
+/// then).
+pub(crate) fn with_type_meta<'a>(rt: &ResourceType, object: &'a Value) -> Cow<'a, Value> {
+    if has_type_meta(object) {
         return Cow::Borrowed(object);
     }
     let mut owned = object.clone();
@@ -123,7 +130,7 @@ fn with_type_meta<'a>(rt: &ResourceType, object: &'a Value) -> Cow<'a, Value> {
     Cow::Owned(owned)
 }
 
-fn partial_metadata(object: &Value) -> Value {
+pub(crate) fn partial_metadata(object: &Value) -> Value {
     json!({
         "kind": "PartialObjectMetadata",
         "apiVersion": "meta.k8s.io/v1",
@@ -196,6 +203,19 @@ pub(crate) fn json_response(status: StatusCode, body: Vec<u8>, warnings: &[Strin
         }
     }
     response
+}
+
+/// One watch event line from an already encoded object: the same bytes as [`event_line`]
+/// of the decoded object, without encoding it.
+pub(crate) fn event_line_of_json(event_type: &str, json: &str) -> Bytes {
+    let mut line = Vec::with_capacity(json.len() + event_type.len() + 24);
+    line.extend_from_slice(b"{\"type\":");
+    // An event type is a plain ASCII word, but encode it like serde would anyway.
+    line.extend_from_slice(&to_vec(&event_type));
+    line.extend_from_slice(b",\"object\":");
+    line.extend_from_slice(json.as_bytes());
+    line.extend_from_slice(b"}\n");
+    Bytes::from(line)
 }
 
 /// One watch event line: `{"type":...,"object":...}\n`.
@@ -293,24 +313,26 @@ mod tests {
     }
 
     #[test]
-    fn lists_fill_type_meta() {
-        let rt = ResourceType::lease();
-        let page = Page {
-            items: vec![Arc::new(json!({"metadata": {"name": "a"}}))],
-            revision: 7,
-            continue_token: None,
-            remaining: None,
-        };
-        let body: Value = serde_json::from_slice(&Output::Object.list(&rt, &page)).unwrap();
-        assert_eq!(body["kind"], "LeaseList");
-        assert_eq!(body["metadata"], json!({"resourceVersion": "7"}));
-        assert_eq!(body["items"][0]["kind"], "Lease");
-        assert_eq!(body["items"][0]["apiVersion"], "coordination.k8s.io/v1");
-        let body: Value = serde_json::from_slice(&Output::Metadata.list(&rt, &page)).unwrap();
-        assert_eq!(body["kind"], "PartialObjectMetadataList");
-        assert_eq!(
-            body["items"][0],
-            json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": {"name": "a"}})
+    fn event_lines_from_json_equal_encoded_ones() {
+        let object = Arc::new(
+            json!({"kind": "Lease", "apiVersion": "coordination.k8s.io/v1",
+                                     "metadata": {"name": "a", "resourceVersion": "3"}, "spec": {"x": "é\"\n"}}),
         );
+        let json = serde_json::to_string(&*object).unwrap();
+        assert_eq!(
+            event_line_of_json("MODIFIED", &json),
+            event_line("MODIFIED", &object)
+        );
+        let rt = ResourceType::lease();
+        let now = chrono::Utc::now();
+        assert_eq!(
+            Output::Object.event_line(&rt, "ADDED", &object, Some(&json), false, now),
+            event_line("ADDED", &object)
+        );
+        // Without type meta the stored encoding is not what is sent.
+        let bare = Arc::new(json!({"metadata": {"name": "a"}}));
+        let line = Output::Object.event_line(&rt, "ADDED", &bare, Some("{}"), false, now);
+        let parsed: Value = serde_json::from_slice(&line).unwrap();
+        assert_eq!(parsed["object"]["kind"], "Lease");
     }
 }

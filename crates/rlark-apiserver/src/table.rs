@@ -79,22 +79,56 @@ pub fn to_table(
 }
 
 /// [`to_table`] with an explicit clock, so ages are testable.
-fn to_table_at(
+pub(crate) fn to_table_at(
     rt: &ResourceType,
     objects: &[Arc<Value>],
     list_meta: Value,
     include_column_definitions: bool,
     now: DateTime<Utc>,
 ) -> Value {
-    // A column whose path does not parse shows `null` everywhere rather than failing the
-    // request: kube-apiserver likewise keeps serving when a CRD column is unusable.
-    let paths: Vec<Option<JsonPath>> = rt
-        .printer_columns
-        .iter()
-        .map(|c| JsonPath::parse(&c.json_path).ok())
-        .collect();
-
+    let renderer = Renderer::new(rt, now);
     let column_definitions = if include_column_definitions {
+        renderer.column_definitions(rt)
+    } else {
+        Vec::new()
+    };
+    let rows: Vec<Value> = objects
+        .iter()
+        .map(|object| renderer.row(rt, object))
+        .collect();
+    json!({
+        "kind": "Table",
+        "apiVersion": "meta.k8s.io/v1",
+        "metadata": list_meta,
+        "columnDefinitions": column_definitions,
+        "rows": rows,
+    })
+}
+
+/// The parts of a `Table` of one kind, rendered one at a time, so that a list body can be
+/// streamed row by row (`list_body`) and still equal [`to_table`]'s. Every method takes the
+/// `ResourceType` the renderer was made for.
+pub(crate) struct Renderer {
+    /// Parsed once per table, not per row.
+    paths: Vec<Option<JsonPath>>,
+    /// Ages are relative to this instant, the same for every row.
+    now: DateTime<Utc>,
+}
+
+impl Renderer {
+    pub(crate) fn new(rt: &ResourceType, now: DateTime<Utc>) -> Self {
+        // A column whose path does not parse shows `null` everywhere rather than failing the
+        // request: kube-apiserver likewise keeps serving when a CRD column is unusable.
+        let paths = rt
+            .printer_columns
+            .iter()
+            .map(|c| JsonPath::parse(&c.json_path).ok())
+            .collect();
+        Self { paths, now }
+    }
+
+    /// `columnDefinitions`: `Name`, then the kind's printer columns.
+    pub(crate) fn column_definitions(&self, rt: &ResourceType) -> Vec<Value> {
         let mut columns = vec![json!({
             "name": "Name",
             "type": "string",
@@ -120,42 +154,31 @@ fn to_table_at(
             })
         }));
         columns
-    } else {
-        Vec::new()
-    };
+    }
 
-    let rows: Vec<Value> = objects
-        .iter()
-        .map(|object| {
-            let metadata = object
-                .get("metadata")
-                .cloned()
-                .unwrap_or_else(|| Value::Object(Map::new()));
-            let name = metadata.get("name").cloned().unwrap_or_else(|| json!(""));
-            let mut cells = Vec::with_capacity(1 + paths.len());
-            cells.push(name);
-            for (column, path) in rt.printer_columns.iter().zip(&paths) {
-                let value = path.as_ref().and_then(|p| p.first(object));
-                cells.push(value.map_or(Value::Null, |v| cell(&column.type_, v, now)));
-            }
-            json!({
-                "cells": cells,
-                "object": {
-                    "kind": "PartialObjectMetadata",
-                    "apiVersion": "meta.k8s.io/v1",
-                    "metadata": metadata,
-                },
-            })
+    /// The row of `object`: its cells and its metadata as a `PartialObjectMetadata`.
+    /// Infallible: a cell that cannot be computed is `null`.
+    pub(crate) fn row(&self, rt: &ResourceType, object: &Value) -> Value {
+        let metadata = object
+            .get("metadata")
+            .cloned()
+            .unwrap_or_else(|| Value::Object(Map::new()));
+        let name = metadata.get("name").cloned().unwrap_or_else(|| json!(""));
+        let mut cells = Vec::with_capacity(1 + self.paths.len());
+        cells.push(name);
+        for (column, path) in rt.printer_columns.iter().zip(&self.paths) {
+            let value = path.as_ref().and_then(|p| p.first(object));
+            cells.push(value.map_or(Value::Null, |v| cell(&column.type_, v, self.now)));
+        }
+        json!({
+            "cells": cells,
+            "object": {
+                "kind": "PartialObjectMetadata",
+                "apiVersion": "meta.k8s.io/v1",
+                "metadata": metadata,
+            },
         })
-        .collect();
-
-    json!({
-        "kind": "Table",
-        "apiVersion": "meta.k8s.io/v1",
-        "metadata": list_meta,
-        "columnDefinitions": column_definitions,
-        "rows": rows,
-    })
+    }
 }
 
 /// One cell of a printer column of type `type_` (kube's `cellForJSONValue`).

@@ -22,6 +22,9 @@
 //!   always handled before a tick. The closing bookmark first delivers the events already
 //!   waiting, then reports the revision reached.
 //! - The stream ends at the timeout, when the store closes, and when the server shuts down.
+//! - Each live event is encoded once per rendering, not once per watcher: watchers share the
+//!   line through [`EventEncodings`] (see `event_encodings`), and JSON lines are built from
+//!   the store's encoding of the object without encoding it again.
 
 use std::collections::{HashSet, VecDeque};
 use std::convert::Infallible;
@@ -31,6 +34,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::response::Response;
 use bytes::{Bytes, BytesMut};
+use chrono::{DateTime, Utc};
 use futures::{FutureExt, StreamExt};
 use rlark_store::{
     EventType, ListOptions, ObjectKey, Revision, StoreError, WatchEvent, WatchStream,
@@ -41,7 +45,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Inner;
 use crate::error::ApiError;
-use crate::list::{Freshness, freshness, wait_for_revision};
+use crate::event_encodings::{EventEncodings, Rendering};
+use crate::list::{Freshness, Listed, freshness, wait_for_revision};
 use crate::metrics::WatchGuard;
 use crate::object::key_of;
 use crate::output::{Output, event_line};
@@ -121,6 +126,8 @@ struct State {
     events: WatchStream,
     pending: VecDeque<Bytes>,
     tracker: Tracker,
+    /// Lines shared with the other watchers of the server.
+    encodings: Arc<EventEncodings>,
     store: Arc<dyn rlark_store::Store>,
     shutdown: CancellationToken,
     deadline: Instant,
@@ -144,10 +151,57 @@ enum Step {
 }
 
 impl State {
-    fn push_object(&mut self, event_type: &str, object: &Arc<Value>) {
-        let rendered = self.output.object(&self.rt, object, self.columns);
+    /// An event of this watch only (an initial `ADDED`): rendered here, not shared.
+    fn push_object(&mut self, event_type: &str, item: &Listed) {
+        let line = self.output.event_line(
+            &self.rt,
+            event_type,
+            &item.object,
+            item.json.as_deref(),
+            self.columns,
+            Utc::now(),
+        );
         self.columns = false;
-        self.pending.push_back(event_line(event_type, &rendered));
+        self.pending.push_back(line);
+    }
+
+    /// A live (or replayed) store event as `event_type`: the line every watcher rendering it
+    /// the same way shares. `json` is the store's encoding of `object`, if `object` is it.
+    fn push_event(
+        &mut self,
+        event_type: &'static str,
+        revision: Revision,
+        object: &Arc<Value>,
+        json: Option<&str>,
+    ) {
+        let (output, rt, columns) = (self.output, &self.rt, self.columns);
+        self.columns = false;
+        // A Table's ages depend on the clock: lines are shared within one second, for which
+        // every age is the same (timestamps have whole seconds).
+        let (now, second) = match output {
+            Output::Table => {
+                let second = Utc::now().timestamp();
+                (
+                    DateTime::from_timestamp(second, 0).unwrap_or_default(),
+                    second,
+                )
+            }
+            Output::Object | Output::Metadata => (Utc::now(), 0),
+        };
+        let render = || output.event_line(rt, event_type, object, json, columns, now);
+        // The first Table event carries column definitions: this watcher's own.
+        let line = if columns && output == Output::Table {
+            render()
+        } else {
+            let rendering = Rendering {
+                output: output.code(),
+                event_type,
+                projected: rt.projection.is_some(),
+                second,
+            };
+            self.encodings.line(revision, rendering, render)
+        };
+        self.pending.push_back(line);
     }
 
     fn push_bookmark(&mut self, revision: Revision, initial_events_end: bool) {
@@ -166,9 +220,18 @@ impl State {
         match item {
             Ok(mut event) => {
                 self.progress = self.progress.max(event.revision);
-                event.object = self.rt.present(event.object);
+                if self.rt.projection.is_some() {
+                    // The stored encoding is not what this kind shows.
+                    event.object = self.rt.present(event.object);
+                    event.json = None;
+                }
                 if let Some(event_type) = self.tracker.classify(&event) {
-                    self.push_object(event_type, &event.object);
+                    self.push_event(
+                        event_type,
+                        event.revision,
+                        &event.object,
+                        event.json.as_deref(),
+                    );
                 }
                 true
             }
@@ -321,12 +384,19 @@ impl Inner {
             let list_options = list_options.clone();
             let rt = Arc::clone(&rt);
             async move {
-                let mut listed = store.list(&resource, &list_options).await.map_err(|e| {
-                    tracing::debug!(error = %e, what, "watch list failed");
-                    ApiError::from_store(e, &rt, "")
-                })?;
-                listed.items = listed.items.into_iter().map(|o| rt.present(o)).collect();
-                Ok(listed)
+                let listed = store
+                    .list_encoded(&resource, &list_options)
+                    .await
+                    .map_err(|e| {
+                        tracing::debug!(error = %e, what, "watch list failed");
+                        ApiError::from_store(e, &rt, "")
+                    })?;
+                let items: Vec<Listed> = listed
+                    .items
+                    .into_iter()
+                    .map(|stored| Listed::presented(&rt, stored))
+                    .collect();
+                Ok((items, listed.revision))
             }
         };
 
@@ -341,14 +411,14 @@ impl Inner {
             if let Freshness::NotOlderThan(rv) = freshness {
                 wait_for_revision(self.store.as_ref(), rv).await?;
             }
-            let current = list("initial events").await?;
-            for object in current.items.into_iter().filter(|o| selectors.matches(o)) {
+            let (items, revision) = list("initial events").await?;
+            for item in items.into_iter().filter(|i| selectors.matches(&i.object)) {
                 if !selectors.is_empty() {
-                    tracker.held.insert(key_of(&rt, &object));
+                    tracker.held.insert(key_of(&rt, &item.object));
                 }
-                initial_objects.push(object);
+                initial_objects.push(item);
             }
-            current.revision
+            revision
         } else {
             let from = match freshness {
                 Freshness::NotOlderThan(rv) | Freshness::Exact(rv) => rv,
@@ -356,13 +426,12 @@ impl Inner {
             };
             if !selectors.is_empty() {
                 // Who matches now; see the module docs for the replay window before it.
-                let current = list("selector seed").await?;
-                tracker.replay_until = current.revision;
-                tracker.held = current
-                    .items
+                let (items, revision) = list("selector seed").await?;
+                tracker.replay_until = revision;
+                tracker.held = items
                     .iter()
-                    .filter(|o| selectors.matches(o))
-                    .map(|o| key_of(&rt, o))
+                    .filter(|i| selectors.matches(&i.object))
+                    .map(|i| key_of(&rt, &i.object))
                     .collect();
             }
             from
@@ -395,6 +464,7 @@ impl Inner {
             events,
             pending: VecDeque::new(),
             tracker,
+            encodings: Arc::clone(&self.event_encodings),
             store: Arc::clone(&self.store),
             shutdown: self.shutdown.clone(),
             deadline: Instant::now() + timeout,
@@ -405,8 +475,8 @@ impl Inner {
             done: false,
             _guard: guard,
         };
-        for object in &initial_objects {
-            state.push_object("ADDED", object);
+        for item in &initial_objects {
+            state.push_object("ADDED", item);
         }
         if query.send_initial_events == Some(true) {
             state.push_bookmark(from, true);
@@ -440,6 +510,7 @@ mod tests {
             event_type,
             key: ObjectKey::new("namespaces", "", name),
             object: Arc::new(json!({"metadata": {"name": name}, "status": {"phase": phase}})),
+            json: None,
             revision,
         }
     }

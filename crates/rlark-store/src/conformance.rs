@@ -62,6 +62,7 @@ where
         revisions_are_global_and_increasing,
         list_semantics,
         list_pagination,
+        encodings_follow_every_write,
         watch_replays_then_streams,
         watch_filters,
         watch_from_future_revision,
@@ -173,6 +174,101 @@ fn assert_event(
         event.revision,
         "{check}: event object resourceVersion != event revision"
     );
+}
+
+/// `list_encoded` as it must be: the same items as `list`, each with its exact encoding.
+async fn assert_encodings<S: Store>(store: &S, check: &str) -> Vec<(String, String)> {
+    let plain = must(check, store.list(WIDGETS, &ListOptions::default())).await;
+    let encoded = must(check, store.list_encoded(WIDGETS, &ListOptions::default())).await;
+    assert_eq!(encoded.revision, plain.revision, "{check}: list revisions");
+    let objects: Vec<&Value> = encoded.items.iter().map(|i| &*i.object).collect();
+    let expected: Vec<&Value> = plain.items.iter().map(|o| &**o).collect();
+    assert_eq!(objects, expected, "{check}: list_encoded objects != list");
+    encoded
+        .items
+        .iter()
+        .map(|item| {
+            let json = serde_json::to_string(&*item.object).unwrap_or_default();
+            assert_eq!(
+                &*item.json, json,
+                "{check}: stale or wrong encoding for {}",
+                item.object
+            );
+            (
+                meta(&item.object, "name").as_str().unwrap_or("").to_owned(),
+                json,
+            )
+        })
+        .collect()
+}
+
+/// `list_encoded` (and the optional `WatchEvent::json`) always carries the encoding of the
+/// current object: after creates, updates, several writes of one key in flight at once, and
+/// deletes; a no-op update keeps the encoding.
+pub async fn encodings_follow_every_write<S: Store>(store: S) {
+    const CHECK: &str = "encodings_follow_every_write";
+    let (a, b) = (key(WIDGETS, "ns", "a"), key(WIDGETS, "ns", "b"));
+    let mut events = watch(&store, CHECK, None, store.revision()).await;
+    must(CHECK, store.create(&a, object(&a, json!({"size": 1})))).await;
+    must(CHECK, store.create(&b, object(&b, json!({"size": 1})))).await;
+    let created = assert_encodings(&store, CHECK).await;
+    assert_eq!(created.len(), 2, "{CHECK}: two objects listed");
+
+    must(
+        CHECK,
+        store.update(&a, object(&a, json!({"size": 2})), None),
+    )
+    .await;
+    let updated = assert_encodings(&store, CHECK).await;
+    assert_ne!(
+        updated[0], created[0],
+        "{CHECK}: update changed a's encoding"
+    );
+    assert_eq!(updated[1], created[1], "{CHECK}: b untouched");
+
+    // A no-op update writes nothing: same encoding.
+    must(
+        CHECK,
+        store.update(&a, object(&a, json!({"size": 2})), None),
+    )
+    .await;
+    assert_eq!(
+        assert_encodings(&store, CHECK).await,
+        updated,
+        "{CHECK}: no-op"
+    );
+
+    // Several writes of one key at once (a backend may commit them together).
+    let writes = (3..8).map(|size| store.update(&a, object(&a, json!({"size": size})), None));
+    for result in futures::future::join_all(writes).await {
+        ok(CHECK, result);
+    }
+    let racing = assert_encodings(&store, CHECK).await;
+    let current = must(CHECK, store.get(&a)).await;
+    assert_eq!(
+        racing[0].1,
+        serde_json::to_string(&current).unwrap_or_default(),
+        "{CHECK}: encoding of the last write"
+    );
+
+    must(CHECK, store.delete(&b, None)).await;
+    let deleted = assert_encodings(&store, CHECK).await;
+    assert_eq!(deleted, racing[..1], "{CHECK}: deleted object not listed");
+
+    // Every event so far: 2 creates, 1 + 5 updates, 1 delete.
+    for _ in 0..9 {
+        let event = next_event(&mut events, CHECK).await;
+        if let Some(json) = &event.json {
+            assert_eq!(
+                **json,
+                serde_json::to_string(&*event.object).unwrap_or_default(),
+                "{CHECK}: event encoding of {:?} at {}",
+                event.event_type,
+                event.revision
+            );
+        }
+    }
+    assert_quiet(&mut events, CHECK).await;
 }
 
 // ---------------------------------------------------------------------------------------------

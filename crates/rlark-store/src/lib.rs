@@ -96,13 +96,39 @@ pub struct WatchEvent {
     pub event_type: EventType,
     pub key: ObjectKey,
     pub object: Arc<Value>,
+    /// `serde_json::to_string(&*object)`, byte for byte, when the backend keeps encodings (the
+    /// SQLite backend always does; it made it for the write). Shared, not copied, by every
+    /// watcher, so a reader that sends the object as JSON can copy these bytes instead of
+    /// encoding the object again.
+    pub json: Option<Arc<str>>,
     pub revision: Revision,
 }
 
-/// A page of a list, in key order (namespace, then name).
+/// An object with its JSON encoding (see [`Store::list_encoded`]).
 #[derive(Clone, Debug)]
-pub struct ListResult {
-    pub items: Vec<Arc<Value>>,
+pub struct EncodedObject {
+    pub object: Arc<Value>,
+    /// `serde_json::to_string(&*object)`, byte for byte.
+    pub json: Arc<str>,
+}
+
+impl EncodedObject {
+    /// Encode `object` (for backends that keep no encodings, and for tests).
+    pub fn encode(object: Arc<Value>) -> Result<Self, StoreError> {
+        let json = serde_json::to_string(&*object)
+            .map_err(|e| StoreError::Database(format!("serializing object: {e}")))?;
+        Ok(Self {
+            object,
+            json: Arc::from(json),
+        })
+    }
+}
+
+/// A page of a list, in key order (namespace, then name). Items are the objects
+/// ([`Store::list`]) or the objects with their encodings ([`Store::list_encoded`]).
+#[derive(Clone, Debug)]
+pub struct ListResult<T = Arc<Value>> {
+    pub items: Vec<T>,
     /// Store revision at which the list was read.
     pub revision: Revision,
     /// Set when `limit` cut the list and more items follow: the key of the last item returned,
@@ -155,6 +181,29 @@ pub trait Store: Send + Sync + 'static {
 
     /// List objects of one resource.
     async fn list(&self, resource: &str, options: &ListOptions) -> Result<ListResult, StoreError>;
+
+    /// [`Store::list`] with each object's JSON encoding, read at the same revision as the
+    /// object (an encoding is never older or newer than the object it comes with). Backends
+    /// that keep encodings in memory (SQLite) hand out shared copies without encoding
+    /// anything; this default encodes every item, so it is correct for any backend but saves
+    /// nothing.
+    async fn list_encoded(
+        &self,
+        resource: &str,
+        options: &ListOptions,
+    ) -> Result<ListResult<EncodedObject>, StoreError> {
+        let listed = self.list(resource, options).await?;
+        Ok(ListResult {
+            items: listed
+                .items
+                .into_iter()
+                .map(EncodedObject::encode)
+                .collect::<Result<_, _>>()?,
+            revision: listed.revision,
+            continue_after: listed.continue_after,
+            remaining: listed.remaining,
+        })
+    }
 
     /// Events for `resource` (optionally one namespace) with revision strictly greater than
     /// `from`. `Expired` if `from` is older than the change log still holds.

@@ -12,6 +12,14 @@
 //!   the change log, publishes them to watchers and replies. Commands queue up while a commit's
 //!   fsync runs, so the batch size grows with the load and throughput does not pay one fsync per
 //!   write.
+//! - **Each object's JSON encoding is kept beside it.** The writer encodes every written
+//!   object once, outside the state lock, for the `objects` table anyway; the same text (an
+//!   `Arc<str>`) is stored in memory and carried by the watch event, so
+//!   [`Store::list_encoded`] and the API server's list and watch bodies copy it instead of
+//!   encoding each object per request. It is replaced together with the object on every
+//!   write (one `Stored` value under the write lock), so it can never be older than the object.
+//!   Cost: one JSON copy per live object (roughly the object's wire size) plus one per change-log
+//!   event, which counts against [`SqliteStoreConfig::log_capacity_bytes`].
 //! - **Durability:** WAL journal with `synchronous=FULL`, so a committed transaction survives
 //!   kill -9 and power loss; nothing is acknowledged before its commit.
 //! - **Single process:** the database is opened with `locking_mode=EXCLUSIVE`, because the
@@ -38,8 +46,8 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tracing::Instrument;
 
 use crate::{
-    EventType, ListOptions, ListResult, ObjectKey, Revision, Store, StoreError, WatchEvent,
-    WatchStream,
+    EncodedObject, EventType, ListOptions, ListResult, ObjectKey, Revision, Store, StoreError,
+    WatchEvent, WatchStream,
 };
 
 /// Version of the on-disk schema written by this code (`meta` row `schema_version`).
@@ -199,6 +207,8 @@ struct LogEntry {
 struct Stored {
     revision: Revision,
     object: Arc<Value>,
+    /// `serde_json::to_string(&*object)`, made by the write that stored `object`.
+    json: Arc<str>,
 }
 
 type Reply = oneshot::Sender<Result<Arc<Value>, StoreError>>;
@@ -262,7 +272,9 @@ struct Change {
     revision: Revision,
     /// New state, or for deletions the last state with the deletion revision.
     object: Arc<Value>,
-    /// Estimated size for the change log; filled after evaluation, outside the state lock.
+    /// `object` encoded; filled after evaluation, outside the state lock (empty until then).
+    json: Arc<str>,
+    /// Estimated size for the change log; filled with `json`.
     bytes: usize,
 }
 
@@ -557,11 +569,15 @@ async fn load(conn: &mut SqliteConnection) -> Result<(ObjectMap, Revision), Stor
         // Defensive: the meta row is written in the same transaction as the objects, so this only
         // matters for a database edited by hand.
         revision = revision.max(object_revision);
+        // Re-encoded rather than kept as read, so the cached text is exactly what a write makes
+        // (a row edited by hand may be formatted differently).
+        let json = encode(&object)?;
         objects.entry(resource).or_default().insert(
             (namespace, name),
             Stored {
                 revision: object_revision,
                 object: Arc::new(object),
+                json,
             },
         );
     }
@@ -645,18 +661,21 @@ async fn process_batch(conn: &mut SqliteConnection, shared: &Shared, requests: V
         // Only this task changes `revision`, so it cannot move while we work.
         let mut next = shared.revision.load(Ordering::Acquire) + 1;
         // Effect of the earlier commands of this batch: `None` = deleted.
-        let mut overlay: HashMap<ObjectKey, Option<Stored>> = HashMap::new();
+        let mut overlay: HashMap<ObjectKey, Option<Current>> = HashMap::new();
         for Request { key, op, reply } in requests {
             replies.push(reply);
             let current = match overlay.get(&key) {
-                Some(entry) => entry.as_ref(),
-                None => state.lookup(&key),
+                Some(entry) => entry.clone(),
+                None => state.lookup(&key).map(|stored| Current {
+                    revision: stored.revision,
+                    object: Arc::clone(&stored.object),
+                }),
             };
             match evaluate(&key, op, current, next) {
                 Ok(Evaluated::Write(change)) => {
                     let after = match change.event_type {
                         EventType::Deleted => None,
-                        EventType::Added | EventType::Modified => Some(Stored {
+                        EventType::Added | EventType::Modified => Some(Current {
                             revision: change.revision,
                             object: Arc::clone(&change.object),
                         }),
@@ -673,15 +692,12 @@ async fn process_batch(conn: &mut SqliteConnection, shared: &Shared, requests: V
     }
 
     if !changes.is_empty() {
-        for change in &mut changes {
-            change.bytes = approx_bytes(&change.object)
-                + change.key.resource.len()
-                + change.key.namespace.len()
-                + change.key.name.len()
-                + std::mem::size_of::<WatchEvent>();
-        }
         let started = Instant::now();
-        let result = persist(conn, &changes, shared.injected_failure()).await;
+        // Encoded once here: the text goes to the table, to memory and to the watch event.
+        let result = match encode_changes(&mut changes) {
+            Ok(()) => persist(conn, &changes, shared.injected_failure()).await,
+            Err(e) => Err(e),
+        };
         let elapsed = started.elapsed();
         if let Err(e) = result {
             shared.failed_commits.fetch_add(1, Ordering::Relaxed);
@@ -717,6 +733,27 @@ async fn process_batch(conn: &mut SqliteConnection, shared: &Shared, requests: V
     }
 }
 
+/// Fill each change's `json` and `bytes` (outside the state lock: readers are not held up).
+fn encode_changes(changes: &mut [Change]) -> Result<(), StoreError> {
+    for change in changes {
+        change.json = encode(&change.object)?;
+        change.bytes = approx_bytes(&change.object)
+            + change.json.len()
+            + change.key.resource.len()
+            + change.key.namespace.len()
+            + change.key.name.len()
+            + std::mem::size_of::<WatchEvent>();
+    }
+    Ok(())
+}
+
+/// The one JSON encoding of a stored object (what the table, lists and watches carry).
+fn encode(object: &Value) -> Result<Arc<str>, StoreError> {
+    serde_json::to_string(object)
+        .map(Arc::from)
+        .map_err(|e| StoreError::Database(format!("serializing object: {e}")))
+}
+
 /// Write the net effect of `changes` and the new revision in one transaction.
 async fn persist(
     conn: &mut SqliteConnection,
@@ -746,8 +783,6 @@ async fn persist(
                 .map_err(db_err("delete"))?;
             }
             EventType::Added | EventType::Modified => {
-                let text = serde_json::to_string(&*change.object)
-                    .map_err(|e| StoreError::Database(format!("serializing object: {e}")))?;
                 sqlx::query(
                     "INSERT INTO objects (resource, namespace, name, revision, value)
                      VALUES (?1, ?2, ?3, ?4, ?5)
@@ -758,7 +793,7 @@ async fn persist(
                 .bind(key.namespace.as_str())
                 .bind(key.name.as_str())
                 .bind(to_db_int(change.revision)?)
-                .bind(text)
+                .bind(&*change.json)
                 .execute(&mut *tx)
                 .await
                 .map_err(db_err("upsert"))?;
@@ -796,6 +831,7 @@ fn apply(shared: &Shared, changes: &[Change]) {
                 let stored = Stored {
                     revision: change.revision,
                     object: Arc::clone(&change.object),
+                    json: Arc::clone(&change.json),
                 };
                 state
                     .objects
@@ -808,6 +844,7 @@ fn apply(shared: &Shared, changes: &[Change]) {
             event_type: change.event_type,
             key: key.clone(),
             object: Arc::clone(&change.object),
+            json: Some(Arc::clone(&change.json)),
             revision: change.revision,
         });
         if let Some(events) = &state.events {
@@ -833,6 +870,14 @@ fn apply(shared: &Shared, changes: &[Change]) {
     shared.compacted.store(compacted, Ordering::Release);
 }
 
+/// The state a command of a batch is evaluated against: memory, or an earlier command of the
+/// same batch (whose encoding is not made yet, hence not a [`Stored`]).
+#[derive(Clone)]
+struct Current {
+    revision: Revision,
+    object: Arc<Value>,
+}
+
 enum Evaluated {
     Write(Change),
     /// No-op update: the stored object, unchanged.
@@ -843,11 +888,11 @@ enum Evaluated {
 fn evaluate(
     key: &ObjectKey,
     op: Op,
-    current: Option<&Stored>,
+    current: Option<Current>,
     revision: Revision,
 ) -> Result<Evaluated, StoreError> {
     let check =
-        |stored: Option<&Stored>, expected: Option<Revision>| -> Result<Stored, StoreError> {
+        |stored: Option<Current>, expected: Option<Revision>| -> Result<Current, StoreError> {
             let stored = stored.ok_or_else(|| StoreError::NotFound(key.clone()))?;
             match expected {
                 Some(expected) if expected != stored.revision => Err(StoreError::Conflict {
@@ -855,7 +900,7 @@ fn evaluate(
                     expected,
                     actual: stored.revision,
                 }),
-                _ => Ok(stored.clone()),
+                _ => Ok(stored),
             }
         };
     match op {
@@ -869,6 +914,7 @@ fn evaluate(
                 event_type: EventType::Added,
                 revision,
                 object: Arc::new(object),
+                json: Arc::from(""),
                 bytes: 0,
             }))
         }
@@ -909,6 +955,7 @@ fn evaluate(
                 event_type: EventType::Modified,
                 revision,
                 object: Arc::new(object),
+                json: Arc::from(""),
                 bytes: 0,
             }))
         }
@@ -921,6 +968,7 @@ fn evaluate(
                 event_type: EventType::Deleted,
                 revision,
                 object: Arc::new(object),
+                json: Arc::from(""),
                 bytes: 0,
             }))
         }
@@ -1049,6 +1097,66 @@ fn prepare_create(key: &ObjectKey, mut object: Value) -> Result<Value, StoreErro
     Ok(object)
 }
 
+impl SqliteStore {
+    /// One page of `resource` as `options` ask, each item made by `item` under the read lock
+    /// (so it is as of the page's revision).
+    fn page<T>(
+        &self,
+        resource: &str,
+        options: &ListOptions,
+        item: impl Fn(&Stored) -> T,
+    ) -> ListResult<T> {
+        let shared = &self.inner.shared;
+        let state = shared.read();
+        // Read under the same lock as the items: the writer stores it under the write lock.
+        let revision = shared.revision.load(Ordering::Acquire);
+        let empty = ListResult {
+            items: Vec::new(),
+            revision,
+            continue_after: None,
+            remaining: 0,
+        };
+        let Some(objects) = state.objects.get(resource) else {
+            return empty;
+        };
+        let start = options.start_after.clone();
+        let (lower, namespace) = match (&options.namespace, start) {
+            (None, None) => (Bound::Unbounded, None),
+            (None, Some(after)) => (Bound::Excluded(after), None),
+            (Some(ns), Some(after)) if after.0 == *ns => {
+                (Bound::Excluded(after), Some(ns.as_str()))
+            }
+            // Resuming after a later namespace: nothing of `ns` is left.
+            (Some(ns), Some(after)) if after.0 > *ns => return empty,
+            (Some(ns), _) => (
+                Bound::Included((ns.clone(), String::new())),
+                Some(ns.as_str()),
+            ),
+        };
+        let mut matching = objects
+            .range::<(String, String), _>((lower, Bound::Unbounded))
+            .take_while(|((ns, _), _)| namespace.is_none_or(|want| ns == want));
+        let limit = options.limit.filter(|&l| l > 0).unwrap_or(usize::MAX);
+        let mut items = Vec::new();
+        let mut last = None;
+        for (slot, stored) in matching.by_ref().take(limit) {
+            items.push(item(stored));
+            last = Some(slot);
+        }
+        let remaining = matching.count() as u64;
+        let continue_after = match last {
+            Some((ns, name)) if remaining > 0 => Some(ObjectKey::new(resource, ns, name)),
+            _ => None,
+        };
+        ListResult {
+            items,
+            revision,
+            continue_after,
+            remaining,
+        }
+    }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Store implementation
 
@@ -1083,54 +1191,18 @@ impl Store for SqliteStore {
     }
 
     async fn list(&self, resource: &str, options: &ListOptions) -> Result<ListResult, StoreError> {
-        let shared = &self.inner.shared;
-        let state = shared.read();
-        // Read under the same lock as the items: the writer stores it under the write lock.
-        let revision = shared.revision.load(Ordering::Acquire);
-        let empty = ListResult {
-            items: Vec::new(),
-            revision,
-            continue_after: None,
-            remaining: 0,
-        };
-        let Some(objects) = state.objects.get(resource) else {
-            return Ok(empty);
-        };
-        let start = options.start_after.clone();
-        let (lower, namespace) = match (&options.namespace, start) {
-            (None, None) => (Bound::Unbounded, None),
-            (None, Some(after)) => (Bound::Excluded(after), None),
-            (Some(ns), Some(after)) if after.0 == *ns => {
-                (Bound::Excluded(after), Some(ns.as_str()))
-            }
-            // Resuming after a later namespace: nothing of `ns` is left.
-            (Some(ns), Some(after)) if after.0 > *ns => return Ok(empty),
-            (Some(ns), _) => (
-                Bound::Included((ns.clone(), String::new())),
-                Some(ns.as_str()),
-            ),
-        };
-        let mut matching = objects
-            .range::<(String, String), _>((lower, Bound::Unbounded))
-            .take_while(|((ns, _), _)| namespace.is_none_or(|want| ns == want));
-        let limit = options.limit.filter(|&l| l > 0).unwrap_or(usize::MAX);
-        let mut items = Vec::new();
-        let mut last = None;
-        for (slot, stored) in matching.by_ref().take(limit) {
-            items.push(Arc::clone(&stored.object));
-            last = Some(slot);
-        }
-        let remaining = matching.count() as u64;
-        let continue_after = match last {
-            Some((ns, name)) if remaining > 0 => Some(ObjectKey::new(resource, ns, name)),
-            _ => None,
-        };
-        Ok(ListResult {
-            items,
-            revision,
-            continue_after,
-            remaining,
-        })
+        Ok(self.page(resource, options, |stored| Arc::clone(&stored.object)))
+    }
+
+    async fn list_encoded(
+        &self,
+        resource: &str,
+        options: &ListOptions,
+    ) -> Result<ListResult<EncodedObject>, StoreError> {
+        Ok(self.page(resource, options, |stored| EncodedObject {
+            object: Arc::clone(&stored.object),
+            json: Arc::clone(&stored.json),
+        }))
     }
 
     async fn watch(
@@ -1345,6 +1417,15 @@ mod tests {
         ) -> Result<ListResult, StoreError> {
             self.store.list(resource, options).await
         }
+        // Forwarded explicitly: the trait's default would encode, hiding the cache from the
+        // conformance suite.
+        async fn list_encoded(
+            &self,
+            resource: &str,
+            options: &ListOptions,
+        ) -> Result<ListResult<EncodedObject>, StoreError> {
+            self.store.list_encoded(resource, options).await
+        }
         async fn watch(
             &self,
             resource: &str,
@@ -1402,6 +1483,50 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn conformance_suite() {
         conformance::run_all(TempStore::new).await;
+    }
+
+    /// Every event carries the write's encoding (deletes too), and after a reopen the cached
+    /// encodings are rebuilt from the table.
+    #[tokio::test]
+    async fn encodings_are_carried_by_events_and_rebuilt_on_open() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rlark.db");
+        let store = open(&path).await;
+        let (a, b) = (key("ns", "a"), key("ns", "b"));
+        let mut events = store.watch(R, None, store.revision()).await.unwrap();
+        store.create(&a, obj(&a, json!({"n": "é"}))).await.unwrap();
+        store.create(&b, obj(&b, json!({"n": 1}))).await.unwrap();
+        store
+            .update(&a, obj(&a, json!({"n": 2})), None)
+            .await
+            .unwrap();
+        store.delete(&b, None).await.unwrap();
+        for _ in 0..4 {
+            let event = next(&mut events).await.unwrap().unwrap();
+            let json = event
+                .json
+                .as_deref()
+                .expect("SQLite events carry the encoding");
+            assert_eq!(json, serde_json::to_string(&*event.object).unwrap());
+        }
+        let before = store
+            .list_encoded(R, &ListOptions::default())
+            .await
+            .unwrap();
+        store.close().await;
+        drop(store);
+        let store = open(&path).await;
+        let after = store
+            .list_encoded(R, &ListOptions::default())
+            .await
+            .unwrap();
+        assert_eq!(after.items.len(), 1);
+        assert_eq!(after.items[0].json, before.items[0].json);
+        assert_eq!(
+            &*after.items[0].json,
+            serde_json::to_string(&*after.items[0].object).unwrap()
+        );
+        store.close().await;
     }
 
     #[tokio::test]

@@ -6,6 +6,7 @@ mod authz;
 mod bad_input;
 mod collection;
 mod crud;
+mod list_cache;
 mod listing;
 mod member;
 mod replicas;
