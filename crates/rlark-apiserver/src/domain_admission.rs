@@ -114,6 +114,13 @@ impl Inner {
     /// Check a Domain, Job or Workflow write (`object` as it would be stored, `old` the stored one
     /// for an update; status writes are not checked). `Ok` holds the lock the caller keeps
     /// until its store write is done (`None`: nothing to serialize).
+    ///
+    /// Only writes that could race with another network write take the lock: every Domain
+    /// write (CIDR overlap), and a Job or Workflow write that adds or changes a reference to
+    /// a Domain (a concurrent Domain delete must see it). A Job or Workflow that names no
+    /// Domain, or whose references are unchanged, takes no lock: holding one mutex across
+    /// every Job create's store write serialized all of them (one write per SQLite commit
+    /// under 64 clients; issue 20).
     pub(crate) async fn admit_network(
         &self,
         rt: &ResourceType,
@@ -127,9 +134,9 @@ impl Inner {
         if status_only || !(is_domain || is_job || is_workflow) {
             return Ok(None);
         }
-        let guard = self.network.lock().await;
         let name = meta_str(object, "name").unwrap_or("").to_string();
-        let errors = if is_domain {
+        let (guard, errors) = if is_domain {
+            let guard = self.network.lock().await;
             let Some(domain) = decode::<Domain>(object) else {
                 return Ok(Some(guard));
             };
@@ -138,10 +145,10 @@ impl Inner {
             if let Some(old) = old.and_then(decode::<Domain>) {
                 errors.extend(network::domain_update_errors(&domain, &old));
             }
-            errors
+            (guard, errors)
         } else if is_workflow {
             let Some(workflow) = decode::<Workflow>(object) else {
-                return Ok(Some(guard));
+                return Ok(None);
             };
             let fingerprint = network::workflow_domain_fingerprint(&workflow);
             let unchanged = old.and_then(decode::<Workflow>).is_some_and(|o| {
@@ -149,22 +156,24 @@ impl Inner {
                     && network::workflow_domain_fingerprint(&o) == fingerprint
             });
             if unchanged || fingerprint.iter().all(Vec::is_empty) {
-                return Ok(Some(guard));
+                return Ok(None);
             }
+            let guard = self.network.lock().await;
             let domains = self.domains_by_name().await?;
-            network::workflow_domain_errors(&workflow, &domains)
+            (guard, network::workflow_domain_errors(&workflow, &domains))
         } else {
             let Some(job) = decode::<Job>(object) else {
-                return Ok(Some(guard));
+                return Ok(None);
             };
             let unchanged = old
                 .and_then(decode::<Job>)
                 .is_some_and(|o| job_fingerprint(&o) == job_fingerprint(&job));
             if unchanged || network::job_domains(&job).is_empty() {
-                return Ok(Some(guard));
+                return Ok(None);
             }
+            let guard = self.network.lock().await;
             let domains = self.domains_by_name().await?;
-            network::job_domain_errors(&job, &domains)
+            (guard, network::job_domain_errors(&job, &domains))
         };
         if errors.is_empty() {
             return Ok(Some(guard));

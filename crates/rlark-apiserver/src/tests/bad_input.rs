@@ -739,3 +739,40 @@ async fn workflow_job_templates_are_domain_checked_at_apply() {
         )]
     );
 }
+
+/// Issue 20: the pod network's admission lock serialized every Job create (one write per
+/// SQLite commit under 64 clients). A Job that names no Domain must not wait for it; one
+/// that names a Domain still does, so that a concurrent Domain delete sees it.
+#[tokio::test]
+async fn jobs_without_a_domain_do_not_wait_for_the_network_lock() {
+    let h = Harness::new().await;
+    // Another network write (a Domain being admitted) holds the lock.
+    let held = h.server.inner.network.lock().await;
+    let created = tokio::time::timeout(
+        std::time::Duration::from_secs(30),
+        h.post(JOBS, &job("free")),
+    )
+    .await
+    .expect("a Job without a Domain waited for the network lock");
+    assert_eq!(created.status, StatusCode::CREATED, "{:?}", created.body);
+
+    let mut bound = job("bound");
+    bound["spec"]["domain"] = json!("net");
+    let pending = h.post(JOBS, &bound);
+    tokio::pin!(pending);
+    assert!(
+        tokio::time::timeout(std::time::Duration::from_millis(300), &mut pending)
+            .await
+            .is_err(),
+        "a Job naming a Domain must wait for the network lock"
+    );
+    drop(held);
+    let answer = pending.await;
+    // Admitted under the lock: the Domain does not exist.
+    assert_eq!(
+        answer.status,
+        StatusCode::UNPROCESSABLE_ENTITY,
+        "{:?}",
+        answer.body
+    );
+}
