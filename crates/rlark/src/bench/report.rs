@@ -393,7 +393,7 @@ impl ApiBenchReport {
             let head = list.head_latency.p50_ms;
             let mut line = format!(
                 "list: {:.1} µs per item, {:.0} MB/s of response body at the median; {head:.1} ms \
-                 until the response head (server: read the store, encode the whole body), \
+                 until the response head (server: read the page and its cached encodings from the store; the body streams after the head), \
                  {:.1} ms after it (TLS, transfer, client reads the body)",
                 total * 1000.0 / list.items as f64,
                 list.response_bytes as f64 / (total / 1000.0) / 1e6,
