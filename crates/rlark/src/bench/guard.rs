@@ -268,81 +268,6 @@ impl fmt::Display for Comparison {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ratio(name: &str, cpu: f64, base: f64) -> GuardRatio {
-        GuardRatio::new(name, "µs/op", Some(cpu), "store", Some(base)).expect("ratio")
-    }
-
-    #[test]
-    fn ratios_need_two_positive_figures() {
-        assert_eq!(ratio("a", 30.0, 10.0).ratio, 3.0);
-        assert!(GuardRatio::new("a", "µs/op", None, "b", Some(1.0)).is_none());
-        assert!(GuardRatio::new("a", "µs/op", Some(1.0), "b", Some(0.0)).is_none());
-        assert!(GuardRatio::new("a", "µs/op", Some(f64::NAN), "b", Some(1.0)).is_none());
-    }
-
-    #[test]
-    fn a_ratio_more_than_a_quarter_worse_is_flagged_and_nothing_else() {
-        let file = RatioFile::merged(
-            None,
-            "api",
-            &[
-                ratio("creates@64", 40.0, 10.0),
-                ratio("healthz", 20.0, 10.0),
-            ],
-        );
-        let now = [
-            ratio("creates@64", 50.1, 10.0), // 4.0 -> 5.01: +25.25%
-            ratio("healthz", 25.0, 10.0),    // 2.0 -> 2.5: +25%, not more
-            ratio("list", 1.0, 1.0),         // new
-        ];
-        let comparison = Comparison::new(Path::new("r.json"), &file, "api", &now);
-        assert_eq!(comparison.regressions(), ["creates@64"]);
-        let text = comparison.to_string();
-        assert!(text.contains("REGRESSION"), "{text}");
-        assert!(text.contains("new"), "{text}");
-        // A committed path this run did not measure is listed, not flagged.
-        let fewer = Comparison::new(Path::new("r.json"), &file, "api", &now[1..]);
-        assert!(fewer.regressions().is_empty());
-        assert!(fewer.to_string().contains("not run"));
-        // Better is never flagged.
-        let better = Comparison::new(
-            Path::new("r.json"),
-            &file,
-            "api",
-            &[ratio("healthz", 1.0, 10.0)],
-        );
-        assert!(better.regressions().is_empty());
-    }
-
-    #[test]
-    fn the_file_round_trips_and_bad_files_name_the_problem() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let path = dir.path().join("r.json");
-        let mut file = RatioFile::merged(None, "api", &[ratio("creates@64", 40.0, 10.0)]);
-        file = RatioFile::merged(Some(file), "tunnel", &[ratio("single", 3.0, 1.0)]);
-        std::fs::write(&path, serde_json::to_string_pretty(&file).expect("json")).expect("write");
-        assert_eq!(RatioFile::load(&path).expect("load"), file);
-
-        std::fs::write(&path, r#"{"version": 2, "benches": {}}"#).expect("write");
-        let error = format!("{:#}", RatioFile::load(&path).expect_err("version"));
-        assert!(error.contains("version 2"), "{error}");
-        std::fs::write(&path, r#"{"version": 1, "benches": {"api": {"x": -1}}}"#).expect("write");
-        let error = format!("{:#}", RatioFile::load(&path).expect_err("negative"));
-        assert!(error.contains("benches.api.x"), "{error}");
-        std::fs::write(&path, r#"{"version": 1, "benches": {}, "extra": 1}"#).expect("write");
-        assert!(RatioFile::load(&path).is_err());
-        let error = format!(
-            "{:#}",
-            RatioFile::load(&dir.path().join("none")).expect_err("missing")
-        );
-        assert!(error.contains("--compare"), "{error}");
-    }
-}
-
 // The guarded figures of each bench. Names are the ratio file's keys: keep them stable.
 
 impl Guarded for super::ApiBenchReport {
@@ -472,5 +397,80 @@ impl Guarded for super::NetBenchReport {
                 )
             })
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ratio(name: &str, cpu: f64, base: f64) -> GuardRatio {
+        GuardRatio::new(name, "µs/op", Some(cpu), "store", Some(base)).expect("ratio")
+    }
+
+    #[test]
+    fn ratios_need_two_positive_figures() {
+        assert_eq!(ratio("a", 30.0, 10.0).ratio, 3.0);
+        assert!(GuardRatio::new("a", "µs/op", None, "b", Some(1.0)).is_none());
+        assert!(GuardRatio::new("a", "µs/op", Some(1.0), "b", Some(0.0)).is_none());
+        assert!(GuardRatio::new("a", "µs/op", Some(f64::NAN), "b", Some(1.0)).is_none());
+    }
+
+    #[test]
+    fn a_ratio_more_than_a_quarter_worse_is_flagged_and_nothing_else() {
+        let file = RatioFile::merged(
+            None,
+            "api",
+            &[
+                ratio("creates@64", 40.0, 10.0),
+                ratio("healthz", 20.0, 10.0),
+            ],
+        );
+        let now = [
+            ratio("creates@64", 50.1, 10.0), // 4.0 -> 5.01: +25.25%
+            ratio("healthz", 25.0, 10.0),    // 2.0 -> 2.5: +25%, not more
+            ratio("list", 1.0, 1.0),         // new
+        ];
+        let comparison = Comparison::new(Path::new("r.json"), &file, "api", &now);
+        assert_eq!(comparison.regressions(), ["creates@64"]);
+        let text = comparison.to_string();
+        assert!(text.contains("REGRESSION"), "{text}");
+        assert!(text.contains("new"), "{text}");
+        // A committed path this run did not measure is listed, not flagged.
+        let fewer = Comparison::new(Path::new("r.json"), &file, "api", &now[1..]);
+        assert!(fewer.regressions().is_empty());
+        assert!(fewer.to_string().contains("not run"));
+        // Better is never flagged.
+        let better = Comparison::new(
+            Path::new("r.json"),
+            &file,
+            "api",
+            &[ratio("healthz", 1.0, 10.0)],
+        );
+        assert!(better.regressions().is_empty());
+    }
+
+    #[test]
+    fn the_file_round_trips_and_bad_files_name_the_problem() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("r.json");
+        let mut file = RatioFile::merged(None, "api", &[ratio("creates@64", 40.0, 10.0)]);
+        file = RatioFile::merged(Some(file), "tunnel", &[ratio("single", 3.0, 1.0)]);
+        std::fs::write(&path, serde_json::to_string_pretty(&file).expect("json")).expect("write");
+        assert_eq!(RatioFile::load(&path).expect("load"), file);
+
+        std::fs::write(&path, r#"{"version": 2, "benches": {}}"#).expect("write");
+        let error = format!("{:#}", RatioFile::load(&path).expect_err("version"));
+        assert!(error.contains("version 2"), "{error}");
+        std::fs::write(&path, r#"{"version": 1, "benches": {"api": {"x": -1}}}"#).expect("write");
+        let error = format!("{:#}", RatioFile::load(&path).expect_err("negative"));
+        assert!(error.contains("benches.api.x"), "{error}");
+        std::fs::write(&path, r#"{"version": 1, "benches": {}, "extra": 1}"#).expect("write");
+        assert!(RatioFile::load(&path).is_err());
+        let error = format!(
+            "{:#}",
+            RatioFile::load(&dir.path().join("none")).expect_err("missing")
+        );
+        assert!(error.contains("--compare"), "{error}");
     }
 }
