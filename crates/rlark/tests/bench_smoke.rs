@@ -35,8 +35,9 @@ fn bench(args: &[&str]) -> Value {
 /// never judge timings; the comparison is there to be read.
 fn bench_guarded(args: &[&str]) -> Value {
     let report = run_bench(args, true);
+    // At smoke sizes a phase can be too short to read CPU time: then it has no ratio, and
+    // the comparison lists its committed entry as not run.
     let guard = report["guard"].as_array().expect("the guard's ratios");
-    assert!(!guard.is_empty(), "no guarded ratio: {report}");
     for ratio in guard {
         assert!(ratio["ratio"].as_f64().is_some_and(|r| r > 0.0), "{ratio}");
     }
