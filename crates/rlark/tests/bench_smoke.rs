@@ -137,7 +137,7 @@ fn bench_api_runs() {
 
 #[test]
 fn bench_controllers_runs() {
-    bench(&[
+    bench_guarded(&[
         "controllers",
         "--jobs",
         "8",

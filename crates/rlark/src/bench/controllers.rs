@@ -141,6 +141,9 @@ pub struct CreateBaseline {
     pub creates_per_second: f64,
     /// Mean latency of one create when issued one after another.
     pub sequential_create_ms: f64,
+    /// Process CPU (server, controllers, simulated agents and client: all in this process)
+    /// per concurrent create, microseconds; `None` when `/proc` is unreadable.
+    pub cpu_us_per_create: Option<f64>,
 }
 
 /// Placement phase figures.
@@ -162,6 +165,10 @@ pub struct PlacementFigures {
     pub tasks_per_second: f64,
     /// Distinct Task names seen more than once as created (must be 0).
     pub duplicate_tasks: usize,
+    /// Process CPU per Task placed, from the first Job create to the last Task placed
+    /// (Job create, Task creates by the Job controller, placement, the watch), microseconds;
+    /// `None` when `/proc` is unreadable.
+    pub cpu_us_per_task_placed: Option<f64>,
 }
 
 /// Chain phase figures.
@@ -491,6 +498,7 @@ async fn create_baseline(client: &kube::Client, creates: usize) -> anyhow::Resul
         .map(|i| baseline_task(&format!("base-{i:05}")))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let started = Instant::now();
+    let cpu_before = super::stats::process_cpu_time();
     futures::stream::iter(objects.iter())
         .map(|task| {
             let api = api.clone();
@@ -501,6 +509,7 @@ async fn create_baseline(client: &kube::Client, creates: usize) -> anyhow::Resul
         .await
         .context("baseline create")?;
     let elapsed = started.elapsed();
+    let cpu_us_per_create = cpu_per(cpu_before, creates);
 
     let sequential = (0..SEQUENTIAL_CREATES)
         .map(|i| baseline_task(&format!("seq-{i:05}")))
@@ -518,6 +527,7 @@ async fn create_baseline(client: &kube::Client, creates: usize) -> anyhow::Resul
         seconds: seconds(elapsed),
         creates_per_second: per_second(creates, elapsed),
         sequential_create_ms: sequential_elapsed.as_secs_f64() * 1000.0 / SEQUENTIAL_CREATES as f64,
+        cpu_us_per_create,
     })
 }
 
@@ -641,6 +651,7 @@ async fn placement(
         .collect::<anyhow::Result<Vec<_>>>()?;
     let jobs: Api<Job> = Api::all(client.clone());
     let started = Instant::now();
+    let cpu_before = super::stats::process_cpu_time();
     let submit = async {
         futures::stream::iter(objects.iter())
             .map(|job| {
@@ -679,6 +690,7 @@ async fn placement(
         anyhow::Ok((started.elapsed(), placed.len(), duplicates))
     };
     let (submitted, (placed_in, placed, duplicates)) = tokio::try_join!(submit, observe)?;
+    let cpu_us_per_task_placed = cpu_per(cpu_before, placed);
     Ok(PlacementFigures {
         jobs: options.jobs,
         tasks_per_job: options.tasks_per_job,
@@ -688,7 +700,14 @@ async fn placement(
         placed_seconds: seconds(placed_in),
         tasks_per_second: per_second(placed, placed_in),
         duplicate_tasks: duplicates,
+        cpu_us_per_task_placed,
     })
+}
+
+/// Process CPU since `before` per operation of `count`, microseconds.
+fn cpu_per(before: Option<Duration>, count: usize) -> Option<f64> {
+    let spent = super::stats::process_cpu_time()?.checked_sub(before?)?;
+    (count > 0).then(|| spent.as_secs_f64() * 1e6 / count as f64)
 }
 
 /// Delete the placement phase's Jobs (their Tasks follow by garbage collection) and wait
@@ -804,6 +823,7 @@ mod tests {
                 seconds: 2.0,
                 creates_per_second: 2000.0,
                 sequential_create_ms: 1.5,
+                cpu_us_per_create: Some(400.0),
             },
             placement: PlacementFigures {
                 jobs: 1000,
@@ -814,6 +834,7 @@ mod tests {
                 placed_seconds: 5.0,
                 tasks_per_second: 800.0,
                 duplicate_tasks: 0,
+                cpu_us_per_task_placed: Some(1200.0),
             },
             chain: ChainFigures {
                 depth: 100,

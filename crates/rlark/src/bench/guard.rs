@@ -400,6 +400,26 @@ impl Guarded for super::NetBenchReport {
     }
 }
 
+impl Guarded for super::ControllerBenchReport {
+    fn bench(&self) -> &'static str {
+        "controllers"
+    }
+
+    /// A Task placed through a Job (the Job's create, the controller's Task create,
+    /// placement) against a raw Task create through the API.
+    fn ratios(&self) -> Vec<GuardRatio> {
+        GuardRatio::new(
+            "task-placed",
+            "µs/op",
+            self.placement.cpu_us_per_task_placed,
+            "raw Task create",
+            self.baseline.cpu_us_per_create,
+        )
+        .into_iter()
+        .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -185,6 +185,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             let report: NetBenchReport = run_net(options).await?;
             finish(&report, json, compare, write)
         }
+        BenchCommand::Controllers(options) => {
+            let json = options.json;
+            let report: ControllerBenchReport = run_controllers(options).await?;
+            finish(&report, json, compare, write)
+        }
         // No same-run baseline to divide by yet: these print their report alone.
         BenchCommand::Agent(options) => {
             let json = options.json;
@@ -194,11 +199,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Camera(options) => {
             let json = options.json;
             let report: CameraBenchReport = run_camera(options).await?;
-            print_unguarded(&report, json, compare.is_some() || write.is_some())
-        }
-        BenchCommand::Controllers(options) => {
-            let json = options.json;
-            let report: ControllerBenchReport = run_controllers(options).await?;
             print_unguarded(&report, json, compare.is_some() || write.is_some())
         }
         BenchCommand::NetPeer(options) => run_net_peer(options).await,
