@@ -125,15 +125,18 @@ fn finish<R: serde::Serialize + std::fmt::Display + Guarded>(
             false => None,
         };
         let mut file = RatioFile::merged(existing, report.bench(), &ratios);
-        file.measured = format!(
-            "{} build, {} CPU(s); see docs/benchmarks.md",
-            if cfg!(debug_assertions) {
-                "debug"
-            } else {
-                "release"
-            },
-            std::thread::available_parallelism().map_or(0, |n| n.get())
-        );
+        // A hand-written note on where the figures came from is kept.
+        if file.measured.is_empty() {
+            file.measured = format!(
+                "{} build, {} CPU(s); see docs/benchmarks.md",
+                if cfg!(debug_assertions) {
+                    "debug"
+                } else {
+                    "release"
+                },
+                std::thread::available_parallelism().map_or(0, |n| n.get())
+            );
+        }
         std::fs::write(path, serde_json::to_string_pretty(&file)? + "\n")
             .with_context(|| format!("write {}", path.display()))?;
         eprintln!(
