@@ -321,8 +321,20 @@ pub fn stopped(
         Some(exit) => format!("stopped on request: {}", kill_detail(exit, grace)),
         None => "stopped on request while waiting to restart".to_string(),
     };
+    ended_by_agent(REASON_STOPPED, message, exit, restarts, now)
+}
+
+/// Failed with `reason` and `message` after the agent ended the run: the process's exit
+/// code when it had been running (`exit`), and the restarts so far.
+fn ended_by_agent(
+    reason: &str,
+    message: String,
+    exit: Option<&ExitReport>,
+    restarts: i32,
+    now: Timestamp,
+) -> StatusPatch {
     with_restarts(
-        failed(REASON_STOPPED, message, now).exit_code(exit.and_then(|e| e.code)),
+        failed(reason, message, now).exit_code(exit.and_then(|e| e.code)),
         restarts,
     )
 }
@@ -354,10 +366,7 @@ pub fn deadline_exceeded(
         ),
         None => format!("active deadline{limit} exceeded while waiting to restart"),
     };
-    with_restarts(
-        failed(REASON_DEADLINE_EXCEEDED, message, now).exit_code(exit.and_then(|e| e.code)),
-        restarts,
-    )
+    ended_by_agent(REASON_DEADLINE_EXCEEDED, message, exit, restarts, now)
 }
 
 /// Stopped because a device it holds became unhealthy and its Task says
@@ -380,10 +389,7 @@ pub fn device_unhealthy(
             "device unhealthy: {devices}; stopped (onDeviceUnhealthy: Stop) while waiting to restart"
         ),
     };
-    with_restarts(
-        failed(REASON_DEVICE_UNHEALTHY, message, now).exit_code(exit.and_then(|e| e.code)),
-        restarts,
-    )
+    ended_by_agent(REASON_DEVICE_UNHEALTHY, message, exit, restarts, now)
 }
 
 /// Stopped because the agent shut down and stops its tasks on exit

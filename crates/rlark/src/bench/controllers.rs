@@ -36,6 +36,7 @@ use serde_json::{Value, json};
 use tokio::time::Instant as TokioInstant;
 
 use super::server::{admin_client, config_for};
+use super::stats::PhaseClock;
 
 /// The target: this many Tasks placed ...
 pub const TARGET_TASKS: usize = 4000;
@@ -498,7 +499,7 @@ async fn create_baseline(client: &kube::Client, creates: usize) -> anyhow::Resul
         .map(|i| baseline_task(&format!("base-{i:05}")))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let started = Instant::now();
-    let cpu_before = super::stats::process_cpu_time();
+    let clock = PhaseClock::start();
     futures::stream::iter(objects.iter())
         .map(|task| {
             let api = api.clone();
@@ -509,7 +510,7 @@ async fn create_baseline(client: &kube::Client, creates: usize) -> anyhow::Resul
         .await
         .context("baseline create")?;
     let elapsed = started.elapsed();
-    let cpu_us_per_create = cpu_per(cpu_before, creates);
+    let cpu_us_per_create = cpu_per(&clock, creates);
 
     let sequential = (0..SEQUENTIAL_CREATES)
         .map(|i| baseline_task(&format!("seq-{i:05}")))
@@ -651,7 +652,7 @@ async fn placement(
         .collect::<anyhow::Result<Vec<_>>>()?;
     let jobs: Api<Job> = Api::all(client.clone());
     let started = Instant::now();
-    let cpu_before = super::stats::process_cpu_time();
+    let clock = PhaseClock::start();
     let submit = async {
         futures::stream::iter(objects.iter())
             .map(|job| {
@@ -690,7 +691,7 @@ async fn placement(
         anyhow::Ok((started.elapsed(), placed.len(), duplicates))
     };
     let (submitted, (placed_in, placed, duplicates)) = tokio::try_join!(submit, observe)?;
-    let cpu_us_per_task_placed = cpu_per(cpu_before, placed);
+    let cpu_us_per_task_placed = cpu_per(&clock, placed);
     Ok(PlacementFigures {
         jobs: options.jobs,
         tasks_per_job: options.tasks_per_job,
@@ -704,9 +705,9 @@ async fn placement(
     })
 }
 
-/// Process CPU since `before` per operation of `count`, microseconds.
-fn cpu_per(before: Option<Duration>, count: usize) -> Option<f64> {
-    let spent = super::stats::process_cpu_time()?.checked_sub(before?)?;
+/// This process's CPU since `clock` started, per operation of `count`, microseconds.
+fn cpu_per(clock: &PhaseClock, count: usize) -> Option<f64> {
+    let spent = clock.stop().cpu?;
     (count > 0).then(|| spent.as_secs_f64() * 1e6 / count as f64)
 }
 

@@ -181,7 +181,7 @@ pub(crate) struct DemoOptions {
     pub timeout: Duration,
     /// How the rollouts reach the learner.
     pub network: DemoNetwork,
-    /// The interpreter of the tasks, as [`check_python`] resolved it.
+    /// The interpreter of the tasks, as [`check_python`] returned it.
     pub python: PathBuf,
 }
 
@@ -227,30 +227,34 @@ except ImportError:
 print("\n".join(missing))
 "#;
 
-/// Resolve `python` (a path, or a name looked up on `PATH`) and check that it can run the
-/// demo's tasks: Python 3.10+, numpy, and the embodied SDK's grpcio and protobuf. The error
-/// names what is missing and the command that installs it.
+/// Check that `python` (a path, or a name the OS looks up on `PATH`, as the agents do for
+/// the tasks' entrypoint) can run the demo's tasks: Python 3.10+, numpy, and the embodied
+/// SDK's grpcio and protobuf. Returns what the tasks' entrypoint should name (a path made
+/// absolute: the tasks run elsewhere). The error names what is missing and the command
+/// that installs it.
 pub(crate) fn check_python(python: &Path) -> anyhow::Result<PathBuf> {
-    let resolved = if python.components().count() > 1 {
+    let python = if python.components().count() > 1 {
         std::path::absolute(python).context("resolve --demo-python")?
     } else {
-        find_on_path(python).with_context(|| {
-            format!(
-                "the demo's tasks run {}, which is not on PATH: install Python 3 \
-                 (Debian: apt-get install python3 python3-pip) or pass --demo-python PATH",
-                python.display()
-            )
-        })?
+        python.to_path_buf()
     };
-    let output = std::process::Command::new(&resolved)
+    let output = match std::process::Command::new(&python)
         .arg("-c")
         .arg(PYTHON_CHECK)
         .output()
-        .with_context(|| format!("run {}", resolved.display()))?;
+    {
+        Ok(output) => output,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
+            "the demo's tasks run {}, which is not on PATH: install Python 3 \
+             (Debian: apt-get install python3 python3-pip) or pass --demo-python PATH",
+            python.display()
+        ),
+        Err(e) => return Err(e).with_context(|| format!("run {}", python.display())),
+    };
     if !output.status.success() {
         bail!(
             "{} does not run: {}",
-            resolved.display(),
+            python.display(),
             String::from_utf8_lossy(&output.stderr).trim()
         );
     }
@@ -265,24 +269,11 @@ pub(crate) fn check_python(python: &Path) -> anyhow::Result<PathBuf> {
              {python} -m pip install numpy 'grpcio>=1.85.1,<2' 'protobuf>=7.35.1,<8'\n\
              or pass --demo-python with an interpreter that has them (a virtual \
              environment's bin/python)",
-            python = resolved.display(),
+            python = python.display(),
             missing = missing.join(", "),
         );
     }
-    Ok(resolved)
-}
-
-/// The first executable file named `name` in a directory of `PATH`.
-fn find_on_path(name: &Path) -> Option<PathBuf> {
-    use std::os::unix::fs::PermissionsExt as _;
-    let path = std::env::var_os("PATH")?;
-    std::env::split_paths(&path)
-        .map(|dir| dir.join(name))
-        .find(|candidate| {
-            std::fs::metadata(candidate)
-                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-        })
-        .and_then(|p| std::path::absolute(p).ok())
+    Ok(python)
 }
 
 /// Run the demo against the server whose admin kubeconfig is `kubeconfig`: apply it, follow

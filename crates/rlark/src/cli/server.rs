@@ -222,37 +222,30 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
             return Err(up_start_error(error, args.listen));
         }
     };
-    let examples = match super::example_files::write(&args.data_dir) {
-        Ok(dir) => dir,
-        Err(error) => {
-            if let Err(e) = server.shutdown().await {
-                tracing::warn!(error = %e, "server shutdown after a failed start");
+    // What runs beside the server; on a failure, whatever of it started is stopped, then
+    // the server, once.
+    let started = async {
+        let examples = super::example_files::write(&args.data_dir)?;
+        let embodied = UpEmbodied::start(&args.data_dir).await?;
+        match start_up_agents(
+            &server,
+            &args.data_dir,
+            args.keep_tasks,
+            &embodied.socket_dir,
+        )
+        .await
+        {
+            Ok(agents) => Ok((examples, embodied, agents)),
+            Err(error) => {
+                embodied.stop().await;
+                Err(error)
             }
-            remove_created();
-            return Err(error);
         }
-    };
-    let embodied = match UpEmbodied::start(&args.data_dir).await {
-        Ok(embodied) => embodied,
+    }
+    .await;
+    let (examples, embodied, agents) = match started {
+        Ok(started) => started,
         Err(error) => {
-            if let Err(e) = server.shutdown().await {
-                tracing::warn!(error = %e, "server shutdown after a failed start");
-            }
-            remove_created();
-            return Err(error);
-        }
-    };
-    let agents = match start_up_agents(
-        &server,
-        &args.data_dir,
-        args.keep_tasks,
-        &embodied.socket_dir,
-    )
-    .await
-    {
-        Ok(agents) => agents,
-        Err(error) => {
-            embodied.stop().await;
             if let Err(e) = server.shutdown().await {
                 tracing::warn!(error = %e, "server shutdown after a failed start");
             }
