@@ -159,7 +159,13 @@ fn bench_tunnel_runs() {
 
 #[test]
 fn bench_agent_runs() {
-    bench(&["agent", "--tasks", "6", "--running", "4", "--batch", "3"]);
+    let report = bench_guarded(&["agent", "--tasks", "6", "--running", "4", "--batch", "3"]);
+    // The guard's baseline: the same supervisor and program, started once per short task.
+    assert_eq!(report["direct_start"]["starts"], 6, "{report}");
+    let command = report["direct_start"]["command"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(command.ends_with("true"), "{report}");
 }
 
 /// The docker runtime's variant, on this machine's engine with the test kit's image; skips
@@ -197,7 +203,7 @@ fn bench_agent_docker_runs() {
 
 #[test]
 fn bench_camera_runs() {
-    bench(&[
+    bench_guarded(&[
         "camera",
         "--seconds",
         "1",

@@ -39,6 +39,16 @@ impl WorkerHandle {
     }
 }
 
+/// Which replicas an event of the Task watch may have changed.
+enum Scope {
+    /// Nothing yet (a relist in progress).
+    None,
+    /// Those of one Task.
+    Task(String),
+    /// Any: a relist completed, or the periodic resync.
+    All,
+}
+
 pub(super) struct Reconciler {
     shared: Arc<Shared>,
     /// The Tasks of the namespace, by name, as last listed and watched.
@@ -80,22 +90,36 @@ impl Reconciler {
             tokio::time::interval_at(Instant::now() + RESYNC_INTERVAL, RESYNC_INTERVAL);
         let shutdown = self.shared.shutdown.clone();
         loop {
-            tokio::select! {
+            // What the event changed: one Task's replicas, or possibly all of them. A watch
+            // event reconciles only its Task, so a burst of N Task events costs O(N), not
+            // O(N x Tasks) (issue 20: the whole map was walked for every event).
+            let scope = tokio::select! {
                 _ = shutdown.cancelled() => return Ok(()),
-                _ = resync.tick() => self.generation += 1,
+                _ = resync.tick() => {
+                    self.generation += 1;
+                    Scope::All
+                }
                 event = stream.next() => match event {
                     None => return Err(TaskError::WatchEnded),
                     Some(Ok(watcher::Event::Apply(task))) => {
-                        self.tasks.insert(task.name_any(), Arc::new(task));
+                        let name = task.name_any();
+                        self.tasks.insert(name.clone(), Arc::new(task));
+                        Scope::Task(name)
                     }
                     Some(Ok(watcher::Event::Delete(task))) => {
-                        self.tasks.remove(&task.name_any());
+                        let name = task.name_any();
+                        self.tasks.remove(&name);
+                        Scope::Task(name)
                     }
-                    Some(Ok(watcher::Event::Init)) => listing = Some(BTreeMap::new()),
+                    Some(Ok(watcher::Event::Init)) => {
+                        listing = Some(BTreeMap::new());
+                        Scope::None
+                    }
                     Some(Ok(watcher::Event::InitApply(task))) => {
                         if let Some(listing) = listing.as_mut() {
                             listing.insert(task.name_any(), Arc::new(task));
                         }
+                        Scope::None
                     }
                     Some(Ok(watcher::Event::InitDone)) => {
                         if let Some(listing) = listing.take() {
@@ -103,15 +127,20 @@ impl Reconciler {
                         }
                         synced = true;
                         self.delete_orphan_pods().await;
+                        Scope::All
                     }
                     Some(Err(error)) => {
                         tracing::warn!(%error, "task watch failed (retrying)");
                         continue;
                     }
                 },
-            }
+            };
             if synced {
-                self.reconcile();
+                match scope {
+                    Scope::All => self.reconcile(),
+                    Scope::Task(name) => self.reconcile_task(&name),
+                    Scope::None => {}
+                }
                 if !self.swept {
                     self.sweep();
                     self.swept = true;
@@ -121,39 +150,75 @@ impl Reconciler {
         }
     }
 
-    /// The replicas that should run here: id → (run key, Task).
-    fn desired(&self) -> BTreeMap<ReplicaId, (String, Arc<Task>)> {
+    /// The replicas of Task `name` (`task`) that should run here, into `desired`:
+    /// id → (run key, Task).
+    fn desired_of(
+        &self,
+        name: &str,
+        task: &Arc<Task>,
+        desired: &mut BTreeMap<ReplicaId, (String, Arc<Task>)>,
+    ) {
         let ctx = &self.shared.ctx;
-        let mut desired = BTreeMap::new();
-        for (name, task) in &self.tasks {
-            let Some(key) = run_key(task, &ctx.cluster_id) else {
-                continue;
-            };
-            let replicas = usize::try_from(task.spec.replicas().max(0)).unwrap_or(0);
-            let nodes = task
-                .spec
-                .placement
-                .as_ref()
-                .map(|p| p.nodes.as_slice())
-                .unwrap_or_default();
-            for (index, node) in nodes.iter().enumerate().take(replicas) {
-                if *node == ctx.node_name {
-                    desired.insert((name.clone(), index), (key.clone(), task.clone()));
-                }
+        let nodes = task
+            .spec
+            .placement
+            .as_ref()
+            .map(|p| p.nodes.as_slice())
+            .unwrap_or_default();
+        // Most Tasks have no replica here: the run key is made only for those that do.
+        if !nodes.contains(&ctx.node_name) {
+            return;
+        }
+        let Some(key) = run_key(task, &ctx.cluster_id) else {
+            return;
+        };
+        let replicas = usize::try_from(task.spec.replicas().max(0)).unwrap_or(0);
+        for (index, node) in nodes.iter().enumerate().take(replicas) {
+            if *node == ctx.node_name {
+                desired.insert((name.to_string(), index), (key.clone(), task.clone()));
             }
         }
-        desired
     }
 
-    /// One pass: start, update, replace and retire workers so they match the Tasks.
+    /// One pass over every Task: start, update, replace and retire workers so they match.
     fn reconcile(&mut self) {
-        let desired = self.desired();
+        let mut desired = BTreeMap::new();
+        for (name, task) in &self.tasks {
+            self.desired_of(name, task, &mut desired);
+        }
         let unwanted: Vec<ReplicaId> = self
             .workers
             .keys()
             .filter(|id| !desired.contains_key(*id))
             .cloned()
             .collect();
+        self.apply(unwanted, desired);
+    }
+
+    /// [`Reconciler::reconcile`] for the replicas of one Task (`name`, present or gone).
+    fn reconcile_task(&mut self, name: &str) {
+        let mut desired = BTreeMap::new();
+        if let Some(task) = self.tasks.get(name) {
+            self.desired_of(name, task, &mut desired);
+        }
+        let first: ReplicaId = (name.to_string(), 0);
+        let unwanted: Vec<ReplicaId> = self
+            .workers
+            .range(first..)
+            .map(|(id, _)| id)
+            .take_while(|(task, _)| task == name)
+            .filter(|id| !desired.contains_key(*id))
+            .cloned()
+            .collect();
+        self.apply(unwanted, desired);
+    }
+
+    /// Retire the workers of `unwanted`; start, update or replace those of `desired`.
+    fn apply(
+        &mut self,
+        unwanted: Vec<ReplicaId>,
+        desired: BTreeMap<ReplicaId, (String, Arc<Task>)>,
+    ) {
         for id in unwanted {
             if let Some(worker) = self.workers.remove(&id) {
                 worker.commands.send_replace(Command::Remove);

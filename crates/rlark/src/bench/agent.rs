@@ -45,7 +45,7 @@ use tokio::sync::Notify;
 use tokio::task::JoinSet;
 
 use super::server::{admin_client, config_for};
-use super::stats::{LatencySummary, cpu_time_of};
+use super::stats::{LatencySummary, children_cpu_time_of, cpu_time_of};
 
 /// Target: p99 of task created → Pod running.
 const START_P99_TARGET_MS: f64 = 300.0;
@@ -131,6 +131,13 @@ pub struct AgentBenchReport {
     pub agent_start: LatencySummary,
     /// Short tasks whose Pod ended `Failed`.
     pub task_failures: usize,
+    /// CPU of the agent process and of its reaped children (the replicas' supervisors and
+    /// their processes) per short task, over the short-task phase (µs).
+    pub agent_cpu_us_per_task: Option<f64>,
+    /// The same supervisor and program started directly by the bench, `batch` at once,
+    /// as many times as there are short tasks: the guard's baseline (raw runtime only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub direct_start: Option<DirectStarts>,
     /// API requests the server answered per short task (everyone's: the bench's Job
     /// create, controllers, the agent), from its `/metrics`.
     pub api_requests_per_task: f64,
@@ -152,6 +159,18 @@ pub struct AgentBenchReport {
     /// The supervisor command the agent chose (`rlark-supervise` beside `rlark` when built,
     /// else `rlark supervise`): it changes start latency (docs/tasks.md).
     pub supervisor: String,
+}
+
+/// The baseline of the agent's guard ratio: the replica's process tree (supervisor and
+/// program) started without the agent, the API and the store.
+#[derive(Debug, Clone, Serialize)]
+pub struct DirectStarts {
+    /// The command started: the supervisor and its program.
+    pub command: String,
+    pub starts: usize,
+    /// CPU of the supervisors and their programs per start (µs), read from the bench's
+    /// reaped children.
+    pub cpu_us_per_start: Option<f64>,
 }
 
 fn verdict(ok: bool) -> &'static str {
@@ -212,6 +231,25 @@ impl std::fmt::Display for AgentBenchReport {
             "  of which Task placed -> Pod Running p50 / p99", a.p50_ms, a.p99_ms
         )?;
         writeln!(f, "{:<48} {:>12}", "short tasks failed", self.task_failures)?;
+        if let Some(cpu) = self.agent_cpu_us_per_task {
+            writeln!(
+                f,
+                "{:<48} {:>9.0} µs",
+                "agent + supervisors + tasks CPU per short task", cpu
+            )?;
+        }
+        if let Some(d) = &self.direct_start {
+            writeln!(
+                f,
+                "{:<48} {:>12}",
+                format!(
+                    "  baseline: `{}` started directly, CPU per start",
+                    d.command
+                ),
+                d.cpu_us_per_start
+                    .map_or("n/a".to_string(), |cpu| format!("{cpu:.0} µs"))
+            )?;
+        }
         writeln!(
             f,
             "{:<48} {:>9.1} / {:.1}",
@@ -410,6 +448,84 @@ async fn create_in_batches(
         next = end;
     }
     Ok(out)
+}
+
+/// CPU of process `pid` and of its reaped children.
+fn agent_cpu_with_children(pid: &str) -> Option<Duration> {
+    Some(cpu_time_of(pid)? + children_cpu_time_of(pid)?)
+}
+
+/// Start the agent's replica supervisor with the short tasks' program `starts` times,
+/// `batch` at once, as the agent would (each in a directory of its own) but without the
+/// agent: the CPU of that process tree per start is the agent guard's baseline.
+async fn direct_starts(starts: usize, batch: usize) -> anyhow::Result<DirectStarts> {
+    let supervisor = rlark_agent::runtime::default_supervisor();
+    let (program_path, supervisor_args) = supervisor
+        .split_first()
+        .context("no replica supervisor found beside this executable")?;
+    // The supervisor does not search PATH (the agent resolves the program first).
+    let program = ["/usr/bin/true", "/bin/true"]
+        .into_iter()
+        .find(|p| std::path::Path::new(p).is_file())
+        .context("no `true` program in /usr/bin or /bin")?;
+    let dir = tempfile::tempdir()?;
+    let before = children_cpu_time_of("self");
+    let mut next = 0;
+    while next < starts {
+        let end = (next + batch.max(1)).min(starts);
+        let mut set = JoinSet::new();
+        for i in next..end {
+            let replica = dir.path().join(i.to_string());
+            std::fs::create_dir(&replica)
+                .with_context(|| format!("create {}", replica.display()))?;
+            let mut command = tokio::process::Command::new(program_path);
+            command
+                .args(supervisor_args)
+                .arg("--dir")
+                .arg(&replica)
+                .args(["--", program])
+                .current_dir(&replica)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null());
+            set.spawn(async move {
+                let status = command.status().await.context("start the supervisor")?;
+                if !status.success() {
+                    bail!("the supervisor of a direct start exited with {status}");
+                }
+                anyhow::Ok(())
+            });
+        }
+        while let Some(result) = set.join_next().await {
+            result??;
+        }
+        next = end;
+    }
+    let cpu_us_per_start = match (before, children_cpu_time_of("self")) {
+        (Some(before), Some(after)) if starts > 0 => {
+            Some(after.saturating_sub(before).as_secs_f64() * 1e6 / starts as f64)
+        }
+        _ => None,
+    };
+    let name = |p: &std::ffi::OsStr| {
+        std::path::Path::new(p)
+            .file_name()
+            .unwrap_or(p)
+            .to_string_lossy()
+            .into_owned()
+    };
+    Ok(DirectStarts {
+        command: format!(
+            "{} -- {program}",
+            supervisor
+                .iter()
+                .map(|a| name(a))
+                .collect::<Vec<_>>()
+                .join(" ")
+        ),
+        starts,
+        cpu_us_per_start,
+    })
 }
 
 /// Poll `check` until it returns `Ok(Some(value))`, at most [`WAIT_DEADLINE`]; the error
@@ -829,6 +945,8 @@ async fn measure(
 
         // 1. Start latency of short tasks.
         let counts_before = ControlPlaneCounts::read(admin).await?;
+        let agent_pid = agent.pid.to_string();
+        let agent_cpu_before = agent_cpu_with_children(&agent_pid);
         let image = (options.agent_type == BenchRuntime::Docker).then_some(options.image.as_str());
         let starts = create_in_batches(
             &jobs,
@@ -855,7 +973,17 @@ async fn measure(
         let counts = ControlPlaneCounts::read(admin)
             .await?
             .since(&counts_before, options.tasks);
+        let agent_cpu_us_per_task = match (agent_cpu_before, agent_cpu_with_children(&agent_pid)) {
+            (Some(before), Some(after)) if options.tasks > 0 => {
+                Some(after.saturating_sub(before).as_secs_f64() * 1e6 / options.tasks as f64)
+            }
+            _ => None,
+        };
         delete_jobs(&jobs, "start", options.tasks).await;
+        let direct_start = match options.agent_type {
+            BenchRuntime::Raw => Some(direct_starts(options.tasks, options.batch).await?),
+            BenchRuntime::Docker => None,
+        };
         let (docker_run, docker_burst) = match image {
             Some(image) => (
                 Some(docker_runs(image, options.docker_runs).await?),
@@ -918,6 +1046,8 @@ async fn measure(
             job_start,
             agent_start,
             task_failures,
+            agent_cpu_us_per_task,
+            direct_start,
             api_requests_per_task: counts.requests,
             store_writes_per_task: counts.writes,
             running: options.running,

@@ -74,6 +74,9 @@ pub struct CameraScenario {
     pub cpu_cores: f64,
     /// CPU cores busy in other processes meanwhile (interference).
     pub other_cores: f64,
+    /// This process's CPU per frame the camera produced (µs): rendering, encoding and
+    /// serving it to every client.
+    pub cpu_us_per_frame: Option<f64>,
 }
 
 /// Figures of one run.
@@ -88,6 +91,11 @@ pub struct CameraBenchReport {
     /// Encoding one frame as JPEG (ms, mean) and its size (bytes).
     pub jpeg_encode_ms: f64,
     pub jpeg_bytes: usize,
+    /// CPU of rendering one sim frame and encoding it as JPEG, directly (µs): the guard's
+    /// baseline for the JPEG scenarios.
+    pub direct_jpeg_cpu_us: Option<f64>,
+    /// CPU of rendering one sim frame directly (µs): the baseline for the raw scenarios.
+    pub direct_raw_cpu_us: Option<f64>,
     pub scenarios: Vec<CameraScenario>,
 }
 
@@ -198,7 +206,7 @@ pub async fn run_camera(options: CameraBenchOptions) -> anyhow::Result<CameraBen
     }
     let seconds = Duration::from_secs_f64(options.seconds);
     let (width, height, fps) = (options.width, options.height, options.fps);
-    let (render_ms, jpeg_encode_ms, jpeg_bytes) = frame_costs(width, height)?;
+    let costs = frame_costs(width, height)?;
 
     let dir = tempfile::tempdir()?;
     let socket_dir = dir.path().join("run");
@@ -243,9 +251,11 @@ pub async fn run_camera(options: CameraBenchOptions) -> anyhow::Result<CameraBen
         height,
         fps,
         seconds: options.seconds,
-        render_ms,
-        jpeg_encode_ms,
-        jpeg_bytes,
+        render_ms: costs.render_ms,
+        jpeg_encode_ms: costs.jpeg_encode_ms,
+        jpeg_bytes: costs.jpeg_bytes,
+        direct_jpeg_cpu_us: costs.jpeg_cpu_us,
+        direct_raw_cpu_us: costs.raw_cpu_us,
         scenarios: result?,
     })
 }
@@ -260,13 +270,34 @@ async fn client(socket: &Path) -> anyhow::Result<Client> {
     )
 }
 
+/// What rendering and encoding one frame costs, measured directly (no server, no client).
+struct FrameCosts {
+    /// Mean wall time of rendering a sim frame (ms).
+    render_ms: f64,
+    /// Mean wall time of encoding it as JPEG (ms).
+    jpeg_encode_ms: f64,
+    jpeg_bytes: usize,
+    /// CPU per frame rendered and JPEG-encoded (µs).
+    jpeg_cpu_us: Option<f64>,
+    /// CPU per frame rendered (µs).
+    raw_cpu_us: Option<f64>,
+}
+
 /// Mean cost of rendering a sim frame and of encoding it as JPEG, and the JPEG's size.
-fn frame_costs(width: u32, height: u32) -> anyhow::Result<(f64, f64, usize)> {
+/// Nothing else of this process runs yet, so its CPU time is this loop's.
+fn frame_costs(width: u32, height: u32) -> anyhow::Result<FrameCosts> {
+    // At least this many rounds and this much wall time each, so that `/proc`'s 10 ms
+    // CPU ticks are a small part of the figure.
     const ROUNDS: u32 = 30;
+    const MIN_TIME: Duration = Duration::from_millis(500);
     let mut render = Duration::ZERO;
     let mut encode = Duration::ZERO;
     let mut bytes = 0;
-    for i in 0..ROUNDS {
+    let clock = PhaseClock::start();
+    let mut rounds = 0;
+    while rounds < ROUNDS || clock.stop().elapsed < MIN_TIME {
+        let i = rounds;
+        rounds += 1;
         let start = Instant::now();
         let rgb = sim::render(
             width,
@@ -281,7 +312,32 @@ fn frame_costs(width: u32, height: u32) -> anyhow::Result<(f64, f64, usize)> {
         encode += start.elapsed();
         bytes = jpeg.len();
     }
-    Ok((ms(render / ROUNDS), ms(encode / ROUNDS), bytes))
+    let jpeg_cpu = clock.stop().cpu;
+    // Rendering alone, as long.
+    let clock = PhaseClock::start();
+    let mut raw_rounds = 0;
+    while raw_rounds < ROUNDS || clock.stop().elapsed < MIN_TIME {
+        std::hint::black_box(sim::render(
+            width,
+            height,
+            Duration::from_millis(u64::from(raw_rounds) * 33),
+            u64::from(raw_rounds),
+            SystemTime::now(),
+        ));
+        raw_rounds += 1;
+    }
+    let raw_cpu = clock.stop().cpu;
+    let per_frame = |cpu: Option<Duration>, rounds: u32| {
+        cpu.filter(|d| !d.is_zero())
+            .map(|d| d.as_secs_f64() * 1e6 / f64::from(rounds))
+    };
+    Ok(FrameCosts {
+        render_ms: ms(render / rounds),
+        jpeg_encode_ms: ms(encode / rounds),
+        jpeg_bytes: bytes,
+        jpeg_cpu_us: per_frame(jpeg_cpu, rounds),
+        raw_cpu_us: per_frame(raw_cpu, raw_rounds),
+    })
 }
 
 /// What one watching client measured.
@@ -348,6 +404,10 @@ async fn scenario(
         dropped: figures.iter().map(|c| c.dropped).sum(),
         cpu_cores: cores(times.cpu),
         other_cores: cores(times.others),
+        cpu_us_per_frame: times
+            .cpu
+            .filter(|_| camera_frames > 0)
+            .map(|d| d.as_secs_f64() * 1e6 / camera_frames as f64),
     })
 }
 

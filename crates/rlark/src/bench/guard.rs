@@ -420,6 +420,57 @@ impl Guarded for super::ControllerBenchReport {
     }
 }
 
+impl Guarded for super::AgentBenchReport {
+    fn bench(&self) -> &'static str {
+        "agent"
+    }
+
+    /// A short task started by the agent (its watch, the Pod's create and status writes,
+    /// the supervisor and the program) against the same supervisor and program started
+    /// directly. Raw runtime only: a Docker task's work is the engine's.
+    fn ratios(&self) -> Vec<GuardRatio> {
+        let Some(direct) = &self.direct_start else {
+            return Vec::new();
+        };
+        GuardRatio::new(
+            "task-start",
+            "µs/op",
+            self.agent_cpu_us_per_task,
+            "supervisor + program started directly",
+            direct.cpu_us_per_start,
+        )
+        .into_iter()
+        .collect()
+    }
+}
+
+impl Guarded for super::CameraBenchReport {
+    fn bench(&self) -> &'static str {
+        "camera"
+    }
+
+    /// CPU per camera frame (rendered, encoded and served to every client) against
+    /// rendering and encoding a frame directly.
+    fn ratios(&self) -> Vec<GuardRatio> {
+        self.scenarios
+            .iter()
+            .filter_map(|s| {
+                let (baseline, base) = match s.encoding.as_str() {
+                    "jpeg" => ("render + JPEG encode a frame", self.direct_jpeg_cpu_us),
+                    _ => ("render a frame", self.direct_raw_cpu_us),
+                };
+                GuardRatio::new(
+                    format!("{}@{}", s.encoding, s.clients),
+                    "µs/frame",
+                    s.cpu_us_per_frame,
+                    baseline,
+                    base,
+                )
+            })
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

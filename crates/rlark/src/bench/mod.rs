@@ -193,37 +193,16 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             let report: ControllerBenchReport = run_controllers(options).await?;
             finish(&report, json, compare, write)
         }
-        // No same-run baseline to divide by yet: these print their report alone.
         BenchCommand::Agent(options) => {
             let json = options.json;
             let report: AgentBenchReport = run_agent(options).await?;
-            print_unguarded(&report, json, compare.is_some() || write.is_some())
+            finish(&report, json, compare, write)
         }
         BenchCommand::Camera(options) => {
             let json = options.json;
             let report: CameraBenchReport = run_camera(options).await?;
-            print_unguarded(&report, json, compare.is_some() || write.is_some())
+            finish(&report, json, compare, write)
         }
         BenchCommand::NetPeer(options) => run_net_peer(options).await,
     }
-}
-
-/// The benches without a guard yet: their report, and a note when a guard flag was given.
-fn print_unguarded<R: serde::Serialize + std::fmt::Display>(
-    report: &R,
-    json: bool,
-    guard_asked: bool,
-) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(report)?);
-    } else {
-        print!("{report}");
-    }
-    if guard_asked {
-        eprintln!(
-            "this bench has no same-run CPU baseline yet: --compare and --write-ratios do \
-             not apply to it"
-        );
-    }
-    Ok(())
 }

@@ -273,14 +273,31 @@ pub fn process_cpu_time() -> Option<Duration> {
 
 /// CPU time (user + system) of process `pid` (`"self"` for this one), from `/proc`.
 pub fn cpu_time_of(pid: &str) -> Option<Duration> {
+    let [utime, stime, _, _] = stat_times(pid)?;
+    Some(ticks(utime + stime))
+}
+
+/// CPU time (user + system) of the children of process `pid` that it has waited for
+/// (`cutime` + `cstime`: a reaped child's own reaped children included), from `/proc`.
+pub fn children_cpu_time_of(pid: &str) -> Option<Duration> {
+    let [_, _, cutime, cstime] = stat_times(pid)?;
+    Some(ticks(cutime + cstime))
+}
+
+/// `utime`, `stime`, `cutime` and `cstime` of `/proc/<pid>/stat`, in clock ticks.
+fn stat_times(pid: &str) -> Option<[u64; 4]> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    parse_stat_times(&stat)
+}
+
+fn parse_stat_times(stat: &str) -> Option<[u64; 4]> {
     // The command name (field 2) is in parentheses and may contain spaces: skip past it.
     let rest = &stat[stat.rfind(')')? + 1..];
     let fields: Vec<&str> = rest.split_whitespace().collect();
-    // After the name: state is field 3, so utime (14) and stime (15) are at 11 and 12.
-    let utime: u64 = fields.get(11)?.parse().ok()?;
-    let stime: u64 = fields.get(12)?.parse().ok()?;
-    Some(ticks(utime + stime))
+    // After the name: state is field 3, so utime (14), stime (15), cutime (16) and
+    // cstime (17) are at 11 to 14.
+    let field = |i: usize| fields.get(i)?.parse::<u64>().ok();
+    Some([field(11)?, field(12)?, field(13)?, field(14)?])
 }
 
 #[cfg(test)]
@@ -289,6 +306,14 @@ mod tests {
 
     fn millis(values: &[u64]) -> Vec<Duration> {
         values.iter().map(|&v| Duration::from_millis(v)).collect()
+    }
+
+    #[test]
+    fn stat_times_skip_a_command_name_with_spaces_and_parentheses() {
+        let stat = "4242 (a (b) c) S 1 4242 4242 0 -1 4194560 100 0 0 0 17 23 5 7 20 0 1 0";
+        assert_eq!(parse_stat_times(stat), Some([17, 23, 5, 7]));
+        assert_eq!(parse_stat_times("4242 (short) S 1 2"), None);
+        assert_eq!(parse_stat_times("no parenthesis"), None);
     }
 
     #[test]
