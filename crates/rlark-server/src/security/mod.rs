@@ -112,6 +112,9 @@ pub(crate) enum AuthMethod {
     Certificate { serial: String },
     /// Bearer token with this id.
     Bearer { id: String },
+    /// The web console's session cookie (`crate::console`); the bearer token the session
+    /// was created with, if any.
+    Session { token_id: Option<String> },
 }
 
 /// The certificate roles the server signs for.

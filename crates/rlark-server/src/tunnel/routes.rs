@@ -325,6 +325,10 @@ async fn forward(
         request.extensions().get::<AuthMethod>(),
         Some(AuthMethod::Bearer { .. })
     );
+    let session = matches!(
+        request.extensions().get::<AuthMethod>(),
+        Some(AuthMethod::Session { .. })
+    );
     let query = request
         .uri()
         .query()
@@ -341,6 +345,10 @@ async fn forward(
         }
         // A bearer token authenticated the caller to rlark; it is not the target's.
         if bearer && name == header::AUTHORIZATION {
+            continue;
+        }
+        // Nor is the console's session cookie or its CSRF token.
+        if session && (name == header::COOKIE || lower == crate::console::CSRF_HEADER) {
             continue;
         }
         out = out.header(name, value);
