@@ -14,15 +14,16 @@ export function App() {
   const route = useRoute();
 
   useEffect(() => {
+    // Any request that finds the session gone (expired, logged out elsewhere, token
+    // revoked) brings the login page back.
+    const unsubscribe = onUnauthorized(() => setSession(null));
     // A login link is exchanged by the login page; anything else asks who we are.
-    if (route[0] === 'login') {
-      setSession(null);
-      return;
-    }
-    currentSession()
-      .then(setSession)
-      .catch(() => setSession(null));
-    return onUnauthorized(() => setSession(null));
+    if (route[0] === 'login') setSession(null);
+    else
+      currentSession()
+        .then(setSession)
+        .catch(() => setSession(null));
+    return unsubscribe;
   }, []);
 
   if (session === undefined) return <p class="muted">Loading…</p>;
