@@ -6,7 +6,8 @@
 // elsewhere the test is skipped with a message. Screenshots go to web/e2e/artifacts/.
 import assert from 'node:assert/strict';
 import { spawn, execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { createRequire } from 'node:module';
 import { createServer } from 'node:net';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -97,6 +98,30 @@ spec:
         replicas: 1
 `;
 
+// Runs until stopped: for the terminal and the reward chart.
+const SHELL_JOB = `apiVersion: rlinf.io/v1alpha1
+kind: Job
+metadata:
+  name: e2e-shell
+spec:
+  tasks:
+    - name: main
+      agentType: Raw
+      role: Actor
+      raw:
+        entrypoint: ["sleep", "600"]
+        replicas: 1
+`;
+
+/** axe-core's WCAG 2 A/AA violations on the page (run through CDP, so the page's CSP,
+ * which forbids injected scripts, stays on). */
+async function axeViolations(page) {
+  const source = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
+  await page.evaluate(source);
+  const result = await page.evaluate(() => window.axe.run(document, { runOnly: ['wcag2a', 'wcag2aa'] }));
+  return result.violations.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
+}
+
 test('the console in a real browser against rlark up', { timeout: 300_000 }, async (t) => {
   if (!existsSync(RLARK)) return t.skip(missing(`the rlark binary is not at ${RLARK} (cargo build -p rlark)`));
   if (!existsSync(CHROMIUM)) return t.skip(missing(`chromium is not installed at ${CHROMIUM}`));
@@ -157,6 +182,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await page.getByTestId('card-nodes-online').filter({ hasText: `${online} / ${total}` }).waitFor();
     await page.getByTestId('card-clusters').filter({ hasText: String(clusters.items.length) }).waitFor();
     await shot('overview');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the overview');
 
     // ---- nodes: cordon one ----
     await page.getByRole('link', { name: 'Clusters' }).click();
@@ -169,6 +195,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     const nodes = await (await page.request.get(`${url}/apis/rlinf.io/v1alpha1/nodes?fieldSelector=metadata.name=${nodeName}`)).json();
     assert.equal(nodes.items[0].spec.unschedulable, true, 'the cordon reached the API');
     await shot('nodes-cordoned');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the nodes page');
     await page.getByRole('button', { name: `Uncordon node ${nodeName}` }).click();
     await row.getByTestId('schedulable').filter({ hasText: 'Yes' }).waitFor();
 
@@ -190,6 +217,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     assert.match(await fieldError.textContent(), /line 9/);
     await page.locator('.gutter [data-line="9"].gutter-error').waitFor();
     await shot('create-invalid');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the create page');
 
     await editor.fill(VALID_JOB);
     await page.getByRole('button', { name: 'Create' }).click();
@@ -204,6 +232,60 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await page.getByRole('table', { name: 'Tasks' }).getByRole('link', { name: 'e2e-hello-main' }).click();
     await page.getByTestId('log').filter({ hasText: 'hello from the e2e job' }).waitFor({ timeout: 30_000 });
     await shot('task-log');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the task page');
+
+    // ---- a reload keeps the session; keyboard: the main navigation is reachable with Tab ----
+    await page.reload();
+    await page.getByTestId('user').waitFor();
+    await page.keyboard.press('Tab');
+    assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Skip to content');
+    await page.keyboard.press('Tab');
+    assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Overview');
+
+    // ---- a running task: terminal, live reward chart, stop and delete ----
+    await page.getByRole('link', { name: 'Create' }).click();
+    await page.getByLabel('Manifest (YAML)').fill(SHELL_JOB);
+    await page.getByRole('button', { name: 'Create' }).click();
+    await page.getByRole('heading', { name: /Job e2e-shell/ }).waitFor();
+    await page.getByRole('table', { name: 'Tasks' }).getByRole('link', { name: 'e2e-shell-main' }).click();
+    const openTerminal = page.getByRole('button', { name: 'Open a terminal in e2e-shell-main-0' });
+    await openTerminal.waitFor({ timeout: 60_000 });
+    await openTerminal.click();
+    await page.getByTestId('terminal-state').filter({ hasText: 'connected' }).waitFor({ timeout: 30_000 });
+    await page.locator('.xterm-helper-textarea').focus();
+    await page.keyboard.type('echo hi\n');
+    const rows = page.locator('.xterm-rows > div');
+    await page.waitForFunction(() => [...document.querySelectorAll('.xterm-rows > div')].some((r) => r.textContent.trim() === 'hi'), null, { timeout: 15_000 });
+    assert.ok((await rows.count()) > 0);
+    await shot('terminal');
+
+    const tasks = await (await page.request.get(`${url}/apis/rlinf.io/v1alpha1/tasks?labelSelector=rlinf.io/job=e2e-shell`)).json();
+    const taskNs = tasks.items[0].metadata.namespace;
+    const { csrfToken } = await (await page.request.get(`${url}/rlark/v1/console/session`)).json();
+    const post = async (step) => {
+      const r = await page.request.post(`${url}/rlark/v1/namespaces/${taskNs}/tasks/e2e-shell-main/reports`, {
+        data: { type: 'reward', value: step * 1.5, step },
+        headers: { 'X-Rlark-CSRF': csrfToken },
+      });
+      assert.equal(r.status(), 201, await r.text());
+    };
+    for (const step of [1, 2, 3]) await post(step);
+    const chart = page.locator('figure[data-series="reward"]');
+    await page.locator('figure[data-series="reward"][data-points="3"]').waitFor({ timeout: 15_000 });
+    for (const step of [4, 5]) await post(step);
+    // The chart grows without a reload.
+    await page.locator('figure[data-series="reward"][data-points="5"]').waitFor({ timeout: 15_000 });
+    assert.match(await chart.locator('figcaption').textContent(), /last 7\.500/);
+    await shot('reward-chart');
+
+    await page.getByRole('link', { name: 'e2e-shell' }).first().click();
+    await page.getByRole('button', { name: 'Stop' }).click();
+    await page.getByRole('heading', { name: /Job e2e-shell/ }).locator('.phase-stopped').waitFor({ timeout: 60_000 });
+    await page.getByRole('button', { name: 'Resume' }).waitFor();
+    page.once('dialog', (dialog) => dialog.accept());
+    await page.getByRole('button', { name: 'Delete' }).click();
+    await page.getByRole('heading', { name: 'Jobs' }).waitFor();
+    await page.waitForFunction(() => !document.body.textContent.includes('e2e-shell'), null, { timeout: 30_000 });
 
     // ---- a viewer: reads everything, no write buttons, a forged write is refused ----
     const viewerToken = rlark(kube, 'token', 'create', '--user', 'vera', '--role', 'viewer');
@@ -241,8 +323,12 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
 
     // ---- report bundle size and first-load time ----
     const assets = join(WEB, 'dist', 'assets');
-    const bytes = readdirSync(assets).reduce((n, f) => n + statSync(join(assets, f)).size, 0);
-    t.diagnostic(`console bundle: ${(bytes / 1024).toFixed(1)} KiB (uncompressed); first load to logged-in overview: ${firstLoadMs} ms`);
+    const size = (pred) => readdirSync(assets).filter(pred).reduce((n, f) => n + statSync(join(assets, f)).size, 0);
+    const firstLoad = size((f) => f.startsWith('index-'));
+    const everything = size(() => true);
+    t.diagnostic(
+      `console bundle: ${(firstLoad / 1024).toFixed(1)} KiB loaded first, ${(everything / 1024).toFixed(1)} KiB with the terminal (uncompressed); first load to logged-in overview: ${firstLoadMs} ms`,
+    );
   } catch (error) {
     const { out, err } = up.output();
     t.diagnostic(`rlark up stdout:\n${out}\nstderr (tail):\n${err.slice(-4000)}`);

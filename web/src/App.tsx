@@ -46,7 +46,7 @@ export function App() {
       content = a ? <WorkflowDetail name={a} session={session} /> : <Workflows />;
       break;
     case 'tasks':
-      content = a && b ? <TaskDetail namespace={a} name={b} /> : <Jobs />;
+      content = a && b ? <TaskDetail namespace={a} name={b} session={session} /> : <Jobs />;
       break;
     case 'create':
       content = session.canWrite ? <Create /> : <p>Creating needs the admin role; you are a {session.role}.</p>;

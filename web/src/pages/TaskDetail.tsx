@@ -1,15 +1,22 @@
+import { lazy, Suspense } from 'preact/compat';
 import { useState } from 'preact/hooks';
+import { Session } from '../api';
 import { resourcePath } from '../api';
 import { Conditions, ErrorBanner, Phase, Section } from '../components/common';
 import { Events } from '../components/Events';
 import { Logs } from '../components/Logs';
+import { ReportChart } from '../components/ReportChart';
 import { href } from '../router';
 import { useWatch, useWatchOne } from '../watch';
 
-export function TaskDetail({ namespace, name }: { namespace: string; name: string }) {
+// xterm.js is loaded only when a terminal is opened.
+const Terminal = lazy(() => import('../components/Terminal'));
+
+export function TaskDetail({ namespace, name, session }: { namespace: string; name: string; session: Session }) {
   const { object: task, loaded, error } = useWatchOne(resourcePath('tasks', namespace), name);
   const pods = useWatch(resourcePath('pods', namespace), { labelSelector: `rlark.io/task-name=${name}` });
   const [selected, setSelected] = useState<string | null>(null);
+  const [terminal, setTerminal] = useState<string | null>(null);
   const podItems = [...pods.items].sort((a, b) => (a.spec?.replicaIndex ?? 0) - (b.spec?.replicaIndex ?? 0));
   const shown = selected ?? podItems[0]?.metadata.name ?? null;
   if (!task) {
@@ -53,7 +60,7 @@ export function TaskDetail({ namespace, name }: { namespace: string; name: strin
               <th scope="col">IP</th>
               <th scope="col">Exit code</th>
               <th scope="col">Restarts</th>
-              <th scope="col">Log</th>
+              <th scope="col">Actions</th>
             </tr>
           </thead>
           <tbody>
@@ -68,9 +75,14 @@ export function TaskDetail({ namespace, name }: { namespace: string; name: strin
                 <td>{p.status?.exitCode ?? ''}</td>
                 <td>{p.status?.restartCount ?? 0}</td>
                 <td>
-                  <button type="button" aria-pressed={shown === p.metadata.name} onClick={() => setSelected(p.metadata.name)}>
+                  <button type="button" aria-pressed={shown === p.metadata.name} onClick={() => setSelected(p.metadata.name)} aria-label={`Show log of ${p.metadata.name}`}>
                     Show log
-                  </button>
+                  </button>{' '}
+                  {session.canWrite && p.status?.phase === 'Running' ? (
+                    <button type="button" onClick={() => setTerminal(p.metadata.name)} aria-label={`Open a terminal in ${p.metadata.name}`}>
+                      Terminal
+                    </button>
+                  ) : null}
                 </td>
               </tr>
             ))}
@@ -78,11 +90,24 @@ export function TaskDetail({ namespace, name }: { namespace: string; name: strin
         </table>
         {pods.loaded && podItems.length === 0 ? <p class="muted">No replicas yet.</p> : null}
       </Section>
+      {terminal ? (
+        <Section title={`Terminal in ${terminal}`}>
+          <Suspense fallback={<p class="muted">Loading the terminal…</p>}>
+            <Terminal namespace={namespace} pod={terminal} />
+          </Suspense>
+          <button type="button" onClick={() => setTerminal(null)}>
+            Close terminal
+          </button>
+        </Section>
+      ) : null}
       {shown ? (
         <Section title={`Log of ${shown}`}>
           <Logs namespace={namespace} pod={shown} />
         </Section>
       ) : null}
+      <Section title="Rewards and metrics">
+        <ReportChart namespace={namespace} task={name} />
+      </Section>
       <Section title="Conditions">
         <Conditions conditions={task.status?.conditions} />
       </Section>
