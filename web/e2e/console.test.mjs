@@ -287,6 +287,44 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await page.getByRole('heading', { name: 'Jobs' }).waitFor();
     await page.waitForFunction(() => !document.body.textContent.includes('e2e-shell'), null, { timeout: 30_000 });
 
+    // ---- domains and devices ----
+    rlark(kube, 'apply', '-f', join(ROOT, 'examples', 'domain.yaml'));
+    await page.getByRole('link', { name: 'Domains' }).click();
+    await page.getByRole('table', { name: 'Domains' }).getByRole('row').filter({ hasText: '10.88.0.0/16' }).waitFor();
+    await page.getByRole('link', { name: 'demo-net' }).click();
+    await page.getByRole('heading', { name: 'Domain demo-net' }).waitFor();
+    await page.getByRole('link', { name: 'Devices' }).click();
+    const devices = page.getByRole('table', { name: 'Devices' }).getByRole('row').filter({ hasText: 'Healthy' });
+    await devices.first().waitFor();
+    assert.ok((await devices.count()) >= 4, 'rlark up offers two simulated arms and two cameras');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the devices page');
+
+    // ---- admin: a join command, a user token made and revoked ----
+    await page.getByRole('link', { name: 'Admin' }).click();
+    await page.getByLabel('Cluster ID (optional)').fill('edge-9');
+    await page.getByRole('button', { name: 'Create join token' }).click();
+    const joinText = await page.getByTestId('join command').textContent();
+    assert.match(joinText, new RegExp(`^rlark join --server ${url.replace(/[.]/g, '\\.')} --token \\S+ --ca-hash sha256:[0-9a-f]+ --cluster-id edge-9$`));
+    await page.getByLabel('User', { exact: true }).fill('tess');
+    await page.getByRole('button', { name: 'Create user token' }).click();
+    const tessToken = await page.getByTestId('user token').textContent();
+    const tessId = tessToken.split('.')[0];
+    await page.getByRole('table', { name: 'Certificates' }).getByRole('row').nth(1).waitFor();
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the admin page');
+    await shot('admin');
+    const tess = await browser.newContext({ ignoreHTTPSErrors: true });
+    const tpage = await tess.newPage();
+    await tpage.goto(url + '/');
+    await tpage.getByLabel('Bearer token').fill(tessToken);
+    await tpage.getByRole('button', { name: 'Log in' }).click();
+    await tpage.getByTestId('user').filter({ hasText: 'tess (viewer)' }).waitFor();
+    await page.getByLabel('Token ID').fill(tessId);
+    await page.getByRole('button', { name: 'Revoke token' }).click();
+    await page.getByRole('status').filter({ hasText: `Token ${tessId} revoked.` }).waitFor();
+    // Revoking the token ends the session it logged in.
+    assert.equal((await tpage.request.get(`${url}/rlark/v1/console/session`)).status(), 401);
+    await tess.close();
+
     // ---- a viewer: reads everything, no write buttons, a forged write is refused ----
     const viewerToken = rlark(kube, 'token', 'create', '--user', 'vera', '--role', 'viewer');
     const viewer = await browser.newContext({ ignoreHTTPSErrors: true });
@@ -296,6 +334,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await vpage.getByRole('button', { name: 'Log in' }).click();
     await vpage.getByTestId('user').filter({ hasText: 'vera (viewer)' }).waitFor();
     assert.equal(await vpage.getByRole('link', { name: 'Create' }).count(), 0);
+    assert.equal(await vpage.getByRole('link', { name: 'Admin' }).count(), 0);
     await vpage.getByRole('link', { name: 'Clusters' }).click();
     await vpage.locator(`tr[data-node="${nodeName}"]`).waitFor();
     assert.equal(await vpage.getByRole('button', { name: /cordon/i }).count(), 0);

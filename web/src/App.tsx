@@ -1,6 +1,9 @@
 import { useEffect, useState } from 'preact/hooks';
 import { currentSession, logout, onUnauthorized, Session } from './api';
+import { Admin } from './pages/Admin';
 import { Create } from './pages/Create';
+import { Devices } from './pages/Devices';
+import { DomainDetail, Domains } from './pages/Domains';
 import { JobDetail, Jobs } from './pages/Jobs';
 import { Login } from './pages/Login';
 import { Nodes } from './pages/Nodes';
@@ -48,6 +51,15 @@ export function App() {
     case 'tasks':
       content = a && b ? <TaskDetail namespace={a} name={b} session={session} /> : <Jobs />;
       break;
+    case 'domains':
+      content = a ? <DomainDetail name={a} /> : <Domains />;
+      break;
+    case 'devices':
+      content = <Devices />;
+      break;
+    case 'admin':
+      content = session.role === 'admin' ? <Admin /> : <p>Administration needs the admin role; you are a {session.role}.</p>;
+      break;
     case 'create':
       content = session.canWrite ? <Create /> : <p>Creating needs the admin role; you are a {session.role}.</p>;
       break;
@@ -74,9 +86,20 @@ export function App() {
           <a href={href('workflows')} aria-current={current('workflows')}>
             Workflows
           </a>
+          <a href={href('domains')} aria-current={current('domains')}>
+            Domains
+          </a>
+          <a href={href('devices')} aria-current={current('devices')}>
+            Devices
+          </a>
           {session.canWrite ? (
             <a href={href('create')} aria-current={current('create')}>
               Create
+            </a>
+          ) : null}
+          {session.role === 'admin' ? (
+            <a href={href('admin')} aria-current={current('admin')}>
+              Admin
             </a>
           ) : null}
         </nav>

@@ -183,7 +183,7 @@ export function JobDetail({ name, session }: { name: string; session: Session })
       ) : null}
       <dl class="facts">
         <dt>Domain</dt>
-        <dd>{job.spec?.domain ?? '—'}</dd>
+        <dd>{job.spec?.domain ? <a href={href('domains', job.spec.domain)}>{job.spec.domain}</a> : '—'}</dd>
         <dt>Started</dt>
         <dd>{job.status?.startTime ?? '—'}</dd>
         <dt>Ended</dt>
