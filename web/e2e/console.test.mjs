@@ -299,6 +299,32 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     assert.ok((await devices.count()) >= 4, 'rlark up offers two simulated arms and two cameras');
     assert.deepEqual(await axeViolations(page), [], 'accessibility of the devices page');
 
+    // ---- a camera's live view, relayed from the edge agent through its tunnel ----
+    const socketDir = up.output().out.match(/--socket-dir (\S+) list/)[1];
+    await page.getByRole('button', { name: /^View camera cam-0 on / }).click();
+    // Closed cameras are not opened by viewing: the reason is shown.
+    await page.getByRole('alert').filter({ hasText: 'not open' }).waitFor({ timeout: 15_000 });
+    await page.getByRole('button', { name: 'Close view' }).click();
+    execFileSync(RLARK, ['camera', '--socket-dir', socketDir, 'open', 'cam-0'], { encoding: 'utf8' });
+    await page.getByRole('button', { name: /^View camera cam-0 on / }).click();
+    const camera = page.getByTestId('camera-cam-0');
+    await page.waitForFunction(() => document.querySelector('[data-testid="camera-cam-0"]')?.naturalWidth > 0, null, { timeout: 15_000 });
+    const pixels = () =>
+      camera.evaluate((img) => {
+        const canvas = document.createElement('canvas');
+        canvas.width = img.naturalWidth;
+        canvas.height = img.naturalHeight;
+        const ctx = canvas.getContext('2d');
+        ctx.drawImage(img, 0, 0);
+        return Array.from(ctx.getImageData(0, 0, canvas.width, canvas.height).data.filter((_, i) => i % 97 === 0)).join(',');
+      });
+    const frameBefore = await pixels();
+    await page.waitForTimeout(1500);
+    const frameAfter = await pixels();
+    assert.notEqual(frameBefore, frameAfter, 'the simulated camera\'s frames change over time');
+    await shot('camera');
+    await page.getByRole('button', { name: 'Close view' }).click();
+
     // ---- admin: a join command, a user token made and revoked ----
     await page.getByRole('link', { name: 'Admin' }).click();
     await page.getByLabel('Cluster ID (optional)').fill('edge-9');
