@@ -163,8 +163,9 @@ else
     echo "web/node_modules is missing (RLARK_SKIP_INSTALL=1?): console component tests skipped" >&2
     [ "${CI:-}" = true ] && exit 1
 fi
-# Against a real `rlark up` from the debug binary; screenshots in web/e2e/artifacts/.
-node --test web/e2e/console.test.mjs
+# Against a real `rlark up` (and `up --demo`) from the debug binary; screenshots in
+# web/e2e/artifacts/. One at a time: each starts a whole platform.
+node --test --test-concurrency=1 web/e2e/
 
 # The SDKs as their users get them: wheels built with `python -m build` (which must leave
 # the source tree as it was: a read-only checkout builds), installed with their `test`

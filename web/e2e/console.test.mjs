@@ -2,72 +2,16 @@
 // by playwright-core (no browser download), against a real `rlark up` started from the debug
 // binary cargo built. Run by scripts/test.sh; by hand:
 //   cargo build -p rlark && (cd web && npm ci) && node --test web/e2e/console.test.mjs
+// (web/e2e/demo.test.mjs follows the `up --demo` Workflow the same way.)
 // Under CI=true or RLARK_REQUIRE_TOOLS=1 a missing binary or browser fails the test;
 // elsewhere the test is skipped with a message. Screenshots go to web/e2e/artifacts/.
 import assert from 'node:assert/strict';
-import { spawn, execFileSync } from 'node:child_process';
-import { existsSync, mkdirSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from 'node:fs';
-import { createRequire } from 'node:module';
-import { createServer } from 'node:net';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { fileURLToPath } from 'node:url';
-
-const WEB = fileURLToPath(new URL('..', import.meta.url));
-const ROOT = join(WEB, '..');
-const ARTIFACTS = join(WEB, 'e2e', 'artifacts');
-const RLARK = process.env.RLARK_BIN ?? join(process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target'), 'debug', 'rlark');
-const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
-const REQUIRED = process.env.CI === 'true' || process.env.RLARK_REQUIRE_TOOLS === '1';
-
-function missing(what) {
-  if (REQUIRED) throw new Error(`${what}: scripts/test.sh installs it; under CI=true (or RLARK_REQUIRE_TOOLS=1) a missing tool fails the test`);
-  return `SKIPPED: ${what} (scripts/test.sh installs it)`;
-}
-
-async function freePort() {
-  return new Promise((resolve, reject) => {
-    const server = createServer();
-    server.listen(0, '127.0.0.1', () => {
-      const { port } = server.address();
-      server.close(() => resolve(port));
-    });
-    server.on('error', reject);
-  });
-}
-
-/** Start `rlark up`; resolves with its URL and login link once the banner is printed. */
-function startUp(dataDir, port) {
-  const child = spawn(RLARK, ['up', '--data-dir', dataDir, '--listen', `127.0.0.1:${port}`], {
-    stdio: ['ignore', 'pipe', 'pipe'],
-    env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? 'warn' },
-  });
-  let out = '';
-  let err = '';
-  const ready = new Promise((resolve, reject) => {
-    const timer = setTimeout(() => reject(new Error(`rlark up printed no login link in 90 s\nstdout:\n${out}\nstderr:\n${err}`)), 90_000);
-    child.stdout.on('data', (d) => {
-      out += d;
-      const link = out.match(/log in once with (https:\/\/\S+)/);
-      const url = out.match(/rlark is running at (https:\/\/\S+)/);
-      if (link && url) {
-        clearTimeout(timer);
-        resolve({ link: link[1], url: url[1] });
-      }
-    });
-    child.stderr.on('data', (d) => (err += d));
-    child.on('exit', (code) => {
-      clearTimeout(timer);
-      reject(new Error(`rlark up exited with ${code}\nstdout:\n${out}\nstderr:\n${err}`));
-    });
-  });
-  return { child, ready, output: () => ({ out, err }) };
-}
-
-function rlark(dataDir, ...args) {
-  return execFileSync(RLARK, [...args, '--kubeconfig', join(dataDir, 'admin.kubeconfig')], { encoding: 'utf8' }).trim();
-}
+import { ARTIFACTS, RLARK, ROOT, WEB, axeViolations, freePort, launch, prerequisites, rlark, startUp, stopUp } from './support.mjs';
 
 const VALID_JOB = `apiVersion: rlinf.io/v1alpha1
 kind: Job
@@ -113,25 +57,9 @@ spec:
         replicas: 1
 `;
 
-/** axe-core's WCAG 2 A/AA violations on the page (run through CDP, so the page's CSP,
- * which forbids injected scripts, stays on). */
-async function axeViolations(page) {
-  const source = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
-  await page.evaluate(source);
-  const result = await page.evaluate(() => window.axe.run(document, { runOnly: ['wcag2a', 'wcag2aa'] }));
-  return result.violations.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
-}
-
 test('the console in a real browser against rlark up', { timeout: 300_000 }, async (t) => {
-  if (!existsSync(RLARK)) return t.skip(missing(`the rlark binary is not at ${RLARK} (cargo build -p rlark)`));
-  if (!existsSync(CHROMIUM)) return t.skip(missing(`chromium is not installed at ${CHROMIUM}`));
-  let playwright;
-  try {
-    playwright = await import('playwright-core');
-  } catch {
-    return t.skip(missing('playwright-core is not installed (npm ci in web/)'));
-  }
-  mkdirSync(ARTIFACTS, { recursive: true });
+  const { playwright, skip } = await prerequisites();
+  if (skip) return t.skip(skip);
   const dataDir = mkdtempSync(join(tmpdir(), 'rlark-e2e-'));
   const port = await freePort();
   const up = startUp(join(dataDir, 'data'), port);
@@ -139,11 +67,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
   try {
     const { link, url } = await up.ready;
     const kube = join(dataDir, 'data');
-    browser = await playwright.chromium.launch({
-      executablePath: CHROMIUM,
-      headless: true,
-      args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
-    });
+    browser = await launch(playwright);
     // The server's certificate is signed by the installation's own CA.
     const admin = await browser.newContext({ ignoreHTTPSErrors: true });
     const page = await admin.newPage();
@@ -400,18 +324,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     throw error;
   } finally {
     if (browser) await browser.close();
-    up.child.kill('SIGINT');
-    await new Promise((r) => {
-      if (up.child.exitCode !== null) return r();
-      const timer = setTimeout(() => {
-        up.child.kill('SIGKILL');
-        r();
-      }, 20_000);
-      up.child.on('exit', () => {
-        clearTimeout(timer);
-        r();
-      });
-    });
+    await stopUp(up);
     rmSync(dataDir, { recursive: true, force: true });
   }
 });
