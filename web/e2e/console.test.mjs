@@ -249,6 +249,22 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await shot('camera');
     await page.getByRole('button', { name: 'Close view' }).click();
 
+    // ---- robots: start, switch mode, stop, through the edge agent ----
+    const arm = page.locator('tr[data-robot="arm-0"]');
+    await arm.waitFor({ timeout: 15_000 });
+    await page.getByRole('button', { name: 'Start arm-0' }).click();
+    await arm.getByTestId('robot-state').filter({ hasText: 'RUNNING' }).waitFor({ timeout: 30_000 });
+    await page.getByLabel('Mode for arm-0').fill('teleop');
+    await page.getByRole('button', { name: 'Switch arm-0 to the mode' }).click();
+    await arm.getByTestId('robot-mode').filter({ hasText: 'teleop' }).waitFor({ timeout: 30_000 });
+    await shot('robots');
+    await page.getByRole('button', { name: 'Stop arm-0' }).click();
+    await arm.getByTestId('robot-state').filter({ hasText: 'STOPPED' }).waitFor({ timeout: 30_000 });
+    // A mode the robot's type does not have is refused with the runtime's reason.
+    await page.getByLabel('Mode for arm-0').fill('dance');
+    await page.getByRole('button', { name: 'Start arm-0' }).click();
+    await page.getByRole('alert').filter({ hasText: 'dance' }).waitFor({ timeout: 30_000 });
+
     // ---- admin: a join command, a user token made and revoked ----
     await page.getByRole('link', { name: 'Admin' }).click();
     await page.getByLabel('Cluster ID (optional)').fill('edge-9');
@@ -288,6 +304,9 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await vpage.getByRole('link', { name: 'Clusters' }).click();
     await vpage.locator(`tr[data-node="${nodeName}"]`).waitFor();
     assert.equal(await vpage.getByRole('button', { name: /cordon/i }).count(), 0);
+    await vpage.getByRole('link', { name: 'Devices' }).click();
+    await vpage.locator('tr[data-robot="arm-0"]').waitFor();
+    assert.equal(await vpage.getByRole('button', { name: /^(Start|Stop|Reset) arm/ }).count(), 0, 'a viewer sees no robot actions');
     await vpage.goto(`${url}/#/jobs/e2e-hello`);
     await vpage.getByRole('heading', { name: /Job e2e-hello/ }).waitFor();
     for (const name of ['Stop', 'Restart', 'Delete']) {
@@ -301,6 +320,12 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     });
     assert.equal(forged.status(), 403);
     assert.match((await forged.json()).message, /User "vera" cannot delete/);
+    const edgeNode = (await (await vpage.request.get(`${url}/apis/rlinf.io/v1alpha1/namespaces/rlark-edge/nodes`)).json()).items[0].metadata.name;
+    const forgedRobot = await vpage.request.post(`${url}/rlark/v1/namespaces/rlark-edge/nodes/${edgeNode}/robots/arm-0/start`, {
+      data: {},
+      headers: { 'X-Rlark-CSRF': session.csrfToken },
+    });
+    assert.equal(forgedRobot.status(), 403);
 
     // ---- logout revokes the session ----
     await page.getByRole('button', { name: 'Log out' }).click();

@@ -55,7 +55,7 @@ export function App() {
       content = a ? <DomainDetail name={a} /> : <Domains />;
       break;
     case 'devices':
-      content = <Devices />;
+      content = <Devices session={session} />;
       break;
     case 'admin':
       content = session.role === 'admin' ? <Admin /> : <p>Administration needs the admin role; you are a {session.role}.</p>;

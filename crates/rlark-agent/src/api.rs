@@ -48,6 +48,9 @@
 //! `GET /v1/cameras/{id}/stream?fps=N`: the live view of a camera of the host's embodied
 //! runtime as MJPEG; see [`crate::camera_stream`].
 //!
+//! `GET /v1/robots`, `POST /v1/robots/{id}/{start|stop|switch|reset}`: the host's robots;
+//! see [`crate::robot_actions`].
+//!
 //! `POST /v1/net/check` with `{"pod": "<task>-<i>", "to": "<ip>", "port": p}` (`port`
 //! optional): a test connection from that replica of this agent to the domain address
 //! `to` along the route its own connections take ([`crate::net::router::Router::check`]):
@@ -151,7 +154,8 @@ impl LocalApi {
         self.inner.member.set(pods).is_ok()
     }
 
-    /// Serve `GET /v1/cameras/{id}/stream` from the embodied runtime whose sockets are in
+    /// Serve `GET /v1/cameras/{id}/stream` and the robot routes (`/v1/robots`) from the
+    /// embodied runtime whose sockets are in
     /// `dir` (once; later calls are ignored and return false).
     pub fn set_embodied_socket_dir(&self, dir: PathBuf) -> bool {
         self.inner.embodied.set(dir).is_ok()
@@ -169,6 +173,11 @@ impl LocalApi {
                 async move {
                     if request.uri().path() == NET_CHECK_PATH {
                         return Ok(net_check(inner.router.get(), request).await);
+                    }
+                    if crate::robot_actions::is_robot_path(request.uri().path()) {
+                        return Ok(
+                            crate::robot_actions::handle(inner.embodied.get(), request).await
+                        );
                     }
                     if request
                         .uri()

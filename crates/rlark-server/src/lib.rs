@@ -398,6 +398,10 @@ async fn start_with_token(
         tunnel::netcheck::NetCheckState::new(Arc::clone(&hub), Arc::new(store.clone())),
     ))
     .merge(tunnel::exec::router(exec_state.clone()))
+    .merge(tunnel::devices::router(tunnel::devices::DevicesState {
+        hub: Arc::clone(&hub),
+        audit: Arc::clone(&audit),
+    }))
     .merge(
         axum::Router::new()
             .route(

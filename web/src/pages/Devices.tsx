@@ -1,5 +1,5 @@
-import { useState } from 'preact/hooks';
-import { RLINF } from '../api';
+import { useEffect, useState } from 'preact/hooks';
+import { ApiError, getJson, KubeObject, RLINF, sendJson, Session } from '../api';
 import { CameraView } from '../components/CameraView';
 import { ErrorBanner, Section } from '../components/common';
 import { useWatch } from '../watch';
@@ -10,8 +10,116 @@ interface Viewed {
   camera: string;
 }
 
+interface Robot {
+  id: string;
+  type: string;
+  backend: string;
+  state: string;
+  mode: string;
+  message: string;
+  ownerPid: number;
+}
+
+function robotsPath(node: KubeObject) {
+  return `/rlark/v1/namespaces/${encodeURIComponent(node.metadata.namespace ?? '')}/nodes/${encodeURIComponent(node.metadata.name)}/robots`;
+}
+
+/** The robots on one Node's host, read from its agent; admins start, stop, switch and reset them. */
+function Robots({ node, session }: { node: KubeObject; session: Session }) {
+  const [robots, setRobots] = useState<Robot[]>([]);
+  const [error, setError] = useState<string | null>(null);
+  const [busy, setBusy] = useState<string | null>(null);
+  const [modes, setModes] = useState<Record<string, string>>({});
+  const path = robotsPath(node);
+  // Read again when the agent reports the Node's devices anew (no polling).
+  const devices = JSON.stringify(node.status?.devices ?? []);
+  useEffect(() => {
+    const controller = new AbortController();
+    getJson(path, controller.signal)
+      .then((r) => {
+        setRobots(r.items ?? []);
+        setError(null);
+      })
+      .catch((e) => controller.signal.aborted || setError(e instanceof ApiError ? e.message : String(e)));
+    return () => controller.abort();
+  }, [path, devices]);
+
+  const act = async (robot: Robot, action: string) => {
+    setBusy(robot.id);
+    setError(null);
+    try {
+      const mode = modes[robot.id]?.trim();
+      const updated: Robot = await sendJson('POST', `${path}/${encodeURIComponent(robot.id)}/${action}`, mode ? { mode } : {});
+      setRobots((rs) => rs.map((r) => (r.id === updated.id ? updated : r)));
+    } catch (e) {
+      setError(e instanceof ApiError ? e.message : String(e));
+    } finally {
+      setBusy(null);
+    }
+  };
+
+  return (
+    <Section title={`Robots on ${node.metadata.name}`}>
+      <ErrorBanner error={error} />
+      <table aria-label={`Robots on ${node.metadata.name}`}>
+        <thead>
+          <tr>
+            <th scope="col">Robot</th>
+            <th scope="col">Type</th>
+            <th scope="col">Backend</th>
+            <th scope="col">State</th>
+            <th scope="col">Mode</th>
+            <th scope="col">Message</th>
+            {session.canWrite ? <th scope="col">Actions</th> : null}
+          </tr>
+        </thead>
+        <tbody>
+          {robots.map((r) => (
+            <tr key={r.id} data-robot={r.id}>
+              <td>{r.id}</td>
+              <td>{r.type}</td>
+              <td>{r.backend}</td>
+              <td data-testid="robot-state">{r.state}</td>
+              <td data-testid="robot-mode">{r.mode}</td>
+              <td>{r.message}</td>
+              {session.canWrite ? (
+                <td class="robot-actions">
+                  <input
+                    aria-label={`Mode for ${r.id}`}
+                    placeholder="mode"
+                    size={8}
+                    value={modes[r.id] ?? ''}
+                    onInput={(e) => setModes((m) => ({ ...m, [r.id]: (e.target as HTMLInputElement).value }))}
+                  />
+                  {r.state === 'RUNNING' ? (
+                    <>
+                      <button type="button" disabled={busy === r.id} onClick={() => act(r, 'switch')} aria-label={`Switch ${r.id} to the mode`}>
+                        Switch
+                      </button>
+                      <button type="button" disabled={busy === r.id} onClick={() => act(r, 'stop')} aria-label={`Stop ${r.id}`}>
+                        Stop
+                      </button>
+                    </>
+                  ) : (
+                    <button type="button" disabled={busy === r.id} onClick={() => act(r, 'start')} aria-label={`Start ${r.id}`}>
+                      Start
+                    </button>
+                  )}
+                  <button type="button" disabled={busy === r.id} onClick={() => act(r, 'reset')} aria-label={`Reset ${r.id}`}>
+                    Reset
+                  </button>
+                </td>
+              ) : null}
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </Section>
+  );
+}
+
 /** Robots and cameras the agents report on their Nodes (`status.devices`), live. */
-export function Devices() {
+export function Devices({ session }: { session: Session }) {
   const nodes = useWatch(`${RLINF}/nodes`);
   const [viewed, setViewed] = useState<Viewed | null>(null);
   const rows = nodes.items.flatMap((n) =>
@@ -66,6 +174,11 @@ export function Devices() {
           ))}
         </tbody>
       </table>
+      {nodes.items
+        .filter((n) => (n.status?.devices ?? []).some((d: any) => String(d.id).startsWith('robot-')))
+        .map((n) => (
+          <Robots key={`${n.metadata.namespace}/${n.metadata.name}`} node={n} session={session} />
+        ))}
       {viewed ? (
         <Section title={`Camera ${viewed.camera} on ${viewed.node}`}>
           <p class="muted">A camera is viewed while it is open (rlark camera open {viewed.camera}); viewing does not change it.</p>

@@ -9,9 +9,9 @@
 //! `rlark port-forward`, all through [`Hub::dial`]. Streams the agents open towards the hub
 //! are the pod network's relay ([`relay`]).
 
-pub(crate) mod cameras;
 pub(crate) mod connect;
 pub(crate) mod core_pods;
+pub(crate) mod devices;
 pub(crate) mod exec;
 pub(crate) mod logs;
 pub(crate) mod netcheck;

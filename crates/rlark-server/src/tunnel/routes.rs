@@ -6,7 +6,7 @@
 //! | `ANY /api/proxy/{clusterID}/{scheme}/{host}:{port}/{path}` | admin | HTTP reverse proxy through the agent, WebSocket upgrades included; `scheme` is `http`, `https` (the target's certificate verified, see [`super::ProxyTls`]) or `https+insecure` (TLS without verification, as kube-apiserver's service proxy) |
 //! | `GET /api/v1/tunnels` | admin, viewer, peer | live sessions (agent, node, replica, since, streams, bytes) |
 //! | `GET /rlark/v1/namespaces/{ns}/pods/{pod}/log` | admin, viewer | a replica's log from its agent (`logs.rs`) |
-//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras/{camera}/stream` | who may get the Node | a camera's live view (MJPEG) from its agent (`cameras.rs`) |
+//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras/{camera}/stream`, `.../robots`, `POST .../robots/{robot}/{action}` | who may get the Node; robot actions admins | cameras' live view and robots, from their agent (`devices.rs`) |
 //! | `GET /api/v1/namespaces/{ns}/pods/{pod}/log`, `.../exec` | as the rlark routes | kubectl's URLs for the same (`core_pods.rs`; not in member simulation) |
 
 use std::sync::Arc;
@@ -39,7 +39,6 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .route("/api/proxy/{cluster}/{scheme}/{target}/{*path}", any(proxy))
         .route("/api/v1/tunnels", get(list))
         .route(super::logs::ROUTE, get(super::logs::pod_log))
-        .route(super::cameras::ROUTE, get(super::cameras::stream))
         .with_state(hub)
 }
 
