@@ -145,13 +145,18 @@ impl RunningServer {
     /// A one-time login link to the web console for the admin user: `URL/#login=CODE`,
     /// usable once within 15 minutes. The code is in the URL fragment, which browsers do
     /// not send to the server.
-    pub fn console_login_link(&self) -> String {
+    pub async fn console_login_link(&self) -> Result<String, ServerError> {
         let admin = rlark_apiserver::auth::Identity {
             user: ADMIN_USER.to_string(),
             groups: vec![rlark_apiserver::auth::ADMIN_GROUP.to_string()],
         };
-        let code = self.console.sessions.create_link(admin);
-        format!("{}{}", self.url(), console::login_path(&code))
+        let code = self
+            .console
+            .sessions
+            .create_link(admin)
+            .await
+            .map_err(|e| ServerError::Security(format!("console login link: {e}")))?;
+        Ok(format!("{}{}", self.url(), console::login_path(&code)))
     }
 
     /// Cancelling this token starts a graceful shutdown.

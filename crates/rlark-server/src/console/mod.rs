@@ -53,7 +53,7 @@ impl std::fmt::Debug for Console {
 impl Console {
     pub(crate) fn new(security: Arc<Security>, store: Arc<dyn Store>) -> Self {
         Self {
-            sessions: Arc::new(Sessions::default()),
+            sessions: Arc::new(Sessions::new(Arc::clone(&store))),
             security,
             store,
         }
@@ -107,13 +107,17 @@ pub(crate) async fn session_layer(
     let Some(id) = session_cookie(request.headers()).map(str::to_string) else {
         return next.run(request).await;
     };
-    let Some(session) = console.sessions.get(&id) else {
-        return next.run(request).await;
+    let session = match console.sessions.get(&id).await {
+        Ok(Some(session)) => session,
+        Ok(None) => return next.run(request).await,
+        Err(error) => return store_failure(&error),
     };
     if let Some(token_id) = &session.token_id
         && console.security.bearer_token_revoked(token_id).await
     {
-        console.sessions.remove_token_sessions(token_id);
+        if let Err(error) = console.sessions.remove_token_sessions(token_id).await {
+            tracing::warn!(%error, token = %token_id, "could not delete the sessions of a revoked token");
+        }
         tracing::info!(user = %session.identity.user, token = %token_id, "console session ended: its token was revoked");
         return next.run(request).await;
     }
@@ -164,6 +168,17 @@ fn cross_site(request: &Request) -> Option<&'static str> {
 
 fn forbidden(message: &str) -> Response {
     ApiError::new(403, "Forbidden", message.to_string()).into_response()
+}
+
+/// A failure of the session store: 500, logged.
+fn store_failure(error: &rlark_store::StoreError) -> Response {
+    tracing::error!(%error, "console session store failed");
+    ApiError::new(
+        500,
+        "InternalError",
+        format!("console sessions: store: {error}"),
+    )
+    .into_response()
 }
 
 fn unauthorized(message: &str) -> Response {
@@ -254,9 +269,10 @@ async fn login(State(console): State<Console>, request: Request) -> Response {
                 return unauthorized(&format!("login refused: {}", error.message));
             }
         },
-        (None, Some(code)) => match console.sessions.redeem_link(code.trim()) {
-            Some(identity) => (identity, None),
-            None => {
+        (None, Some(code)) => match console.sessions.redeem_link(code.trim()).await {
+            Err(error) => return store_failure(&error),
+            Ok(Some(identity)) => (identity, None),
+            Ok(None) => {
                 tracing::info!("console login refused: unknown, used or expired link");
                 return unauthorized(
                     "login refused: this login link is unknown, used or expired; ask for a new one",
@@ -271,7 +287,10 @@ async fn login(State(console): State<Console>, request: Request) -> Response {
             identity.user
         ));
     }
-    let (id, session) = console.sessions.create(identity.clone(), token_id);
+    let (id, session) = match console.sessions.create(identity.clone(), token_id).await {
+        Ok(created) => created,
+        Err(error) => return store_failure(&error),
+    };
     tracing::info!(user = %identity.user, role = role_name(&identity), "console login");
     let mut response = axum::Json(session_json(
         &identity,
@@ -292,14 +311,19 @@ async fn session(State(console): State<Console>, request: Request) -> Response {
     let Some(identity) = request.extensions().get::<Identity>() else {
         return unauthorized("not logged in");
     };
-    let session = session_cookie(request.headers())
-        .filter(|_| {
-            matches!(
-                request.extensions().get::<AuthMethod>(),
-                Some(AuthMethod::Session { .. })
-            )
-        })
-        .and_then(|id| console.sessions.get(id));
+    let cookie = session_cookie(request.headers()).filter(|_| {
+        matches!(
+            request.extensions().get::<AuthMethod>(),
+            Some(AuthMethod::Session { .. })
+        )
+    });
+    let session = match cookie {
+        Some(id) => match console.sessions.get(id).await {
+            Ok(session) => session,
+            Err(error) => return store_failure(&error),
+        },
+        None => None,
+    };
     axum::Json(session_json(
         identity,
         session.as_ref().map(|s| s.csrf.as_str()),
@@ -308,7 +332,7 @@ async fn session(State(console): State<Console>, request: Request) -> Response {
     .into_response()
 }
 
-/// `POST /rlark/v1/console/logout`: ends the cookie's session (at once, on this server)
+/// `POST /rlark/v1/console/logout`: ends the cookie's session (at once, on every replica)
 /// and clears the cookie.
 async fn logout(State(console): State<Console>, request: Request) -> Response {
     let Some(id) = session_cookie(request.headers()) else {
@@ -324,7 +348,9 @@ async fn logout(State(console): State<Console>, request: Request) -> Response {
         .extensions()
         .get::<Identity>()
         .map(|i| i.user.clone());
-    console.sessions.remove(id);
+    if let Err(error) = console.sessions.remove(id).await {
+        return store_failure(&error);
+    }
     tracing::info!(user = ?user, "console logout");
     let mut response = (StatusCode::OK, axum::Json(json!({"loggedOut": true}))).into_response();
     response
@@ -346,7 +372,10 @@ async fn create_link(State(console): State<Console>, request: Request) -> Respon
             identity.user
         ));
     }
-    let code = console.sessions.create_link(identity.clone());
+    let code = match console.sessions.create_link(identity.clone()).await {
+        Ok(code) => code,
+        Err(error) => return store_failure(&error),
+    };
     tracing::info!(user = %identity.user, "console login link created");
     axum::Json(json!({
         "code": code,

@@ -106,7 +106,7 @@ impl Fixture {
 
     /// Log in with a one-time link for `identity`: (cookie header value, CSRF token).
     async fn session_for(&self, identity: Identity) -> (String, String) {
-        let code = self.console.sessions.create_link(identity);
+        let code = self.console.sessions.create_link(identity).await.unwrap();
         let answer = self.login(json!({"code": code})).await;
         assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
         (
@@ -155,7 +155,7 @@ fn get(path: &str, cookie: &str) -> Request<Body> {
 #[tokio::test]
 async fn a_one_time_link_logs_in_once_and_the_session_reads_and_writes_with_csrf() {
     let f = fixture().await;
-    let code = f.console.sessions.create_link(admin());
+    let code = f.console.sessions.create_link(admin()).await.unwrap();
     let answer = f.login(json!({"code": code})).await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
     assert_eq!(answer.body["user"], "root");
@@ -320,7 +320,12 @@ async fn login_refuses_bad_bodies_and_non_people() {
         "{}",
         unknown.body
     );
-    let code = f.console.sessions.create_link(Identity::agent("edge-1"));
+    let code = f
+        .console
+        .sessions
+        .create_link(Identity::agent("edge-1"))
+        .await
+        .unwrap();
     let agent = f.login(json!({"code": code})).await;
     assert_eq!(agent.status, StatusCode::FORBIDDEN);
     // Anonymous callers get 401 from the console routes and the API alike.

@@ -260,6 +260,14 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
         .map(|a| format!("{} (node {})", a.cluster_id(), a.node_name()))
         .collect::<Vec<_>>()
         .join(", ");
+    // Printed as the banner's "log in once with ..." line.
+    let login_link = match server.console_login_link().await {
+        Ok(link) => link,
+        Err(error) => {
+            tracing::warn!(%error, "no console login link");
+            format!("a token (rlark token create --user NAME --role admin): no link ({error})")
+        }
+    };
     println!(
         "rlark is running at {url} (data in {data})\n\n\
          Web console:        {url}/\n\
@@ -277,7 +285,7 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
          Read-only user:     rlark kubeconfig --user NAME --role viewer -o NAME.kubeconfig\n\
          Tasks:              {tasks}\n",
         url = server.url(),
-        login_link = server.console_login_link(),
+        login_link = login_link,
         data = args.data_dir.display(),
         kubeconfig = kubeconfig.display(),
         examples = examples.display(),
