@@ -97,6 +97,14 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await reusePage.goto(link);
     await reusePage.getByRole('alert').filter({ hasText: 'used or expired' }).waitFor();
     await reuse.close();
+    // `rlark token login-link` makes another one for the kubeconfig's user.
+    const cliLink = rlark(kube, 'token', 'login-link');
+    assert.match(cliLink, new RegExp(`^${url.replace(/[.]/g, '\\.')}/#login=[0-9a-f]{64}$`));
+    const second = await browser.newContext({ ignoreHTTPSErrors: true });
+    const secondPage = await second.newPage();
+    await secondPage.goto(cliLink);
+    await secondPage.getByTestId('user').filter({ hasText: 'admin (admin)' }).waitFor();
+    await second.close();
 
     // ---- overview numbers match the API ----
     const clusters = await (await page.request.get(`${url}/rlark/v1/clusters`)).json();
