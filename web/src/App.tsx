@@ -9,6 +9,7 @@ import { Login } from './pages/Login';
 import { Nodes } from './pages/Nodes';
 import { Overview } from './pages/Overview';
 import { TaskDetail } from './pages/TaskDetail';
+import { Tasks } from './pages/Tasks';
 import { WorkflowDetail, Workflows } from './pages/Workflows';
 import { href, useRoute } from './router';
 
@@ -49,7 +50,7 @@ export function App() {
       content = a ? <WorkflowDetail name={a} session={session} /> : <Workflows />;
       break;
     case 'tasks':
-      content = a && b ? <TaskDetail namespace={a} name={b} session={session} /> : <Jobs />;
+      content = a && b ? <TaskDetail namespace={a} name={b} session={session} /> : <Tasks />;
       break;
     case 'domains':
       content = a ? <DomainDetail name={a} /> : <Domains />;
@@ -85,6 +86,9 @@ export function App() {
           </a>
           <a href={href('workflows')} aria-current={current('workflows')}>
             Workflows
+          </a>
+          <a href={href('tasks')} aria-current={current('tasks')}>
+            Tasks
           </a>
           <a href={href('domains')} aria-current={current('domains')}>
             Domains
