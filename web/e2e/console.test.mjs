@@ -293,10 +293,11 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await tpage.getByRole('button', { name: 'Log in' }).click();
     await tpage.getByTestId('user').filter({ hasText: 'tess (viewer)' }).waitFor();
     await page.getByLabel('Token ID').fill(tessId);
-    await page.getByRole('button', { name: 'Revoke token' }).click();
+    await page.getByRole('button', { name: 'Revoke token', exact: true }).click();
     await page.getByRole('status').filter({ hasText: `Token ${tessId} revoked.` }).waitFor();
     // Revoking the token ends the session it logged in.
     assert.equal((await tpage.request.get(`${url}/rlark/v1/console/session`)).status(), 401);
+    await page.locator(`tr[data-token="${tessId}"]`).getByTestId('token-revoked').filter({ hasText: /\d{4}-/ }).waitFor();
     await tess.close();
 
     // ---- 1,000 Jobs: paged reads, a windowed list, filters ----

@@ -35,6 +35,7 @@ const errorText = (e: unknown) => (e instanceof ApiError ? e.message : String(e)
 export function Admin() {
   const [certificates, setCertificates] = useState<any[]>([]);
   const [revocations, setRevocations] = useState<any[]>([]);
+  const [tokens, setTokens] = useState<any[]>([]);
   const [error, setError] = useState<string | null>(null);
   const [join, setJoin] = useState<string | null>(null);
   const [clusterId, setClusterId] = useState('');
@@ -48,9 +49,10 @@ export function Admin() {
   // Not Kubernetes resources, so no watch: read again after every change made here.
   const reload = async () => {
     try {
-      const [c, r] = await Promise.all([getJson('/rlark/v1/certificates'), getJson('/rlark/v1/revocations')]);
+      const [c, r, t] = await Promise.all([getJson('/rlark/v1/certificates'), getJson('/rlark/v1/revocations'), getJson('/rlark/v1/tokens')]);
       setCertificates(c.items ?? []);
       setRevocations(r.items ?? []);
+      setTokens(t.items ?? []);
     } catch (e) {
       setError(errorText(e));
     }
@@ -106,6 +108,7 @@ export function Admin() {
             act(async () => {
               const r = await sendJson('POST', '/rlark/v1/tokens', { kind: 'user', user, role });
               setUserToken({ token: r.token, id: r.id });
+              await reload();
             });
           }}
         >
@@ -135,6 +138,7 @@ export function Admin() {
               await sendJson('POST', '/rlark/v1/revocations', { tokenID: tokenId.trim(), reason: 'revoked in the web console' });
               setNotice(`Token ${tokenId.trim()} revoked.`);
               setTokenId('');
+              await reload();
             });
           }}
         >
@@ -143,6 +147,54 @@ export function Admin() {
           </label>
           <button type="submit">Revoke token</button>
         </form>
+      </Section>
+      <Section title="Bearer tokens">
+        <table aria-label="Bearer tokens">
+          <thead>
+            <tr>
+              <th scope="col">ID</th>
+              <th scope="col">User</th>
+              <th scope="col">Groups</th>
+              <th scope="col">Task</th>
+              <th scope="col">Expires</th>
+              <th scope="col">Created by</th>
+              <th scope="col">Revoked</th>
+              <th scope="col">Actions</th>
+            </tr>
+          </thead>
+          <tbody>
+            {tokens.map((t) => (
+              <tr key={t.id} data-token={t.id}>
+                <td class="small">{t.id}</td>
+                <td>{t.user}</td>
+                <td>{(t.groups ?? []).join(', ')}</td>
+                <td>{t.task ? `${t.task.namespace}/${t.task.name}` : ''}</td>
+                <td>{t.expiresAt ?? 'never'}</td>
+                <td>{t.createdBy}</td>
+                <td data-testid="token-revoked">{t.revokedAt ?? ''}</td>
+                <td>
+                  {t.revokedAt ? null : (
+                    <button
+                      type="button"
+                      class="danger"
+                      aria-label={`Revoke token ${t.id} of ${t.user}`}
+                      onClick={() =>
+                        window.confirm(`Revoke token ${t.id} of ${t.user}?`) &&
+                        act(async () => {
+                          await sendJson('POST', '/rlark/v1/revocations', { tokenID: t.id, reason: 'revoked in the web console' });
+                          setNotice(`Token ${t.id} revoked.`);
+                          await reload();
+                        })
+                      }
+                    >
+                      Revoke
+                    </button>
+                  )}
+                </td>
+              </tr>
+            ))}
+          </tbody>
+        </table>
       </Section>
       <Section title="Certificates">
         <table aria-label="Certificates">

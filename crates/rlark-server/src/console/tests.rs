@@ -284,6 +284,10 @@ async fn a_bearer_token_logs_in_and_its_revocation_ends_the_session() {
         .revoke_bearer_token(&record.id, &admin())
         .await
         .unwrap();
+    // The admin page's token list shows it revoked, without its secret's hash.
+    let listed = f.security.bearer_tokens().await.unwrap();
+    let mine = listed.iter().find(|t| t.id == record.id).unwrap();
+    assert!(mine.revoked_at.is_some());
     assert_eq!(
         f.send(get("/apis/rlinf.io/v1alpha1/jobs", &cookie))
             .await

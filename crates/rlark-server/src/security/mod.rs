@@ -628,6 +628,11 @@ impl Security {
         Ok(records)
     }
 
+    /// All bearer tokens (users' and tasks'), revoked ones included.
+    pub(crate) async fn bearer_tokens(&self) -> SecResult<Vec<BearerTokenRecord>> {
+        self.list(BEARER_TOKENS).await
+    }
+
     /// All revocations.
     pub(crate) async fn revocations(&self) -> SecResult<Vec<RevocationRecord>> {
         self.list(REVOCATIONS).await
