@@ -159,6 +159,15 @@ python3 -m pytest -q tests/python
 log "web console: component tests (Vitest), committed build current, browser end-to-end (Chromium)"
 if [ -d web/node_modules ]; then
     (cd web && npm test && node scripts/stamp.mjs --check)
+    # The committed build is what a fresh build makes (Vite's output is deterministic).
+    before="$(git status --porcelain -- web/dist; git diff -- web/dist | sha256sum)"
+    (cd web && npm run build >/dev/null)
+    after="$(git status --porcelain -- web/dist; git diff -- web/dist | sha256sum)"
+    if [ "$before" != "$after" ]; then
+        echo "web/dist differs from a fresh build of web/: run npm run build in web/ and commit web/dist" >&2
+        git status --short -- web/dist >&2
+        exit 1
+    fi
 else
     echo "web/node_modules is missing (RLARK_SKIP_INSTALL=1?): console component tests skipped" >&2
     [ "${CI:-}" = true ] && exit 1
