@@ -237,7 +237,13 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     // Closed cameras are not opened by viewing: the reason is shown.
     await page.getByRole('alert').filter({ hasText: 'not open' }).waitFor({ timeout: 15_000 });
     await page.getByRole('button', { name: 'Close view' }).click();
-    execFileSync(RLARK, ['camera', '--socket-dir', socketDir, 'open', 'cam-0'], { encoding: 'utf8' });
+    // An admin opens it from the page (cam-1 with the CLI, which the page shows on reload).
+    const cam0 = page.locator('tr[data-camera="cam-0"]');
+    await page.getByRole('button', { name: 'Open camera cam-0' }).click();
+    await cam0.getByTestId('camera-state').filter({ hasText: 'OPEN' }).waitFor({ timeout: 15_000 });
+    execFileSync(RLARK, ['camera', '--socket-dir', socketDir, 'open', 'cam-1'], { encoding: 'utf8' });
+    await page.reload();
+    await page.locator('tr[data-camera="cam-1"]').getByTestId('camera-state').filter({ hasText: 'OPEN' }).waitFor({ timeout: 15_000 });
     await page.getByRole('button', { name: /^View camera cam-0 on / }).click();
     const camera = page.getByTestId('camera-cam-0');
     await page.waitForFunction(() => document.querySelector('[data-testid="camera-cam-0"]')?.naturalWidth > 0, null, { timeout: 15_000 });
@@ -256,6 +262,8 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     assert.notEqual(frameBefore, frameAfter, 'the simulated camera\'s frames change over time');
     await shot('camera');
     await page.getByRole('button', { name: 'Close view' }).click();
+    await page.getByRole('button', { name: 'Close camera cam-0' }).click();
+    await cam0.getByTestId('camera-state').filter({ hasText: 'CLOSED' }).waitFor({ timeout: 15_000 });
 
     // ---- robots: start, switch mode, stop, through the edge agent ----
     const arm = page.locator('tr[data-robot="arm-0"]');
@@ -343,6 +351,8 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await vpage.getByRole('link', { name: 'Devices' }).click();
     await vpage.locator('tr[data-robot="arm-0"]').waitFor();
     assert.equal(await vpage.getByRole('button', { name: /^(Start|Stop|Reset) arm/ }).count(), 0, 'a viewer sees no robot actions');
+    assert.equal(await vpage.getByRole('button', { name: /^(Open|Close) camera/ }).count(), 0, 'a viewer opens no camera');
+    assert.equal(await vpage.getByRole('button', { name: /^View camera cam-1/ }).count(), 1, 'a viewer may view');
     await vpage.goto(`${url}/#/jobs/e2e-hello`);
     await vpage.getByRole('heading', { name: /Job e2e-hello/ }).waitFor();
     for (const name of ['Stop', 'Restart', 'Delete']) {

@@ -46,7 +46,8 @@
 //! API's `pods/exec` instead ([`crate::member::exec`]).
 //!
 //! `GET /v1/cameras/{id}/stream?fps=N`: the live view of a camera of the host's embodied
-//! runtime as MJPEG; see [`crate::camera_stream`].
+//! runtime as MJPEG; `GET /v1/cameras`, `POST /v1/cameras/{id}/{open,close}`: the cameras;
+//! see [`crate::camera_stream`].
 //!
 //! `GET /v1/robots`, `POST /v1/robots/{id}/{start|stop|switch|reset}`: the host's robots;
 //! see [`crate::robot_actions`].
@@ -179,11 +180,7 @@ impl LocalApi {
                             crate::robot_actions::handle(inner.embodied.get(), request).await
                         );
                     }
-                    if request
-                        .uri()
-                        .path()
-                        .starts_with(crate::camera_stream::CAMERA_PREFIX)
-                    {
+                    if crate::camera_stream::is_camera_path(request.uri().path()) {
                         let uri = request.uri();
                         return Ok(crate::camera_stream::handle(
                             inner.embodied.get(),

@@ -9,6 +9,11 @@
 //! stops. The camera must be open (`rlark camera open ID`): viewing does not change a
 //! device's state.
 //!
+//! Beside the stream, for the console's Devices page: `GET /v1/cameras` lists the cameras
+//! (`{"items": [{"id", "name", "type", "state", "width", "height", "fps"}]}`, `state`
+//! `OPEN`, `CLOSED` or `ERROR`), and `POST /v1/cameras/{id}/open` (the camera's configured
+//! size, rate and encoding) and `.../close` open and close one, answering it as listed.
+//!
 //! Errors are plain text: `404` no embodied runtime on this agent, no camera socket or no
 //! such camera; `409` the camera is not open; `400` a bad id or `fps`; `405` another
 //! method; `502` the runtime failed.
@@ -18,8 +23,11 @@ use std::time::Duration;
 
 use http_body_util::{BodyExt as _, StreamBody};
 use hyper::body::{Bytes, Frame};
-use rlark_proto::camera::v1::WatchFramesRequest;
 use rlark_proto::camera::v1::camera_controller_client::CameraControllerClient;
+use rlark_proto::camera::v1::{
+    CameraDescriptor, CameraState, CloseCameraRequest, ListCamerasRequest, OpenCameraRequest,
+    WatchFramesRequest,
+};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -45,12 +53,7 @@ pub fn parse_request(path: &str, query: Option<&str>) -> Result<(String, u32), (
             format!("not found: {path}; use GET {CAMERA_PREFIX}{{id}}/stream"),
         ));
     };
-    let valid = !id.is_empty()
-        && id.len() <= 63
-        && id
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
-    if !valid {
+    if !valid_id(id) {
         return Err((
             400,
             format!("invalid camera id {id:?}: 1 to 63 letters, digits, '-', '_' or '.'"),
@@ -97,6 +100,117 @@ pub fn part(jpeg: &[u8]) -> Bytes {
     Bytes::from(out)
 }
 
+/// The list route.
+pub const CAMERAS_PATH: &str = "/v1/cameras";
+
+/// Whether `path` is one of the camera routes.
+pub fn is_camera_path(path: &str) -> bool {
+    path == CAMERAS_PATH || path.starts_with(CAMERA_PREFIX)
+}
+
+/// `open` or `close` with the camera id of `path` (`/v1/cameras/{id}/open`), if it is one.
+pub fn control_request(path: &str) -> Option<(&str, &str)> {
+    let rest = path.strip_prefix(CAMERA_PREFIX)?;
+    let (id, action) = rest.split_once('/')?;
+    matches!(action, "open" | "close").then_some((id, action))
+}
+
+fn valid_id(id: &str) -> bool {
+    !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+}
+
+fn camera_json(camera: &CameraDescriptor) -> serde_json::Value {
+    let state = CameraState::try_from(camera.state)
+        .unwrap_or(CameraState::Unspecified)
+        .as_str_name()
+        .trim_start_matches("CAMERA_STATE_")
+        .to_string();
+    serde_json::json!({
+        "id": camera.camera_id,
+        "name": camera.name,
+        "type": camera.camera_type,
+        "state": state,
+        "width": camera.width,
+        "height": camera.height,
+        "fps": camera.fps,
+    })
+}
+
+fn json_response(value: &serde_json::Value) -> http::Response<ApiBody> {
+    let body = http_body_util::Full::new(Bytes::from(value.to_string()))
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    let mut response = http::Response::new(body);
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn rpc_status(status: &tonic::Status) -> http::StatusCode {
+    match status.code() {
+        tonic::Code::NotFound => http::StatusCode::NOT_FOUND,
+        tonic::Code::FailedPrecondition => http::StatusCode::CONFLICT,
+        tonic::Code::InvalidArgument => http::StatusCode::BAD_REQUEST,
+        _ => http::StatusCode::BAD_GATEWAY,
+    }
+}
+
+/// `GET /v1/cameras`, `POST /v1/cameras/{id}/{open,close}` on the runtime at `socket`.
+async fn control(
+    socket: &Path,
+    action: Option<(&str, &str)>,
+) -> Result<serde_json::Value, (http::StatusCode, String)> {
+    let channel = rlark_embodied::client::connect(socket)
+        .await
+        .map_err(|e| (http::StatusCode::BAD_GATEWAY, e.to_string()))?;
+    let mut client = CameraControllerClient::new(channel);
+    if let Some((id, action)) = action {
+        let done = if action == "open" {
+            client
+                .open_camera(OpenCameraRequest {
+                    camera_id: id.to_string(),
+                    ..OpenCameraRequest::default()
+                })
+                .await
+                .map(|_| ())
+        } else {
+            client
+                .close_camera(CloseCameraRequest {
+                    camera_id: id.to_string(),
+                })
+                .await
+                .map(|_| ())
+        };
+        done.map_err(|s| {
+            (
+                rpc_status(&s),
+                format!("{action} camera {id}: {}", s.message()),
+            )
+        })?;
+        tracing::info!(camera = %id, action, "camera action from the control plane");
+    }
+    let cameras = client
+        .list_cameras(ListCamerasRequest::default())
+        .await
+        .map_err(|s| (rpc_status(&s), format!("ListCameras: {}", s.message())))?
+        .into_inner()
+        .cameras;
+    Ok(match action {
+        None => serde_json::json!({"items": cameras.iter().map(camera_json).collect::<Vec<_>>()}),
+        Some((id, _)) => cameras
+            .iter()
+            .find(|c| c.camera_id == id)
+            .map(camera_json)
+            .ok_or_else(|| (http::StatusCode::NOT_FOUND, format!("no camera {id:?}")))?,
+    })
+}
+
 /// Serve one request (see the module documentation).
 pub(crate) async fn handle(
     socket_dir: Option<&PathBuf>,
@@ -105,6 +219,49 @@ pub(crate) async fn handle(
     path: &str,
     query: Option<&str>,
 ) -> http::Response<ApiBody> {
+    let action = control_request(path);
+    if path == CAMERAS_PATH || action.is_some() {
+        let wanted = if action.is_some() {
+            http::Method::POST
+        } else {
+            http::Method::GET
+        };
+        if method != wanted {
+            return text_response(
+                http::StatusCode::METHOD_NOT_ALLOWED,
+                format!("{method} is not allowed on {path}: use {wanted}"),
+            );
+        }
+        if let Some((id, _)) = action
+            && !valid_id(id)
+        {
+            return text_response(
+                http::StatusCode::BAD_REQUEST,
+                format!("invalid camera id {id:?}: 1 to 63 letters, digits, '-', '_' or '.'"),
+            );
+        }
+        let Some(dir) = socket_dir else {
+            return text_response(
+                http::StatusCode::NOT_FOUND,
+                "this agent serves no embodied runtime's devices (it runs without --embodied-socket-dir)",
+            );
+        };
+        let socket = dir.join(rlark_embodied::CAMERA_SOCKET);
+        if !socket.exists() {
+            return text_response(
+                http::StatusCode::NOT_FOUND,
+                format!("no camera runtime: {} does not exist", socket.display()),
+            );
+        }
+        return match tokio::time::timeout(Duration::from_secs(30), control(&socket, action)).await {
+            Ok(Ok(value)) => json_response(&value),
+            Ok(Err((status, message))) => text_response(status, message),
+            Err(_) => text_response(
+                http::StatusCode::BAD_GATEWAY,
+                "the camera runtime did not answer within 30s",
+            ),
+        };
+    }
     if method != http::Method::GET {
         return text_response(
             http::StatusCode::METHOD_NOT_ALLOWED,
@@ -281,5 +438,16 @@ mod tests {
         let post = http::Method::POST;
         let response = handle(Some(&path), &stop, &post, "/v1/cameras/cam-0/stream", None).await;
         assert_eq!(response.status(), http::StatusCode::METHOD_NOT_ALLOWED);
+        // The control routes: method, id, then the runtime.
+        let response = handle(Some(&path), &stop, &get, "/v1/cameras/cam-0/open", None).await;
+        assert_eq!(response.status(), http::StatusCode::METHOD_NOT_ALLOWED);
+        let response = handle(Some(&path), &stop, &post, "/v1/cameras/a b/open", None).await;
+        assert_eq!(response.status(), http::StatusCode::BAD_REQUEST);
+        let response = handle(Some(&path), &stop, &get, "/v1/cameras", None).await;
+        assert_eq!(response.status(), http::StatusCode::NOT_FOUND);
+        assert!(is_camera_path("/v1/cameras") && is_camera_path("/v1/cameras/x/close"));
+        assert!(!is_camera_path("/v1/camerasx"));
+        assert_eq!(control_request("/v1/cameras/c/close"), Some(("c", "close")));
+        assert_eq!(control_request("/v1/cameras/c/stream"), None);
     }
 }

@@ -118,6 +118,96 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
   );
 }
 
+interface Camera {
+  id: string;
+  name: string;
+  type: string;
+  state: string;
+  width: number;
+  height: number;
+  fps: number;
+}
+
+/** The cameras on one Node's host, read from its agent; anyone who may read the Node views
+ * an open one; admins open and close them. */
+function Cameras({ node, session, onView }: { node: KubeObject; session: Session; onView: (v: Viewed) => void }) {
+  const [cameras, setCameras] = useState<Camera[]>([]);
+  const [error, setError] = useState<string | null>(null);
+  const [busy, setBusy] = useState<string | null>(null);
+  const path = `/rlark/v1/namespaces/${encodeURIComponent(node.metadata.namespace ?? '')}/nodes/${encodeURIComponent(node.metadata.name)}/cameras`;
+  const devices = JSON.stringify(node.status?.devices ?? []);
+  useEffect(() => {
+    const controller = new AbortController();
+    getJson(path, controller.signal)
+      .then((r) => {
+        setCameras(r.items ?? []);
+        setError(null);
+      })
+      .catch((e) => controller.signal.aborted || setError(e instanceof ApiError ? e.message : String(e)));
+    return () => controller.abort();
+  }, [path, devices]);
+  const act = async (camera: Camera, action: string) => {
+    setBusy(camera.id);
+    setError(null);
+    try {
+      const updated: Camera = await sendJson('POST', `${path}/${encodeURIComponent(camera.id)}/${action}`, {});
+      setCameras((cs) => cs.map((c) => (c.id === updated.id ? updated : c)));
+    } catch (e) {
+      setError(e instanceof ApiError ? e.message : String(e));
+    } finally {
+      setBusy(null);
+    }
+  };
+  return (
+    <Section title={`Cameras on ${node.metadata.name}`}>
+      <ErrorBanner error={error} />
+      <table aria-label={`Cameras on ${node.metadata.name}`}>
+        <thead>
+          <tr>
+            <th scope="col">Camera</th>
+            <th scope="col">Type</th>
+            <th scope="col">State</th>
+            <th scope="col">Size</th>
+            <th scope="col">FPS</th>
+            <th scope="col">Actions</th>
+          </tr>
+        </thead>
+        <tbody>
+          {cameras.map((c) => (
+            <tr key={c.id} data-camera={c.id}>
+              <td>{c.id}</td>
+              <td>{c.type}</td>
+              <td data-testid="camera-state">{c.state}</td>
+              <td>{c.width && c.height ? `${c.width}×${c.height}` : ''}</td>
+              <td>{c.fps || ''}</td>
+              <td class="robot-actions">
+                <button
+                  type="button"
+                  aria-label={`View camera ${c.id} on ${node.metadata.name}`}
+                  onClick={() => onView({ namespace: node.metadata.namespace ?? '', node: node.metadata.name, camera: c.id })}
+                >
+                  View
+                </button>
+                {session.canWrite ? (
+                  c.state === 'OPEN' ? (
+                    <button type="button" disabled={busy === c.id} onClick={() => act(c, 'close')} aria-label={`Close camera ${c.id}`}>
+                      Close
+                    </button>
+                  ) : (
+                    <button type="button" disabled={busy === c.id} onClick={() => act(c, 'open')} aria-label={`Open camera ${c.id}`}>
+                      Open
+                    </button>
+                  )
+                ) : null}
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+    </Section>
+  );
+}
+
 /** Robots and cameras the agents report on their Nodes (`status.devices`), live. */
 export function Devices({ session }: { session: Session }) {
   const nodes = useWatch(`${RLINF}/nodes`);
@@ -145,7 +235,6 @@ export function Devices({ session }: { session: Session }) {
             <th scope="col">Resource</th>
             <th scope="col">Health</th>
             <th scope="col">Message</th>
-            <th scope="col">Live view</th>
           </tr>
         </thead>
         <tbody>
@@ -159,21 +248,15 @@ export function Devices({ session }: { session: Session }) {
                 <span class={`phase phase-${d.health === 'Healthy' ? 'online' : 'offline'}`}>{d.health}</span>
               </td>
               <td>{d.message ?? ''}</td>
-              <td>
-                {String(d.id).startsWith('camera-') ? (
-                  <button
-                    type="button"
-                    aria-label={`View camera ${d.id.slice('camera-'.length)} on ${d.node}`}
-                    onClick={() => setViewed({ namespace: d.namespace, node: d.node, camera: d.id.slice('camera-'.length) })}
-                  >
-                    View
-                  </button>
-                ) : null}
-              </td>
             </tr>
           ))}
         </tbody>
       </table>
+      {nodes.items
+        .filter((n) => (n.status?.devices ?? []).some((d: any) => String(d.id).startsWith('camera-')))
+        .map((n) => (
+          <Cameras key={`${n.metadata.namespace}/${n.metadata.name}`} node={n} session={session} onView={setViewed} />
+        ))}
       {nodes.items
         .filter((n) => (n.status?.devices ?? []).some((d: any) => String(d.id).startsWith('robot-')))
         .map((n) => (
@@ -181,7 +264,7 @@ export function Devices({ session }: { session: Session }) {
         ))}
       {viewed ? (
         <Section title={`Camera ${viewed.camera} on ${viewed.node}`}>
-          <p class="muted">A camera is viewed while it is open (rlark camera open {viewed.camera}); viewing does not change it.</p>
+          <p class="muted">A camera is viewed while it is open; viewing does not change it.</p>
           <CameraView namespace={viewed.namespace} node={viewed.node} camera={viewed.camera} />
           <div class="actions">
             <button type="button" onClick={() => setViewed(null)}>

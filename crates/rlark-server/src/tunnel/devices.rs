@@ -5,6 +5,8 @@
 //! | route | who | what |
 //! |---|---|---|
 //! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras/{camera}/stream?fps=N` | who may get the Node | the camera's live view, MJPEG (`multipart/x-mixed-replace`); the camera must be open |
+//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras` | who may get the Node | `{"items": [{"id", "name", "type", "state" (`OPEN`, `CLOSED`, `ERROR`), "width", "height", "fps"}]}` |
+//! | `POST /rlark/v1/namespaces/{ns}/nodes/{node}/cameras/{camera}/{open,close}` | admins (audited) | open (its configured settings) or close the camera; answers it as listed |
 //! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/robots` | who may get the Node | `{"items": [{"id", "type", "backend", "state", "mode", "message", "ownerPid"}]}` |
 //! | `POST /rlark/v1/namespaces/{ns}/nodes/{node}/robots/{robot}/{start,stop,switch,reset}` | admins (audited) | the action (body `{"mode": "M"}` for start and switch); answers the robot |
 //!
@@ -35,6 +37,11 @@ use super::logs::{AbortOnDrop, tunnel_error, valid_name};
 /// The camera route.
 pub(crate) const CAMERA_ROUTE: &str =
     "/rlark/v1/namespaces/{namespace}/nodes/{node}/cameras/{camera}/stream";
+/// The camera list route.
+pub(crate) const CAMERAS_ROUTE: &str = "/rlark/v1/namespaces/{namespace}/nodes/{node}/cameras";
+/// The camera action route.
+pub(crate) const CAMERA_ACTION_ROUTE: &str =
+    "/rlark/v1/namespaces/{namespace}/nodes/{node}/cameras/{camera}/{action}";
 /// The robot list route.
 pub(crate) const ROBOTS_ROUTE: &str = "/rlark/v1/namespaces/{namespace}/nodes/{node}/robots";
 /// The robot action route.
@@ -56,6 +63,8 @@ pub(crate) struct DevicesState {
 pub(crate) fn router(state: DevicesState) -> Router {
     Router::new()
         .route(CAMERA_ROUTE, get(camera))
+        .route(CAMERAS_ROUTE, get(cameras))
+        .route(CAMERA_ACTION_ROUTE, post(camera_action))
         .route(ROBOTS_ROUTE, get(robots))
         .route(ROBOT_ACTION_ROUTE, post(robot_action))
         .with_state(state)
@@ -204,6 +213,42 @@ fn body_is_json(uri: &str) -> bool {
     uri.starts_with("/v1/robots/")
 }
 
+/// `GET` of [`CAMERAS_ROUTE`].
+async fn cameras(
+    State(state): State<DevicesState>,
+    Path((namespace, node)): Path<(String, String)>,
+    request: Request,
+) -> Response {
+    if let Err(error) = may_get_node(&request, &namespace, &node) {
+        return error.into_response();
+    }
+    let cluster = match cluster_of(&namespace, &node, "cameras") {
+        Ok(cluster) => cluster,
+        Err(error) => return error.into_response(),
+    };
+    let what = format!("cameras of node {namespace}/{node}");
+    let uri = "/v1/cameras".to_string();
+    relay(
+        &state.hub,
+        &cluster,
+        &node,
+        http::Method::GET,
+        uri,
+        Body::empty(),
+        &what,
+    )
+    .await
+}
+
+/// `POST` of [`CAMERA_ACTION_ROUTE`]: admins only, audited.
+async fn camera_action(
+    State(state): State<DevicesState>,
+    Path(target): Path<(String, String, String, String)>,
+    request: Request,
+) -> Response {
+    device_action(state, "cameras", &["open", "close"], target, request).await
+}
+
 /// `GET` of [`CAMERA_ROUTE`].
 async fn camera(
     State(state): State<DevicesState>,
@@ -267,38 +312,55 @@ async fn robots(
 /// `POST` of [`ROBOT_ACTION_ROUTE`]: admins only, audited.
 async fn robot_action(
     State(state): State<DevicesState>,
-    Path((namespace, node, robot, action)): Path<(String, String, String, String)>,
+    Path(target): Path<(String, String, String, String)>,
     request: Request,
 ) -> Response {
+    let actions = &["start", "stop", "switch", "reset"];
+    device_action(state, "robots", actions, target, request).await
+}
+
+/// An action on a device (`kind`: `robots` or `cameras`, as the agent's path names them):
+/// admins only, audited (action `robot` or `camera`), relayed with its body. `target` is
+/// `(namespace, node, device, action)` from the path.
+async fn device_action(
+    state: DevicesState,
+    kind: &str,
+    actions: &[&str],
+    target: (String, String, String, String),
+    request: Request,
+) -> Response {
+    let (namespace, node, device, action) = target;
     let Some(identity) = request.extensions().get::<Identity>().cloned() else {
         return ApiError::unauthorized().into_response();
     };
+    let noun = kind.trim_end_matches('s');
     let audit = |decision: &str, reason: String| {
         state.audit.record(AuditEntry {
             verb: action.clone(),
-            resource: "robots".into(),
+            resource: kind.to_string(),
             namespace: namespace.clone(),
-            name: format!("{node}/{robot}"),
+            name: format!("{node}/{device}"),
             reason,
-            ..AuditEntry::now("robot", decision).by(Some(&identity))
+            ..AuditEntry::now(noun, decision).by(Some(&identity))
         });
     };
     if identity.role() != Role::Admin {
         let reason = format!(
-            "robots is forbidden: User \"{}\" cannot {action} robot {robot} on node \
-             {namespace}/{node}: only admins drive robots",
+            "{kind} is forbidden: User \"{}\" cannot {action} {noun} {device} on node \
+             {namespace}/{node}: only admins act on devices",
             identity.user
         );
         audit("denied", reason.clone());
         return ApiError::new(403, "Forbidden", reason).into_response();
     }
-    let cluster = match cluster_of(&namespace, &node, &robot) {
+    let cluster = match cluster_of(&namespace, &node, &device) {
         Ok(cluster) => cluster,
         Err(error) => return error.into_response(),
     };
-    if !matches!(action.as_str(), "start" | "stop" | "switch" | "reset") {
+    if !actions.contains(&action.as_str()) {
         return ApiError::bad_request(format!(
-            "unknown robot action {action:?}; expected start, stop, switch or reset"
+            "unknown {noun} action {action:?}; expected {}",
+            actions.join(", ")
         ))
         .into_response();
     }
@@ -315,8 +377,8 @@ async fn robot_action(
         "allowed",
         format!("body {}", String::from_utf8_lossy(&body).trim()),
     );
-    let what = format!("{action} robot {robot} on node {namespace}/{node}");
-    let uri = format!("/v1/robots/{robot}/{action}");
+    let what = format!("{action} {noun} {device} on node {namespace}/{node}");
+    let uri = format!("/v1/{kind}/{device}/{action}");
     relay(
         &state.hub,
         &cluster,
