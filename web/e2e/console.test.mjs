@@ -280,6 +280,18 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await page.getByLabel('Mode for arm-0').fill('dance');
     await page.getByRole('button', { name: 'Start arm-0' }).click();
     await page.getByRole('alert').filter({ hasText: 'dance' }).waitFor({ timeout: 30_000 });
+    // Launch arguments, as `rlark robot start --arg NAME=VALUE`.
+    const arm1 = page.locator('tr[data-robot="arm-1"]');
+    await page.getByLabel('Launch arguments for arm-1 (NAME=VALUE ...)').fill('speed');
+    await page.getByRole('button', { name: 'Start arm-1' }).click();
+    await page.getByRole('alert').filter({ hasText: 'must be NAME=VALUE' }).waitFor();
+    await page.getByLabel('Mode for arm-1').fill('teleop');
+    await page.getByLabel('Launch arguments for arm-1 (NAME=VALUE ...)').fill('target=0.2,0.2,0.2,0.2,0.2,0.2 speed=2');
+    await page.getByRole('button', { name: 'Start arm-1' }).click();
+    await arm1.getByTestId('robot-state').filter({ hasText: 'RUNNING' }).waitFor({ timeout: 30_000 });
+    await arm1.getByTestId('robot-mode').filter({ hasText: 'teleop' }).waitFor();
+    await page.getByRole('button', { name: 'Stop arm-1' }).click();
+    await arm1.getByTestId('robot-state').filter({ hasText: 'STOPPED' }).waitFor({ timeout: 30_000 });
 
     // ---- admin: a join command, a user token made and revoked ----
     await page.getByRole('link', { name: 'Admin' }).click();

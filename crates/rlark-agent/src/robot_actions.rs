@@ -4,8 +4,10 @@
 //! - `GET /v1/robots`: every robot of every robot controller socket present
 //!   (`ros-ctrl.sock`, `ros2-ctrl.sock`) as JSON `{"items": [{"id", "type", "backend",
 //!   "state", "mode", "message", "ownerPid"}]}`;
-//! - `POST /v1/robots/{id}/start` (body `{"mode": "M"}`, optional: the type's default),
-//!   `.../stop`, `.../switch` (body `{"mode": "M"}`), `.../reset`: the RPC of that name on the
+//! - `POST /v1/robots/{id}/start` (body `{"mode": "M", "args": {"NAME": "VALUE"}}`, both
+//!   optional: the type's default mode; `args` as `rlark robot start --arg NAME=VALUE`),
+//!   `.../stop`, `.../switch` (body `{"mode": "M", "args": {...}}`, mode required),
+//!   `.../reset`: the RPC of that name on the
 //!   socket that serves the robot; answers the robot as in the list. Robots started here are
 //!   detached (no owner), like `rlark robot start`: stop them with `stop`.
 //!
@@ -112,24 +114,56 @@ pub fn parse(method: &http::Method, path: &str) -> Result<RobotRequest, (u16, St
     })
 }
 
-/// The `mode` of an action's JSON body (an empty body: none).
-pub fn parse_mode(body: &[u8]) -> Result<Option<String>, String> {
+/// What an action's JSON body asks for: a mode and launch arguments.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ActionBody {
+    pub mode: Option<String>,
+    pub args: std::collections::BTreeMap<String, String>,
+}
+
+/// Parse an action's JSON body (an empty body: nothing asked).
+pub fn parse_body(body: &[u8]) -> Result<ActionBody, String> {
     if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
+        return Ok(ActionBody::default());
     }
     let value: Value =
         serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
     let Some(object) = value.as_object() else {
         return Err("the body must be a JSON object like {\"mode\": \"teleop\"}".into());
     };
-    if let Some(unknown) = object.keys().find(|k| *k != "mode") {
-        return Err(format!("unknown field {unknown:?}; expected mode"));
+    if let Some(unknown) = object.keys().find(|k| *k != "mode" && *k != "args") {
+        return Err(format!("unknown field {unknown:?}; expected mode and args"));
     }
-    match object.get("mode") {
-        None | Some(Value::Null) => Ok(None),
-        Some(Value::String(mode)) if !mode.is_empty() => Ok(Some(mode.clone())),
-        Some(_) => Err("mode must be a non-empty string".into()),
+    let mode = match object.get("mode") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(mode)) if !mode.is_empty() => Some(mode.clone()),
+        Some(_) => return Err("mode must be a non-empty string".into()),
+    };
+    let mut args = std::collections::BTreeMap::new();
+    match object.get("args") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            for (name, value) in map {
+                let Some(value) = value.as_str() else {
+                    return Err(format!("args.{name} must be a string"));
+                };
+                if name.is_empty() {
+                    return Err("args has an empty name".into());
+                }
+                args.insert(name.clone(), value.to_string());
+            }
+        }
+        Some(_) => return Err("args must be an object of strings".into()),
     }
+    Ok(ActionBody { mode, args })
+}
+
+/// The launch arguments as the runtime takes them (none: the mode's own).
+fn mode_config(args: std::collections::BTreeMap<String, String>) -> Option<pb::ModeConfig> {
+    (!args.is_empty()).then(|| pb::ModeConfig {
+        args: args.into_iter().collect(),
+        ..Default::default()
+    })
 }
 
 /// A robot as the list shows it.
@@ -227,14 +261,15 @@ async fn find(
     ))
 }
 
-async fn act(dir: &Path, id: &str, action: Action, mode: Option<String>) -> Result<Value, Refusal> {
+async fn act(dir: &Path, id: &str, action: Action, body: ActionBody) -> Result<Value, Refusal> {
+    let ActionBody { mode, args } = body;
     let (mut client, _) = find(dir, id).await?;
     match action {
         Action::Start => {
             let mut request = tonic::Request::new(pb::StartRobotRequest {
                 robot_id: id.to_string(),
                 mode: mode.unwrap_or_default(),
-                mode_config: None,
+                mode_config: mode_config(args),
             });
             rlark_embodied::client::Ownership::Detached.apply(&mut request);
             client
@@ -261,7 +296,7 @@ async fn act(dir: &Path, id: &str, action: Action, mode: Option<String>) -> Resu
                 .switch_mode(pb::SwitchModeRequest {
                     robot_id: id.to_string(),
                     mode,
-                    mode_config: None,
+                    mode_config: mode_config(args),
                 })
                 .await
                 .map_err(|s| rpc_refusal(&format!("switch {id}"), &s))?;
@@ -325,12 +360,12 @@ where
                     );
                 }
             };
-            let mode = match parse_mode(&body) {
-                Ok(mode) => mode,
+            let body = match parse_body(&body) {
+                Ok(body) => body,
                 Err(message) => return text_response(http::StatusCode::BAD_REQUEST, message),
             };
-            tracing::info!(robot = %id, ?action, ?mode, "robot action from the control plane");
-            tokio::time::timeout(CALL_TIMEOUT, act(dir, &id, action, mode))
+            tracing::info!(robot = %id, ?action, mode = ?body.mode, args = ?body.args, "robot action from the control plane");
+            tokio::time::timeout(CALL_TIMEOUT, act(dir, &id, action, body))
                 .await
                 .unwrap_or_else(|_| Err(timeout()))
         }
@@ -379,22 +414,29 @@ mod tests {
     }
 
     #[test]
-    fn bodies_give_an_optional_mode() {
-        assert_eq!(parse_mode(b""), Ok(None));
-        assert_eq!(parse_mode(b"{}"), Ok(None));
-        assert_eq!(
-            parse_mode(br#"{"mode": "teleop"}"#),
-            Ok(Some("teleop".into()))
-        );
-        assert!(parse_mode(br#"{"mode": ""}"#).is_err());
-        assert!(parse_mode(br#"{"mode": 1}"#).is_err());
+    fn bodies_give_an_optional_mode_and_args() {
+        assert_eq!(parse_body(b""), Ok(ActionBody::default()));
+        assert_eq!(parse_body(b"{}"), Ok(ActionBody::default()));
+        let body = parse_body(br#"{"mode": "teleop", "args": {"target": "0.1,0.2"}}"#).unwrap();
+        assert_eq!(body.mode.as_deref(), Some("teleop"));
+        assert_eq!(body.args.get("target").map(String::as_str), Some("0.1,0.2"));
+        assert!(mode_config(body.args).is_some());
+        assert!(mode_config(Default::default()).is_none());
+        assert!(parse_body(br#"{"mode": ""}"#).is_err());
+        assert!(parse_body(br#"{"mode": 1}"#).is_err());
         assert!(
-            parse_mode(br#"{"speed": 1}"#)
+            parse_body(br#"{"speed": 1}"#)
                 .unwrap_err()
                 .contains("speed")
         );
-        assert!(parse_mode(b"[1]").is_err());
-        assert!(parse_mode(b"{").is_err());
+        assert!(
+            parse_body(br#"{"args": {"a": 1}}"#)
+                .unwrap_err()
+                .contains("args.a")
+        );
+        assert!(parse_body(br#"{"args": [1]}"#).is_err());
+        assert!(parse_body(b"[1]").is_err());
+        assert!(parse_body(b"{").is_err());
     }
 
     #[tokio::test]

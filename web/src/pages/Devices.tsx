@@ -1,6 +1,7 @@
 import { useEffect, useState } from 'preact/hooks';
 import { ApiError, getJson, KubeObject, RLINF, sendJson, Session } from '../api';
 import { CameraView } from '../components/CameraView';
+import { parseArgs } from '../robotArgs';
 import { ErrorBanner, Section } from '../components/common';
 import { useWatch } from '../watch';
 
@@ -30,6 +31,7 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
   const [error, setError] = useState<string | null>(null);
   const [busy, setBusy] = useState<string | null>(null);
   const [modes, setModes] = useState<Record<string, string>>({});
+  const [argTexts, setArgTexts] = useState<Record<string, string>>({});
   const path = robotsPath(node);
   // Read again when the agent reports the Node's devices anew (no polling).
   const devices = JSON.stringify(node.status?.devices ?? []);
@@ -49,7 +51,12 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
     setError(null);
     try {
       const mode = modes[robot.id]?.trim();
-      const updated: Robot = await sendJson('POST', `${path}/${encodeURIComponent(robot.id)}/${action}`, mode ? { mode } : {});
+      const parsed = parseArgs(argTexts[robot.id] ?? '');
+      if ('error' in parsed) throw new Error(parsed.error);
+      const body: Record<string, unknown> = {};
+      if (mode) body.mode = mode;
+      if (Object.keys(parsed.args).length && (action === 'start' || action === 'switch')) body.args = parsed.args;
+      const updated: Robot = await sendJson('POST', `${path}/${encodeURIComponent(robot.id)}/${action}`, body);
       setRobots((rs) => rs.map((r) => (r.id === updated.id ? updated : r)));
     } catch (e) {
       setError(e instanceof ApiError ? e.message : String(e));
@@ -90,6 +97,13 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
                     size={8}
                     value={modes[r.id] ?? ''}
                     onInput={(e) => setModes((m) => ({ ...m, [r.id]: (e.target as HTMLInputElement).value }))}
+                  />
+                  <input
+                    aria-label={`Launch arguments for ${r.id} (NAME=VALUE ...)`}
+                    placeholder="NAME=VALUE ..."
+                    size={14}
+                    value={argTexts[r.id] ?? ''}
+                    onInput={(e) => setArgTexts((m) => ({ ...m, [r.id]: (e.target as HTMLInputElement).value }))}
                   />
                   {r.state === 'RUNNING' ? (
                     <>
