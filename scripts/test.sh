@@ -5,6 +5,8 @@
 #   tests and pytest against the binary that `cargo test` built.
 #   Python SDKs (sdk/python/rlark, sdk/python/rlark-embodied): wheels built, installed into
 #   a fresh venv, tested against a real `rlark up` / `rlark embodied` from that binary.
+#   Web console (web/): Vitest component tests, the committed build matches its sources,
+#   and an end-to-end run in headless Chromium (playwright-core) against a real `rlark up`.
 #   Hygiene: cargo fmt, cargo machete (no unused dependencies), no test kit among the rlark
 #   binary's normal dependencies, cargo deny (licenses, duplicate versions, sources; not
 #   advisories, see below), no import cycle between a crate's modules
@@ -51,6 +53,10 @@ install_deps() {
     # and a test image imported from a static busybox (no registry is reachable).
     command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || apt_pkgs+=(docker.io)
     [ -x /bin/busybox ] || apt_pkgs+=(busybox-static)
+    # The web console's tests: Vitest and Vite under Node, the end-to-end test in Debian's
+    # Chromium driven by playwright-core (web/e2e/; no browser download).
+    command -v node >/dev/null 2>&1 || apt_pkgs+=(nodejs npm)
+    command -v chromium >/dev/null 2>&1 || [ -x /usr/bin/chromium ] || apt_pkgs+=(chromium)
     if [ ${#apt_pkgs[@]} -gt 0 ]; then
         log "installing Debian packages: ${apt_pkgs[*]}"
         export DEBIAN_FRONTEND=noninteractive
@@ -60,6 +66,8 @@ install_deps() {
     log "installing Python test packages"
     # tests/python's client and pytest, and `build`, which builds the SDKs' wheels.
     python3 -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
+    log "installing the web console's npm packages (web/package-lock.json)"
+    (cd web && npm ci --no-audit --no-fund --loglevel=error)
 }
 
 # A Docker engine for the docker runtime's tests: started here (in the background, logging
@@ -147,6 +155,26 @@ cargo test --workspace --locked -- --test-threads=2
 log "python end-to-end tests (official kubernetes client)"
 export RLARK_BIN="$TARGET_DIR/debug/rlark"
 python3 -m pytest -q tests/python
+
+log "web console: component tests (Vitest), committed build current, browser end-to-end (Chromium)"
+if [ -d web/node_modules ]; then
+    (cd web && npm test && node scripts/stamp.mjs --check)
+    # The committed build is what a fresh build makes (Vite's output is deterministic).
+    before="$(git status --porcelain -- web/dist; git diff -- web/dist | sha256sum)"
+    (cd web && npm run build >/dev/null)
+    after="$(git status --porcelain -- web/dist; git diff -- web/dist | sha256sum)"
+    if [ "$before" != "$after" ]; then
+        echo "web/dist differs from a fresh build of web/: run npm run build in web/ and commit web/dist" >&2
+        git status --short -- web/dist >&2
+        exit 1
+    fi
+else
+    echo "web/node_modules is missing (RLARK_SKIP_INSTALL=1?): console component tests skipped" >&2
+    [ "${CI:-}" = true ] && exit 1
+fi
+# Against a real `rlark up` (and `up --demo`) from the debug binary; screenshots in
+# web/e2e/artifacts/. One at a time: each starts a whole platform.
+node --test --test-concurrency=1 web/e2e/
 
 # The SDKs as their users get them: wheels built with `python -m build` (which must leave
 # the source tree as it was: a read-only checkout builds), installed with their `test`

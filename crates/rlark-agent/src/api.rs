@@ -45,6 +45,13 @@
 //! agent, a Pod with the annotation `rlark.io/member-pod` is exec'd into through the member
 //! API's `pods/exec` instead ([`crate::member::exec`]).
 //!
+//! `GET /v1/cameras/{id}/stream?fps=N`: the live view of a camera of the host's embodied
+//! runtime as MJPEG; `GET /v1/cameras`, `POST /v1/cameras/{id}/{open,close}`: the cameras;
+//! see [`crate::camera_stream`].
+//!
+//! `GET /v1/robots`, `POST /v1/robots/{id}/{start|stop|switch|reset}`: the host's robots;
+//! see [`crate::robot_actions`].
+//!
 //! `POST /v1/net/check` with `{"pod": "<task>-<i>", "to": "<ip>", "port": p}` (`port`
 //! optional): a test connection from that replica of this agent to the domain address
 //! `to` along the route its own connections take ([`crate::net::router::Router::check`]):
@@ -98,6 +105,8 @@ struct Inner {
     /// A Kubernetes agent's clients: logs and exec of the Pods it mirrors go to the member
     /// cluster's API.
     member: std::sync::OnceLock<crate::member::logs::MemberPods>,
+    /// The embodied runtime's socket directory: cameras' live view.
+    embodied: std::sync::OnceLock<PathBuf>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -122,6 +131,7 @@ impl LocalApi {
                 router: std::sync::OnceLock::new(),
                 docker: std::sync::OnceLock::new(),
                 member: std::sync::OnceLock::new(),
+                embodied: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -145,6 +155,13 @@ impl LocalApi {
         self.inner.member.set(pods).is_ok()
     }
 
+    /// Serve `GET /v1/cameras/{id}/stream` and the robot routes (`/v1/robots`) from the
+    /// embodied runtime whose sockets are in
+    /// `dir` (once; later calls are ignored and return false).
+    pub fn set_embodied_socket_dir(&self, dir: PathBuf) -> bool {
+        self.inner.embodied.set(dir).is_ok()
+    }
+
     /// Serve HTTP/1.1 on `io` until the peer closes it, it fails, or the agent stops.
     pub async fn serve_connection<S>(&self, io: S)
     where
@@ -157,6 +174,22 @@ impl LocalApi {
                 async move {
                     if request.uri().path() == NET_CHECK_PATH {
                         return Ok(net_check(inner.router.get(), request).await);
+                    }
+                    if crate::robot_actions::is_robot_path(request.uri().path()) {
+                        return Ok(
+                            crate::robot_actions::handle(inner.embodied.get(), request).await
+                        );
+                    }
+                    if crate::camera_stream::is_camera_path(request.uri().path()) {
+                        let uri = request.uri();
+                        return Ok(crate::camera_stream::handle(
+                            inner.embodied.get(),
+                            &inner.shutdown,
+                            request.method(),
+                            uri.path(),
+                            uri.query(),
+                        )
+                        .await);
                     }
                     if request.uri().path().starts_with(crate::exec::EXEC_PREFIX) {
                         // A Pod a Kubernetes agent mirrors: exec goes to the member API.

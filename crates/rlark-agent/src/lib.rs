@@ -26,6 +26,7 @@
 
 pub mod api;
 mod api_body;
+pub mod camera_stream;
 pub mod config;
 pub mod devices;
 pub mod discovery;
@@ -39,6 +40,7 @@ pub mod kubernetes;
 pub mod member;
 pub mod net;
 pub mod node;
+pub mod robot_actions;
 mod runs;
 pub mod runtime;
 pub mod sim;
@@ -367,6 +369,10 @@ async fn start_with(
     tunnel_config.node = Some(node_name.clone());
     let local_api = api::LocalApi::new(config.tasks_dir(), &node_name, shutdown.clone());
     local_api.set_router(pod_net.router.clone());
+    if let Some(dir) = &config.embodied_socket_dir {
+        // The cameras' live view (`camera_stream`).
+        local_api.set_embodied_socket_dir(dir.clone());
+    }
     if let Some(docker) = &docker {
         local_api.set_docker(docker.client().clone());
     }

@@ -29,6 +29,7 @@
 
 mod auth;
 mod config;
+mod console;
 mod controllers;
 pub mod data_lock;
 mod http;
@@ -130,6 +131,7 @@ pub struct RunningServer {
     pub data_dir: PathBuf,
     /// `sha256:<hex>` of the CA public key (for `--discovery-token-ca-cert-hash`-style pinning).
     pub ca_cert_hash: String,
+    console: console::Console,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), ServerError>>,
 }
@@ -138,6 +140,23 @@ impl RunningServer {
     /// `https://HOST:PORT` clients should use (loopback when listening on a wildcard address).
     pub fn url(&self) -> String {
         server_url(self.local_addr)
+    }
+
+    /// A one-time login link to the web console for the admin user: `URL/#login=CODE`,
+    /// usable once within 15 minutes. The code is in the URL fragment, which browsers do
+    /// not send to the server.
+    pub async fn console_login_link(&self) -> Result<String, ServerError> {
+        let admin = rlark_apiserver::auth::Identity {
+            user: ADMIN_USER.to_string(),
+            groups: vec![rlark_apiserver::auth::ADMIN_GROUP.to_string()],
+        };
+        let code = self
+            .console
+            .sessions
+            .create_link(admin)
+            .await
+            .map_err(|e| ServerError::Security(format!("console login link: {e}")))?;
+        Ok(format!("{}{}", self.url(), console::login_path(&code)))
     }
 
     /// Cancelling this token starts a graceful shutdown.
@@ -384,6 +403,10 @@ async fn start_with_token(
         tunnel::netcheck::NetCheckState::new(Arc::clone(&hub), Arc::new(store.clone())),
     ))
     .merge(tunnel::exec::router(exec_state.clone()))
+    .merge(tunnel::devices::router(tunnel::devices::DevicesState {
+        hub: Arc::clone(&hub),
+        audit: Arc::clone(&audit),
+    }))
     .merge(
         axum::Router::new()
             .route(
@@ -399,6 +422,15 @@ async fn start_with_token(
     } else {
         router
     };
+    // The web console: its app and routes, and its session cookie for every route.
+    let console = console::Console::new(Arc::clone(&security), Arc::new(store.clone()));
+    let router =
+        router
+            .merge(console::router(console.clone()))
+            .layer(axum::middleware::from_fn_with_state(
+                console.clone(),
+                console::session_layer,
+            ));
     // The routes merged after `http::router` get the same panic handler.
     let router = http::catch_panics(router);
 
@@ -483,6 +515,7 @@ async fn start_with_token(
         kubeconfig_path,
         data_dir,
         ca_cert_hash,
+        console,
         shutdown,
         task,
     })

@@ -112,6 +112,9 @@ pub(crate) enum AuthMethod {
     Certificate { serial: String },
     /// Bearer token with this id.
     Bearer { id: String },
+    /// The web console's session cookie (`crate::console`); the bearer token the session
+    /// was created with, if any.
+    Session { token_id: Option<String> },
 }
 
 /// The certificate roles the server signs for.
@@ -623,6 +626,11 @@ impl Security {
             }
         }
         Ok(records)
+    }
+
+    /// All bearer tokens (users' and tasks'), revoked ones included.
+    pub(crate) async fn bearer_tokens(&self) -> SecResult<Vec<BearerTokenRecord>> {
+        self.list(BEARER_TOKENS).await
     }
 
     /// All revocations.

@@ -55,7 +55,7 @@ pub(crate) fn router(state: RoutesState) -> Router {
         .route("/rlark/v1/sshcertificates", post(sign_ssh))
         .route("/rlark/v1/revocations", get(list_revocations).post(revoke))
         .route(super::agent_revocations::ROUTE, get(agent_revocations))
-        .route("/rlark/v1/tokens", post(create_token))
+        .route("/rlark/v1/tokens", get(list_tokens).post(create_token))
         .route(
             "/rlark/v1/namespaces/{namespace}/tasks/{name}/token",
             post(task_token),
@@ -575,6 +575,35 @@ async fn revoke(State(state): State<RoutesState>, request: Request) -> Response 
             Vec::new()
         };
         Ok(json!({"revoked": serials}))
+    }
+    .await;
+    result.map(ok).unwrap_or_else(error_response)
+}
+
+/// `GET /rlark/v1/tokens` (admins): the bearer tokens of users and tasks, without their
+/// secrets' hashes: `{"items": [{"id", "user", "groups", "expiresAt", "task", "createdBy",
+/// "revokedAt"}]}`, `task` being `{"namespace", "name", "uid"}` for task tokens.
+async fn list_tokens(State(state): State<RoutesState>, request: Request) -> Response {
+    let result = async move {
+        require_admin(&state.security, &request, "list", "tokens")?;
+        let items: Vec<Value> = state
+            .security
+            .bearer_tokens()
+            .await?
+            .into_iter()
+            .map(|t| {
+                json!({
+                    "id": t.id,
+                    "user": t.user,
+                    "groups": t.groups,
+                    "expiresAt": t.expires_at,
+                    "task": t.task,
+                    "createdBy": t.created_by,
+                    "revokedAt": t.revoked_at,
+                })
+            })
+            .collect();
+        Ok(json!({ "items": items }))
     }
     .await;
     result.map(ok).unwrap_or_else(error_response)

@@ -51,7 +51,7 @@ fn valid_label(name: &str) -> bool {
 }
 
 /// Whether `name` can be a Pod name (and so a path component on the agent).
-fn valid_name(name: &str) -> bool {
+pub(super) fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 253
         && name
@@ -255,7 +255,7 @@ pub(super) fn tunnel_error(cluster: &str, error: &DialError) -> Response {
 }
 
 /// Aborts a task when dropped.
-struct AbortOnDrop(tokio::task::AbortHandle);
+pub(super) struct AbortOnDrop(pub(super) tokio::task::AbortHandle);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {

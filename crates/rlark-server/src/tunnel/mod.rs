@@ -11,6 +11,7 @@
 
 pub(crate) mod connect;
 pub(crate) mod core_pods;
+pub(crate) mod devices;
 pub(crate) mod exec;
 pub(crate) mod logs;
 pub(crate) mod netcheck;

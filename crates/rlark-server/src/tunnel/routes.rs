@@ -6,6 +6,7 @@
 //! | `ANY /api/proxy/{clusterID}/{scheme}/{host}:{port}/{path}` | admin | HTTP reverse proxy through the agent, WebSocket upgrades included; `scheme` is `http`, `https` (the target's certificate verified, see [`super::ProxyTls`]) or `https+insecure` (TLS without verification, as kube-apiserver's service proxy) |
 //! | `GET /api/v1/tunnels` | admin, viewer, peer | live sessions (agent, node, replica, since, streams, bytes) |
 //! | `GET /rlark/v1/namespaces/{ns}/pods/{pod}/log` | admin, viewer | a replica's log from its agent (`logs.rs`) |
+//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras/{camera}/stream`, `.../robots`, `POST .../robots/{robot}/{action}` | who may get the Node; robot actions admins | cameras' live view and robots, from their agent (`devices.rs`) |
 //! | `GET /api/v1/namespaces/{ns}/pods/{pod}/log`, `.../exec` | as the rlark routes | kubectl's URLs for the same (`core_pods.rs`; not in member simulation) |
 
 use std::sync::Arc;
@@ -325,6 +326,10 @@ async fn forward(
         request.extensions().get::<AuthMethod>(),
         Some(AuthMethod::Bearer { .. })
     );
+    let session = matches!(
+        request.extensions().get::<AuthMethod>(),
+        Some(AuthMethod::Session { .. })
+    );
     let query = request
         .uri()
         .query()
@@ -341,6 +346,10 @@ async fn forward(
         }
         // A bearer token authenticated the caller to rlark; it is not the target's.
         if bearer && name == header::AUTHORIZATION {
+            continue;
+        }
+        // Nor is the console's session cookie or its CSRF token.
+        if session && (name == header::COOKIE || lower == crate::console::CSRF_HEADER) {
             continue;
         }
         out = out.header(name, value);

@@ -101,6 +101,13 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "token login-link",
+        &[
+            "# open the printed https://SERVER/#login=CODE in a browser",
+            "rlark token login-link",
+        ],
+    ),
+    (
         "cert",
         &["rlark cert list", "rlark cert revoke --user alice"],
     ),

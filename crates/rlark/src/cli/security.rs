@@ -23,6 +23,15 @@ pub(crate) enum TokenCommand {
     /// Create a bootstrap token for `rlark join` and print the join command; with `--user`,
     /// a bearer token of a user instead.
     Create(TokenCreateArgs),
+    /// Print a one-time login link to the web console for the kubeconfig's user (admins):
+    /// it logs a browser in once, within 15 minutes.
+    LoginLink(LoginLinkArgs),
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct LoginLinkArgs {
+    #[arg(skip)]
+    pub client: ClientArgs,
 }
 
 #[derive(Debug, Args)]
@@ -322,7 +331,24 @@ pub(crate) async fn token(command: TokenCommand, client: ClientArgs) -> anyhow::
             args.client = client;
             token_create(args).await
         }
+        TokenCommand::LoginLink(mut args) => {
+            args.client = client;
+            login_link(args).await
+        }
     }
+}
+
+/// `rlark token login-link`: `POST /rlark/v1/console/links`, printed as a URL of the server.
+async fn login_link(args: LoginLinkArgs) -> anyhow::Result<()> {
+    let api = SecurityClient::from_args(&args.client).await?;
+    let response = api
+        .post("/rlark/v1/console/links", &serde_json::json!({}))
+        .await?;
+    let path = field(&response, "path")?;
+    println!("{}{path}", api.server_url);
+    let minutes = response["expiresInSeconds"].as_u64().unwrap_or(900) / 60;
+    eprintln!("open it in a browser within {minutes} minutes; it works once");
+    Ok(())
 }
 
 async fn token_create(args: TokenCreateArgs) -> anyhow::Result<()> {

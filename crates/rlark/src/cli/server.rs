@@ -260,8 +260,19 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
         .map(|a| format!("{} (node {})", a.cluster_id(), a.node_name()))
         .collect::<Vec<_>>()
         .join(", ");
+    // Printed as the banner's "log in once with ..." line.
+    let login_link = match server.console_login_link().await {
+        Ok(link) => link,
+        Err(error) => {
+            tracing::warn!(%error, "no console login link");
+            format!("a token (rlark token create --user NAME --role admin): no link ({error})")
+        }
+    };
     println!(
         "rlark is running at {url} (data in {data})\n\n\
+         Web console:        {url}/\n\
+         \x20                   log in once with {login_link}\n\
+         \x20                   (valid 15 minutes; the server's certificate is signed by the installation CA)\n\n\
          Use it with kubectl or rlark:\n\n\
          \x20 export KUBECONFIG={kubeconfig}\n\
          \x20 kubectl get jobs -A\n\
@@ -274,6 +285,7 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
          Read-only user:     rlark kubeconfig --user NAME --role viewer -o NAME.kubeconfig\n\
          Tasks:              {tasks}\n",
         url = server.url(),
+        login_link = login_link,
         data = args.data_dir.display(),
         kubeconfig = kubeconfig.display(),
         examples = examples.display(),

@@ -1,0 +1,463 @@
+//! The robots of the host's embodied runtime (`--embodied-socket-dir`) on the agent's local
+//! API, for the web console's Devices page (relayed by the server, which authorizes):
+//!
+//! - `GET /v1/robots`: every robot of every robot controller socket present
+//!   (`ros-ctrl.sock`, `ros2-ctrl.sock`) as JSON `{"items": [{"id", "type", "backend",
+//!   "state", "mode", "message", "ownerPid"}]}`;
+//! - `POST /v1/robots/{id}/start` (body `{"mode": "M", "args": {"NAME": "VALUE"}}`, both
+//!   optional: the type's default mode; `args` as `rlark robot start --arg NAME=VALUE`),
+//!   `.../stop`, `.../switch` (body `{"mode": "M", "args": {...}}`, mode required),
+//!   `.../reset`: the RPC of that name on the
+//!   socket that serves the robot; answers the robot as in the list. Robots started here are
+//!   detached (no owner), like `rlark robot start`: stop them with `stop`.
+//!
+//! Errors are plain text: `404` no embodied runtime, no robot socket or no such robot;
+//! `409` the action does not fit the robot's state (FailedPrecondition); `400` a bad id,
+//! action or body; `405` another method; `502` the runtime failed.
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use http_body_util::{BodyExt as _, Full};
+use hyper::body::Bytes;
+use rlark_proto::robot::v1 as pb;
+use rlark_proto::robot::v1::robot_controller_client::RobotControllerClient;
+use serde_json::{Value, json};
+use tonic::transport::Channel;
+
+use crate::api_body::{ApiBody, text_response};
+
+/// Prefix of the routes.
+pub const ROBOTS_PREFIX: &str = "/v1/robots";
+/// Largest request body.
+const MAX_BODY: usize = 16 * 1024;
+/// How long one call to the runtime may take (a start waits for the launch).
+const CALL_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A refused request: HTTP status and message.
+type Refusal = (http::StatusCode, String);
+
+/// Whether `path` is one of these routes.
+pub fn is_robot_path(path: &str) -> bool {
+    path == ROBOTS_PREFIX
+        || path
+            .strip_prefix(ROBOTS_PREFIX)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// What a request asks for.
+#[derive(Debug, PartialEq, Eq)]
+pub enum RobotRequest {
+    List,
+    Action { id: String, action: Action },
+}
+
+/// A robot action.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Action {
+    Start,
+    Stop,
+    Switch,
+    Reset,
+}
+
+/// Parse the method and path of a request under [`ROBOTS_PREFIX`].
+pub fn parse(method: &http::Method, path: &str) -> Result<RobotRequest, (u16, String)> {
+    let rest = path.strip_prefix(ROBOTS_PREFIX).unwrap_or_default();
+    if rest.is_empty() || rest == "/" {
+        if method != http::Method::GET {
+            return Err((405, format!("{method} is not allowed on {path}: use GET")));
+        }
+        return Ok(RobotRequest::List);
+    }
+    let Some((id, action)) = rest
+        .strip_prefix('/')
+        .and_then(|r| r.split_once('/'))
+        .filter(|(_, a)| !a.contains('/'))
+    else {
+        return Err((
+            404,
+            format!(
+                "not found: {path}; use GET {ROBOTS_PREFIX} or POST {ROBOTS_PREFIX}/{{id}}/{{start|stop|switch|reset}}"
+            ),
+        ));
+    };
+    let valid = !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.');
+    if !valid {
+        return Err((
+            400,
+            format!("invalid robot id {id:?}: 1 to 63 letters, digits, '-', '_' or '.'"),
+        ));
+    }
+    let action = match action {
+        "start" => Action::Start,
+        "stop" => Action::Stop,
+        "switch" => Action::Switch,
+        "reset" => Action::Reset,
+        other => {
+            return Err((
+                400,
+                format!("unknown robot action {other:?}; expected start, stop, switch or reset"),
+            ));
+        }
+    };
+    if method != http::Method::POST {
+        return Err((405, format!("{method} is not allowed on {path}: use POST")));
+    }
+    Ok(RobotRequest::Action {
+        id: id.to_string(),
+        action,
+    })
+}
+
+/// What an action's JSON body asks for: a mode and launch arguments.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct ActionBody {
+    pub mode: Option<String>,
+    pub args: std::collections::BTreeMap<String, String>,
+}
+
+/// Parse an action's JSON body (an empty body: nothing asked).
+pub fn parse_body(body: &[u8]) -> Result<ActionBody, String> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(ActionBody::default());
+    }
+    let value: Value =
+        serde_json::from_slice(body).map_err(|e| format!("invalid JSON body: {e}"))?;
+    let Some(object) = value.as_object() else {
+        return Err("the body must be a JSON object like {\"mode\": \"teleop\"}".into());
+    };
+    if let Some(unknown) = object.keys().find(|k| *k != "mode" && *k != "args") {
+        return Err(format!("unknown field {unknown:?}; expected mode and args"));
+    }
+    let mode = match object.get("mode") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(mode)) if !mode.is_empty() => Some(mode.clone()),
+        Some(_) => return Err("mode must be a non-empty string".into()),
+    };
+    let mut args = std::collections::BTreeMap::new();
+    match object.get("args") {
+        None | Some(Value::Null) => {}
+        Some(Value::Object(map)) => {
+            for (name, value) in map {
+                let Some(value) = value.as_str() else {
+                    return Err(format!("args.{name} must be a string"));
+                };
+                if name.is_empty() {
+                    return Err("args has an empty name".into());
+                }
+                args.insert(name.clone(), value.to_string());
+            }
+        }
+        Some(_) => return Err("args must be an object of strings".into()),
+    }
+    Ok(ActionBody { mode, args })
+}
+
+/// The launch arguments as the runtime takes them (none: the mode's own).
+fn mode_config(args: std::collections::BTreeMap<String, String>) -> Option<pb::ModeConfig> {
+    (!args.is_empty()).then(|| pb::ModeConfig {
+        args: args.into_iter().collect(),
+        ..Default::default()
+    })
+}
+
+/// A robot as the list shows it.
+fn robot_json(info: &pb::RobotInfo) -> Value {
+    let state = pb::RobotState::try_from(info.state)
+        .unwrap_or(pb::RobotState::Unspecified)
+        .as_str_name()
+        .trim_start_matches("ROBOT_STATE_")
+        .to_string();
+    json!({
+        "id": info.robot_id,
+        "type": info.robot_type,
+        "backend": info.backend,
+        "state": state,
+        "mode": info.mode,
+        "message": info.message,
+        "ownerPid": info.owner_pid,
+    })
+}
+
+fn json_response(value: &Value) -> http::Response<ApiBody> {
+    let body = Full::new(Bytes::from(value.to_string()))
+        .map_err(|never| match never {})
+        .boxed_unsync();
+    let mut response = http::Response::new(body);
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    );
+    response
+}
+
+fn rpc_refusal(what: &str, status: &tonic::Status) -> Refusal {
+    let code = match status.code() {
+        tonic::Code::NotFound => http::StatusCode::NOT_FOUND,
+        tonic::Code::FailedPrecondition => http::StatusCode::CONFLICT,
+        tonic::Code::InvalidArgument => http::StatusCode::BAD_REQUEST,
+        _ => http::StatusCode::BAD_GATEWAY,
+    };
+    (code, format!("{what}: {}", status.message()))
+}
+
+/// The robot controller sockets present in `dir`.
+fn sockets(dir: &Path) -> Vec<PathBuf> {
+    [rlark_embodied::ROS_SOCKET, rlark_embodied::ROS2_SOCKET]
+        .iter()
+        .map(|name| dir.join(name))
+        .filter(|path| path.exists())
+        .collect()
+}
+
+async fn client(socket: &Path) -> Result<RobotControllerClient<Channel>, Refusal> {
+    let channel = rlark_embodied::client::connect(socket)
+        .await
+        .map_err(|e| (http::StatusCode::BAD_GATEWAY, e.to_string()))?;
+    Ok(RobotControllerClient::new(channel))
+}
+
+async fn list(dir: &Path) -> Result<Vec<pb::RobotInfo>, Refusal> {
+    let mut robots = Vec::new();
+    for socket in sockets(dir) {
+        let reply = client(&socket)
+            .await?
+            .list_robots(pb::ListRobotsRequest {})
+            .await
+            .map_err(|s| rpc_refusal("ListRobots", &s))?;
+        robots.extend(reply.into_inner().robots);
+    }
+    Ok(robots)
+}
+
+/// The client of the socket that serves robot `id`, and the robot.
+async fn find(
+    dir: &Path,
+    id: &str,
+) -> Result<(RobotControllerClient<Channel>, pb::RobotInfo), Refusal> {
+    for socket in sockets(dir) {
+        let mut client = client(&socket).await?;
+        let reply = client
+            .list_robots(pb::ListRobotsRequest {})
+            .await
+            .map_err(|s| rpc_refusal("ListRobots", &s))?;
+        if let Some(robot) = reply
+            .into_inner()
+            .robots
+            .into_iter()
+            .find(|r| r.robot_id == id)
+        {
+            return Ok((client, robot));
+        }
+    }
+    Err((
+        http::StatusCode::NOT_FOUND,
+        format!("no robot {id:?} on this host"),
+    ))
+}
+
+async fn act(dir: &Path, id: &str, action: Action, body: ActionBody) -> Result<Value, Refusal> {
+    let ActionBody { mode, args } = body;
+    let (mut client, _) = find(dir, id).await?;
+    match action {
+        Action::Start => {
+            let mut request = tonic::Request::new(pb::StartRobotRequest {
+                robot_id: id.to_string(),
+                mode: mode.unwrap_or_default(),
+                mode_config: mode_config(args),
+            });
+            rlark_embodied::client::Ownership::Detached.apply(&mut request);
+            client
+                .start_robot(request)
+                .await
+                .map_err(|s| rpc_refusal(&format!("start {id}"), &s))?;
+        }
+        Action::Stop => {
+            client
+                .stop_robot(pb::StopRobotRequest {
+                    robot_id: id.to_string(),
+                })
+                .await
+                .map_err(|s| rpc_refusal(&format!("stop {id}"), &s))?;
+        }
+        Action::Switch => {
+            let Some(mode) = mode else {
+                return Err((
+                    http::StatusCode::BAD_REQUEST,
+                    "switch needs a mode: {\"mode\": \"M\"}".into(),
+                ));
+            };
+            client
+                .switch_mode(pb::SwitchModeRequest {
+                    robot_id: id.to_string(),
+                    mode,
+                    mode_config: mode_config(args),
+                })
+                .await
+                .map_err(|s| rpc_refusal(&format!("switch {id}"), &s))?;
+        }
+        Action::Reset => {
+            client
+                .reset_robot(pb::ResetRobotRequest {
+                    robot_id: id.to_string(),
+                })
+                .await
+                .map_err(|s| rpc_refusal(&format!("reset {id}"), &s))?;
+        }
+    }
+    let (_, robot) = find(dir, id).await?;
+    Ok(robot_json(&robot))
+}
+
+/// Serve one request under [`ROBOTS_PREFIX`] (see the module documentation).
+pub(crate) async fn handle<B>(
+    socket_dir: Option<&PathBuf>,
+    request: http::Request<B>,
+) -> http::Response<ApiBody>
+where
+    B: hyper::body::Body<Data = Bytes> + Send + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let parsed = match parse(request.method(), request.uri().path()) {
+        Ok(parsed) => parsed,
+        Err((code, message)) => {
+            let status = http::StatusCode::from_u16(code).unwrap_or(http::StatusCode::BAD_REQUEST);
+            return text_response(status, message);
+        }
+    };
+    let Some(dir) = socket_dir else {
+        return text_response(
+            http::StatusCode::NOT_FOUND,
+            "this agent serves no embodied runtime's devices (it runs without --embodied-socket-dir)",
+        );
+    };
+    if sockets(dir).is_empty() {
+        return text_response(
+            http::StatusCode::NOT_FOUND,
+            format!("no robot controller socket in {}", dir.display()),
+        );
+    }
+    let result = match parsed {
+        RobotRequest::List => tokio::time::timeout(CALL_TIMEOUT, list(dir))
+            .await
+            .unwrap_or_else(|_| Err(timeout()))
+            .map(|robots| json!({"items": robots.iter().map(robot_json).collect::<Vec<_>>()})),
+        RobotRequest::Action { id, action } => {
+            let body = match http_body_util::Limited::new(request.into_body(), MAX_BODY)
+                .collect()
+                .await
+            {
+                Ok(body) => body.to_bytes(),
+                Err(error) => {
+                    return text_response(
+                        http::StatusCode::BAD_REQUEST,
+                        format!("request body: {error} (at most {MAX_BODY} bytes)"),
+                    );
+                }
+            };
+            let body = match parse_body(&body) {
+                Ok(body) => body,
+                Err(message) => return text_response(http::StatusCode::BAD_REQUEST, message),
+            };
+            tracing::info!(robot = %id, ?action, mode = ?body.mode, args = ?body.args, "robot action from the control plane");
+            tokio::time::timeout(CALL_TIMEOUT, act(dir, &id, action, body))
+                .await
+                .unwrap_or_else(|_| Err(timeout()))
+        }
+    };
+    match result {
+        Ok(value) => json_response(&value),
+        Err((status, message)) => text_response(status, message),
+    }
+}
+
+fn timeout() -> Refusal {
+    (
+        http::StatusCode::BAD_GATEWAY,
+        format!("the embodied runtime did not answer within {CALL_TIMEOUT:?}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_and_methods_name_a_request() {
+        let get = http::Method::GET;
+        let post = http::Method::POST;
+        assert_eq!(parse(&get, "/v1/robots"), Ok(RobotRequest::List));
+        assert!(is_robot_path("/v1/robots") && is_robot_path("/v1/robots/arm-0/stop"));
+        assert!(!is_robot_path("/v1/robotsx") && !is_robot_path("/logs/a/b"));
+        assert_eq!(
+            parse(&post, "/v1/robots/arm-0/start"),
+            Ok(RobotRequest::Action {
+                id: "arm-0".into(),
+                action: Action::Start
+            })
+        );
+        for (method, path, code) in [
+            (&post, "/v1/robots", 405),
+            (&get, "/v1/robots/arm-0/stop", 405),
+            (&post, "/v1/robots/arm-0/fly", 400),
+            (&post, "/v1/robots/a b/stop", 400),
+            (&post, "/v1/robots/arm-0", 404),
+            (&post, "/v1/robots/arm-0/stop/now", 404),
+        ] {
+            assert_eq!(parse(method, path).unwrap_err().0, code, "{method} {path}");
+        }
+    }
+
+    #[test]
+    fn bodies_give_an_optional_mode_and_args() {
+        assert_eq!(parse_body(b""), Ok(ActionBody::default()));
+        assert_eq!(parse_body(b"{}"), Ok(ActionBody::default()));
+        let body = parse_body(br#"{"mode": "teleop", "args": {"target": "0.1,0.2"}}"#).unwrap();
+        assert_eq!(body.mode.as_deref(), Some("teleop"));
+        assert_eq!(body.args.get("target").map(String::as_str), Some("0.1,0.2"));
+        assert!(mode_config(body.args).is_some());
+        assert!(mode_config(Default::default()).is_none());
+        assert!(parse_body(br#"{"mode": ""}"#).is_err());
+        assert!(parse_body(br#"{"mode": 1}"#).is_err());
+        assert!(
+            parse_body(br#"{"speed": 1}"#)
+                .unwrap_err()
+                .contains("speed")
+        );
+        assert!(
+            parse_body(br#"{"args": {"a": 1}}"#)
+                .unwrap_err()
+                .contains("args.a")
+        );
+        assert!(parse_body(br#"{"args": [1]}"#).is_err());
+        assert!(parse_body(b"[1]").is_err());
+        assert!(parse_body(b"{").is_err());
+    }
+
+    #[tokio::test]
+    async fn an_agent_without_robot_sockets_says_so() {
+        let request = || {
+            http::Request::get("/v1/robots")
+                .body(http_body_util::Empty::<Bytes>::new())
+                .unwrap()
+        };
+        assert_eq!(
+            handle(None, request()).await.status(),
+            http::StatusCode::NOT_FOUND
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().to_path_buf();
+        let response = handle(Some(&path), request()).await;
+        assert_eq!(response.status(), http::StatusCode::NOT_FOUND);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert!(
+            String::from_utf8_lossy(&body).contains("no robot controller socket"),
+            "{body:?}"
+        );
+    }
+}

@@ -1,0 +1,413 @@
+// End-to-end test of the web console in a real browser: Debian's Chromium, headless, driven
+// by playwright-core (no browser download), against a real `rlark up` started from the debug
+// binary cargo built. Run by scripts/test.sh; by hand:
+//   cargo build -p rlark && (cd web && npm ci) && node --test web/e2e/console.test.mjs
+// (web/e2e/demo.test.mjs follows the `up --demo` Workflow the same way.)
+// Under CI=true or RLARK_REQUIRE_TOOLS=1 a missing binary or browser fails the test;
+// elsewhere the test is skipped with a message. Screenshots go to web/e2e/artifacts/.
+import assert from 'node:assert/strict';
+import { execFileSync } from 'node:child_process';
+import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { test } from 'node:test';
+import { ARTIFACTS, RLARK, ROOT, WEB, axeViolations, freePort, launch, prerequisites, rlark, startUp, stopUp } from './support.mjs';
+
+const VALID_JOB = `apiVersion: rlinf.io/v1alpha1
+kind: Job
+metadata:
+  name: e2e-hello
+spec:
+  tasks:
+    - name: main
+      agentType: Raw
+      role: Actor
+      raw:
+        entrypoint: ["python3", "-c", "print('hello from the e2e job')"]
+        replicas: 1
+`;
+
+// Line 9 sets a role the API does not know.
+const INVALID_JOB = `apiVersion: rlinf.io/v1alpha1
+kind: Job
+metadata:
+  name: e2e-invalid
+spec:
+  tasks:
+    - name: main
+      agentType: Raw
+      role: Wizard
+      raw:
+        entrypoint: ["true"]
+        replicas: 1
+`;
+
+// Runs until stopped: for the terminal and the reward chart.
+const SHELL_JOB = `apiVersion: rlinf.io/v1alpha1
+kind: Job
+metadata:
+  name: e2e-shell
+spec:
+  tasks:
+    - name: main
+      agentType: Raw
+      role: Actor
+      raw:
+        entrypoint: ["sleep", "600"]
+        replicas: 1
+`;
+
+test('the console in a real browser against rlark up', { timeout: 300_000 }, async (t) => {
+  const { playwright, skip } = await prerequisites();
+  if (skip) return t.skip(skip);
+  const dataDir = mkdtempSync(join(tmpdir(), 'rlark-e2e-'));
+  const port = await freePort();
+  const up = startUp(join(dataDir, 'data'), port);
+  let browser;
+  try {
+    const { link, url } = await up.ready;
+    const kube = join(dataDir, 'data');
+    browser = await launch(playwright);
+    // The server's certificate is signed by the installation's own CA.
+    const admin = await browser.newContext({ ignoreHTTPSErrors: true });
+    const page = await admin.newPage();
+    const shot = (name) => page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
+
+    // ---- login with the one-time link ----
+    const started = Date.now();
+    const first = await page.goto(link);
+    const csp = first.headers()['content-security-policy'];
+    assert.match(csp, /script-src 'self'/);
+    assert.match(csp, /frame-ancestors 'none'/);
+    await page.getByTestId('user').waitFor();
+    const firstLoadMs = Date.now() - started;
+    assert.match(await page.getByTestId('user').textContent(), /admin \(admin\)/);
+    assert.ok(!page.url().includes('login='), `the login code left the address bar: ${page.url()}`);
+    assert.equal(await page.evaluate(() => localStorage.length + sessionStorage.length), 0, 'nothing in web storage');
+    const cookies = await admin.cookies();
+    assert.equal(cookies.length, 1, JSON.stringify(cookies));
+    assert.equal(cookies[0].name, '__Host-rlark_session');
+    assert.equal(cookies[0].httpOnly, true);
+    assert.equal(cookies[0].secure, true);
+    assert.equal(cookies[0].sameSite, 'Strict');
+    assert.equal(cookies[0].path, '/');
+    // The link works once.
+    const reuse = await browser.newContext({ ignoreHTTPSErrors: true });
+    const reusePage = await reuse.newPage();
+    await reusePage.goto(link);
+    await reusePage.getByRole('alert').filter({ hasText: 'used or expired' }).waitFor();
+    await reuse.close();
+    // `rlark token login-link` makes another one for the kubeconfig's user.
+    const cliLink = rlark(kube, 'token', 'login-link');
+    assert.match(cliLink, new RegExp(`^${url.replace(/[.]/g, '\\.')}/#login=[0-9a-f]{64}$`));
+    const second = await browser.newContext({ ignoreHTTPSErrors: true });
+    const secondPage = await second.newPage();
+    await secondPage.goto(cliLink);
+    await secondPage.getByTestId('user').filter({ hasText: 'admin (admin)' }).waitFor();
+    await second.close();
+
+    // ---- overview numbers match the API ----
+    const clusters = await (await page.request.get(`${url}/rlark/v1/clusters`)).json();
+    const online = clusters.items.reduce((n, c) => n + c.onlineNodes, 0);
+    const total = clusters.items.reduce((n, c) => n + c.totalNodes, 0);
+    assert.ok(total > 0, 'rlark up has local agents');
+    await page.getByTestId('card-nodes-online').filter({ hasText: `${online} / ${total}` }).waitFor();
+    await page.getByTestId('card-clusters').filter({ hasText: String(clusters.items.length) }).waitFor();
+    await shot('overview');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the overview');
+
+    // ---- nodes: cordon one ----
+    await page.getByRole('link', { name: 'Clusters' }).click();
+    const button = page.getByRole('button', { name: /^Cordon node / }).first();
+    const label = await button.getAttribute('aria-label');
+    const nodeName = label.replace('Cordon node ', '');
+    await button.click();
+    const row = page.locator(`tr[data-node="${nodeName}"]`);
+    await row.getByTestId('schedulable').filter({ hasText: 'Cordoned' }).waitFor();
+    const nodes = await (await page.request.get(`${url}/apis/rlinf.io/v1alpha1/nodes?fieldSelector=metadata.name=${nodeName}`)).json();
+    assert.equal(nodes.items[0].spec.unschedulable, true, 'the cordon reached the API');
+    await shot('nodes-cordoned');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the nodes page');
+    await page.getByRole('button', { name: `Uncordon node ${nodeName}` }).click();
+    await row.getByTestId('schedulable').filter({ hasText: 'Yes' }).waitFor();
+
+    // ---- a write without the CSRF token is refused ----
+    const noCsrf = await page.request.post(`${url}/apis/rlinf.io/v1alpha1/jobs`, {
+      data: { apiVersion: 'rlinf.io/v1alpha1', kind: 'Job', metadata: { name: 'forged' }, spec: { tasks: [] } },
+    });
+    assert.equal(noCsrf.status(), 403);
+    assert.match((await noCsrf.json()).message, /CSRF/);
+
+    // ---- create from YAML: a validation error at its line, then a Job that runs ----
+    await page.getByRole('link', { name: 'Create' }).click();
+    const editor = page.getByLabel('Manifest (YAML)');
+    await editor.fill(INVALID_JOB);
+    await page.getByRole('button', { name: 'Create' }).click();
+    const fieldError = page.locator('li[data-field="spec.tasks[0].role"]');
+    await fieldError.waitFor();
+    assert.equal(await fieldError.getAttribute('data-line'), '9');
+    assert.match(await fieldError.textContent(), /line 9/);
+    await page.locator('.gutter [data-line="9"].gutter-error').waitFor();
+    await shot('create-invalid');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the create page');
+
+    await editor.fill(VALID_JOB);
+    await page.getByRole('button', { name: 'Create' }).click();
+    await page.getByRole('heading', { name: /Job e2e-hello/ }).waitFor();
+    // Live: the phase changes without a reload.
+    await page.getByRole('heading', { name: /Job e2e-hello/ }).locator('.phase-succeeded').waitFor({ timeout: 90_000 });
+    await shot('job-succeeded');
+
+    // ---- the job list shows it; task detail shows its log ----
+    await page.getByRole('link', { name: 'Jobs', exact: true }).click();
+    await page.getByRole('table', { name: 'Jobs' }).getByRole('link', { name: 'e2e-hello' }).click();
+    await page.getByRole('table', { name: 'Tasks' }).getByRole('link', { name: 'e2e-hello-main' }).click();
+    await page.getByTestId('log').filter({ hasText: 'hello from the e2e job' }).waitFor({ timeout: 30_000 });
+    await shot('task-log');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the task page');
+
+    // ---- a reload keeps the session; keyboard: the main navigation is reachable with Tab ----
+    await page.reload();
+    await page.getByTestId('user').waitFor();
+    await page.keyboard.press('Tab');
+    assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Skip to content');
+    await page.keyboard.press('Tab');
+    assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Overview');
+
+    // ---- a running task: terminal, live reward chart, stop and delete ----
+    await page.getByRole('link', { name: 'Create' }).click();
+    await page.getByLabel('Manifest (YAML)').fill(SHELL_JOB);
+    await page.getByRole('button', { name: 'Create' }).click();
+    await page.getByRole('heading', { name: /Job e2e-shell/ }).waitFor();
+    await page.getByRole('table', { name: 'Tasks' }).getByRole('link', { name: 'e2e-shell-main' }).click();
+    const openTerminal = page.getByRole('button', { name: 'Open a terminal in e2e-shell-main-0' });
+    await openTerminal.waitFor({ timeout: 60_000 });
+    await openTerminal.click();
+    await page.getByTestId('terminal-state').filter({ hasText: 'connected' }).waitFor({ timeout: 30_000 });
+    await page.locator('.xterm-helper-textarea').focus();
+    await page.keyboard.type('echo hi\n');
+    const rows = page.locator('.xterm-rows > div');
+    await page.waitForFunction(() => [...document.querySelectorAll('.xterm-rows > div')].some((r) => r.textContent.trim() === 'hi'), null, { timeout: 15_000 });
+    assert.ok((await rows.count()) > 0);
+    await shot('terminal');
+
+    const tasks = await (await page.request.get(`${url}/apis/rlinf.io/v1alpha1/tasks?labelSelector=rlinf.io/job=e2e-shell`)).json();
+    const taskNs = tasks.items[0].metadata.namespace;
+    const { csrfToken } = await (await page.request.get(`${url}/rlark/v1/console/session`)).json();
+    const post = async (step) => {
+      const r = await page.request.post(`${url}/rlark/v1/namespaces/${taskNs}/tasks/e2e-shell-main/reports`, {
+        data: { type: 'reward', value: step * 1.5, step },
+        headers: { 'X-Rlark-CSRF': csrfToken },
+      });
+      assert.equal(r.status(), 201, await r.text());
+    };
+    for (const step of [1, 2, 3]) await post(step);
+    const chart = page.locator('figure[data-series="reward"]');
+    await page.locator('figure[data-series="reward"][data-points="3"]').waitFor({ timeout: 15_000 });
+    for (const step of [4, 5]) await post(step);
+    // The chart grows without a reload.
+    await page.locator('figure[data-series="reward"][data-points="5"]').waitFor({ timeout: 15_000 });
+    assert.match(await chart.locator('figcaption').textContent(), /last 7\.500/);
+    await shot('reward-chart');
+
+    await page.getByRole('link', { name: 'e2e-shell' }).first().click();
+    await page.getByRole('button', { name: 'Stop' }).click();
+    await page.getByRole('heading', { name: /Job e2e-shell/ }).locator('.phase-stopped').waitFor({ timeout: 60_000 });
+    await page.getByRole('button', { name: 'Resume' }).waitFor();
+    page.once('dialog', (dialog) => dialog.accept());
+    await page.getByRole('button', { name: 'Delete' }).click();
+    await page.getByRole('heading', { name: 'Jobs' }).waitFor();
+    await page.waitForFunction(() => !document.body.textContent.includes('e2e-shell'), null, { timeout: 30_000 });
+
+    // ---- domains and devices ----
+    rlark(kube, 'apply', '-f', join(ROOT, 'examples', 'domain.yaml'));
+    await page.getByRole('link', { name: 'Domains' }).click();
+    await page.getByRole('table', { name: 'Domains' }).getByRole('row').filter({ hasText: '10.88.0.0/16' }).waitFor();
+    await page.getByRole('link', { name: 'demo-net' }).click();
+    await page.getByRole('heading', { name: 'Domain demo-net' }).waitFor();
+    await page.getByRole('link', { name: 'Devices' }).click();
+    const devices = page.getByRole('table', { name: 'Devices' }).getByRole('row').filter({ hasText: 'Healthy' });
+    await devices.first().waitFor();
+    assert.ok((await devices.count()) >= 4, 'rlark up offers two simulated arms and two cameras');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the devices page');
+
+    // ---- a camera's live view, relayed from the edge agent through its tunnel ----
+    const socketDir = up.output().out.match(/--socket-dir (\S+) list/)[1];
+    await page.getByRole('button', { name: /^View camera cam-0 on / }).click();
+    // Closed cameras are not opened by viewing: the reason is shown.
+    await page.getByRole('alert').filter({ hasText: 'not open' }).waitFor({ timeout: 15_000 });
+    await page.getByRole('button', { name: 'Close view' }).click();
+    // An admin opens it from the page (cam-1 with the CLI, which the page shows on reload).
+    const cam0 = page.locator('tr[data-camera="cam-0"]');
+    await page.getByRole('button', { name: 'Open camera cam-0' }).click();
+    await cam0.getByTestId('camera-state').filter({ hasText: 'OPEN' }).waitFor({ timeout: 15_000 });
+    execFileSync(RLARK, ['camera', '--socket-dir', socketDir, 'open', 'cam-1'], { encoding: 'utf8' });
+    await page.reload();
+    await page.locator('tr[data-camera="cam-1"]').getByTestId('camera-state').filter({ hasText: 'OPEN' }).waitFor({ timeout: 15_000 });
+    await page.getByRole('button', { name: /^View camera cam-0 on / }).click();
+    const camera = page.getByTestId('camera-cam-0');
+    await page.waitForFunction(() => document.querySelector('[data-testid="camera-cam-0"]')?.naturalWidth > 0, null, { timeout: 15_000 });
+    const pixels = () =>
+      camera.evaluate((img) => {
+        const canvas = document.createElement('canvas');
+        canvas.width = img.naturalWidth;
+        canvas.height = img.naturalHeight;
+        const ctx = canvas.getContext('2d');
+        ctx.drawImage(img, 0, 0);
+        return Array.from(ctx.getImageData(0, 0, canvas.width, canvas.height).data.filter((_, i) => i % 97 === 0)).join(',');
+      });
+    const frameBefore = await pixels();
+    await page.waitForTimeout(1500);
+    const frameAfter = await pixels();
+    assert.notEqual(frameBefore, frameAfter, 'the simulated camera\'s frames change over time');
+    await shot('camera');
+    await page.getByRole('button', { name: 'Close view' }).click();
+    await page.getByRole('button', { name: 'Close camera cam-0' }).click();
+    await cam0.getByTestId('camera-state').filter({ hasText: 'CLOSED' }).waitFor({ timeout: 15_000 });
+
+    // ---- robots: start, switch mode, stop, through the edge agent ----
+    const arm = page.locator('tr[data-robot="arm-0"]');
+    await arm.waitFor({ timeout: 15_000 });
+    await page.getByRole('button', { name: 'Start arm-0' }).click();
+    await arm.getByTestId('robot-state').filter({ hasText: 'RUNNING' }).waitFor({ timeout: 30_000 });
+    await page.getByLabel('Mode for arm-0').fill('teleop');
+    await page.getByRole('button', { name: 'Switch arm-0 to the mode' }).click();
+    await arm.getByTestId('robot-mode').filter({ hasText: 'teleop' }).waitFor({ timeout: 30_000 });
+    await shot('robots');
+    await page.getByRole('button', { name: 'Stop arm-0' }).click();
+    await arm.getByTestId('robot-state').filter({ hasText: 'STOPPED' }).waitFor({ timeout: 30_000 });
+    // A mode the robot's type does not have is refused with the runtime's reason.
+    await page.getByLabel('Mode for arm-0').fill('dance');
+    await page.getByRole('button', { name: 'Start arm-0' }).click();
+    await page.getByRole('alert').filter({ hasText: 'dance' }).waitFor({ timeout: 30_000 });
+    // Launch arguments, as `rlark robot start --arg NAME=VALUE`.
+    const arm1 = page.locator('tr[data-robot="arm-1"]');
+    await page.getByLabel('Launch arguments for arm-1 (NAME=VALUE ...)').fill('speed');
+    await page.getByRole('button', { name: 'Start arm-1' }).click();
+    await page.getByRole('alert').filter({ hasText: 'must be NAME=VALUE' }).waitFor();
+    await page.getByLabel('Mode for arm-1').fill('teleop');
+    await page.getByLabel('Launch arguments for arm-1 (NAME=VALUE ...)').fill('target=0.2,0.2,0.2,0.2,0.2,0.2 speed=2');
+    await page.getByRole('button', { name: 'Start arm-1' }).click();
+    await arm1.getByTestId('robot-state').filter({ hasText: 'RUNNING' }).waitFor({ timeout: 30_000 });
+    await arm1.getByTestId('robot-mode').filter({ hasText: 'teleop' }).waitFor();
+    await page.getByRole('button', { name: 'Stop arm-1' }).click();
+    await arm1.getByTestId('robot-state').filter({ hasText: 'STOPPED' }).waitFor({ timeout: 30_000 });
+
+    // ---- admin: a join command, a user token made and revoked ----
+    await page.getByRole('link', { name: 'Admin' }).click();
+    await page.getByLabel('Cluster ID (optional)').fill('edge-9');
+    await page.getByRole('button', { name: 'Create join token' }).click();
+    const joinText = await page.getByTestId('join command').textContent();
+    assert.match(joinText, new RegExp(`^rlark join --server ${url.replace(/[.]/g, '\\.')} --token \\S+ --ca-hash sha256:[0-9a-f]+ --cluster-id edge-9$`));
+    await page.getByLabel('User', { exact: true }).fill('tess');
+    await page.getByRole('button', { name: 'Create user token' }).click();
+    const tessToken = await page.getByTestId('user token').textContent();
+    const tessId = tessToken.split('.')[0];
+    await page.getByRole('table', { name: 'Certificates' }).getByRole('row').nth(1).waitFor();
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the admin page');
+    await shot('admin');
+    const tess = await browser.newContext({ ignoreHTTPSErrors: true });
+    const tpage = await tess.newPage();
+    await tpage.goto(url + '/');
+    await tpage.getByLabel('Bearer token').fill(tessToken);
+    await tpage.getByRole('button', { name: 'Log in' }).click();
+    await tpage.getByTestId('user').filter({ hasText: 'tess (viewer)' }).waitFor();
+    await page.getByLabel('Token ID').fill(tessId);
+    await page.getByRole('button', { name: 'Revoke token', exact: true }).click();
+    await page.getByRole('status').filter({ hasText: `Token ${tessId} revoked.` }).waitFor();
+    // Revoking the token ends the session it logged in.
+    assert.equal((await tpage.request.get(`${url}/rlark/v1/console/session`)).status(), 401);
+    await page.locator(`tr[data-token="${tessId}"]`).getByTestId('token-revoked').filter({ hasText: /\d{4}-/ }).waitFor();
+    await tess.close();
+
+    // ---- 1,000 Jobs: paged reads, a windowed list, filters ----
+    {
+      const { csrfToken: csrf } = await (await page.request.get(`${url}/rlark/v1/console/session`)).json();
+      const bulk = (i) => ({
+        apiVersion: 'rlinf.io/v1alpha1',
+        kind: 'Job',
+        metadata: { name: `bulk-${String(i).padStart(4, '0')}` },
+        spec: { stopped: true, tasks: [{ name: 'main', agentType: 'Raw', role: 'Actor', raw: { entrypoint: ['true'], replicas: 1 } }] },
+      });
+      const started = Date.now();
+      for (let i = 0; i < 1000; i += 50) {
+        const batch = Array.from({ length: 50 }, (_, k) => page.request.post(`${url}/apis/rlinf.io/v1alpha1/jobs`, { data: bulk(i + k), headers: { 'X-Rlark-CSRF': csrf } }));
+        for (const r of await Promise.all(batch)) assert.equal(r.status(), 201, await r.text());
+      }
+      const shown = Date.now();
+      await page.getByRole('link', { name: 'Jobs', exact: true }).click();
+      await page.getByText(/^\d+ of (100[0-9]) jobs$/).waitFor({ timeout: 30_000 });
+      const listMs = Date.now() - shown;
+      const rows = await page.getByRole('table', { name: 'Jobs' }).locator('.vlist-row').count();
+      assert.ok(rows < 60, `only the rows in view are in the page (${rows})`);
+      await page.getByLabel('Filter jobs by name').fill('bulk-09');
+      await page.getByText('100 of ', { exact: false }).waitFor();
+      await shot('jobs-1000');
+      await page.getByLabel('Filter jobs by name').fill('');
+      t.diagnostic(`1,000 Jobs created in ${Date.now() - started - listMs} ms; the Jobs page listed them in ${listMs} ms with ${rows} rows in the DOM`);
+    }
+
+    // ---- a viewer: reads everything, no write buttons, a forged write is refused ----
+    const viewerToken = rlark(kube, 'token', 'create', '--user', 'vera', '--role', 'viewer');
+    const viewer = await browser.newContext({ ignoreHTTPSErrors: true });
+    const vpage = await viewer.newPage();
+    await vpage.goto(url + '/');
+    await vpage.getByLabel('Bearer token').fill(viewerToken);
+    await vpage.getByRole('button', { name: 'Log in' }).click();
+    await vpage.getByTestId('user').filter({ hasText: 'vera (viewer)' }).waitFor();
+    assert.equal(await vpage.getByRole('link', { name: 'Create' }).count(), 0);
+    assert.equal(await vpage.getByRole('link', { name: 'Admin' }).count(), 0);
+    await vpage.getByRole('link', { name: 'Clusters' }).click();
+    await vpage.locator(`tr[data-node="${nodeName}"]`).waitFor();
+    assert.equal(await vpage.getByRole('button', { name: /cordon/i }).count(), 0);
+    await vpage.getByRole('link', { name: 'Devices' }).click();
+    await vpage.locator('tr[data-robot="arm-0"]').waitFor();
+    assert.equal(await vpage.getByRole('button', { name: /^(Start|Stop|Reset) arm/ }).count(), 0, 'a viewer sees no robot actions');
+    assert.equal(await vpage.getByRole('button', { name: /^(Open|Close) camera/ }).count(), 0, 'a viewer opens no camera');
+    assert.equal(await vpage.getByRole('button', { name: /^View camera cam-1/ }).count(), 1, 'a viewer may view');
+    await vpage.goto(`${url}/#/jobs/e2e-hello`);
+    await vpage.getByRole('heading', { name: /Job e2e-hello/ }).waitFor();
+    for (const name of ['Stop', 'Restart', 'Delete']) {
+      assert.equal(await vpage.getByRole('button', { name }).count(), 0, `a viewer sees no ${name} button`);
+    }
+    await vpage.screenshot({ path: join(ARTIFACTS, 'viewer-job.png'), fullPage: true });
+    const session = await (await vpage.request.get(`${url}/rlark/v1/console/session`)).json();
+    const forged = await vpage.request.fetch(`${url}/apis/rlinf.io/v1alpha1/jobs/e2e-hello`, {
+      method: 'DELETE',
+      headers: { 'X-Rlark-CSRF': session.csrfToken },
+    });
+    assert.equal(forged.status(), 403);
+    assert.match((await forged.json()).message, /User "vera" cannot delete/);
+    const edgeNode = (await (await vpage.request.get(`${url}/apis/rlinf.io/v1alpha1/namespaces/rlark-edge/nodes`)).json()).items[0].metadata.name;
+    const forgedRobot = await vpage.request.post(`${url}/rlark/v1/namespaces/rlark-edge/nodes/${edgeNode}/robots/arm-0/start`, {
+      data: {},
+      headers: { 'X-Rlark-CSRF': session.csrfToken },
+    });
+    assert.equal(forgedRobot.status(), 403);
+
+    // ---- logout revokes the session ----
+    await page.getByRole('button', { name: 'Log out' }).click();
+    await page.getByLabel('Bearer token').waitFor();
+    const after = await page.request.get(`${url}/rlark/v1/console/session`);
+    assert.equal(after.status(), 401);
+    // The viewer's own session is untouched.
+    assert.equal((await vpage.request.get(`${url}/rlark/v1/console/session`)).status(), 200);
+
+    // ---- report bundle size and first-load time ----
+    const assets = join(WEB, 'dist', 'assets');
+    const size = (pred) => readdirSync(assets).filter(pred).reduce((n, f) => n + statSync(join(assets, f)).size, 0);
+    const firstLoad = size((f) => f.startsWith('index-'));
+    const everything = size(() => true);
+    t.diagnostic(
+      `console bundle: ${(firstLoad / 1024).toFixed(1)} KiB loaded first, ${(everything / 1024).toFixed(1)} KiB with the terminal (uncompressed); first load to logged-in overview: ${firstLoadMs} ms`,
+    );
+  } catch (error) {
+    const { out, err } = up.output();
+    t.diagnostic(`rlark up stdout:\n${out}\nstderr (tail):\n${err.slice(-4000)}`);
+    throw error;
+  } finally {
+    if (browser) await browser.close();
+    await stopUp(up);
+    rmSync(dataDir, { recursive: true, force: true });
+  }
+});

@@ -1,0 +1,112 @@
+// Shared by the browser tests: where the binary and the browser are, starting and
+// stopping `rlark up`, launching Chromium, and what a missing tool does (fails under
+// CI=true or RLARK_REQUIRE_TOOLS=1, else skips with a message).
+import { spawn, execFileSync } from 'node:child_process';
+import { existsSync, mkdirSync, readFileSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { createServer } from 'node:net';
+import { join } from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+export const WEB = fileURLToPath(new URL('..', import.meta.url));
+export const ROOT = join(WEB, '..');
+export const ARTIFACTS = join(WEB, 'e2e', 'artifacts');
+export const RLARK = process.env.RLARK_BIN ?? join(process.env.CARGO_TARGET_DIR ?? join(ROOT, 'target'), 'debug', 'rlark');
+export const CHROMIUM = process.env.CHROMIUM ?? '/usr/bin/chromium';
+const REQUIRED = process.env.CI === 'true' || process.env.RLARK_REQUIRE_TOOLS === '1';
+
+function missing(what) {
+  if (REQUIRED) throw new Error(`${what}: scripts/test.sh installs it; under CI=true (or RLARK_REQUIRE_TOOLS=1) a missing tool fails the test`);
+  return `SKIPPED: ${what} (scripts/test.sh installs it)`;
+}
+
+/** playwright-core, or a skip message when the binary, the browser or the package is missing. */
+export async function prerequisites() {
+  if (!existsSync(RLARK)) return { skip: missing(`the rlark binary is not at ${RLARK} (cargo build -p rlark)`) };
+  if (!existsSync(CHROMIUM)) return { skip: missing(`chromium is not installed at ${CHROMIUM}`) };
+  try {
+    const playwright = await import('playwright-core');
+    mkdirSync(ARTIFACTS, { recursive: true });
+    return { playwright };
+  } catch {
+    return { skip: missing('playwright-core is not installed (npm ci in web/)') };
+  }
+}
+
+/** Debian's Chromium, headless, with a fresh profile (playwright's default). */
+export function launch(playwright) {
+  return playwright.chromium.launch({
+    executablePath: CHROMIUM,
+    headless: true,
+    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+  });
+}
+
+export async function freePort() {
+  return new Promise((resolve, reject) => {
+    const server = createServer();
+    server.listen(0, '127.0.0.1', () => {
+      const { port } = server.address();
+      server.close(() => resolve(port));
+    });
+    server.on('error', reject);
+  });
+}
+
+/** Start `rlark up ARGS`; `ready` resolves with its URL and login link once the banner is printed. */
+export function startUp(dataDir, port, args = []) {
+  const child = spawn(RLARK, ['up', '--data-dir', dataDir, '--listen', `127.0.0.1:${port}`, ...args], {
+    stdio: ['ignore', 'pipe', 'pipe'],
+    env: { ...process.env, RUST_LOG: process.env.RUST_LOG ?? 'warn' },
+  });
+  let out = '';
+  let err = '';
+  const ready = new Promise((resolve, reject) => {
+    const timer = setTimeout(() => reject(new Error(`rlark up printed no login link in 90 s\nstdout:\n${out}\nstderr:\n${err}`)), 90_000);
+    child.stdout.on('data', (d) => {
+      out += d;
+      const link = out.match(/log in once with (https:\/\/\S+)/);
+      const url = out.match(/rlark is running at (https:\/\/\S+)/);
+      if (link && url) {
+        clearTimeout(timer);
+        resolve({ link: link[1], url: url[1] });
+      }
+    });
+    child.stderr.on('data', (d) => (err += d));
+    child.on('exit', (code) => {
+      clearTimeout(timer);
+      reject(new Error(`rlark up exited with ${code}\nstdout:\n${out}\nstderr:\n${err}`));
+    });
+  });
+  return { child, ready, output: () => ({ out, err }) };
+}
+
+/** Stop `rlark up` as Ctrl-C does (SIGKILL after 20 s). */
+export async function stopUp(up) {
+  up.child.kill('SIGINT');
+  await new Promise((resolve) => {
+    if (up.child.exitCode !== null) return resolve();
+    const timer = setTimeout(() => {
+      up.child.kill('SIGKILL');
+      resolve();
+    }, 20_000);
+    up.child.on('exit', () => {
+      clearTimeout(timer);
+      resolve();
+    });
+  });
+}
+
+/** `rlark ARGS` with the admin kubeconfig of data directory `dataDir`. */
+export function rlark(dataDir, ...args) {
+  return execFileSync(RLARK, [...args, '--kubeconfig', join(dataDir, 'admin.kubeconfig')], { encoding: 'utf8' }).trim();
+}
+
+/** axe-core's WCAG 2 A/AA violations on the page (run through CDP, so the page's CSP,
+ * which forbids injected scripts, stays on). */
+export async function axeViolations(page) {
+  const source = readFileSync(createRequire(import.meta.url).resolve('axe-core/axe.min.js'), 'utf8');
+  await page.evaluate(source);
+  const result = await page.evaluate(() => window.axe.run(document, { runOnly: ['wcag2a', 'wcag2aa'] }));
+  return result.violations.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
+}

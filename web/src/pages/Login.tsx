@@ -1,0 +1,64 @@
+import { useEffect, useState } from 'preact/hooks';
+import { ApiError, Session, login } from '../api';
+
+/** Exchanges a bearer token, or the code of a one-time link (`/#login=CODE`), for a session. */
+export function Login({ onLogin }: { onLogin: (s: Session) => void }) {
+  const [token, setToken] = useState('');
+  const [error, setError] = useState<string | null>(null);
+  const [busy, setBusy] = useState(false);
+
+  const submit = async (credential: { token: string } | { code: string }) => {
+    setBusy(true);
+    setError(null);
+    try {
+      onLogin(await login(credential));
+    } catch (e) {
+      setError(e instanceof ApiError ? e.message : String(e));
+    } finally {
+      setBusy(false);
+    }
+  };
+
+  useEffect(() => {
+    const match = window.location.hash.match(/^#login=([A-Za-z0-9]+)/);
+    if (match) {
+      // The code leaves the address bar (and history) before anything else happens.
+      history.replaceState(null, '', window.location.pathname + '#/');
+      submit({ code: match[1] });
+    }
+  }, []);
+
+  return (
+    <main class="login">
+      <h1>rlark console</h1>
+      <form
+        onSubmit={(e) => {
+          e.preventDefault();
+          submit({ token: token.trim() });
+        }}
+      >
+        <label for="token">Bearer token</label>
+        <input
+          id="token"
+          type="password"
+          autoComplete="off"
+          value={token}
+          onInput={(e) => setToken((e.target as HTMLInputElement).value)}
+          placeholder="rlk-..."
+          required
+        />
+        <button type="submit" disabled={busy}>
+          Log in
+        </button>
+        <p class="muted">
+          Create a token with <code>rlark token create --user NAME</code>, or open the one-time link <code>rlark up</code> prints.
+        </p>
+        {error ? (
+          <p class="error" role="alert">
+            {error}
+          </p>
+        ) : null}
+      </form>
+    </main>
+  );
+}
