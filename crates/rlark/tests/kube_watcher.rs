@@ -232,3 +232,135 @@ async fn watcher_survives_restart_and_compaction() -> Result<()> {
     }
     Ok(())
 }
+
+fn leases() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("coordination.k8s.io", "v1", "Lease"),
+        "leases",
+    )
+}
+
+fn lease(name: &str, holder: &str) -> Result<DynamicObject> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"holderIdentity": holder, "leaseDurationSeconds": 15}
+    }))?)
+}
+
+/// Renew `name` (a Lease, as leader election and agent heartbeats do): one write each.
+async fn renew(api: &Api<DynamicObject>, name: &str, times: usize) -> Result<()> {
+    for i in 0..times {
+        let mut current = api.get(name).await?;
+        current.data["spec"]["renewTime"] =
+            serde_json::json!(format!("2026-01-01T00:00:{:02}.000000Z", i % 60));
+        api.replace(name, &PostParams::default(), &current).await?;
+    }
+    Ok(())
+}
+
+/// The watcher's revision lags the store's when other resources are written after its last
+/// event (Leases renewed by leader election, agent heartbeats): a restart must still not make
+/// it relist, because the change log is persisted and the watch resumes from it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_resumes_after_restart_with_lease_and_heartbeat_writes_in_between() -> Result<()> {
+    let dir = tempfile::tempdir()?;
+    let mut config = TestServer::config_for(dir.path());
+    // No periodic bookmark may move the watcher's revision up to the store's: the test wants
+    // the lag that background writes cause.
+    config.api.bookmark_interval = Duration::from_secs(3600);
+    let server = TestServer::start_with(config.clone()).await?;
+    config.listen = server.addr(); // restart on the same port
+    let admin = server.client().await?;
+    let writer: Api<DynamicObject> = Api::all_with(admin.clone(), &jobs());
+    let lease_api: Api<DynamicObject> = Api::namespaced_with(admin, "default", &leases());
+    let watched: Api<DynamicObject> = Api::all_with(server.client().await?, &jobs());
+
+    let (tx, mut rx) = mpsc::unbounded_channel();
+    let stop = CancellationToken::new();
+    let stopped = stop.clone();
+    let watcher_task = tokio::spawn(async move {
+        let mut stream = watcher::watcher(watched, watcher::Config::default()).boxed();
+        loop {
+            let item =
+                tokio::select! { _ = stopped.cancelled() => return, item = stream.next() => item };
+            let Some(item) = item else { return };
+            let seen = match item {
+                Ok(Event::Init) => Seen::Init,
+                Ok(Event::InitApply(o)) => Seen::InitApply(o.metadata.name.unwrap_or_default()),
+                Ok(Event::InitDone) => Seen::InitDone,
+                Ok(Event::Apply(o)) => Seen::Apply(o.metadata.name.unwrap_or_default()),
+                Ok(Event::Delete(_)) => Seen::Delete,
+                Err(_) => continue, // errors are retried by the watcher itself
+            };
+            if tx.send(seen).is_err() {
+                return;
+            }
+        }
+    });
+
+    let mut inits = 0usize;
+    let before = writer
+        .create(&PostParams::default(), &job("before-restart")?)
+        .await?;
+    next_apply(&mut rx, "before-restart", &mut inits).await?;
+    assert_eq!(inits, 1, "one initial list");
+    let watcher_revision: u64 = before
+        .metadata
+        .resource_version
+        .context("resourceVersion")?
+        .parse()?;
+
+    // Background writes to other resources: a leader-election Lease and node heartbeats.
+    lease_api
+        .create(
+            &PostParams::default(),
+            &lease("rlark-test-leader", "replica-1")?,
+        )
+        .await?;
+    lease_api
+        .create(&PostParams::default(), &lease("node-heartbeat", "agent-1")?)
+        .await?;
+    renew(&lease_api, "rlark-test-leader", 5).await?;
+    renew(&lease_api, "node-heartbeat", 5).await?;
+    let revision: u64 = lease_api
+        .list(&Default::default())
+        .await?
+        .metadata
+        .resource_version
+        .context("list resourceVersion")?
+        .parse()?;
+    assert!(
+        revision >= watcher_revision + 12,
+        "the store ({revision}) must be ahead of the watcher ({watcher_revision})"
+    );
+
+    server.stop().await?;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let server = TestServer::start_with(config.clone()).await?;
+    let admin = server.client().await?;
+    // More heartbeats right after the restart, before the watcher is back.
+    let lease_api: Api<DynamicObject> = Api::namespaced_with(admin.clone(), "default", &leases());
+    renew(&lease_api, "node-heartbeat", 3).await?;
+    let writer: Api<DynamicObject> = Api::all_with(admin, &jobs());
+    writer
+        .create(&PostParams::default(), &job("after-restart")?)
+        .await?;
+    next_apply(&mut rx, "after-restart", &mut inits).await?;
+    assert_eq!(
+        inits, 1,
+        "a restart with background writes in between must not force a relist"
+    );
+    renew(&lease_api, "rlark-test-leader", 3).await?;
+    writer
+        .create(&PostParams::default(), &job("later")?)
+        .await?;
+    next_apply(&mut rx, "later", &mut inits).await?;
+    assert_eq!(inits, 1, "still no relist");
+
+    stop.cancel();
+    watcher_task.await?;
+    server.stop().await?;
+    Ok(())
+}
