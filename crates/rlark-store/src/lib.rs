@@ -15,7 +15,10 @@
 //!   (`watch`).
 //! - `backend` ([`Backend`]): what a persistence backend implements: load everything at start,
 //!   commit a batch (objects + change log + revision) atomically and durably, compact the log.
-//! - `sqlite` ([`SqliteBackend`], [`SqliteStore`]): the SQLite backend.
+//! - `sqlite` ([`SqliteBackend`], [`SqliteStore`]): the SQLite backend (the default).
+//! - `postgres` ([`PostgresBackend`], [`PostgresStore`]): the PostgreSQL backend (one server
+//!   per database).
+//! - `sql`: row encoding shared by the two.
 //!
 //! Contract for every [`Store`] (checked by the conformance suite, `conformance`: compiled
 //! into this crate's own tests, and for other crates' tests behind the cargo feature
@@ -58,6 +61,13 @@ pub mod conformance;
 mod engine;
 mod error;
 pub mod metadata;
+#[cfg(test)]
+#[path = "../../../tests/support/missing_tool.rs"]
+mod missing_tool;
+#[cfg(test)]
+mod pg_cluster;
+mod postgres;
+mod sql;
 mod sqlite;
 mod watch;
 
@@ -70,6 +80,7 @@ pub use backend::{Backend, Change, Loaded, LoadedObject, LoggedChange};
 pub use changelog::{ChangeLogStats, approx_bytes};
 pub use engine::{CachedStore, EngineConfig, StoreStats};
 pub use error::StoreError;
+pub use postgres::{PgDurability, PgTarget, PostgresBackend, PostgresStore, PostgresStoreConfig};
 pub use sqlite::{Durability, SqliteBackend, SqliteStore, SqliteStoreConfig};
 
 /// A global store revision. Revision 0 means "nothing written yet".

@@ -28,6 +28,7 @@ use sqlx::{Connection, Row};
 
 use crate::backend::{Backend, Change, Loaded, LoadedObject, LoggedChange};
 use crate::engine::{CachedStore, EngineConfig};
+use crate::sql::{db_err, event_type_name, from_db_int, parse_event_type, parse_object, to_db_int};
 use crate::{EventType, ObjectKey, Revision, StoreError};
 
 /// Version of the on-disk schema written by this code (`meta` row `schema_version`).
@@ -121,48 +122,6 @@ impl CachedStore<SqliteBackend> {
     pub fn path(&self) -> &Path {
         self.backend_info()
     }
-}
-
-fn db_err(context: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |e| StoreError::Database(format!("{context}: {e}"))
-}
-
-fn to_db_int(revision: Revision) -> Result<i64, StoreError> {
-    i64::try_from(revision)
-        .map_err(|_| StoreError::Database(format!("revision {revision} exceeds SQLite INTEGER")))
-}
-
-fn from_db_int(value: i64, what: &str) -> Result<Revision, StoreError> {
-    u64::try_from(value)
-        .map_err(|_| StoreError::Database(format!("negative {what} {value} in database")))
-}
-
-fn event_type_name(event_type: EventType) -> &'static str {
-    match event_type {
-        EventType::Added => "ADDED",
-        EventType::Modified => "MODIFIED",
-        EventType::Deleted => "DELETED",
-    }
-}
-
-fn parse_event_type(name: &str) -> Result<EventType, StoreError> {
-    match name {
-        "ADDED" => Ok(EventType::Added),
-        "MODIFIED" => Ok(EventType::Modified),
-        "DELETED" => Ok(EventType::Deleted),
-        other => Err(StoreError::Database(format!(
-            "corrupt change log: unknown event type {other:?}"
-        ))),
-    }
-}
-
-fn parse_object(text: &str, key: &ObjectKey, what: &str) -> Result<Value, StoreError> {
-    serde_json::from_str(text).map_err(|e| {
-        StoreError::Database(format!(
-            "corrupt {what} {} {}/{}: {e}",
-            key.resource, key.namespace, key.name
-        ))
-    })
 }
 
 impl SqliteBackend {
