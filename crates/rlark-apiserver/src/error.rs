@@ -224,6 +224,9 @@ impl ApiError {
             }
             StoreError::InvalidObject(message) => Self::bad_request(message),
             StoreError::Database(message) => Self::internal(message),
+            StoreError::Unavailable(message) => {
+                Self::service_unavailable(format!("the store is unavailable: {message}"))
+            }
             StoreError::Closed => Self::service_unavailable("the server is shutting down"),
         }
     }

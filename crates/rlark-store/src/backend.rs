@@ -76,6 +76,12 @@ pub trait Backend: Send + Sized + 'static {
     /// Drop change-log entries at or below `revision` and move the floor there.
     async fn compact(&mut self, revision: Revision) -> Result<(), StoreError>;
 
+    /// Check that the database is reachable (reconnecting if need be); called by the engine
+    /// when no write came for a while. [`StoreError::Unavailable`] when it is not.
+    async fn check(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
     /// The durability settings in force.
     async fn settings(&mut self) -> Result<Self::Settings, StoreError>;
 

@@ -19,7 +19,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::Value;
@@ -39,6 +39,8 @@ use crate::{
 /// Upper bounds for the configured sizes (the channels allocate or panic beyond sane values).
 const MAX_BATCH: usize = 1 << 16;
 const MAX_WATCH_BUFFER: usize = 1 << 24;
+/// How long the writer waits for a command before it checks that the backend is reachable.
+const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Settings of the engine, whatever the backend.
 #[derive(Clone, Debug)]
@@ -123,6 +125,9 @@ struct Shared {
     commits: AtomicU64,
     writes: AtomicU64,
     failed_commits: AtomicU64,
+    /// False while the backend answers [`StoreError::Unavailable`] (see
+    /// [`CachedStore::is_available`]).
+    available: std::sync::atomic::AtomicBool,
 }
 
 struct State {
@@ -247,6 +252,7 @@ impl<B: Backend> CachedStore<B> {
             commits: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             failed_commits: AtomicU64::new(0),
+            available: std::sync::atomic::AtomicBool::new(true),
         });
         let max_batch = config.max_batch.clamp(1, MAX_BATCH);
         // Room for a few batches: enough to keep the writer busy, small enough to push back on
@@ -312,6 +318,14 @@ impl<B: Backend> CachedStore<B> {
         {
             tracing::error!(error = %e, "store writer task failed");
         }
+    }
+
+    /// Whether the backend is reachable: false from a write or a periodic check (every second
+    /// without writes) that found the database unavailable, until one succeeds again (the
+    /// backend reconnects by itself). Reads keep being served from memory meanwhile; writes
+    /// answer [`StoreError::Unavailable`].
+    pub fn is_available(&self) -> bool {
+        self.inner.shared.available.load(Ordering::Acquire)
     }
 
     /// Write-path counters (for metrics and tests).
@@ -405,9 +419,21 @@ impl<B: Backend> Writer<B> {
         let mut shutdown = Vec::new();
         loop {
             commands.clear();
-            // 0 means every handle is gone and the queue is empty.
-            if rx.recv_many(&mut commands, self.max_batch).await == 0 {
-                break;
+            // `recv_many` is cancel safe: a timeout loses no command.
+            let received = tokio::time::timeout(
+                HEALTH_CHECK_INTERVAL,
+                rx.recv_many(&mut commands, self.max_batch),
+            )
+            .await;
+            match received {
+                // Every handle is gone and the queue is empty.
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(_) => {
+                    let checked = self.backend.check().await;
+                    self.note(&checked);
+                    continue;
+                }
             }
             let mut requests = Vec::with_capacity(commands.len());
             for command in commands.drain(..) {
@@ -441,6 +467,20 @@ impl<B: Backend> Writer<B> {
         tracing::info!("store writer stopped");
         for done in shutdown {
             let _ = done.send(());
+        }
+    }
+
+    /// Track availability from the outcome of a backend call.
+    fn note<T>(&self, outcome: &Result<T, StoreError>) {
+        let available = !matches!(outcome, Err(StoreError::Unavailable(_)));
+        let was = self.shared.available.swap(available, Ordering::AcqRel);
+        match (was, available) {
+            (true, false) => tracing::warn!(
+                error = %outcome.as_ref().err().map(ToString::to_string).unwrap_or_default(),
+                "store backend unavailable; writes are refused until it is back"
+            ),
+            (false, true) => tracing::info!("store backend available again"),
+            _ => {}
         }
     }
 
@@ -529,14 +569,25 @@ impl<B: Backend> Writer<B> {
                 Ok(()) => self.backend.commit(&changes, compact_to).await,
                 Err(e) => Err(e),
             };
+            self.note(&result);
             let elapsed = started.elapsed();
             if let Err(e) = result {
                 shared.failed_commits.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(error = %e, commands, "store commit failed; batch rejected");
                 // Every outcome was computed against writes that are now not happening, so none
                 // of them can be trusted: the whole batch fails and memory stays as it was.
+                let unavailable = matches!(e, StoreError::Unavailable(_));
+                let message = match e {
+                    StoreError::Unavailable(message) => message,
+                    other => other.to_string(),
+                };
                 for reply in replies {
-                    let _ = reply.send(Err(StoreError::Database(e.to_string())));
+                    let error = if unavailable {
+                        StoreError::Unavailable(message.clone())
+                    } else {
+                        StoreError::Database(message.clone())
+                    };
+                    let _ = reply.send(Err(error));
                 }
                 return;
             }

@@ -65,6 +65,7 @@ pub mod metadata;
 #[path = "../../../tests/support/missing_tool.rs"]
 mod missing_tool;
 #[cfg(test)]
+#[path = "../../../tests/support/pg_cluster.rs"]
 mod pg_cluster;
 mod postgres;
 mod sql;

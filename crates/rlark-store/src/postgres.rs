@@ -15,10 +15,14 @@
 //!   the same transaction), so a write by anyone else is detected instead of overwritten.
 //!   Several replicas sharing one database (revisions from a sequence, LISTEN/NOTIFY fan-out)
 //!   are not implemented.
-//! - **Connection loss:** a failed commit drops the connection; the next commit reconnects
-//!   (and takes the writer lock again). The failed batch was answered with an error and
-//!   nothing of it is in memory; if its COMMIT did reach the database (the reply was lost), the
-//!   revision check refuses every later write with an error saying so, and a restart reloads.
+//! - **Connection loss:** a failed commit is retried once on a new connection (taking the
+//!   writer lock again); when PostgreSQL cannot be reached the batch is answered
+//!   [`StoreError::Unavailable`] (HTTP 503 with `Retry-After`) and nothing of it is applied.
+//!   While idle, the engine checks the connection every second, so
+//!   [`CachedStore::is_available`] (the server's `/readyz`) turns false when PostgreSQL goes
+//!   away and true again, without a restart, when it is back. If a COMMIT did reach the
+//!   database but its reply was lost, the revision check refuses later writes with an error
+//!   saying so, and a restart reloads the store.
 //! - **Schema migrations** are numbered and run at open in one transaction under a
 //!   transaction-level advisory lock, so servers starting together do not race.
 
@@ -32,7 +36,7 @@ use sqlx::{Connection, Row};
 
 use crate::backend::{Backend, Change, Loaded, LoadedObject, LoggedChange};
 use crate::engine::{CachedStore, EngineConfig};
-use crate::sql::{db_err, event_type_name, from_db_int, parse_event_type, parse_object, to_db_int};
+use crate::sql::{event_type_name, from_db_int, parse_event_type, parse_object, to_db_int};
 use crate::{EventType, ObjectKey, Revision, StoreError};
 
 /// Version of the schema written by this code (`rlark_meta` row `schema_version`).
@@ -158,6 +162,14 @@ impl PostgresBackend {
         })
     }
 
+    async fn drop_conn(&mut self) {
+        if let Some(conn) = self.conn.take()
+            && let Err(e) = conn.close().await
+        {
+            tracing::debug!(error = %e, "closing a failed PostgreSQL connection");
+        }
+    }
+
     async fn conn(&mut self) -> Result<&mut PgConnection, StoreError> {
         if self.conn.is_none() {
             let conn = connect_writer(&self.connect, &self.target).await?;
@@ -170,6 +182,32 @@ impl PostgresBackend {
     }
 }
 
+/// Name the failure; a lost or refused connection (or a server shutting down) is
+/// [`StoreError::Unavailable`], anything else [`StoreError::Database`].
+fn pg_err(context: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
+    move |e| {
+        let unavailable = match &e {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed
+            | sqlx::Error::BeginFailed => true,
+            // Class 08: connection exception; 57P: operator intervention (shutdown,
+            // terminated, cannot connect now).
+            sqlx::Error::Database(db) => db
+                .code()
+                .is_some_and(|code| code.starts_with("08") || code.starts_with("57P")),
+            _ => false,
+        };
+        if unavailable {
+            StoreError::Unavailable(format!("{context}: {e}"))
+        } else {
+            StoreError::Database(format!("{context}: {e}"))
+        }
+    }
+}
+
 /// Connect and take the writer lock (refused while another server holds it).
 async fn connect_writer(
     connect: &PgConnectOptions,
@@ -177,12 +215,17 @@ async fn connect_writer(
 ) -> Result<PgConnection, StoreError> {
     let mut conn = PgConnection::connect_with(connect)
         .await
-        .map_err(|e| StoreError::Database(format!("connecting to {target:?}: {e}")))?;
+        .map_err(pg_err("connecting to PostgreSQL"))
+        .map_err(|e| match e {
+            StoreError::Unavailable(m) => StoreError::Unavailable(format!("{target:?}: {m}")),
+            StoreError::Database(m) => StoreError::Database(format!("{target:?}: {m}")),
+            other => other,
+        })?;
     let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
         .bind(WRITER_LOCK)
         .fetch_one(&mut conn)
         .await
-        .map_err(db_err("taking the writer lock"))?;
+        .map_err(pg_err("taking the writer lock"))?;
     if !locked {
         return Err(StoreError::Database(format!(
             "database {target:?} is in use by another rlark server (it holds the store's \
@@ -194,23 +237,23 @@ async fn connect_writer(
 
 /// Bring the schema to [`SCHEMA_VERSION`] in one transaction under the migration lock.
 async fn migrate(conn: &mut PgConnection) -> Result<(), StoreError> {
-    let mut tx = conn.begin().await.map_err(db_err("begin migration"))?;
+    let mut tx = conn.begin().await.map_err(pg_err("begin migration"))?;
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATION_LOCK)
         .execute(&mut *tx)
         .await
-        .map_err(db_err("taking the migration lock"))?;
+        .map_err(pg_err("taking the migration lock"))?;
     sqlx::query(
         "CREATE TABLE IF NOT EXISTS rlark_meta (key TEXT PRIMARY KEY NOT NULL, value BIGINT NOT NULL)",
     )
     .execute(&mut *tx)
     .await
-    .map_err(db_err("creating table rlark_meta"))?;
+    .map_err(pg_err("creating table rlark_meta"))?;
     let found: Option<i64> =
         sqlx::query_scalar("SELECT value FROM rlark_meta WHERE key = 'schema_version'")
             .fetch_optional(&mut *tx)
             .await
-            .map_err(db_err("reading schema version"))?;
+            .map_err(pg_err("reading schema version"))?;
     let mut version = found.unwrap_or(0);
     if version > SCHEMA_VERSION {
         return Err(StoreError::Database(format!(
@@ -245,7 +288,7 @@ async fn migrate(conn: &mut PgConnection) -> Result<(), StoreError> {
             sqlx::query(*statement)
                 .execute(&mut *tx)
                 .await
-                .map_err(db_err("migrating the schema"))?;
+                .map_err(pg_err("migrating the schema"))?;
         }
         sqlx::query(
             "INSERT INTO rlark_meta (key, value) VALUES ('schema_version', $1)
@@ -254,10 +297,10 @@ async fn migrate(conn: &mut PgConnection) -> Result<(), StoreError> {
         .bind(version)
         .execute(&mut *tx)
         .await
-        .map_err(db_err("recording schema version"))?;
+        .map_err(pg_err("recording schema version"))?;
         tracing::info!(version, "store schema migrated");
     }
-    tx.commit().await.map_err(db_err("committing migration"))
+    tx.commit().await.map_err(pg_err("committing migration"))
 }
 
 async fn meta_value(conn: &mut PgConnection, key: &str) -> Result<Revision, StoreError> {
@@ -265,7 +308,7 @@ async fn meta_value(conn: &mut PgConnection, key: &str) -> Result<Revision, Stor
         .bind(key)
         .fetch_optional(&mut *conn)
         .await
-        .map_err(db_err("reading rlark_meta"))?;
+        .map_err(pg_err("reading rlark_meta"))?;
     from_db_int(value.unwrap_or(0), key)
 }
 
@@ -284,12 +327,12 @@ async fn compact_in(conn: &mut PgConnection, floor: Revision) -> Result<(), Stor
         .bind(floor)
         .execute(&mut *conn)
         .await
-        .map_err(db_err("compacting the change log"))?;
+        .map_err(pg_err("compacting the change log"))?;
     sqlx::query("UPDATE rlark_meta SET value = $1 WHERE key = 'compacted'")
         .bind(floor)
         .execute(&mut *conn)
         .await
-        .map_err(db_err("recording the change-log floor"))?;
+        .map_err(pg_err("recording the change-log floor"))?;
     Ok(())
 }
 
@@ -305,14 +348,14 @@ async fn commit_in(
         last.insert(&change.key, change);
     }
     let revision = changes.last().map_or(previous, |c| c.revision);
-    let mut tx = conn.begin().await.map_err(db_err("begin"))?;
+    let mut tx = conn.begin().await.map_err(pg_err("begin"))?;
     let claimed =
         sqlx::query("UPDATE rlark_meta SET value = $1 WHERE key = 'revision' AND value = $2")
             .bind(to_db_int(revision)?)
             .bind(to_db_int(previous)?)
             .execute(&mut *tx)
             .await
-            .map_err(db_err("updating revision"))?;
+            .map_err(pg_err("updating revision"))?;
     if claimed.rows_affected() != 1 {
         return Err(StoreError::Database(format!(
             "the database's revision is no longer {previous}, the last one this server wrote: \
@@ -334,7 +377,7 @@ async fn commit_in(
         .bind(&*change.json)
         .execute(&mut *tx)
         .await
-        .map_err(db_err("appending to the change log"))?;
+        .map_err(pg_err("appending to the change log"))?;
     }
     for change in last.into_values() {
         let key = &change.key;
@@ -348,7 +391,7 @@ async fn commit_in(
                 .bind(key.name.as_str())
                 .execute(&mut *tx)
                 .await
-                .map_err(db_err("delete"))?;
+                .map_err(pg_err("delete"))?;
             }
             EventType::Added | EventType::Modified => {
                 sqlx::query(
@@ -364,14 +407,14 @@ async fn commit_in(
                 .bind(&*change.json)
                 .execute(&mut *tx)
                 .await
-                .map_err(db_err("upsert"))?;
+                .map_err(pg_err("upsert"))?;
             }
         }
     }
     if let Some(floor) = compact_to {
         compact_in(&mut tx, floor).await?;
     }
-    tx.commit().await.map_err(db_err("commit"))
+    tx.commit().await.map_err(pg_err("commit"))
 }
 
 #[async_trait]
@@ -386,11 +429,11 @@ impl Backend for PostgresBackend {
     async fn load(&mut self) -> Result<Loaded, StoreError> {
         let conn = self.conn().await?;
         // One snapshot for the three reads.
-        let mut tx = conn.begin().await.map_err(db_err("begin load"))?;
+        let mut tx = conn.begin().await.map_err(pg_err("begin load"))?;
         sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             .execute(&mut *tx)
             .await
-            .map_err(db_err("begin load"))?;
+            .map_err(pg_err("begin load"))?;
         let revision = meta_value(&mut tx, "revision").await?;
         let compacted = meta_value(&mut tx, "compacted").await?;
         let mut objects = Vec::new();
@@ -398,10 +441,10 @@ impl Backend for PostgresBackend {
             let mut rows =
                 sqlx::query("SELECT resource, namespace, name, revision, value FROM rlark_objects")
                     .fetch(&mut *tx);
-            while let Some(row) = rows.try_next().await.map_err(db_err("loading objects"))? {
-                let key = key_of(&row, 0).map_err(db_err("loading objects"))?;
-                let object_revision: i64 = row.try_get(3).map_err(db_err("loading objects"))?;
-                let text: String = row.try_get(4).map_err(db_err("loading objects"))?;
+            while let Some(row) = rows.try_next().await.map_err(pg_err("loading objects"))? {
+                let key = key_of(&row, 0).map_err(pg_err("loading objects"))?;
+                let object_revision: i64 = row.try_get(3).map_err(pg_err("loading objects"))?;
+                let text: String = row.try_get(4).map_err(pg_err("loading objects"))?;
                 objects.push(LoadedObject {
                     revision: from_db_int(object_revision, "object revision")?,
                     object: parse_object(&text, &key, "object")?,
@@ -420,12 +463,12 @@ impl Backend for PostgresBackend {
             while let Some(row) = rows
                 .try_next()
                 .await
-                .map_err(db_err("loading change log"))?
+                .map_err(pg_err("loading change log"))?
             {
-                let change_revision: i64 = row.try_get(0).map_err(db_err("loading change log"))?;
-                let key = key_of(&row, 1).map_err(db_err("loading change log"))?;
-                let event_type: String = row.try_get(4).map_err(db_err("loading change log"))?;
-                let text: String = row.try_get(5).map_err(db_err("loading change log"))?;
+                let change_revision: i64 = row.try_get(0).map_err(pg_err("loading change log"))?;
+                let key = key_of(&row, 1).map_err(pg_err("loading change log"))?;
+                let event_type: String = row.try_get(4).map_err(pg_err("loading change log"))?;
+                let text: String = row.try_get(5).map_err(pg_err("loading change log"))?;
                 log.push(LoggedChange {
                     revision: from_db_int(change_revision, "change revision")?,
                     event_type: parse_event_type(&event_type)?,
@@ -434,7 +477,7 @@ impl Backend for PostgresBackend {
                 });
             }
         }
-        tx.commit().await.map_err(db_err("end load"))?;
+        tx.commit().await.map_err(pg_err("end load"))?;
         // The engine starts from the highest revision it sees; the check at commit compares
         // with what the meta row holds.
         self.revision = revision;
@@ -452,29 +495,46 @@ impl Backend for PostgresBackend {
         compact_to: Option<Revision>,
     ) -> Result<(), StoreError> {
         let previous = self.revision;
-        let conn = self.conn().await?;
-        match commit_in(conn, changes, compact_to, previous).await {
-            Ok(()) => {
-                self.revision = changes.last().map_or(previous, |c| c.revision);
-                Ok(())
-            }
+        let first = match self.conn().await {
+            Ok(conn) => commit_in(conn, changes, compact_to, previous).await,
+            Err(e) => Err(e),
+        };
+        let result = match first {
+            Ok(()) => Ok(()),
             Err(e) => {
-                // Start the next commit on a fresh connection: this one may be broken.
-                if let Some(conn) = self.conn.take()
-                    && let Err(close) = conn.close().await
-                {
-                    tracing::debug!(error = %close, "closing the failed PostgreSQL connection");
+                // The connection may be broken: start again on a fresh one, once. Safe even if
+                // the first COMMIT did land (its reply lost): `commit_in` checks the stored
+                // revision, so the batch is then refused rather than applied twice.
+                self.drop_conn().await;
+                tracing::warn!(error = %e, "store commit failed; retrying once on a new connection");
+                match self.conn().await {
+                    Ok(conn) => commit_in(conn, changes, compact_to, previous).await,
+                    Err(reconnect) => Err(reconnect),
                 }
-                Err(e)
             }
+        };
+        match &result {
+            Ok(()) => self.revision = changes.last().map_or(previous, |c| c.revision),
+            Err(_) => self.drop_conn().await,
         }
+        result
+    }
+
+    async fn check(&mut self) -> Result<(), StoreError> {
+        if let Some(conn) = self.conn.as_mut()
+            && let Err(e) = sqlx::query("SELECT 1").execute(&mut *conn).await
+        {
+            tracing::debug!(error = %e, "PostgreSQL health check failed");
+            self.drop_conn().await;
+        }
+        self.conn().await.map(|_| ())
     }
 
     async fn compact(&mut self, revision: Revision) -> Result<(), StoreError> {
         let conn = self.conn().await?;
-        let mut tx = conn.begin().await.map_err(db_err("begin"))?;
+        let mut tx = conn.begin().await.map_err(pg_err("begin"))?;
         compact_in(&mut tx, revision).await?;
-        tx.commit().await.map_err(db_err("commit compaction"))
+        tx.commit().await.map_err(pg_err("commit compaction"))
     }
 
     async fn settings(&mut self) -> Result<PgDurability, StoreError> {
@@ -482,11 +542,11 @@ impl Backend for PostgresBackend {
         let synchronous_commit: String = sqlx::query_scalar("SHOW synchronous_commit")
             .fetch_one(&mut *conn)
             .await
-            .map_err(db_err("reading synchronous_commit"))?;
+            .map_err(pg_err("reading synchronous_commit"))?;
         let fsync: String = sqlx::query_scalar("SHOW fsync")
             .fetch_one(&mut *conn)
             .await
-            .map_err(db_err("reading fsync"))?;
+            .map_err(pg_err("reading fsync"))?;
         Ok(PgDurability {
             synchronous_commit,
             fsync,
@@ -533,14 +593,7 @@ mod tests {
     async fn database(cluster: &PgCluster) -> PostgresStoreConfig {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
         let name = format!("rlark_test_{}", NEXT.fetch_add(1, Ordering::Relaxed));
-        let mut admin = PgConnection::connect(&cluster.url("postgres"))
-            .await
-            .expect("connect to postgres");
-        sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
-            .execute(&mut admin)
-            .await
-            .expect("create database");
-        admin.close().await.expect("close");
+        cluster.create_database(&name);
         PostgresStoreConfig::from_url(&cluster.url(&name)).expect("url")
     }
 
@@ -601,8 +654,8 @@ mod tests {
     }
 
     /// Data and the change log survive a restart (watches resume from before it); a second
-    /// server on the same database is refused; a lost connection fails the write in flight
-    /// and the next write reconnects without a restart.
+    /// server on the same database is refused; after the connection is cut from outside the
+    /// next write reconnects by itself.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn restart_single_writer_and_reconnect() {
         let Some(cluster) = cluster() else { return };
@@ -656,16 +709,11 @@ mod tests {
         .await
         .expect("terminate");
         assert_eq!(killed, vec![true]);
-        // The write in flight fails (not acknowledged, not applied) ...
-        let lost = store.create(&key("c"), obj("c", json!({}))).await;
-        assert!(matches!(lost, Err(StoreError::Database(_))), "{lost:?}");
-        assert!(store.get(&key("c")).await.expect("get").is_none());
-        assert_eq!(store.revision(), 4);
-        // ... and the next one reconnects.
+        // The next write reconnects by itself.
         store
             .create(&key("c"), obj("c", json!({})))
             .await
-            .expect("create after reconnect");
+            .expect("create after the connection was cut");
         assert_eq!(store.revision(), 5);
         assert_eq!(next(&mut stream).await.revision, 5);
         store.close().await;
@@ -675,5 +723,48 @@ mod tests {
         assert!(store.get(&key("c")).await.expect("get").is_some());
         store.close().await;
         admin.close().await.expect("close");
+    }
+
+    /// PostgreSQL down: writes answer `Unavailable` (nothing applied), the store reports itself
+    /// unavailable within the health-check interval; PostgreSQL back: available again and
+    /// writes succeed, without reopening the store; every acknowledged write is there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn outage_is_unavailable_then_recovers_without_restart() {
+        let Some(cluster) = cluster() else { return };
+        let store = PostgresStore::open(database(&cluster).await)
+            .await
+            .expect("open");
+        store
+            .create(&key("before"), obj("before", json!({})))
+            .await
+            .expect("create before the outage");
+        assert!(store.is_available());
+
+        cluster.pause();
+        match store.create(&key("during"), obj("during", json!({}))).await {
+            Err(StoreError::Unavailable(message)) => eprintln!("during the outage: {message}"),
+            other => panic!("a write during the outage must be Unavailable, got {other:?}"),
+        }
+        assert!(!store.is_available());
+        assert!(store.get(&key("during")).await.expect("get").is_none());
+        assert_eq!(store.revision(), 1);
+        // Reads are still served from memory.
+        assert!(store.get(&key("before")).await.expect("get").is_some());
+
+        cluster.resume();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        while !store.is_available() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the store did not notice PostgreSQL is back"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        store
+            .create(&key("after"), obj("after", json!({})))
+            .await
+            .expect("create after the outage");
+        assert_eq!(store.revision(), 2);
+        store.close().await;
     }
 }

@@ -20,7 +20,6 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::TryStreamExt;
-use serde_json::Value;
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteLockingMode, SqliteSynchronous,
 };
@@ -459,7 +458,7 @@ mod tests {
     use std::time::Instant;
 
     use futures::StreamExt;
-    use serde_json::json;
+    use serde_json::{Value, json};
     use tempfile::TempDir;
 
     use super::*;

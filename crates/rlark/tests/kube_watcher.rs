@@ -6,6 +6,13 @@
 //! test can hold the watch connection still while the server's change log is compacted
 //! past the watcher's revision, then cut it: a deterministic way to make the watcher come
 //! back with an expired resourceVersion.
+//!
+//! The restart tests run on SQLite and on PostgreSQL (a throwaway cluster; without the
+//! PostgreSQL binaries that case skips, or fails under `CI=true`,
+//! `tests/support/missing_tool.rs`).
+
+#[path = "../../../tests/support/missing_tool.rs"]
+mod missing_tool;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -265,8 +272,28 @@ async fn renew(api: &Api<DynamicObject>, name: &str, times: usize) -> Result<()>
 /// it relist, because the change log is persisted and the watch resumes from it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn watcher_resumes_after_restart_with_lease_and_heartbeat_writes_in_between() -> Result<()> {
+    resume_after_restart(None).await
+}
+
+/// The same on PostgreSQL (`rlark server --store postgres://...`) against a throwaway cluster;
+/// the SQLite file is never created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watcher_resumes_after_restart_on_postgres() -> Result<()> {
+    let Some(bin) = rlark_testkit::postgres::find_bin() else {
+        missing_tool::skip_or_fail(
+            "PostgreSQL server binaries (initdb, pg_ctl; Debian package postgresql) are not installed",
+        );
+        return Ok(());
+    };
+    let cluster = rlark_testkit::postgres::PgCluster::start(&bin);
+    cluster.create_database("rlark");
+    resume_after_restart(Some(cluster.url("rlark"))).await
+}
+
+async fn resume_after_restart(store_url: Option<String>) -> Result<()> {
     let dir = tempfile::tempdir()?;
     let mut config = TestServer::config_for(dir.path());
+    config.store_url = store_url.clone();
     // No periodic bookmark may move the watcher's revision up to the store's: the test wants
     // the lag that background writes cause.
     config.api.bookmark_interval = Duration::from_secs(3600);
@@ -362,5 +389,10 @@ async fn watcher_resumes_after_restart_with_lease_and_heartbeat_writes_in_betwee
     stop.cancel();
     watcher_task.await?;
     server.stop().await?;
+    assert_eq!(
+        dir.path().join(rlark_server::DATABASE_FILE).exists(),
+        store_url.is_none(),
+        "the SQLite file exists only when SQLite is the store"
+    );
     Ok(())
 }

@@ -5,6 +5,10 @@
 //! user (Debian's package creates it) through `runuser`, or as `nobody` through `setpriv`.
 //! The binaries are looked up in `RLARK_PG_BIN`, then Debian's `/usr/lib/postgresql/*/bin`
 //! (newest version first), then `PATH`.
+//!
+//! One source for every suite: rlark-store's unit tests include it with `#[path]` (they
+//! cannot depend on rlark-testkit, which depends on rlark-store), rlark-testkit exports it
+//! as `rlark_testkit::postgres`.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -13,7 +17,7 @@ use std::process::{Command, Output};
 use tempfile::TempDir;
 
 /// A running cluster; stopped (immediately, it holds nothing worth keeping) on drop.
-pub(crate) struct PgCluster {
+pub struct PgCluster {
     bin: PathBuf,
     run_as: Option<RunAs>,
     data: PathBuf,
@@ -30,7 +34,7 @@ enum RunAs {
 }
 
 /// Where `initdb` and `pg_ctl` are, if anywhere.
-pub(crate) fn find_bin() -> Option<PathBuf> {
+pub fn find_bin() -> Option<PathBuf> {
     let has_tools = |dir: &Path| dir.join("initdb").is_file() && dir.join("pg_ctl").is_file();
     if let Some(dir) = std::env::var_os("RLARK_PG_BIN").map(PathBuf::from) {
         return has_tools(&dir).then_some(dir);
@@ -70,7 +74,7 @@ fn user_exists(name: &str) -> bool {
 impl PgCluster {
     /// `initdb` and start a cluster whose superuser is `rlark` (trust authentication on
     /// loopback only). Panics with the tool's output when a step fails.
-    pub(crate) fn start(bin: &Path) -> Self {
+    pub fn start(bin: &Path) -> Self {
         let dir = tempfile::tempdir().expect("temp dir for PostgreSQL");
         let run_as = if !is_root() {
             None
@@ -111,18 +115,25 @@ impl PgCluster {
             .output()
             .expect("run initdb");
         check("initdb", &out);
-        let log = cluster._dir.path().join("postgres.log");
-        let out = cluster
+        cluster.resume();
+        cluster
+    }
+
+    /// Start the (stopped) cluster again on the same port; panics with the server log if it
+    /// does not come up.
+    pub fn resume(&self) {
+        let log = self._dir.path().join("postgres.log");
+        let out = self
             .tool("pg_ctl")
             .arg("-D")
-            .arg(&cluster.data)
+            .arg(&self.data)
             .arg("-l")
             .arg(&log)
             .arg("-o")
             .arg(format!(
                 "-p {} -c listen_addresses=127.0.0.1 -k {}",
-                cluster.port,
-                cluster._dir.path().display()
+                self.port,
+                self._dir.path().display()
             ))
             .args(["-w", "-t", "60", "start"])
             .output()
@@ -135,7 +146,19 @@ impl PgCluster {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
-        cluster
+    }
+
+    /// Stop the cluster at once (`-m immediate`: as a crash would; committed transactions
+    /// are in the WAL and replayed at the next start).
+    pub fn pause(&self) {
+        let out = self
+            .tool("pg_ctl")
+            .arg("-D")
+            .arg(&self.data)
+            .args(["-m", "immediate", "-w", "stop"])
+            .output()
+            .expect("run pg_ctl stop");
+        check("pg_ctl stop", &out);
     }
 
     fn tool(&self, name: &str) -> Command {
@@ -157,14 +180,43 @@ impl PgCluster {
         }
     }
 
-    /// URL of database `database` (the cluster has `postgres`; create others with SQL).
-    pub(crate) fn url(&self, database: &str) -> String {
+    /// URL of database `database` (the cluster has `postgres`; see [`Self::create_database`]).
+    pub fn url(&self, database: &str) -> String {
         format!("postgres://rlark@127.0.0.1:{}/{database}", self.port)
+    }
+}
+
+impl PgCluster {
+    /// Create database `name` (with `psql` from the same installation, or on `PATH`).
+    pub fn create_database(&self, name: &str) {
+        let psql = match self.bin.join("psql") {
+            bundled if bundled.is_file() => bundled,
+            _ => PathBuf::from("psql"),
+        };
+        let out = Command::new(psql)
+            .args([
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "rlark",
+                "-d",
+                "postgres",
+                "-v",
+                "ON_ERROR_STOP=1",
+            ])
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-c")
+            .arg(format!("CREATE DATABASE \"{name}\""))
+            .output()
+            .expect("run psql");
+        check("CREATE DATABASE", &out);
     }
 }
 
 impl Drop for PgCluster {
     fn drop(&mut self) {
+        // Stopped already (a test's `pause`) is fine; anything else is reported.
         let stopped = self
             .tool("pg_ctl")
             .arg("-D")
@@ -173,6 +225,7 @@ impl Drop for PgCluster {
             .output();
         if let Ok(out) = stopped
             && !out.status.success()
+            && self.data.join("postmaster.pid").exists()
         {
             eprintln!(
                 "pg_ctl stop failed: {}",
