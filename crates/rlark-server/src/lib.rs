@@ -372,6 +372,7 @@ async fn start_with_token(
     let router = http::router(
         http::ProcessState {
             ready: ready.clone(),
+            store: store.clone(),
             metrics: Arc::new(registry),
         },
         api.router(),

@@ -41,6 +41,11 @@ impl ServerStore {
         each!(self, store => store.close().await)
     }
 
+    /// See [`rlark_store::CachedStore::is_available`].
+    pub fn is_available(&self) -> bool {
+        each!(self, store => store.is_available())
+    }
+
     pub fn stats(&self) -> StoreStats {
         each!(self, store => store.stats())
     }

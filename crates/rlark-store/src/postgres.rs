@@ -767,4 +767,53 @@ mod tests {
         assert_eq!(store.revision(), 2);
         store.close().await;
     }
+
+    /// Figures for the report, not assertions (the same load as the SQLite backend's
+    /// `throughput_report`): `cargo test -p rlark-store --release -- --ignored --nocapture
+    /// postgres_throughput`.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    #[ignore = "timing report; run explicitly"]
+    async fn postgres_throughput_report() {
+        const CLIENTS: usize = 64;
+        const PER_CLIENT: usize = 160;
+        let Some(cluster) = cluster() else { return };
+        let store = Arc::new(
+            PostgresStore::open(database(&cluster).await)
+                .await
+                .expect("open"),
+        );
+        let filler = "x".repeat(800);
+        let started = std::time::Instant::now();
+        let handles: Vec<_> = (0..CLIENTS)
+            .map(|c| {
+                let (store, filler) = (Arc::clone(&store), filler.clone());
+                tokio::spawn(async move {
+                    for i in 0..PER_CLIENT {
+                        let k = ObjectKey::new(R, format!("ns{}", c % 8), format!("c{c}-{i}"));
+                        let mut o = json!({
+                            "apiVersion": "test.rlark.io/v1",
+                            "kind": "Widget",
+                            "metadata": {"name": k.name, "namespace": k.namespace},
+                            "spec": {"filler": filler, "i": i},
+                        });
+                        o["metadata"]["labels"] = json!({"app": "bench", "client": c.to_string()});
+                        store.create(&k, o).await.expect("create");
+                    }
+                })
+            })
+            .collect();
+        for handle in handles {
+            handle.await.expect("task");
+        }
+        let elapsed = started.elapsed();
+        let total = CLIENTS * PER_CLIENT;
+        let stats = store.stats();
+        eprintln!(
+            "PostgreSQL: {total} creates by {CLIENTS} clients in {elapsed:?}: {:.0} creates/s, {} commits (mean batch {:.1})",
+            total as f64 / elapsed.as_secs_f64(),
+            stats.commits,
+            stats.writes as f64 / stats.commits as f64
+        );
+        store.close().await;
+    }
 }

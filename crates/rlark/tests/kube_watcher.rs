@@ -287,7 +287,65 @@ async fn watcher_resumes_after_restart_on_postgres() -> Result<()> {
     };
     let cluster = rlark_testkit::postgres::PgCluster::start(&bin);
     cluster.create_database("rlark");
-    resume_after_restart(Some(cluster.url("rlark"))).await
+    resume_after_restart(Some(cluster.url("rlark"))).await?;
+
+    // PostgreSQL lost: /readyz turns 503 and writes are answered 503 with Retry-After;
+    // PostgreSQL back: the same server recovers by itself.
+    let dir = tempfile::tempdir()?;
+    let mut config = TestServer::config_for(dir.path());
+    config.store_url = Some(cluster.url("rlark"));
+    let server = TestServer::start_with(config).await?;
+    // kube-rs retries a 503 after its Retry-After by default; this test wants to see it.
+    let kubeconfig = kube::config::Kubeconfig::read_from(server.kubeconfig_path())?;
+    let mut client_config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    client_config.default_retry = false;
+    let admin = kube::Client::try_from(client_config)?;
+    assert_eq!(probe(&admin, "/readyz").await?, http::StatusCode::OK);
+    cluster.pause();
+    let (status, retry_after) = post_lease(&admin, "during-outage").await?;
+    assert_eq!(status, http::StatusCode::SERVICE_UNAVAILABLE);
+    assert!(retry_after.is_some(), "503 without Retry-After");
+    assert_eq!(
+        probe(&admin, "/readyz").await?,
+        http::StatusCode::SERVICE_UNAVAILABLE
+    );
+    cluster.resume();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while probe(&admin, "/readyz").await? != http::StatusCode::OK {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "/readyz did not recover"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let (status, _) = post_lease(&admin, "after-outage").await?;
+    assert_eq!(status, http::StatusCode::CREATED);
+    server.stop().await?;
+    Ok(())
+}
+
+async fn probe(client: &kube::Client, path: &str) -> Result<http::StatusCode> {
+    let request = http::Request::get(path).body(kube::client::Body::empty())?;
+    Ok(client.send(request).await?.status())
+}
+
+/// Create a Lease with a raw request: the status and the `Retry-After` header.
+async fn post_lease(
+    client: &kube::Client,
+    name: &str,
+) -> Result<(http::StatusCode, Option<String>)> {
+    let body = serde_json::to_vec(&lease(name, "probe")?)?;
+    let request = http::Request::post("/apis/coordination.k8s.io/v1/namespaces/default/leases")
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(kube::client::Body::from(body))?;
+    let response = client.send(request).await?;
+    let retry_after = response
+        .headers()
+        .get(http::header::RETRY_AFTER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned);
+    Ok((response.status(), retry_after))
 }
 
 async fn resume_after_restart(store_url: Option<String>) -> Result<()> {
