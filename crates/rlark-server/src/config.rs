@@ -552,12 +552,11 @@ impl ServerConfig {
         if let Some(url) = &self.store_url
             && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
         {
-            let scheme = url.split("://").next().unwrap_or_default();
+            // Not echoed: a mistyped URL may still carry a password.
             return Err(invalid(
                 "store.url",
-                format!(
-                    "must be a postgres:// URL (SQLite, the default, needs none), got scheme {scheme:?}"
-                ),
+                "must start with postgres:// or postgresql:// (SQLite, the default, needs no URL)"
+                    .into(),
             ));
         }
         if self.store_log_capacity == 0 {

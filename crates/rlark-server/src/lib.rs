@@ -861,6 +861,30 @@ impl Connection {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn store_urls_lose_their_password_in_messages() {
+        assert_eq!(
+            redact_url("postgres://rlark:s3cret@db.example:5432/rlark?sslmode=require"),
+            "postgres://rlark@db.example:5432/rlark?sslmode=require"
+        );
+        assert_eq!(
+            redact_url("postgres://rlark@127.0.0.1/rlark"),
+            "postgres://rlark@127.0.0.1/rlark"
+        );
+        assert_eq!(redact_url("postgres://db/rlark"), "postgres://db/rlark");
+    }
+
+    #[test]
+    fn a_store_url_must_be_postgres() {
+        let mut config = ServerConfig::new("/d");
+        config.store_url = Some("sqlite://user:secret@x/y".into());
+        let message = config.validate().expect_err("refused").to_string();
+        assert!(message.contains("store.url"), "{message}");
+        assert!(!message.contains("secret"), "{message}");
+        config.store_url = Some("postgres://rlark@db/rlark".into());
+        config.validate().expect("a postgres URL is accepted");
+    }
     use super::*;
 
     #[test]
