@@ -94,6 +94,15 @@ impl Store for ServerStore {
         each!(self, store => store.list_encoded(resource, options).await)
     }
 
+    async fn list_encoded_at(
+        &self,
+        resource: &str,
+        options: &ListOptions,
+        revision: Revision,
+    ) -> Result<ListResult<EncodedObject>, StoreError> {
+        each!(self, store => store.list_encoded_at(resource, options, revision).await)
+    }
+
     async fn watch(
         &self,
         resource: &str,

@@ -70,49 +70,88 @@ impl Cache {
         revision: Revision,
         item: impl Fn(&Stored) -> T,
     ) -> ListResult<T> {
-        let empty = ListResult {
-            items: Vec::new(),
-            revision,
-            continue_after: None,
-            remaining: 0,
-        };
-        let Some(objects) = self.objects.get(resource) else {
-            return empty;
-        };
-        let start = options.start_after.clone();
-        let (lower, namespace) = match (&options.namespace, start) {
-            (None, None) => (Bound::Unbounded, None),
-            (None, Some(after)) => (Bound::Excluded(after), None),
-            (Some(ns), Some(after)) if after.0 == *ns => {
-                (Bound::Excluded(after), Some(ns.as_str()))
-            }
-            // Resuming after a later namespace: nothing of `ns` is left.
-            (Some(ns), Some(after)) if after.0 > *ns => return empty,
-            (Some(ns), _) => (
-                Bound::Included((ns.clone(), String::new())),
-                Some(ns.as_str()),
-            ),
-        };
-        let mut matching = objects
-            .range::<(String, String), _>((lower, Bound::Unbounded))
-            .take_while(|((ns, _), _)| namespace.is_none_or(|want| ns == want));
-        let limit = options.limit.filter(|&l| l > 0).unwrap_or(usize::MAX);
-        let mut items = Vec::new();
-        let mut last = None;
-        for (slot, stored) in matching.by_ref().take(limit) {
-            items.push(item(stored));
-            last = Some(slot);
+        match self.objects.get(resource) {
+            Some(objects) => page_of(objects, resource, options, revision, item),
+            None => page_of(&BTreeMap::new(), resource, options, revision, item),
         }
-        let remaining = matching.count() as u64;
-        let continue_after = match last {
-            Some((ns, name)) if remaining > 0 => Some(ObjectKey::new(resource, ns, name)),
-            _ => None,
-        };
-        ListResult {
-            items,
-            revision,
-            continue_after,
-            remaining,
-        }
+    }
+
+    /// Every object of `resource` as it was at an older revision: the current ones with
+    /// `changed` applied (the state at that revision of every key written since; `None` =
+    /// absent then).
+    pub(crate) fn view_with(
+        &self,
+        resource: &str,
+        changed: HashMap<(String, String), Option<(Arc<Value>, Arc<str>)>>,
+    ) -> BTreeMap<(String, String), (Arc<Value>, Arc<str>)> {
+        let mut view: BTreeMap<(String, String), (Arc<Value>, Arc<str>)> = self
+            .objects
+            .get(resource)
+            .into_iter()
+            .flatten()
+            .filter(|(slot, _)| !changed.contains_key(*slot))
+            .map(|(slot, stored)| {
+                (
+                    slot.clone(),
+                    (Arc::clone(&stored.object), Arc::clone(&stored.json)),
+                )
+            })
+            .collect();
+        view.extend(
+            changed
+                .into_iter()
+                .filter_map(|(slot, state)| state.map(|state| (slot, state))),
+        );
+        view
+    }
+}
+
+/// One page of `objects` (the objects of `resource`) as `options` ask, at `revision`, each
+/// item made by `item`.
+pub(crate) fn page_of<V, T>(
+    objects: &BTreeMap<(String, String), V>,
+    resource: &str,
+    options: &ListOptions,
+    revision: Revision,
+    item: impl Fn(&V) -> T,
+) -> ListResult<T> {
+    let empty = ListResult {
+        items: Vec::new(),
+        revision,
+        continue_after: None,
+        remaining: 0,
+    };
+    let start = options.start_after.clone();
+    let (lower, namespace) = match (&options.namespace, start) {
+        (None, None) => (Bound::Unbounded, None),
+        (None, Some(after)) => (Bound::Excluded(after), None),
+        (Some(ns), Some(after)) if after.0 == *ns => (Bound::Excluded(after), Some(ns.as_str())),
+        // Resuming after a later namespace: nothing of `ns` is left.
+        (Some(ns), Some(after)) if after.0 > *ns => return empty,
+        (Some(ns), _) => (
+            Bound::Included((ns.clone(), String::new())),
+            Some(ns.as_str()),
+        ),
+    };
+    let mut matching = objects
+        .range::<(String, String), _>((lower, Bound::Unbounded))
+        .take_while(|((ns, _), _)| namespace.is_none_or(|want| ns == want));
+    let limit = options.limit.filter(|&l| l > 0).unwrap_or(usize::MAX);
+    let mut items = Vec::new();
+    let mut last = None;
+    for (slot, stored) in matching.by_ref().take(limit) {
+        items.push(item(stored));
+        last = Some(slot);
+    }
+    let remaining = matching.count() as u64;
+    let continue_after = match last {
+        Some((ns, name)) if remaining > 0 => Some(ObjectKey::new(resource, ns, name)),
+        _ => None,
+    };
+    ListResult {
+        items,
+        revision,
+        continue_after,
+        remaining,
     }
 }

@@ -6,13 +6,13 @@
 //! backend persists the same events, so after a restart the log is rebuilt and watches from a
 //! recent revision resume.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use serde_json::Value;
 
 use crate::watch::Filter;
-use crate::{Revision, WatchEvent};
+use crate::{EventType, Revision, WatchEvent};
 
 /// What the change log holds right now (see `CachedStore::change_log`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -128,6 +128,51 @@ impl ChangeLog {
             .filter(|entry| filter.matches(&entry.event))
             .map(|entry| WatchEvent::clone(&entry.event))
             .collect()
+    }
+
+    /// The state at `revision` of every object of `resource` written after it, from the
+    /// events the log holds (`revision` must not be below the log's floor): the object of
+    /// the key's last event at or before `revision`, absent when that was a deletion or when
+    /// the key's first later event is its creation. `None` when some key's state at
+    /// `revision` is older than the log (its first later event modifies or deletes it and
+    /// the log holds nothing of it before): that list cannot be served.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn states_at(
+        &self,
+        resource: &str,
+        revision: Revision,
+    ) -> Option<HashMap<(String, String), Option<(Arc<Value>, Arc<str>)>>> {
+        let mut before: HashMap<(String, String), &WatchEvent> = HashMap::new();
+        let mut first_after: HashMap<(String, String), EventType> = HashMap::new();
+        for entry in &self.entries {
+            let event = &*entry.event;
+            if event.key.resource != resource {
+                continue;
+            }
+            let slot = (event.key.namespace.clone(), event.key.name.clone());
+            if event.revision <= revision {
+                before.insert(slot, event);
+            } else {
+                first_after.entry(slot).or_insert(event.event_type);
+            }
+        }
+        let mut states = HashMap::with_capacity(first_after.len());
+        for (slot, first) in first_after {
+            let state = match before.get(&slot) {
+                Some(event) if event.event_type == EventType::Deleted => None,
+                Some(event) => {
+                    let json = match &event.json {
+                        Some(json) => Arc::clone(json),
+                        None => Arc::from(serde_json::to_string(&*event.object).ok()?),
+                    };
+                    Some((Arc::clone(&event.object), json))
+                }
+                None if first == EventType::Added => None,
+                None => return None,
+            };
+            states.insert(slot, state);
+        }
+        Some(states)
     }
 
     pub(crate) fn stats(&self) -> ChangeLogStats {

@@ -27,7 +27,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tracing::Instrument;
 
 use crate::backend::{Backend, Change, Loaded};
-use crate::cache::{Cache, Stored, encode};
+use crate::cache::{Cache, Stored, encode, page_of};
 use crate::changelog::{ChangeLog, ChangeLogStats};
 use crate::metadata::{self, Current, Op, Outcome};
 use crate::watch::{self, Filter};
@@ -704,6 +704,40 @@ impl<B: Backend> Store for CachedStore<B> {
             object: Arc::clone(&stored.object),
             json: Arc::clone(&stored.json),
         }))
+    }
+
+    async fn list_encoded_at(
+        &self,
+        resource: &str,
+        options: &ListOptions,
+        revision: Revision,
+    ) -> Result<ListResult<EncodedObject>, StoreError> {
+        let shared = &self.inner.shared;
+        let state = shared.read();
+        // Read under the lock the writer stores them under: consistent with the log.
+        let current = shared.revision.load(Ordering::Acquire);
+        let oldest = shared.compacted.load(Ordering::Acquire);
+        let encoded = |(object, json): &(Arc<Value>, Arc<str>)| EncodedObject {
+            object: Arc::clone(object),
+            json: Arc::clone(json),
+        };
+        if revision == current {
+            return Ok(state.cache.page(resource, options, current, |stored| {
+                encoded(&(Arc::clone(&stored.object), Arc::clone(&stored.json)))
+            }));
+        }
+        let expired = StoreError::Expired {
+            requested: revision,
+            oldest,
+        };
+        if revision < oldest || revision > current {
+            return Err(expired);
+        }
+        let Some(changed) = state.log.states_at(resource, revision) else {
+            return Err(expired);
+        };
+        let view = state.cache.view_with(resource, changed);
+        Ok(page_of(&view, resource, options, revision, encoded))
     }
 
     async fn watch(

@@ -236,6 +236,27 @@ pub trait Store: Send + Sync + 'static {
         })
     }
 
+    /// [`Store::list_encoded`] as of an older `revision` (a consistent snapshot, like etcd's
+    /// list at a revision): `Expired` when the store cannot tell the state then — below the
+    /// change log's floor, or an object whose state then is older than the log. This default
+    /// serves the current revision only.
+    async fn list_encoded_at(
+        &self,
+        resource: &str,
+        options: &ListOptions,
+        revision: Revision,
+    ) -> Result<ListResult<EncodedObject>, StoreError> {
+        let listed = self.list_encoded(resource, options).await?;
+        if listed.revision == revision {
+            Ok(listed)
+        } else {
+            Err(StoreError::Expired {
+                requested: revision,
+                oldest: listed.revision,
+            })
+        }
+    }
+
     /// Events for `resource` (optionally one namespace) with revision strictly greater than
     /// `from`. `Expired` if `from` is older than the change log still holds.
     async fn watch(

@@ -540,6 +540,16 @@ mod tests {
         ) -> Result<ListResult<EncodedObject>, StoreError> {
             self.store.list_encoded(resource, options).await
         }
+        async fn list_encoded_at(
+            &self,
+            resource: &str,
+            options: &ListOptions,
+            revision: Revision,
+        ) -> Result<ListResult<EncodedObject>, StoreError> {
+            self.store
+                .list_encoded_at(resource, options, revision)
+                .await
+        }
         async fn watch(
             &self,
             resource: &str,
