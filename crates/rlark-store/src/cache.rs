@@ -13,6 +13,13 @@ use serde_json::Value;
 
 use crate::{EventType, ListOptions, ListResult, ObjectKey, Revision, StoreError};
 
+/// `(namespace, name)`: where an object sits within its resource.
+pub(crate) type Slot = (String, String);
+/// An object with its encoding.
+pub(crate) type Encoded = (Arc<Value>, Arc<str>);
+/// The state at some revision of the objects written since (`None` = absent then).
+pub(crate) type States = HashMap<Slot, Option<Encoded>>;
+
 #[derive(Clone)]
 pub(crate) struct Stored {
     pub(crate) revision: Revision,
@@ -79,12 +86,8 @@ impl Cache {
     /// Every object of `resource` as it was at an older revision: the current ones with
     /// `changed` applied (the state at that revision of every key written since; `None` =
     /// absent then).
-    pub(crate) fn view_with(
-        &self,
-        resource: &str,
-        changed: HashMap<(String, String), Option<(Arc<Value>, Arc<str>)>>,
-    ) -> BTreeMap<(String, String), (Arc<Value>, Arc<str>)> {
-        let mut view: BTreeMap<(String, String), (Arc<Value>, Arc<str>)> = self
+    pub(crate) fn view_with(&self, resource: &str, changed: States) -> BTreeMap<Slot, Encoded> {
+        let mut view: BTreeMap<Slot, Encoded> = self
             .objects
             .get(resource)
             .into_iter()

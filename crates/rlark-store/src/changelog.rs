@@ -11,6 +11,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
+use crate::cache::{Slot, States};
 use crate::watch::Filter;
 use crate::{EventType, Revision, WatchEvent};
 
@@ -136,14 +137,9 @@ impl ChangeLog {
     /// the key's first later event is its creation. `None` when some key's state at
     /// `revision` is older than the log (its first later event modifies or deletes it and
     /// the log holds nothing of it before): that list cannot be served.
-    #[allow(clippy::type_complexity)]
-    pub(crate) fn states_at(
-        &self,
-        resource: &str,
-        revision: Revision,
-    ) -> Option<HashMap<(String, String), Option<(Arc<Value>, Arc<str>)>>> {
-        let mut before: HashMap<(String, String), &WatchEvent> = HashMap::new();
-        let mut first_after: HashMap<(String, String), EventType> = HashMap::new();
+    pub(crate) fn states_at(&self, resource: &str, revision: Revision) -> Option<States> {
+        let mut before: HashMap<Slot, &WatchEvent> = HashMap::new();
+        let mut first_after: HashMap<Slot, EventType> = HashMap::new();
         for entry in &self.entries {
             let event = &*entry.event;
             if event.key.resource != resource {

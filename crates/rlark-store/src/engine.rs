@@ -27,7 +27,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tracing::Instrument;
 
 use crate::backend::{Backend, Change, Loaded};
-use crate::cache::{Cache, Stored, encode, page_of};
+use crate::cache::{Cache, Encoded, Stored, encode, page_of};
 use crate::changelog::{ChangeLog, ChangeLogStats};
 use crate::metadata::{self, Current, Op, Outcome};
 use crate::watch::{self, Filter};
@@ -717,7 +717,7 @@ impl<B: Backend> Store for CachedStore<B> {
         // Read under the lock the writer stores them under: consistent with the log.
         let current = shared.revision.load(Ordering::Acquire);
         let oldest = shared.compacted.load(Ordering::Acquire);
-        let encoded = |(object, json): &(Arc<Value>, Arc<str>)| EncodedObject {
+        let encoded = |(object, json): &Encoded| EncodedObject {
             object: Arc::clone(object),
             json: Arc::clone(json),
         };
