@@ -49,6 +49,9 @@ install_deps() {
     # sshd: `rlark bench port-forward` measures an OpenSSH relay (ssh -L + ssh -R through a
     # loopback sshd) beside the port-forward; its smoke test runs it.
     command -v sshd >/dev/null 2>&1 || [ -x /usr/sbin/sshd ] || apt_pkgs+=(openssh-server)
+    # PostgreSQL: rlark-store's tests run the conformance suite against a throwaway cluster
+    # (initdb + pg_ctl on a temporary directory and a free loopback port).
+    ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || apt_pkgs+=(postgresql)
     # The docker runtime's tests (crates/rlark/tests/docker_runtime.rs) run a real engine
     # and a test image imported from a static busybox (no registry is reachable).
     command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || apt_pkgs+=(docker.io)

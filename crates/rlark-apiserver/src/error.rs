@@ -224,6 +224,9 @@ impl ApiError {
             }
             StoreError::InvalidObject(message) => Self::bad_request(message),
             StoreError::Database(message) => Self::internal(message),
+            StoreError::Unavailable(message) => {
+                Self::service_unavailable(format!("the store is unavailable: {message}"))
+            }
             StoreError::Closed => Self::service_unavailable("the server is shutting down"),
         }
     }
@@ -330,6 +333,34 @@ mod tests {
         assert_eq!(status["details"]["causes"][1]["field"], "spec.b");
         assert_eq!(status["details"]["kind"], "Namespace");
         assert_eq!(status["reason"], "Invalid");
+    }
+
+    /// A store that cannot reach its database (PostgreSQL down) answers 503 with
+    /// `Retry-After`, which clients retry; any other database error stays a 500.
+    #[test]
+    fn unavailable_store_is_503_with_retry_after() {
+        let rt = ResourceType::namespace();
+        let error = ApiError::from_store(
+            StoreError::Unavailable("connection refused".into()),
+            &rt,
+            "x",
+        );
+        assert_eq!((error.code, error.retry_after_seconds), (503, Some(1)));
+        assert!(
+            error.message.contains("connection refused"),
+            "{}",
+            error.message
+        );
+        let response = error.into_response();
+        assert_eq!(
+            response
+                .headers()
+                .get(http::header::RETRY_AFTER)
+                .map(|v| v.as_bytes()),
+            Some(&b"1"[..])
+        );
+        let error = ApiError::from_store(StoreError::Database("disk I/O error".into()), &rt, "x");
+        assert_eq!((error.code, error.retry_after_seconds), (500, None));
     }
 
     #[test]

@@ -515,10 +515,9 @@ impl Inner {
             }
             let _network = self.admit_network(rt, &object, None, false).await?;
             if options.dry_run {
-                let meta = metadata_mut(&mut object);
-                meta.insert("uid".into(), json!(uuid::Uuid::new_v4().to_string()));
-                meta.insert("creationTimestamp".into(), json!(now()));
-                meta.insert("generation".into(), json!(1));
+                // What the store fills on a real create (system fields were stripped above).
+                rlark_store::metadata::fill_create_metadata(metadata_mut(&mut object))
+                    .map_err(|error| ApiError::from_store(error, rt, &name))?;
                 return Ok(Written {
                     object: Arc::new(object),
                     warnings,

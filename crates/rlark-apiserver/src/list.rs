@@ -1,15 +1,18 @@
 //! Lists: `resourceVersion` semantics, selectors, `limit`/`continue` paging.
 //!
-//! The store keeps no history, so:
+//! The store serves the current state and, from its change log, the state at an older
+//! revision the log still covers ([`Store::list_encoded_at`]), so:
 //! - unset `resourceVersion` (most recent), `0` (any) and `N` with `NotOlderThan` all serve
 //!   the current state; for `N` ahead of the store the request waits up to
 //!   [`MAX_WAIT_FOR_REVISION`] for it to catch up, then answers 504 `Too large resource
 //!   version` like kube-apiserver;
-//! - `Exact` is served only when `N` is the store's current revision, else 410 `Expired`;
-//! - every page after the first is read from the current state too, but reports the first
-//!   page's revision: a client that watches from it replays every change since the first
-//!   page, so nothing is missed (at worst seen twice). A `continue` token whose revision the
-//!   change log no longer holds is 410, so such a client relists instead of missing events.
+//! - `Exact` serves the state at `N` when the change log still holds it, else 410 `Expired`;
+//! - every page after the first is read at the first page's revision (one consistent
+//!   snapshot, as etcd serves it) while the change log holds it; after that, from the
+//!   current state, still reporting the first page's revision: a client that watches from
+//!   it replays every change since the first page, so nothing is missed (at worst seen
+//!   twice). A `continue` token whose revision is below the change log's floor is 410, so
+//!   such a client relists instead of missing events.
 //!
 //! Selectors are applied before `limit`, so a page holds up to `limit` matching items;
 //! `remainingItemCount` is only reported without selectors (as Kubernetes does).
@@ -19,7 +22,7 @@ use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use rlark_store::{EncodedObject, ListOptions, Revision, Store};
+use rlark_store::{EncodedObject, ListOptions, Revision, Store, StoreError};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -286,6 +289,14 @@ impl Inner {
         let mut cursor = token.as_ref().map(|t| (t.ns.clone(), t.name.clone()));
         let mut items = Vec::new();
         let mut first_revision = None;
+        // `Exact` and continued lists read the snapshot at their revision from the store's
+        // change log; a continued list whose snapshot the log no longer holds falls back to
+        // the live state (each page then at its own revision, as before snapshots).
+        let exact = matches!(freshness, Freshness::Exact(_));
+        let mut at = match freshness {
+            Freshness::Exact(rv) => Some(rv),
+            _ => token.as_ref().map(|t| t.rv),
+        };
         let mut more = false;
         let mut remaining = None;
         loop {
@@ -299,11 +310,22 @@ impl Inner {
                 start_after: cursor.clone(),
                 limit: batch,
             };
-            let result = self
-                .store
-                .list_encoded(&resource, &options)
-                .await
-                .map_err(|e| ApiError::from_store(e, rt, ""))?;
+            let read = match at {
+                Some(rv) => match self.store.list_encoded_at(&resource, &options, rv).await {
+                    Err(StoreError::Expired { .. }) if exact => {
+                        return Err(ApiError::gone(
+                            "The resourceVersion for the provided list is too old.",
+                        ));
+                    }
+                    Err(StoreError::Expired { .. }) => {
+                        at = None;
+                        self.store.list_encoded(&resource, &options).await
+                    }
+                    read => read,
+                },
+                None => self.store.list_encoded(&resource, &options).await,
+            };
+            let result = read.map_err(|e| ApiError::from_store(e, rt, ""))?;
             first_revision.get_or_insert(result.revision);
             let listed: Vec<Listed> = result
                 .items

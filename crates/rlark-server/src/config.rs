@@ -57,6 +57,10 @@ pub struct ServerConfig {
     /// events are compacted when either this or [`Self::store_log_capacity`] is exceeded.
     /// See `rlark_store::SqliteStoreConfig::log_capacity_bytes`.
     pub store_log_capacity_bytes: usize,
+    /// Where the store is: `None` for SQLite in the data directory (`DATA_DIR/rlark.db`, the
+    /// default), or a `postgres://user:password@host:port/database` URL (`--store`,
+    /// `RLARK_STORE`, config file `store.url`). One server per PostgreSQL database.
+    pub store_url: Option<String>,
     /// The controllers run in-process (see [`ControllersConfig`]).
     pub controllers: ControllersConfig,
     /// Lifetimes of agent and user certificates and bootstrap tokens.
@@ -124,6 +128,7 @@ impl ServerConfig {
             admin_cert_validity: Duration::from_secs(365 * 24 * 3600),
             store_log_capacity: rlark_store::SqliteStoreConfig::new("").log_capacity,
             store_log_capacity_bytes: rlark_store::SqliteStoreConfig::new("").log_capacity_bytes,
+            store_url: None,
             controllers: ControllersConfig::default(),
             security: crate::security::SecurityConfig::default(),
             tunnel: crate::tunnel::TunnelConfig::default(),
@@ -179,6 +184,9 @@ impl ServerConfig {
             }
             if let Some(v) = store.log_capacity_bytes {
                 config.store_log_capacity_bytes = v;
+            }
+            if let Some(url) = store.url {
+                config.store_url = Some(url);
             }
         }
         config.controllers.enabled = true;
@@ -328,6 +336,9 @@ impl ServerConfig {
         }
         if overrides.reinitialize_store {
             config.reinitialize_store = true;
+        }
+        if let Some(url) = overrides.store_url {
+            config.store_url = Some(url);
         }
         if let Some(v) = overrides.max_nodes_per_agent {
             config.api.max_nodes_per_agent = v;
@@ -538,6 +549,16 @@ impl ServerConfig {
                 "must be positive".into(),
             ));
         }
+        if let Some(url) = &self.store_url
+            && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
+        {
+            // Not echoed: a mistyped URL may still carry a password.
+            return Err(invalid(
+                "store.url",
+                "must start with postgres:// or postgresql:// (SQLite, the default, needs no URL)"
+                    .into(),
+            ));
+        }
         if self.store_log_capacity == 0 {
             return Err(invalid("store.logCapacity", "must be positive".into()));
         }
@@ -587,6 +608,8 @@ pub struct ServerOverrides {
     /// `--reinitialize-store`: see [`ServerConfig::reinitialize_store`]. `false` = not given
     /// (the config file decides).
     pub reinitialize_store: bool,
+    /// `--store`: see [`ServerConfig::store_url`].
+    pub store_url: Option<String>,
     /// `--max-connections`: see `ConnectionLimits::max_connections`.
     pub max_connections: Option<usize>,
     /// `--max-connections-per-ip`: see `ConnectionLimits::max_connections_per_ip`.
@@ -731,6 +754,8 @@ pub struct StoreConfigFile {
     /// `logCapacityBytes`: estimated bytes of objects the change log keeps (default 64 MiB,
     /// at least 1 MiB).
     pub log_capacity_bytes: Option<usize>,
+    /// `url`: see [`ServerConfig::store_url`] (absent = SQLite in the data directory).
+    pub url: Option<String>,
 }
 
 /// The `api.limits` section of [`ServerConfigFile`]; see `rlark_apiserver::limits::Limits`.

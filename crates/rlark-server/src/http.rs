@@ -26,6 +26,8 @@ use crate::security::Security;
 pub(crate) struct ProcessState {
     /// True once the store is open and the API is being served; false again on shutdown.
     pub ready: Arc<AtomicBool>,
+    /// `/readyz` is also false while the store cannot reach its database (PostgreSQL down).
+    pub store: crate::ServerStore,
     /// Complete once serving starts (all metrics registered); read-only afterwards.
     pub metrics: Arc<Registry>,
 }
@@ -81,10 +83,12 @@ async fn ok() -> &'static str {
 }
 
 async fn readyz(State(state): State<ProcessState>) -> Response {
-    if state.ready.load(Ordering::Acquire) {
-        "ok".into_response()
-    } else {
+    if !state.ready.load(Ordering::Acquire) {
         (StatusCode::SERVICE_UNAVAILABLE, "not ready").into_response()
+    } else if !state.store.is_available() {
+        (StatusCode::SERVICE_UNAVAILABLE, "store unavailable").into_response()
+    } else {
+        "ok".into_response()
     }
 }
 
@@ -235,9 +239,16 @@ mod tests {
     /// `Status` 500 without the panic text, and the same router keeps serving.
     #[tokio::test]
     async fn handler_panics_are_answered_500_and_serving_goes_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = rlark_store::SqliteStore::open(rlark_store::SqliteStoreConfig::new(
+            dir.path().join("rlark.db"),
+        ))
+        .await
+        .unwrap();
         let router = router(
             ProcessState {
                 ready: Arc::new(AtomicBool::new(true)),
+                store: crate::ServerStore::Sqlite(store),
                 metrics: Arc::new(Registry::default()),
             },
             Router::new()

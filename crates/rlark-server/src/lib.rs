@@ -37,6 +37,7 @@ pub mod limits;
 mod metrics;
 pub(crate) mod reports;
 pub mod security;
+mod server_store;
 mod store_guard;
 mod tls;
 pub mod tunnel;
@@ -51,7 +52,11 @@ use hyper_util::rt::TokioIo;
 use hyper_util::server::conn::auto;
 use rlark_apiserver::ApiServer;
 use rlark_pki::Ca;
-use rlark_store::{SqliteStore, SqliteStoreConfig, StoreError};
+use rlark_store::{
+    EngineConfig, PostgresStore, PostgresStoreConfig, SqliteStore, SqliteStoreConfig, StoreError,
+};
+
+pub use server_store::ServerStore;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -241,7 +246,9 @@ async fn start_with_token(
     let db_path = data_dir.join(DATABASE_FILE);
     // A CA from an earlier start means this installation has a store to lose.
     let ca_existed = pki_dir.join(rlark_pki::CA_CERT_FILE).exists();
-    store_guard::check_before_open(ca_existed, config.reinitialize_store, &data_dir, &db_path)?;
+    if config.store_url.is_none() {
+        store_guard::check_before_open(ca_existed, config.reinitialize_store, &data_dir, &db_path)?;
+    }
     let revocation_file =
         security::revocation_file::RevocationFile::load(&pki_dir.join(REVOCATIONS_FILE))
             .map_err(|e| ServerError::Security(e.to_string()))?;
@@ -258,15 +265,7 @@ async fn start_with_token(
     )?;
 
     // Store and API.
-    let mut store_config = SqliteStoreConfig::new(&db_path);
-    store_config.log_capacity = config.store_log_capacity;
-    store_config.log_capacity_bytes = config.store_log_capacity_bytes;
-    let store = SqliteStore::open(store_config)
-        .await
-        .map_err(|source| ServerError::OpenStore {
-            path: db_path.clone(),
-            source,
-        })?;
+    let store = open_store(&config, &db_path).await?;
     // Right after opening, before anything else can fail: a first start that fails later
     // (say, the port is taken) has marked its store, so the next start is not refused.
     if let Err(e) = store_guard::check_after_open(
@@ -392,6 +391,7 @@ async fn start_with_token(
     let router = http::router(
         http::ProcessState {
             ready: ready.clone(),
+            store: store.clone(),
             metrics: Arc::new(registry),
         },
         api.router(),
@@ -519,6 +519,56 @@ async fn start_with_token(
         shutdown,
         task,
     })
+}
+
+/// Open the store `config` names: PostgreSQL at `store_url`, else SQLite at `db_path`.
+async fn open_store(config: &ServerConfig, db_path: &Path) -> Result<ServerStore, ServerError> {
+    let engine = EngineConfig {
+        log_capacity: config.store_log_capacity,
+        log_capacity_bytes: config.store_log_capacity_bytes,
+        ..EngineConfig::default()
+    };
+    match &config.store_url {
+        Some(url) => {
+            let opened = match PostgresStoreConfig::from_url(url) {
+                Ok(mut store_config) => {
+                    store_config.engine = engine;
+                    PostgresStore::open(store_config).await
+                }
+                Err(e) => Err(e),
+            };
+            opened
+                .map(ServerStore::Postgres)
+                .map_err(|source| ServerError::OpenStore {
+                    path: PathBuf::from(redact_url(url)),
+                    source,
+                })
+        }
+        None => {
+            let mut store_config = SqliteStoreConfig::new(db_path);
+            store_config.log_capacity = engine.log_capacity;
+            store_config.log_capacity_bytes = engine.log_capacity_bytes;
+            SqliteStore::open(store_config)
+                .await
+                .map(ServerStore::Sqlite)
+                .map_err(|source| ServerError::OpenStore {
+                    path: db_path.to_path_buf(),
+                    source,
+                })
+        }
+    }
+}
+
+/// `url` without the password, for messages.
+fn redact_url(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => {
+            let credentials = &url[scheme + 3..at];
+            let user = credentials.split(':').next().unwrap_or_default();
+            format!("{}{user}{}", &url[..scheme + 3], &url[at..])
+        }
+        _ => url.to_owned(),
+    }
 }
 
 /// The steps of [`start`] between opening the store and serving: create the `default`
@@ -844,6 +894,30 @@ impl Connection {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn store_urls_lose_their_password_in_messages() {
+        assert_eq!(
+            redact_url("postgres://rlark:s3cret@db.example:5432/rlark?sslmode=require"),
+            "postgres://rlark@db.example:5432/rlark?sslmode=require"
+        );
+        assert_eq!(
+            redact_url("postgres://rlark@127.0.0.1/rlark"),
+            "postgres://rlark@127.0.0.1/rlark"
+        );
+        assert_eq!(redact_url("postgres://db/rlark"), "postgres://db/rlark");
+    }
+
+    #[test]
+    fn a_store_url_must_be_postgres() {
+        let mut config = ServerConfig::new("/d");
+        config.store_url = Some("sqlite://user:secret@x/y".into());
+        let message = config.validate().expect_err("refused").to_string();
+        assert!(message.contains("store.url"), "{message}");
+        assert!(!message.contains("secret"), "{message}");
+        config.store_url = Some("postgres://rlark@db/rlark".into());
+        config.validate().expect("a postgres URL is accepted");
+    }
     use super::*;
 
     #[test]

@@ -4,17 +4,19 @@ use prometheus_client::collector::Collector;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
-use rlark_store::{SqliteStore, Store};
+use rlark_store::Store;
+
+use crate::ServerStore;
 
 /// Store revision and write-path counters, read from the store on every scrape.
 pub(crate) struct StoreCollector {
-    pub store: SqliteStore,
+    pub store: ServerStore,
 }
 
 impl std::fmt::Debug for StoreCollector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("StoreCollector")
-            .field("path", &self.store.path())
+            .field("store", &self.store.location())
             .finish()
     }
 }
@@ -68,7 +70,7 @@ impl Collector for StoreCollector {
         counter(
             &mut encoder,
             "rlark_store_commits",
-            "SQLite transactions committed.",
+            "Store transactions committed.",
             stats.commits,
         )?;
         counter(

@@ -190,6 +190,9 @@ fn seq_of(task: &str, name: &str) -> Option<u64> {
 fn store_error(error: &StoreError) -> ApiError {
     match error {
         StoreError::Closed => ApiError::service_unavailable("the server is shutting down"),
+        StoreError::Unavailable(message) => {
+            ApiError::service_unavailable(format!("the store is unavailable: {message}"))
+        }
         other => ApiError::internal(format!("store: {other}")),
     }
 }

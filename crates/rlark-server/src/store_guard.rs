@@ -13,10 +13,10 @@
 
 use std::path::Path;
 
-use rlark_store::{ObjectKey, SqliteStore, Store, StoreError};
+use rlark_store::{ObjectKey, Store, StoreError};
 use serde_json::json;
 
-use crate::ServerError;
+use crate::{ServerError, ServerStore};
 
 /// Store resource of the installation marker (not served by the API).
 pub(crate) const INSTALLATIONS: &str = "installations.security.rlark.io";
@@ -69,7 +69,7 @@ pub(crate) fn check_before_open(
 /// After opening: refuse an empty store (revision 0) of an installation whose CA existed
 /// before this start, unless reinitializing; write the marker when it is missing.
 pub(crate) async fn check_after_open(
-    store: &SqliteStore,
+    store: &ServerStore,
     ca_existed: bool,
     reinitialize: bool,
     ca_cert_hash: &str,
@@ -77,21 +77,21 @@ pub(crate) async fn check_after_open(
 ) -> Result<(), ServerError> {
     let key = ObjectKey::new(INSTALLATIONS, "", MARKER);
     let store_err = |source: StoreError| ServerError::OpenStore {
-        path: store.path().to_path_buf(),
+        path: store.location(),
         source,
     };
     let how = match (store.revision() > 0, ca_existed) {
         (true, _) if store.get(&key).await.map_err(store_err)?.is_some() => return Ok(()),
         (true, true) => {
             tracing::info!(
-                path = %store.path().display(),
+                store = %store.location().display(),
                 "marking a store written by a version without installation markers"
             );
             "upgraded"
         }
         (true, false) => {
             tracing::warn!(
-                path = %store.path().display(),
+                store = %store.location().display(),
                 "the store holds data but the data directory had no CA: a new CA was created, \
                  and certificates issued before are not valid any more"
             );
@@ -100,14 +100,14 @@ pub(crate) async fn check_after_open(
         (false, false) => "created",
         (false, true) if reinitialize => {
             tracing::warn!(
-                path = %store.path().display(),
+                store = %store.location().display(),
                 "--reinitialize-store: starting this installation on an empty store; its \
                  earlier objects, tokens and certificate records are gone (revocations are \
                  restored from pki/revocations.json)"
             );
             "reinitialized"
         }
-        (false, true) => return Err(lost_error(Lost::Empty, data_dir, store.path())),
+        (false, true) => return Err(lost_error(Lost::Empty, data_dir, &store.location())),
     };
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let marker = json!({

@@ -67,6 +67,7 @@ where
         watch_filters,
         watch_from_future_revision,
         compaction_expires_old_watches,
+        list_at_older_revisions,
         concurrent_creates,
         concurrent_creates_of_one_key,
         concurrent_conflicting_updates,
@@ -1175,6 +1176,99 @@ pub async fn compaction_expires_old_watches<S: Store>(store: S) {
         EventType::Added,
         &k,
         rv(&written),
+    );
+}
+
+/// Lists at an older revision the change log covers show the state then (one snapshot across
+/// pages); below the log's floor, or for an object whose state then is older than the log,
+/// they are `Expired`; at the current revision they are the live list.
+pub async fn list_at_older_revisions<S: Store>(store: S) {
+    const CHECK: &str = "list_at_older_revisions";
+    let names_at = |revision: Revision, limit: Option<usize>| {
+        let store = &store;
+        async move {
+            let mut names = Vec::new();
+            let mut start_after = None;
+            loop {
+                let options = ListOptions {
+                    namespace: Some("ns".into()),
+                    start_after: start_after.take(),
+                    limit,
+                };
+                let page = store.list_encoded_at(WIDGETS, &options, revision).await?;
+                assert_eq!(page.revision, revision, "{CHECK}: page revision");
+                for item in &page.items {
+                    assert_eq!(
+                        *item.json,
+                        serde_json::to_string(&*item.object).expect("json"),
+                        "{CHECK}: encoding"
+                    );
+                    names.push(format!(
+                        "{}={}",
+                        item.object["metadata"]["name"].as_str().unwrap_or(""),
+                        item.object["spec"]["v"]
+                    ));
+                }
+                match page.continue_after {
+                    Some(after) => start_after = Some((after.namespace, after.name)),
+                    None => return Ok::<_, StoreError>(names),
+                }
+            }
+        }
+    };
+    let (a, b, c) = (
+        key(WIDGETS, "ns", "a"),
+        key(WIDGETS, "ns", "b"),
+        key(WIDGETS, "ns", "c"),
+    );
+    let r1 = rv(&*must(CHECK, store.create(&a, object(&a, json!({"v": 1})))).await);
+    let r2 = rv(&*must(CHECK, store.create(&b, object(&b, json!({"v": 1})))).await);
+    let r3 = rv(&*must(CHECK, store.update(&a, object(&a, json!({"v": 2})), None)).await);
+    let r4 = rv(&*must(CHECK, store.delete(&b, None)).await);
+    let r5 = rv(&*must(CHECK, store.create(&c, object(&c, json!({"v": 1})))).await);
+    let expected = [
+        (r1, vec!["a=1"]),
+        (r2, vec!["a=1", "b=1"]),
+        (r3, vec!["a=2", "b=1"]),
+        (r4, vec!["a=2"]),
+        (r5, vec!["a=2", "c=1"]),
+    ];
+    for (revision, names) in &expected {
+        for limit in [None, Some(1)] {
+            let listed = names_at(*revision, limit)
+                .await
+                .unwrap_or_else(|e| panic!("{CHECK}: list at {revision}: {e:?}"));
+            assert_eq!(
+                &listed, names,
+                "{CHECK}: list at {revision}, limit {limit:?}"
+            );
+        }
+    }
+    // Writes after the first page do not show in the next pages of an older snapshot.
+    let d = key(WIDGETS, "ns", "d");
+    must(CHECK, store.create(&d, object(&d, json!({"v": 1})))).await;
+    assert_eq!(
+        names_at(r5, Some(1)).await.expect("list"),
+        vec!["a=2", "c=1"],
+        "{CHECK}: snapshot"
+    );
+
+    // Below the floor, and an object whose state then is older than the log: Expired.
+    must(CHECK, store.compact(r5)).await;
+    assert!(
+        matches!(names_at(r4, None).await, Err(StoreError::Expired { .. })),
+        "{CHECK}: list below the floor"
+    );
+    must(CHECK, store.update(&c, object(&c, json!({"v": 2})), None)).await;
+    assert!(
+        matches!(names_at(r5, None).await, Err(StoreError::Expired { .. })),
+        "{CHECK}: c's state at r5 is older than the log"
+    );
+    let now = store.revision();
+    assert_eq!(
+        names_at(now, None).await.expect("list at the present"),
+        vec!["a=2", "c=2", "d=1"],
+        "{CHECK}: list at the present"
     );
 }
 

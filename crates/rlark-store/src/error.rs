@@ -19,6 +19,11 @@ pub enum StoreError {
     InvalidObject(String),
     #[error("database: {0}")]
     Database(String),
+    /// The database cannot be reached right now (connection lost, server down); nothing of
+    /// the request was applied, and trying again later may succeed (HTTP 503 with
+    /// `Retry-After`).
+    #[error("database unavailable: {0}")]
+    Unavailable(String),
     #[error("store is shut down")]
     Closed,
 }

@@ -6,9 +6,23 @@
 //! `metadata.resourceVersion` as a decimal string. A change log of recent events feeds
 //! watches; watching from a revision older than the log answers [`StoreError::Expired`].
 //!
-//! Contract for every backend (checked by the conformance suite, `conformance`: compiled into
-//! this crate's own tests, and for other crates' tests behind the cargo feature `conformance`,
-//! off by default so that no product build carries it):
+//! Layers, one concept per module:
+//! - [`Store`] (here): the contract the API server is written against.
+//! - `metadata`: the Kubernetes metadata rules (validation, uid, creationTimestamp,
+//!   generation, no-op updates, preconditions, resourceVersion), pure functions.
+//! - `engine` ([`CachedStore`]): the backend-independent store: group-commit writer, the
+//!   in-memory object cache (`cache`), the change log (`changelog`) and the watch fan-out
+//!   (`watch`).
+//! - `backend` ([`Backend`]): what a persistence backend implements: load everything at start,
+//!   commit a batch (objects + change log + revision) atomically and durably, compact the log.
+//! - `sqlite` ([`SqliteBackend`], [`SqliteStore`]): the SQLite backend (the default).
+//! - `postgres` ([`PostgresBackend`], [`PostgresStore`]): the PostgreSQL backend (one server
+//!   per database).
+//! - `sql`: row encoding shared by the two.
+//!
+//! Contract for every [`Store`] (checked by the conformance suite, `conformance`: compiled
+//! into this crate's own tests, and for other crates' tests behind the cargo feature
+//! `conformance`, off by default so that no product build carries it):
 //! - The object must be a JSON object whose `metadata.name` equals the key's name, and whose
 //!   `metadata.namespace` equals the key's namespace (absent, null or `""` for cluster-scoped
 //!   keys); otherwise [`StoreError::InvalidObject`].
@@ -23,7 +37,7 @@
 //!   (the API server parses it and passes it as `expected`).
 //! - `delete` returns the last stored state with `resourceVersion` = the deletion's revision;
 //!   the `Deleted` event carries the same object.
-//! - Revisions are strictly increasing across all resources. (The SQLite backend hands them out
+//! - Revisions are strictly increasing across all resources. ([`CachedStore`] hands them out
 //!   densely, +1 per write; callers must not rely on that.)
 //! - A write is durable before it is acknowledged. A write whose caller stopped waiting (future
 //!   dropped) may still be applied.
@@ -32,26 +46,43 @@
 //!   [`StoreError::Expired`]; a `from` beyond the current revision is allowed. A stream that
 //!   falls too far behind yields one `Err(Expired)` and ends (answer 410: the client relists and
 //!   watches again from the list's revision). A stream also ends (`None`) when the store closes.
-//! - After a restart the change log starts empty: `compacted_revision() == revision()`, so
-//!   watching from the current revision works and from any older revision is `Expired` (as
-//!   kube-apiserver's watch cache does). In particular `from = 0` is not "from the beginning"
-//!   once anything was written and compacted; the API server maps Kubernetes' `resourceVersion=0`
-//!   / unset ("any"/"most recent") to a list at the current revision followed by a watch from it.
+//! - The change log is persisted with the objects and bounded by a compaction window
+//!   ([`EngineConfig::log_capacity`] events and [`EngineConfig::log_capacity_bytes`] bytes), so
+//!   after a restart a watch from any revision the window still holds resumes where it
+//!   stopped, with no relist. `from = 0` is not "from the beginning" once anything was
+//!   compacted; the API server maps Kubernetes' `resourceVersion=0` / unset ("any"/"most
+//!   recent") to a list at the current revision followed by a watch from it.
 
+mod backend;
+mod cache;
+mod changelog;
 #[cfg(any(test, feature = "conformance"))]
 pub mod conformance;
+mod engine;
 mod error;
+pub mod metadata;
+#[cfg(test)]
+#[path = "../../../tests/support/missing_tool.rs"]
+mod missing_tool;
+#[cfg(test)]
+#[path = "../../../tests/support/pg_cluster.rs"]
+mod pg_cluster;
+mod postgres;
+mod sql;
 mod sqlite;
+mod watch;
 
 use std::sync::Arc;
 
 use async_trait::async_trait;
 use serde_json::Value;
 
+pub use backend::{Backend, Change, Loaded, LoadedObject, LoggedChange};
+pub use changelog::{ChangeLogStats, approx_bytes};
+pub use engine::{CachedStore, EngineConfig, StoreStats};
 pub use error::StoreError;
-pub use sqlite::{
-    ChangeLogStats, Durability, SqliteStore, SqliteStoreConfig, StoreStats, approx_bytes,
-};
+pub use postgres::{PgDurability, PgTarget, PostgresBackend, PostgresStore, PostgresStoreConfig};
+pub use sqlite::{Durability, SqliteBackend, SqliteStore, SqliteStoreConfig};
 
 /// A global store revision. Revision 0 means "nothing written yet".
 pub type Revision = u64;
@@ -97,7 +128,7 @@ pub struct WatchEvent {
     pub key: ObjectKey,
     pub object: Arc<Value>,
     /// `serde_json::to_string(&*object)`, byte for byte, when the backend keeps encodings (the
-    /// SQLite backend always does; it made it for the write). Shared, not copied, by every
+    /// [`CachedStore`] always does; it made it for the write). Shared, not copied, by every
     /// watcher, so a reader that sends the object as JSON can copy these bytes instead of
     /// encoding the object again.
     pub json: Option<Arc<str>>,
@@ -184,7 +215,7 @@ pub trait Store: Send + Sync + 'static {
 
     /// [`Store::list`] with each object's JSON encoding, read at the same revision as the
     /// object (an encoding is never older or newer than the object it comes with). Backends
-    /// that keep encodings in memory (SQLite) hand out shared copies without encoding
+    /// that keep encodings in memory ([`CachedStore`]) hand out shared copies without encoding
     /// anything; this default encodes every item, so it is correct for any backend but saves
     /// nothing.
     async fn list_encoded(
@@ -203,6 +234,27 @@ pub trait Store: Send + Sync + 'static {
             continue_after: listed.continue_after,
             remaining: listed.remaining,
         })
+    }
+
+    /// [`Store::list_encoded`] as of an older `revision` (a consistent snapshot, like etcd's
+    /// list at a revision): `Expired` when the store cannot tell the state then — below the
+    /// change log's floor, or an object whose state then is older than the log. This default
+    /// serves the current revision only.
+    async fn list_encoded_at(
+        &self,
+        resource: &str,
+        options: &ListOptions,
+        revision: Revision,
+    ) -> Result<ListResult<EncodedObject>, StoreError> {
+        let listed = self.list_encoded(resource, options).await?;
+        if listed.revision == revision {
+            Ok(listed)
+        } else {
+            Err(StoreError::Expired {
+                requested: revision,
+                oldest: listed.revision,
+            })
+        }
     }
 
     /// Events for `resource` (optionally one namespace) with revision strictly greater than

@@ -1,241 +1,86 @@
-//! SQLite backend.
+//! SQLite persistence backend (the default store).
 //!
-//! Layout:
-//! - **Memory is the read path.** Every object is loaded at open and kept in
-//!   `HashMap<resource, BTreeMap<(namespace, name), _>>`; `get`, `list` and `watch` never touch
-//!   SQLite, so they cost a lock and some `Arc` clones.
-//! - **One writer task does every write (group commit).** Callers send a command over a bounded
-//!   channel; the writer takes the first command plus everything queued behind it (up to
-//!   `max_batch`), evaluates them in order against memory plus an overlay of the earlier commands
-//!   of the same batch, assigns consecutive revisions, writes the successful ones in one SQLite
-//!   transaction (one fsync), and only after the commit applies them to memory, appends them to
-//!   the change log, publishes them to watchers and replies. Commands queue up while a commit's
-//!   fsync runs, so the batch size grows with the load and throughput does not pay one fsync per
-//!   write.
-//! - **Each object's JSON encoding is kept beside it.** The writer encodes every written
-//!   object once, outside the state lock, for the `objects` table anyway; the same text (an
-//!   `Arc<str>`) is stored in memory and carried by the watch event, so
-//!   [`Store::list_encoded`] and the API server's list and watch bodies copy it instead of
-//!   encoding each object per request. It is replaced together with the object on every
-//!   write (one `Stored` value under the write lock), so it can never be older than the object.
-//!   Cost: one JSON copy per live object (roughly the object's wire size) plus one per change-log
-//!   event, which counts against [`SqliteStoreConfig::log_capacity_bytes`].
+//! - **Tables:** `objects` (one row per live object: key, revision, JSON), `changes` (the
+//!   change log: one row per write, keyed by revision, with the written JSON; deletions carry
+//!   the last state), and `meta` (`schema_version`, `revision`, `compacted`: the change log's
+//!   floor). A batch is one transaction over all three.
 //! - **Durability:** WAL journal with `synchronous=FULL`, so a committed transaction survives
-//!   kill -9 and power loss; nothing is acknowledged before its commit.
+//!   kill -9 and power loss; the engine acknowledges nothing before the commit returns.
+//!   [`SqliteStore::durability`] reads the settings back from the live connection.
 //! - **Single process:** the database is opened with `locking_mode=EXCLUSIVE`, because the
-//!   in-memory state is only correct if this process is the only writer. A second process
-//!   opening the same file fails with [`StoreError::Database`] ("database is locked") after the
-//!   busy timeout. The same holds for the `sqlite3` shell while the server runs.
+//!   engine's in-memory state is only correct if this process is the only writer. A second
+//!   process opening the same file fails with [`StoreError::Database`] ("database is locked")
+//!   after the busy timeout. The same holds for the `sqlite3` shell while the server runs.
+//! - **Schema migrations** are numbered and run in one transaction at open; a database from a
+//!   newer build is refused.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::fmt;
-use std::ops::Bound;
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use futures::TryStreamExt;
-use serde_json::{Map, Value};
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqliteLockingMode, SqliteSynchronous,
 };
 use sqlx::{Connection, Row};
-use tokio::sync::{broadcast, mpsc, oneshot};
-use tracing::Instrument;
 
-use crate::{
-    EncodedObject, EventType, ListOptions, ListResult, ObjectKey, Revision, Store, StoreError,
-    WatchEvent, WatchStream,
-};
+use crate::backend::{Backend, Change, Loaded, LoadedObject, LoggedChange};
+use crate::engine::{CachedStore, EngineConfig};
+use crate::sql::{db_err, event_type_name, from_db_int, parse_event_type, parse_object, to_db_int};
+use crate::{EventType, ObjectKey, Revision, StoreError};
 
 /// Version of the on-disk schema written by this code (`meta` row `schema_version`).
-const SCHEMA_VERSION: i64 = 1;
+/// 1: `objects` and `meta`. 2: adds the persisted change log (`changes`, `meta.compacted`).
+const SCHEMA_VERSION: i64 = 2;
 
-/// Upper bounds for the configured sizes (the channels allocate or panic beyond sane values).
-const MAX_BATCH: usize = 1 << 16;
-const MAX_WATCH_BUFFER: usize = 1 << 24;
-
-/// Top-level fields whose changes do not bump `metadata.generation`.
-const NON_SPEC_FIELDS: [&str; 4] = ["apiVersion", "kind", "metadata", "status"];
+/// The store over SQLite: [`CachedStore`] with the [`SqliteBackend`].
+pub type SqliteStore = CachedStore<SqliteBackend>;
 
 /// Settings of [`SqliteStore::open`].
 #[derive(Clone, Debug)]
 pub struct SqliteStoreConfig {
     /// The database file (e.g. `DATA_DIR/rlark.db`); created with its parent directory if absent.
     pub path: PathBuf,
-    /// Maximum number of change-log events kept in memory for watches. When the log grows past
-    /// it, the oldest events are compacted away automatically (watches from there get
-    /// [`StoreError::Expired`]). Default 50 000.
+    /// See [`EngineConfig::log_capacity`]. Default 50 000.
     pub log_capacity: usize,
-    /// Maximum memory, in bytes as estimated by [`approx_bytes`], of the objects the change log
-    /// holds. The oldest events are compacted away when either this or [`Self::log_capacity`]
-    /// is exceeded, so a client rewriting a large object cannot make the log hold
-    /// `log_capacity` copies of it. An event larger than the whole budget is compacted at
-    /// once (live watchers still receive it). Default 64 MiB.
+    /// See [`EngineConfig::log_capacity_bytes`]. Default 64 MiB.
     pub log_capacity_bytes: usize,
-    /// Maximum number of write commands committed in one SQLite transaction. Default 512;
-    /// clamped to 1..=65 536.
+    /// See [`EngineConfig::max_batch`]. Default 512.
     pub max_batch: usize,
-    /// Number of live events a watcher may fall behind before its stream yields
-    /// [`StoreError::Expired`] and ends. Default 16 384; clamped to 1..=2^24.
+    /// See [`EngineConfig::watch_buffer`]. Default 16 384.
     pub watch_buffer: usize,
     /// How long SQLite waits for a lock held by someone else before failing. Default 5 s.
     pub busy_timeout: Duration,
+    /// Test hook: make commits fail (after the statements ran, before COMMIT).
+    #[cfg(test)]
+    pub(crate) fail_commits: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
 impl SqliteStoreConfig {
     /// Defaults for everything but the file.
     pub fn new(path: impl Into<PathBuf>) -> Self {
+        let engine = EngineConfig::default();
         Self {
             path: path.into(),
-            log_capacity: 50_000,
-            log_capacity_bytes: 64 * 1024 * 1024,
-            max_batch: 512,
-            watch_buffer: 16_384,
+            log_capacity: engine.log_capacity,
+            log_capacity_bytes: engine.log_capacity_bytes,
+            max_batch: engine.max_batch,
+            watch_buffer: engine.watch_buffer,
             busy_timeout: Duration::from_secs(5),
+            #[cfg(test)]
+            fail_commits: Default::default(),
         }
     }
-}
 
-/// Counters of the write path, e.g. for metrics. Monotonic since open.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct StoreStats {
-    /// SQLite transactions committed (one per batch that wrote something).
-    pub commits: u64,
-    /// Object writes (creates, updates, deletes) committed. `writes / commits` is the mean
-    /// group-commit batch size.
-    pub writes: u64,
-    /// Transactions that failed (every command of the batch got [`StoreError::Database`]).
-    pub failed_commits: u64,
-}
-
-/// The SQLite-backed [`Store`]. Cheap to clone: clones share one database, one writer task and
-/// one in-memory state.
-///
-/// Dropping the last clone stops the writer once queued commands are done; [`SqliteStore::close`]
-/// does it explicitly and waits for it.
-#[derive(Clone)]
-pub struct SqliteStore {
-    inner: Arc<Inner>,
-}
-
-/// What the change log holds right now (see [`SqliteStore::change_log`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct ChangeLogStats {
-    /// Events in the log.
-    pub events: u64,
-    /// Their estimated size in bytes ([`approx_bytes`] of each event's object and key).
-    pub bytes: u64,
-}
-
-/// Estimated heap size of a JSON value as this process holds it: the value nodes, string and
-/// key bytes and a per-entry map overhead. Cheap (one walk, no allocation beyond the walk's
-/// stack) and within a small factor of the real allocation, which is what the change-log
-/// byte budget needs.
-pub fn approx_bytes(value: &Value) -> usize {
-    const NODE: usize = std::mem::size_of::<Value>();
-    // Key String, hash and index slots of the insertion-ordered map.
-    const ENTRY: usize = std::mem::size_of::<String>() + 16;
-    let mut total = 0usize;
-    let mut stack = vec![value];
-    while let Some(value) = stack.pop() {
-        total = total.saturating_add(NODE);
-        match value {
-            Value::String(s) => total = total.saturating_add(s.len()),
-            Value::Array(items) => stack.extend(items.iter()),
-            Value::Object(map) => {
-                for (key, item) in map {
-                    total = total.saturating_add(ENTRY + key.len());
-                    stack.push(item);
-                }
-            }
-            Value::Null | Value::Bool(_) | Value::Number(_) => {}
+    fn engine(&self) -> EngineConfig {
+        EngineConfig {
+            log_capacity: self.log_capacity,
+            log_capacity_bytes: self.log_capacity_bytes,
+            max_batch: self.max_batch,
+            watch_buffer: self.watch_buffer,
         }
     }
-    total
-}
-
-/// Held by store handles only. Not reachable from the writer task, so dropping the last
-/// handle drops `commands`, which ends the writer.
-struct Inner {
-    shared: Arc<Shared>,
-    commands: mpsc::Sender<Command>,
-    writer: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    path: PathBuf,
-}
-
-/// State shared by the handles and the writer task.
-struct Shared {
-    state: RwLock<State>,
-    /// Latest committed revision. Only stored under the `state` write lock (so a reader holding
-    /// the read lock sees it consistent with `objects`), readable lock-free.
-    revision: AtomicU64,
-    /// Oldest revision a watch may start from. Same locking rule as `revision`. In its own `Arc`
-    /// because watch streams need it and must not keep `Shared` (and thereby the event sender)
-    /// alive.
-    compacted: Arc<AtomicU64>,
-    log_capacity: usize,
-    log_capacity_bytes: usize,
-    commits: AtomicU64,
-    writes: AtomicU64,
-    failed_commits: AtomicU64,
-    /// Test hook: make commits fail (after the statements ran, before COMMIT).
-    #[cfg(test)]
-    fail_commits: std::sync::atomic::AtomicBool,
-}
-
-struct State {
-    objects: HashMap<String, BTreeMap<(String, String), Stored>>,
-    /// Recent events in revision order (revisions are dense: every write takes the next one).
-    log: VecDeque<LogEntry>,
-    /// Sum of the `bytes` of `log`.
-    log_bytes: usize,
-    /// Live fan-out. `None` once the store is closed, which ends every watch stream. Events are
-    /// shared (`Arc`) so that a watcher pays a deep copy only for the events it delivers.
-    events: Option<broadcast::Sender<Arc<WatchEvent>>>,
-}
-
-struct LogEntry {
-    event: Arc<WatchEvent>,
-    /// Estimated size, counted against `log_capacity_bytes`.
-    bytes: usize,
-}
-
-#[derive(Clone)]
-struct Stored {
-    revision: Revision,
-    object: Arc<Value>,
-    /// `serde_json::to_string(&*object)`, made by the write that stored `object`.
-    json: Arc<str>,
-}
-
-type Reply = oneshot::Sender<Result<Arc<Value>, StoreError>>;
-
-enum Op {
-    /// The object is already validated and carries uid, creationTimestamp and generation.
-    Create(Value),
-    /// The object is already validated.
-    Update {
-        object: Value,
-        expected: Option<Revision>,
-    },
-    Delete {
-        expected: Option<Revision>,
-    },
-}
-
-struct Request {
-    key: ObjectKey,
-    op: Op,
-    reply: Reply,
-}
-
-enum Command {
-    Write(Request),
-    Durability(oneshot::Sender<Result<Durability, StoreError>>),
-    Shutdown(oneshot::Sender<()>),
 }
 
 /// The durability settings in force on the store's connection, as SQLite reports them
@@ -249,56 +94,37 @@ pub struct Durability {
     pub synchronous: i64,
 }
 
-/// Ask SQLite what is in force on `conn`.
-async fn read_durability(conn: &mut SqliteConnection) -> Result<Durability, StoreError> {
-    let journal_mode: String = sqlx::query_scalar("PRAGMA journal_mode")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db_err("reading journal_mode"))?;
-    let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(db_err("reading synchronous"))?;
-    Ok(Durability {
-        journal_mode: journal_mode.to_ascii_lowercase(),
-        synchronous,
-    })
+/// The SQLite [`Backend`]: one exclusive connection, owned by the engine's writer task.
+pub struct SqliteBackend {
+    conn: SqliteConnection,
+    path: PathBuf,
+    #[cfg(test)]
+    fail_commits: std::sync::Arc<std::sync::atomic::AtomicBool>,
 }
 
-/// A write accepted by evaluation, waiting for its commit.
-struct Change {
-    key: ObjectKey,
-    event_type: EventType,
-    revision: Revision,
-    /// New state, or for deletions the last state with the deletion revision.
-    object: Arc<Value>,
-    /// `object` encoded; filled after evaluation, outside the state lock (empty until then).
-    json: Arc<str>,
-    /// Estimated size for the change log; filled with `json`.
-    bytes: usize,
-}
-
-fn db_err(context: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
-    move |e| StoreError::Database(format!("{context}: {e}"))
-}
-
-fn to_db_int(revision: Revision) -> Result<i64, StoreError> {
-    i64::try_from(revision)
-        .map_err(|_| StoreError::Database(format!("revision {revision} exceeds SQLite INTEGER")))
-}
-
-fn from_db_int(value: i64, what: &str) -> Result<Revision, StoreError> {
-    u64::try_from(value)
-        .map_err(|_| StoreError::Database(format!("negative {what} {value} in database")))
-}
-
-impl SqliteStore {
-    /// Open (or create) the database, migrate the schema, load every object into memory and
-    /// start the writer task. Must be called inside a Tokio runtime.
-    ///
-    /// After open, the change log is empty: `compacted_revision() == revision()`, so watches from
-    /// the current revision work and watches from older ones get [`StoreError::Expired`].
+impl CachedStore<SqliteBackend> {
+    /// Open (or create) the database, migrate the schema, load every object and the persisted
+    /// change log into memory and start the writer task. Must be called inside a Tokio runtime.
     pub async fn open(config: SqliteStoreConfig) -> Result<Self, StoreError> {
+        let backend = SqliteBackend::open(&config).await?;
+        CachedStore::start(backend, config.engine()).await
+    }
+
+    /// The durability settings in force on the writer's connection (read through the writer,
+    /// which holds the database's exclusive lock). [`StoreError::Closed`] after
+    /// [`CachedStore::close`].
+    pub async fn durability(&self) -> Result<Durability, StoreError> {
+        self.backend_settings().await
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        self.backend_info()
+    }
+}
+
+impl SqliteBackend {
+    async fn open(config: &SqliteStoreConfig) -> Result<Self, StoreError> {
         if let Some(parent) = config.path.parent().filter(|p| !p.as_os_str().is_empty()) {
             tokio::fs::create_dir_all(parent)
                 .await
@@ -317,160 +143,18 @@ impl SqliteStore {
             .await
             .map_err(|e| StoreError::Database(format!("opening {}: {e}", config.path.display())))?;
         migrate(&mut conn).await?;
-        let (objects, revision) = load(&mut conn).await?;
-        let object_count: usize = objects.values().map(BTreeMap::len).sum();
-
-        let (events, _) = broadcast::channel(config.watch_buffer.clamp(1, MAX_WATCH_BUFFER));
-        let shared = Arc::new(Shared {
-            state: RwLock::new(State {
-                objects,
-                log: VecDeque::new(),
-                log_bytes: 0,
-                events: Some(events),
-            }),
-            revision: AtomicU64::new(revision),
-            compacted: Arc::new(AtomicU64::new(revision)),
-            log_capacity: config.log_capacity,
-            log_capacity_bytes: config.log_capacity_bytes,
-            commits: AtomicU64::new(0),
-            writes: AtomicU64::new(0),
-            failed_commits: AtomicU64::new(0),
-            #[cfg(test)]
-            fail_commits: std::sync::atomic::AtomicBool::new(false),
-        });
-        let max_batch = config.max_batch.clamp(1, MAX_BATCH);
-        // Room for a few batches: enough to keep the writer busy, small enough to push back on
-        // callers instead of queueing without bound.
-        let (commands, rx) = mpsc::channel(max_batch.saturating_mul(4));
-        let span = tracing::info_span!("store_writer", path = %config.path.display());
-        let writer =
-            tokio::spawn(run_writer(conn, rx, Arc::clone(&shared), max_batch).instrument(span));
-        tracing::info!(
-            path = %config.path.display(),
-            objects = object_count,
-            revision,
-            "store opened"
-        );
         Ok(Self {
-            inner: Arc::new(Inner {
-                shared,
-                commands,
-                writer: Mutex::new(Some(writer)),
-                path: config.path,
-            }),
+            conn,
+            path: config.path.clone(),
+            #[cfg(test)]
+            fail_commits: std::sync::Arc::clone(&config.fail_commits),
         })
-    }
-
-    /// The durability settings in force on the writer's connection (read through the writer,
-    /// which holds the database's exclusive lock). [`StoreError::Closed`] after [`Self::close`].
-    pub async fn durability(&self) -> Result<Durability, StoreError> {
-        let (reply, answer) = oneshot::channel();
-        self.inner
-            .commands
-            .send(Command::Durability(reply))
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        answer.await.map_err(|_| StoreError::Closed)?
-    }
-
-    /// Stop accepting writes, finish the ones already queued, end every watch stream and close
-    /// the database. Later writes and watches answer [`StoreError::Closed`]; `get` and `list`
-    /// keep serving the last state. Idempotent.
-    pub async fn close(&self) {
-        let (done, done_rx) = oneshot::channel();
-        if self
-            .inner
-            .commands
-            .send(Command::Shutdown(done))
-            .await
-            .is_ok()
-        {
-            // An error only means the writer is already gone.
-            let _ = done_rx.await;
-        }
-        let handle = self
-            .inner
-            .writer
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .take();
-        if let Some(handle) = handle
-            && let Err(e) = handle.await
-        {
-            tracing::error!(error = %e, "store writer task failed");
-        }
-    }
-
-    /// Write-path counters (for metrics and tests).
-    pub fn stats(&self) -> StoreStats {
-        let shared = &self.inner.shared;
-        StoreStats {
-            commits: shared.commits.load(Ordering::Relaxed),
-            writes: shared.writes.load(Ordering::Relaxed),
-            failed_commits: shared.failed_commits.load(Ordering::Relaxed),
-        }
-    }
-
-    /// Size of the in-memory change log (for metrics and tests): bounded by
-    /// [`SqliteStoreConfig::log_capacity`] events and
-    /// [`SqliteStoreConfig::log_capacity_bytes`] bytes.
-    pub fn change_log(&self) -> ChangeLogStats {
-        let state = self.inner.shared.read();
-        ChangeLogStats {
-            events: state.log.len() as u64,
-            bytes: state.log_bytes as u64,
-        }
-    }
-
-    /// The database file.
-    pub fn path(&self) -> &Path {
-        &self.inner.path
-    }
-
-    async fn submit(&self, key: &ObjectKey, op: Op) -> Result<Arc<Value>, StoreError> {
-        let (reply, reply_rx) = oneshot::channel();
-        let request = Request {
-            key: key.clone(),
-            op,
-            reply,
-        };
-        self.inner
-            .commands
-            .send(Command::Write(request))
-            .await
-            .map_err(|_| StoreError::Closed)?;
-        // A dropped reply means the writer stopped before handling the command.
-        reply_rx.await.map_err(|_| StoreError::Closed)?
-    }
-}
-
-impl fmt::Debug for SqliteStore {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SqliteStore")
-            .field("path", &self.inner.path)
-            .field(
-                "revision",
-                &self.inner.shared.revision.load(Ordering::Acquire),
-            )
-            .finish_non_exhaustive()
-    }
-}
-
-impl Shared {
-    // Poisoning is ignored: only the writer takes the write lock, and if it panicked it is gone
-    // (writes answer `Closed`); readers may still serve what is there.
-    fn read(&self) -> RwLockReadGuard<'_, State> {
-        self.state.read().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    fn write(&self) -> RwLockWriteGuard<'_, State> {
-        self.state.write().unwrap_or_else(PoisonError::into_inner)
     }
 
     #[cfg(test)]
     fn injected_failure(&self) -> Option<StoreError> {
         self.fail_commits
-            .load(Ordering::Relaxed)
+            .load(std::sync::atomic::Ordering::Relaxed)
             .then(|| StoreError::Database("injected commit failure".into()))
     }
 
@@ -480,17 +164,7 @@ impl Shared {
     }
 }
 
-impl State {
-    fn lookup(&self, key: &ObjectKey) -> Option<&Stored> {
-        self.objects
-            .get(&key.resource)?
-            .get(&(key.namespace.clone(), key.name.clone()))
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Schema and loading
-
+/// Bring the schema to [`SCHEMA_VERSION`], one numbered step at a time, in one transaction.
 async fn migrate(conn: &mut SqliteConnection) -> Result<(), StoreError> {
     let mut tx = conn.begin().await.map_err(db_err("begin migration"))?;
     sqlx::query(
@@ -499,859 +173,299 @@ async fn migrate(conn: &mut SqliteConnection) -> Result<(), StoreError> {
     .execute(&mut *tx)
     .await
     .map_err(db_err("creating table meta"))?;
-    let version: Option<i64> =
+    let found: Option<i64> =
         sqlx::query_scalar("SELECT value FROM meta WHERE key = 'schema_version'")
             .fetch_optional(&mut *tx)
             .await
             .map_err(db_err("reading schema version"))?;
-    match version {
-        None => {
-            sqlx::query(
-                "CREATE TABLE IF NOT EXISTS objects (
-                    resource TEXT NOT NULL,
-                    namespace TEXT NOT NULL,
-                    name TEXT NOT NULL,
-                    revision INTEGER NOT NULL,
-                    value TEXT NOT NULL,
-                    PRIMARY KEY (resource, namespace, name)
-                )",
-            )
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err("creating table objects"))?;
-            sqlx::query(
-                "INSERT INTO meta (key, value) VALUES ('schema_version', ?1), ('revision', 0)
-                 ON CONFLICT (key) DO NOTHING",
-            )
-            .bind(SCHEMA_VERSION)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err("initializing meta"))?;
+    let mut version = found.unwrap_or(0);
+    if version > SCHEMA_VERSION {
+        return Err(StoreError::Database(format!(
+            "database schema version {version} is not supported (this build knows version {SCHEMA_VERSION})"
+        )));
+    }
+    while version < SCHEMA_VERSION {
+        version += 1;
+        match version {
+            1 => {
+                sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS objects (
+                        resource TEXT NOT NULL,
+                        namespace TEXT NOT NULL,
+                        name TEXT NOT NULL,
+                        revision INTEGER NOT NULL,
+                        value TEXT NOT NULL,
+                        PRIMARY KEY (resource, namespace, name)
+                    )",
+                )
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err("creating table objects"))?;
+                sqlx::query(
+                    "INSERT INTO meta (key, value) VALUES ('revision', 0)
+                     ON CONFLICT (key) DO NOTHING",
+                )
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err("initializing meta"))?;
+            }
+            2 => {
+                sqlx::query(
+                    "CREATE TABLE IF NOT EXISTS changes (
+                        revision INTEGER PRIMARY KEY NOT NULL,
+                        resource TEXT NOT NULL,
+                        namespace TEXT NOT NULL,
+                        name TEXT NOT NULL,
+                        event_type TEXT NOT NULL,
+                        value TEXT NOT NULL
+                    )",
+                )
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err("creating table changes"))?;
+                // Nothing of the past is logged: the log starts at the present.
+                sqlx::query(
+                    "INSERT INTO meta (key, value)
+                     SELECT 'compacted', value FROM meta WHERE key = 'revision'
+                     ON CONFLICT (key) DO NOTHING",
+                )
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err("initializing meta.compacted"))?;
+            }
+            other => unreachable!("no migration step {other}"),
         }
-        Some(SCHEMA_VERSION) => {}
-        // Future migrations go here as `Some(n) if n < SCHEMA_VERSION`.
-        Some(other) => {
-            return Err(StoreError::Database(format!(
-                "database schema version {other} is not supported (this build knows version {SCHEMA_VERSION})"
-            )));
-        }
+        sqlx::query(
+            "INSERT INTO meta (key, value) VALUES ('schema_version', ?1)
+             ON CONFLICT (key) DO UPDATE SET value = excluded.value",
+        )
+        .bind(version)
+        .execute(&mut *tx)
+        .await
+        .map_err(db_err("recording schema version"))?;
+        tracing::info!(version, "store schema migrated");
     }
     tx.commit().await.map_err(db_err("committing migration"))
 }
 
-type ObjectMap = HashMap<String, BTreeMap<(String, String), Stored>>;
-
-async fn load(conn: &mut SqliteConnection) -> Result<(ObjectMap, Revision), StoreError> {
-    let meta_revision: Option<i64> =
-        sqlx::query_scalar("SELECT value FROM meta WHERE key = 'revision'")
-            .fetch_optional(&mut *conn)
-            .await
-            .map_err(db_err("reading revision"))?;
-    let mut revision = from_db_int(meta_revision.unwrap_or(0), "revision")?;
-    let mut objects: ObjectMap = HashMap::new();
-    let mut rows = sqlx::query("SELECT resource, namespace, name, revision, value FROM objects")
-        .fetch(&mut *conn);
-    while let Some(row) = rows.try_next().await.map_err(db_err("loading objects"))? {
-        let resource: String = row.try_get(0).map_err(db_err("loading objects"))?;
-        let namespace: String = row.try_get(1).map_err(db_err("loading objects"))?;
-        let name: String = row.try_get(2).map_err(db_err("loading objects"))?;
-        let object_revision: i64 = row.try_get(3).map_err(db_err("loading objects"))?;
-        let text: String = row.try_get(4).map_err(db_err("loading objects"))?;
-        let object_revision = from_db_int(object_revision, "object revision")?;
-        let object: Value = serde_json::from_str(&text).map_err(|e| {
-            StoreError::Database(format!("corrupt object {resource} {namespace}/{name}: {e}"))
-        })?;
-        if !object.is_object() {
-            return Err(StoreError::Database(format!(
-                "corrupt object {resource} {namespace}/{name}: not a JSON object"
-            )));
-        }
-        // Defensive: the meta row is written in the same transaction as the objects, so this only
-        // matters for a database edited by hand.
-        revision = revision.max(object_revision);
-        // Re-encoded rather than kept as read, so the cached text is exactly what a write makes
-        // (a row edited by hand may be formatted differently).
-        let json = encode(&object)?;
-        objects.entry(resource).or_default().insert(
-            (namespace, name),
-            Stored {
-                revision: object_revision,
-                object: Arc::new(object),
-                json,
-            },
-        );
-    }
-    Ok((objects, revision))
-}
-
-// ---------------------------------------------------------------------------------------------
-// Writer
-
-async fn run_writer(
-    mut conn: SqliteConnection,
-    mut rx: mpsc::Receiver<Command>,
-    shared: Arc<Shared>,
-    max_batch: usize,
-) {
-    let mut commands = Vec::with_capacity(max_batch);
-    let mut shutdown = Vec::new();
-    loop {
-        commands.clear();
-        // 0 means every handle is gone and the queue is empty.
-        if rx.recv_many(&mut commands, max_batch).await == 0 {
-            break;
-        }
-        let mut requests = Vec::with_capacity(commands.len());
-        for command in commands.drain(..) {
-            match command {
-                // Commands queued behind a shutdown are refused, like those sent after it.
-                Command::Write(request) if !shutdown.is_empty() => {
-                    let _ = request.reply.send(Err(StoreError::Closed));
-                }
-                Command::Write(request) => requests.push(request),
-                Command::Durability(reply) if !shutdown.is_empty() => {
-                    let _ = reply.send(Err(StoreError::Closed));
-                }
-                Command::Durability(reply) => {
-                    let _ = reply.send(read_durability(&mut conn).await);
-                }
-                Command::Shutdown(done) => shutdown.push(done),
-            }
-        }
-        if !requests.is_empty() {
-            process_batch(&mut conn, &shared, requests).await;
-        }
-        if !shutdown.is_empty() {
-            rx.close();
-            while let Ok(command) = rx.try_recv() {
-                match command {
-                    Command::Write(request) => {
-                        let _ = request.reply.send(Err(StoreError::Closed));
-                    }
-                    Command::Durability(reply) => {
-                        let _ = reply.send(Err(StoreError::Closed));
-                    }
-                    Command::Shutdown(done) => shutdown.push(done),
-                }
-            }
-            break;
-        }
-    }
-    // Dropping the sender ends every watch stream.
-    shared.write().events = None;
-    if let Err(e) = conn.close().await {
-        tracing::error!(error = %e, "closing database");
-    }
-    tracing::info!("store writer stopped");
-    for done in shutdown {
-        let _ = done.send(());
-    }
-}
-
-/// Evaluate, commit and apply one batch; reply to every request.
-async fn process_batch(conn: &mut SqliteConnection, shared: &Shared, requests: Vec<Request>) {
-    let commands = requests.len();
-    let mut replies = Vec::with_capacity(commands);
-    // Per request: `Ok(index into changes)` or the final answer.
-    let mut outcomes: Vec<Result<usize, Result<Arc<Value>, StoreError>>> =
-        Vec::with_capacity(commands);
-    let mut changes: Vec<Change> = Vec::new();
-    {
-        let state = shared.read();
-        // Only this task changes `revision`, so it cannot move while we work.
-        let mut next = shared.revision.load(Ordering::Acquire) + 1;
-        // Effect of the earlier commands of this batch: `None` = deleted.
-        let mut overlay: HashMap<ObjectKey, Option<Current>> = HashMap::new();
-        for Request { key, op, reply } in requests {
-            replies.push(reply);
-            let current = match overlay.get(&key) {
-                Some(entry) => entry.clone(),
-                None => state.lookup(&key).map(|stored| Current {
-                    revision: stored.revision,
-                    object: Arc::clone(&stored.object),
-                }),
-            };
-            match evaluate(&key, op, current, next) {
-                Ok(Evaluated::Write(change)) => {
-                    let after = match change.event_type {
-                        EventType::Deleted => None,
-                        EventType::Added | EventType::Modified => Some(Current {
-                            revision: change.revision,
-                            object: Arc::clone(&change.object),
-                        }),
-                    };
-                    overlay.insert(key, after);
-                    outcomes.push(Ok(changes.len()));
-                    changes.push(change);
-                    next += 1;
-                }
-                Ok(Evaluated::Unchanged(object)) => outcomes.push(Err(Ok(object))),
-                Err(e) => outcomes.push(Err(Err(e))),
-            }
-        }
-    }
-
-    if !changes.is_empty() {
-        let started = Instant::now();
-        // Encoded once here: the text goes to the table, to memory and to the watch event.
-        let result = match encode_changes(&mut changes) {
-            Ok(()) => persist(conn, &changes, shared.injected_failure()).await,
-            Err(e) => Err(e),
-        };
-        let elapsed = started.elapsed();
-        if let Err(e) = result {
-            shared.failed_commits.fetch_add(1, Ordering::Relaxed);
-            tracing::error!(error = %e, commands, "store commit failed; batch rejected");
-            // Every outcome was computed against writes that are now not happening, so none of
-            // them can be trusted: the whole batch fails and memory stays as it was.
-            for reply in replies {
-                let _ = reply.send(Err(StoreError::Database(e.to_string())));
-            }
-            return;
-        }
-        shared.commits.fetch_add(1, Ordering::Relaxed);
-        shared
-            .writes
-            .fetch_add(changes.len() as u64, Ordering::Relaxed);
-        tracing::debug!(
-            commands,
-            writes = changes.len(),
-            revision = changes.last().map_or(0, |c| c.revision),
-            commit_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
-            "group commit"
-        );
-        apply(shared, &changes);
-    }
-
-    for (reply, outcome) in replies.into_iter().zip(outcomes) {
-        let answer = match outcome {
-            Ok(index) => Ok(Arc::clone(&changes[index].object)),
-            Err(answer) => answer,
-        };
-        // The caller may have given up waiting; the write stands anyway.
-        let _ = reply.send(answer);
-    }
-}
-
-/// Fill each change's `json` and `bytes` (outside the state lock: readers are not held up).
-fn encode_changes(changes: &mut [Change]) -> Result<(), StoreError> {
-    for change in changes {
-        change.json = encode(&change.object)?;
-        change.bytes = approx_bytes(&change.object)
-            + change.json.len()
-            + change.key.resource.len()
-            + change.key.namespace.len()
-            + change.key.name.len()
-            + std::mem::size_of::<WatchEvent>();
-    }
-    Ok(())
-}
-
-/// The one JSON encoding of a stored object (what the table, lists and watches carry).
-fn encode(object: &Value) -> Result<Arc<str>, StoreError> {
-    serde_json::to_string(object)
-        .map(Arc::from)
-        .map_err(|e| StoreError::Database(format!("serializing object: {e}")))
-}
-
-/// Write the net effect of `changes` and the new revision in one transaction.
-async fn persist(
-    conn: &mut SqliteConnection,
-    changes: &[Change],
-    injected_failure: Option<StoreError>,
-) -> Result<(), StoreError> {
-    // Several changes of one key in a batch: only the last one reaches the table.
-    let mut last: HashMap<&ObjectKey, &Change> = HashMap::with_capacity(changes.len());
-    for change in changes {
-        last.insert(&change.key, change);
-    }
-    let revision = changes.last().map_or(0, |c| c.revision);
-
-    let mut tx = conn.begin().await.map_err(db_err("begin"))?;
-    for change in last.into_values() {
-        let key = &change.key;
-        match change.event_type {
-            EventType::Deleted => {
-                sqlx::query(
-                    "DELETE FROM objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
-                )
-                .bind(key.resource.as_str())
-                .bind(key.namespace.as_str())
-                .bind(key.name.as_str())
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err("delete"))?;
-            }
-            EventType::Added | EventType::Modified => {
-                sqlx::query(
-                    "INSERT INTO objects (resource, namespace, name, revision, value)
-                     VALUES (?1, ?2, ?3, ?4, ?5)
-                     ON CONFLICT (resource, namespace, name)
-                     DO UPDATE SET revision = excluded.revision, value = excluded.value",
-                )
-                .bind(key.resource.as_str())
-                .bind(key.namespace.as_str())
-                .bind(key.name.as_str())
-                .bind(to_db_int(change.revision)?)
-                .bind(&*change.json)
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err("upsert"))?;
-            }
-        }
-    }
-    sqlx::query("UPDATE meta SET value = ?1 WHERE key = 'revision'")
-        .bind(to_db_int(revision)?)
-        .execute(&mut *tx)
+async fn meta_value(conn: &mut SqliteConnection, key: &str) -> Result<Revision, StoreError> {
+    let value: Option<i64> = sqlx::query_scalar("SELECT value FROM meta WHERE key = ?1")
+        .bind(key)
+        .fetch_optional(&mut *conn)
         .await
-        .map_err(db_err("updating revision"))?;
-    if let Some(e) = injected_failure {
-        // Dropping `tx` rolls back, exactly as after a failed statement.
-        return Err(e);
-    }
-    tx.commit().await.map_err(db_err("commit"))
+        .map_err(db_err("reading meta"))?;
+    from_db_int(value.unwrap_or(0), key)
 }
-
-/// Make committed changes visible: memory, change log, watchers, revision — all under the
-/// write lock, so readers and new watches see either none or all of the batch.
-fn apply(shared: &Shared, changes: &[Change]) {
-    let mut guard = shared.write();
-    let state = &mut *guard;
-    let mut compacted = shared.compacted.load(Ordering::Acquire);
-    for change in changes {
-        let key = &change.key;
-        let slot = (key.namespace.clone(), key.name.clone());
-        match change.event_type {
-            EventType::Deleted => {
-                if let Some(objects) = state.objects.get_mut(&key.resource) {
-                    objects.remove(&slot);
-                }
-            }
-            EventType::Added | EventType::Modified => {
-                let stored = Stored {
-                    revision: change.revision,
-                    object: Arc::clone(&change.object),
-                    json: Arc::clone(&change.json),
-                };
-                state
-                    .objects
-                    .entry(key.resource.clone())
-                    .or_default()
-                    .insert(slot, stored);
-            }
-        }
-        let event = Arc::new(WatchEvent {
-            event_type: change.event_type,
-            key: key.clone(),
-            object: Arc::clone(&change.object),
-            json: Some(Arc::clone(&change.json)),
-            revision: change.revision,
-        });
-        if let Some(events) = &state.events {
-            // An error only means nobody is watching.
-            let _ = events.send(Arc::clone(&event));
-        }
-        state.log.push_back(LogEntry {
-            event,
-            bytes: change.bytes,
-        });
-        state.log_bytes = state.log_bytes.saturating_add(change.bytes);
-    }
-    while state.log.len() > shared.log_capacity || state.log_bytes > shared.log_capacity_bytes {
-        let Some(dropped) = state.log.pop_front() else {
-            break;
-        };
-        state.log_bytes = state.log_bytes.saturating_sub(dropped.bytes);
-        compacted = compacted.max(dropped.event.revision);
-    }
-    if let Some(last) = changes.last() {
-        shared.revision.store(last.revision, Ordering::Release);
-    }
-    shared.compacted.store(compacted, Ordering::Release);
-}
-
-/// The state a command of a batch is evaluated against: memory, or an earlier command of the
-/// same batch (whose encoding is not made yet, hence not a [`Stored`]).
-#[derive(Clone)]
-struct Current {
-    revision: Revision,
-    object: Arc<Value>,
-}
-
-enum Evaluated {
-    Write(Change),
-    /// No-op update: the stored object, unchanged.
-    Unchanged(Arc<Value>),
-}
-
-/// Decide what `op` does to `current`, giving it `revision` if it writes.
-fn evaluate(
-    key: &ObjectKey,
-    op: Op,
-    current: Option<Current>,
-    revision: Revision,
-) -> Result<Evaluated, StoreError> {
-    let check =
-        |stored: Option<Current>, expected: Option<Revision>| -> Result<Current, StoreError> {
-            let stored = stored.ok_or_else(|| StoreError::NotFound(key.clone()))?;
-            match expected {
-                Some(expected) if expected != stored.revision => Err(StoreError::Conflict {
-                    key: key.clone(),
-                    expected,
-                    actual: stored.revision,
-                }),
-                _ => Ok(stored),
-            }
-        };
-    match op {
-        Op::Create(mut object) => {
-            if current.is_some() {
-                return Err(StoreError::AlreadyExists(key.clone()));
-            }
-            set_resource_version(&mut object, revision);
-            Ok(Evaluated::Write(Change {
-                key: key.clone(),
-                event_type: EventType::Added,
-                revision,
-                object: Arc::new(object),
-                json: Arc::from(""),
-                bytes: 0,
-            }))
-        }
-        Op::Update {
-            mut object,
-            expected,
-        } => {
-            let stored = check(current, expected)?;
-            let old = &*stored.object;
-            let generation = generation_of(old);
-            let generation = if same_spec(old, &object) {
-                generation
-            } else {
-                generation + 1
-            };
-            let old_meta = old.get("metadata").and_then(Value::as_object);
-            if let Some(meta) = metadata_mut(&mut object) {
-                for field in ["uid", "creationTimestamp"] {
-                    match old_meta.and_then(|m| m.get(field)) {
-                        Some(value) => {
-                            meta.insert(field.to_owned(), value.clone());
-                        }
-                        None => {
-                            meta.remove(field);
-                        }
-                    }
-                }
-                meta.insert("generation".to_owned(), Value::from(generation));
-            }
-            // Compare with the stored resourceVersion in place: equal means a no-op.
-            set_resource_version(&mut object, stored.revision);
-            if object == *old {
-                return Ok(Evaluated::Unchanged(stored.object));
-            }
-            set_resource_version(&mut object, revision);
-            Ok(Evaluated::Write(Change {
-                key: key.clone(),
-                event_type: EventType::Modified,
-                revision,
-                object: Arc::new(object),
-                json: Arc::from(""),
-                bytes: 0,
-            }))
-        }
-        Op::Delete { expected } => {
-            let stored = check(current, expected)?;
-            let mut object = (*stored.object).clone();
-            set_resource_version(&mut object, revision);
-            Ok(Evaluated::Write(Change {
-                key: key.clone(),
-                event_type: EventType::Deleted,
-                revision,
-                object: Arc::new(object),
-                json: Arc::from(""),
-                bytes: 0,
-            }))
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Object metadata helpers
-
-/// `metadata` of an object, created if absent; `None` only for a non-object, which never reaches
-/// the writer (validated on the way in, checked at load).
-fn metadata_mut(object: &mut Value) -> Option<&mut Map<String, Value>> {
-    let meta = object
-        .as_object_mut()?
-        .entry("metadata")
-        .or_insert_with(|| Value::Object(Map::new()));
-    if !meta.is_object() {
-        *meta = Value::Object(Map::new());
-    }
-    meta.as_object_mut()
-}
-
-fn set_resource_version(object: &mut Value, revision: Revision) {
-    if let Some(meta) = metadata_mut(object) {
-        meta.insert(
-            "resourceVersion".to_owned(),
-            Value::String(revision.to_string()),
-        );
-    }
-}
-
-fn generation_of(object: &Value) -> i64 {
-    object
-        .pointer("/metadata/generation")
-        .and_then(Value::as_i64)
-        .unwrap_or(0)
-}
-
-/// Whether two objects agree on every top-level field outside [`NON_SPEC_FIELDS`].
-fn same_spec(a: &Value, b: &Value) -> bool {
-    fn spec(v: &Value) -> impl Iterator<Item = (&String, &Value)> {
-        v.as_object()
-            .into_iter()
-            .flatten()
-            .filter(|(k, _)| !NON_SPEC_FIELDS.contains(&k.as_str()))
-    }
-    spec(a).count() == spec(b).count() && spec(a).all(|(k, v)| b.get(k) == Some(v))
-}
-
-/// Check the shape of an incoming object and that it names `key`; returns its metadata.
-fn validate<'a>(
-    key: &ObjectKey,
-    object: &'a mut Value,
-) -> Result<&'a mut Map<String, Value>, StoreError> {
-    let invalid = |msg: String| Err(StoreError::InvalidObject(msg));
-    if key.resource.is_empty() {
-        return invalid("empty resource name".into());
-    }
-    if key.name.is_empty() {
-        return invalid("empty object name".into());
-    }
-    let Some(fields) = object.as_object_mut() else {
-        return invalid("not a JSON object".into());
-    };
-    let Some(Value::Object(meta)) = fields.get_mut("metadata") else {
-        return invalid("metadata must be an object".into());
-    };
-    match meta.get("name") {
-        Some(Value::String(name)) if *name == key.name => {}
-        other => {
-            return invalid(format!(
-                "metadata.name is {}, expected {:?}",
-                show(other),
-                key.name
-            ));
-        }
-    }
-    let namespace_ok = match meta.get("namespace") {
-        Some(Value::String(ns)) => *ns == key.namespace,
-        None | Some(Value::Null) => key.namespace.is_empty(),
-        Some(_) => false,
-    };
-    if !namespace_ok {
-        let got = show(meta.get("namespace"));
-        return if key.namespace.is_empty() {
-            invalid(format!(
-                "metadata.namespace is {got} on a cluster-scoped object"
-            ))
-        } else {
-            invalid(format!(
-                "metadata.namespace is {got}, expected {:?}",
-                key.namespace
-            ))
-        };
-    }
-    Ok(meta)
-}
-
-fn show(value: Option<&Value>) -> String {
-    value.map_or_else(|| "missing".to_owned(), Value::to_string)
-}
-
-/// Validate and fill the create-time metadata (everything but resourceVersion, which the
-/// writer assigns). Done on the caller's task to keep the writer's critical path short.
-fn prepare_create(key: &ObjectKey, mut object: Value) -> Result<Value, StoreError> {
-    let meta = validate(key, &mut object)?;
-    let has_uid = match meta.get("uid") {
-        None | Some(Value::Null) => false,
-        Some(Value::String(uid)) => !uid.is_empty(),
-        Some(other) => {
-            return Err(StoreError::InvalidObject(format!(
-                "metadata.uid is {other}, expected a string"
-            )));
-        }
-    };
-    if !has_uid {
-        meta.insert(
-            "uid".to_owned(),
-            Value::String(uuid::Uuid::new_v4().to_string()),
-        );
-    }
-    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    meta.insert("creationTimestamp".to_owned(), Value::String(now));
-    meta.insert("generation".to_owned(), Value::from(1));
-    meta.remove("resourceVersion");
-    Ok(object)
-}
-
-impl SqliteStore {
-    /// One page of `resource` as `options` ask, each item made by `item` under the read lock
-    /// (so it is as of the page's revision).
-    fn page<T>(
-        &self,
-        resource: &str,
-        options: &ListOptions,
-        item: impl Fn(&Stored) -> T,
-    ) -> ListResult<T> {
-        let shared = &self.inner.shared;
-        let state = shared.read();
-        // Read under the same lock as the items: the writer stores it under the write lock.
-        let revision = shared.revision.load(Ordering::Acquire);
-        let empty = ListResult {
-            items: Vec::new(),
-            revision,
-            continue_after: None,
-            remaining: 0,
-        };
-        let Some(objects) = state.objects.get(resource) else {
-            return empty;
-        };
-        let start = options.start_after.clone();
-        let (lower, namespace) = match (&options.namespace, start) {
-            (None, None) => (Bound::Unbounded, None),
-            (None, Some(after)) => (Bound::Excluded(after), None),
-            (Some(ns), Some(after)) if after.0 == *ns => {
-                (Bound::Excluded(after), Some(ns.as_str()))
-            }
-            // Resuming after a later namespace: nothing of `ns` is left.
-            (Some(ns), Some(after)) if after.0 > *ns => return empty,
-            (Some(ns), _) => (
-                Bound::Included((ns.clone(), String::new())),
-                Some(ns.as_str()),
-            ),
-        };
-        let mut matching = objects
-            .range::<(String, String), _>((lower, Bound::Unbounded))
-            .take_while(|((ns, _), _)| namespace.is_none_or(|want| ns == want));
-        let limit = options.limit.filter(|&l| l > 0).unwrap_or(usize::MAX);
-        let mut items = Vec::new();
-        let mut last = None;
-        for (slot, stored) in matching.by_ref().take(limit) {
-            items.push(item(stored));
-            last = Some(slot);
-        }
-        let remaining = matching.count() as u64;
-        let continue_after = match last {
-            Some((ns, name)) if remaining > 0 => Some(ObjectKey::new(resource, ns, name)),
-            _ => None,
-        };
-        ListResult {
-            items,
-            revision,
-            continue_after,
-            remaining,
-        }
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Store implementation
 
 #[async_trait]
-impl Store for SqliteStore {
-    async fn create(&self, key: &ObjectKey, object: Value) -> Result<Arc<Value>, StoreError> {
-        let object = prepare_create(key, object)?;
-        self.submit(key, Op::Create(object)).await
+impl Backend for SqliteBackend {
+    type Settings = Durability;
+    type Info = PathBuf;
+
+    fn info(&self) -> PathBuf {
+        self.path.clone()
     }
 
-    async fn get(&self, key: &ObjectKey) -> Result<Option<Arc<Value>>, StoreError> {
-        let state = self.inner.shared.read();
-        Ok(state.lookup(key).map(|stored| Arc::clone(&stored.object)))
-    }
-
-    async fn update(
-        &self,
-        key: &ObjectKey,
-        mut object: Value,
-        expected: Option<Revision>,
-    ) -> Result<Arc<Value>, StoreError> {
-        validate(key, &mut object)?;
-        self.submit(key, Op::Update { object, expected }).await
-    }
-
-    async fn delete(
-        &self,
-        key: &ObjectKey,
-        expected: Option<Revision>,
-    ) -> Result<Arc<Value>, StoreError> {
-        self.submit(key, Op::Delete { expected }).await
-    }
-
-    async fn list(&self, resource: &str, options: &ListOptions) -> Result<ListResult, StoreError> {
-        Ok(self.page(resource, options, |stored| Arc::clone(&stored.object)))
-    }
-
-    async fn list_encoded(
-        &self,
-        resource: &str,
-        options: &ListOptions,
-    ) -> Result<ListResult<EncodedObject>, StoreError> {
-        Ok(self.page(resource, options, |stored| EncodedObject {
-            object: Arc::clone(&stored.object),
-            json: Arc::clone(&stored.json),
-        }))
-    }
-
-    async fn watch(
-        &self,
-        resource: &str,
-        namespace: Option<&str>,
-        from: Revision,
-    ) -> Result<WatchStream, StoreError> {
-        let shared = &self.inner.shared;
-        let filter = Filter {
-            resource: resource.to_owned(),
-            namespace: namespace.map(str::to_owned),
-            after: from,
-        };
-        // Backlog and subscription under the lock the writer publishes under: every event is
-        // either in the backlog or arrives on the receiver, never both, never neither.
-        let (backlog, receiver) = {
-            let state = shared.read();
-            let oldest = shared.compacted.load(Ordering::Acquire);
-            if from < oldest {
-                return Err(StoreError::Expired {
-                    requested: from,
-                    oldest,
-                });
-            }
-            let receiver = state.events.as_ref().ok_or(StoreError::Closed)?.subscribe();
-            let first = state
-                .log
-                .partition_point(|entry| entry.event.revision <= from);
-            let backlog: Vec<WatchEvent> = state
-                .log
-                .range(first..)
-                .filter(|entry| filter.matches(&entry.event))
-                .map(|entry| WatchEvent::clone(&entry.event))
-                .collect();
-            (backlog, receiver)
-        };
-        let watch = Watch {
-            backlog: backlog.into_iter(),
-            receiver: Some(receiver),
-            filter,
-            last: from,
-            compacted: Arc::clone(&shared.compacted),
-        };
-        Ok(Box::pin(futures::stream::unfold(watch, Watch::next)))
-    }
-
-    fn revision(&self) -> Revision {
-        self.inner.shared.revision.load(Ordering::Acquire)
-    }
-
-    async fn compact(&self, revision: Revision) -> Result<(), StoreError> {
-        let shared = &self.inner.shared;
-        let mut state = shared.write();
-        // Compacting past the present would make the current revision unwatchable.
-        let target = revision.min(shared.revision.load(Ordering::Acquire));
-        if target <= shared.compacted.load(Ordering::Acquire) {
-            return Ok(());
+    async fn load(&mut self) -> Result<Loaded, StoreError> {
+        let conn = &mut self.conn;
+        let revision = meta_value(conn, "revision").await?;
+        let compacted = meta_value(conn, "compacted").await?;
+        let mut objects = Vec::new();
+        let mut rows =
+            sqlx::query("SELECT resource, namespace, name, revision, value FROM objects")
+                .fetch(&mut *conn);
+        while let Some(row) = rows.try_next().await.map_err(db_err("loading objects"))? {
+            let key = ObjectKey::new(
+                row.try_get::<String, _>(0)
+                    .map_err(db_err("loading objects"))?,
+                row.try_get::<String, _>(1)
+                    .map_err(db_err("loading objects"))?,
+                row.try_get::<String, _>(2)
+                    .map_err(db_err("loading objects"))?,
+            );
+            let object_revision: i64 = row.try_get(3).map_err(db_err("loading objects"))?;
+            let text: String = row.try_get(4).map_err(db_err("loading objects"))?;
+            objects.push(LoadedObject {
+                revision: from_db_int(object_revision, "object revision")?,
+                object: parse_object(&text, &key, "object")?,
+                key,
+            });
         }
-        while state
-            .log
-            .front()
-            .is_some_and(|entry| entry.event.revision <= target)
+        drop(rows);
+        let mut log = Vec::new();
+        let mut rows = sqlx::query(
+            "SELECT revision, resource, namespace, name, event_type, value FROM changes
+             WHERE revision > ?1 ORDER BY revision",
+        )
+        .bind(to_db_int(compacted)?)
+        .fetch(&mut *conn);
+        while let Some(row) = rows
+            .try_next()
+            .await
+            .map_err(db_err("loading change log"))?
         {
-            if let Some(dropped) = state.log.pop_front() {
-                state.log_bytes = state.log_bytes.saturating_sub(dropped.bytes);
+            let change_revision: i64 = row.try_get(0).map_err(db_err("loading change log"))?;
+            let key = ObjectKey::new(
+                row.try_get::<String, _>(1)
+                    .map_err(db_err("loading change log"))?,
+                row.try_get::<String, _>(2)
+                    .map_err(db_err("loading change log"))?,
+                row.try_get::<String, _>(3)
+                    .map_err(db_err("loading change log"))?,
+            );
+            let event_type: String = row.try_get(4).map_err(db_err("loading change log"))?;
+            let text: String = row.try_get(5).map_err(db_err("loading change log"))?;
+            log.push(LoggedChange {
+                revision: from_db_int(change_revision, "change revision")?,
+                event_type: parse_event_type(&event_type)?,
+                object: parse_object(&text, &key, "change-log entry")?,
+                key,
+            });
+        }
+        Ok(Loaded {
+            objects,
+            revision,
+            compacted,
+            log,
+        })
+    }
+
+    async fn commit(
+        &mut self,
+        changes: &[Change],
+        compact_to: Option<Revision>,
+    ) -> Result<(), StoreError> {
+        // Several changes of one key in a batch: only the last one reaches `objects`.
+        let mut last: HashMap<&ObjectKey, &Change> = HashMap::with_capacity(changes.len());
+        for change in changes {
+            last.insert(&change.key, change);
+        }
+        let revision = changes.last().map_or(0, |c| c.revision);
+        let injected_failure = self.injected_failure();
+
+        let mut tx = self.conn.begin().await.map_err(db_err("begin"))?;
+        for change in changes {
+            let key = &change.key;
+            sqlx::query(
+                "INSERT INTO changes (revision, resource, namespace, name, event_type, value)
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )
+            .bind(to_db_int(change.revision)?)
+            .bind(key.resource.as_str())
+            .bind(key.namespace.as_str())
+            .bind(key.name.as_str())
+            .bind(event_type_name(change.event_type))
+            .bind(&*change.json)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err("appending to the change log"))?;
+        }
+        for change in last.into_values() {
+            let key = &change.key;
+            match change.event_type {
+                EventType::Deleted => {
+                    sqlx::query(
+                        "DELETE FROM objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
+                    )
+                    .bind(key.resource.as_str())
+                    .bind(key.namespace.as_str())
+                    .bind(key.name.as_str())
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err("delete"))?;
+                }
+                EventType::Added | EventType::Modified => {
+                    sqlx::query(
+                        "INSERT INTO objects (resource, namespace, name, revision, value)
+                         VALUES (?1, ?2, ?3, ?4, ?5)
+                         ON CONFLICT (resource, namespace, name)
+                         DO UPDATE SET revision = excluded.revision, value = excluded.value",
+                    )
+                    .bind(key.resource.as_str())
+                    .bind(key.namespace.as_str())
+                    .bind(key.name.as_str())
+                    .bind(to_db_int(change.revision)?)
+                    .bind(&*change.json)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(db_err("upsert"))?;
+                }
             }
         }
-        shared.compacted.store(target, Ordering::Release);
-        Ok(())
-    }
-
-    fn compacted_revision(&self) -> Revision {
-        self.inner.shared.compacted.load(Ordering::Acquire)
-    }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Watch streams
-
-struct Filter {
-    resource: String,
-    namespace: Option<String>,
-    /// Only events with a revision strictly greater than this.
-    after: Revision,
-}
-
-impl Filter {
-    fn matches(&self, event: &WatchEvent) -> bool {
-        event.revision > self.after
-            && event.key.resource == self.resource
-            && self
-                .namespace
-                .as_ref()
-                .is_none_or(|ns| *ns == event.key.namespace)
-    }
-}
-
-struct Watch {
-    backlog: std::vec::IntoIter<WatchEvent>,
-    /// `None` once the stream has ended.
-    receiver: Option<broadcast::Receiver<Arc<WatchEvent>>>,
-    filter: Filter,
-    /// Revision of the last event delivered (or the start revision).
-    last: Revision,
-    compacted: Arc<AtomicU64>,
-}
-
-impl Watch {
-    async fn next(mut self) -> Option<(Result<WatchEvent, StoreError>, Self)> {
-        if let Some(event) = self.backlog.next() {
-            self.last = event.revision;
-            return Some((Ok(event), self));
+        sqlx::query("UPDATE meta SET value = ?1 WHERE key = 'revision'")
+            .bind(to_db_int(revision)?)
+            .execute(&mut *tx)
+            .await
+            .map_err(db_err("updating revision"))?;
+        if let Some(floor) = compact_to {
+            compact_in(&mut tx, floor).await?;
         }
-        loop {
-            let received = self.receiver.as_mut()?.recv().await;
-            match received {
-                Ok(event) if self.filter.matches(&event) => {
-                    self.last = event.revision;
-                    let event = Arc::unwrap_or_clone(event);
-                    return Some((Ok(event), self));
-                }
-                Ok(_) => {}
-                Err(broadcast::error::RecvError::Lagged(_)) => {
-                    // The watcher fell `watch_buffer` events behind. Rather than buffer without
-                    // bound, end the stream: the client relists and watches again.
-                    self.receiver = None;
-                    let error = StoreError::Expired {
-                        requested: self.last,
-                        oldest: self.compacted.load(Ordering::Acquire),
-                    };
-                    return Some((Err(error), self));
-                }
-                Err(broadcast::error::RecvError::Closed) => return None,
-            }
+        if let Some(e) = injected_failure {
+            // Dropping `tx` rolls back, exactly as after a failed statement.
+            return Err(e);
+        }
+        tx.commit().await.map_err(db_err("commit"))
+    }
+
+    async fn compact(&mut self, revision: Revision) -> Result<(), StoreError> {
+        let mut tx = self.conn.begin().await.map_err(db_err("begin"))?;
+        compact_in(&mut tx, revision).await?;
+        tx.commit().await.map_err(db_err("commit compaction"))
+    }
+
+    async fn settings(&mut self) -> Result<Durability, StoreError> {
+        let journal_mode: String = sqlx::query_scalar("PRAGMA journal_mode")
+            .fetch_one(&mut self.conn)
+            .await
+            .map_err(db_err("reading journal_mode"))?;
+        let synchronous: i64 = sqlx::query_scalar("PRAGMA synchronous")
+            .fetch_one(&mut self.conn)
+            .await
+            .map_err(db_err("reading synchronous"))?;
+        Ok(Durability {
+            journal_mode: journal_mode.to_ascii_lowercase(),
+            synchronous,
+        })
+    }
+
+    async fn close(self) {
+        if let Err(e) = self.conn.close().await {
+            tracing::error!(error = %e, path = %self.path.display(), "closing database");
         }
     }
+}
+
+/// Drop change-log rows at or below `floor` and record the floor.
+async fn compact_in(conn: &mut SqliteConnection, floor: Revision) -> Result<(), StoreError> {
+    let floor = to_db_int(floor)?;
+    sqlx::query("DELETE FROM changes WHERE revision <= ?1")
+        .bind(floor)
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err("compacting the change log"))?;
+    sqlx::query("UPDATE meta SET value = ?1 WHERE key = 'compacted'")
+        .bind(floor)
+        .execute(&mut *conn)
+        .await
+        .map_err(db_err("recording the change-log floor"))?;
+    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
     use std::time::Instant;
 
     use futures::StreamExt;
-    use serde_json::json;
+    use serde_json::{Value, json};
     use tempfile::TempDir;
 
     use super::*;
     use crate::conformance;
+    use crate::{
+        ChangeLogStats, EncodedObject, ListOptions, ListResult, Store, WatchEvent, WatchStream,
+    };
 
     /// A crash test cannot see a missing fsync: assert what SQLite has in force.
     #[tokio::test]
@@ -1425,6 +539,16 @@ mod tests {
             options: &ListOptions,
         ) -> Result<ListResult<EncodedObject>, StoreError> {
             self.store.list_encoded(resource, options).await
+        }
+        async fn list_encoded_at(
+            &self,
+            resource: &str,
+            options: &ListOptions,
+            revision: Revision,
+        ) -> Result<ListResult<EncodedObject>, StoreError> {
+            self.store
+                .list_encoded_at(resource, options, revision)
+                .await
         }
         async fn watch(
             &self,
@@ -1567,9 +691,10 @@ mod tests {
         assert_eq!(store.revision(), revision, "revision restored");
         assert_eq!(
             store.compacted_revision(),
-            revision,
-            "log starts empty after restart"
+            0,
+            "the persisted change log reaches back to the first write"
         );
+        assert_eq!(store.change_log().events, revision);
         assert_eq!(
             store.get(&a).await.expect("get").as_deref(),
             Some(&*a_stored)
@@ -1586,15 +711,32 @@ mod tests {
         assert_eq!(listed.items.len(), 1);
         assert_eq!(listed.revision, revision);
 
-        match store.watch(R, None, revision - 1).await {
-            Err(StoreError::Expired { requested, oldest }) => {
-                assert_eq!((requested, oldest), (revision - 1, revision));
-            }
-            other => panic!(
-                "watch from before the restart should be Expired, got {:?}",
-                other.map(|_| ())
-            ),
-        }
+        // A watch from before the restart resumes from the persisted log: the update of `a`
+        // (revision 4) and the deletion of `b` (revision 5), with their encodings.
+        let mut resumed = store
+            .watch(R, None, revision - 2)
+            .await
+            .expect("watch from before the restart");
+        let event = next(&mut resumed)
+            .await
+            .expect("event")
+            .expect("not an error");
+        assert_eq!((event.event_type, event.revision), (EventType::Modified, 4));
+        assert_eq!(event.object, a_stored);
+        let event = next(&mut resumed)
+            .await
+            .expect("event")
+            .expect("not an error");
+        assert_eq!((event.event_type, event.revision), (EventType::Deleted, 5));
+        assert_eq!(event.object["metadata"]["resourceVersion"], json!("5"));
+        assert_eq!(
+            event.json.as_deref(),
+            Some(
+                serde_json::to_string(&*event.object)
+                    .expect("json")
+                    .as_str()
+            )
+        );
         let mut stream = store
             .watch(R, None, revision)
             .await
@@ -1790,7 +932,9 @@ mod tests {
     async fn failed_commit_fails_the_batch_and_changes_nothing() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("rlark.db");
-        let store = Arc::new(open(&path).await);
+        let config = SqliteStoreConfig::new(&path);
+        let fail_commits = Arc::clone(&config.fail_commits);
+        let store = Arc::new(SqliteStore::open(config).await.expect("open store"));
         let a = key("ns", "a");
         let a_stored = store
             .create(&a, obj(&a, json!({"v": 1})))
@@ -1799,11 +943,7 @@ mod tests {
         let revision = store.revision();
         let mut stream = store.watch(R, None, revision).await.expect("watch");
 
-        store
-            .inner
-            .shared
-            .fail_commits
-            .store(true, Ordering::Relaxed);
+        fail_commits.store(true, Ordering::Relaxed);
         let handles: Vec<_> = (0..3)
             .map(|i| {
                 let store = Arc::clone(&store);
@@ -1850,11 +990,7 @@ mod tests {
             "event published"
         );
 
-        store
-            .inner
-            .shared
-            .fail_commits
-            .store(false, Ordering::Relaxed);
+        fail_commits.store(false, Ordering::Relaxed);
         let b = key("ns", "b");
         let b_stored = store
             .create(&b, obj(&b, json!({})))
@@ -2043,13 +1179,124 @@ mod tests {
         store.close().await;
     }
 
-    #[test]
-    fn approx_bytes_counts_strings_and_structure() {
-        let small = approx_bytes(&json!({"a": 1}));
-        let big = approx_bytes(&json!({"a": "x".repeat(10_000)}));
-        assert!(big >= 10_000 && big < 10_000 + 4 * small, "{small} {big}");
-        let nested = approx_bytes(&json!([[[[1]]], {"k": [true, null]}]));
-        assert!(nested > 6 * std::mem::size_of::<Value>(), "{nested}");
+    /// The change log is persisted with its compaction: after a restart it holds what it held
+    /// before (bounded by the same window), watches resume from there, an explicit compaction
+    /// is not undone by a restart, and the table does not grow past the window.
+    #[tokio::test]
+    async fn change_log_and_its_compaction_survive_restarts() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rlark.db");
+        let config = || {
+            let mut config = SqliteStoreConfig::new(&path);
+            config.log_capacity = 10;
+            config
+        };
+        let store = SqliteStore::open(config()).await.expect("open");
+        for i in 0..25 {
+            let k = key("ns", &format!("o{i}"));
+            store.create(&k, obj(&k, json!({}))).await.expect("create");
+        }
+        assert_eq!(store.compacted_revision(), 15);
+        store.close().await;
+
+        let store = SqliteStore::open(config()).await.expect("reopen");
+        assert_eq!((store.revision(), store.compacted_revision()), (25, 15));
+        assert!(matches!(
+            store.watch(R, None, 14).await,
+            Err(StoreError::Expired { .. })
+        ));
+        let mut stream = store.watch(R, None, 15).await.expect("watch");
+        for revision in 16..=25 {
+            let event = next(&mut stream)
+                .await
+                .expect("event")
+                .expect("not an error");
+            assert_eq!(
+                (event.event_type, event.revision),
+                (EventType::Added, revision)
+            );
+        }
+        store.compact(20).await.expect("compact");
+        store.close().await;
+
+        let store = SqliteStore::open(config()).await.expect("reopen");
+        assert_eq!((store.revision(), store.compacted_revision()), (25, 20));
+        for i in 0..30 {
+            let k = key("ns", &format!("p{i}"));
+            store.create(&k, obj(&k, json!({}))).await.expect("create");
+        }
+        store.close().await;
+        let mut conn = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(&path))
+            .await
+            .expect("raw connection");
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM changes")
+            .fetch_one(&mut conn)
+            .await
+            .expect("count");
+        // The table follows the in-memory log one commit late: at most one event more.
+        assert!(
+            (10..=11).contains(&rows),
+            "{rows} rows in the change-log table"
+        );
+        conn.close().await.expect("close raw connection");
+    }
+
+    /// A database written by schema version 1 (no persisted change log) is migrated at open:
+    /// its objects and revision are kept and the log starts at the present.
+    #[tokio::test]
+    async fn schema_version_1_is_migrated() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rlark.db");
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let mut conn = SqliteConnection::connect_with(&options)
+            .await
+            .expect("raw connection");
+        for statement in [
+            "CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL)",
+            "CREATE TABLE objects (resource TEXT NOT NULL, namespace TEXT NOT NULL, \
+             name TEXT NOT NULL, revision INTEGER NOT NULL, value TEXT NOT NULL, \
+             PRIMARY KEY (resource, namespace, name))",
+            "INSERT INTO meta (key, value) VALUES ('schema_version', 1), ('revision', 7)",
+        ] {
+            sqlx::query(statement)
+                .execute(&mut conn)
+                .await
+                .expect("v1 schema");
+        }
+        let a = key("ns", "a");
+        let mut stored = obj(&a, json!({"v": 1}));
+        stored["metadata"]["resourceVersion"] = json!("7");
+        sqlx::query("INSERT INTO objects VALUES (?1, 'ns', 'a', 7, ?2)")
+            .bind(R)
+            .bind(stored.to_string())
+            .execute(&mut conn)
+            .await
+            .expect("v1 object");
+        conn.close().await.expect("close raw connection");
+
+        let store = open(&path).await;
+        assert_eq!((store.revision(), store.compacted_revision()), (7, 7));
+        assert_eq!(store.get(&a).await.expect("get").as_deref(), Some(&stored));
+        assert!(matches!(
+            store.watch(R, None, 6).await,
+            Err(StoreError::Expired { .. })
+        ));
+        let mut stream = store.watch(R, None, 7).await.expect("watch");
+        store
+            .update(&a, obj(&a, json!({"v": 2})), Some(7))
+            .await
+            .expect("update");
+        let event = next(&mut stream)
+            .await
+            .expect("event")
+            .expect("not an error");
+        assert_eq!(event.revision, 8);
+        store.close().await;
+        let store = open(&path).await;
+        assert_eq!((store.revision(), store.compacted_revision()), (8, 7));
+        store.close().await;
     }
 
     /// Figures for the report, not assertions: `cargo test -p rlark-store --release -- --ignored

@@ -13,6 +13,8 @@
 pub mod docker;
 pub mod kubesim;
 pub mod netns;
+#[path = "../../../tests/support/pg_cluster.rs"]
+pub mod postgres;
 pub mod real_agent;
 pub mod tunnel_agent;
 pub mod wait;

@@ -95,7 +95,8 @@ async fn paging_with_limit_and_continue() {
         .unwrap()
         .to_string();
 
-    // A write between pages: later pages still report the first page's revision.
+    // A write between pages: later pages report the first page's revision and are read at
+    // it (one snapshot, from the change log), so `l9` is not in them.
     h.create(&leases("default"), &lease("default", "l9")).await;
     let second = h
         .get(&format!("{}?limit=2&continue={token}", leases("default")))
@@ -109,7 +110,7 @@ async fn paging_with_limit_and_continue() {
     let last = h
         .get(&format!("{}?limit=2&continue={token}", leases("default")))
         .await;
-    assert_eq!(names(&last.body), vec!["l4", "l9"]);
+    assert_eq!(names(&last.body), vec!["l4"]);
     assert!(last.body["metadata"].get("continue").is_none());
     assert!(last.body["metadata"].get("remainingItemCount").is_none());
 
@@ -180,12 +181,16 @@ async fn resource_version_semantics() {
         assert_eq!(answer.status, StatusCode::OK, "{query}: {}", answer.body);
         assert_eq!(names(&answer.body), vec!["a"], "{query}");
     }
+    // An older revision the change log still holds is served as it was then: before `a`.
     let old = h
         .get(&format!(
-            "{JOBS}?resourceVersion=1&resourceVersionMatch=Exact"
+            "{JOBS}?resourceVersion={}&resourceVersionMatch=Exact",
+            current - 1
         ))
         .await;
-    assert_eq!((old.status, old.reason()), (StatusCode::GONE, "Expired"));
+    assert_eq!(old.status, StatusCode::OK, "{}", old.body);
+    assert_eq!(old.rv(), current - 1);
+    assert!(names(&old.body).is_empty(), "{}", old.body);
     let bad = h.get(&format!("{JOBS}?resourceVersionMatch=Exact")).await;
     assert_eq!(
         (bad.status, bad.reason()),
@@ -229,4 +234,21 @@ async fn resource_version_semantics() {
     let (answer, ()) = tokio::join!(waiting, writer);
     assert_eq!(answer.status, StatusCode::OK);
     assert_eq!(names(&answer.body), vec!["a", "b"]);
+
+    // `Exact` at a revision before `b`: as it was then. Below the change log's floor: 410.
+    let exact = h
+        .get(&format!(
+            "{JOBS}?resourceVersion={current}&resourceVersionMatch=Exact"
+        ))
+        .await;
+    assert_eq!(exact.status, StatusCode::OK, "{}", exact.body);
+    assert_eq!(names(&exact.body), vec!["a"], "b came after");
+    h.store.compact(current).await.unwrap();
+    let old = h
+        .get(&format!(
+            "{JOBS}?resourceVersion={}&resourceVersionMatch=Exact",
+            current - 1
+        ))
+        .await;
+    assert_eq!((old.status, old.reason()), (StatusCode::GONE, "Expired"));
 }

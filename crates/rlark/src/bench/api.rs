@@ -82,6 +82,13 @@ pub struct ApiBenchOptions {
     /// temporary directory, removed afterwards). Its filesystem decides the fsync cost.
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
+    /// Run the store baseline and the server on PostgreSQL (`postgres://...`, an empty
+    /// database; one server per database) instead of SQLite in the data directory. The
+    /// baseline's objects are deleted again before the server starts. Not in the JSON report
+    /// (it may hold a password); the store baseline's label names the backend.
+    #[arg(long = "store", value_name = "URL")]
+    #[serde(skip)]
+    pub store: Option<String>,
 }
 
 impl Default for ApiBenchOptions {
@@ -100,6 +107,7 @@ impl Default for ApiBenchOptions {
             timeout: 900,
             json: false,
             data_dir: None,
+            store: None,
         }
     }
 }
@@ -236,6 +244,7 @@ pub async fn run_api(options: ApiBenchOptions) -> anyhow::Result<ApiBenchReport>
     let store_dir = workspace.path().join("store-baseline");
     let store = baseline::store_creates(
         &store_dir,
+        options.store.as_deref(),
         BASELINE_CONCURRENCY,
         options.store_creates,
         JOBS_RESOURCE,
@@ -250,6 +259,7 @@ pub async fn run_api(options: ApiBenchOptions) -> anyhow::Result<ApiBenchReport>
 
     // The server.
     let mut config = rlark_server::ServerConfig::new(workspace.path().join("server"));
+    config.store_url = options.store.clone();
     config.listen = SocketAddr::from((Ipv4Addr::LOCALHOST, 0));
     config.shutdown_grace = Duration::from_secs(2);
     let server = rlark_server::start(config)

@@ -8,7 +8,10 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Instant;
 
 use anyhow::Context as _;
-use rlark_store::{ObjectKey, SqliteStore, SqliteStoreConfig, Store as _};
+use rlark_store::{
+    Backend, CachedStore, ObjectKey, PostgresStore, PostgresStoreConfig, SqliteStore,
+    SqliteStoreConfig, Store as _,
+};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
@@ -104,20 +107,68 @@ pub async fn tcp_echo(
     ))
 }
 
-/// Store-only creates: `concurrency` tasks call [`SqliteStore::create`] directly on a fresh
-/// database in `dir`, `count` objects in total, each built by `object(name)`.
+/// Store-only creates: `concurrency` tasks call `create` directly on a fresh SQLite database
+/// in `dir`, or on the PostgreSQL database at `store_url` (whose objects of this run are
+/// deleted again afterwards, untimed), `count` objects in total, each built by `object(name)`.
 pub async fn store_creates(
     dir: &Path,
+    store_url: Option<&str>,
     concurrency: usize,
     count: usize,
     resource: &str,
     object: impl Fn(&str) -> serde_json::Value + Send + Sync + 'static,
     deadline: TokioInstant,
 ) -> anyhow::Result<Throughput> {
-    let path = dir.join("rlark.db");
-    let store = SqliteStore::open(SqliteStoreConfig::new(&path))
-        .await
-        .with_context(|| format!("open store {}", path.display()))?;
+    match store_url {
+        None => {
+            let path = dir.join("rlark.db");
+            let store = SqliteStore::open(SqliteStoreConfig::new(&path))
+                .await
+                .with_context(|| format!("open store {}", path.display()))?;
+            let label = "store-only creates (SqliteStore)";
+            creates_on(
+                store,
+                label,
+                false,
+                concurrency,
+                count,
+                resource,
+                object,
+                deadline,
+            )
+            .await
+        }
+        Some(url) => {
+            let store = PostgresStore::open(PostgresStoreConfig::from_url(url)?)
+                .await
+                .context("open the PostgreSQL store")?;
+            let label = "store-only creates (PostgresStore)";
+            creates_on(
+                store,
+                label,
+                true,
+                concurrency,
+                count,
+                resource,
+                object,
+                deadline,
+            )
+            .await
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn creates_on<B: Backend>(
+    store: CachedStore<B>,
+    label: &str,
+    clean_up: bool,
+    concurrency: usize,
+    count: usize,
+    resource: &str,
+    object: impl Fn(&str) -> serde_json::Value + Send + Sync + 'static,
+    deadline: TokioInstant,
+) -> anyhow::Result<Throughput> {
     let object = Arc::new(object);
     // Build the objects before the clock starts, as the API clients do with their bodies.
     let objects: Arc<Vec<(ObjectKey, serde_json::Value)>> = Arc::new(
@@ -160,16 +211,19 @@ pub async fn store_creates(
     let outcome = join_outcomes(workers).await;
     let times = clock.stop();
     let after = store.stats();
+    if clean_up {
+        for (key, _) in objects.iter() {
+            match store.delete(key, None).await {
+                Ok(_) | Err(rlark_store::StoreError::NotFound(_)) => {}
+                Err(e) => return Err(anyhow::anyhow!("delete the baseline's {}: {e}", key.name)),
+            }
+        }
+    }
     store.close().await;
     let commits = after.commits.saturating_sub(before.commits);
     let writes = after.writes.saturating_sub(before.writes);
     tracing::info!(commits, writes, "store-only creates done");
-    let mut result = Throughput::from_parts(
-        "store-only creates (SqliteStore)",
-        concurrency,
-        outcome,
-        times,
-    );
+    let mut result = Throughput::from_parts(label, concurrency, outcome, times);
     result.writes_per_commit = (commits > 0).then(|| writes as f64 / commits as f64);
     Ok(result)
 }

@@ -77,6 +77,11 @@ struct StoreArgs {
     /// replica given a copy of pki/. No effect on a store that holds data.
     #[arg(long)]
     reinitialize_store: bool,
+    /// Store: a postgres://user:password@host:port/database URL to keep the objects in
+    /// PostgreSQL (one server per database). Default: SQLite in the data directory
+    /// (DATA_DIR/rlark.db). Overrides the config file's store.url.
+    #[arg(long = "store", value_name = "URL", env = "RLARK_STORE")]
+    store_url: Option<String>,
 }
 
 #[derive(Debug, Args)]
@@ -166,6 +171,7 @@ pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
             tls_sans: args.tls_sans,
             controllers: args.controllers,
             reinitialize_store: args.store.reinitialize_store,
+            store_url: args.store.store_url,
             max_connections: args.max_connections,
             max_connections_per_ip: args.max_connections_per_ip,
             reserved_connections: args.reserved_connections,
@@ -203,6 +209,7 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
     config.listen = args.listen;
     config.controllers.enabled = true;
     config.reinitialize_store = args.store.reinitialize_store;
+    config.store_url = args.store.store_url;
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
     // A start that fails leaves no data directory behind that it created itself.

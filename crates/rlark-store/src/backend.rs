@@ -1,0 +1,90 @@
+//! The persistence interface under [`crate::CachedStore`]: what a backend stores and loads.
+//!
+//! A backend knows nothing about Kubernetes metadata, watches or batching: the engine hands
+//! it committed-to-be batches of [`Change`]s (already evaluated, numbered and encoded) and
+//! reads everything back once at start. It must make a batch durable atomically (all or
+//! nothing, on disk before `commit` returns) and persist the change log beside the objects,
+//! so that after a restart watches resume from where the log still reaches.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde_json::Value;
+
+use crate::{EventType, ObjectKey, Revision, StoreError};
+
+/// One write of a batch.
+pub struct Change {
+    pub key: ObjectKey,
+    pub event_type: EventType,
+    pub revision: Revision,
+    /// New state, or for deletions the last state with the deletion revision.
+    pub object: Arc<Value>,
+    /// `object` encoded (what the backend stores).
+    pub json: Arc<str>,
+}
+
+/// One persisted change-log entry, as read back at start.
+pub struct LoggedChange {
+    pub key: ObjectKey,
+    pub event_type: EventType,
+    pub revision: Revision,
+    pub object: Value,
+}
+
+/// One persisted object, as read back at start.
+pub struct LoadedObject {
+    pub key: ObjectKey,
+    /// The revision that wrote it.
+    pub revision: Revision,
+    pub object: Value,
+}
+
+/// Everything a backend holds.
+pub struct Loaded {
+    pub objects: Vec<LoadedObject>,
+    /// The latest committed revision.
+    pub revision: Revision,
+    /// The change log's floor: `log` holds every change above it, in revision order.
+    pub compacted: Revision,
+    pub log: Vec<LoggedChange>,
+}
+
+#[async_trait]
+pub trait Backend: Send + Sized + 'static {
+    /// What the backend reports about its durability settings (`CachedStore::backend_settings`).
+    type Settings: Send + 'static;
+    /// Static description (e.g. the database file), kept by the store for logs and `Debug`.
+    type Info: fmt::Debug + Send + Sync + 'static;
+
+    fn info(&self) -> Self::Info;
+
+    /// Read everything back.
+    async fn load(&mut self) -> Result<Loaded, StoreError>;
+
+    /// Make one batch durable in one transaction: every change appended to the change log, the
+    /// net effect per key applied to the objects, the revision set to the last change's; and,
+    /// when `compact_to` is given, change-log entries at or below it dropped and the floor
+    /// moved there. On error nothing of it may be visible.
+    async fn commit(
+        &mut self,
+        changes: &[Change],
+        compact_to: Option<Revision>,
+    ) -> Result<(), StoreError>;
+
+    /// Drop change-log entries at or below `revision` and move the floor there.
+    async fn compact(&mut self, revision: Revision) -> Result<(), StoreError>;
+
+    /// Check that the database is reachable (reconnecting if need be); called by the engine
+    /// when no write came for a while. [`StoreError::Unavailable`] when it is not.
+    async fn check(&mut self) -> Result<(), StoreError> {
+        Ok(())
+    }
+
+    /// The durability settings in force.
+    async fn settings(&mut self) -> Result<Self::Settings, StoreError>;
+
+    /// Release the database.
+    async fn close(self);
+}
