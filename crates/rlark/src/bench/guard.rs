@@ -296,6 +296,17 @@ impl Guarded for super::ApiBenchReport {
                 store,
             ));
         }
+        // The store baseline guarded against the machine's floor too: the API ratios
+        // above are divided by it, so a store that got slower would make them look better.
+        if let Some(store_creates) = &self.baselines.store_creates {
+            ratios.extend(GuardRatio::new(
+                "store-only",
+                "µs/op",
+                store_creates.cpu_us_per_op,
+                "loopback TCP round trip",
+                echo,
+            ));
+        }
         if let Some(healthz) = &self.baselines.healthz {
             ratios.extend(GuardRatio::new(
                 "healthz",
