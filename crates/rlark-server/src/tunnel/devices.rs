@@ -47,8 +47,6 @@ pub(crate) const ROBOTS_ROUTE: &str = "/rlark/v1/namespaces/{namespace}/nodes/{n
 /// The robot action route.
 pub(crate) const ROBOT_ACTION_ROUTE: &str =
     "/rlark/v1/namespaces/{namespace}/nodes/{node}/robots/{robot}/{action}";
-/// Most of an agent's error answer that is read.
-const MAX_ERROR_BODY: usize = 64 * 1024;
 /// Largest robot action body passed on.
 const MAX_ACTION_BODY: usize = 16 * 1024;
 
@@ -167,27 +165,7 @@ async fn relay(
     drop(sender);
     let status = response.status();
     if status != StatusCode::OK {
-        let body = axum::body::to_bytes(Body::new(response.into_body()), MAX_ERROR_BODY);
-        let text = match tokio::time::timeout(deadline, body).await {
-            Ok(Ok(bytes)) => String::from_utf8_lossy(&bytes).trim().to_string(),
-            _ => String::new(),
-        };
-        let message = if text.is_empty() {
-            format!("the agent of cluster {cluster:?} answered {status}")
-        } else {
-            text
-        };
-        return match status.as_u16() {
-            400 => ApiError::bad_request(message),
-            404 => ApiError::new(404, "NotFound", message),
-            409 => ApiError::new(409, "Conflict", message),
-            code => ApiError::new(
-                502,
-                "BadGateway",
-                format!("the agent of cluster {cluster:?} answered {code}: {message}"),
-            ),
-        }
-        .into_response();
+        return super::agent_refusal::refusal(response, cluster, deadline).await;
     }
     let content_type = response
         .headers()
@@ -219,21 +197,32 @@ async fn cameras(
     Path((namespace, node)): Path<(String, String)>,
     request: Request,
 ) -> Response {
+    device_list(state, "cameras", namespace, node, request).await
+}
+
+/// The list of a node's devices of `kind` (`robots` or `cameras`, as the agent's path
+/// names them), for whoever may read the Node.
+async fn device_list(
+    state: DevicesState,
+    kind: &str,
+    namespace: String,
+    node: String,
+    request: Request,
+) -> Response {
     if let Err(error) = may_get_node(&request, &namespace, &node) {
         return error.into_response();
     }
-    let cluster = match cluster_of(&namespace, &node, "cameras") {
+    let cluster = match cluster_of(&namespace, &node, kind) {
         Ok(cluster) => cluster,
         Err(error) => return error.into_response(),
     };
-    let what = format!("cameras of node {namespace}/{node}");
-    let uri = "/v1/cameras".to_string();
+    let what = format!("{kind} of node {namespace}/{node}");
     relay(
         &state.hub,
         &cluster,
         &node,
         http::Method::GET,
-        uri,
+        format!("/v1/{kind}"),
         Body::empty(),
         &what,
     )
@@ -288,25 +277,7 @@ async fn robots(
     Path((namespace, node)): Path<(String, String)>,
     request: Request,
 ) -> Response {
-    if let Err(error) = may_get_node(&request, &namespace, &node) {
-        return error.into_response();
-    }
-    let cluster = match cluster_of(&namespace, &node, "robots") {
-        Ok(cluster) => cluster,
-        Err(error) => return error.into_response(),
-    };
-    let what = format!("robots of node {namespace}/{node}");
-    let uri = "/v1/robots".to_string();
-    relay(
-        &state.hub,
-        &cluster,
-        &node,
-        http::Method::GET,
-        uri,
-        Body::empty(),
-        &what,
-    )
-    .await
+    device_list(state, "robots", namespace, node, request).await
 }
 
 /// `POST` of [`ROBOT_ACTION_ROUTE`]: admins only, audited.

@@ -48,8 +48,6 @@ const POD_GROUP: &str = "rlinf.io";
 const POD_RESOURCE: &str = "pods";
 /// Store resource of replica Pods.
 const PODS: &str = "pods.rlinf.io";
-/// Most of an agent's error answer that is read.
-const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// State of the exec route.
 #[derive(Clone)]
@@ -274,27 +272,7 @@ pub(super) async fn exec(
     };
     let status = response.status();
     if status != StatusCode::SWITCHING_PROTOCOLS {
-        let body = axum::body::to_bytes(Body::new(response.into_body()), MAX_ERROR_BODY);
-        let text = match tokio::time::timeout(deadline, body).await {
-            Ok(Ok(bytes)) => String::from_utf8_lossy(&bytes).trim().to_string(),
-            _ => String::new(),
-        };
-        let message = if text.is_empty() {
-            format!("the agent of cluster {cluster:?} answered {status}")
-        } else {
-            text
-        };
-        return match status.as_u16() {
-            400 => ApiError::bad_request(message),
-            404 => ApiError::new(404, "NotFound", message),
-            409 => ApiError::new(409, "Conflict", message),
-            code => ApiError::new(
-                502,
-                "BadGateway",
-                format!("the agent of cluster {cluster:?} answered {code}: {message}"),
-            ),
-        }
-        .into_response();
+        return super::agent_refusal::refusal(response, &cluster, deadline).await;
     }
     caller.audit(
         "exec",

@@ -42,8 +42,6 @@ use rlark_tunnel::dial::DialError;
 pub(crate) const ROUTE: &str = "/rlark/v1/namespaces/{namespace}/pods/{pod}/log";
 /// Prefix of agent namespaces.
 const AGENT_NAMESPACE_PREFIX: &str = "rlark-";
-/// Most of an agent's error answer that is read.
-const MAX_ERROR_BODY: usize = 64 * 1024;
 
 /// Whether `name` is a DNS-1123 label (a container name).
 fn valid_label(name: &str) -> bool {
@@ -196,26 +194,7 @@ pub(crate) async fn pod_log(
     drop(sender);
     let status = response.status();
     if status != StatusCode::OK {
-        let body = axum::body::to_bytes(Body::new(response.into_body()), MAX_ERROR_BODY);
-        let text = match tokio::time::timeout(deadline, body).await {
-            Ok(Ok(bytes)) => String::from_utf8_lossy(&bytes).trim().to_string(),
-            _ => String::new(),
-        };
-        let message = if text.is_empty() {
-            format!("the agent of cluster {cluster:?} answered {status}")
-        } else {
-            text
-        };
-        return match status.as_u16() {
-            400 => ApiError::bad_request(message),
-            404 => ApiError::new(404, "NotFound", message),
-            code => ApiError::new(
-                502,
-                "BadGateway",
-                format!("the agent of cluster {cluster:?} answered {code}: {message}"),
-            ),
-        }
-        .into_response();
+        return super::agent_refusal::refusal(response, &cluster, deadline).await;
     }
     let body = Body::new(response.into_body())
         .into_data_stream()

@@ -9,6 +9,7 @@
 //! `rlark port-forward`, all through [`Hub::dial`]. Streams the agents open towards the hub
 //! are the pod network's relay ([`relay`]).
 
+mod agent_refusal;
 pub(crate) mod connect;
 pub(crate) mod core_pods;
 pub(crate) mod devices;
