@@ -36,7 +36,7 @@ use sqlx::{Connection, Row};
 
 use crate::backend::{Backend, Change, Loaded, LoadedObject, LoggedChange};
 use crate::engine::{CachedStore, EngineConfig};
-use crate::sql::{event_type_name, from_db_int, parse_event_type, parse_object, to_db_int};
+use crate::sql::{event_type_name, from_db_int, key_of, parse_event_type, parse_object, to_db_int};
 use crate::{EventType, ObjectKey, Revision, StoreError};
 
 /// Version of the schema written by this code (`rlark_meta` row `schema_version`).
@@ -310,14 +310,6 @@ async fn meta_value(conn: &mut PgConnection, key: &str) -> Result<Revision, Stor
         .await
         .map_err(pg_err("reading rlark_meta"))?;
     from_db_int(value.unwrap_or(0), key)
-}
-
-fn key_of(row: &sqlx::postgres::PgRow, first: usize) -> Result<ObjectKey, sqlx::Error> {
-    Ok(ObjectKey::new(
-        row.try_get::<String, _>(first)?,
-        row.try_get::<String, _>(first + 1)?,
-        row.try_get::<String, _>(first + 2)?,
-    ))
 }
 
 /// Drop change-log rows at or below `floor` and record the floor.

@@ -49,3 +49,18 @@ pub(crate) fn parse_object(text: &str, key: &ObjectKey, what: &str) -> Result<Va
         ))
     })
 }
+
+/// The object key in the three columns of `row` from `first` on (resource, namespace,
+/// name), as both backends lay out their tables.
+pub(crate) fn key_of<R>(row: &R, first: usize) -> Result<ObjectKey, sqlx::Error>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    for<'r> String: sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    Ok(ObjectKey::new(
+        row.try_get::<String, _>(first)?,
+        row.try_get::<String, _>(first + 1)?,
+        row.try_get::<String, _>(first + 2)?,
+    ))
+}

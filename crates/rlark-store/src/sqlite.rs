@@ -27,7 +27,9 @@ use sqlx::{Connection, Row};
 
 use crate::backend::{Backend, Change, Loaded, LoadedObject, LoggedChange};
 use crate::engine::{CachedStore, EngineConfig};
-use crate::sql::{db_err, event_type_name, from_db_int, parse_event_type, parse_object, to_db_int};
+use crate::sql::{
+    db_err, event_type_name, from_db_int, key_of, parse_event_type, parse_object, to_db_int,
+};
 use crate::{EventType, ObjectKey, Revision, StoreError};
 
 /// Version of the on-disk schema written by this code (`meta` row `schema_version`).
@@ -275,14 +277,7 @@ impl Backend for SqliteBackend {
             sqlx::query("SELECT resource, namespace, name, revision, value FROM objects")
                 .fetch(&mut *conn);
         while let Some(row) = rows.try_next().await.map_err(db_err("loading objects"))? {
-            let key = ObjectKey::new(
-                row.try_get::<String, _>(0)
-                    .map_err(db_err("loading objects"))?,
-                row.try_get::<String, _>(1)
-                    .map_err(db_err("loading objects"))?,
-                row.try_get::<String, _>(2)
-                    .map_err(db_err("loading objects"))?,
-            );
+            let key = key_of(&row, 0).map_err(db_err("loading objects"))?;
             let object_revision: i64 = row.try_get(3).map_err(db_err("loading objects"))?;
             let text: String = row.try_get(4).map_err(db_err("loading objects"))?;
             objects.push(LoadedObject {
@@ -305,14 +300,7 @@ impl Backend for SqliteBackend {
             .map_err(db_err("loading change log"))?
         {
             let change_revision: i64 = row.try_get(0).map_err(db_err("loading change log"))?;
-            let key = ObjectKey::new(
-                row.try_get::<String, _>(1)
-                    .map_err(db_err("loading change log"))?,
-                row.try_get::<String, _>(2)
-                    .map_err(db_err("loading change log"))?,
-                row.try_get::<String, _>(3)
-                    .map_err(db_err("loading change log"))?,
-            );
+            let key = key_of(&row, 1).map_err(db_err("loading change log"))?;
             let event_type: String = row.try_get(4).map_err(db_err("loading change log"))?;
             let text: String = row.try_get(5).map_err(db_err("loading change log"))?;
             log.push(LoggedChange {
