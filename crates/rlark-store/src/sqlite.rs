@@ -1,9 +1,13 @@
 //! SQLite persistence backend (the default store).
 //!
-//! - **Tables:** `objects` (one row per live object: key, revision, JSON), `changes` (the
-//!   change log: one row per write, keyed by revision, with the written JSON; deletions carry
-//!   the last state), and `meta` (`schema_version`, `revision`, `compacted`: the change log's
-//!   floor). A batch is one transaction over all three.
+//! - **Tables:** `changes` (one row per write, keyed by revision, with the written JSON;
+//!   deletions carry the last state) and `meta` (`schema_version`, `revision`, `compacted`:
+//!   the change log's floor). The change log is the only copy of an object: rows above the
+//!   floor are the log, and each live object is its key's latest row, which compaction keeps
+//!   (below the floor a key has at most that one row). So a write stores its JSON once — the
+//!   separate `objects` table of schema version 2 doubled every write's bytes and statements.
+//!   A batch is one transaction: one multi-row `INSERT` per chunk of changes, the revision,
+//!   and any compaction.
 //! - **Durability:** WAL journal with `synchronous=FULL`, so a committed transaction survives
 //!   kill -9 and power loss; the engine acknowledges nothing before the commit returns.
 //!   [`SqliteStore::durability`] reads the settings back from the live connection.
@@ -34,7 +38,15 @@ use crate::{EventType, ObjectKey, Revision, StoreError};
 
 /// Version of the on-disk schema written by this code (`meta` row `schema_version`).
 /// 1: `objects` and `meta`. 2: adds the persisted change log (`changes`, `meta.compacted`).
-const SCHEMA_VERSION: i64 = 2;
+/// 3: the change log is the only copy (`objects` folded into `changes` and dropped; an index
+/// on the key, and a trigger that drops a key's compacted row when a newer one is written).
+const SCHEMA_VERSION: i64 = 3;
+
+/// Rows per multi-row `INSERT`: a batch is written in chunks of the largest power of two that
+/// fits, so the statement cache holds a handful of texts (one per size), not one per size.
+const MAX_ROWS_PER_INSERT: usize = 64;
+/// Bound parameters per row of `changes`.
+const COLUMNS: usize = 6;
 
 /// The store over SQLite: [`CachedStore`] with the [`SqliteBackend`].
 pub type SqliteStore = CachedStore<SqliteBackend>;
@@ -235,6 +247,43 @@ async fn migrate(conn: &mut SqliteConnection) -> Result<(), StoreError> {
                 .await
                 .map_err(db_err("initializing meta.compacted"))?;
             }
+            3 => {
+                for (statement, what) in [
+                    (
+                        "CREATE INDEX IF NOT EXISTS changes_by_key
+                         ON changes (resource, namespace, name, revision)",
+                        "indexing the change log by key",
+                    ),
+                    // A live object's row is in `changes` already when the floor is below its
+                    // revision (the same write made both); otherwise it moves there now, below
+                    // the floor, where only latest rows live.
+                    (
+                        "INSERT OR IGNORE INTO changes
+                             (revision, resource, namespace, name, event_type, value)
+                         SELECT revision, resource, namespace, name, 'ADDED', value FROM objects",
+                        "moving objects into the change log",
+                    ),
+                    ("DROP TABLE objects", "dropping table objects"),
+                    // Below the floor a key keeps only its latest row: a newer write of the
+                    // key drops the compacted one. (Rows above the floor are the log; the
+                    // compaction that moves the floor over them drops the superseded ones.)
+                    (
+                        "CREATE TRIGGER IF NOT EXISTS changes_supersede AFTER INSERT ON changes
+                         BEGIN
+                             DELETE FROM changes
+                             WHERE resource = NEW.resource AND namespace = NEW.namespace
+                               AND name = NEW.name AND revision < NEW.revision
+                               AND revision <= (SELECT value FROM meta WHERE key = 'compacted');
+                         END",
+                        "creating trigger changes_supersede",
+                    ),
+                ] {
+                    sqlx::query(statement)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(db_err(what))?;
+                }
+            }
             other => unreachable!("no migration step {other}"),
         }
         sqlx::query(
@@ -272,46 +321,51 @@ impl Backend for SqliteBackend {
         let conn = &mut self.conn;
         let revision = meta_value(conn, "revision").await?;
         let compacted = meta_value(conn, "compacted").await?;
-        let mut objects = Vec::new();
-        let mut rows =
-            sqlx::query("SELECT resource, namespace, name, revision, value FROM objects")
-                .fetch(&mut *conn);
-        while let Some(row) = rows.try_next().await.map_err(db_err("loading objects"))? {
-            let key = key_of(&row, 0).map_err(db_err("loading objects"))?;
-            let object_revision: i64 = row.try_get(3).map_err(db_err("loading objects"))?;
-            let text: String = row.try_get(4).map_err(db_err("loading objects"))?;
-            objects.push(LoadedObject {
-                revision: from_db_int(object_revision, "object revision")?,
-                object: parse_object(&text, &key, "object")?,
-                key,
-            });
-        }
-        drop(rows);
+        // One pass in revision order: rows at or below the floor are live objects; rows above
+        // it are the log, replayed over them.
+        let mut objects: HashMap<ObjectKey, LoadedObject> = HashMap::new();
         let mut log = Vec::new();
         let mut rows = sqlx::query(
             "SELECT revision, resource, namespace, name, event_type, value FROM changes
-             WHERE revision > ?1 ORDER BY revision",
+             ORDER BY revision",
         )
-        .bind(to_db_int(compacted)?)
         .fetch(&mut *conn);
         while let Some(row) = rows
             .try_next()
             .await
-            .map_err(db_err("loading change log"))?
+            .map_err(db_err("loading the change log"))?
         {
-            let change_revision: i64 = row.try_get(0).map_err(db_err("loading change log"))?;
-            let key = key_of(&row, 1).map_err(db_err("loading change log"))?;
-            let event_type: String = row.try_get(4).map_err(db_err("loading change log"))?;
-            let text: String = row.try_get(5).map_err(db_err("loading change log"))?;
-            log.push(LoggedChange {
-                revision: from_db_int(change_revision, "change revision")?,
-                event_type: parse_event_type(&event_type)?,
-                object: parse_object(&text, &key, "change-log entry")?,
-                key,
-            });
+            let context = "loading the change log";
+            let change_revision: i64 = row.try_get(0).map_err(db_err(context))?;
+            let change_revision = from_db_int(change_revision, "change revision")?;
+            let key = key_of(&row, 1).map_err(db_err(context))?;
+            let event_type: String = row.try_get(4).map_err(db_err(context))?;
+            let event_type = parse_event_type(&event_type)?;
+            let text: String = row.try_get(5).map_err(db_err(context))?;
+            let object = parse_object(&text, &key, "change-log entry")?;
+            if change_revision > compacted {
+                log.push(LoggedChange {
+                    key: key.clone(),
+                    event_type,
+                    revision: change_revision,
+                    object: object.clone(),
+                });
+            }
+            if event_type == EventType::Deleted {
+                objects.remove(&key);
+            } else {
+                objects.insert(
+                    key.clone(),
+                    LoadedObject {
+                        key,
+                        revision: change_revision,
+                        object,
+                    },
+                );
+            }
         }
         Ok(Loaded {
-            objects,
+            objects: objects.into_values().collect(),
             revision,
             compacted,
             log,
@@ -323,62 +377,31 @@ impl Backend for SqliteBackend {
         changes: &[Change],
         compact_to: Option<Revision>,
     ) -> Result<(), StoreError> {
-        // Several changes of one key in a batch: only the last one reaches `objects`.
-        let mut last: HashMap<&ObjectKey, &Change> = HashMap::with_capacity(changes.len());
-        for change in changes {
-            last.insert(&change.key, change);
-        }
         let revision = changes.last().map_or(0, |c| c.revision);
         let injected_failure = self.injected_failure();
 
         let mut tx = self.conn.begin().await.map_err(db_err("begin"))?;
-        for change in changes {
-            let key = &change.key;
-            sqlx::query(
-                "INSERT INTO changes (revision, resource, namespace, name, event_type, value)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
-            )
-            .bind(to_db_int(change.revision)?)
-            .bind(key.resource.as_str())
-            .bind(key.namespace.as_str())
-            .bind(key.name.as_str())
-            .bind(event_type_name(change.event_type))
-            .bind(&*change.json)
-            .execute(&mut *tx)
-            .await
-            .map_err(db_err("appending to the change log"))?;
-        }
-        for change in last.into_values() {
-            let key = &change.key;
-            match change.event_type {
-                EventType::Deleted => {
-                    sqlx::query(
-                        "DELETE FROM objects WHERE resource = ?1 AND namespace = ?2 AND name = ?3",
-                    )
-                    .bind(key.resource.as_str())
-                    .bind(key.namespace.as_str())
-                    .bind(key.name.as_str())
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_err("delete"))?;
-                }
-                EventType::Added | EventType::Modified => {
-                    sqlx::query(
-                        "INSERT INTO objects (resource, namespace, name, revision, value)
-                         VALUES (?1, ?2, ?3, ?4, ?5)
-                         ON CONFLICT (resource, namespace, name)
-                         DO UPDATE SET revision = excluded.revision, value = excluded.value",
-                    )
-                    .bind(key.resource.as_str())
-                    .bind(key.namespace.as_str())
-                    .bind(key.name.as_str())
+        let mut rest = changes;
+        while !rest.is_empty() {
+            // The largest power of two that fits: few distinct statement texts to cache.
+            let rows = MAX_ROWS_PER_INSERT.min(1 << rest.len().ilog2());
+            let (chunk, tail) = rest.split_at(rows);
+            rest = tail;
+            let mut query = sqlx::query(insert_statement(rows));
+            for change in chunk {
+                let key = &change.key;
+                query = query
                     .bind(to_db_int(change.revision)?)
-                    .bind(&*change.json)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(db_err("upsert"))?;
-                }
+                    .bind(key.resource.as_str())
+                    .bind(key.namespace.as_str())
+                    .bind(key.name.as_str())
+                    .bind(event_type_name(change.event_type))
+                    .bind(&*change.json);
             }
+            query
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err("appending to the change log"))?;
         }
         sqlx::query("UPDATE meta SET value = ?1 WHERE key = 'revision'")
             .bind(to_db_int(revision)?)
@@ -423,14 +446,52 @@ impl Backend for SqliteBackend {
     }
 }
 
-/// Drop change-log rows at or below `floor` and record the floor.
+/// The multi-row `INSERT` of `rows` changes (texts built once per size and kept).
+fn insert_statement(rows: usize) -> &'static str {
+    static STATEMENTS: std::sync::OnceLock<Vec<String>> = std::sync::OnceLock::new();
+    let statements = STATEMENTS.get_or_init(|| {
+        (0..=MAX_ROWS_PER_INSERT.ilog2())
+            .map(|power| {
+                let rows = 1usize << power;
+                let mut text = String::from(
+                    "INSERT INTO changes (revision, resource, namespace, name, event_type, value) VALUES ",
+                );
+                for row in 0..rows {
+                    if row > 0 {
+                        text.push_str(", ");
+                    }
+                    let first = row * COLUMNS + 1;
+                    let params: Vec<String> =
+                        (first..first + COLUMNS).map(|n| format!("?{n}")).collect();
+                    text.push('(');
+                    text.push_str(&params.join(", "));
+                    text.push(')');
+                }
+                text
+            })
+            .collect()
+    });
+    debug_assert!(rows.is_power_of_two() && rows <= MAX_ROWS_PER_INSERT);
+    &statements[rows.ilog2() as usize]
+}
+
+/// Move the change log's floor up to `floor`: of the rows between the old floor and it, drop
+/// deletions and every row a later row of its key supersedes (a live object's latest row
+/// stays: it is the object), and record the floor.
 async fn compact_in(conn: &mut SqliteConnection, floor: Revision) -> Result<(), StoreError> {
     let floor = to_db_int(floor)?;
-    sqlx::query("DELETE FROM changes WHERE revision <= ?1")
-        .bind(floor)
-        .execute(&mut *conn)
-        .await
-        .map_err(db_err("compacting the change log"))?;
+    sqlx::query(
+        "DELETE FROM changes
+         WHERE revision > (SELECT value FROM meta WHERE key = 'compacted') AND revision <= ?1
+           AND (event_type = 'DELETED' OR EXISTS (
+                SELECT 1 FROM changes AS later
+                WHERE later.resource = changes.resource AND later.namespace = changes.namespace
+                  AND later.name = changes.name AND later.revision > changes.revision))",
+    )
+    .bind(floor)
+    .execute(&mut *conn)
+    .await
+    .map_err(db_err("compacting the change log"))?;
     sqlx::query("UPDATE meta SET value = ?1 WHERE key = 'compacted'")
         .bind(floor)
         .execute(&mut *conn)
@@ -1213,19 +1274,167 @@ mod tests {
             let k = key("ns", &format!("p{i}"));
             store.create(&k, obj(&k, json!({}))).await.expect("create");
         }
+        // Rewrites and deletions of keys whose rows are already below the floor, and enough of
+        // them to move the floor over their own earlier rows.
+        let (p0, o1, p1) = (key("ns", "p0"), key("ns", "o1"), key("ns", "p1"));
+        for round in 0..20 {
+            let current = store.get(&p0).await.expect("get").expect("present");
+            let mut next = (*current).clone();
+            next["spec"] = json!({"round": round});
+            store.update(&p0, next, None).await.expect("update");
+        }
+        store.delete(&o1, None).await.expect("delete o1");
+        store.delete(&p1, None).await.expect("delete p1");
+        let in_memory = store.compacted_revision();
         store.close().await;
         let mut conn = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(&path))
             .await
             .expect("raw connection");
-        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM changes")
+        // The table's floor follows the in-memory one a commit late.
+        let floor: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'compacted'")
+            .fetch_one(&mut conn)
+            .await
+            .expect("floor");
+        assert!((in_memory - 1..=in_memory).contains(&u64::try_from(floor).expect("floor")));
+        let logged: i64 = sqlx::query_scalar("SELECT count(*) FROM changes WHERE revision > ?1")
+            .bind(floor)
             .fetch_one(&mut conn)
             .await
             .expect("count");
-        // The table follows the in-memory log one commit late: at most one event more.
-        assert!(
-            (10..=11).contains(&rows),
-            "{rows} rows in the change-log table"
+        assert!((10..=11).contains(&logged), "{logged} rows above the floor");
+        // Below the floor only objects remain: one row per live key, none for a deleted key.
+        let below: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT name, count(*) FROM changes WHERE revision <= ?1 GROUP BY resource, namespace, name",
+        )
+        .bind(floor)
+        .fetch_all(&mut conn)
+        .await
+        .expect("rows below the floor");
+        assert!(below.iter().all(|(_, rows)| *rows == 1), "{below:?}");
+        let names: Vec<&str> = below.iter().map(|(name, _)| name.as_str()).collect();
+        assert!(!names.contains(&"o1") && !names.contains(&"p1"), "{names:?}");
+        // p0's latest row is in the log above the floor; its older rows are gone.
+        assert!(!names.contains(&"p0"), "{names:?}");
+        assert_eq!(below.len(), 55 - 2 - 1);
+        conn.close().await.expect("close raw connection");
+
+        // What was written is what is read back.
+        let store = SqliteStore::open(config()).await.expect("reopen");
+        let p0 = store.get(&p0).await.expect("get").expect("p0 present");
+        assert_eq!(p0["spec"], json!({"round": 19}));
+        assert!(store.get(&o1).await.expect("get").is_none());
+        assert!(store.get(&p1).await.expect("get").is_none());
+        let listed = store.list(R, &ListOptions::default()).await.expect("list");
+        assert_eq!(listed.items.len(), 53);
+        store.close().await;
+    }
+
+    /// A database written by schema version 2 (objects beside the change log) is migrated to
+    /// the change log as the only copy: objects below the floor move into it, objects whose
+    /// latest write is logged keep that row, the log still resumes watches, and the objects
+    /// table is gone.
+    #[tokio::test]
+    async fn schema_version_2_is_migrated() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let path = dir.path().join("rlark.db");
+        let options = SqliteConnectOptions::new()
+            .filename(&path)
+            .create_if_missing(true);
+        let mut conn = SqliteConnection::connect_with(&options)
+            .await
+            .expect("raw connection");
+        for statement in [
+            "CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL)",
+            "CREATE TABLE objects (resource TEXT NOT NULL, namespace TEXT NOT NULL, \
+             name TEXT NOT NULL, revision INTEGER NOT NULL, value TEXT NOT NULL, \
+             PRIMARY KEY (resource, namespace, name))",
+            "CREATE TABLE changes (revision INTEGER PRIMARY KEY NOT NULL, resource TEXT NOT NULL, \
+             namespace TEXT NOT NULL, name TEXT NOT NULL, event_type TEXT NOT NULL, \
+             value TEXT NOT NULL)",
+            "INSERT INTO meta (key, value) VALUES ('schema_version', 2), ('revision', 9), \
+             ('compacted', 5)",
+        ] {
+            sqlx::query(statement)
+                .execute(&mut conn)
+                .await
+                .expect("v2 schema");
+        }
+        let stored = |name: &str, revision: u64, v: u64| {
+            let k = key("ns", name);
+            let mut o = obj(&k, json!({ "v": v }));
+            o["metadata"]["resourceVersion"] = json!(revision.to_string());
+            (k, o)
+        };
+        // `a` was last written below the floor (revision 3); `b` was created at 6 and updated
+        // at 8 (both logged); `c` was created at 7 and deleted at 9 (logged, no object).
+        let (a, a_obj) = stored("a", 3, 1);
+        let (b, b6) = stored("b", 6, 1);
+        let (_, b8) = stored("b", 8, 2);
+        let (c, c7) = stored("c", 7, 1);
+        for (revision, name, value) in [(3, "a", &a_obj), (8, "b", &b8)] {
+            sqlx::query("INSERT INTO objects VALUES (?1, 'ns', ?2, ?3, ?4)")
+                .bind(R)
+                .bind(name)
+                .bind(revision)
+                .bind(value.to_string())
+                .execute(&mut conn)
+                .await
+                .expect("v2 object");
+        }
+        for (revision, name, event_type, value) in [
+            (6, "b", "ADDED", &b6),
+            (7, "c", "ADDED", &c7),
+            (8, "b", "MODIFIED", &b8),
+            (9, "c", "DELETED", &c7),
+        ] {
+            sqlx::query("INSERT INTO changes VALUES (?1, ?2, 'ns', ?3, ?4, ?5)")
+                .bind(revision)
+                .bind(R)
+                .bind(name)
+                .bind(event_type)
+                .bind(value.to_string())
+                .execute(&mut conn)
+                .await
+                .expect("v2 change");
+        }
+        conn.close().await.expect("close raw connection");
+
+        let store = open(&path).await;
+        assert_eq!((store.revision(), store.compacted_revision()), (9, 5));
+        assert_eq!(store.get(&a).await.expect("get").as_deref(), Some(&a_obj));
+        assert_eq!(store.get(&b).await.expect("get").as_deref(), Some(&b8));
+        assert!(store.get(&c).await.expect("get").is_none());
+        let mut stream = store.watch(R, None, 5).await.expect("watch from the floor");
+        let mut seen = Vec::new();
+        for _ in 0..4 {
+            let event = next(&mut stream).await.expect("event").expect("ok");
+            seen.push((event.revision, event.event_type, event.key.name.clone()));
+        }
+        assert_eq!(
+            seen,
+            [
+                (6, EventType::Added, "b".to_string()),
+                (7, EventType::Added, "c".to_string()),
+                (8, EventType::Modified, "b".to_string()),
+                (9, EventType::Deleted, "c".to_string()),
+            ]
         );
+        store.close().await;
+
+        let mut conn = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(&path))
+            .await
+            .expect("raw connection");
+        let tables: Vec<String> =
+            sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
+                .fetch_all(&mut conn)
+                .await
+                .expect("tables");
+        assert_eq!(tables, ["changes", "meta"]);
+        let rows: Vec<i64> = sqlx::query_scalar("SELECT revision FROM changes ORDER BY revision")
+            .fetch_all(&mut conn)
+            .await
+            .expect("rows");
+        assert_eq!(rows, [3, 6, 7, 8, 9]);
         conn.close().await.expect("close raw connection");
     }
 
