@@ -1,8 +1,8 @@
 //! PostgreSQL persistence backend (`rlark server --store postgres://...`).
 //!
-//! The same layout as the SQLite backend, in tables prefixed `rlark_`: `rlark_objects`,
-//! `rlark_changes` (the persisted change log) and `rlark_meta` (`schema_version`, `revision`,
-//! `compacted`). A batch is one transaction.
+//! The layout of the SQLite backend's schema version 2, in tables prefixed `rlark_`:
+//! `rlark_objects`, `rlark_changes` (the persisted change log) and `rlark_meta`
+//! (`schema_version`, `revision`, `compacted`). A batch is one transaction.
 //!
 //! - **Durability:** the session runs with `synchronous_commit = on` whatever the server's
 //!   default, so a commit has reached PostgreSQL's WAL on disk (and, with synchronous
