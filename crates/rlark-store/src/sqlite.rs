@@ -1312,7 +1312,10 @@ mod tests {
         .expect("rows below the floor");
         assert!(below.iter().all(|(_, rows)| *rows == 1), "{below:?}");
         let names: Vec<&str> = below.iter().map(|(name, _)| name.as_str()).collect();
-        assert!(!names.contains(&"o1") && !names.contains(&"p1"), "{names:?}");
+        assert!(
+            !names.contains(&"o1") && !names.contains(&"p1"),
+            "{names:?}"
+        );
         // p0's latest row is in the log above the floor; its older rows are gone.
         assert!(!names.contains(&"p0"), "{names:?}");
         assert_eq!(below.len(), 55 - 2 - 1);
