@@ -407,18 +407,19 @@ impl Worker {
         }
     }
 
-    /// Nothing runs: follow the Task until a resume, a removal or the end.
+    /// Nothing runs: follow the Task until a resume, a removal or the end. Its rare calls
+    /// are boxed: this future waits, allocated, for as long as the Task exists.
     async fn idle(&mut self, step: Step) -> Step {
         loop {
             match self.next_command().await {
                 Command::Run { task, resync } => {
                     self.task = task;
                     if step == Step::Stopped && !self.task.spec.stopped {
-                        let existing = match self.get_pod().await {
+                        let existing = match Box::pin(self.get_pod()).await {
                             Some(pod) => pod.filter(|p| self.is_ours(p)),
                             None => return Step::Exit,
                         };
-                        return self.fresh_pod(existing.as_ref()).await;
+                        return Box::pin(self.fresh_pod(existing.as_ref())).await;
                     }
                     // A final status was written successfully (or is kept in the state
                     // file): nothing to re-assert for a replica that does not run.
@@ -426,7 +427,7 @@ impl Worker {
                 }
                 Command::Supersede | Command::Shutdown => return Step::Exit,
                 Command::Remove => {
-                    self.delete_own_pod().await;
+                    Box::pin(self.delete_own_pod()).await;
                     return Step::Exit;
                 }
             }
@@ -1302,7 +1303,7 @@ mod tests {
 
     use super::super::testing::{ctx, task};
     use super::super::{Shared, TaskTokens};
-    use super::{Command, Worker};
+    use super::{Command, Step, Worker};
     use crate::runtime::RawRuntime;
 
     /// A replica's worker lives until its Task is deleted — long after a short run ended —
@@ -1326,7 +1327,7 @@ mod tests {
             task: Arc::clone(&task),
             resync: 0,
         });
-        let worker = Worker::new(
+        let mut worker = Worker::new(
             shared,
             "j-a-0".into(),
             true,
@@ -1335,6 +1336,12 @@ mod tests {
             receiver,
             task,
             0,
+        );
+        // What stays allocated while the replica does not run.
+        let idle = std::mem::size_of_val(&worker.idle(Step::Finished));
+        assert!(
+            idle <= 1024,
+            "an idle worker's future is {idle} bytes; box the call that grew it"
         );
         let future = worker.run(None);
         let size = std::mem::size_of_val(&future);
