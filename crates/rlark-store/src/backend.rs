@@ -76,6 +76,13 @@ pub trait Backend: Send + Sized + 'static {
     /// Drop change-log entries at or below `revision` and move the floor there.
     async fn compact(&mut self, revision: Revision) -> Result<(), StoreError>;
 
+    /// Restore: write `objects` (all `Added`, in revision order, each key once, each with the
+    /// revision that wrote it, none above `revision`) into a store that holds nothing, and set
+    /// the store's revision and its change log's floor to `revision` (the log starts empty).
+    /// One transaction; when the store holds any object or revision, nothing is written and
+    /// the error says so.
+    async fn import(&mut self, objects: &[Change], revision: Revision) -> Result<(), StoreError>;
+
     /// Check that the database is reachable (reconnecting if need be); called by the engine
     /// when no write came for a while. [`StoreError::Unavailable`] when it is not.
     async fn check(&mut self) -> Result<(), StoreError> {

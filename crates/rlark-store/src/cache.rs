@@ -45,6 +45,15 @@ impl Cache {
         self.objects.values().map(BTreeMap::len).sum()
     }
 
+    /// Every object, by resource then key.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&str, &Slot, &Stored)> {
+        self.objects.iter().flat_map(|(resource, objects)| {
+            objects
+                .iter()
+                .map(move |(slot, stored)| (resource.as_str(), slot, stored))
+        })
+    }
+
     pub(crate) fn lookup(&self, key: &ObjectKey) -> Option<&Stored> {
         self.objects
             .get(&key.resource)?

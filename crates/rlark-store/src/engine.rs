@@ -27,6 +27,7 @@ use tokio::sync::{broadcast, mpsc, oneshot};
 use tracing::Instrument;
 
 use crate::backend::{Backend, Change, Loaded};
+use crate::backup::{Snapshot, SnapshotObject};
 use crate::cache::{Cache, Encoded, Stored, encode, page_of};
 use crate::changelog::{ChangeLog, ChangeLogStats};
 use crate::metadata::{self, Current, Op, Outcome};
@@ -342,6 +343,25 @@ impl<B: Backend> CachedStore<B> {
     /// [`EngineConfig::log_capacity`] events and [`EngineConfig::log_capacity_bytes`] bytes.
     pub fn change_log(&self) -> ChangeLogStats {
         self.inner.shared.read().log.stats()
+    }
+
+    /// Every object at the current revision, from memory (one read of the cache, so one
+    /// consistent revision; nothing is encoded): what `rlark backup` saves from a running
+    /// server.
+    pub fn snapshot(&self) -> Snapshot {
+        let state = self.inner.shared.read();
+        Snapshot {
+            revision: self.inner.shared.revision.load(Ordering::Acquire),
+            objects: state
+                .cache
+                .iter()
+                .map(|(resource, (namespace, name), stored)| SnapshotObject {
+                    key: ObjectKey::new(resource, namespace.as_str(), name.as_str()),
+                    revision: stored.revision,
+                    json: Arc::clone(&stored.json),
+                })
+                .collect(),
+        }
     }
 
     async fn send(&self, command: Command<B>) -> Result<(), StoreError> {

@@ -54,6 +54,7 @@
 //!   recent") to a list at the current revision followed by a watch from it.
 
 mod backend;
+pub mod backup;
 mod cache;
 mod changelog;
 #[cfg(any(test, feature = "conformance"))]

@@ -147,6 +147,13 @@ impl CachedStore<PostgresBackend> {
 }
 
 impl PostgresBackend {
+    /// Connect, take the writer lock and migrate the schema, without loading anything: for
+    /// `rlark backup`, `restore` and `store migrate`, which use the backend directly (no
+    /// server may run on the database meanwhile; the writer lock makes sure of it).
+    pub async fn open_backend(config: &PostgresStoreConfig) -> Result<Self, StoreError> {
+        Self::open(config.connect.clone()).await
+    }
+
     async fn open(connect: PgConnectOptions) -> Result<Self, StoreError> {
         let connect = connect
             .application_name("rlark-server")
@@ -565,6 +572,48 @@ impl Backend for PostgresBackend {
         tx.commit().await.map_err(pg_err("commit compaction"))
     }
 
+    async fn import(&mut self, objects: &[Change], revision: Revision) -> Result<(), StoreError> {
+        let target = format!("{:?}", self.target);
+        let conn = self.conn().await?;
+        let mut tx = conn.begin().await.map_err(pg_err("begin"))?;
+        let rows: i64 = sqlx::query_scalar(
+            "SELECT (SELECT count(*) FROM rlark_objects) + (SELECT count(*) FROM rlark_changes)",
+        )
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(pg_err("checking that the store is empty"))?;
+        let current = meta_value(&mut tx, "revision").await?;
+        if rows > 0 || current > 0 {
+            return Err(StoreError::Database(format!(
+                "{target} is not empty (revision {current}, {rows} rows): a restore needs an empty store"
+            )));
+        }
+        let mut columns = Columns::default();
+        for object in objects {
+            columns.push(&object.key, Some(to_db_int(object.revision)?), &object.json);
+        }
+        sqlx::query(
+            "INSERT INTO rlark_objects (resource, namespace, name, revision, value)
+             SELECT * FROM UNNEST($1::text[], $2::text[], $3::text[], $4::bigint[], $5::text[])",
+        )
+        .bind(&columns.resources)
+        .bind(&columns.namespaces)
+        .bind(&columns.names)
+        .bind(&columns.revisions)
+        .bind(&columns.values)
+        .execute(&mut *tx)
+        .await
+        .map_err(pg_err("restoring objects"))?;
+        sqlx::query("UPDATE rlark_meta SET value = $1 WHERE key IN ('revision', 'compacted')")
+            .bind(to_db_int(revision)?)
+            .execute(&mut *tx)
+            .await
+            .map_err(pg_err("recording the restored revision"))?;
+        tx.commit().await.map_err(pg_err("commit restore"))?;
+        self.revision = revision;
+        Ok(())
+    }
+
     async fn settings(&mut self) -> Result<PgDurability, StoreError> {
         let conn = self.conn().await?;
         let synchronous_commit: String = sqlx::query_scalar("SHOW synchronous_commit")
@@ -660,6 +709,74 @@ mod tests {
             }
         })
         .await;
+    }
+
+    /// A backup restores into an empty PostgreSQL database, and `store migrate`'s path
+    /// (load one backend, import into another) carries a store from PostgreSQL to SQLite and
+    /// back with its revisions.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_backup_restores_and_migrates_between_backends() {
+        use crate::backup::{self, Snapshot, testing};
+        use crate::{SqliteBackend, SqliteStore, SqliteStoreConfig};
+        let Some(cluster) = cluster() else { return };
+        let source_config = database(&cluster).await;
+        let source = PostgresStore::open(source_config.clone())
+            .await
+            .expect("open");
+        testing::write_history(&source).await;
+        let snapshot = source.snapshot();
+        source.close().await;
+
+        let mut offline = PostgresBackend::open_backend(&source_config)
+            .await
+            .expect("open the source backend");
+        let loaded = Snapshot::of_backend(&mut offline).await.expect("load");
+        testing::assert_same(&loaded, &snapshot);
+        let error = backup::import(&mut offline, &snapshot)
+            .await
+            .expect_err("a store with data")
+            .to_string();
+        assert!(error.contains("is not empty (revision 6"), "{error}");
+        offline.close().await;
+
+        // PostgreSQL -> PostgreSQL, through the file format.
+        let target_config = database(&cluster).await;
+        let mut target = PostgresBackend::open_backend(&target_config)
+            .await
+            .expect("open the target backend");
+        backup::import(&mut target, &testing::through_a_file(&snapshot))
+            .await
+            .expect("import");
+        target.close().await;
+        let restored = PostgresStore::open(target_config).await.expect("reopen");
+        testing::check_restored(&snapshot, &restored).await;
+        restored.close().await;
+
+        // PostgreSQL -> SQLite -> PostgreSQL.
+        let dir = tempfile::tempdir().expect("temp dir");
+        let sqlite = SqliteStoreConfig::new(dir.path().join("rlark.db"));
+        let mut to_sqlite = SqliteBackend::open(&sqlite).await.expect("sqlite");
+        backup::import(&mut to_sqlite, &loaded)
+            .await
+            .expect("to sqlite");
+        let from_sqlite = Snapshot::of_backend(&mut to_sqlite)
+            .await
+            .expect("load sqlite");
+        to_sqlite.close().await;
+        let back_config = database(&cluster).await;
+        let mut back = PostgresBackend::open_backend(&back_config)
+            .await
+            .expect("back");
+        backup::import(&mut back, &from_sqlite)
+            .await
+            .expect("back to postgres");
+        back.close().await;
+        let back = PostgresStore::open(back_config).await.expect("reopen");
+        testing::check_restored(&snapshot, &back).await;
+        back.close().await;
+        let sqlite = SqliteStore::open(sqlite).await.expect("sqlite store");
+        testing::check_restored(&snapshot, &sqlite).await;
+        sqlite.close().await;
     }
 
     /// A crash test cannot see a missing WAL flush: assert what PostgreSQL has in force on the

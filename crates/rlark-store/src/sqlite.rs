@@ -138,7 +138,10 @@ impl CachedStore<SqliteBackend> {
 }
 
 impl SqliteBackend {
-    async fn open(config: &SqliteStoreConfig) -> Result<Self, StoreError> {
+    /// Open (or create) the database and migrate the schema, without loading anything: for
+    /// `rlark backup`, `restore` and `store migrate`, which use the backend directly. Takes
+    /// the database's exclusive lock, so it fails while a server has the file open.
+    pub async fn open(config: &SqliteStoreConfig) -> Result<Self, StoreError> {
         if let Some(parent) = config.path.parent().filter(|p| !p.as_os_str().is_empty()) {
             tokio::fs::create_dir_all(parent)
                 .await
@@ -381,28 +384,7 @@ impl Backend for SqliteBackend {
         let injected_failure = self.injected_failure();
 
         let mut tx = self.conn.begin().await.map_err(db_err("begin"))?;
-        let mut rest = changes;
-        while !rest.is_empty() {
-            // The largest power of two that fits: few distinct statement texts to cache.
-            let rows = MAX_ROWS_PER_INSERT.min(1 << rest.len().ilog2());
-            let (chunk, tail) = rest.split_at(rows);
-            rest = tail;
-            let mut query = sqlx::query(insert_statement(rows));
-            for change in chunk {
-                let key = &change.key;
-                query = query
-                    .bind(to_db_int(change.revision)?)
-                    .bind(key.resource.as_str())
-                    .bind(key.namespace.as_str())
-                    .bind(key.name.as_str())
-                    .bind(event_type_name(change.event_type))
-                    .bind(&*change.json);
-            }
-            query
-                .execute(&mut *tx)
-                .await
-                .map_err(db_err("appending to the change log"))?;
-        }
+        insert_changes(&mut tx, changes).await?;
         sqlx::query("UPDATE meta SET value = ?1 WHERE key = 'revision'")
             .bind(to_db_int(revision)?)
             .execute(&mut *tx)
@@ -422,6 +404,31 @@ impl Backend for SqliteBackend {
         let mut tx = self.conn.begin().await.map_err(db_err("begin"))?;
         compact_in(&mut tx, revision).await?;
         tx.commit().await.map_err(db_err("commit compaction"))
+    }
+
+    async fn import(&mut self, objects: &[Change], revision: Revision) -> Result<(), StoreError> {
+        let mut tx = self.conn.begin().await.map_err(db_err("begin"))?;
+        let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM changes")
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db_err("checking that the store is empty"))?;
+        let current = meta_value(&mut tx, "revision").await?;
+        if rows > 0 || current > 0 {
+            return Err(StoreError::Database(format!(
+                "{} is not empty (revision {current}, {rows} rows): a restore needs an empty store",
+                self.path.display()
+            )));
+        }
+        insert_changes(&mut tx, objects).await?;
+        for key in ["revision", "compacted"] {
+            sqlx::query("UPDATE meta SET value = ?1 WHERE key = ?2")
+                .bind(to_db_int(revision)?)
+                .bind(key)
+                .execute(&mut *tx)
+                .await
+                .map_err(db_err("recording the restored revision"))?;
+        }
+        tx.commit().await.map_err(db_err("commit restore"))
     }
 
     async fn settings(&mut self) -> Result<Durability, StoreError> {
@@ -444,6 +451,33 @@ impl Backend for SqliteBackend {
             tracing::error!(error = %e, path = %self.path.display(), "closing database");
         }
     }
+}
+
+/// Append `changes` to table `changes`: one multi-row `INSERT` per chunk, each chunk the
+/// largest power of two that fits (few distinct statement texts to cache).
+async fn insert_changes(conn: &mut SqliteConnection, changes: &[Change]) -> Result<(), StoreError> {
+    let mut rest = changes;
+    while !rest.is_empty() {
+        let rows = MAX_ROWS_PER_INSERT.min(1 << rest.len().ilog2());
+        let (chunk, tail) = rest.split_at(rows);
+        rest = tail;
+        let mut query = sqlx::query(insert_statement(rows));
+        for change in chunk {
+            let key = &change.key;
+            query = query
+                .bind(to_db_int(change.revision)?)
+                .bind(key.resource.as_str())
+                .bind(key.namespace.as_str())
+                .bind(key.name.as_str())
+                .bind(event_type_name(change.event_type))
+                .bind(&*change.json);
+        }
+        query
+            .execute(&mut *conn)
+            .await
+            .map_err(db_err("appending to the change log"))?;
+    }
+    Ok(())
 }
 
 /// The multi-row `INSERT` of `rows` changes (texts built once per size and kept).
@@ -1330,6 +1364,46 @@ mod tests {
         let listed = store.list(R, &ListOptions::default()).await.expect("list");
         assert_eq!(listed.items.len(), 53);
         store.close().await;
+    }
+
+    /// A backup of a store restores into an empty one with the same objects and revisions;
+    /// a store that holds anything is refused, with nothing written. `Snapshot::of_backend`
+    /// (the offline backup) reads the same snapshot as the running store's.
+    #[tokio::test]
+    async fn a_backup_restores_into_an_empty_store() {
+        use crate::backup::{self, Snapshot, testing};
+        let dir = tempfile::tempdir().expect("temp dir");
+        let source = open(&dir.path().join("source.db")).await;
+        testing::write_history(&source).await;
+        let snapshot = source.snapshot();
+        assert_eq!((snapshot.revision, snapshot.objects.len()), (6, 3));
+        source.close().await;
+        let mut offline =
+            SqliteBackend::open(&SqliteStoreConfig::new(dir.path().join("source.db")))
+                .await
+                .expect("open the source backend");
+        testing::assert_same(
+            &Snapshot::of_backend(&mut offline).await.expect("load"),
+            &snapshot,
+        );
+        let error = backup::import(&mut offline, &snapshot)
+            .await
+            .expect_err("a store with data")
+            .to_string();
+        assert!(error.contains("is not empty (revision 6"), "{error}");
+        offline.close().await;
+
+        let target = dir.path().join("target.db");
+        let mut backend = SqliteBackend::open(&SqliteStoreConfig::new(&target))
+            .await
+            .expect("open the target backend");
+        backup::import(&mut backend, &testing::through_a_file(&snapshot))
+            .await
+            .expect("import");
+        backend.close().await;
+        let restored = open(&target).await;
+        testing::check_restored(&snapshot, &restored).await;
+        restored.close().await;
     }
 
     /// A database written by schema version 2 (objects beside the change log) is migrated to
