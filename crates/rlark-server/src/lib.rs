@@ -28,6 +28,7 @@
 //! `store_guard`) unless [`ServerConfig::reinitialize_store`] is set.
 
 mod auth;
+mod backup;
 mod config;
 mod console;
 mod controllers;

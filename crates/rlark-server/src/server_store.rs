@@ -50,6 +50,11 @@ impl ServerStore {
         each!(self, store => store.stats())
     }
 
+    /// See [`rlark_store::CachedStore::snapshot`].
+    pub fn snapshot(&self) -> rlark_store::backup::Snapshot {
+        each!(self, store => store.snapshot())
+    }
+
     pub fn change_log(&self) -> ChangeLogStats {
         each!(self, store => store.change_log())
     }

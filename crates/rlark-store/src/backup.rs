@@ -94,34 +94,53 @@ impl Snapshot {
         out.flush().map_err(BackupError::Write)
     }
 
-    /// The backup format's lines (each ending in `\n`), made one at a time: for a streamed
-    /// response.
+    /// The backup format's lines (each ending in `\n`), made one at a time.
     pub fn lines(&self) -> impl Iterator<Item = String> + '_ {
-        let header = format!(
-            "{}\n",
-            serde_json::json!({
+        (0..self.objects.len() + 2).map(|index| self.line(index))
+    }
+
+    /// Line `index` of the backup (0: the header; then one per object; last: the end line),
+    /// ending in `\n`: for a streamed response, which owns the snapshot behind an `Arc`.
+    pub fn line(&self, index: usize) -> String {
+        let count = self.objects.len();
+        if index == 0 {
+            let header = serde_json::json!({
                 "format": FORMAT,
                 "revision": self.revision,
-                "objects": self.objects.len(),
-            })
-        );
-        let end = format!(
-            "{}\n",
-            serde_json::json!({"end": true, "objects": self.objects.len()})
-        );
-        std::iter::once(header)
-            .chain(self.objects.iter().map(|object| {
-                // The object's JSON goes in as it is stored: it is valid JSON already.
-                format!(
-                    "{{\"resource\":{},\"namespace\":{},\"name\":{},\"revision\":{},\"object\":{}}}\n",
-                    Value::from(object.key.resource.as_str()),
-                    Value::from(object.key.namespace.as_str()),
-                    Value::from(object.key.name.as_str()),
-                    object.revision,
-                    object.json,
-                )
-            }))
-            .chain(std::iter::once(end))
+                "objects": count,
+            });
+            return format!("{header}\n");
+        }
+        match self.objects.get(index - 1) {
+            // The object's JSON goes in as it is stored: it is valid JSON already.
+            Some(object) => format!(
+                "{{\"resource\":{},\"namespace\":{},\"name\":{},\"revision\":{},\"object\":{}}}\n",
+                Value::from(object.key.resource.as_str()),
+                Value::from(object.key.namespace.as_str()),
+                Value::from(object.key.name.as_str()),
+                object.revision,
+                object.json,
+            ),
+            None => format!("{}\n", serde_json::json!({"end": true, "objects": count})),
+        }
+    }
+
+    /// Lines of the backup in index order, joined into chunks of about `chunk_bytes` (a
+    /// streamed response's body frames).
+    pub fn chunks(self: Arc<Self>, chunk_bytes: usize) -> impl Iterator<Item = String> {
+        let total = self.objects.len() + 2;
+        let mut next = 0;
+        std::iter::from_fn(move || {
+            if next >= total {
+                return None;
+            }
+            let mut chunk = String::new();
+            while next < total && (chunk.is_empty() || chunk.len() < chunk_bytes) {
+                chunk.push_str(&self.line(next));
+                next += 1;
+            }
+            Some(chunk)
+        })
     }
 
     /// Read a backup, checking it whole: the format, every line, each key once, each
@@ -415,6 +434,18 @@ mod tests {
         assert_eq!(text.lines().count(), 4);
         let read = Snapshot::read_from(text.as_bytes()).expect("read");
         assert_eq!(read, sample());
+    }
+
+    #[test]
+    fn chunks_join_to_the_written_file() {
+        let text = written(&sample());
+        for chunk_bytes in [1, 100, 1 << 20] {
+            let chunks: Vec<String> = Arc::new(sample()).chunks(chunk_bytes).collect();
+            assert_eq!(chunks.concat(), text, "chunks of {chunk_bytes}");
+            if chunk_bytes == 1 {
+                assert_eq!(chunks.len(), 4, "one line per chunk at least");
+            }
+        }
     }
 
     #[test]

@@ -31,6 +31,7 @@ mod reports;
 mod robot;
 mod security;
 mod server;
+mod store;
 mod table;
 pub(crate) mod version;
 
@@ -134,6 +135,14 @@ enum Command {
     Camera(camera::CameraArgs),
     /// Print the client's and the server's version, git commit and build date.
     Version(version::VersionArgs),
+    /// Save every object of the store, with its revision, to a file (JSON Lines): from the
+    /// running server (admin credentials), or with --from straight from a stopped store.
+    Backup(store::BackupArgs),
+    /// Write a backup file into an empty store (its server stopped), revisions kept.
+    Restore(store::RestoreArgs),
+    /// Store maintenance: `store migrate` copies a store between SQLite and PostgreSQL.
+    #[command(subcommand)]
+    Store(store::StoreCommand),
     /// Print a shell completion script (bash, zsh or fish) on stdout.
     Completion(completion::CompletionArgs),
     /// Write man pages for rlark and every subcommand into a directory.
@@ -298,6 +307,12 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Robot(args) => robot::robot(args).await,
         Command::Devinit(args) => devinit::devinit(args).await,
         Command::Camera(args) => camera::camera(args).await,
+        Command::Backup(mut args) => {
+            args.client = client;
+            store::backup(args).await
+        }
+        Command::Restore(args) => store::restore(args).await,
+        Command::Store(command) => store::store(command).await,
         Command::Version(mut args) => {
             args.client_args = client;
             version::version(args).await
