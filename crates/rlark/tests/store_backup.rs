@@ -155,6 +155,11 @@ async fn backup_and_restore_a_sqlite_data_directory() -> Result<()> {
         "{said}"
     );
     let snapshot = read_backup(&online)?;
+    use std::os::unix::fs::PermissionsExt as _;
+    assert_eq!(
+        std::fs::metadata(&online)?.permissions().mode() & 0o777,
+        0o600
+    );
     let domains_in = |s: &Snapshot| {
         let mut found: Vec<(String, String)> = s
             .objects

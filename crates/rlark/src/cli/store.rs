@@ -215,11 +215,14 @@ async fn fetch(client: &ClientArgs) -> anyhow::Result<Vec<u8>> {
     Ok(text)
 }
 
-/// Write `bytes` to a file that must not exist yet, durably (fsync before returning).
+/// Write `bytes` to a file that must not exist yet, readable by its owner only (a backup
+/// holds token hashes, certificate records and Secrets), durably (fsync before returning).
 fn write_new(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
     let mut file = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
+        .mode(0o600)
         .open(path)
         .with_context(|| {
             format!(
