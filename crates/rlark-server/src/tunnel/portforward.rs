@@ -124,16 +124,29 @@ fn upgrade(headers: &HeaderMap) -> Result<Upgrade, String> {
 
 /// Where a replica's ports are, as the agent dials them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Destination {
-    host: String,
+pub(crate) struct Destination {
+    pub(crate) host: String,
     /// Through this node's session only; `None`: any session of the cluster.
-    node: Option<String>,
+    pub(crate) node: Option<String>,
 }
 
 impl Destination {
+    /// A stream to `port` at this destination, through the agent of `cluster`.
+    pub(crate) async fn dial(
+        &self,
+        hub: &Hub,
+        cluster: &str,
+        port: u16,
+    ) -> Result<rlark_tunnel::mux::MuxStream, rlark_tunnel::dial::DialError> {
+        match &self.node {
+            Some(node) => hub.dial_on_node(cluster, node, &self.host, port).await,
+            None => hub.dial(cluster, None, &self.host, port).await,
+        }
+    }
+
     /// The destination of a stored replica Pod whose Task (if still stored) is `task`;
     /// `Err` is the 400's message.
-    fn of(pod: &Value, task: Option<&Value>) -> Result<Destination, String> {
+    pub(crate) fn of(pod: &Value, task: Option<&Value>) -> Result<Destination, String> {
         let name = pod["metadata"]["name"].as_str().unwrap_or_default();
         let agent_type = task
             .and_then(|t| t["spec"]["agentType"].as_str())
