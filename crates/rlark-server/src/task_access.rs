@@ -71,7 +71,9 @@ impl Replica {
 
     /// The node the replica runs on, when reported.
     pub fn node(&self) -> Option<&str> {
-        self.pod["status"]["node"].as_str().filter(|n| !n.is_empty())
+        self.pod["status"]["node"]
+            .as_str()
+            .filter(|n| !n.is_empty())
     }
 }
 

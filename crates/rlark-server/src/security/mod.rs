@@ -562,7 +562,10 @@ impl Security {
         };
         match self
             .store
-            .create(&key(CERTIFICATES, &serial), records::to_object(&serial, &record))
+            .create(
+                &key(CERTIFICATES, &serial),
+                records::to_object(&serial, &record),
+            )
             .await
         {
             Ok(_) | Err(StoreError::AlreadyExists(_)) => Ok(()),

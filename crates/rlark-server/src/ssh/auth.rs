@@ -311,9 +311,7 @@ pub(crate) async fn revoked(state: &SshState, credential: &Credential) -> Option
                 }
                 RegisteredWith::Token { id: token } => {
                     state.security.bearer_token_revoked(token).await.then(|| {
-                        format!(
-                            "SSH key {id} was registered with token {token}, which is revoked"
-                        )
+                        format!("SSH key {id} was registered with token {token}, which is revoked")
                     })
                 }
             }
@@ -322,19 +320,16 @@ pub(crate) async fn revoked(state: &SshState, credential: &Credential) -> Option
             namespace,
             name,
             key,
-        } => {
-            match task_access::find_task(&*state.store, name, Some(namespace)).await {
-                Ok(task)
-                    if PublicKey::from_openssh(key)
-                        .is_ok_and(|key| task_key_matches(&task, &key)) =>
-                {
-                    None
-                }
-                _ => Some(format!(
-                    "the sshPublicKey of task {namespace}/{name} changed or the task is gone"
-                )),
+        } => match task_access::find_task(&*state.store, name, Some(namespace)).await {
+            Ok(task)
+                if PublicKey::from_openssh(key).is_ok_and(|key| task_key_matches(&task, &key)) =>
+            {
+                None
             }
-        }
+            _ => Some(format!(
+                "the sshPublicKey of task {namespace}/{name} changed or the task is gone"
+            )),
+        },
     }
 }
 
@@ -385,8 +380,10 @@ mod tests {
 
     #[test]
     fn task_keys_match_by_key_not_comment() {
-        let key = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl";
-        let task = serde_json::json!({"spec": {"sshPublicKey": format!("# mine\n{key} someone@host\n")}});
+        let key =
+            "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl";
+        let task =
+            serde_json::json!({"spec": {"sshPublicKey": format!("# mine\n{key} someone@host\n")}});
         let parsed = PublicKey::from_openssh(key).unwrap();
         assert!(task_key_matches(&task, &parsed));
         assert!(!task_key_matches(&serde_json::json!({"spec": {}}), &parsed));

@@ -57,8 +57,7 @@ impl AgentExec {
             .max_message_size(Some(MAX_EXEC_MESSAGE))
             .max_frame_size(Some(MAX_EXEC_MESSAGE));
         let deadline = hub.config().dial_timeout;
-        let handshake =
-            tokio_tungstenite::client_async_with_config(request, stream, Some(config));
+        let handshake = tokio_tungstenite::client_async_with_config(request, stream, Some(config));
         match tokio::time::timeout(deadline, handshake).await {
             Ok(Ok((ws, _))) => Ok(AgentExec { ws }),
             Ok(Err(tokio_tungstenite::tungstenite::Error::Http(response))) => {
@@ -137,12 +136,12 @@ impl AgentExec {
                 Channel::Stdout => return Output::Stdout(data.slice(1..)),
                 Channel::Stderr => return Output::Stderr(data.slice(1..)),
                 Channel::Error => {
-                    return Output::Exited(ExecOutcome::parse(payload).unwrap_or_else(
-                        |message| ExecOutcome::Failed {
+                    return Output::Exited(ExecOutcome::parse(payload).unwrap_or_else(|message| {
+                        ExecOutcome::Failed {
                             reason: "InternalError".into(),
                             message,
-                        },
-                    ));
+                        }
+                    }));
                 }
                 _ => {}
             }

@@ -60,7 +60,9 @@ async fn connect(
     let stream = destination
         .dial(&state.hub, replica.cluster(), port)
         .await
-        .map_err(|e| Refused::Unreachable(format!("{}: dial port {port}: {e}", replica.pod_name)))?;
+        .map_err(|e| {
+            Refused::Unreachable(format!("{}: dial port {port}: {e}", replica.pod_name))
+        })?;
     Ok((replica.pod_name, stream, port))
 }
 
@@ -115,8 +117,14 @@ fn audit(state: &SshState, login: &Login, pod: Option<&str>, detail: &str, decis
         .as_ref()
         .map(|t| {
             (
-                t["metadata"]["namespace"].as_str().unwrap_or_default().to_string(),
-                t["metadata"]["name"].as_str().unwrap_or_default().to_string(),
+                t["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                t["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
             )
         })
         .unwrap_or_default();

@@ -8,7 +8,9 @@ use std::sync::Arc;
 
 use rlark_apiserver::audit::AuditEntry;
 use russh::keys::ssh_key::Certificate;
-use russh::server::{Auth, ChannelOpenHandle, Handler, Msg, PublicKeyOffer, Session, VerifiedPublicKey};
+use russh::server::{
+    Auth, ChannelOpenHandle, Handler, Msg, PublicKeyOffer, Session, VerifiedPublicKey,
+};
 use russh::{Channel, ChannelId, Disconnect};
 
 use super::SshState;
@@ -108,10 +110,12 @@ impl Handler for Connection {
         user: &str,
         key: VerifiedPublicKey<'_>,
     ) -> Result<Auth, Self::Error> {
-        Ok(match auth::by_key(&self.state, user, key.public_key).await {
-            Ok(login) => self.accept(login),
-            Err(refusal) => self.refuse(user, refusal),
-        })
+        Ok(
+            match auth::by_key(&self.state, user, key.public_key).await {
+                Ok(login) => self.accept(login),
+                Err(refusal) => self.refuse(user, refusal),
+            },
+        )
     }
 
     async fn auth_openssh_certificate(
@@ -119,10 +123,12 @@ impl Handler for Connection {
         user: &str,
         certificate: &Certificate,
     ) -> Result<Auth, Self::Error> {
-        Ok(match auth::by_certificate(&self.state, user, certificate).await {
-            Ok(login) => self.accept(login),
-            Err(refusal) => self.refuse(user, refusal),
-        })
+        Ok(
+            match auth::by_certificate(&self.state, user, certificate).await {
+                Ok(login) => self.accept(login),
+                Err(refusal) => self.refuse(user, refusal),
+            },
+        )
     }
 
     async fn auth_succeeded(&mut self, session: &mut Session) -> Result<(), Self::Error> {
@@ -256,6 +262,10 @@ async fn watch_revocation(
     });
     closing.close(reason.clone());
     let _ = handle
-        .disconnect(Disconnect::ByApplication, format!("rlark: {reason}"), String::new())
+        .disconnect(
+            Disconnect::ByApplication,
+            format!("rlark: {reason}"),
+            String::new(),
+        )
         .await;
 }

@@ -71,12 +71,12 @@ fn user(request: &Request) -> Result<Identity, Response> {
         return Err(ApiError::unauthorized().into_response());
     };
     match identity.role() {
-        Role::Agent { .. } | Role::Task { .. } | Role::Peer { .. } => Err(error(
-            KeyError::Forbidden(format!(
+        Role::Agent { .. } | Role::Task { .. } | Role::Peer { .. } => {
+            Err(error(KeyError::Forbidden(format!(
                 "{:?} is not a user: only users register SSH keys",
                 identity.user
-            )),
-        )),
+            ))))
+        }
         _ => Ok(identity),
     }
 }

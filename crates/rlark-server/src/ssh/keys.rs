@@ -256,7 +256,8 @@ fn to_object(record: &SshKeyRecord) -> Value {
 mod tests {
     use super::*;
 
-    const KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl laptop";
+    const KEY: &str =
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl laptop";
 
     #[test]
     fn keys_parse_and_have_stable_ids() {
@@ -268,10 +269,7 @@ mod tests {
         for (bad, says) in [
             ("", "empty"),
             ("ssh-ed25519 notbase64", "not an OpenSSH public key"),
-            (
-                "ssh-ed25519-cert-v01@openssh.com AAAA",
-                "is a certificate",
-            ),
+            ("ssh-ed25519-cert-v01@openssh.com AAAA", "is a certificate"),
         ] {
             let error = parse_public_key(bad).unwrap_err().to_string();
             assert!(error.contains(says), "{bad}: {error}");

@@ -39,8 +39,7 @@ pub(super) async fn choose(
     };
     let mut entries: Vec<Replica> = Vec::new();
     for (namespace, name, replicas) in tasks {
-        let Ok(task) = task_access::find_task(&*state.store, &name, Some(&namespace)).await
-        else {
+        let Ok(task) = task_access::find_task(&*state.store, &name, Some(&namespace)).await else {
             continue;
         };
         for index in 0..replicas.min(MAX_ENTRIES as u64) {

@@ -106,10 +106,12 @@ pub(crate) async fn start(
             addr: listen,
             source,
         })?;
-    let addr = listener.local_addr().map_err(|source| SshServerError::Bind {
-        addr: listen,
-        source,
-    })?;
+    let addr = listener
+        .local_addr()
+        .map_err(|source| SshServerError::Bind {
+            addr: listen,
+            source,
+        })?;
     let config = Arc::new(config(key));
     tracing::info!(%addr, host_key = %fingerprint, "SSH listening");
     let task = tokio::spawn(async move {

@@ -18,10 +18,10 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
-use russh::server::Msg;
-use russh::{ChannelMsg, ChannelReadHalf, ChannelWriteHalf};
 use rlark_apiserver::audit::AuditEntry;
 use rlark_tunnel::agent_api::{ExecOptions, ExecOutcome, TerminalSize};
+use russh::server::Msg;
+use russh::{ChannelMsg, ChannelReadHalf, ChannelWriteHalf};
 
 use super::SshState;
 use super::auth::{Login, Target};
@@ -134,15 +134,21 @@ pub(crate) async fn run(
                 Ok(replica) => (replica, request),
                 Err(error) => {
                     fail(&write, &error.to_string()).await;
-                    audit(&state, &login, None, "none", &tally, &format!("refused: {error}"));
+                    audit(
+                        &state,
+                        &login,
+                        None,
+                        "none",
+                        &tally,
+                        &format!("refused: {error}"),
+                    );
                     return;
                 }
             }
         }
         _ => {
             // The menu: the reachable tasks; with a terminal, pick one for a shell.
-            match super::menu::choose(&state, &login, &mut read, &write, pty.is_some()).await
-            {
+            match super::menu::choose(&state, &login, &mut read, &write, pty.is_some()).await {
                 Some(replica) => (replica, Request::Shell),
                 None => return,
             }
@@ -154,7 +160,11 @@ pub(crate) async fn run(
         Request::Exec(command) => (format!("exec {command:?}"), options(command, pty.is_some())),
         Request::Subsystem(name) if name == "sftp" => ("sftp".to_string(), options(SFTP, false)),
         Request::Subsystem(name) => {
-            fail(&write, &format!("subsystem {name:?} is not served (only sftp)")).await;
+            fail(
+                &write,
+                &format!("subsystem {name:?} is not served (only sftp)"),
+            )
+            .await;
             audit(
                 &state,
                 &login,
@@ -170,7 +180,14 @@ pub(crate) async fn run(
         Ok(exec) => exec,
         Err(error) => {
             fail(&write, &error).await;
-            audit(&state, &login, Some(&replica), &what, &tally, &format!("failed: {error}"));
+            audit(
+                &state,
+                &login,
+                Some(&replica),
+                &what,
+                &tally,
+                &format!("failed: {error}"),
+            );
             return;
         }
     };
