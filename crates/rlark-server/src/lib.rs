@@ -440,6 +440,13 @@ async fn start_with_token(
         tunnel::netcheck::NetCheckState::new(Arc::clone(&hub), Arc::new(store.clone())),
     ))
     .merge(tunnel::exec::router(exec_state.clone()))
+    .merge(tunnel::task_proxy::router(
+        tunnel::task_proxy::TaskProxyState {
+            hub: Arc::clone(&hub),
+            store: Arc::new(store.clone()),
+            audit: Arc::clone(&audit),
+        },
+    ))
     .merge(tunnel::devices::router(tunnel::devices::DevicesState {
         hub: Arc::clone(&hub),
         audit: Arc::clone(&audit),

@@ -262,7 +262,7 @@ mod tests {
     #[test]
     fn keys_parse_and_have_stable_ids() {
         let key = parse_public_key(KEY).unwrap();
-        assert_eq!(key.comment(), "laptop");
+        assert_eq!(key.comment().to_string(), "laptop");
         let without_comment = parse_public_key(KEY.trim_end_matches(" laptop")).unwrap();
         assert_eq!(key_id(&key), key_id(&without_comment));
         assert_eq!(key_id(&key).len(), 64);
