@@ -501,7 +501,85 @@ async fn openssh_reaches_granted_tasks_only() -> anyhow::Result<()> {
     })
     .await?;
 
+    // The CLI, as vera with her kubeconfig: `rlark ssh` needs no key setup and leaves no
+    // key behind; `rlark ssh-config` makes plain `ssh TASK@alias` work with the host key
+    // pinned; `rlark ssh-key` lists and removes keys.
+    let kubeconfig = client.path("viewer.kubeconfig");
+    let out = rlark(
+        &kubeconfig,
+        &["ssh", "task/web-main", "--", "echo", "via-rlark"],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "via-rlark\n");
+    let out = rlark(&kubeconfig, &["ssh-key", "list"]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let listed = text(&out.stdout);
+    assert!(
+        listed.contains(record["fingerprint"].as_str().unwrap_or("?")),
+        "{listed}"
+    );
+    assert!(
+        !listed.contains("rlark-ssh"),
+        "the one-time key stayed: {listed}"
+    );
+    let known = client.path("pinned_known_hosts");
+    let vera_identity = client.path("vera");
+    let out = rlark(
+        &kubeconfig,
+        &[
+            "ssh-config",
+            "--alias",
+            "rlk",
+            "--known-hosts",
+            known.to_str().context("path")?,
+            "-i",
+            vera_identity.to_str().context("path")?,
+        ],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    std::fs::write(client.path("ssh_config"), &out.stdout)?;
+    let mut configured = tokio::process::Command::new("ssh");
+    configured
+        .args(["-F", client.path("ssh_config").to_str().context("path")?])
+        .args([
+            "-o",
+            "BatchMode=yes",
+            &format!("{TASK}@rlk"),
+            "echo configured",
+        ])
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    let out = tokio::time::timeout(DEADLINE, configured.output()).await??;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "configured\n");
+    let id = record["id"].as_str().context("id")?;
+    let out = rlark(&kubeconfig, &["ssh-key", "remove", id]).await?;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let out = client.output("vera", false, TASK, &["true"]).await?;
+    assert_eq!(out.status.code(), Some(255), "a removed key still works");
+
     h.stop().await
+}
+
+/// `rlark --kubeconfig K ARGS` (the flag before any `--`), bounded by [`DEADLINE`].
+async fn rlark(kubeconfig: &Path, args: &[&str]) -> anyhow::Result<Output> {
+    let split = args.iter().position(|a| *a == "--").unwrap_or(args.len());
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_rlark"));
+    command
+        .args(&args[..split])
+        .arg("--kubeconfig")
+        .arg(kubeconfig)
+        .args(&args[split..])
+        .env_remove("KUBECONFIG")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null())
+        .kill_on_drop(true);
+    tokio::time::timeout(DEADLINE, command.output())
+        .await
+        .context("rlark timed out")?
+        .context("run rlark")
 }
 
 fn which(program: &str) -> Option<PathBuf> {
