@@ -167,6 +167,7 @@ async fn create_job(
     name: &str,
     script: &str,
     access: Value,
+    ssh_public_key: Option<&str>,
 ) -> anyhow::Result<()> {
     let job: Job = serde_json::from_value(json!({
         "apiVersion": "rlinf.io/v1alpha1",
@@ -174,6 +175,7 @@ async fn create_job(
         "metadata": {"name": name},
         "spec": {
             "access": access,
+            "sshPublicKey": ssh_public_key,
             "tasks": [{
                 "name": "main",
                 "agentType": "Raw",
@@ -247,8 +249,9 @@ async fn openssh_reaches_granted_tasks_only() -> anyhow::Result<()> {
         client.path("carol-cert.pub"),
         signed["certificate"].as_str().context("certificate")?,
     )?;
-    // bob's key is registered nowhere.
+    // bob's key is registered nowhere; dave's is the private Job's sshPublicKey.
     client.keygen("bob")?;
+    let dave_key = client.keygen("dave")?;
 
     let http_port = free_port()?;
     create_job(
@@ -258,9 +261,17 @@ async fn openssh_reaches_granted_tasks_only() -> anyhow::Result<()> {
             "echo served > page.txt; exec python3 -m http.server {http_port} --bind 127.0.0.1"
         ),
         json!([{"user": "vera"}, {"user": "carol"}]),
+        None,
     )
     .await?;
-    create_job(&h.admin, "private", "sleep 600", json!([])).await?;
+    create_job(
+        &h.admin,
+        "private",
+        "sleep 600",
+        json!([]),
+        Some(dave_key.trim()),
+    )
+    .await?;
     h.wait_pod(&format!("{TASK}-0"), PodPhase::Running).await?;
     h.wait_pod(&format!("{OTHER}-0"), PodPhase::Running).await?;
 
@@ -451,6 +462,15 @@ async fn openssh_reaches_granted_tasks_only() -> anyhow::Result<()> {
                 .is_some_and(|r| r.contains("does not grant it"))
     })
     .await?;
+
+    // The Job's sshPublicKey reaches that Job's task, and no other.
+    let out = client
+        .output("dave", false, OTHER, &["echo $RLARK_TASK"])
+        .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "private-main\n");
+    let out = client.output("dave", false, TASK, &["true"]).await?;
+    assert_eq!(out.status.code(), Some(255), "{}", text(&out.stderr));
 
     // A key nobody registered.
     let out = client.output("bob", false, TASK, &["true"]).await?;
