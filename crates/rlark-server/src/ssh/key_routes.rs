@@ -66,16 +66,16 @@ fn error(error: KeyError) -> Response {
 }
 
 /// The caller, when it is a user (not an agent, task or peer).
-fn user(request: &Request) -> Result<Identity, Response> {
+fn user(request: &Request) -> Result<Identity, Box<Response>> {
     let Some(identity) = request.extensions().get::<Identity>().cloned() else {
-        return Err(ApiError::unauthorized().into_response());
+        return Err(Box::new(ApiError::unauthorized().into_response()));
     };
     match identity.role() {
         Role::Agent { .. } | Role::Task { .. } | Role::Peer { .. } => {
-            Err(error(KeyError::Forbidden(format!(
+            Err(Box::new(error(KeyError::Forbidden(format!(
                 "{:?} is not a user: only users register SSH keys",
                 identity.user
-            ))))
+            )))))
         }
         _ => Ok(identity),
     }
@@ -84,7 +84,7 @@ fn user(request: &Request) -> Result<Identity, Response> {
 async fn add(State(state): State<KeyRoutes>, request: Request) -> Response {
     let identity = match user(&request) {
         Ok(identity) => identity,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let registered_with = match request.extensions().get::<AuthMethod>() {
         Some(AuthMethod::Certificate { serial }) => RegisteredWith::Certificate {
@@ -139,7 +139,7 @@ async fn add(State(state): State<KeyRoutes>, request: Request) -> Response {
 async fn list(State(state): State<KeyRoutes>, request: Request) -> Response {
     let identity = match user(&request) {
         Ok(identity) => identity,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let asked = request
         .uri()
@@ -173,7 +173,7 @@ async fn remove(
 ) -> Response {
     let identity = match user(&request) {
         Ok(identity) => identity,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let admin = identity.role() == Role::Admin;
     match state.keys.remove(&id, &identity, admin).await {

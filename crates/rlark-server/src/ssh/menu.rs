@@ -124,10 +124,8 @@ pub(super) async fn choose(
                     return None;
                 }
                 // Backspace, DEL
-                8 | 127 => {
-                    if line.pop().is_some() {
-                        let _ = write.data_bytes(Bytes::from_static(b"\x08 \x08")).await;
-                    }
+                8 | 127 if line.pop().is_some() => {
+                    let _ = write.data_bytes(Bytes::from_static(b"\x08 \x08")).await;
                 }
                 b if b.is_ascii_graphic() && line.len() < MAX_LINE => {
                     line.push(char::from(b));
