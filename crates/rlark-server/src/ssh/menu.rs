@@ -8,12 +8,11 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use russh::ChannelMsg;
-use russh::ChannelWriteHalf;
 use russh::server::Msg;
+use russh::{ChannelReadHalf, ChannelWriteHalf};
 
 use super::SshState;
 use super::auth::Login;
-use super::session::{ReadHalf, fail};
 use crate::task_access::{self, Replica};
 
 /// Longest line the menu reads.
@@ -21,22 +20,18 @@ const MAX_LINE: usize = 16;
 /// Most replicas listed.
 const MAX_ENTRIES: usize = 1000;
 
-/// List the reachable replicas; with a terminal, read a choice. `None` when the session
-/// ended here (list printed, quit, or an error told to the client).
+/// List the reachable replicas; with a terminal, read a choice. `Ok(None)` when the
+/// session ended here (list printed, quit); `Err` says why the list could not be made.
 pub(super) async fn choose(
     state: &SshState,
     login: &Login,
-    read: &mut ReadHalf,
+    read: &mut ChannelReadHalf,
     write: &ChannelWriteHalf<Msg>,
     tty: bool,
-) -> Option<Replica> {
-    let tasks = match task_access::reachable_tasks(&*state.store, &login.identity).await {
-        Ok(tasks) => tasks,
-        Err(error) => {
-            fail(write, &error.to_string()).await;
-            return None;
-        }
-    };
+) -> Result<Option<Replica>, String> {
+    let tasks = task_access::reachable_tasks(&*state.store, &login.identity)
+        .await
+        .map_err(|e| e.to_string())?;
     let mut entries: Vec<Replica> = Vec::new();
     for (namespace, name, replicas) in tasks {
         let Ok(task) = task_access::find_task(&*state.store, &name, Some(&namespace)).await else {
@@ -80,7 +75,7 @@ pub(super) async fn choose(
         let _ = write.exit_status(0).await;
         let _ = write.eof().await;
         let _ = write.close().await;
-        return None;
+        return Ok(None);
     }
     text.push_str("Number (q to quit): ");
     let _ = write.data_bytes(Bytes::from(text)).await;
@@ -88,7 +83,7 @@ pub(super) async fn choose(
     loop {
         let data = match read.wait().await {
             Some(ChannelMsg::Data { data }) => data,
-            Some(ChannelMsg::Eof) | None => return None,
+            Some(ChannelMsg::Eof) | None => return Ok(None),
             Some(_) => continue,
         };
         for byte in data.iter().copied() {
@@ -100,11 +95,11 @@ pub(super) async fn choose(
                         let _ = write.exit_status(0).await;
                         let _ = write.eof().await;
                         let _ = write.close().await;
-                        return None;
+                        return Ok(None);
                     }
                     match choice.parse::<usize>() {
                         Ok(n) if (1..=entries.len()).contains(&n) => {
-                            return Some(entries.swap_remove(n - 1));
+                            return Ok(Some(entries.swap_remove(n - 1)));
                         }
                         _ => {
                             line.clear();
@@ -121,7 +116,7 @@ pub(super) async fn choose(
                 3 | 4 => {
                     let _ = write.exit_status(130).await;
                     let _ = write.close().await;
-                    return None;
+                    return Ok(None);
                 }
                 // Backspace, DEL
                 8 | 127 if line.pop().is_some() => {

@@ -21,7 +21,7 @@ use bytes::Bytes;
 use rlark_apiserver::audit::AuditEntry;
 use rlark_tunnel::agent_api::{ExecOptions, ExecOutcome, TerminalSize};
 use russh::server::Msg;
-use russh::{ChannelMsg, ChannelReadHalf, ChannelWriteHalf};
+use russh::{ChannelMsg, ChannelWriteHalf};
 
 use super::SshState;
 use super::auth::{Login, Target};
@@ -149,8 +149,12 @@ pub(crate) async fn run(
         _ => {
             // The menu: the reachable tasks; with a terminal, pick one for a shell.
             match super::menu::choose(&state, &login, &mut read, &write, pty.is_some()).await {
-                Some(replica) => (replica, Request::Shell),
-                None => return,
+                Ok(Some(replica)) => (replica, Request::Shell),
+                Ok(None) => return,
+                Err(error) => {
+                    fail(&write, &error).await;
+                    return;
+                }
             }
         }
     };
@@ -305,7 +309,7 @@ fn options(script: &str, tty: bool) -> ExecOptions {
 }
 
 /// Tell the client why nothing runs, and end the channel with a failure status.
-pub(super) async fn fail(write: &ChannelWriteHalf<Msg>, message: &str) {
+async fn fail(write: &ChannelWriteHalf<Msg>, message: &str) {
     let _ = write
         .extended_data_bytes(1, Bytes::from(format!("rlark: {message}\r\n")))
         .await;
@@ -341,6 +345,3 @@ fn audit(
         ..AuditEntry::now("ssh", "allowed").by(Some(&login.identity))
     });
 }
-
-/// The read half's type, for the menu.
-pub(super) type ReadHalf = ChannelReadHalf;
