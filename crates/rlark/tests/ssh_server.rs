@@ -574,6 +574,22 @@ async fn openssh_reaches_granted_tasks_only() -> anyhow::Result<()> {
     let out = tokio::time::timeout(DEADLINE, configured.output()).await??;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "configured\n");
+    // The same rule for `rlark exec`: the granted task, not the other.
+    let out = rlark(
+        &kubeconfig,
+        &["exec", "task/web-main", "--", "echo", "exec-ok"],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "exec-ok\n");
+    let out = rlark(&kubeconfig, &["exec", "task/private-main", "--", "true"]).await?;
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("forbidden"),
+        "{}",
+        text(&out.stderr)
+    );
+
     let id = record["id"].as_str().context("id")?;
     let out = rlark(&kubeconfig, &["ssh-key", "remove", id]).await?;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));

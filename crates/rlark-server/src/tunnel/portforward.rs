@@ -12,8 +12,8 @@
 //! one error and one data stream per forwarded connection.
 //!
 //! **Who**: as exec — the built-in policy's decision for verb `create` on
-//! `pods/portforward` in `rlinf.io` (admins only: a port-forward reaches any port of the
-//! agent's host), with the same 403 text; denials and every session are audited.
+//! `pods/portforward` in `rlinf.io` (admins), or the replica's Job's `spec.access`; the
+//! same 403 text otherwise; denials and every session are audited.
 //!
 //! **Checks, in order**: identity (401), authorization (403), the upgrade (400 naming what
 //! is missing), agent namespace `rlark-<clusterID>` (400), the Pod exists (404) and is
@@ -223,7 +223,15 @@ pub(super) async fn portforward(
     Path((namespace, pod)): Path<(String, String)>,
     mut request: Request,
 ) -> Response {
-    let caller = match PodCaller::authorize(&state, &request, &namespace, &pod, "portforward") {
+    let caller = match PodCaller::authorize(
+        &state,
+        super::exec::identity_of(&request),
+        &namespace,
+        &pod,
+        "portforward",
+    )
+    .await
+    {
         Ok(caller) => caller,
         Err(error) => return (*error).into_response(),
     };
