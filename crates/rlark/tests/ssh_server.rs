@@ -348,6 +348,25 @@ async fn openssh_reaches_granted_tasks_only() -> anyhow::Result<()> {
     })
     .await?;
 
+    // The menu on a terminal: pick a replica by number, get a shell there.
+    let (mut pty, pts) = pty_process::open()?;
+    pty.resize(pty_process::Size::new(24, 80))?;
+    let mut menu = pty_process::Command::new("ssh")
+        .args(client.options("vera", false))
+        .args(["-tt", "-p", &client.port.to_string(), "menu@127.0.0.1"])
+        .kill_on_drop(true)
+        .spawn(pts)?;
+    let mut seen = String::new();
+    read_until(&mut pty, &mut seen, "Number (q to quit): ").await?;
+    assert!(seen.contains("rlark-a/web-main-0"), "{seen}");
+    assert!(!seen.contains(OTHER), "{seen}");
+    pty.write_all(b"1\r").await?;
+    pty.write_all(b"echo in-$RLARK_POD_NAME\n").await?;
+    read_until(&mut pty, &mut seen, "in-web-main-0").await?;
+    pty.write_all(b"exit 0\n").await?;
+    let status = tokio::time::timeout(DEADLINE, menu.wait()).await??;
+    assert_eq!(status.code(), Some(0), "{seen}");
+
     // -L: the task's HTTP server through the tunnel.
     let local = free_port()?;
     let mut forward = client.ssh(
@@ -590,9 +609,19 @@ async fn openssh_reaches_granted_tasks_only() -> anyhow::Result<()> {
         text(&out.stderr)
     );
 
+    // Removing a key closes its open sessions too.
+    let mut session = client.ssh("vera", false, TASK, &[]);
+    session.arg("echo started; exec sleep 600");
+    let mut session = session.spawn()?;
+    let mut stdout = session.stdout.take().context("stdout")?;
+    let mut first = [0u8; 8];
+    tokio::time::timeout(DEADLINE, stdout.read_exact(&mut first)).await??;
     let id = record["id"].as_str().context("id")?;
     let out = rlark(&kubeconfig, &["ssh-key", "remove", id]).await?;
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    tokio::time::timeout(Duration::from_secs(1), session.wait())
+        .await
+        .context("the session of a removed key is still open 1 s after the removal")??;
     let out = client.output("vera", false, TASK, &["true"]).await?;
     assert_eq!(out.status.code(), Some(255), "a removed key still works");
 

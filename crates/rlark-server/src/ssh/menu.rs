@@ -20,15 +20,16 @@ const MAX_LINE: usize = 16;
 /// Most replicas listed.
 const MAX_ENTRIES: usize = 1000;
 
-/// List the reachable replicas; with a terminal, read a choice. `Ok(None)` when the
-/// session ended here (list printed, quit); `Err` says why the list could not be made.
+/// List the reachable replicas; with a terminal, read a choice: the replica and what the
+/// user typed after the choice's line (input for the shell). `Ok(None)` when the session
+/// ended here (list printed, quit); `Err` says why the list could not be made.
 pub(super) async fn choose(
     state: &SshState,
     login: &Login,
     read: &mut ChannelReadHalf,
     write: &ChannelWriteHalf<Msg>,
     tty: bool,
-) -> Result<Option<Replica>, String> {
+) -> Result<Option<(Replica, Vec<u8>)>, String> {
     let tasks = task_access::reachable_tasks(&*state.store, &login.identity)
         .await
         .map_err(|e| e.to_string())?;
@@ -86,7 +87,7 @@ pub(super) async fn choose(
             Some(ChannelMsg::Eof) | None => return Ok(None),
             Some(_) => continue,
         };
-        for byte in data.iter().copied() {
+        for (at, byte) in data.iter().copied().enumerate() {
             match byte {
                 b'\r' | b'\n' => {
                     let _ = write.data_bytes(Bytes::from_static(b"\r\n")).await;
@@ -99,7 +100,10 @@ pub(super) async fn choose(
                     }
                     match choice.parse::<usize>() {
                         Ok(n) if (1..=entries.len()).contains(&n) => {
-                            return Ok(Some(entries.swap_remove(n - 1)));
+                            let rest = data.get(at + 1..).unwrap_or_default();
+                            // A CR LF line end: the LF belongs to this line.
+                            let rest = rest.strip_prefix(b"\n").unwrap_or(rest);
+                            return Ok(Some((entries.swap_remove(n - 1), rest.to_vec())));
                         }
                         _ => {
                             line.clear();

@@ -149,7 +149,10 @@ pub(crate) async fn run(
         _ => {
             // The menu: the reachable tasks; with a terminal, pick one for a shell.
             match super::menu::choose(&state, &login, &mut read, &write, pty.is_some()).await {
-                Ok(Some(replica)) => (replica, Request::Shell),
+                Ok(Some((replica, typed))) => {
+                    early.extend_from_slice(&typed);
+                    (replica, Request::Shell)
+                }
                 Ok(None) => return,
                 Err(error) => {
                     fail(&write, &error).await;
