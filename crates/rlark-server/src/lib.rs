@@ -466,6 +466,10 @@ async fn start_with_token(
     } else {
         router
     };
+    // Handlers whose state has no store find it here (task access of replica logs).
+    let router = router.layer(axum::Extension(task_access::AccessStore(Arc::new(
+        store.clone(),
+    ))));
     // The web console: its app and routes, and its session cookie for every route.
     let console = console::Console::new(Arc::clone(&security), Arc::new(store.clone()));
     let router =

@@ -44,6 +44,34 @@ pub(crate) enum AccessError {
     Store(String),
 }
 
+/// The store, as a request extension (set on every route in `lib.rs`), for handlers whose
+/// state has none (replica logs).
+#[derive(Clone)]
+pub(crate) struct AccessStore(pub Arc<dyn Store>);
+
+/// Whether the Job of replica Pod `namespace/pod` grants `identity` (`spec.access`; not the
+/// admin rule, which callers apply through the built-in policy).
+pub(crate) async fn pod_granted(
+    store: &dyn Store,
+    identity: &Identity,
+    namespace: &str,
+    pod: &str,
+) -> bool {
+    let Ok(Some(object)) = store.get(&ObjectKey::new(PODS, namespace, pod)).await else {
+        return false;
+    };
+    let (Some(task_namespace), Some(task_name)) = (
+        object["spec"]["taskNamespace"].as_str(),
+        object["spec"]["taskName"].as_str(),
+    ) else {
+        return false;
+    };
+    match find_task(store, task_name, Some(task_namespace)).await {
+        Ok(task) => authorize(store, identity, &task).await.is_ok(),
+        Err(_) => false,
+    }
+}
+
 /// A replica a caller may reach.
 #[derive(Debug, Clone)]
 pub(crate) struct Replica {

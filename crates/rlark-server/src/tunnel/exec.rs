@@ -194,21 +194,7 @@ async fn granted_by_job(
     namespace: &str,
     pod: &str,
 ) -> bool {
-    let Ok(Some(object)) = state.store.get(&ObjectKey::new(PODS, namespace, pod)).await else {
-        return false;
-    };
-    let (Some(task_namespace), Some(task_name)) = (
-        object["spec"]["taskNamespace"].as_str(),
-        object["spec"]["taskName"].as_str(),
-    ) else {
-        return false;
-    };
-    match crate::task_access::find_task(&*state.store, task_name, Some(task_namespace)).await {
-        Ok(task) => crate::task_access::authorize(&*state.store, identity, &task)
-            .await
-            .is_ok(),
-        Err(_) => false,
-    }
+    crate::task_access::pod_granted(&*state.store, identity, namespace, pod).await
 }
 
 pub(super) async fn exec(
