@@ -5,6 +5,7 @@
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use rlark_apiserver::audit::AuditEntry;
 use russh::keys::ssh_key::Certificate;
@@ -23,15 +24,22 @@ pub(crate) struct Connection {
     peer: Option<SocketAddr>,
     login: Option<Arc<Login>>,
     closing: Closing,
+    /// Set once authenticated (the connection's authentication deadline reads it).
+    authenticated: Arc<AtomicBool>,
 }
 
 impl Connection {
-    pub(crate) fn new(state: Arc<SshState>, peer: Option<SocketAddr>) -> Connection {
+    pub(crate) fn new(
+        state: Arc<SshState>,
+        peer: Option<SocketAddr>,
+        authenticated: Arc<AtomicBool>,
+    ) -> Connection {
         Connection {
             state,
             peer,
             login: None,
             closing: Closing::new(),
+            authenticated,
         }
     }
 
@@ -132,6 +140,7 @@ impl Handler for Connection {
     }
 
     async fn auth_succeeded(&mut self, session: &mut Session) -> Result<(), Self::Error> {
+        self.authenticated.store(true, Ordering::Release);
         if let Some(login) = &self.login {
             tokio::spawn(watch_revocation(
                 Arc::clone(&self.state),

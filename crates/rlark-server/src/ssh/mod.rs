@@ -27,6 +27,7 @@ pub(crate) mod session;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rlark_apiserver::audit::AuditSink;
@@ -114,6 +115,7 @@ pub(crate) async fn start(
         })?;
     let config = Arc::new(config(key));
     tracing::info!(%addr, host_key = %fingerprint, "SSH listening");
+    let caps = Arc::new(Caps::default());
     let task = tokio::spawn(async move {
         loop {
             let (tcp, peer) = tokio::select! {
@@ -127,17 +129,20 @@ pub(crate) async fn start(
                 },
                 () = state.shutdown.cancelled() => return,
             };
-            let handler = handler::Connection::new(Arc::clone(&state), Some(peer));
+            let Some(slot) = Caps::take(&caps, peer.ip()) else {
+                tracing::warn!(%peer, "SSH connection refused: too many connections");
+                continue;
+            };
+            let authenticated = Arc::new(AtomicBool::new(false));
+            let handler = handler::Connection::new(
+                Arc::clone(&state),
+                Some(peer),
+                Arc::clone(&authenticated),
+            );
             let config = Arc::clone(&config);
             tokio::spawn(async move {
-                match russh::server::run_stream(config, tcp, handler).await {
-                    Ok(session) => {
-                        if let Err(error) = session.await {
-                            tracing::debug!(%error, %peer, "ssh connection ended");
-                        }
-                    }
-                    Err(error) => tracing::debug!(%error, %peer, "ssh handshake failed"),
-                }
+                let _slot = slot;
+                serve(config, tcp, handler, peer, authenticated).await;
             });
         }
     });
@@ -149,4 +154,129 @@ pub(crate) async fn start(
         },
         task,
     ))
+}
+
+/// Most SSH connections at once, and from one source address.
+const MAX_CONNECTIONS: usize = 1024;
+const MAX_CONNECTIONS_PER_IP: usize = 64;
+/// A client must have authenticated this long after connecting, or it is disconnected.
+const AUTH_DEADLINE: Duration = Duration::from_secs(30);
+
+/// Open connections, in all and per source address.
+#[derive(Default)]
+struct Caps {
+    per_ip: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+/// One connection's place in [`Caps`], given back when dropped.
+struct Slot {
+    caps: Arc<Caps>,
+    ip: std::net::IpAddr,
+}
+
+impl Caps {
+    fn take(caps: &Arc<Caps>, ip: std::net::IpAddr) -> Option<Slot> {
+        let mut per_ip = caps
+            .per_ip
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let total: usize = per_ip.values().sum();
+        let mine = per_ip.entry(ip).or_default();
+        if total >= MAX_CONNECTIONS || *mine >= MAX_CONNECTIONS_PER_IP {
+            return None;
+        }
+        *mine += 1;
+        Some(Slot {
+            caps: Arc::clone(caps),
+            ip,
+        })
+    }
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let mut per_ip = self
+            .caps
+            .per_ip
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = per_ip.get_mut(&self.ip) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                per_ip.remove(&self.ip);
+            }
+        }
+    }
+}
+
+/// Run one connection; disconnect it when it has not authenticated within
+/// [`AUTH_DEADLINE`] (the version exchange included).
+async fn serve(
+    config: Arc<russh::server::Config>,
+    tcp: tokio::net::TcpStream,
+    handler: handler::Connection,
+    peer: SocketAddr,
+    authenticated: Arc<AtomicBool>,
+) {
+    let deadline = tokio::time::Instant::now() + AUTH_DEADLINE;
+    let session =
+        match tokio::time::timeout_at(deadline, russh::server::run_stream(config, tcp, handler))
+            .await
+        {
+            Ok(Ok(session)) => session,
+            Ok(Err(error)) => {
+                tracing::debug!(%error, %peer, "ssh handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(%peer, "ssh client sent no version within the deadline");
+                return;
+            }
+        };
+    let handle = session.handle();
+    let mut session = std::pin::pin!(session);
+    tokio::select! {
+        ended = &mut session => {
+            if let Err(error) = ended {
+                tracing::debug!(%error, %peer, "ssh connection ended");
+            }
+            return;
+        }
+        () = tokio::time::sleep_until(deadline) => {}
+    }
+    if !authenticated.load(Ordering::Acquire) {
+        tracing::info!(%peer, "ssh client did not authenticate within {AUTH_DEADLINE:?}");
+        let _ = handle
+            .disconnect(
+                russh::Disconnect::ByApplication,
+                "authentication timed out".into(),
+                String::new(),
+            )
+            .await;
+    }
+    if let Err(error) = session.await {
+        tracing::debug!(%error, %peer, "ssh connection ended");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn connections_are_capped_per_source_and_given_back() {
+        let caps = Arc::new(Caps::default());
+        let a: std::net::IpAddr = "192.0.2.1".parse().unwrap();
+        let b: std::net::IpAddr = "192.0.2.2".parse().unwrap();
+        let mut held: Vec<Slot> = (0..MAX_CONNECTIONS_PER_IP)
+            .map(|_| Caps::take(&caps, a).expect("under the cap"))
+            .collect();
+        assert!(Caps::take(&caps, a).is_none(), "one more from the same source");
+        let other = Caps::take(&caps, b).expect("another source is not affected");
+        held.pop();
+        assert!(Caps::take(&caps, a).is_some(), "a closed connection frees its slot");
+        drop(other);
+        drop(held);
+        assert!(caps.per_ip.lock().unwrap().is_empty());
+    }
 }
