@@ -271,10 +271,16 @@ mod tests {
         let mut held: Vec<Slot> = (0..MAX_CONNECTIONS_PER_IP)
             .map(|_| Caps::take(&caps, a).expect("under the cap"))
             .collect();
-        assert!(Caps::take(&caps, a).is_none(), "one more from the same source");
+        assert!(
+            Caps::take(&caps, a).is_none(),
+            "one more from the same source"
+        );
         let other = Caps::take(&caps, b).expect("another source is not affected");
         held.pop();
-        assert!(Caps::take(&caps, a).is_some(), "a closed connection frees its slot");
+        assert!(
+            Caps::take(&caps, a).is_some(),
+            "a closed connection frees its slot"
+        );
         drop(other);
         drop(held);
         assert!(caps.per_ip.lock().unwrap().is_empty());
