@@ -302,6 +302,26 @@ async fn openssh_reaches_granted_tasks_only() -> anyhow::Result<()> {
         "{entry}"
     );
 
+    // Both directions at once, in bulk: 8 MiB through `cat` and back.
+    let mut cat = client.ssh("vera", false, TASK, &[]);
+    cat.arg("cat").stdin(Stdio::piped());
+    let mut cat = cat.spawn()?;
+    let mut stdin = cat.stdin.take().context("stdin")?;
+    let sent: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    let writer = {
+        let sent = sent.clone();
+        tokio::spawn(async move {
+            stdin.write_all(&sent).await?;
+            stdin.shutdown().await
+        })
+    };
+    let out = tokio::time::timeout(DEADLINE, cat.wait_with_output())
+        .await
+        .context("8 MiB through cat timed out")??;
+    writer.await??;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(out.stdout == sent, "{} bytes came back", out.stdout.len());
+
     // A shell on a terminal: the size follows the client's terminal, the exit status comes back.
     let (mut pty, pts) = pty_process::open()?;
     pty.resize(pty_process::Size::new(30, 100))?;

@@ -30,6 +30,16 @@ pub(crate) enum Output {
     Exited(ExecOutcome),
 }
 
+/// The sending half of an exec: input, terminal size, end of input.
+pub(crate) struct ExecInput {
+    sink: futures::stream::SplitSink<WebSocketStream<MuxStream>, Message>,
+}
+
+/// The receiving half of an exec: output, then how it ended.
+pub(crate) struct ExecOutput {
+    stream: futures::stream::SplitStream<WebSocketStream<MuxStream>>,
+}
+
 impl AgentExec {
     /// Start `options` in `replica` through its agent; the error is for the user.
     pub(crate) async fn start(
@@ -78,6 +88,14 @@ impl AgentExec {
         }
     }
 
+    /// Split into the input and output halves, so that each direction waits only on itself.
+    pub(crate) fn split(self) -> (ExecInput, ExecOutput) {
+        let (sink, stream) = self.ws.split();
+        (ExecInput { sink }, ExecOutput { stream })
+    }
+}
+
+impl ExecInput {
     /// Send input bytes.
     pub(crate) async fn stdin(&mut self, bytes: &[u8]) -> Result<(), String> {
         self.send(Channel::Stdin, bytes).await
@@ -94,17 +112,24 @@ impl AgentExec {
     }
 
     async fn send(&mut self, channel: Channel, payload: &[u8]) -> Result<(), String> {
-        self.ws
+        self.sink
             .send(Message::Binary(encode_frame(channel, payload).into()))
             .await
             .map_err(|e| format!("send to the agent: {e}"))
     }
 
+    /// Close the WebSocket (the agent hangs the command up if it still runs).
+    pub(crate) async fn close(mut self) {
+        let _ = self.sink.close().await;
+    }
+}
+
+impl ExecOutput {
     /// The next output; `Exited` once at the end (a connection that ends without a status
     /// is a failure).
     pub(crate) async fn next(&mut self) -> Output {
         loop {
-            let message = match self.ws.next().await {
+            let message = match self.stream.next().await {
                 Some(Ok(message)) => message,
                 Some(Err(error)) => {
                     return Output::Exited(ExecOutcome::Failed {
@@ -146,10 +171,5 @@ impl AgentExec {
                 _ => {}
             }
         }
-    }
-
-    /// Close the WebSocket (the agent hangs the command up if it still runs).
-    pub(crate) async fn close(mut self) {
-        let _ = self.ws.close(None).await;
     }
 }

@@ -183,7 +183,7 @@ pub(crate) async fn run(
             return;
         }
     };
-    let mut exec = match AgentExec::start(&state.hub, &replica, &options).await {
+    let exec = match AgentExec::start(&state.hub, &replica, &options).await {
         Ok(exec) => exec,
         Err(error) => {
             fail(&write, &error).await;
@@ -205,62 +205,82 @@ pub(crate) async fn run(
         what = %what,
         "ssh session"
     );
+    let (mut input, mut output) = exec.split();
     let mut sent_ok = true;
     if let Some(size) = pty.filter(|_| options.tty) {
-        sent_ok &= exec.resize(size).await.is_ok();
+        sent_ok &= input.resize(size).await.is_ok();
     }
     if !early.is_empty() {
-        tally.bytes_in += early.len() as u64;
-        sent_ok &= exec.stdin(&early).await.is_ok();
+        sent_ok &= input.stdin(&early).await.is_ok();
     }
     if early_eof {
-        sent_ok &= exec.close_stdin().await.is_ok();
+        sent_ok &= input.close_stdin().await.is_ok();
     }
     if !sent_ok {
         tracing::debug!("the agent stopped reading before the session began");
     }
+    let bytes_in = std::sync::atomic::AtomicU64::new(early.len() as u64);
+    let bytes_out = std::sync::atomic::AtomicU64::new(0);
+    let tty = options.tty;
 
-    let mut input_open = !early_eof;
-    let outcome = loop {
-        tokio::select! {
-            message = read.wait(), if input_open => match message {
+    // The two directions run side by side, so that output waiting for the client's window
+    // never stops the client's messages (window adjustments among them) from being read.
+    let client_to_agent = async {
+        loop {
+            match read.wait().await {
                 Some(ChannelMsg::Data { data }) => {
-                    tally.bytes_in += data.len() as u64;
-                    if exec.stdin(&data).await.is_err() {
-                        input_open = false;
-                    }
+                    bytes_in.fetch_add(data.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    // An agent that stopped reading has ended the command: the output side
+                    // reports how.
+                    let _ = input.stdin(&data).await;
                 }
                 Some(ChannelMsg::Eof) => {
-                    let _ = exec.close_stdin().await;
+                    let _ = input.close_stdin().await;
                 }
-                Some(ChannelMsg::WindowChange { col_width, row_height, .. }) => {
-                    if options.tty {
-                        let _ = exec.resize(size(col_width, row_height)).await;
-                    }
+                Some(ChannelMsg::WindowChange {
+                    col_width,
+                    row_height,
+                    ..
+                }) if tty => {
+                    let _ = input.resize(size(col_width, row_height)).await;
                 }
                 Some(_) => {}
                 // The client closed the channel: hang the command up.
-                None => break None,
-            },
-            output = exec.next() => match output {
+                None => return,
+            }
+        }
+    };
+    let agent_to_client = async {
+        loop {
+            match output.next().await {
                 Output::Stdout(bytes) => {
-                    tally.bytes_out += bytes.len() as u64;
+                    bytes_out.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
                     if write.data_bytes(Bytes::from(bytes.to_vec())).await.is_err() {
-                        break None;
+                        return None;
                     }
                 }
                 Output::Stderr(bytes) => {
-                    tally.bytes_out += bytes.len() as u64;
-                    if write.extended_data_bytes(1, Bytes::from(bytes.to_vec())).await.is_err() {
-                        break None;
+                    bytes_out.fetch_add(bytes.len() as u64, std::sync::atomic::Ordering::Relaxed);
+                    if write
+                        .extended_data_bytes(1, Bytes::from(bytes.to_vec()))
+                        .await
+                        .is_err()
+                    {
+                        return None;
                     }
                 }
-                Output::Exited(outcome) => break Some(outcome),
-            },
-            () = closing.token.cancelled() => break None,
+                Output::Exited(outcome) => return Some(outcome),
+            }
         }
     };
-    exec.close().await;
+    let outcome = tokio::select! {
+        outcome = agent_to_client => outcome,
+        () = client_to_agent => None,
+        () = closing.token.cancelled() => None,
+    };
+    tally.bytes_in = bytes_in.into_inner();
+    tally.bytes_out = bytes_out.into_inner();
+    input.close().await;
     let result = match &outcome {
         Some(ExecOutcome::Exited(code)) => {
             let code = u32::try_from(*code).unwrap_or(EXIT_FAILED);
