@@ -19,6 +19,7 @@
 //! | `pki/admin.crt`, `pki/admin.key` | admin client certificate (`CN=admin, O=system:masters`) |
 //! | `pki/trusted/*.crt`, `pki/ca-cross.crt` | previous CA and cross-signed active CA, during a CA rotation |
 //! | `pki/ssh_ca`, `pki/ssh_ca.pub` | the installation's OpenSSH user CA (Ed25519) |
+//! | `pki/ssh_host_ed25519_key` | the SSH endpoint's host key, when `ssh_listen` is set |
 //! | `pki/revocations.json` | every certificate revocation, also kept here so it survives the store |
 //! | `rlark.db` | the SQLite store (also issued certificates, revocations, tokens) |
 //! | `admin.kubeconfig` | kubeconfig for the admin, rewritten at every start |
