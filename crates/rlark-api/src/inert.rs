@@ -37,11 +37,6 @@ pub const INERT_FIELDS: &[InertField] = &[
         message: "no TensorBoard sidecar or proxy is started (planned)",
     },
     InertField {
-        field: "sshPublicKey",
-        inert_for: ALL,
-        message: "no SSH server is added to the task (planned with SSH through the member API)",
-    },
-    InertField {
         field: "prepareScript",
         inert_for: NOT_KUBERNETES,
         message: "only Kubernetes tasks get it (as RLARK_PREPARE_SCRIPT); raw and Docker replicas do not",
@@ -58,7 +53,6 @@ fn value_of<'a>(spec: &'a TaskSpec, field: &str) -> Option<&'a str> {
     let value = match field {
         "downstreamName" => spec.downstream_name.as_deref(),
         "tensorBoardDir" => spec.tensor_board_dir.as_deref(),
-        "sshPublicKey" => spec.ssh_public_key.as_deref(),
         "prepareScript" => spec.prepare_script.as_deref(),
         "runScript" => spec.run_script.as_deref(),
         _ => None,
@@ -100,20 +94,9 @@ fn task_warnings_at(prefix: &str, spec: &TaskSpec) -> Vec<String> {
 }
 
 fn job_warnings_at(prefix: &str, spec: &JobSpec) -> Vec<String> {
+    // `sshPublicKey` (the Job's, copied into every Task) is live: its holder may `ssh` into
+    // the Job's tasks through the server's SSH endpoint (docs/ssh.md).
     let mut warnings = Vec::new();
-    // The Job's key is copied into every Task, where no runtime acts on it.
-    if spec
-        .ssh_public_key
-        .as_deref()
-        .is_some_and(|k| !k.is_empty())
-        && let Some(row) = INERT_FIELDS.iter().find(|r| r.field == "sshPublicKey")
-    {
-        warnings.push(warning(
-            &format!("{prefix}.sshPublicKey"),
-            None,
-            row.message,
-        ));
-    }
     for (i, template) in spec.tasks.iter().enumerate() {
         warnings.extend(task_warnings_at(
             &format!("{prefix}.tasks[{i}]"),
@@ -123,8 +106,7 @@ fn job_warnings_at(prefix: &str, spec: &JobSpec) -> Vec<String> {
     warnings
 }
 
-/// One warning text per inert field set in a Job's spec: `spec.sshPublicKey` and
-/// `spec.tasks[i].<field>`.
+/// One warning text per inert field set in a Job's spec (`spec.tasks[i].<field>`).
 pub fn job_warnings(spec: &JobSpec) -> Vec<String> {
     job_warnings_at("spec", spec)
 }
@@ -158,7 +140,6 @@ mod tests {
         let slot = match field {
             "downstreamName" => &mut spec.downstream_name,
             "tensorBoardDir" => &mut spec.tensor_board_dir,
-            "sshPublicKey" => &mut spec.ssh_public_key,
             "prepareScript" => &mut spec.prepare_script,
             "runScript" => &mut spec.run_script,
             other => panic!("no such field {other}"),
@@ -178,9 +159,6 @@ mod tests {
             ("tensorBoardDir", Kubernetes, true),
             ("tensorBoardDir", Docker, true),
             ("tensorBoardDir", Raw, true),
-            ("sshPublicKey", Kubernetes, true),
-            ("sshPublicKey", Docker, true),
-            ("sshPublicKey", Raw, true),
             ("prepareScript", Kubernetes, false),
             ("prepareScript", Docker, true),
             ("prepareScript", Raw, true),
@@ -258,10 +236,10 @@ mod tests {
             .iter()
             .map(|w| w.split(':').next().unwrap_or(""))
             .collect();
-        // The Kubernetes head's prepareScript is acted on: no warning for it.
-        assert_eq!(paths, ["spec.sshPublicKey", "spec.tasks[1].tensorBoardDir"]);
-        assert!(warnings[0].contains("not acted on ("), "{}", warnings[0]);
-        assert!(warnings[1].contains("for agentType Raw"), "{}", warnings[1]);
+        // The Kubernetes head's prepareScript is acted on, and so is the Job's sshPublicKey
+        // (the SSH endpoint): no warning for them.
+        assert_eq!(paths, ["spec.tasks[1].tensorBoardDir"]);
+        assert!(warnings[0].contains("for agentType Raw"), "{}", warnings[0]);
     }
 
     #[test]
@@ -285,12 +263,6 @@ mod tests {
             .iter()
             .map(|w| w.split(':').next().unwrap_or("").to_string())
             .collect();
-        assert_eq!(
-            paths,
-            [
-                "spec.jobTemplates[1].spec.sshPublicKey",
-                "spec.jobTemplates[1].spec.tasks[1].tensorBoardDir"
-            ]
-        );
+        assert_eq!(paths, ["spec.jobTemplates[1].spec.tasks[1].tensorBoardDir"]);
     }
 }

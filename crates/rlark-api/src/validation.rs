@@ -1005,6 +1005,60 @@ fn job_spec_errors(errs: &mut Vec<FieldError>, path: &str, job_name: &str, spec:
         }
         task_spec_errors(errs, &tp, &template.spec);
     }
+    job_access_errors(errs, &format!("{path}.access"), &spec.access);
+}
+
+/// Longest user or group name of a [`JobSpec::access`] entry (a certificate subject's).
+const MAX_ACCESS_NAME: usize = 253;
+
+/// Checks `spec.access`: at most [`crate::types::MAX_JOB_ACCESS_ENTRIES`] entries, each with
+/// exactly one of `user` and `group`, a name of 1..=253 characters without whitespace or
+/// control characters.
+fn job_access_errors(errs: &mut Vec<FieldError>, path: &str, access: &[crate::types::JobAccess]) {
+    if access.len() > crate::types::MAX_JOB_ACCESS_ENTRIES {
+        errs.push(FieldError::too_long(
+            path,
+            format!(
+                "{} entries: at most {} are allowed",
+                access.len(),
+                crate::types::MAX_JOB_ACCESS_ENTRIES
+            ),
+        ));
+        return;
+    }
+    for (i, entry) in access.iter().enumerate() {
+        let at = format!("{path}[{i}]");
+        let (field, name) = match (entry.user.as_deref(), entry.group.as_deref()) {
+            (Some(user), None) => ("user", user),
+            (None, Some(group)) => ("group", group),
+            (Some(_), Some(_)) => {
+                errs.push(FieldError::invalid(
+                    &at,
+                    "names both a user and a group: give exactly one of user and group per entry",
+                ));
+                continue;
+            }
+            (None, None) => {
+                errs.push(FieldError::required(
+                    &at,
+                    "give exactly one of user and group",
+                ));
+                continue;
+            }
+        };
+        let field_path = format!("{at}.{field}");
+        if name.is_empty() || name.len() > MAX_ACCESS_NAME {
+            errs.push(FieldError::invalid(
+                &field_path,
+                format!("{name:?}: must be 1 to {MAX_ACCESS_NAME} characters"),
+            ));
+        } else if name.chars().any(|c| c.is_whitespace() || c.is_control()) {
+            errs.push(FieldError::invalid(
+                &field_path,
+                format!("{name:?}: may not contain whitespace or control characters"),
+            ));
+        }
+    }
 }
 
 fn job_errors(job: &Job) -> Vec<FieldError> {

@@ -2023,6 +2023,7 @@ mod tests {
                 domain: Some("d1".into()),
                 ssh_public_key: Some("ssh-ed25519 AAAA".into()),
                 stopped: false,
+                access: Vec::new(),
             },
         );
         job.metadata.uid = Some("job-uid".into());

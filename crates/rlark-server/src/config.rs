@@ -77,6 +77,9 @@ pub struct ServerConfig {
     /// Listener timeouts and connection caps (header-read and idle timeouts, per-IP and
     /// global caps with a reserve for admin clients and health probes, HTTP/2 limits).
     pub connections: crate::limits::ConnectionLimits,
+    /// Address of the SSH endpoint (`--ssh-listen`; docs/ssh.md); `None` (the default):
+    /// no SSH endpoint.
+    pub ssh_listen: Option<SocketAddr>,
 }
 
 /// The controllers the server runs in its own process.
@@ -135,6 +138,7 @@ impl ServerConfig {
             reinitialize_store: false,
             audit_log: crate::AuditLogConfig::default(),
             connections: crate::limits::ConnectionLimits::default(),
+            ssh_listen: None,
         }
     }
 
@@ -324,6 +328,9 @@ impl ServerConfig {
         }
         if let Some(enabled) = overrides.controllers {
             config.controllers.enabled = enabled;
+        }
+        if let Some(listen) = overrides.ssh_listen {
+            config.ssh_listen = Some(listen);
         }
         if let Some(listen) = overrides.listen {
             config.listen = listen;
@@ -624,6 +631,8 @@ pub struct ServerOverrides {
     pub max_nodes_per_agent: Option<usize>,
     /// `--event-ttl`: see `api.limits.eventTTLSeconds`.
     pub event_ttl: Option<Duration>,
+    /// `--ssh-listen`: see [`ServerConfig::ssh_listen`].
+    pub ssh_listen: Option<SocketAddr>,
 }
 
 /// The YAML config file. Every field is optional; unknown fields are an error.

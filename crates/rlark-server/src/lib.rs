@@ -19,6 +19,7 @@
 //! | `pki/admin.crt`, `pki/admin.key` | admin client certificate (`CN=admin, O=system:masters`) |
 //! | `pki/trusted/*.crt`, `pki/ca-cross.crt` | previous CA and cross-signed active CA, during a CA rotation |
 //! | `pki/ssh_ca`, `pki/ssh_ca.pub` | the installation's OpenSSH user CA (Ed25519) |
+//! | `pki/ssh_host_ed25519_key` | the SSH endpoint's host key, when `ssh_listen` is set |
 //! | `pki/revocations.json` | every certificate revocation, also kept here so it survives the store |
 //! | `rlark.db` | the SQLite store (also issued certificates, revocations, tokens) |
 //! | `admin.kubeconfig` | kubeconfig for the admin, rewritten at every start |
@@ -39,7 +40,9 @@ mod metrics;
 pub(crate) mod reports;
 pub mod security;
 mod server_store;
+pub mod ssh;
 mod store_guard;
+pub(crate) mod task_access;
 mod tls;
 pub mod tunnel;
 
@@ -112,6 +115,8 @@ pub enum ServerError {
     Security(String),
     #[error("SSH CA: {0}")]
     SshCa(#[from] rlark_pki::ssh::SshError),
+    #[error("SSH: {0}")]
+    Ssh(#[from] ssh::SshServerError),
     /// The CA shows an installation that ran before, but its store is missing or empty.
     #[error("{0}")]
     StoreLost(String),
@@ -137,6 +142,8 @@ pub struct RunningServer {
     pub data_dir: PathBuf,
     /// `sha256:<hex>` of the CA public key (for `--discovery-token-ca-cert-hash`-style pinning).
     pub ca_cert_hash: String,
+    /// The SSH endpoint, when `ssh_listen` was set.
+    pub ssh: Option<ssh::SshEndpoint>,
     console: console::Console,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), ServerError>>,
@@ -378,11 +385,41 @@ async fn start_with_token(
         background.clone(),
         api.rate_limiter(),
     ));
+    let ssh_ca_fingerprint = ssh_ca.fingerprint();
+    let ssh_ca_public_key = ssh_ca.public_key_openssh();
     let security_routes = security::routes::router(security::routes::RoutesState {
         security: Arc::clone(&security),
         ssh_ca,
         api: api.clone(),
         shutdown: background.clone(),
+    });
+    let ssh_keys = ssh::keys::SshKeys::new(Arc::new(store.clone()));
+    let ssh = match config.ssh_listen {
+        None => None,
+        Some(listen) => {
+            let state = Arc::new(ssh::SshState {
+                store: Arc::new(store.clone()),
+                hub: Arc::clone(&hub),
+                security: Arc::clone(&security),
+                audit: Arc::clone(&audit),
+                keys: Arc::clone(&ssh_keys),
+                ssh_ca_fingerprint: ssh_ca_fingerprint.clone(),
+                shutdown: background.clone(),
+            });
+            match ssh::start(listen, &pki_dir, state).await {
+                Ok((endpoint, _task)) => Some(endpoint),
+                Err(e) => {
+                    store.close().await;
+                    return Err(ServerError::Ssh(e));
+                }
+            }
+        }
+    };
+    let ssh_routes = ssh::key_routes::router(ssh::key_routes::KeyRoutes {
+        keys: ssh_keys,
+        audit: Arc::clone(&audit),
+        endpoint: ssh.clone(),
+        ca_public_key: ssh_ca_public_key,
     });
     let exec_state = tunnel::exec::ExecState::new(
         Arc::clone(&hub),
@@ -398,12 +435,20 @@ async fn start_with_token(
         api.router(),
     )
     .merge(security_routes)
+    .merge(ssh_routes)
     .merge(reports_routes)
     .merge(tunnel::routes::router(Arc::clone(&hub)))
     .merge(tunnel::netcheck::router(
         tunnel::netcheck::NetCheckState::new(Arc::clone(&hub), Arc::new(store.clone())),
     ))
     .merge(tunnel::exec::router(exec_state.clone()))
+    .merge(tunnel::task_proxy::router(
+        tunnel::task_proxy::TaskProxyState {
+            hub: Arc::clone(&hub),
+            store: Arc::new(store.clone()),
+            audit: Arc::clone(&audit),
+        },
+    ))
     .merge(tunnel::devices::router(tunnel::devices::DevicesState {
         hub: Arc::clone(&hub),
         audit: Arc::clone(&audit),
@@ -423,6 +468,10 @@ async fn start_with_token(
     } else {
         router
     };
+    // Handlers whose state has no store find it here (task access of replica logs).
+    let router = router.layer(axum::Extension(task_access::AccessStore(Arc::new(
+        store.clone(),
+    ))));
     // The web console: its app and routes, and its session cookie for every route.
     let console = console::Console::new(Arc::clone(&security), Arc::new(store.clone()));
     let router =
@@ -516,6 +565,7 @@ async fn start_with_token(
         kubeconfig_path,
         data_dir,
         ca_cert_hash,
+        ssh,
         console,
         shutdown,
         task,

@@ -170,6 +170,11 @@ impl TestServer {
         self.dir.path()
     }
 
+    /// The SSH endpoint, when the configuration set `ssh_listen`.
+    pub fn ssh(&self) -> Option<&rlark_server::ssh::SshEndpoint> {
+        self.server.ssh.as_ref()
+    }
+
     /// `sha256:<hex>` of the CA public key.
     pub fn ca_cert_hash(&self) -> &str {
         &self.server.ca_cert_hash

@@ -36,10 +36,18 @@ pub const NAMESPACE: &str = "rlark-a";
 /// A server on a fresh temporary directory (returned: keep it until the server stops) with
 /// its controllers enabled, without leader election.
 pub async fn start_server_with_controllers() -> anyhow::Result<(TestServer, TempDir)> {
+    start_server_configured(|_| {}).await
+}
+
+/// [`start_server_with_controllers`] with the configuration changed by `edit` first.
+pub async fn start_server_configured(
+    edit: impl FnOnce(&mut rlark_server::ServerConfig),
+) -> anyhow::Result<(TestServer, TempDir)> {
     let server_dir = tempfile::tempdir()?;
     let mut config = TestServer::config_for(server_dir.path());
     config.controllers.enabled = true;
     config.controllers.leader_election = false;
+    edit(&mut config);
     let server = TestServer::start_with(config).await?;
     Ok((server, server_dir))
 }
@@ -262,7 +270,15 @@ impl Harness {
 
     /// [`Harness::start`] with `supervisor` as the replica supervisor command.
     pub async fn start_with(supervisor: Vec<OsString>) -> anyhow::Result<Harness> {
-        let (server, server_dir) = start_server_with_controllers().await?;
+        Self::start_configured(supervisor, |_| {}).await
+    }
+
+    /// [`Harness::start_with`] with the server's configuration changed by `edit` first.
+    pub async fn start_configured(
+        supervisor: Vec<OsString>,
+        edit: impl FnOnce(&mut rlark_server::ServerConfig),
+    ) -> anyhow::Result<Harness> {
+        let (server, server_dir) = start_server_configured(edit).await?;
         let admin = server.client().await?;
         let agent_dir = tempfile::tempdir()?;
         let agent =

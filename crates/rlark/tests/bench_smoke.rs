@@ -235,3 +235,32 @@ fn bench_port_forward_runs() {
         missing_tool::skip_or_fail(&format!("the OpenSSH relay was not measured: {why}"));
     }
 }
+
+#[test]
+fn bench_ssh_runs() {
+    // The bench needs OpenSSH (its baseline is sshd): skipped with a message without it,
+    // failed under CI=true.
+    let found = |name: &str| {
+        std::env::var_os("PATH")
+            .map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
+            .unwrap_or_default()
+            .into_iter()
+            .chain(["/usr/sbin".into(), "/sbin".into()])
+            .any(|dir| dir.join(name).is_file())
+    };
+    if !(found("ssh") && found("sshd")) {
+        missing_tool::skip_or_fail(
+            "ssh or sshd is not installed (Debian openssh-client, openssh-server)",
+        );
+        return;
+    }
+    let report = bench(&["ssh", "--sessions", "3", "--mib", "2", "--timeout", "240"]);
+    for path in ["rlark", "sshd"] {
+        assert!(
+            report[path]["session"]["count"] == 3,
+            "{path}: {}",
+            report[path]
+        );
+        assert!(report[path]["upload_mib_s"].as_f64().is_some(), "{report}");
+    }
+}

@@ -63,10 +63,30 @@ pub struct JobSpec {
     /// Task templates; names are unique DNS-1123 labels, at most one is the head.
     #[serde(default)]
     pub tasks: Vec<JobTaskTemplate>,
-    /// SSH public key copied into every task.
+    /// SSH public key copied into every task; its holder may `ssh` into this Job's tasks
+    /// through the server's SSH endpoint (docs/ssh.md).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ssh_public_key: Option<String>,
+    /// Who besides admins may reach this Job's tasks — SSH sessions, `-L` forwards and the
+    /// task HTTP proxy (docs/ssh.md): each entry names one user or one group.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub access: Vec<JobAccess>,
 }
+
+/// One grant of [`JobSpec::access`]: exactly one of `user` and `group`.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct JobAccess {
+    /// A user name (a certificate's CN, an SSH certificate's principal).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// A group (a certificate's O).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub group: Option<String>,
+}
+
+/// Most entries of [`JobSpec::access`].
+pub const MAX_JOB_ACCESS_ENTRIES: usize = 256;
 
 /// One task of a Job: a name, whether it is the Ray head, and a [`TaskSpec`] inline.
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]

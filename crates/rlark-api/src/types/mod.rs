@@ -22,7 +22,10 @@ pub use domain::{Domain, DomainIpAllocation, DomainSpec, DomainStatus};
 pub use domain_peer::{
     DomainPathStats, DomainPeer, DomainPeerSpec, DomainPeerStatus, DomainPendingPod, DomainPodInfo,
 };
-pub use job::{Job, JobPhase, JobSpec, JobStatus, JobTaskStatus, JobTaskTemplate};
+pub use job::{
+    Job, JobAccess, JobPhase, JobSpec, JobStatus, JobTaskStatus, JobTaskTemplate,
+    MAX_JOB_ACCESS_ENTRIES,
+};
 pub use node::{
     Node, NodeCategory, NodeDevice, NodeInfo, NodeNetwork, NodePhase, NodeSpec, NodeStatus,
 };

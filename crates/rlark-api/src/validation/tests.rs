@@ -1554,3 +1554,36 @@ fn docker_run_limits_have_the_raw_ranges() {
     }});
     assert_eq!(errors("Task", &task(good)), []);
 }
+
+#[test]
+fn job_access_entries_name_one_user_or_group() {
+    let mut ok = job(json!([template("x")]));
+    ok["spec"]["access"] = json!([{"user": "alice"}, {"group": "ml-team"}]);
+    assert!(errors("Job", &ok).is_empty(), "{:?}", errors("Job", &ok));
+
+    let mut bad = job(json!([template("x")]));
+    bad["spec"]["access"] = json!([
+        {"user": "alice", "group": "ml"},
+        {},
+        {"user": ""},
+        {"group": "two words"},
+    ]);
+    let found: Vec<String> = errors("Job", &bad).into_iter().map(|e| e.0).collect();
+    assert_eq!(
+        found,
+        [
+            "spec.access[0]",
+            "spec.access[1]",
+            "spec.access[2].user",
+            "spec.access[3].group"
+        ]
+    );
+
+    let mut many = job(json!([template("x")]));
+    many["spec"]["access"] = Value::Array(
+        (0..=crate::types::MAX_JOB_ACCESS_ENTRIES)
+            .map(|i| json!({"user": format!("u{i}")}))
+            .collect(),
+    );
+    assert!(one_error("Job", &many).contains("at most 256"));
+}

@@ -527,6 +527,52 @@ impl Security {
         }
     }
 
+    /// Record an OpenSSH certificate the SSH CA signed, as a certificate record whose serial
+    /// is the SSH serial in hex: `rlark cert list` shows it, `rlark cert revoke SERIAL` and
+    /// `--user USER` revoke it, and the SSH endpoint checks it at every login.
+    pub(crate) async fn record_ssh_certificate(
+        &self,
+        signed: &rlark_pki::ssh::SignedSshCert,
+        role: &rlark_pki::ssh::SshCertRole,
+        issued_by: &str,
+    ) -> SecResult<()> {
+        let serial = format!("{:x}", signed.serial);
+        let (user, cluster_id) = match role {
+            rlark_pki::ssh::SshCertRole::Guest { user } => (user.clone(), None),
+            rlark_pki::ssh::SshCertRole::Domain { cluster_id, .. } => {
+                (role.principal(), Some(cluster_id.clone()))
+            }
+        };
+        let now = SystemTime::now();
+        let record = CertificateRecord {
+            serial: serial.clone(),
+            user,
+            groups: Vec::new(),
+            role: format!("ssh-{}", role.role_name().trim_start_matches("ssh-")),
+            cluster_id,
+            issuer: rlark_pki::ssh::SSH_CA_COMMENT.to_string(),
+            not_before: rfc3339(now),
+            not_after: rfc3339(
+                std::time::UNIX_EPOCH + std::time::Duration::from_secs(signed.valid_before),
+            ),
+            key_hash: signed.key_id.clone(),
+            issued_by: issued_by.to_string(),
+            renewed_from: None,
+            revoked_at: None,
+        };
+        match self
+            .store
+            .create(
+                &key(CERTIFICATES, &serial),
+                records::to_object(&serial, &record),
+            )
+            .await
+        {
+            Ok(_) | Err(StoreError::AlreadyExists(_)) => Ok(()),
+            Err(e) => Err(SecurityError::store(e)),
+        }
+    }
+
     /// Sign `csr` for `role`, record the certificate and audit it. `by` is the acting
     /// identity (`None` for a bootstrap-token join); `renewed_from` the serial of the
     /// certificate a renewal was authenticated with.

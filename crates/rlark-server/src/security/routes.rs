@@ -408,6 +408,10 @@ async fn sign_ssh(State(state): State<RoutesState>, request: Request) -> Respons
             .ssh_ca
             .sign(&body.public_key, &role, validity)
             .map_err(|e| SecurityError::bad_request(e.to_string()))?;
+        state
+            .security
+            .record_ssh_certificate(&signed, &role, &admin.user)
+            .await?;
         let mut entry = AuditEntry::now("sign", "allowed").by(Some(&admin));
         entry.verb = "sign".into();
         entry.resource = "sshcertificates".into();
@@ -417,6 +421,7 @@ async fn sign_ssh(State(state): State<RoutesState>, request: Request) -> Respons
         Ok(json!({
             "certificate": signed.certificate_openssh,
             "serial": signed.serial,
+            "serialHex": format!("{:x}", signed.serial),
             "keyID": signed.key_id,
             "principals": signed.principals,
             "validBefore": signed.valid_before,

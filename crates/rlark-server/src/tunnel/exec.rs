@@ -2,12 +2,13 @@
 //! a command in a running replica, through its agent — Kubernetes' remotecommand WebSocket
 //! protocol (`v5.channel.k8s.io`, else `v4.channel.k8s.io`), as `kubectl exec` speaks it.
 //!
-//! **Who**: admins only (exec is code execution on the agent's host). The decision is the
-//! built-in policy's ([`rlark_apiserver::authz::authorize`] for verb `create` on
-//! `pods/exec` in `rlinf.io`: no role but admin has it), so a viewer's 403 reads as every
-//! other denial (`pods.rlinf.io "x" is forbidden: User "vera" cannot create resource
-//! "pods/exec" ...`). Denials and every exec started are written to the audit log (the
-//! command included).
+//! **Who**: admins (the built-in policy's decision, [`rlark_apiserver::authz::authorize`]
+//! for verb `create` on `pods/exec` in `rlinf.io`: no role but admin has it), and the users
+//! and groups the replica's Job grants in `spec.access` (`crate::task_access`, the rule of
+//! the SSH endpoint and the task proxy, docs/ssh.md). Anyone else's 403 reads as every other
+//! denial (`pods.rlinf.io "x" is forbidden: User "vera" cannot create resource "pods/exec"
+//! ...`). Denials and every exec started are written to the audit log (the command
+//! included).
 //!
 //! **Checks, in order**: identity (401), authorization (403), query ([`ExecOptions`], 400),
 //! WebSocket upgrade with an exec subprotocol (400 naming what is missing), agent namespace
@@ -128,15 +129,16 @@ pub(super) struct PodCaller {
 
 impl PodCaller {
     /// The caller of `request` for `subresource` of Pod `namespace/pod`: 401 without an
-    /// identity, 403 (audited as `denied`) when the policy refuses it.
-    pub(super) fn authorize(
+    /// identity, 403 (audited as `denied`) when neither the policy (admins) nor the replica's
+    /// Job (`spec.access`, [`crate::task_access`]) allows it.
+    pub(super) async fn authorize(
         state: &ExecState,
-        request: &Request,
+        identity: Option<Identity>,
         namespace: &str,
         pod: &str,
         subresource: &'static str,
     ) -> Result<Self, Box<ApiError>> {
-        let Some(identity) = request.extensions().get::<Identity>().cloned() else {
+        let Some(identity) = identity else {
             return Err(Box::new(ApiError::unauthorized()));
         };
         let caller = PodCaller {
@@ -148,6 +150,9 @@ impl PodCaller {
             subresource,
         };
         if let Decision::Deny(reason) = authz::authorize(&caller.identity, &caller.attrs) {
+            if granted_by_job(state, &caller.identity, namespace, pod).await {
+                return Ok(caller);
+            }
             caller.audit("denied", reason.clone());
             return Err(Box::new(ApiError::forbidden_resource(
                 POD_GROUP,
@@ -177,15 +182,31 @@ impl PodCaller {
     }
 }
 
+/// The caller's identity, when authenticated.
+pub(super) fn identity_of(request: &Request) -> Option<Identity> {
+    request.extensions().get::<Identity>().cloned()
+}
+
+/// Whether the Job of replica `namespace/pod` grants `identity` (`spec.access`).
+async fn granted_by_job(
+    state: &ExecState,
+    identity: &Identity,
+    namespace: &str,
+    pod: &str,
+) -> bool {
+    crate::task_access::pod_granted(&*state.store, identity, namespace, pod).await
+}
+
 pub(super) async fn exec(
     State(state): State<ExecState>,
     Path((namespace, pod)): Path<(String, String)>,
     mut request: Request,
 ) -> Response {
-    let caller = match PodCaller::authorize(&state, &request, &namespace, &pod, "exec") {
-        Ok(caller) => caller,
-        Err(error) => return (*error).into_response(),
-    };
+    let caller =
+        match PodCaller::authorize(&state, identity_of(&request), &namespace, &pod, "exec").await {
+            Ok(caller) => caller,
+            Err(error) => return (*error).into_response(),
+        };
     let options = match ExecOptions::parse(request.uri().query()) {
         Ok(options) => options,
         Err(message) => return ApiError::bad_request(message).into_response(),

@@ -9,8 +9,9 @@
 //! | `container=NAME` | that container of a docker replica (kubectl's `-c`; default: the main one) |
 //!
 //! **Who**: admins and viewers (a viewer may read every replica's output: logs are part of
-//! what "read everything" means in rlark; do not print secrets in task output). Anyone
-//! else, agents and task tokens included, gets 403. Reads are not audited.
+//! what "read everything" means in rlark; do not print secrets in task output), and the
+//! users and groups the replica's Job names in `spec.access` (docs/ssh.md). Anyone else,
+//! agents and task tokens included, gets 403. Reads are not audited.
 //!
 //! **How**: the namespace names the cluster (`rlark-<clusterID>`; any other namespace is a
 //! 400). The hub opens an `agent-api` stream to the agent of that cluster
@@ -103,13 +104,24 @@ pub(crate) async fn pod_log(
     let Some(identity) = request.extensions().get::<Identity>().cloned() else {
         return ApiError::unauthorized().into_response();
     };
-    if !matches!(identity.role(), Role::Admin | Role::Viewer) {
+    let store = request
+        .extensions()
+        .get::<crate::task_access::AccessStore>()
+        .cloned();
+    let granted = match (&store, identity.role()) {
+        (_, Role::Admin | Role::Viewer) => true,
+        (Some(store), _) => {
+            crate::task_access::pod_granted(&*store.0, &identity, &namespace, &pod).await
+        }
+        (None, _) => false,
+    };
+    if !granted {
         return ApiError::new(
             403,
             "Forbidden",
             format!(
                 "forbidden: User \"{}\" cannot get pods/log in namespace \"{namespace}\" \
-                 (admins and viewers only)",
+                 (admins, viewers and the users the replica's Job grants in spec.access)",
                 identity.user
             ),
         )

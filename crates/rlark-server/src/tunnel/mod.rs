@@ -17,10 +17,12 @@ pub(crate) mod exec;
 pub(crate) mod logs;
 pub(crate) mod netcheck;
 pub(crate) mod portforward;
+pub(crate) mod prefix;
 pub(crate) mod proxy_tls;
 pub(crate) mod relay;
 pub(crate) mod replicas;
 pub(crate) mod routes;
+pub(crate) mod task_proxy;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -12,8 +12,8 @@
 //! one error and one data stream per forwarded connection.
 //!
 //! **Who**: as exec — the built-in policy's decision for verb `create` on
-//! `pods/portforward` in `rlinf.io` (admins only: a port-forward reaches any port of the
-//! agent's host), with the same 403 text; denials and every session are audited.
+//! `pods/portforward` in `rlinf.io` (admins), or the replica's Job's `spec.access`; the
+//! same 403 text otherwise; denials and every session are audited.
 //!
 //! **Checks, in order**: identity (401), authorization (403), the upgrade (400 naming what
 //! is missing), agent namespace `rlark-<clusterID>` (400), the Pod exists (404) and is
@@ -124,16 +124,29 @@ fn upgrade(headers: &HeaderMap) -> Result<Upgrade, String> {
 
 /// Where a replica's ports are, as the agent dials them.
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Destination {
-    host: String,
+pub(crate) struct Destination {
+    pub(crate) host: String,
     /// Through this node's session only; `None`: any session of the cluster.
-    node: Option<String>,
+    pub(crate) node: Option<String>,
 }
 
 impl Destination {
+    /// A stream to `port` at this destination, through the agent of `cluster`.
+    pub(crate) async fn dial(
+        &self,
+        hub: &Hub,
+        cluster: &str,
+        port: u16,
+    ) -> Result<rlark_tunnel::mux::MuxStream, rlark_tunnel::dial::DialError> {
+        match &self.node {
+            Some(node) => hub.dial_on_node(cluster, node, &self.host, port).await,
+            None => hub.dial(cluster, None, &self.host, port).await,
+        }
+    }
+
     /// The destination of a stored replica Pod whose Task (if still stored) is `task`;
     /// `Err` is the 400's message.
-    fn of(pod: &Value, task: Option<&Value>) -> Result<Destination, String> {
+    pub(crate) fn of(pod: &Value, task: Option<&Value>) -> Result<Destination, String> {
         let name = pod["metadata"]["name"].as_str().unwrap_or_default();
         let agent_type = task
             .and_then(|t| t["spec"]["agentType"].as_str())
@@ -210,7 +223,15 @@ pub(super) async fn portforward(
     Path((namespace, pod)): Path<(String, String)>,
     mut request: Request,
 ) -> Response {
-    let caller = match PodCaller::authorize(&state, &request, &namespace, &pod, "portforward") {
+    let caller = match PodCaller::authorize(
+        &state,
+        super::exec::identity_of(&request),
+        &namespace,
+        &pod,
+        "portforward",
+    )
+    .await
+    {
         Ok(caller) => caller,
         Err(error) => return (*error).into_response(),
     };

@@ -196,7 +196,10 @@ fn websocket_key(headers: &HeaderMap) -> Result<String, String> {
 }
 
 /// The connection a proxied request goes over: a tunnel stream, or TLS on one.
-trait ProxyIo: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+pub(crate) trait ProxyIo:
+    tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send
+{
+}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> ProxyIo for T {}
 
 /// Headers that describe one hop and are not forwarded (RFC 9110 §7.6.1).
@@ -233,7 +236,7 @@ async fn forward(
     scheme: String,
     target: String,
     path: String,
-    mut request: Request,
+    request: Request,
 ) -> Response {
     let Some(identity) = identity_of(&request) else {
         return ApiError::unauthorized().into_response();
@@ -302,6 +305,23 @@ async fn forward(
         }
         _ => Box::new(stream),
     };
+    relay(stream, &target, &path, request, None).await
+}
+
+/// Send `request` (its path replaced by `/{path}`, the query kept, `Host: host`) over
+/// `stream` and relay the answer, upgrades (WebSocket) included. Hop-by-hop headers are
+/// dropped both ways, and so are the caller's rlark credentials (a bearer token, the
+/// console's cookie and CSRF header). With `prefix` (the task proxy), the app learns
+/// where it is mounted (`X-Forwarded-Prefix`) and its absolute links are rewritten under
+/// the prefix ([`super::prefix`]).
+pub(crate) async fn relay(
+    stream: Box<dyn ProxyIo>,
+    host: &str,
+    path: &str,
+    mut request: Request,
+    prefix: Option<&str>,
+) -> Response {
+    let target = host;
     let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
     {
         Ok(pair) => pair,
@@ -354,7 +374,16 @@ async fn forward(
         }
         out = out.header(name, value);
     }
-    out = out.header(header::HOST, &target);
+    out = out.header(header::HOST, target);
+    if let Some(prefix) = prefix {
+        out = out
+            .header("x-forwarded-prefix", prefix)
+            .header("x-forwarded-proto", "https");
+        // The body may be rewritten: ask for it unencoded.
+        if let Some(headers) = out.headers_mut() {
+            headers.remove(header::ACCEPT_ENCODING);
+        }
+    }
     if let Some(upgrade) = &upgrade {
         out = out
             .header(header::CONNECTION, "Upgrade")
@@ -396,7 +425,10 @@ async fn forward(
     for name in HOP_BY_HOP {
         parts.headers.remove(name);
     }
-    Response::from_parts(parts, Body::new(body))
+    match prefix {
+        Some(prefix) => super::prefix::rewrite_response(parts, body, prefix).await,
+        None => Response::from_parts(parts, Body::new(body)),
+    }
 }
 
 /// `GET /api/v1/tunnels`.

@@ -14,6 +14,7 @@ mod object;
 mod port_forward;
 mod report;
 mod server;
+mod ssh;
 mod stats;
 mod tunnel;
 mod watch;
@@ -25,6 +26,7 @@ pub use controllers::{ControllerBenchOptions, ControllerBenchReport, run_control
 pub use net::{NetBenchOptions, NetBenchReport, NetPeerOptions, run_net, run_net_peer};
 pub use port_forward::{PortForwardBenchOptions, PortForwardBenchReport, run_port_forward};
 pub use report::ApiBenchReport;
+pub use ssh::{SshBenchOptions, SshBenchReport, run_ssh};
 pub use tunnel::{TunnelBenchOptions, run_tunnel};
 
 use std::path::{Path, PathBuf};
@@ -55,6 +57,10 @@ pub enum BenchCommand {
     /// connection setup p50/p99. Targets: >= 1.5x the OpenSSH relay's throughput, setup p99
     /// <= 2 ms.
     PortForward(PortForwardBenchOptions),
+    /// The SSH endpoint beside OpenSSH's sshd on 127.0.0.1, in one run: session setup
+    /// (`ssh TASK@... true` through the tunnel and the agent's exec, against `ssh user@sshd
+    /// true`) p50/p99, `-L` throughput each way, server-side CPU per session and per GiB.
+    Ssh(SshBenchOptions),
     /// A real in-process agent: task start latency (Task created -> its Pod `Running`,
     /// 500 short tasks; target p99 <= 300 ms) and, with 200 long-running tasks, the agent's
     /// RSS (delta from the idle server + agent; target <= 50 MiB) and process CPU over 5 s.
@@ -181,6 +187,11 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::PortForward(options) => {
             let json = options.json;
             let report: PortForwardBenchReport = run_port_forward(options).await?;
+            finish(&report, json, compare, write)
+        }
+        BenchCommand::Ssh(options) => {
+            let json = options.json;
+            let report: SshBenchReport = run_ssh(options).await?;
             finish(&report, json, compare, write)
         }
         BenchCommand::Net(options) => {

@@ -667,7 +667,7 @@ pub(super) async fn upload(addr: SocketAddr, bytes: u64) -> anyhow::Result<Durat
 }
 
 /// Download `bytes` over one connection; the time from the request to the last byte.
-async fn download(addr: SocketAddr, bytes: u64) -> anyhow::Result<Duration> {
+pub(super) async fn download(addr: SocketAddr, bytes: u64) -> anyhow::Result<Duration> {
     bounded("download", async {
         let mut stream = open(addr, b'D').await?;
         let mut buf = vec![0u8; 256 * 1024];
@@ -777,14 +777,17 @@ impl Proc {
 
 /// A free port on 127.0.0.1 (bound and released: another process could take it meanwhile,
 /// which would show as a start failure).
-fn free_port() -> anyhow::Result<u16> {
+pub(super) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
         .port())
 }
 
 /// Retry one echo round trip through `addr` until it works.
-async fn wait_path_ready(addr: SocketAddr, procs: &mut [&mut Proc]) -> anyhow::Result<()> {
+pub(super) async fn wait_path_ready(
+    addr: SocketAddr,
+    procs: &mut [&mut Proc],
+) -> anyhow::Result<()> {
     let until = Instant::now() + START_TIMEOUT;
     let mut last = None;
     while Instant::now() < until {

@@ -49,6 +49,13 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "bench ssh",
+        &[
+            "rlark bench ssh",
+            "rlark bench ssh --sessions 200 --mib 256 --json",
+        ],
+    ),
+    (
         "bench agent",
         &["rlark bench agent", "rlark bench agent --tasks 200 --json"],
     ),
@@ -264,6 +271,44 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
             "rlark exec -it task/ppo-train-actor -- sh",
             "rlark exec task ppo-train-rollout --replica 1 -- cat /etc/hostname",
         ],
+    ),
+    (
+        "ssh",
+        &[
+            "rlark ssh task/ppo-train-actor",
+            "rlark ssh task/ppo-train-rollout --replica 1 -- nvidia-smi",
+            "# TensorBoard of the task on localhost:6006",
+            "rlark ssh task/ppo-train-actor -N -L 6006:localhost:6006",
+        ],
+    ),
+    (
+        "ssh-config",
+        &[
+            "rlark ssh-config >> ~/.ssh/config",
+            "rlark ssh-config --alias lab -i ~/.ssh/id_ed25519",
+        ],
+    ),
+    (
+        "ssh-key",
+        &[
+            "rlark ssh-key add ~/.ssh/id_ed25519.pub",
+            "rlark ssh-key list",
+        ],
+    ),
+    (
+        "ssh-key add",
+        &[
+            "rlark ssh-key add ~/.ssh/id_ed25519.pub",
+            "cat key.pub | rlark ssh-key add -",
+        ],
+    ),
+    (
+        "ssh-key list",
+        &["rlark ssh-key list", "rlark ssh-key list --user alice"],
+    ),
+    (
+        "ssh-key remove",
+        &["rlark ssh-key remove SHA256:uNiVztksCsDhcc0u9e8BujQXVUpKZIDTMczCvj3tD2s"],
     ),
     (
         "net",

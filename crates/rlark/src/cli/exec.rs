@@ -1,7 +1,8 @@
 //! `rlark exec (task/NAME | pod/NAME | NAME) [-n NS] [--replica N] [-c CONTAINER] [-i] [-t]
 //! -- CMD ARGS...`:
 //! run a command in a running replica, through the server and the replica's agent
-//! (`GET /rlark/v1/namespaces/{ns}/pods/{pod}/exec`, admins only; docs/tunnel.md, "Exec").
+//! (`GET /rlark/v1/namespaces/{ns}/pods/{pod}/exec`, admins and the users the Job's
+//! `spec.access` grants; docs/tunnel.md, "Exec").
 //!
 //! - `task/NAME` picks replica 0 (`<task>-0`, or `--replica N`); `pod/NAME` or `NAME` one
 //!   Pod. Without `-n` the Task or Pod is looked up across namespaces, as `rlark logs` does.

@@ -31,6 +31,7 @@ mod reports;
 mod robot;
 mod security;
 mod server;
+mod ssh;
 mod store;
 mod table;
 pub(crate) mod version;
@@ -114,6 +115,14 @@ enum Command {
     /// Run a command in a running replica (task/NAME picks replica 0), through the server
     /// and its agent: -i sends stdin, -t gives it a terminal; exits with the command's code.
     Exec(exec::ExecArgs),
+    /// OpenSSH's `ssh` into a replica of a task (task/NAME) through the server's SSH
+    /// endpoint, with your kubeconfig identity and no key setup; -L forwards into it.
+    Ssh(ssh::SshArgs),
+    /// Print an ssh_config stanza for the server's SSH endpoint and pin its host key.
+    SshConfig(ssh::SshConfigArgs),
+    /// Register, list and remove your SSH public keys (for `ssh TASK@server`).
+    #[command(subcommand)]
+    SshKey(ssh::SshKeyCommand),
     /// Pod network: `net check SOURCE DESTINATION` opens a test connection between Domain
     /// members and prints the path taken (local, direct or relay) and its setup latency.
     #[command(subcommand)]
@@ -298,6 +307,15 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
             args.client = client;
             exec::exec(args).await
         }
+        Command::Ssh(mut args) => {
+            args.client = client;
+            ssh::ssh(args).await
+        }
+        Command::SshConfig(mut args) => {
+            args.client = client;
+            ssh::ssh_config(args).await
+        }
+        Command::SshKey(command) => ssh::ssh_key(command, client).await,
         Command::Net(command) => net::net(command, client).await,
         Command::PortForward(mut args) => {
             args.client = client;

@@ -251,11 +251,19 @@ impl SecurityClient {
     }
 
     /// Connect as the client commands do.
-    async fn from_args(args: &ClientArgs) -> anyhow::Result<SecurityClient> {
+    pub(crate) async fn from_args(args: &ClientArgs) -> anyhow::Result<SecurityClient> {
         Self::connect(args, Path::new(DEFAULT_KUBECONFIG)).await
     }
 
-    async fn get(&self, path: &str) -> anyhow::Result<Value> {
+    pub(crate) async fn delete(&self, path: &str) -> anyhow::Result<Value> {
+        let request = http::Request::delete(path)
+            .header(http::header::ACCEPT, "application/json")
+            .body(Vec::new())
+            .context("build request")?;
+        self.send("DELETE", path, request).await
+    }
+
+    pub(crate) async fn get(&self, path: &str) -> anyhow::Result<Value> {
         let request = http::Request::get(path)
             .header(http::header::ACCEPT, "application/json")
             .body(Vec::new())

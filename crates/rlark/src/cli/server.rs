@@ -64,6 +64,9 @@ pub(crate) struct ServerArgs {
     /// [default: 1h, as kube-apiserver's --event-ttl]. Overrides api.limits.eventTTLSeconds.
     #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
     event_ttl: Option<u64>,
+    /// Serve SSH on this address (`ssh TASK@HOST -p PORT`, docs/ssh.md); off when not given.
+    #[arg(long, value_name = "ADDR")]
+    ssh_listen: Option<SocketAddr>,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -93,6 +96,10 @@ pub(crate) struct UpArgs {
     /// HTTPS listen address; must be a loopback address (use `rlark server` otherwise).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8443")]
     listen: SocketAddr,
+    /// SSH listen address (docs/ssh.md); must be a loopback address. Port 0 (the default)
+    /// picks a free port, printed in the banner and by `rlark ssh-config`.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    ssh_listen: SocketAddr,
     /// Once up, run the demo (`examples/demo/`, built in): an embodied RL loop, a learner on
     /// `cloud` and two rollout replicas on `edge` driving simulated arms; follow it and print
     /// a summary and the reward curve. The tasks need Python 3.10+ with numpy, grpcio and
@@ -179,6 +186,7 @@ pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
             idle_timeout: args.idle_timeout.map(std::time::Duration::from_secs),
             max_nodes_per_agent: args.max_nodes_per_agent,
             event_ttl: args.event_ttl.map(std::time::Duration::from_secs),
+            ssh_listen: args.ssh_listen,
         },
     )?;
     let shutdown = CancellationToken::new();
@@ -205,8 +213,16 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
     } else {
         None
     };
+    if !args.ssh_listen.ip().is_loopback() {
+        bail!(
+            "rlark up serves SSH on loopback only, not {}: use `rlark server --ssh-listen {}`",
+            args.ssh_listen,
+            args.ssh_listen
+        );
+    }
     let mut config = ServerConfig::new(&args.data_dir);
     config.listen = args.listen;
+    config.ssh_listen = Some(args.ssh_listen);
     config.controllers.enabled = true;
     config.reinitialize_store = args.store.reinitialize_store;
     config.store_url = args.store.store_url;
@@ -290,7 +306,17 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
          Local agents:       {agent_list}   (rlark get nodes -A)\n\
          Devices on {devices_cluster}:    {devices}   (rlark robot --socket-dir {socket_dir} list)\n\
          Read-only user:     rlark kubeconfig --user NAME --role viewer -o NAME.kubeconfig\n\
+         SSH into tasks:     {ssh}\n\
          Tasks:              {tasks}\n",
+        ssh = server
+            .ssh
+            .as_ref()
+            .map(|s| format!(
+                "ssh -p {} TASK@127.0.0.1 (host key {}; rlark ssh-config)",
+                s.addr.port(),
+                s.host_key_fingerprint
+            ))
+            .unwrap_or_else(|| "off".to_string()),
         url = server.url(),
         login_link = login_link,
         data = args.data_dir.display(),

@@ -1,0 +1,280 @@
+//! One SSH connection: russh's [`Handler`], which authenticates ([`super::auth`]), opens
+//! session channels ([`super::session`]) and `-L` forwards ([`super::forward`]), refuses
+//! everything else (remote forwards, agent and X11 forwarding), and closes the connection
+//! when its credential is revoked ([`watch_revocation`]).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use rlark_apiserver::audit::AuditEntry;
+use russh::keys::ssh_key::Certificate;
+use russh::server::{
+    Auth, ChannelOpenHandle, Handler, Msg, PublicKeyOffer, Session, VerifiedPublicKey,
+};
+use russh::{Channel, ChannelId, Disconnect};
+
+use super::SshState;
+use super::auth::{self, Login, Refusal};
+use super::session::Closing;
+
+/// One client connection.
+pub(crate) struct Connection {
+    state: Arc<SshState>,
+    peer: Option<SocketAddr>,
+    login: Option<Arc<Login>>,
+    closing: Closing,
+    /// Set once authenticated (the connection's authentication deadline reads it).
+    authenticated: Arc<AtomicBool>,
+}
+
+impl Connection {
+    pub(crate) fn new(
+        state: Arc<SshState>,
+        peer: Option<SocketAddr>,
+        authenticated: Arc<AtomicBool>,
+    ) -> Connection {
+        Connection {
+            state,
+            peer,
+            login: None,
+            closing: Closing::new(),
+            authenticated,
+        }
+    }
+
+    fn accept(&mut self, login: Login) -> Auth {
+        let entry = AuditEntry {
+            verb: "ssh-login".into(),
+            resource: "tasks.rlinf.io/ssh".into(),
+            namespace: login
+                .task
+                .as_ref()
+                .and_then(|t| t["metadata"]["namespace"].as_str())
+                .unwrap_or_default()
+                .into(),
+            name: login
+                .task
+                .as_ref()
+                .and_then(|t| t["metadata"]["name"].as_str())
+                .unwrap_or("menu")
+                .into(),
+            reason: format!(
+                "{} from {}",
+                login.credential.describe(),
+                self.peer.map(|p| p.to_string()).unwrap_or_default()
+            ),
+            ..AuditEntry::now("ssh-login", "allowed").by(Some(&login.identity))
+        };
+        self.state.audit.record(entry);
+        self.login = Some(Arc::new(login));
+        Auth::Accept
+    }
+
+    fn refuse(&self, login: &str, refusal: Refusal) -> Auth {
+        tracing::info!(
+            login,
+            user = ?refusal.identity.as_ref().map(|i| &i.user),
+            peer = ?self.peer,
+            reason = %refusal.reason,
+            "ssh login refused"
+        );
+        self.state.audit.record(AuditEntry {
+            verb: "ssh-login".into(),
+            resource: "tasks.rlinf.io/ssh".into(),
+            name: login.into(),
+            reason: format!(
+                "{} (from {})",
+                refusal.reason,
+                self.peer.map(|p| p.to_string()).unwrap_or_default()
+            ),
+            ..AuditEntry::now("denied", "denied").by(refusal.identity.as_ref())
+        });
+        Auth::reject()
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        // The connection is gone: stop its revocation watch and anything still running.
+        self.closing.close("the connection ended".into());
+    }
+}
+
+impl Handler for Connection {
+    type Error = russh::Error;
+
+    async fn auth_publickey_offered(
+        &mut self,
+        _user: &str,
+        _offer: PublicKeyOffer<'_>,
+    ) -> Result<Auth, Self::Error> {
+        // Decided once the key is proven (`auth_publickey`), so a refusal is audited once.
+        Ok(Auth::Accept)
+    }
+
+    async fn auth_publickey(
+        &mut self,
+        user: &str,
+        key: VerifiedPublicKey<'_>,
+    ) -> Result<Auth, Self::Error> {
+        Ok(
+            match auth::by_key(&self.state, user, key.public_key).await {
+                Ok(login) => self.accept(login),
+                Err(refusal) => self.refuse(user, refusal),
+            },
+        )
+    }
+
+    async fn auth_openssh_certificate(
+        &mut self,
+        user: &str,
+        certificate: &Certificate,
+    ) -> Result<Auth, Self::Error> {
+        Ok(
+            match auth::by_certificate(&self.state, user, certificate).await {
+                Ok(login) => self.accept(login),
+                Err(refusal) => self.refuse(user, refusal),
+            },
+        )
+    }
+
+    async fn auth_succeeded(&mut self, session: &mut Session) -> Result<(), Self::Error> {
+        self.authenticated.store(true, Ordering::Release);
+        if let Some(login) = &self.login {
+            tokio::spawn(watch_revocation(
+                Arc::clone(&self.state),
+                Arc::clone(login),
+                session.handle(),
+                self.closing.clone(),
+            ));
+        }
+        Ok(())
+    }
+
+    async fn channel_open_session(
+        &mut self,
+        channel: Channel<Msg>,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let Some(login) = self.login.clone() else {
+            return Ok(());
+        };
+        reply.accept().await;
+        tokio::spawn(super::session::run(
+            Arc::clone(&self.state),
+            login,
+            channel,
+            self.closing.clone(),
+        ));
+        Ok(())
+    }
+
+    async fn channel_open_direct_tcpip(
+        &mut self,
+        channel: Channel<Msg>,
+        host_to_connect: &str,
+        port_to_connect: u32,
+        _originator_address: &str,
+        _originator_port: u32,
+        reply: ChannelOpenHandle,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        let Some(login) = self.login.clone() else {
+            return Ok(());
+        };
+        tokio::spawn(super::forward::open(
+            Arc::clone(&self.state),
+            login,
+            channel,
+            host_to_connect.to_string(),
+            port_to_connect,
+            reply,
+            self.closing.clone(),
+        ));
+        Ok(())
+    }
+
+    async fn pty_request(
+        &mut self,
+        channel: ChannelId,
+        _term: &str,
+        _col_width: u32,
+        _row_height: u32,
+        _pix_width: u32,
+        _pix_height: u32,
+        _modes: &[(russh::Pty, u32)],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        session.channel_success(channel)
+    }
+
+    async fn shell_request(
+        &mut self,
+        channel: ChannelId,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        session.channel_success(channel)
+    }
+
+    async fn exec_request(
+        &mut self,
+        channel: ChannelId,
+        _data: &[u8],
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        session.channel_success(channel)
+    }
+
+    async fn subsystem_request(
+        &mut self,
+        channel: ChannelId,
+        name: &str,
+        session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        if name == "sftp" {
+            session.channel_success(channel)
+        } else {
+            session.channel_failure(channel)
+        }
+    }
+}
+
+/// Close the connection within moments of its credential being revoked (a certificate,
+/// the credential a key was registered with, a removed key), or of the server stopping.
+async fn watch_revocation(
+    state: Arc<SshState>,
+    login: Arc<Login>,
+    handle: russh::server::Handle,
+    closing: Closing,
+) {
+    let mut revocations = state.security.subscribe();
+    let mut keys = state.keys.subscribe();
+    let reason = loop {
+        tokio::select! {
+            changed = revocations.changed() => if changed.is_err() { return },
+            changed = keys.changed() => if changed.is_err() { return },
+            () = closing.token.cancelled() => return,
+            () = state.shutdown.cancelled() => break "the server is shutting down".to_string(),
+        }
+        if let Some(reason) = auth::revoked(&state, &login.credential).await {
+            break reason;
+        }
+    };
+    tracing::info!(user = %login.identity.user, %reason, "closing ssh connection");
+    state.audit.record(AuditEntry {
+        verb: "ssh-close".into(),
+        resource: "tasks.rlinf.io/ssh".into(),
+        reason: reason.clone(),
+        ..AuditEntry::now("ssh-close", "allowed").by(Some(&login.identity))
+    });
+    closing.close(reason.clone());
+    let _ = handle
+        .disconnect(
+            Disconnect::ByApplication,
+            format!("rlark: {reason}"),
+            String::new(),
+        )
+        .await;
+}

@@ -1,0 +1,251 @@
+//! The task HTTP proxy end to end: an in-process server with a real agent, raw tasks, and
+//! a TensorBoard-like app listening on the replica's network view (a raw replica's ports
+//! are its node's loopback, here this machine's) that emits absolute links, redirects,
+//! cookie paths and a WebSocket. Through
+//! `/rlark/v1/namespaces/{ns}/tasks/{name}/proxy/{port}/`:
+//! - the page comes back with its links under the prefix, the redirect too, and the app saw
+//!   `X-Forwarded-Prefix` but not the caller's credentials;
+//! - a WebSocket echoes through the proxy;
+//! - a viewer the Job grants reaches it; on a task whose Job does not grant them, 403 and
+//!   an audit record.
+//!
+//! Every wait is bounded by [`DEADLINE`].
+
+use std::convert::Infallible;
+use std::path::Path;
+use std::sync::Arc;
+
+use anyhow::Context as _;
+use futures::{SinkExt as _, StreamExt as _};
+use http_body_util::Full;
+use hyper::body::{Bytes, Incoming};
+use hyper_util::rt::TokioIo;
+use kube::api::{Api, PostParams};
+use rlark_api::types::{Job, PodPhase};
+use rlark_testkit::real_agent::{DEADLINE, Harness, NAMESPACE, viewer_client};
+use rustls::pki_types::pem::PemObject as _;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+use serde_json::json;
+use tokio::net::{TcpListener, TcpStream};
+use tokio_tungstenite::tungstenite::Message;
+use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
+
+/// The test app: a page with absolute links, a redirect, a cookie, a WebSocket echo.
+async fn app(request: http::Request<Incoming>) -> Result<http::Response<Full<Bytes>>, Infallible> {
+    let seen = |name: &str| {
+        request
+            .headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("-")
+            .to_string()
+    };
+    let response = http::Response::builder();
+    let response = match request.uri().path() {
+        "/" => response
+            .header("content-type", "text/html; charset=utf-8")
+            .header("set-cookie", "board=1; Path=/; HttpOnly")
+            .header("x-saw-prefix", seen("x-forwarded-prefix"))
+            .header("x-saw-authorization", seen("authorization"))
+            .body(Full::new(Bytes::from(
+                "<html><a href=\"/data/run1\">run1</a><script src='/static/app.js'></script>\
+                 <a href=\"https://example.com/\">out</a><a href=\"rel\">rel</a></html>",
+            ))),
+        "/data/run1" => response.body(Full::new(Bytes::from("scalars of run1"))),
+        "/login" => response
+            .status(302)
+            .header("location", "/data/run1")
+            .body(Full::new(Bytes::new())),
+        "/ws" => {
+            let key = seen("sec-websocket-key");
+            let mut request = request;
+            let upgrade = hyper::upgrade::on(&mut request);
+            tokio::spawn(async move {
+                let Ok(upgraded) = upgrade.await else { return };
+                let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+                    TokioIo::new(upgraded),
+                    tokio_tungstenite::tungstenite::protocol::Role::Server,
+                    None,
+                )
+                .await;
+                while let Some(Ok(message)) = ws.next().await {
+                    if let Message::Text(text) = message {
+                        let _ = ws.send(Message::text(format!("echo: {text}"))).await;
+                    }
+                }
+            });
+            response
+                .status(101)
+                .header("connection", "Upgrade")
+                .header("upgrade", "websocket")
+                .header(
+                    "sec-websocket-accept",
+                    tokio_tungstenite::tungstenite::handshake::derive_accept_key(key.as_bytes()),
+                )
+                .body(Full::new(Bytes::new()))
+        }
+        _ => response
+            .status(404)
+            .body(Full::new(Bytes::from("no such page"))),
+    };
+    Ok(response.expect("response"))
+}
+
+async fn serve_app() -> anyhow::Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").await?;
+    let port = listener.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(tcp), hyper::service::service_fn(app))
+                    .with_upgrades()
+                    .await;
+            });
+        }
+    });
+    Ok(port)
+}
+
+async fn create_job(
+    admin: &kube::Client,
+    name: &str,
+    access: serde_json::Value,
+) -> anyhow::Result<()> {
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "rlinf.io/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"access": access, "tasks": [{
+            "name": "main", "agentType": "Raw", "role": "Actor",
+            "raw": {"entrypoint": ["sleep", "600"]},
+        }]},
+    }))?;
+    Api::<Job>::all(admin.clone())
+        .create(&PostParams::default(), &job)
+        .await?;
+    Ok(())
+}
+
+/// GET `path` as `client`: status, headers, body.
+async fn get(client: &kube::Client, path: &str) -> anyhow::Result<(u16, http::HeaderMap, String)> {
+    let request = http::Request::get(path).body(Vec::new())?;
+    let response = client.send(request.map(kube::client::Body::from)).await;
+    let response = match response {
+        Ok(response) => response,
+        Err(kube::Error::Api(status)) => {
+            return Ok((status.code, http::HeaderMap::new(), status.message));
+        }
+        Err(other) => return Err(other.into()),
+    };
+    let status = response.status().as_u16();
+    let headers = response.headers().clone();
+    let body = http_body_util::BodyExt::collect(response.into_body())
+        .await?
+        .to_bytes();
+    Ok((status, headers, String::from_utf8_lossy(&body).into_owned()))
+}
+
+fn admin_tls(data_dir: &Path) -> anyhow::Result<Arc<rustls::ClientConfig>> {
+    let pki = data_dir.join("pki");
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(pki.join("ca.crt"))? {
+        roots.add(cert?)?;
+    }
+    let certs =
+        CertificateDer::pem_file_iter(pki.join("admin.crt"))?.collect::<Result<Vec<_>, _>>()?;
+    let key = PrivateKeyDer::from_pem_file(pki.join("admin.key"))?;
+    let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()?
+    .with_root_certificates(roots)
+    .with_client_auth_cert(certs, key)?;
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(config))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn task_web_uis_are_proxied_under_their_prefix() -> anyhow::Result<()> {
+    let supervisor = vec![env!("CARGO_BIN_EXE_rlark").into(), "supervise".into()];
+    let h = Harness::start_configured(supervisor, |_| {}).await?;
+    let port = serve_app().await?;
+    create_job(&h.admin, "board", json!([{"user": "vera"}])).await?;
+    create_job(&h.admin, "secret", json!([])).await?;
+    h.wait_pod("board-main-0", PodPhase::Running).await?;
+    h.wait_pod("secret-main-0", PodPhase::Running).await?;
+    let prefix = format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/board-main/proxy/{port}");
+
+    // The page, its links under the prefix; what the app was told and not told.
+    let dir = tempfile::tempdir()?;
+    let vera = viewer_client(&h.server, &h.admin, dir.path()).await?;
+    let (status, headers, body) = get(&vera, &format!("{prefix}/")).await?;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body,
+        format!(
+            "<html><a href=\"{prefix}/data/run1\">run1</a><script src='{prefix}/static/app.js'></script>\
+             <a href=\"https://example.com/\">out</a><a href=\"rel\">rel</a></html>"
+        )
+    );
+    assert_eq!(headers["x-saw-prefix"], prefix.as_str());
+    assert_eq!(headers["x-saw-authorization"], "-");
+    assert_eq!(
+        headers["set-cookie"],
+        format!("board=1; Path={prefix}/; HttpOnly").as_str()
+    );
+    // The rewritten link works; the redirect stays under the prefix.
+    let (status, _, body) = get(&vera, &format!("{prefix}/data/run1")).await?;
+    assert_eq!((status, body.as_str()), (200, "scalars of run1"));
+    let (status, headers, _) = get(&vera, &format!("{prefix}/login")).await?;
+    assert_eq!(status, 302);
+    assert_eq!(headers["location"], format!("{prefix}/data/run1").as_str());
+    // The bare prefix redirects to the directory.
+    let (status, headers, _) = get(&vera, &prefix).await?;
+    assert_eq!(status, 301);
+    assert_eq!(headers["location"], format!("{prefix}/").as_str());
+    // Replica 0 by index too.
+    let (status, _, body) = get(
+        &vera,
+        &format!(
+            "/rlark/v1/namespaces/{NAMESPACE}/tasks/board-main/replicas/0/proxy/{port}/data/run1"
+        ),
+    )
+    .await?;
+    assert_eq!((status, body.as_str()), (200, "scalars of run1"));
+
+    // A task whose Job does not grant vera: 403, audited.
+    let secret = format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/secret-main/proxy/{port}/");
+    let (status, _, message) = get(&vera, &secret).await?;
+    assert_eq!(status, 403, "{message}");
+    assert!(message.contains("does not grant it"), "{message}");
+    let audit = std::fs::read_to_string(h.server.data_dir().join("audit.log"))?;
+    assert!(
+        audit.lines().any(|l| l.contains("\"action\":\"denied\"")
+            && l.contains("tasks.rlinf.io/proxy")
+            && l.contains("secret-main")
+            && l.contains("\"user\":\"vera\"")),
+        "{audit}"
+    );
+    // The admin reaches every task.
+    let (status, _, _) = get(&h.admin, &secret).await?;
+    assert_eq!(status, 200);
+
+    // A WebSocket through the proxy (as the admin, over TLS with its certificate).
+    let addr = h.server.addr();
+    let tcp = TcpStream::connect(addr).await?;
+    let tls = tokio_rustls::TlsConnector::from(admin_tls(h.server.data_dir())?)
+        .connect(ServerName::IpAddress(addr.ip().into()), tcp)
+        .await?;
+    let request = format!("wss://{addr}{prefix}/ws").into_client_request()?;
+    let (mut ws, _) = tokio::time::timeout(DEADLINE, tokio_tungstenite::client_async(request, tls))
+        .await
+        .context("WebSocket handshake timed out")??;
+    ws.send(Message::text("hello")).await?;
+    let answer = tokio::time::timeout(DEADLINE, ws.next())
+        .await
+        .context("no WebSocket answer")?
+        .context("the WebSocket ended")??;
+    assert_eq!(answer, Message::text("echo: hello"));
+    h.stop().await
+}
