@@ -447,7 +447,7 @@ impl Worker {
                 self.task.spec.agent_type.as_str(),
                 Timestamp::now(),
             );
-            self.write_status(status, true).await;
+            Box::pin(self.write_status(status, true)).await;
             return Step::Finished;
         };
         if let RunBody::Docker(_) = body
@@ -463,14 +463,14 @@ impl Worker {
                 0,
                 Timestamp::now(),
             );
-            self.write_status(patch, true).await;
+            Box::pin(self.write_status(patch, true)).await;
             return Step::Finished;
         }
-        if let Err(step) = self.take_devices(&body).await {
+        if let Err(step) = Box::pin(self.take_devices(&body)).await {
             return step;
         }
         if let Some(domain) = self.task.spec.domain.clone().filter(|d| !d.is_empty())
-            && let Err(step) = self.join_domain(&domain).await
+            && let Err(step) = Box::pin(self.join_domain(&domain)).await
         {
             return step;
         }
@@ -511,7 +511,9 @@ impl Worker {
                         pending,
                     } => {
                         let spawned = match RunBody::of(&self.task).or_else(|| body.clone()) {
-                            Some(body) => self.start(&body, deadline, restarts, pending).await,
+                            Some(body) => {
+                                Box::pin(self.start(&body, deadline, restarts, pending)).await
+                            }
                             None => Err(RuntimeError::Internal(
                                 "the task has no raw or docker spec to start".to_string(),
                             )),
@@ -538,9 +540,9 @@ impl Worker {
                         None
                     }
                     Action::Kill { grace } => match running.take() {
-                        Some(mut process) => {
-                            Some(Event::Exited(exit_report(&process.terminate(grace).await)))
-                        }
+                        Some(mut process) => Some(Event::Exited(exit_report(
+                            &Box::pin(process.terminate(grace)).await,
+                        ))),
                         None => None,
                     },
                     Action::Detach => {
@@ -552,15 +554,15 @@ impl Worker {
                         None
                     }
                     Action::WriteStatus(patch) => {
-                        self.write_status(patch, true).await;
+                        Box::pin(self.write_status(patch, true)).await;
                         None
                     }
                     Action::Finish(patch) => {
-                        self.finish(patch).await;
+                        Box::pin(self.finish(patch)).await;
                         None
                     }
                     Action::FinishExited(patch) => {
-                        self.finish_exited(patch).await;
+                        Box::pin(self.finish_exited(patch)).await;
                         None
                     }
                     Action::DeleteState => {
@@ -568,11 +570,11 @@ impl Worker {
                         None
                     }
                     Action::DeletePod => {
-                        self.delete_own_pod().await;
+                        Box::pin(self.delete_own_pod()).await;
                         None
                     }
                     Action::PruneOldRuns => {
-                        self.prune_old_runs().await;
+                        Box::pin(self.prune_old_runs()).await;
                         None
                     }
                     Action::WakeAt(at) => {
@@ -634,7 +636,7 @@ impl Worker {
                     }
                     return Some(Event::Stop);
                 }
-                self.maybe_resync(resync).await;
+                Box::pin(self.maybe_resync(resync)).await;
                 None
             }
             Command::Supersede => Some(Event::Supersede),
@@ -1342,6 +1344,12 @@ mod tests {
         assert!(
             idle <= 1024,
             "an idle worker's future is {idle} bytes; box the call that grew it"
+        );
+        // What stays allocated while the replica runs.
+        let running = std::mem::size_of_val(&worker.run_replica());
+        assert!(
+            running <= 4096,
+            "a running replica's future is {running} bytes; box the call that grew it"
         );
         let future = worker.run(None);
         let size = std::mem::size_of_val(&future);
