@@ -18,6 +18,8 @@ import subprocess
 import sys
 import tempfile
 
+import yaml
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MONITORING = os.path.join(ROOT, "deploy", "monitoring")
 METRIC = re.compile(r"\b((?:rlark|process)_[a-z0-9_]+)\b")
@@ -67,15 +69,15 @@ def main():
         check = subprocess.run(["promtool", "check", "rules", f.name], capture_output=True, text=True)
         if check.returncode != 0:
             fail(f"dashboard PromQL refused by promtool:\n{check.stdout}{check.stderr}")
-    alerts = open(os.path.join(MONITORING, "rlark-alerts.yaml")).read()
+    alerts = yaml.safe_load(open(os.path.join(MONITORING, "rlark-alerts.yaml")))
     used = {}
     for title, expr in exprs:
         for name in METRIC.findall(expr):
             used.setdefault(name, f"dashboard panel {title!r}")
-    for line in alerts.splitlines():
-        if line.strip().startswith(("expr:", "rlark_", "/", "rate(", "histogram", "increase", "changes", "process_", "(")):
-            for name in METRIC.findall(line):
-                used.setdefault(name, "rlark-alerts.yaml")
+    for group in alerts["groups"]:
+        for rule in group["rules"]:
+            for name in METRIC.findall(rule["expr"]):
+                used.setdefault(name, f"alert {rule['alert']}")
     missing = sorted(f"{name} ({where})" for name, where in used.items() if name not in exported)
     if missing:
         fail("metrics used but not exported by any scraped process:\n  " + "\n  ".join(missing))
