@@ -10,6 +10,7 @@
 #                        the raw-host command `rlark token create` prints
 #   ops_monitoring       promtool check/test rules; the dashboard's queries checked by
 #                        promtool; every metric used is in ops_raw_host's scrapes
+#   ops_build_info       rlark version and rlark_build_info name the checkout's commit and date
 #   ops_images           the images of deploy/docker from the debug binary cargo test built
 #                        (no second build): `up --demo --once` in the demo image, a server's
 #                        /readyz from the runtime image, the embodied image's sockets
@@ -248,11 +249,38 @@ ops_images() (
     echo "rlark-embodied:ops-test: ros-ctrl.sock and camera-ctrl.sock served"
 )
 
+# The build information the binary carries (crates/rlark/build.rs): the checkout's commit,
+# and the date of SOURCE_DATE_EPOCH or else of that commit, in `rlark version` and in every
+# process's rlark_build_info (the scrape of ops_raw_host).
+ops_build_info() {
+    log "build info: rlark version and rlark_build_info name the commit and its date"
+    ops_need ops_build_info git python3 || return 0
+    local commit epoch info
+    commit=$(git -C "$ROOT" rev-parse HEAD)
+    epoch=${SOURCE_DATE_EPOCH:-$(git -C "$ROOT" log -1 --format=%ct)}
+    info=$("$TARGET_DIR/debug/rlark" version --client -o json)
+    python3 - "$commit" "$epoch" "$info" <<'PY'
+import datetime, json, sys
+commit, epoch, info = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])["clientVersion"]
+date = datetime.datetime.fromtimestamp(epoch, datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+if info["gitCommit"] != commit or info["buildDate"] != date:
+    sys.exit(f"rlark version says {info['gitCommit']} {info['buildDate']}; the checkout is {commit} {date} "
+             "(a binary built before the last commit? rebuild)")
+print(f"rlark version: commit {commit[:12]}, built {date}")
+PY
+    if [ -s "$OPS_WORK/server.metrics" ]; then
+        grep -q "^rlark_build_info{version=\"[^\"]*\",commit=\"$commit\",date=\"" "$OPS_WORK/server.metrics" ||
+            { grep rlark_build_info "$OPS_WORK/server.metrics" >&2; echo "rlark_build_info does not name $commit" >&2; exit 1; }
+        echo "rlark_build_info names the same commit"
+    fi
+}
+
 ops_checks() {
     ops_workdir
     ops_systemd_units
     ops_raw_host
     ops_monitoring
+    ops_build_info
     ops_images
     rm -rf "$OPS_WORK"
     OPS_WORK=""
