@@ -143,6 +143,13 @@ def main():
         kubeconfig = os.path.join(data, "admin.kubeconfig")
         token = json.loads(subprocess.check_output(
             [args.rlark, "token", "create", "--ttl", "10m", "-o", "json", "--kubeconfig", kubeconfig]))
+        def sessions_now():
+            conn = http.client.HTTPSConnection("localhost", port, context=ctx, timeout=10)
+            conn.request("GET", "/metrics")
+            m = re.search(r"^rlark_tunnel_sessions (\d+)", conn.getresponse().read().decode(), re.M)
+            return int(m.group(1)) if m else 0
+
+        # One at a time: a bootstrap token is refused while another join uses it.
         for i in range(args.agents):
             agent_log = open(os.path.join(work, f"agent-{i}.log"), "w")
             children.append(subprocess.Popen(
@@ -151,19 +158,13 @@ def main():
                  "--token", token["token"], "--ca-hash", token["caHash"]],
                 stdout=agent_log, stderr=subprocess.STDOUT, env=dict(os.environ, RUST_LOG="warn"),
             ))
-        deadline = time.monotonic() + 120
-        sessions = 0
-        while time.monotonic() < deadline:
-            conn = http.client.HTTPSConnection("localhost", port, context=ctx, timeout=10)
-            conn.request("GET", "/metrics")
-            text = conn.getresponse().read().decode()
-            m = re.search(r"^rlark_tunnel_sessions (\d+)", text, re.M)
-            sessions = int(m.group(1)) if m else 0
-            if sessions >= args.agents:
-                break
-            time.sleep(1)
-        if sessions < args.agents:
-            sys.exit(f"only {sessions} of {args.agents} agents connected")
+            deadline = time.monotonic() + 60
+            while sessions_now() < i + 1 and time.monotonic() < deadline:
+                time.sleep(0.2)
+            sessions = sessions_now()
+            if sessions < i + 1:
+                tail = open(os.path.join(work, f"agent-{i}.log")).read()[-600:]
+                sys.exit(f"agent {i} did not connect ({sessions} sessions); its log:\n{tail}")
         time.sleep(5)
         before = cpu_seconds(server.pid)
         time.sleep(30)
