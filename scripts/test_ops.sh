@@ -13,7 +13,8 @@
 #   ops_build_info       rlark version and rlark_build_info name the checkout's commit and date
 #   ops_images           the images of deploy/docker from the debug binary cargo test built
 #                        (no second build): `up --demo --once` in the demo image, a server's
-#                        /readyz from the runtime image, the embodied image's sockets
+#                        /readyz from the runtime image, the printed Docker-host join command
+#                        run with that image, the embodied image's sockets
 #
 # Uses ROOT and TARGET_DIR from scripts/test.sh.
 
@@ -234,6 +235,38 @@ ops_images() (
         { echo "rlark:ops-test does not run as 65532" >&2; exit 1; }
     docker rm -f "$cid" >/dev/null
     echo "rlark:ops-test: server /readyz ok as uid 65532"
+
+    # The Docker-host join command `rlark token create` prints, run as printed but for the
+    # image tag (rlark:ops-test for rlark:VERSION) and a container and volume name of this run;
+    # the agent in the container joins a server on this host's loopback (--network host).
+    data=$(mktemp -d -p "$ctx")
+    port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    "$TARGET_DIR/debug/rlark" server --data-dir "$data" --listen "127.0.0.1:$port" >"$ctx/server.log" 2>&1 &
+    server_pid=$!
+    trap '[ -z "$cid" ] || docker rm -f "$cid" >/dev/null 2>&1; kill "$server_pid" 2>/dev/null; docker rm -f "rlark-agent-ops-$$" >/dev/null 2>&1; docker volume rm "rlark-agent-ops-$$" >/dev/null 2>&1; rm -rf "$ctx"' EXIT
+    for _ in $(seq 1 60); do [ -s "$data/admin.kubeconfig" ] && break; sleep 0.5; done
+    "$TARGET_DIR/debug/rlark" token create --cluster-id dock-1 --kubeconfig "$data/admin.kubeconfig" >"$ctx/token.txt"
+    join=$(grep -A1 '^Docker host' "$ctx/token.txt" | tail -1)
+    version=$("$TARGET_DIR/debug/rlark" version --client -o json |
+        python3 -c 'import json, sys; print(json.load(sys.stdin)["clientVersion"]["gitVersion"][1:])')
+    case "$join" in "docker run -d --name rlark-agent "*" rlark:$version agent "*) ;;
+        *) cat "$ctx/token.txt" >&2; echo "no Docker-host command printed" >&2; exit 1 ;; esac
+    join=${join//rlark:$version /rlark:ops-test }
+    join=${join//--name rlark-agent /--name rlark-agent-ops-$$ }
+    join=${join//-v rlark-agent:/-v rlark-agent-ops-$$:}
+    eval "$join" >/dev/null
+    online=""
+    for _ in $(seq 1 60); do
+        if "$TARGET_DIR/debug/rlark" get nodes -n rlark-dock-1 --kubeconfig "$data/admin.kubeconfig" 2>/dev/null | grep -q ' Docker .* Online '; then
+            online=1; break
+        fi
+        sleep 0.5
+    done
+    [ -n "$online" ] || { docker logs "rlark-agent-ops-$$" >&2; echo "the Docker-host agent never came Online" >&2; exit 1; }
+    docker rm -f "rlark-agent-ops-$$" >/dev/null
+    docker volume rm "rlark-agent-ops-$$" >/dev/null
+    kill "$server_pid"
+    echo "Docker host: the printed docker run joined (agent type Docker, node Online)"
 
     # The embodied image: the simulated arm and camera serve their sockets.
     sockets=$(mktemp -d -p "$ctx")
