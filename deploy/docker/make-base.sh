@@ -27,7 +27,9 @@ if ! docker image inspect rlark-base-cc:bookworm >/dev/null 2>&1; then
     echo "make-base: rlark-base-cc:bookworm from libc6, libgcc-s1, gcc-12-base"
     root=$work/cc
     mkdir -p "$root" "$work/debs"
-    (cd "$work/debs" && apt-get download libc6 libgcc-s1 gcc-12-base >/dev/null)
+    # Package lists older than the mirror name versions it no longer has: update once then.
+    (cd "$work/debs" && { apt-get download libc6 libgcc-s1 gcc-12-base >/dev/null 2>&1 ||
+        { apt-get update -qq && apt-get download libc6 libgcc-s1 gcc-12-base >/dev/null; }; })
     for deb in "$work"/debs/*.deb; do dpkg-deb -x "$deb" "$root"; done
     # Only what a program linked against glibc needs at run time.
     rm -rf "$root/usr/share/doc" "$root/usr/share/lintian" "$root/usr/share/man" "$root/usr/share/locale" \
