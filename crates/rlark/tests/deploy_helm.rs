@@ -379,3 +379,119 @@ fn unknown_fields_are_caught_by_the_round_trip() {
     assert!(check_object(&monitor).is_err());
     assert!(check_object(&serde_json::json!({"apiVersion": "v9", "kind": "Thing"})).is_err());
 }
+
+/// The rendered container args with the in-pod paths and addresses swapped for local ones.
+fn localized(args: &[String], swaps: &[(&str, String)]) -> Vec<String> {
+    args.iter()
+        .map(|arg| {
+            swaps
+                .iter()
+                .find(|(prefix, _)| arg.starts_with(prefix))
+                .map_or_else(|| arg.clone(), |(_, to)| to.clone())
+        })
+        .collect()
+}
+
+#[test]
+fn the_charts_args_and_config_are_ones_the_binary_runs() {
+    let Some(rendered) = render() else { return };
+    let rlark = env!("CARGO_BIN_EXE_rlark");
+    let dir = tempfile::tempdir().expect("tempdir");
+
+    // The server chart's Deployment: its args and server.yaml start a server (on loopback).
+    let docs = &rendered["rlark-default"];
+    let config = dir.path().join("server.yaml");
+    std::fs::write(
+        &config,
+        one(docs, "ConfigMap")["data"]["server.yaml"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let server_args = localized(
+        &args(one(docs, "Deployment")),
+        &[
+            ("--config=", format!("--config={}", config.display())),
+            (
+                "--data-dir=",
+                format!("--data-dir={}", dir.path().join("data").display()),
+            ),
+            ("--listen=", "--listen=127.0.0.1:0".to_string()),
+        ],
+    );
+    let mut server = Command::new(rlark)
+        .args(&server_args)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start rlark server");
+    let stderr = server.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead as _;
+        for line in std::io::BufReader::new(stderr)
+            .lines()
+            .map_while(Result::ok)
+        {
+            let _ = tx.send(line);
+        }
+    });
+    let mut seen = Vec::new();
+    let listening = loop {
+        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(line) if line.contains("listening") => break true,
+            Ok(line) => seen.push(line),
+            Err(_) => break false,
+        }
+    };
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(
+        listening,
+        "rlark {server_args:?} did not start:\n{}",
+        seen.join("\n")
+    );
+
+    // The agent chart's Deployment: the args pass the CLI and the agent's configuration
+    // checks, and the agent gets as far as its member cluster (none here).
+    for case in ["rlark-agent-default", "rlark-agent-full"] {
+        let agent_args = localized(
+            &args(one(&rendered[case], "Deployment")),
+            &[
+                ("--server=", "--server=https://127.0.0.1:1".to_string()),
+                (
+                    "--data-dir=",
+                    format!("--data-dir={}", dir.path().join(case).display()),
+                ),
+            ],
+        );
+        // The chart's metrics address with port 0 (a free one): the address is what the
+        // agent checks.
+        let agent_args: Vec<String> = agent_args
+            .into_iter()
+            .map(|arg| match arg.strip_prefix("--metrics-listen=") {
+                Some(addr) => {
+                    let addr: std::net::SocketAddr = addr.parse().expect("metrics address");
+                    format!(
+                        "--metrics-listen={}",
+                        std::net::SocketAddr::new(addr.ip(), 0)
+                    )
+                }
+                None => arg,
+            })
+            .collect();
+        let out = Command::new(rlark)
+            .args(&agent_args)
+            .env("RLARK_JOIN_TOKEN", "abcdef.0123456789abcdef")
+            .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+            .env("KUBERNETES_SERVICE_PORT", "1")
+            .output()
+            .expect("run rlark agent");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{case}: {stderr}");
+        assert!(
+            stderr.contains("member cluster") && !stderr.contains("invalid agent configuration"),
+            "{case}: rlark {agent_args:?} stopped before its member cluster:\n{stderr}"
+        );
+    }
+}
