@@ -392,6 +392,50 @@ fn localized(args: &[String], swaps: &[(&str, String)]) -> Vec<String> {
         .collect()
 }
 
+/// Run `rlark ARGS` until a line of its output contains `ready` (60 s at most), then kill it.
+fn starts(rlark: &str, args: &[String], ready: &str) {
+    let mut child = Command::new(rlark)
+        .args(args)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start rlark");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let streams: [Box<dyn std::io::Read + Send>; 2] = [
+        Box::new(child.stderr.take().unwrap()),
+        Box::new(child.stdout.take().unwrap()),
+    ];
+    for stream in streams {
+        let tx = tx.clone();
+        std::thread::spawn(move || {
+            use std::io::BufRead as _;
+            for line in std::io::BufReader::new(stream)
+                .lines()
+                .map_while(Result::ok)
+            {
+                let _ = tx.send(line);
+            }
+        });
+    }
+    // Only the readers hold senders now: a process that exits ends the wait.
+    drop(tx);
+    let mut seen = Vec::new();
+    let started = loop {
+        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
+            Ok(line) if line.contains(ready) => break true,
+            Ok(line) => seen.push(line),
+            Err(_) => break false,
+        }
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        started,
+        "rlark {args:?} did not start:\n{}",
+        seen.join("\n")
+    );
+}
+
 #[test]
 fn the_charts_args_and_config_are_ones_the_binary_runs() {
     let Some(rendered) = render() else { return };
@@ -419,38 +463,7 @@ fn the_charts_args_and_config_are_ones_the_binary_runs() {
             ("--listen=", "--listen=127.0.0.1:0".to_string()),
         ],
     );
-    let mut server = Command::new(rlark)
-        .args(&server_args)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .expect("start rlark server");
-    let stderr = server.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead as _;
-        for line in std::io::BufReader::new(stderr)
-            .lines()
-            .map_while(Result::ok)
-        {
-            let _ = tx.send(line);
-        }
-    });
-    let mut seen = Vec::new();
-    let listening = loop {
-        match rx.recv_timeout(std::time::Duration::from_secs(60)) {
-            Ok(line) if line.contains("listening") => break true,
-            Ok(line) => seen.push(line),
-            Err(_) => break false,
-        }
-    };
-    let _ = server.kill();
-    let _ = server.wait();
-    assert!(
-        listening,
-        "rlark {server_args:?} did not start:\n{}",
-        seen.join("\n")
-    );
+    starts(rlark, &server_args, "listening");
 
     // The agent chart's Deployment: the args pass the CLI and the agent's configuration
     // checks, and the agent gets as far as its member cluster (none here).
@@ -494,4 +507,29 @@ fn the_charts_args_and_config_are_ones_the_binary_runs() {
             "{case}: rlark {agent_args:?} stopped before its member cluster:\n{stderr}"
         );
     }
+
+    // The node runtime's DaemonSet: its args and config start `rlark embodied` (sockets in
+    // a temporary directory; no kubelet here, which the device plugin retries).
+    let full = &rendered["rlark-agent-full"];
+    let config = dir.path().join("embodied.yaml");
+    let text = find(full, "ConfigMap")
+        .into_iter()
+        .find_map(|c| c["data"]["embodied.yaml"].as_str())
+        .unwrap();
+    std::fs::write(&config, text).unwrap();
+    let runtime_args = localized(
+        &args(one(full, "DaemonSet")),
+        &[
+            ("--config=", format!("--config={}", config.display())),
+            (
+                "--socket-dir=",
+                format!("--socket-dir={}", dir.path().join("run").display()),
+            ),
+            (
+                "--metrics-listen=",
+                "--metrics-listen=127.0.0.1:0".to_string(),
+            ),
+        ],
+    );
+    starts(rlark, &runtime_args, "serving");
 }
