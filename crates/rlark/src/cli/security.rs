@@ -20,8 +20,9 @@ const DEFAULT_BOOTSTRAP_TTL_SECONDS: u64 = 3600;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum TokenCommand {
-    /// Create a bootstrap token for `rlark join` and print the join command; with `--user`,
-    /// a bearer token of a user instead.
+    /// Create a bootstrap token and print the commands that join with it: a raw host
+    /// (deploy/install.sh), a Docker host (docker run), a Kubernetes cluster (helm install)
+    /// and `rlark join`; with `--user`, a bearer token of a user instead.
     Create(TokenCreateArgs),
     /// Print a one-time login link to the web console for the kubeconfig's user (admins):
     /// it logs a browser in once, within 15 minutes.
