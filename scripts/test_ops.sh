@@ -202,7 +202,7 @@ ops_images() (
     "$ROOT/deploy/docker/make-base.sh"
     ctx=$(mktemp -d)
     cid=""
-    trap '[ -z "$cid" ] || docker rm -f "$cid" >/dev/null 2>&1; rm -rf "$ctx"' EXIT
+    trap '{ [ -z "$cid" ] || docker rm -f "$cid"; } >/dev/null 2>&1 || true; rm -rf "$ctx"' EXIT
     # The binary cargo test built, without its symbols: no second (release) build here.
     mkdir -p "$ctx/bin" "$ctx/state/rlark" "$ctx/state/rlark-agent" "$ctx/examples/embodied"
     strip -o "$ctx/bin/rlark" "$TARGET_DIR/debug/rlark"
@@ -243,7 +243,9 @@ ops_images() (
     port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
     "$TARGET_DIR/debug/rlark" server --data-dir "$data" --listen "127.0.0.1:$port" >"$ctx/server.log" 2>&1 &
     server_pid=$!
-    trap '[ -z "$cid" ] || docker rm -f "$cid" >/dev/null 2>&1; kill "$server_pid" 2>/dev/null; docker rm -f "rlark-agent-ops-$$" >/dev/null 2>&1; docker volume rm "rlark-agent-ops-$$" >/dev/null 2>&1; rm -rf "$ctx"' EXIT
+    # (Every command of an EXIT trap must succeed: under set -e a failing one sets the status.)
+    trap '{ [ -z "$cid" ] || docker rm -f "$cid"; kill "$server_pid"; docker rm -f "rlark-agent-ops-$$"
+            docker volume rm "rlark-agent-ops-$$"; } >/dev/null 2>&1 || true; rm -rf "$ctx"' EXIT
     for _ in $(seq 1 60); do [ -s "$data/admin.kubeconfig" ] && break; sleep 0.5; done
     "$TARGET_DIR/debug/rlark" token create --cluster-id dock-1 --kubeconfig "$data/admin.kubeconfig" >"$ctx/token.txt"
     join=$(grep -A1 '^Docker host' "$ctx/token.txt" | tail -1)
