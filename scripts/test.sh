@@ -7,6 +7,10 @@
 #   a fresh venv, tested against a real `rlark up` / `rlark embodied` from that binary.
 #   Web console (web/): Vitest component tests, the committed build matches its sources,
 #   and an end-to-end run in headless Chromium (playwright-core) against a real `rlark up`.
+#   Install and operate (scripts/test_ops.sh): systemd units verified, a raw-host install run
+#   in a network namespace and joined with the printed command, alert rules and dashboard
+#   checked by promtool against real scrapes, container images built from the debug binary
+#   with `up --demo --once` inside; the Helm charts in tests/deploy_helm.rs.
 #   Hygiene: cargo fmt, cargo machete (no unused dependencies), no test kit among the rlark
 #   binary's normal dependencies, cargo deny (licenses, duplicate versions, sources; not
 #   advisories, see below), no import cycle between a crate's modules
@@ -89,7 +93,12 @@ start_dockerd() {
     echo "dockerd did not answer within 60 s; see target/dockerd.log" >&2
 }
 
+# Install-and-operate checks (images, Helm charts, systemd units, monitoring): their own
+# functions in scripts/test_ops.sh.
+source "$ROOT/scripts/test_ops.sh"
+
 install_deps
+ops_install_deps
 [ "${RLARK_SKIP_INSTALL:-0}" = 1 ] || start_dockerd
 # Every tool is installed now: a test that finds one missing fails instead of skipping
 # (tests/support/missing_tool.rs). CI=true has the same effect.
@@ -154,6 +163,9 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 
 log "cargo test (unit, integration, end-to-end with kubectl)"
 cargo test --workspace --locked -- --test-threads=2
+
+# Uses the binary cargo test built; its Helm test (tests/deploy_helm.rs) ran above.
+ops_checks
 
 log "python end-to-end tests (official kubernetes client)"
 export RLARK_BIN="$TARGET_DIR/debug/rlark"

@@ -332,6 +332,12 @@ async fn start_with_token(
     registry.register_collector(Box::new(metrics::ConnectionsCollector {
         gate: Arc::clone(&gate),
     }));
+    registry.register_collector(Box::new(metrics::CertificatesCollector::from_pems(&[
+        ("ca", ca.cert_pem()),
+        ("serving", &serving.cert_pem),
+    ])));
+    let cluster_gauges = metrics::ClusterGauges::default();
+    cluster_gauges.register(&mut registry);
     let api = ApiServer::new(Arc::new(store.clone()), config.api.clone(), &mut registry)
         .with_audit(Arc::clone(&audit));
     let prepared = prepare_listener(&config, &api, &data_dir, &ca, &admin).await;
@@ -491,8 +497,10 @@ async fn start_with_token(
         let hub = Arc::clone(&hub);
         let reports_store: Arc<dyn rlark_store::Store> = Arc::new(store.clone());
         let reports_store_for_relay = Arc::clone(&reports_store);
+        let gauges_store = store.clone();
         tokio::spawn(async move {
             tokio::join!(
+                cluster_gauges.run(gauges_store, token.clone()),
                 api.run_background(token.clone()),
                 reports::collect_deleted_task_reports(reports_store, token.clone()),
                 Arc::clone(&security).follow_revocations(token.clone()),

@@ -85,6 +85,9 @@ pub struct StoreStats {
     pub writes: u64,
     /// Transactions that failed (every command of the batch got [`StoreError::Database`]).
     pub failed_commits: u64,
+    /// Time spent in the committed transactions (encoding and the backend's commit), in
+    /// microseconds. `commit_micros / commits` is the mean commit latency.
+    pub commit_micros: u64,
 }
 
 /// The [`Store`] over backend `B`. Cheap to clone: clones share one backend, one writer task
@@ -126,6 +129,7 @@ struct Shared {
     commits: AtomicU64,
     writes: AtomicU64,
     failed_commits: AtomicU64,
+    commit_micros: AtomicU64,
     /// False while the backend answers [`StoreError::Unavailable`] (see
     /// [`CachedStore::is_available`]).
     available: std::sync::atomic::AtomicBool,
@@ -253,6 +257,7 @@ impl<B: Backend> CachedStore<B> {
             commits: AtomicU64::new(0),
             writes: AtomicU64::new(0),
             failed_commits: AtomicU64::new(0),
+            commit_micros: AtomicU64::new(0),
             available: std::sync::atomic::AtomicBool::new(true),
         });
         let max_batch = config.max_batch.clamp(1, MAX_BATCH);
@@ -336,6 +341,7 @@ impl<B: Backend> CachedStore<B> {
             commits: shared.commits.load(Ordering::Relaxed),
             writes: shared.writes.load(Ordering::Relaxed),
             failed_commits: shared.failed_commits.load(Ordering::Relaxed),
+            commit_micros: shared.commit_micros.load(Ordering::Relaxed),
         }
     }
 
@@ -615,6 +621,10 @@ impl<B: Backend> Writer<B> {
                 self.persisted_floor = floor;
             }
             shared.commits.fetch_add(1, Ordering::Relaxed);
+            shared.commit_micros.fetch_add(
+                u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
+                Ordering::Relaxed,
+            );
             shared
                 .writes
                 .fetch_add(changes.len() as u64, Ordering::Relaxed);

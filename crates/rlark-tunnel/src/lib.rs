@@ -16,7 +16,7 @@
 //! reconnecting connection loop).
 //!
 //! Beside the tunnel, [`metrics_endpoint`] is the `/metrics` responder every rlark process
-//! shares.
+//! shares, with [`process_metrics`] (`process_*`, `rlark_build_info`) in every answer.
 
 pub mod agent;
 pub mod agent_api;
@@ -29,6 +29,7 @@ pub mod metrics_endpoint;
 mod mutation;
 pub mod mux;
 mod pool;
+pub mod process_metrics;
 pub mod relay;
 pub mod spdy;
 #[cfg(test)]

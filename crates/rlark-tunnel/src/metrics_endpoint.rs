@@ -27,11 +27,17 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// A complete response of the metrics listener.
 pub type Response = http::Response<Full<Bytes>>;
 
-/// `registry` in OpenMetrics text: `200` with [`CONTENT_TYPE`], or `500` naming the encoding
-/// error (a collector that failed to encode).
+/// `registry` in OpenMetrics text, followed by the metrics every process shares
+/// ([`crate::process_metrics`]: `process_*` and `rlark_build_info`): `200` with
+/// [`CONTENT_TYPE`], or `500` naming the encoding error (a collector that failed to encode).
 pub fn exposition(registry: &Registry) -> Response {
+    use prometheus_client::encoding::text::{encode_eof, encode_registry};
+    let process = crate::process_metrics::registry(&crate::process_metrics::sample());
     let mut body = String::new();
-    match prometheus_client::encoding::text::encode(&mut body, registry) {
+    let encoded = encode_registry(&mut body, registry)
+        .and_then(|()| encode_registry(&mut body, &process))
+        .and_then(|()| encode_eof(&mut body));
+    match encoded {
         Ok(()) => text(StatusCode::OK, CONTENT_TYPE, body),
         Err(error) => {
             tracing::error!(%error, "encoding metrics failed");
@@ -165,7 +171,10 @@ mod tests {
         assert_eq!(ok.headers()[header::CONTENT_TYPE], CONTENT_TYPE);
         let text = body(ok).await;
         assert!(text.contains("test_things_total 3"), "{text}");
+        assert!(text.contains("process_resident_memory_bytes "), "{text}");
+        assert!(text.contains("rlark_build_info{version=\""), "{text}");
         assert!(text.ends_with("# EOF\n"), "{text}");
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
         assert_eq!(
             response("/", &registry).status(),
             StatusCode::NOT_FOUND,

@@ -22,8 +22,15 @@ fn main() -> ExitCode {
     // clap prints usage errors and exits with 2 (0 for --help/--version).
     let args = cli::parse();
     cli::init_tracing(&args);
-    // What `/version` of a server this process runs reports.
-    rlark_server::set_build_info(cli::version::build_info());
+    // What `/version` of a server this process runs reports, and `rlark_build_info` on
+    // every `/metrics` it serves.
+    let build = cli::version::build_info();
+    rlark_tunnel::process_metrics::set_build_info(rlark_tunnel::process_metrics::BuildInfo {
+        version: env!("CARGO_PKG_VERSION").to_string(),
+        commit: build.git_commit.clone(),
+        date: build.build_date.clone(),
+    });
+    rlark_server::set_build_info(build);
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -20,8 +20,9 @@ const DEFAULT_BOOTSTRAP_TTL_SECONDS: u64 = 3600;
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum TokenCommand {
-    /// Create a bootstrap token for `rlark join` and print the join command; with `--user`,
-    /// a bearer token of a user instead.
+    /// Create a bootstrap token and print the commands that join with it: a raw host
+    /// (deploy/install.sh), a Docker host (docker run), a Kubernetes cluster (helm install)
+    /// and `rlark join`; with `--user`, a bearer token of a user instead.
     Create(TokenCreateArgs),
     /// Print a one-time login link to the web console for the kubeconfig's user (admins):
     /// it logs a browser in once, within 15 minutes.
@@ -393,29 +394,85 @@ async fn token_create(args: TokenCreateArgs) -> anyhow::Result<()> {
     }
     let token = field(&response, "token")?;
     let ca_hash = field(&response, "caHash")?;
-    let mut join = format!(
-        "rlark join --server {} --token {} --ca-hash {}",
-        shell_word(&api.server_url),
-        shell_word(token),
-        shell_word(ca_hash)
-    );
-    if let Some(cluster_id) = &args.cluster_id {
-        join.push_str(&format!(" --cluster-id {}", shell_word(cluster_id)));
-    }
-    let (scope, how) = match &args.cluster_id {
-        Some(id) => (format!("for cluster {id} only"), ""),
-        None => (
-            "for any cluster".to_string(),
-            ", adding --cluster-id ID (each cluster joins with its own ID)",
-        ),
+    let commands = join_commands(&api.server_url, token, ca_hash, args.cluster_id.as_deref());
+    let scope = match &args.cluster_id {
+        Some(id) => format!("for cluster {id} only"),
+        None => "for any cluster".to_string(),
+    };
+    let choose = if args.cluster_id.is_none() {
+        "\nEach cluster joins with its own ID: set CLUSTER_ID on the joining machine first \
+         (e.g. CLUSTER_ID=gpu-a).\n"
+    } else {
+        ""
     };
     println!(
-        "Bootstrap token {id} ({scope}), valid until {expires}:\n{token}\n\n\
-         Join a cluster by running this on it{how}:\n{join}",
+        "Bootstrap token {id} ({scope}), valid until {expires}:\n{token}\n{choose}\n\
+         Raw host (as root, in this release's source tree; installs the binary and the systemd \
+         units, starts rlark-agent):\n{raw}\n\n\
+         Docker host (image rlark:{version} built from deploy/docker/Dockerfile and loaded \
+         there):\n{docker}\n\n\
+         Kubernetes cluster (Helm, kubectl context of that cluster, in this release's source \
+         tree):\n{helm}\n\n\
+         Credentials only, into a directory (rlark join --help):\n{join}",
         id = response["id"].as_str().unwrap_or("?"),
         expires = response["expiresAt"].as_str().unwrap_or("?"),
+        raw = commands.raw_host,
+        docker = commands.docker_host,
+        helm = commands.kubernetes,
+        join = commands.join,
+        version = env!("CARGO_PKG_VERSION"),
     );
     Ok(())
+}
+
+/// The commands that join a machine with a bootstrap token, one for each kind of target.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct JoinCommands {
+    /// `deploy/install.sh agent ...`: binary, units, `/etc/rlark/agent.env`, started.
+    pub raw_host: String,
+    /// `docker run ... rlark:VERSION agent --agent-type docker ...`.
+    pub docker_host: String,
+    /// `helm install ... deploy/helm/rlark-agent ...`.
+    pub kubernetes: String,
+    /// `rlark join ...`: credentials only.
+    pub join: String,
+}
+
+/// The join commands for `server`, `token` and `ca_hash`; without a cluster ID they read it
+/// from `$CLUSTER_ID`.
+pub(crate) fn join_commands(
+    server: &str,
+    token: &str,
+    ca_hash: &str,
+    cluster_id: Option<&str>,
+) -> JoinCommands {
+    let (server, token, ca_hash) = (shell_word(server), shell_word(token), shell_word(ca_hash));
+    let cluster = cluster_id.map_or_else(|| "\"$CLUSTER_ID\"".to_string(), shell_word);
+    let mut join = format!("rlark join --server {server} --token {token} --ca-hash {ca_hash}");
+    if cluster_id.is_some() {
+        join.push_str(&format!(" --cluster-id {cluster}"));
+    }
+    let version = env!("CARGO_PKG_VERSION");
+    JoinCommands {
+        raw_host: format!(
+            "./deploy/install.sh agent --server {server} --cluster-id {cluster} --token {token} \
+             --ca-hash {ca_hash}"
+        ),
+        docker_host: format!(
+            "docker run -d --name rlark-agent --restart unless-stopped --network host \
+             --group-add \"$(stat -c %g /var/run/docker.sock)\" \
+             -v /var/run/docker.sock:/var/run/docker.sock -v rlark-agent:/var/lib/rlark-agent \
+             -e RLARK_JOIN_TOKEN={token} rlark:{version} agent --agent-type docker \
+             --server {server} --cluster-id {cluster} --data-dir /var/lib/rlark-agent \
+             --ca-hash {ca_hash}"
+        ),
+        kubernetes: format!(
+            "helm install rlark-agent ./deploy/helm/rlark-agent --namespace rlark-agent \
+             --create-namespace --set server={server} --set clusterID={cluster} \
+             --set caHash={ca_hash} --set joinToken={token}"
+        ),
+        join,
+    }
 }
 
 pub(crate) async fn cert(command: CertCommand, client: ClientArgs) -> anyhow::Result<()> {
@@ -779,6 +836,76 @@ mod tests {
         assert_eq!(server_url(&uri), "https://127.0.0.1:8443");
         let uri: http::Uri = "https://example.com/prefix".parse().expect("uri");
         assert_eq!(server_url(&uri), "https://example.com/prefix");
+    }
+
+    #[test]
+    fn join_commands_are_ones_the_cli_and_the_chart_accept() {
+        use crate::cli::{Cli, Command};
+        use clap::Parser as _;
+        let hash = format!("sha256:{}", "ab".repeat(32));
+        let c = join_commands("https://cp.example:8443", "abc.def", &hash, Some("gpu-a"));
+        assert_eq!(
+            c.join,
+            format!(
+                "rlark join --server https://cp.example:8443 --token abc.def --ca-hash {hash} \
+                 --cluster-id gpu-a"
+            )
+        );
+        assert_eq!(
+            c.raw_host,
+            format!(
+                "./deploy/install.sh agent --server https://cp.example:8443 --cluster-id gpu-a \
+                 --token abc.def --ca-hash {hash}"
+            )
+        );
+        // What the Docker command runs in the image, parsed by this CLI.
+        let words: Vec<&str> = c.docker_host.split_whitespace().collect();
+        let image = words
+            .iter()
+            .position(|w| w.starts_with("rlark:"))
+            .expect("image");
+        assert_eq!(words[image], format!("rlark:{}", env!("CARGO_PKG_VERSION")));
+        assert!(words.contains(&"RLARK_JOIN_TOKEN=abc.def"));
+        let argv: Vec<&str> = std::iter::once("rlark")
+            .chain(words[image + 1..].iter().copied())
+            .collect();
+        let cli = Cli::try_parse_from(argv.iter().copied().chain(["--token", "abc.def"]))
+            .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+        let Command::Agent(agent) = cli.command else {
+            panic!("not an agent command: {argv:?}")
+        };
+        assert_eq!(agent.servers, ["https://cp.example:8443"]);
+        assert_eq!(agent.cluster_id, "gpu-a");
+        assert_eq!(agent.data_dir, PathBuf::from("/var/lib/rlark-agent"));
+        assert_eq!(agent.agent_type, super::super::agent::AgentKind::Docker);
+        // The credentials-only line, parsed by this CLI.
+        let argv: Vec<&str> = c.join.split_whitespace().collect();
+        assert!(matches!(
+            Cli::try_parse_from(argv).expect("join parses").command,
+            Command::Join(_)
+        ));
+        // The Helm values the chart reads (deploy/helm/rlark-agent/values.yaml).
+        for set in [
+            "server=https://cp.example:8443",
+            "clusterID=gpu-a",
+            "joinToken=abc.def",
+        ] {
+            assert!(
+                c.kubernetes.contains(&format!("--set {set}")),
+                "{}",
+                c.kubernetes
+            );
+        }
+        assert!(c.kubernetes.contains(&format!("--set caHash={hash}")));
+        // Without a cluster ID every command reads $CLUSTER_ID (quoted).
+        let c = join_commands("https://cp.example:8443", "abc.def", &hash, None);
+        assert!(
+            c.raw_host.contains(r#"--cluster-id "$CLUSTER_ID""#),
+            "{}",
+            c.raw_host
+        );
+        assert!(c.kubernetes.contains(r#"--set clusterID="$CLUSTER_ID""#));
+        assert!(!c.join.contains("--cluster-id"));
     }
 
     #[test]
