@@ -4,14 +4,16 @@
 
 use std::sync::Arc;
 
+use axum::Router;
 use axum::body::Body;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use http::{StatusCode, header};
 use rlark_apiserver::auth::{Identity, Role};
 use rlark_apiserver::error::ApiError;
 
-use crate::http::ProcessState;
+use crate::ServerStore;
 
 /// The route.
 pub(crate) const ROUTE: &str = "/rlark/v1/backup";
@@ -20,12 +22,17 @@ const CHUNK_BYTES: usize = 64 * 1024;
 /// The revision of the snapshot, also in the body's first line.
 pub(crate) const REVISION_HEADER: &str = "x-rlark-revision";
 
-pub(crate) async fn backup(
-    State(state): State<ProcessState>,
+/// The route, over the server's store.
+pub(crate) fn router(store: ServerStore) -> Router {
+    Router::new().route(ROUTE, get(backup)).with_state(store)
+}
+
+async fn backup(
+    State(store): State<ServerStore>,
     identity: Option<axum::Extension<Identity>>,
 ) -> Response {
     let Some(axum::Extension(identity)) = identity else {
-        return crate::http::unauthorized_because("no credentials");
+        return ApiError::new(401, "Unauthorized", "Unauthorized".to_string()).into_response();
     };
     // A backup holds every object, tokens and Secrets included: admins only.
     if identity.role() != Role::Admin {
@@ -40,7 +47,7 @@ pub(crate) async fn backup(
         )
         .into_response();
     }
-    let snapshot = Arc::new(state.store.snapshot());
+    let snapshot = Arc::new(store.snapshot());
     tracing::info!(
         user = %identity.user,
         objects = snapshot.objects.len(),

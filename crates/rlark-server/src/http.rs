@@ -32,8 +32,7 @@ pub(crate) struct ProcessState {
     pub metrics: Arc<Registry>,
 }
 
-/// `/healthz`, `/livez`, `/readyz` (anonymous), `/metrics` (admin, viewer, peer) and
-/// `/rlark/v1/backup` (admin, [`crate::backup`]), merged with
+/// `/healthz`, `/livez`, `/readyz` (anonymous) and `/metrics` (admin, viewer, peer), merged with
 /// the API router. Routes merged into the result later are not covered by its panic
 /// handler: the process wraps the whole router once more with [`catch_panics`].
 pub(crate) fn router(state: ProcessState, api: Router) -> Router {
@@ -42,7 +41,6 @@ pub(crate) fn router(state: ProcessState, api: Router) -> Router {
         .route("/livez", get(ok))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .route(crate::backup::ROUTE, get(crate::backup::backup))
         .with_state(state);
     catch_panics(process.merge(api))
 }

@@ -441,6 +441,7 @@ async fn start_with_token(
         api.router(),
     )
     .merge(security_routes)
+    .merge(backup::router(store.clone()))
     .merge(ssh_routes)
     .merge(reports_routes)
     .merge(tunnel::routes::router(Arc::clone(&hub)))
