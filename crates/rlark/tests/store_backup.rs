@@ -19,11 +19,21 @@ mod missing_tool;
 /// Longest any one command may take.
 const DEADLINE: Duration = Duration::from_secs(60);
 
-fn domains() -> ApiResource {
+/// Leases in namespace `default`: objects no controller writes, so their resourceVersions
+/// stay as the test wrote them (a Domain's status is written by its controller at any time).
+fn leases() -> ApiResource {
     ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("rlinf.io", "v1alpha1", "Domain"),
-        "domains",
+        &GroupVersionKind::gvk("coordination.k8s.io", "v1", "Lease"),
+        "leases",
     )
+}
+
+fn lease(name: &str, holder: &str) -> Result<DynamicObject> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"holderIdentity": holder},
+    }))?)
 }
 
 async fn client_for(kubeconfig: &Path) -> Result<kube::Client> {
@@ -79,26 +89,28 @@ fn path(p: &Path) -> &str {
     p.to_str().expect("UTF-8 path")
 }
 
-/// Three Domains, one of them deleted and one relabelled: a history with gaps in its
+/// Three Leases, one of them deleted and one relabelled: a history with gaps in its
 /// revisions. Returns the survivors' (name, resourceVersion).
-async fn write_domains(client: &kube::Client) -> Result<Vec<(String, String)>> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &domains());
-    for (i, name) in ["alpha", "beta", "gamma"].iter().enumerate() {
-        let object: DynamicObject = serde_json::from_value(serde_json::json!({
-            "apiVersion": "rlinf.io/v1alpha1", "kind": "Domain",
-            "metadata": {"name": name}, "spec": {"cidr": format!("10.{i}.0.0/24")},
-        }))?;
-        api.create(&PostParams::default(), &object).await?;
+async fn write_leases(client: &kube::Client) -> Result<Vec<(String, String)>> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &leases());
+    for name in ["backup-alpha", "backup-beta", "backup-gamma"] {
+        api.create(&PostParams::default(), &lease(name, "test")?)
+            .await?;
     }
-    api.delete("beta", &DeleteParams::default()).await?;
+    api.delete("backup-beta", &DeleteParams::default()).await?;
     let patch = serde_json::json!({"metadata": {"labels": {"tier": "edge"}}});
-    api.patch("gamma", &PatchParams::default(), &Patch::Merge(&patch))
-        .await?;
-    domain_versions(client).await
+    api.patch(
+        "backup-gamma",
+        &PatchParams::default(),
+        &Patch::Merge(&patch),
+    )
+    .await?;
+    lease_versions(client).await
 }
 
-async fn domain_versions(client: &kube::Client) -> Result<Vec<(String, String)>> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &domains());
+/// The test's Leases (name prefix `backup-`), sorted.
+async fn lease_versions(client: &kube::Client) -> Result<Vec<(String, String)>> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), "default", &leases());
     let mut found: Vec<(String, String)> = api
         .list(&ListParams::default())
         .await?
@@ -110,6 +122,7 @@ async fn domain_versions(client: &kube::Client) -> Result<Vec<(String, String)>>
                 d.metadata.resource_version.unwrap_or_default(),
             )
         })
+        .filter(|(name, _)| name.starts_with("backup-"))
         .collect();
     found.sort();
     Ok(found)
@@ -145,7 +158,7 @@ async fn backup_and_restore_a_sqlite_data_directory() -> Result<()> {
     let (dir_a, dir_b) = (work.path().join("a"), work.path().join("b"));
     let server = ServerProcess::spawn(binary, &dir_a)?;
     let admin = server.kubeconfig_path().to_path_buf();
-    let written = write_domains(&client_for(&admin).await?).await?;
+    let written = write_leases(&client_for(&admin).await?).await?;
     assert_eq!(written.len(), 2);
 
     let online = work.path().join("online.jsonl");
@@ -160,17 +173,17 @@ async fn backup_and_restore_a_sqlite_data_directory() -> Result<()> {
         std::fs::metadata(&online)?.permissions().mode() & 0o777,
         0o600
     );
-    let domains_in = |s: &Snapshot| {
+    let leases_in = |s: &Snapshot| {
         let mut found: Vec<(String, String)> = s
             .objects
             .iter()
-            .filter(|o| o.key.resource.contains("domains"))
+            .filter(|o| o.key.resource.contains("leases") && o.key.name.starts_with("backup-"))
             .map(|o| (o.key.name.clone(), o.revision.to_string()))
             .collect();
         found.sort();
         found
     };
-    assert_eq!(domains_in(&snapshot), written);
+    assert_eq!(leases_in(&snapshot), written);
     fails(
         &["backup", path(&online), "--kubeconfig", path(&admin)],
         "an existing file is not overwritten",
@@ -215,7 +228,7 @@ async fn backup_and_restore_a_sqlite_data_directory() -> Result<()> {
     let said = ok(&["backup", path(&offline), "--from", &sqlite_a]).await?;
     assert!(said.contains("rlark.db"), "{said}");
     let stopped = read_backup(&offline)?;
-    assert_eq!(domains_in(&stopped), written);
+    assert_eq!(leases_in(&stopped), written);
     assert!(stopped.revision >= snapshot.revision);
     fails(
         &[
@@ -243,13 +256,11 @@ async fn backup_and_restore_a_sqlite_data_directory() -> Result<()> {
     copy_pki(&dir_a, &dir_b)?;
     let restored = ServerProcess::spawn(binary, &dir_b)?;
     let client = client_for(restored.kubeconfig_path()).await?;
-    assert_eq!(domain_versions(&client).await?, written);
-    let api: Api<DynamicObject> = Api::all_with(client, &domains());
-    let object: DynamicObject = serde_json::from_value(serde_json::json!({
-        "apiVersion": "rlinf.io/v1alpha1", "kind": "Domain",
-        "metadata": {"name": "delta"}, "spec": {"cidr": "10.9.0.0/24"},
-    }))?;
-    let created = api.create(&PostParams::default(), &object).await?;
+    assert_eq!(lease_versions(&client).await?, written);
+    let api: Api<DynamicObject> = Api::namespaced_with(client, "default", &leases());
+    let created = api
+        .create(&PostParams::default(), &lease("after-restore", "test")?)
+        .await?;
     let version: u64 = created
         .metadata
         .resource_version
@@ -302,7 +313,7 @@ async fn store_migrate_between_sqlite_and_postgres() -> Result<()> {
     let work = tempfile::tempdir()?;
     let (dir_a, dir_b) = (work.path().join("a"), work.path().join("b"));
     let server = ServerProcess::spawn(binary, &dir_a)?;
-    let written = write_domains(&client_for(server.kubeconfig_path()).await?).await?;
+    let written = write_leases(&client_for(server.kubeconfig_path()).await?).await?;
     server.terminate()?;
 
     let sqlite_a = format!("sqlite:{}", path(&dir_a));
@@ -325,7 +336,7 @@ async fn store_migrate_between_sqlite_and_postgres() -> Result<()> {
     // Served from PostgreSQL (with the data directory's CA).
     let on_pg = ServerProcess::spawn_with_args(binary, &dir_a, &["--store", &url])?;
     assert_eq!(
-        domain_versions(&client_for(on_pg.kubeconfig_path()).await?).await?,
+        lease_versions(&client_for(on_pg.kubeconfig_path()).await?).await?,
         written
     );
     on_pg.terminate()?;
@@ -336,7 +347,7 @@ async fn store_migrate_between_sqlite_and_postgres() -> Result<()> {
     copy_pki(&dir_a, &dir_b)?;
     let back = ServerProcess::spawn(binary, &dir_b)?;
     assert_eq!(
-        domain_versions(&client_for(back.kubeconfig_path()).await?).await?,
+        lease_versions(&client_for(back.kubeconfig_path()).await?).await?,
         written
     );
     back.terminate()?;
