@@ -681,6 +681,17 @@ mod tests {
             .expect("open store")
     }
 
+    /// A plain connection to the database file (created if missing), beside the store: to
+    /// write an older schema or read the tables as they are.
+    async fn raw_connection(path: &Path) -> SqliteConnection {
+        let options = SqliteConnectOptions::new()
+            .filename(path)
+            .create_if_missing(true);
+        SqliteConnection::connect_with(&options)
+            .await
+            .expect("raw connection")
+    }
+
     async fn next(stream: &mut WatchStream) -> Option<Result<WatchEvent, StoreError>> {
         tokio::time::timeout(Duration::from_secs(10), stream.next())
             .await
@@ -852,9 +863,7 @@ mod tests {
         store.close().await;
 
         // The schema is versioned and the revision is persisted in `meta`.
-        let mut conn = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(&path))
-            .await
-            .expect("raw connection");
+        let mut conn = raw_connection(&path).await;
         let version: i64 =
             sqlx::query_scalar("SELECT value FROM meta WHERE key = 'schema_version'")
                 .fetch_one(&mut conn)
@@ -1321,9 +1330,7 @@ mod tests {
         store.delete(&p1, None).await.expect("delete p1");
         let in_memory = store.compacted_revision();
         store.close().await;
-        let mut conn = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(&path))
-            .await
-            .expect("raw connection");
+        let mut conn = raw_connection(&path).await;
         // The table's floor follows the in-memory one a commit late.
         let floor: i64 = sqlx::query_scalar("SELECT value FROM meta WHERE key = 'compacted'")
             .fetch_one(&mut conn)
@@ -1414,12 +1421,7 @@ mod tests {
     async fn schema_version_2_is_migrated() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("rlark.db");
-        let options = SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true);
-        let mut conn = SqliteConnection::connect_with(&options)
-            .await
-            .expect("raw connection");
+        let mut conn = raw_connection(&path).await;
         for statement in [
             "CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL)",
             "CREATE TABLE objects (resource TEXT NOT NULL, namespace TEXT NOT NULL, \
@@ -1498,9 +1500,7 @@ mod tests {
         );
         store.close().await;
 
-        let mut conn = SqliteConnection::connect_with(&SqliteConnectOptions::new().filename(&path))
-            .await
-            .expect("raw connection");
+        let mut conn = raw_connection(&path).await;
         let tables: Vec<String> =
             sqlx::query_scalar("SELECT name FROM sqlite_master WHERE type = 'table' ORDER BY name")
                 .fetch_all(&mut conn)
@@ -1521,12 +1521,7 @@ mod tests {
     async fn schema_version_1_is_migrated() {
         let dir = tempfile::tempdir().expect("temp dir");
         let path = dir.path().join("rlark.db");
-        let options = SqliteConnectOptions::new()
-            .filename(&path)
-            .create_if_missing(true);
-        let mut conn = SqliteConnection::connect_with(&options)
-            .await
-            .expect("raw connection");
+        let mut conn = raw_connection(&path).await;
         for statement in [
             "CREATE TABLE meta (key TEXT PRIMARY KEY NOT NULL, value INTEGER NOT NULL)",
             "CREATE TABLE objects (resource TEXT NOT NULL, namespace TEXT NOT NULL, \

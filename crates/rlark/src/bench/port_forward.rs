@@ -777,6 +777,37 @@ impl Proc {
 
 /// A free port on 127.0.0.1 (bound and released: another process could take it meanwhile,
 /// which would show as a start failure).
+/// Start `rlark agent` (binary `exe`) for `cluster` against the server at `url`, joining
+/// with `token` (the JSON of `rlark token create -o json`), its data and log under `dir`.
+pub(super) fn spawn_agent(
+    exe: &Path,
+    url: &str,
+    cluster: &str,
+    node: &str,
+    token: &serde_json::Value,
+    dir: &Path,
+) -> anyhow::Result<Proc> {
+    let field = |name: &str| {
+        token[name]
+            .as_str()
+            .map(str::to_string)
+            .with_context(|| format!("no {name} in {token}"))
+    };
+    let mut command = Command::new(exe);
+    command
+        .args(["agent", "--server", url, "--cluster-id", cluster])
+        .arg("--data-dir")
+        .arg(dir.join("agent"))
+        .args(["--node-name", node, "--stop-tasks-on-exit"])
+        .arg("--token")
+        .arg(field("token")?)
+        .arg("--ca-hash")
+        .arg(field("caHash")?)
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null());
+    Proc::spawn("rlark agent", command, &dir.join("agent.log"))
+}
+
 pub(super) fn free_port() -> anyhow::Result<u16> {
     Ok(std::net::TcpListener::bind("127.0.0.1:0")?
         .local_addr()?
@@ -883,26 +914,7 @@ async fn start_rlark(target: SocketAddr) -> anyhow::Result<RlarkPath> {
     }
     let token: serde_json::Value =
         serde_json::from_slice(&token.stdout).context("rlark token create output")?;
-    let field = |name: &str| {
-        token[name]
-            .as_str()
-            .map(str::to_string)
-            .with_context(|| format!("no {name} in {token}"))
-    };
-
-    let mut command = Command::new(&exe);
-    command
-        .args(["agent", "--server", &url, "--cluster-id", CLUSTER])
-        .arg("--data-dir")
-        .arg(dir.path().join("agent"))
-        .args(["--node-name", "bench-pf", "--stop-tasks-on-exit"])
-        .arg("--token")
-        .arg(field("token")?)
-        .arg("--ca-hash")
-        .arg(field("caHash")?)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null());
-    let mut agent = Proc::spawn("rlark agent", command, &dir.path().join("agent.log"))?;
+    let mut agent = spawn_agent(&exe, &url, CLUSTER, "bench-pf", &token, dir.path())?;
 
     let mut command = Command::new(&exe);
     command

@@ -26,8 +26,8 @@ use tokio::process::Command;
 
 use super::guard::{GuardRatio, Guarded};
 use super::port_forward::{
-    Proc, descendants, download, find_tool, free_port, is_root, mib_s, target_server, tool_output,
-    upload, wait_path_ready,
+    Proc, descendants, download, find_tool, free_port, is_root, mib_s, spawn_agent, target_server,
+    tool_output, upload, wait_path_ready,
 };
 use super::stats::{LatencySummary, children_cpu_time_of, cpu_time_of};
 
@@ -309,25 +309,7 @@ async fn start_rlark(ssh: &Path, keygen: &Path) -> anyhow::Result<Rlark> {
     )
     .await?;
     let token: serde_json::Value = serde_json::from_str(&token).context("token create output")?;
-    let field = |name: &str| {
-        token[name]
-            .as_str()
-            .map(str::to_string)
-            .with_context(|| format!("no {name} in {token}"))
-    };
-    let mut command = Command::new(&exe);
-    command
-        .args(["agent", "--server", &url, "--cluster-id", CLUSTER])
-        .arg("--data-dir")
-        .arg(dir.path().join("agent"))
-        .args(["--node-name", "bench-ssh", "--stop-tasks-on-exit"])
-        .arg("--token")
-        .arg(field("token")?)
-        .arg("--ca-hash")
-        .arg(field("caHash")?)
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null());
-    let agent = Proc::spawn("rlark agent", command, &dir.path().join("agent.log"))?;
+    let agent = spawn_agent(&exe, &url, CLUSTER, "bench-ssh", &token, dir.path())?;
 
     let job = dir.path().join("job.yaml");
     std::fs::write(
