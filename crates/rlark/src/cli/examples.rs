@@ -273,6 +273,36 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "backup",
+        &[
+            "# from the running server (admin kubeconfig)",
+            "rlark backup rlark-backup.jsonl",
+            "# straight from a stopped server's data directory",
+            "rlark backup rlark-backup.jsonl --from sqlite:/var/lib/rlark",
+        ],
+    ),
+    (
+        "restore",
+        &[
+            "rlark restore rlark-backup.jsonl --to sqlite:/var/lib/rlark-new",
+            "rlark restore rlark-backup.jsonl --to postgres://rlark@db.example/rlark",
+        ],
+    ),
+    (
+        "store",
+        &[
+            "rlark store migrate --from sqlite:/var/lib/rlark --to postgres://rlark@db.example/rlark",
+        ],
+    ),
+    (
+        "store migrate",
+        &[
+            "rlark store migrate --from sqlite:/var/lib/rlark --to postgres://rlark@db.example/rlark",
+            "# and back, into a new data directory",
+            "rlark store migrate --from postgres://rlark@db.example/rlark --to sqlite:/var/lib/rlark-new",
+        ],
+    ),
+    (
         "ssh",
         &[
             "rlark ssh task/ppo-train-actor",
