@@ -619,8 +619,8 @@ async fn open_store(config: &ServerConfig, db_path: &Path) -> Result<ServerStore
     }
 }
 
-/// `url` without the password, for messages.
-fn redact_url(url: &str) -> String {
+/// `url` without the password, for messages (also the CLI's store commands).
+pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => {
             let credentials = &url[scheme + 3..at];

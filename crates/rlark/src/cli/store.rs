@@ -85,7 +85,7 @@ impl StoreRef {
         }
         bail!(
             "store {:?} is neither sqlite:DIR (a data directory) nor a postgres:// URL",
-            redact(text)
+            rlark_server::redact_url(text)
         )
     }
 
@@ -93,70 +93,74 @@ impl StoreRef {
     fn describe(&self) -> String {
         match self {
             StoreRef::Sqlite(path) => path.display().to_string(),
-            StoreRef::Postgres(url) => redact(url),
+            StoreRef::Postgres(url) => rlark_server::redact_url(url),
         }
     }
 }
 
-/// `url` without its password.
-fn redact(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(scheme), Some(at)) if at > scheme => {
-            let user = url[scheme + 3..at].split(':').next().unwrap_or_default();
-            format!("{}{user}{}", &url[..scheme + 3], &url[at..])
+/// What to do with a store opened directly.
+enum Step<'a> {
+    /// Read everything it holds.
+    Read,
+    /// Write this snapshot into it (it must be empty).
+    Write(&'a Snapshot),
+}
+
+/// Open `store`'s backend (its server must be stopped), take `step`, close it: the snapshot
+/// read, or `None` after a write.
+async fn on_store(store: &StoreRef, step: Step<'_>) -> anyhow::Result<Option<Snapshot>> {
+    let described = store.describe();
+    let opening = || format!("open {described} (is its server stopped?)");
+    match store {
+        StoreRef::Sqlite(path) => {
+            // Opening creates a missing file: a mistyped directory would read as empty.
+            if matches!(step, Step::Read) && !path.is_file() {
+                bail!("no store at {described} (is the directory a server's data directory?)");
+            }
+            let backend = SqliteBackend::open(&SqliteStoreConfig::new(path))
+                .await
+                .with_context(opening)?;
+            on_backend(backend, step, &described).await
         }
-        _ => url.to_owned(),
+        StoreRef::Postgres(url) => {
+            let backend = PostgresBackend::open_backend(&PostgresStoreConfig::from_url(url)?)
+                .await
+                .with_context(opening)?;
+            on_backend(backend, step, &described).await
+        }
     }
+}
+
+/// [`on_store`] once the backend is open; closes it whatever the outcome.
+async fn on_backend<B: Backend>(
+    mut backend: B,
+    step: Step<'_>,
+    described: &str,
+) -> anyhow::Result<Option<Snapshot>> {
+    let result = match step {
+        Step::Read => Snapshot::of_backend(&mut backend)
+            .await
+            .map(Some)
+            .with_context(|| format!("read {described}")),
+        Step::Write(snapshot) => backup::import(&mut backend, snapshot)
+            .await
+            .map(|()| None)
+            .with_context(|| format!("restore into {described}")),
+    };
+    backend.close().await;
+    result
 }
 
 /// Read everything `store` holds.
 async fn load(store: &StoreRef) -> anyhow::Result<Snapshot> {
-    let described = store.describe();
-    match store {
-        StoreRef::Sqlite(path) => {
-            // Opening creates a missing file: a mistyped directory would read as empty.
-            if !path.is_file() {
-                bail!("no store at {described} (is the directory a server's data directory?)");
-            }
-            let mut backend = SqliteBackend::open(&SqliteStoreConfig::new(path))
-                .await
-                .with_context(|| format!("open {described} (is its server stopped?)"))?;
-            let read = Snapshot::of_backend(&mut backend).await;
-            backend.close().await;
-            read.with_context(|| format!("read {described}"))
-        }
-        StoreRef::Postgres(url) => {
-            let mut backend = PostgresBackend::open_backend(&PostgresStoreConfig::from_url(url)?)
-                .await
-                .with_context(|| format!("open {described} (is its server stopped?)"))?;
-            let read = Snapshot::of_backend(&mut backend).await;
-            backend.close().await;
-            read.with_context(|| format!("read {described}"))
-        }
-    }
+    on_store(store, Step::Read)
+        .await?
+        .context("reading a store gave no snapshot")
 }
 
 /// Write `snapshot` into the empty store `store`.
 async fn import(store: &StoreRef, snapshot: &Snapshot) -> anyhow::Result<()> {
-    let described = store.describe();
-    match store {
-        StoreRef::Sqlite(path) => {
-            let mut backend = SqliteBackend::open(&SqliteStoreConfig::new(path))
-                .await
-                .with_context(|| format!("open {described} (is its server stopped?)"))?;
-            let result = backup::import(&mut backend, snapshot).await;
-            backend.close().await;
-            result.with_context(|| format!("restore into {described}"))
-        }
-        StoreRef::Postgres(url) => {
-            let mut backend = PostgresBackend::open_backend(&PostgresStoreConfig::from_url(url)?)
-                .await
-                .with_context(|| format!("open {described} (is its server stopped?)"))?;
-            let result = backup::import(&mut backend, snapshot).await;
-            backend.close().await;
-            result.with_context(|| format!("restore into {described}"))
-        }
-    }
+    on_store(store, Step::Write(snapshot)).await.map(drop)
 }
 
 /// `rlark backup FILE [--from STORE]`.
