@@ -5,6 +5,14 @@
 //! reads everything back once at start. It must make a batch durable atomically (all or
 //! nothing, on disk before `commit` returns) and persist the change log beside the objects,
 //! so that after a restart watches resume from where the log still reaches.
+//!
+//! A **shared** backend ([`Backend::shared`]) may have other writers on the same database
+//! (several server replicas). The engine then brackets every batch: [`Backend::begin_write`]
+//! takes the database's write lock and reports what the others committed since this process
+//! last saw it ([`Remote`]); the engine applies that to memory, evaluates the batch against it
+//! and numbers it from there, and [`Backend::commit`] (or [`Backend::abort_write`]) ends the
+//! transaction. Between batches it follows the others through [`Backend::remote_signal`] and
+//! [`Backend::catch_up`].
 
 use std::fmt;
 use std::sync::Arc;
@@ -51,6 +59,16 @@ pub struct Loaded {
     pub log: Vec<LoggedChange>,
 }
 
+/// What other writers of a shared database committed after a given revision.
+pub enum Remote {
+    /// Nothing: the database's revision is the one asked about.
+    UpToDate,
+    /// Every change after it, in revision order, without a gap.
+    Changes(Vec<LoggedChange>),
+    /// The database's change log no longer reaches back that far: everything, reloaded.
+    Reload(Loaded),
+}
+
 #[async_trait]
 pub trait Backend: Send + Sized + 'static {
     /// What the backend reports about its durability settings (`CachedStore::backend_settings`).
@@ -63,7 +81,8 @@ pub trait Backend: Send + Sized + 'static {
     /// Read everything back.
     async fn load(&mut self) -> Result<Loaded, StoreError>;
 
-    /// Make one batch durable in one transaction: every change appended to the change log, the
+    /// Make one batch durable in one transaction (for a shared backend, the one
+    /// [`Self::begin_write`] opened): every change appended to the change log, the
     /// net effect per key applied to the objects, the revision set to the last change's; and,
     /// when `compact_to` is given, change-log entries at or below it dropped and the floor
     /// moved there. On error nothing of it may be visible.
@@ -87,6 +106,34 @@ pub trait Backend: Send + Sized + 'static {
     /// when no write came for a while. [`StoreError::Unavailable`] when it is not.
     async fn check(&mut self) -> Result<(), StoreError> {
         Ok(())
+    }
+
+    /// Whether other processes may write the same database (see the module documentation).
+    /// Single-writer backends keep the defaults of the four methods below.
+    fn shared(&self) -> bool {
+        false
+    }
+
+    /// Shared backends: open a write transaction, take the database's write lock (held until
+    /// [`Self::commit`] or [`Self::abort_write`]) and report what others committed after
+    /// `known`. On error no transaction is left open, and none is for [`Remote::Reload`]
+    /// either (the engine applies it and begins again).
+    async fn begin_write(&mut self, _known: Revision) -> Result<Remote, StoreError> {
+        Ok(Remote::UpToDate)
+    }
+
+    /// Shared backends: end a transaction begun by [`Self::begin_write`] without writing.
+    async fn abort_write(&mut self) {}
+
+    /// Shared backends: what others committed after `known`, read without the write lock.
+    async fn catch_up(&mut self, _known: Revision) -> Result<Remote, StoreError> {
+        Ok(Remote::UpToDate)
+    }
+
+    /// Shared backends: notified (coalesced) when another writer may have committed, so the
+    /// engine calls [`Self::catch_up`] without waiting for its periodic check.
+    fn remote_signal(&self) -> Option<Arc<tokio::sync::Notify>> {
+        None
     }
 
     /// The durability settings in force.

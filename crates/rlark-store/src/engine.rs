@@ -26,7 +26,7 @@ use serde_json::Value;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tracing::Instrument;
 
-use crate::backend::{Backend, Change, Loaded};
+use crate::backend::{Backend, Change, Loaded, Remote};
 use crate::backup::{Snapshot, SnapshotObject};
 use crate::cache::{Cache, Encoded, Stored, encode, page_of};
 use crate::changelog::{ChangeLog, ChangeLogStats};
@@ -176,72 +176,103 @@ impl<B: Backend> Command<B> {
     }
 }
 
+/// Memory rebuilt from what a backend holds (at open, and when a shared database's change log
+/// no longer reaches back to what this process last saw).
+struct Rebuilt {
+    cache: Cache,
+    log: ChangeLog,
+    revision: Revision,
+    /// The change log's floor in memory.
+    floor: Revision,
+}
+
+fn rebuild(
+    loaded: Loaded,
+    config: &EngineConfig,
+    info: &dyn fmt::Debug,
+) -> Result<Rebuilt, StoreError> {
+    let Loaded {
+        objects,
+        revision: loaded_revision,
+        compacted,
+        log: logged,
+    } = loaded;
+    let mut cache = Cache::default();
+    let mut revision = loaded_revision;
+    for loaded in objects {
+        if !loaded.object.is_object() {
+            return Err(StoreError::Database(format!(
+                "corrupt object {} {}/{}: not a JSON object",
+                loaded.key.resource, loaded.key.namespace, loaded.key.name
+            )));
+        }
+        // Defensive: backends write the revision in the same transaction as the objects,
+        // so this only matters for a database edited by hand.
+        revision = revision.max(loaded.revision);
+        // Re-encoded rather than kept as read, so the cached text is exactly what a write
+        // makes (a row edited by hand may be formatted differently).
+        let json = encode(&loaded.object)?;
+        cache.apply(
+            &loaded.key,
+            EventType::Added,
+            Stored {
+                revision: loaded.revision,
+                object: Arc::new(loaded.object),
+                json,
+            },
+        );
+    }
+    let mut log = ChangeLog::new(config.log_capacity, config.log_capacity_bytes);
+    // The log must reach from the floor to the present without a gap; otherwise it is of
+    // no use and starts empty at the present.
+    let mut floor = compacted.min(revision);
+    let contiguous = logged.iter().zip(floor + 1..).all(|(c, r)| c.revision == r)
+        && logged.last().map_or(floor, |c| c.revision) == revision;
+    if contiguous {
+        for change in logged {
+            let json = encode(&change.object)?;
+            log.push(Arc::new(WatchEvent {
+                event_type: change.event_type,
+                key: change.key,
+                object: Arc::new(change.object),
+                json: Some(json),
+                revision: change.revision,
+            }));
+        }
+        if let Some(trimmed) = log.trim() {
+            floor = floor.max(trimmed);
+        }
+    } else {
+        tracing::warn!(
+            backend = ?info,
+            floor,
+            revision,
+            logged = logged.len(),
+            "persisted change log does not reach the current revision; watches start from the present"
+        );
+        floor = revision;
+    }
+    Ok(Rebuilt {
+        cache,
+        log,
+        revision,
+        floor,
+    })
+}
+
 impl<B: Backend> CachedStore<B> {
     /// Load everything `backend` holds into memory, rebuild the change log and start the writer
     /// task. Must be called inside a Tokio runtime.
     pub async fn start(mut backend: B, config: EngineConfig) -> Result<Self, StoreError> {
         let info = backend.info();
-        let Loaded {
-            objects,
-            revision: loaded_revision,
-            compacted,
-            log: logged,
-        } = backend.load().await?;
-        let mut cache = Cache::default();
-        let mut revision = loaded_revision;
-        for loaded in objects {
-            if !loaded.object.is_object() {
-                return Err(StoreError::Database(format!(
-                    "corrupt object {} {}/{}: not a JSON object",
-                    loaded.key.resource, loaded.key.namespace, loaded.key.name
-                )));
-            }
-            // Defensive: backends write the revision in the same transaction as the objects,
-            // so this only matters for a database edited by hand.
-            revision = revision.max(loaded.revision);
-            // Re-encoded rather than kept as read, so the cached text is exactly what a write
-            // makes (a row edited by hand may be formatted differently).
-            let json = encode(&loaded.object)?;
-            cache.apply(
-                &loaded.key,
-                EventType::Added,
-                Stored {
-                    revision: loaded.revision,
-                    object: Arc::new(loaded.object),
-                    json,
-                },
-            );
-        }
-        let mut log = ChangeLog::new(config.log_capacity, config.log_capacity_bytes);
-        // The log must reach from the floor to the present without a gap; otherwise it is of
-        // no use and starts empty at the present.
-        let mut floor = compacted.min(revision);
-        let contiguous = logged.iter().zip(floor + 1..).all(|(c, r)| c.revision == r)
-            && logged.last().map_or(floor, |c| c.revision) == revision;
-        if contiguous {
-            for change in logged {
-                let json = encode(&change.object)?;
-                log.push(Arc::new(WatchEvent {
-                    event_type: change.event_type,
-                    key: change.key,
-                    object: Arc::new(change.object),
-                    json: Some(json),
-                    revision: change.revision,
-                }));
-            }
-            if let Some(trimmed) = log.trim() {
-                floor = floor.max(trimmed);
-            }
-        } else {
-            tracing::warn!(
-                backend = ?info,
-                floor,
-                revision,
-                logged = logged.len(),
-                "persisted change log does not reach the current revision; watches start from the present"
-            );
-            floor = revision;
-        }
+        let loaded = backend.load().await?;
+        let persisted_floor = loaded.compacted;
+        let Rebuilt {
+            cache,
+            log,
+            revision,
+            floor,
+        } = rebuild(loaded, &config, &info)?;
         let log_stats = log.stats();
 
         let (events, _) = broadcast::channel(config.watch_buffer.clamp(1, MAX_WATCH_BUFFER));
@@ -266,11 +297,14 @@ impl<B: Backend> CachedStore<B> {
         let (commands, rx) = mpsc::channel(max_batch.saturating_mul(4));
         let span = tracing::info_span!("store_writer", backend = ?info);
         let writer = Writer {
+            shared_db: backend.shared(),
+            remote: backend.remote_signal(),
             backend,
             shared: Arc::clone(&shared),
             max_batch,
             // What the backend holds: it is brought up to `floor` by the first commit.
-            persisted_floor: compacted,
+            persisted_floor,
+            config,
         };
         let writer = tokio::spawn(writer.run(rx).instrument(span));
         tracing::info!(
@@ -437,27 +471,49 @@ struct Writer<B: Backend> {
     max_batch: usize,
     /// The change-log floor the backend holds (it may lag the in-memory one by a batch).
     persisted_floor: Revision,
+    config: EngineConfig,
+    /// [`Backend::shared`]: other processes write the same database.
+    shared_db: bool,
+    /// [`Backend::remote_signal`].
+    remote: Option<Arc<tokio::sync::Notify>>,
 }
+
+/// Per request of a batch: `Ok(index into the written changes)` or the final answer.
+type Outcomes = Vec<Result<usize, Result<Arc<Value>, StoreError>>>;
+
+/// How many times a batch on a shared backend is begun again after the database became
+/// unavailable under it (the reconnect happens in `begin_write`).
+const SHARED_ATTEMPTS: usize = 2;
 
 impl<B: Backend> Writer<B> {
     async fn run(mut self, mut rx: mpsc::Receiver<Command<B>>) {
         let mut commands = Vec::with_capacity(self.max_batch);
         let mut shutdown = Vec::new();
+        // A private one for single-writer backends: never notified.
+        let remote = self.remote.clone().unwrap_or_default();
         loop {
             commands.clear();
-            // `recv_many` is cancel safe: a timeout loses no command.
-            let received = tokio::time::timeout(
-                HEALTH_CHECK_INTERVAL,
-                rx.recv_many(&mut commands, self.max_batch),
-            )
-            .await;
-            match received {
-                // Every handle is gone and the queue is empty.
-                Ok(0) => break,
-                Ok(_) => {}
-                Err(_) => {
-                    let checked = self.backend.check().await;
-                    self.note(&checked);
+            // All three are cancel safe: `recv_many` loses no command, a `Notify` permit stays
+            // stored until taken.
+            tokio::select! {
+                received = rx.recv_many(&mut commands, self.max_batch) => {
+                    // Every handle is gone and the queue is empty.
+                    if received == 0 {
+                        break;
+                    }
+                }
+                () = remote.notified() => {
+                    self.catch_up().await;
+                    continue;
+                }
+                () = tokio::time::sleep(HEALTH_CHECK_INTERVAL) => {
+                    if self.shared_db {
+                        // Also covers a notification that was lost (listener reconnecting).
+                        self.catch_up().await;
+                    } else {
+                        let checked = self.backend.check().await;
+                        self.note(&checked);
+                    }
                     continue;
                 }
             }
@@ -525,17 +581,87 @@ impl<B: Backend> Writer<B> {
         Ok(())
     }
 
-    /// Evaluate, commit and apply one batch; reply to every request.
-    async fn commit_batch(&mut self, requests: Vec<Request>) {
-        if requests.is_empty() {
-            return;
+    /// Shared backends: follow what other writers committed.
+    async fn catch_up(&mut self) {
+        let known = self.shared.revision.load(Ordering::Acquire);
+        let remote = self.backend.catch_up(known).await;
+        self.note(&remote);
+        match remote {
+            Ok(remote) => {
+                if let Err(e) = self.apply_remote(remote) {
+                    tracing::error!(error = %e, "store catch-up failed");
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "store catch-up failed"),
         }
-        let shared = Arc::clone(&self.shared);
-        let commands = requests.len();
-        let mut replies = Vec::with_capacity(commands);
-        // Per request: `Ok(index into changes)` or the final answer.
-        let mut outcomes: Vec<Result<usize, Result<Arc<Value>, StoreError>>> =
-            Vec::with_capacity(commands);
+    }
+
+    /// Make what other writers committed visible here, as if this process had written it:
+    /// memory, change log, watchers. A reload (the database's log no longer reaches back to
+    /// this process's revision) replaces memory and ends every watch stream, whose clients
+    /// then relist.
+    fn apply_remote(&mut self, remote: Remote) -> Result<(), StoreError> {
+        match remote {
+            Remote::UpToDate => Ok(()),
+            Remote::Changes(logged) => {
+                let mut changes = Vec::with_capacity(logged.len());
+                for change in logged {
+                    let object = Arc::new(change.object);
+                    changes.push(Change {
+                        json: encode(&object)?,
+                        key: change.key,
+                        event_type: change.event_type,
+                        revision: change.revision,
+                        object,
+                    });
+                }
+                tracing::debug!(
+                    changes = changes.len(),
+                    revision = changes.last().map_or(0, |c| c.revision),
+                    "store caught up with other writers"
+                );
+                apply(&self.shared, &changes);
+                Ok(())
+            }
+            Remote::Reload(loaded) => {
+                let persisted_floor = loaded.compacted;
+                let info = self.backend.info();
+                let Rebuilt {
+                    cache,
+                    log,
+                    revision,
+                    floor,
+                } = rebuild(loaded, &self.config, &info)?;
+                tracing::warn!(
+                    revision,
+                    "store fell behind the database's change log; reloaded, watches restart"
+                );
+                let (events, _) =
+                    broadcast::channel(self.config.watch_buffer.clamp(1, MAX_WATCH_BUFFER));
+                let shared = &self.shared;
+                let mut state = shared.write();
+                state.cache = cache;
+                state.log = log;
+                // Replacing the sender ends the streams of the old one.
+                if state.events.is_some() {
+                    state.events = Some(events);
+                }
+                shared.revision.store(revision, Ordering::Release);
+                shared.compacted.store(floor, Ordering::Release);
+                self.persisted_floor = persisted_floor;
+                Ok(())
+            }
+        }
+    }
+
+    /// Evaluate `requests` in order against memory plus the effect of the earlier ones, numbering
+    /// the writes from the revision after the current one; encode the writes.
+    fn evaluate<'r>(
+        &self,
+        requests: impl Iterator<Item = (&'r ObjectKey, Op)>,
+    ) -> Result<(Outcomes, Vec<Change>), StoreError> {
+        let shared = &self.shared;
+        let mut outcomes: Outcomes = Vec::new();
         // Evaluated writes, encoded after the lock is released.
         let mut written: Vec<(ObjectKey, EventType, Revision, Arc<Value>)> = Vec::new();
         {
@@ -543,26 +669,25 @@ impl<B: Backend> Writer<B> {
             // Only this task changes `revision`, so it cannot move while we work.
             let mut next = shared.revision.load(Ordering::Acquire) + 1;
             // Effect of the earlier commands of this batch: `None` = deleted.
-            let mut overlay: HashMap<ObjectKey, Option<Current>> = HashMap::new();
-            for Request { key, op, reply } in requests {
-                replies.push(reply);
-                let current = match overlay.get(&key) {
+            let mut overlay: HashMap<&ObjectKey, Option<Current>> = HashMap::new();
+            for (key, op) in requests {
+                let current = match overlay.get(key) {
                     Some(entry) => entry.clone(),
-                    None => state.cache.lookup(&key).map(|stored| Current {
+                    None => state.cache.lookup(key).map(|stored| Current {
                         revision: stored.revision,
                         object: Arc::clone(&stored.object),
                     }),
                 };
-                match metadata::evaluate(&key, op, current, next) {
+                match metadata::evaluate(key, op, current, next) {
                     Ok(Outcome::Write { event_type, object }) => {
                         let object = Arc::new(object);
                         let after = (event_type != EventType::Deleted).then(|| Current {
                             revision: next,
                             object: Arc::clone(&object),
                         });
-                        overlay.insert(key.clone(), after);
+                        overlay.insert(key, after);
                         outcomes.push(Ok(written.len()));
-                        written.push((key, event_type, next, object));
+                        written.push((key.clone(), event_type, next, object));
                         next += 1;
                     }
                     Ok(Outcome::Unchanged(object)) => outcomes.push(Err(Ok(object))),
@@ -570,35 +695,50 @@ impl<B: Backend> Writer<B> {
                 }
             }
         }
-
+        // Encoded once here: the text goes to the backend, to memory and to the watch event.
         let mut changes = Vec::with_capacity(written.len());
-        if !written.is_empty() {
-            let started = Instant::now();
-            // Encoded once here: the text goes to the backend, to memory and to the watch event.
-            let encoded: Result<(), StoreError> =
-                written
-                    .into_iter()
-                    .try_for_each(|(key, event_type, revision, object)| {
-                        let json = encode(&object)?;
-                        changes.push(Change {
-                            key,
-                            event_type,
-                            revision,
-                            object,
-                            json,
-                        });
-                        Ok(())
-                    });
-            let floor = shared.compacted.load(Ordering::Acquire);
-            let compact_to = (floor > self.persisted_floor).then_some(floor);
-            let result = match encoded {
-                Ok(()) => self.backend.commit(&changes, compact_to).await,
+        for (key, event_type, revision, object) in written {
+            changes.push(Change {
+                json: encode(&object)?,
+                key,
+                event_type,
+                revision,
+                object,
+            });
+        }
+        Ok((outcomes, changes))
+    }
+
+    /// Evaluate, commit and apply one batch; reply to every request.
+    async fn commit_batch(&mut self, requests: Vec<Request>) {
+        if requests.is_empty() {
+            return;
+        }
+        let commands = requests.len();
+        let mut keys = Vec::with_capacity(commands);
+        let mut ops = Vec::with_capacity(commands);
+        let mut replies = Vec::with_capacity(commands);
+        for Request { key, op, reply } in requests {
+            keys.push(key);
+            ops.push(op);
+            replies.push(reply);
+        }
+        let started = Instant::now();
+        let result = if self.shared_db {
+            self.commit_shared(&keys, &ops).await
+        } else {
+            match self.evaluate(keys.iter().zip(ops)) {
+                Ok((outcomes, changes)) => self
+                    .commit_changes(&changes)
+                    .await
+                    .map(|()| (outcomes, changes)),
                 Err(e) => Err(e),
-            };
-            self.note(&result);
-            let elapsed = started.elapsed();
-            if let Err(e) = result {
-                shared.failed_commits.fetch_add(1, Ordering::Relaxed);
+            }
+        };
+        let (outcomes, changes) = match result {
+            Ok(done) => done,
+            Err(e) => {
+                self.shared.failed_commits.fetch_add(1, Ordering::Relaxed);
                 tracing::error!(error = %e, commands, "store commit failed; batch rejected");
                 // Every outcome was computed against writes that are now not happening, so none
                 // of them can be trusted: the whole batch fails and memory stays as it was.
@@ -617,9 +757,10 @@ impl<B: Backend> Writer<B> {
                 }
                 return;
             }
-            if let Some(floor) = compact_to {
-                self.persisted_floor = floor;
-            }
+        };
+        if !changes.is_empty() {
+            let elapsed = started.elapsed();
+            let shared = &self.shared;
             shared.commits.fetch_add(1, Ordering::Relaxed);
             shared.commit_micros.fetch_add(
                 u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
@@ -635,9 +776,8 @@ impl<B: Backend> Writer<B> {
                 commit_us = u64::try_from(elapsed.as_micros()).unwrap_or(u64::MAX),
                 "group commit"
             );
-            apply(&shared, &changes);
+            apply(shared, &changes);
         }
-
         for (reply, outcome) in replies.into_iter().zip(outcomes) {
             let answer = match outcome {
                 Ok(index) => Ok(Arc::clone(&changes[index].object)),
@@ -646,6 +786,84 @@ impl<B: Backend> Writer<B> {
             // The caller may have given up waiting; the write stands anyway.
             let _ = reply.send(answer);
         }
+    }
+
+    /// Have the backend commit evaluated changes (nothing to do for none), carrying the
+    /// change log's compaction along.
+    async fn commit_changes(&mut self, changes: &[Change]) -> Result<(), StoreError> {
+        if changes.is_empty() {
+            return Ok(());
+        }
+        let floor = self.shared.compacted.load(Ordering::Acquire);
+        let compact_to = (floor > self.persisted_floor).then_some(floor);
+        let result = self.backend.commit(changes, compact_to).await;
+        self.note(&result);
+        if result.is_ok()
+            && let Some(floor) = compact_to
+        {
+            self.persisted_floor = floor;
+        }
+        result
+    }
+
+    /// A batch on a shared backend: under the database's write lock, catch up with the other
+    /// writers, evaluate against the result, commit. Begun again (once) when the database
+    /// became unavailable under it: if that commit did land with its reply lost, the catch-up
+    /// brings it back as a change from outside, and the batch is evaluated against it (a
+    /// create then answers `AlreadyExists`, as after any ambiguous commit).
+    async fn commit_shared(
+        &mut self,
+        keys: &[ObjectKey],
+        ops: &[Op],
+    ) -> Result<(Outcomes, Vec<Change>), StoreError> {
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            let known = self.shared.revision.load(Ordering::Acquire);
+            let remote = self.backend.begin_write(known).await;
+            self.note(&remote);
+            let result = match remote {
+                // The backend released the lock to reload; apply it and begin again.
+                Ok(reload @ Remote::Reload(_)) => {
+                    attempt -= 1;
+                    self.apply_remote(reload)?;
+                    continue;
+                }
+                Ok(remote) => self.commit_begun(remote, keys, ops).await,
+                Err(e) => Err(e),
+            };
+            match result {
+                Err(StoreError::Unavailable(message)) if attempt < SHARED_ATTEMPTS => {
+                    tracing::warn!(error = %message, "store commit failed; beginning it again");
+                }
+                other => return other,
+            }
+        }
+    }
+
+    async fn commit_begun(
+        &mut self,
+        remote: Remote,
+        keys: &[ObjectKey],
+        ops: &[Op],
+    ) -> Result<(Outcomes, Vec<Change>), StoreError> {
+        // Cloned: a batch begun again is evaluated again.
+        let evaluated = self
+            .apply_remote(remote)
+            .and_then(|()| self.evaluate(keys.iter().zip(ops.iter().cloned())));
+        let (outcomes, changes) = match evaluated {
+            Ok(evaluated) => evaluated,
+            Err(e) => {
+                self.backend.abort_write().await;
+                return Err(e);
+            }
+        };
+        if changes.is_empty() {
+            self.backend.abort_write().await;
+            return Ok((outcomes, changes));
+        }
+        self.commit_changes(&changes).await?;
+        Ok((outcomes, changes))
     }
 }
 

@@ -78,7 +78,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use serde_json::Value;
 
-pub use backend::{Backend, Change, Loaded, LoadedObject, LoggedChange};
+pub use backend::{Backend, Change, Loaded, LoadedObject, LoggedChange, Remote};
 pub use changelog::{ChangeLogStats, approx_bytes};
 pub use engine::{CachedStore, EngineConfig, StoreStats};
 pub use error::StoreError;

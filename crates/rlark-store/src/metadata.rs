@@ -18,6 +18,7 @@ use crate::{EventType, ObjectKey, Revision, StoreError};
 const NON_SPEC_FIELDS: [&str; 4] = ["apiVersion", "kind", "metadata", "status"];
 
 /// One write as the engine receives it, already through [`validate`] / [`prepare_create`].
+#[derive(Clone)]
 pub(crate) enum Op {
     /// The object carries uid, creationTimestamp and generation ([`prepare_create`]).
     Create(Value),

@@ -8,33 +8,45 @@
 //!   default, so a commit has reached PostgreSQL's WAL on disk (and, with synchronous
 //!   replication configured, the standby) before the engine acknowledges it.
 //!   [`PostgresStore::durability`] reads the setting back from the live session.
-//! - **One writer:** the engine's memory is only correct if this server is the only writer, so
-//!   the backend holds a session advisory lock for as long as it runs; a second server on the
-//!   same database is refused at open with a message naming the problem. Every commit also
-//!   checks that the stored revision is the one this server last wrote (a conditional update in
-//!   the same transaction), so a write by anyone else is detected instead of overwritten.
-//!   Several replicas sharing one database (revisions from a sequence, LISTEN/NOTIFY fan-out)
-//!   are not implemented.
-//! - **Connection loss:** a failed commit is retried once on a new connection (taking the
-//!   writer lock again); when PostgreSQL cannot be reached the batch is answered
+//! - **Several writers (server replicas) on one database.** Every write transaction first
+//!   takes one transaction-level advisory lock (the write lock), then reads the revision; if
+//!   other replicas committed since this one last looked, their changes are read from the
+//!   change log and applied to this replica's memory before the batch is evaluated, so every
+//!   precondition (`AlreadyExists`, resourceVersion conflicts) is checked against the
+//!   database's latest state. The batch is numbered from the stored revision, written, and the
+//!   revision row updated in the same transaction: revisions come from that one counter, in
+//!   commit order and without gaps. (A `SEQUENCE` would not do: `nextval` is not
+//!   transactional, so a transaction that drew revision 5 could commit after one that drew 6,
+//!   and a watcher that had caught up to 6 would never see 5.) The commit sends `NOTIFY
+//!   rlark_changes` with the new revision; each replica `LISTEN`s on its own connection and
+//!   catches up from the change log when notified, after its listener reconnects, and at
+//!   least every second whatever happens, so a lost notification delays an event by at most
+//!   that. A replica that fell behind the log's compaction floor reloads every object and
+//!   ends its watches (clients relist).
+//! - **Connection loss:** a batch whose transaction failed is begun again once on a new
+//!   connection; when PostgreSQL cannot be reached the batch is answered
 //!   [`StoreError::Unavailable`] (HTTP 503 with `Retry-After`) and nothing of it is applied.
-//!   While idle, the engine checks the connection every second, so
-//!   [`CachedStore::is_available`] (the server's `/readyz`) turns false when PostgreSQL goes
-//!   away and true again, without a restart, when it is back. If a COMMIT did reach the
-//!   database but its reply was lost, the revision check refuses later writes with an error
-//!   saying so, and a restart reloads the store.
+//!   While idle, the engine catches up every second, so [`CachedStore::is_available`] (the
+//!   server's `/readyz`) turns false when PostgreSQL goes away and true again, without a
+//!   restart, when it is back. If a COMMIT did reach the database but its reply was lost, the
+//!   next transaction's catch-up brings the batch back like another replica's write.
+//! - **Compaction** of the persisted change log rides on a write transaction (under the write
+//!   lock); the floor only moves up, whichever replica moves it.
 //! - **Schema migrations** are numbered and run at open in one transaction under a
 //!   transaction-level advisory lock, so servers starting together do not race.
 
 use std::collections::HashMap;
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use futures::TryStreamExt;
-use sqlx::postgres::{PgConnectOptions, PgConnection};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgListener, PgPoolOptions};
 use sqlx::{Connection, Row};
+use tokio::sync::Notify;
 
-use crate::backend::{Backend, Change, Loaded, LoadedObject, LoggedChange};
+use crate::backend::{Backend, Change, Loaded, LoadedObject, LoggedChange, Remote};
 use crate::engine::{CachedStore, EngineConfig};
 use crate::sql::{event_type_name, from_db_int, key_of, parse_event_type, parse_object, to_db_int};
 use crate::{EventType, ObjectKey, Revision, StoreError};
@@ -43,8 +55,15 @@ use crate::{EventType, ObjectKey, Revision, StoreError};
 const SCHEMA_VERSION: i64 = 1;
 /// Advisory lock key held while migrating ("rlark" + 1).
 const MIGRATION_LOCK: i64 = 0x0072_6c61_726b_0001;
-/// Advisory lock key the one writer holds for its whole session ("rlark" + 2).
-const WRITER_LOCK: i64 = 0x0072_6c61_726b_0002;
+/// Transaction-level advisory lock key every write transaction takes first ("rlark" + 2).
+const WRITE_LOCK: i64 = 0x0072_6c61_726b_0002;
+/// Opens a write transaction and takes [`WRITE_LOCK`] in one round trip (a test checks the
+/// literal is that key).
+const BEGIN_WRITE: &str = "BEGIN; SELECT pg_advisory_xact_lock(32207313132257282)";
+/// The channel commits notify with their revision.
+const CHANNEL: &str = "rlark_changes";
+/// How long the listener waits before connecting again after an error.
+const LISTENER_RETRY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// The store over PostgreSQL: [`CachedStore`] with the [`PostgresBackend`].
 pub type PostgresStore = CachedStore<PostgresBackend>;
@@ -122,21 +141,39 @@ pub struct PgDurability {
     pub fsync: String,
 }
 
-/// The PostgreSQL [`Backend`]: one connection, owned by the engine's writer task.
+/// The PostgreSQL [`Backend`]: one connection, owned by the engine's writer task, and (for a
+/// running store) a listener task on a second one.
 pub struct PostgresBackend {
-    /// `None` after a failed commit, until the next one reconnects.
+    /// `None` after a failure, until the next call reconnects.
     conn: Option<PgConnection>,
     connect: PgConnectOptions,
     target: PgTarget,
-    /// The revision the database holds as far as this server knows (checked at every commit).
-    revision: Revision,
+    /// The latest revision this process has seen committed (its own or caught up); the
+    /// listener skips notifications at or below it.
+    known: Arc<AtomicU64>,
+    /// A transaction begun by `begin_write` is open on `conn`.
+    in_write: bool,
+    listener: Option<Listener>,
+}
+
+/// The task that `LISTEN`s for other replicas' commits; stopped when dropped.
+struct Listener {
+    signal: Arc<Notify>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 impl CachedStore<PostgresBackend> {
     /// Connect, take the writer lock, migrate the schema, load every object and the persisted
     /// change log into memory and start the writer task.
     pub async fn open(config: PostgresStoreConfig) -> Result<Self, StoreError> {
-        let backend = PostgresBackend::open(config.connect).await?;
+        let mut backend = PostgresBackend::open(config.connect).await?;
+        backend.listen();
         CachedStore::start(backend, config.engine).await
     }
 
@@ -147,9 +184,9 @@ impl CachedStore<PostgresBackend> {
 }
 
 impl PostgresBackend {
-    /// Connect, take the writer lock and migrate the schema, without loading anything: for
-    /// `rlark backup`, `restore` and `store migrate`, which use the backend directly (no
-    /// server may run on the database meanwhile; the writer lock makes sure of it).
+    /// Connect and migrate the schema, without loading anything or listening: for `rlark
+    /// backup`, `restore` and `store migrate`, which use the backend directly (a restore
+    /// refuses a database that holds anything).
     pub async fn open_backend(config: &PostgresStoreConfig) -> Result<Self, StoreError> {
         Self::open(config.connect.clone()).await
     }
@@ -159,14 +196,46 @@ impl PostgresBackend {
             .application_name("rlark-server")
             .options([("synchronous_commit", "on")]);
         let target = PgTarget::of(&connect);
-        let mut conn = connect_writer(&connect, &target).await?;
+        let mut conn = connect_to(&connect, &target).await?;
         migrate(&mut conn).await?;
         Ok(Self {
             conn: Some(conn),
             connect,
             target,
-            revision: 0,
+            known: Arc::new(AtomicU64::new(0)),
+            in_write: false,
+            listener: None,
         })
+    }
+
+    /// Start the listener task (see the module documentation).
+    fn listen(&mut self) {
+        let signal = Arc::new(Notify::new());
+        let task = tokio::spawn(listen(
+            self.connect
+                .clone()
+                .application_name("rlark-server-listener"),
+            Arc::clone(&self.known),
+            Arc::clone(&signal),
+        ));
+        self.listener = Some(Listener { signal, task });
+    }
+
+    /// Run `step` on the connection (reconnecting first if there is none); on error the
+    /// connection is dropped (rolling back whatever was open) so the next call starts clean.
+    async fn on_conn<T>(
+        &mut self,
+        step: impl AsyncFnOnce(&mut PgConnection) -> Result<T, StoreError>,
+    ) -> Result<T, StoreError> {
+        let result = match self.conn().await {
+            Ok(conn) => step(conn).await,
+            Err(e) => Err(e),
+        };
+        if result.is_err() {
+            self.in_write = false;
+            self.drop_conn().await;
+        }
+        result
     }
 
     async fn drop_conn(&mut self) {
@@ -179,7 +248,7 @@ impl PostgresBackend {
 
     async fn conn(&mut self) -> Result<&mut PgConnection, StoreError> {
         if self.conn.is_none() {
-            let conn = connect_writer(&self.connect, &self.target).await?;
+            let conn = connect_to(&self.connect, &self.target).await?;
             tracing::info!(database = ?self.target, "store reconnected to PostgreSQL");
             self.conn = Some(conn);
         }
@@ -215,31 +284,166 @@ fn pg_err(context: &'static str) -> impl FnOnce(sqlx::Error) -> StoreError {
     }
 }
 
-/// Connect and take the writer lock (refused while another server holds it).
-async fn connect_writer(
+async fn connect_to(
     connect: &PgConnectOptions,
     target: &PgTarget,
 ) -> Result<PgConnection, StoreError> {
-    let mut conn = PgConnection::connect_with(connect)
+    PgConnection::connect_with(connect)
         .await
         .map_err(pg_err("connecting to PostgreSQL"))
         .map_err(|e| match e {
             StoreError::Unavailable(m) => StoreError::Unavailable(format!("{target:?}: {m}")),
             StoreError::Database(m) => StoreError::Database(format!("{target:?}: {m}")),
             other => other,
-        })?;
-    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_lock($1)")
-        .bind(WRITER_LOCK)
-        .fetch_one(&mut conn)
-        .await
-        .map_err(pg_err("taking the writer lock"))?;
-    if !locked {
+        })
+}
+
+/// The listener task: `LISTEN rlark_changes` and signal the engine when another process
+/// committed past `known`, and after every (re)connection, since notifications sent meanwhile
+/// are lost. Runs until aborted.
+async fn listen(connect: PgConnectOptions, known: Arc<AtomicU64>, signal: Arc<Notify>) {
+    loop {
+        // A pool of one is what `PgListener` reconnects through.
+        let pool = PgPoolOptions::new()
+            .max_connections(1)
+            .max_lifetime(None)
+            .idle_timeout(None)
+            .acquire_timeout(LISTENER_RETRY * 5)
+            .connect_lazy_with(connect.clone());
+        let listener = async {
+            let mut listener = PgListener::connect_with(&pool).await?;
+            listener.listen(CHANNEL).await?;
+            Ok::<_, sqlx::Error>(listener)
+        };
+        let mut listener = match listener.await {
+            Ok(listener) => listener,
+            Err(e) => {
+                tracing::debug!(error = %e, "store listener cannot connect; retrying");
+                tokio::time::sleep(LISTENER_RETRY).await;
+                continue;
+            }
+        };
+        signal.notify_one();
+        loop {
+            match listener.try_recv().await {
+                Ok(Some(notification)) => {
+                    let newer = notification
+                        .payload()
+                        .parse::<Revision>()
+                        .map_or(true, |revision| revision > known.load(Ordering::Acquire));
+                    if newer {
+                        signal.notify_one();
+                    }
+                }
+                // The connection was lost and made again: what was sent meanwhile is lost.
+                Ok(None) => signal.notify_one(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "store listener lost its connection; reconnecting");
+                    tokio::time::sleep(LISTENER_RETRY).await;
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// Where a shared database stands relative to `known`, read in the caller's snapshot (a
+/// read-only REPEATABLE READ transaction, or a write transaction holding the write lock).
+/// `None` when the change log no longer reaches back to `known` (the caller reloads).
+async fn remote_since(
+    conn: &mut PgConnection,
+    known: Revision,
+) -> Result<Option<Remote>, StoreError> {
+    let revision = meta_value(&mut *conn, "revision").await?;
+    let compacted = meta_value(&mut *conn, "compacted").await?;
+    if revision == known {
+        return Ok(Some(Remote::UpToDate));
+    }
+    // Behind the floor, or a database that went back (restored under a running server).
+    if compacted > known || revision < known {
+        return Ok(None);
+    }
+    let log = read_log(conn, known, Some(revision)).await?;
+    if log.len() as u64 != revision - known {
         return Err(StoreError::Database(format!(
-            "database {target:?} is in use by another rlark server (it holds the store's \
-             writer lock); one server per database is supported"
+            "the change log between revisions {known} and {revision} has {} entries; expected {}",
+            log.len(),
+            revision - known
         )));
     }
-    Ok(conn)
+    Ok(Some(Remote::Changes(log)))
+}
+
+/// Change-log entries above `after` (up to `upto`), in revision order.
+async fn read_log(
+    conn: &mut PgConnection,
+    after: Revision,
+    upto: Option<Revision>,
+) -> Result<Vec<LoggedChange>, StoreError> {
+    let upto = match upto {
+        Some(upto) => to_db_int(upto)?,
+        None => i64::MAX,
+    };
+    let mut rows = sqlx::query(
+        "SELECT revision, resource, namespace, name, event_type, value FROM rlark_changes
+         WHERE revision > $1 AND revision <= $2 ORDER BY revision",
+    )
+    .bind(to_db_int(after)?)
+    .bind(upto)
+    .fetch(&mut *conn);
+    let mut log = Vec::new();
+    while let Some(row) = rows
+        .try_next()
+        .await
+        .map_err(pg_err("loading change log"))?
+    {
+        let change_revision: i64 = row.try_get(0).map_err(pg_err("loading change log"))?;
+        let key = key_of(&row, 1).map_err(pg_err("loading change log"))?;
+        let event_type: String = row.try_get(4).map_err(pg_err("loading change log"))?;
+        let text: String = row.try_get(5).map_err(pg_err("loading change log"))?;
+        log.push(LoggedChange {
+            revision: from_db_int(change_revision, "change revision")?,
+            event_type: parse_event_type(&event_type)?,
+            object: parse_object(&text, &key, "change-log entry")?,
+            key,
+        });
+    }
+    Ok(log)
+}
+
+/// Everything, in one REPEATABLE READ snapshot.
+async fn load_in(conn: &mut PgConnection) -> Result<Loaded, StoreError> {
+    let mut tx = conn.begin().await.map_err(pg_err("begin load"))?;
+    sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .execute(&mut *tx)
+        .await
+        .map_err(pg_err("begin load"))?;
+    let revision = meta_value(&mut tx, "revision").await?;
+    let compacted = meta_value(&mut tx, "compacted").await?;
+    let mut objects = Vec::new();
+    {
+        let mut rows =
+            sqlx::query("SELECT resource, namespace, name, revision, value FROM rlark_objects")
+                .fetch(&mut *tx);
+        while let Some(row) = rows.try_next().await.map_err(pg_err("loading objects"))? {
+            let key = key_of(&row, 0).map_err(pg_err("loading objects"))?;
+            let object_revision: i64 = row.try_get(3).map_err(pg_err("loading objects"))?;
+            let text: String = row.try_get(4).map_err(pg_err("loading objects"))?;
+            objects.push(LoadedObject {
+                revision: from_db_int(object_revision, "object revision")?,
+                object: parse_object(&text, &key, "object")?,
+                key,
+            });
+        }
+    }
+    let log = read_log(&mut tx, compacted, None).await?;
+    tx.commit().await.map_err(pg_err("end load"))?;
+    Ok(Loaded {
+        objects,
+        revision,
+        compacted,
+        log,
+    })
 }
 
 /// Bring the schema to [`SCHEMA_VERSION`] in one transaction under the migration lock.
@@ -327,7 +531,8 @@ async fn compact_in(conn: &mut PgConnection, floor: Revision) -> Result<(), Stor
         .execute(&mut *conn)
         .await
         .map_err(pg_err("compacting the change log"))?;
-    sqlx::query("UPDATE rlark_meta SET value = $1 WHERE key = 'compacted'")
+    // Only up: another replica may have moved it further already.
+    sqlx::query("UPDATE rlark_meta SET value = GREATEST(value, $1) WHERE key = 'compacted'")
         .bind(floor)
         .execute(&mut *conn)
         .await
@@ -358,32 +563,20 @@ impl<'a> Columns<'a> {
     }
 }
 
+/// Write a batch into the transaction `begin_write` opened, notify the other replicas and
+/// commit.
 async fn commit_in(
     conn: &mut PgConnection,
     changes: &[Change],
     compact_to: Option<Revision>,
-    previous: Revision,
-) -> Result<(), StoreError> {
+) -> Result<Revision, StoreError> {
+    let Some(revision) = changes.last().map(|c| c.revision) else {
+        return Err(StoreError::Database("an empty batch to commit".into()));
+    };
     // Several changes of one key in a batch: only the last one reaches `rlark_objects`.
     let mut last: HashMap<&ObjectKey, &Change> = HashMap::with_capacity(changes.len());
     for change in changes {
         last.insert(&change.key, change);
-    }
-    let revision = changes.last().map_or(previous, |c| c.revision);
-    let mut tx = conn.begin().await.map_err(pg_err("begin"))?;
-    let claimed =
-        sqlx::query("UPDATE rlark_meta SET value = $1 WHERE key = 'revision' AND value = $2")
-            .bind(to_db_int(revision)?)
-            .bind(to_db_int(previous)?)
-            .execute(&mut *tx)
-            .await
-            .map_err(pg_err("updating revision"))?;
-    if claimed.rows_affected() != 1 {
-        return Err(StoreError::Database(format!(
-            "the database's revision is no longer {previous}, the last one this server wrote: \
-             it was written by someone else, or an earlier commit whose reply was lost did \
-             complete; restart the server to reload the store"
-        )));
     }
     // One statement per table for the whole batch (arrays unnested server-side): a
     // statement per row cost a loopback round trip each and held API creates at ~12% of
@@ -404,7 +597,7 @@ async fn commit_in(
     .bind(&log.names)
     .bind(&log.event_types)
     .bind(&log.values)
-    .execute(&mut *tx)
+    .execute(&mut *conn)
     .await
     .map_err(pg_err("appending to the change log"))?;
     // `last` has each key once, so no statement below touches a row twice.
@@ -426,7 +619,7 @@ async fn commit_in(
         .bind(&deletes.resources)
         .bind(&deletes.namespaces)
         .bind(&deletes.names)
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await
         .map_err(pg_err("delete"))?;
     }
@@ -442,14 +635,28 @@ async fn commit_in(
         .bind(&upserts.names)
         .bind(&upserts.revisions)
         .bind(&upserts.values)
-        .execute(&mut *tx)
+        .execute(&mut *conn)
         .await
         .map_err(pg_err("upsert"))?;
     }
     if let Some(floor) = compact_to {
-        compact_in(&mut tx, floor).await?;
+        compact_in(&mut *conn, floor).await?;
     }
-    tx.commit().await.map_err(pg_err("commit"))
+    // The notification is delivered at COMMIT, to every listening replica (this one too; its
+    // listener skips it by `known`).
+    sqlx::query(
+        "UPDATE rlark_meta SET value = $1 WHERE key = 'revision'
+         RETURNING pg_notify('rlark_changes', $1::text)",
+    )
+    .bind(to_db_int(revision)?)
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(pg_err("updating revision"))?;
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut *conn)
+        .await
+        .map_err(pg_err("commit"))?;
+    Ok(revision)
 }
 
 #[async_trait]
@@ -462,66 +669,65 @@ impl Backend for PostgresBackend {
     }
 
     async fn load(&mut self) -> Result<Loaded, StoreError> {
-        let conn = self.conn().await?;
-        // One snapshot for the three reads.
-        let mut tx = conn.begin().await.map_err(pg_err("begin load"))?;
-        sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-            .execute(&mut *tx)
-            .await
-            .map_err(pg_err("begin load"))?;
-        let revision = meta_value(&mut tx, "revision").await?;
-        let compacted = meta_value(&mut tx, "compacted").await?;
-        let mut objects = Vec::new();
-        {
-            let mut rows =
-                sqlx::query("SELECT resource, namespace, name, revision, value FROM rlark_objects")
-                    .fetch(&mut *tx);
-            while let Some(row) = rows.try_next().await.map_err(pg_err("loading objects"))? {
-                let key = key_of(&row, 0).map_err(pg_err("loading objects"))?;
-                let object_revision: i64 = row.try_get(3).map_err(pg_err("loading objects"))?;
-                let text: String = row.try_get(4).map_err(pg_err("loading objects"))?;
-                objects.push(LoadedObject {
-                    revision: from_db_int(object_revision, "object revision")?,
-                    object: parse_object(&text, &key, "object")?,
-                    key,
-                });
+        let loaded = self.on_conn(async |conn| load_in(conn).await).await?;
+        self.known.store(loaded.revision, Ordering::Release);
+        Ok(loaded)
+    }
+
+    fn shared(&self) -> bool {
+        true
+    }
+
+    fn remote_signal(&self) -> Option<Arc<Notify>> {
+        self.listener
+            .as_ref()
+            .map(|listener| Arc::clone(&listener.signal))
+    }
+
+    async fn begin_write(&mut self, known: Revision) -> Result<Remote, StoreError> {
+        if self.in_write {
+            // A transaction the engine abandoned (it cannot happen through the engine, which
+            // always ends what it begins): start clean rather than write into it.
+            self.abort_write().await;
+        }
+        let remote = self
+            .on_conn(async |conn| {
+                sqlx::raw_sql(BEGIN_WRITE)
+                    .execute(&mut *conn)
+                    .await
+                    .map_err(pg_err("taking the store's write lock"))?;
+                remote_since(conn, known).await
+            })
+            .await?;
+        self.in_write = true;
+        match remote {
+            Some(remote) => {
+                if let Remote::Changes(changes) = &remote
+                    && let Some(last) = changes.last()
+                {
+                    self.known.store(last.revision, Ordering::Release);
+                }
+                Ok(remote)
+            }
+            None => {
+                // Reloading takes its own snapshot: release the lock first.
+                self.abort_write().await;
+                Ok(Remote::Reload(self.load().await?))
             }
         }
-        let mut log = Vec::new();
-        {
-            let mut rows = sqlx::query(
-                "SELECT revision, resource, namespace, name, event_type, value FROM rlark_changes
-                 WHERE revision > $1 ORDER BY revision",
-            )
-            .bind(to_db_int(compacted)?)
-            .fetch(&mut *tx);
-            while let Some(row) = rows
-                .try_next()
-                .await
-                .map_err(pg_err("loading change log"))?
-            {
-                let change_revision: i64 = row.try_get(0).map_err(pg_err("loading change log"))?;
-                let key = key_of(&row, 1).map_err(pg_err("loading change log"))?;
-                let event_type: String = row.try_get(4).map_err(pg_err("loading change log"))?;
-                let text: String = row.try_get(5).map_err(pg_err("loading change log"))?;
-                log.push(LoggedChange {
-                    revision: from_db_int(change_revision, "change revision")?,
-                    event_type: parse_event_type(&event_type)?,
-                    object: parse_object(&text, &key, "change-log entry")?,
-                    key,
-                });
-            }
+    }
+
+    async fn abort_write(&mut self) {
+        if !std::mem::take(&mut self.in_write) {
+            return;
         }
-        tx.commit().await.map_err(pg_err("end load"))?;
-        // The engine starts from the highest revision it sees; the check at commit compares
-        // with what the meta row holds.
-        self.revision = revision;
-        Ok(Loaded {
-            objects,
-            revision,
-            compacted,
-            log,
-        })
+        let rolled_back = match self.conn.as_mut() {
+            Some(conn) => sqlx::raw_sql("ROLLBACK").execute(conn).await.is_ok(),
+            None => true,
+        };
+        if !rolled_back {
+            self.drop_conn().await;
+        }
     }
 
     async fn commit(
@@ -529,53 +735,79 @@ impl Backend for PostgresBackend {
         changes: &[Change],
         compact_to: Option<Revision>,
     ) -> Result<(), StoreError> {
-        let previous = self.revision;
-        let first = match self.conn().await {
-            Ok(conn) => commit_in(conn, changes, compact_to, previous).await,
-            Err(e) => Err(e),
-        };
-        let result = match first {
-            Ok(()) => Ok(()),
-            Err(e) => {
-                // The connection may be broken: start again on a fresh one, once. Safe even if
-                // the first COMMIT did land (its reply lost): `commit_in` checks the stored
-                // revision, so the batch is then refused rather than applied twice.
-                self.drop_conn().await;
-                tracing::warn!(error = %e, "store commit failed; retrying once on a new connection");
-                match self.conn().await {
-                    Ok(conn) => commit_in(conn, changes, compact_to, previous).await,
-                    Err(reconnect) => Err(reconnect),
-                }
-            }
-        };
-        match &result {
-            Ok(()) => self.revision = changes.last().map_or(previous, |c| c.revision),
-            Err(_) => self.drop_conn().await,
+        if !self.in_write {
+            return Err(StoreError::Database(
+                "a PostgreSQL commit without begin_write (the write lock is not held)".into(),
+            ));
         }
-        result
+        let revision = self
+            .on_conn(async |conn| commit_in(conn, changes, compact_to).await)
+            .await?;
+        self.in_write = false;
+        self.known.fetch_max(revision, Ordering::AcqRel);
+        Ok(())
+    }
+
+    async fn catch_up(&mut self, known: Revision) -> Result<Remote, StoreError> {
+        let remote = self
+            .on_conn(async |conn| {
+                let mut tx = conn.begin().await.map_err(pg_err("begin catch-up"))?;
+                sqlx::query("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(pg_err("begin catch-up"))?;
+                let remote = remote_since(&mut tx, known).await?;
+                tx.commit().await.map_err(pg_err("end catch-up"))?;
+                Ok(remote)
+            })
+            .await?;
+        match remote {
+            Some(remote) => {
+                if let Remote::Changes(changes) = &remote
+                    && let Some(last) = changes.last()
+                {
+                    self.known.fetch_max(last.revision, Ordering::AcqRel);
+                }
+                Ok(remote)
+            }
+            None => Ok(Remote::Reload(self.load().await?)),
+        }
     }
 
     async fn check(&mut self) -> Result<(), StoreError> {
-        if let Some(conn) = self.conn.as_mut()
-            && let Err(e) = sqlx::query("SELECT 1").execute(&mut *conn).await
-        {
-            tracing::debug!(error = %e, "PostgreSQL health check failed");
-            self.drop_conn().await;
-        }
-        self.conn().await.map(|_| ())
+        self.on_conn(async |conn| {
+            sqlx::query("SELECT 1")
+                .execute(&mut *conn)
+                .await
+                .map_err(pg_err("checking the connection"))
+                .map(|_| ())
+        })
+        .await
     }
 
     async fn compact(&mut self, revision: Revision) -> Result<(), StoreError> {
-        let conn = self.conn().await?;
-        let mut tx = conn.begin().await.map_err(pg_err("begin"))?;
-        compact_in(&mut tx, revision).await?;
-        tx.commit().await.map_err(pg_err("commit compaction"))
+        self.on_conn(async |conn| {
+            let mut tx = conn.begin().await.map_err(pg_err("begin"))?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(WRITE_LOCK)
+                .execute(&mut *tx)
+                .await
+                .map_err(pg_err("taking the store's write lock"))?;
+            compact_in(&mut tx, revision).await?;
+            tx.commit().await.map_err(pg_err("commit compaction"))
+        })
+        .await
     }
 
     async fn import(&mut self, objects: &[Change], revision: Revision) -> Result<(), StoreError> {
         let target = format!("{:?}", self.target);
         let conn = self.conn().await?;
         let mut tx = conn.begin().await.map_err(pg_err("begin"))?;
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(WRITE_LOCK)
+            .execute(&mut *tx)
+            .await
+            .map_err(pg_err("taking the store's write lock"))?;
         let rows: i64 = sqlx::query_scalar(
             "SELECT (SELECT count(*) FROM rlark_objects) + (SELECT count(*) FROM rlark_changes)",
         )
@@ -610,7 +842,7 @@ impl Backend for PostgresBackend {
             .await
             .map_err(pg_err("recording the restored revision"))?;
         tx.commit().await.map_err(pg_err("commit restore"))?;
-        self.revision = revision;
+        self.known.store(revision, Ordering::Release);
         Ok(())
     }
 
@@ -630,8 +862,10 @@ impl Backend for PostgresBackend {
         })
     }
 
-    async fn close(self) {
-        if let Some(conn) = self.conn
+    async fn close(mut self) {
+        self.abort_write().await;
+        drop(self.listener.take());
+        if let Some(conn) = self.conn.take()
             && let Err(e) = conn.close().await
         {
             tracing::error!(error = %e, database = ?self.target, "closing PostgreSQL connection");
@@ -798,11 +1032,10 @@ mod tests {
         store.close().await;
     }
 
-    /// Data and the change log survive a restart (watches resume from before it); a second
-    /// server on the same database is refused; after the connection is cut from outside the
-    /// next write reconnects by itself.
+    /// Data and the change log survive a restart (watches resume from before it); after the
+    /// connection is cut from outside the next write reconnects by itself.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn restart_single_writer_and_reconnect() {
+    async fn restart_and_reconnect() {
         let Some(cluster) = cluster() else { return };
         let config = database(&cluster).await;
         let store = PostgresStore::open(config.clone()).await.expect("open");
@@ -821,12 +1054,6 @@ mod tests {
             .expect("create b");
         assert_eq!(store.revision(), 4);
 
-        match PostgresStore::open(config.clone()).await {
-            Err(StoreError::Database(msg)) => {
-                assert!(msg.contains("another rlark server"), "{msg}")
-            }
-            other => panic!("a second server must be refused, got {other:?}"),
-        }
         store.close().await;
 
         let store = PostgresStore::open(config.clone()).await.expect("reopen");
@@ -868,6 +1095,172 @@ mod tests {
         assert!(store.get(&key("c")).await.expect("get").is_some());
         store.close().await;
         admin.close().await.expect("close");
+    }
+
+    /// The literal in [`BEGIN_WRITE`] is [`WRITE_LOCK`].
+    #[test]
+    fn begin_write_takes_the_write_lock() {
+        assert!(BEGIN_WRITE.ends_with(&format!("pg_advisory_xact_lock({WRITE_LOCK})")));
+    }
+
+    /// The value of `spec.n` in a widget.
+    fn n_of(object: &Value) -> u64 {
+        object["spec"]["n"].as_u64().expect("spec.n")
+    }
+
+    /// Two stores on one database, as two server replicas: each sees the other's writes
+    /// (through LISTEN/NOTIFY) in its memory and its watches, revisions are one sequence
+    /// without gaps or duplicates, preconditions are checked against the other's writes (a
+    /// create of a name the other created is refused; a compare-and-swap counter incremented
+    /// from both loses no increment).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+    async fn replicas_share_one_database() {
+        const PER_TASK: u64 = 25;
+        const TASKS: u64 = 3;
+        let Some(cluster) = cluster() else { return };
+        let config = database(&cluster).await;
+        let one = PostgresStore::open(config.clone()).await.expect("open one");
+        let two = PostgresStore::open(config.clone()).await.expect("open two");
+        let mut watch_two = two.watch(R, None, 0).await.expect("watch on two");
+
+        // A write on one reaches two's watch and memory.
+        let created = one
+            .create(&key("counter"), obj("counter", json!({"n": 0})))
+            .await
+            .expect("create on one");
+        let event = next(&mut watch_two).await;
+        assert_eq!((event.event_type, event.revision), (EventType::Added, 1));
+        assert_eq!(event.object["metadata"]["uid"], created["metadata"]["uid"]);
+        assert!(two.get(&key("counter")).await.expect("get").is_some());
+        match two
+            .create(&key("counter"), obj("counter", json!({"n": 9})))
+            .await
+        {
+            Err(StoreError::AlreadyExists(_)) => {}
+            other => panic!("a name the other replica created must be taken, got {other:?}"),
+        }
+
+        // Both increment one counter with compare-and-swap, concurrently.
+        let mut tasks = Vec::new();
+        for store in [&one, &two] {
+            for _ in 0..TASKS {
+                let store = store.clone();
+                tasks.push(tokio::spawn(async move {
+                    let mut conflicts = 0u32;
+                    for _ in 0..PER_TASK {
+                        loop {
+                            let current = store
+                                .get(&key("counter"))
+                                .await
+                                .expect("get")
+                                .expect("counter");
+                            let revision = current["metadata"]["resourceVersion"]
+                                .as_str()
+                                .and_then(|v| v.parse().ok())
+                                .expect("resourceVersion");
+                            let mut next = (*current).clone();
+                            next["spec"]["n"] = json!(n_of(&current) + 1);
+                            match store.update(&key("counter"), next, Some(revision)).await {
+                                Ok(_) => break,
+                                Err(StoreError::Conflict { .. }) => conflicts += 1,
+                                Err(e) => panic!("update: {e}"),
+                            }
+                            assert!(conflicts < 10_000, "no progress");
+                        }
+                    }
+                    conflicts
+                }));
+            }
+        }
+        let mut conflicts = 0;
+        for task in tasks {
+            conflicts += task.await.expect("task");
+        }
+        let total = 2 * TASKS * PER_TASK;
+        eprintln!("{total} increments from two replicas, {conflicts} conflicts retried");
+        let last = 1 + total;
+        // Two's watch saw every revision once, in order.
+        let mut seen = Vec::new();
+        while seen.len() < total as usize {
+            let event = next(&mut watch_two).await;
+            assert_eq!(event.event_type, EventType::Modified);
+            seen.push((event.revision, n_of(&event.object)));
+        }
+        let expected: Vec<(u64, u64)> = (2..=last).map(|r| (r, r - 1)).collect();
+        assert_eq!(seen, expected, "every increment, once, in revision order");
+        for store in [&one, &two] {
+            let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+            while store.revision() < last {
+                assert!(tokio::time::Instant::now() < deadline, "replica behind");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            let counter = store
+                .get(&key("counter"))
+                .await
+                .expect("get")
+                .expect("counter");
+            assert_eq!(n_of(&counter), total);
+        }
+        one.close().await;
+        two.close().await;
+
+        // A third opening loads the same state and log.
+        let three = PostgresStore::open(config).await.expect("open three");
+        assert_eq!(three.revision(), last);
+        let mut from_start = three.watch(R, None, 0).await.expect("watch");
+        assert_eq!(next(&mut from_start).await.event_type, EventType::Added);
+        three.close().await;
+    }
+
+    /// The backend's catch-up: nothing when up to date, the missing changes when behind, the
+    /// whole store when the change log was compacted past the revision asked about.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn catch_up_reads_changes_or_reloads() {
+        let Some(cluster) = cluster() else { return };
+        let config = database(&cluster).await;
+        let store = PostgresStore::open(config.clone()).await.expect("open");
+        for name in ["a", "b", "c"] {
+            store
+                .create(&key(name), obj(name, json!({})))
+                .await
+                .expect("create");
+        }
+        let mut backend = PostgresBackend::open_backend(&config)
+            .await
+            .expect("backend");
+        assert!(matches!(
+            backend.catch_up(3).await.expect("catch up"),
+            Remote::UpToDate
+        ));
+        match backend.catch_up(1).await.expect("catch up") {
+            Remote::Changes(changes) => assert_eq!(
+                changes.iter().map(|c| c.revision).collect::<Vec<_>>(),
+                [2, 3]
+            ),
+            _ => panic!("two changes expected"),
+        }
+        store.compact(2).await.expect("compact");
+        match backend.catch_up(1).await.expect("catch up") {
+            Remote::Reload(loaded) => {
+                assert_eq!((loaded.revision, loaded.compacted), (3, 2));
+                assert_eq!(loaded.objects.len(), 3);
+                assert_eq!(loaded.log.len(), 1);
+            }
+            _ => panic!("a reload expected below the floor"),
+        }
+        // Under the write lock too; the lock is released for the reload.
+        assert!(matches!(
+            backend.begin_write(1).await.expect("begin"),
+            Remote::Reload(_)
+        ));
+        assert!(!backend.in_write);
+        assert!(matches!(
+            backend.begin_write(3).await.expect("begin"),
+            Remote::UpToDate
+        ));
+        backend.abort_write().await;
+        backend.close().await;
+        store.close().await;
     }
 
     /// PostgreSQL down: writes answer `Unavailable` (nothing applied), the store reports itself
