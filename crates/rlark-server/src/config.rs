@@ -61,6 +61,11 @@ pub struct ServerConfig {
     /// default), or a `postgres://user:password@host:port/database` URL (`--store`,
     /// `RLARK_STORE`, config file `store.url`). One server per PostgreSQL database.
     pub store_url: Option<String>,
+    /// A file holding the secret that seals the CA keys in the store (`--ca-secret-file`,
+    /// `RLARK_CA_SECRET_FILE`, config file `store.caSecretFile`): with it, the installation's
+    /// CAs are kept in the store (keys sealed) and replicas sharing the store take them from
+    /// there; see `security::ca_store`. `None`: the CAs live in `pki/` only.
+    pub ca_secret_file: Option<PathBuf>,
     /// The controllers run in-process (see [`ControllersConfig`]).
     pub controllers: ControllersConfig,
     /// Lifetimes of agent and user certificates and bootstrap tokens.
@@ -132,6 +137,7 @@ impl ServerConfig {
             store_log_capacity: rlark_store::SqliteStoreConfig::new("").log_capacity,
             store_log_capacity_bytes: rlark_store::SqliteStoreConfig::new("").log_capacity_bytes,
             store_url: None,
+            ca_secret_file: None,
             controllers: ControllersConfig::default(),
             security: crate::security::SecurityConfig::default(),
             tunnel: crate::tunnel::TunnelConfig::default(),
@@ -191,6 +197,9 @@ impl ServerConfig {
             }
             if let Some(url) = store.url {
                 config.store_url = Some(url);
+            }
+            if let Some(path) = store.ca_secret_file {
+                config.ca_secret_file = Some(path);
             }
         }
         config.controllers.enabled = true;
@@ -346,6 +355,9 @@ impl ServerConfig {
         }
         if let Some(url) = overrides.store_url {
             config.store_url = Some(url);
+        }
+        if let Some(path) = overrides.ca_secret_file {
+            config.ca_secret_file = Some(path);
         }
         if let Some(v) = overrides.max_nodes_per_agent {
             config.api.max_nodes_per_agent = v;
@@ -617,6 +629,8 @@ pub struct ServerOverrides {
     pub reinitialize_store: bool,
     /// `--store`: see [`ServerConfig::store_url`].
     pub store_url: Option<String>,
+    /// `--ca-secret-file`: see [`ServerConfig::ca_secret_file`].
+    pub ca_secret_file: Option<PathBuf>,
     /// `--max-connections`: see `ConnectionLimits::max_connections`.
     pub max_connections: Option<usize>,
     /// `--max-connections-per-ip`: see `ConnectionLimits::max_connections_per_ip`.
@@ -765,6 +779,8 @@ pub struct StoreConfigFile {
     pub log_capacity_bytes: Option<usize>,
     /// `url`: see [`ServerConfig::store_url`] (absent = SQLite in the data directory).
     pub url: Option<String>,
+    /// `caSecretFile`: see [`ServerConfig::ca_secret_file`].
+    pub ca_secret_file: Option<PathBuf>,
 }
 
 /// The `api.limits` section of [`ServerConfigFile`]; see `rlark_apiserver::limits::Limits`.

@@ -260,20 +260,37 @@ async fn start_with_token(
     let revocation_file =
         security::revocation_file::RevocationFile::load(&pki_dir.join(REVOCATIONS_FILE))
             .map_err(|e| ServerError::Security(e.to_string()))?;
-    let ca = Arc::new(Ca::load_or_create(&pki_dir)?);
-    let ssh_ca = Arc::new(rlark_pki::ssh::SshCa::load_or_create(&pki_dir)?);
-    let ca_cert_hash = ca.cert_hash()?;
-    let serving = ca.issue_serving(&serving_sans(&config), config.serving_cert_validity)?;
-    let admin = ca.load_or_issue_client(
-        &pki_dir.join("admin.crt"),
-        &pki_dir.join("admin.key"),
-        ADMIN_USER,
-        &[rlark_apiserver::auth::ADMIN_GROUP.to_string()],
-        config.admin_cert_validity,
-    )?;
+    let ca_secret = config
+        .ca_secret_file
+        .as_deref()
+        .map(security::ca_store::CaSecret::from_file)
+        .transpose()
+        .map_err(ServerError::Security)?;
 
-    // Store and API.
+    // The store first: with a shared store, the CAs may come from it.
     let store = open_store(&config, &db_path).await?;
+    let pki = async {
+        security::ca_store::sync(&store, &pki_dir, ca_secret.as_ref()).await?;
+        let ca = Arc::new(Ca::load_or_create(&pki_dir)?);
+        let ssh_ca = Arc::new(rlark_pki::ssh::SshCa::load_or_create(&pki_dir)?);
+        let ca_cert_hash = ca.cert_hash()?;
+        let serving = ca.issue_serving(&serving_sans(&config), config.serving_cert_validity)?;
+        let admin = ca.load_or_issue_client(
+            &pki_dir.join("admin.crt"),
+            &pki_dir.join("admin.key"),
+            ADMIN_USER,
+            &[rlark_apiserver::auth::ADMIN_GROUP.to_string()],
+            config.admin_cert_validity,
+        )?;
+        Ok::<_, ServerError>((ca, ssh_ca, ca_cert_hash, serving, admin))
+    };
+    let (ca, ssh_ca, ca_cert_hash, serving, admin) = match pki.await {
+        Ok(pki) => pki,
+        Err(e) => {
+            store.close().await;
+            return Err(e);
+        }
+    };
     // Right after opening, before anything else can fail: a first start that fails later
     // (say, the port is taken) has marked its store, so the next start is not refused.
     if let Err(e) = store_guard::check_after_open(

@@ -9,6 +9,7 @@
 
 pub(crate) mod agent_revocations;
 pub(crate) mod audit_file;
+pub mod ca_store;
 pub(crate) mod join_limit;
 pub(crate) mod records;
 pub(crate) mod revocation_file;

@@ -85,6 +85,16 @@ struct StoreArgs {
     /// (DATA_DIR/rlark.db). Overrides the config file's store.url.
     #[arg(long = "store", value_name = "URL", env = "RLARK_STORE")]
     store_url: Option<String>,
+    /// A file holding a secret (at least 32 bytes) that seals the CA keys kept in the store.
+    /// With it, the installation's CA and SSH CA are stored (keys sealed) and replicas sharing
+    /// the store take them from there; give every replica the same file. Overrides the config
+    /// file's store.caSecretFile.
+    #[arg(
+        long = "ca-secret-file",
+        value_name = "FILE",
+        env = "RLARK_CA_SECRET_FILE"
+    )]
+    ca_secret_file: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -179,6 +189,7 @@ pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
             controllers: args.controllers,
             reinitialize_store: args.store.reinitialize_store,
             store_url: args.store.store_url,
+            ca_secret_file: args.store.ca_secret_file,
             max_connections: args.max_connections,
             max_connections_per_ip: args.max_connections_per_ip,
             reserved_connections: args.reserved_connections,
@@ -226,6 +237,7 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
     config.controllers.enabled = true;
     config.reinitialize_store = args.store.reinitialize_store;
     config.store_url = args.store.store_url;
+    config.ca_secret_file = args.store.ca_secret_file;
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
     // A start that fails leaves no data directory behind that it created itself.

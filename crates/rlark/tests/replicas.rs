@@ -1,0 +1,405 @@
+//! Three `rlark server` processes sharing one PostgreSQL database (a throwaway cluster on
+//! loopback), each with its own data directory, as three replicas of one installation:
+//!
+//! - they share one CA, taken from the store (sealed with `--ca-secret-file`), so a client
+//!   certificate issued by one is accepted by all; a replica without the secret, with a
+//!   wrong one, or with another installation's CA is refused;
+//! - a kube-rs watch on replica 1 sees writes made on replica 3 (latency printed, p50/p99
+//!   over 1,000 writes: a figure for docs/benchmarks.md, not an assertion);
+//! - revoking a user on replica 2 cuts its token off on all three;
+//! - killing (-9) the replica that holds the controllers' Lease hands it to another;
+//! - restarting PostgreSQL under writes loses no acknowledged write, and every replica
+//!   recovers by itself.
+//!
+//! Without the PostgreSQL binaries the test skips, or fails under `CI=true`.
+
+#[path = "../../../tests/support/missing_tool.rs"]
+mod missing_tool;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result, bail};
+use futures::{StreamExt, TryStreamExt};
+use kube::api::{Api, DynamicObject, PostParams, WatchEvent, WatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use rlark_testkit::ServerProcess;
+use rlark_testkit::postgres::PgCluster;
+
+const WRITES: usize = 1_000;
+
+fn leases() -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("coordination.k8s.io", "v1", "Lease"),
+        "leases",
+    )
+}
+
+fn lease(name: &str) -> Result<DynamicObject> {
+    Ok(serde_json::from_value(serde_json::json!({
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"holderIdentity": "test", "leaseDurationSeconds": 15}
+    }))?)
+}
+
+fn lease_api(client: &kube::Client) -> Api<DynamicObject> {
+    Api::namespaced_with(client.clone(), "default", &leases())
+}
+
+fn spawn_replica(binary: &Path, dir: &Path, url: &str, secret: &Path) -> Result<ServerProcess> {
+    ServerProcess::spawn_with_args(
+        binary,
+        dir,
+        &[
+            "--store",
+            url,
+            "--ca-secret-file",
+            secret.to_str().context("secret path")?,
+        ],
+    )
+}
+
+/// A client of `replica` that authenticates with a bearer token instead of the admin
+/// certificate.
+async fn token_client(replica: &ServerProcess, token: &str) -> Result<kube::Client> {
+    let kubeconfig = kube::config::Kubeconfig::read_from(replica.kubeconfig_path())?;
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+    config.auth_info = kube::config::AuthInfo {
+        token: Some(token.to_string().into()),
+        ..Default::default()
+    };
+    config.default_retry = false;
+    Ok(kube::Client::try_from(config)?)
+}
+
+async fn status_of(client: &kube::Client, path: &str) -> Result<http::StatusCode> {
+    let request = http::Request::get(path).body(kube::client::Body::empty())?;
+    Ok(client.send(request).await?.status())
+}
+
+async fn post_json(
+    client: &kube::Client,
+    path: &str,
+    body: serde_json::Value,
+) -> Result<serde_json::Value> {
+    let request = http::Request::post(path)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(serde_json::to_vec(&body)?)?;
+    Ok(client.request::<serde_json::Value>(request).await?)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+/// Wait until `check` holds, at most `timeout`; how long it took.
+async fn eventually<F, Fut>(what: &str, timeout: Duration, mut check: F) -> Result<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<bool>>,
+{
+    let started = Instant::now();
+    loop {
+        if check().await? {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() > timeout {
+            bail!("{what}: not within {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn three_replicas_share_one_postgres() -> Result<()> {
+    let Some(bin) = rlark_testkit::postgres::find_bin() else {
+        missing_tool::skip_or_fail(
+            "PostgreSQL server binaries (initdb, pg_ctl; Debian package postgresql) are not installed",
+        );
+        return Ok(());
+    };
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_rlark"));
+    let cluster = PgCluster::start(&bin);
+    cluster.create_database("rlark");
+    let url = cluster.url("rlark");
+    let dir = tempfile::tempdir()?;
+    let secret = dir.path().join("ca-secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef-test-secret\n")?;
+
+    // Sequentially, so the first one creates the CA and the others take it.
+    let mut replicas = Vec::new();
+    for i in 1..=3 {
+        let data = dir.path().join(format!("replica-{i}"));
+        replicas.push(spawn_replica(&binary, &data, &url, &secret)?);
+    }
+    let ca = |i: usize| std::fs::read_to_string(replicas[i].data_dir().join("pki/ca.crt"));
+    assert_eq!(ca(0)?, ca(1)?, "replica 2 took the store's CA");
+    assert_eq!(ca(0)?, ca(2)?, "replica 3 took the store's CA");
+    // A fourth without the secret, with a wrong one, or with another installation's CA, is
+    // refused with a message naming the problem.
+    let wrong = dir.path().join("wrong-secret");
+    std::fs::write(&wrong, "another secret, long enough to be accepted....")?;
+    let stranger = dir.path().join("stranger");
+    std::fs::create_dir_all(stranger.join("pki"))?;
+    rlark_pki::Ca::load_or_create(&stranger.join("pki"))?;
+    for (data, secret, expected) in [
+        (
+            "replica-no-secret",
+            None,
+            "give the secret it was sealed with",
+        ),
+        (
+            "replica-wrong-secret",
+            Some(&wrong),
+            "not the one it was sealed with",
+        ),
+        (
+            "stranger",
+            Some(&secret),
+            "belongs to a different installation",
+        ),
+    ] {
+        let mut command = std::process::Command::new(&binary);
+        command
+            .arg("server")
+            .arg("--data-dir")
+            .arg(dir.path().join(data))
+            .args(["--listen", "127.0.0.1:0", "--store", &url]);
+        if let Some(secret) = secret {
+            command.arg("--ca-secret-file").arg(secret);
+        }
+        let output = command.output()?;
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(!output.status.success(), "{data}: must be refused");
+        assert!(stderr.contains(expected), "{data}: {stderr}");
+    }
+    let mut clients = Vec::new();
+    for replica in &replicas {
+        clients.push(replica.client().await?);
+    }
+    // Replica 1's admin certificate (issued by replica 1) works on replica 3.
+    let cross = {
+        let kubeconfig = kube::config::Kubeconfig::read_from(replicas[0].kubeconfig_path())?;
+        let mut config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &Default::default()).await?;
+        config.cluster_url = format!("https://{}", replicas[2].addr()?).parse()?;
+        kube::Client::try_from(config)?
+    };
+    assert_eq!(status_of(&cross, "/readyz").await?, http::StatusCode::OK);
+
+    // A watch on replica 1 sees writes made on replica 3.
+    let seen: Arc<Mutex<HashMap<String, Instant>>> = Arc::default();
+    let mut stream = lease_api(&clients[0])
+        .watch(&WatchParams::default().timeout(290), "0")
+        .await?
+        .boxed();
+    let recorder = {
+        let seen = Arc::clone(&seen);
+        tokio::spawn(async move {
+            while let Some(event) = stream.try_next().await? {
+                if let WatchEvent::Added(object) = event
+                    && let Some(name) = object.metadata.name
+                    && name.starts_with("w-")
+                {
+                    seen.lock().expect("lock").insert(name, Instant::now());
+                }
+            }
+            anyhow::Ok(())
+        })
+    };
+    let writer = lease_api(&clients[2]);
+    let mut acked = Vec::with_capacity(WRITES);
+    for i in 0..WRITES {
+        let name = format!("w-{i}");
+        writer
+            .create(&PostParams::default(), &lease(&name)?)
+            .await?;
+        acked.push((name, Instant::now()));
+    }
+    eventually("replica 1 saw every write", Duration::from_secs(30), || {
+        let done = seen.lock().expect("lock").len() == WRITES;
+        async move { Ok(done) }
+    })
+    .await?;
+    recorder.abort();
+    let mut latencies: Vec<Duration> = {
+        let seen = seen.lock().expect("lock");
+        acked
+            .iter()
+            .map(|(name, at)| seen[name].saturating_duration_since(*at))
+            .collect()
+    };
+    latencies.sort();
+    eprintln!(
+        "cross-replica watch: {WRITES} creates on replica 3 seen by a watch on replica 1: \
+         p50 {:?}, p99 {:?}, max {:?} (from the create's acknowledgement)",
+        percentile(&latencies, 0.5),
+        percentile(&latencies, 0.99),
+        latencies[latencies.len() - 1]
+    );
+
+    // Revoking a user on replica 2 cuts its token off on all three.
+    let token = post_json(
+        &clients[0],
+        "/rlark/v1/tokens",
+        serde_json::json!({"kind": "user", "user": "alice", "role": "viewer"}),
+    )
+    .await?;
+    let token = token["token"].as_str().context("token")?.to_string();
+    let mut alice = Vec::new();
+    for replica in &replicas {
+        let client = token_client(replica, &token).await?;
+        assert_eq!(
+            status_of(&client, "/api/v1/namespaces/default/pods").await?,
+            http::StatusCode::OK,
+            "alice before the revocation"
+        );
+        alice.push(client);
+    }
+    post_json(
+        &clients[1],
+        "/rlark/v1/revocations",
+        serde_json::json!({"user": "alice", "reason": "test"}),
+    )
+    .await?;
+    let revoked_at = Instant::now();
+    for (i, client) in alice.iter().enumerate() {
+        eventually("alice refused", Duration::from_secs(10), || async {
+            Ok(status_of(client, "/api/v1/namespaces/default/pods").await?
+                == http::StatusCode::UNAUTHORIZED)
+        })
+        .await?;
+        eprintln!(
+            "revocation on replica 2 in force on replica {} after {:?}",
+            i + 1,
+            revoked_at.elapsed()
+        );
+    }
+
+    // Kill -9 the replica holding the controllers' Lease: another takes it.
+    let controller_lease = |client: &kube::Client| {
+        let api = lease_api(client);
+        async move {
+            let lease = api.get("rlark-controller-manager").await?;
+            Ok::<_, anyhow::Error>(
+                lease.data["spec"]["holderIdentity"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            )
+        }
+    };
+    let holder = controller_lease(&clients[0]).await?;
+    let leader = (0..3)
+        .find(|&i| {
+            std::fs::read_to_string(replicas[i].log_path())
+                .is_ok_and(|log| log.contains("became leader") && log.contains(&holder))
+        })
+        .with_context(|| format!("no replica logged leadership as {holder}"))?;
+    eprintln!("controllers run on replica {} ({holder})", leader + 1);
+    let killed_at = Instant::now();
+    replicas[leader].kill_9()?;
+    let survivor = (0..3).find(|&i| i != leader).context("a survivor")?;
+    let took = eventually(
+        "another replica took the Lease",
+        Duration::from_secs(60),
+        || {
+            let client = clients[survivor].clone();
+            let holder = holder.clone();
+            async move {
+                let now = controller_lease(&client).await?;
+                Ok(!now.is_empty() && now != holder)
+            }
+        },
+    )
+    .await?;
+    let new_holder = controller_lease(&clients[survivor]).await?;
+    assert!(
+        (0..3).filter(|&i| i != leader).any(|i| {
+            std::fs::read_to_string(replicas[i].log_path())
+                .is_ok_and(|log| log.contains(&new_holder))
+        }),
+        "the new holder {new_holder} is one of the survivors"
+    );
+    eprintln!(
+        "controllers' Lease taken over by {new_holder} {took:?} after the check began ({:?} after the kill)",
+        killed_at.elapsed()
+    );
+
+    // PostgreSQL restarted under writes from both survivors: nothing acknowledged is lost.
+    let live: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
+    let writers: Vec<_> = live
+        .iter()
+        .map(|&i| {
+            let api = lease_api(&clients[i]);
+            tokio::spawn(async move {
+                let mut acknowledged = Vec::new();
+                let mut refused = 0usize;
+                for n in 0..400 {
+                    let name = format!("pg-{i}-{n}");
+                    match api.create(&PostParams::default(), &lease(&name)?).await {
+                        Ok(_) => acknowledged.push(name),
+                        Err(_) => refused += 1,
+                    }
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                anyhow::Ok((acknowledged, refused))
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cluster.pause();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    cluster.resume();
+    let mut acknowledged = Vec::new();
+    for writer in writers {
+        let (names, refused) = writer.await??;
+        eprintln!(
+            "{} writes acknowledged, {refused} refused during the restart",
+            names.len()
+        );
+        acknowledged.extend(names);
+    }
+    for &i in &live {
+        eventually("replica ready again", Duration::from_secs(30), || {
+            let client = clients[i].clone();
+            async move { Ok(status_of(&client, "/readyz").await? == http::StatusCode::OK) }
+        })
+        .await?;
+        let api = lease_api(&clients[i]);
+        eventually(
+            "every acknowledged write on every replica",
+            Duration::from_secs(30),
+            || {
+                let api = api.clone();
+                let acknowledged = acknowledged.clone();
+                async move {
+                    let names: std::collections::HashSet<String> = api
+                        .list(&Default::default())
+                        .await?
+                        .items
+                        .into_iter()
+                        .filter_map(|lease| lease.metadata.name)
+                        .collect();
+                    Ok(acknowledged.iter().all(|name| names.contains(name)))
+                }
+            },
+        )
+        .await?;
+    }
+    // Writes go through after the restart.
+    for &i in &live {
+        lease_api(&clients[i])
+            .create(&PostParams::default(), &lease(&format!("after-{i}"))?)
+            .await?;
+    }
+    for replica in replicas {
+        let _ = replica.terminate();
+    }
+    Ok(())
+}
