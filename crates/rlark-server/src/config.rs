@@ -59,7 +59,7 @@ pub struct ServerConfig {
     pub store_log_capacity_bytes: usize,
     /// Where the store is: `None` for SQLite in the data directory (`DATA_DIR/rlark.db`, the
     /// default), or a `postgres://user:password@host:port/database` URL (`--store`,
-    /// `RLARK_STORE`, config file `store.url`). One server per PostgreSQL database.
+    /// `RLARK_STORE`, config file `store.url`). Several replicas may share one PostgreSQL database.
     pub store_url: Option<String>,
     /// A file holding the secret that seals the CA keys in the store (`--ca-secret-file`,
     /// `RLARK_CA_SECRET_FILE`, config file `store.caSecretFile`): with it, the installation's

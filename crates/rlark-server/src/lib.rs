@@ -15,7 +15,7 @@
 //!
 //! | path | what |
 //! |---|---|
-//! | `pki/ca.crt`, `pki/ca.key` | installation CA (created once) |
+//! | `pki/ca.crt`, `pki/ca.key` | installation CA (created once; with `--ca-secret-file` also kept in the store, key sealed, and taken from there by a new replica: `security::ca_store`) |
 //! | `pki/admin.crt`, `pki/admin.key` | admin client certificate (`CN=admin, O=system:masters`) |
 //! | `pki/trusted/*.crt`, `pki/ca-cross.crt` | previous CA and cross-signed active CA, during a CA rotation |
 //! | `pki/ssh_ca`, `pki/ssh_ca.pub` | the installation's OpenSSH user CA (Ed25519) |

@@ -83,7 +83,7 @@ pub struct ApiBenchOptions {
     #[arg(long, value_name = "DIR")]
     pub data_dir: Option<PathBuf>,
     /// Run the store baseline and the server on PostgreSQL (`postgres://...`, an empty
-    /// database; one server per database) instead of SQLite in the data directory. The
+    /// database) instead of SQLite in the data directory. The
     /// baseline's objects are deleted again before the server starts. Not in the JSON report
     /// (it may hold a password); the store baseline's label names the backend.
     #[arg(long = "store", value_name = "URL")]

@@ -81,7 +81,7 @@ struct StoreArgs {
     #[arg(long)]
     reinitialize_store: bool,
     /// Store: a postgres://user:password@host:port/database URL to keep the objects in
-    /// PostgreSQL (one server per database). Default: SQLite in the data directory
+    /// PostgreSQL (several replicas may share one database). Default: SQLite in the data directory
     /// (DATA_DIR/rlark.db). Overrides the config file's store.url.
     #[arg(long = "store", value_name = "URL", env = "RLARK_STORE")]
     store_url: Option<String>,
