@@ -388,16 +388,28 @@ async fn start_with_token(
     let ready = Arc::new(AtomicBool::new(false));
     let hub = tunnel::Hub::new(replica_name(local_addr), config.tunnel.clone());
     hub.proxy_tls().trust_pem(&ca.bundle_pem());
+    let advertise_url = config
+        .tunnel
+        .advertise_url
+        .clone()
+        .or_else(|| tunnel::replicas::default_advertise_url(local_addr, &config.tls_sans));
     let replicas = tunnel::replicas::Replicas::new(
         Arc::new(store.clone()),
         replica_name(local_addr),
-        config
-            .tunnel
-            .advertise_url
-            .clone()
-            .or_else(|| tunnel::replicas::default_advertise_url(local_addr, &config.tls_sans)),
+        advertise_url.clone(),
         config.tunnel.peers.clone(),
     );
+    match peer_tls(&config, &ca, &security, local_addr).await {
+        Ok(tls) => hub.set_peer_link(tunnel::peer::PeerLink::new(
+            Arc::clone(&replicas),
+            advertise_url,
+            tls,
+        )),
+        Err(e) => {
+            store.close().await;
+            return Err(e);
+        }
+    }
     registry.register_collector(Box::new(tunnel::HubCollector {
         hub: Arc::clone(&hub),
     }));
@@ -707,6 +719,57 @@ async fn prepare_security(
         );
     }
     Ok(security)
+}
+
+/// This replica's peer identity towards the others (`tunnel/peer.rs`): a client certificate
+/// `system:rlark:peer:replica-<port>-<random>` issued now (recorded like any other, so it is
+/// listed and revocable), and the installation's CA as the only root.
+async fn peer_tls(
+    config: &ServerConfig,
+    ca: &Ca,
+    security: &security::Security,
+    local_addr: SocketAddr,
+) -> Result<Arc<rustls::ClientConfig>, ServerError> {
+    use rustls::pki_types::pem::PemObject as _;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let name = format!(
+        "replica-{}-{}",
+        local_addr.port(),
+        &uuid::Uuid::new_v4().simple().to_string()[..8]
+    );
+    let identity = rlark_apiserver::auth::Identity::peer(&name);
+    let issued = ca.issue_client(
+        &identity.user,
+        &identity.groups,
+        config.serving_cert_validity,
+    )?;
+    let info = rlark_pki::CertInfo::from_pem(&issued.cert_pem)?;
+    security
+        .record_certificate(&info, "peer", None, "startup", None)
+        .await
+        .map_err(|e| ServerError::Security(e.to_string()))?;
+    let tls_error = |what: &str, e: &dyn std::fmt::Display| {
+        ServerError::Security(format!("peer TLS client ({what}): {e}"))
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for anchor in ca.trust_anchors() {
+        roots
+            .add(anchor)
+            .map_err(|e| tls_error("CA certificate", &e))?;
+    }
+    let chain = CertificateDer::pem_slice_iter(issued.cert_pem.as_bytes())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| tls_error("certificate", &e))?;
+    let key = PrivateKeyDer::from_pem_slice(issued.key_pem.as_bytes())
+        .map_err(|e| tls_error("key", &e))?;
+    let mut tls = rustls::ClientConfig::builder_with_provider(Arc::new(rlark_pki::tls_provider()))
+        .with_safe_default_protocol_versions()
+        .map_err(|e| tls_error("protocol versions", &e))?
+        .with_root_certificates(roots)
+        .with_client_auth_cert(chain, key)
+        .map_err(|e| tls_error("client certificate", &e))?;
+    tls.alpn_protocols = vec![b"http/1.1".to_vec()];
+    Ok(Arc::new(tls))
 }
 
 /// The accept loop and the connections it spawned.

@@ -403,3 +403,106 @@ async fn three_replicas_share_one_postgres() -> Result<()> {
     }
     Ok(())
 }
+
+/// How many agent sessions `server` holds.
+async fn tunnels(server: &rlark_testkit::TestServer) -> Result<usize> {
+    let client = server.client().await?;
+    let request = http::Request::get("/api/v1/tunnels").body(Vec::new())?;
+    let list: serde_json::Value = client.request(request).await?;
+    Ok(list["items"].as_array().map_or(0, Vec::len))
+}
+
+/// `rlark port-forward` through replica A reaches an agent tunnelled only to replica B: A has
+/// no session, asks its peers over mTLS with its peer certificate, and B carries the stream
+/// through its own session. A non-peer (even an admin) may not open peer streams.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn port_forward_through_a_replica_without_the_agents_tunnel() -> Result<()> {
+    use rlark_testkit::TestServer;
+    use rlark_testkit::tunnel_agent::TunnelAgent;
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+
+    let Some(bin) = rlark_testkit::postgres::find_bin() else {
+        missing_tool::skip_or_fail(
+            "PostgreSQL server binaries (initdb, pg_ctl; Debian package postgresql) are not installed",
+        );
+        return Ok(());
+    };
+    let cluster = PgCluster::start(&bin);
+    cluster.create_database("rlark");
+    let dir = tempfile::tempdir()?;
+    let secret = dir.path().join("ca-secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef-test-secret\n")?;
+    let config = |name: &str| {
+        let mut config = TestServer::config_for(&dir.path().join(name));
+        config.store_url = Some(cluster.url("rlark"));
+        config.ca_secret_file = Some(secret.clone());
+        config
+    };
+    let a = TestServer::start_with(config("a")).await?;
+    let b = TestServer::start_with(config("b")).await?;
+    // Connected to B only (this test agent does not discover replicas).
+    let agent = TunnelAgent::start(&[&b], "edge").await?;
+    assert_eq!(tunnels(&a).await?, 0, "A holds no session of the agent");
+    assert_eq!(tunnels(&b).await?, 1);
+
+    // An echo target on the agent's host.
+    let echo = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let echo_port = echo.local_addr()?.port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut reader, mut writer) = socket.split();
+                let _ = tokio::io::copy(&mut reader, &mut writer).await;
+            });
+        }
+    });
+
+    let kubeconfig = a.kubeconfig_path().to_string_lossy().into_owned();
+    let mut forward = tokio::process::Command::new(env!("CARGO_BIN_EXE_rlark"))
+        .args(["port-forward", "edge", &format!("0:127.0.0.1:{echo_port}")])
+        .args(["--kubeconfig", &kubeconfig])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit())
+        .kill_on_drop(true)
+        .spawn()
+        .context("spawn rlark port-forward")?;
+    let stdout = forward.stdout.take().context("no stdout")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let local: std::net::SocketAddr = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(line) = lines.next_line().await? {
+            if let Some(rest) = line.strip_prefix("Forwarding from ") {
+                let addr = rest.split_whitespace().next().unwrap_or_default();
+                return addr.parse().with_context(|| format!("address in {line:?}"));
+            }
+        }
+        bail!("rlark port-forward exited without printing its address")
+    })
+    .await
+    .context("rlark port-forward did not start")??;
+    let mut socket = tokio::net::TcpStream::connect(local).await?;
+    let payload = b"through replica A to the agent on replica B";
+    socket.write_all(payload).await?;
+    let mut back = vec![0u8; payload.len()];
+    tokio::time::timeout(Duration::from_secs(30), socket.read_exact(&mut back))
+        .await
+        .context("echo timed out")??;
+    assert_eq!(&back, payload);
+    drop(socket);
+    forward.kill().await?;
+
+    // Peer streams are for replicas only.
+    let admin = a.client().await?;
+    let request = http::Request::post("/rlark/v1/peer/streams")
+        .header("upgrade", "rlark-peer-stream/1")
+        .header("connection", "Upgrade")
+        .header("x-rlark-peer-cluster", "edge")
+        .header("x-rlark-peer-kind", "agent-api")
+        .body(kube::client::Body::empty())?;
+    let response = admin.send(request).await?;
+    assert_eq!(response.status(), http::StatusCode::FORBIDDEN);
+
+    agent.stop().await;
+    a.stop().await?;
+    b.stop().await?;
+    Ok(())
+}

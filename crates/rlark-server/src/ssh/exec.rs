@@ -3,12 +3,12 @@
 //! `agent-api` tunnel stream, remotecommand `v5.channel.k8s.io`), spoken here by the server
 //! itself instead of relayed from a client.
 
+use crate::tunnel::HubStream;
 use futures::{SinkExt as _, StreamExt as _};
 use rlark_tunnel::agent_api::{
     Channel, EXEC_PROTOCOL_V5, ExecOptions, ExecOutcome, MAX_EXEC_MESSAGE, TerminalSize,
     decode_frame, encode_frame, exec_path,
 };
-use rlark_tunnel::mux::MuxStream;
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::client::IntoClientRequest as _;
 use tokio_tungstenite::tungstenite::protocol::WebSocketConfig;
@@ -19,7 +19,7 @@ use crate::tunnel::Hub;
 
 /// An exec session with the agent.
 pub(crate) struct AgentExec {
-    ws: WebSocketStream<MuxStream>,
+    ws: WebSocketStream<HubStream>,
 }
 
 /// What the agent sent.
@@ -32,12 +32,12 @@ pub(crate) enum Output {
 
 /// The sending half of an exec: input, terminal size, end of input.
 pub(crate) struct ExecInput {
-    sink: futures::stream::SplitSink<WebSocketStream<MuxStream>, Message>,
+    sink: futures::stream::SplitSink<WebSocketStream<HubStream>, Message>,
 }
 
 /// The receiving half of an exec: output, then how it ended.
 pub(crate) struct ExecOutput {
-    stream: futures::stream::SplitStream<WebSocketStream<MuxStream>>,
+    stream: futures::stream::SplitStream<WebSocketStream<HubStream>>,
 }
 
 impl AgentExec {

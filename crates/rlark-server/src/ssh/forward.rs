@@ -35,7 +35,7 @@ async fn connect(
     login: &Login,
     host: &str,
     port: u32,
-) -> Result<(String, rlark_tunnel::mux::MuxStream, u16), Refused> {
+) -> Result<(String, crate::tunnel::HubStream, u16), Refused> {
     let (Target::Task { index, .. }, Some(task)) = (&login.target, &login.task) else {
         return Err(Refused::Denied(
             "forwarding needs a task login (TASK@server), not the menu".into(),

@@ -16,6 +16,7 @@ pub(crate) mod devices;
 pub(crate) mod exec;
 pub(crate) mod logs;
 pub(crate) mod netcheck;
+pub(crate) mod peer;
 pub(crate) mod portforward;
 pub(crate) mod prefix;
 pub(crate) mod proxy_tls;
@@ -35,10 +36,11 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::ConstGauge;
 use rlark_tunnel::dial::DialError;
 use rlark_tunnel::header::{Status, StreamRequest};
-use rlark_tunnel::mux::{Control, MuxConfig, MuxStream};
+use rlark_tunnel::mux::{Control, MuxConfig};
 use serde::Serialize;
 
 use crate::security::Security;
+pub(crate) use peer::HubStream;
 pub(crate) use proxy_tls::ProxyTls;
 
 /// Tunnel tunables (the agent side has its own copy of the mux settings).
@@ -127,6 +129,8 @@ pub(crate) struct Hub {
     connects: Counter,
     proxy_tls: ProxyTls,
     relay: relay::Relay,
+    /// The other replicas, for agents this one has no session with (set once at start).
+    peers: std::sync::OnceLock<peer::PeerLink>,
 }
 
 impl std::fmt::Debug for Hub {
@@ -148,7 +152,14 @@ impl Hub {
             connects: Counter::default(),
             proxy_tls: ProxyTls::new(),
             relay: relay::Relay::default(),
+            peers: std::sync::OnceLock::new(),
         })
+    }
+
+    /// Carry streams for agents without a session here through the other replicas
+    /// (`peer.rs`). Once; later calls are ignored.
+    pub(crate) fn set_peer_link(&self, link: peer::PeerLink) {
+        let _ = self.peers.set(link);
     }
 
     pub(crate) fn config(&self) -> &TunnelConfig {
@@ -247,7 +258,7 @@ impl Hub {
         node: Option<&str>,
         host: &str,
         port: u16,
-    ) -> Result<MuxStream, DialError> {
+    ) -> Result<HubStream, DialError> {
         self.dial_through(cluster_id, Pick::Prefer(node), host, port)
             .await
     }
@@ -261,7 +272,7 @@ impl Hub {
         node: &str,
         host: &str,
         port: u16,
-    ) -> Result<MuxStream, DialError> {
+    ) -> Result<HubStream, DialError> {
         self.dial_through(cluster_id, Pick::Exactly(node), host, port)
             .await
     }
@@ -273,7 +284,7 @@ impl Hub {
         pick: Pick<'_>,
         host: &str,
         port: u16,
-    ) -> Result<MuxStream, DialError> {
+    ) -> Result<HubStream, DialError> {
         let request = StreamRequest::DialTcp {
             host: host.to_string(),
             port,
@@ -289,7 +300,7 @@ impl Hub {
         &self,
         cluster_id: &str,
         node: Option<&str>,
-    ) -> Result<MuxStream, DialError> {
+    ) -> Result<HubStream, DialError> {
         self.open(
             cluster_id,
             Pick::Prefer(node),
@@ -299,14 +310,42 @@ impl Hub {
         .await
     }
 
-    /// Pick the agent's session, open a stream with `request`, and count the outcome.
+    /// Open a stream with `request` through one of this replica's sessions of the agent, or,
+    /// when it has none, through the replica that has one (`peer.rs`).
     async fn open(
         &self,
         cluster_id: &str,
         pick: Pick<'_>,
         request: &StreamRequest,
         deadline: Duration,
-    ) -> Result<MuxStream, DialError> {
+    ) -> Result<HubStream, DialError> {
+        let local = self.open_local(cluster_id, pick, request, deadline).await;
+        match (local, self.peers.get()) {
+            (Err(error), Some(peers)) if error.status == Status::NoSuchAgent => {
+                let result = peers.open(cluster_id, pick, request, deadline).await;
+                self.dials
+                    .get_or_create(&DialLabels {
+                        status: match &result {
+                            Ok(_) => "peer".to_string(),
+                            Err(e) => format!("peer-{}", e.status.as_str()),
+                        },
+                    })
+                    .inc();
+                result
+            }
+            (local, _) => local,
+        }
+    }
+
+    /// Pick one of this replica's sessions of the agent, open a stream with `request`, and
+    /// count the outcome.
+    async fn open_local(
+        &self,
+        cluster_id: &str,
+        pick: Pick<'_>,
+        request: &StreamRequest,
+        deadline: Duration,
+    ) -> Result<HubStream, DialError> {
         let result = match self.pick_by(cluster_id, pick) {
             None => Err(DialError {
                 status: Status::NoSuchAgent,
@@ -320,7 +359,9 @@ impl Hub {
                     }
                 },
             }),
-            Some(control) => rlark_tunnel::dial::open(&control, request, deadline).await,
+            Some(control) => rlark_tunnel::dial::open(&control, request, deadline)
+                .await
+                .map(HubStream::Local),
         };
         let status = match &result {
             Ok(_) => "ok",

@@ -137,7 +137,7 @@ impl Destination {
         hub: &Hub,
         cluster: &str,
         port: u16,
-    ) -> Result<rlark_tunnel::mux::MuxStream, rlark_tunnel::dial::DialError> {
+    ) -> Result<super::HubStream, rlark_tunnel::dial::DialError> {
         match &self.node {
             Some(node) => hub.dial_on_node(cluster, node, &self.host, port).await,
             None => hub.dial(cluster, None, &self.host, port).await,

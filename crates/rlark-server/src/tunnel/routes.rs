@@ -5,6 +5,7 @@
 //! | `GET /api/connect` | agents (client certificate) | WebSocket upgrade carrying the tunnel session |
 //! | `ANY /api/proxy/{clusterID}/{scheme}/{host}:{port}/{path}` | admin | HTTP reverse proxy through the agent, WebSocket upgrades included; `scheme` is `http`, `https` (the target's certificate verified, see [`super::ProxyTls`]) or `https+insecure` (TLS without verification, as kube-apiserver's service proxy) |
 //! | `GET /api/v1/tunnels` | admin, viewer, peer | live sessions (agent, node, replica, since, streams, bytes) |
+//! | `POST /rlark/v1/peer/streams` | peers (other replicas) | upgrade carrying a stream through this replica's own session of an agent (`peer.rs`) |
 //! | `GET /rlark/v1/namespaces/{ns}/pods/{pod}/log` | admin, viewer | a replica's log from its agent (`logs.rs`) |
 //! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras/{camera}/stream`, `.../robots`, `POST .../robots/{robot}/{action}` | who may get the Node; robot actions admins | cameras' live view and robots, from their agent (`devices.rs`) |
 //! | `GET /api/v1/namespaces/{ns}/pods/{pod}/log`, `.../exec` | as the rlark routes | kubectl's URLs for the same (`core_pods.rs`; not in member simulation) |
@@ -38,6 +39,10 @@ pub(crate) fn router(hub: Arc<Hub>) -> Router {
         .route("/api/proxy/{cluster}/{scheme}/{target}/", any(proxy_root))
         .route("/api/proxy/{cluster}/{scheme}/{target}/{*path}", any(proxy))
         .route("/api/v1/tunnels", get(list))
+        .route(
+            super::peer::ROUTE,
+            axum::routing::post(super::peer::open_stream),
+        )
         .route(super::logs::ROUTE, get(super::logs::pod_log))
         .with_state(hub)
 }
