@@ -51,6 +51,7 @@ pub mod tasks;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering as AtomicOrdering};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
@@ -274,7 +275,7 @@ async fn start_with(
     );
     let renewer = Renewer::new(&identity_dir).map_err(AgentError::LoadIdentity)?;
     let renewals = renewer.subscribe();
-    let base_client = kube_client(&identity_dir).await?;
+    let base_client = kube_client(&identity_dir, &config.servers).await?;
     let (client_tx, client_rx) = watch::channel(base_client);
     let client = kube::Client::new(CurrentClient(client_rx), config.namespace());
     let tls = credentials.client_config().map_err(AgentError::Tls)?;
@@ -338,6 +339,7 @@ async fn start_with(
         tokio::spawn(follow_renewals(
             renewals,
             identity_dir.clone(),
+            config.servers.clone(),
             client_tx,
             tls_tx,
             pod_net.direct_endpoint(),
@@ -693,8 +695,9 @@ async fn join_now(
     Ok(credentials)
 }
 
-/// A kube client from `DIR/agent.kubeconfig` (the agent identity).
-async fn kube_client(identity_dir: &Path) -> Result<kube::Client, AgentError> {
+/// The agent's API clients: one per configured server, from `DIR/agent.kubeconfig` (the
+/// agent identity) with the server's URL.
+async fn kube_client(identity_dir: &Path, servers: &[String]) -> Result<Arc<Clients>, AgentError> {
     let path = identity_dir.join(crate::join::AGENT_KUBECONFIG);
     let err = |reason: String| AgentError::Client {
         path: path.clone(),
@@ -704,13 +707,44 @@ async fn kube_client(identity_dir: &Path) -> Result<kube::Client, AgentError> {
     let config = kube::Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
         .await
         .map_err(|e| err(e.to_string()))?;
-    kube::Client::try_from(config).map_err(|e| err(e.to_string()))
+    let mut list = vec![kube::Client::try_from(config.clone()).map_err(|e| err(e.to_string()))?];
+    let mut urls = vec![config.cluster_url.to_string()];
+    for server in servers {
+        let Ok(url) = server.parse::<http::Uri>() else {
+            continue;
+        };
+        if urls
+            .iter()
+            .any(|u| u.trim_end_matches('/') == server.trim_end_matches('/'))
+        {
+            continue;
+        }
+        let mut other = config.clone();
+        other.cluster_url = url;
+        list.push(kube::Client::try_from(other).map_err(|e| err(e.to_string()))?);
+        urls.push(server.clone());
+    }
+    Ok(Arc::new(Clients {
+        list,
+        urls,
+        current: AtomicUsize::new(0),
+    }))
 }
 
-/// A `kube::Client` service that sends each request through the latest client (rebuilt after
-/// each certificate renewal), so one `kube::Client` handed out at start never goes stale.
+/// The API clients of the configured servers, and the one in use.
+struct Clients {
+    list: Vec<kube::Client>,
+    urls: Vec<String>,
+    current: AtomicUsize,
+}
+
+/// A `kube::Client` service that sends each request through the latest clients (rebuilt
+/// after each certificate renewal), so one `kube::Client` handed out at start never goes
+/// stale, and through the server in use: when a request fails before any answer (the server
+/// is down or unreachable), the next configured server is used from the next request on.
+/// The failed request is not sent again here (its body is gone); every caller retries.
 #[derive(Clone)]
-struct CurrentClient(watch::Receiver<kube::Client>);
+struct CurrentClient(watch::Receiver<Arc<Clients>>);
 
 impl tower::Service<http::Request<kube::client::Body>> for CurrentClient {
     type Response = http::Response<kube::client::Body>;
@@ -722,8 +756,30 @@ impl tower::Service<http::Request<kube::client::Body>> for CurrentClient {
     }
 
     fn call(&mut self, request: http::Request<kube::client::Body>) -> Self::Future {
-        let client = self.0.borrow().clone();
-        Box::pin(async move { client.send(request).await })
+        let clients = Arc::clone(&self.0.borrow());
+        let index = clients.current.load(AtomicOrdering::Acquire) % clients.list.len();
+        let client = clients.list[index].clone();
+        Box::pin(async move {
+            let result = client.send(request).await;
+            if let Err(error) = &result
+                && clients.list.len() > 1
+            {
+                let next = (index + 1) % clients.list.len();
+                if clients
+                    .current
+                    .compare_exchange(index, next, AtomicOrdering::AcqRel, AtomicOrdering::Acquire)
+                    .is_ok()
+                {
+                    tracing::warn!(
+                        from = %clients.urls[index],
+                        to = %clients.urls[next],
+                        %error,
+                        "API request failed; using the next server"
+                    );
+                }
+            }
+            result
+        })
     }
 }
 
@@ -731,7 +787,8 @@ impl tower::Service<http::Request<kube::client::Body>> for CurrentClient {
 async fn follow_renewals(
     mut renewals: watch::Receiver<Arc<AgentCredentials>>,
     identity_dir: PathBuf,
-    client: watch::Sender<kube::Client>,
+    servers: Vec<String>,
+    client: watch::Sender<Arc<Clients>>,
     tls: watch::Sender<Arc<rustls::ClientConfig>>,
     direct: Option<net::direct::DirectEndpoint>,
     shutdown: CancellationToken,
@@ -754,7 +811,7 @@ async fn follow_renewals(
                 Err(error) => tracing::error!(%error, "renewed credentials: direct path TLS"),
             }
         }
-        match kube_client(&identity_dir).await {
+        match kube_client(&identity_dir, &servers).await {
             Ok(new) => {
                 client.send_replace(new);
             }

@@ -7,7 +7,9 @@
 //! - a kube-rs watch on replica 1 sees writes made on replica 3 (latency printed, p50/p99
 //!   over 1,000 writes: a figure for docs/benchmarks.md, not an assertion);
 //! - revoking a user on replica 2 cuts its token off on all three;
-//! - killing (-9) the replica that holds the controllers' Lease hands it to another;
+//! - killing (-9) the replica that holds the controllers' Lease hands it to another, while a
+//!   Workflow's first step runs on an agent connected to all three: the agent keeps its
+//!   tunnels to the survivors and its task, and the Workflow succeeds with one Task per step;
 //! - restarting PostgreSQL under writes loses no acknowledged write, and every replica
 //!   recovers by itself.
 //!
@@ -281,6 +283,75 @@ async fn three_replicas_share_one_postgres() -> Result<()> {
         );
     }
 
+    // An agent connected to all three, and a Workflow whose first step runs while the
+    // controllers' replica dies.
+    let agent_dir = tempfile::tempdir()?;
+    let join = post_json(
+        &clients[0],
+        "/rlark/v1/tokens",
+        serde_json::json!({"kind": "bootstrap", "ttlSeconds": 600, "clusterID": "edge"}),
+    )
+    .await?;
+    let urls = (0..3)
+        .map(|i| Ok(format!("https://{}", replicas[i].addr()?)))
+        .collect::<Result<Vec<_>>>()?;
+    let mut agent_config = rlark_agent::AgentConfig::new(urls, "edge", agent_dir.path());
+    agent_config.node_name = Some("edge-0".into());
+    agent_config.heartbeat_interval = Duration::from_millis(500);
+    agent_config.stop_tasks_on_exit = true;
+    agent_config.supervisor = vec![binary.clone().into(), "supervise".into()];
+    agent_config.join = Some(rlark_agent::JoinParams {
+        token: join["token"].as_str().context("token")?.to_string(),
+        ca_hash: join["caHash"].as_str().context("caHash")?.to_string(),
+    });
+    let agent = tokio::time::timeout(Duration::from_secs(60), rlark_agent::start(agent_config))
+        .await
+        .context("agent start timed out")??;
+    eventually(
+        "the agent is connected to all three",
+        Duration::from_secs(60),
+        || {
+            let connected = agent.tunnel_connected().len();
+            async move { Ok(connected == 3) }
+        },
+    )
+    .await?;
+    let marker = agent_dir.path().join("step-one-may-finish");
+    let workflow: rlark_api::types::Workflow = serde_json::from_value(serde_json::json!({
+        "apiVersion": "rlinf.io/v1alpha1",
+        "kind": "Workflow",
+        "metadata": {"name": "flight"},
+        "spec": {"jobTemplates": [
+            {"name": "one", "spec": {"tasks": [{"name": "main", "agentType": "Raw", "role": "Actor",
+                "raw": {"entrypoint": ["sh", "-c",
+                    format!("while [ ! -e {} ]; do sleep 0.1; done", marker.display())]}}]}},
+            {"name": "two", "dependencies": ["one"], "spec": {"tasks": [{"name": "main",
+                "agentType": "Raw", "role": "Actor", "raw": {"entrypoint": ["true"]}}]}},
+        ]},
+    }))?;
+    let workflows: Api<rlark_api::types::Workflow> = Api::all(clients[0].clone());
+    workflows.create(&PostParams::default(), &workflow).await?;
+    let running = |client: kube::Client| async move {
+        let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(client);
+        let running = pods
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .any(|pod| {
+                pod.metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|n| n.starts_with("flight-one"))
+                    && pod.status.and_then(|s| s.phase).as_deref() == Some("Running")
+            });
+        anyhow::Ok(running)
+    };
+    eventually("step one runs", Duration::from_secs(60), || {
+        running(clients[0].clone())
+    })
+    .await?;
+
     // Kill -9 the replica holding the controllers' Lease: another takes it.
     let controller_lease = |client: &kube::Client| {
         let api = lease_api(client);
@@ -330,6 +401,58 @@ async fn three_replicas_share_one_postgres() -> Result<()> {
         "controllers' Lease taken over by {new_holder} {took:?} after the check began ({:?} after the kill)",
         killed_at.elapsed()
     );
+
+    // The agent kept its tunnels to the survivors and its running task; the Workflow
+    // finishes under the new controllers with one Task per step.
+    assert_eq!(
+        agent.tunnel_connected().len(),
+        2,
+        "tunnels to the two survivors"
+    );
+    assert!(
+        running(clients[survivor].clone()).await?,
+        "step one still runs"
+    );
+    std::fs::write(&marker, "")?;
+    let workflows: Api<rlark_api::types::Workflow> = Api::all(clients[survivor].clone());
+    let succeeded = eventually("the Workflow succeeds", Duration::from_secs(120), || {
+        let workflows = workflows.clone();
+        async move {
+            let phase = workflows
+                .get("flight")
+                .await?
+                .status
+                .and_then(|s| s.phase)
+                .map(|p| format!("{p:?}"));
+            Ok(phase.as_deref() == Some("Succeeded"))
+        }
+    })
+    .await;
+    if let Err(error) = succeeded {
+        dump_state(&clients[survivor]).await;
+        for &i in &[survivor] {
+            eprintln!("replica {} log tail:\n{}", i + 1, replicas[i].log_tail());
+        }
+        return Err(error);
+    }
+    let tasks: Api<rlark_api::types::Task> = Api::all(clients[survivor].clone());
+    let mut names: Vec<String> = tasks
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter_map(|task| task.metadata.name)
+        .filter(|name| name.starts_with("flight-"))
+        .collect();
+    names.sort();
+    assert_eq!(
+        names,
+        ["flight-one-main", "flight-two-main"],
+        "one Task per step"
+    );
+    tokio::time::timeout(Duration::from_secs(60), agent.stop())
+        .await
+        .context("agent stop timed out")??;
 
     // PostgreSQL restarted under writes from both survivors: nothing acknowledged is lost.
     let live: Vec<usize> = (0..3).filter(|&i| i != leader).collect();
@@ -402,6 +525,33 @@ async fn three_replicas_share_one_postgres() -> Result<()> {
         let _ = replica.terminate();
     }
     Ok(())
+}
+
+/// Print Workflows, Jobs, Tasks and Pods (a failed wait's context).
+async fn dump_state(client: &kube::Client) {
+    for (group, version, kind, plural) in [
+        ("rlinf.io", "v1alpha1", "Workflow", "workflows"),
+        ("rlinf.io", "v1alpha1", "Job", "jobs"),
+        ("rlinf.io", "v1alpha1", "Task", "tasks"),
+        ("", "v1", "Pod", "pods"),
+    ] {
+        let resource =
+            ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind), plural);
+        let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+        match api.list(&Default::default()).await {
+            Ok(list) => {
+                for item in list.items {
+                    eprintln!(
+                        "{kind} {}/{}: {}",
+                        item.metadata.namespace.unwrap_or_default(),
+                        item.metadata.name.unwrap_or_default(),
+                        item.data.get("status").cloned().unwrap_or_default()
+                    );
+                }
+            }
+            Err(error) => eprintln!("list {plural}: {error}"),
+        }
+    }
 }
 
 /// How many agent sessions `server` holds.
