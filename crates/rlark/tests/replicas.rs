@@ -430,9 +430,11 @@ async fn three_replicas_share_one_postgres() -> Result<()> {
     .await;
     if let Err(error) = succeeded {
         dump_state(&clients[survivor]).await;
-        for &i in &[survivor] {
-            eprintln!("replica {} log tail:\n{}", i + 1, replicas[i].log_tail());
-        }
+        eprintln!(
+            "replica {} log tail:\n{}",
+            survivor + 1,
+            replicas[survivor].log_tail()
+        );
         return Err(error);
     }
     let tasks: Api<rlark_api::types::Task> = Api::all(clients[survivor].clone());
