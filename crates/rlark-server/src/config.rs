@@ -165,6 +165,12 @@ impl ServerConfig {
                 message: format!("{listen:?} is not an address like 127.0.0.1:8443 ({e})"),
             })?;
         }
+        if let Some(listen) = &file.ssh_listen {
+            config.ssh_listen = Some(listen.parse().map_err(|e| ConfigError::Invalid {
+                field: "sshListen".to_string(),
+                message: format!("{listen:?} is not an address like 127.0.0.1:2222 ({e})"),
+            })?);
+        }
         if let Some(sans) = file.tls_sans {
             config.tls_sans = sans;
         }
@@ -700,6 +706,9 @@ pub struct ServerConfigFile {
     /// `listen`: see [`ServerConfig::listen`]. Kept as text here; parsed (and reported
     /// naming the field) by [`ServerConfig::resolve`].
     pub listen: Option<String>,
+    /// `sshListen`: see [`ServerConfig::ssh_listen`] (absent: no SSH endpoint, unless
+    /// `--ssh-listen` is given). Parsed like `listen`.
+    pub ssh_listen: Option<String>,
     /// `tlsSans`: see [`ServerConfig::tls_sans`].
     pub tls_sans: Option<Vec<String>>,
     /// `shutdownGraceSeconds`: see [`ServerConfig::shutdown_grace`].
@@ -1048,6 +1057,35 @@ mod tests {
         assert!(err.to_string().contains("listne"), "{err}");
         let err = parse("api:\n  maxRequestByte: 1\n").expect_err("unknown nested field");
         assert!(err.to_string().contains("maxRequestByte"), "{err}");
+    }
+
+    #[test]
+    fn ssh_listen_comes_from_the_file_and_the_flag_wins() {
+        let file = || parse("sshListen: 127.0.0.1:2222\n").expect("parse");
+        let dir = || ServerOverrides {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        };
+        let config = ServerConfig::resolve(Some(file()), dir()).expect("resolve");
+        assert_eq!(
+            config.ssh_listen,
+            Some("127.0.0.1:2222".parse().expect("addr"))
+        );
+        let config = ServerConfig::resolve(
+            Some(file()),
+            ServerOverrides {
+                ssh_listen: Some("127.0.0.1:2200".parse().expect("addr")),
+                ..dir()
+            },
+        )
+        .expect("resolve");
+        assert_eq!(
+            config.ssh_listen,
+            Some("127.0.0.1:2200".parse().expect("addr"))
+        );
+        let bad = parse("sshListen: port-22\n").expect("parse");
+        let err = ServerConfig::resolve(Some(bad), dir()).expect_err("bad sshListen");
+        assert!(err.to_string().contains("sshListen"), "{err}");
     }
 
     #[test]
