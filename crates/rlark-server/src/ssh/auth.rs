@@ -156,6 +156,16 @@ pub(crate) async fn by_key(
         .await
         .map_err(|e| refuse(None, e.to_string()))?;
     if let Some(record) = registered {
+        if record.expired(chrono::Utc::now()) {
+            return Err(refuse(
+                Some(&record.identity()),
+                format!(
+                    "SSH key {} expired at {}",
+                    record.fingerprint,
+                    record.expires_at.as_deref().unwrap_or_default()
+                ),
+            ));
+        }
         let credential = Credential::RegisteredKey {
             id: record.id.clone(),
             registered_with: record.registered_with.clone(),

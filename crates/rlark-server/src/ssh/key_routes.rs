@@ -3,7 +3,7 @@
 //!
 //! | route | who | what |
 //! |---|---|---|
-//! | `POST /rlark/v1/sshkeys` `{publicKey}` | any user (not agents, tasks or peers) | register a key for the caller; 409 when the key is registered already |
+//! | `POST /rlark/v1/sshkeys` `{publicKey, ttlSeconds?}` | any user (not agents, tasks or peers) | register a key for the caller (with `ttlSeconds`, it logs nobody in after that; expired keys are deleted a day later, at the owner's next registration); 409 when the key is registered already |
 //! | `GET /rlark/v1/sshkeys` | any user | the caller's keys (an admin: everyone's, or `?user=U`) |
 //! | `DELETE /rlark/v1/sshkeys/{id}` | the owner, an admin | remove a key (by id or `SHA256:` fingerprint); its open SSH connections close |
 //! | `GET /rlark/v1/sshinfo` | anyone authenticated | `{enabled, port, hostKey, hostKeyFingerprint, caPublicKey}` |
@@ -52,6 +52,9 @@ pub(crate) fn router(state: KeyRoutes) -> Router {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct AddRequest {
     public_key: String,
+    /// Seconds until the key stops logging anyone in (1 .. a day); absent: no expiry.
+    #[serde(default)]
+    ttl_seconds: Option<u64>,
 }
 
 fn error(error: KeyError) -> Response {
@@ -119,7 +122,12 @@ async fn add(State(state): State<KeyRoutes>, request: Request) -> Response {
     };
     match state
         .keys
-        .add(&identity, registered_with, &body.public_key)
+        .add(
+            &identity,
+            registered_with,
+            &body.public_key,
+            body.ttl_seconds.map(std::time::Duration::from_secs),
+        )
         .await
     {
         Ok(record) => {

@@ -21,6 +21,11 @@ use tokio::sync::watch;
 pub(crate) const SSH_KEYS: &str = "sshkeys.security.rlark.io";
 /// Most keys one user may register.
 pub(crate) const MAX_KEYS_PER_USER: usize = 32;
+/// Longest `ttlSeconds` of a key (a day): expiring keys are for one-time use.
+pub(crate) const MAX_KEY_TTL: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
+/// How long an expired key stays listed before a registration by its owner deletes it (its
+/// connections close then).
+pub(crate) const EXPIRED_KEPT: std::time::Duration = std::time::Duration::from_secs(24 * 3600);
 
 /// The credential a key was registered with.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -53,9 +58,21 @@ pub(crate) struct SshKeyRecord {
     pub created_at: String,
     /// What the owner authenticated with when registering it.
     pub registered_with: RegisteredWith,
+    /// RFC 3339: after it the key logs nobody in (connections opened before stay open).
+    /// Absent: no expiry. `rlark ssh` registers its one-time key with one, so a killed
+    /// `rlark ssh` leaves behind a key that no longer works.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<String>,
 }
 
 impl SshKeyRecord {
+    /// Past its `expiresAt` (an unreadable one counts as expired).
+    pub fn expired(&self, now: chrono::DateTime<chrono::Utc>) -> bool {
+        self.expires_at
+            .as_deref()
+            .is_some_and(|at| chrono::DateTime::parse_from_rfc3339(at).map_or(true, |at| at <= now))
+    }
+
     /// The owner as an identity.
     pub fn identity(&self) -> Identity {
         Identity {
@@ -143,14 +160,38 @@ impl SshKeys {
         owner: &Identity,
         registered_with: RegisteredWith,
         public_key: &str,
+        ttl: Option<std::time::Duration>,
     ) -> Result<SshKeyRecord, KeyError> {
         let key = parse_public_key(public_key)?;
-        let mine = self
-            .list(Some(&owner.user))
-            .await?
-            .into_iter()
-            .filter(|k| k.user == owner.user)
-            .count();
+        let now = chrono::Utc::now();
+        if let Some(ttl) = ttl
+            && (ttl.is_zero() || ttl > MAX_KEY_TTL)
+        {
+            return Err(KeyError::BadRequest(format!(
+                "ttlSeconds must be between 1 and {} (a day)",
+                MAX_KEY_TTL.as_secs()
+            )));
+        }
+        // Keys of this owner that expired long ago go first (one-time keys of a killed
+        // `rlark ssh`).
+        let cutoff = now - chrono::Duration::from_std(EXPIRED_KEPT).unwrap_or_default();
+        let mut mine = 0;
+        for record in self.list(Some(&owner.user)).await? {
+            if record.expired(cutoff) {
+                match self
+                    .store
+                    .delete(&ObjectKey::new(SSH_KEYS, "", &record.id), None)
+                    .await
+                {
+                    Ok(_) | Err(StoreError::NotFound(_)) => {
+                        self.changes.send_modify(|n| *n += 1);
+                    }
+                    Err(e) => return Err(e.into()),
+                }
+            } else {
+                mine += 1;
+            }
+        }
         if mine >= MAX_KEYS_PER_USER {
             return Err(KeyError::BadRequest(format!(
                 "user {:?} has {mine} SSH keys registered, the most allowed: remove one first",
@@ -169,8 +210,12 @@ impl SshKeys {
                 .to_string(),
             fingerprint: key.fingerprint(HashAlg::Sha256).to_string(),
             comment: key.comment().to_string(),
-            created_at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+            created_at: now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
             registered_with,
+            expires_at: ttl.map(|ttl| {
+                (now + chrono::Duration::from_std(ttl).unwrap_or_default())
+                    .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            }),
         };
         let object = to_object(&record);
         match self
@@ -274,5 +319,79 @@ mod tests {
             let error = parse_public_key(bad).unwrap_err().to_string();
             assert!(error.contains(says), "{bad}: {error}");
         }
+    }
+
+    async fn keys() -> (Arc<SshKeys>, rlark_store::SqliteStore, tempfile::TempDir) {
+        let dir = tempfile::tempdir().expect("dir");
+        let store = rlark_store::SqliteStore::open(rlark_store::SqliteStoreConfig::new(
+            dir.path().join("rlark.db"),
+        ))
+        .await
+        .expect("store");
+        (SshKeys::new(Arc::new(store.clone())), store, dir)
+    }
+
+    /// A key with `ttlSeconds` carries its expiry; out-of-range lifetimes are refused; a key
+    /// expired for longer than a day is deleted at its owner's next registration, one that
+    /// expired recently is kept (and counted).
+    #[tokio::test]
+    async fn expiring_keys() {
+        let (keys, store, _dir) = keys().await;
+        let alice = Identity {
+            user: "alice".into(),
+            groups: vec![],
+        };
+        let with = || RegisteredWith::Token { id: "t".into() };
+        for ttl in [0, MAX_KEY_TTL.as_secs() + 1] {
+            let error = keys
+                .add(
+                    &alice,
+                    with(),
+                    KEY,
+                    Some(std::time::Duration::from_secs(ttl)),
+                )
+                .await
+                .expect_err("out of range")
+                .to_string();
+            assert!(error.contains("ttlSeconds"), "{error}");
+        }
+        let record = keys
+            .add(
+                &alice,
+                with(),
+                KEY,
+                Some(std::time::Duration::from_secs(600)),
+            )
+            .await
+            .expect("add");
+        let now = chrono::Utc::now();
+        assert!(!record.expired(now));
+        assert!(record.expired(now + chrono::Duration::seconds(601)));
+
+        // Age it: expired two days ago.
+        let mut old = record.clone();
+        old.expires_at = Some(
+            (now - chrono::Duration::days(2)).to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        );
+        store
+            .update(
+                &ObjectKey::new(SSH_KEYS, "", &old.id),
+                to_object(&old),
+                None,
+            )
+            .await
+            .expect("age the key");
+        let other = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDkNOdy0xXWy0VThO/pXCIThb8O5ex4qpPqp7HzsDTCM other";
+        keys.add(&alice, with(), other, None)
+            .await
+            .expect("add another");
+        let listed: Vec<String> = keys
+            .list(Some("alice"))
+            .await
+            .expect("list")
+            .into_iter()
+            .map(|k| k.comment)
+            .collect();
+        assert_eq!(listed, ["other"], "the long-expired key is gone");
     }
 }

@@ -260,6 +260,9 @@ pub(crate) async fn ssh_config(args: SshConfigArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Lifetime of `rlark ssh`'s one-time key: long enough for `ssh` to log in.
+const ONE_TIME_KEY_TTL_SECONDS: u64 = 600;
+
 /// The one-time key `rlark ssh` registered, removed when `ssh` ends.
 struct Registered<'a> {
     api: &'a SecurityClient,
@@ -311,7 +314,11 @@ pub(crate) async fn ssh(args: SshArgs) -> anyhow::Result<()> {
     }
     let public = std::fs::read_to_string(dir.path().join("id_ed25519.pub"))?;
     let record = api
-        .post("/rlark/v1/sshkeys", &json!({"publicKey": public.trim()}))
+        // Needed only to log in: expiring, so a killed `rlark ssh` leaves nothing usable.
+        .post(
+            "/rlark/v1/sshkeys",
+            &json!({"publicKey": public.trim(), "ttlSeconds": ONE_TIME_KEY_TTL_SECONDS}),
+        )
         .await
         .context("register a one-time SSH key")?;
     let registered = Registered {
