@@ -511,6 +511,35 @@ async fn openssh_reaches_granted_tasks_only() -> anyhow::Result<()> {
     let out = client.output("dave", false, TASK, &["true"]).await?;
     assert_eq!(out.status.code(), Some(255), "{}", text(&out.stderr));
 
+    // Editing the key away from the Task closes dave's open session.
+    let mut session = client.ssh("dave", false, OTHER, &[]);
+    session.arg("echo started; exec sleep 600");
+    let mut session = session.spawn()?;
+    let mut stdout = session.stdout.take().context("stdout")?;
+    let mut first = [0u8; 8];
+    tokio::time::timeout(DEADLINE, stdout.read_exact(&mut first)).await??;
+    assert_eq!(&first, b"started\n");
+    let tasks: Api<rlark_api::types::Task> =
+        Api::namespaced(h.admin.clone(), rlark_testkit::real_agent::NAMESPACE);
+    tasks
+        .patch(
+            OTHER,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"sshPublicKey": null}})),
+        )
+        .await?;
+    let status = tokio::time::timeout(DEADLINE, session.wait())
+        .await
+        .context("the session of a key edited away from its Task is still open")??;
+    assert_ne!(status.code(), Some(0));
+    audited(&data_dir, "the task-key close's audit record", |e| {
+        e["action"] == "ssh-close"
+            && e["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("sshPublicKey of task"))
+    })
+    .await?;
+
     // A key nobody registered.
     let out = client.output("bob", false, TASK, &["true"]).await?;
     assert_eq!(out.status.code(), Some(255), "{}", text(&out.stderr));

@@ -242,7 +242,8 @@ impl Handler for Connection {
 }
 
 /// Close the connection within moments of its credential being revoked (a certificate,
-/// the credential a key was registered with, a removed key), or of the server stopping.
+/// the credential a key was registered with, a removed key, a Task's `sshPublicKey` edited
+/// away or its Task deleted), or of the server stopping.
 async fn watch_revocation(
     state: Arc<SshState>,
     login: Arc<Login>,
@@ -251,10 +252,48 @@ async fn watch_revocation(
 ) {
     let mut revocations = state.security.subscribe();
     let mut keys = state.keys.subscribe();
+    // A login with a Task's `sshPublicKey` also follows that Task: editing the key away (or
+    // deleting the Task) closes the connection.
+    let mut task_namespace = match &login.credential {
+        auth::Credential::TaskKey { namespace, .. } => Some(namespace.clone()),
+        _ => None,
+    };
+    let mut task_events = None;
     let reason = loop {
+        if let Some(namespace) = &task_namespace
+            && task_events.is_none()
+        {
+            let from = state.store.revision();
+            match state
+                .store
+                .watch(crate::task_access::TASKS, Some(namespace), from)
+                .await
+            {
+                Ok(events) => task_events = Some(events),
+                Err(error) => {
+                    tracing::warn!(%error, "ssh: cannot follow the task of a task-key login");
+                    task_namespace = None;
+                }
+            }
+            // Whatever happened before this watch began is checked once now.
+            if let Some(reason) = auth::revoked(&state, &login.credential).await {
+                break reason;
+            }
+        }
+        let task_event = async {
+            match task_events.as_mut() {
+                Some(events) => futures::StreamExt::next(events).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             changed = revocations.changed() => if changed.is_err() { return },
             changed = keys.changed() => if changed.is_err() { return },
+            event = task_event => match event {
+                Some(Ok(_)) => {}
+                // Ended or fell behind: watch again from the present (after a check).
+                _ => task_events = None,
+            },
             () = closing.token.cancelled() => return,
             () = state.shutdown.cancelled() => break "the server is shutting down".to_string(),
         }
