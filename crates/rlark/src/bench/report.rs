@@ -334,7 +334,7 @@ impl ApiBenchReport {
             }
             if let Some(w) = t.writes_per_commit {
                 lines.push(format!(
-                    "{} with {} clients: {w:.1} writes per SQLite commit (group commit)",
+                    "{} with {} clients: {w:.1} writes per store commit (group commit)",
                     t.name, t.concurrency
                 ));
             }

@@ -100,7 +100,7 @@ pub struct Throughput {
     pub first_request: Option<LatencySummary>,
     /// Warm-up requests that took at least [`SLOW_FIRST_REQUEST`].
     pub slow_first_requests: usize,
-    /// Mean number of object writes per SQLite commit (group-commit batch size) during the
+    /// Mean number of object writes per store commit (group-commit batch size) during the
     /// run, when known.
     pub writes_per_commit: Option<f64>,
     /// The first error seen, if any.
