@@ -82,7 +82,8 @@ pub trait Backend: Send + Sized + 'static {
     async fn load(&mut self) -> Result<Loaded, StoreError>;
 
     /// Make one batch durable in one transaction (for a shared backend, the one
-    /// [`Self::begin_write`] opened): every change appended to the change log, the
+    /// [`Self::begin_write`] opened; a shared backend compacts its log itself and always gets
+    /// `compact_to: None`): every change appended to the change log, the
     /// net effect per key applied to the objects, the revision set to the last change's; and,
     /// when `compact_to` is given, change-log entries at or below it dropped and the floor
     /// moved there. On error nothing of it may be visible.

@@ -794,8 +794,10 @@ impl<B: Backend> Writer<B> {
         if changes.is_empty() {
             return Ok(());
         }
+        // A shared database's log is compacted by the backend's own background job (other
+        // replicas may still need what this one's memory no longer holds).
         let floor = self.shared.compacted.load(Ordering::Acquire);
-        let compact_to = (floor > self.persisted_floor).then_some(floor);
+        let compact_to = (!self.shared_db && floor > self.persisted_floor).then_some(floor);
         let result = self.backend.commit(changes, compact_to).await;
         self.note(&result);
         if result.is_ok()

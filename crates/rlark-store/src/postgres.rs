@@ -30,8 +30,10 @@
 //!   server's `/readyz`) turns false when PostgreSQL goes away and true again, without a
 //!   restart, when it is back. If a COMMIT did reach the database but its reply was lost, the
 //!   next transaction's catch-up brings the batch back like another replica's write.
-//! - **Compaction** of the persisted change log rides on a write transaction (under the write
-//!   lock); the floor only moves up, whichever replica moves it.
+//! - **Compaction** of the persisted change log is a background job: every 10 s the replica
+//!   that gets a transaction-level advisory lock (the compaction lock; the others skip that
+//!   round) keeps the newest `log_capacity` entries and moves the stored floor up. Each
+//!   replica's in-memory log is bounded on its own, as with SQLite.
 //! - **Schema migrations** are numbered and run at open in one transaction under a
 //!   transaction-level advisory lock, so servers starting together do not race.
 
@@ -57,6 +59,11 @@ const SCHEMA_VERSION: i64 = 1;
 const MIGRATION_LOCK: i64 = 0x0072_6c61_726b_0001;
 /// Transaction-level advisory lock key every write transaction takes first ("rlark" + 2).
 const WRITE_LOCK: i64 = 0x0072_6c61_726b_0002;
+/// Transaction-level advisory lock key of the compaction job ("rlark" + 3): one replica
+/// compacts at a time.
+const COMPACTION_LOCK: i64 = 0x0072_6c61_726b_0003;
+/// How often the compaction job looks at the log.
+const COMPACTION_INTERVAL: std::time::Duration = std::time::Duration::from_secs(10);
 /// Opens a write transaction and takes [`WRITE_LOCK`] in one round trip (a test checks the
 /// literal is that key).
 const BEGIN_WRITE: &str = "BEGIN; SELECT pg_advisory_xact_lock(32207313132257282)";
@@ -156,15 +163,18 @@ pub struct PostgresBackend {
     listener: Option<Listener>,
 }
 
-/// The task that `LISTEN`s for other replicas' commits; stopped when dropped.
+/// The background tasks of a running store (the listener and the compaction job); stopped
+/// when dropped.
 struct Listener {
     signal: Arc<Notify>,
     task: tokio::task::JoinHandle<()>,
+    compaction: tokio::task::JoinHandle<()>,
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
         self.task.abort();
+        self.compaction.abort();
     }
 }
 
@@ -173,7 +183,7 @@ impl CachedStore<PostgresBackend> {
     /// change log into memory and start the writer task.
     pub async fn open(config: PostgresStoreConfig) -> Result<Self, StoreError> {
         let mut backend = PostgresBackend::open(config.connect).await?;
-        backend.listen();
+        backend.listen(config.engine.log_capacity);
         CachedStore::start(backend, config.engine).await
     }
 
@@ -208,8 +218,9 @@ impl PostgresBackend {
         })
     }
 
-    /// Start the listener task (see the module documentation).
-    fn listen(&mut self) {
+    /// Start the listener task and the compaction job, which keeps the newest `keep`
+    /// change-log entries (see the module documentation).
+    fn listen(&mut self, keep: usize) {
         let signal = Arc::new(Notify::new());
         let task = tokio::spawn(listen(
             self.connect
@@ -218,7 +229,17 @@ impl PostgresBackend {
             Arc::clone(&self.known),
             Arc::clone(&signal),
         ));
-        self.listener = Some(Listener { signal, task });
+        let compaction = tokio::spawn(compact_in_background(
+            self.connect
+                .clone()
+                .application_name("rlark-server-compaction"),
+            keep,
+        ));
+        self.listener = Some(Listener {
+            signal,
+            task,
+            compaction,
+        });
     }
 
     /// Run `step` on the connection (reconnecting first if there is none); on error the
@@ -345,6 +366,60 @@ async fn listen(connect: PgConnectOptions, known: Arc<AtomicU64>, signal: Arc<No
             }
         }
     }
+}
+
+/// The compaction job: every [`COMPACTION_INTERVAL`], on its own connection, the replica
+/// that gets [`COMPACTION_LOCK`] (others skip the round) drops change-log entries older than
+/// the newest `keep` and moves the stored floor there. It takes no write lock: writers never
+/// touch those rows or the floor, and readers read the floor and the log in one snapshot.
+async fn compact_in_background(connect: PgConnectOptions, keep: usize) {
+    let keep = i64::try_from(keep).unwrap_or(i64::MAX);
+    let mut conn: Option<PgConnection> = None;
+    let mut tick = tokio::time::interval(COMPACTION_INTERVAL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if conn.is_none() {
+            match PgConnection::connect_with(&connect).await {
+                Ok(new) => conn = Some(new),
+                Err(e) => {
+                    tracing::debug!(error = %e, "store compaction cannot connect");
+                    continue;
+                }
+            }
+        }
+        let Some(c) = conn.as_mut() else { continue };
+        match compact_round(c, keep).await {
+            Ok(Some(floor)) => tracing::debug!(floor, "store change log compacted"),
+            Ok(None) => {}
+            Err(e) => {
+                tracing::warn!(error = %e, "store compaction failed");
+                conn = None;
+            }
+        }
+    }
+}
+
+/// One round of [`compact_in_background`]: the new floor, if it moved.
+async fn compact_round(conn: &mut PgConnection, keep: i64) -> Result<Option<i64>, StoreError> {
+    let mut tx = conn.begin().await.map_err(pg_err("begin compaction"))?;
+    let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1)")
+        .bind(COMPACTION_LOCK)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(pg_err("taking the compaction lock"))?;
+    if !locked {
+        return Ok(None);
+    }
+    let revision = to_db_int(meta_value(&mut tx, "revision").await?)?;
+    let compacted = to_db_int(meta_value(&mut tx, "compacted").await?)?;
+    let floor = revision.saturating_sub(keep);
+    if floor <= compacted {
+        return Ok(None);
+    }
+    compact_in(&mut tx, from_db_int(floor, "floor")?).await?;
+    tx.commit().await.map_err(pg_err("commit compaction"))?;
+    Ok(Some(floor))
 }
 
 /// Where a shared database stands relative to `known`, read in the caller's snapshot (a
@@ -1261,6 +1336,47 @@ mod tests {
         backend.abort_write().await;
         backend.close().await;
         store.close().await;
+    }
+
+    /// The compaction job's round: keeps the newest entries, moves the floor, does nothing
+    /// when the floor is already there or when another replica holds the compaction lock.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn background_compaction_keeps_the_newest_entries() {
+        let Some(cluster) = cluster() else { return };
+        let config = database(&cluster).await;
+        let store = PostgresStore::open(config.clone()).await.expect("open");
+        for name in ["a", "b", "c", "d", "e"] {
+            store
+                .create(&key(name), obj(name, json!({})))
+                .await
+                .expect("create");
+        }
+        let mut conn = PgConnection::connect_with(&config.connect)
+            .await
+            .expect("connect");
+        let mut other = PgConnection::connect_with(&config.connect)
+            .await
+            .expect("connect");
+        let mut held = other.begin().await.expect("begin");
+        sqlx::query("SELECT pg_advisory_xact_lock($1)")
+            .bind(COMPACTION_LOCK)
+            .execute(&mut *held)
+            .await
+            .expect("lock");
+        assert_eq!(compact_round(&mut conn, 2).await.expect("round"), None);
+        held.rollback().await.expect("release");
+        assert_eq!(compact_round(&mut conn, 2).await.expect("round"), Some(3));
+        assert_eq!(compact_round(&mut conn, 2).await.expect("round"), None);
+        let left: Vec<i64> = sqlx::query_scalar("SELECT revision FROM rlark_changes ORDER BY 1")
+            .fetch_all(&mut conn)
+            .await
+            .expect("rows");
+        assert_eq!(left, [4, 5]);
+        store.close().await;
+        // A replica opening now starts its log at the floor.
+        let reopened = PostgresStore::open(config).await.expect("reopen");
+        assert_eq!((reopened.revision(), reopened.compacted_revision()), (5, 3));
+        reopened.close().await;
     }
 
     /// PostgreSQL down: writes answer `Unavailable` (nothing applied), the store reports itself
