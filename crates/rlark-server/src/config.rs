@@ -30,6 +30,16 @@ pub enum ConfigError {
     MissingDataDir,
 }
 
+/// A secret's text; `Debug` does not show it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct SecretText(pub String);
+
+impl std::fmt::Debug for SecretText {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SecretText(..)")
+    }
+}
+
 /// Everything the server process needs to start.
 #[derive(Clone, Debug)]
 pub struct ServerConfig {
@@ -66,6 +76,9 @@ pub struct ServerConfig {
     /// CAs are kept in the store (keys sealed) and replicas sharing the store take them from
     /// there; see `security::ca_store`. `None`: the CAs live in `pki/` only.
     pub ca_secret_file: Option<PathBuf>,
+    /// The same secret given directly (`RLARK_CA_SECRET`, for platforms that inject secrets
+    /// as environment variables); at most one of the two.
+    pub ca_secret: Option<SecretText>,
     /// The controllers run in-process (see [`ControllersConfig`]).
     pub controllers: ControllersConfig,
     /// Lifetimes of agent and user certificates and bootstrap tokens.
@@ -138,6 +151,7 @@ impl ServerConfig {
             store_log_capacity_bytes: rlark_store::SqliteStoreConfig::new("").log_capacity_bytes,
             store_url: None,
             ca_secret_file: None,
+            ca_secret: None,
             controllers: ControllersConfig::default(),
             security: crate::security::SecurityConfig::default(),
             tunnel: crate::tunnel::TunnelConfig::default(),
@@ -365,6 +379,9 @@ impl ServerConfig {
         if let Some(path) = overrides.ca_secret_file {
             config.ca_secret_file = Some(path);
         }
+        if let Some(secret) = overrides.ca_secret {
+            config.ca_secret = Some(SecretText(secret));
+        }
         if let Some(v) = overrides.max_nodes_per_agent {
             config.api.max_nodes_per_agent = v;
         }
@@ -574,6 +591,14 @@ impl ServerConfig {
                 "must be positive".into(),
             ));
         }
+        if self.ca_secret_file.is_some() && self.ca_secret.is_some() {
+            return Err(ConfigError::Invalid {
+                field: "store.caSecretFile".to_string(),
+                message: "give the CA secret once: --ca-secret-file (or store.caSecretFile) or \
+                          RLARK_CA_SECRET, not both"
+                    .to_string(),
+            });
+        }
         if let Some(url) = &self.store_url
             && !(url.starts_with("postgres://") || url.starts_with("postgresql://"))
         {
@@ -637,6 +662,8 @@ pub struct ServerOverrides {
     pub store_url: Option<String>,
     /// `--ca-secret-file`: see [`ServerConfig::ca_secret_file`].
     pub ca_secret_file: Option<PathBuf>,
+    /// `RLARK_CA_SECRET`: see [`ServerConfig::ca_secret`].
+    pub ca_secret: Option<String>,
     /// `--max-connections`: see `ConnectionLimits::max_connections`.
     pub max_connections: Option<usize>,
     /// `--max-connections-per-ip`: see `ConnectionLimits::max_connections_per_ip`.
@@ -1057,6 +1084,26 @@ mod tests {
         assert!(err.to_string().contains("listne"), "{err}");
         let err = parse("api:\n  maxRequestByte: 1\n").expect_err("unknown nested field");
         assert!(err.to_string().contains("maxRequestByte"), "{err}");
+    }
+
+    #[test]
+    fn the_ca_secret_is_given_once_and_never_printed() {
+        let overrides = || ServerOverrides {
+            data_dir: Some("/d".into()),
+            ca_secret: Some("s3cret-s3cret-s3cret-s3cret-s3cret".into()),
+            ..Default::default()
+        };
+        let config = ServerConfig::resolve(None, overrides()).expect("resolve");
+        assert!(!format!("{config:?}").contains("s3cret"), "{config:?}");
+        let err = ServerConfig::resolve(
+            None,
+            ServerOverrides {
+                ca_secret_file: Some("/etc/rlark/ca-secret".into()),
+                ..overrides()
+            },
+        )
+        .expect_err("both");
+        assert!(err.to_string().contains("not both"), "{err}");
     }
 
     #[test]

@@ -69,8 +69,8 @@ use tracing::Instrument as _;
 
 pub use config::{
     ApiConfigFile, AuditLogConfigFile, ConfigError, ConnectionsConfigFile, ControllersConfig,
-    ControllersConfigFile, DEFAULT_LISTEN, SecurityConfigFile, ServerConfig, ServerConfigFile,
-    ServerOverrides, TunnelConfigFile,
+    ControllersConfigFile, DEFAULT_LISTEN, SecretText, SecurityConfigFile, ServerConfig,
+    ServerConfigFile, ServerOverrides, TunnelConfigFile,
 };
 pub use limits::ConnectionLimits;
 pub use rlark_apiserver::discovery::{BuildInfo, set_build_info};
@@ -260,12 +260,16 @@ async fn start_with_token(
     let revocation_file =
         security::revocation_file::RevocationFile::load(&pki_dir.join(REVOCATIONS_FILE))
             .map_err(|e| ServerError::Security(e.to_string()))?;
-    let ca_secret = config
-        .ca_secret_file
-        .as_deref()
-        .map(security::ca_store::CaSecret::from_file)
-        .transpose()
-        .map_err(ServerError::Security)?;
+    let ca_secret = match (&config.ca_secret_file, &config.ca_secret) {
+        (Some(path), _) => Some(security::ca_store::CaSecret::from_file(path)),
+        (None, Some(text)) => Some(
+            security::ca_store::CaSecret::new(text.0.as_bytes())
+                .map_err(|e| format!("RLARK_CA_SECRET: {e}")),
+        ),
+        (None, None) => None,
+    }
+    .transpose()
+    .map_err(ServerError::Security)?;
 
     // The store first: with a shared store, the CAs may come from it.
     let store = open_store(&config, &db_path).await?;

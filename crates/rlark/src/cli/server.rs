@@ -88,7 +88,7 @@ struct StoreArgs {
     /// A file holding a secret (at least 32 bytes) that seals the CA keys kept in the store.
     /// With it, the installation's CA and SSH CA are stored (keys sealed) and replicas sharing
     /// the store take them from there; give every replica the same file. Overrides the config
-    /// file's store.caSecretFile.
+    /// file's store.caSecretFile. The secret itself may come in RLARK_CA_SECRET instead.
     #[arg(
         long = "ca-secret-file",
         value_name = "FILE",
@@ -190,6 +190,7 @@ pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
             reinitialize_store: args.store.reinitialize_store,
             store_url: args.store.store_url,
             ca_secret_file: args.store.ca_secret_file,
+            ca_secret: std::env::var("RLARK_CA_SECRET").ok(),
             max_connections: args.max_connections,
             max_connections_per_ip: args.max_connections_per_ip,
             reserved_connections: args.reserved_connections,
@@ -238,6 +239,9 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
     config.reinitialize_store = args.store.reinitialize_store;
     config.store_url = args.store.store_url;
     config.ca_secret_file = args.store.ca_secret_file;
+    config.ca_secret = std::env::var("RLARK_CA_SECRET")
+        .ok()
+        .map(rlark_server::SecretText);
     let shutdown = CancellationToken::new();
     watch_signals(shutdown.clone())?;
     // A start that fails leaves no data directory behind that it created itself.
