@@ -117,6 +117,10 @@ impl Store for ServerStore {
         each!(self, store => store.watch(resource, namespace, from).await)
     }
 
+    async fn sync(&self) -> Result<(), StoreError> {
+        each!(self, store => store.sync().await)
+    }
+
     fn revision(&self) -> Revision {
         each!(self, store => store.revision())
     }

@@ -111,6 +111,8 @@ impl<B: Backend> Clone for CachedStore<B> {
 /// handle drops `commands`, which ends the writer.
 struct Inner<B: Backend> {
     shared: Arc<Shared>,
+    /// [`Backend::shared`].
+    shared_db: bool,
     commands: mpsc::Sender<Command<B>>,
     writer: Mutex<Option<tokio::task::JoinHandle<()>>>,
     info: B::Info,
@@ -154,6 +156,8 @@ struct Request {
 enum Command<B: Backend> {
     Write(Request),
     Compact(Revision, Reply<()>),
+    /// Catch up with other writers, then reply.
+    Sync(Reply<()>),
     Settings(Reply<B::Settings>),
     Shutdown(oneshot::Sender<()>),
 }
@@ -165,7 +169,7 @@ impl<B: Backend> Command<B> {
             Command::Write(request) => {
                 let _ = request.reply.send(Err(StoreError::Closed));
             }
-            Command::Compact(_, reply) => {
+            Command::Compact(_, reply) | Command::Sync(reply) => {
                 let _ = reply.send(Err(StoreError::Closed));
             }
             Command::Settings(reply) => {
@@ -296,8 +300,9 @@ impl<B: Backend> CachedStore<B> {
         // callers instead of queueing without bound.
         let (commands, rx) = mpsc::channel(max_batch.saturating_mul(4));
         let span = tracing::info_span!("store_writer", backend = ?info);
+        let shared_db = backend.shared();
         let writer = Writer {
-            shared_db: backend.shared(),
+            shared_db,
             remote: backend.remote_signal(),
             backend,
             shared: Arc::clone(&shared),
@@ -318,6 +323,7 @@ impl<B: Backend> CachedStore<B> {
         Ok(Self {
             inner: Arc::new(Inner {
                 shared,
+                shared_db,
                 commands,
                 writer: Mutex::new(Some(writer)),
                 info,
@@ -530,6 +536,12 @@ impl<B: Backend> Writer<B> {
                     }
                     Command::Settings(reply) => {
                         let _ = reply.send(self.backend.settings().await);
+                    }
+                    Command::Sync(reply) => {
+                        // Writes queued before it are committed first (they catch up too).
+                        self.commit_batch(std::mem::take(&mut requests)).await;
+                        self.catch_up().await;
+                        let _ = reply.send(Ok(()));
                     }
                     Command::Shutdown(done) => shutdown.push(done),
                 }
@@ -1036,5 +1048,14 @@ impl<B: Backend> Store for CachedStore<B> {
 
     fn compacted_revision(&self) -> Revision {
         self.inner.shared.compacted.load(Ordering::Acquire)
+    }
+
+    async fn sync(&self) -> Result<(), StoreError> {
+        if !self.inner.shared_db {
+            return Ok(());
+        }
+        let (reply, answer) = oneshot::channel();
+        self.send(Command::Sync(reply)).await?;
+        answer.await.map_err(|_| StoreError::Closed)?
     }
 }

@@ -276,4 +276,13 @@ pub trait Store: Send + Sync + 'static {
 
     /// Oldest revision a watch may start from (anything lower is `Expired`).
     fn compacted_revision(&self) -> Revision;
+
+    /// Bring this process's view up to what other writers of a shared database have
+    /// committed (server replicas on one PostgreSQL), before a read that must see them — a
+    /// credential created a moment ago on another replica. Reads are otherwise served from
+    /// memory, which follows the others within milliseconds. A no-op for stores with one
+    /// writer (the default).
+    async fn sync(&self) -> Result<(), StoreError> {
+        Ok(())
+    }
 }

@@ -1215,6 +1215,16 @@ mod tests {
             other => panic!("a name the other replica created must be taken, got {other:?}"),
         }
 
+        // `sync` makes a write of the other replica visible at once, notification or not.
+        one.create(&key("synced"), obj("synced", json!({})))
+            .await
+            .expect("create on one");
+        two.sync().await.expect("sync");
+        assert!(two.get(&key("synced")).await.expect("get").is_some());
+        one.delete(&key("synced"), None).await.expect("delete");
+        assert_eq!(next(&mut watch_two).await.event_type, EventType::Added);
+        assert_eq!(next(&mut watch_two).await.event_type, EventType::Deleted);
+
         // Both increment one counter with compare-and-swap, concurrently.
         let mut tasks = Vec::new();
         for store in [&one, &two] {
@@ -1253,7 +1263,7 @@ mod tests {
         }
         let total = 2 * TASKS * PER_TASK;
         eprintln!("{total} increments from two replicas, {conflicts} conflicts retried");
-        let last = 1 + total;
+        let last = 3 + total;
         // Two's watch saw every revision once, in order.
         let mut seen = Vec::new();
         while seen.len() < total as usize {
@@ -1261,7 +1271,7 @@ mod tests {
             assert_eq!(event.event_type, EventType::Modified);
             seen.push((event.revision, n_of(&event.object)));
         }
-        let expected: Vec<(u64, u64)> = (2..=last).map(|r| (r, r - 1)).collect();
+        let expected: Vec<(u64, u64)> = (4..=last).map(|r| (r, r - 3)).collect();
         assert_eq!(seen, expected, "every increment, once, in revision order");
         for store in [&one, &two] {
             let deadline = tokio::time::Instant::now() + Duration::from_secs(10);

@@ -1041,10 +1041,20 @@ impl Security {
     pub(crate) async fn authenticate_bearer(&self, text: &str) -> SecResult<(Identity, String)> {
         let token = Token::parse(TokenKind::Bearer, text.trim())
             .map_err(|e| SecurityError::unauthorized(format!("bearer token: {e}")))?;
-        let Some((record, _)) = self
+        let mut found = self
             .get::<BearerTokenRecord>(BEARER_TOKENS, &token.id)
-            .await?
-        else {
+            .await?;
+        if found.is_none() {
+            // Created a moment ago on another replica of a shared store? Catch up once (a
+            // no-op on a store with one writer).
+            if let Err(e) = self.store.sync().await {
+                tracing::debug!(error = %e, "store sync for an unknown bearer token");
+            }
+            found = self
+                .get::<BearerTokenRecord>(BEARER_TOKENS, &token.id)
+                .await?;
+        }
+        let Some((record, _)) = found else {
             return Err(SecurityError::unauthorized("bearer token is unknown"));
         };
         if !token.matches(&record.secret_hash) {

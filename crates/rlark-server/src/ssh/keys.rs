@@ -243,9 +243,15 @@ impl SshKeys {
             .collect())
     }
 
-    /// The record of `key`, if registered.
+    /// The record of `key`, if registered (catching up once with other replicas of a shared
+    /// store when it is not found: it may have been registered there a moment ago).
     pub(crate) async fn find(&self, key: &PublicKey) -> Result<Option<SshKeyRecord>, KeyError> {
-        self.find_by_id(&key_id(key)).await
+        let id = key_id(key);
+        if let Some(found) = self.find_by_id(&id).await? {
+            return Ok(Some(found));
+        }
+        self.store.sync().await?;
+        self.find_by_id(&id).await
     }
 
     /// The record with id `id`, if registered.
