@@ -6,6 +6,12 @@ mod cli;
 
 use std::process::ExitCode;
 
+/// mimalloc instead of glibc's malloc: under 64 API clients glibc's allocator (malloc, free,
+/// chunk consolidation) was about a quarter of the server's CPU samples (perf; measured
+/// before and after in docs/benchmarks.md, "The allocator").
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // `rlark supervise ...`: the per-replica supervisor the agent starts (hidden; see
     // rlark_agent::supervisor). Dispatched before anything else: it runs no async runtime
