@@ -1,16 +1,16 @@
 //! `rlark`: the one binary. A thin shell over library calls: parse flags, set up logging,
 //! run the subcommand, map failures to exit codes (1 = failure, 2 = usage error).
 
+mod allocator;
 mod bench;
 mod cli;
 
 use std::process::ExitCode;
 
-/// mimalloc instead of glibc's malloc: under 64 API clients glibc's allocator (malloc, free,
-/// chunk consolidation) was about a quarter of the server's CPU samples (perf; measured
-/// before and after in docs/benchmarks.md, "The allocator").
+/// mimalloc for the control plane, glibc's allocator for agents and everything else
+/// (`allocator.rs` says why and how).
 #[global_allocator]
-static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static GLOBAL: allocator::ByCommand = allocator::ByCommand;
 
 fn main() -> ExitCode {
     // `rlark supervise ...`: the per-replica supervisor the agent starts (hidden; see
@@ -28,6 +28,7 @@ fn main() -> ExitCode {
     // clap prints usage errors and exits with 2 (0 for --help/--version).
     let args = cli::parse();
     cli::init_tracing(&args);
+    tracing::debug!(allocator = allocator::name(), "memory allocator");
     // What `/version` of a server this process runs reports, and `rlark_build_info` on
     // every `/metrics` it serves.
     let build = cli::version::build_info();
