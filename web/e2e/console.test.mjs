@@ -11,7 +11,7 @@ import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { ARTIFACTS, RLARK, ROOT, WEB, axeViolations, freePort, launch, prerequisites, rlark, startUp, stopUp } from './support.mjs';
+import { ARTIFACTS, RLARK, ROOT, WEB, axeViolations, freePort, launch, prerequisites, rlark, startUp, stopUp, waitFor, watchCspViolations } from './support.mjs';
 
 const VALID_JOB = `apiVersion: rlinf.io/v1alpha1
 kind: Job
@@ -70,6 +70,10 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     browser = await launch(playwright);
     // The server's certificate is signed by the installation's own CA.
     const admin = await browser.newContext({ ignoreHTTPSErrors: true });
+    // Every Content-Security-Policy violation on the admin's pages (none is expected: the
+    // policy has no 'unsafe-inline' and the app needs none), reported through a CDP binding.
+    const cspViolations = [];
+    await watchCspViolations(admin, cspViolations);
     const page = await admin.newPage();
     const shot = (name) => page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
 
@@ -79,6 +83,8 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     const csp = first.headers()['content-security-policy'];
     assert.match(csp, /script-src 'self'/);
     assert.match(csp, /frame-ancestors 'none'/);
+    assert.match(csp, /style-src 'self';/);
+    assert.doesNotMatch(csp, /unsafe-inline|unsafe-eval/);
     await page.getByTestId('user').waitFor();
     const firstLoadMs = Date.now() - started;
     assert.match(await page.getByTestId('user').textContent(), /admin \(admin\)/);
@@ -189,6 +195,11 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     const rows = page.locator('.xterm-rows > div');
     await page.waitForFunction(() => [...document.querySelectorAll('.xterm-rows > div')].some((r) => r.textContent.trim() === 'hi'), null, { timeout: 15_000 });
     assert.ok((await rows.count()) > 0);
+    // The terminal's generated rules apply without inline styles: no <style> element, and
+    // its theme (white text) and cell sizes come from constructed sheets.
+    assert.equal(await page.evaluate(() => document.querySelectorAll('style').length), 0);
+    assert.equal(await page.evaluate(() => getComputedStyle(document.querySelector('.xterm-rows')).color), 'rgb(255, 255, 255)');
+    assert.equal(await page.evaluate(() => getComputedStyle(document.querySelector('.xterm-rows span')).display), 'inline-block');
     await shot('terminal');
 
     const tasks = await (await page.request.get(`${url}/apis/rlinf.io/v1alpha1/tasks?labelSelector=rlinf.io/job=e2e-shell`)).json();
@@ -384,6 +395,16 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
       headers: { 'X-Rlark-CSRF': session.csrfToken },
     });
     assert.equal(forgedRobot.status(), 403);
+
+    // ---- no CSP violation on any admin page; and the check sees one when there is ----
+    assert.deepEqual(cspViolations, [], 'Content-Security-Policy violations');
+    await page.evaluate(() => {
+      const style = document.createElement('style');
+      style.textContent = 'body { color: red; }';
+      document.head.append(style);
+    });
+    await waitFor(() => cspViolations.length > 0, 'a <style> element is refused and reported');
+    assert.match(cspViolations[0], /^style-src/);
 
     // ---- logout revokes the session ----
     await page.getByRole('button', { name: 'Log out' }).click();

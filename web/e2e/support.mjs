@@ -110,3 +110,21 @@ export async function axeViolations(page) {
   const result = await page.evaluate(() => window.axe.run(document, { runOnly: ['wcag2a', 'wcag2aa'] }));
   return result.violations.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
 }
+
+/** Collect every Content-Security-Policy violation of the context's pages into `into`
+ * (`"directive blocked-uri"`), through a CDP binding, which the page's CSP does not affect. */
+export async function watchCspViolations(context, into) {
+  await context.exposeFunction('__rlarkCspViolation', (v) => into.push(v));
+  await context.addInitScript(() => {
+    document.addEventListener('securitypolicyviolation', (e) => window.__rlarkCspViolation(`${e.effectiveDirective} ${e.blockedURI} ${e.sourceFile}:${e.lineNumber}`));
+  });
+}
+
+/** Wait up to `ms` for `predicate()` to hold (for state outside the page). */
+export async function waitFor(predicate, what, ms = 10_000) {
+  const end = Date.now() + ms;
+  while (!predicate()) {
+    if (Date.now() > end) throw new Error(`timed out waiting: ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}

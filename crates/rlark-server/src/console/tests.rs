@@ -357,6 +357,22 @@ async fn the_app_is_served_with_a_content_security_policy() {
         page.headers()[header::CONTENT_SECURITY_POLICY],
         assets::CONTENT_SECURITY_POLICY
     );
+    // Nothing inline may run or apply: no 'unsafe-inline' (nor 'unsafe-eval') anywhere, and
+    // scripts and styles come from this server only.
+    let csp = page.headers()[header::CONTENT_SECURITY_POLICY]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(!csp.contains("unsafe-"), "{csp}");
+    let directive = |name: &str| {
+        csp.split(';')
+            .map(str::trim)
+            .find(|d| d.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} in {csp}"))
+            .to_owned()
+    };
+    assert_eq!(directive("script-src"), "script-src 'self'");
+    assert_eq!(directive("style-src"), "style-src 'self'");
     assert!(
         page.headers()[header::CONTENT_TYPE]
             .to_str()
