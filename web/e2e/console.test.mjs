@@ -7,7 +7,7 @@
 // elsewhere the test is skipped with a message. Screenshots go to web/e2e/artifacts/.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
@@ -42,8 +42,10 @@ spec:
         replicas: 1
 `;
 
-// Runs until stopped: for the terminal and the reward chart.
-const SHELL_JOB = `apiVersion: rlinf.io/v1alpha1
+// Runs until stopped: for the terminal, the reward chart and the task HTTP proxy (a web
+// server on HTTP_PORT of the replica's node; tensorBoardDir only makes the page say how to
+// start TensorBoard).
+const SHELL_JOB = (httpPort) => `apiVersion: rlinf.io/v1alpha1
 kind: Job
 metadata:
   name: e2e-shell
@@ -52,8 +54,9 @@ spec:
     - name: main
       agentType: Raw
       role: Actor
+      tensorBoardDir: /tmp/e2e-tensorboard
       raw:
-        entrypoint: ["sleep", "600"]
+        entrypoint: ["python3", "-m", "http.server", "${httpPort}", "--bind", "127.0.0.1"]
         replicas: 1
 `;
 
@@ -182,7 +185,8 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
 
     // ---- a running task: terminal, live reward chart, stop and delete ----
     await page.getByRole('link', { name: 'Create' }).click();
-    await page.getByLabel('Manifest (YAML)').fill(SHELL_JOB);
+    const httpPort = await freePort();
+    await page.getByLabel('Manifest (YAML)').fill(SHELL_JOB(httpPort));
     await page.getByRole('button', { name: 'Create' }).click();
     await page.getByRole('heading', { name: /Job e2e-shell/ }).waitFor();
     await page.getByRole('table', { name: 'Tasks' }).getByRole('link', { name: 'e2e-shell-main' }).click();
@@ -220,6 +224,21 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await page.locator('figure[data-series="reward"][data-points="5"]').waitFor({ timeout: 15_000 });
     assert.match(await chart.locator('figcaption').textContent(), /last 7\.500/);
     await shot('reward-chart');
+
+    // ---- the task HTTP proxy: a link to a port of the replica, opened in a new tab ----
+    assert.equal(
+      await page.getByTestId('tensorboard-command').textContent(),
+      `tensorboard --logdir /tmp/e2e-tensorboard --port 6006 --path_prefix /rlark/v1/namespaces/${taskNs}/tasks/e2e-shell-main/proxy/6006`,
+    );
+    const webApps = page.getByRole('region', { name: 'Web apps' });
+    await webApps.getByLabel('Port').fill('99999');
+    await webApps.getByText('99999 is not a port').waitFor();
+    await webApps.getByLabel('Port').fill(String(httpPort));
+    const proxyLink = page.getByRole('link', { name: `Open port ${httpPort} of e2e-shell-main-0` });
+    assert.equal(await proxyLink.getAttribute('href'), `/rlark/v1/namespaces/${taskNs}/tasks/e2e-shell-main/proxy/${httpPort}/`);
+    const [proxied] = await Promise.all([admin.waitForEvent('page'), proxyLink.click()]);
+    await proxied.getByText('Directory listing for /').waitFor({ timeout: 15_000 });
+    await proxied.close();
 
     await page.getByRole('link', { name: 'e2e-shell' }).first().click();
     await page.getByRole('button', { name: 'Stop' }).click();
@@ -331,6 +350,14 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await page.locator(`tr[data-token="${tessId}"]`).getByTestId('token-revoked').filter({ hasText: /\d{4}-/ }).waitFor();
     await tess.close();
 
+    // ---- SSH keys: the endpoint; a link session cannot register keys ----
+    await page.getByRole('link', { name: 'SSH keys' }).click();
+    assert.match(await page.getByTestId('ssh-command').textContent(), /^ssh -p \d+ TASK@127\.0\.0\.1$/);
+    assert.match(await page.getByTestId('ssh-host-key').textContent(), /^SHA256:/);
+    await page.getByTestId('ssh-key-needs-token').waitFor();
+    assert.equal(await page.getByRole('button', { name: 'Register key' }).isDisabled(), true);
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the SSH keys page');
+
     // ---- 1,000 Jobs: paged reads, a windowed list, filters ----
     {
       const { csrfToken: csrf } = await (await page.request.get(`${url}/rlark/v1/console/session`)).json();
@@ -395,6 +422,31 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
       headers: { 'X-Rlark-CSRF': session.csrfToken },
     });
     assert.equal(forgedRobot.status(), 403);
+
+    // ---- a viewer registers an SSH key, the admin sees it, the viewer removes it ----
+    const keyFile = join(dataDir, 'vera_ed25519');
+    execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'vera@e2e', '-f', keyFile]);
+    const publicKey = readFileSync(`${keyFile}.pub`, 'utf8').trim();
+    await vpage.getByRole('link', { name: 'SSH keys' }).click();
+    await vpage.getByLabel(/^Public key/).fill(publicKey);
+    await vpage.getByRole('button', { name: 'Register key' }).click();
+    await vpage.getByRole('status').filter({ hasText: /^Key SHA256:\S+ registered\.$/ }).waitFor();
+    const veraKey = vpage.getByRole('table', { name: 'SSH keys' }).getByRole('row').filter({ hasText: 'vera@e2e' });
+    await veraKey.waitFor();
+    const keyId = await veraKey.getAttribute('data-ssh-key');
+    assert.match(await veraKey.textContent(), new RegExp(`token ${viewerToken.split('.')[0]}`), 'registered with the token vera logged in with');
+    // Registering the same key again is refused with the server's reason.
+    await vpage.getByLabel(/^Public key/).fill(publicKey);
+    await vpage.getByRole('button', { name: 'Register key' }).click();
+    await vpage.getByRole('alert').filter({ hasText: /registered/ }).waitFor();
+    await page.getByRole('link', { name: 'SSH keys' }).click();
+    await page.locator(`tr[data-ssh-key="${keyId}"]`).filter({ hasText: 'vera' }).waitFor();
+    vpage.once('dialog', (dialog) => dialog.accept());
+    await vpage.getByRole('button', { name: `Remove SSH key ${keyId} of vera` }).click();
+    await vpage.getByRole('status').filter({ hasText: 'removed' }).waitFor();
+    assert.equal(await vpage.locator(`tr[data-ssh-key="${keyId}"]`).count(), 0);
+    const keysLeft = await (await page.request.get(`${url}/rlark/v1/sshkeys?user=vera`)).json();
+    assert.deepEqual(keysLeft.items, []);
 
     // ---- no CSP violation on any admin page; and the check sees one when there is ----
     assert.deepEqual(cspViolations, [], 'Content-Security-Policy violations');

@@ -180,6 +180,8 @@ async fn a_one_time_link_logs_in_once_and_the_session_reads_and_writes_with_csrf
     assert_eq!(nodes.status, StatusCode::OK, "{}", nodes.body);
     let session = f.send(get("/rlark/v1/console/session", &cookie)).await;
     assert_eq!(session.body["csrfToken"], csrf.as_str());
+    assert_eq!(answer.body["loginWith"], "link");
+    assert_eq!(session.body["loginWith"], "link");
 
     // Writes need the CSRF token.
     let missing = f.send(create_job(&cookie, None, "j1")).await;
@@ -273,7 +275,12 @@ async fn a_bearer_token_logs_in_and_its_revocation_ends_the_session() {
     let answer = f.login(json!({"token": token.expose()})).await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
     assert_eq!(answer.body["user"], "vera");
+    assert_eq!(answer.body["loginWith"], "token");
     let cookie = cookie_of(&answer.headers);
+    assert_eq!(
+        f.send(get("/rlark/v1/console/session", &cookie)).await.body["loginWith"],
+        "token"
+    );
     assert_eq!(
         f.send(get("/apis/rlinf.io/v1alpha1/jobs", &cookie))
             .await
