@@ -278,7 +278,7 @@ export function Devices({ session }: { session: Session }) {
         ))}
       {viewed ? (
         <Section title={`Camera ${viewed.camera} on ${viewed.node}`}>
-          <p class="muted">A camera is viewed while it is open; viewing does not change it.</p>
+          <p class="muted">A camera is viewed while it is open; viewing does not change it. When the stream drops or the camera is closed, the view waits and opens again by itself.</p>
           <CameraView namespace={viewed.namespace} node={viewed.node} camera={viewed.camera} />
           <div class="actions">
             <button type="button" onClick={() => setViewed(null)}>
