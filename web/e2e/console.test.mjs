@@ -315,9 +315,17 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await page.getByLabel('Mode for arm-0').fill('teleop');
     await page.getByRole('button', { name: 'Switch arm-0 to the mode' }).click();
     await arm.getByTestId('robot-mode').filter({ hasText: 'teleop' }).waitFor({ timeout: 30_000 });
+    // Its modes (with their launch files) and its log, from the embodied runtime.
+    await page.getByRole('button', { name: 'Modes and log of arm-0' }).click();
+    await page.getByRole('table', { name: 'Modes of arm-0' }).locator('tr[data-mode="teleop"]').waitFor({ timeout: 15_000 });
+    const robotLog = page.getByTestId('robot-log-arm-0');
+    await robotLog.filter({ hasText: 'switch to mode teleop' }).waitFor({ timeout: 15_000 });
     await shot('robots');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the robot details');
     await page.getByRole('button', { name: 'Stop arm-0' }).click();
     await arm.getByTestId('robot-state').filter({ hasText: 'STOPPED' }).waitFor({ timeout: 30_000 });
+    // The log is read again after the action.
+    await robotLog.filter({ hasText: /STOPPED\s*$/ }).waitFor({ timeout: 15_000 });
     // A mode the robot's type does not have is refused with the runtime's reason.
     await page.getByLabel('Mode for arm-0').fill('dance');
     await page.getByRole('button', { name: 'Start arm-0' }).click();
@@ -415,6 +423,8 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     assert.equal(await vpage.getByRole('button', { name: /^(Start|Stop|Reset) arm/ }).count(), 0, 'a viewer sees no robot actions');
     assert.equal(await vpage.getByRole('button', { name: /^(Open|Close) camera/ }).count(), 0, 'a viewer opens no camera');
     assert.equal(await vpage.getByRole('button', { name: /^View camera cam-1/ }).count(), 1, 'a viewer may view');
+    await vpage.getByRole('button', { name: 'Modes and log of arm-0' }).click();
+    await vpage.getByTestId('robot-log-arm-0').filter({ hasText: 'switch to mode teleop' }).waitFor({ timeout: 15_000 });
     await vpage.goto(`${url}/#/jobs/e2e-hello`);
     await vpage.getByRole('heading', { name: /Job e2e-hello/ }).waitFor();
     for (const name of ['Stop', 'Restart', 'Delete']) {

@@ -9,7 +9,11 @@
 //!   `.../stop`, `.../switch` (body `{"mode": "M", "args": {...}}`, mode required),
 //!   `.../reset`: the RPC of that name on the
 //!   socket that serves the robot; answers the robot as in the list. Robots started here are
-//!   detached (no owner), like `rlark robot start`: stop them with `stop`.
+//!   detached (no owner), like `rlark robot start`: stop them with `stop`;
+//! - `GET /v1/robots/{id}/logs`: the robot's recent output (launch processes, controller
+//!   notes), oldest first, at most [`LOG_LINES`]: `{"robotId", "lines": [...]}`;
+//! - `GET /v1/robots/{id}/modes`: the modes it can start in, with their launch files:
+//!   `{"robotId", "modes": [{"name", "package", "launchFile", "args": {...}}]}`.
 //!
 //! Errors are plain text: `404` no embodied runtime, no robot socket or no such robot;
 //! `409` the action does not fit the robot's state (FailedPrecondition); `400` a bad id,
@@ -31,6 +35,8 @@ use crate::api_body::{ApiBody, text_response};
 pub const ROBOTS_PREFIX: &str = "/v1/robots";
 /// Largest request body.
 const MAX_BODY: usize = 16 * 1024;
+/// Most log lines `GET .../logs` answers (the runtime keeps its own bounded ring).
+pub const LOG_LINES: i32 = 1000;
 /// How long one call to the runtime may take (a start waits for the launch).
 const CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -50,6 +56,16 @@ pub fn is_robot_path(path: &str) -> bool {
 pub enum RobotRequest {
     List,
     Action { id: String, action: Action },
+    Read { id: String, read: Read },
+}
+
+/// A read about one robot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Read {
+    /// Its recent output.
+    Logs,
+    /// Its modes and their launch files.
+    Modes,
 }
 
 /// A robot action.
@@ -78,7 +94,7 @@ pub fn parse(method: &http::Method, path: &str) -> Result<RobotRequest, (u16, St
         return Err((
             404,
             format!(
-                "not found: {path}; use GET {ROBOTS_PREFIX} or POST {ROBOTS_PREFIX}/{{id}}/{{start|stop|switch|reset}}"
+                "not found: {path}; use GET {ROBOTS_PREFIX}, GET {ROBOTS_PREFIX}/{{id}}/{{logs|modes}} or POST {ROBOTS_PREFIX}/{{id}}/{{start|stop|switch|reset}}"
             ),
         ));
     };
@@ -93,6 +109,20 @@ pub fn parse(method: &http::Method, path: &str) -> Result<RobotRequest, (u16, St
             format!("invalid robot id {id:?}: 1 to 63 letters, digits, '-', '_' or '.'"),
         ));
     }
+    let read = match action {
+        "logs" => Some(Read::Logs),
+        "modes" => Some(Read::Modes),
+        _ => None,
+    };
+    if let Some(read) = read {
+        if method != http::Method::GET {
+            return Err((405, format!("{method} is not allowed on {path}: use GET")));
+        }
+        return Ok(RobotRequest::Read {
+            id: id.to_string(),
+            read,
+        });
+    }
     let action = match action {
         "start" => Action::Start,
         "stop" => Action::Stop,
@@ -101,7 +131,10 @@ pub fn parse(method: &http::Method, path: &str) -> Result<RobotRequest, (u16, St
         other => {
             return Err((
                 400,
-                format!("unknown robot action {other:?}; expected start, stop, switch or reset"),
+                format!(
+                    "unknown robot action {other:?}; expected start, stop, switch or reset \
+                     (POST), or logs or modes (GET)"
+                ),
             ));
         }
     };
@@ -314,6 +347,47 @@ async fn act(dir: &Path, id: &str, action: Action, body: ActionBody) -> Result<V
     Ok(robot_json(&robot))
 }
 
+/// A robot's logs or modes, as JSON.
+async fn read(dir: &Path, id: &str, what: Read) -> Result<Value, Refusal> {
+    let (mut client, _) = find(dir, id).await?;
+    match what {
+        Read::Logs => {
+            let reply = client
+                .get_robot_logs(pb::GetRobotLogsRequest {
+                    robot_id: id.to_string(),
+                    tail: LOG_LINES,
+                })
+                .await
+                .map_err(|s| rpc_refusal(&format!("logs of {id}"), &s))?
+                .into_inner();
+            Ok(json!({"robotId": reply.robot_id, "lines": reply.lines}))
+        }
+        Read::Modes => {
+            let reply = client
+                .list_modes(pb::ListModesRequest {
+                    robot_id: id.to_string(),
+                })
+                .await
+                .map_err(|s| rpc_refusal(&format!("modes of {id}"), &s))?
+                .into_inner();
+            let modes: Vec<Value> = reply
+                .modes
+                .iter()
+                .map(|m| {
+                    let args: std::collections::BTreeMap<_, _> = m.args.iter().collect();
+                    json!({
+                        "name": m.name,
+                        "package": m.package,
+                        "launchFile": m.launch_file,
+                        "args": args,
+                    })
+                })
+                .collect();
+            Ok(json!({"robotId": reply.robot_id, "modes": modes}))
+        }
+    }
+}
+
 /// Serve one request under [`ROBOTS_PREFIX`] (see the module documentation).
 pub(crate) async fn handle<B>(
     socket_dir: Option<&PathBuf>,
@@ -347,6 +421,11 @@ where
             .await
             .unwrap_or_else(|_| Err(timeout()))
             .map(|robots| json!({"items": robots.iter().map(robot_json).collect::<Vec<_>>()})),
+        RobotRequest::Read { id, read: what } => {
+            tokio::time::timeout(CALL_TIMEOUT, read(dir, &id, what))
+                .await
+                .unwrap_or_else(|_| Err(timeout()))
+        }
         RobotRequest::Action { id, action } => {
             let body = match http_body_util::Limited::new(request.into_body(), MAX_BODY)
                 .collect()
@@ -401,7 +480,24 @@ mod tests {
                 action: Action::Start
             })
         );
+        assert_eq!(
+            parse(&get, "/v1/robots/arm-0/logs"),
+            Ok(RobotRequest::Read {
+                id: "arm-0".into(),
+                read: Read::Logs
+            })
+        );
+        assert_eq!(
+            parse(&get, "/v1/robots/arm-0/modes"),
+            Ok(RobotRequest::Read {
+                id: "arm-0".into(),
+                read: Read::Modes
+            })
+        );
         for (method, path, code) in [
+            (&post, "/v1/robots/arm-0/logs", 405),
+            (&post, "/v1/robots/arm-0/modes", 405),
+            (&get, "/v1/robots/a b/logs", 400),
             (&post, "/v1/robots", 405),
             (&get, "/v1/robots/arm-0/stop", 405),
             (&post, "/v1/robots/arm-0/fly", 400),

@@ -25,6 +25,73 @@ function robotsPath(node: KubeObject) {
   return `/rlark/v1/namespaces/${encodeURIComponent(node.metadata.namespace ?? '')}/nodes/${encodeURIComponent(node.metadata.name)}/robots`;
 }
 
+interface Mode {
+  name: string;
+  package: string;
+  launchFile: string;
+  args: Record<string, string>;
+}
+
+/** One robot's modes (with their launch files) and recent log, read from its agent when
+ * shown and again after each action on it (`version`) or on Refresh. */
+function RobotDetails({ path, robot, version }: { path: string; robot: string; version: number }) {
+  const [modes, setModes] = useState<Mode[] | null>(null);
+  const [lines, setLines] = useState<string[] | null>(null);
+  const [error, setError] = useState<string | null>(null);
+  const [refreshed, setRefreshed] = useState(0);
+  const base = `${path}/${encodeURIComponent(robot)}`;
+  useEffect(() => {
+    const controller = new AbortController();
+    Promise.all([getJson(`${base}/modes`, controller.signal), getJson(`${base}/logs`, controller.signal)])
+      .then(([m, l]) => {
+        setModes(m.modes ?? []);
+        setLines(l.lines ?? []);
+        setError(null);
+      })
+      .catch((e) => controller.signal.aborted || setError(e instanceof ApiError ? e.message : String(e)));
+    return () => controller.abort();
+  }, [base, version, refreshed]);
+  return (
+    <Section title={`Robot ${robot}`}>
+      <ErrorBanner error={error} />
+      <h3>Modes and launch files</h3>
+      <table aria-label={`Modes of ${robot}`}>
+        <thead>
+          <tr>
+            <th scope="col">Mode</th>
+            <th scope="col">Package</th>
+            <th scope="col">Launch file</th>
+            <th scope="col">Arguments</th>
+          </tr>
+        </thead>
+        <tbody>
+          {(modes ?? []).map((m) => (
+            <tr key={m.name} data-mode={m.name}>
+              <td>{m.name}</td>
+              <td>{m.package}</td>
+              <td>{m.launchFile}</td>
+              <td class="small">
+                {Object.entries(m.args)
+                  .map(([k, v]) => `${k}:=${v}`)
+                  .join(' ')}
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+      <h3>Log</h3>
+      <div class="actions">
+        <button type="button" onClick={() => setRefreshed((n) => n + 1)} aria-label={`Refresh the log of ${robot}`}>
+          Refresh
+        </button>
+      </div>
+      <pre class="log" data-testid={`robot-log-${robot}`} tabIndex={0} aria-label={`Log of ${robot}`}>
+        {lines === null ? 'Loading…' : lines.length ? lines.join('\n') : '(no output yet)'}
+      </pre>
+    </Section>
+  );
+}
+
 /** The robots on one Node's host, read from its agent; admins start, stop, switch and reset them. */
 function Robots({ node, session }: { node: KubeObject; session: Session }) {
   const [robots, setRobots] = useState<Robot[]>([]);
@@ -32,6 +99,8 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
   const [busy, setBusy] = useState<string | null>(null);
   const [modes, setModes] = useState<Record<string, string>>({});
   const [argTexts, setArgTexts] = useState<Record<string, string>>({});
+  const [details, setDetails] = useState<string | null>(null);
+  const [acted, setActed] = useState(0);
   const path = robotsPath(node);
   // Read again when the agent reports the Node's devices anew (no polling).
   const devices = JSON.stringify(node.status?.devices ?? []);
@@ -62,6 +131,7 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
       setError(e instanceof ApiError ? e.message : String(e));
     } finally {
       setBusy(null);
+      setActed((n) => n + 1);
     }
   };
 
@@ -77,6 +147,7 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
             <th scope="col">State</th>
             <th scope="col">Mode</th>
             <th scope="col">Message</th>
+            <th scope="col">Details</th>
             {session.canWrite ? <th scope="col">Actions</th> : null}
           </tr>
         </thead>
@@ -89,6 +160,11 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
               <td data-testid="robot-state">{r.state}</td>
               <td data-testid="robot-mode">{r.mode}</td>
               <td>{r.message}</td>
+              <td>
+                <button type="button" aria-pressed={details === r.id} onClick={() => setDetails(details === r.id ? null : r.id)} aria-label={`Modes and log of ${r.id}`}>
+                  Modes and log
+                </button>
+              </td>
               {session.canWrite ? (
                 <td class="robot-actions">
                   <input
@@ -128,6 +204,7 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
           ))}
         </tbody>
       </table>
+      {details ? <RobotDetails path={path} robot={details} version={acted} /> : null}
     </Section>
   );
 }
