@@ -349,6 +349,14 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await page.getByRole('button', { name: 'Create join token' }).click();
     const joinText = await page.getByTestId('join command').textContent();
     assert.match(joinText, new RegExp(`^rlark join --server ${url.replace(/[.]/g, '\\.')} --token \\S+ --ca-hash sha256:[0-9a-f]+ --cluster-id edge-9$`));
+    // The lists follow changes pushed by the server: the join token made here, and a join
+    // token and a user token made with the CLI, appear without a reload.
+    const joinTokens = page.getByRole('table', { name: 'Join tokens' });
+    await joinTokens.getByRole('row').filter({ hasText: 'edge-9' }).waitFor({ timeout: 15_000 });
+    rlark(kube, 'token', 'create', '--cluster-id', 'edge-cli');
+    await joinTokens.getByRole('row').filter({ hasText: 'edge-cli' }).waitFor({ timeout: 15_000 });
+    const carlToken = rlark(kube, 'token', 'create', '--user', 'carl', '--role', 'viewer');
+    await page.locator(`tr[data-token="${carlToken.split('.')[0]}"]`).filter({ hasText: 'carl' }).waitFor({ timeout: 15_000 });
     await page.getByLabel('User', { exact: true }).fill('tess');
     await page.getByRole('button', { name: 'Create user token' }).click();
     const tessToken = await page.getByTestId('user token').textContent();
@@ -445,7 +453,9 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     });
     assert.equal(forgedRobot.status(), 403);
 
-    // ---- a viewer registers an SSH key, the admin sees it, the viewer removes it ----
+    // ---- a viewer registers an SSH key, the admin sees it live, the viewer removes it ----
+    await page.getByRole('link', { name: 'SSH keys' }).click();
+    await page.getByRole('heading', { name: "Everyone's keys" }).waitFor();
     const keyFile = join(dataDir, 'vera_ed25519');
     execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'vera@e2e', '-f', keyFile]);
     const publicKey = readFileSync(`${keyFile}.pub`, 'utf8').trim();
@@ -461,12 +471,13 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await vpage.getByLabel(/^Public key/).fill(publicKey);
     await vpage.getByRole('button', { name: 'Register key' }).click();
     await vpage.getByRole('alert').filter({ hasText: /registered/ }).waitFor();
-    await page.getByRole('link', { name: 'SSH keys' }).click();
-    await page.locator(`tr[data-ssh-key="${keyId}"]`).filter({ hasText: 'vera' }).waitFor();
+    await page.locator(`tr[data-ssh-key="${keyId}"]`).filter({ hasText: 'vera' }).waitFor({ timeout: 15_000 });
     vpage.once('dialog', (dialog) => dialog.accept());
     await vpage.getByRole('button', { name: `Remove SSH key ${keyId} of vera` }).click();
     await vpage.getByRole('status').filter({ hasText: 'removed' }).waitFor();
-    assert.equal(await vpage.locator(`tr[data-ssh-key="${keyId}"]`).count(), 0);
+    await vpage.locator(`tr[data-ssh-key="${keyId}"]`).waitFor({ state: 'detached', timeout: 15_000 });
+    // The admin's page drops it without a reload.
+    await page.locator(`tr[data-ssh-key="${keyId}"]`).waitFor({ state: 'detached', timeout: 15_000 });
     const keysLeft = await (await page.request.get(`${url}/rlark/v1/sshkeys?user=vera`)).json();
     assert.deepEqual(keysLeft.items, []);
 

@@ -24,12 +24,27 @@ const session = (role: 'admin' | 'viewer', user: string, loginWith: 'token' | 'l
   loginWith,
 });
 
-/** The routes the page calls, recording writes. */
+/** The routes the page calls, recording writes; the change stream tells of every write
+ * (as the server's does), which is how the page learns to read the keys again. */
 function fakeServer(keys: SshKey[], info: object) {
   const calls: { method: string; url: string; body?: string }[] = [];
+  const streams: ReadableStreamDefaultController<Uint8Array>[] = [];
+  const push = (line: object) => streams.forEach((c) => c.enqueue(new TextEncoder().encode(JSON.stringify(line) + '\n')));
   const fetch = vi.fn(async (url: string, init?: RequestInit) => {
     const method = init?.method ?? 'GET';
     calls.push({ method, url: String(url), body: init?.body as string | undefined });
+    if (url === '/rlark/v1/console/changes?resources=sshkeys') {
+      return new Response(
+        new ReadableStream<Uint8Array>({
+          start(c) {
+            streams.push(c);
+            c.enqueue(new TextEncoder().encode('{"type":"BOOKMARK","revision":"1"}\n'));
+          },
+        }),
+        { status: 200 },
+      );
+    }
+    if (method !== 'GET') setTimeout(() => push({ type: 'CHANGED', resource: 'sshkeys', revision: '2' }), 0);
     if (url === '/rlark/v1/sshinfo') return new Response(JSON.stringify(info), { status: 200 });
     if (url === '/rlark/v1/sshkeys' && method === 'GET') return new Response(JSON.stringify({ items: keys }), { status: 200 });
     if (url === '/rlark/v1/sshkeys' && method === 'POST') {

@@ -3,7 +3,10 @@
 // own keys; admins see and remove everyone's.
 import { useEffect, useState } from 'preact/hooks';
 import { ApiError, getJson, sendJson, Session } from '../api';
+import { ListName, useChanges } from '../changes';
 import { ErrorBanner, Section } from '../components/common';
+
+const SSH_LISTS: ListName[] = ['sshkeys'];
 
 export interface SshKey {
   id: string;
@@ -44,16 +47,21 @@ export function SshKeys({ session }: { session: Session }) {
   const [publicKey, setPublicKey] = useState('');
   const [busy, setBusy] = useState(false);
   const admin = session.role === 'admin';
-  // Keys are not Kubernetes resources (no watch): read again after each change made here.
-  const reload = async () => {
-    const [k, i] = await Promise.all([getJson('/rlark/v1/sshkeys'), getJson('/rlark/v1/sshinfo')]);
-    setKeys(k.items ?? []);
-    setInfo(i);
-    setLoaded(true);
-  };
   useEffect(() => {
-    reload().catch((e) => setError(errorText(e)));
+    getJson('/rlark/v1/sshinfo')
+      .then(setInfo)
+      .catch((e) => setError(errorText(e)));
   }, []);
+  // Keys are not Kubernetes resources: the server pushes when they change (changes.ts;
+  // a non-admin hears of their own keys only) and the page reads them again.
+  useChanges(SSH_LISTS, () =>
+    getJson('/rlark/v1/sshkeys')
+      .then((k) => {
+        setKeys(k.items ?? []);
+        setLoaded(true);
+      })
+      .catch((e) => setError(errorText(e))),
+  );
   const act = async (what: () => Promise<void>) => {
     setBusy(true);
     setError(null);
@@ -106,7 +114,6 @@ export function SshKeys({ session }: { session: Session }) {
               const added: SshKey = await sendJson('POST', '/rlark/v1/sshkeys', { publicKey: publicKey.trim() });
               setNotice(`Key ${added.fingerprint} registered.`);
               setPublicKey('');
-              await reload();
             });
           }}
         >
@@ -164,7 +171,6 @@ export function SshKeys({ session }: { session: Session }) {
                           act(async () => {
                             await sendJson('DELETE', `/rlark/v1/sshkeys/${encodeURIComponent(k.id)}`);
                             setNotice(`Key ${k.fingerprint} removed.`);
-                            await reload();
                           })
                         }
                       >
