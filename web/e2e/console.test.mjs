@@ -11,7 +11,7 @@ import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:f
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { ARTIFACTS, RLARK, ROOT, WEB, axeViolations, freePort, launch, prerequisites, rlark, startUp, stopUp, waitFor, watchCspViolations } from './support.mjs';
+import { ARTIFACTS, RLARK, ROOT, WEB, axeViolations, focused, freePort, keyboardAudit, launch, prerequisites, rlark, startUp, stopUp, tabFromTop, tabTo, waitFor, watchCspViolations } from './support.mjs';
 
 const VALID_JOB = `apiVersion: rlinf.io/v1alpha1
 kind: Job
@@ -175,13 +175,73 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await shot('task-log');
     assert.deepEqual(await axeViolations(page), [], 'accessibility of the task page');
 
-    // ---- a reload keeps the session; keyboard: the main navigation is reachable with Tab ----
+    // ---- a reload keeps the session; keyboard: the skip link, the main navigation ----
     await page.reload();
     await page.getByTestId('user').waitFor();
+    const taskPage = page.url();
     await page.keyboard.press('Tab');
     assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Skip to content');
-    await page.keyboard.press('Tab');
-    assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Overview');
+    await page.keyboard.press('Enter');
+    assert.equal(page.url(), taskPage, 'the skip link keeps the page (routes live in the hash)');
+    assert.equal(await page.evaluate(() => document.activeElement?.id), 'content');
+    await page.getByRole('heading', { name: /Task e2e-hello-main/ }).waitFor();
+    await page.keyboard.press('Shift+Tab');
+    assert.equal((await focused(page))?.name, 'Log out', 'Shift+Tab from the content goes back through the header');
+
+    // ---- keyboard: every control of the main pages is reached by Tab with a visible focus,
+    // and the pages are worked by keyboard alone ----
+    const audited = [];
+    audited.push(`task ${await keyboardAudit(page, 'the task page')}`);
+    await tabFromTop(page, 'Jobs');
+    await page.keyboard.press('Enter');
+    await page.getByRole('heading', { name: 'Jobs' }).waitFor();
+    audited.push(`jobs ${await keyboardAudit(page, 'the jobs page')}`);
+    await tabFromTop(page, 'Filter jobs by name');
+    await page.keyboard.type('e2e-hel');
+    await page.getByText(/^1 of \d+ jobs$/).waitFor();
+    await tabTo(page, 'e2e-hello');
+    await page.keyboard.press('Enter');
+    await page.getByRole('heading', { name: /Job e2e-hello/ }).waitFor();
+    audited.push(`job ${await keyboardAudit(page, 'the job page')}`);
+    await tabFromTop(page, 'Clusters');
+    await page.keyboard.press('Enter');
+    const kbdCordon = await tabTo(page, /^Cordon node /);
+    const kbdNode = kbdCordon.name.replace('Cordon node ', '');
+    await page.keyboard.press('Space');
+    await page.locator(`tr[data-node="${kbdNode}"]`).getByTestId('schedulable').filter({ hasText: 'Cordoned' }).waitFor();
+    assert.equal((await focused(page))?.name, `Uncordon node ${kbdNode}`, 'the focus stays on the button');
+    await page.keyboard.press('Space');
+    await page.locator(`tr[data-node="${kbdNode}"]`).getByTestId('schedulable').filter({ hasText: 'Yes' }).waitFor();
+    audited.push(`clusters ${await keyboardAudit(page, 'the clusters page')}`);
+    await tabFromTop(page, 'Create');
+    await page.keyboard.press('Enter');
+    await tabTo(page, 'Manifest (YAML)');
+    await page.keyboard.press('Control+A');
+    await page.keyboard.insertText(INVALID_JOB);
+    await tabTo(page, 'Create');
+    await page.keyboard.press('Enter');
+    await tabTo(page, 'line 9');
+    await page.keyboard.press('Enter');
+    assert.equal((await focused(page))?.id, 'manifest', 'the error\'s line button goes to the editor');
+    assert.equal(await page.evaluate(() => { const t = document.activeElement; return t.value.slice(t.selectionStart, t.selectionEnd); }), '      role: Wizard');
+    audited.push(`create ${await keyboardAudit(page, 'the create page')}`);
+    for (const [link, heading] of [
+      ['Overview', 'Overview'],
+      ['Workflows', 'Workflows'],
+      ['Tasks', 'Tasks'],
+      ['Domains', 'Domains'],
+      ['Devices', 'Devices'],
+      ['SSH keys', 'SSH keys'],
+      ['Admin', 'Administration'],
+    ]) {
+      await tabFromTop(page, link);
+      await page.keyboard.press('Enter');
+      await page.getByRole('heading', { name: heading, exact: true }).waitFor();
+      audited.push(`${link} ${await keyboardAudit(page, `the ${link} page`)}`);
+    }
+    t.diagnostic(`keyboard: every control reached by Tab with a visible focus (page controls): ${audited.join(', ')}`);
+    await page.goto(taskPage);
+    await page.getByRole('heading', { name: /Task e2e-hello-main/ }).waitFor();
 
     // ---- a running task: terminal, live reward chart, stop and delete ----
     await page.getByRole('link', { name: 'Create' }).click();
@@ -192,9 +252,11 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await page.getByRole('table', { name: 'Tasks' }).getByRole('link', { name: 'e2e-shell-main' }).click();
     const openTerminal = page.getByRole('button', { name: 'Open a terminal in e2e-shell-main-0' });
     await openTerminal.waitFor({ timeout: 60_000 });
-    await openTerminal.click();
+    // By keyboard: the terminal takes the focus once connected.
+    await tabFromTop(page, 'Open a terminal in e2e-shell-main-0');
+    await page.keyboard.press('Enter');
     await page.getByTestId('terminal-state').filter({ hasText: 'connected' }).waitFor({ timeout: 30_000 });
-    await page.locator('.xterm-helper-textarea').focus();
+    await page.waitForFunction(() => document.activeElement?.classList.contains('xterm-helper-textarea'));
     await page.keyboard.type('echo hi\n');
     const rows = page.locator('.xterm-rows > div');
     await page.waitForFunction(() => [...document.querySelectorAll('.xterm-rows > div')].some((r) => r.textContent.trim() === 'hi'), null, { timeout: 15_000 });
@@ -205,6 +267,11 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     assert.equal(await page.evaluate(() => getComputedStyle(document.querySelector('.xterm-rows')).color), 'rgb(255, 255, 255)');
     assert.equal(await page.evaluate(() => getComputedStyle(document.querySelector('.xterm-rows span')).display), 'inline-block');
     await shot('terminal');
+    // Tab stays in the shell; Shift+Tab leaves the terminal for its Close button.
+    await page.keyboard.press('Tab');
+    assert.equal(await page.evaluate(() => document.activeElement?.classList.contains('xterm-helper-textarea')), true);
+    await page.keyboard.press('Shift+Tab');
+    assert.deepEqual(await focused(page).then((f) => [f.name, f.visible]), ['Close terminal', true]);
 
     const tasks = await (await page.request.get(`${url}/apis/rlinf.io/v1alpha1/tasks?labelSelector=rlinf.io/job=e2e-shell`)).json();
     const taskNs = tasks.items[0].metadata.namespace;

@@ -75,7 +75,18 @@ export function App() {
   return (
     <>
       <header>
-        <a class="skip" href="#content">
+        {/* The routes live in the hash, so the link moves focus itself instead of
+            changing the hash to #content (which would name a page). */}
+        <a
+          class="skip"
+          href="#content"
+          onClick={(e) => {
+            e.preventDefault();
+            const content = document.getElementById('content');
+            content?.focus();
+            content?.scrollIntoView();
+          }}
+        >
           Skip to content
         </a>
         <nav aria-label="Main">
@@ -132,7 +143,9 @@ export function App() {
           </button>
         </div>
       </header>
-      <div id="content">{content}</div>
+      <div id="content" tabIndex={-1}>
+        {content}
+      </div>
     </>
   );
 }

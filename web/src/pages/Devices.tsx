@@ -2,7 +2,7 @@ import { useEffect, useState } from 'preact/hooks';
 import { ApiError, getJson, KubeObject, RLINF, sendJson, Session } from '../api';
 import { CameraView } from '../components/CameraView';
 import { parseArgs } from '../robotArgs';
-import { ErrorBanner, Section } from '../components/common';
+import { ActionButton, ErrorBanner, Section } from '../components/common';
 import { useWatch } from '../watch';
 
 interface Viewed {
@@ -181,23 +181,25 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
                     value={argTexts[r.id] ?? ''}
                     onInput={(e) => setArgTexts((m) => ({ ...m, [r.id]: (e.target as HTMLInputElement).value }))}
                   />
+                  {/* One button starts and stops (so the focus stays on it), Switch
+                      while running, Reset always. */}
                   {r.state === 'RUNNING' ? (
-                    <>
-                      <button type="button" disabled={busy === r.id} onClick={() => act(r, 'switch')} aria-label={`Switch ${r.id} to the mode`}>
-                        Switch
-                      </button>
-                      <button type="button" disabled={busy === r.id} onClick={() => act(r, 'stop')} aria-label={`Stop ${r.id}`}>
-                        Stop
-                      </button>
-                    </>
+                    <ActionButton busy={busy === r.id} onClick={() => act(r, 'stop')} aria-label={`Stop ${r.id}`}>
+                      Stop
+                    </ActionButton>
                   ) : (
-                    <button type="button" disabled={busy === r.id} onClick={() => act(r, 'start')} aria-label={`Start ${r.id}`}>
+                    <ActionButton busy={busy === r.id} onClick={() => act(r, 'start')} aria-label={`Start ${r.id}`}>
                       Start
-                    </button>
+                    </ActionButton>
                   )}
-                  <button type="button" disabled={busy === r.id} onClick={() => act(r, 'reset')} aria-label={`Reset ${r.id}`}>
+                  {r.state === 'RUNNING' ? (
+                    <ActionButton busy={busy === r.id} onClick={() => act(r, 'switch')} aria-label={`Switch ${r.id} to the mode`}>
+                      Switch
+                    </ActionButton>
+                  ) : null}
+                  <ActionButton busy={busy === r.id} onClick={() => act(r, 'reset')} aria-label={`Reset ${r.id}`}>
                     Reset
-                  </button>
+                  </ActionButton>
                 </td>
               ) : null}
             </tr>
@@ -281,13 +283,13 @@ function Cameras({ node, session, onView }: { node: KubeObject; session: Session
                 </button>
                 {session.canWrite ? (
                   c.state === 'OPEN' ? (
-                    <button type="button" disabled={busy === c.id} onClick={() => act(c, 'close')} aria-label={`Close camera ${c.id}`}>
+                    <ActionButton busy={busy === c.id} onClick={() => act(c, 'close')} aria-label={`Close camera ${c.id}`}>
                       Close
-                    </button>
+                    </ActionButton>
                   ) : (
-                    <button type="button" disabled={busy === c.id} onClick={() => act(c, 'open')} aria-label={`Open camera ${c.id}`}>
+                    <ActionButton busy={busy === c.id} onClick={() => act(c, 'open')} aria-label={`Open camera ${c.id}`}>
                       Open
-                    </button>
+                    </ActionButton>
                   )
                 ) : null}
               </td>

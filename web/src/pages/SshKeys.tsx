@@ -4,7 +4,7 @@
 import { useEffect, useState } from 'preact/hooks';
 import { ApiError, getJson, sendJson, Session } from '../api';
 import { ListName, useChanges } from '../changes';
-import { ErrorBanner, Section } from '../components/common';
+import { ActionButton, ErrorBanner, Section } from '../components/common';
 
 const SSH_LISTS: ListName[] = ['sshkeys'];
 
@@ -110,6 +110,7 @@ export function SshKeys({ session }: { session: Session }) {
           class="stack-form"
           onSubmit={(e) => {
             e.preventDefault();
+            if (busy) return;
             act(async () => {
               const added: SshKey = await sendJson('POST', '/rlark/v1/sshkeys', { publicKey: publicKey.trim() });
               setNotice(`Key ${added.fingerprint} registered.`);
@@ -129,7 +130,7 @@ export function SshKeys({ session }: { session: Session }) {
             onInput={(e) => setPublicKey((e.target as HTMLTextAreaElement).value)}
           />
           <div>
-            <button type="submit" disabled={!canRegister || busy}>
+            <button type="submit" disabled={!canRegister} aria-disabled={busy ? 'true' : undefined}>
               Register key
             </button>
           </div>
@@ -161,10 +162,9 @@ export function SshKeys({ session }: { session: Session }) {
                   <td class="small">{registeredWith(k)}</td>
                   <td>
                     {admin || k.user === session.user ? (
-                      <button
-                        type="button"
+                      <ActionButton
+                        busy={busy}
                         class="danger"
-                        disabled={busy}
                         aria-label={`Remove SSH key ${k.id} of ${k.user}`}
                         onClick={() =>
                           window.confirm(`Remove SSH key ${k.fingerprint} of ${k.user}? Its open SSH connections close.`) &&
@@ -175,7 +175,7 @@ export function SshKeys({ session }: { session: Session }) {
                         }
                       >
                         Remove
-                      </button>
+                      </ActionButton>
                     ) : null}
                   </td>
                 </tr>

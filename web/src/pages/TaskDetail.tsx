@@ -151,16 +151,6 @@ export function TaskDetail({ namespace, name, session }: { namespace: string; na
         </table>
         {pods.loaded && podItems.length === 0 ? <p class="muted">No replicas yet.</p> : null}
       </Section>
-      {terminal ? (
-        <Section title={`Terminal in ${terminal}`}>
-          <Suspense fallback={<p class="muted">Loading the terminal…</p>}>
-            <Terminal namespace={namespace} pod={terminal} />
-          </Suspense>
-          <button type="button" onClick={() => setTerminal(null)}>
-            Close terminal
-          </button>
-        </Section>
-      ) : null}
       {shown ? (
         <Section title={`Log of ${shown}`}>
           <Logs namespace={namespace} pod={shown} />
@@ -176,6 +166,18 @@ export function TaskDetail({ namespace, name, session }: { namespace: string; na
       <Section title="Events">
         <Events kind="Task" name={name} namespace={namespace} />
       </Section>
+      {/* Last on the page: the terminal keeps Tab for the shell, and Shift+Tab leaves it
+          backwards, to its Close button and everything else. */}
+      {terminal ? (
+        <Section title={`Terminal in ${terminal}`}>
+          <button type="button" onClick={() => setTerminal(null)}>
+            Close terminal
+          </button>
+          <Suspense fallback={<p class="muted">Loading the terminal…</p>}>
+            <Terminal namespace={namespace} pod={terminal} />
+          </Suspense>
+        </Section>
+      ) : null}
     </main>
   );
 }
