@@ -409,6 +409,13 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await arm1.getByTestId('robot-mode').filter({ hasText: 'teleop' }).waitFor();
     await page.getByRole('button', { name: 'Stop arm-1' }).click();
     await arm1.getByTestId('robot-state').filter({ hasText: 'STOPPED' }).waitFor({ timeout: 30_000 });
+    // Live: a robot started and stopped behind the page's back (the CLI, on the edge host)
+    // changes on the page without a reload or an action there.
+    execFileSync(RLARK, ['robot', '--socket-dir', socketDir, 'start', 'arm-1', '--mode', 'teleop'], { encoding: 'utf8' });
+    await arm1.getByTestId('robot-state').filter({ hasText: 'RUNNING' }).waitFor({ timeout: 15_000 });
+    await arm1.getByTestId('robot-mode').filter({ hasText: 'teleop' }).waitFor();
+    execFileSync(RLARK, ['robot', '--socket-dir', socketDir, 'stop', 'arm-1'], { encoding: 'utf8' });
+    await arm1.getByTestId('robot-state').filter({ hasText: 'STOPPED' }).waitFor({ timeout: 15_000 });
 
     // ---- admin: a join command, a user token made and revoked ----
     await page.getByRole('link', { name: 'Admin' }).click();

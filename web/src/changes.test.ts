@@ -43,7 +43,7 @@ describe('followChanges', () => {
     const errors: (string | null)[] = [];
     const stop = followChanges(['sshkeys'], (l) => reads.push([...l]), (e) => errors.push(e));
     await vi.waitFor(() => expect(reads.length).toBe(2), { timeout: 3000 });
-    expect(errors).toEqual([null, 'the change log no longer covers this watch', null]);
+    expect(errors).toEqual([null, 'the change log no longer covers this watch', 'live updates stopped: the stream ended; reconnecting', null]);
     expect(fetch).toHaveBeenCalledTimes(2);
     stop();
   });

@@ -11,14 +11,40 @@ import { lines } from './watch';
 
 export type ListName = 'tokens' | 'jointokens' | 'certificates' | 'revocations' | 'sshkeys';
 
+/** Follows a stream of JSON lines at `path`: `onLine` for each; when it ends or fails,
+ * `onDown` with the reason and it is opened again after 1 s, doubling to 10 s (back to 1 s
+ * once a line arrives). Returns a stop function. */
+export function followLines(path: string, onLine: (value: any) => void, onDown: (reason: string) => void): () => void {
+  const controller = new AbortController();
+  let retry: ReturnType<typeof setTimeout> | undefined;
+  let attempt = 0;
+  const run = async () => {
+    try {
+      const response = await request(path, { signal: controller.signal });
+      for await (const line of lines(response.body!, controller.signal)) {
+        if (!line.trim()) continue;
+        attempt = 0;
+        onLine(JSON.parse(line));
+      }
+      if (!controller.signal.aborted) onDown('the stream ended');
+    } catch (e) {
+      if (controller.signal.aborted) return;
+      onDown(e instanceof Error ? e.message : String(e));
+    }
+    if (!controller.signal.aborted) retry = setTimeout(run, backoff(attempt++));
+  };
+  run();
+  return () => {
+    controller.abort();
+    clearTimeout(retry);
+  };
+}
+
 /** Follows `resources`, calling `read` with the lists to read again (bursts within 50 ms
  * become one call). Returns a stop function. */
 export function followChanges(resources: ListName[], read: (lists: Set<ListName>) => void, onError: (message: string | null) => void = () => {}): () => void {
-  const controller = new AbortController();
   let pending = new Set<ListName>();
   let flush: ReturnType<typeof setTimeout> | undefined;
-  let retry: ReturnType<typeof setTimeout> | undefined;
-  let attempt = 0;
   const tell = (lists: Iterable<ListName>) => {
     for (const l of lists) pending.add(l);
     if (flush) return;
@@ -29,30 +55,20 @@ export function followChanges(resources: ListName[], read: (lists: Set<ListName>
       read(due);
     }, 50);
   };
-  const run = async () => {
-    try {
-      const response = await request(`/rlark/v1/console/changes?resources=${resources.join(',')}`, { signal: controller.signal });
-      for await (const line of lines(response.body!, controller.signal)) {
-        if (!line.trim()) continue;
-        const event = JSON.parse(line);
-        if (event.type === 'BOOKMARK') {
-          attempt = 0;
-          onError(null);
-          tell(resources);
-        } else if (event.type === 'CHANGED' && resources.includes(event.resource)) tell([event.resource]);
-        else if (event.type === 'ERROR') onError(event.message);
-      }
-    } catch (e) {
-      if (controller.signal.aborted) return;
-      onError(`live updates stopped: ${e instanceof Error ? e.message : String(e)}; reconnecting`);
-    }
-    if (!controller.signal.aborted) retry = setTimeout(run, backoff(attempt++));
-  };
-  run();
+  const stop = followLines(
+    `/rlark/v1/console/changes?resources=${resources.join(',')}`,
+    (event) => {
+      if (event.type === 'BOOKMARK') {
+        onError(null);
+        tell(resources);
+      } else if (event.type === 'CHANGED' && resources.includes(event.resource)) tell([event.resource]);
+      else if (event.type === 'ERROR') onError(event.message);
+    },
+    (reason) => onError(`live updates stopped: ${reason}; reconnecting`),
+  );
   return () => {
-    controller.abort();
+    stop();
     clearTimeout(flush);
-    clearTimeout(retry);
   };
 }
 

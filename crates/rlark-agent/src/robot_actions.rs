@@ -10,6 +10,10 @@
 //!   `.../reset`: the RPC of that name on the
 //!   socket that serves the robot; answers the robot as in the list. Robots started here are
 //!   detached (no owner), like `rlark robot start`: stop them with `stop`;
+//! - `GET /v1/robots?watch=1`: the same list as one JSON line (`application/x-ndjson`) now
+//!   and again after every change of a robot's state (the runtime's `WatchRobots` on every
+//!   socket), until the client goes; a runtime that ends its watch ends the stream with a
+//!   line `{"error": "..."}`;
 //! - `GET /v1/robots/{id}/logs`: the robot's recent output (launch processes, controller
 //!   notes), oldest first, at most [`LOG_LINES`]: `{"robotId", "lines": [...]}`;
 //! - `GET /v1/robots/{id}/modes`: the modes it can start in, with their launch files:
@@ -388,6 +392,75 @@ async fn read(dir: &Path, id: &str, what: Read) -> Result<Value, Refusal> {
     }
 }
 
+/// Whether a query asks for a watch (`watch=1` or `watch=true`).
+fn wants_watch(query: Option<&str>) -> bool {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .any(|pair| pair == "watch=1" || pair == "watch=true")
+}
+
+/// `GET /v1/robots?watch=1`: the robots of every socket as one JSON line, now and after
+/// every change (see the module documentation).
+async fn watch(dir: &Path) -> Result<http::Response<ApiBody>, Refusal> {
+    use futures::StreamExt as _;
+    let mut streams = Vec::new();
+    for (i, socket) in sockets(dir).into_iter().enumerate() {
+        let lists = client(&socket)
+            .await?
+            .watch_robots(pb::WatchRobotsRequest {})
+            .await
+            .map_err(|s| rpc_refusal("WatchRobots", &s))?
+            .into_inner();
+        streams.push(lists.map(move |item| (i, item)).boxed());
+    }
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<Bytes>(4);
+    tokio::spawn(async move {
+        // The latest list of each socket; a line once every socket has sent one.
+        let mut latest: Vec<Option<Vec<pb::RobotInfo>>> = vec![None; streams.len()];
+        let mut merged = futures::stream::select_all(streams);
+        loop {
+            let item = tokio::select! {
+                () = tx.closed() => break,
+                item = merged.next() => item,
+            };
+            let line = match item {
+                Some((i, Ok(list))) => {
+                    latest[i] = Some(list.robots);
+                    if latest.iter().any(Option::is_none) {
+                        continue;
+                    }
+                    let robots: Vec<Value> =
+                        latest.iter().flatten().flatten().map(robot_json).collect();
+                    json!({ "items": robots })
+                }
+                Some((_, Err(status))) => {
+                    json!({ "error": format!("WatchRobots: {}", status.message()) })
+                }
+                None => json!({ "error": "the embodied runtime ended the watch" }),
+            };
+            let last = line.get("error").is_some();
+            if tx.send(Bytes::from(format!("{line}\n"))).await.is_err() || last {
+                break;
+            }
+        }
+    });
+    let body = futures::stream::poll_fn(move |cx| {
+        rx.poll_recv(cx)
+            .map(|line| line.map(|l| Ok::<_, std::io::Error>(hyper::body::Frame::data(l))))
+    });
+    let mut response = http::Response::new(http_body_util::StreamBody::new(body).boxed_unsync());
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/x-ndjson"),
+    );
+    response.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-cache"),
+    );
+    Ok(response)
+}
+
 /// Serve one request under [`ROBOTS_PREFIX`] (see the module documentation).
 pub(crate) async fn handle<B>(
     socket_dir: Option<&PathBuf>,
@@ -415,6 +488,16 @@ where
             http::StatusCode::NOT_FOUND,
             format!("no robot controller socket in {}", dir.display()),
         );
+    }
+    if parsed == RobotRequest::List && wants_watch(request.uri().query()) {
+        return match tokio::time::timeout(CALL_TIMEOUT, watch(dir)).await {
+            Ok(Ok(response)) => response,
+            Ok(Err((status, message))) => text_response(status, message),
+            Err(_) => {
+                let (status, message) = timeout();
+                text_response(status, message)
+            }
+        };
     }
     let result = match parsed {
         RobotRequest::List => tokio::time::timeout(CALL_TIMEOUT, list(dir))
@@ -555,5 +638,123 @@ mod tests {
             String::from_utf8_lossy(&body).contains("no robot controller socket"),
             "{body:?}"
         );
+    }
+
+    const SIM: &str = r#"
+types:
+  - type: sim-arm
+    backend: sim
+    defaultMode: idle
+    modes:
+      idle: {package: rlark_sim, launchFile: arm.launch, args: {speed: "2.0"}, argFrom: {joints: dof}}
+      teleop: {package: rlark_sim, launchFile: arm.launch, args: {speed: "4.0"}, argFrom: {joints: dof}}
+robots:
+  - {id: arm-0, type: sim-arm, params: {dof: 3}}
+allowedLaunchPackages: [rlark_sim]
+watchdog: 60s
+"#;
+
+    fn request(method: &str, uri: &str, body: &'static str) -> http::Request<Full<Bytes>> {
+        http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()
+    }
+
+    async fn json_of(response: http::Response<ApiBody>) -> Value {
+        assert_eq!(response.status(), http::StatusCode::OK);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    /// The next line of a streamed body, as JSON (within 10 s).
+    async fn next_line(body: &mut ApiBody, pending: &mut Vec<u8>) -> Value {
+        loop {
+            if let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = pending.drain(..=end).collect();
+                return serde_json::from_slice(&line).unwrap();
+            }
+            let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+                .await
+                .expect("a line within 10 s")
+                .expect("the stream goes on")
+                .unwrap();
+            if let Ok(data) = frame.into_data() {
+                pending.extend_from_slice(&data);
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_real_runtime_s_robots_are_watched_and_their_logs_and_modes_read() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        let shutdown = tokio_util::sync::CancellationToken::new();
+        let config = rlark_embodied::EmbodiedConfig::from_yaml(SIM).unwrap();
+        let running = rlark_embodied::serve(config, &run, shutdown.clone())
+            .await
+            .unwrap();
+
+        let watched = handle(Some(&run), request("GET", "/v1/robots?watch=1", "")).await;
+        assert_eq!(watched.status(), http::StatusCode::OK);
+        assert_eq!(
+            watched.headers()[http::header::CONTENT_TYPE],
+            "application/x-ndjson"
+        );
+        let mut body = watched.into_body();
+        let mut pending = Vec::new();
+        let now = next_line(&mut body, &mut pending).await;
+        assert_eq!(now["items"][0]["id"], "arm-0");
+        assert_eq!(now["items"][0]["state"], "STOPPED");
+
+        let started = handle(
+            Some(&run),
+            request("POST", "/v1/robots/arm-0/start", r#"{"mode": "teleop"}"#),
+        )
+        .await;
+        assert_eq!(json_of(started).await["state"], "RUNNING");
+        // The watch tells without being asked (STARTING may come first).
+        loop {
+            let line = next_line(&mut body, &mut pending).await;
+            if line["items"][0]["state"] == "RUNNING" {
+                assert_eq!(line["items"][0]["mode"], "teleop");
+                break;
+            }
+            assert_eq!(line["items"][0]["state"], "STARTING", "{line}");
+        }
+
+        let logs =
+            json_of(handle(Some(&run), request("GET", "/v1/robots/arm-0/logs", "")).await).await;
+        assert_eq!(logs["robotId"], "arm-0");
+        let lines: Vec<&str> = logs["lines"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(Value::as_str)
+            .collect();
+        assert!(
+            lines.iter().any(|l| l.contains("RUNNING in mode teleop")),
+            "{lines:?}"
+        );
+        let modes =
+            json_of(handle(Some(&run), request("GET", "/v1/robots/arm-0/modes", "")).await).await;
+        let names: Vec<&str> = modes["modes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter_map(|m| m["name"].as_str())
+            .collect();
+        assert_eq!(names, ["idle", "teleop"]);
+        assert_eq!(modes["modes"][1]["launchFile"], "arm.launch");
+        assert_eq!(modes["modes"][1]["package"], "rlark_sim");
+        assert_eq!(modes["modes"][1]["args"]["speed"], "4.0");
+        let unknown = handle(Some(&run), request("GET", "/v1/robots/arm-9/logs", "")).await;
+        assert_eq!(unknown.status(), http::StatusCode::NOT_FOUND);
+
+        handle(Some(&run), request("POST", "/v1/robots/arm-0/stop", "")).await;
+        drop(body);
+        shutdown.cancel();
+        running.wait().await.unwrap();
     }
 }

@@ -1,5 +1,6 @@
 import { useEffect, useState } from 'preact/hooks';
 import { ApiError, getJson, KubeObject, RLINF, sendJson, Session } from '../api';
+import { followLines } from '../changes';
 import { CameraView } from '../components/CameraView';
 import { parseArgs } from '../robotArgs';
 import { ActionButton, ErrorBanner, Section } from '../components/common';
@@ -101,19 +102,26 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
   const [argTexts, setArgTexts] = useState<Record<string, string>>({});
   const [details, setDetails] = useState<string | null>(null);
   const [acted, setActed] = useState(0);
+  const [live, setLive] = useState<string | null>(null);
   const path = robotsPath(node);
-  // Read again when the agent reports the Node's devices anew (no polling).
-  const devices = JSON.stringify(node.status?.devices ?? []);
-  useEffect(() => {
-    const controller = new AbortController();
-    getJson(path, controller.signal)
-      .then((r) => {
-        setRobots(r.items ?? []);
-        setError(null);
-      })
-      .catch((e) => controller.signal.aborted || setError(e instanceof ApiError ? e.message : String(e)));
-    return () => controller.abort();
-  }, [path, devices]);
+  // Followed: the agent streams the list again after every change of a robot's state
+  // (the embodied runtime's WatchRobots), whoever made it (this page, the CLI, a task).
+  useEffect(
+    () =>
+      followLines(
+        `${path}?watch=1`,
+        (line) => {
+          if (line.error) {
+            setLive(`robots: ${line.error}`);
+            return;
+          }
+          setRobots(line.items ?? []);
+          setLive(null);
+        },
+        (reason) => setLive(`robots: ${reason}; reconnecting`),
+      ),
+    [path],
+  );
 
   const act = async (robot: Robot, action: string) => {
     setBusy(robot.id);
@@ -138,6 +146,11 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
   return (
     <Section title={`Robots on ${node.metadata.name}`}>
       <ErrorBanner error={error} />
+      {live ? (
+        <p class="muted" data-testid="robots-live">
+          {live}
+        </p>
+      ) : null}
       <table aria-label={`Robots on ${node.metadata.name}`}>
         <thead>
           <tr>

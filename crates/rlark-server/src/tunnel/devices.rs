@@ -7,7 +7,7 @@
 //! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras/{camera}/stream?fps=N` | who may get the Node | the camera's live view, MJPEG (`multipart/x-mixed-replace`); the camera must be open |
 //! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras` | who may get the Node | `{"items": [{"id", "name", "type", "state" (`OPEN`, `CLOSED`, `ERROR`), "width", "height", "fps"}]}` |
 //! | `POST /rlark/v1/namespaces/{ns}/nodes/{node}/cameras/{camera}/{open,close}` | admins (audited) | open (its configured settings) or close the camera; answers it as listed |
-//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/robots` | who may get the Node | `{"items": [{"id", "type", "backend", "state", "mode", "message", "ownerPid"}]}` |
+//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/robots` | who may get the Node | `{"items": [{"id", "type", "backend", "state", "mode", "message", "ownerPid"}]}`; with `?watch=1` that list as one line of `application/x-ndjson` now and after every change of a robot's state |
 //! | `POST /rlark/v1/namespaces/{ns}/nodes/{node}/robots/{robot}/{start,stop,switch,reset}` | admins (audited) | the action (body `{"mode": "M"}` for start and switch); answers the robot |
 //! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/robots/{robot}/logs` | who may get the Node | `{"robotId", "lines": [...]}`: its recent output, oldest first (at most 1,000 lines) |
 //! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/robots/{robot}/modes` | who may get the Node | `{"robotId", "modes": [{"name", "package", "launchFile", "args"}]}`: the modes it starts in and their launch files |
@@ -219,12 +219,25 @@ async fn device_list(
         Err(error) => return error.into_response(),
     };
     let what = format!("{kind} of node {namespace}/{node}");
+    // Robots can be followed: the agent streams the list again after every change.
+    let watch = kind == "robots"
+        && request
+            .uri()
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .any(|pair| pair == "watch=1" || pair == "watch=true");
+    let uri = if watch {
+        format!("/v1/{kind}?watch=1")
+    } else {
+        format!("/v1/{kind}")
+    };
     relay(
         &state.hub,
         &cluster,
         &node,
         http::Method::GET,
-        format!("/v1/{kind}"),
+        uri,
         Body::empty(),
         &what,
     )
