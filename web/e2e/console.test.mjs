@@ -342,9 +342,8 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await cam0.getByTestId('camera-state').filter({ hasText: 'OPEN' }).waitFor({ timeout: 15_000 });
     await cameraStatus.filter({ hasText: 'live' }).waitFor({ timeout: 30_000 });
     await page.getByRole('button', { name: 'Close view' }).click();
-    // cam-1 opened with the CLI, which the page shows on reload.
+    // cam-1 opened with the CLI: the page shows it without a reload.
     execFileSync(RLARK, ['camera', '--socket-dir', socketDir, 'open', 'cam-1'], { encoding: 'utf8' });
-    await page.reload();
     await page.locator('tr[data-camera="cam-1"]').getByTestId('camera-state').filter({ hasText: 'OPEN' }).waitFor({ timeout: 15_000 });
     await page.getByRole('button', { name: /^View camera cam-0 on / }).click();
     await page.waitForFunction(() => document.querySelector('[data-testid="camera-cam-0"]')?.naturalWidth > 0, null, { timeout: 15_000 });
@@ -366,6 +365,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     // reopens by itself once the camera is open again.
     execFileSync(RLARK, ['camera', '--socket-dir', socketDir, 'close', 'cam-0'], { encoding: 'utf8' });
     await cameraStatus.filter({ hasText: /opening it again/ }).waitFor({ timeout: 15_000 });
+    await cam0.getByTestId('camera-state').filter({ hasText: 'CLOSED' }).waitFor({ timeout: 15_000 });
     const beforeDrop = await framesShown();
     execFileSync(RLARK, ['camera', '--socket-dir', socketDir, 'open', 'cam-0'], { encoding: 'utf8' });
     await cameraStatus.filter({ hasText: 'live' }).waitFor({ timeout: 30_000 });

@@ -240,18 +240,26 @@ function Cameras({ node, session, onView }: { node: KubeObject; session: Session
   const [cameras, setCameras] = useState<Camera[]>([]);
   const [error, setError] = useState<string | null>(null);
   const [busy, setBusy] = useState<string | null>(null);
+  const [live, setLive] = useState<string | null>(null);
   const path = `/rlark/v1/namespaces/${encodeURIComponent(node.metadata.namespace ?? '')}/nodes/${encodeURIComponent(node.metadata.name)}/cameras`;
-  const devices = JSON.stringify(node.status?.devices ?? []);
-  useEffect(() => {
-    const controller = new AbortController();
-    getJson(path, controller.signal)
-      .then((r) => {
-        setCameras(r.items ?? []);
-        setError(null);
-      })
-      .catch((e) => controller.signal.aborted || setError(e instanceof ApiError ? e.message : String(e)));
-    return () => controller.abort();
-  }, [path, devices]);
+  // Followed: the agent streams the list again whenever a camera opens, closes, fails or
+  // recovers (the embodied runtime's WatchCameras), whoever made the change.
+  useEffect(
+    () =>
+      followLines(
+        `${path}?watch=1`,
+        (line) => {
+          if (line.error) {
+            setLive(`cameras: ${line.error}`);
+            return;
+          }
+          setCameras(line.items ?? []);
+          setLive(null);
+        },
+        (reason) => setLive(`cameras: ${reason}; reconnecting`),
+      ),
+    [path],
+  );
   const act = async (camera: Camera, action: string) => {
     setBusy(camera.id);
     setError(null);
@@ -267,6 +275,11 @@ function Cameras({ node, session, onView }: { node: KubeObject; session: Session
   return (
     <Section title={`Cameras on ${node.metadata.name}`}>
       <ErrorBanner error={error} />
+      {live ? (
+        <p class="muted" data-testid="cameras-live">
+          {live}
+        </p>
+      ) : null}
       <table aria-label={`Cameras on ${node.metadata.name}`}>
         <thead>
           <tr>

@@ -5,7 +5,7 @@
 //! | route | who | what |
 //! |---|---|---|
 //! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras/{camera}/stream?fps=N` | who may get the Node | the camera's live view, MJPEG (`multipart/x-mixed-replace`); the camera must be open |
-//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras` | who may get the Node | `{"items": [{"id", "name", "type", "state" (`OPEN`, `CLOSED`, `ERROR`), "width", "height", "fps"}]}` |
+//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras` | who may get the Node | `{"items": [{"id", "name", "type", "state" (`OPEN`, `CLOSED`, `ERROR`), "width", "height", "fps"}]}`; with `?watch=1` that list as one line of `application/x-ndjson` now and whenever a camera opens, closes, fails or recovers |
 //! | `POST /rlark/v1/namespaces/{ns}/nodes/{node}/cameras/{camera}/{open,close}` | admins (audited) | open (its configured settings) or close the camera; answers it as listed |
 //! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/robots` | who may get the Node | `{"items": [{"id", "type", "backend", "state", "mode", "message", "ownerPid"}]}`; with `?watch=1` that list as one line of `application/x-ndjson` now and after every change of a robot's state |
 //! | `POST /rlark/v1/namespaces/{ns}/nodes/{node}/robots/{robot}/{start,stop,switch,reset}` | admins (audited) | the action (body `{"mode": "M"}` for start and switch); answers the robot |
@@ -219,14 +219,14 @@ async fn device_list(
         Err(error) => return error.into_response(),
     };
     let what = format!("{kind} of node {namespace}/{node}");
-    // Robots can be followed: the agent streams the list again after every change.
-    let watch = kind == "robots"
-        && request
-            .uri()
-            .query()
-            .unwrap_or_default()
-            .split('&')
-            .any(|pair| pair == "watch=1" || pair == "watch=true");
+    // Robots and cameras can be followed: the agent streams the list again after every
+    // change.
+    let watch = request
+        .uri()
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .any(|pair| pair == "watch=1" || pair == "watch=true");
     let uri = if watch {
         format!("/v1/{kind}?watch=1")
     } else {
