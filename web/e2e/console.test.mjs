@@ -225,18 +225,24 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     assert.equal((await focused(page))?.id, 'manifest', 'the error\'s line button goes to the editor');
     assert.equal(await page.evaluate(() => { const t = document.activeElement; return t.value.slice(t.selectionStart, t.selectionEnd); }), '      role: Wizard');
     audited.push(`create ${await keyboardAudit(page, 'the create page')}`);
-    for (const [link, heading] of [
-      ['Overview', 'Overview'],
-      ['Workflows', 'Workflows'],
-      ['Tasks', 'Tasks'],
-      ['Domains', 'Domains'],
-      ['Devices', 'Devices'],
-      ['SSH keys', 'SSH keys'],
-      ['Admin', 'Administration'],
+    // Each page with what must be in it before its controls are counted.
+    for (const [link, heading, ready] of [
+      ['Overview', 'Overview', '[data-testid="card-clusters"]'],
+      ['Workflows', 'Workflows', null],
+      ['Tasks', 'Tasks', null],
+      ['Domains', 'Domains', null],
+      ['Devices', 'Devices', 'tr[data-robot="arm-0"] button, tr[data-camera="cam-0"] button'],
+      ['SSH keys', 'SSH keys', '[data-testid="ssh-command"]'],
+      ['Admin', 'Administration', 'table[aria-label="Certificates"] tbody tr'],
     ]) {
       await tabFromTop(page, link);
       await page.keyboard.press('Enter');
       await page.getByRole('heading', { name: heading, exact: true }).waitFor();
+      if (ready) await page.locator(ready).first().waitFor();
+      if (link === 'Devices') {
+        await page.locator('tr[data-robot="arm-0"] button').first().waitFor();
+        await page.locator('tr[data-camera="cam-0"] button').first().waitFor();
+      }
       audited.push(`${link} ${await keyboardAudit(page, `the ${link} page`)}`);
     }
     t.diagnostic(`keyboard: every control reached by Tab with a visible focus (page controls): ${audited.join(', ')}`);
