@@ -1,5 +1,5 @@
-//! `GET /rlark/v1/console/changes?resources=A,B` (served beside the console's routes): a push of "this list changed" for the
-//! records that are not Kubernetes resources (tokens, certificates, revocations, join
+//! `GET /rlark/v1/console/changes?resources=A,B`, served beside the console's routes: a
+//! push of "this list changed" for the records that are not Kubernetes resources (tokens, certificates, revocations, join
 //! tokens, SSH keys), so the console's admin and SSH keys pages follow changes made
 //! anywhere (the page, the CLI, another replica) without polling. Each line of the
 //! `application/x-ndjson` answer is one JSON object:
@@ -15,26 +15,24 @@
 //! (their routes are); `sshkeys` for every user, and a non-admin hears only of their own
 //! keys. A request naming a list the caller may not follow is refused whole (403).
 
+use std::sync::Arc;
+
+use axum::Router;
 use axum::body::Body;
 use axum::extract::{Request, State};
 use axum::response::{IntoResponse, Response};
+use axum::routing::get;
 use futures::StreamExt as _;
 use http::{HeaderValue, header};
 use rlark_apiserver::auth::{Identity, Role};
 use rlark_apiserver::error::ApiError;
-use rlark_store::StoreError;
+use rlark_store::{Store, StoreError};
 use serde_json::json;
-
-use std::sync::Arc;
-
-use axum::Router;
-use axum::routing::get;
-use rlark_store::Store;
 
 use crate::security::records::{BEARER_TOKENS, BOOTSTRAP_TOKENS, CERTIFICATES, REVOCATIONS};
 use crate::ssh::keys::SSH_KEYS;
 
-/// The lists a client may follow: (name in the query, store resource, admins only).
+/// The lists a client may follow.
 const LISTS: &[List] = &[
     ("tokens", BEARER_TOKENS, true),
     ("jointokens", BOOTSTRAP_TOKENS, true),
@@ -48,7 +46,7 @@ type List = (&'static str, &'static str, bool);
 
 /// The lists a query names (`resources=A,B`, percent-encoded or not), each once, in the
 /// order of [`LISTS`].
-pub(crate) fn parse(query: Option<&str>) -> Result<Vec<&'static List>, String> {
+fn parse(query: Option<&str>) -> Result<Vec<&'static List>, String> {
     let mut asked = Vec::new();
     for value in query
         .unwrap_or_default()
