@@ -19,7 +19,7 @@ const camera = (state: string) => ({ id: 'cam-0', name: 'cam-0', type: 'sim', st
 function fakeServer() {
   const streams = new Map<string, ReadableStreamDefaultController<Uint8Array>>();
   const push = (kind: 'robots' | 'cameras', line: object) => streams.get(kind)!.enqueue(new TextEncoder().encode(JSON.stringify(line) + '\n'));
-  const fetch = vi.fn(async (url: string) => {
+  const fetch = vi.fn(async (url: string, _init?: RequestInit) => {
     const u = String(url);
     for (const kind of ['robots', 'cameras'] as const) {
       if (u === `/rlark/v1/namespaces/rlark-edge/nodes/vm-edge/${kind}?watch=1`) {
@@ -61,6 +61,29 @@ describe('Devices', () => {
     expect(asked.sort()).toEqual(['/rlark/v1/namespaces/rlark-edge/nodes/vm-edge/cameras?watch=1', '/rlark/v1/namespaces/rlark-edge/nodes/vm-edge/robots?watch=1']);
     // A viewer sees no device actions.
     expect(container.querySelectorAll('tr[data-robot] button, tr[data-camera] button').length).toBe(2); // "Modes and log", "View"
+  });
+
+  it('reads a shown robot\'s log again when its state is pushed', async () => {
+    const server = fakeServer();
+    let reads = 0;
+    const base = server.fetch.getMockImplementation()!;
+    server.fetch.mockImplementation(async (url: string, init?: RequestInit) => {
+      const u = String(url);
+      if (u.endsWith('/robots/arm-0/logs')) {
+        reads += 1;
+        return new Response(JSON.stringify({ robotId: 'arm-0', lines: [`read ${reads}`] }), { status: 200 });
+      }
+      if (u.endsWith('/robots/arm-0/modes')) return new Response(JSON.stringify({ robotId: 'arm-0', modes: [] }), { status: 200 });
+      return base(url, init);
+    });
+    vi.stubGlobal('fetch', server.fetch);
+    const { findByRole, findByTestId } = render(<Devices session={viewer} />);
+    await waitFor(() => expect(server.streams.size).toBe(2));
+    server.push('robots', { items: [robot('STOPPED')] });
+    (await findByRole('button', { name: 'Modes and log of arm-0' })).click();
+    await waitFor(async () => expect((await findByTestId('robot-log-arm-0')).textContent).toBe('read 1'));
+    server.push('robots', { items: [robot('RUNNING', 'teleop')] });
+    await waitFor(async () => expect((await findByTestId('robot-log-arm-0')).textContent).toBe('read 2'));
   });
 
   it('says when the runtime ends a watch', async () => {

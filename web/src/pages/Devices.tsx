@@ -22,6 +22,9 @@ interface Robot {
   ownerPid: number;
 }
 
+/** What of a robot changes when its runtime logs a transition. */
+const robotVersion = (r: Robot | undefined) => (r ? `${r.state}/${r.mode}/${r.message}` : '');
+
 function robotsPath(node: KubeObject) {
   return `/rlark/v1/namespaces/${encodeURIComponent(node.metadata.namespace ?? '')}/nodes/${encodeURIComponent(node.metadata.name)}/robots`;
 }
@@ -34,8 +37,9 @@ interface Mode {
 }
 
 /** One robot's modes (with their launch files) and recent log, read from its agent when
- * shown and again after each action on it (`version`) or on Refresh. */
-function RobotDetails({ path, robot, version }: { path: string; robot: string; version: number }) {
+ * shown and again when `version` changes (an action on it, or its state or mode pushed by
+ * the agent: the runtime logs every transition) or on Refresh. */
+function RobotDetails({ path, robot, version }: { path: string; robot: string; version: string }) {
   const [modes, setModes] = useState<Mode[] | null>(null);
   const [lines, setLines] = useState<string[] | null>(null);
   const [error, setError] = useState<string | null>(null);
@@ -219,7 +223,7 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
           ))}
         </tbody>
       </table>
-      {details ? <RobotDetails path={path} robot={details} version={acted} /> : null}
+      {details ? <RobotDetails path={path} robot={details} version={`${acted}/${robotVersion(robots.find((r) => r.id === details))}`} /> : null}
     </Section>
   );
 }
