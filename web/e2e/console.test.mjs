@@ -383,7 +383,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     // ---- robots: start, switch mode, stop, through the edge agent ----
     const arm = page.locator('tr[data-robot="arm-0"]');
     await arm.waitFor({ timeout: 15_000 });
-    await page.getByRole('button', { name: 'Start arm-0' }).click();
+    await page.getByRole('button', { name: 'Start arm-0', exact: true }).click();
     await arm.getByTestId('robot-state').filter({ hasText: 'RUNNING' }).waitFor({ timeout: 30_000 });
     await page.getByLabel('Mode for arm-0').fill('teleop');
     await page.getByRole('button', { name: 'Switch arm-0 to the mode' }).click();
@@ -399,18 +399,24 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await arm.getByTestId('robot-state').filter({ hasText: 'STOPPED' }).waitFor({ timeout: 30_000 });
     // The log is read again after the action.
     await robotLog.filter({ hasText: /STOPPED\s*$/ }).waitFor({ timeout: 15_000 });
+    // A custom launch file: `rlark up`'s runtime allows no launch packages, and its reason
+    // comes back through the agent and the server.
+    await page.getByRole('combobox', { name: 'Launch package' }).fill('rlark_sim');
+    await page.getByRole('textbox', { name: 'Launch file' }).fill('arm.launch');
+    await page.getByRole('button', { name: 'Start arm-0 with this launch file' }).click();
+    await page.getByRole('alert').filter({ hasText: 'custom launch of package "rlark_sim" on robot "arm-0" is not allowed' }).waitFor({ timeout: 30_000 });
     // A mode the robot's type does not have is refused with the runtime's reason.
     await page.getByLabel('Mode for arm-0').fill('dance');
-    await page.getByRole('button', { name: 'Start arm-0' }).click();
+    await page.getByRole('button', { name: 'Start arm-0', exact: true }).click();
     await page.getByRole('alert').filter({ hasText: 'dance' }).waitFor({ timeout: 30_000 });
     // Launch arguments, as `rlark robot start --arg NAME=VALUE`.
     const arm1 = page.locator('tr[data-robot="arm-1"]');
     await page.getByLabel('Launch arguments for arm-1 (NAME=VALUE ...)').fill('speed');
-    await page.getByRole('button', { name: 'Start arm-1' }).click();
+    await page.getByRole('button', { name: 'Start arm-1', exact: true }).click();
     await page.getByRole('alert').filter({ hasText: 'must be NAME=VALUE' }).waitFor();
     await page.getByLabel('Mode for arm-1').fill('teleop');
     await page.getByLabel('Launch arguments for arm-1 (NAME=VALUE ...)').fill('target=0.2,0.2,0.2,0.2,0.2,0.2 speed=2');
-    await page.getByRole('button', { name: 'Start arm-1' }).click();
+    await page.getByRole('button', { name: 'Start arm-1', exact: true }).click();
     await arm1.getByTestId('robot-state').filter({ hasText: 'RUNNING' }).waitFor({ timeout: 30_000 });
     await arm1.getByTestId('robot-mode').filter({ hasText: 'teleop' }).waitFor();
     await page.getByRole('button', { name: 'Stop arm-1' }).click();

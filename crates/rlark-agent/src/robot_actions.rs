@@ -5,7 +5,9 @@
 //!   (`ros-ctrl.sock`, `ros2-ctrl.sock`) as JSON `{"items": [{"id", "type", "backend",
 //!   "state", "mode", "message", "ownerPid"}]}`;
 //! - `POST /v1/robots/{id}/start` (body `{"mode": "M", "args": {"NAME": "VALUE"}}`, both
-//!   optional: the type's default mode; `args` as `rlark robot start --arg NAME=VALUE`),
+//!   optional: the type's default mode; `args` as `rlark robot start --arg NAME=VALUE`; or
+//!   a custom launch instead of a mode, `{"package": "P", "launchFile": "F", "args": ...}`,
+//!   which the runtime allows for its `allowedLaunchPackages` only),
 //!   `.../stop`, `.../switch` (body `{"mode": "M", "args": {...}}`, mode required),
 //!   `.../reset`: the RPC of that name on the
 //!   socket that serves the robot; answers the robot as in the list. Robots started here are
@@ -19,7 +21,8 @@
 //! - `GET /v1/robots/{id}/modes`: the modes it can start in, with their launch files:
 //!   `{"robotId", "modes": [{"name", "package", "launchFile", "args": {...}}]}`.
 //!
-//! Errors are plain text: `404` no embodied runtime, no robot socket or no such robot;
+//! Errors are plain text: `403` a custom launch from a package the runtime does not allow;
+//! `404` no embodied runtime, no robot socket or no such robot;
 //! `409` the action does not fit the robot's state (FailedPrecondition); `400` a bad id,
 //! action or body; `405` another method; `502` the runtime failed.
 
@@ -151,10 +154,13 @@ pub fn parse(method: &http::Method, path: &str) -> Result<RobotRequest, (u16, St
     })
 }
 
-/// What an action's JSON body asks for: a mode and launch arguments.
+/// What an action's JSON body asks for: a mode (or a custom launch: package and launch
+/// file) and launch arguments.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct ActionBody {
     pub mode: Option<String>,
+    pub package: Option<String>,
+    pub launch_file: Option<String>,
     pub args: std::collections::BTreeMap<String, String>,
 }
 
@@ -168,14 +174,26 @@ pub fn parse_body(body: &[u8]) -> Result<ActionBody, String> {
     let Some(object) = value.as_object() else {
         return Err("the body must be a JSON object like {\"mode\": \"teleop\"}".into());
     };
-    if let Some(unknown) = object.keys().find(|k| *k != "mode" && *k != "args") {
-        return Err(format!("unknown field {unknown:?}; expected mode and args"));
+    const FIELDS: [&str; 4] = ["mode", "package", "launchFile", "args"];
+    if let Some(unknown) = object.keys().find(|k| !FIELDS.contains(&k.as_str())) {
+        return Err(format!(
+            "unknown field {unknown:?}; expected mode, package, launchFile and args"
+        ));
     }
-    let mode = match object.get("mode") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(mode)) if !mode.is_empty() => Some(mode.clone()),
-        Some(_) => return Err("mode must be a non-empty string".into()),
+    let text = |field: &str| match object.get(field) {
+        None | Some(Value::Null) => Ok(None),
+        Some(Value::String(text)) if !text.is_empty() => Ok(Some(text.clone())),
+        Some(_) => Err(format!("{field} must be a non-empty string")),
     };
+    let mode = text("mode")?;
+    let package = text("package")?;
+    let launch_file = text("launchFile")?;
+    if mode.is_some() && package.is_some() {
+        return Err("give a mode or a custom launch (package and launchFile), not both".into());
+    }
+    if package.is_some() != launch_file.is_some() {
+        return Err("a custom launch needs both package and launchFile".into());
+    }
     let mut args = std::collections::BTreeMap::new();
     match object.get("args") {
         None | Some(Value::Null) => {}
@@ -192,12 +210,23 @@ pub fn parse_body(body: &[u8]) -> Result<ActionBody, String> {
         }
         Some(_) => return Err("args must be an object of strings".into()),
     }
-    Ok(ActionBody { mode, args })
+    Ok(ActionBody {
+        mode,
+        package,
+        launch_file,
+        args,
+    })
 }
 
-/// The launch arguments as the runtime takes them (none: the mode's own).
-fn mode_config(args: std::collections::BTreeMap<String, String>) -> Option<pb::ModeConfig> {
-    (!args.is_empty()).then(|| pb::ModeConfig {
+/// The custom launch and launch arguments as the runtime takes them (none: the mode's own).
+fn mode_config(
+    package: Option<String>,
+    launch_file: Option<String>,
+    args: std::collections::BTreeMap<String, String>,
+) -> Option<pb::ModeConfig> {
+    (package.is_some() || !args.is_empty()).then(|| pb::ModeConfig {
+        package: package.unwrap_or_default(),
+        launch_file: launch_file.unwrap_or_default(),
         args: args.into_iter().collect(),
         ..Default::default()
     })
@@ -238,6 +267,7 @@ fn rpc_refusal(what: &str, status: &tonic::Status) -> Refusal {
         tonic::Code::NotFound => http::StatusCode::NOT_FOUND,
         tonic::Code::FailedPrecondition => http::StatusCode::CONFLICT,
         tonic::Code::InvalidArgument => http::StatusCode::BAD_REQUEST,
+        tonic::Code::PermissionDenied => http::StatusCode::FORBIDDEN,
         _ => http::StatusCode::BAD_GATEWAY,
     };
     (code, format!("{what}: {}", status.message()))
@@ -299,14 +329,25 @@ async fn find(
 }
 
 async fn act(dir: &Path, id: &str, action: Action, body: ActionBody) -> Result<Value, Refusal> {
-    let ActionBody { mode, args } = body;
+    let ActionBody {
+        mode,
+        package,
+        launch_file,
+        args,
+    } = body;
+    if package.is_some() && action != Action::Start {
+        return Err((
+            http::StatusCode::BAD_REQUEST,
+            "a custom launch (package and launchFile) is for start only".into(),
+        ));
+    }
     let (mut client, _) = find(dir, id).await?;
     match action {
         Action::Start => {
             let mut request = tonic::Request::new(pb::StartRobotRequest {
                 robot_id: id.to_string(),
                 mode: mode.unwrap_or_default(),
-                mode_config: mode_config(args),
+                mode_config: mode_config(package, launch_file, args),
             });
             rlark_embodied::client::Ownership::Detached.apply(&mut request);
             client
@@ -333,7 +374,7 @@ async fn act(dir: &Path, id: &str, action: Action, body: ActionBody) -> Result<V
                 .switch_mode(pb::SwitchModeRequest {
                     robot_id: id.to_string(),
                     mode,
-                    mode_config: mode_config(args),
+                    mode_config: mode_config(None, None, args),
                 })
                 .await
                 .map_err(|s| rpc_refusal(&format!("switch {id}"), &s))?;
@@ -599,8 +640,27 @@ mod tests {
         let body = parse_body(br#"{"mode": "teleop", "args": {"target": "0.1,0.2"}}"#).unwrap();
         assert_eq!(body.mode.as_deref(), Some("teleop"));
         assert_eq!(body.args.get("target").map(String::as_str), Some("0.1,0.2"));
-        assert!(mode_config(body.args).is_some());
-        assert!(mode_config(Default::default()).is_none());
+        assert!(mode_config(None, None, body.args).is_some());
+        assert!(mode_config(None, None, Default::default()).is_none());
+        let custom =
+            parse_body(br#"{"package": "rlark_sim", "launchFile": "arm.launch"}"#).unwrap();
+        let config = mode_config(custom.package, custom.launch_file, custom.args).unwrap();
+        assert_eq!(
+            (config.package.as_str(), config.launch_file.as_str()),
+            ("rlark_sim", "arm.launch")
+        );
+        for (body, why) in [
+            (&br#"{"package": "p"}"#[..], "both"),
+            (br#"{"launchFile": "f"}"#, "both"),
+            (
+                br#"{"mode": "m", "package": "p", "launchFile": "f"}"#,
+                "not both",
+            ),
+            (br#"{"package": 1, "launchFile": "f"}"#, "package"),
+        ] {
+            let error = parse_body(body).unwrap_err();
+            assert!(error.contains(why), "{error}");
+        }
         assert!(parse_body(br#"{"mode": ""}"#).is_err());
         assert!(parse_body(br#"{"mode": 1}"#).is_err());
         assert!(
@@ -753,6 +813,38 @@ watchdog: 60s
         assert_eq!(unknown.status(), http::StatusCode::NOT_FOUND);
 
         handle(Some(&run), request("POST", "/v1/robots/arm-0/stop", "")).await;
+        // A custom launch: from an allowed package it runs, named package/launch file;
+        // from another package the runtime's refusal is a 403 with its reason.
+        let custom = handle(
+            Some(&run),
+            request(
+                "POST",
+                "/v1/robots/arm-0/start",
+                r#"{"package": "rlark_sim", "launchFile": "arm.launch", "args": {"speed": "3"}}"#,
+            ),
+        )
+        .await;
+        let custom = json_of(custom).await;
+        assert_eq!(
+            (&custom["state"], &custom["mode"]),
+            (&json!("RUNNING"), &json!("rlark_sim/arm.launch"))
+        );
+        handle(Some(&run), request("POST", "/v1/robots/arm-0/stop", "")).await;
+        let refused = handle(
+            Some(&run),
+            request(
+                "POST",
+                "/v1/robots/arm-0/start",
+                r#"{"package": "other_pkg", "launchFile": "x.launch"}"#,
+            ),
+        )
+        .await;
+        assert_eq!(refused.status(), http::StatusCode::FORBIDDEN);
+        let reason = refused.into_body().collect().await.unwrap().to_bytes();
+        assert!(
+            String::from_utf8_lossy(&reason).contains("not allowed"),
+            "{reason:?}"
+        );
         drop(body);
         shutdown.cancel();
         running.wait().await.unwrap();

@@ -1,4 +1,4 @@
-import { cleanup, render, waitFor } from '@testing-library/preact';
+import { cleanup, fireEvent, render, waitFor } from '@testing-library/preact';
 import { afterEach, describe, expect, it, vi } from 'vitest';
 import { Session } from '../api';
 import { Devices } from './Devices';
@@ -84,6 +84,38 @@ describe('Devices', () => {
     await waitFor(async () => expect((await findByTestId('robot-log-arm-0')).textContent).toBe('read 1'));
     server.push('robots', { items: [robot('RUNNING', 'teleop')] });
     await waitFor(async () => expect((await findByTestId('robot-log-arm-0')).textContent).toBe('read 2'));
+  });
+
+  it('starts a stopped robot with a custom launch file (admins)', async () => {
+    const server = fakeServer();
+    const posts: { url: string; body: unknown }[] = [];
+    const base = server.fetch.getMockImplementation()!;
+    server.fetch.mockImplementation(async (url: string, init?: RequestInit) => {
+      const u = String(url);
+      if (init?.method === 'POST') {
+        posts.push({ url: u, body: JSON.parse(String(init.body)) });
+        return new Response(JSON.stringify(robot('RUNNING', 'rlark_sim/arm.launch')), { status: 200 });
+      }
+      if (u.endsWith('/robots/arm-0/logs')) return new Response(JSON.stringify({ robotId: 'arm-0', lines: [] }), { status: 200 });
+      if (u.endsWith('/robots/arm-0/modes')) return new Response(JSON.stringify({ robotId: 'arm-0', modes: [{ name: 'idle', package: 'rlark_sim', launchFile: 'arm.launch', args: {} }] }), { status: 200 });
+      return base(url, init);
+    });
+    vi.stubGlobal('fetch', server.fetch);
+    const admin: Session = { ...viewer, user: 'root', role: 'admin', canWrite: true };
+    const { findByRole, getByLabelText, container } = render(<Devices session={admin} />);
+    await waitFor(() => expect(server.streams.size).toBe(2));
+    server.push('robots', { items: [robot('STOPPED')] });
+    (await findByRole('button', { name: 'Modes and log of arm-0' })).click();
+    const start = await findByRole('button', { name: 'Start arm-0 with this launch file' });
+    fireEvent.input(getByLabelText('Launch package'), { target: { value: 'rlark_sim' } });
+    fireEvent.input(getByLabelText('Launch file'), { target: { value: ' arm.launch ' } });
+    fireEvent.input(getByLabelText('Launch arguments for arm-0 (NAME=VALUE ...)'), { target: { value: 'speed=3' } });
+    start.click();
+    await waitFor(() => expect(posts).toHaveLength(1));
+    expect(posts[0]).toEqual({ url: '/rlark/v1/namespaces/rlark-edge/nodes/vm-edge/robots/arm-0/start', body: { package: 'rlark_sim', launchFile: 'arm.launch', args: { speed: '3' } } });
+    await waitFor(() => expect(container.querySelector('tr[data-robot="arm-0"] [data-testid="robot-mode"]')?.textContent).toBe('rlark_sim/arm.launch'));
+    // Running: no custom launch offered.
+    await waitFor(() => expect(container.querySelector('button[aria-label="Start arm-0 with this launch file"]')).toBeNull());
   });
 
   it('says when the runtime ends a watch', async () => {

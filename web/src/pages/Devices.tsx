@@ -39,8 +39,23 @@ interface Mode {
 /** One robot's modes (with their launch files) and recent log, read from its agent when
  * shown and again when `version` changes (an action on it, or its state or mode pushed by
  * the agent: the runtime logs every transition) or on Refresh. */
-function RobotDetails({ path, robot, version }: { path: string; robot: string; version: string }) {
+function RobotDetails({
+  path,
+  robot,
+  version,
+  onLaunch,
+  busy,
+}: {
+  path: string;
+  robot: string;
+  version: string;
+  /** Start the (stopped) robot with a custom launch; absent for viewers and running robots. */
+  onLaunch?: (launch: { package: string; launchFile: string }) => void;
+  busy: boolean;
+}) {
   const [modes, setModes] = useState<Mode[] | null>(null);
+  const [launchPackage, setLaunchPackage] = useState('');
+  const [launchFile, setLaunchFile] = useState('');
   const [lines, setLines] = useState<string[] | null>(null);
   const [error, setError] = useState<string | null>(null);
   const [refreshed, setRefreshed] = useState(0);
@@ -84,6 +99,32 @@ function RobotDetails({ path, robot, version }: { path: string; robot: string; v
           ))}
         </tbody>
       </table>
+      {onLaunch ? (
+        <form
+          class="inline-form"
+          onSubmit={(e) => {
+            e.preventDefault();
+            if (!busy) onLaunch({ package: launchPackage.trim(), launchFile: launchFile.trim() });
+          }}
+        >
+          <label>
+            Launch package{' '}
+            <input value={launchPackage} required size={14} list={`packages-${robot}`} onInput={(e) => setLaunchPackage((e.target as HTMLInputElement).value)} />
+          </label>
+          <datalist id={`packages-${robot}`}>
+            {[...new Set((modes ?? []).map((m) => m.package).filter(Boolean))].map((p) => (
+              <option key={p} value={p} />
+            ))}
+          </datalist>
+          <label>
+            Launch file <input value={launchFile} required size={14} placeholder="arm.launch" onInput={(e) => setLaunchFile((e.target as HTMLInputElement).value)} />
+          </label>
+          <button type="submit" aria-disabled={busy ? 'true' : undefined} aria-label={`Start ${robot} with this launch file`}>
+            Start with this launch file
+          </button>
+          <span class="muted small">The runtime allows custom launches from its allowed launch packages only; the row's launch arguments apply.</span>
+        </form>
+      ) : null}
       <h3>Log</h3>
       <div class="actions">
         <button type="button" onClick={() => setRefreshed((n) => n + 1)} aria-label={`Refresh the log of ${robot}`}>
@@ -127,7 +168,7 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
     [path],
   );
 
-  const act = async (robot: Robot, action: string) => {
+  const act = async (robot: Robot, action: string, launch?: { package: string; launchFile: string }) => {
     setBusy(robot.id);
     setError(null);
     try {
@@ -135,7 +176,11 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
       const parsed = parseArgs(argTexts[robot.id] ?? '');
       if ('error' in parsed) throw new Error(parsed.error);
       const body: Record<string, unknown> = {};
-      if (mode) body.mode = mode;
+      // A custom launch replaces the mode.
+      if (launch) {
+        body.package = launch.package;
+        body.launchFile = launch.launchFile;
+      } else if (mode) body.mode = mode;
       if (Object.keys(parsed.args).length && (action === 'start' || action === 'switch')) body.args = parsed.args;
       const updated: Robot = await sendJson('POST', `${path}/${encodeURIComponent(robot.id)}/${action}`, body);
       setRobots((rs) => rs.map((r) => (r.id === updated.id ? updated : r)));
@@ -223,7 +268,19 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
           ))}
         </tbody>
       </table>
-      {details ? <RobotDetails path={path} robot={details} version={`${acted}/${robotVersion(robots.find((r) => r.id === details))}`} /> : null}
+      {details ? (
+        <RobotDetails
+          path={path}
+          robot={details}
+          version={`${acted}/${robotVersion(robots.find((r) => r.id === details))}`}
+          onLaunch={
+            session.canWrite && robots.find((r) => r.id === details)?.state === 'STOPPED'
+              ? (launch) => act(robots.find((r) => r.id === details)!, 'start', launch)
+              : undefined
+          }
+          busy={busy === details}
+        />
+      ) : null}
     </Section>
   );
 }

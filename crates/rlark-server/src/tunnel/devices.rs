@@ -16,7 +16,7 @@
 //! viewers and the agent of that namespace. The namespace names the cluster
 //! (`rlark-<clusterID>`); the hub opens an `agent-api` stream to that cluster's agent,
 //! preferring the session of `node`, and streams the agent's answer back. The agent's
-//! refusals keep their code (400, 404, 409) and message; tunnel failures are 502.
+//! refusals keep their code (400, 403, 404, 409) and message; tunnel failures are 502.
 
 use std::sync::Arc;
 
