@@ -7,11 +7,11 @@
 // elsewhere the test is skipped with a message. Screenshots go to web/e2e/artifacts/.
 import assert from 'node:assert/strict';
 import { execFileSync } from 'node:child_process';
-import { mkdtempSync, readdirSync, rmSync, statSync } from 'node:fs';
+import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { ARTIFACTS, RLARK, ROOT, WEB, axeViolations, freePort, launch, prerequisites, rlark, startUp, stopUp } from './support.mjs';
+import { ARTIFACTS, RLARK, ROOT, WEB, axeViolations, focused, freePort, keyboardAudit, launch, prerequisites, rlark, startUp, stopUp, tabFromTop, tabTo, waitFor, watchCspViolations } from './support.mjs';
 
 const VALID_JOB = `apiVersion: rlinf.io/v1alpha1
 kind: Job
@@ -42,8 +42,10 @@ spec:
         replicas: 1
 `;
 
-// Runs until stopped: for the terminal and the reward chart.
-const SHELL_JOB = `apiVersion: rlinf.io/v1alpha1
+// Runs until stopped: for the terminal, the reward chart and the task HTTP proxy (a web
+// server on HTTP_PORT of the replica's node; tensorBoardDir only makes the page say how to
+// start TensorBoard).
+const SHELL_JOB = (httpPort) => `apiVersion: rlinf.io/v1alpha1
 kind: Job
 metadata:
   name: e2e-shell
@@ -52,8 +54,9 @@ spec:
     - name: main
       agentType: Raw
       role: Actor
+      tensorBoardDir: /tmp/e2e-tensorboard
       raw:
-        entrypoint: ["sleep", "600"]
+        entrypoint: ["python3", "-m", "http.server", "${httpPort}", "--bind", "127.0.0.1"]
         replicas: 1
 `;
 
@@ -70,6 +73,10 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     browser = await launch(playwright);
     // The server's certificate is signed by the installation's own CA.
     const admin = await browser.newContext({ ignoreHTTPSErrors: true });
+    // Every Content-Security-Policy violation on the admin's pages (none is expected: the
+    // policy has no 'unsafe-inline' and the app needs none), reported through a CDP binding.
+    const cspViolations = [];
+    await watchCspViolations(admin, cspViolations);
     const page = await admin.newPage();
     const shot = (name) => page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
 
@@ -79,6 +86,8 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     const csp = first.headers()['content-security-policy'];
     assert.match(csp, /script-src 'self'/);
     assert.match(csp, /frame-ancestors 'none'/);
+    assert.match(csp, /style-src 'self';/);
+    assert.doesNotMatch(csp, /unsafe-inline|unsafe-eval/);
     await page.getByTestId('user').waitFor();
     const firstLoadMs = Date.now() - started;
     assert.match(await page.getByTestId('user').textContent(), /admin \(admin\)/);
@@ -166,30 +175,109 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await shot('task-log');
     assert.deepEqual(await axeViolations(page), [], 'accessibility of the task page');
 
-    // ---- a reload keeps the session; keyboard: the main navigation is reachable with Tab ----
+    // ---- a reload keeps the session; keyboard: the skip link, the main navigation ----
     await page.reload();
     await page.getByTestId('user').waitFor();
+    const taskPage = page.url();
     await page.keyboard.press('Tab');
     assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Skip to content');
-    await page.keyboard.press('Tab');
-    assert.equal(await page.evaluate(() => document.activeElement?.textContent), 'Overview');
+    await page.keyboard.press('Enter');
+    assert.equal(page.url(), taskPage, 'the skip link keeps the page (routes live in the hash)');
+    assert.equal(await page.evaluate(() => document.activeElement?.id), 'content');
+    await page.getByRole('heading', { name: /Task e2e-hello-main/ }).waitFor();
+    await page.keyboard.press('Shift+Tab');
+    assert.equal((await focused(page))?.name, 'Log out', 'Shift+Tab from the content goes back through the header');
+
+    // ---- keyboard: every control of the main pages is reached by Tab with a visible focus,
+    // and the pages are worked by keyboard alone ----
+    const audited = [];
+    audited.push(`task ${await keyboardAudit(page, 'the task page')}`);
+    await tabFromTop(page, 'Jobs');
+    await page.keyboard.press('Enter');
+    await page.getByRole('heading', { name: 'Jobs' }).waitFor();
+    audited.push(`jobs ${await keyboardAudit(page, 'the jobs page')}`);
+    await tabFromTop(page, 'Filter jobs by name');
+    await page.keyboard.type('e2e-hel');
+    await page.getByText(/^1 of \d+ jobs$/).waitFor();
+    await tabTo(page, 'e2e-hello');
+    await page.keyboard.press('Enter');
+    await page.getByRole('heading', { name: /Job e2e-hello/ }).waitFor();
+    audited.push(`job ${await keyboardAudit(page, 'the job page')}`);
+    await tabFromTop(page, 'Clusters');
+    await page.keyboard.press('Enter');
+    const kbdCordon = await tabTo(page, /^Cordon node /);
+    const kbdNode = kbdCordon.name.replace('Cordon node ', '');
+    await page.keyboard.press('Space');
+    await page.locator(`tr[data-node="${kbdNode}"]`).getByTestId('schedulable').filter({ hasText: 'Cordoned' }).waitFor();
+    assert.equal((await focused(page))?.name, `Uncordon node ${kbdNode}`, 'the focus stays on the button');
+    await page.keyboard.press('Space');
+    await page.locator(`tr[data-node="${kbdNode}"]`).getByTestId('schedulable').filter({ hasText: 'Yes' }).waitFor();
+    audited.push(`clusters ${await keyboardAudit(page, 'the clusters page')}`);
+    await tabFromTop(page, 'Create');
+    await page.keyboard.press('Enter');
+    await tabTo(page, 'Manifest (YAML)');
+    await page.keyboard.press('Control+A');
+    await page.keyboard.insertText(INVALID_JOB);
+    await tabTo(page, 'Create');
+    await page.keyboard.press('Enter');
+    await tabTo(page, 'line 9');
+    await page.keyboard.press('Enter');
+    assert.equal((await focused(page))?.id, 'manifest', 'the error\'s line button goes to the editor');
+    assert.equal(await page.evaluate(() => { const t = document.activeElement; return t.value.slice(t.selectionStart, t.selectionEnd); }), '      role: Wizard');
+    audited.push(`create ${await keyboardAudit(page, 'the create page')}`);
+    // Each page with what must be in it before its controls are counted.
+    for (const [link, heading, ready] of [
+      ['Overview', 'Overview', '[data-testid="card-clusters"]'],
+      ['Workflows', 'Workflows', null],
+      ['Tasks', 'Tasks', null],
+      ['Domains', 'Domains', null],
+      ['Devices', 'Devices', 'tr[data-robot="arm-0"] button, tr[data-camera="cam-0"] button'],
+      ['SSH keys', 'SSH keys', '[data-testid="ssh-command"]'],
+      ['Admin', 'Administration', 'table[aria-label="Certificates"] tbody tr'],
+    ]) {
+      await tabFromTop(page, link);
+      await page.keyboard.press('Enter');
+      await page.getByRole('heading', { name: heading, exact: true }).waitFor();
+      if (ready) await page.locator(ready).first().waitFor();
+      if (link === 'Devices') {
+        await page.locator('tr[data-robot="arm-0"] button').first().waitFor();
+        await page.locator('tr[data-camera="cam-0"] button').first().waitFor();
+      }
+      audited.push(`${link} ${await keyboardAudit(page, `the ${link} page`)}`);
+    }
+    t.diagnostic(`keyboard: every control reached by Tab with a visible focus (page controls): ${audited.join(', ')}`);
+    await page.goto(taskPage);
+    await page.getByRole('heading', { name: /Task e2e-hello-main/ }).waitFor();
 
     // ---- a running task: terminal, live reward chart, stop and delete ----
     await page.getByRole('link', { name: 'Create' }).click();
-    await page.getByLabel('Manifest (YAML)').fill(SHELL_JOB);
+    const httpPort = await freePort();
+    await page.getByLabel('Manifest (YAML)').fill(SHELL_JOB(httpPort));
     await page.getByRole('button', { name: 'Create' }).click();
     await page.getByRole('heading', { name: /Job e2e-shell/ }).waitFor();
     await page.getByRole('table', { name: 'Tasks' }).getByRole('link', { name: 'e2e-shell-main' }).click();
     const openTerminal = page.getByRole('button', { name: 'Open a terminal in e2e-shell-main-0' });
     await openTerminal.waitFor({ timeout: 60_000 });
-    await openTerminal.click();
+    // By keyboard: the terminal takes the focus once connected.
+    await tabFromTop(page, 'Open a terminal in e2e-shell-main-0');
+    await page.keyboard.press('Enter');
     await page.getByTestId('terminal-state').filter({ hasText: 'connected' }).waitFor({ timeout: 30_000 });
-    await page.locator('.xterm-helper-textarea').focus();
+    await page.waitForFunction(() => document.activeElement?.classList.contains('xterm-helper-textarea'));
     await page.keyboard.type('echo hi\n');
     const rows = page.locator('.xterm-rows > div');
     await page.waitForFunction(() => [...document.querySelectorAll('.xterm-rows > div')].some((r) => r.textContent.trim() === 'hi'), null, { timeout: 15_000 });
     assert.ok((await rows.count()) > 0);
+    // The terminal's generated rules apply without inline styles: no <style> element, and
+    // its theme (white text) and cell sizes come from constructed sheets.
+    assert.equal(await page.evaluate(() => document.querySelectorAll('style').length), 0);
+    assert.equal(await page.evaluate(() => getComputedStyle(document.querySelector('.xterm-rows')).color), 'rgb(255, 255, 255)');
+    assert.equal(await page.evaluate(() => getComputedStyle(document.querySelector('.xterm-rows span')).display), 'inline-block');
     await shot('terminal');
+    // Tab stays in the shell; Shift+Tab leaves the terminal for its Close button.
+    await page.keyboard.press('Tab');
+    assert.equal(await page.evaluate(() => document.activeElement?.classList.contains('xterm-helper-textarea')), true);
+    await page.keyboard.press('Shift+Tab');
+    assert.deepEqual(await focused(page).then((f) => [f.name, f.visible]), ['Close terminal', true]);
 
     const tasks = await (await page.request.get(`${url}/apis/rlinf.io/v1alpha1/tasks?labelSelector=rlinf.io/job=e2e-shell`)).json();
     const taskNs = tasks.items[0].metadata.namespace;
@@ -209,6 +297,21 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await page.locator('figure[data-series="reward"][data-points="5"]').waitFor({ timeout: 15_000 });
     assert.match(await chart.locator('figcaption').textContent(), /last 7\.500/);
     await shot('reward-chart');
+
+    // ---- the task HTTP proxy: a link to a port of the replica, opened in a new tab ----
+    assert.equal(
+      await page.getByTestId('tensorboard-command').textContent(),
+      `tensorboard --logdir /tmp/e2e-tensorboard --port 6006 --path_prefix /rlark/v1/namespaces/${taskNs}/tasks/e2e-shell-main/proxy/6006`,
+    );
+    const webApps = page.getByRole('region', { name: 'Web apps' });
+    await webApps.getByLabel('Port').fill('99999');
+    await webApps.getByText('99999 is not a port').waitFor();
+    await webApps.getByLabel('Port').fill(String(httpPort));
+    const proxyLink = page.getByRole('link', { name: `Open port ${httpPort} of e2e-shell-main-0` });
+    assert.equal(await proxyLink.getAttribute('href'), `/rlark/v1/namespaces/${taskNs}/tasks/e2e-shell-main/proxy/${httpPort}/`);
+    const [proxied] = await Promise.all([admin.waitForEvent('page'), proxyLink.click()]);
+    await proxied.getByText('Directory listing for /').waitFor({ timeout: 15_000 });
+    await proxied.close();
 
     await page.getByRole('link', { name: 'e2e-shell' }).first().click();
     await page.getByRole('button', { name: 'Stop' }).click();
@@ -233,19 +336,22 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
 
     // ---- a camera's live view, relayed from the edge agent through its tunnel ----
     const socketDir = up.output().out.match(/--socket-dir (\S+) list/)[1];
+    const camera = page.getByTestId('camera-cam-0');
+    const cameraStatus = page.getByTestId('camera-status-cam-0');
+    const framesShown = async () => Number((await camera.getAttribute('data-frames')) ?? 0);
     await page.getByRole('button', { name: /^View camera cam-0 on / }).click();
-    // Closed cameras are not opened by viewing: the reason is shown.
-    await page.getByRole('alert').filter({ hasText: 'not open' }).waitFor({ timeout: 15_000 });
-    await page.getByRole('button', { name: 'Close view' }).click();
-    // An admin opens it from the page (cam-1 with the CLI, which the page shows on reload).
+    // Closed cameras are not opened by viewing: the reason is shown, and the view tries again.
+    await cameraStatus.filter({ hasText: /not open.*opening it again/ }).waitFor({ timeout: 15_000 });
+    // An admin opens it from the page; the view starts by itself.
     const cam0 = page.locator('tr[data-camera="cam-0"]');
     await page.getByRole('button', { name: 'Open camera cam-0' }).click();
     await cam0.getByTestId('camera-state').filter({ hasText: 'OPEN' }).waitFor({ timeout: 15_000 });
+    await cameraStatus.filter({ hasText: 'live' }).waitFor({ timeout: 30_000 });
+    await page.getByRole('button', { name: 'Close view' }).click();
+    // cam-1 opened with the CLI: the page shows it without a reload.
     execFileSync(RLARK, ['camera', '--socket-dir', socketDir, 'open', 'cam-1'], { encoding: 'utf8' });
-    await page.reload();
     await page.locator('tr[data-camera="cam-1"]').getByTestId('camera-state').filter({ hasText: 'OPEN' }).waitFor({ timeout: 15_000 });
     await page.getByRole('button', { name: /^View camera cam-0 on / }).click();
-    const camera = page.getByTestId('camera-cam-0');
     await page.waitForFunction(() => document.querySelector('[data-testid="camera-cam-0"]')?.naturalWidth > 0, null, { timeout: 15_000 });
     const pixels = () =>
       camera.evaluate((img) => {
@@ -261,6 +367,15 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     const frameAfter = await pixels();
     assert.notEqual(frameBefore, frameAfter, 'the simulated camera\'s frames change over time');
     await shot('camera');
+    // The stream drops (the camera is closed behind the page's back): the view says so and
+    // reopens by itself once the camera is open again.
+    execFileSync(RLARK, ['camera', '--socket-dir', socketDir, 'close', 'cam-0'], { encoding: 'utf8' });
+    await cameraStatus.filter({ hasText: /opening it again/ }).waitFor({ timeout: 15_000 });
+    await cam0.getByTestId('camera-state').filter({ hasText: 'CLOSED' }).waitFor({ timeout: 15_000 });
+    const beforeDrop = await framesShown();
+    execFileSync(RLARK, ['camera', '--socket-dir', socketDir, 'open', 'cam-0'], { encoding: 'utf8' });
+    await cameraStatus.filter({ hasText: 'live' }).waitFor({ timeout: 30_000 });
+    await page.waitForFunction((n) => Number(document.querySelector('[data-testid="camera-cam-0"]')?.dataset.frames) > n + 2, beforeDrop, { timeout: 15_000 });
     await page.getByRole('button', { name: 'Close view' }).click();
     await page.getByRole('button', { name: 'Close camera cam-0' }).click();
     await cam0.getByTestId('camera-state').filter({ hasText: 'CLOSED' }).waitFor({ timeout: 15_000 });
@@ -268,30 +383,51 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     // ---- robots: start, switch mode, stop, through the edge agent ----
     const arm = page.locator('tr[data-robot="arm-0"]');
     await arm.waitFor({ timeout: 15_000 });
-    await page.getByRole('button', { name: 'Start arm-0' }).click();
+    await page.getByRole('button', { name: 'Start arm-0', exact: true }).click();
     await arm.getByTestId('robot-state').filter({ hasText: 'RUNNING' }).waitFor({ timeout: 30_000 });
     await page.getByLabel('Mode for arm-0').fill('teleop');
     await page.getByRole('button', { name: 'Switch arm-0 to the mode' }).click();
     await arm.getByTestId('robot-mode').filter({ hasText: 'teleop' }).waitFor({ timeout: 30_000 });
+    // Its modes (with their launch files) and its log, from the embodied runtime.
+    await page.getByRole('button', { name: 'Modes and log of arm-0' }).click();
+    await page.getByRole('table', { name: 'Modes of arm-0' }).locator('tr[data-mode="teleop"]').waitFor({ timeout: 15_000 });
+    const robotLog = page.getByTestId('robot-log-arm-0');
+    await robotLog.filter({ hasText: 'switch to mode teleop' }).waitFor({ timeout: 15_000 });
     await shot('robots');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the robot details');
     await page.getByRole('button', { name: 'Stop arm-0' }).click();
     await arm.getByTestId('robot-state').filter({ hasText: 'STOPPED' }).waitFor({ timeout: 30_000 });
+    // The log is read again after the action.
+    await robotLog.filter({ hasText: /STOPPED\s*$/ }).waitFor({ timeout: 15_000 });
+    // A custom launch file: `rlark up`'s runtime allows no launch packages, and its reason
+    // comes back through the agent and the server.
+    await page.getByRole('combobox', { name: 'Launch package' }).fill('rlark_sim');
+    await page.getByRole('textbox', { name: 'Launch file' }).fill('arm.launch');
+    await page.getByRole('button', { name: 'Start arm-0 with this launch file' }).click();
+    await page.getByRole('alert').filter({ hasText: 'custom launch of package "rlark_sim" on robot "arm-0" is not allowed' }).waitFor({ timeout: 30_000 });
     // A mode the robot's type does not have is refused with the runtime's reason.
     await page.getByLabel('Mode for arm-0').fill('dance');
-    await page.getByRole('button', { name: 'Start arm-0' }).click();
+    await page.getByRole('button', { name: 'Start arm-0', exact: true }).click();
     await page.getByRole('alert').filter({ hasText: 'dance' }).waitFor({ timeout: 30_000 });
     // Launch arguments, as `rlark robot start --arg NAME=VALUE`.
     const arm1 = page.locator('tr[data-robot="arm-1"]');
     await page.getByLabel('Launch arguments for arm-1 (NAME=VALUE ...)').fill('speed');
-    await page.getByRole('button', { name: 'Start arm-1' }).click();
+    await page.getByRole('button', { name: 'Start arm-1', exact: true }).click();
     await page.getByRole('alert').filter({ hasText: 'must be NAME=VALUE' }).waitFor();
     await page.getByLabel('Mode for arm-1').fill('teleop');
     await page.getByLabel('Launch arguments for arm-1 (NAME=VALUE ...)').fill('target=0.2,0.2,0.2,0.2,0.2,0.2 speed=2');
-    await page.getByRole('button', { name: 'Start arm-1' }).click();
+    await page.getByRole('button', { name: 'Start arm-1', exact: true }).click();
     await arm1.getByTestId('robot-state').filter({ hasText: 'RUNNING' }).waitFor({ timeout: 30_000 });
     await arm1.getByTestId('robot-mode').filter({ hasText: 'teleop' }).waitFor();
     await page.getByRole('button', { name: 'Stop arm-1' }).click();
     await arm1.getByTestId('robot-state').filter({ hasText: 'STOPPED' }).waitFor({ timeout: 30_000 });
+    // Live: a robot started and stopped behind the page's back (the CLI, on the edge host)
+    // changes on the page without a reload or an action there.
+    execFileSync(RLARK, ['robot', '--socket-dir', socketDir, 'start', 'arm-1', '--mode', 'teleop'], { encoding: 'utf8' });
+    await arm1.getByTestId('robot-state').filter({ hasText: 'RUNNING' }).waitFor({ timeout: 15_000 });
+    await arm1.getByTestId('robot-mode').filter({ hasText: 'teleop' }).waitFor();
+    execFileSync(RLARK, ['robot', '--socket-dir', socketDir, 'stop', 'arm-1'], { encoding: 'utf8' });
+    await arm1.getByTestId('robot-state').filter({ hasText: 'STOPPED' }).waitFor({ timeout: 15_000 });
 
     // ---- admin: a join command, a user token made and revoked ----
     await page.getByRole('link', { name: 'Admin' }).click();
@@ -299,6 +435,14 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await page.getByRole('button', { name: 'Create join token' }).click();
     const joinText = await page.getByTestId('join command').textContent();
     assert.match(joinText, new RegExp(`^rlark join --server ${url.replace(/[.]/g, '\\.')} --token \\S+ --ca-hash sha256:[0-9a-f]+ --cluster-id edge-9$`));
+    // The lists follow changes pushed by the server: the join token made here, and a join
+    // token and a user token made with the CLI, appear without a reload.
+    const joinTokens = page.getByRole('table', { name: 'Join tokens' });
+    await joinTokens.getByRole('row').filter({ hasText: 'edge-9' }).waitFor({ timeout: 15_000 });
+    rlark(kube, 'token', 'create', '--cluster-id', 'edge-cli');
+    await joinTokens.getByRole('row').filter({ hasText: 'edge-cli' }).waitFor({ timeout: 15_000 });
+    const carlToken = rlark(kube, 'token', 'create', '--user', 'carl', '--role', 'viewer');
+    await page.locator(`tr[data-token="${carlToken.split('.')[0]}"]`).filter({ hasText: 'carl' }).waitFor({ timeout: 15_000 });
     await page.getByLabel('User', { exact: true }).fill('tess');
     await page.getByRole('button', { name: 'Create user token' }).click();
     const tessToken = await page.getByTestId('user token').textContent();
@@ -319,6 +463,14 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     assert.equal((await tpage.request.get(`${url}/rlark/v1/console/session`)).status(), 401);
     await page.locator(`tr[data-token="${tessId}"]`).getByTestId('token-revoked').filter({ hasText: /\d{4}-/ }).waitFor();
     await tess.close();
+
+    // ---- SSH keys: the endpoint; a link session cannot register keys ----
+    await page.getByRole('link', { name: 'SSH keys' }).click();
+    assert.match(await page.getByTestId('ssh-command').textContent(), /^ssh -p \d+ TASK@127\.0\.0\.1$/);
+    assert.match(await page.getByTestId('ssh-host-key').textContent(), /^SHA256:/);
+    await page.getByTestId('ssh-key-needs-token').waitFor();
+    assert.equal(await page.getByRole('button', { name: 'Register key' }).isDisabled(), true);
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the SSH keys page');
 
     // ---- 1,000 Jobs: paged reads, a windowed list, filters ----
     {
@@ -365,6 +517,8 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     assert.equal(await vpage.getByRole('button', { name: /^(Start|Stop|Reset) arm/ }).count(), 0, 'a viewer sees no robot actions');
     assert.equal(await vpage.getByRole('button', { name: /^(Open|Close) camera/ }).count(), 0, 'a viewer opens no camera');
     assert.equal(await vpage.getByRole('button', { name: /^View camera cam-1/ }).count(), 1, 'a viewer may view');
+    await vpage.getByRole('button', { name: 'Modes and log of arm-0' }).click();
+    await vpage.getByTestId('robot-log-arm-0').filter({ hasText: 'switch to mode teleop' }).waitFor({ timeout: 15_000 });
     await vpage.goto(`${url}/#/jobs/e2e-hello`);
     await vpage.getByRole('heading', { name: /Job e2e-hello/ }).waitFor();
     for (const name of ['Stop', 'Restart', 'Delete']) {
@@ -384,6 +538,44 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
       headers: { 'X-Rlark-CSRF': session.csrfToken },
     });
     assert.equal(forgedRobot.status(), 403);
+
+    // ---- a viewer registers an SSH key, the admin sees it live, the viewer removes it ----
+    await page.getByRole('link', { name: 'SSH keys' }).click();
+    await page.getByRole('heading', { name: "Everyone's keys" }).waitFor();
+    const keyFile = join(dataDir, 'vera_ed25519');
+    execFileSync('ssh-keygen', ['-q', '-t', 'ed25519', '-N', '', '-C', 'vera@e2e', '-f', keyFile]);
+    const publicKey = readFileSync(`${keyFile}.pub`, 'utf8').trim();
+    await vpage.getByRole('link', { name: 'SSH keys' }).click();
+    await vpage.getByLabel(/^Public key/).fill(publicKey);
+    await vpage.getByRole('button', { name: 'Register key' }).click();
+    await vpage.getByRole('status').filter({ hasText: /^Key SHA256:\S+ registered\.$/ }).waitFor();
+    const veraKey = vpage.getByRole('table', { name: 'SSH keys' }).getByRole('row').filter({ hasText: 'vera@e2e' });
+    await veraKey.waitFor();
+    const keyId = await veraKey.getAttribute('data-ssh-key');
+    assert.match(await veraKey.textContent(), new RegExp(`token ${viewerToken.split('.')[0]}`), 'registered with the token vera logged in with');
+    // Registering the same key again is refused with the server's reason.
+    await vpage.getByLabel(/^Public key/).fill(publicKey);
+    await vpage.getByRole('button', { name: 'Register key' }).click();
+    await vpage.getByRole('alert').filter({ hasText: /registered/ }).waitFor();
+    await page.locator(`tr[data-ssh-key="${keyId}"]`).filter({ hasText: 'vera' }).waitFor({ timeout: 15_000 });
+    vpage.once('dialog', (dialog) => dialog.accept());
+    await vpage.getByRole('button', { name: `Remove SSH key ${keyId} of vera` }).click();
+    await vpage.getByRole('status').filter({ hasText: 'removed' }).waitFor();
+    await vpage.locator(`tr[data-ssh-key="${keyId}"]`).waitFor({ state: 'detached', timeout: 15_000 });
+    // The admin's page drops it without a reload.
+    await page.locator(`tr[data-ssh-key="${keyId}"]`).waitFor({ state: 'detached', timeout: 15_000 });
+    const keysLeft = await (await page.request.get(`${url}/rlark/v1/sshkeys?user=vera`)).json();
+    assert.deepEqual(keysLeft.items, []);
+
+    // ---- no CSP violation on any admin page; and the check sees one when there is ----
+    assert.deepEqual(cspViolations, [], 'Content-Security-Policy violations');
+    await page.evaluate(() => {
+      const style = document.createElement('style');
+      style.textContent = 'body { color: red; }';
+      document.head.append(style);
+    });
+    await waitFor(() => cspViolations.length > 0, 'a <style> element is refused and reported');
+    assert.match(cspViolations[0], /^style-src/);
 
     // ---- logout revokes the session ----
     await page.getByRole('button', { name: 'Log out' }).click();

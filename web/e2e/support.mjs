@@ -110,3 +110,89 @@ export async function axeViolations(page) {
   const result = await page.evaluate(() => window.axe.run(document, { runOnly: ['wcag2a', 'wcag2aa'] }));
   return result.violations.map((v) => `${v.id}: ${v.help} (${v.nodes.map((n) => n.target.join(' ')).join(', ')})`);
 }
+
+/** Collect every Content-Security-Policy violation of the context's pages into `into`
+ * (`"directive blocked-uri"`), through a CDP binding, which the page's CSP does not affect. */
+export async function watchCspViolations(context, into) {
+  await context.exposeFunction('__rlarkCspViolation', (v) => into.push(v));
+  await context.addInitScript(() => {
+    document.addEventListener('securitypolicyviolation', (e) => window.__rlarkCspViolation(`${e.effectiveDirective} ${e.blockedURI} ${e.sourceFile}:${e.lineNumber}`));
+  });
+}
+
+/** Wait up to `ms` for `predicate()` to hold (for state outside the page). */
+export async function waitFor(predicate, what, ms = 10_000) {
+  const end = Date.now() + ms;
+  while (!predicate()) {
+    if (Date.now() > end) throw new Error(`timed out waiting: ${what}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** What the focused element is: its accessible name (aria-label, label or text) and whether
+ * its focus is visible (`:focus-visible` with an outline). */
+export function focused(page) {
+  return page.evaluate(() => {
+    const el = document.activeElement;
+    if (!el || el === document.body) return null;
+    const label = el.getAttribute('aria-label') ?? el.labels?.[0]?.textContent ?? el.textContent ?? '';
+    const style = getComputedStyle(el);
+    return {
+      name: label.trim().replace(/\s+/g, ' '),
+      tag: el.tagName.toLowerCase(),
+      id: el.id,
+      kbd: el.getAttribute('data-kbd'),
+      visible: el.matches(':focus-visible') && style.outlineStyle !== 'none' && parseFloat(style.outlineWidth) > 0,
+    };
+  });
+}
+
+/** Press Tab (Shift+Tab with `back`) until the focused element's name is `name` (a string
+ * or a RegExp), at most `max` times; its focus must be visible. */
+export async function tabTo(page, name, { max = 120, back = false } = {}) {
+  const matches = (n) => (typeof name === 'string' ? n === name : name.test(n));
+  for (let i = 0; i < max; i++) {
+    await page.keyboard.press(back ? 'Shift+Tab' : 'Tab');
+    const f = await focused(page);
+    if (f && matches(f.name)) {
+      if (!f.visible) throw new Error(`the focus on ${f.tag} ${JSON.stringify(f.name)} is not visible`);
+      return f;
+    }
+  }
+  throw new Error(`${max} presses of ${back ? 'Shift+Tab' : 'Tab'} did not reach ${name}`);
+}
+
+/** `tabTo` from the top of the page (the skip link, the first stop). */
+export async function tabFromTop(page, name, options) {
+  await page.evaluate(() => document.querySelector('a.skip')?.focus());
+  return tabTo(page, name, options);
+}
+
+/** Every enabled, rendered control of the page (links, buttons, fields, scroll regions) is
+ * reached by Tab from the top, in one pass, each with a visible focus. Returns how many. */
+export async function keyboardAudit(page, what) {
+  const total = await page.evaluate(() => {
+    const controls = [...document.querySelectorAll('a[href], button, input, select, textarea, [tabindex]:not([tabindex="-1"])')].filter(
+      (el) => !el.disabled && el.getClientRects().length > 0 && getComputedStyle(el).visibility !== 'hidden' && !el.closest('[hidden], [inert], .xterm'),
+    );
+    document.querySelectorAll('[data-kbd]').forEach((el) => el.removeAttribute('data-kbd'));
+    controls.forEach((el, i) => el.setAttribute('data-kbd', String(i)));
+    return controls.length;
+  });
+  await page.evaluate(() => document.querySelector('a.skip')?.focus());
+  const reached = new Map();
+  for (let i = 0; i < total + 10 && reached.size < total; i++) {
+    const f = await focused(page);
+    if (f?.kbd != null && !reached.has(f.kbd)) {
+      // The skip link was focused by script, which shows focus only after keyboard use.
+      if (!f.visible && i > 0) throw new Error(`${what}: the focus on ${f.tag} ${JSON.stringify(f.name)} is not visible`);
+      reached.set(f.kbd, f.name);
+    }
+    await page.keyboard.press('Tab');
+  }
+  if (reached.size < total) {
+    const missed = await page.evaluate((seen) => [...document.querySelectorAll('[data-kbd]')].filter((el) => !seen.includes(el.getAttribute('data-kbd'))).map((el) => `${el.tagName.toLowerCase()} ${JSON.stringify((el.getAttribute('aria-label') ?? el.textContent ?? '').trim().slice(0, 40))}`), [...reached.keys()]);
+    throw new Error(`${what}: Tab does not reach ${missed.join(', ')}`);
+  }
+  return total;
+}

@@ -8,6 +8,7 @@ import { JobDetail, Jobs } from './pages/Jobs';
 import { Login } from './pages/Login';
 import { Nodes } from './pages/Nodes';
 import { Overview } from './pages/Overview';
+import { SshKeys } from './pages/SshKeys';
 import { TaskDetail } from './pages/TaskDetail';
 import { Tasks } from './pages/Tasks';
 import { WorkflowDetail, Workflows } from './pages/Workflows';
@@ -58,6 +59,9 @@ export function App() {
     case 'devices':
       content = <Devices session={session} />;
       break;
+    case 'sshkeys':
+      content = <SshKeys session={session} />;
+      break;
     case 'admin':
       content = session.role === 'admin' ? <Admin /> : <p>Administration needs the admin role; you are a {session.role}.</p>;
       break;
@@ -71,7 +75,18 @@ export function App() {
   return (
     <>
       <header>
-        <a class="skip" href="#content">
+        {/* The routes live in the hash, so the link moves focus itself instead of
+            changing the hash to #content (which would name a page). */}
+        <a
+          class="skip"
+          href="#content"
+          onClick={(e) => {
+            e.preventDefault();
+            const content = document.getElementById('content');
+            content?.focus();
+            content?.scrollIntoView();
+          }}
+        >
           Skip to content
         </a>
         <nav aria-label="Main">
@@ -95,6 +110,9 @@ export function App() {
           </a>
           <a href={href('devices')} aria-current={current('devices')}>
             Devices
+          </a>
+          <a href={href('sshkeys')} aria-current={current('sshkeys')}>
+            SSH keys
           </a>
           {session.canWrite ? (
             <a href={href('create')} aria-current={current('create')}>
@@ -125,7 +143,9 @@ export function App() {
           </button>
         </div>
       </header>
-      <div id="content">{content}</div>
+      <div id="content" tabIndex={-1}>
+        {content}
+      </div>
     </>
   );
 }

@@ -9,6 +9,8 @@ export interface Session {
   canWrite: boolean;
   csrfToken: string | null;
   expiresAt: string | null;
+  /** How a cookie session was created: a bearer token or a one-time link. */
+  loginWith?: 'token' | 'link' | null;
 }
 
 /** One `Status.details.causes` entry: the field it is about and what is wrong with it. */

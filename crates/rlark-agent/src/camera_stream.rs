@@ -13,6 +13,10 @@
 //! (`{"items": [{"id", "name", "type", "state", "width", "height", "fps"}]}`, `state`
 //! `OPEN`, `CLOSED` or `ERROR`), and `POST /v1/cameras/{id}/open` (the camera's configured
 //! size, rate and encoding) and `.../close` open and close one, answering it as listed.
+//! `GET /v1/cameras?watch=1` sends that list as one JSON line (`application/x-ndjson`) at
+//! once and again whenever a camera opens, closes, fails or recovers (the runtime's
+//! `WatchCameras`), until the client goes; a line `{"error": "..."}` ends it when the
+//! runtime ends its watch.
 //!
 //! Errors are plain text: `404` no embodied runtime on this agent, no camera socket or no
 //! such camera; `409` the camera is not open; `400` a bad id or `fps`; `405` another
@@ -26,7 +30,7 @@ use hyper::body::{Bytes, Frame};
 use rlark_proto::camera::v1::camera_controller_client::CameraControllerClient;
 use rlark_proto::camera::v1::{
     CameraDescriptor, CameraState, CloseCameraRequest, ListCamerasRequest, OpenCameraRequest,
-    WatchFramesRequest,
+    WatchCamerasRequest, WatchFramesRequest,
 };
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -253,6 +257,16 @@ pub(crate) async fn handle(
                 format!("no camera runtime: {} does not exist", socket.display()),
             );
         }
+        if action.is_none() && wants_watch(query) {
+            return match tokio::time::timeout(Duration::from_secs(30), watch(&socket)).await {
+                Ok(Ok(response)) => response,
+                Ok(Err((status, message))) => text_response(status, message),
+                Err(_) => text_response(
+                    http::StatusCode::BAD_GATEWAY,
+                    "the camera runtime did not answer within 30s",
+                ),
+            };
+        }
         return match tokio::time::timeout(Duration::from_secs(30), control(&socket, action)).await {
             Ok(Ok(value)) => json_response(&value),
             Ok(Err((status, message))) => text_response(status, message),
@@ -282,6 +296,70 @@ pub(crate) async fn handle(
         );
     };
     stream(&dir.join(rlark_embodied::CAMERA_SOCKET), id, fps, shutdown).await
+}
+
+/// Whether a query asks for a watch (`watch=1` or `watch=true`).
+fn wants_watch(query: Option<&str>) -> bool {
+    query
+        .unwrap_or_default()
+        .split('&')
+        .any(|pair| pair == "watch=1" || pair == "watch=true")
+}
+
+/// `GET /v1/cameras?watch=1`: the cameras as one JSON line, now and after every change.
+async fn watch(socket: &Path) -> Result<http::Response<ApiBody>, (http::StatusCode, String)> {
+    use futures::StreamExt as _;
+    let channel = rlark_embodied::client::connect(socket)
+        .await
+        .map_err(|e| (http::StatusCode::BAD_GATEWAY, e.to_string()))?;
+    let mut lists = CameraControllerClient::new(channel)
+        .watch_cameras(WatchCamerasRequest {})
+        .await
+        .map_err(|status| {
+            (
+                http::StatusCode::BAD_GATEWAY,
+                format!("WatchCameras: {}", status.message()),
+            )
+        })?
+        .into_inner();
+    let (tx, mut rx) = mpsc::channel::<Bytes>(4);
+    tokio::spawn(async move {
+        loop {
+            let item = tokio::select! {
+                () = tx.closed() => break,
+                item = lists.next() => item,
+            };
+            let line = match item {
+                Some(Ok(list)) => {
+                    let cameras: Vec<serde_json::Value> =
+                        list.cameras.iter().map(camera_json).collect();
+                    serde_json::json!({ "items": cameras })
+                }
+                Some(Err(status)) => {
+                    serde_json::json!({ "error": format!("WatchCameras: {}", status.message()) })
+                }
+                None => serde_json::json!({ "error": "the camera runtime ended the watch" }),
+            };
+            let last = line.get("error").is_some();
+            if tx.send(Bytes::from(format!("{line}\n"))).await.is_err() || last {
+                break;
+            }
+        }
+    });
+    let body = futures::stream::poll_fn(move |cx| {
+        rx.poll_recv(cx)
+            .map(|line| line.map(|l| Ok::<_, std::io::Error>(Frame::data(l))))
+    });
+    let mut response = http::Response::new(StreamBody::new(body).boxed_unsync());
+    response.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/x-ndjson"),
+    );
+    response.headers_mut().insert(
+        http::header::CACHE_CONTROL,
+        http::HeaderValue::from_static("no-cache"),
+    );
+    Ok(response)
 }
 
 async fn stream(
@@ -449,5 +527,58 @@ mod tests {
         assert!(!is_camera_path("/v1/camerasx"));
         assert_eq!(control_request("/v1/cameras/c/close"), Some(("c", "close")));
         assert_eq!(control_request("/v1/cameras/c/stream"), None);
+    }
+
+    #[tokio::test]
+    async fn a_real_runtime_s_cameras_are_watched() {
+        let dir = tempfile::tempdir().unwrap();
+        let run = dir.path().join("run");
+        let shutdown = CancellationToken::new();
+        let config = rlark_embodied::EmbodiedConfig::from_yaml(
+            "cameras:\n  - {id: cam-0, driver: sim, width: 64, height: 48, fps: 10, encoding: jpeg}\n",
+        )
+        .unwrap();
+        let running = rlark_embodied::serve(config, &run, shutdown.clone())
+            .await
+            .unwrap();
+        let get = http::Method::GET;
+        let watched = handle(Some(&run), &shutdown, &get, "/v1/cameras", Some("watch=1")).await;
+        assert_eq!(watched.status(), http::StatusCode::OK);
+        assert_eq!(
+            watched.headers()[http::header::CONTENT_TYPE],
+            "application/x-ndjson"
+        );
+        let mut body = watched.into_body();
+        let mut pending = Vec::new();
+        let mut next_state = async || -> String {
+            loop {
+                if let Some(end) = pending.iter().position(|b| *b == b'\n') {
+                    let line: Vec<u8> = pending.drain(..=end).collect();
+                    let value: serde_json::Value = serde_json::from_slice(&line).unwrap();
+                    return value["items"][0]["state"].as_str().unwrap().to_string();
+                }
+                let frame = tokio::time::timeout(Duration::from_secs(10), body.frame())
+                    .await
+                    .expect("a line within 10 s")
+                    .expect("the stream goes on")
+                    .unwrap();
+                if let Ok(data) = frame.into_data() {
+                    pending.extend_from_slice(&data);
+                }
+            }
+        };
+        assert_eq!(next_state().await, "CLOSED");
+        let opened = handle(
+            Some(&run),
+            &shutdown,
+            &http::Method::POST,
+            "/v1/cameras/cam-0/open",
+            None,
+        )
+        .await;
+        assert_eq!(opened.status(), http::StatusCode::OK);
+        assert_eq!(next_state().await, "OPEN");
+        shutdown.cancel();
+        running.wait().await.unwrap();
     }
 }

@@ -876,3 +876,38 @@ async fn make_clip(path: &Path) -> Result<()> {
     );
     Ok(())
 }
+
+#[tokio::test]
+async fn watch_cameras_sends_the_list_now_and_after_each_open_and_close() -> Result<()> {
+    let yaml = format!(
+        "cameras:\n{}",
+        camera_yaml(
+            "cam-0",
+            "driver: sim, width: 64, height: 48, fps: 10, encoding: jpeg"
+        )
+    );
+    let h = Harness::start(&yaml).await?;
+    let mut client = h.client().await?;
+    let mut lists = client
+        .watch_cameras(pb::WatchCamerasRequest {})
+        .await?
+        .into_inner();
+    let mut next = async || -> Result<pb::CameraState> {
+        let list = tokio::time::timeout(DEADLINE, lists.message())
+            .await
+            .context("a list in time")??
+            .context("the watch ended")?;
+        ensure!(list.cameras.len() == 1, "{list:?}");
+        Ok(pb::CameraState::try_from(list.cameras[0].state)?)
+    };
+    assert_eq!(next().await?, pb::CameraState::Closed);
+    open(&mut client, open_request("cam-0")).await?;
+    assert_eq!(next().await?, pb::CameraState::Open);
+    client
+        .close_camera(pb::CloseCameraRequest {
+            camera_id: "cam-0".into(),
+        })
+        .await?;
+    assert_eq!(next().await?, pb::CameraState::Closed);
+    Ok(())
+}

@@ -1309,3 +1309,56 @@ async fn sockets_are_replaced_when_stale_and_refused_when_live() -> Result<()> {
     assert_eq!(std::fs::read_to_string(&stale)?, "data");
     Ok(())
 }
+
+/// The next list of a WatchRobots stream (within 10 s).
+async fn next(
+    lists: &mut tonic::Streaming<pb::ListRobotsResponse>,
+) -> Result<pb::ListRobotsResponse> {
+    tokio::time::timeout(Duration::from_secs(10), lists.message())
+        .await
+        .context("a list within 10 s")?
+        .context("the watch")?
+        .context("the watch ended")
+}
+
+#[tokio::test]
+async fn watch_robots_sends_the_list_now_and_after_each_state_change() -> Result<()> {
+    let h = Harness::start(SIM).await?;
+    let mut client = h.client(ROS_SOCKET).await?;
+    let mut lists = client
+        .watch_robots(pb::WatchRobotsRequest {})
+        .await?
+        .into_inner();
+    let state = |list: &pb::ListRobotsResponse| state_of(list.robots[0].state);
+    let now = next(&mut lists).await?;
+    assert_eq!(now.robots.len(), 1);
+    assert_eq!(state(&now), RobotState::Stopped);
+    let mut request = tonic::Request::new(start_request("arm-0", "teleop", None));
+    request
+        .metadata_mut()
+        .insert(DETACH_METADATA, "true".parse()?);
+    client.start_robot(request).await?;
+    // STARTING may be coalesced with RUNNING; RUNNING (in teleop) comes.
+    loop {
+        let list = next(&mut lists).await?;
+        if state(&list) == RobotState::Running {
+            assert_eq!(list.robots[0].mode, "teleop");
+            break;
+        }
+        assert_eq!(state(&list), RobotState::Starting);
+    }
+    client
+        .stop_robot(pb::StopRobotRequest {
+            robot_id: "arm-0".into(),
+        })
+        .await?;
+    loop {
+        let list = next(&mut lists).await?;
+        if state(&list) == RobotState::Stopped {
+            break;
+        }
+        assert_eq!(state(&list), RobotState::Stopping);
+    }
+    h.stop().await?;
+    Ok(())
+}

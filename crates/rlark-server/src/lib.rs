@@ -30,6 +30,7 @@
 
 mod auth;
 mod backup;
+mod changes;
 mod config;
 mod console;
 mod controllers;
@@ -514,13 +515,13 @@ async fn start_with_token(
     ))));
     // The web console: its app and routes, and its session cookie for every route.
     let console = console::Console::new(Arc::clone(&security), Arc::new(store.clone()));
-    let router =
-        router
-            .merge(console::router(console.clone()))
-            .layer(axum::middleware::from_fn_with_state(
-                console.clone(),
-                console::session_layer,
-            ));
+    let router = router
+        .merge(console::router(console.clone()))
+        .merge(changes::router(Arc::new(store.clone())))
+        .layer(axum::middleware::from_fn_with_state(
+            console.clone(),
+            console::session_layer,
+        ));
     // The routes merged after `http::router` get the same panic handler.
     let router = http::catch_panics(router);
 

@@ -389,6 +389,27 @@ async fn join_works_once_per_cluster() -> Result<()> {
         assert!(message.contains("cluster ID required"), "{message}");
         assert!(dir_is_empty(&tmp.path().join("agent-unbound")));
 
+        // The join tokens as the console's admin page lists them: who used each, never the
+        // secret or its hash; another kind is refused.
+        let joins = call_ok(&admin, "GET", "/rlark/v1/tokens?kind=bootstrap", None).await?;
+        let items = joins["items"].as_array().context("items")?;
+        let used = items
+            .iter()
+            .find(|t| t["id"] == token["id"])
+            .with_context(|| format!("the first token in {joins}"))?;
+        assert_eq!(used["clusterID"], "a");
+        assert_eq!(used["usedBy"], json!(["a"]));
+        assert!(
+            items
+                .iter()
+                .any(|t| t["id"] == unbound["id"] && t["clusterID"].is_null())
+        );
+        let listed = joins.to_string();
+        assert!(!listed.contains("secretHash"), "{listed}");
+        assert!(!listed.contains(str_of(&token, "token")?), "{listed}");
+        let bad = call(&admin, "GET", "/rlark/v1/tokens?kind=nope", None).await?;
+        assert_eq!(bad.code, 400, "{}", bad.brief());
+
         server.stop().await
     })
     .await

@@ -6,6 +6,7 @@
 import { Terminal as XTerm } from '@xterm/xterm';
 import '@xterm/xterm/css/xterm.css';
 import { useEffect, useRef, useState } from 'preact/hooks';
+import { withConstructedStyles } from '../cspStyles';
 
 const STDIN = 0;
 const STDOUT = 1;
@@ -41,7 +42,12 @@ export default function Terminal({ namespace, pod, command = ['/bin/sh'] }: { na
 
   useEffect(() => {
     const term = new XTerm({ convertEol: false, cursorBlink: true, fontSize: 13, rows: 24, cols: 100, screenReaderMode: true });
-    term.open(host.current!);
+    // xterm.js writes its cell sizes and colours into <style> elements, which the page's
+    // CSP refuses; they become constructed style sheets instead (cspStyles.ts).
+    withConstructedStyles(document, () => term.open(host.current!));
+    // Tab belongs to the shell (completion); Shift+Tab is left to the browser, so a
+    // keyboard user can leave the terminal (to its Close button and the rest of the page).
+    term.attachCustomKeyEventHandler((e) => !(e.key === 'Tab' && e.shiftKey));
     const socket = new WebSocket(execUrl(window.location, namespace, pod, command), ['v4.channel.k8s.io']);
     socket.binaryType = 'arraybuffer';
     const encoder = new TextEncoder();
@@ -86,6 +92,7 @@ export default function Terminal({ namespace, pod, command = ['/bin/sh'] }: { na
       <p class="muted" role="status" data-testid="terminal-state">
         {pod}: {state}
       </p>
+      <p class="muted small">Tab completes in the shell; Shift+Tab leaves the terminal.</p>
       <div ref={host} class="terminal" data-testid="terminal" />
     </div>
   );

@@ -1,4 +1,4 @@
-import { ComponentChildren } from 'preact';
+import { ComponentChildren, JSX } from 'preact';
 import { KubeObject } from '../api';
 
 export function Phase({ phase }: { phase?: string }) {
@@ -59,5 +59,16 @@ export function Conditions({ conditions }: { conditions?: any[] }) {
         ))}
       </tbody>
     </table>
+  );
+}
+
+/** A button for an action that takes a while. While `busy` it is marked
+ * `aria-disabled` and ignores presses, but stays focusable: a `disabled` button loses the
+ * keyboard focus (to the page's top) the moment it is pressed. */
+export function ActionButton({ busy, onClick, children, ...rest }: { busy: boolean; onClick: () => void; children: ComponentChildren } & Omit<JSX.HTMLAttributes<HTMLButtonElement>, 'onClick' | 'disabled'>) {
+  return (
+    <button type="button" {...rest} aria-disabled={busy ? 'true' : undefined} onClick={() => busy || onClick()}>
+      {children}
+    </button>
   );
 }

@@ -1,6 +1,9 @@
-import { useEffect, useState } from 'preact/hooks';
+import { useState } from 'preact/hooks';
 import { ApiError, getJson, sendJson } from '../api';
+import { ListName, useChanges } from '../changes';
 import { ErrorBanner, Section } from '../components/common';
+
+const ADMIN_LISTS: ListName[] = ['tokens', 'jointokens', 'certificates', 'revocations'];
 
 /** `rlark join ...` for a bootstrap token, as `rlark token create` prints it. */
 export function joinCommand(server: string, token: string, caHash: string, clusterId?: string): string {
@@ -46,20 +49,28 @@ export function Admin() {
   const [tokenId, setTokenId] = useState('');
   const [notice, setNotice] = useState<string | null>(null);
 
-  // Not Kubernetes resources, so no watch: read again after every change made here.
-  const reload = async () => {
-    try {
-      const [c, r, t] = await Promise.all([getJson('/rlark/v1/certificates'), getJson('/rlark/v1/revocations'), getJson('/rlark/v1/tokens')]);
-      setCertificates(c.items ?? []);
-      setRevocations(r.items ?? []);
-      setTokens(t.items ?? []);
-    } catch (e) {
-      setError(errorText(e));
-    }
-  };
-  useEffect(() => {
-    reload();
-  }, []);
+  const [joinTokens, setJoinTokens] = useState<any[]>([]);
+  const [live, setLive] = useState<string | null>(null);
+
+  // Not Kubernetes resources: the server pushes which lists changed (changes.ts), made
+  // here, with the CLI or on another replica, and the page reads those again.
+  useChanges(
+    ADMIN_LISTS,
+    (lists) => {
+      const read = async (path: string, set: (items: any[]) => void) => {
+        try {
+          set((await getJson(path)).items ?? []);
+        } catch (e) {
+          setError(errorText(e));
+        }
+      };
+      if (lists.has('certificates')) read('/rlark/v1/certificates', setCertificates);
+      if (lists.has('revocations')) read('/rlark/v1/revocations', setRevocations);
+      if (lists.has('tokens')) read('/rlark/v1/tokens', setTokens);
+      if (lists.has('jointokens')) read('/rlark/v1/tokens?kind=bootstrap', setJoinTokens);
+    },
+    setLive,
+  );
 
   const act = async (what: () => Promise<void>) => {
     setError(null);
@@ -75,6 +86,11 @@ export function Admin() {
     <main>
       <h1>Administration</h1>
       <ErrorBanner error={error} />
+      {live ? (
+        <p class="muted" data-testid="live-status">
+          {live}
+        </p>
+      ) : null}
       {notice ? <p role="status">{notice}</p> : null}
       <Section title="Join a cluster">
         <form
@@ -99,6 +115,32 @@ export function Admin() {
           <button type="submit">Create join token</button>
         </form>
         {join ? <Copyable text={join} label="join command" /> : null}
+        {joinTokens.length ? (
+          <table aria-label="Join tokens">
+            <thead>
+              <tr>
+                <th scope="col">ID</th>
+                <th scope="col">Cluster</th>
+                <th scope="col">Expires</th>
+                <th scope="col">Used by</th>
+                <th scope="col">Created by</th>
+              </tr>
+            </thead>
+            <tbody>
+              {joinTokens.map((t) => (
+                <tr key={t.id} data-join-token={t.id}>
+                  <td class="small">{t.id}</td>
+                  <td>{t.clusterID ?? 'any'}</td>
+                  <td>{t.expiresAt}</td>
+                  <td>{(t.usedBy ?? []).join(', ')}</td>
+                  <td>{t.createdBy}</td>
+                </tr>
+              ))}
+            </tbody>
+          </table>
+        ) : (
+          <p class="muted">No join tokens.</p>
+        )}
       </Section>
       <Section title="User tokens">
         <form
@@ -108,7 +150,6 @@ export function Admin() {
             act(async () => {
               const r = await sendJson('POST', '/rlark/v1/tokens', { kind: 'user', user, role });
               setUserToken({ token: r.token, id: r.id });
-              await reload();
             });
           }}
         >
@@ -138,7 +179,6 @@ export function Admin() {
               await sendJson('POST', '/rlark/v1/revocations', { tokenID: tokenId.trim(), reason: 'revoked in the web console' });
               setNotice(`Token ${tokenId.trim()} revoked.`);
               setTokenId('');
-              await reload();
             });
           }}
         >
@@ -183,7 +223,6 @@ export function Admin() {
                         act(async () => {
                           await sendJson('POST', '/rlark/v1/revocations', { tokenID: t.id, reason: 'revoked in the web console' });
                           setNotice(`Token ${t.id} revoked.`);
-                          await reload();
                         })
                       }
                     >
@@ -228,7 +267,6 @@ export function Admin() {
                         window.confirm(`Revoke certificate ${c.serial} of ${c.user}?`) &&
                         act(async () => {
                           await sendJson('POST', '/rlark/v1/revocations', { serial: c.serial, reason: 'revoked in the web console' });
-                          await reload();
                         })
                       }
                     >

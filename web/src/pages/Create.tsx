@@ -1,6 +1,7 @@
 import { useRef, useState } from 'preact/hooks';
 import { ApiError, createPath, sendJson } from '../api';
 import { lineOfField, parseManifest } from '../fieldpath';
+import { ActionButton } from '../components/common';
 import { navigate } from '../router';
 
 const EXAMPLE = `apiVersion: rlinf.io/v1alpha1
@@ -101,9 +102,9 @@ export function Create() {
         />
       </div>
       <div class="actions">
-        <button type="button" onClick={submit} disabled={busy}>
+        <ActionButton busy={busy} onClick={submit}>
           Create
-        </button>
+        </ActionButton>
       </div>
       <div id="manifest-errors" role="alert">
         {summary ? <p class="error">{summary}</p> : null}

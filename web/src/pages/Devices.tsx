@@ -1,8 +1,9 @@
 import { useEffect, useState } from 'preact/hooks';
 import { ApiError, getJson, KubeObject, RLINF, sendJson, Session } from '../api';
+import { followLines } from '../changes';
 import { CameraView } from '../components/CameraView';
 import { parseArgs } from '../robotArgs';
-import { ErrorBanner, Section } from '../components/common';
+import { ActionButton, ErrorBanner, Section } from '../components/common';
 import { useWatch } from '../watch';
 
 interface Viewed {
@@ -21,8 +22,120 @@ interface Robot {
   ownerPid: number;
 }
 
+/** What of a robot changes when its runtime logs a transition. */
+const robotVersion = (r: Robot | undefined) => (r ? `${r.state}/${r.mode}/${r.message}` : '');
+
 function robotsPath(node: KubeObject) {
   return `/rlark/v1/namespaces/${encodeURIComponent(node.metadata.namespace ?? '')}/nodes/${encodeURIComponent(node.metadata.name)}/robots`;
+}
+
+interface Mode {
+  name: string;
+  package: string;
+  launchFile: string;
+  args: Record<string, string>;
+}
+
+/** One robot's modes (with their launch files) and recent log, read from its agent when
+ * shown and again when `version` changes (an action on it, or its state or mode pushed by
+ * the agent: the runtime logs every transition) or on Refresh. */
+function RobotDetails({
+  path,
+  robot,
+  version,
+  onLaunch,
+  busy,
+}: {
+  path: string;
+  robot: string;
+  version: string;
+  /** Start the (stopped) robot with a custom launch; absent for viewers and running robots. */
+  onLaunch?: (launch: { package: string; launchFile: string }) => void;
+  busy: boolean;
+}) {
+  const [modes, setModes] = useState<Mode[] | null>(null);
+  const [launchPackage, setLaunchPackage] = useState('');
+  const [launchFile, setLaunchFile] = useState('');
+  const [lines, setLines] = useState<string[] | null>(null);
+  const [error, setError] = useState<string | null>(null);
+  const [refreshed, setRefreshed] = useState(0);
+  const base = `${path}/${encodeURIComponent(robot)}`;
+  useEffect(() => {
+    const controller = new AbortController();
+    Promise.all([getJson(`${base}/modes`, controller.signal), getJson(`${base}/logs`, controller.signal)])
+      .then(([m, l]) => {
+        setModes(m.modes ?? []);
+        setLines(l.lines ?? []);
+        setError(null);
+      })
+      .catch((e) => controller.signal.aborted || setError(e instanceof ApiError ? e.message : String(e)));
+    return () => controller.abort();
+  }, [base, version, refreshed]);
+  return (
+    <Section title={`Robot ${robot}`}>
+      <ErrorBanner error={error} />
+      <h3>Modes and launch files</h3>
+      <table aria-label={`Modes of ${robot}`}>
+        <thead>
+          <tr>
+            <th scope="col">Mode</th>
+            <th scope="col">Package</th>
+            <th scope="col">Launch file</th>
+            <th scope="col">Arguments</th>
+          </tr>
+        </thead>
+        <tbody>
+          {(modes ?? []).map((m) => (
+            <tr key={m.name} data-mode={m.name}>
+              <td>{m.name}</td>
+              <td>{m.package}</td>
+              <td>{m.launchFile}</td>
+              <td class="small">
+                {Object.entries(m.args)
+                  .map(([k, v]) => `${k}:=${v}`)
+                  .join(' ')}
+              </td>
+            </tr>
+          ))}
+        </tbody>
+      </table>
+      {onLaunch ? (
+        <form
+          class="inline-form"
+          onSubmit={(e) => {
+            e.preventDefault();
+            if (!busy) onLaunch({ package: launchPackage.trim(), launchFile: launchFile.trim() });
+          }}
+        >
+          <label>
+            Launch package{' '}
+            <input value={launchPackage} required size={14} list={`packages-${robot}`} onInput={(e) => setLaunchPackage((e.target as HTMLInputElement).value)} />
+          </label>
+          <datalist id={`packages-${robot}`}>
+            {[...new Set((modes ?? []).map((m) => m.package).filter(Boolean))].map((p) => (
+              <option key={p} value={p} />
+            ))}
+          </datalist>
+          <label>
+            Launch file <input value={launchFile} required size={14} placeholder="arm.launch" onInput={(e) => setLaunchFile((e.target as HTMLInputElement).value)} />
+          </label>
+          <button type="submit" aria-disabled={busy ? 'true' : undefined} aria-label={`Start ${robot} with this launch file`}>
+            Start with this launch file
+          </button>
+          <span class="muted small">The runtime allows custom launches from its allowed launch packages only; the row's launch arguments apply.</span>
+        </form>
+      ) : null}
+      <h3>Log</h3>
+      <div class="actions">
+        <button type="button" onClick={() => setRefreshed((n) => n + 1)} aria-label={`Refresh the log of ${robot}`}>
+          Refresh
+        </button>
+      </div>
+      <pre class="log" data-testid={`robot-log-${robot}`} tabIndex={0} aria-label={`Log of ${robot}`}>
+        {lines === null ? 'Loading…' : lines.length ? lines.join('\n') : '(no output yet)'}
+      </pre>
+    </Section>
+  );
 }
 
 /** The robots on one Node's host, read from its agent; admins start, stop, switch and reset them. */
@@ -32,21 +145,30 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
   const [busy, setBusy] = useState<string | null>(null);
   const [modes, setModes] = useState<Record<string, string>>({});
   const [argTexts, setArgTexts] = useState<Record<string, string>>({});
+  const [details, setDetails] = useState<string | null>(null);
+  const [acted, setActed] = useState(0);
+  const [live, setLive] = useState<string | null>(null);
   const path = robotsPath(node);
-  // Read again when the agent reports the Node's devices anew (no polling).
-  const devices = JSON.stringify(node.status?.devices ?? []);
-  useEffect(() => {
-    const controller = new AbortController();
-    getJson(path, controller.signal)
-      .then((r) => {
-        setRobots(r.items ?? []);
-        setError(null);
-      })
-      .catch((e) => controller.signal.aborted || setError(e instanceof ApiError ? e.message : String(e)));
-    return () => controller.abort();
-  }, [path, devices]);
+  // Followed: the agent streams the list again after every change of a robot's state
+  // (the embodied runtime's WatchRobots), whoever made it (this page, the CLI, a task).
+  useEffect(
+    () =>
+      followLines(
+        `${path}?watch=1`,
+        (line) => {
+          if (line.error) {
+            setLive(`robots: ${line.error}`);
+            return;
+          }
+          setRobots(line.items ?? []);
+          setLive(null);
+        },
+        (reason) => setLive(`robots: ${reason}; reconnecting`),
+      ),
+    [path],
+  );
 
-  const act = async (robot: Robot, action: string) => {
+  const act = async (robot: Robot, action: string, launch?: { package: string; launchFile: string }) => {
     setBusy(robot.id);
     setError(null);
     try {
@@ -54,7 +176,11 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
       const parsed = parseArgs(argTexts[robot.id] ?? '');
       if ('error' in parsed) throw new Error(parsed.error);
       const body: Record<string, unknown> = {};
-      if (mode) body.mode = mode;
+      // A custom launch replaces the mode.
+      if (launch) {
+        body.package = launch.package;
+        body.launchFile = launch.launchFile;
+      } else if (mode) body.mode = mode;
       if (Object.keys(parsed.args).length && (action === 'start' || action === 'switch')) body.args = parsed.args;
       const updated: Robot = await sendJson('POST', `${path}/${encodeURIComponent(robot.id)}/${action}`, body);
       setRobots((rs) => rs.map((r) => (r.id === updated.id ? updated : r)));
@@ -62,12 +188,18 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
       setError(e instanceof ApiError ? e.message : String(e));
     } finally {
       setBusy(null);
+      setActed((n) => n + 1);
     }
   };
 
   return (
     <Section title={`Robots on ${node.metadata.name}`}>
       <ErrorBanner error={error} />
+      {live ? (
+        <p class="muted" data-testid="robots-live">
+          {live}
+        </p>
+      ) : null}
       <table aria-label={`Robots on ${node.metadata.name}`}>
         <thead>
           <tr>
@@ -77,6 +209,7 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
             <th scope="col">State</th>
             <th scope="col">Mode</th>
             <th scope="col">Message</th>
+            <th scope="col">Details</th>
             {session.canWrite ? <th scope="col">Actions</th> : null}
           </tr>
         </thead>
@@ -89,6 +222,11 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
               <td data-testid="robot-state">{r.state}</td>
               <td data-testid="robot-mode">{r.mode}</td>
               <td>{r.message}</td>
+              <td>
+                <button type="button" aria-pressed={details === r.id} onClick={() => setDetails(details === r.id ? null : r.id)} aria-label={`Modes and log of ${r.id}`}>
+                  Modes and log
+                </button>
+              </td>
               {session.canWrite ? (
                 <td class="robot-actions">
                   <input
@@ -105,29 +243,44 @@ function Robots({ node, session }: { node: KubeObject; session: Session }) {
                     value={argTexts[r.id] ?? ''}
                     onInput={(e) => setArgTexts((m) => ({ ...m, [r.id]: (e.target as HTMLInputElement).value }))}
                   />
+                  {/* One button starts and stops (so the focus stays on it), Switch
+                      while running, Reset always. */}
                   {r.state === 'RUNNING' ? (
-                    <>
-                      <button type="button" disabled={busy === r.id} onClick={() => act(r, 'switch')} aria-label={`Switch ${r.id} to the mode`}>
-                        Switch
-                      </button>
-                      <button type="button" disabled={busy === r.id} onClick={() => act(r, 'stop')} aria-label={`Stop ${r.id}`}>
-                        Stop
-                      </button>
-                    </>
+                    <ActionButton busy={busy === r.id} onClick={() => act(r, 'stop')} aria-label={`Stop ${r.id}`}>
+                      Stop
+                    </ActionButton>
                   ) : (
-                    <button type="button" disabled={busy === r.id} onClick={() => act(r, 'start')} aria-label={`Start ${r.id}`}>
+                    <ActionButton busy={busy === r.id} onClick={() => act(r, 'start')} aria-label={`Start ${r.id}`}>
                       Start
-                    </button>
+                    </ActionButton>
                   )}
-                  <button type="button" disabled={busy === r.id} onClick={() => act(r, 'reset')} aria-label={`Reset ${r.id}`}>
+                  {r.state === 'RUNNING' ? (
+                    <ActionButton busy={busy === r.id} onClick={() => act(r, 'switch')} aria-label={`Switch ${r.id} to the mode`}>
+                      Switch
+                    </ActionButton>
+                  ) : null}
+                  <ActionButton busy={busy === r.id} onClick={() => act(r, 'reset')} aria-label={`Reset ${r.id}`}>
                     Reset
-                  </button>
+                  </ActionButton>
                 </td>
               ) : null}
             </tr>
           ))}
         </tbody>
       </table>
+      {details ? (
+        <RobotDetails
+          path={path}
+          robot={details}
+          version={`${acted}/${robotVersion(robots.find((r) => r.id === details))}`}
+          onLaunch={
+            session.canWrite && robots.find((r) => r.id === details)?.state === 'STOPPED'
+              ? (launch) => act(robots.find((r) => r.id === details)!, 'start', launch)
+              : undefined
+          }
+          busy={busy === details}
+        />
+      ) : null}
     </Section>
   );
 }
@@ -148,18 +301,26 @@ function Cameras({ node, session, onView }: { node: KubeObject; session: Session
   const [cameras, setCameras] = useState<Camera[]>([]);
   const [error, setError] = useState<string | null>(null);
   const [busy, setBusy] = useState<string | null>(null);
+  const [live, setLive] = useState<string | null>(null);
   const path = `/rlark/v1/namespaces/${encodeURIComponent(node.metadata.namespace ?? '')}/nodes/${encodeURIComponent(node.metadata.name)}/cameras`;
-  const devices = JSON.stringify(node.status?.devices ?? []);
-  useEffect(() => {
-    const controller = new AbortController();
-    getJson(path, controller.signal)
-      .then((r) => {
-        setCameras(r.items ?? []);
-        setError(null);
-      })
-      .catch((e) => controller.signal.aborted || setError(e instanceof ApiError ? e.message : String(e)));
-    return () => controller.abort();
-  }, [path, devices]);
+  // Followed: the agent streams the list again whenever a camera opens, closes, fails or
+  // recovers (the embodied runtime's WatchCameras), whoever made the change.
+  useEffect(
+    () =>
+      followLines(
+        `${path}?watch=1`,
+        (line) => {
+          if (line.error) {
+            setLive(`cameras: ${line.error}`);
+            return;
+          }
+          setCameras(line.items ?? []);
+          setLive(null);
+        },
+        (reason) => setLive(`cameras: ${reason}; reconnecting`),
+      ),
+    [path],
+  );
   const act = async (camera: Camera, action: string) => {
     setBusy(camera.id);
     setError(null);
@@ -175,6 +336,11 @@ function Cameras({ node, session, onView }: { node: KubeObject; session: Session
   return (
     <Section title={`Cameras on ${node.metadata.name}`}>
       <ErrorBanner error={error} />
+      {live ? (
+        <p class="muted" data-testid="cameras-live">
+          {live}
+        </p>
+      ) : null}
       <table aria-label={`Cameras on ${node.metadata.name}`}>
         <thead>
           <tr>
@@ -204,13 +370,13 @@ function Cameras({ node, session, onView }: { node: KubeObject; session: Session
                 </button>
                 {session.canWrite ? (
                   c.state === 'OPEN' ? (
-                    <button type="button" disabled={busy === c.id} onClick={() => act(c, 'close')} aria-label={`Close camera ${c.id}`}>
+                    <ActionButton busy={busy === c.id} onClick={() => act(c, 'close')} aria-label={`Close camera ${c.id}`}>
                       Close
-                    </button>
+                    </ActionButton>
                   ) : (
-                    <button type="button" disabled={busy === c.id} onClick={() => act(c, 'open')} aria-label={`Open camera ${c.id}`}>
+                    <ActionButton busy={busy === c.id} onClick={() => act(c, 'open')} aria-label={`Open camera ${c.id}`}>
                       Open
-                    </button>
+                    </ActionButton>
                   )
                 ) : null}
               </td>
@@ -278,7 +444,7 @@ export function Devices({ session }: { session: Session }) {
         ))}
       {viewed ? (
         <Section title={`Camera ${viewed.camera} on ${viewed.node}`}>
-          <p class="muted">A camera is viewed while it is open; viewing does not change it.</p>
+          <p class="muted">A camera is viewed while it is open; viewing does not change it. When the stream drops or the camera is closed, the view waits and opens again by itself.</p>
           <CameraView namespace={viewed.namespace} node={viewed.node} camera={viewed.camera} />
           <div class="actions">
             <button type="button" onClick={() => setViewed(null)}>

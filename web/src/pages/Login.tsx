@@ -8,6 +8,7 @@ export function Login({ onLogin }: { onLogin: (s: Session) => void }) {
   const [busy, setBusy] = useState(false);
 
   const submit = async (credential: { token: string } | { code: string }) => {
+    if (busy) return;
     setBusy(true);
     setError(null);
     try {
@@ -47,7 +48,7 @@ export function Login({ onLogin }: { onLogin: (s: Session) => void }) {
           placeholder="rlk-..."
           required
         />
-        <button type="submit" disabled={busy}>
+        <button type="submit" aria-disabled={busy ? 'true' : undefined}>
           Log in
         </button>
         <p class="muted">

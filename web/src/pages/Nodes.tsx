@@ -1,6 +1,6 @@
 import { useState } from 'preact/hooks';
 import { ApiError, KubeObject, mergePatch, resourcePath, RLINF, Session } from '../api';
-import { ErrorBanner } from '../components/common';
+import { ActionButton, ErrorBanner } from '../components/common';
 import { useWatch } from '../watch';
 
 function resources(list: Record<string, string | number> | undefined): string {
@@ -66,14 +66,13 @@ export function Nodes({ session, cluster }: { session: Session; cluster?: string
                 <td class="small">{n.status?.heartbeatTime ?? ''}</td>
                 {session.canWrite ? (
                   <td>
-                    <button
-                      type="button"
-                      disabled={busy === n.metadata.name}
+                    <ActionButton
+                      busy={busy === n.metadata.name}
                       onClick={() => setCordon(n, !cordoned)}
                       aria-label={`${cordoned ? 'Uncordon' : 'Cordon'} node ${n.metadata.name}`}
                     >
                       {cordoned ? 'Uncordon' : 'Cordon'}
-                    </button>
+                    </ActionButton>
                   </td>
                 ) : null}
               </tr>

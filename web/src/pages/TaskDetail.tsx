@@ -1,22 +1,84 @@
 import { lazy, Suspense } from 'preact/compat';
 import { useState } from 'preact/hooks';
-import { Session } from '../api';
+import { KubeObject, Session } from '../api';
 import { resourcePath } from '../api';
 import { Conditions, ErrorBanner, Phase, Section } from '../components/common';
 import { Events } from '../components/Events';
 import { Logs } from '../components/Logs';
 import { ReportChart } from '../components/ReportChart';
+import { mayReach, parsePort, proxyPath, tensorBoardCommand } from '../proxy';
 import { href } from '../router';
 import { useWatch, useWatchOne } from '../watch';
 
 // xterm.js is loaded only when a terminal is opened.
 const Terminal = lazy(() => import('../components/Terminal'));
 
+/** Links to web apps a running replica serves, through the task HTTP proxy (docs/ssh.md):
+ * offered to those the server lets through (admins, the users and groups of the Job's
+ * `spec.access`). A task with `tensorBoardDir` gets port 6006 and how to start TensorBoard
+ * there (rlark does not start it). */
+function WebApps({ task, pods }: { task: KubeObject; pods: KubeObject[] }) {
+  const namespace = task.metadata.namespace ?? 'default';
+  const name = task.metadata.name;
+  const tensorBoardDir: string | undefined = task.spec?.tensorBoardDir;
+  const [portText, setPortText] = useState(tensorBoardDir ? '6006' : '');
+  const [index, setIndex] = useState(0);
+  // A raw replica inside a Domain listens in its own network namespace, which the proxy
+  // cannot reach (400); only running replicas answer.
+  const reachable = pods.filter((p) => p.status?.phase === 'Running' && !(task.spec?.agentType === 'Raw' && p.spec?.domain));
+  const port = parsePort(portText);
+  const replica = reachable.find((p) => (p.spec?.replicaIndex ?? 0) === index) ?? reachable[0];
+  const replicaIndex = replica?.spec?.replicaIndex ?? 0;
+  return (
+    <Section title="Web apps">
+      {tensorBoardDir ? (
+        <p>
+          This task keeps TensorBoard logs in <code>{tensorBoardDir}</code>. rlark does not start TensorBoard; started in the task as{' '}
+          <code data-testid="tensorboard-command">{tensorBoardCommand(tensorBoardDir, namespace, name)}</code>, it is at{' '}
+          <a href={proxyPath(namespace, name, 0, 6006)} target="_blank" rel="noopener noreferrer">
+            TensorBoard (port 6006 of replica 0)
+          </a>
+          .
+        </p>
+      ) : null}
+      {reachable.length === 0 ? (
+        <p class="muted">No replica the proxy can reach runs now (it reaches running replicas, not raw ones inside a Domain).</p>
+      ) : (
+        <form class="inline-form" onSubmit={(e) => e.preventDefault()}>
+          <label>
+            Port{' '}
+            <input inputMode="numeric" size={6} value={portText} onInput={(e) => setPortText((e.target as HTMLInputElement).value)} aria-invalid={portText !== '' && port === null} />
+          </label>{' '}
+          <label>
+            Replica{' '}
+            <select value={String(replicaIndex)} onChange={(e) => setIndex(Number((e.target as HTMLSelectElement).value))}>
+              {reachable.map((p) => (
+                <option key={p.metadata.name} value={String(p.spec?.replicaIndex ?? 0)}>
+                  {p.metadata.name}
+                </option>
+              ))}
+            </select>
+          </label>{' '}
+          {port !== null ? (
+            <a data-testid="proxy-link" href={proxyPath(namespace, name, replicaIndex, port)} target="_blank" rel="noopener noreferrer">
+              Open port {port} of {replica?.metadata.name}
+            </a>
+          ) : (
+            <span class="muted">{portText === '' ? 'Give the port a web app listens on in the replica.' : `${portText} is not a port (1-65535).`}</span>
+          )}
+        </form>
+      )}
+    </Section>
+  );
+}
+
 export function TaskDetail({ namespace, name, session }: { namespace: string; name: string; session: Session }) {
   const { object: task, loaded, error } = useWatchOne(resourcePath('tasks', namespace), name);
   const pods = useWatch(resourcePath('pods', namespace), { labelSelector: `rlark.io/task-name=${name}` });
   const [selected, setSelected] = useState<string | null>(null);
   const [terminal, setTerminal] = useState<string | null>(null);
+  const job: string | undefined = task?.metadata.labels?.['rlinf.io/job'];
+  const jobObject = useWatchOne(job ? resourcePath('jobs') : null, job ?? '').object;
   const podItems = [...pods.items].sort((a, b) => (a.spec?.replicaIndex ?? 0) - (b.spec?.replicaIndex ?? 0));
   const shown = selected ?? podItems[0]?.metadata.name ?? null;
   if (!task) {
@@ -28,7 +90,6 @@ export function TaskDetail({ namespace, name, session }: { namespace: string; na
       </main>
     );
   }
-  const job = task.metadata.labels?.['rlinf.io/job'];
   return (
     <main>
       <h1>
@@ -90,21 +151,12 @@ export function TaskDetail({ namespace, name, session }: { namespace: string; na
         </table>
         {pods.loaded && podItems.length === 0 ? <p class="muted">No replicas yet.</p> : null}
       </Section>
-      {terminal ? (
-        <Section title={`Terminal in ${terminal}`}>
-          <Suspense fallback={<p class="muted">Loading the terminal…</p>}>
-            <Terminal namespace={namespace} pod={terminal} />
-          </Suspense>
-          <button type="button" onClick={() => setTerminal(null)}>
-            Close terminal
-          </button>
-        </Section>
-      ) : null}
       {shown ? (
         <Section title={`Log of ${shown}`}>
           <Logs namespace={namespace} pod={shown} />
         </Section>
       ) : null}
+      {mayReach(session, jobObject) ? <WebApps task={task} pods={podItems} /> : null}
       <Section title="Rewards and metrics">
         <ReportChart namespace={namespace} task={name} />
       </Section>
@@ -114,6 +166,18 @@ export function TaskDetail({ namespace, name, session }: { namespace: string; na
       <Section title="Events">
         <Events kind="Task" name={name} namespace={namespace} />
       </Section>
+      {/* Last on the page: the terminal keeps Tab for the shell, and Shift+Tab leaves it
+          backwards, to its Close button and everything else. */}
+      {terminal ? (
+        <Section title={`Terminal in ${terminal}`}>
+          <button type="button" onClick={() => setTerminal(null)}>
+            Close terminal
+          </button>
+          <Suspense fallback={<p class="muted">Loading the terminal…</p>}>
+            <Terminal namespace={namespace} pod={terminal} />
+          </Suspense>
+        </Section>
+      ) : null}
     </main>
   );
 }

@@ -38,6 +38,23 @@ impl CameraControllerRpc for CameraService {
         }))
     }
 
+    type WatchCamerasStream = BoxStream<'static, Result<pb::ListCamerasResponse, Status>>;
+
+    async fn watch_cameras(
+        &self,
+        _request: Request<pb::WatchCamerasRequest>,
+    ) -> Result<Response<Self::WatchCamerasStream>, Status> {
+        let controller = Arc::clone(&self.controller);
+        // The counter's current value first (the cameras now), then one list per change;
+        // changes during a list are coalesced into the next one.
+        let lists = tokio_stream::wrappers::WatchStream::new(controller.changes()).map(move |_| {
+            Ok(pb::ListCamerasResponse {
+                cameras: controller.list(),
+            })
+        });
+        Ok(Response::new(lists.boxed()))
+    }
+
     async fn get_camera_info(
         &self,
         request: Request<pb::GetCameraInfoRequest>,

@@ -4,6 +4,9 @@
 
 use std::sync::Arc;
 
+use futures::StreamExt as _;
+use futures::stream::BoxStream;
+
 use rlark_proto::robot::v1 as pb;
 use rlark_proto::robot::v1::robot_controller_server::RobotController as RobotControllerRpc;
 use tonic::{Request, Response, Status};
@@ -110,6 +113,23 @@ fn owner_label(value: Option<&str>) -> Result<String, Status> {
 /// The calling process, if known.
 fn peer_pid<T>(request: &Request<T>) -> Option<i32> {
     request.extensions().get::<PeerInfo>().and_then(|p| p.pid)
+}
+
+/// The robots of `controller` whose backend is in `backends`, as ListRobots answers them.
+fn served_robots(
+    controller: &RobotController,
+    backends: &[Backend],
+) -> Result<Vec<pb::RobotInfo>, Status> {
+    Ok(controller
+        .robot_ids()
+        .into_iter()
+        .filter(|id| {
+            controller
+                .backend_of(id)
+                .is_some_and(|b| backends.contains(&b))
+        })
+        .map(|id| controller.status(&id))
+        .collect::<Result<Vec<_>, _>>()?)
 }
 
 #[tonic::async_trait]
@@ -228,18 +248,26 @@ impl RobotControllerRpc for RobotService {
         &self,
         _request: Request<pb::ListRobotsRequest>,
     ) -> Result<Response<pb::ListRobotsResponse>, Status> {
-        let robots = self
-            .controller
-            .robot_ids()
-            .into_iter()
-            .filter(|id| {
-                self.controller
-                    .backend_of(id)
-                    .is_some_and(|b| self.backends.contains(&b))
-            })
-            .map(|id| self.controller.status(&id))
-            .collect::<Result<Vec<_>, _>>()?;
+        let robots = served_robots(&self.controller, &self.backends)?;
         Ok(Response::new(pb::ListRobotsResponse { robots }))
+    }
+
+    type WatchRobotsStream = BoxStream<'static, Result<pb::ListRobotsResponse, Status>>;
+
+    async fn watch_robots(
+        &self,
+        _request: Request<pb::WatchRobotsRequest>,
+    ) -> Result<Response<Self::WatchRobotsStream>, Status> {
+        let controller = Arc::clone(&self.controller);
+        let backends = self.backends.clone();
+        // The counter's current value first (the robots now), then one list per change;
+        // changes during a list are coalesced into the next one.
+        let lists =
+            tokio_stream::wrappers::WatchStream::new(controller.state_changes()).map(move |_| {
+                served_robots(&controller, &backends)
+                    .map(|robots| pb::ListRobotsResponse { robots })
+            });
+        Ok(Response::new(lists.boxed()))
     }
 
     async fn list_modes(

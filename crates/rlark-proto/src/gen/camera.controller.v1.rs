@@ -46,6 +46,8 @@ pub struct CameraDescriptor {
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ListCamerasRequest {}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WatchCamerasRequest {}
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ListCamerasResponse {
     #[prost(message, repeated, tag = "1")]
@@ -347,6 +349,37 @@ pub mod camera_controller_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        /// The cameras as ListCameras answers, at once and again whenever one opens, closes, fails
+        /// or recovers, until cancelled.
+        pub async fn watch_cameras(
+            &mut self,
+            request: impl tonic::IntoRequest<super::WatchCamerasRequest>,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::ListCamerasResponse>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/camera.controller.v1.CameraController/WatchCameras",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new(
+                        "camera.controller.v1.CameraController",
+                        "WatchCameras",
+                    ),
+                );
+            self.inner.server_streaming(req, path, codec).await
+        }
         pub async fn get_camera_info(
             &mut self,
             request: impl tonic::IntoRequest<super::GetCameraInfoRequest>,
@@ -550,6 +583,21 @@ pub mod camera_controller_server {
             tonic::Response<super::ListCamerasResponse>,
             tonic::Status,
         >;
+        /// Server streaming response type for the WatchCameras method.
+        type WatchCamerasStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::ListCamerasResponse, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        /// The cameras as ListCameras answers, at once and again whenever one opens, closes, fails
+        /// or recovers, until cancelled.
+        async fn watch_cameras(
+            &self,
+            request: tonic::Request<super::WatchCamerasRequest>,
+        ) -> std::result::Result<
+            tonic::Response<Self::WatchCamerasStream>,
+            tonic::Status,
+        >;
         async fn get_camera_info(
             &self,
             request: tonic::Request<super::GetCameraInfoRequest>,
@@ -723,6 +771,53 @@ pub mod camera_controller_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/camera.controller.v1.CameraController/WatchCameras" => {
+                    #[allow(non_camel_case_types)]
+                    struct WatchCamerasSvc<T: CameraController>(pub Arc<T>);
+                    impl<
+                        T: CameraController,
+                    > tonic::server::ServerStreamingService<super::WatchCamerasRequest>
+                    for WatchCamerasSvc<T> {
+                        type Response = super::ListCamerasResponse;
+                        type ResponseStream = T::WatchCamerasStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::WatchCamerasRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as CameraController>::watch_cameras(&inner, request)
+                                    .await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = WatchCamerasSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.server_streaming(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)

@@ -241,6 +241,8 @@ pub struct RobotInfo {
 }
 #[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
 pub struct ListRobotsRequest {}
+#[derive(Clone, Copy, PartialEq, Eq, Hash, ::prost::Message)]
+pub struct WatchRobotsRequest {}
 #[derive(Clone, PartialEq, ::prost::Message)]
 pub struct ListRobotsResponse {
     #[prost(message, repeated, tag = "1")]
@@ -620,6 +622,34 @@ pub mod robot_controller_client {
                 );
             self.inner.unary(req, path, codec).await
         }
+        /// The robots as ListRobots answers, at once and again after every change of a robot's
+        /// state (a switch of mode passes through STARTING, so it is one too), until cancelled.
+        pub async fn watch_robots(
+            &mut self,
+            request: impl tonic::IntoRequest<super::WatchRobotsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<tonic::codec::Streaming<super::ListRobotsResponse>>,
+            tonic::Status,
+        > {
+            self.inner
+                .ready()
+                .await
+                .map_err(|e| {
+                    tonic::Status::unknown(
+                        format!("Service was not ready: {}", e.into()),
+                    )
+                })?;
+            let codec = tonic_prost::ProstCodec::default();
+            let path = http::uri::PathAndQuery::from_static(
+                "/ros.controller.v1.RobotController/WatchRobots",
+            );
+            let mut req = request.into_request();
+            req.extensions_mut()
+                .insert(
+                    GrpcMethod::new("ros.controller.v1.RobotController", "WatchRobots"),
+                );
+            self.inner.server_streaming(req, path, codec).await
+        }
         /// The preset modes of the robot's type.
         pub async fn list_modes(
             &mut self,
@@ -873,6 +903,21 @@ pub mod robot_controller_server {
             request: tonic::Request<super::ListRobotsRequest>,
         ) -> std::result::Result<
             tonic::Response<super::ListRobotsResponse>,
+            tonic::Status,
+        >;
+        /// Server streaming response type for the WatchRobots method.
+        type WatchRobotsStream: tonic::codegen::tokio_stream::Stream<
+                Item = std::result::Result<super::ListRobotsResponse, tonic::Status>,
+            >
+            + std::marker::Send
+            + 'static;
+        /// The robots as ListRobots answers, at once and again after every change of a robot's
+        /// state (a switch of mode passes through STARTING, so it is one too), until cancelled.
+        async fn watch_robots(
+            &self,
+            request: tonic::Request<super::WatchRobotsRequest>,
+        ) -> std::result::Result<
+            tonic::Response<Self::WatchRobotsStream>,
             tonic::Status,
         >;
         /// The preset modes of the robot's type.
@@ -1229,6 +1274,52 @@ pub mod robot_controller_server {
                                 max_encoding_message_size,
                             );
                         let res = grpc.unary(method, req).await;
+                        Ok(res)
+                    };
+                    Box::pin(fut)
+                }
+                "/ros.controller.v1.RobotController/WatchRobots" => {
+                    #[allow(non_camel_case_types)]
+                    struct WatchRobotsSvc<T: RobotController>(pub Arc<T>);
+                    impl<
+                        T: RobotController,
+                    > tonic::server::ServerStreamingService<super::WatchRobotsRequest>
+                    for WatchRobotsSvc<T> {
+                        type Response = super::ListRobotsResponse;
+                        type ResponseStream = T::WatchRobotsStream;
+                        type Future = BoxFuture<
+                            tonic::Response<Self::ResponseStream>,
+                            tonic::Status,
+                        >;
+                        fn call(
+                            &mut self,
+                            request: tonic::Request<super::WatchRobotsRequest>,
+                        ) -> Self::Future {
+                            let inner = Arc::clone(&self.0);
+                            let fut = async move {
+                                <T as RobotController>::watch_robots(&inner, request).await
+                            };
+                            Box::pin(fut)
+                        }
+                    }
+                    let accept_compression_encodings = self.accept_compression_encodings;
+                    let send_compression_encodings = self.send_compression_encodings;
+                    let max_decoding_message_size = self.max_decoding_message_size;
+                    let max_encoding_message_size = self.max_encoding_message_size;
+                    let inner = self.inner.clone();
+                    let fut = async move {
+                        let method = WatchRobotsSvc(inner);
+                        let codec = tonic_prost::ProstCodec::default();
+                        let mut grpc = tonic::server::Grpc::new(codec)
+                            .apply_compression_config(
+                                accept_compression_encodings,
+                                send_compression_encodings,
+                            )
+                            .apply_max_message_size_config(
+                                max_decoding_message_size,
+                                max_encoding_message_size,
+                            );
+                        let res = grpc.server_streaming(method, req).await;
                         Ok(res)
                     };
                     Box::pin(fut)

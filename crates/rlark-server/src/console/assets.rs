@@ -8,10 +8,12 @@ use http::{HeaderValue, StatusCode, header};
 static ASSETS: &[(&str, &str, &[u8])] = include!(concat!(env!("OUT_DIR"), "/console_assets.rs"));
 
 /// What the console's page may load and do: only this server's scripts, styles and API;
-/// no inline scripts, no framing, no plugins. Inline styles are allowed: the terminal
-/// (xterm.js) writes its own `<style>` elements for its cell sizes and colours.
+/// no inline scripts, no inline styles (`style` attributes, `<style>` elements), no
+/// framing, no plugins. The app sets computed sizes through the CSSOM (`element.style`),
+/// which a policy does not govern, and gives the terminal's (xterm.js) generated rules to
+/// the page as constructed style sheets instead of `<style>` elements (`web/src/cspStyles.ts`).
 pub(crate) const CONTENT_SECURITY_POLICY: &str = "default-src 'self'; script-src 'self'; \
-     style-src 'self' 'unsafe-inline'; img-src 'self' data: blob:; connect-src 'self'; font-src 'self'; \
+     style-src 'self'; img-src 'self' data: blob:; connect-src 'self'; font-src 'self'; \
      object-src 'none'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'";
 
 pub(crate) fn find(path: &str) -> Option<(&'static str, &'static [u8])> {

@@ -222,12 +222,22 @@ fn cookie(value: &str, max_age: u64) -> HeaderValue {
     .expect("cookie header is ASCII")
 }
 
+/// How a cookie session was created: with a bearer token (`"token"`, its id in
+/// `token_id`) or a one-time link (`"link"`). The console uses it to say why registering an
+/// SSH key needs a token session (a key lives as long as the credential it was registered
+/// with, and a link is none).
+fn login_with(token_id: Option<&String>) -> &'static str {
+    if token_id.is_some() { "token" } else { "link" }
+}
+
 fn session_json(
     identity: &Identity,
     csrf: Option<&str>,
     expires: Option<std::time::SystemTime>,
+    login: Option<&'static str>,
 ) -> serde_json::Value {
     json!({
+        "loginWith": login,
         "user": identity.user,
         "groups": identity.groups,
         "role": role_name(identity),
@@ -296,6 +306,7 @@ async fn login(State(console): State<Console>, request: Request) -> Response {
         &identity,
         Some(&session.csrf),
         Some(session.expires),
+        Some(login_with(session.token_id.as_ref())),
     ))
     .into_response();
     response.headers_mut().insert(
@@ -328,6 +339,7 @@ async fn session(State(console): State<Console>, request: Request) -> Response {
         identity,
         session.as_ref().map(|s| s.csrf.as_str()),
         session.as_ref().map(|s| s.expires),
+        session.as_ref().map(|s| login_with(s.token_id.as_ref())),
     ))
     .into_response()
 }

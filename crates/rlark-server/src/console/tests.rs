@@ -59,14 +59,15 @@ async fn fixture() -> Fixture {
     let mut registry = prometheus_client::registry::Registry::default();
     let api = ApiServer::new(Arc::clone(&store), Default::default(), &mut registry);
     api.ensure_default_namespace().await.unwrap();
-    let console = Console::new(Arc::clone(&security), store);
-    let router =
-        api.router()
-            .merge(router(console.clone()))
-            .layer(axum::middleware::from_fn_with_state(
-                console.clone(),
-                session_layer,
-            ));
+    let console = Console::new(Arc::clone(&security), Arc::clone(&store));
+    let router = api
+        .router()
+        .merge(router(console.clone()))
+        .merge(crate::changes::router(store))
+        .layer(axum::middleware::from_fn_with_state(
+            console.clone(),
+            session_layer,
+        ));
     Fixture {
         router,
         console,
@@ -180,6 +181,8 @@ async fn a_one_time_link_logs_in_once_and_the_session_reads_and_writes_with_csrf
     assert_eq!(nodes.status, StatusCode::OK, "{}", nodes.body);
     let session = f.send(get("/rlark/v1/console/session", &cookie)).await;
     assert_eq!(session.body["csrfToken"], csrf.as_str());
+    assert_eq!(answer.body["loginWith"], "link");
+    assert_eq!(session.body["loginWith"], "link");
 
     // Writes need the CSRF token.
     let missing = f.send(create_job(&cookie, None, "j1")).await;
@@ -273,7 +276,12 @@ async fn a_bearer_token_logs_in_and_its_revocation_ends_the_session() {
     let answer = f.login(json!({"token": token.expose()})).await;
     assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
     assert_eq!(answer.body["user"], "vera");
+    assert_eq!(answer.body["loginWith"], "token");
     let cookie = cookie_of(&answer.headers);
+    assert_eq!(
+        f.send(get("/rlark/v1/console/session", &cookie)).await.body["loginWith"],
+        "token"
+    );
     assert_eq!(
         f.send(get("/apis/rlinf.io/v1alpha1/jobs", &cookie))
             .await
@@ -357,6 +365,22 @@ async fn the_app_is_served_with_a_content_security_policy() {
         page.headers()[header::CONTENT_SECURITY_POLICY],
         assets::CONTENT_SECURITY_POLICY
     );
+    // Nothing inline may run or apply: no 'unsafe-inline' (nor 'unsafe-eval') anywhere, and
+    // scripts and styles come from this server only.
+    let csp = page.headers()[header::CONTENT_SECURITY_POLICY]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert!(!csp.contains("unsafe-"), "{csp}");
+    let directive = |name: &str| {
+        csp.split(';')
+            .map(str::trim)
+            .find(|d| d.split_whitespace().next() == Some(name))
+            .unwrap_or_else(|| panic!("no {name} in {csp}"))
+            .to_owned()
+    };
+    assert_eq!(directive("script-src"), "script-src 'self'");
+    assert_eq!(directive("style-src"), "style-src 'self'");
     assert!(
         page.headers()[header::CONTENT_TYPE]
             .to_str()
@@ -444,4 +468,153 @@ async fn the_cluster_summary_counts_nodes_gpus_devices_and_running_jobs() {
     assert_eq!(a["runningJobs"], 1);
     assert_eq!(items[1]["phase"], "Online");
     assert_eq!(items[1]["runningJobs"], 0);
+}
+
+/// The next line of a streamed body (waits up to 5 s).
+async fn next_line(body: &mut Body, pending: &mut String) -> Value {
+    loop {
+        if let Some(end) = pending.find('\n') {
+            let line: String = pending.drain(..=end).collect();
+            return serde_json::from_str(line.trim()).unwrap();
+        }
+        let frame = tokio::time::timeout(std::time::Duration::from_secs(5), body.frame())
+            .await
+            .expect("a line within 5 s")
+            .expect("the stream goes on")
+            .unwrap();
+        if let Ok(data) = frame.into_data() {
+            pending.push_str(std::str::from_utf8(&data).unwrap());
+        }
+    }
+}
+
+#[tokio::test]
+async fn the_change_stream_pushes_list_changes_after_a_bookmark() {
+    let f = fixture().await;
+    let (cookie, _) = f.session_for(admin()).await;
+    let response = f
+        .router
+        .clone()
+        .oneshot(get(
+            "/rlark/v1/console/changes?resources=tokens%2Cjointokens,revocations",
+            &cookie,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()[header::CONTENT_TYPE],
+        "application/x-ndjson"
+    );
+    let mut body = response.into_body();
+    let mut pending = String::new();
+    let bookmark = next_line(&mut body, &mut pending).await;
+    assert_eq!(bookmark["type"], "BOOKMARK");
+    let from: u64 = bookmark["revision"].as_str().unwrap().parse().unwrap();
+
+    let (_, record) = f
+        .security
+        .create_bearer_token(&viewer(), None, None, &admin())
+        .await
+        .unwrap();
+    let changed = next_line(&mut body, &mut pending).await;
+    assert_eq!(changed["type"], "CHANGED");
+    assert_eq!(changed["resource"], "tokens");
+    assert!(
+        changed["revision"]
+            .as_str()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            > from
+    );
+
+    f.security
+        .create_bootstrap_token(
+            std::time::Duration::from_secs(600),
+            Some("edge".into()),
+            &admin(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        next_line(&mut body, &mut pending).await["resource"],
+        "jointokens"
+    );
+    // Revoking a bearer token marks its record (revokedAt).
+    f.security
+        .revoke_bearer_token(&record.id, &admin())
+        .await
+        .unwrap();
+    assert_eq!(
+        next_line(&mut body, &mut pending).await["resource"],
+        "tokens"
+    );
+}
+
+#[tokio::test]
+async fn the_change_stream_tells_users_only_of_what_they_may_read() {
+    use crate::ssh::keys::{RegisteredWith, SshKeys};
+    let f = fixture().await;
+    let (cookie, _) = f.session_for(viewer()).await;
+    // Admin-only lists are refused whole; unknown or no lists are a 400.
+    for (query, status) in [
+        ("resources=sshkeys,tokens", StatusCode::FORBIDDEN),
+        ("resources=certificates", StatusCode::FORBIDDEN),
+        ("resources=sshkeys,nope", StatusCode::BAD_REQUEST),
+        ("", StatusCode::BAD_REQUEST),
+    ] {
+        let answer = f
+            .send(get(&format!("/rlark/v1/console/changes?{query}"), &cookie))
+            .await;
+        assert_eq!(answer.status, status, "{query}: {}", answer.body);
+    }
+    let anonymous = f
+        .router
+        .clone()
+        .oneshot(
+            Request::get("/rlark/v1/console/changes?resources=sshkeys")
+                .body(Body::empty())
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(anonymous.status(), StatusCode::UNAUTHORIZED);
+
+    // A viewer hears of its own keys only.
+    let response = f
+        .router
+        .clone()
+        .oneshot(get("/rlark/v1/console/changes?resources=sshkeys", &cookie))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let mut body = response.into_body();
+    let mut pending = String::new();
+    assert_eq!(next_line(&mut body, &mut pending).await["type"], "BOOKMARK");
+    let keys = SshKeys::new(Arc::clone(&f.console.store));
+    let tess = Identity {
+        user: "tess".into(),
+        groups: vec![VIEWER_GROUP.into()],
+    };
+    let token = RegisteredWith::Token { id: "rlk-t".into() };
+    keys.add(
+        &tess,
+        token.clone(),
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOOtxj4LhwUlaAiHqP6EZyv/tcuKjsSekP5wpaQh2H18 tess@t",
+    )
+    .await
+    .unwrap();
+    keys.add(
+        &viewer(),
+        token,
+        "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV3GgMbq5H/ja0SHjCssfWMxoN45A2jSSAn2reUsJrA vera@t",
+    )
+    .await
+    .unwrap();
+    // The first line after the bookmark is vera's key, not tess's (written first).
+    let changed = next_line(&mut body, &mut pending).await;
+    assert_eq!(changed["resource"], "sshkeys");
+    let vera_revision: u64 = changed["revision"].as_str().unwrap().parse().unwrap();
+    assert_eq!(vera_revision, f.console.store.revision());
 }

@@ -680,6 +680,11 @@ impl Security {
         self.list(BEARER_TOKENS).await
     }
 
+    /// All bootstrap (join) tokens, expired and used ones included.
+    pub(crate) async fn bootstrap_tokens(&self) -> SecResult<Vec<BootstrapTokenRecord>> {
+        self.list(BOOTSTRAP_TOKENS).await
+    }
+
     /// All revocations.
     pub(crate) async fn revocations(&self) -> SecResult<Vec<RevocationRecord>> {
         self.list(REVOCATIONS).await

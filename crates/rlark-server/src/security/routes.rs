@@ -591,6 +591,42 @@ async fn revoke(State(state): State<RoutesState>, request: Request) -> Response 
 async fn list_tokens(State(state): State<RoutesState>, request: Request) -> Response {
     let result = async move {
         require_admin(&state.security, &request, "list", "tokens")?;
+        let kind = request
+            .uri()
+            .query()
+            .unwrap_or_default()
+            .split('&')
+            .find_map(|pair| pair.strip_prefix("kind="))
+            .unwrap_or("user");
+        match kind {
+            "user" => {}
+            "bootstrap" => {
+                // Join tokens: who made them, for which cluster, until when, who used them;
+                // never the secret's hash.
+                let items: Vec<Value> = state
+                    .security
+                    .bootstrap_tokens()
+                    .await?
+                    .into_iter()
+                    .map(|t| {
+                        json!({
+                            "id": t.id,
+                            "clusterID": t.cluster_id,
+                            "expiresAt": t.expires_at,
+                            "usedBy": t.used_by,
+                            "createdBy": t.created_by,
+                        })
+                    })
+                    .collect();
+                return Ok(json!({ "items": items }));
+            }
+            other => {
+                return Err(SecurityError::bad_request(format!(
+                    "kind {other:?}: list `user` tokens (users' and tasks' bearer tokens, the \
+                     default) or `bootstrap` (join) tokens"
+                )));
+            }
+        }
         let items: Vec<Value> = state
             .security
             .bearer_tokens()

@@ -31,6 +31,7 @@ pub(crate) async fn refusal(
     };
     match status.as_u16() {
         400 => ApiError::bad_request(message),
+        403 => ApiError::new(403, "Forbidden", message),
         404 => ApiError::new(404, "NotFound", message),
         409 => ApiError::new(409, "Conflict", message),
         code => ApiError::new(

@@ -5,16 +5,18 @@
 //! | route | who | what |
 //! |---|---|---|
 //! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras/{camera}/stream?fps=N` | who may get the Node | the camera's live view, MJPEG (`multipart/x-mixed-replace`); the camera must be open |
-//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras` | who may get the Node | `{"items": [{"id", "name", "type", "state" (`OPEN`, `CLOSED`, `ERROR`), "width", "height", "fps"}]}` |
+//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras` | who may get the Node | `{"items": [{"id", "name", "type", "state" (`OPEN`, `CLOSED`, `ERROR`), "width", "height", "fps"}]}`; with `?watch=1` that list as one line of `application/x-ndjson` now and whenever a camera opens, closes, fails or recovers |
 //! | `POST /rlark/v1/namespaces/{ns}/nodes/{node}/cameras/{camera}/{open,close}` | admins (audited) | open (its configured settings) or close the camera; answers it as listed |
-//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/robots` | who may get the Node | `{"items": [{"id", "type", "backend", "state", "mode", "message", "ownerPid"}]}` |
+//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/robots` | who may get the Node | `{"items": [{"id", "type", "backend", "state", "mode", "message", "ownerPid"}]}`; with `?watch=1` that list as one line of `application/x-ndjson` now and after every change of a robot's state |
 //! | `POST /rlark/v1/namespaces/{ns}/nodes/{node}/robots/{robot}/{start,stop,switch,reset}` | admins (audited) | the action (body `{"mode": "M"}` for start and switch); answers the robot |
+//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/robots/{robot}/logs` | who may get the Node | `{"robotId", "lines": [...]}`: its recent output, oldest first (at most 1,000 lines) |
+//! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/robots/{robot}/modes` | who may get the Node | `{"robotId", "modes": [{"name", "package", "launchFile", "args"}]}`: the modes it starts in and their launch files |
 //!
 //! "Who may get the Node" is the built-in policy's `get nodes.rlinf.io` in `ns`: admins,
 //! viewers and the agent of that namespace. The namespace names the cluster
 //! (`rlark-<clusterID>`); the hub opens an `agent-api` stream to that cluster's agent,
 //! preferring the session of `node`, and streams the agent's answer back. The agent's
-//! refusals keep their code (400, 404, 409) and message; tunnel failures are 502.
+//! refusals keep their code (400, 403, 404, 409) and message; tunnel failures are 502.
 
 use std::sync::Arc;
 
@@ -64,7 +66,7 @@ pub(crate) fn router(state: DevicesState) -> Router {
         .route(CAMERAS_ROUTE, get(cameras))
         .route(CAMERA_ACTION_ROUTE, post(camera_action))
         .route(ROBOTS_ROUTE, get(robots))
-        .route(ROBOT_ACTION_ROUTE, post(robot_action))
+        .route(ROBOT_ACTION_ROUTE, post(robot_action).get(robot_read))
         .with_state(state)
 }
 
@@ -217,12 +219,25 @@ async fn device_list(
         Err(error) => return error.into_response(),
     };
     let what = format!("{kind} of node {namespace}/{node}");
+    // Robots and cameras can be followed: the agent streams the list again after every
+    // change.
+    let watch = request
+        .uri()
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .any(|pair| pair == "watch=1" || pair == "watch=true");
+    let uri = if watch {
+        format!("/v1/{kind}?watch=1")
+    } else {
+        format!("/v1/{kind}")
+    };
     relay(
         &state.hub,
         &cluster,
         &node,
         http::Method::GET,
-        format!("/v1/{kind}"),
+        uri,
         Body::empty(),
         &what,
     )
@@ -278,6 +293,41 @@ async fn robots(
     request: Request,
 ) -> Response {
     device_list(state, "robots", namespace, node, request).await
+}
+
+/// `GET` of [`ROBOT_ACTION_ROUTE`]: a robot's `logs` or `modes`, for whoever may read the
+/// Node.
+async fn robot_read(
+    State(state): State<DevicesState>,
+    Path((namespace, node, robot, read)): Path<(String, String, String, String)>,
+    request: Request,
+) -> Response {
+    if let Err(error) = may_get_node(&request, &namespace, &node) {
+        return error.into_response();
+    }
+    if read != "logs" && read != "modes" {
+        return ApiError::new(
+            405,
+            "MethodNotAllowed",
+            format!("GET reads a robot's logs or modes, not {read:?}; robot actions are POST"),
+        )
+        .into_response();
+    }
+    let cluster = match cluster_of(&namespace, &node, &robot) {
+        Ok(cluster) => cluster,
+        Err(error) => return error.into_response(),
+    };
+    let what = format!("{read} of robot {robot} on node {namespace}/{node}");
+    relay(
+        &state.hub,
+        &cluster,
+        &node,
+        http::Method::GET,
+        format!("/v1/robots/{robot}/{read}"),
+        Body::empty(),
+        &what,
+    )
+    .await
 }
 
 /// `POST` of [`ROBOT_ACTION_ROUTE`]: admins only, audited.

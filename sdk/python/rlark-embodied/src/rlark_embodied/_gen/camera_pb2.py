@@ -24,49 +24,51 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erlark/embodied/v1/camera.proto\x12\x14\x63\x61mera.controller.v1\"+\n\nResolution\x12\r\n\x05width\x18\x01 \x01(\r\x12\x0e\n\x06height\x18\x02 \x01(\r\"\xfb\x02\n\x10\x43\x61meraDescriptor\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x63\x61mera_type\x18\x03 \x01(\t\x12\x15\n\rserial_number\x18\x04 \x01(\t\x12\r\n\x05width\x18\x05 \x01(\r\x12\x0e\n\x06height\x18\x06 \x01(\r\x12\x0b\n\x03\x66ps\x18\x07 \x01(\r\x12\x14\n\x0c\x65nable_depth\x18\x08 \x01(\x08\x12\x30\n\x05state\x18\t \x01(\x0e\x32!.camera.controller.v1.CameraState\x12?\n\x15supported_resolutions\x18\n \x03(\x0b\x32 .camera.controller.v1.Resolution\x12\x15\n\rsupported_fps\x18\x0b \x03(\r\x12\x14\n\x0cpixel_format\x18\x0c \x01(\t\x12\x10\n\x08\x65ncoding\x18\x14 \x01(\t\x12\x0f\n\x07message\x18\x15 \x01(\t\x12\x15\n\rlast_sequence\x18\x16 \x01(\x04\"\x14\n\x12ListCamerasRequest\"N\n\x13ListCamerasResponse\x12\x37\n\x07\x63\x61meras\x18\x01 \x03(\x0b\x32&.camera.controller.v1.CameraDescriptor\")\n\x14GetCameraInfoRequest\x12\x11\n\tcamera_id\x18\x01 \x01(\t\"O\n\x15GetCameraInfoResponse\x12\x36\n\x06\x63\x61mera\x18\x01 \x01(\x0b\x32&.camera.controller.v1.CameraDescriptor\"\xa2\x01\n\x11OpenCameraRequest\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x12\n\x05width\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x06height\x18\x03 \x01(\rH\x01\x88\x01\x01\x12\x10\n\x03\x66ps\x18\x04 \x01(\rH\x02\x88\x01\x01\x12\x15\n\x08\x65ncoding\x18\x05 \x01(\tH\x03\x88\x01\x01\x42\x08\n\x06_widthB\t\n\x07_heightB\x06\n\x04_fpsB\x0b\n\t_encoding\"\x97\x01\n\x12OpenCameraResponse\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x30\n\x05state\x18\x02 \x01(\x0e\x32!.camera.controller.v1.CameraState\x12\x10\n\x08\x65ncoding\x18\x03 \x01(\t\x12\r\n\x05width\x18\x14 \x01(\r\x12\x0e\n\x06height\x18\x15 \x01(\r\x12\x0b\n\x03\x66ps\x18\x16 \x01(\r\"\'\n\x12\x43loseCameraRequest\x12\x11\n\tcamera_id\x18\x01 \x01(\t\"Z\n\x13\x43loseCameraResponse\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x30\n\x05state\x18\x02 \x01(\x0e\x32!.camera.controller.v1.CameraState\"n\n\x13\x43\x61ptureFrameRequest\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x14\n\x07timeout\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\x08\x65ncoding\x18\x14 \x01(\tH\x01\x88\x01\x01\x42\n\n\x08_timeoutB\x0b\n\t_encoding\"\x90\x01\n\x14\x43\x61ptureFrameResponse\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\r\n\x05width\x18\x03 \x01(\r\x12\x0e\n\x06height\x18\x04 \x01(\r\x12\x10\n\x08\x65ncoding\x18\x05 \x01(\t\x12\x14\n\x0ctimestamp_ns\x18\x06 \x01(\x03\x12\x10\n\x08sequence\x18\x14 \x01(\x04\"p\n\x14\x43\x61ptureFramesRequest\x12\x12\n\ncamera_ids\x18\x01 \x03(\t\x12\x14\n\x07timeout\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\x08\x65ncoding\x18\x14 \x01(\tH\x01\x88\x01\x01\x42\n\n\x08_timeoutB\x0b\n\t_encoding\"\xac\x01\n\rCapturedFrame\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\r\n\x05width\x18\x03 \x01(\r\x12\x0e\n\x06height\x18\x04 \x01(\r\x12\x10\n\x08\x65ncoding\x18\x05 \x01(\t\x12\x14\n\x0ctimestamp_ns\x18\x06 \x01(\x03\x12\x12\n\nerror_code\x18\x07 \x01(\x05\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x10\n\x08sequence\x18\x14 \x01(\x04\"L\n\x15\x43\x61ptureFramesResponse\x12\x33\n\x06\x66rames\x18\x01 \x03(\x0b\x32#.camera.controller.v1.CapturedFrame\"K\n\x12WatchFramesRequest\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x15\n\x08\x65ncoding\x18\x14 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_encoding\"\x96\x01\n\nVideoFrame\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05width\x18\x02 \x01(\r\x12\x0e\n\x06height\x18\x03 \x01(\r\x12\x10\n\x08\x65ncoding\x18\x04 \x01(\t\x12\x14\n\x0ctimestamp_ns\x18\x05 \x01(\x03\x12\x10\n\x08sequence\x18\x06 \x01(\x04\x12\x10\n\x08keyframe\x18\x07 \x01(\x08\x12\x0f\n\x07\x64ropped\x18\x14 \x01(\x04*s\n\x0b\x43\x61meraState\x12\x1c\n\x18\x43\x41MERA_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43\x41MERA_STATE_CLOSED\x10\x01\x12\x15\n\x11\x43\x41MERA_STATE_OPEN\x10\x02\x12\x16\n\x12\x43\x41MERA_STATE_ERROR\x10\x03\x32\xd3\x05\n\x10\x43\x61meraController\x12\x62\n\x0bListCameras\x12(.camera.controller.v1.ListCamerasRequest\x1a).camera.controller.v1.ListCamerasResponse\x12h\n\rGetCameraInfo\x12*.camera.controller.v1.GetCameraInfoRequest\x1a+.camera.controller.v1.GetCameraInfoResponse\x12_\n\nOpenCamera\x12\'.camera.controller.v1.OpenCameraRequest\x1a(.camera.controller.v1.OpenCameraResponse\x12\x62\n\x0b\x43loseCamera\x12(.camera.controller.v1.CloseCameraRequest\x1a).camera.controller.v1.CloseCameraResponse\x12\x65\n\x0c\x43\x61ptureFrame\x12).camera.controller.v1.CaptureFrameRequest\x1a*.camera.controller.v1.CaptureFrameResponse\x12h\n\rCaptureFrames\x12*.camera.controller.v1.CaptureFramesRequest\x1a+.camera.controller.v1.CaptureFramesResponse\x12[\n\x0bWatchFrames\x12(.camera.controller.v1.WatchFramesRequest\x1a .camera.controller.v1.VideoFrame0\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1erlark/embodied/v1/camera.proto\x12\x14\x63\x61mera.controller.v1\"+\n\nResolution\x12\r\n\x05width\x18\x01 \x01(\r\x12\x0e\n\x06height\x18\x02 \x01(\r\"\xfb\x02\n\x10\x43\x61meraDescriptor\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x0c\n\x04name\x18\x02 \x01(\t\x12\x13\n\x0b\x63\x61mera_type\x18\x03 \x01(\t\x12\x15\n\rserial_number\x18\x04 \x01(\t\x12\r\n\x05width\x18\x05 \x01(\r\x12\x0e\n\x06height\x18\x06 \x01(\r\x12\x0b\n\x03\x66ps\x18\x07 \x01(\r\x12\x14\n\x0c\x65nable_depth\x18\x08 \x01(\x08\x12\x30\n\x05state\x18\t \x01(\x0e\x32!.camera.controller.v1.CameraState\x12?\n\x15supported_resolutions\x18\n \x03(\x0b\x32 .camera.controller.v1.Resolution\x12\x15\n\rsupported_fps\x18\x0b \x03(\r\x12\x14\n\x0cpixel_format\x18\x0c \x01(\t\x12\x10\n\x08\x65ncoding\x18\x14 \x01(\t\x12\x0f\n\x07message\x18\x15 \x01(\t\x12\x15\n\rlast_sequence\x18\x16 \x01(\x04\"\x14\n\x12ListCamerasRequest\"\x15\n\x13WatchCamerasRequest\"N\n\x13ListCamerasResponse\x12\x37\n\x07\x63\x61meras\x18\x01 \x03(\x0b\x32&.camera.controller.v1.CameraDescriptor\")\n\x14GetCameraInfoRequest\x12\x11\n\tcamera_id\x18\x01 \x01(\t\"O\n\x15GetCameraInfoResponse\x12\x36\n\x06\x63\x61mera\x18\x01 \x01(\x0b\x32&.camera.controller.v1.CameraDescriptor\"\xa2\x01\n\x11OpenCameraRequest\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x12\n\x05width\x18\x02 \x01(\rH\x00\x88\x01\x01\x12\x13\n\x06height\x18\x03 \x01(\rH\x01\x88\x01\x01\x12\x10\n\x03\x66ps\x18\x04 \x01(\rH\x02\x88\x01\x01\x12\x15\n\x08\x65ncoding\x18\x05 \x01(\tH\x03\x88\x01\x01\x42\x08\n\x06_widthB\t\n\x07_heightB\x06\n\x04_fpsB\x0b\n\t_encoding\"\x97\x01\n\x12OpenCameraResponse\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x30\n\x05state\x18\x02 \x01(\x0e\x32!.camera.controller.v1.CameraState\x12\x10\n\x08\x65ncoding\x18\x03 \x01(\t\x12\r\n\x05width\x18\x14 \x01(\r\x12\x0e\n\x06height\x18\x15 \x01(\r\x12\x0b\n\x03\x66ps\x18\x16 \x01(\r\"\'\n\x12\x43loseCameraRequest\x12\x11\n\tcamera_id\x18\x01 \x01(\t\"Z\n\x13\x43loseCameraResponse\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x30\n\x05state\x18\x02 \x01(\x0e\x32!.camera.controller.v1.CameraState\"n\n\x13\x43\x61ptureFrameRequest\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x14\n\x07timeout\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\x08\x65ncoding\x18\x14 \x01(\tH\x01\x88\x01\x01\x42\n\n\x08_timeoutB\x0b\n\t_encoding\"\x90\x01\n\x14\x43\x61ptureFrameResponse\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\r\n\x05width\x18\x03 \x01(\r\x12\x0e\n\x06height\x18\x04 \x01(\r\x12\x10\n\x08\x65ncoding\x18\x05 \x01(\t\x12\x14\n\x0ctimestamp_ns\x18\x06 \x01(\x03\x12\x10\n\x08sequence\x18\x14 \x01(\x04\"p\n\x14\x43\x61ptureFramesRequest\x12\x12\n\ncamera_ids\x18\x01 \x03(\t\x12\x14\n\x07timeout\x18\x02 \x01(\x01H\x00\x88\x01\x01\x12\x15\n\x08\x65ncoding\x18\x14 \x01(\tH\x01\x88\x01\x01\x42\n\n\x08_timeoutB\x0b\n\t_encoding\"\xac\x01\n\rCapturedFrame\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x0c\n\x04\x64\x61ta\x18\x02 \x01(\x0c\x12\r\n\x05width\x18\x03 \x01(\r\x12\x0e\n\x06height\x18\x04 \x01(\r\x12\x10\n\x08\x65ncoding\x18\x05 \x01(\t\x12\x14\n\x0ctimestamp_ns\x18\x06 \x01(\x03\x12\x12\n\nerror_code\x18\x07 \x01(\x05\x12\r\n\x05\x65rror\x18\x08 \x01(\t\x12\x10\n\x08sequence\x18\x14 \x01(\x04\"L\n\x15\x43\x61ptureFramesResponse\x12\x33\n\x06\x66rames\x18\x01 \x03(\x0b\x32#.camera.controller.v1.CapturedFrame\"K\n\x12WatchFramesRequest\x12\x11\n\tcamera_id\x18\x01 \x01(\t\x12\x15\n\x08\x65ncoding\x18\x14 \x01(\tH\x00\x88\x01\x01\x42\x0b\n\t_encoding\"\x96\x01\n\nVideoFrame\x12\x0c\n\x04\x64\x61ta\x18\x01 \x01(\x0c\x12\r\n\x05width\x18\x02 \x01(\r\x12\x0e\n\x06height\x18\x03 \x01(\r\x12\x10\n\x08\x65ncoding\x18\x04 \x01(\t\x12\x14\n\x0ctimestamp_ns\x18\x05 \x01(\x03\x12\x10\n\x08sequence\x18\x06 \x01(\x04\x12\x10\n\x08keyframe\x18\x07 \x01(\x08\x12\x0f\n\x07\x64ropped\x18\x14 \x01(\x04*s\n\x0b\x43\x61meraState\x12\x1c\n\x18\x43\x41MERA_STATE_UNSPECIFIED\x10\x00\x12\x17\n\x13\x43\x41MERA_STATE_CLOSED\x10\x01\x12\x15\n\x11\x43\x41MERA_STATE_OPEN\x10\x02\x12\x16\n\x12\x43\x41MERA_STATE_ERROR\x10\x03\x32\xbb\x06\n\x10\x43\x61meraController\x12\x62\n\x0bListCameras\x12(.camera.controller.v1.ListCamerasRequest\x1a).camera.controller.v1.ListCamerasResponse\x12\x66\n\x0cWatchCameras\x12).camera.controller.v1.WatchCamerasRequest\x1a).camera.controller.v1.ListCamerasResponse0\x01\x12h\n\rGetCameraInfo\x12*.camera.controller.v1.GetCameraInfoRequest\x1a+.camera.controller.v1.GetCameraInfoResponse\x12_\n\nOpenCamera\x12\'.camera.controller.v1.OpenCameraRequest\x1a(.camera.controller.v1.OpenCameraResponse\x12\x62\n\x0b\x43loseCamera\x12(.camera.controller.v1.CloseCameraRequest\x1a).camera.controller.v1.CloseCameraResponse\x12\x65\n\x0c\x43\x61ptureFrame\x12).camera.controller.v1.CaptureFrameRequest\x1a*.camera.controller.v1.CaptureFrameResponse\x12h\n\rCaptureFrames\x12*.camera.controller.v1.CaptureFramesRequest\x1a+.camera.controller.v1.CaptureFramesResponse\x12[\n\x0bWatchFrames\x12(.camera.controller.v1.WatchFramesRequest\x1a .camera.controller.v1.VideoFrame0\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'rlark.embodied.v1.camera_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_CAMERASTATE']._serialized_start=2017
-  _globals['_CAMERASTATE']._serialized_end=2132
+  _globals['_CAMERASTATE']._serialized_start=2040
+  _globals['_CAMERASTATE']._serialized_end=2155
   _globals['_RESOLUTION']._serialized_start=56
   _globals['_RESOLUTION']._serialized_end=99
   _globals['_CAMERADESCRIPTOR']._serialized_start=102
   _globals['_CAMERADESCRIPTOR']._serialized_end=481
   _globals['_LISTCAMERASREQUEST']._serialized_start=483
   _globals['_LISTCAMERASREQUEST']._serialized_end=503
-  _globals['_LISTCAMERASRESPONSE']._serialized_start=505
-  _globals['_LISTCAMERASRESPONSE']._serialized_end=583
-  _globals['_GETCAMERAINFOREQUEST']._serialized_start=585
-  _globals['_GETCAMERAINFOREQUEST']._serialized_end=626
-  _globals['_GETCAMERAINFORESPONSE']._serialized_start=628
-  _globals['_GETCAMERAINFORESPONSE']._serialized_end=707
-  _globals['_OPENCAMERAREQUEST']._serialized_start=710
-  _globals['_OPENCAMERAREQUEST']._serialized_end=872
-  _globals['_OPENCAMERARESPONSE']._serialized_start=875
-  _globals['_OPENCAMERARESPONSE']._serialized_end=1026
-  _globals['_CLOSECAMERAREQUEST']._serialized_start=1028
-  _globals['_CLOSECAMERAREQUEST']._serialized_end=1067
-  _globals['_CLOSECAMERARESPONSE']._serialized_start=1069
-  _globals['_CLOSECAMERARESPONSE']._serialized_end=1159
-  _globals['_CAPTUREFRAMEREQUEST']._serialized_start=1161
-  _globals['_CAPTUREFRAMEREQUEST']._serialized_end=1271
-  _globals['_CAPTUREFRAMERESPONSE']._serialized_start=1274
-  _globals['_CAPTUREFRAMERESPONSE']._serialized_end=1418
-  _globals['_CAPTUREFRAMESREQUEST']._serialized_start=1420
-  _globals['_CAPTUREFRAMESREQUEST']._serialized_end=1532
-  _globals['_CAPTUREDFRAME']._serialized_start=1535
-  _globals['_CAPTUREDFRAME']._serialized_end=1707
-  _globals['_CAPTUREFRAMESRESPONSE']._serialized_start=1709
-  _globals['_CAPTUREFRAMESRESPONSE']._serialized_end=1785
-  _globals['_WATCHFRAMESREQUEST']._serialized_start=1787
-  _globals['_WATCHFRAMESREQUEST']._serialized_end=1862
-  _globals['_VIDEOFRAME']._serialized_start=1865
-  _globals['_VIDEOFRAME']._serialized_end=2015
-  _globals['_CAMERACONTROLLER']._serialized_start=2135
-  _globals['_CAMERACONTROLLER']._serialized_end=2858
+  _globals['_WATCHCAMERASREQUEST']._serialized_start=505
+  _globals['_WATCHCAMERASREQUEST']._serialized_end=526
+  _globals['_LISTCAMERASRESPONSE']._serialized_start=528
+  _globals['_LISTCAMERASRESPONSE']._serialized_end=606
+  _globals['_GETCAMERAINFOREQUEST']._serialized_start=608
+  _globals['_GETCAMERAINFOREQUEST']._serialized_end=649
+  _globals['_GETCAMERAINFORESPONSE']._serialized_start=651
+  _globals['_GETCAMERAINFORESPONSE']._serialized_end=730
+  _globals['_OPENCAMERAREQUEST']._serialized_start=733
+  _globals['_OPENCAMERAREQUEST']._serialized_end=895
+  _globals['_OPENCAMERARESPONSE']._serialized_start=898
+  _globals['_OPENCAMERARESPONSE']._serialized_end=1049
+  _globals['_CLOSECAMERAREQUEST']._serialized_start=1051
+  _globals['_CLOSECAMERAREQUEST']._serialized_end=1090
+  _globals['_CLOSECAMERARESPONSE']._serialized_start=1092
+  _globals['_CLOSECAMERARESPONSE']._serialized_end=1182
+  _globals['_CAPTUREFRAMEREQUEST']._serialized_start=1184
+  _globals['_CAPTUREFRAMEREQUEST']._serialized_end=1294
+  _globals['_CAPTUREFRAMERESPONSE']._serialized_start=1297
+  _globals['_CAPTUREFRAMERESPONSE']._serialized_end=1441
+  _globals['_CAPTUREFRAMESREQUEST']._serialized_start=1443
+  _globals['_CAPTUREFRAMESREQUEST']._serialized_end=1555
+  _globals['_CAPTUREDFRAME']._serialized_start=1558
+  _globals['_CAPTUREDFRAME']._serialized_end=1730
+  _globals['_CAPTUREFRAMESRESPONSE']._serialized_start=1732
+  _globals['_CAPTUREFRAMESRESPONSE']._serialized_end=1808
+  _globals['_WATCHFRAMESREQUEST']._serialized_start=1810
+  _globals['_WATCHFRAMESREQUEST']._serialized_end=1885
+  _globals['_VIDEOFRAME']._serialized_start=1888
+  _globals['_VIDEOFRAME']._serialized_end=2038
+  _globals['_CAMERACONTROLLER']._serialized_start=2158
+  _globals['_CAMERACONTROLLER']._serialized_end=2985
 # @@protoc_insertion_point(module_scope)

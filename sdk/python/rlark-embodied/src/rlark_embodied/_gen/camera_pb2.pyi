@@ -64,6 +64,10 @@ class ListCamerasRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class WatchCamerasRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class ListCamerasResponse(_message.Message):
     __slots__ = ("cameras",)
     CAMERAS_FIELD_NUMBER: _ClassVar[int]

@@ -39,6 +39,11 @@ class CameraControllerStub:
                 request_serializer=rlark_dot_embodied_dot_v1_dot_camera__pb2.ListCamerasRequest.SerializeToString,
                 response_deserializer=rlark_dot_embodied_dot_v1_dot_camera__pb2.ListCamerasResponse.FromString,
                 _registered_method=True)
+        self.WatchCameras = channel.unary_stream(
+                '/camera.controller.v1.CameraController/WatchCameras',
+                request_serializer=rlark_dot_embodied_dot_v1_dot_camera__pb2.WatchCamerasRequest.SerializeToString,
+                response_deserializer=rlark_dot_embodied_dot_v1_dot_camera__pb2.ListCamerasResponse.FromString,
+                _registered_method=True)
         self.GetCameraInfo = channel.unary_unary(
                 '/camera.controller.v1.CameraController/GetCameraInfo',
                 request_serializer=rlark_dot_embodied_dot_v1_dot_camera__pb2.GetCameraInfoRequest.SerializeToString,
@@ -76,6 +81,14 @@ class CameraControllerServicer:
 
     def ListCameras(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchCameras(self, request, context):
+        """The cameras as ListCameras answers, at once and again whenever one opens, closes, fails
+        or recovers, until cancelled.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -129,6 +142,11 @@ def add_CameraControllerServicer_to_server(servicer, server):
             'ListCameras': grpc.unary_unary_rpc_method_handler(
                     servicer.ListCameras,
                     request_deserializer=rlark_dot_embodied_dot_v1_dot_camera__pb2.ListCamerasRequest.FromString,
+                    response_serializer=rlark_dot_embodied_dot_v1_dot_camera__pb2.ListCamerasResponse.SerializeToString,
+            ),
+            'WatchCameras': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchCameras,
+                    request_deserializer=rlark_dot_embodied_dot_v1_dot_camera__pb2.WatchCamerasRequest.FromString,
                     response_serializer=rlark_dot_embodied_dot_v1_dot_camera__pb2.ListCamerasResponse.SerializeToString,
             ),
             'GetCameraInfo': grpc.unary_unary_rpc_method_handler(
@@ -188,6 +206,33 @@ class CameraController:
             target,
             '/camera.controller.v1.CameraController/ListCameras',
             rlark_dot_embodied_dot_v1_dot_camera__pb2.ListCamerasRequest.SerializeToString,
+            rlark_dot_embodied_dot_v1_dot_camera__pb2.ListCamerasResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchCameras(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/camera.controller.v1.CameraController/WatchCameras',
+            rlark_dot_embodied_dot_v1_dot_camera__pb2.WatchCamerasRequest.SerializeToString,
             rlark_dot_embodied_dot_v1_dot_camera__pb2.ListCamerasResponse.FromString,
             options,
             channel_credentials,

@@ -292,6 +292,10 @@ class ListRobotsRequest(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class WatchRobotsRequest(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class ListRobotsResponse(_message.Message):
     __slots__ = ("robots",)
     ROBOTS_FIELD_NUMBER: _ClassVar[int]

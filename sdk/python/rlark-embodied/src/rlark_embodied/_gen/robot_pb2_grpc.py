@@ -59,6 +59,11 @@ class RobotControllerStub:
                 request_serializer=rlark_dot_embodied_dot_v1_dot_robot__pb2.ListRobotsRequest.SerializeToString,
                 response_deserializer=rlark_dot_embodied_dot_v1_dot_robot__pb2.ListRobotsResponse.FromString,
                 _registered_method=True)
+        self.WatchRobots = channel.unary_stream(
+                '/ros.controller.v1.RobotController/WatchRobots',
+                request_serializer=rlark_dot_embodied_dot_v1_dot_robot__pb2.WatchRobotsRequest.SerializeToString,
+                response_deserializer=rlark_dot_embodied_dot_v1_dot_robot__pb2.ListRobotsResponse.FromString,
+                _registered_method=True)
         self.ListModes = channel.unary_unary(
                 '/ros.controller.v1.RobotController/ListModes',
                 request_serializer=rlark_dot_embodied_dot_v1_dot_robot__pb2.ListModesRequest.SerializeToString,
@@ -137,6 +142,14 @@ class RobotControllerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WatchRobots(self, request, context):
+        """The robots as ListRobots answers, at once and again after every change of a robot's
+        state (a switch of mode passes through STARTING, so it is one too), until cancelled.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListModes(self, request, context):
         """The preset modes of the robot's type.
         """
@@ -211,6 +224,11 @@ def add_RobotControllerServicer_to_server(servicer, server):
             'ListRobots': grpc.unary_unary_rpc_method_handler(
                     servicer.ListRobots,
                     request_deserializer=rlark_dot_embodied_dot_v1_dot_robot__pb2.ListRobotsRequest.FromString,
+                    response_serializer=rlark_dot_embodied_dot_v1_dot_robot__pb2.ListRobotsResponse.SerializeToString,
+            ),
+            'WatchRobots': grpc.unary_stream_rpc_method_handler(
+                    servicer.WatchRobots,
+                    request_deserializer=rlark_dot_embodied_dot_v1_dot_robot__pb2.WatchRobotsRequest.FromString,
                     response_serializer=rlark_dot_embodied_dot_v1_dot_robot__pb2.ListRobotsResponse.SerializeToString,
             ),
             'ListModes': grpc.unary_unary_rpc_method_handler(
@@ -383,6 +401,33 @@ class RobotController:
             target,
             '/ros.controller.v1.RobotController/ListRobots',
             rlark_dot_embodied_dot_v1_dot_robot__pb2.ListRobotsRequest.SerializeToString,
+            rlark_dot_embodied_dot_v1_dot_robot__pb2.ListRobotsResponse.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchRobots(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/ros.controller.v1.RobotController/WatchRobots',
+            rlark_dot_embodied_dot_v1_dot_robot__pb2.WatchRobotsRequest.SerializeToString,
             rlark_dot_embodied_dot_v1_dot_robot__pb2.ListRobotsResponse.FromString,
             options,
             channel_credentials,
