@@ -602,6 +602,7 @@ async fn the_change_stream_tells_users_only_of_what_they_may_read() {
         &tess,
         token.clone(),
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOOtxj4LhwUlaAiHqP6EZyv/tcuKjsSekP5wpaQh2H18 tess@t",
+        None,
     )
     .await
     .unwrap();
@@ -609,6 +610,7 @@ async fn the_change_stream_tells_users_only_of_what_they_may_read() {
         &viewer(),
         token,
         "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGV3GgMbq5H/ja0SHjCssfWMxoN45A2jSSAn2reUsJrA vera@t",
+        None,
     )
     .await
     .unwrap();
