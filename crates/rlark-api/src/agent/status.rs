@@ -37,6 +37,8 @@ pub enum StatusField {
     StartTime,
     /// `finishTime`.
     FinishTime,
+    /// `tensorBoard`.
+    TensorBoard,
 }
 
 impl StatusField {
@@ -51,6 +53,7 @@ impl StatusField {
             StatusField::RestartCount => "restartCount",
             StatusField::StartTime => "startTime",
             StatusField::FinishTime => "finishTime",
+            StatusField::TensorBoard => "tensorBoard",
         }
     }
 
@@ -64,6 +67,7 @@ impl StatusField {
             StatusField::RestartCount => status.restart_count = None,
             StatusField::StartTime => status.start_time = None,
             StatusField::FinishTime => status.finish_time = None,
+            StatusField::TensorBoard => status.tensor_board = None,
         }
     }
 }
@@ -110,7 +114,8 @@ impl StatusPatch {
             exit_code,
             restart_count,
             start_time,
-            finish_time
+            finish_time,
+            tensor_board
         );
         if !set.devices.is_empty() {
             status.devices.clone_from(&set.devices);
