@@ -1,0 +1,206 @@
+//! `tensorBoardDir` on a raw task, end to end with the real TensorBoard (`pip install
+//! tensorboard`; scripts/test.sh installs it): an in-process server with a real agent runs
+//! the task, the agent starts TensorBoard beside the replica and reports its port in the
+//! Pod's `status.tensorBoard`; through the task proxy
+//! (`/rlark/v1/namespaces/{ns}/tasks/{name}/proxy/{port}/`) TensorBoard's own page and its
+//! `data/environment` answer (the log directory resolved against the replica's working
+//! directory); `rlark describe task/NAME` prints the link; deleting the Job stops it.
+//! Without `tensorboard` in the replica's PATH the task runs anyway, and the Pod status
+//! and `rlark describe` say why no TensorBoard runs.
+//!
+//! Without TensorBoard installed the first test is skipped, or fails under `CI=true` /
+//! `RLARK_REQUIRE_TOOLS=1` (`tests/support/missing_tool.rs`). Every wait is bounded by
+//! `rlark_testkit::wait::DEADLINE`.
+
+#[path = "../../../tests/support/missing_tool.rs"]
+mod missing_tool;
+
+use kube::api::{Api, DeleteParams, PostParams};
+use rlark_api::types::{Job, Pod, PodPhase, PodTensorBoard};
+use rlark_testkit::real_agent::{Harness, NAMESPACE, run_cli, text};
+use rlark_testkit::wait::eventually;
+use serde_json::json;
+
+/// Whether `tensorboard` is an executable in this process's PATH.
+fn tensorboard_installed() -> bool {
+    std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| {
+            std::fs::metadata(dir.join("tensorboard")).is_ok_and(|m| {
+                m.is_file()
+                    && std::os::unix::fs::PermissionsExt::mode(&m.permissions()) & 0o111 != 0
+            })
+        })
+    })
+}
+
+async fn create_job(h: &Harness, name: &str, task: serde_json::Value) -> anyhow::Result<()> {
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "rlinf.io/v1alpha1",
+        "kind": "Job",
+        "metadata": {"name": name},
+        "spec": {"tasks": [task]},
+    }))?;
+    Api::<Job>::all(h.admin.clone())
+        .create(&PostParams::default(), &job)
+        .await?;
+    Ok(())
+}
+
+/// The Pod's `status.tensorBoard`, once the agent reported one.
+async fn tensorboard_status(h: &Harness, pod: &str) -> anyhow::Result<PodTensorBoard> {
+    let pods: Api<Pod> = Api::namespaced(h.admin.clone(), NAMESPACE);
+    eventually(&format!("status.tensorBoard of pod {pod}"), || async {
+        Ok(pods
+            .get_opt(pod)
+            .await?
+            .and_then(|p| p.status)
+            .and_then(|s| s.tensor_board))
+    })
+    .await
+}
+
+/// GET `path` as `client`: status and body (an API error's status and message).
+async fn get(client: &kube::Client, path: &str) -> anyhow::Result<(u16, String)> {
+    let request = http::Request::get(path).body(Vec::new())?;
+    match client.send(request.map(kube::client::Body::from)).await {
+        Ok(response) => {
+            let status = response.status().as_u16();
+            let body = http_body_util::BodyExt::collect(response.into_body())
+                .await?
+                .to_bytes();
+            Ok((status, String::from_utf8_lossy(&body).into_owned()))
+        }
+        Err(kube::Error::Api(status)) => Ok((status.code, status.message)),
+        Err(other) => Err(other.into()),
+    }
+}
+
+async fn describe(h: &Harness, task: &str) -> anyhow::Result<String> {
+    let out = run_cli(
+        env!("CARGO_BIN_EXE_rlark"),
+        h.server.kubeconfig_path(),
+        &["describe", &format!("task/{task}"), "-n", NAMESPACE],
+    )
+    .await?;
+    anyhow::ensure!(
+        out.status.success(),
+        "describe failed: {}",
+        text(&out.stderr)
+    );
+    Ok(text(&out.stdout))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tensorboard_runs_beside_a_raw_task_and_opens_through_the_proxy() -> anyhow::Result<()> {
+    if !tensorboard_installed() {
+        missing_tool::skip_or_fail("tensorboard is not installed (pip install tensorboard)");
+        return Ok(());
+    }
+    let supervisor = vec![env!("CARGO_BIN_EXE_rlark").into(), "supervise".into()];
+    let h = Harness::start_with(supervisor).await?;
+    create_job(
+        &h,
+        "board",
+        json!({
+            "name": "main", "agentType": "Raw", "role": "Actor",
+            "tensorBoardDir": "runs",
+            "raw": {"entrypoint": ["sh", "-c", "mkdir -p runs && exec sleep 600"]},
+        }),
+    )
+    .await?;
+    h.wait_pod("board-main-0", PodPhase::Running).await?;
+    let board = tensorboard_status(&h, "board-main-0").await?;
+    let work = h.work_dir("board-main").await?;
+    assert_eq!(board.message, None, "{board:?}");
+    assert_eq!(
+        board.log_dir.as_deref(),
+        Some(work.join("runs").display().to_string().as_str())
+    );
+    let port = board.port.expect("a port");
+    let prefix = format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/board-main/proxy/{port}");
+
+    // TensorBoard's page through the proxy (it takes a few seconds to start listening).
+    let page = eventually("TensorBoard's page through the task proxy", || async {
+        let (status, body) = get(&h.admin, &format!("{prefix}/")).await?;
+        Ok(if status == 200 {
+            Ok(body)
+        } else {
+            Err(format!(
+                "{status}: {}",
+                body.chars().take(200).collect::<String>()
+            ))
+        })
+    })
+    .await?;
+    assert!(
+        page.contains("<meta name=\"tb-relative-root\""),
+        "not TensorBoard's page: {}",
+        page.chars().take(400).collect::<String>()
+    );
+    // Its data API, relative to the page: the log directory it reads.
+    let (status, environment) = get(&h.admin, &format!("{prefix}/data/environment")).await?;
+    assert_eq!(status, 200, "{environment}");
+    let environment: serde_json::Value = serde_json::from_str(&environment)?;
+    assert_eq!(
+        environment["data_location"],
+        work.join("runs").display().to_string()
+    );
+
+    // describe links it.
+    let described = describe(&h, "board-main").await?;
+    let url = format!("{}{prefix}/", h.server.url().trim_end_matches('/'));
+    assert!(
+        described.contains(&format!("replica 0: {url}")),
+        "describe does not link {url}:\n{described}"
+    );
+
+    // Deleting the Job stops the replica and its TensorBoard.
+    Api::<Job>::all(h.admin.clone())
+        .delete("board", &DeleteParams::default())
+        .await?;
+    eventually("TensorBoard stopped with its replica", || async {
+        Ok(
+            tokio::net::TcpStream::connect(("127.0.0.1", u16::try_from(port)?))
+                .await
+                .is_err(),
+        )
+    })
+    .await?;
+    h.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_tensorboard_the_task_runs_and_says_why() -> anyhow::Result<()> {
+    let supervisor = vec![env!("CARGO_BIN_EXE_rlark").into(), "supervise".into()];
+    let h = Harness::start_with(supervisor).await?;
+    // The replica's PATH (the Task's) holds no tensorboard.
+    let empty = tempfile::tempdir()?;
+    let path = empty.path().display().to_string();
+    create_job(
+        &h,
+        "plain",
+        json!({
+            "name": "main", "agentType": "Raw", "role": "Actor",
+            "tensorBoardDir": "/tmp/runs",
+            "raw": {"entrypoint": ["/bin/sleep", "600"],
+                    "environment": [{"name": "PATH", "value": path}]},
+        }),
+    )
+    .await?;
+    h.wait_pod("plain-main-0", PodPhase::Running).await?;
+    let board = tensorboard_status(&h, "plain-main-0").await?;
+    assert_eq!(board.port, None, "{board:?}");
+    let message = board.message.clone().unwrap_or_default();
+    let expected =
+        format!("TensorBoard was not started: no executable \"tensorboard\" in PATH ({path})");
+    assert!(message.starts_with(&expected), "{message}");
+    assert_eq!(board.log_dir.as_deref(), Some("/tmp/runs"));
+    // Still running.
+    h.wait_pod("plain-main-0", PodPhase::Running).await?;
+    let described = describe(&h, "plain-main").await?;
+    assert!(
+        described.contains(&format!("replica 0: {expected}")),
+        "{described}"
+    );
+    h.stop().await
+}
