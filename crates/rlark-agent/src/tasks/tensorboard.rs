@@ -9,7 +9,9 @@
 //! entrypoint's). It runs as a child of the agent in its own process group, with the
 //! replica's environment and its output appended to `<replica dir>/tensorboard.log`; it is
 //! killed (its whole group) when the replica ends, is stopped or left to the next agent,
-//! and when the agent exits (the next agent starts a new one for the replica it adopts).
+//! and when the agent exits (the next agent starts a new one for the replica it adopts,
+//! and kills first the one an agent killed with SIGKILL left behind, named by
+//! `tensorboard.pid` in the replica's directory).
 //!
 //! The Pod's `status.tensorBoard` says where it listens (`port`, `logDir`), which the task
 //! proxy `/rlark/v1/namespaces/{ns}/tasks/{name}/proxy/{port}/` reaches, or why none
@@ -28,12 +30,17 @@ use rlark_api::types::PodTensorBoard;
 pub(super) const PROGRAM: &str = "tensorboard";
 /// The file its output is appended to, in the replica's directory.
 pub(super) const LOG_FILE: &str = "tensorboard.log";
+/// The file naming the running one (`PID START_TICKS`), in the replica's directory: a
+/// TensorBoard an agent killed with SIGKILL left behind is killed by the next start there.
+pub(super) const PID_FILE: &str = "tensorboard.pid";
 
 /// A running TensorBoard; killed (its process group) on [`TensorBoard::stop`] or drop.
 #[derive(Debug)]
 pub(super) struct TensorBoard {
     child: Option<tokio::process::Child>,
     pgid: i32,
+    /// Its [`PID_FILE`].
+    pid_file: PathBuf,
 }
 
 impl TensorBoard {
@@ -46,8 +53,29 @@ impl TensorBoard {
                 tracing::warn!(pgid = self.pgid, %error, "kill TensorBoard");
             }
             let _ = child.start_kill();
+            let _ = std::fs::remove_file(&self.pid_file);
         }
     }
+}
+
+/// Kill the TensorBoard that [`PID_FILE`] in `replica_dir` names, if it still runs (an
+/// agent that was killed could not).
+fn kill_leftover(replica_dir: &Path) {
+    let path = replica_dir.join(PID_FILE);
+    let Ok(text) = std::fs::read_to_string(&path) else {
+        return;
+    };
+    let mut fields = text.split_whitespace().map(str::parse::<u64>);
+    if let (Some(Ok(pid)), Some(Ok(ticks))) = (fields.next(), fields.next())
+        && let (Ok(pid32), Ok(pgid)) = (u32::try_from(pid), i32::try_from(pid))
+        && crate::runtime::process::process_running(pid32, Some(ticks))
+    {
+        tracing::info!(pid, "killing a TensorBoard an earlier agent left running");
+        if let Err(error) = crate::runtime::process::signal_group(pgid, Signal::SIGKILL) {
+            tracing::warn!(pid, %error, "kill a leftover TensorBoard");
+        }
+    }
+    let _ = std::fs::remove_file(&path);
 }
 
 impl Drop for TensorBoard {
@@ -71,6 +99,7 @@ pub(super) struct Beside<'a> {
 /// Start TensorBoard beside a replica: the process and the status to report, or the
 /// status saying why it does not run.
 pub(super) fn start(beside: &Beside<'_>) -> (Option<TensorBoard>, PodTensorBoard) {
+    kill_leftover(beside.replica_dir);
     let log_dir = log_dir(beside.work_dir, beside.tensor_board_dir);
     let not_started = |message: String| PodTensorBoard {
         port: None,
@@ -156,6 +185,14 @@ pub(super) fn start(beside: &Beside<'_>) -> (Option<TensorBoard>, PodTensorBoard
         );
     };
     tracing::info!(program = %program.display(), port, log_dir = %log_dir.display(), pid, "TensorBoard started beside the replica");
+    let pid_file = beside.replica_dir.join(PID_FILE);
+    if let Some(stat) = u32::try_from(pid)
+        .ok()
+        .and_then(crate::runtime::process::proc_stat)
+        && let Err(error) = std::fs::write(&pid_file, format!("{pid} {}\n", stat.start_ticks))
+    {
+        tracing::warn!(file = %pid_file.display(), %error, "record the TensorBoard's pid");
+    }
     let status = PodTensorBoard {
         port: Some(i32::from(port)),
         log_dir: Some(log_dir.display().to_string()),
@@ -165,6 +202,7 @@ pub(super) fn start(beside: &Beside<'_>) -> (Option<TensorBoard>, PodTensorBoard
         Some(TensorBoard {
             child: Some(child),
             pgid: pid,
+            pid_file,
         }),
         status,
     )
@@ -259,6 +297,34 @@ mod tests {
                 .expect_err("no PATH")
                 .contains("PATH is empty")
         );
+    }
+
+    #[tokio::test]
+    async fn a_tensorboard_left_by_a_killed_agent_is_killed_by_the_next_start() {
+        use std::os::unix::process::CommandExt as _;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut left = std::process::Command::new("/bin/sleep")
+            .arg("600")
+            .process_group(0)
+            .spawn()
+            .expect("sleep");
+        let pid = left.id();
+        let ticks = crate::runtime::process::proc_stat(pid)
+            .expect("stat")
+            .start_ticks;
+        // Another process's record (wrong start time) is left alone.
+        std::fs::write(dir.path().join(PID_FILE), format!("{pid} {}\n", ticks + 1)).expect("write");
+        kill_leftover(dir.path());
+        assert!(crate::runtime::process::process_running(pid, Some(ticks)));
+        assert!(!dir.path().join(PID_FILE).exists());
+        std::fs::write(dir.path().join(PID_FILE), format!("{pid} {ticks}\n")).expect("write");
+        kill_leftover(dir.path());
+        let status = left.wait().expect("wait");
+        assert_eq!(
+            std::os::unix::process::ExitStatusExt::signal(&status),
+            Some(9)
+        );
+        assert!(!dir.path().join(PID_FILE).exists());
     }
 
     #[tokio::test]

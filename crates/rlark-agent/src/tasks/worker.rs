@@ -774,7 +774,8 @@ impl Worker {
         if let Some(mut running) = self.tensorboard.take() {
             running.stop();
         }
-        if self.reported.tensor_board.is_some() {
+        // Gone from what a resync re-asserts, too.
+        if self.reported.tensor_board.take().is_some() {
             self.clear_tensorboard = true;
         }
     }
