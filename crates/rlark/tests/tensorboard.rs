@@ -5,8 +5,8 @@
 //! (`/rlark/v1/namespaces/{ns}/tasks/{name}/proxy/{port}/`) TensorBoard's own page and its
 //! `data/environment` answer (the log directory resolved against the replica's working
 //! directory); `rlark describe task/NAME` prints the link; deleting the Job stops it.
-//! Without `tensorboard` in the replica's PATH the task runs anyway, and the Pod status
-//! and `rlark describe` say why no TensorBoard runs.
+//! Without `tensorboard` in the replica's PATH the task runs anyway, and the Pod status, a
+//! Warning Event on the Task and `rlark describe` say why no TensorBoard runs.
 //!
 //! Without TensorBoard installed the first test is skipped, or fails under `CI=true` /
 //! `RLARK_REQUIRE_TOOLS=1` (`tests/support/missing_tool.rs`). Every wait is bounded by
@@ -197,10 +197,32 @@ async fn without_tensorboard_the_task_runs_and_says_why() -> anyhow::Result<()> 
     assert_eq!(board.log_dir.as_deref(), Some("/tmp/runs"));
     // Still running.
     h.wait_pod("plain-main-0", PodPhase::Running).await?;
+    // A Warning Event on the Task says it too.
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(h.admin.clone(), NAMESPACE);
+    let event = eventually("the TensorBoardNotStarted event", || async {
+        Ok(events
+            .list(&Default::default())
+            .await?
+            .items
+            .into_iter()
+            .find(|e| e.reason.as_deref() == Some("TensorBoardNotStarted")))
+    })
+    .await?;
+    assert_eq!(event.involved_object.name.as_deref(), Some("plain-main"));
+    assert_eq!(event.type_.as_deref(), Some("Warning"));
+    assert!(
+        event
+            .message
+            .as_deref()
+            .is_some_and(|m| m.starts_with(&format!("replica 0: {expected}"))),
+        "{event:?}"
+    );
     let described = describe(&h, "plain-main").await?;
     assert!(
         described.contains(&format!("replica 0: {expected}")),
         "{described}"
     );
+    assert!(described.contains("TensorBoardNotStarted"), "{described}");
     h.stop().await
 }

@@ -16,7 +16,8 @@
 //! The Pod's `status.tensorBoard` says where it listens (`port`, `logDir`), which the task
 //! proxy `/rlark/v1/namespaces/{ns}/tasks/{name}/proxy/{port}/` reaches, or why none
 //! runs (`message`): no `tensorboard` installed, the replica in a Domain (whose ports the
-//! proxy does not reach), or the start failed.
+//! proxy does not reach), or the start failed; that reason is also a Warning Event
+//! (`TensorBoardNotStarted`) on the Task, once per replica worker.
 
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt as _;
@@ -26,6 +27,8 @@ use std::process::Stdio;
 use nix::sys::signal::Signal;
 use rlark_api::types::PodTensorBoard;
 
+/// Reason of the Warning Event on the Task when a replica's TensorBoard was not started.
+pub(super) const REASON_NOT_STARTED: &str = "TensorBoardNotStarted";
 /// The program looked for in `PATH`.
 pub(super) const PROGRAM: &str = "tensorboard";
 /// The file its output is appended to, in the replica's directory.

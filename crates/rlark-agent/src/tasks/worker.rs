@@ -101,6 +101,8 @@ pub(super) struct Worker {
     tensorboard: Option<Box<TensorBoard>>,
     /// The replica's TensorBoard ended: the next status write removes `tensorBoard`.
     clear_tensorboard: bool,
+    /// A `TensorBoardNotStarted` Event was written for this replica (once is enough).
+    tensorboard_warned: bool,
 }
 
 /// A run taken over from an earlier agent.
@@ -158,6 +160,7 @@ impl Worker {
             devices: Vec::new(),
             tensorboard: None,
             clear_tensorboard: false,
+            tensorboard_warned: false,
         }
     }
 
@@ -756,6 +759,15 @@ impl Worker {
         };
         if let Some(message) = &status.message {
             tracing::warn!(pod = %self.pod, %message, "no TensorBoard beside the replica");
+            if !std::mem::replace(&mut self.tensorboard_warned, true) {
+                crate::task_events::warn_task(
+                    &self.shared.client,
+                    &self.task,
+                    tensorboard::REASON_NOT_STARTED,
+                    format!("replica {}: {message}", self.index),
+                )
+                .await;
+            }
         }
         self.clear_tensorboard = false;
         let patch = StatusPatch {
