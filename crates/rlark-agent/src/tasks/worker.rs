@@ -17,8 +17,8 @@ use rlark_api::agent::{
     REASON_WAITING_FOR_DOMAIN_IP, RUN_KEY_ANNOTATION, replica_pod,
 };
 use rlark_api::types::{
-    DeviceUnhealthyPolicy, DockerTaskSpec, DomainPendingPod, Pod, PodPhase, PodStatus, RawTaskSpec,
-    Task,
+    DeviceUnhealthyPolicy, DockerTaskSpec, DomainPendingPod, Pod, PodPhase, PodStatus,
+    PodTensorBoard, RawTaskSpec, Task,
 };
 use serde_json::json;
 use tokio::sync::watch;
@@ -103,6 +103,9 @@ pub(super) struct Worker {
     clear_tensorboard: bool,
     /// A `TensorBoardNotStarted` Event was written for this replica (once is enough).
     tensorboard_warned: bool,
+    /// The TensorBoard status the next status write carries (the `Running` one that
+    /// follows a start), so a start costs no extra write.
+    pending_tensorboard: Option<Box<PodTensorBoard>>,
 }
 
 /// A run taken over from an earlier agent.
@@ -161,6 +164,7 @@ impl Worker {
             tensorboard: None,
             clear_tensorboard: false,
             tensorboard_warned: false,
+            pending_tensorboard: None,
         }
     }
 
@@ -491,7 +495,7 @@ impl Worker {
             None => self.drive(machine, Event::Start, None, Some(body)).await,
             Some(resume) => {
                 if resume.running.is_some() {
-                    Box::pin(self.start_tensorboard()).await;
+                    Box::pin(self.start_tensorboard(true)).await;
                 }
                 let event = Event::Adopt {
                     at: resume.at,
@@ -537,7 +541,8 @@ impl Worker {
                             Ok(started) => {
                                 let at = timestamp(started.started_at());
                                 running = Some(started);
-                                Box::pin(self.start_tensorboard()).await;
+                                // Reported by the Running write that follows.
+                                Box::pin(self.start_tensorboard(false)).await;
                                 Some(Event::Started { at })
                             }
                             Err(error) => {
@@ -718,8 +723,9 @@ impl Worker {
 
     /// Start TensorBoard beside the replica that just started (or was adopted running) when
     /// its Task is a raw one with `tensorBoardDir`, and report it in the Pod's
-    /// `status.tensorBoard`: its port, or why it does not run ([`tensorboard`]).
-    async fn start_tensorboard(&mut self) {
+    /// `status.tensorBoard`: its port, or why it does not run ([`tensorboard`]) — written
+    /// now with `write_now`, else with the next status write.
+    async fn start_tensorboard(&mut self, write_now: bool) {
         let Some(raw) = self.task.spec.raw.as_ref() else {
             return;
         };
@@ -770,14 +776,10 @@ impl Worker {
             }
         }
         self.clear_tensorboard = false;
-        let patch = StatusPatch {
-            set: PodStatus {
-                tensor_board: Some(status),
-                ..PodStatus::default()
-            },
-            clear: Vec::new(),
-        };
-        self.write_status(patch, true).await;
+        self.pending_tensorboard = Some(Box::new(status));
+        if write_now {
+            self.write_status(StatusPatch::default(), true).await;
+        }
     }
 
     /// Kill the replica's TensorBoard, if any; the next status write removes
@@ -786,6 +788,7 @@ impl Worker {
         if let Some(mut running) = self.tensorboard.take() {
             running.stop();
         }
+        self.pending_tensorboard = None;
         // Gone from what a resync re-asserts, too.
         if self.reported.tensor_board.take().is_some() {
             self.clear_tensorboard = true;
@@ -1298,6 +1301,10 @@ impl Worker {
     /// disappeared is created again with everything reported so far. Returns whether the
     /// write happened.
     pub(super) async fn write_status(&mut self, mut patch: StatusPatch, recreate: bool) -> bool {
+        if let Some(board) = self.pending_tensorboard.take() {
+            patch.set.tensor_board = Some(*board);
+            self.clear_tensorboard = false;
+        }
         if std::mem::take(&mut self.clear_tensorboard) && patch.set.tensor_board.is_none() {
             patch.clear.push(StatusField::TensorBoard);
         }
