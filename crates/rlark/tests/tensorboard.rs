@@ -7,6 +7,8 @@
 //! directory); `rlark describe task/NAME` prints the link; deleting the Job stops it.
 //! Without `tensorboard` in the replica's PATH the task runs anyway, and the Pod status, a
 //! Warning Event on the Task and `rlark describe` say why no TensorBoard runs.
+//! An agent killed with SIGKILL leaves its TensorBoard running; the next agent adopts the
+//! replica, kills it and starts a new one.
 //!
 //! Without TensorBoard installed the first test is skipped, or fails under `CI=true` /
 //! `RLARK_REQUIRE_TOOLS=1` (`tests/support/missing_tool.rs`). Every wait is bounded by
@@ -225,4 +227,156 @@ async fn without_tensorboard_the_task_runs_and_says_why() -> anyhow::Result<()> 
     );
     assert!(described.contains("TensorBoardNotStarted"), "{described}");
     h.stop().await
+}
+
+/// `rlark agent` (the built binary) of cluster `a` on `data_dir` as a child process.
+fn spawn_agent(
+    server: &rlark_testkit::TestServer,
+    data_dir: &std::path::Path,
+    token: Option<&serde_json::Value>,
+) -> anyhow::Result<std::process::Child> {
+    let log = data_dir.with_extension("agent.log");
+    let out = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(log)?;
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_rlark"));
+    command
+        .args(["agent", "--server", &server.url(), "--cluster-id", "a"])
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--node-name", "host-0", "--heartbeat-interval", "500ms"]);
+    if let Some(token) = token {
+        command
+            .arg("--token")
+            .arg(token["token"].as_str().unwrap_or_default())
+            .arg("--ca-hash")
+            .arg(token["caHash"].as_str().unwrap_or_default());
+    }
+    Ok(command
+        .env("RUST_LOG", "info")
+        .env_remove("KUBECONFIG")
+        .stdin(std::process::Stdio::null())
+        .stdout(out.try_clone()?)
+        .stderr(out)
+        .spawn()?)
+}
+
+/// An agent killed with SIGKILL leaves its TensorBoard running; the next agent adopts the
+/// replica, kills that TensorBoard (`tensorboard.pid`) and starts its own, which the Pod
+/// status and the proxy then show.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adopted_replica_gets_a_new_tensorboard_and_the_old_one_is_killed() -> anyhow::Result<()>
+{
+    use nix::sys::signal::{Signal, kill};
+    use nix::unistd::Pid;
+    if !tensorboard_installed() {
+        missing_tool::skip_or_fail("tensorboard is not installed (pip install tensorboard)");
+        return Ok(());
+    }
+    let (server, _server_dir) = rlark_testkit::real_agent::start_server_with_controllers().await?;
+    let admin = server.client().await?;
+    let scratch = tempfile::tempdir()?;
+    let data_dir = scratch.path().join("agent");
+    let token = rlark_testkit::tunnel_agent::bootstrap_token(&server, "a").await?;
+    let mut first = spawn_agent(&server, &data_dir, Some(&token))?;
+    let job: Job = serde_json::from_value(json!({
+        "apiVersion": "rlinf.io/v1alpha1", "kind": "Job", "metadata": {"name": "kept"},
+        "spec": {"tasks": [{"name": "main", "agentType": "Raw", "role": "Actor",
+                            "tensorBoardDir": "runs",
+                            "raw": {"entrypoint": ["sleep", "600"]}}]},
+    }))?;
+    Api::<Job>::all(admin.clone())
+        .create(&PostParams::default(), &job)
+        .await?;
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
+    let port_of = |pod: &Pod| {
+        pod.status
+            .as_ref()
+            .and_then(|s| s.tensor_board.as_ref())
+            .and_then(|b| b.port)
+    };
+    let pod = eventually("kept-main-0 with a TensorBoard port", || async {
+        Ok(pods
+            .get_opt("kept-main-0")
+            .await?
+            .filter(|p| port_of(p).is_some()))
+    })
+    .await?;
+    anyhow::ensure!(port_of(&pod).is_some());
+    let task = Api::<rlark_api::types::Task>::namespaced(admin.clone(), NAMESPACE)
+        .get("kept-main")
+        .await?;
+    let replica_dir = rlark_agent::tasks::replica_dir(
+        &data_dir.join("tasks"),
+        NAMESPACE,
+        "kept-main",
+        &kube::ResourceExt::uid(&task).unwrap_or_default(),
+        0,
+    );
+    let recorded = std::fs::read_to_string(replica_dir.join("tensorboard.pid"))?;
+    let old_pid: i32 = recorded
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .parse()?;
+
+    // kill -9: the agent's TensorBoard outlives it.
+    kill(Pid::from_raw(i32::try_from(first.id())?), Signal::SIGKILL)?;
+    first.wait()?;
+    anyhow::ensure!(
+        rlark_agent::runtime::process::process_running(u32::try_from(old_pid)?, None),
+        "the old TensorBoard outlives its agent"
+    );
+
+    let mut second = spawn_agent(&server, &data_dir, None)?;
+    let result = async {
+        // The old one is killed, a new one reported and reachable.
+        eventually("the old TensorBoard killed", || async {
+            // Gone, or a zombie until whoever inherited it reaps it.
+            Ok(!rlark_agent::runtime::process::process_running(
+                u32::try_from(old_pid)?,
+                None,
+            ))
+        })
+        .await?;
+        let pod = eventually("kept-main-0 with the new TensorBoard's pid", || async {
+            let now =
+                std::fs::read_to_string(replica_dir.join("tensorboard.pid")).unwrap_or_default();
+            Ok(if now.is_empty() || now == recorded {
+                None
+            } else {
+                pods.get_opt("kept-main-0")
+                    .await?
+                    .filter(|p| port_of(p).is_some())
+            })
+        })
+        .await?;
+        let port = port_of(&pod).expect("port");
+        let prefix = format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/kept-main/proxy/{port}");
+        let page = eventually("the new TensorBoard through the proxy", || async {
+            let (status, body) = get(&admin, &format!("{prefix}/")).await?;
+            Ok((status == 200).then_some(body))
+        })
+        .await?;
+        anyhow::ensure!(page.contains("tb-relative-root"), "not TensorBoard's page");
+        anyhow::Ok(())
+    }
+    .await;
+    let _ = second.kill();
+    let _ = second.wait();
+    // The replica and the new TensorBoard: the agent was killed, so stop them here.
+    if let Ok(text) = std::fs::read_to_string(replica_dir.join("tensorboard.pid"))
+        && let Some(Ok(pid)) = text.split_whitespace().next().map(str::parse::<i32>)
+    {
+        let _ = nix::sys::signal::killpg(Pid::from_raw(pid), Signal::SIGKILL);
+    }
+    if let Ok(text) = std::fs::read_to_string(replica_dir.join("pid.json"))
+        && let Ok(record) = serde_json::from_str::<serde_json::Value>(&text)
+        && let Some(pgid) = record["pgid"].as_i64()
+    {
+        let _ = nix::sys::signal::killpg(Pid::from_raw(i32::try_from(pgid)?), Signal::SIGKILL);
+    }
+    result?;
+    server.stop().await
 }
