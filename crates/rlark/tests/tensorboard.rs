@@ -380,3 +380,59 @@ async fn an_adopted_replica_gets_a_new_tensorboard_and_the_old_one_is_killed() -
     result?;
     server.stop().await
 }
+
+/// A replica that restarts reports its TensorBoard status again at each start (it is
+/// removed when the run ends and rides on the next `Running` write), and the Event is
+/// written once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restarted_replica_reports_its_tensorboard_again() -> anyhow::Result<()> {
+    let supervisor = vec![env!("CARGO_BIN_EXE_rlark").into(), "supervise".into()];
+    let h = Harness::start_with(supervisor).await?;
+    let empty = tempfile::tempdir()?;
+    create_job(
+        &h,
+        "again",
+        json!({
+            "name": "main", "agentType": "Raw", "role": "Actor",
+            "tensorBoardDir": "runs",
+            "raw": {"entrypoint": ["/bin/sleep", "0.3"], "restartPolicy": "Always",
+                    "environment": [{"name": "PATH",
+                                     "value": empty.path().display().to_string()}]},
+        }),
+    )
+    .await?;
+    let pods: Api<Pod> = Api::namespaced(h.admin.clone(), NAMESPACE);
+    let pod = eventually("again-main-0 running again after 2 restarts", || async {
+        Ok(pods.get_opt("again-main-0").await?.filter(|p| {
+            p.status.as_ref().is_some_and(|s| {
+                s.phase == Some(PodPhase::Running)
+                    && s.reason.is_none()
+                    && s.restart_count >= Some(2)
+            })
+        }))
+    })
+    .await?;
+    let status = pod.status.unwrap_or_default();
+    let board = status.tensor_board.unwrap_or_default();
+    assert!(
+        board
+            .message
+            .as_deref()
+            .is_some_and(|m| m.starts_with("TensorBoard was not started: no executable")),
+        "{board:?}"
+    );
+    let events: Api<k8s_openapi::api::core::v1::Event> =
+        Api::namespaced(h.admin.clone(), NAMESPACE);
+    let written = events
+        .list(&Default::default())
+        .await?
+        .items
+        .into_iter()
+        .filter(|e| {
+            e.reason.as_deref() == Some("TensorBoardNotStarted")
+                && e.involved_object.name.as_deref() == Some("again-main")
+        })
+        .count();
+    assert_eq!(written, 1, "one Event per replica, not one per restart");
+    h.stop().await
+}
