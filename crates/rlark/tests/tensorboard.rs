@@ -8,7 +8,8 @@
 //! Without `tensorboard` in the replica's PATH the task runs anyway, and the Pod status, a
 //! Warning Event on the Task and `rlark describe` say why no TensorBoard runs.
 //! An agent killed with SIGKILL leaves its TensorBoard running; the next agent adopts the
-//! replica, kills it and starts a new one.
+//! replica, kills it and starts a new one. A replica that restarts reports its TensorBoard status
+//! again at each start, with one Event per replica.
 //!
 //! Without TensorBoard installed the first test is skipped, or fails under `CI=true` /
 //! `RLARK_REQUIRE_TOOLS=1` (`tests/support/missing_tool.rs`). Every wait is bounded by
