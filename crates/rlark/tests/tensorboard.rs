@@ -341,21 +341,23 @@ async fn an_adopted_replica_gets_a_new_tensorboard_and_the_old_one_is_killed() -
             ))
         })
         .await?;
-        let pod = eventually("kept-main-0 with the new TensorBoard's pid", || async {
+        eventually("the new TensorBoard's pid recorded", || async {
             let now =
                 std::fs::read_to_string(replica_dir.join("tensorboard.pid")).unwrap_or_default();
-            Ok(if now.is_empty() || now == recorded {
-                None
-            } else {
-                pods.get_opt("kept-main-0")
-                    .await?
-                    .filter(|p| port_of(p).is_some())
-            })
+            Ok(!now.is_empty() && now != recorded)
         })
         .await?;
-        let port = port_of(&pod).expect("port");
-        let prefix = format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/kept-main/proxy/{port}");
+        // The port the Pod reports now (the old one until the new agent's write lands).
         let page = eventually("the new TensorBoard through the proxy", || async {
+            let Some(port) = pods
+                .get_opt("kept-main-0")
+                .await?
+                .as_ref()
+                .and_then(port_of)
+            else {
+                return Ok(None);
+            };
+            let prefix = format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/kept-main/proxy/{port}");
             let (status, body) = get(&admin, &format!("{prefix}/")).await?;
             Ok((status == 200).then_some(body))
         })
