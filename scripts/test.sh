@@ -71,7 +71,8 @@ install_deps() {
         apt-get install -y -qq "${apt_pkgs[@]}"
     fi
     log "installing Python test packages"
-    # tests/python's client and pytest, and `build`, which builds the SDKs' wheels.
+    # tests/python's client and pytest, `build`, which builds the SDKs' wheels, and
+    # TensorBoard (the agent starts it for tensorBoardDir; crates/rlark/tests/tensorboard.rs).
     python3 -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
     log "installing the web console's npm packages (web/package-lock.json)"
     (cd web && npm ci --no-audit --no-fund --loglevel=error)

@@ -45,6 +45,7 @@ mod runs;
 pub mod runtime;
 pub mod sim;
 pub mod supervisor;
+mod task_events;
 mod task_reports;
 pub mod tasks;
 

@@ -23,6 +23,9 @@ const ALL: &[AgentType] = &[AgentType::Kubernetes, AgentType::Docker, AgentType:
 /// `RLARK_RUN_SCRIPT`, crates/rlark-agent/src/kubernetes/env.rs); raw processes and Docker
 /// containers do not get them.
 const NOT_KUBERNETES: &[AgentType] = &[AgentType::Docker, AgentType::Raw];
+/// The raw runtime starts TensorBoard beside a replica (crates/rlark-agent/src/tasks/
+/// tensorboard.rs); containers and member Pods get none.
+const NOT_RAW: &[AgentType] = &[AgentType::Kubernetes, AgentType::Docker];
 
 /// The table: (field, agent types it is inert for, what rlark does instead).
 pub const INERT_FIELDS: &[InertField] = &[
@@ -33,8 +36,9 @@ pub const INERT_FIELDS: &[InertField] = &[
     },
     InertField {
         field: "tensorBoardDir",
-        inert_for: ALL,
-        message: "no TensorBoard sidecar or proxy is started (planned)",
+        inert_for: NOT_RAW,
+        message: "only Raw tasks get a TensorBoard beside their replicas; run it in the \
+                  task and open it through the task proxy",
     },
     InertField {
         field: "prepareScript",
@@ -158,7 +162,7 @@ mod tests {
             ("downstreamName", Raw, true),
             ("tensorBoardDir", Kubernetes, true),
             ("tensorBoardDir", Docker, true),
-            ("tensorBoardDir", Raw, true),
+            ("tensorBoardDir", Raw, false),
             ("prepareScript", Kubernetes, false),
             ("prepareScript", Docker, true),
             ("prepareScript", Raw, true),
@@ -222,6 +226,11 @@ mod tests {
                 JobTaskTemplate {
                     name: "worker".into(),
                     head: false,
+                    spec: with_field(spec(AgentType::Docker), "tensorBoardDir", "/logs"),
+                },
+                JobTaskTemplate {
+                    name: "raw".into(),
+                    head: false,
                     spec: with_field(spec(AgentType::Raw), "tensorBoardDir", "/logs"),
                 },
             ],
@@ -236,10 +245,15 @@ mod tests {
             .iter()
             .map(|w| w.split(':').next().unwrap_or(""))
             .collect();
-        // The Kubernetes head's prepareScript is acted on, and so is the Job's sshPublicKey
-        // (the SSH endpoint): no warning for them.
+        // The Kubernetes head's prepareScript is acted on, and so are the Job's sshPublicKey
+        // (the SSH endpoint) and the raw task's tensorBoardDir (TensorBoard beside it): no
+        // warning for them.
         assert_eq!(paths, ["spec.tasks[1].tensorBoardDir"]);
-        assert!(warnings[0].contains("for agentType Raw"), "{}", warnings[0]);
+        assert!(
+            warnings[0].contains("for agentType Docker"),
+            "{}",
+            warnings[0]
+        );
     }
 
     #[test]

@@ -15,7 +15,8 @@
 //! - `pods`: Pod reads and writes, retried;
 //! - `recovery`: the state files an earlier agent left;
 //! - `state`: the state file itself; `prune`: old run directories; `env`: the
-//!   environment contract.
+//!   environment contract; `tensorboard`: TensorBoard beside a replica of a Task with
+//!   `tensorBoardDir`.
 //!
 //! # What it does, for cluster `C` and node `N`
 //!
@@ -115,6 +116,7 @@ mod prune;
 mod reconciler;
 mod recovery;
 mod state;
+mod tensorboard;
 mod worker;
 
 use std::collections::BTreeMap;

@@ -11,14 +11,14 @@ use k8s_openapi::jiff::Timestamp;
 use kube::ResourceExt as _;
 use kube::api::{Patch, PatchParams, PostParams};
 use rlark_api::agent::replica::{Action, Adopted as AdoptedAt, End, Event, Now, Replica, RunSpec};
-use rlark_api::agent::status::{self, StatusPatch};
+use rlark_api::agent::status::{self, StatusField, StatusPatch};
 use rlark_api::agent::{
     PENDING_AFTER, REASON_BACKOFF, REASON_DOMAIN_NETWORK_UNAVAILABLE, REASON_STOPPED,
     REASON_WAITING_FOR_DOMAIN_IP, RUN_KEY_ANNOTATION, replica_pod,
 };
 use rlark_api::types::{
-    DeviceUnhealthyPolicy, DockerTaskSpec, DomainPendingPod, Pod, PodPhase, PodStatus, RawTaskSpec,
-    Task,
+    DeviceUnhealthyPolicy, DockerTaskSpec, DomainPendingPod, Pod, PodPhase, PodStatus,
+    PodTensorBoard, RawTaskSpec, Task,
 };
 use serde_json::json;
 use tokio::sync::watch;
@@ -31,6 +31,7 @@ use super::pods::{
 };
 use super::prune::prune_runs;
 use super::recovery::{Recovered, end_recovered};
+use super::tensorboard::{self, Beside, TensorBoard};
 use super::{PodNetwork, ReplicaState, STATE_FILE, Shared, replica_dir, replica_env};
 use crate::runtime::docker::{ContainerSet, container_name, labels as docker_labels};
 use crate::runtime::{
@@ -95,6 +96,16 @@ pub(super) struct Worker {
     state: Option<ReplicaState>,
     /// Where [`Worker::run_replica`] takes up a run an earlier agent started.
     resume: Option<Resume>,
+    /// The TensorBoard beside the running replica (`tensorBoardDir`, raw tasks); boxed, as
+    /// every idle worker carries the field.
+    tensorboard: Option<Box<TensorBoard>>,
+    /// The replica's TensorBoard ended: the next status write removes `tensorBoard`.
+    clear_tensorboard: bool,
+    /// A `TensorBoardNotStarted` Event was written for this replica (once is enough).
+    tensorboard_warned: bool,
+    /// The TensorBoard status the next status write carries (the `Running` one that
+    /// follows a start), so a start costs no extra write.
+    pending_tensorboard: Option<Box<PodTensorBoard>>,
 }
 
 /// A run taken over from an earlier agent.
@@ -150,6 +161,10 @@ impl Worker {
             resume: None,
             network: None,
             devices: Vec::new(),
+            tensorboard: None,
+            clear_tensorboard: false,
+            tensorboard_warned: false,
+            pending_tensorboard: None,
         }
     }
 
@@ -169,6 +184,7 @@ impl Worker {
             step = match step {
                 Step::Start => {
                     let step = Box::pin(self.run_replica()).await;
+                    self.stop_tensorboard();
                     Box::pin(self.leave_domain()).await;
                     if !self.left_running() {
                         Box::pin(self.stop_held_robots()).await;
@@ -478,6 +494,9 @@ impl Worker {
         match resume {
             None => self.drive(machine, Event::Start, None, Some(body)).await,
             Some(resume) => {
+                if resume.running.is_some() {
+                    Box::pin(self.start_tensorboard(true)).await;
+                }
                 let event = Event::Adopt {
                     at: resume.at,
                     restarts: resume.restarts,
@@ -522,6 +541,8 @@ impl Worker {
                             Ok(started) => {
                                 let at = timestamp(started.started_at());
                                 running = Some(started);
+                                // Reported by the Running write that follows.
+                                Box::pin(self.start_tensorboard(false)).await;
                                 Some(Event::Started { at })
                             }
                             Err(error) => {
@@ -540,12 +561,16 @@ impl Worker {
                         None
                     }
                     Action::Kill { grace } => match running.take() {
-                        Some(mut process) => Some(Event::Exited(exit_report(
-                            &Box::pin(process.terminate(grace)).await,
-                        ))),
+                        Some(mut process) => {
+                            let exit = Box::pin(process.terminate(grace)).await;
+                            self.stop_tensorboard();
+                            Some(Event::Exited(exit_report(&exit)))
+                        }
                         None => None,
                     },
                     Action::Detach => {
+                        // The next agent starts a TensorBoard for the replica it adopts.
+                        self.stop_tensorboard();
                         if let Some(process) = running.take() {
                             // Keep running; the state file tells the next agent about it.
                             tracing::info!(pod = %self.pod, pid = process.record().pid(), "leaving replica running");
@@ -612,6 +637,7 @@ impl Worker {
         let command = tokio::select! {
             exit = wait_exit(running) => {
                 *running = None;
+                self.stop_tensorboard();
                 return Some(Event::Exited(exit_report(&exit)));
             }
             devices = device_trouble(devices, pod) => {
@@ -693,6 +719,80 @@ impl Worker {
             tracing::info!(pod = %self.pod, pid = started.record().pid(), restarts, "replica started");
         }
         spawned
+    }
+
+    /// Start TensorBoard beside the replica that just started (or was adopted running) when
+    /// its Task is a raw one with `tensorBoardDir`, and report it in the Pod's
+    /// `status.tensorBoard`: its port, or why it does not run ([`tensorboard`]) — written
+    /// now with `write_now`, else with the next status write.
+    async fn start_tensorboard(&mut self, write_now: bool) {
+        let Some(raw) = self.task.spec.raw.as_ref() else {
+            return;
+        };
+        let Some(dir) = self
+            .task
+            .spec
+            .tensor_board_dir
+            .as_deref()
+            .filter(|d| !d.is_empty())
+        else {
+            return;
+        };
+        if let Some(mut previous) = self.tensorboard.take() {
+            previous.stop();
+        }
+        let replica_dir = self.replica_dir();
+        let mut work_dir = replica_dir.join("work");
+        if let Some(working_dir) = &raw.working_dir {
+            work_dir = work_dir.join(working_dir);
+        }
+        let status = match self.task.spec.domain.as_deref().filter(|d| !d.is_empty()) {
+            Some(domain) => tensorboard::not_started(format!(
+                "the replica is in Domain {domain}: its ports are in its own network \
+                 namespace, which the task proxy does not reach"
+            )),
+            None => {
+                let env = replica_env(&self.task, self.index, &self.shared.ctx);
+                let (running, status) = tensorboard::start(&Beside {
+                    tensor_board_dir: dir,
+                    work_dir: &work_dir,
+                    replica_dir: &replica_dir,
+                    env: &env,
+                });
+                self.tensorboard = running.map(Box::new);
+                status
+            }
+        };
+        if let Some(message) = &status.message {
+            tracing::warn!(pod = %self.pod, %message, "no TensorBoard beside the replica");
+            if !std::mem::replace(&mut self.tensorboard_warned, true) {
+                crate::task_events::warn_task(
+                    &self.shared.client,
+                    &self.task,
+                    tensorboard::REASON_NOT_STARTED,
+                    format!("replica {}: {message}", self.index),
+                )
+                .await;
+            }
+        }
+        self.clear_tensorboard = false;
+        self.pending_tensorboard = Some(Box::new(status));
+        if write_now {
+            self.write_status(StatusPatch::default(), true).await;
+        }
+    }
+
+    /// Kill the replica's TensorBoard, if any; the next status write removes
+    /// `status.tensorBoard`.
+    fn stop_tensorboard(&mut self) {
+        if let Some(mut running) = self.tensorboard.take() {
+            running.stop();
+        }
+        self.pending_tensorboard = None;
+        // Gone from what a resync re-asserts, too.
+        if self.reported.tensor_board.take().is_some() {
+            self.clear_tensorboard = true;
+        }
     }
 
     /// Apply the retention rule to this Task's older runs ([`prune_runs`]).
@@ -1200,7 +1300,14 @@ impl Worker {
     /// Merge-patch the Pod's status with `patch` (retried). With `recreate`, a Pod that
     /// disappeared is created again with everything reported so far. Returns whether the
     /// write happened.
-    pub(super) async fn write_status(&mut self, patch: StatusPatch, recreate: bool) -> bool {
+    pub(super) async fn write_status(&mut self, mut patch: StatusPatch, recreate: bool) -> bool {
+        if let Some(board) = self.pending_tensorboard.take() {
+            patch.set.tensor_board = Some(*board);
+            self.clear_tensorboard = false;
+        }
+        if std::mem::take(&mut self.clear_tensorboard) && patch.set.tensor_board.is_none() {
+            patch.clear.push(StatusField::TensorBoard);
+        }
         patch.apply(&mut self.reported);
         let api = self.shared.pods();
         let params = PatchParams::default();

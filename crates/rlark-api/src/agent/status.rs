@@ -37,6 +37,8 @@ pub enum StatusField {
     StartTime,
     /// `finishTime`.
     FinishTime,
+    /// `tensorBoard`.
+    TensorBoard,
 }
 
 impl StatusField {
@@ -51,6 +53,7 @@ impl StatusField {
             StatusField::RestartCount => "restartCount",
             StatusField::StartTime => "startTime",
             StatusField::FinishTime => "finishTime",
+            StatusField::TensorBoard => "tensorBoard",
         }
     }
 
@@ -64,6 +67,7 @@ impl StatusField {
             StatusField::RestartCount => status.restart_count = None,
             StatusField::StartTime => status.start_time = None,
             StatusField::FinishTime => status.finish_time = None,
+            StatusField::TensorBoard => status.tensor_board = None,
         }
     }
 }
@@ -110,7 +114,8 @@ impl StatusPatch {
             exit_code,
             restart_count,
             start_time,
-            finish_time
+            finish_time,
+            tensor_board
         );
         if !set.devices.is_empty() {
             status.devices.clone_from(&set.devices);
@@ -430,6 +435,43 @@ mod tests {
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(secs).expect("timestamp")
+    }
+
+    #[test]
+    fn a_tensorboard_status_replaces_the_last_one_and_can_be_removed() {
+        let mut status = PodStatus {
+            tensor_board: Some(crate::types::PodTensorBoard {
+                port: Some(41234),
+                log_dir: Some("/w/runs".into()),
+                message: None,
+            }),
+            ..PodStatus::default()
+        };
+        let not_started = StatusPatch {
+            set: PodStatus {
+                tensor_board: Some(crate::types::PodTensorBoard {
+                    message: Some("TensorBoard was not started: ...".into()),
+                    ..Default::default()
+                }),
+                ..PodStatus::default()
+            },
+            clear: Vec::new(),
+        };
+        // In the merge patch every field is there, so the earlier port goes.
+        assert_eq!(
+            not_started.to_json(),
+            json!({"tensorBoard": {"port": null, "logDir": null,
+                                   "message": "TensorBoard was not started: ..."}})
+        );
+        not_started.apply(&mut status);
+        assert_eq!(status.tensor_board, not_started.set.tensor_board);
+        let gone = StatusPatch {
+            set: PodStatus::default(),
+            clear: vec![StatusField::TensorBoard],
+        };
+        assert_eq!(gone.to_json(), json!({"tensorBoard": null}));
+        gone.apply(&mut status);
+        assert_eq!(status.tensor_board, None);
     }
 
     fn exit(code: Option<i32>, description: &str, cause: ExitCause, killed: bool) -> ExitReport {

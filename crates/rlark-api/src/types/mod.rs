@@ -29,7 +29,7 @@ pub use job::{
 pub use node::{
     Node, NodeCategory, NodeDevice, NodeInfo, NodeNetwork, NodePhase, NodeSpec, NodeStatus,
 };
-pub use pod::{Pod, PodPhase, PodSpec, PodStatus};
+pub use pod::{Pod, PodPhase, PodSpec, PodStatus, PodTensorBoard};
 pub use task::{
     DeviceUnhealthyPolicy, DockerContainerSpec, DockerTaskSpec, DockerVolumeRef,
     KubernetesTaskSpec, KubernetesWorkloadKind, KubernetesWorkloadSpec, NodeLostPolicy,

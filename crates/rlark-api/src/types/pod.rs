@@ -117,4 +117,28 @@ pub struct PodStatus {
     /// replica holds them; the Task gets the condition `DeviceUnhealthy`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unhealthy_devices: Vec<NodeDevice>,
+    /// The TensorBoard the agent runs beside the replica for its Task's `tensorBoardDir`
+    /// (raw replicas), while the replica runs: its port, or why none runs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensor_board: Option<PodTensorBoard>,
+}
+
+/// The TensorBoard of a replica (`PodStatus.tensorBoard`). Unset fields serialize as
+/// `null`, so that in the agent's merge patches a new value replaces the whole object
+/// (a port reported by an earlier agent does not stay beside a new `message`).
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodTensorBoard {
+    /// The port it serves on, on the replica's node's loopback (reach it through the task
+    /// proxy, `/rlark/v1/namespaces/{ns}/tasks/{name}/proxy/{port}/`). Unset when it could
+    /// not be started.
+    #[serde(default)]
+    pub port: Option<i32>,
+    /// The log directory it reads (`tensorBoardDir` resolved against the working
+    /// directory).
+    #[serde(default)]
+    pub log_dir: Option<String>,
+    /// Why it does not run (when `port` is unset).
+    #[serde(default)]
+    pub message: Option<String>,
 }

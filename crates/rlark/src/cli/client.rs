@@ -27,6 +27,8 @@ pub(crate) struct Session {
     pub namespace: String,
     /// Whether `-n` was given.
     pub namespace_explicit: bool,
+    /// The server's URL (`https://host:port`, no trailing slash).
+    pub server: String,
 }
 
 impl Session {
@@ -35,6 +37,11 @@ impl Session {
     pub async fn connect(args: &ClientArgs) -> anyhow::Result<Session> {
         let kubeconfig = load_kubeconfig(args, Path::new(DEFAULT_KUBECONFIG))?;
         let config = kube_config(kubeconfig, args).await?;
+        let server = config
+            .cluster_url
+            .to_string()
+            .trim_end_matches('/')
+            .to_string();
         let client = build_client(config)?;
         let (namespace, namespace_explicit) = match &args.namespace {
             Some(ns) => (ns.clone(), true),
@@ -44,6 +51,7 @@ impl Session {
             client,
             namespace,
             namespace_explicit,
+            server,
         })
     }
 }

@@ -16,6 +16,7 @@ use super::output::{DataFormat, print_data};
 use super::table::{align, human_duration};
 
 mod domain;
+mod task;
 
 #[derive(Debug, Args)]
 pub(crate) struct DescribeArgs {
@@ -99,8 +100,52 @@ pub(crate) async fn describe(args: DescribeArgs) -> anyhow::Result<()> {
         );
         return Ok(());
     }
+    if info.ar.group == "rlinf.io" && info.ar.kind == "Task" {
+        let pods = match task_pods(&session.client, namespace.as_deref(), &name).await {
+            Ok(pods) => pods,
+            Err(error) => {
+                tracing::warn!(error = %format!("{error:#}"), "listing the task's pods failed");
+                Vec::new()
+            }
+        };
+        let sections = task::sections(&session.server, &object, &pods);
+        print!(
+            "{}",
+            render_with(info, &object, &sections, events.as_deref(), Utc::now())
+        );
+        return Ok(());
+    }
     print!("{}", render(info, &object, events.as_deref(), Utc::now()));
     Ok(())
+}
+
+/// The replica Pods of Task `name` in `namespace` (label `rlark.io/task-name`).
+async fn task_pods(
+    client: &kube::Client,
+    namespace: Option<&str>,
+    name: &str,
+) -> anyhow::Result<Vec<Value>> {
+    let resource = kube::core::ApiResource {
+        group: "rlinf.io".into(),
+        version: "v1alpha1".into(),
+        api_version: "rlinf.io/v1alpha1".into(),
+        kind: "Pod".into(),
+        plural: "pods".into(),
+    };
+    let api: Api<DynamicObject> = match namespace {
+        Some(namespace) => Api::namespaced_with(client.clone(), namespace, &resource),
+        None => Api::all_with(client.clone(), &resource),
+    };
+    let list = api
+        .list(&ListParams::default().labels(&format!("{}={name}", rlark_api::labels::TASK_NAME)))
+        .await
+        .context("list the task's pods")?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter_map(|p| serde_json::to_value(p).ok())
+        .filter(|p| p["spec"]["taskName"].as_str() == Some(name))
+        .collect())
 }
 
 /// The DomainPeers of Domain `name` (named after it, in every namespace).
