@@ -411,8 +411,8 @@ async fn compact_round(conn: &mut PgConnection, keep: i64) -> Result<Option<i64>
     if !locked {
         return Ok(None);
     }
-    let revision = to_db_int(meta_value(&mut tx, "revision").await?)?;
-    let compacted = to_db_int(meta_value(&mut tx, "compacted").await?)?;
+    let (revision, compacted) = revision_and_floor(&mut tx).await?;
+    let (revision, compacted) = (to_db_int(revision)?, to_db_int(compacted)?);
     let floor = revision.saturating_sub(keep);
     if floor <= compacted {
         return Ok(None);
@@ -429,8 +429,7 @@ async fn remote_since(
     conn: &mut PgConnection,
     known: Revision,
 ) -> Result<Option<Remote>, StoreError> {
-    let revision = meta_value(&mut *conn, "revision").await?;
-    let compacted = meta_value(&mut *conn, "compacted").await?;
+    let (revision, compacted) = revision_and_floor(&mut *conn).await?;
     if revision == known {
         return Ok(Some(Remote::UpToDate));
     }
@@ -493,8 +492,7 @@ async fn load_in(conn: &mut PgConnection) -> Result<Loaded, StoreError> {
         .execute(&mut *tx)
         .await
         .map_err(pg_err("begin load"))?;
-    let revision = meta_value(&mut tx, "revision").await?;
-    let compacted = meta_value(&mut tx, "compacted").await?;
+    let (revision, compacted) = revision_and_floor(&mut tx).await?;
     let mut objects = Vec::new();
     {
         let mut rows =
@@ -587,6 +585,21 @@ async fn migrate(conn: &mut PgConnection) -> Result<(), StoreError> {
         tracing::info!(version, "store schema migrated");
     }
     tx.commit().await.map_err(pg_err("committing migration"))
+}
+
+/// The stored revision and change-log floor, in one round trip (every write transaction
+/// and every catch-up reads both).
+async fn revision_and_floor(conn: &mut PgConnection) -> Result<(Revision, Revision), StoreError> {
+    let rows: Vec<(String, i64)> =
+        sqlx::query_as("SELECT key, value FROM rlark_meta WHERE key IN ('revision', 'compacted')")
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(pg_err("reading rlark_meta"))?;
+    let value = |key: &str| {
+        let found = rows.iter().find(|(k, _)| k == key).map_or(0, |(_, v)| *v);
+        from_db_int(found, key)
+    };
+    Ok((value("revision")?, value("compacted")?))
 }
 
 async fn meta_value(conn: &mut PgConnection, key: &str) -> Result<Revision, StoreError> {
