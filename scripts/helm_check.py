@@ -54,6 +54,15 @@ CASES = {
             "store": {"postgres": {"existingSecret": "db", "existingSecretKey": "dsn"}},
         },
     ),
+    "rlark-replicas": (
+        "rlark",
+        {
+            "replicaCount": 3,
+            "store": {"postgres": {"existingSecret": "db"}},
+            "ca": {"sealingSecret": {"existingSecret": "rlark-ca-sealing"}},
+            "ingress": {"enabled": True},
+        },
+    ),
     "rlark-agent-default": ("rlark-agent", dict(AGENT_REQUIRED, joinToken="abcdef.0123456789abcdef")),
     "rlark-agent-full": (
         "rlark-agent",
@@ -83,8 +92,28 @@ CASES = {
 
 # Values the charts must refuse, with a word of the message that says why.
 REFUSED = {
-    "two server replicas": ("rlark", {"replicaCount": 2}, "replicaCount must be 1"),
-    "no volume and no CA": ("rlark", {"persistence": {"enabled": False}}, "ca.existingSecret"),
+    "replicas without PostgreSQL": (
+        "rlark",
+        {"replicaCount": 2, "ca": {"sealingSecret": {"existingSecret": "s"}}},
+        "needs a PostgreSQL store",
+    ),
+    "replicas without a sealing secret": (
+        "rlark",
+        {"replicaCount": 2, "store": {"postgres": {"url": "postgres://db/rlark"}}},
+        "ca.sealingSecret",
+    ),
+    "replicas sharing one claim": (
+        "rlark",
+        {
+            "replicaCount": 2,
+            "store": {"postgres": {"url": "postgres://db/rlark"}},
+            "ca": {"sealingSecret": {"existingSecret": "s"}},
+            "persistence": {"existingClaim": "data"},
+        },
+        "existingClaim",
+    ),
+    "no replica": ("rlark", {"replicaCount": 0}, "at least 1"),
+    "no volume and no CA": ("rlark", {"persistence": {"enabled": False}}, "ca.sealingSecret"),
     "gateway without parent": ("rlark", {"gateway": {"enabled": True}}, "parentRefs"),
     "agent without server": ("rlark-agent", {}, "server is required"),
 }

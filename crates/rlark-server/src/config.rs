@@ -293,6 +293,9 @@ impl ServerConfig {
             if let Some(v) = tunnel.advertise_url {
                 config.tunnel.advertise_url = Some(v);
             }
+            if let Some(v) = tunnel.peer_url {
+                config.tunnel.peer_url = Some(v);
+            }
             if let Some(v) = tunnel.peers {
                 config.tunnel.peers = v;
             }
@@ -354,6 +357,9 @@ impl ServerConfig {
         }
         if let Some(v) = overrides.idle_timeout {
             config.connections.idle_timeout = v;
+        }
+        if let Some(url) = overrides.peer_url {
+            config.tunnel.peer_url = Some(url);
         }
         if let Some(enabled) = overrides.controllers {
             config.controllers.enabled = enabled;
@@ -570,6 +576,10 @@ impl ServerConfig {
             crate::tunnel::replicas::check_url(url)
                 .map_err(|reason| invalid("tunnel.advertiseURL", reason))?;
         }
+        if let Some(url) = &self.tunnel.peer_url {
+            crate::tunnel::replicas::check_url(url)
+                .map_err(|reason| invalid("tunnel.peerURL", reason))?;
+        }
         for (i, url) in self.tunnel.peers.iter().enumerate() {
             crate::tunnel::replicas::check_url(url)
                 .map_err(|reason| invalid(&format!("tunnel.peers[{i}]"), reason))?;
@@ -674,6 +684,8 @@ pub struct ServerOverrides {
     pub header_read_timeout: Option<Duration>,
     /// `--idle-timeout`: see `ConnectionLimits::idle_timeout`.
     pub idle_timeout: Option<Duration>,
+    /// `--peer-url`: see `tunnel.peerURL`.
+    pub peer_url: Option<String>,
     /// `--max-nodes-per-agent`: see `ApiServerOptions::max_nodes_per_agent`.
     pub max_nodes_per_agent: Option<usize>,
     /// `--event-ttl`: see `api.limits.eventTTLSeconds`.
@@ -916,6 +928,10 @@ pub struct TunnelConfigFile {
     /// from `listen`, see `TunnelConfig::advertise_url`).
     #[serde(rename = "advertiseURL")]
     pub advertise_url: Option<String>,
+    /// `peerURL`: the `https://` URL the other replicas reach this replica at (default: the
+    /// advertise URL; see `TunnelConfig::peer_url`). `--peer-url` overrides it.
+    #[serde(rename = "peerURL")]
+    pub peer_url: Option<String>,
     /// `peers`: other replicas' `https://` URLs, offered to agents.
     pub peers: Option<Vec<String>>,
 }
@@ -1200,10 +1216,10 @@ mod tests {
             ..Default::default()
         };
         let file = parse(
-            "security: {agentCertValiditySeconds: 60}\ntunnel: {windowBytes: 1048576, maxStreams: 10, idleStreamTimeoutSeconds: 0, dialTimeoutSeconds: 3, advertiseURL: 'https://cp-1:8443', peers: ['https://cp-2:8443']}\n",
+            "security: {agentCertValiditySeconds: 60}\ntunnel: {windowBytes: 1048576, maxStreams: 10, idleStreamTimeoutSeconds: 0, dialTimeoutSeconds: 3, advertiseURL: 'https://cp-1:8443', peerURL: 'https://cp-1.peers:8443', peers: ['https://cp-2:8443']}\n",
         )
         .expect("parse");
-        let config = ServerConfig::resolve(Some(file), overrides()).expect("valid");
+        let config = ServerConfig::resolve(Some(file.clone()), overrides()).expect("valid");
         assert_eq!(config.security.agent_cert_validity, Duration::from_secs(60));
         assert_eq!(config.tunnel.mux.window, 1_048_576);
         assert_eq!(config.tunnel.mux.start_window, 512 * 1024);
@@ -1215,6 +1231,23 @@ mod tests {
             Some("https://cp-1:8443")
         );
         assert_eq!(config.tunnel.peers, ["https://cp-2:8443"]);
+        assert_eq!(
+            config.tunnel.peer_url.as_deref(),
+            Some("https://cp-1.peers:8443")
+        );
+        // --peer-url wins over the file.
+        let flagged = ServerConfig::resolve(
+            Some(file),
+            ServerOverrides {
+                peer_url: Some("https://rlark-1.rlark-peers.ns.svc:8443".into()),
+                ..overrides()
+            },
+        )
+        .expect("valid");
+        assert_eq!(
+            flagged.tunnel.peer_url.as_deref(),
+            Some("https://rlark-1.rlark-peers.ns.svc:8443")
+        );
         // A window below the default start window caps the start window.
         let small = ServerConfig::resolve(
             Some(parse("tunnel: {windowBytes: 262144}\n").expect("parse")),
@@ -1228,6 +1261,7 @@ mod tests {
                 "tunnel.advertiseURL",
             ),
             ("tunnel: {peers: ['https://a', 'b:1']}\n", "tunnel.peers[1]"),
+            ("tunnel: {peerURL: 'cp-1:8443'}\n", "tunnel.peerURL"),
             ("tunnel: {windowBytes: 100}\n", "tunnel.windowBytes"),
             (
                 "tunnel: {windowBytes: 1048576, startWindowBytes: 2097152}\n",

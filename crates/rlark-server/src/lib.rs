@@ -401,13 +401,14 @@ async fn start_with_token(
     let replicas = tunnel::replicas::Replicas::new(
         Arc::new(store.clone()),
         replica_name(local_addr),
-        advertise_url.clone(),
+        advertise_url,
+        config.tunnel.peer_url.clone(),
         config.tunnel.peers.clone(),
     );
     match peer_tls(&config, &ca, &security, local_addr).await {
         Ok(tls) => hub.set_peer_link(tunnel::peer::PeerLink::new(
             Arc::clone(&replicas),
-            advertise_url,
+            replicas.my_peer_address(),
             tls,
         )),
         Err(e) => {

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use k8s_openapi::api::apps::v1::{DaemonSet, Deployment};
+use k8s_openapi::api::apps::v1::{DaemonSet, Deployment, StatefulSet};
 use k8s_openapi::api::core::v1::{
     ConfigMap, Namespace, PersistentVolumeClaim, Secret, Service, ServiceAccount,
 };
@@ -195,6 +195,7 @@ fn check_object(doc: &Value) -> Result<(), String> {
         ("v1", "Namespace") => strict::<Namespace>(doc),
         ("apps/v1", "Deployment") => strict::<Deployment>(doc),
         ("apps/v1", "DaemonSet") => strict::<DaemonSet>(doc),
+        ("apps/v1", "StatefulSet") => strict::<StatefulSet>(doc),
         ("networking.k8s.io/v1", "Ingress") => strict::<Ingress>(doc),
         ("policy/v1", "PodDisruptionBudget") => strict::<PodDisruptionBudget>(doc),
         ("rbac.authorization.k8s.io/v1", "ClusterRole") => strict::<ClusterRole>(doc),
@@ -305,6 +306,52 @@ fn helm_charts_lint_render_and_decode_strictly() {
     );
     assert!(find(&rendered["rlark-default"], "Ingress").is_empty());
 
+    // Several replicas: a StatefulSet on PostgreSQL, each pod with its own volume and DNS
+    // name (the peer URL), the CAs from the store under the sealing secret.
+    let replicas = &rendered["rlark-replicas"];
+    assert!(find(replicas, "Deployment").is_empty());
+    assert!(
+        find(replicas, "PersistentVolumeClaim").is_empty(),
+        "volumes come from volumeClaimTemplates"
+    );
+    let set = one(replicas, "StatefulSet");
+    assert_eq!(set["spec"]["replicas"], 3);
+    assert_eq!(set["spec"]["podManagementPolicy"], "Parallel");
+    assert_eq!(
+        set["spec"]["volumeClaimTemplates"][0]["metadata"]["name"],
+        "data"
+    );
+    let peers = find(replicas, "Service")
+        .into_iter()
+        .find(|s| s["spec"]["clusterIP"] == "None")
+        .expect("headless Service");
+    assert_eq!(set["spec"]["serviceName"], peers["metadata"]["name"]);
+    assert_eq!(peers["spec"]["publishNotReadyAddresses"], true);
+    let set_args = args(set);
+    let peer = format!(
+        "--peer-url=https://$(POD_NAME).{}.rlark.svc:8443",
+        peers["metadata"]["name"].as_str().unwrap()
+    );
+    assert!(set_args.contains(&peer), "{set_args:?}");
+    assert!(
+        set_args.contains(&"--ca-secret-file=/etc/rlark-ca-secret/secret".to_string()),
+        "{set_args:?}"
+    );
+    let container = &set["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(container["env"][0]["name"], "POD_NAME");
+    assert_eq!(
+        container["env"][0]["valueFrom"]["fieldRef"]["fieldPath"],
+        "metadata.name"
+    );
+    assert!(
+        set["spec"]["template"]["spec"]["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|v| v["name"] != "data"),
+        "the data volume is per pod"
+    );
+
     // The agent chart: least privilege (no wildcard, no cluster-wide secrets or writes
     // beyond cordoning nodes), the token from a Secret, the node runtime only when enabled.
     for case in ["rlark-agent-default", "rlark-agent-full"] {
@@ -394,8 +441,14 @@ fn localized(args: &[String], swaps: &[(&str, String)]) -> Vec<String> {
 
 /// Run `rlark ARGS` until a line of its output contains `ready` (60 s at most), then kill it.
 fn starts(rlark: &str, args: &[String], ready: &str) {
+    starts_with_env(rlark, args, ready, &[]);
+}
+
+/// [`starts`] with environment variables.
+fn starts_with_env(rlark: &str, args: &[String], ready: &str, env: &[(&str, &str)]) {
     let mut child = Command::new(rlark)
         .args(args)
+        .envs(env.iter().copied())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
@@ -434,6 +487,70 @@ fn starts(rlark: &str, args: &[String], ready: &str) {
         "rlark {args:?} did not start:\n{}",
         seen.join("\n")
     );
+}
+
+/// The replicated chart's StatefulSet: two pods' args (`$(POD_NAME)` expanded as the kubelet
+/// does), started at once on one PostgreSQL database with the sealing secret, come up and end
+/// with one CA and one SSH CA between them.
+#[test]
+fn the_replicated_charts_pods_start_together_and_share_the_cas() {
+    let Some(rendered) = render() else { return };
+    let Some(bin) = rlark_testkit::postgres::find_bin() else {
+        missing_tool::skip_or_fail(
+            "PostgreSQL server binaries (initdb, pg_ctl; Debian package postgresql) are not installed",
+        );
+        return;
+    };
+    let cluster = rlark_testkit::postgres::PgCluster::start(&bin);
+    cluster.create_database("rlark");
+    let rlark = env!("CARGO_BIN_EXE_rlark");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let docs = &rendered["rlark-replicas"];
+    let config = dir.path().join("server.yaml");
+    std::fs::write(
+        &config,
+        one(docs, "ConfigMap")["data"]["server.yaml"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    let secret = dir.path().join("sealing-secret");
+    std::fs::write(&secret, "0123456789abcdef0123456789abcdef-chart-test\n").unwrap();
+    let set_args = args(one(docs, "StatefulSet"));
+    let pods: Vec<(PathBuf, Vec<String>)> = (0..2)
+        .map(|i| {
+            let data = dir.path().join(format!("rlark-{i}"));
+            let expanded: Vec<String> = set_args
+                .iter()
+                .map(|a| a.replace("$(POD_NAME)", &format!("rlark-{i}")))
+                .collect();
+            let args = localized(
+                &expanded,
+                &[
+                    ("--config=", format!("--config={}", config.display())),
+                    ("--data-dir=", format!("--data-dir={}", data.display())),
+                    ("--listen=", "--listen=127.0.0.1:0".to_string()),
+                    (
+                        "--ca-secret-file=",
+                        format!("--ca-secret-file={}", secret.display()),
+                    ),
+                ],
+            );
+            (data, args)
+        })
+        .collect();
+    let url = cluster.url("rlark");
+    std::thread::scope(|scope| {
+        for (_, args) in &pods {
+            let url = url.clone();
+            scope
+                .spawn(move || starts_with_env(rlark, args, "listening", &[("RLARK_STORE", &url)]));
+        }
+    });
+    for file in ["pki/ca.crt", "pki/ssh_ca.pub"] {
+        let read = |data: &Path| std::fs::read_to_string(data.join(file)).expect(file);
+        assert_eq!(read(&pods[0].0), read(&pods[1].0), "{file} differs");
+    }
 }
 
 #[test]

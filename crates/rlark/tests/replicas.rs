@@ -569,6 +569,18 @@ async fn tunnels(server: &rlark_testkit::TestServer) -> Result<usize> {
 /// through its own session. A non-peer (even an admin) may not open peer streams.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn port_forward_through_a_replica_without_the_agents_tunnel() -> Result<()> {
+    port_forward_through_a_peer(false).await
+}
+
+/// The same with both replicas behind one load-balanced advertise URL (the Helm chart's
+/// StatefulSet): the URL they publish is the same and unresolvable here, so the stream can
+/// only reach B at its own peer URL (`tunnel.peerURL`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn port_forward_through_a_peer_behind_one_balanced_url() -> Result<()> {
+    port_forward_through_a_peer(true).await
+}
+
+async fn port_forward_through_a_peer(behind_balancer: bool) -> Result<()> {
     use rlark_testkit::TestServer;
     use rlark_testkit::tunnel_agent::TunnelAgent;
     use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -584,14 +596,52 @@ async fn port_forward_through_a_replica_without_the_agents_tunnel() -> Result<()
     let dir = tempfile::tempdir()?;
     let secret = dir.path().join("ca-secret");
     std::fs::write(&secret, "0123456789abcdef0123456789abcdef-test-secret\n")?;
-    let config = |name: &str| {
+    let config = |name: &str| -> Result<_> {
         let mut config = TestServer::config_for(&dir.path().join(name));
         config.store_url = Some(cluster.url("rlark"));
         config.ca_secret_file = Some(secret.clone());
-        config
+        if behind_balancer {
+            // A port of its own known before start, for its peer URL.
+            let port = std::net::TcpListener::bind("127.0.0.1:0")?
+                .local_addr()?
+                .port();
+            config.listen = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+            config.tunnel.advertise_url = Some("https://rlark-balancer.invalid:443".into());
+            config.tunnel.peer_url = Some(format!("https://127.0.0.1:{port}"));
+        }
+        Ok(config)
     };
-    let a = TestServer::start_with(config("a")).await?;
-    let b = TestServer::start_with(config("b")).await?;
+    let a = TestServer::start_with(config("a")?).await?;
+    let b = TestServer::start_with(config("b")?).await?;
+    if behind_balancer {
+        // Both publish the balancer, each under a record of its own (B's reaches A through
+        // the database: wait for it).
+        let client = a.client().await?;
+        let mut list = serde_json::Value::Null;
+        for _ in 0..100 {
+            list = client
+                .request(http::Request::get("/rlark/v1/replicas").body(Vec::new())?)
+                .await?;
+            if list["items"].as_array().is_some_and(|i| i.len() >= 2) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let items = list["items"].as_array().context("items")?;
+        assert_eq!(items.len(), 2, "{list}");
+        assert!(
+            items
+                .iter()
+                .all(|i| i["url"] == "https://rlark-balancer.invalid:443"),
+            "{list}"
+        );
+        assert!(
+            items
+                .iter()
+                .any(|i| i["peerUrl"] == format!("https://127.0.0.1:{}", b.addr().port())),
+            "{list}"
+        );
+    }
     // Connected to B only (this test agent does not discover replicas).
     let agent = TunnelAgent::start(&[&b], "edge").await?;
     assert_eq!(tunnels(&a).await?, 0, "A holds no session of the agent");

@@ -150,6 +150,7 @@ pub(crate) async fn sync(
     let key = ObjectKey::new(CERTIFICATE_AUTHORITIES, "", RECORD);
     let local_cert = pki_dir.join(rlark_pki::CA_CERT_FILE);
     let had_local = local_cert.exists();
+    let had_local_ssh = pki_dir.join(rlark_pki::ssh::SSH_CA_PUB_FILE).exists();
     if let Some(record) = store.get(&key).await.map_err(store_error(store))? {
         return adopt(&record, pki_dir, secret, had_local);
     }
@@ -187,16 +188,46 @@ pub(crate) async fn sync(
                 .await
                 .map_err(store_error(store))?
                 .ok_or_else(|| refused("the CA record vanished while starting".into()))?;
-            if !had_local && cert_of(&record)? != std::fs::read_to_string(&local_cert).ok() {
-                // The CA this start created lost the race: take the winner's.
-                for (file, _) in FILES {
-                    let _ = std::fs::remove_file(pki_dir.join(file));
-                }
-            }
-            adopt(&record, pki_dir, Some(secret), had_local)
+            lost_race(&record, pki_dir, secret, had_local, had_local_ssh)
         }
         Err(e) => Err(store_error(store)(e)),
     }
+}
+
+/// Another replica published its CAs between this start's read and its create: drop what
+/// this start created (`had_local*` false) where it differs from the record, then adopt.
+fn lost_race(
+    record: &Value,
+    pki_dir: &Path,
+    secret: &CaSecret,
+    had_local: bool,
+    had_local_ssh: bool,
+) -> Result<(), ServerError> {
+    let local_cert = pki_dir.join(rlark_pki::CA_CERT_FILE);
+    if !had_local && cert_of(record)? != std::fs::read_to_string(&local_cert).ok() {
+        // The CA this start created lost the race: take the winner's.
+        for (file, _) in FILES {
+            let _ = std::fs::remove_file(pki_dir.join(file));
+        }
+    }
+    // The same for the SSH CA alone: replicas given the same X.509 CA (copied into
+    // each data directory) still create their SSH CAs here, each its own.
+    let ssh_pub = pki_dir.join(rlark_pki::ssh::SSH_CA_PUB_FILE);
+    if !had_local_ssh && ssh_pub_of(record) != std::fs::read_to_string(&ssh_pub).ok() {
+        for file in [
+            rlark_pki::ssh::SSH_CA_KEY_FILE,
+            rlark_pki::ssh::SSH_CA_PUB_FILE,
+        ] {
+            let _ = std::fs::remove_file(pki_dir.join(file));
+        }
+    }
+    adopt(record, pki_dir, Some(secret), had_local)
+}
+
+fn ssh_pub_of(record: &Value) -> Option<String> {
+    record["spec"]["files"][rlark_pki::ssh::SSH_CA_PUB_FILE]["plain"]
+        .as_str()
+        .map(str::to_owned)
 }
 
 fn cert_of(record: &Value) -> Result<Option<String>, ServerError> {
@@ -229,6 +260,19 @@ fn adopt(
              one): this data directory belongs to a different installation. Start with an \
              empty data directory and --ca-secret-file to take the store's CA",
             local_cert.display()
+        )));
+    }
+    let local_ssh = pki_dir.join(rlark_pki::ssh::SSH_CA_PUB_FILE);
+    if let (Ok(local), Some(stored)) = (std::fs::read_to_string(&local_ssh), ssh_pub_of(record))
+        && local.trim() != stored.trim()
+    {
+        return Err(refused(format!(
+            "{} is not the SSH CA this store's installation uses (the store holds another \
+             one): replicas must share it. Remove {} and {} from this data directory to take \
+             the store's, or start with an empty data directory",
+            local_ssh.display(),
+            rlark_pki::ssh::SSH_CA_PUB_FILE,
+            rlark_pki::ssh::SSH_CA_KEY_FILE,
         )));
     }
     let mut missing: Vec<&str> = FILES
@@ -292,6 +336,89 @@ mod tests {
             secret.seal("ca.key", b"key material").expect("seal")
         );
         assert!(secret.open("ca.key", "AAAA").is_err());
+    }
+
+    async fn store(dir: &Path) -> ServerStore {
+        ServerStore::Sqlite(
+            rlark_store::SqliteStore::open(rlark_store::SqliteStoreConfig::new(
+                dir.join("rlark.db"),
+            ))
+            .await
+            .expect("store"),
+        )
+    }
+
+    fn read(dir: &Path, file: &str) -> String {
+        std::fs::read_to_string(dir.join(file)).expect(file)
+    }
+
+    /// Replicas whose data directories were given the same X.509 CA (the Helm chart's
+    /// `ca.existingSecret`, copied into each) end with one SSH CA too: the store's.
+    #[tokio::test]
+    async fn replicas_given_the_same_ca_share_the_stores_ssh_ca() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = store(dir.path()).await;
+        let secret = CaSecret::new(&[3u8; 32]).expect("secret");
+        let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+        rlark_pki::Ca::load_or_create(&one).expect("ca");
+        rlark_pki::create_private_dir(&two).expect("dir");
+        for file in [rlark_pki::CA_CERT_FILE, rlark_pki::CA_KEY_FILE] {
+            std::fs::copy(one.join(file), two.join(file)).expect("copy");
+        }
+        sync(&store, &one, Some(&secret)).await.expect("first");
+        sync(&store, &two, Some(&secret)).await.expect("second");
+        for file in [
+            rlark_pki::CA_CERT_FILE,
+            rlark_pki::ssh::SSH_CA_PUB_FILE,
+            rlark_pki::ssh::SSH_CA_KEY_FILE,
+        ] {
+            assert_eq!(read(&one, file), read(&two, file), "{file}");
+        }
+        // A data directory with an SSH CA of its own is refused, naming the files.
+        let three = dir.path().join("three");
+        rlark_pki::create_private_dir(&three).expect("dir");
+        for file in [rlark_pki::CA_CERT_FILE, rlark_pki::CA_KEY_FILE] {
+            std::fs::copy(one.join(file), three.join(file)).expect("copy");
+        }
+        rlark_pki::ssh::SshCa::load_or_create(&three).expect("own ssh ca");
+        let error = sync(&store, &three, Some(&secret))
+            .await
+            .expect_err("another SSH CA")
+            .to_string();
+        assert!(error.contains("not the SSH CA"), "{error}");
+        assert!(error.contains(rlark_pki::ssh::SSH_CA_PUB_FILE), "{error}");
+    }
+
+    /// The race of two first starts: the one whose create loses adopts the winner's SSH CA
+    /// even though it was given the same X.509 CA (and so keeps its `ca.crt`).
+    #[tokio::test]
+    async fn the_loser_of_the_first_publish_drops_the_ssh_ca_it_made() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = store(dir.path()).await;
+        let secret = CaSecret::new(&[4u8; 32]).expect("secret");
+        let (one, two) = (dir.path().join("one"), dir.path().join("two"));
+        rlark_pki::Ca::load_or_create(&one).expect("ca");
+        rlark_pki::create_private_dir(&two).expect("dir");
+        for file in [rlark_pki::CA_CERT_FILE, rlark_pki::CA_KEY_FILE] {
+            std::fs::copy(one.join(file), two.join(file)).expect("copy");
+        }
+        sync(&store, &one, Some(&secret))
+            .await
+            .expect("one publishes");
+        // `two` read no record, made its SSH CA, and then lost the create.
+        rlark_pki::ssh::SshCa::load_or_create(&two).expect("two's own ssh ca");
+        let record = store
+            .get(&ObjectKey::new(CERTIFICATE_AUTHORITIES, "", RECORD))
+            .await
+            .expect("get")
+            .expect("record");
+        lost_race(&record, &two, &secret, true, false).expect("two adopts");
+        for file in [
+            rlark_pki::ssh::SSH_CA_PUB_FILE,
+            rlark_pki::ssh::SSH_CA_KEY_FILE,
+        ] {
+            assert_eq!(read(&one, file), read(&two, file), "{file}");
+        }
     }
 
     #[test]

@@ -55,6 +55,12 @@ pub struct TunnelConfig {
     /// (`https://IP:PORT`), else from the first `tlsSans` entry; not published when neither
     /// gives one.
     pub advertise_url: Option<String>,
+    /// The URL the other replicas reach this replica at, for streams to agents whose
+    /// tunnel is on this replica (`peer.rs`). `None`: the advertise URL. Set it where agents
+    /// reach the replicas through one load-balanced address (`advertise_url` is then the
+    /// same for all of them) and each replica has an address of its own inside the
+    /// installation (a StatefulSet pod's DNS name).
+    pub peer_url: Option<String>,
     /// Other replicas' URLs, listed in `GET /rlark/v1/replicas` besides the ones registered
     /// in the store (for replicas that do not share a store).
     pub peers: Vec<String>,
@@ -67,6 +73,7 @@ impl Default for TunnelConfig {
             mux: MuxConfig::default(),
             dial_timeout: Duration::from_secs(10),
             advertise_url: None,
+            peer_url: None,
             peers: Vec::new(),
         }
     }

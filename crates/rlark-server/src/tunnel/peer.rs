@@ -150,7 +150,7 @@ impl PeerLink {
         let peers: Vec<String> = match self.replicas.list().await {
             Ok(list) => list
                 .into_iter()
-                .map(|replica| replica.url)
+                .map(|replica| replica.peer_address().to_string())
                 .filter(|url| Some(url) != self.me.as_ref())
                 .collect(),
             Err(error) => {

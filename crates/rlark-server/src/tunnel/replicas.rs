@@ -13,6 +13,11 @@
 //!   A stopping replica does **not** delete its record (it expires): the store's change log
 //!   lives in memory, so a write at shutdown, after the last revision watchers have seen,
 //!   would make every watcher relist after a restart;
+//!   A replica's record also holds its peer URL ([`super::TunnelConfig::peer_url`]) when it
+//!   has one apart from its advertise URL: replicas behind one load-balanced URL all
+//!   advertise that URL (agents connect once, through the balancer) and reach each other at
+//!   their own addresses (`peer.rs`). Records are named after the peer URL (the advertise
+//!   URL when there is none), so such replicas do not share a record;
 //! - **configured** peers ([`super::TunnelConfig::peers`]): for replicas that do not share a
 //!   store.
 //!
@@ -59,6 +64,9 @@ pub(crate) fn check_url(url: &str) -> Result<(), String> {
 #[serde(rename_all = "camelCase")]
 struct ReplicaRecord {
     url: String,
+    /// Where the other replicas reach this one, when not at `url`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    peer_url: Option<String>,
     /// The replica's name in tunnel listings (host:port).
     replica: String,
     /// RFC 3339.
@@ -70,6 +78,9 @@ struct ReplicaRecord {
 #[serde(rename_all = "camelCase")]
 pub struct ReplicaInfo {
     pub url: String,
+    /// Where the other replicas reach this one, when not at `url`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub peer_url: Option<String>,
     /// `registered` or `configured`.
     pub source: &'static str,
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -78,11 +89,38 @@ pub struct ReplicaInfo {
     pub renewed_at: Option<String>,
 }
 
+impl ReplicaInfo {
+    /// The URL other replicas open peer streams at.
+    pub(crate) fn peer_address(&self) -> &str {
+        self.peer_url.as_deref().unwrap_or(&self.url)
+    }
+}
+
+impl ReplicaRecord {
+    fn peer_address(&self) -> &str {
+        self.peer_url.as_deref().unwrap_or(&self.url)
+    }
+}
+
+/// This replica: its name in tunnel listings, the URL agents reach it at, and the URL the
+/// other replicas reach it at when that differs.
+#[derive(Clone, Debug)]
+struct Me {
+    replica: String,
+    url: String,
+    peer_url: Option<String>,
+}
+
+impl Me {
+    fn peer_address(&self) -> &str {
+        self.peer_url.as_deref().unwrap_or(&self.url)
+    }
+}
+
 /// This replica's registration and the list.
 pub(crate) struct Replicas {
     store: Arc<dyn Store>,
-    /// This replica: (name, advertise URL).
-    me: Option<(String, String)>,
+    me: Option<Me>,
     peers: Vec<String>,
 }
 
@@ -109,25 +147,42 @@ fn now() -> DateTime<Utc> {
 }
 
 impl Replicas {
-    /// `advertise`: this replica's URL, if it has one; `peers`: configured other replicas.
+    /// `advertise`: this replica's URL for agents, if it has one; `peer_url`: its URL for
+    /// the other replicas when that differs (alone, it is used for both); `peers`:
+    /// configured other replicas.
     pub(crate) fn new(
         store: Arc<dyn Store>,
         replica: String,
         advertise: Option<String>,
+        peer_url: Option<String>,
         peers: Vec<String>,
     ) -> Arc<Replicas> {
-        Arc::new(Replicas {
-            store,
-            me: advertise.map(|url| (replica, url)),
-            peers,
-        })
+        let me = match (advertise, peer_url) {
+            (Some(url), peer_url) => Some(Me {
+                replica,
+                peer_url: peer_url.filter(|peer| *peer != url),
+                url,
+            }),
+            (None, Some(url)) => Some(Me {
+                replica,
+                url,
+                peer_url: None,
+            }),
+            (None, None) => None,
+        };
+        Arc::new(Replicas { store, me, peers })
+    }
+
+    /// The URL the other replicas reach this one at, if it has one.
+    pub(crate) fn my_peer_address(&self) -> Option<String> {
+        self.me.as_ref().map(|me| me.peer_address().to_string())
     }
 
     /// Renew this replica's record every [`RENEW_EVERY`] until `shutdown` (and delete stale
     /// records of other replicas). The record is left to expire on shutdown (see the module
     /// documentation). Without an advertise URL there is nothing to do.
     pub(crate) async fn run(self: Arc<Self>, shutdown: CancellationToken) {
-        let Some((replica, url)) = self.me.clone() else {
+        let Some(me) = self.me.clone() else {
             return;
         };
         let mut tick = tokio::time::interval(RENEW_EVERY);
@@ -138,8 +193,8 @@ impl Replicas {
                 _ = shutdown.cancelled() => break,
                 _ = tick.tick() => {}
             }
-            if let Err(error) = self.renew(&replica, &url).await {
-                tracing::warn!(%error, %url, "renew the replica record");
+            if let Err(error) = self.renew(&me).await {
+                tracing::warn!(%error, url = %me.url, "renew the replica record");
             }
             if let Err(error) = self.prune_stale().await {
                 tracing::debug!(%error, "prune stale replica records");
@@ -152,7 +207,7 @@ impl Replicas {
         let listed = self.store.list(REPLICAS, &ListOptions::default()).await?;
         for record in listed.items.iter().filter_map(|o| record_of(o)) {
             if !fresh(&record) {
-                match self.store.delete(&key(&record.url), None).await {
+                match self.store.delete(&key(record.peer_address()), None).await {
                     Ok(_) | Err(StoreError::NotFound(_)) => {}
                     Err(error) => return Err(error),
                 }
@@ -161,19 +216,21 @@ impl Replicas {
         Ok(())
     }
 
-    async fn renew(&self, replica: &str, url: &str) -> Result<(), StoreError> {
+    async fn renew(&self, me: &Me) -> Result<(), StoreError> {
         let record = ReplicaRecord {
-            url: url.to_string(),
-            replica: replica.to_string(),
+            url: me.url.clone(),
+            peer_url: me.peer_url.clone(),
+            replica: me.replica.clone(),
             renewed_at: now().to_rfc3339_opts(SecondsFormat::Millis, true),
         };
+        let name = me.peer_address();
         let object = json!({
-            "metadata": {"name": record_name(url)},
+            "metadata": {"name": record_name(name)},
             "spec": record,
         });
-        match self.store.update(&key(url), object.clone(), None).await {
+        match self.store.update(&key(name), object.clone(), None).await {
             Ok(_) => Ok(()),
-            Err(StoreError::NotFound(_)) => match self.store.create(&key(url), object).await {
+            Err(StoreError::NotFound(_)) => match self.store.create(&key(name), object).await {
                 Ok(_) | Err(StoreError::AlreadyExists(_)) => Ok(()),
                 Err(error) => Err(error),
             },
@@ -193,25 +250,31 @@ impl Replicas {
             }
             out.push(ReplicaInfo {
                 url: record.url,
+                peer_url: record.peer_url,
                 source: "registered",
                 replica: Some(record.replica),
                 renewed_at: Some(record.renewed_at),
             });
         }
-        if let Some((replica, url)) = &self.me
-            && !out.iter().any(|r| &r.url == url)
+        if let Some(me) = &self.me
+            && !out.iter().any(|r| r.peer_address() == me.peer_address())
         {
             out.push(ReplicaInfo {
-                url: url.clone(),
+                url: me.url.clone(),
+                peer_url: me.peer_url.clone(),
                 source: "registered",
-                replica: Some(replica.clone()),
+                replica: Some(me.replica.clone()),
                 renewed_at: None,
             });
         }
         for peer in &self.peers {
-            if !out.iter().any(|r| &r.url == peer) {
+            if !out
+                .iter()
+                .any(|r| &r.url == peer || r.peer_address() == peer)
+            {
                 out.push(ReplicaInfo {
                     url: peer.clone(),
+                    peer_url: None,
                     source: "configured",
                     replica: None,
                     renewed_at: None,
@@ -332,6 +395,62 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn replicas_behind_one_balanced_url_keep_records_of_their_own() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = store(dir.path()).await;
+        let lb = "https://rlark.example.com:443";
+        let replica = |i: usize| {
+            Replicas::new(
+                Arc::clone(&store),
+                format!("0.0.0.0:8443#{i}"),
+                Some(lb.into()),
+                Some(format!("https://rlark-{i}.rlark-peers.ns.svc:8443")),
+                vec![],
+            )
+        };
+        let (r0, r1) = (replica(0), replica(1));
+        assert_eq!(
+            r1.my_peer_address().as_deref(),
+            Some("https://rlark-1.rlark-peers.ns.svc:8443")
+        );
+        r0.renew(r0.me.as_ref().unwrap()).await.expect("renew 0");
+        r1.renew(r1.me.as_ref().unwrap()).await.expect("renew 1");
+        let listed = r0.list().await.expect("list");
+        // Agents see the balancer twice (they connect once: discovery deduplicates) ...
+        assert_eq!(urls(&listed), [lb, lb]);
+        // ... and each replica's own peer address is there for the peer link.
+        let mut peers: Vec<&str> = listed.iter().map(ReplicaInfo::peer_address).collect();
+        peers.sort_unstable();
+        assert_eq!(
+            peers,
+            [
+                "https://rlark-0.rlark-peers.ns.svc:8443",
+                "https://rlark-1.rlark-peers.ns.svc:8443"
+            ]
+        );
+        let wire = serde_json::to_value(&listed[0]).expect("json");
+        assert!(wire["peerUrl"].as_str().is_some(), "{wire}");
+        // A peer URL equal to the advertise URL is not repeated; one alone serves for both.
+        let same = Replicas::new(
+            Arc::clone(&store),
+            "x".into(),
+            Some("https://x:1".into()),
+            Some("https://x:1".into()),
+            vec![],
+        );
+        assert_eq!(same.me.as_ref().unwrap().peer_url, None);
+        let alone = Replicas::new(
+            Arc::clone(&store),
+            "y".into(),
+            None,
+            Some("https://y:1".into()),
+            vec![],
+        );
+        assert_eq!(alone.me.as_ref().unwrap().url, "https://y:1");
+        assert_eq!(alone.my_peer_address().as_deref(), Some("https://y:1"));
+    }
+
+    #[tokio::test]
     async fn replicas_sharing_a_store_list_each_other_and_configured_peers() {
         let dir = tempfile::tempdir().expect("tempdir");
         let store = store(dir.path()).await;
@@ -339,12 +458,14 @@ mod tests {
             Arc::clone(&store),
             "a:1".into(),
             Some("https://a:1".into()),
+            None,
             vec!["https://c:3".into(), "https://b:2".into()],
         );
         let b = Replicas::new(
             Arc::clone(&store),
             "b:2".into(),
             Some("https://b:2".into()),
+            None,
             vec![],
         );
         // Before any renewal each lists itself (and its peers).
@@ -352,15 +473,15 @@ mod tests {
             urls(&a.list().await.expect("list")),
             ["https://a:1", "https://c:3", "https://b:2"]
         );
-        a.renew("a:1", "https://a:1").await.expect("renew a");
-        b.renew("b:2", "https://b:2").await.expect("renew b");
+        a.renew(a.me.as_ref().unwrap()).await.expect("renew a");
+        b.renew(b.me.as_ref().unwrap()).await.expect("renew b");
         let from_b = b.list().await.expect("list");
         let mut seen = urls(&from_b);
         seen.sort();
         assert_eq!(seen, ["https://a:1", "https://b:2"]);
         assert!(from_b.iter().all(|r| r.source == "registered"));
         // A renewal is an update of the same record.
-        a.renew("a:1", "https://a:1").await.expect("renew again");
+        a.renew(a.me.as_ref().unwrap()).await.expect("renew again");
         assert_eq!(
             store
                 .list(REPLICAS, &ListOptions::default())

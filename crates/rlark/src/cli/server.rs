@@ -26,6 +26,11 @@ pub(crate) struct ServerArgs {
     /// config file's tlsSans.
     #[arg(long = "tls-san", value_name = "NAME")]
     tls_sans: Vec<String>,
+    /// The https:// URL the other server replicas reach this one at, when agents reach all
+    /// replicas through one load-balanced URL (tunnel.advertiseURL) [default: the advertise
+    /// URL]. Replaces the config file's tunnel.peerURL.
+    #[arg(long, value_name = "URL", env = "RLARK_PEER_URL")]
+    peer_url: Option<String>,
     /// YAML config file (fields: dataDir, listen, tlsSans, shutdownGraceSeconds, api,
     /// controllers, security, tunnel, connections, auditLog, reinitializeStore, store). Flags override
     /// its values.
@@ -196,6 +201,7 @@ pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
             reserved_connections: args.reserved_connections,
             header_read_timeout: args.header_read_timeout.map(std::time::Duration::from_secs),
             idle_timeout: args.idle_timeout.map(std::time::Duration::from_secs),
+            peer_url: args.peer_url,
             max_nodes_per_agent: args.max_nodes_per_agent,
             event_ttl: args.event_ttl.map(std::time::Duration::from_secs),
             ssh_listen: args.ssh_listen,

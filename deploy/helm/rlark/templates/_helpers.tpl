@@ -41,3 +41,33 @@ advertised address when listening on 0.0.0.0), then the Service's. */}}
 {{- printf "%s-store" (include "rlark.fullname" .) -}}
 {{- end -}}
 {{- end -}}
+
+{{/* The headless Service that gives each replica of a StatefulSet its DNS name. */}}
+{{- define "rlark.peersService" -}}
+{{- printf "%s-peers" (include "rlark.fullname" .) | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Values the chart refuses, each with the reason. */}}
+{{- define "rlark.checkValues" -}}
+{{- $postgres := or .Values.store.postgres.url .Values.store.postgres.existingSecret -}}
+{{- if lt (int .Values.replicaCount) 1 }}
+{{- fail "replicaCount must be at least 1" }}
+{{- end }}
+{{- if gt (int .Values.replicaCount) 1 }}
+{{- if not $postgres }}
+{{- fail "replicaCount > 1 needs a PostgreSQL store (store.postgres): the replicas share one database (SQLite admits one server)" }}
+{{- end }}
+{{- if not .Values.ca.sealingSecret.existingSecret }}
+{{- fail "replicaCount > 1 needs ca.sealingSecret.existingSecret: the replicas share the installation's CAs through the store, sealed with that secret (docs/operations.md, Several replicas)" }}
+{{- end }}
+{{- if .Values.persistence.existingClaim }}
+{{- fail "persistence.existingClaim cannot be shared by replicaCount > 1 replicas: each gets a volume of its own from the StatefulSet" }}
+{{- end }}
+{{- end }}
+{{- if and (not .Values.persistence.enabled) (not (or .Values.ca.existingSecret .Values.ca.sealingSecret.existingSecret)) }}
+{{- fail "persistence.enabled=false needs ca.existingSecret or ca.sealingSecret.existingSecret: a data directory that is lost at every restart would make a new CA each time" }}
+{{- end }}
+{{- if and (not .Values.persistence.enabled) (not $postgres) }}
+{{- fail "persistence.enabled=false needs a PostgreSQL store (store.postgres): the SQLite store lives in the data volume" }}
+{{- end }}
+{{- end -}}
