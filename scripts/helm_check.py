@@ -69,6 +69,7 @@ CASES = {
         dict(
             AGENT_REQUIRED,
             existingJoinTokenSecret="join",
+            tensorboardImage="registry.example/tensorboard:2.15",
             workloadNamespace={"name": "rl-jobs", "create": False},
             nodeRuntime={
                 "enabled": True,

@@ -593,6 +593,9 @@ pub struct MemberOptions {
     /// `--max-creates-per-minute` (default
     /// [`crate::kubernetes::ratelimit::DEFAULT_MAX_CREATES_PER_MINUTE`]).
     pub max_creates_per_minute: NonZeroU32,
+    /// `--tensorboard-image`: the TensorBoard sidecar's image (`None`:
+    /// [`crate::kubernetes::tensorboard::DEFAULT_IMAGE`]).
+    pub tensorboard_image: Option<String>,
 }
 
 impl Default for MemberOptions {
@@ -604,6 +607,7 @@ impl Default for MemberOptions {
                 crate::kubernetes::ratelimit::DEFAULT_MAX_CREATES_PER_MINUTE,
             )
             .unwrap_or(NonZeroU32::MIN),
+            tensorboard_image: None,
         }
     }
 }

@@ -465,6 +465,7 @@ async fn start_with(
                 server_url: config.servers[0].clone(),
                 ca_file: identity_dir.join(crate::join::AGENT_CA),
                 max_creates_per_minute: config.member.max_creates_per_minute,
+                tensorboard_image: config.member.tensorboard_image.clone(),
                 metrics: member_metrics,
             };
             let shutdown = shutdown.clone();

@@ -24,8 +24,9 @@ const ALL: &[AgentType] = &[AgentType::Kubernetes, AgentType::Docker, AgentType:
 /// containers do not get them.
 const NOT_KUBERNETES: &[AgentType] = &[AgentType::Docker, AgentType::Raw];
 /// The raw runtime starts TensorBoard beside a replica (crates/rlark-agent/src/tasks/
-/// tensorboard.rs); containers and member Pods get none.
-const NOT_RAW: &[AgentType] = &[AgentType::Kubernetes, AgentType::Docker];
+/// tensorboard.rs) and the Kubernetes runtime adds a sidecar to member Pods
+/// (crates/rlark-agent/src/kubernetes/tensorboard.rs); Docker containers get none.
+const DOCKER: &[AgentType] = &[AgentType::Docker];
 
 /// The table: (field, agent types it is inert for, what rlark does instead).
 pub const INERT_FIELDS: &[InertField] = &[
@@ -36,9 +37,9 @@ pub const INERT_FIELDS: &[InertField] = &[
     },
     InertField {
         field: "tensorBoardDir",
-        inert_for: NOT_RAW,
-        message: "only Raw tasks get a TensorBoard beside their replicas; run it in the \
-                  task and open it through the task proxy",
+        inert_for: DOCKER,
+        message: "only Raw and Kubernetes tasks get a TensorBoard beside their replicas; \
+                  run it in the task and open it through the task proxy",
     },
     InertField {
         field: "prepareScript",
@@ -160,7 +161,7 @@ mod tests {
             ("downstreamName", Kubernetes, true),
             ("downstreamName", Docker, true),
             ("downstreamName", Raw, true),
-            ("tensorBoardDir", Kubernetes, true),
+            ("tensorBoardDir", Kubernetes, false),
             ("tensorBoardDir", Docker, true),
             ("tensorBoardDir", Raw, false),
             ("prepareScript", Kubernetes, false),

@@ -802,6 +802,68 @@ async fn one_hundred_fifty_creates_in_a_minute_are_deferred_not_failed() -> anyh
 /// A Pod waiting on its image: the pull shows on the rlark Pod and on the Task (`Pulling`,
 /// then `Done` with the size and speed the kubelet's `Pulled` Event gives), and is gone
 /// once the Pod runs.
+/// `tensorBoardDir` on a Kubernetes task: the member Pod gets the TensorBoard native sidecar
+/// (the agent's `--tensorboard-image`, an `emptyDir` at the directory in both containers),
+/// and the rlark Pod reports its port once the sidecar runs, which `rlark describe` links.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tensor_board_dir_gets_a_sidecar_and_its_port_on_the_pod() -> anyhow::Result<()> {
+    let world = World::start(&["m-0"]).await?;
+    let agent = world.agent(&["--tensorboard-image", "registry.example/tb:2"])?;
+    let mut task = kube_task("w", "StatefulSet", 1);
+    task["tensorBoardDir"] = json!("/work/runs");
+    world.create_job("tb", json!([task])).await?;
+    world.task_phase("tb-w", TaskPhase::Running).await?;
+    let pod = world
+        .rlark_pod("tb-w-0", "with its TensorBoard", |p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.tensor_board.as_ref())
+                .is_some_and(|t| t.port.is_some())
+        })
+        .await?;
+    let board = pod
+        .status
+        .and_then(|s| s.tensor_board)
+        .context("tensorBoard")?;
+    assert_eq!(board.port, Some(6006));
+    assert_eq!(board.log_dir.as_deref(), Some("/work/runs"));
+
+    let sets: Api<StatefulSet> = Api::namespaced(world.mclient.clone(), MNS);
+    let set = sets.get("tb-w").await?;
+    let pod_spec = set
+        .spec
+        .and_then(|s| s.template.spec)
+        .context("pod template")?;
+    let sidecar = pod_spec
+        .init_containers
+        .iter()
+        .flatten()
+        .find(|c| c.name == "tensorboard")
+        .context("no tensorboard sidecar")?;
+    assert_eq!(sidecar.image.as_deref(), Some("registry.example/tb:2"));
+    assert_eq!(sidecar.restart_policy.as_deref(), Some("Always"));
+    let main = &pod_spec.containers[0];
+    assert!(
+        main.volume_mounts
+            .iter()
+            .flatten()
+            .any(|m| m.mount_path == "/work/runs"),
+        "the main container writes where the sidecar reads: {:?}",
+        main.volume_mounts
+    );
+
+    let out = world
+        .rlark(&["describe", "task/tb-w", "-n", NS], None)
+        .await?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("/rlark/v1/namespaces/rlark-k/tasks/tb-w/proxy/6006/"),
+        "{text}"
+    );
+    agent.end(Signal::SIGTERM).await?;
+    world.stop().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn image_pulls_show_on_the_pod_and_the_task_while_pending() -> anyhow::Result<()> {
     const IMAGE: &str = "rlinf/rlinf:dev";

@@ -10,6 +10,7 @@
 //! - [`workload`]: a Task's `kubernetes.workload` → Deployment / StatefulSet / DaemonSet /
 //!   Job, Ray head Service, claims;
 //! - [`template`]: a Task's `kubernetes.jobTemplate` → one batch/v1 Job, forced fields;
+//! - [`tensorboard`]: the TensorBoard sidecar of a Task with `tensorBoardDir`, and its status;
 //! - [`status`]: member workload and Pod status → Task phase and rlark Pod status;
 //! - [`pulls`]: a member Pod's image pulls, completed by the kubelet's `Pulling`/`Pulled`
 //!   Events (image size, pull speed);
@@ -23,6 +24,7 @@ pub mod pulls;
 pub mod ratelimit;
 pub mod status;
 pub mod template;
+pub mod tensorboard;
 pub mod workload;
 
 /// Label every object the runtime creates carries: `app.kubernetes.io/managed-by=rlark`.
@@ -55,4 +57,7 @@ pub struct MemberContext {
     /// Variables added to every container after the contract, winning over same-named
     /// entries (the runtime's `RLARK_REPORT_URL`, `RLARK_TOKEN` from a Secret, ...).
     pub extra_env: Vec<k8s_openapi::api::core::v1::EnvVar>,
+    /// Image of the TensorBoard sidecar (`--tensorboard-image`; `None`:
+    /// [`tensorboard::DEFAULT_IMAGE`]).
+    pub tensorboard_image: Option<String>,
 }

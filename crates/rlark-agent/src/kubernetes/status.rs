@@ -249,6 +249,7 @@ pub fn pod_status(pod: &MemberPod) -> PodStatus {
         restart_count: Some(restarts),
         start_time: status.start_time.clone(),
         pull_progress: pull_progress(pod),
+        tensor_board: super::tensorboard::status(pod),
         ..Default::default()
     };
     match phase {

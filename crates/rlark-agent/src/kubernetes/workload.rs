@@ -79,6 +79,9 @@ pub enum BuildError {
     /// The Task's Pod template has no `spec` (admission refuses this).
     #[error("kubernetes.workload.template.spec is missing")]
     NoPodSpec,
+    /// The TensorBoard sidecar cannot be added as `tensorBoardDir` asks.
+    #[error("{0}")]
+    TensorBoardDir(String),
 }
 
 /// The workload object of a Task.
@@ -302,6 +305,23 @@ pub(crate) fn prepare_pod(
     }
     corrected.extend(add_token_volume(pod, task, path));
     add_pull_secrets(pod, &ctx.image_pull_secrets);
+    if let Some(dir) = task.spec.tensor_board_dir.as_deref() {
+        let image = ctx
+            .tensorboard_image
+            .as_deref()
+            .unwrap_or(super::tensorboard::DEFAULT_IMAGE);
+        if super::tensorboard::add_sidecar(pod, dir, image)? {
+            template
+                .metadata
+                .get_or_insert_with(ObjectMeta::default)
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(
+                    super::tensorboard::DIR_ANNOTATION.to_string(),
+                    dir.to_string(),
+                );
+        }
+    }
     Ok(corrected)
 }
 
@@ -691,6 +711,7 @@ pub(crate) mod testing {
             namespace: "rlark-system".into(),
             image_pull_secrets: vec!["regcred".into()],
             extra_env: Vec::new(),
+            tensorboard_image: None,
         }
     }
 
@@ -1144,6 +1165,39 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn tensor_board_dir_adds_the_sidecar_and_marks_the_pod_template() {
+        let mut t = task("ppo-actor", 1);
+        t.spec.tensor_board_dir = Some("/work/runs".into());
+        let mut context = ctx();
+        context.tensorboard_image = Some("registry.example/tb:2".into());
+        let objects = build(&t, &context).expect("build");
+        let Workload::StatefulSet(sts) = &objects.workload else {
+            panic!("not a StatefulSet")
+        };
+        let template = &sts.spec.as_ref().expect("spec").template;
+        assert_eq!(
+            template
+                .metadata
+                .as_ref()
+                .unwrap()
+                .annotations
+                .as_ref()
+                .unwrap()[super::super::tensorboard::DIR_ANNOTATION],
+            "/work/runs"
+        );
+        let pod = template.spec.as_ref().expect("pod");
+        let sidecar = &pod.init_containers.as_ref().expect("init")[0];
+        assert_eq!(sidecar.name, super::super::tensorboard::SIDECAR);
+        assert_eq!(sidecar.image.as_deref(), Some("registry.example/tb:2"));
+        // Without the flag, the default image; a relative directory fails the build.
+        t.spec.tensor_board_dir = Some("runs".into());
+        assert!(matches!(
+            build(&t, &ctx()),
+            Err(BuildError::TensorBoardDir(_))
+        ));
     }
 
     #[test]

@@ -137,6 +137,8 @@ pub struct MemberRun {
     pub ca_file: std::path::PathBuf,
     /// `--max-creates-per-minute`.
     pub max_creates_per_minute: NonZeroU32,
+    /// `--tensorboard-image`.
+    pub tensorboard_image: Option<String>,
     /// Metrics.
     pub metrics: MemberMetrics,
 }
@@ -248,6 +250,7 @@ pub async fn run(config: MemberRun, shutdown: CancellationToken) -> Result<(), M
             namespace: config.member.namespace.clone(),
             image_pull_secrets: Vec::new(),
             extra_env: Vec::new(),
+            tensorboard_image: config.tensorboard_image.clone(),
         },
         namespace,
         limiter: CreateLimiter::new(config.max_creates_per_minute),

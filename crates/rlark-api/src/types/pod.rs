@@ -118,7 +118,8 @@ pub struct PodStatus {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unhealthy_devices: Vec<NodeDevice>,
     /// The TensorBoard the agent runs beside the replica for its Task's `tensorBoardDir`
-    /// (raw replicas), while the replica runs: its port, or why none runs.
+    /// (raw replicas; a sidecar in member Pods), while the replica runs: its port, or why
+    /// none runs.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensor_board: Option<PodTensorBoard>,
 }
@@ -129,9 +130,10 @@ pub struct PodStatus {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PodTensorBoard {
-    /// The port it serves on, on the replica's node's loopback (reach it through the task
-    /// proxy, `/rlark/v1/namespaces/{ns}/tasks/{name}/proxy/{port}/`). Unset when it could
-    /// not be started.
+    /// The port it serves on: on the replica's node's loopback (raw replicas) or the Pod's
+    /// IP (member Pods); reach it through the task proxy,
+    /// `/rlark/v1/namespaces/{ns}/tasks/{name}/proxy/{port}/`. Unset when it could not be
+    /// started.
     #[serde(default)]
     pub port: Option<i32>,
     /// The log directory it reads (`tensorBoardDir` resolved against the working

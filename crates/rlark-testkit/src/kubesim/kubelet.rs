@@ -195,6 +195,36 @@ pub(crate) fn pod_status(pod: &Value, record: &PodRecord, host_ip: &str) -> Valu
             status
         })
         .collect();
+    // Native sidecars (init containers with `restartPolicy: Always`): running beside the
+    // main containers, stopped (exit 0) once they end, waiting while they wait.
+    let sidecar_state = match &record.state {
+        ContainerState::Waiting(reason) => json!({"waiting": {"reason": reason}}),
+        ContainerState::Running | ContainerState::CrashLoop => {
+            json!({"running": {"startedAt": started}})
+        }
+        ContainerState::Terminated { .. } => json!({"terminated": {"exitCode": 0,
+            "reason": "Completed", "startedAt": started, "finishedAt": record.finished_at}}),
+    };
+    let sidecars: Vec<Value> = pod
+        .pointer("/spec/initContainers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|c| c.get("restartPolicy").and_then(Value::as_str) == Some("Always"))
+        .map(|c| {
+            let field = |k: &str| c.get(k).and_then(Value::as_str).unwrap_or("").to_string();
+            json!({
+                "name": field("name"),
+                "image": field("image"),
+                "imageID": format!("sim://{}", field("image")),
+                "ready": ready,
+                "started": !matches!(record.state, ContainerState::Waiting(_)),
+                "restartCount": 0,
+                "state": sidecar_state,
+                "lastState": {},
+            })
+        })
+        .collect();
     let scheduled_at = pod
         .pointer("/metadata/creationTimestamp")
         .cloned()
@@ -214,6 +244,7 @@ pub(crate) fn pod_status(pod: &Value, record: &PodRecord, host_ip: &str) -> Valu
             condition("Ready", ready, started),
         ],
         "containerStatuses": statuses,
+        "initContainerStatuses": sidecars,
     })
 }
 

@@ -103,6 +103,11 @@ pub(crate) struct AgentArgs {
     /// wait (they never fail for it). Must be at least 1.
     #[arg(long, value_name = "N", default_value_t = rlark_agent::kubernetes::ratelimit::DEFAULT_MAX_CREATES_PER_MINUTE)]
     pub max_creates_per_minute: u32,
+    /// Image of the TensorBoard sidecar a Kubernetes agent adds to the Pods of Tasks with
+    /// tensorBoardDir (it must have the `tensorboard` command) [default:
+    /// tensorflow/tensorflow:2.15.0].
+    #[arg(long, value_name = "IMAGE")]
+    pub tensorboard_image: Option<String>,
     /// How often the Node's heartbeat (Lease and status) is renewed (e.g. 10s, 500ms).
     #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration)]
     pub heartbeat_interval: Duration,
@@ -226,6 +231,19 @@ impl AgentArgs {
         {
             bail!("--max-creates-per-minute is for --agent-type Kubernetes");
         }
+        if !is_kubernetes && self.tensorboard_image.is_some() {
+            bail!(
+                "--tensorboard-image is for --agent-type Kubernetes (raw agents run the tensorboard in the replica's PATH)"
+            );
+        }
+        if self
+            .tensorboard_image
+            .as_deref()
+            .is_some_and(|i| i.trim().is_empty())
+        {
+            bail!("--tensorboard-image must not be empty");
+        }
+        config.member.tensorboard_image = self.tensorboard_image;
         config.member.kubeconfig = self.member_kubeconfig;
         config.member.namespace = self.member_namespace;
         config.member.max_creates_per_minute =

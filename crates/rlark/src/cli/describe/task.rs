@@ -14,11 +14,11 @@ pub(crate) fn sections(server: &str, task: &Value, pods: &[Value]) -> String {
         return String::new();
     };
     let agent_type = spec["agentType"].as_str().unwrap_or("Raw");
-    if agent_type != "Raw" {
+    if agent_type == "Docker" {
         return format!(
-            "TensorBoard:    not started: only Raw tasks get one beside their replicas (this \
-             task is {agent_type}); run it in the task and open it through the task proxy \
-             (docs/ssh.md)\n"
+            "TensorBoard:    not started: Raw and Kubernetes tasks get one beside their \
+             replicas (this task is {agent_type}); run it in the task and open it through the \
+             task proxy (docs/ssh.md)\n"
         );
     }
     let namespace = task["metadata"]["namespace"].as_str().unwrap_or_default();
@@ -106,7 +106,8 @@ mod tests {
         );
         let docker = sections("https://cp", &task("Docker", Some("runs")), &[]);
         assert!(
-            docker.contains("only Raw tasks get one") && docker.contains("this task is Docker"),
+            docker.contains("Raw and Kubernetes tasks get one")
+                && docker.contains("this task is Docker"),
             "{docker}"
         );
     }
