@@ -23,10 +23,6 @@ const ALL: &[AgentType] = &[AgentType::Kubernetes, AgentType::Docker, AgentType:
 /// `RLARK_RUN_SCRIPT`, crates/rlark-agent/src/kubernetes/env.rs); raw processes and Docker
 /// containers do not get them.
 const NOT_KUBERNETES: &[AgentType] = &[AgentType::Docker, AgentType::Raw];
-/// The raw runtime starts TensorBoard beside a replica (crates/rlark-agent/src/tasks/
-/// tensorboard.rs) and the Kubernetes runtime adds a sidecar to member Pods
-/// (crates/rlark-agent/src/kubernetes/tensorboard.rs); Docker containers get none.
-const DOCKER: &[AgentType] = &[AgentType::Docker];
 
 /// The table: (field, agent types it is inert for, what rlark does instead).
 pub const INERT_FIELDS: &[InertField] = &[
@@ -34,12 +30,6 @@ pub const INERT_FIELDS: &[InertField] = &[
         field: "downstreamName",
         inert_for: ALL,
         message: "unused, kept so RLark manifests apply",
-    },
-    InertField {
-        field: "tensorBoardDir",
-        inert_for: DOCKER,
-        message: "only Raw and Kubernetes tasks get a TensorBoard beside their replicas; \
-                  run it in the task and open it through the task proxy",
     },
     InertField {
         field: "prepareScript",
@@ -57,7 +47,6 @@ pub const INERT_FIELDS: &[InertField] = &[
 fn value_of<'a>(spec: &'a TaskSpec, field: &str) -> Option<&'a str> {
     let value = match field {
         "downstreamName" => spec.downstream_name.as_deref(),
-        "tensorBoardDir" => spec.tensor_board_dir.as_deref(),
         "prepareScript" => spec.prepare_script.as_deref(),
         "runScript" => spec.run_script.as_deref(),
         _ => None,
@@ -161,9 +150,6 @@ mod tests {
             ("downstreamName", Kubernetes, true),
             ("downstreamName", Docker, true),
             ("downstreamName", Raw, true),
-            ("tensorBoardDir", Kubernetes, false),
-            ("tensorBoardDir", Docker, true),
-            ("tensorBoardDir", Raw, false),
             ("prepareScript", Kubernetes, false),
             ("prepareScript", Docker, true),
             ("prepareScript", Raw, true),
@@ -227,7 +213,7 @@ mod tests {
                 JobTaskTemplate {
                     name: "worker".into(),
                     head: false,
-                    spec: with_field(spec(AgentType::Docker), "tensorBoardDir", "/logs"),
+                    spec: with_field(spec(AgentType::Docker), "prepareScript", "pip i x"),
                 },
                 JobTaskTemplate {
                     name: "raw".into(),
@@ -249,7 +235,7 @@ mod tests {
         // The Kubernetes head's prepareScript is acted on, and so are the Job's sshPublicKey
         // (the SSH endpoint) and the raw task's tensorBoardDir (TensorBoard beside it): no
         // warning for them.
-        assert_eq!(paths, ["spec.tasks[1].tensorBoardDir"]);
+        assert_eq!(paths, ["spec.tasks[1].prepareScript"]);
         assert!(
             warnings[0].contains("for agentType Docker"),
             "{}",
@@ -278,6 +264,6 @@ mod tests {
             .iter()
             .map(|w| w.split(':').next().unwrap_or("").to_string())
             .collect();
-        assert_eq!(paths, ["spec.jobTemplates[1].spec.tasks[1].tensorBoardDir"]);
+        assert_eq!(paths, ["spec.jobTemplates[1].spec.tasks[1].prepareScript"]);
     }
 }

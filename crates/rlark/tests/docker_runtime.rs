@@ -774,3 +774,96 @@ async fn docker_sidecar_logs_and_exec_by_container_name() -> anyhow::Result<()> 
     ensure!(status.success(), "agent exit {status:?}");
     server.stop().await
 }
+
+/// `tensorBoardDir` on a Docker task: the agent runs the node's `tensorboard` on the host
+/// directory that the main container's bind mount puts at that path (host network: the
+/// proxy reaches it on the node's loopback), and the Pod reports its port; TensorBoard's
+/// data API through the task proxy names the host directory. A directory under no
+/// host-path volume runs the task anyway and says why no TensorBoard runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn docker_tasks_get_a_tensorboard_on_their_volume() -> anyhow::Result<()> {
+    if !can_run()? {
+        return Ok(());
+    }
+    let installed = std::env::var_os("PATH").is_some_and(|path| {
+        std::env::split_paths(&path).any(|dir| dir.join("tensorboard").is_file())
+    });
+    if !installed {
+        missing_tool::skip_or_fail("tensorboard is not installed (pip install tensorboard)");
+        return Ok(());
+    }
+    const NODE: &str = "docker-board-0";
+    let _cleanup = NodeContainers(NODE.to_string());
+    remove_containers_with(&[&format!("rlark.io/node={NODE}")]);
+    let (server, _server_dir) = start_server_with_controllers().await?;
+    let admin = server.client().await?;
+    let scratch = tempfile::tempdir()?;
+    let runs = scratch.path().join("runs");
+    std::fs::create_dir_all(runs.join("ppo"))?;
+    let token = bootstrap_token(&server, "a").await?;
+    let agent = DockerAgent::spawn(&server, &scratch.path().join("agent"), NODE, Some(&token))?;
+    let job = |name: &str, dir: &str| -> anyhow::Result<Job> {
+        Ok(serde_json::from_value(json!({
+            "apiVersion": "rlinf.io/v1alpha1",
+            "kind": "Job",
+            "metadata": {"name": name},
+            "spec": {"tasks": [{
+                "name": "main",
+                "agentType": "Docker",
+                "role": "Actor",
+                "tensorBoardDir": dir,
+                "docker": {"containers": [{
+                    "name": "trainer",
+                    "image": TEST_IMAGE,
+                    "command": ["/bin/sh", "-c", "while true; do sleep 0.1; done"],
+                    "volumes": [{"source": runs.display().to_string(), "target": "/logs"}],
+                }]},
+            }]},
+        }))?)
+    };
+    let jobs = Api::<Job>::all(admin.clone());
+    jobs.create(&PostParams::default(), &job("board", "/logs/ppo")?)
+        .await?;
+    jobs.create(&PostParams::default(), &job("blind", "/tmp/runs")?)
+        .await?;
+    let reported = |p: &Pod| {
+        p.status
+            .as_ref()
+            .and_then(|s| s.tensor_board.as_ref())
+            .is_some()
+    };
+    let pod = wait_pod(&admin, "board-main-0", "with its TensorBoard", reported).await?;
+    let board = pod
+        .status
+        .and_then(|s| s.tensor_board)
+        .context("tensorBoard")?;
+    let port = board.port.with_context(|| format!("no port: {board:?}"))?;
+    let host_dir = runs.join("ppo").display().to_string();
+    assert_eq!(board.log_dir.as_deref(), Some(host_dir.as_str()));
+    let path =
+        format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/board-main/proxy/{port}/data/environment");
+    let environment = eventually("TensorBoard's data API through the task proxy", || async {
+        let request = http::Request::get(path.as_str()).body(Vec::new())?;
+        // A 502 while TensorBoard starts listening: ask again.
+        Ok(admin.request_text(request).await.ok())
+    })
+    .await?;
+    let environment: Value = serde_json::from_str(&environment)?;
+    assert_eq!(environment["data_location"], host_dir.as_str());
+
+    let pod = wait_pod(&admin, "blind-main-0", "with why no TensorBoard", reported).await?;
+    assert_eq!(phase_of(&pod), Some(PodPhase::Running));
+    let message = pod
+        .status
+        .and_then(|s| s.tensor_board)
+        .and_then(|b| b.message)
+        .unwrap_or_default();
+    assert!(
+        message.contains("not under a host-path volume of container \"trainer\""),
+        "{message}"
+    );
+
+    let status = agent.end(Signal::SIGTERM).await?;
+    ensure!(status.success(), "agent exit {status:?}");
+    server.stop().await
+}

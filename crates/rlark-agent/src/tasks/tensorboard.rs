@@ -1,6 +1,9 @@
 //! TensorBoard beside a raw replica, for its Task's `tensorBoardDir` (docs/ssh.md, "The
 //! task HTTP proxy").
 //!
+//! A Docker replica gets the same, on the host directory of the main container's bind mount
+//! that holds `tensorBoardDir` ([`docker_log_dir`]; containers share the host's network).
+//!
 //! While a replica of a `Raw` Task that sets `tensorBoardDir` runs, the agent runs
 //! `tensorboard --logdir DIR --host 127.0.0.1 --port PORT` beside it: `DIR` is
 //! `tensorBoardDir` resolved against the replica's working directory, `PORT` a free port of
@@ -220,6 +223,40 @@ pub(super) fn not_started(why: String) -> PodTensorBoard {
     }
 }
 
+/// Where on the host the logs of a Docker replica's `tensorBoardDir` are: the directory
+/// must be absolute (a path in the main container) and under a bind mount of the main
+/// container whose source is a host path; the longest such mount wins. Otherwise why the
+/// agent cannot read them.
+pub(super) fn docker_log_dir(
+    main: &rlark_api::types::DockerContainerSpec,
+    tensor_board_dir: &str,
+) -> Result<PathBuf, String> {
+    if !tensor_board_dir.starts_with('/') {
+        return Err(format!(
+            "tensorBoardDir {tensor_board_dir:?} must be an absolute path in the container \
+             for a Docker task"
+        ));
+    }
+    let dir = Path::new(tensor_board_dir);
+    main.volumes
+        .iter()
+        .filter(|v| v.source.starts_with('/'))
+        .filter_map(|v| {
+            let rest = dir.strip_prefix(&v.target).ok()?;
+            Some((v.target.len(), Path::new(&v.source).join(rest)))
+        })
+        .max_by_key(|(len, _)| *len)
+        .map(|(_, host)| host)
+        .ok_or_else(|| {
+            format!(
+                "tensorBoardDir {tensor_board_dir} is not under a host-path volume of container \
+                 {:?} (docker.containers[0].volumes), so the agent cannot read the logs on \
+                 the node",
+                main.name
+            )
+        })
+}
+
 /// `tensorBoardDir` against the working directory (an absolute one stays as it is).
 pub(super) fn log_dir(work_dir: &Path, tensor_board_dir: &str) -> PathBuf {
     work_dir.join(tensor_board_dir)
@@ -260,6 +297,39 @@ fn free_port() -> std::io::Result<u16> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_docker_replicas_logs_are_read_through_its_host_path_volume() {
+        let volume = |source: &str, target: &str| rlark_api::types::DockerVolumeRef {
+            source: source.into(),
+            target: target.into(),
+        };
+        let main = rlark_api::types::DockerContainerSpec {
+            name: "trainer".into(),
+            volumes: vec![
+                volume("/srv/data", "/data"),
+                volume("/srv/runs", "/data/runs"),
+                volume("named-volume", "/cache"),
+            ],
+            ..Default::default()
+        };
+        assert_eq!(
+            docker_log_dir(&main, "/data/runs/ppo"),
+            Ok(PathBuf::from("/srv/runs/ppo")),
+            "the longest covering mount"
+        );
+        assert_eq!(
+            docker_log_dir(&main, "/data"),
+            Ok(PathBuf::from("/srv/data"))
+        );
+        let named = docker_log_dir(&main, "/cache/tb").expect_err("a named volume");
+        assert!(named.contains("not under a host-path volume"), "{named}");
+        assert!(named.contains("\"trainer\""), "{named}");
+        let outside = docker_log_dir(&main, "/database").expect_err("outside");
+        assert!(outside.contains("/database"), "{outside}");
+        let relative = docker_log_dir(&main, "runs").expect_err("relative");
+        assert!(relative.contains("absolute path"), "{relative}");
+    }
 
     #[test]
     fn the_log_dir_is_relative_to_the_working_directory() {

@@ -726,9 +726,9 @@ impl Worker {
     /// `status.tensorBoard`: its port, or why it does not run ([`tensorboard`]) — written
     /// now with `write_now`, else with the next status write.
     async fn start_tensorboard(&mut self, write_now: bool) {
-        let Some(raw) = self.task.spec.raw.as_ref() else {
+        if self.task.spec.raw.is_none() && self.task.spec.docker.is_none() {
             return;
-        };
+        }
         let Some(dir) = self
             .task
             .spec
@@ -743,18 +743,37 @@ impl Worker {
         }
         let replica_dir = self.replica_dir();
         let mut work_dir = replica_dir.join("work");
-        if let Some(working_dir) = &raw.working_dir {
-            work_dir = work_dir.join(working_dir);
-        }
-        let status = match self.task.spec.domain.as_deref().filter(|d| !d.is_empty()) {
-            Some(domain) => tensorboard::not_started(format!(
+        // A raw replica's directory and environment; a Docker replica's logs are read on
+        // the node through the main container's bind mount (host network: the proxy reaches
+        // the node's loopback either way), by the agent's `tensorboard`.
+        let plan = match (&self.task.spec.raw, &self.task.spec.docker) {
+            (Some(raw), _) => {
+                if let Some(working_dir) = &raw.working_dir {
+                    work_dir = work_dir.join(working_dir);
+                }
+                let env = replica_env(&self.task, self.index, &self.shared.ctx);
+                Ok((dir.to_string(), env))
+            }
+            (None, Some(docker)) => match docker.containers.first() {
+                Some(main) => tensorboard::docker_log_dir(main, dir)
+                    .inspect(|_| work_dir.clone_from(&replica_dir))
+                    .map(|host| (host.display().to_string(), Vec::new())),
+                None => Err("the Task has no container".to_string()),
+            },
+            (None, None) => return,
+        };
+        let status = match (
+            self.task.spec.domain.as_deref().filter(|d| !d.is_empty()),
+            plan,
+        ) {
+            (Some(domain), _) => tensorboard::not_started(format!(
                 "the replica is in Domain {domain}: its ports are in its own network \
                  namespace, which the task proxy does not reach"
             )),
-            None => {
-                let env = replica_env(&self.task, self.index, &self.shared.ctx);
+            (None, Err(why)) => tensorboard::not_started(why),
+            (None, Ok((log_dir, env))) => {
                 let (running, status) = tensorboard::start(&Beside {
-                    tensor_board_dir: dir,
+                    tensor_board_dir: &log_dir,
                     work_dir: &work_dir,
                     replica_dir: &replica_dir,
                     env: &env,

@@ -13,14 +13,6 @@ pub(crate) fn sections(server: &str, task: &Value, pods: &[Value]) -> String {
     let Some(dir) = spec["tensorBoardDir"].as_str().filter(|d| !d.is_empty()) else {
         return String::new();
     };
-    let agent_type = spec["agentType"].as_str().unwrap_or("Raw");
-    if agent_type == "Docker" {
-        return format!(
-            "TensorBoard:    not started: Raw and Kubernetes tasks get one beside their \
-             replicas (this task is {agent_type}); run it in the task and open it through the \
-             task proxy (docs/ssh.md)\n"
-        );
-    }
     let namespace = task["metadata"]["namespace"].as_str().unwrap_or_default();
     let name = task["metadata"]["name"].as_str().unwrap_or_default();
     let mut pods: Vec<&Value> = pods.iter().collect();
@@ -104,10 +96,10 @@ mod tests {
             sections("https://cp", &task("Raw", Some("runs")), &[])
                 .contains("not running: no replica of the task runs")
         );
-        let docker = sections("https://cp", &task("Docker", Some("runs")), &[]);
+        // Every runtime starts one now: a Docker task's section is its replicas'.
+        let docker = sections("https://cp", &task("Docker", Some("/logs")), &[]);
         assert!(
-            docker.contains("Raw and Kubernetes tasks get one")
-                && docker.contains("this task is Docker"),
+            docker.contains("not running: no replica of the task runs"),
             "{docker}"
         );
     }
