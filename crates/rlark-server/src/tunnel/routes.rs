@@ -347,6 +347,11 @@ pub(crate) async fn relay(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
+    // A WebSocket opened with a console or proxy session closes when that session ends.
+    let session_end = request
+        .extensions()
+        .get::<crate::console::sessions::SessionEnd>()
+        .cloned();
     let bearer = matches!(
         request.extensions().get::<AuthMethod>(),
         Some(AuthMethod::Bearer { .. })
@@ -373,8 +378,15 @@ pub(crate) async fn relay(
         if bearer && name == header::AUTHORIZATION {
             continue;
         }
-        // Nor is the console's session cookie or its CSRF token.
-        if session && (name == header::COOKIE || lower == crate::console::CSRF_HEADER) {
+        // Nor is the console's CSRF token.
+        if session && lower == crate::console::CSRF_HEADER {
+            continue;
+        }
+        // Nor are rlark's own cookies (the console's, the proxy origin's); the app's are.
+        if name == header::COOKIE {
+            if let Some(value) = app_cookies(value) {
+                out = out.header(name, value);
+            }
             continue;
         }
         out = out.header(name, value);
@@ -413,10 +425,19 @@ pub(crate) async fn relay(
                     Ok((client, target)) => {
                         let mut client = TokioIo::new(client);
                         let mut target = TokioIo::new(target);
-                        if let Err(error) =
-                            tokio::io::copy_bidirectional(&mut client, &mut target).await
-                        {
-                            tracing::debug!(%error, "proxied upgrade ended");
+                        let ended = async {
+                            match session_end {
+                                Some(end) => end.ended().await,
+                                None => std::future::pending().await,
+                            }
+                        };
+                        tokio::select! {
+                            copied = tokio::io::copy_bidirectional(&mut client, &mut target) => {
+                                if let Err(error) = copied {
+                                    tracing::debug!(%error, "proxied upgrade ended");
+                                }
+                            }
+                            () = ended => tracing::debug!("proxied upgrade closed: its session ended"),
                         }
                     }
                     Err(error) => tracing::debug!(%error, "proxied upgrade failed"),
@@ -436,6 +457,28 @@ pub(crate) async fn relay(
     }
 }
 
+/// Whether a cookie (`name=value...`) is one of rlark's: its name starts with
+/// `__Host-rlark` (compared without case, as some browsers match prefixes).
+pub(crate) fn is_rlark_cookie(pair: &[u8]) -> bool {
+    const PREFIX: &[u8] = b"__host-rlark";
+    let trimmed = pair.trim_ascii_start();
+    trimmed.len() >= PREFIX.len() && trimmed[..PREFIX.len()].eq_ignore_ascii_case(PREFIX)
+}
+
+/// A `Cookie` header without rlark's own cookies; `None` when nothing is left.
+fn app_cookies(value: &http::HeaderValue) -> Option<http::HeaderValue> {
+    let text = value.to_str().ok()?;
+    let kept: Vec<&str> = text
+        .split(';')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty() && !is_rlark_cookie(pair.as_bytes()))
+        .collect();
+    if kept.is_empty() {
+        return None;
+    }
+    http::HeaderValue::from_str(&kept.join("; ")).ok()
+}
+
 /// `GET /api/v1/tunnels`.
 async fn list(State(hub): State<Arc<Hub>>, request: Request) -> Response {
     let Some(identity) = identity_of(&request) else {
@@ -453,4 +496,66 @@ async fn list(State(hub): State<Arc<Hub>>, request: Request) -> Response {
         "items": hub.list(),
     }))
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+    use std::convert::Infallible;
+
+    /// An app behind the relay that echoes the `Cookie` it got and tries to set rlark's
+    /// cookies next to its own.
+    async fn app(request: http::Request<hyper::body::Incoming>) -> Result<Response, Infallible> {
+        let cookie = request
+            .headers()
+            .get(header::COOKIE)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        Ok(Response::builder()
+            .header(
+                header::SET_COOKIE,
+                "__Host-rlark_session=stolen; Path=/; Secure",
+            )
+            .header(
+                header::SET_COOKIE,
+                "__HOST-RLARK_proxy=stolen; Path=/; Secure",
+            )
+            .header(header::SET_COOKIE, "app=1; Path=/")
+            .body(Body::from(cookie))
+            .unwrap())
+    }
+
+    #[tokio::test]
+    async fn rlark_cookies_neither_reach_the_app_nor_come_back_from_it() {
+        let (near, far) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(
+            hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(far), hyper::service::service_fn(app)),
+        );
+        let mut request = Request::get("/x")
+            .header(
+                header::COOKIE,
+                "__Host-rlark_proxy=secret; app=1; __Host-rlark_session=secret2",
+            )
+            .body(Body::empty())
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(AuthMethod::ProxyCookie { token_id: None });
+        let prefix = "/rlark/v1/namespaces/n/tasks/t/proxy/80";
+        let mut response = relay(Box::new(near), "app:80", "x", request, Some(prefix)).await;
+        super::super::task_proxy::strip_rlark_cookies(response.headers_mut());
+        let cookies: Vec<&str> = response
+            .headers()
+            .get_all(header::SET_COOKIE)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(cookies, [format!("app=1; Path={prefix}/")]);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "app=1", "only the app's own cookie is forwarded");
+        assert!(is_rlark_cookie(b" __Host-rlark_x=1"));
+        assert!(!is_rlark_cookie(b"__Host-other=1"));
+    }
 }
