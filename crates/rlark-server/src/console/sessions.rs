@@ -127,6 +127,15 @@ pub(crate) fn unix(t: SystemTime) -> u64 {
         .unwrap_or(0)
 }
 
+/// Completes when `end` (the request's [`SessionEnd`] extension, if any) does; never without
+/// one. For the copy loops of upgraded connections (WebSockets) to select on.
+pub(crate) async fn ended_or_never(end: Option<SessionEnd>) {
+    match end {
+        Some(end) => end.ended().await,
+        None => std::future::pending().await,
+    }
+}
+
 /// `response` with a body that ends once `end` does: a watch, a followed log or an event
 /// stream opened with a console session stops at its logout. A body already complete is not
 /// held up.

@@ -425,12 +425,7 @@ pub(crate) async fn relay(
                     Ok((client, target)) => {
                         let mut client = TokioIo::new(client);
                         let mut target = TokioIo::new(target);
-                        let ended = async {
-                            match session_end {
-                                Some(end) => end.ended().await,
-                                None => std::future::pending().await,
-                            }
-                        };
+                        let ended = crate::console::sessions::ended_or_never(session_end);
                         tokio::select! {
                             copied = tokio::io::copy_bidirectional(&mut client, &mut target) => {
                                 if let Err(error) = copied {
