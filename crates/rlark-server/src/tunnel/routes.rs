@@ -378,11 +378,12 @@ pub(crate) async fn relay(
         if bearer && name == header::AUTHORIZATION {
             continue;
         }
-        // Nor is the console's CSRF token.
-        if session && lower == crate::console::CSRF_HEADER {
+        // Nor is the console's session cookie (with the whole `Cookie` header: on the
+        // console's origin every cookie is the console's) or its CSRF token.
+        if session && (name == header::COOKIE || lower == crate::console::CSRF_HEADER) {
             continue;
         }
-        // Nor are rlark's own cookies (the console's, the proxy origin's); the app's are.
+        // Nor are rlark's own cookies elsewhere (the proxy origin's); the app's are.
         if name == header::COOKIE {
             if let Some(value) = app_cookies(value) {
                 out = out.header(name, value);
