@@ -1183,5 +1183,13 @@ mod tests {
                 "rlark.example.com"
             ]
         );
+        // The task proxy's origin is reached by its own name, and at its listen address.
+        config.proxy_listen = Some("10.1.2.4:8444".parse().expect("addr"));
+        config.proxy_url = Some("https://Apps.Example.org:8444".into());
+        let sans = serving_sans(&config);
+        assert!(sans.contains(&"apps.example.org".to_string()), "{sans:?}");
+        assert!(sans.contains(&"10.1.2.4".to_string()), "{sans:?}");
+        // rlark up's proxy URLs (localhost for a console at 127.0.0.1, and the reverse).
+        assert!(sans.contains(&"localhost".to_string()) && sans.contains(&"127.0.0.1".to_string()));
     }
 }

@@ -601,6 +601,34 @@ mod tests {
         assert!(store.get(&key(SESSIONS, "old2")).await.unwrap().is_none());
     }
 
+    #[tokio::test]
+    async fn a_session_end_fires_at_logout_at_once_here_and_within_a_second_elsewhere() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = store(&dir).await;
+        let here = Arc::new(Sessions::new(Arc::clone(&store)));
+        // Another replica sharing the store.
+        let there = Arc::new(Sessions::new(Arc::clone(&store)));
+        let (id, _) = here.create(alice(), None).await.unwrap();
+        let end_here = tokio::spawn(SessionEnd::new(Arc::clone(&here), digest(&id)).ended());
+        let end_there = tokio::spawn(SessionEnd::new(Arc::clone(&there), digest(&id)).ended());
+        tokio::time::sleep(END_CHECK_EVERY + Duration::from_millis(300)).await;
+        assert!(
+            !end_here.is_finished() && !end_there.is_finished(),
+            "the session lives"
+        );
+        let started = std::time::Instant::now();
+        assert!(here.remove(&id).await.unwrap());
+        tokio::time::timeout(Duration::from_millis(300), end_here)
+            .await
+            .expect("at once on the replica that logged out")
+            .unwrap();
+        tokio::time::timeout(END_CHECK_EVERY + Duration::from_millis(500), end_there)
+            .await
+            .expect("within about a second on another replica")
+            .unwrap();
+        assert!(started.elapsed() < END_CHECK_EVERY + Duration::from_millis(500));
+    }
+
     #[test]
     fn secrets_compare_in_full() {
         assert!(same_secret("abc", "abc"));
