@@ -554,4 +554,106 @@ mod tests {
         assert!(is_rlark_cookie(b" __Host-rlark_x=1"));
         assert!(!is_rlark_cookie(b"__Host-other=1"));
     }
+
+    /// An app that accepts any upgrade and echoes the bytes after it.
+    async fn echo_app(
+        mut request: http::Request<hyper::body::Incoming>,
+    ) -> Result<Response, Infallible> {
+        let upgrade = hyper::upgrade::on(&mut request);
+        tokio::spawn(async move {
+            if let Ok(upgraded) = upgrade.await {
+                let (mut read, mut write) = tokio::io::split(TokioIo::new(upgraded));
+                let _ = tokio::io::copy(&mut read, &mut write).await;
+            }
+        });
+        Ok(Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header(header::CONNECTION, "Upgrade")
+            .header(header::UPGRADE, "websocket")
+            .body(Body::empty())
+            .unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_proxied_websocket_closes_when_its_console_session_ends() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn rlark_store::Store> = Arc::new(
+            rlark_store::SqliteStore::open(rlark_store::SqliteStoreConfig::new(
+                dir.path().join("rlark.db"),
+            ))
+            .await
+            .unwrap(),
+        );
+        let sessions = Arc::new(crate::console::sessions::Sessions::new(store));
+        let alice = Identity {
+            user: "alice".into(),
+            groups: vec![],
+        };
+        let (id, _) = sessions.create(alice, None).await.unwrap();
+        let end = crate::console::sessions::SessionEnd::new(
+            Arc::clone(&sessions),
+            crate::console::sessions::digest(&id),
+        );
+        // The front: what the server does with an upgrade request it relays.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let service =
+                hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                    let end = end.clone();
+                    async move {
+                        let (near, far) = tokio::io::duplex(64 * 1024);
+                        tokio::spawn(
+                            hyper::server::conn::http1::Builder::new()
+                                .serve_connection(
+                                    TokioIo::new(far),
+                                    hyper::service::service_fn(echo_app),
+                                )
+                                .with_upgrades(),
+                        );
+                        let mut request = request.map(Body::new);
+                        request.extensions_mut().insert(end);
+                        Ok::<_, Infallible>(
+                            relay(Box::new(near), "app:80", "ws", request, None).await,
+                        )
+                    }
+                });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), service)
+                .with_upgrades()
+                .await;
+        });
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET /ws HTTP/1.1\r\nHost: rlark\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+            .await
+            .unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            client.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        assert!(
+            head.starts_with(b"HTTP/1.1 101"),
+            "{}",
+            String::from_utf8_lossy(&head)
+        );
+        client.write_all(b"ping").await.unwrap();
+        let mut echo = [0u8; 4];
+        client.read_exact(&mut echo).await.unwrap();
+        assert_eq!(&echo, b"ping");
+        // Logout: the upgraded connection closes.
+        assert!(sessions.remove(&id).await.unwrap());
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            client.read_to_end(&mut rest),
+        )
+        .await
+        .expect("the WebSocket closes with the session");
+        assert_eq!(closed.unwrap(), 0);
+    }
 }
