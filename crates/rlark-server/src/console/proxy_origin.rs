@@ -489,8 +489,9 @@ fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
 
 /// Middleware of the proxy origin: a request without a certificate or bearer token but
 /// with a live proxy cookie runs as the proxy session's user (`AuthMethod::ProxyCookie`).
-/// Its streams (WebSockets included) end with the console session the proxy session is
-/// bound to. A stale cookie leaves the request anonymous.
+/// Its streams (WebSockets included) end within about a second of the end of the console
+/// session the proxy session is bound to, of the revocation of its token or certificate,
+/// or of the proxy session's expiry. A stale cookie leaves the request anonymous.
 pub(crate) async fn proxy_cookie_layer(
     State(state): State<ProxyOrigin>,
     mut request: Request,
@@ -516,17 +517,30 @@ pub(crate) async fn proxy_cookie_layer(
     request.extensions_mut().insert(AuthMethod::ProxyCookie {
         token_id: grant.token_id.clone(),
     });
-    let end = grant
-        .session
-        .map(|digest| SessionEnd::new(std::sync::Arc::clone(&state.console.sessions), digest));
-    if let Some(end) = &end {
-        request.extensions_mut().insert(end.clone());
-    }
+    // Its streams end with the console session, the token or certificate, or the proxy
+    // session itself.
+    let still = {
+        let console = state.console.clone();
+        let grant = grant.clone();
+        let secret = secret.clone();
+        std::sync::Arc::new(move || {
+            let console = console.clone();
+            let grant = grant.clone();
+            let secret = secret.clone();
+            Box::pin(async move {
+                let live = !matches!(console.sessions.proxy_session(&secret).await, Ok(None));
+                live && !matches!(still_bound(&console, &grant).await, Ok(None))
+            }) as std::pin::Pin<Box<dyn Future<Output = bool> + Send>>
+        })
+    };
+    let end = SessionEnd::with_check(
+        std::sync::Arc::clone(&state.console.sessions),
+        grant.session.clone(),
+        still,
+    );
+    request.extensions_mut().insert(end.clone());
     let response = next.run(request).await;
-    match end {
-        Some(end) => sessions::end_with(response, end),
-        None => response,
-    }
+    sessions::end_with(response, end)
 }
 
 #[cfg(test)]

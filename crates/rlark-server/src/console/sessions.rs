@@ -205,14 +205,21 @@ pub(crate) struct Sessions {
 /// replica, an expiry).
 pub(crate) const END_CHECK_EVERY: Duration = Duration::from_secs(1);
 
+/// A further condition a [`SessionEnd`] checks at each look: `false` ends it (a proxy
+/// session's token or certificate revoked, the proxy session expired).
+pub(crate) type StillValid =
+    Arc<dyn Fn() -> std::pin::Pin<Box<dyn Future<Output = bool> + Send>> + Send + Sync>;
+
 /// The end of one console session, for the streams opened with it (watches, logs, events,
 /// WebSockets): [`SessionEnd::ended`] completes within about a second of a logout on any
-/// replica (at once on this one), of the session's expiry, or of its deletion.
+/// replica (at once on this one), of the session's expiry, or of its deletion; with a
+/// [`StillValid`] check (the proxy origin's sessions), also when that turns false.
 #[derive(Clone)]
 pub(crate) struct SessionEnd {
     sessions: Arc<Sessions>,
-    /// The session's digest (its store name).
-    digest: String,
+    /// The session's digest (its store name); `None`: no console session, only `still`.
+    digest: Option<String>,
+    still: Option<StillValid>,
 }
 
 impl std::fmt::Debug for SessionEnd {
@@ -223,7 +230,24 @@ impl std::fmt::Debug for SessionEnd {
 
 impl SessionEnd {
     pub(crate) fn new(sessions: Arc<Sessions>, digest: String) -> Self {
-        Self { sessions, digest }
+        Self {
+            sessions,
+            digest: Some(digest),
+            still: None,
+        }
+    }
+
+    /// Ends with the console session `digest` (if any) or when `still` answers false.
+    pub(crate) fn with_check(
+        sessions: Arc<Sessions>,
+        digest: Option<String>,
+        still: StillValid,
+    ) -> Self {
+        Self {
+            sessions,
+            digest,
+            still: Some(still),
+        }
     }
 
     /// Completes once the session is over. A store failure is not an end (the stream goes on
@@ -240,7 +264,14 @@ impl SessionEnd {
                 }
                 () = tokio::time::sleep(END_CHECK_EVERY) => {}
             }
-            if let Ok(None) = self.sessions.get_by_digest(&self.digest).await {
+            if let Some(digest) = &self.digest
+                && let Ok(None) = self.sessions.get_by_digest(digest).await
+            {
+                return;
+            }
+            if let Some(still) = &self.still
+                && !still().await
+            {
                 return;
             }
         }
@@ -627,6 +658,29 @@ mod tests {
             .expect("within about a second on another replica")
             .unwrap();
         assert!(started.elapsed() < END_CHECK_EVERY + Duration::from_millis(500));
+    }
+
+    #[tokio::test]
+    async fn a_session_end_with_a_check_fires_when_the_check_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        let sessions = Arc::new(Sessions::new(store(&dir).await));
+        let valid = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let check = {
+            let valid = Arc::clone(&valid);
+            Arc::new(move || {
+                let valid = valid.load(std::sync::atomic::Ordering::SeqCst);
+                Box::pin(async move { valid })
+                    as std::pin::Pin<Box<dyn Future<Output = bool> + Send>>
+            })
+        };
+        let end = tokio::spawn(SessionEnd::with_check(Arc::clone(&sessions), None, check).ended());
+        tokio::time::sleep(END_CHECK_EVERY + Duration::from_millis(300)).await;
+        assert!(!end.is_finished());
+        valid.store(false, std::sync::atomic::Ordering::SeqCst);
+        tokio::time::timeout(END_CHECK_EVERY + Duration::from_millis(500), end)
+            .await
+            .expect("ends within about a second")
+            .unwrap();
     }
 
     #[test]
