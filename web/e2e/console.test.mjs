@@ -298,7 +298,8 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     assert.match(await chart.locator('figcaption').textContent(), /last 7\.500/);
     await shot('reward-chart');
 
-    // ---- the task HTTP proxy: a link to a port of the replica, opened in a new tab ----
+    // ---- the task HTTP proxy: a button opens a port of the replica in a new tab, on the ----
+    // ---- task proxy's own origin (a one-time ticket), where the app cannot act as the admin ----
     assert.equal(
       await page.getByTestId('tensorboard-command').textContent(),
       `tensorboard --logdir /tmp/e2e-tensorboard --port 6006 --path_prefix /rlark/v1/namespaces/${taskNs}/tasks/e2e-shell-main/proxy/6006`,
@@ -307,10 +308,44 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await webApps.getByLabel('Port').fill('99999');
     await webApps.getByText('99999 is not a port').waitFor();
     await webApps.getByLabel('Port').fill(String(httpPort));
-    const proxyLink = page.getByRole('link', { name: `Open port ${httpPort} of e2e-shell-main-0` });
-    assert.equal(await proxyLink.getAttribute('href'), `/rlark/v1/namespaces/${taskNs}/tasks/e2e-shell-main/proxy/${httpPort}/`);
-    const [proxied] = await Promise.all([admin.waitForEvent('page'), proxyLink.click()]);
+    const proxyButton = webApps.getByRole('button', { name: `Open port ${httpPort} of e2e-shell-main-0` });
+    assert.equal(await page.locator('a[href*="/proxy/"]').count(), 0, 'no link to the proxy on the console origin');
+    const [proxied] = await Promise.all([admin.waitForEvent('page'), proxyButton.click()]);
     await proxied.getByText('Directory listing for /').waitFor({ timeout: 15_000 });
+    const appUrl = new URL(proxied.url());
+    assert.notEqual(appUrl.origin, new URL(url).origin, `the task app runs on the console's origin: ${proxied.url()}`);
+    assert.notEqual(appUrl.hostname, new URL(url).hostname, 'another host, not only another port (cookies are per host)');
+    assert.equal(appUrl.pathname, `/rlark/v1/namespaces/${taskNs}/tasks/e2e-shell-main/proxy/${httpPort}/`);
+    assert.ok(!proxied.url().includes('ticket='), `the ticket stayed in the address bar: ${proxied.url()}`);
+    assert.equal(await proxied.evaluate(() => window.opener), null, 'the tab is cut from the console (noopener)');
+    // A script of the app cannot read the console's session (nor its CSRF token): the
+    // console answers no CORS, so a credentialed fetch fails and a no-cors one is opaque.
+    const leak = await proxied.evaluate(async (consoleUrl) => {
+      const out = {};
+      try {
+        const r = await fetch(`${consoleUrl}/rlark/v1/console/session`, { credentials: 'include' });
+        out.cors = { status: r.status, text: await r.text() };
+      } catch (e) {
+        out.cors = { error: String(e) };
+      }
+      const opaque = await fetch(`${consoleUrl}/rlark/v1/console/session`, { credentials: 'include', mode: 'no-cors' });
+      out.noCors = { type: opaque.type, status: opaque.status, text: await opaque.text() };
+      // On its own origin the console's routes do not exist.
+      const local = await fetch('/rlark/v1/console/session', { credentials: 'include' });
+      out.local = { status: local.status, text: await local.text() };
+      return out;
+    }, url);
+    assert.ok(leak.cors.error, `a credentialed cross-origin read succeeded: ${JSON.stringify(leak)}`);
+    assert.deepEqual(leak.noCors, { type: 'opaque', status: 0, text: '' });
+    assert.equal(leak.local.status, 404, JSON.stringify(leak));
+    assert.ok(!leak.local.text.includes('csrfToken'), JSON.stringify(leak));
+    // The proxy origin's cookie: HttpOnly, Lax, on its host only; the console's is not there.
+    const appCookies = await admin.cookies(appUrl.origin);
+    assert.deepEqual(
+      appCookies.map((c) => [c.name, c.httpOnly, c.secure, c.sameSite, c.path]),
+      [['__Host-rlark_proxy', true, true, 'Lax', '/']],
+    );
+    assert.equal(await proxied.evaluate(() => document.cookie), '', 'the app reads no rlark cookie');
     await proxied.close();
 
     await page.getByRole('link', { name: 'e2e-shell' }).first().click();

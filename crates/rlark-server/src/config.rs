@@ -98,6 +98,16 @@ pub struct ServerConfig {
     /// Address of the SSH endpoint (`--ssh-listen`; docs/ssh.md); `None` (the default):
     /// no SSH endpoint.
     pub ssh_listen: Option<SocketAddr>,
+    /// Address of the task proxy's own origin (`--proxy-listen`; docs/ssh.md, "The task
+    /// proxy's origin"); `None` (the default): no proxy origin, and browsers cannot open
+    /// task apps (bearer tokens and certificates still reach the proxy routes on `listen`).
+    pub proxy_listen: Option<SocketAddr>,
+    /// The `https://` URL browsers reach [`Self::proxy_listen`] at (`--proxy-url`,
+    /// `proxyURL`), scheme, host and port, no path. `None`: derived from the bound address
+    /// (a loopback or wildcard address becomes `localhost` when the console is reached as
+    /// `127.0.0.1` and `127.0.0.1` otherwise, so the two are different sites). Its host is
+    /// added to the serving certificate's names.
+    pub proxy_url: Option<String>,
 }
 
 /// The controllers the server runs in its own process.
@@ -159,6 +169,8 @@ impl ServerConfig {
             audit_log: crate::AuditLogConfig::default(),
             connections: crate::limits::ConnectionLimits::default(),
             ssh_listen: None,
+            proxy_listen: None,
+            proxy_url: None,
         }
     }
 
@@ -184,6 +196,15 @@ impl ServerConfig {
                 field: "sshListen".to_string(),
                 message: format!("{listen:?} is not an address like 127.0.0.1:2222 ({e})"),
             })?);
+        }
+        if let Some(listen) = &file.proxy_listen {
+            config.proxy_listen = Some(listen.parse().map_err(|e| ConfigError::Invalid {
+                field: "proxyListen".to_string(),
+                message: format!("{listen:?} is not an address like 127.0.0.1:8444 ({e})"),
+            })?);
+        }
+        if let Some(url) = file.proxy_url {
+            config.proxy_url = Some(url);
         }
         if let Some(sans) = file.tls_sans {
             config.tls_sans = sans;
@@ -366,6 +387,12 @@ impl ServerConfig {
         }
         if let Some(listen) = overrides.ssh_listen {
             config.ssh_listen = Some(listen);
+        }
+        if let Some(listen) = overrides.proxy_listen {
+            config.proxy_listen = Some(listen);
+        }
+        if let Some(url) = overrides.proxy_url {
+            config.proxy_url = Some(url);
         }
         if let Some(listen) = overrides.listen {
             config.listen = listen;
@@ -639,6 +666,7 @@ impl ServerConfig {
             .limits
             .check()
             .map_err(|(field, message)| invalid(&format!("api.limits.{field}"), message))?;
+        self.validate_proxy_origin()?;
         if self.tls_handshake_timeout.is_zero() {
             return Err(invalid("tlsHandshakeTimeout", "must be positive".into()));
         }
@@ -652,6 +680,124 @@ impl ServerConfig {
         }
         Ok(())
     }
+}
+
+impl ServerConfig {
+    /// `proxyListen` and `proxyURL`: a URL only with a listener; an `https://` URL of scheme,
+    /// host and port only, whose origin is not the console's; a listener that is not the
+    /// console's (nor the SSH endpoint's) address.
+    fn validate_proxy_origin(&self) -> Result<(), ConfigError> {
+        let invalid = |field: &str, message: String| ConfigError::Invalid {
+            field: field.to_string(),
+            message,
+        };
+        let Some(listen) = self.proxy_listen else {
+            if self.proxy_url.is_some() {
+                return Err(invalid(
+                    "proxyURL",
+                    "needs proxyListen (--proxy-listen): the URL names where that listener is \
+                     reached"
+                        .into(),
+                ));
+            }
+            return Ok(());
+        };
+        let clash = |other: SocketAddr| {
+            other.port() != 0
+                && other.port() == listen.port()
+                && (other.ip() == listen.ip()
+                    || other.ip().is_unspecified()
+                    || listen.ip().is_unspecified())
+        };
+        if clash(self.listen) {
+            return Err(invalid(
+                "proxyListen",
+                format!(
+                    "{listen} is the console's address (listen {}): the task proxy needs a \
+                     listener of its own",
+                    self.listen
+                ),
+            ));
+        }
+        if self.ssh_listen.is_some_and(clash) {
+            return Err(invalid(
+                "proxyListen",
+                format!("{listen} is the SSH endpoint's address (sshListen)"),
+            ));
+        }
+        if let Some(url) = &self.proxy_url {
+            let origin = origin_of(url).map_err(|reason| invalid("proxyURL", reason))?;
+            rlark_pki::validate_san(&origin.host).map_err(|e| {
+                invalid(
+                    "proxyURL",
+                    format!("{url:?}: its host is not a DNS name or IP address ({e})"),
+                )
+            })?;
+            let mut console = vec![crate::server_url(self.listen)];
+            console.extend(self.tunnel.advertise_url.iter().cloned());
+            for console in console {
+                if origin_of(&console).is_ok_and(|c| c == origin) {
+                    return Err(invalid(
+                        "proxyURL",
+                        format!(
+                            "{url:?} is the console's origin ({console}): task apps would run \
+                             script on the console's origin; give the proxy another host \
+                             (ideally its own DNS name), at least another port"
+                        ),
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Scheme, host and port of an `https://` URL (the default port 443 made explicit).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Origin {
+    /// Lower case, IPv6 without brackets.
+    pub host: String,
+    pub port: u16,
+}
+
+/// The origin of `url`, an `https://HOST[:PORT][/]` URL; anything else is refused with the
+/// reason.
+pub(crate) fn origin_of(url: &str) -> Result<Origin, String> {
+    let rest = url.strip_prefix("https://").ok_or_else(|| {
+        format!("{url:?} must start with https:// (browsers reach the proxy over TLS)")
+    })?;
+    let authority = rest.strip_suffix('/').unwrap_or(rest);
+    if authority.is_empty() || authority.contains(['/', '?', '#', '@', ' ']) {
+        return Err(format!(
+            "{url:?} must be https://HOST[:PORT] with nothing after the host and port"
+        ));
+    }
+    let (host, port) = if let Some(v6) = authority.strip_prefix('[') {
+        let (host, after) = v6
+            .split_once(']')
+            .ok_or_else(|| format!("{url:?}: unclosed [ in the host"))?;
+        (host, after.strip_prefix(':'))
+    } else {
+        match authority.rsplit_once(':') {
+            Some((host, port)) => (host, Some(port)),
+            None => (authority, None),
+        }
+    };
+    let port = match port {
+        None => 443,
+        Some(port) => port
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .ok_or_else(|| format!("{url:?}: {port:?} is not a port"))?,
+    };
+    if host.is_empty() {
+        return Err(format!("{url:?} has no host"));
+    }
+    Ok(Origin {
+        host: host.to_ascii_lowercase(),
+        port,
+    })
 }
 
 /// Command-line values that override the config file. `None`/empty = not given.
@@ -692,6 +838,10 @@ pub struct ServerOverrides {
     pub event_ttl: Option<Duration>,
     /// `--ssh-listen`: see [`ServerConfig::ssh_listen`].
     pub ssh_listen: Option<SocketAddr>,
+    /// `--proxy-listen`: see [`ServerConfig::proxy_listen`].
+    pub proxy_listen: Option<SocketAddr>,
+    /// `--proxy-url`: see [`ServerConfig::proxy_url`].
+    pub proxy_url: Option<String>,
 }
 
 /// The YAML config file. Every field is optional; unknown fields are an error.
@@ -699,6 +849,8 @@ pub struct ServerOverrides {
 /// ```yaml
 /// dataDir: /var/lib/rlark
 /// listen: 0.0.0.0:8443
+/// proxyListen: 0.0.0.0:8444
+/// proxyURL: https://apps.rlark.example.com:8444
 /// tlsSans: [rlark.example.com, 10.0.0.5]
 /// shutdownGraceSeconds: 10
 /// api:
@@ -748,6 +900,12 @@ pub struct ServerConfigFile {
     /// `sshListen`: see [`ServerConfig::ssh_listen`] (absent: no SSH endpoint, unless
     /// `--ssh-listen` is given). Parsed like `listen`.
     pub ssh_listen: Option<String>,
+    /// `proxyListen`: see [`ServerConfig::proxy_listen`] (absent: no proxy origin, unless
+    /// `--proxy-listen` is given). Parsed like `listen`.
+    pub proxy_listen: Option<String>,
+    /// `proxyURL`: see [`ServerConfig::proxy_url`].
+    #[serde(rename = "proxyURL")]
+    pub proxy_url: Option<String>,
     /// `tlsSans`: see [`ServerConfig::tls_sans`].
     pub tls_sans: Option<Vec<String>>,
     /// `shutdownGraceSeconds`: see [`ServerConfig::shutdown_grace`].
@@ -1149,6 +1307,134 @@ mod tests {
         let bad = parse("sshListen: port-22\n").expect("parse");
         let err = ServerConfig::resolve(Some(bad), dir()).expect_err("bad sshListen");
         assert!(err.to_string().contains("sshListen"), "{err}");
+    }
+
+    #[test]
+    fn the_proxy_origin_comes_from_the_file_and_the_flags_win() {
+        let dir = || ServerOverrides {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        };
+        let config = ServerConfig::resolve(None, dir()).expect("resolve");
+        assert_eq!(config.proxy_listen, None, "off by default");
+        assert_eq!(config.proxy_url, None);
+        let file = || {
+            parse("proxyListen: 0.0.0.0:8444\nproxyURL: https://apps.example.com:8444\n")
+                .expect("parse")
+        };
+        let config = ServerConfig::resolve(Some(file()), dir()).expect("resolve");
+        assert_eq!(
+            config.proxy_listen,
+            Some("0.0.0.0:8444".parse().expect("addr"))
+        );
+        assert_eq!(
+            config.proxy_url.as_deref(),
+            Some("https://apps.example.com:8444")
+        );
+        let config = ServerConfig::resolve(
+            Some(file()),
+            ServerOverrides {
+                proxy_listen: Some("127.0.0.1:9444".parse().expect("addr")),
+                proxy_url: Some("https://apps.example.org".into()),
+                ..dir()
+            },
+        )
+        .expect("resolve");
+        assert_eq!(
+            config.proxy_listen,
+            Some("127.0.0.1:9444".parse().expect("addr"))
+        );
+        assert_eq!(
+            config.proxy_url.as_deref(),
+            Some("https://apps.example.org")
+        );
+    }
+
+    #[test]
+    fn a_bad_proxy_origin_is_refused_naming_the_field() {
+        for (yaml, field, words) in [
+            ("proxyListen: port-8444\n", "proxyListen", "not an address"),
+            (
+                "listen: 127.0.0.1:8443\nproxyListen: 127.0.0.1:8443\n",
+                "proxyListen",
+                "console",
+            ),
+            (
+                "listen: 0.0.0.0:8443\nproxyListen: 127.0.0.1:8443\n",
+                "proxyListen",
+                "console",
+            ),
+            (
+                "proxyListen: 127.0.0.1:8444\nproxyURL: http://apps.example.com\n",
+                "proxyURL",
+                "https://",
+            ),
+            (
+                "proxyListen: 127.0.0.1:8444\nproxyURL: https://apps.example.com/x\n",
+                "proxyURL",
+                "nothing after",
+            ),
+            (
+                "listen: 127.0.0.1:8443\nproxyListen: 127.0.0.1:8444\n\
+                 proxyURL: https://127.0.0.1:8443\n",
+                "proxyURL",
+                "console's origin",
+            ),
+            (
+                "proxyListen: 127.0.0.1:8444\nproxyURL: https://rlark.example.com\n\
+                 tunnel: {advertiseURL: 'https://RLARK.example.com:443'}\n",
+                "proxyURL",
+                "console's origin",
+            ),
+            (
+                "proxyURL: https://apps.example.com\n",
+                "proxyURL",
+                "needs proxyListen",
+            ),
+        ] {
+            let err = ServerConfig::resolve(
+                Some(parse(&format!("dataDir: /d\n{yaml}")).expect("parse")),
+                ServerOverrides::default(),
+            )
+            .expect_err(yaml);
+            let text = err.to_string();
+            assert!(text.contains(field), "{yaml}: {text}");
+            assert!(text.contains(words), "{yaml}: {text}");
+        }
+        // Another port of the same host is allowed (weaker; docs/ssh.md says why).
+        let ok = parse(
+            "dataDir: /d\nlisten: 127.0.0.1:8443\nproxyListen: 127.0.0.1:8444\n\
+             proxyURL: https://[::1]:8444/\n",
+        )
+        .expect("parse");
+        ServerConfig::resolve(Some(ok), ServerOverrides::default()).expect("valid");
+    }
+
+    #[test]
+    fn origins_are_scheme_host_and_port() {
+        assert_eq!(
+            origin_of("https://Apps.Example.com").expect("origin"),
+            Origin {
+                host: "apps.example.com".into(),
+                port: 443
+            }
+        );
+        assert_eq!(
+            origin_of("https://[::1]:8444/").expect("origin"),
+            Origin {
+                host: "::1".into(),
+                port: 8444
+            }
+        );
+        for bad in [
+            "https://",
+            "https://h:0",
+            "https://h:x",
+            "https://u@h",
+            "wss://h",
+        ] {
+            assert!(origin_of(bad).is_err(), "{bad}");
+        }
     }
 
     #[test]

@@ -145,6 +145,9 @@ pub struct RunningServer {
     pub ca_cert_hash: String,
     /// The SSH endpoint, when `ssh_listen` was set.
     pub ssh: Option<ssh::SshEndpoint>,
+    /// The bound address of the task proxy's origin, when `proxy_listen` was set.
+    pub proxy_addr: Option<SocketAddr>,
+    proxy_url: Option<console::proxy_origin::ProxyUrl>,
     console: console::Console,
     shutdown: CancellationToken,
     task: JoinHandle<Result<(), ServerError>>,
@@ -154,6 +157,14 @@ impl RunningServer {
     /// `https://HOST:PORT` clients should use (loopback when listening on a wildcard address).
     pub fn url(&self) -> String {
         server_url(self.local_addr)
+    }
+
+    /// The task proxy's origin as a browser that opened the console at [`Self::url`] is sent
+    /// to (`https://HOST:PORT`), when `proxy_listen` was set.
+    pub fn proxy_url(&self) -> Option<String> {
+        let console = self.url();
+        let host = console.strip_prefix("https://");
+        self.proxy_url.as_ref().map(|url| url.for_console(host))
     }
 
     /// A one-time login link to the web console for the admin user: `URL/#login=CODE`,
@@ -217,7 +228,7 @@ fn replica_name(addr: SocketAddr) -> String {
     format!("{host}:{}", addr.port())
 }
 
-fn server_url(addr: SocketAddr) -> String {
+pub(crate) fn server_url(addr: SocketAddr) -> String {
     let ip = match addr.ip() {
         IpAddr::V4(ip) if ip.is_unspecified() => IpAddr::V4(Ipv4Addr::LOCALHOST),
         IpAddr::V6(ip) if ip.is_unspecified() => IpAddr::V6(Ipv6Addr::LOCALHOST),
@@ -237,6 +248,21 @@ fn serving_sans(config: &ServerConfig) -> Vec<String> {
         sans.push(ip.to_string());
     }
     sans.extend(config.tls_sans.iter().cloned());
+    // Browsers reach the task proxy's origin by this name (validated with the config).
+    if let Some(origin) = config
+        .proxy_url
+        .as_deref()
+        .and_then(|url| config::origin_of(url).ok())
+        && !sans.contains(&origin.host)
+    {
+        sans.push(origin.host);
+    }
+    if let Some(listen) = config.proxy_listen {
+        let ip = listen.ip().to_string();
+        if !listen.ip().is_unspecified() && !sans.contains(&ip) {
+            sans.push(ip);
+        }
+    }
     sans
 }
 
@@ -370,6 +396,26 @@ async fn start_with_token(
             return Err(e);
         }
     };
+    let proxy_listener = match config.proxy_listen {
+        None => None,
+        Some(addr) => {
+            let bind_err = |source| ServerError::Bind { addr, source };
+            let bound = match TcpListener::bind(addr).await {
+                Ok(listener) => listener.local_addr().map(|a| (listener, a)),
+                Err(e) => Err(e),
+            };
+            match bound {
+                Ok(bound) => Some(bound),
+                Err(e) => {
+                    store.close().await;
+                    return Err(bind_err(e));
+                }
+            }
+        }
+    };
+    let proxy_url = proxy_listener
+        .as_ref()
+        .map(|(_, addr)| console::proxy_origin::ProxyUrl::new(config.proxy_url.as_deref(), *addr));
     let controllers = if config.controllers.enabled {
         let kubeconfig = rlark_pki::kubeconfig_yaml(
             &url,
@@ -467,6 +513,12 @@ async fn start_with_token(
         Arc::new(store.clone()),
         Arc::clone(&audit),
     );
+    let task_proxy_routes = tunnel::task_proxy::router(tunnel::task_proxy::TaskProxyState {
+        hub: Arc::clone(&hub),
+        store: Arc::new(store.clone()),
+        audit: Arc::clone(&audit),
+        proxy_url: proxy_url.clone(),
+    });
     let router = http::router(
         http::ProcessState {
             ready: ready.clone(),
@@ -484,13 +536,7 @@ async fn start_with_token(
         tunnel::netcheck::NetCheckState::new(Arc::clone(&hub), Arc::new(store.clone())),
     ))
     .merge(tunnel::exec::router(exec_state.clone()))
-    .merge(tunnel::task_proxy::router(
-        tunnel::task_proxy::TaskProxyState {
-            hub: Arc::clone(&hub),
-            store: Arc::new(store.clone()),
-            audit: Arc::clone(&audit),
-        },
-    ))
+    .merge(task_proxy_routes.clone())
     .merge(tunnel::devices::router(tunnel::devices::DevicesState {
         hub: Arc::clone(&hub),
         audit: Arc::clone(&audit),
@@ -516,8 +562,13 @@ async fn start_with_token(
     ))));
     // The web console: its app and routes, and its session cookie for every route.
     let console = console::Console::new(Arc::clone(&security), Arc::new(store.clone()));
+    let proxy_origin = console::proxy_origin::ProxyOrigin {
+        console: console.clone(),
+        url: proxy_url.clone(),
+    };
     let router = router
         .merge(console::router(console.clone()))
+        .merge(console::proxy_origin::tickets_router(proxy_origin.clone()))
         .merge(changes::router(Arc::new(store.clone())))
         .layer(axum::middleware::from_fn_with_state(
             console.clone(),
@@ -525,6 +576,12 @@ async fn start_with_token(
         ));
     // The routes merged after `http::router` get the same panic handler.
     let router = http::catch_panics(router);
+    // The task proxy's origin: the proxy routes, its login and /healthz only.
+    let proxy_router = http::catch_panics(
+        console::proxy_origin::router(proxy_origin, task_proxy_routes).layer(axum::Extension(
+            task_access::AccessStore(Arc::new(store.clone())),
+        )),
+    );
 
     let background_task = {
         let api = api.clone();
@@ -555,6 +612,22 @@ async fn start_with_token(
         "listening"
     );
 
+    let proxy_addr = proxy_listener.as_ref().map(|(_, addr)| *addr);
+    let proxy_serve = proxy_listener.map(|(listener, addr)| {
+        tracing::info!(%addr, url = ?proxy_url.as_ref().map(|u| u.for_console(None)), "task proxy origin listening");
+        Serve {
+            listener,
+            acceptor: tokio_rustls::TlsAcceptor::from(Arc::clone(&tls_config)),
+            router: proxy_router,
+            security: Arc::clone(&security),
+            hub: Arc::clone(&hub),
+            handshake_timeout: config.tls_handshake_timeout,
+            grace: config.shutdown_grace,
+            ready: Arc::new(AtomicBool::new(true)),
+            gate: Arc::clone(&gate),
+            limits: Arc::new(config.connections.clone()),
+        }
+    });
     let serve = Serve {
         listener,
         acceptor: tokio_rustls::TlsAcceptor::from(tls_config),
@@ -594,7 +667,19 @@ async fn start_with_token(
         };
         // Background work stops (and open watches end) as soon as shutdown begins, so
         // long-running watches do not hold the graceful shutdown for the whole grace period.
-        tokio::join!(serve.run(serve_token, &background), stopper);
+        let proxy_serve = async {
+            if let Some(proxy_serve) = proxy_serve {
+                // Its own background token: the main listener's run cancels the shared one.
+                proxy_serve
+                    .run(serve_token.clone(), &CancellationToken::new())
+                    .await;
+            }
+        };
+        tokio::join!(
+            serve.run(serve_token.clone(), &background),
+            proxy_serve,
+            stopper
+        );
         if let Err(e) = background_task.await {
             tracing::error!(error = %e, "API background task failed");
         }
@@ -610,6 +695,8 @@ async fn start_with_token(
         data_dir,
         ca_cert_hash,
         ssh,
+        proxy_addr,
+        proxy_url,
         console,
         shutdown,
         task,
@@ -1097,5 +1184,13 @@ mod tests {
                 "rlark.example.com"
             ]
         );
+        // The task proxy's origin is reached by its own name, and at its listen address.
+        config.proxy_listen = Some("10.1.2.4:8444".parse().expect("addr"));
+        config.proxy_url = Some("https://Apps.Example.org:8444".into());
+        let sans = serving_sans(&config);
+        assert!(sans.contains(&"apps.example.org".to_string()), "{sans:?}");
+        assert!(sans.contains(&"10.1.2.4".to_string()), "{sans:?}");
+        // rlark up's proxy URLs (localhost for a console at 127.0.0.1, and the reverse).
+        assert!(sans.contains(&"localhost".to_string()) && sans.contains(&"127.0.0.1".to_string()));
     }
 }

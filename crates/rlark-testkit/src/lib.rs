@@ -175,6 +175,11 @@ impl TestServer {
         self.server.ssh.as_ref()
     }
 
+    /// The task proxy origin's bound address, when the configuration set `proxy_listen`.
+    pub fn proxy_addr(&self) -> Option<SocketAddr> {
+        self.server.proxy_addr
+    }
+
     /// `sha256:<hex>` of the CA public key.
     pub fn ca_cert_hash(&self) -> &str {
         &self.server.ca_cert_hash

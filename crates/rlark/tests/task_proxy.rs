@@ -7,7 +7,11 @@
 //!   `X-Forwarded-Prefix` but not the caller's credentials;
 //! - a WebSocket echoes through the proxy;
 //! - a viewer the Job grants reaches it; on a task whose Job does not grant them, 403 and
-//!   an audit record.
+//!   an audit record;
+//! - through the task proxy's own origin (`proxy_listen`) as a browser does: a one-time
+//!   ticket from `POST /rlark/v1/console/proxy-tickets`, redeemed once for the proxy
+//!   cookie, then the app with that cookie only (rlark's cookie kept from the app); the
+//!   proxy origin serves nothing else.
 //!
 //! Every wait is bounded by [`DEADLINE`].
 
@@ -47,6 +51,7 @@ async fn app(request: http::Request<Incoming>) -> Result<http::Response<Full<Byt
             .header("set-cookie", "board=1; Path=/; HttpOnly")
             .header("x-saw-prefix", seen("x-forwarded-prefix"))
             .header("x-saw-authorization", seen("authorization"))
+            .header("x-saw-cookie", seen("cookie"))
             .body(Full::new(Bytes::from(
                 "<html><a href=\"/data/run1\">run1</a><script src='/static/app.js'></script>\
                  <a href=\"https://example.com/\">out</a><a href=\"rel\">rel</a></html>",
@@ -168,7 +173,10 @@ fn admin_tls(data_dir: &Path) -> anyhow::Result<Arc<rustls::ClientConfig>> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn task_web_uis_are_proxied_under_their_prefix() -> anyhow::Result<()> {
     let supervisor = vec![env!("CARGO_BIN_EXE_rlark").into(), "supervise".into()];
-    let h = Harness::start_configured(supervisor, |_| {}).await?;
+    let h = Harness::start_configured(supervisor, |config| {
+        config.proxy_listen = Some("127.0.0.1:0".parse().expect("address"));
+    })
+    .await?;
     let port = serve_app().await?;
     create_job(&h.admin, "board", json!([{"user": "vera"}])).await?;
     create_job(&h.admin, "secret", json!([])).await?;
@@ -247,5 +255,113 @@ async fn task_web_uis_are_proxied_under_their_prefix() -> anyhow::Result<()> {
         .context("no WebSocket answer")?
         .context("the WebSocket ended")??;
     assert_eq!(answer, Message::text("echo: hello"));
+
+    // The proxy origin, as a browser reaches it: no client certificate, a ticket, a cookie.
+    let proxy = h.server.proxy_addr().context("no proxy listener")?;
+    let request = http::Request::post("/rlark/v1/console/proxy-tickets")
+        .header("content-type", "application/json")
+        .body(
+            json!({"namespace": NAMESPACE, "task": "board-main", "port": port, "path": "data/run1"})
+                .to_string()
+                .into_bytes(),
+        )?;
+    let answer = vera.request::<serde_json::Value>(request).await?;
+    let url = answer["url"].as_str().context("no url")?.to_string();
+    // The console is at 127.0.0.1: the proxy origin is another site.
+    let login_path = url
+        .strip_prefix(&format!("https://localhost:{}", proxy.port()))
+        .with_context(|| format!("{url} is not on localhost:{}", proxy.port()))?
+        .to_string();
+    assert!(
+        login_path.starts_with("/rlark/v1/proxy-login?ticket="),
+        "{url}"
+    );
+    let browser = Browser::new(h.server.data_dir(), proxy)?;
+    let (status, headers, body) = browser.get(&login_path, None).await?;
+    assert_eq!(status, 303, "{body}");
+    assert_eq!(headers["location"], format!("{prefix}/data/run1").as_str());
+    let set = headers["set-cookie"].to_str()?;
+    assert!(set.starts_with("__Host-rlark_proxy="), "{set}");
+    let cookie = set.split(';').next().unwrap_or_default().to_string();
+    // A ticket works once.
+    let (status, _, body) = browser.get(&login_path, None).await?;
+    assert_eq!(status, 403, "{body}");
+    let (status, _, body) = browser
+        .get(&format!("{prefix}/data/run1"), Some(&cookie))
+        .await?;
+    assert_eq!((status, body.as_str()), (200, "scalars of run1"));
+    let (status, headers, _) = browser
+        .get(&format!("{prefix}/"), Some(&format!("{cookie}; board=1")))
+        .await?;
+    assert_eq!(status, 200);
+    assert_eq!(
+        headers["x-saw-cookie"], "board=1",
+        "rlark's cookie stays with rlark"
+    );
+    // Without the cookie, nobody; and nothing but task apps there.
+    let (status, _, _) = browser.get(&format!("{prefix}/"), None).await?;
+    assert_eq!(status, 401);
+    for path in ["/", "/api/v1/namespaces", "/rlark/v1/console/session"] {
+        let (status, _, _) = browser.get(path, Some(&cookie)).await?;
+        assert_eq!(status, 404, "{path}");
+    }
     h.stop().await
+}
+
+/// An HTTPS client like a browser: the installation CA trusted, no client certificate,
+/// `localhost` as the server name.
+struct Browser {
+    tls: tokio_rustls::TlsConnector,
+    addr: std::net::SocketAddr,
+}
+
+impl Browser {
+    fn new(data_dir: &Path, addr: std::net::SocketAddr) -> anyhow::Result<Self> {
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(data_dir.join("pki").join("ca.crt"))? {
+            roots.add(cert?)?;
+        }
+        let mut config = rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+        config.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Self {
+            tls: tokio_rustls::TlsConnector::from(Arc::new(config)),
+            addr,
+        })
+    }
+
+    async fn get(
+        &self,
+        path: &str,
+        cookie: Option<&str>,
+    ) -> anyhow::Result<(u16, http::HeaderMap, String)> {
+        let tcp = TcpStream::connect(self.addr).await?;
+        let tls = self
+            .tls
+            .connect(ServerName::try_from("localhost")?, tcp)
+            .await?;
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls)).await?;
+        tokio::spawn(conn);
+        let mut request =
+            http::Request::get(path).header("host", format!("localhost:{}", self.addr.port()));
+        if let Some(cookie) = cookie {
+            request = request.header("cookie", cookie);
+        }
+        let response = tokio::time::timeout(
+            DEADLINE,
+            sender.send_request(request.body(http_body_util::Empty::<Bytes>::new())?),
+        )
+        .await
+        .context("proxy origin request timed out")??;
+        let status = response.status().as_u16();
+        let headers = response.headers().clone();
+        let body = http_body_util::BodyExt::collect(response.into_body())
+            .await?
+            .to_bytes();
+        Ok((status, headers, String::from_utf8_lossy(&body).into_owned()))
+    }
 }

@@ -6,16 +6,17 @@ import { Conditions, ErrorBanner, Phase, Section } from '../components/common';
 import { Events } from '../components/Events';
 import { Logs } from '../components/Logs';
 import { ReportChart } from '../components/ReportChart';
-import { mayReach, parsePort, proxyPath, tensorBoardCommand } from '../proxy';
+import { TaskAppButton } from '../components/TaskAppButton';
+import { mayReach, parsePort, tensorBoardCommand } from '../proxy';
 import { href } from '../router';
 import { useWatch, useWatchOne } from '../watch';
 
 // xterm.js is loaded only when a terminal is opened.
 const Terminal = lazy(() => import('../components/Terminal'));
 
-/** Links to web apps a running replica serves, through the task HTTP proxy (docs/ssh.md):
- * offered to those the server lets through (admins, the users and groups of the Job's
- * `spec.access`). A task with `tensorBoardDir` gets port 6006 and how to start TensorBoard
+/** Buttons that open web apps a running replica serves, through the task HTTP proxy on its
+ * own origin (docs/ssh.md; a one-time link per press): offered to those the server lets
+ * through (admins, the users and groups of the Job's `spec.access`). A task with `tensorBoardDir` gets port 6006 and how to start TensorBoard
  * there (rlark does not start it). */
 function WebApps({ task, pods }: { task: KubeObject; pods: KubeObject[] }) {
   const namespace = task.metadata.namespace ?? 'default';
@@ -35,9 +36,9 @@ function WebApps({ task, pods }: { task: KubeObject; pods: KubeObject[] }) {
         <p>
           This task keeps TensorBoard logs in <code>{tensorBoardDir}</code>. rlark does not start TensorBoard; started in the task as{' '}
           <code data-testid="tensorboard-command">{tensorBoardCommand(tensorBoardDir, namespace, name)}</code>, it is at{' '}
-          <a href={proxyPath(namespace, name, 0, 6006)} target="_blank" rel="noopener noreferrer">
+          <TaskAppButton app={{ namespace, task: name, port: 6006 }} testId="tensorboard-link">
             TensorBoard (port 6006 of replica 0)
-          </a>
+          </TaskAppButton>
           .
         </p>
       ) : null}
@@ -60,9 +61,9 @@ function WebApps({ task, pods }: { task: KubeObject; pods: KubeObject[] }) {
             </select>
           </label>{' '}
           {port !== null ? (
-            <a data-testid="proxy-link" href={proxyPath(namespace, name, replicaIndex, port)} target="_blank" rel="noopener noreferrer">
+            <TaskAppButton app={{ namespace, task: name, replica: replicaIndex === 0 ? undefined : replicaIndex, port }} testId="proxy-link">
               Open port {port} of {replica?.metadata.name}
-            </a>
+            </TaskAppButton>
           ) : (
             <span class="muted">{portText === '' ? 'Give the port a web app listens on in the replica.' : `${portText} is not a port (1-65535).`}</span>
           )}

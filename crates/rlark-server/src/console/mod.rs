@@ -10,6 +10,7 @@
 
 mod assets;
 mod clusters;
+pub(crate) mod proxy_origin;
 pub(crate) mod sessions;
 
 use std::sync::Arc;
@@ -144,7 +145,11 @@ pub(crate) async fn session_layer(
     request.extensions_mut().insert(AuthMethod::Session {
         token_id: session.token_id.clone(),
     });
-    next.run(request).await
+    // Streams opened with the session (watches, logs, events, WebSockets) end with it.
+    let end = sessions::SessionEnd::new(Arc::clone(&console.sessions), sessions::digest(&id));
+    request.extensions_mut().insert(end.clone());
+    let response = next.run(request).await;
+    sessions::end_with(response, end)
 }
 
 /// Why a cookie request is cross-site: its `Origin` (sent by browsers on every POST and

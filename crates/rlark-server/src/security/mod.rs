@@ -116,6 +116,9 @@ pub(crate) enum AuthMethod {
     /// The web console's session cookie (`crate::console`); the bearer token the session
     /// was created with, if any.
     Session { token_id: Option<String> },
+    /// The task proxy origin's cookie (`crate::console::proxy_origin`); the bearer token
+    /// its grant is bound to, if any.
+    ProxyCookie { token_id: Option<String> },
 }
 
 /// The certificate roles the server signs for.

@@ -283,6 +283,11 @@ pub(super) async fn exec(
         Err(error) => return ApiError::bad_request(error.to_string()).into_response(),
     };
     let client_upgrade = hyper::upgrade::on(&mut request);
+    // A terminal opened with a console session closes at its logout.
+    let session_end = request
+        .extensions()
+        .get::<crate::console::sessions::SessionEnd>()
+        .cloned();
     let deadline = state.hub.config().dial_timeout;
     let mut response = match tokio::time::timeout(deadline, sender.send_request(out)).await {
         Ok(Ok(response)) => response,
@@ -315,8 +320,15 @@ pub(super) async fn exec(
             Ok((client, agent)) => {
                 let mut client = TokioIo::new(client);
                 let mut agent = TokioIo::new(agent);
-                if let Err(error) = tokio::io::copy_bidirectional(&mut client, &mut agent).await {
-                    tracing::debug!(%error, "exec connection ended");
+                tokio::select! {
+                    copied = tokio::io::copy_bidirectional(&mut client, &mut agent) => {
+                        if let Err(error) = copied {
+                            tracing::debug!(%error, "exec connection ended");
+                        }
+                    }
+                    () = crate::console::sessions::ended_or_never(session_end) => {
+                        tracing::info!("exec connection closed: its console session ended");
+                    }
                 }
             }
             Err(error) => tracing::debug!(%error, "exec upgrade failed"),

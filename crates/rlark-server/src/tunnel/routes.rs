@@ -347,6 +347,11 @@ pub(crate) async fn relay(
         .and_then(|v| v.to_str().ok())
         .map(str::to_string);
     let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut request));
+    // A WebSocket opened with a console or proxy session closes when that session ends.
+    let session_end = request
+        .extensions()
+        .get::<crate::console::sessions::SessionEnd>()
+        .cloned();
     let bearer = matches!(
         request.extensions().get::<AuthMethod>(),
         Some(AuthMethod::Bearer { .. })
@@ -373,8 +378,16 @@ pub(crate) async fn relay(
         if bearer && name == header::AUTHORIZATION {
             continue;
         }
-        // Nor is the console's session cookie or its CSRF token.
+        // Nor is the console's session cookie (with the whole `Cookie` header: on the
+        // console's origin every cookie is the console's) or its CSRF token.
         if session && (name == header::COOKIE || lower == crate::console::CSRF_HEADER) {
+            continue;
+        }
+        // Nor are rlark's own cookies elsewhere (the proxy origin's); the app's are.
+        if name == header::COOKIE {
+            if let Some(value) = app_cookies(value) {
+                out = out.header(name, value);
+            }
             continue;
         }
         out = out.header(name, value);
@@ -413,10 +426,14 @@ pub(crate) async fn relay(
                     Ok((client, target)) => {
                         let mut client = TokioIo::new(client);
                         let mut target = TokioIo::new(target);
-                        if let Err(error) =
-                            tokio::io::copy_bidirectional(&mut client, &mut target).await
-                        {
-                            tracing::debug!(%error, "proxied upgrade ended");
+                        let ended = crate::console::sessions::ended_or_never(session_end);
+                        tokio::select! {
+                            copied = tokio::io::copy_bidirectional(&mut client, &mut target) => {
+                                if let Err(error) = copied {
+                                    tracing::debug!(%error, "proxied upgrade ended");
+                                }
+                            }
+                            () = ended => tracing::debug!("proxied upgrade closed: its session ended"),
                         }
                     }
                     Err(error) => tracing::debug!(%error, "proxied upgrade failed"),
@@ -436,6 +453,28 @@ pub(crate) async fn relay(
     }
 }
 
+/// Whether a cookie (`name=value...`) is one of rlark's: its name starts with
+/// `__Host-rlark` (compared without case, as some browsers match prefixes).
+pub(crate) fn is_rlark_cookie(pair: &[u8]) -> bool {
+    const PREFIX: &[u8] = b"__host-rlark";
+    let trimmed = pair.trim_ascii_start();
+    trimmed.len() >= PREFIX.len() && trimmed[..PREFIX.len()].eq_ignore_ascii_case(PREFIX)
+}
+
+/// A `Cookie` header without rlark's own cookies; `None` when nothing is left.
+fn app_cookies(value: &http::HeaderValue) -> Option<http::HeaderValue> {
+    let text = value.to_str().ok()?;
+    let kept: Vec<&str> = text
+        .split(';')
+        .map(str::trim)
+        .filter(|pair| !pair.is_empty() && !is_rlark_cookie(pair.as_bytes()))
+        .collect();
+    if kept.is_empty() {
+        return None;
+    }
+    http::HeaderValue::from_str(&kept.join("; ")).ok()
+}
+
 /// `GET /api/v1/tunnels`.
 async fn list(State(hub): State<Arc<Hub>>, request: Request) -> Response {
     let Some(identity) = identity_of(&request) else {
@@ -453,4 +492,168 @@ async fn list(State(hub): State<Arc<Hub>>, request: Request) -> Response {
         "items": hub.list(),
     }))
     .into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt as _;
+    use std::convert::Infallible;
+
+    /// An app behind the relay that echoes the `Cookie` it got and tries to set rlark's
+    /// cookies next to its own.
+    async fn app(request: http::Request<hyper::body::Incoming>) -> Result<Response, Infallible> {
+        let cookie = request
+            .headers()
+            .get(header::COOKIE)
+            .map(|v| v.to_str().unwrap().to_string())
+            .unwrap_or_default();
+        Ok(Response::builder()
+            .header(
+                header::SET_COOKIE,
+                "__Host-rlark_session=stolen; Path=/; Secure",
+            )
+            .header(
+                header::SET_COOKIE,
+                "__HOST-RLARK_proxy=stolen; Path=/; Secure",
+            )
+            .header(header::SET_COOKIE, "app=1; Path=/")
+            .body(Body::from(cookie))
+            .unwrap())
+    }
+
+    #[tokio::test]
+    async fn rlark_cookies_neither_reach_the_app_nor_come_back_from_it() {
+        let (near, far) = tokio::io::duplex(64 * 1024);
+        tokio::spawn(
+            hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(far), hyper::service::service_fn(app)),
+        );
+        let mut request = Request::get("/x")
+            .header(
+                header::COOKIE,
+                "__Host-rlark_proxy=secret; app=1; __Host-rlark_session=secret2",
+            )
+            .body(Body::empty())
+            .unwrap();
+        request
+            .extensions_mut()
+            .insert(AuthMethod::ProxyCookie { token_id: None });
+        let prefix = "/rlark/v1/namespaces/n/tasks/t/proxy/80";
+        let mut response = relay(Box::new(near), "app:80", "x", request, Some(prefix)).await;
+        super::super::task_proxy::strip_rlark_cookies(response.headers_mut());
+        let cookies: Vec<&str> = response
+            .headers()
+            .get_all(header::SET_COOKIE)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(cookies, [format!("app=1; Path={prefix}/")]);
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "app=1", "only the app's own cookie is forwarded");
+        assert!(is_rlark_cookie(b" __Host-rlark_x=1"));
+        assert!(!is_rlark_cookie(b"__Host-other=1"));
+    }
+
+    /// An app that accepts any upgrade and echoes the bytes after it.
+    async fn echo_app(
+        mut request: http::Request<hyper::body::Incoming>,
+    ) -> Result<Response, Infallible> {
+        let upgrade = hyper::upgrade::on(&mut request);
+        tokio::spawn(async move {
+            if let Ok(upgraded) = upgrade.await {
+                let (mut read, mut write) = tokio::io::split(TokioIo::new(upgraded));
+                let _ = tokio::io::copy(&mut read, &mut write).await;
+            }
+        });
+        Ok(Response::builder()
+            .status(StatusCode::SWITCHING_PROTOCOLS)
+            .header(header::CONNECTION, "Upgrade")
+            .header(header::UPGRADE, "websocket")
+            .body(Body::empty())
+            .unwrap())
+    }
+
+    #[tokio::test]
+    async fn a_proxied_websocket_closes_when_its_console_session_ends() {
+        use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+        let dir = tempfile::tempdir().unwrap();
+        let store: Arc<dyn rlark_store::Store> = Arc::new(
+            rlark_store::SqliteStore::open(rlark_store::SqliteStoreConfig::new(
+                dir.path().join("rlark.db"),
+            ))
+            .await
+            .unwrap(),
+        );
+        let sessions = Arc::new(crate::console::sessions::Sessions::new(store));
+        let alice = Identity {
+            user: "alice".into(),
+            groups: vec![],
+        };
+        let (id, _) = sessions.create(alice, None).await.unwrap();
+        let end = crate::console::sessions::SessionEnd::new(
+            Arc::clone(&sessions),
+            crate::console::sessions::digest(&id),
+        );
+        // The front: what the server does with an upgrade request it relays.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let service =
+                hyper::service::service_fn(move |request: http::Request<hyper::body::Incoming>| {
+                    let end = end.clone();
+                    async move {
+                        let (near, far) = tokio::io::duplex(64 * 1024);
+                        tokio::spawn(
+                            hyper::server::conn::http1::Builder::new()
+                                .serve_connection(
+                                    TokioIo::new(far),
+                                    hyper::service::service_fn(echo_app),
+                                )
+                                .with_upgrades(),
+                        );
+                        let mut request = request.map(Body::new);
+                        request.extensions_mut().insert(end);
+                        Ok::<_, Infallible>(
+                            relay(Box::new(near), "app:80", "ws", request, None).await,
+                        )
+                    }
+                });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), service)
+                .with_upgrades()
+                .await;
+        });
+        let mut client = tokio::net::TcpStream::connect(addr).await.unwrap();
+        client
+            .write_all(b"GET /ws HTTP/1.1\r\nHost: rlark\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+            .await
+            .unwrap();
+        let mut head = Vec::new();
+        while !head.ends_with(b"\r\n\r\n") {
+            let mut byte = [0u8; 1];
+            client.read_exact(&mut byte).await.unwrap();
+            head.push(byte[0]);
+        }
+        assert!(
+            head.starts_with(b"HTTP/1.1 101"),
+            "{}",
+            String::from_utf8_lossy(&head)
+        );
+        client.write_all(b"ping").await.unwrap();
+        let mut echo = [0u8; 4];
+        client.read_exact(&mut echo).await.unwrap();
+        assert_eq!(&echo, b"ping");
+        // Logout: the upgraded connection closes.
+        assert!(sessions.remove(&id).await.unwrap());
+        let mut rest = Vec::new();
+        let closed = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            client.read_to_end(&mut rest),
+        )
+        .await
+        .expect("the WebSocket closes with the session");
+        assert_eq!(closed.unwrap(), 0);
+    }
 }

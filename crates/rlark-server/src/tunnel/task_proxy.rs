@@ -27,6 +27,8 @@ use rlark_store::Store;
 
 use super::Hub;
 use super::portforward::Destination;
+use crate::console::proxy_origin::{OnProxyOrigin, ProxyUrl};
+use crate::security::AuthMethod;
 use crate::task_access::{self, AccessError};
 
 /// The routes' prefix up to the task name.
@@ -38,6 +40,9 @@ pub(crate) struct TaskProxyState {
     pub hub: Arc<Hub>,
     pub store: Arc<dyn Store>,
     pub audit: Arc<dyn AuditSink>,
+    /// Where browsers open task apps (`--proxy-listen`), for the refusal of the console's
+    /// cookie on the console's origin; `None`: the server has no proxy origin.
+    pub proxy_url: Option<ProxyUrl>,
 }
 
 pub(crate) fn router(state: TaskProxyState) -> Router {
@@ -160,6 +165,15 @@ async fn serve(
     let Some(identity) = request.extensions().get::<Identity>().cloned() else {
         return ApiError::unauthorized().into_response();
     };
+    let on_proxy_origin = request.extensions().get::<OnProxyOrigin>().is_some();
+    if !on_proxy_origin
+        && matches!(
+            request.extensions().get::<AuthMethod>(),
+            Some(AuthMethod::Session { .. })
+        )
+    {
+        return console_cookie_refused(state.proxy_url.as_ref(), &request, &name);
+    }
     let Some(port) = port_text.parse::<u16>().ok().filter(|p| *p > 0) else {
         return ApiError::bad_request(format!("port {port_text:?} is not a port (1-65535)"))
             .into_response();
@@ -221,12 +235,57 @@ async fn serve(
     }
     tracing::debug!(user = %identity.user, pod = %replica.pod_name, port, path = %path, "task proxy");
     let prefix = prefix(&namespace, &name, index, &port_text);
-    super::routes::relay(
+    let mut response = super::routes::relay(
         Box::new(stream),
         &format!("{}:{port}", destination.host),
         &path,
         request,
         Some(&prefix),
     )
-    .await
+    .await;
+    strip_rlark_cookies(response.headers_mut());
+    response
+}
+
+/// The answer on the console's origin to a proxy request authenticated by the console's
+/// cookie: task apps are user code, and on the console's origin their scripts could read the
+/// console's CSRF token and act as the user.
+fn console_cookie_refused(proxy_url: Option<&ProxyUrl>, request: &Request, name: &str) -> Response {
+    let message = match proxy_url {
+        Some(url) => {
+            let host = request
+                .headers()
+                .get(http::header::HOST)
+                .and_then(|h| h.to_str().ok());
+            format!(
+                "task apps are not served to the console's session on the console's origin: \
+                 open the app from the console (it gets a one-time link to the task proxy's \
+                 origin {}); bearer tokens and client certificates may use this route",
+                url.for_console(host)
+            )
+        }
+        None => "task apps are not served to the console's session: this server has no task \
+                 proxy origin (rlark server --proxy-listen); bearer tokens and client \
+                 certificates may use this route"
+            .to_string(),
+    };
+    ApiError::forbidden_resource("rlinf.io", "tasks", Some(name), &message).into_response()
+}
+
+/// Drop the app's `Set-Cookie`s of rlark's own cookies (`__Host-rlark...`): an app may not
+/// set or overwrite the console's or the proxy origin's session.
+pub(crate) fn strip_rlark_cookies(headers: &mut http::HeaderMap) {
+    let kept: Vec<http::HeaderValue> = headers
+        .get_all(http::header::SET_COOKIE)
+        .iter()
+        .filter(|v| !super::routes::is_rlark_cookie(v.as_bytes()))
+        .cloned()
+        .collect();
+    if kept.len() == headers.get_all(http::header::SET_COOKIE).iter().count() {
+        return;
+    }
+    headers.remove(http::header::SET_COOKIE);
+    for value in kept {
+        headers.append(http::header::SET_COOKIE, value);
+    }
 }

@@ -31,7 +31,7 @@ pub(crate) struct ServerArgs {
     /// URL]. Replaces the config file's tunnel.peerURL.
     #[arg(long, value_name = "URL", env = "RLARK_PEER_URL")]
     peer_url: Option<String>,
-    /// YAML config file (fields: dataDir, listen, tlsSans, shutdownGraceSeconds, api,
+    /// YAML config file (fields: dataDir, listen, sshListen, proxyListen, proxyURL, tlsSans, shutdownGraceSeconds, api,
     /// controllers, security, tunnel, connections, auditLog, reinitializeStore, store). Flags override
     /// its values.
     #[arg(long, value_name = "FILE")]
@@ -72,6 +72,15 @@ pub(crate) struct ServerArgs {
     /// Serve SSH on this address (`ssh TASK@HOST -p PORT`, docs/ssh.md); off when not given.
     #[arg(long, value_name = "ADDR")]
     ssh_listen: Option<SocketAddr>,
+    /// Serve the task HTTP proxy to browsers on this address, an origin of its own so task
+    /// apps cannot act as the console's user (docs/ssh.md); off when not given (browsers
+    /// then cannot open task apps). Overrides the config file's proxyListen.
+    #[arg(long, value_name = "ADDR")]
+    proxy_listen: Option<SocketAddr>,
+    /// The https:// URL browsers reach --proxy-listen at, best a DNS name of its own
+    /// [default: from the listen address]. Overrides the config file's proxyURL.
+    #[arg(long, value_name = "URL")]
+    proxy_url: Option<String>,
     #[command(flatten)]
     store: StoreArgs,
 }
@@ -115,6 +124,11 @@ pub(crate) struct UpArgs {
     /// picks a free port, printed in the banner and by `rlark ssh-config`.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
     ssh_listen: SocketAddr,
+    /// Task proxy listen address, the origin browsers open task apps on (docs/ssh.md); must
+    /// be a loopback address. Port 0 (the default) picks a free port; the banner prints its
+    /// URL, on `localhost` (the console is at 127.0.0.1: two sites).
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:0")]
+    proxy_listen: SocketAddr,
     /// Once up, run the demo (`examples/demo/`, built in): an embodied RL loop, a learner on
     /// `cloud` and two rollout replicas on `edge` driving simulated arms; follow it and print
     /// a summary and the reward curve. The tasks need Python 3.10+ with numpy, grpcio and
@@ -205,6 +219,8 @@ pub(crate) async fn server(args: ServerArgs) -> anyhow::Result<()> {
             max_nodes_per_agent: args.max_nodes_per_agent,
             event_ttl: args.event_ttl.map(std::time::Duration::from_secs),
             ssh_listen: args.ssh_listen,
+            proxy_listen: args.proxy_listen,
+            proxy_url: args.proxy_url,
         },
     )?;
     let shutdown = CancellationToken::new();
@@ -238,9 +254,17 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
             args.ssh_listen
         );
     }
+    if !args.proxy_listen.ip().is_loopback() {
+        bail!(
+            "rlark up serves the task proxy on loopback only, not {}: use `rlark server --proxy-listen {}`",
+            args.proxy_listen,
+            args.proxy_listen
+        );
+    }
     let mut config = ServerConfig::new(&args.data_dir);
     config.listen = args.listen;
     config.ssh_listen = Some(args.ssh_listen);
+    config.proxy_listen = Some(args.proxy_listen);
     config.controllers.enabled = true;
     config.reinitialize_store = args.store.reinitialize_store;
     config.store_url = args.store.store_url;
@@ -317,7 +341,8 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
         "rlark is running at {url} (data in {data})\n\n\
          Web console:        {url}/\n\
          \x20                   log in once with {login_link}\n\
-         \x20                   (valid 15 minutes; the server's certificate is signed by the installation CA)\n\n\
+         \x20                   (valid 15 minutes; the server's certificate is signed by the installation CA)\n\
+         Task apps:          {proxy}/ (their own origin; opened from a task's page in the console)\n\n\
          Use it with kubectl or rlark:\n\n\
          \x20 export KUBECONFIG={kubeconfig}\n\
          \x20 kubectl get jobs -A\n\
@@ -340,6 +365,7 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
             ))
             .unwrap_or_else(|| "off".to_string()),
         url = server.url(),
+        proxy = server.proxy_url().unwrap_or_else(|| "off".to_string()),
         login_link = login_link,
         data = args.data_dir.display(),
         kubeconfig = kubeconfig.display(),
