@@ -252,6 +252,24 @@ async fn forward(
             &format!("proxy to cluster {cluster:?} (admins only)"),
         );
     }
+    // Whatever answers behind the agent would run in the browser on the console's origin
+    // with the admin's session: not for a console cookie (the console never uses this
+    // route; task web apps have the task proxy's own origin).
+    if matches!(
+        request.extensions().get::<AuthMethod>(),
+        Some(AuthMethod::Session { .. })
+    ) {
+        return ApiError::new(
+            403,
+            "Forbidden",
+            format!(
+                "forbidden: /api/proxy does not serve browser sessions of the web console (the \
+                 page would run on the console's origin); use a bearer token or a client \
+                 certificate, or open task web apps from the console (the task proxy's origin)"
+            ),
+        )
+        .into_response();
+    }
     let tls = match scheme.as_str() {
         "http" => None,
         "https" => Some(hub.proxy_tls().verified()),
@@ -520,6 +538,36 @@ mod tests {
             .header(header::SET_COOKIE, "app=1; Path=/")
             .body(Body::from(cookie))
             .unwrap())
+    }
+
+    /// `/api/proxy` serves whatever answers behind an agent: never to a console session (it
+    /// would run on the console's origin), still to a token or certificate.
+    #[tokio::test]
+    async fn the_api_proxy_refuses_console_sessions() {
+        use tower::ServiceExt as _;
+        let app = router(Hub::new("test".into(), Default::default()));
+        let admin = Identity {
+            user: "admin".into(),
+            groups: vec![rlark_apiserver::auth::ADMIN_GROUP.into()],
+        };
+        let ask = |method: AuthMethod| {
+            let mut request = Request::get("/api/proxy/edge/http/10.0.0.1:8080/page")
+                .body(Body::empty())
+                .unwrap();
+            request.extensions_mut().insert(admin.clone());
+            request.extensions_mut().insert(method);
+            app.clone().oneshot(request)
+        };
+        let refused = ask(AuthMethod::Session { token_id: None }).await.unwrap();
+        assert_eq!(refused.status(), StatusCode::FORBIDDEN);
+        let body = refused.into_body().collect().await.unwrap().to_bytes();
+        assert!(
+            String::from_utf8_lossy(&body).contains("does not serve browser sessions"),
+            "{body:?}"
+        );
+        // A bearer token gets as far as the hub (no agent of cluster edge here).
+        let bearer = ask(AuthMethod::Bearer { id: "t1".into() }).await.unwrap();
+        assert_ne!(bearer.status(), StatusCode::FORBIDDEN);
     }
 
     #[tokio::test]
