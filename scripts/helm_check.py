@@ -37,6 +37,7 @@ CASES = {
             "store": {"postgres": {"url": "postgres://rlark:secret@db:5432/rlark"}},
             "ca": {"existingSecret": "rlark-ca"},
             "ingress": {"enabled": True},
+            "proxy": {"enabled": True, "host": "apps.example.net"},
             "gateway": {
                 "enabled": True,
                 "parentRefs": [{"name": "edge", "namespace": "gateways", "sectionName": "tls"}],
@@ -114,6 +115,11 @@ REFUSED = {
         "existingClaim",
     ),
     "no replica": ("rlark", {"replicaCount": 0}, "at least 1"),
+    "task apps on the console's host": (
+        "rlark",
+        {"ingress": {"enabled": True, "host": "a.example"}, "proxy": {"enabled": True, "host": "a.example"}},
+        "origin of their own",
+    ),
     "no volume and no CA": ("rlark", {"persistence": {"enabled": False}}, "ca.sealingSecret"),
     "gateway without parent": ("rlark", {"gateway": {"enabled": True}}, "parentRefs"),
     "agent without server": ("rlark-agent", {}, "server is required"),

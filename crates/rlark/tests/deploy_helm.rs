@@ -297,6 +297,26 @@ fn helm_charts_lint_render_and_decode_strictly() {
         one(full, "Deployment")["spec"]["template"]["spec"]["initContainers"][0]["name"],
         "ca"
     );
+    // Task web apps on a host of their own: the listener, its Service port, its Ingress rule.
+    let full_args = args(one(full, "Deployment"));
+    assert!(
+        full_args.contains(&"--proxy-url=https://apps.example.net".to_string()),
+        "{full_args:?}"
+    );
+    assert!(full_args.contains(&"--proxy-listen=0.0.0.0:8444".to_string()));
+    let service = one(full, "Service");
+    assert_eq!(service["spec"]["ports"][1]["name"], "apps");
+    assert_eq!(ingress["spec"]["rules"][1]["host"], "apps.example.net");
+    assert_eq!(
+        ingress["spec"]["rules"][1]["http"]["paths"][0]["backend"]["service"]["port"]["name"],
+        "apps"
+    );
+    assert!(
+        !args(one(&rendered["rlark-default"], "Deployment"))
+            .iter()
+            .any(|a| a.starts_with("--proxy-")),
+        "no task-apps listener unless proxy.enabled"
+    );
     one(full, "ServiceMonitor");
     one(full, "TLSRoute");
     one(full, "PodDisruptionBudget");
@@ -581,6 +601,22 @@ fn the_charts_args_and_config_are_ones_the_binary_runs() {
         ],
     );
     starts(rlark, &server_args, "listening");
+    // With the full case's task-apps listener (on a free loopback port here).
+    let mut with_proxy = server_args.clone();
+    with_proxy.extend(
+        args(one(&rendered["rlark-full"], "Deployment"))
+            .into_iter()
+            .filter(|a| a.starts_with("--proxy-"))
+            .map(|a| {
+                if a.starts_with("--proxy-listen=") {
+                    "--proxy-listen=127.0.0.1:0".to_string()
+                } else {
+                    a
+                }
+            }),
+    );
+    assert_eq!(with_proxy.len(), server_args.len() + 2, "{with_proxy:?}");
+    starts(rlark, &with_proxy, "listening");
 
     // The agent chart's Deployment: the args pass the CLI and the agent's configuration
     // checks, and the agent gets as far as its member cluster (none here).

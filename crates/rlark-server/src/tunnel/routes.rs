@@ -262,11 +262,9 @@ async fn forward(
         return ApiError::new(
             403,
             "Forbidden",
-            format!(
-                "forbidden: /api/proxy does not serve browser sessions of the web console (the \
-                 page would run on the console's origin); use a bearer token or a client \
-                 certificate, or open task web apps from the console (the task proxy's origin)"
-            ),
+            "forbidden: /api/proxy does not serve browser sessions of the web console (the \
+             page would run on the console's origin); use a bearer token or a client \
+             certificate, or open task web apps from the console (the task proxy's origin)",
         )
         .into_response();
     }

@@ -67,6 +67,9 @@ advertised address when listening on 0.0.0.0), then the Service's. */}}
 {{- if and (not .Values.persistence.enabled) (not (or .Values.ca.existingSecret .Values.ca.sealingSecret.existingSecret)) }}
 {{- fail "persistence.enabled=false needs ca.existingSecret or ca.sealingSecret.existingSecret: a data directory that is lost at every restart would make a new CA each time" }}
 {{- end }}
+{{- if and .Values.proxy.enabled (eq .Values.proxy.host .Values.ingress.host) }}
+{{- fail "proxy.host must differ from ingress.host: task web apps need an origin of their own" }}
+{{- end }}
 {{- if and (not .Values.persistence.enabled) (not $postgres) }}
 {{- fail "persistence.enabled=false needs a PostgreSQL store (store.postgres): the SQLite store lives in the data volume" }}
 {{- end }}

@@ -66,6 +66,10 @@ The caller's context is the chart's root. */}}
             - --tls-san={{ . }}
             {{- end }}
             - --log-format={{ .Values.logFormat }}
+            {{- if .Values.proxy.enabled }}
+            - --proxy-listen=0.0.0.0:{{ .Values.proxy.port }}
+            - --proxy-url=https://{{ .Values.proxy.host }}
+            {{- end }}
             {{- if .Values.ca.sealingSecret.existingSecret }}
             - --ca-secret-file=/etc/rlark-ca-secret/{{ .Values.ca.sealingSecret.existingSecretKey }}
             {{- end }}
@@ -95,6 +99,11 @@ The caller's context is the chart's root. */}}
             - name: https
               containerPort: 8443
               protocol: TCP
+            {{- if .Values.proxy.enabled }}
+            - name: apps
+              containerPort: {{ .Values.proxy.port }}
+              protocol: TCP
+            {{- end }}
           livenessProbe:
             httpGet:
               path: /livez
