@@ -664,6 +664,20 @@ fn task_spec_errors(errs: &mut Vec<FieldError>, path: &str, spec: &TaskSpec) {
         }
     }
 
+    // In a container the log directory is a path of the container's file system: relative to
+    // nothing the agent knows (raw replicas resolve it against their working directory).
+    if let Some(dir) = spec.tensor_board_dir.as_deref().filter(|d| !d.is_empty())
+        && spec.agent_type != crate::types::AgentType::Raw
+        && !dir.starts_with('/')
+    {
+        errs.push(FieldError::invalid(
+            format!("{path}.tensorBoardDir"),
+            format!(
+                "{dir:?}: must be an absolute path in the container for agentType {}",
+                spec.agent_type
+            ),
+        ));
+    }
     if let Some(k) = &spec.kubernetes {
         kubernetes_errors(errs, &format!("{path}.kubernetes"), k);
     }

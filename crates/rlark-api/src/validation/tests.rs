@@ -514,6 +514,27 @@ fn raw_errors_of(raw: Value) -> Vec<(String, FieldErrorKind, String)> {
 }
 
 #[test]
+fn container_tensor_board_dirs_are_absolute() {
+    let docker = |dir: &str| {
+        json!({"agentType": "Docker", "role": "Actor", "tensorBoardDir": dir,
+               "docker": {"containers": [{"name": "main", "image": "busybox"}]}})
+    };
+    assert_eq!(
+        errors("Task", &task(docker("runs"))),
+        [e(
+            "spec.tensorBoardDir",
+            Invalid,
+            "\"runs\": must be an absolute path in the container for agentType Docker"
+        )]
+    );
+    assert_eq!(errors("Task", &task(docker("/logs/runs"))), []);
+    // A raw task's is relative to its working directory.
+    let mut raw = raw_task(&["python3"]);
+    raw["tensorBoardDir"] = json!("runs");
+    assert_eq!(errors("Task", &task(raw)), []);
+}
+
+#[test]
 fn raw_entrypoint() {
     assert_eq!(
         raw_errors_of(json!({"entrypoint": []})),
