@@ -25,8 +25,6 @@ use k8s_openapi::api::core::v1::{
 };
 use rlark_api::types::PodTensorBoard;
 
-use super::workload::BuildError;
-
 /// The sidecar's container name.
 pub const SIDECAR: &str = "tensorboard";
 /// The port TensorBoard serves on, in the Pod's network (RLark's too).
@@ -48,13 +46,13 @@ fn covers(mount: &str, dir: &str) -> bool {
 }
 
 /// Add the sidecar for log directory `dir` to `pod` (module docs). Returns whether it was
-/// added (false: the template has its own [`SIDECAR`]).
-pub(crate) fn add_sidecar(pod: &mut PodSpec, dir: &str, image: &str) -> Result<bool, BuildError> {
+/// added (false: the template has its own [`SIDECAR`]), or why it cannot be.
+pub(crate) fn add_sidecar(pod: &mut PodSpec, dir: &str, image: &str) -> Result<bool, String> {
     if !dir.starts_with('/') {
-        return Err(BuildError::TensorBoardDir(format!(
+        return Err(format!(
             "tensorBoardDir {dir:?} must be an absolute path in the container for a Kubernetes \
              task"
-        )));
+        ));
     }
     let taken = pod
         .containers
@@ -81,10 +79,10 @@ pub(crate) fn add_sidecar(pod: &mut PodSpec, dir: &str, image: &str) -> Result<b
         None => {
             let volumes = pod.volumes.get_or_insert_with(Vec::new);
             if volumes.iter().any(|v| v.name == VOLUME) {
-                return Err(BuildError::TensorBoardDir(format!(
+                return Err(format!(
                     "the Pod template already has a volume named {VOLUME}, which the \
                      TensorBoard sidecar needs"
-                )));
+                ));
             }
             volumes.push(Volume {
                 name: VOLUME.to_string(),
@@ -264,7 +262,7 @@ mod tests {
     fn relative_directories_are_refused_and_a_users_own_sidecar_is_kept() {
         let mut pod = pod_with(vec![]);
         let error = add_sidecar(&mut pod, "runs", "tb:1").expect_err("relative");
-        assert!(error.to_string().contains("absolute path"), "{error}");
+        assert!(error.contains("absolute path"), "{error}");
         let mut own = pod_with(vec![]);
         own.containers[1].name = SIDECAR.into();
         assert!(!add_sidecar(&mut own, "/logs", "tb:1").expect("kept"));

@@ -310,7 +310,7 @@ pub(crate) fn prepare_pod(
             .tensorboard_image
             .as_deref()
             .unwrap_or(super::tensorboard::DEFAULT_IMAGE);
-        if super::tensorboard::add_sidecar(pod, dir, image)? {
+        if super::tensorboard::add_sidecar(pod, dir, image).map_err(BuildError::TensorBoardDir)? {
             template
                 .metadata
                 .get_or_insert_with(ObjectMeta::default)
