@@ -1,6 +1,6 @@
 import { describe, expect, it } from 'vitest';
 import type { Session } from './api';
-import { mayReach, parsePort, proxyPath, tensorBoardCommand } from './proxy';
+import { mayReach, parsePort, proxyPath } from './proxy';
 
 const session = (role: Session['role'], user = 'vera', groups: string[] = []): Session => ({ user, groups, role, canWrite: role === 'admin', csrfToken: null, expiresAt: null, loginWith: 'token' });
 const job = (access: unknown[]) => ({ metadata: { name: 'j' }, spec: { access } });
@@ -23,10 +23,5 @@ describe('task proxy links', () => {
     expect(parsePort('6006')).toBe(6006);
     expect(parsePort(' 80 ')).toBe(80);
     for (const bad of ['', '0', '65536', '-1', '60a', '1e3']) expect(parsePort(bad)).toBeNull();
-  });
-
-  it('say how to start TensorBoard under the proxy prefix', () => {
-    expect(tensorBoardCommand('/logs', 'default', 't')).toBe('tensorboard --logdir /logs --port 6006 --path_prefix /rlark/v1/namespaces/default/tasks/t/proxy/6006');
-    expect(tensorBoardCommand("/runs/it's here", 'default', 't')).toContain(`--logdir '/runs/it'\\''s here'`);
   });
 });

@@ -23,10 +23,3 @@ export function parsePort(text: string): number | null {
   return port >= 1 && port <= 65535 ? port : null;
 }
 
-const shellWord = (w: string) => (/^[A-Za-z0-9_./:=@%+-]+$/.test(w) ? w : `'${w.replace(/'/g, `'\\''`)}'`);
-
-/** How to start TensorBoard in a task so that it works behind the proxy. */
-export function tensorBoardCommand(logDir: string, namespace: string, task: string, port = 6006): string {
-  const prefix = proxyPath(namespace, task, 0, port).replace(/\/$/, '');
-  return `tensorboard --logdir ${shellWord(logDir)} --port ${port} --path_prefix ${shellWord(prefix)}`;
-}

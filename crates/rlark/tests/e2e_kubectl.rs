@@ -411,6 +411,7 @@ spec:
       role: Actor
       prepareScript: pip install rlinf
       tensorBoardDir: /logs
+      downstreamName: head-down
       kubernetes:
         workload:
           kind: Job
@@ -432,8 +433,9 @@ spec:
     paths.sort();
     assert_eq!(
         paths,
-        // sshPublicKey is acted on (the SSH endpoint, docs/ssh.md): no warning.
-        ["spec.tasks[0].tensorBoardDir", "spec.tasks[1].runScript"],
+        // sshPublicKey is acted on (the SSH endpoint, docs/ssh.md), and so is the Kubernetes
+        // task's tensorBoardDir (a TensorBoard sidecar): no warning.
+        ["spec.tasks[0].downstreamName", "spec.tasks[1].runScript"],
         "stderr:\n{stderr}"
     );
     assert!(

@@ -7,7 +7,7 @@ import { Events } from '../components/Events';
 import { Logs } from '../components/Logs';
 import { ReportChart } from '../components/ReportChart';
 import { TaskAppButton } from '../components/TaskAppButton';
-import { mayReach, parsePort, tensorBoardCommand } from '../proxy';
+import { mayReach, parsePort } from '../proxy';
 import { href } from '../router';
 import { useWatch, useWatchOne } from '../watch';
 
@@ -16,13 +16,14 @@ const Terminal = lazy(() => import('../components/Terminal'));
 
 /** Buttons that open web apps a running replica serves, through the task HTTP proxy on its
  * own origin (docs/ssh.md; a one-time link per press): offered to those the server lets
- * through (admins, the users and groups of the Job's `spec.access`). A task with `tensorBoardDir` gets port 6006 and how to start TensorBoard
- * there (rlark does not start it). */
+ * through (admins, the users and groups of the Job's `spec.access`). A task with
+ * `tensorBoardDir` gets a TensorBoard beside each replica from its agent: a button per
+ * replica whose Pod reports its port (`status.tensorBoard`), else the reason the Pod gives. */
 function WebApps({ task, pods }: { task: KubeObject; pods: KubeObject[] }) {
   const namespace = task.metadata.namespace ?? 'default';
   const name = task.metadata.name;
   const tensorBoardDir: string | undefined = task.spec?.tensorBoardDir;
-  const [portText, setPortText] = useState(tensorBoardDir ? '6006' : '');
+  const [portText, setPortText] = useState('');
   const [index, setIndex] = useState(0);
   // A raw replica inside a Domain listens in its own network namespace, which the proxy
   // cannot reach (400); only running replicas answer.
@@ -32,16 +33,7 @@ function WebApps({ task, pods }: { task: KubeObject; pods: KubeObject[] }) {
   const replicaIndex = replica?.spec?.replicaIndex ?? 0;
   return (
     <Section title="Web apps">
-      {tensorBoardDir ? (
-        <p>
-          This task keeps TensorBoard logs in <code>{tensorBoardDir}</code>. rlark does not start TensorBoard; started in the task as{' '}
-          <code data-testid="tensorboard-command">{tensorBoardCommand(tensorBoardDir, namespace, name)}</code>, it is at{' '}
-          <TaskAppButton app={{ namespace, task: name, port: 6006 }} testId="tensorboard-link">
-            TensorBoard (port 6006 of replica 0)
-          </TaskAppButton>
-          .
-        </p>
-      ) : null}
+      {tensorBoardDir ? <TensorBoards namespace={namespace} task={name} logDir={tensorBoardDir} pods={pods} /> : null}
       {reachable.length === 0 ? (
         <p class="muted">No replica the proxy can reach runs now (it reaches running replicas, not raw ones inside a Domain).</p>
       ) : (
@@ -70,6 +62,40 @@ function WebApps({ task, pods }: { task: KubeObject; pods: KubeObject[] }) {
         </form>
       )}
     </Section>
+  );
+}
+
+/** The TensorBoard of each replica as its Pod reports it (`status.tensorBoard`: the port, or
+ * why none runs). */
+function TensorBoards({ namespace, task, logDir, pods }: { namespace: string; task: string; logDir: string; pods: KubeObject[] }) {
+  const sorted = [...pods].sort((a, b) => (a.spec?.replicaIndex ?? 0) - (b.spec?.replicaIndex ?? 0));
+  return (
+    <div data-testid="tensorboards">
+      <p>
+        TensorBoard reads <code>{logDir}</code>; the agent starts one beside each running replica.
+      </p>
+      {sorted.length === 0 ? <p class="muted">No replica runs now.</p> : null}
+      <ul>
+        {sorted.map((pod) => {
+          const index: number = pod.spec?.replicaIndex ?? 0;
+          const board = pod.status?.tensorBoard;
+          const port: number | undefined = board?.port ?? undefined;
+          return (
+            <li key={pod.metadata.name}>
+              {port ? (
+                <TaskAppButton app={{ namespace, task, replica: index === 0 ? undefined : index, port }} testId={`tensorboard-link-${index}`}>
+                  TensorBoard of {pod.metadata.name}
+                </TaskAppButton>
+              ) : (
+                <span data-testid={`tensorboard-status-${index}`}>
+                  {pod.metadata.name}: {board?.message ?? `no TensorBoard (the replica is ${pod.status?.phase ?? 'Pending'})`}
+                </span>
+              )}
+            </li>
+          );
+        })}
+      </ul>
+    </div>
   );
 }
 
