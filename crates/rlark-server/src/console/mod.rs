@@ -252,19 +252,28 @@ fn session_json(
     })
 }
 
-async fn login(State(console): State<Console>, request: Request) -> Response {
+/// `None` when `request` declares a JSON body, else the 415 answer for `what` ("login", "a
+/// ticket request"). Requiring the type keeps cross-site form posts (which cannot send it
+/// without a preflight) out.
+pub(crate) fn refuse_non_json(request: &Request, what: &str) -> Option<Response> {
     let json_body = request
         .headers()
         .get(header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())
         .is_some_and(|v| v.starts_with("application/json"));
-    if !json_body {
-        return ApiError::new(
+    (!json_body).then(|| {
+        ApiError::new(
             415,
             "UnsupportedMediaType",
-            "login takes a JSON body (Content-Type: application/json)".to_string(),
+            format!("{what} takes a JSON body (Content-Type: application/json)"),
         )
-        .into_response();
+        .into_response()
+    })
+}
+
+async fn login(State(console): State<Console>, request: Request) -> Response {
+    if let Some(refused) = refuse_non_json(&request, "login") {
+        return refused;
     }
     let bytes = match axum::body::to_bytes(request.into_body(), MAX_LOGIN_BODY).await {
         Ok(bytes) => bytes,

@@ -237,18 +237,8 @@ async fn create_ticket(State(state): State<ProxyOrigin>, request: Request) -> Re
              token or a client certificate",
         );
     };
-    let json_body = request
-        .headers()
-        .get(header::CONTENT_TYPE)
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.starts_with("application/json"));
-    if !json_body {
-        return ApiError::new(
-            415,
-            "UnsupportedMediaType",
-            "a ticket request takes a JSON body (Content-Type: application/json)".to_string(),
-        )
-        .into_response();
+    if let Some(refused) = super::refuse_non_json(&request, "a ticket request") {
+        return refused;
     }
     let console_host = request
         .headers()

@@ -280,6 +280,34 @@ async fn a_ticket_logs_in_on_the_proxy_origin_once_and_logout_ends_it() {
     assert_eq!(after.status, StatusCode::UNAUTHORIZED, "{}", after.text);
 }
 
+/// A ticket request is JSON or nothing: a cross-site form post cannot send that type
+/// without a preflight.
+#[tokio::test]
+async fn a_ticket_request_without_a_json_body_is_refused() {
+    let f = fixture(true).await;
+    let (cookie, csrf) = f.session_for(admin()).await;
+    let request = Request::post(TICKETS_ROUTE)
+        .header(header::COOKIE, &cookie)
+        .header(header::HOST, CONSOLE_HOST)
+        .header(header::ORIGIN, format!("https://{CONSOLE_HOST}"))
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header(CSRF_HEADER, &csrf)
+        .body(Body::from("namespace=rlark-a"))
+        .unwrap();
+    let answer = send(&f.main, request).await;
+    assert_eq!(
+        answer.status,
+        StatusCode::UNSUPPORTED_MEDIA_TYPE,
+        "{}",
+        answer.text
+    );
+    assert!(
+        answer.text.contains("a ticket request takes a JSON body"),
+        "{}",
+        answer.text
+    );
+}
+
 #[tokio::test]
 async fn expired_and_unknown_tickets_are_refused() {
     let f = fixture(true).await;

@@ -47,6 +47,12 @@ pub(crate) fn sections(server: &str, task: &Value, pods: &[Value]) -> String {
         };
         out.push_str(&format!("  replica {index}: {line}\n"));
     }
+    // The URLs answer tokens and certificates (kubectl, curl); a browser is refused there (a
+    // task's pages never run on the console's origin) and opens them from the console.
+    out.push_str(
+        "  (with a kubeconfig or a token; in a browser, open it from the task's page in the web \
+         console)\n",
+    );
     out
 }
 
@@ -84,7 +90,7 @@ mod tests {
         ];
         assert_eq!(
             sections("https://cp:6443", &task("Raw", Some("runs")), &pods),
-            "TensorBoard:\n  replica 0: https://cp:6443/rlark/v1/namespaces/rlark-a/tasks/ppo-actor/proxy/41234/  (logdir /d/work/runs)\n  replica 1: not running (the replica is Succeeded)\n  replica 2: TensorBoard was not started: no executable \"tensorboard\" in PATH (/bin)\n  replica 3: https://cp:6443/rlark/v1/namespaces/rlark-a/tasks/ppo-actor/replicas/3/proxy/41235/\n"
+            "TensorBoard:\n  replica 0: https://cp:6443/rlark/v1/namespaces/rlark-a/tasks/ppo-actor/proxy/41234/  (logdir /d/work/runs)\n  replica 1: not running (the replica is Succeeded)\n  replica 2: TensorBoard was not started: no executable \"tensorboard\" in PATH (/bin)\n  replica 3: https://cp:6443/rlark/v1/namespaces/rlark-a/tasks/ppo-actor/replicas/3/proxy/41235/\n  (with a kubeconfig or a token; in a browser, open it from the task's page in the web console)\n"
         );
     }
 
