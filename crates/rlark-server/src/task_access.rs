@@ -44,6 +44,22 @@ pub(crate) enum AccessError {
     Store(String),
 }
 
+impl AccessError {
+    /// The HTTP answer (a `Status`) of the routes that reach task `task` (the task proxy,
+    /// its tickets): 404, 400, 403 or 500.
+    pub(crate) fn into_api_error(self, task: &str) -> rlark_apiserver::error::ApiError {
+        use rlark_apiserver::error::ApiError;
+        match self {
+            AccessError::NotFound(m) => ApiError::new(404, "NotFound", m),
+            AccessError::Ambiguous(m) | AccessError::NotRunning(m) => ApiError::bad_request(m),
+            AccessError::Denied(m) => {
+                ApiError::forbidden_resource("rlinf.io", "tasks", Some(task), &m)
+            }
+            AccessError::Store(m) => ApiError::new(500, "InternalError", m),
+        }
+    }
+}
+
 /// The store, as a request extension (set on every route in `lib.rs`), for handlers whose
 /// state has none (replica logs).
 #[derive(Clone)]

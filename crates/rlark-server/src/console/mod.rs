@@ -76,16 +76,21 @@ pub(crate) fn router(console: Console) -> Router {
         .with_state(console)
 }
 
-/// The session cookie's value, if the request sends one.
-fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+/// The value of cookie `name`, if the request sends it.
+pub(crate) fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
     headers
         .get_all(header::COOKIE)
         .iter()
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(';'))
         .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(name, _)| *name == SESSION_COOKIE)
+        .find(|(n, _)| *n == name)
         .map(|(_, value)| value)
+}
+
+/// The session cookie's value, if the request sends one.
+fn session_cookie(headers: &HeaderMap) -> Option<&str> {
+    cookie_value(headers, SESSION_COOKIE)
 }
 
 fn is_safe(method: &Method) -> bool {

@@ -27,7 +27,7 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use http::{HeaderMap, HeaderValue, StatusCode, header};
+use http::{HeaderValue, StatusCode, header};
 use rlark_apiserver::auth::Identity;
 use rlark_apiserver::error::ApiError;
 use serde::Deserialize;
@@ -192,13 +192,7 @@ fn proxy_path(namespace: &str, task: &str, replica: Option<u32>, port: u16) -> S
 }
 
 fn access_error(error: AccessError, name: &str) -> Response {
-    match error {
-        AccessError::NotFound(m) => ApiError::new(404, "NotFound", m),
-        AccessError::Ambiguous(m) | AccessError::NotRunning(m) => ApiError::bad_request(m),
-        AccessError::Denied(m) => ApiError::forbidden_resource("rlinf.io", "tasks", Some(name), &m),
-        AccessError::Store(m) => ApiError::new(500, "InternalError", m),
-    }
-    .into_response()
+    error.into_api_error(name).into_response()
 }
 
 /// What a request was authenticated with, as a grant binds it; `None` for no credential.
@@ -465,18 +459,6 @@ async fn login(
     response
 }
 
-/// The value of cookie `name`, if the request sends it.
-fn cookie_value<'a>(headers: &'a HeaderMap, name: &str) -> Option<&'a str> {
-    headers
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|pair| pair.trim().split_once('='))
-        .find(|(n, _)| *n == name)
-        .map(|(_, value)| value)
-}
-
 /// Middleware of the proxy origin: a request without a certificate or bearer token but
 /// with a live proxy cookie runs as the proxy session's user (`AuthMethod::ProxyCookie`).
 /// Its streams (WebSockets included) end within about a second of the end of the console
@@ -490,7 +472,8 @@ pub(crate) async fn proxy_cookie_layer(
     if request.extensions().get::<Identity>().is_some() {
         return next.run(request).await;
     }
-    let Some(secret) = cookie_value(request.headers(), PROXY_COOKIE).map(str::to_string) else {
+    let Some(secret) = super::cookie_value(request.headers(), PROXY_COOKIE).map(str::to_string)
+    else {
         return next.run(request).await;
     };
     let grant = match state.console.sessions.proxy_session(&secret).await {

@@ -144,13 +144,7 @@ async fn replica_path(
 }
 
 fn access_error(error: AccessError, name: &str) -> Response {
-    match error {
-        AccessError::NotFound(m) => ApiError::new(404, "NotFound", m),
-        AccessError::Ambiguous(m) | AccessError::NotRunning(m) => ApiError::bad_request(m),
-        AccessError::Denied(m) => ApiError::forbidden_resource("rlinf.io", "tasks", Some(name), &m),
-        AccessError::Store(m) => ApiError::new(500, "InternalError", m),
-    }
-    .into_response()
+    error.into_api_error(name).into_response()
 }
 
 async fn serve(
