@@ -60,6 +60,17 @@ impl DomainNet {
     /// agent's own IPv4 address on the bridge). `exe` is the `rlark` binary
     /// (`env!("CARGO_BIN_EXE_rlark")`).
     pub fn start(exe: &str, clusters: &[&str], agent_args: &[&str]) -> anyhow::Result<DomainNet> {
+        DomainNet::start_with(exe, clusters, agent_args, &[])
+    }
+
+    /// [`DomainNet::start`] with `server_args` added to the server's (`{address}` in an
+    /// argument becomes the server's IPv4 address on the bridge).
+    pub fn start_with(
+        exe: &str,
+        clusters: &[&str],
+        agent_args: &[&str],
+        server_args: &[&str],
+    ) -> anyhow::Result<DomainNet> {
         let dir = tempfile::Builder::new()
             .prefix("rlark-domain-net-")
             .tempdir()?;
@@ -67,8 +78,14 @@ impl DomainNet {
         members.extend_from_slice(clusters);
         let mut topology = Topology::create(&unique_prefix(), &members)?;
         let exe = PathBuf::from(exe);
+        let server_address = topology.address("s")?.to_string();
+        let server_args: Vec<String> = server_args
+            .iter()
+            .map(|a| a.replace("{address}", &server_address))
+            .collect();
+        let server_args: Vec<&str> = server_args.iter().map(String::as_str).collect();
         let server = topology
-            .start_server("s", &exe, &dir.path().join("server"), &[])
+            .start_server("s", &exe, &dir.path().join("server"), &server_args)
             .context("start the server")?;
         let mut agents = Vec::new();
         for cluster in clusters {

@@ -383,6 +383,132 @@ async fn cert_sign_signs_a_csr_for_a_role() -> anyhow::Result<()> {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn cert_sign_ssh_signs_openssh_keys_for_both_roles() -> anyhow::Result<()> {
+    let server = TestServer::start().await?;
+    let admin = server.kubeconfig_path();
+    let dir = tempfile::tempdir()?;
+    let key = dir.path().join("id_ed25519");
+    let keygen = std::process::Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f", path_str(&key)])
+        .output()?;
+    anyhow::ensure!(
+        keygen.status.success(),
+        "ssh-keygen: {}",
+        text(&keygen.stderr)
+    );
+    let public = format!("{}.pub", path_str(&key));
+
+    // ssh-guest to stdout: one certificate line for the key.
+    let line = ok_as(
+        admin,
+        &[
+            "cert",
+            "sign-ssh",
+            "--role",
+            "ssh-guest",
+            "--user",
+            "alice",
+            "--public-key",
+            &public,
+        ],
+    )
+    .await?;
+    assert!(
+        line.starts_with("ssh-ed25519-cert-v01@openssh.com ") && line.ends_with('\n'),
+        "{line}"
+    );
+    // domain to a file, then listed with its cluster.
+    let cert = dir.path().join("id_ed25519-cert.pub");
+    let out = run_as(
+        admin,
+        &[
+            "cert",
+            "sign-ssh",
+            "--role",
+            "domain",
+            "--domain",
+            "net1",
+            "--cluster-id",
+            "edge-1",
+            "--public-key",
+            &public,
+            "--validity",
+            "1h",
+            "-o",
+            path_str(&cert),
+        ],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("rlark:domain:net1@edge-1"),
+        "{}",
+        text(&out.stderr)
+    );
+    let shown = std::process::Command::new("ssh-keygen")
+        .args(["-L", "-f", path_str(&cert)])
+        .output()?;
+    assert!(
+        text(&shown.stdout).contains("domain:net1@edge-1"),
+        "{}",
+        text(&shown.stdout)
+    );
+    let listing = ok_as(admin, &["cert", "list"]).await?;
+    assert!(
+        listing.contains("domain:net1@edge-1") && listing.contains("edge-1"),
+        "{listing}"
+    );
+
+    // The subject flags the role needs, named; an unknown key is the server's 400.
+    for (args, needle) in [
+        (vec!["--role", "domain", "--domain", "net1"], "--cluster-id"),
+        (vec!["--role", "ssh-guest", "--domain", "net1"], "--user"),
+        (
+            vec![
+                "--role",
+                "domain",
+                "--user",
+                "a",
+                "--domain",
+                "d",
+                "--cluster-id",
+                "c",
+            ],
+            "not --user",
+        ),
+    ] {
+        let mut full = vec!["cert", "sign-ssh", "--public-key", &public];
+        full.extend(args);
+        let out = run_as(admin, &full).await?;
+        assert_eq!(out.status.code(), Some(1), "{full:?}");
+        assert!(
+            text(&out.stderr).contains(needle),
+            "{full:?}: {}",
+            text(&out.stderr)
+        );
+    }
+    let garbage = dir.path().join("garbage.pub");
+    std::fs::write(&garbage, "not a key\n")?;
+    let out = run_as(
+        admin,
+        &[
+            "cert",
+            "sign-ssh",
+            "--role",
+            "ssh-guest",
+            "--user",
+            "alice",
+            "--public-key",
+            path_str(&garbage),
+        ],
+    )
+    .await?;
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("key"), "{}", text(&out.stderr));
+    server.stop().await
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn ca_rotation_keeps_the_server_usable() -> anyhow::Result<()> {
     let dir = tempfile::tempdir()?;
     let data_dir = dir.path().join("data");

@@ -772,3 +772,152 @@ fn a_revoked_agent_is_refused_on_the_direct_path() -> anyhow::Result<()> {
     );
     Ok(())
 }
+
+/// `ssh -F /dev/null` options for a key with its certificate beside it, through the
+/// server's SSH endpoint at `server:2222`.
+fn domain_ssh(key: &str, server: &str) -> String {
+    format!(
+        "ssh -F /dev/null -i {key} -o CertificateFile={key}-cert.pub -o IdentitiesOnly=yes \
+         -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null -o BatchMode=yes \
+         -o ConnectTimeout=10 -p {SSH_PORT} domain@{server}"
+    )
+}
+
+/// The SSH endpoint's port in [`a_domain_certificate_carries_a_members_flows_over_ssh`].
+const SSH_PORT: u16 = 2222;
+
+/// RLark's pod-network transport, served: a `domain` SSH certificate for cluster a carries
+/// a's member's TCP flows to a member in cluster b through the server's SSH endpoint and the
+/// hub's relay, with the real OpenSSH client run inside a's member (so the channels'
+/// originator is the member's own address). By address, by RLark's `.agent` spelling and by
+/// name; a flow whose originator is not a's member, and a session, are refused; each
+/// forward is audited; a revoked certificate is refused at the next connection.
+#[test]
+fn a_domain_certificate_carries_a_members_flows_over_ssh() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    let listen = format!("{{address}}:{SSH_PORT}");
+    let net = DomainNet::start_with(RLARK, &["a", "b"], &[], &["--ssh-listen", &listen])?;
+    let server = net.topology.address("s")?.to_string();
+    net.apply(&domain_yaml("net1", "10.88.0.0/24"))?;
+    net.apply(&job_yaml(
+        "web",
+        Some("net1"),
+        &[(
+            "server",
+            "b-0",
+            "exec python3 -m http.server 8080 --bind 0.0.0.0",
+        )],
+    ))?;
+    net.wait_pod("rlark-b", "web-server-0", &["Running"], POD_WAIT)?;
+    let ip = allocated_ip(&net, "net1", "web-server")?;
+
+    let key = net.dir().join("gw");
+    let key = key.to_str().context("utf-8 path")?.to_string();
+    let keygen = Command::new("ssh-keygen")
+        .args(["-q", "-t", "ed25519", "-N", "", "-f", &key])
+        .output()
+        .context("run ssh-keygen (openssh-client; scripts/test.sh installs it)")?;
+    ensure!(keygen.status.success(), "ssh-keygen: {}", describe(&keygen));
+    let signed = net.cli(&[
+        "cert",
+        "sign-ssh",
+        "--role",
+        "domain",
+        "--domain",
+        "net1",
+        "--cluster-id",
+        "a",
+        "--public-key",
+        &format!("{key}.pub"),
+        "-o",
+        &format!("{key}-cert.pub"),
+    ])?;
+    ensure!(signed.status.success(), "sign-ssh: {}", describe(&signed));
+    let serial = String::from_utf8_lossy(&signed.stderr)
+        .split_whitespace()
+        .nth(3)
+        .context("sign-ssh printed no serial")?
+        .to_string();
+
+    let ssh = domain_ssh(&key, &server);
+    let session_err = net.dir().join("session.err");
+    let get = |url: &str| {
+        format!("python3 -c \"import urllib.request as u; u.urlopen('{url}', timeout=5).read()\"")
+    };
+    // Inside a's member: three forwards, two from the member's own address (allowed) and
+    // one from loopback (its originator is no member: refused), then a session (refused).
+    let script = format!(
+        "{ssh} -N -o ExitOnForwardFailure=yes \
+           -L $RLARK_POD_IP:9000:{ip}:8080 \
+           -L $RLARK_POD_IP:9001:{ip}.b.agent:8080 \
+           -L $RLARK_POD_IP:9002:web-server-0.net1:8080 \
+           -L 127.0.0.1:9003:{ip}:8080 & \
+         ok=0; for i in $(seq 60); do {by_ip} && ok=1 && break; sleep 1; done; \
+         test $ok = 1 || {{ echo 'no answer by address'; exit 1; }}; \
+         {by_agent} || {{ echo 'no answer by .agent'; exit 1; }}; \
+         {by_name} || {{ echo 'no answer by name'; exit 1; }}; \
+         {from_loopback} && {{ echo 'a loopback originator was carried'; exit 1; }}; \
+         {ssh} true 2>{session_err} && {{ echo 'a session opened'; exit 1; }}; \
+         grep -q 'carries forwards into domain net1 only' {session_err} || exit 1; \
+         exit 0",
+        session_err = session_err.display(),
+        by_ip = get("http://$RLARK_POD_IP:9000/"),
+        by_agent = get("http://$RLARK_POD_IP:9001/"),
+        by_name = get("http://$RLARK_POD_IP:9002/"),
+        from_loopback = get("http://127.0.0.1:9003/"),
+    );
+    net.apply(&job_yaml("gw", Some("net1"), &[("ssh", "a-0", &script)]))?;
+    if let Err(error) = net.wait_pod("rlark-a", "gw-ssh-0", &["Succeeded"], POD_WAIT) {
+        let logs = net.cli(&["logs", "task/gw-ssh"])?;
+        let session = std::fs::read_to_string(&session_err).unwrap_or_default();
+        bail!(
+            "{error}\ntask log: {}\nthe session's stderr: {session}\n{}",
+            describe(&logs),
+            net.logs()
+        );
+    }
+
+    // Audited: the carried flows (with bytes) and the refused one (naming why). A flow's
+    // record is written when it ends: bounded wait.
+    let carried = |e: &serde_json::Value| {
+        e["decision"] == "allowed"
+            && e["user"] == "domain:net1@a"
+            && e["reason"].as_str().is_some_and(|r| r.contains("bytes in"))
+    };
+    let refused = |e: &serde_json::Value| {
+        e["decision"] == "denied"
+            && e["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("from 127.0.0.1:"))
+    };
+    let mut forwards = Vec::new();
+    for _ in 0..40 {
+        let audit = std::fs::read_to_string(net.server.data_dir.join("audit.log"))?;
+        forwards = audit
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter(|e| e["verb"] == "ssh-forward" && e["resource"] == "domains.rlinf.io/ssh")
+            .collect();
+        if forwards.iter().any(carried) && forwards.iter().any(refused) {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    ensure!(
+        forwards.iter().any(carried),
+        "no carried flow audited: {forwards:?}"
+    );
+    ensure!(
+        forwards.iter().any(refused),
+        "the loopback originator's refusal is not audited: {forwards:?}"
+    );
+
+    // Revoked: the next connection is refused (ssh exits 255 at authentication).
+    net.cli_ok(&["cert", "revoke", &serial])?;
+    let script = format!("timeout 30 {ssh} -N -L $RLARK_POD_IP:9000:{ip}:8080; test $? = 255");
+    net.apply(&job_yaml("gw2", Some("net1"), &[("ssh", "a-0", &script)]))?;
+    net.wait_pod("rlark-a", "gw2-ssh-0", &["Succeeded"], POD_WAIT)?;
+    Ok(())
+}

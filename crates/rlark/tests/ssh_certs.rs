@@ -161,6 +161,21 @@ async fn ssh_certificates_are_signed_by_the_installation() -> anyhow::Result<()>
         2,
         "{audit}"
     );
+
+    // Revoking the cluster revokes its domain certificates too (they speak for it).
+    let revoked = post(
+        &admin,
+        "/rlark/v1/revocations",
+        json!({"clusterID": "edge-1", "reason": "cluster retired"}),
+    )
+    .await?;
+    let domain_serial = signed["serialHex"].as_str().context("serialHex")?;
+    assert!(
+        revoked["revoked"]
+            .as_array()
+            .is_some_and(|serials| serials.iter().any(|s| s == domain_serial)),
+        "{revoked}"
+    );
     server.stop().await?;
     assert!(Path::new(&key).exists());
     Ok(())

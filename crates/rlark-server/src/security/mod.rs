@@ -810,6 +810,27 @@ impl Security {
         Ok(serials)
     }
 
+    /// Revoke everything cluster `cluster_id` holds: its agent's certificates and bearer
+    /// tokens ([`Security::revoke_user`] of its agent identity) and the `domain` SSH
+    /// certificates signed for it. Returns the revoked serials.
+    pub(crate) async fn revoke_cluster(
+        &self,
+        cluster_id: &str,
+        reason: &str,
+        by: &Identity,
+    ) -> SecResult<Vec<String>> {
+        let mut serials = self
+            .revoke_user(&Identity::agent(cluster_id).user, reason, by)
+            .await?;
+        for cert in self.list::<CertificateRecord>(CERTIFICATES).await? {
+            if cert.cluster_id.as_deref() == Some(cluster_id) && !self.is_revoked(&cert.serial) {
+                self.revoke_one(&cert.serial, reason, by).await?;
+                serials.push(cert.serial);
+            }
+        }
+        Ok(serials)
+    }
+
     // ---- bootstrap tokens and join ----
 
     /// Make a bootstrap token valid for `ttl`, optionally bound to one cluster ID.

@@ -571,7 +571,7 @@ async fn revoke(State(state): State<RoutesState>, request: Request) -> Response 
         } else if let Some(cluster_id) = body.cluster_id {
             super::validate_cluster_id(&cluster_id)?;
             security
-                .revoke_user(&Identity::agent(&cluster_id).user, &reason, &admin)
+                .revoke_cluster(&cluster_id, &reason, &admin)
                 .await?
         } else if let Some(token_id) = body.token_id {
             security.revoke_bearer_token(&token_id, &admin).await?;

@@ -11,8 +11,8 @@
 //! - an OpenSSH user certificate of the installation's SSH CA with role `ssh-guest`: the
 //!   principal is the user (no groups). Its serial (hex) must not be revoked (SSH
 //!   certificates are recorded like X.509 ones, so `rlark cert revoke SERIAL` and
-//!   `--user U` reach them). `domain` certificates are refused here (they are the pod
-//!   network's, docs/ssh.md).
+//!   `--user U` reach them). `domain` certificates log in whatever the name (they are the pod
+//!   network's: [`Target::Domain`], forwards only, docs/ssh.md).
 //! - a public key registered through `/rlark/v1/sshkeys` ([`super::keys`]): its owner,
 //!   while the credential it was registered with is not revoked and the key is not removed.
 //! - the `sshPublicKey` of the Task named by the login (copied from its Job): identity
@@ -42,6 +42,10 @@ pub(crate) enum Target {
     },
     /// The menu of reachable tasks.
     Menu,
+    /// A `domain` certificate's pod-network forwards ([`super::domain`]): flows of the
+    /// members that cluster `cluster` runs in Domain `domain`. The login name is not read
+    /// (RLark's agents log in as `client` or `root`).
+    Domain { domain: String, cluster: String },
 }
 
 impl Target {
@@ -222,7 +226,6 @@ pub(crate) async fn by_certificate(
     login: &str,
     certificate: &Certificate,
 ) -> Result<Login, Refusal> {
-    let target = Target::parse(login).map_err(|e| refuse(None, e))?;
     let text = certificate
         .to_openssh()
         .map_err(|e| refuse(None, format!("encode the certificate: {e}")))?;
@@ -236,25 +239,21 @@ pub(crate) async fn by_certificate(
         now,
     )
     .map_err(|e| refuse(None, e.to_string()))?;
-    let user = match &verified.role {
-        rlark_pki::ssh::SshCertRole::Guest { user } => user.clone(),
-        rlark_pki::ssh::SshCertRole::Domain { .. } => {
-            return Err(refuse(
-                None,
-                format!(
-                    "certificate {} has role domain: the SSH endpoint serves ssh-guest \
-                     certificates only",
-                    verified.key_id
-                ),
-            ));
-        }
-    };
-    let identity = Identity {
-        user,
-        groups: Vec::new(),
-    };
     let credential = Credential::Certificate {
         serial: format!("{:x}", verified.serial),
+    };
+    let identity = Identity {
+        user: verified.role.principal(),
+        groups: Vec::new(),
+    };
+    let target = match &verified.role {
+        rlark_pki::ssh::SshCertRole::Guest { .. } => {
+            Target::parse(login).map_err(|e| refuse(Some(&identity), e))?
+        }
+        rlark_pki::ssh::SshCertRole::Domain { domain, cluster_id } => Target::Domain {
+            domain: domain.clone(),
+            cluster: cluster_id.clone(),
+        },
     };
     if let Some(reason) = revoked(state, &credential).await {
         return Err(refuse(Some(&identity), reason));
@@ -270,7 +269,7 @@ async fn authorize(
     target: Target,
 ) -> Result<Login, Refusal> {
     let task = match &target {
-        Target::Menu => None,
+        Target::Menu | Target::Domain { .. } => None,
         Target::Task {
             name, namespace, ..
         } => {

@@ -1,5 +1,6 @@
 //! One SSH connection: russh's [`Handler`], which authenticates ([`super::auth`]), opens
-//! session channels ([`super::session`]) and `-L` forwards ([`super::forward`]), refuses
+//! session channels ([`super::session`]), `-L` forwards ([`super::forward`]) and a
+//! `domain` certificate's pod-network forwards ([`super::domain`]), refuses
 //! everything else (remote forwards, agent and X11 forwarding), and closes the connection
 //! when its credential is revoked ([`watch_revocation`]).
 
@@ -15,7 +16,7 @@ use russh::server::{
 use russh::{Channel, ChannelId, Disconnect};
 
 use super::SshState;
-use super::auth::{self, Login, Refusal};
+use super::auth::{self, Login, Refusal, Target};
 use super::session::Closing;
 
 /// One client connection.
@@ -44,21 +45,28 @@ impl Connection {
     }
 
     fn accept(&mut self, login: Login) -> Auth {
+        let (resource, namespace, name) = match (&login.target, &login.task) {
+            (Target::Domain { domain, .. }, _) => {
+                ("domains.rlinf.io/ssh", String::new(), domain.clone())
+            }
+            (_, Some(task)) => (
+                "tasks.rlinf.io/ssh",
+                task["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+                task["metadata"]["name"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string(),
+            ),
+            (_, None) => ("tasks.rlinf.io/ssh", String::new(), "menu".to_string()),
+        };
         let entry = AuditEntry {
             verb: "ssh-login".into(),
-            resource: "tasks.rlinf.io/ssh".into(),
-            namespace: login
-                .task
-                .as_ref()
-                .and_then(|t| t["metadata"]["namespace"].as_str())
-                .unwrap_or_default()
-                .into(),
-            name: login
-                .task
-                .as_ref()
-                .and_then(|t| t["metadata"]["name"].as_str())
-                .unwrap_or("menu")
-                .into(),
+            resource: resource.into(),
+            namespace,
+            name,
             reason: format!(
                 "{} from {}",
                 login.credential.describe(),
@@ -161,6 +169,18 @@ impl Handler for Connection {
         let Some(login) = self.login.clone() else {
             return Ok(());
         };
+        if let Target::Domain { domain, .. } = &login.target {
+            reply
+                .reject(russh::ChannelOpenFailure::Other {
+                    code: 1,
+                    reason: format!(
+                        "rlark: a domain certificate carries forwards into domain {domain} \
+                         only (ssh -N -L ...), not sessions"
+                    ),
+                })
+                .await;
+            return Ok(());
+        }
         reply.accept().await;
         tokio::spawn(super::session::run(
             Arc::clone(&self.state),
@@ -176,14 +196,30 @@ impl Handler for Connection {
         channel: Channel<Msg>,
         host_to_connect: &str,
         port_to_connect: u32,
-        _originator_address: &str,
-        _originator_port: u32,
+        originator_address: &str,
+        originator_port: u32,
         reply: ChannelOpenHandle,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
         let Some(login) = self.login.clone() else {
             return Ok(());
         };
+        if matches!(login.target, Target::Domain { .. }) {
+            tokio::spawn(super::domain::open(
+                Arc::clone(&self.state),
+                login,
+                channel,
+                super::domain::Flow {
+                    host: host_to_connect.to_string(),
+                    port: port_to_connect,
+                    originator: originator_address.to_string(),
+                    originator_port,
+                },
+                reply,
+                self.closing.clone(),
+            ));
+            return Ok(());
+        }
         tokio::spawn(super::forward::open(
             Arc::clone(&self.state),
             login,

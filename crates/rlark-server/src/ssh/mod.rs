@@ -13,9 +13,11 @@
 //! | [`session`] | one session channel: shell, command, sftp, through the agent's exec |
 //! | [`exec`] | the agent exec, spoken by the server |
 //! | [`forward`] | `-L` forwards through the tunnel |
+//! | [`domain`] | a `domain` certificate's pod-network forwards, through the hub's relay |
 //! | [`menu`] | the login `menu` |
 
 pub(crate) mod auth;
+pub(crate) mod domain;
 pub(crate) mod exec;
 pub(crate) mod forward;
 pub(crate) mod handler;

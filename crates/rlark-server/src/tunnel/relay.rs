@@ -314,6 +314,47 @@ impl DomainIndex {
         })
     }
 
+    /// The cluster of the live, placed member of Domain `domain` at `ip`, if there is one.
+    pub(crate) fn cluster_of(&self, domain: &str, ip: IpAddr) -> Option<String> {
+        let domains = self.domains.read().unwrap_or_else(|e| e.into_inner());
+        let member = domains.get(domain)?.by_ip.get(&ip)?;
+        (!member.released).then(|| member.cluster.clone()).flatten()
+    }
+
+    /// The address of the live member of Domain `domain` whose Pod is named `pod` (the
+    /// `<pod>` of the `<pod>.<domain>` names in replicas' `/etc/hosts`); the error says
+    /// what is missing or ambiguous.
+    pub(crate) fn member_named(&self, domain: &str, pod: &str) -> Result<IpAddr, String> {
+        let domains = self.domains.read().unwrap_or_else(|e| e.into_inner());
+        let Some(members) = domains.get(domain) else {
+            return Err(format!("domain {domain:?} does not exist"));
+        };
+        let mut found: Vec<(IpAddr, &str)> = members
+            .by_ip
+            .iter()
+            .filter(|(_, m)| !m.released)
+            .filter_map(|(ip, m)| {
+                m.pod
+                    .as_ref()
+                    .filter(|(_, name)| name == pod)
+                    .map(|(ns, _)| (*ip, ns.as_str()))
+            })
+            .collect();
+        found.sort();
+        match found.as_slice() {
+            [] => Err(format!("domain {domain:?} has no member named {pod:?}")),
+            [(ip, _)] => Ok(*ip),
+            several => Err(format!(
+                "{pod:?} names several members of domain {domain:?} (in {}): use an address",
+                several
+                    .iter()
+                    .map(|(ip, ns)| format!("{ns} at {ip}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )),
+        }
+    }
+
     /// Whether `name` is an existing Domain (for metric labels).
     fn contains(&self, name: &str) -> bool {
         self.domains
@@ -434,7 +475,9 @@ impl Relay {
         self.index.follow(store, shutdown).await;
     }
 
-    fn label(&self, domain: Option<&str>) -> String {
+    /// The `domain` metric label of a flow naming `domain`: the name when that Domain
+    /// exists, else `(unknown)` (a caller cannot grow the label set).
+    pub(crate) fn label(&self, domain: Option<&str>) -> String {
         match domain {
             Some(name) if self.index.contains(name) => name.to_owned(),
             _ => UNKNOWN_DOMAIN.to_owned(),
@@ -452,13 +495,29 @@ impl Relay {
             .clone()
     }
 
-    fn count(&self, domain: &str, outcome: &str) {
+    /// Counts one flow of `domain` (a [`Relay::label`]) with `outcome`.
+    pub(crate) fn count(&self, domain: &str, outcome: &str) {
         self.streams
             .get_or_create(&RelayLabels {
                 domain: domain.to_owned(),
                 outcome: outcome.to_owned(),
             })
             .inc();
+    }
+
+    /// The meter of one established relay of `domain` (a [`Relay::label`]).
+    pub(crate) fn meter(&self, domain: &str) -> Meter {
+        Meter {
+            _active: Active::new(
+                self.active
+                    .get_or_create(&DomainLabel {
+                        domain: domain.to_owned(),
+                    })
+                    .clone(),
+            ),
+            to_destination: self.bytes_counter(domain, "to_destination"),
+            to_source: self.bytes_counter(domain, "to_source"),
+        }
     }
 
     /// The node the Pod runs on (`status.node`), when the store says.
@@ -567,8 +626,13 @@ async fn serve_stream(hub: Arc<Hub>, caller: String, mut stream: MuxStream) {
         }
     };
     span.record("flow", tracing::field::display(&header));
-    let destination = match relay.index.decide(&caller, &header) {
-        Ok(destination) => destination,
+    let Onward {
+        stream: mut onward,
+        label: domain,
+        cluster,
+        node,
+    } = match connect(&hub, &caller, &header).await {
+        Ok(onward) => onward,
         Err(refusal) => {
             let domain = Some(header.domain.as_str());
             refuse(
@@ -578,48 +642,6 @@ async fn serve_stream(hub: Arc<Hub>, caller: String, mut stream: MuxStream) {
                 domain,
                 refusal.status,
                 refusal.message,
-            )
-            .await;
-            return;
-        }
-    };
-    let domain = relay.label(Some(&header.domain));
-    let node = match &destination.pod {
-        Some(pod) => relay.node_of(pod).await,
-        None => None,
-    };
-    let forwarded = header.with_source_cluster(caller.as_str());
-    let Some(control) = hub.pick(&destination.cluster, node.as_deref()) else {
-        let message = format!(
-            "no agent of cluster {:?} (destination {}) is connected to this server",
-            destination.cluster, header.destination
-        );
-        refuse(
-            relay,
-            &span,
-            &mut stream,
-            Some(&header.domain),
-            Status::NoSuchAgent,
-            message,
-        )
-        .await;
-        return;
-    };
-    let deadline = hub.config().dial_timeout;
-    let mut onward = match rlark_tunnel::relay::open(&control, &forwarded, deadline).await {
-        Ok(onward) => onward,
-        Err(error) => {
-            let message = format!(
-                "agent of cluster {:?}: {}",
-                destination.cluster, error.message
-            );
-            refuse(
-                relay,
-                &span,
-                &mut stream,
-                Some(&header.domain),
-                error.status,
-                message,
             )
             .await;
             return;
@@ -638,22 +660,15 @@ async fn serve_stream(hub: Arc<Hub>, caller: String, mut stream: MuxStream) {
         stream.raise_window(rlark_tunnel::relay::RELAY_WINDOW);
         onward.raise_window(rlark_tunnel::relay::RELAY_WINDOW);
     }
-    tracing::debug!(cluster = %destination.cluster, node = ?node, "relay established");
-    let active = Active::new(
-        relay
-            .active
-            .get_or_create(&DomainLabel {
-                domain: domain.clone(),
-            })
-            .clone(),
-    );
+    tracing::debug!(%cluster, node = ?node, "relay established");
+    let meter = relay.meter(&domain);
     let mut onward = Counting::new(
         &mut onward,
-        relay.bytes_counter(&domain, "to_destination"),
-        relay.bytes_counter(&domain, "to_source"),
+        meter.to_destination.clone(),
+        meter.to_source.clone(),
     );
     let spliced = rlark_tunnel::agent::splice(&mut stream, &mut onward, SPLICE_BUFFER).await;
-    drop(active);
+    drop(meter);
     match spliced {
         Ok((to_destination, to_source)) => {
             tracing::debug!(to_destination, to_source, "relay done");
@@ -663,6 +678,71 @@ async fn serve_stream(hub: Arc<Hub>, caller: String, mut stream: MuxStream) {
             tracing::debug!(%error, "relay ended with an error");
         }
     }
+}
+
+/// A flow the hub authorized and the destination's agent accepted.
+pub(crate) struct Onward {
+    /// The stream to the destination's agent, after its `ok`.
+    pub(crate) stream: MuxStream,
+    /// The flow's `domain` metric label ([`Relay::label`]).
+    pub(crate) label: String,
+    /// The destination's cluster.
+    pub(crate) cluster: String,
+    /// The destination Pod's node, when the store names it.
+    pub(crate) node: Option<String>,
+}
+
+/// Authorizes `header` as a flow from a member of cluster `caller` ([`decide`]: `caller` is
+/// a certified identity — the agent's tunnel certificate, or an SSH `domain` certificate —
+/// never a field of the request), and opens it at the destination's agent, which
+/// authorizes it again. A refusal is the answer to give; the caller counts it.
+pub(crate) async fn connect(
+    hub: &Hub,
+    caller: &str,
+    header: &RelayHeader,
+) -> Result<Onward, Refusal> {
+    let relay = hub.relay();
+    let destination = relay.index.decide(caller, header)?;
+    let node = match &destination.pod {
+        Some(pod) => relay.node_of(pod).await,
+        None => None,
+    };
+    let forwarded = header.with_source_cluster(caller);
+    let Some(control) = hub.pick(&destination.cluster, node.as_deref()) else {
+        return Err(Refusal::new(
+            Status::NoSuchAgent,
+            format!(
+                "no agent of cluster {:?} (destination {}) is connected to this server",
+                destination.cluster, header.destination
+            ),
+        ));
+    };
+    let deadline = hub.config().dial_timeout;
+    let stream = rlark_tunnel::relay::open(&control, &forwarded, deadline)
+        .await
+        .map_err(|error| {
+            Refusal::new(
+                error.status,
+                format!(
+                    "agent of cluster {:?}: {}",
+                    destination.cluster, error.message
+                ),
+            )
+        })?;
+    Ok(Onward {
+        stream,
+        label: relay.label(Some(&header.domain)),
+        cluster: destination.cluster,
+        node,
+    })
+}
+
+/// What one established relay is metered by: the `active` gauge (counted while this is
+/// held) and its Domain's byte counters.
+pub(crate) struct Meter {
+    _active: Active,
+    pub(crate) to_destination: Counter,
+    pub(crate) to_source: Counter,
 }
 
 /// Counts one relay in the `active` gauge while alive (also when its task is aborted
@@ -1040,6 +1120,34 @@ mod tests {
             .unwrap_err();
         assert_eq!(refusal.message, "domain \"ray\" does not exist");
         assert!(!index.contains("ray") && index.contains("other"));
+    }
+
+    #[test]
+    fn members_by_pod_name() {
+        let index = DomainIndex::default();
+        index.replace_all(domains());
+        assert_eq!(
+            index.member_named("ray", "j-h-0"),
+            Ok("10.8.0.3".parse().unwrap())
+        );
+        // Released: no longer a member.
+        assert_eq!(
+            index.member_named("ray", "j-w-1"),
+            Err("domain \"ray\" has no member named \"j-w-1\"".into())
+        );
+        // One name in two agent namespaces: ambiguous, both named.
+        assert_eq!(
+            index.member_named("ray", "v6-0"),
+            Err(
+                "\"v6-0\" names several members of domain \"ray\" (in rlark-a at fd00::2, \
+                 rlark-b at fd00::3): use an address"
+                    .into()
+            )
+        );
+        assert_eq!(
+            index.member_named("nope", "j-h-0"),
+            Err("domain \"nope\" does not exist".into())
+        );
     }
 
     #[test]

@@ -135,6 +135,13 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
         ],
     ),
     (
+        "cert sign-ssh",
+        &[
+            "rlark cert sign-ssh --role ssh-guest --user alice --public-key id_ed25519.pub -o id_ed25519-cert.pub",
+            "rlark cert sign-ssh --role domain --domain demo-net --cluster-id edge-1 --public-key gw.pub -o gw-cert.pub",
+        ],
+    ),
+    (
         "cert revocations",
         &["rlark cert revocations", "rlark cert revocations -o json"],
     ),

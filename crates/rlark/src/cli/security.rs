@@ -67,6 +67,11 @@ pub(crate) enum CertCommand {
     Revoke(CertRevokeArgs),
     /// Sign a certificate signing request (CSR) for a role; prints the certificate PEM.
     Sign(CertSignArgs),
+    /// Sign an OpenSSH public key with the installation's SSH CA: role `ssh-guest` (a user's
+    /// SSH logins to tasks) or `domain` (a cluster's pod-network forwards); prints the
+    /// certificate line (save it as `KEY-cert.pub` beside the key).
+    #[command(name = "sign-ssh")]
+    SignSsh(CertSignSshArgs),
     /// List the revoked certificates.
     Revocations(CertListArgs),
 }
@@ -90,7 +95,8 @@ pub(crate) struct CertRevokeArgs {
     /// Serial number of the certificate, in hex (`0A:1B` and `0x0a1b` work too).
     #[arg(value_parser = parse_serial)]
     serial: Option<String>,
-    /// Revoke every certificate of the agent of this cluster.
+    /// Revoke every certificate of the agent of this cluster, and its `domain` SSH
+    /// certificates.
     #[arg(long = "cluster-id", value_name = "ID")]
     cluster_id: Option<String>,
     /// Revoke every certificate and bearer token of this user.
@@ -130,6 +136,44 @@ pub(crate) struct CertSignArgs {
     output: Option<PathBuf>,
     #[arg(skip)]
     client: ClientArgs,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct CertSignSshArgs {
+    /// Role the certificate grants.
+    #[arg(long, value_enum)]
+    role: SshRole,
+    /// The OpenSSH public key to sign (an `id_*.pub` file); `-` reads it from stdin.
+    #[arg(long = "public-key", value_name = "FILE")]
+    public_key: PathBuf,
+    /// User name (role ssh-guest).
+    #[arg(long, value_name = "NAME")]
+    user: Option<String>,
+    /// Domain name (role domain).
+    #[arg(long, value_name = "NAME")]
+    domain: Option<String>,
+    /// Cluster ID whose members the certificate speaks for (role domain).
+    #[arg(long = "cluster-id", value_name = "ID")]
+    cluster_id: Option<String>,
+    /// How long the certificate is valid: `30s`, `10m`, `1h`, `30d` or plain seconds
+    /// [default: 24h].
+    #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
+    validity: Option<u64>,
+    /// Write the certificate to FILE instead of stdout.
+    #[arg(short = 'o', long = "output", value_name = "FILE")]
+    output: Option<PathBuf>,
+    #[arg(skip)]
+    client: ClientArgs,
+}
+
+/// Role of an OpenSSH certificate signed by `rlark cert sign-ssh`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub(crate) enum SshRole {
+    /// A user's SSH access to tasks (`--user`).
+    #[value(name = "ssh-guest")]
+    SshGuest,
+    /// A cluster's pod-network forwards in one Domain (`--domain`, `--cluster-id`).
+    Domain,
 }
 
 #[derive(Debug, Subcommand)]
@@ -489,6 +533,10 @@ pub(crate) async fn cert(command: CertCommand, client: ClientArgs) -> anyhow::Re
             args.client = client;
             cert_sign(args).await
         }
+        CertCommand::SignSsh(mut args) => {
+            args.client = client;
+            cert_sign_ssh(args).await
+        }
         CertCommand::Revocations(mut args) => {
             args.client = client;
             cert_revocations(args).await
@@ -644,6 +692,46 @@ async fn cert_sign(args: CertSignArgs) -> anyhow::Result<()> {
             );
         }
         None => print!("{certificate}"),
+    }
+    Ok(())
+}
+
+async fn cert_sign_ssh(args: CertSignSshArgs) -> anyhow::Result<()> {
+    let mut body = match (args.role, &args.user, &args.domain, &args.cluster_id) {
+        (SshRole::SshGuest, Some(user), None, None) => json!({"role": "ssh-guest", "user": user}),
+        (SshRole::SshGuest, ..) => {
+            bail!("--role ssh-guest needs --user, and neither --domain nor --cluster-id")
+        }
+        (SshRole::Domain, None, Some(domain), Some(cluster_id)) => {
+            json!({"role": "domain", "domain": domain, "clusterID": cluster_id})
+        }
+        (SshRole::Domain, ..) => {
+            bail!("--role domain needs --domain and --cluster-id, and not --user")
+        }
+    };
+    body["publicKey"] = json!(read_input(&args.public_key)?.trim());
+    if let Some(validity) = args.validity {
+        body["validitySeconds"] = json!(validity);
+    }
+    let api = SecurityClient::from_args(&args.client).await?;
+    let response = api.post("/rlark/v1/sshcertificates", &body).await?;
+    let certificate = field(&response, "certificate")?;
+    let line = if certificate.ends_with('\n') {
+        certificate.to_string()
+    } else {
+        format!("{certificate}\n")
+    };
+    match &args.output {
+        Some(path) => {
+            std::fs::write(path, &line).with_context(|| format!("write {}", path.display()))?;
+            eprintln!(
+                "wrote SSH certificate {serial} ({key_id}) to {path}",
+                serial = response["serialHex"].as_str().unwrap_or("?"),
+                key_id = response["keyID"].as_str().unwrap_or("?"),
+                path = path.display(),
+            );
+        }
+        None => print!("{line}"),
     }
     Ok(())
 }
