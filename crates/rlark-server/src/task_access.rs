@@ -222,20 +222,24 @@ pub(crate) fn replicas_of(task: &Value) -> u64 {
         .unwrap_or(1)
 }
 
+/// The `(namespace, name)` of a stored object (`""` for what it lacks).
+pub(crate) fn namespace_and_name(object: &Value) -> (String, String) {
+    let field = |name: &str| {
+        object["metadata"][name]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    (field("namespace"), field("name"))
+}
+
 /// Replica `index` of `task`, when its Pod runs.
 pub(crate) async fn running_replica(
     store: &dyn Store,
     task: Arc<Value>,
     index: u32,
 ) -> Result<Replica, AccessError> {
-    let namespace = task["metadata"]["namespace"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    let task_name = task["metadata"]["name"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let (namespace, task_name) = namespace_and_name(&task);
     let replicas = replicas_of(&task);
     if u64::from(index) >= replicas {
         return Err(AccessError::NotFound(format!(
@@ -281,17 +285,8 @@ pub(crate) async fn reachable_tasks(
     let mut out = Vec::new();
     for task in all.items {
         if authorize(store, identity, &task).await.is_ok() {
-            out.push((
-                task["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-                task["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-                replicas_of(&task),
-            ));
+            let (namespace, name) = namespace_and_name(&task);
+            out.push((namespace, name, replicas_of(&task)));
         }
     }
     out.sort();

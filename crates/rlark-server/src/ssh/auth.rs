@@ -187,14 +187,7 @@ pub(crate) async fn by_key(
         && let Ok(task) = task_access::find_task(&*state.store, name, namespace.as_deref()).await
         && task_key_matches(&task, key)
     {
-        let namespace = task["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
-        let name = task["metadata"]["name"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string();
+        let (namespace, name) = task_access::namespace_and_name(&task);
         let identity = Identity {
             user: format!("sshPublicKey:{namespace}/{name}"),
             groups: Vec::new(),

@@ -114,19 +114,8 @@ pub(crate) async fn open(
 fn audit(state: &SshState, login: &Login, pod: Option<&str>, detail: &str, decision: &str) {
     let (namespace, task) = login
         .task
-        .as_ref()
-        .map(|t| {
-            (
-                t["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-                t["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-            )
-        })
+        .as_deref()
+        .map(task_access::namespace_and_name)
         .unwrap_or_default();
     state.audit.record(AuditEntry {
         verb: "ssh-forward".into(),

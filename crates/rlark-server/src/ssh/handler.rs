@@ -49,17 +49,10 @@ impl Connection {
             (Target::Domain { domain, .. }, _) => {
                 ("domains.rlinf.io/ssh", String::new(), domain.clone())
             }
-            (_, Some(task)) => (
-                "tasks.rlinf.io/ssh",
-                task["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-                task["metadata"]["name"]
-                    .as_str()
-                    .unwrap_or_default()
-                    .to_string(),
-            ),
+            (_, Some(task)) => {
+                let (namespace, name) = crate::task_access::namespace_and_name(task);
+                ("tasks.rlinf.io/ssh", namespace, name)
+            }
             (_, None) => ("tasks.rlinf.io/ssh", String::new(), "menu".to_string()),
         };
         let entry = AuditEntry {
