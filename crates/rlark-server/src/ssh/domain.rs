@@ -134,6 +134,22 @@ impl Refused {
     }
 }
 
+/// The flow's source: the channel's originator address. A dual-stack listener reports an
+/// IPv4 client as `::ffff:a.b.c.d`: the member's address is the IPv4 one.
+pub(crate) fn source_of(originator: &str, domain: &str) -> Result<IpAddr, String> {
+    originator
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .parse::<IpAddr>()
+        .map(|ip| ip.to_canonical())
+        .map_err(|_| {
+            format!(
+                "the channel's originator {originator:?} is not an address: it must be the \
+                 address of the member of domain {domain} the flow comes from"
+            )
+        })
+}
+
 /// The relay header of `flow` for Domain `domain`, or why there is none.
 fn header(state: &SshState, domain: &str, flow: &Flow) -> Result<RelayHeader, Refused> {
     let port = match u16::try_from(flow.port) {
@@ -158,18 +174,7 @@ fn header(state: &SshState, domain: &str, flow: &Flow) -> Result<RelayHeader, Re
                 None,
             ),
         };
-    let source: IpAddr = flow
-        .originator
-        .trim_start_matches('[')
-        .trim_end_matches(']')
-        .parse()
-        .map_err(|_| {
-            Refused::denied(format!(
-                "the channel's originator {:?} is not an address: it must be the address of \
-                 the member of domain {domain} the flow comes from",
-                flow.originator
-            ))
-        })?;
+    let source = source_of(&flow.originator, domain).map_err(Refused::denied)?;
     let header = RelayHeader {
         domain: domain.to_string(),
         protocol: Protocol::Tcp,
@@ -328,6 +333,27 @@ mod tests {
         for (host, want) in cases {
             assert_eq!(parse_host(host, "net1"), Ok(want), "{host}");
         }
+    }
+
+    #[test]
+    fn originators_are_addresses_and_v4_mapped_ones_are_v4() {
+        assert_eq!(
+            source_of("10.88.0.2", "net1"),
+            Ok("10.88.0.2".parse().unwrap())
+        );
+        assert_eq!(
+            source_of("::ffff:10.88.0.2", "net1"),
+            Ok("10.88.0.2".parse().unwrap())
+        );
+        assert_eq!(
+            source_of("[fd00::2]", "net1"),
+            Ok("fd00::2".parse().unwrap())
+        );
+        let error = source_of("stdio-forward", "net1").unwrap_err();
+        assert!(
+            error.contains("\"stdio-forward\" is not an address"),
+            "{error}"
+        );
     }
 
     #[test]
