@@ -5,7 +5,8 @@
 //! reach the agent through that TUN device ([`tun`]), where the [`datagram`] plane reads
 //! them (checked packet views in [`packet`]). The agent's view of the domains ([`membership`]) drives the
 //! [`router`] (local, direct or relayed), the [`direct`] mTLS path between agents and the
-//! destination side ([`inbound`]); [`metrics`] counts it all. [`replica`] ties one replica's
+//! destination side ([`inbound`]); [`splice`] moves kernel mode's local and egress bytes
+//! without copying them; [`metrics`] counts it all. [`replica`] ties one replica's
 //! pieces together for the Task worker, and [`hosts`] renders its `/etc/hosts`.
 
 pub mod datagram;
@@ -21,6 +22,7 @@ pub mod pods;
 pub mod replica;
 pub mod revocations;
 pub mod router;
+pub mod splice;
 pub mod stack;
 pub mod start;
 pub mod tun;

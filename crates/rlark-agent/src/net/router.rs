@@ -45,6 +45,7 @@ use crate::net::inbound::Inbound;
 use crate::net::membership::{Member, Membership, MembershipView};
 use crate::net::metrics::{DomainMetrics, Metered, PathKind};
 pub use crate::net::pods::{Attached, BoxStream, ByteStream, COPY_BUFFER, PodNetns, Pods};
+use crate::net::splice;
 
 /// Where nftables sends a replica's TCP connections, on 127.0.0.1 and ::1 in its netns.
 pub const REDIRECT_PORT: u16 = 15001;
@@ -727,6 +728,17 @@ impl Router {
         pod: &str,
         header: RelayHeader,
     ) -> Result<(PathKind, BoxStream), RouteError> {
+        let (path, opened) = self.open_route(view, pod, header).await?;
+        Ok((path, opened.into_stream()))
+    }
+
+    /// [`Router::open`], keeping a local TCP flow's kernel socket as it is (to be spliced).
+    async fn open_route(
+        &self,
+        view: &MembershipView,
+        pod: &str,
+        header: RelayHeader,
+    ) -> Result<(PathKind, Opened), RouteError> {
         let domain = header.domain.clone();
         let route = route(
             view,
@@ -765,7 +777,7 @@ impl Router {
                             Some(netns) => netns
                                 .connect(addr, self.inner.config.setup_timeout)
                                 .await
-                                .map(|s| Box::new(s) as BoxStream)
+                                .map(Opened::Socket)
                                 .map_err(|e| RouteError::Failed {
                                     path: PathKind::Local,
                                     status: crate::net::inbound::connect_status(&e),
@@ -773,7 +785,7 @@ impl Router {
                                 }),
                         }
                     }
-                    _ => self.open_in_process(header, &own).await,
+                    _ => self.open_in_process(header, &own).await.map(Opened::Stream),
                 };
                 match stream {
                     Ok(stream) => Ok((PathKind::Local, stream)),
@@ -805,7 +817,7 @@ impl Router {
                     match attempt {
                         Ok(stream) => {
                             self.memory().succeeded(&address);
-                            return Ok((PathKind::Direct, stream));
+                            return Ok((PathKind::Direct, Opened::Stream(stream)));
                         }
                         Err(error) => {
                             let status = error.status();
@@ -829,9 +841,14 @@ impl Router {
                         }
                     }
                 }
-                self.relay(header, &cluster).await
+                self.relay(header, &cluster)
+                    .await
+                    .map(|(path, stream)| (path, Opened::Stream(stream)))
             }
-            Route::Relay { cluster } => self.relay(header, &cluster).await,
+            Route::Relay { cluster } => self
+                .relay(header, &cluster)
+                .await
+                .map(|(path, stream)| (path, Opened::Stream(stream))),
         }
     }
 
@@ -958,7 +975,7 @@ impl Router {
         source_port: u16,
         destination: SocketAddr,
     ) where
-        C: AsyncRead + AsyncWrite + Unpin,
+        C: ReplicaConn,
     {
         let view = self.inner.membership.view();
         let route = route(
@@ -968,7 +985,7 @@ impl Router {
             &self.memory(),
             Instant::now(),
         );
-        let (path, peer, mut stream): (PathKind, String, BoxStream) = match route {
+        let (path, peer, opened): (PathKind, String, Opened) = match route {
             Route::Egress => {
                 let dialed = tokio::time::timeout(
                     self.inner.config.setup_timeout,
@@ -978,7 +995,7 @@ impl Router {
                 match dialed {
                     Ok(Ok(tcp)) => {
                         let _ = tcp.set_nodelay(true);
-                        (PathKind::Egress, String::new(), Box::new(tcp))
+                        (PathKind::Egress, String::new(), Opened::Socket(tcp))
                     }
                     Ok(Err(error)) => {
                         let status = crate::net::inbound::connect_status(&error);
@@ -1020,8 +1037,8 @@ impl Router {
                         return;
                     }
                 };
-                match self.open(&view, pod, header).await {
-                    Ok((path, stream)) => (path, peer, stream),
+                match self.open_route(&view, pod, header).await {
+                    Ok((path, opened)) => (path, peer, opened),
                     Err(error) => {
                         tracing::debug!(%pod, %destination, %error, "connection not set up");
                         return;
@@ -1030,6 +1047,32 @@ impl Router {
             }
         };
         let meter = self.inner.metrics.opened(domain, &peer, path);
+        // Kernel socket to kernel socket (kernel mode's local and egress paths): spliced,
+        // never copied through the agent (net::splice). Anything else: copied.
+        let socket = match opened {
+            Opened::Socket(socket) => match conn.kernel_socket() {
+                Some(member) => {
+                    let moved =
+                        splice::bidirectional(member, &socket, |direction, n| match direction {
+                            splice::Direction::AToB => meter.sent(n),
+                            splice::Direction::BToA => meter.received(n),
+                        })
+                        .await;
+                    match moved {
+                        Ok((out, back)) => {
+                            tracing::debug!(%pod, %destination, %path, out, back, "connection done (spliced)");
+                        }
+                        Err(error) => {
+                            tracing::debug!(%pod, %destination, %path, %error, "connection ended with an error");
+                        }
+                    }
+                    return;
+                }
+                None => Opened::Socket(socket),
+            },
+            other => other,
+        };
+        let mut stream = socket.into_stream();
         let mut member = Metered::new(&mut conn, meter);
         match tokio::io::copy_bidirectional_with_sizes(
             &mut member,
@@ -1049,6 +1092,40 @@ impl Router {
         let _ = stream.shutdown().await;
     }
 }
+
+/// A flow's far end as the router opened it.
+enum Opened {
+    /// A kernel TCP socket (a member on this agent, or egress): spliceable.
+    Socket(TcpStream),
+    /// Anything else (the direct path's TLS, a relay stream, an in-process pipe).
+    Stream(BoxStream),
+}
+
+impl Opened {
+    fn into_stream(self) -> BoxStream {
+        match self {
+            Opened::Socket(socket) => Box::new(socket),
+            Opened::Stream(stream) => stream,
+        }
+    }
+}
+
+/// A replica's end of a connection the router serves: kernel mode's is the redirected
+/// kernel socket (which can be spliced), tun mode's a userspace stack's stream.
+pub trait ReplicaConn: AsyncRead + AsyncWrite + Unpin {
+    /// The kernel socket, when it is one.
+    fn kernel_socket(&self) -> Option<&TcpStream> {
+        None
+    }
+}
+
+impl ReplicaConn for TcpStream {
+    fn kernel_socket(&self) -> Option<&TcpStream> {
+        Some(self)
+    }
+}
+
+impl ReplicaConn for BoxStream {}
 
 /// What a listener of a replica's netns is for.
 #[derive(Clone, Copy, Debug)]
