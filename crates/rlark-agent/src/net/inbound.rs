@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use rlark_tunnel::header::{Status, StreamResponse};
+use rlark_tunnel::mux::MuxStream;
 use rlark_tunnel::relay::{Protocol, RelayHeader};
 use tokio::io::AsyncWriteExt as _;
 use tokio_util::sync::CancellationToken;
@@ -333,14 +334,22 @@ impl Inbound {
                     .metrics
                     .opened(&header.domain, peer, PathKind::Inbound);
                 let mut member = Metered::new(&mut tcp, meter);
-                if let Err(error) = tokio::io::copy_bidirectional_with_sizes(
-                    &mut member,
-                    stream,
-                    COPY_BUFFER,
-                    COPY_BUFFER,
-                )
-                .await
-                {
+                // A relay's mux stream is written to the member from its received frames'
+                // own buffers (one copy less per byte than copy_bidirectional's).
+                let carried = match (**stream).as_any_mut().downcast_mut::<MuxStream>() {
+                    Some(mux) => rlark_tunnel::agent::splice(mux, &mut member, COPY_BUFFER)
+                        .await
+                        .map(|_| ()),
+                    None => tokio::io::copy_bidirectional_with_sizes(
+                        &mut member,
+                        stream,
+                        COPY_BUFFER,
+                        COPY_BUFFER,
+                    )
+                    .await
+                    .map(|_| ()),
+                };
+                if let Err(error) = carried {
                     tracing::debug!(flow = %header, %error, "inbound connection ended with an error");
                 }
             }

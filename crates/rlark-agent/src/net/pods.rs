@@ -17,8 +17,17 @@ use tokio_util::sync::CancellationToken;
 pub const COPY_BUFFER: usize = 64 * 1024;
 
 /// Any byte stream (a mux stream, a TLS stream, an in-process pipe).
-pub trait ByteStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
-impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> ByteStream for T {}
+pub trait ByteStream: AsyncRead + AsyncWrite + Send + Unpin + 'static {
+    /// The stream as `Any`, to find out what it is (a relay's mux stream can be copied
+    /// from its frames' own buffers). Call it on the boxed value (`(**boxed)`), not on the
+    /// `Box`, which is a `ByteStream` too.
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any;
+}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> ByteStream for T {
+    fn as_any_mut(&mut self) -> &mut dyn std::any::Any {
+        self
+    }
+}
 /// A boxed [`ByteStream`].
 pub type BoxStream = Box<dyn ByteStream>;
 
@@ -77,5 +86,28 @@ impl Pods {
     pub fn domain(&self, pod: &str) -> Option<String> {
         let pods = self.inner.lock().unwrap_or_else(PoisonError::into_inner);
         pods.get(pod).map(|a| a.domain.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::io::DuplexStream;
+
+    use super::*;
+
+    #[test]
+    fn a_boxed_stream_says_what_it_is_through_the_box_only() {
+        let (near, _far) = tokio::io::duplex(16);
+        let mut boxed: BoxStream = Box::new(near);
+        // Through the box: the concrete stream.
+        assert!(
+            (*boxed)
+                .as_any_mut()
+                .downcast_mut::<DuplexStream>()
+                .is_some()
+        );
+        // On the Box itself (a ByteStream too): the Box, which is what callers must avoid.
+        assert!(boxed.as_any_mut().downcast_mut::<DuplexStream>().is_none());
+        assert!(boxed.as_any_mut().downcast_mut::<BoxStream>().is_some());
     }
 }
