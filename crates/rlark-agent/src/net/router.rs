@@ -1049,7 +1049,7 @@ impl Router {
         let meter = self.inner.metrics.opened(domain, &peer, path);
         // Kernel socket to kernel socket (kernel mode's local and egress paths): spliced,
         // never copied through the agent (net::splice). Anything else: copied.
-        let socket = match opened {
+        let opened = match opened {
             Opened::Socket(socket) => match conn.kernel_socket() {
                 Some(member) => {
                     let moved =
@@ -1072,7 +1072,7 @@ impl Router {
             },
             other => other,
         };
-        let mut stream = socket.into_stream();
+        let mut stream = opened.into_stream();
         let mut member = Metered::new(&mut conn, meter);
         match tokio::io::copy_bidirectional_with_sizes(
             &mut member,

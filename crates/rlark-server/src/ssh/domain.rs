@@ -33,12 +33,11 @@ use russh::server::{ChannelOpenHandle, Msg};
 use super::SshState;
 use super::auth::{Login, Target};
 use super::session::Closing;
-use crate::tunnel::relay::{self, Counting, Onward};
+use crate::tunnel::relay::{self, Counting, Onward, SPLICE_BUFFER};
 
-/// RLark's Domain suffix in replicas' `/etc/hosts`.
+/// RLark's Domain suffix in replicas' `/etc/hosts` (the agent's
+/// `rlark_agent::net::hosts::RLARK_SUFFIX`, which the server does not depend on).
 const RLARK_DOMAIN_SUFFIX: &str = "rlark-domain";
-/// Copy buffer of each direction.
-const SPLICE_BUFFER: usize = 64 * 1024;
 
 /// One `direct-tcpip` channel as the client asked for it.
 #[derive(Debug, Clone)]
@@ -77,6 +76,7 @@ pub(crate) fn parse_host(host: &str, domain: &str) -> Result<Spelled, String> {
     if let Some(ip) = address(host) {
         return Ok(Spelled::Address { ip, cluster: None });
     }
+    let cluster_id = |s: &str| crate::security::validate_cluster_id(s).is_ok();
     let label = |s: &str| {
         !s.is_empty()
             && s.len() <= 253
@@ -87,7 +87,7 @@ pub(crate) fn parse_host(host: &str, domain: &str) -> Result<Spelled, String> {
         let (rest, cluster) = rest.rsplit_once('.').ok_or_else(bad)?;
         let (ip, node) = rest.rsplit_once('.').ok_or_else(bad)?;
         let ip = address(ip).ok_or_else(bad)?;
-        if !label(cluster) || node.is_empty() {
+        if !cluster_id(cluster) || node.is_empty() {
             return Err(bad());
         }
         return Ok(Spelled::Address {
@@ -98,7 +98,7 @@ pub(crate) fn parse_host(host: &str, domain: &str) -> Result<Spelled, String> {
     if let Some(rest) = host.strip_suffix(".agent") {
         let (ip, cluster) = rest.rsplit_once('.').ok_or_else(bad)?;
         let ip = address(ip).ok_or_else(bad)?;
-        if !label(cluster) {
+        if !cluster_id(cluster) {
             return Err(bad());
         }
         return Ok(Spelled::Address {

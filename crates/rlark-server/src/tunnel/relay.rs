@@ -56,8 +56,9 @@ const AGENT_NAMESPACE_PREFIX: &str = "rlark-";
 pub(crate) const HEADER_TIMEOUT: Duration = rlark_tunnel::agent::HEADER_TIMEOUT;
 /// How long writing an answer (and its FIN) may take.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
-/// Copy buffer of each direction of a spliced relay.
-const SPLICE_BUFFER: usize = 64 * 1024;
+/// Copy buffer of each direction of a spliced relay (also the SSH endpoint's `domain`
+/// forwards').
+pub(crate) const SPLICE_BUFFER: usize = 64 * 1024;
 /// Pause before the index lists again after its watch ended.
 const RELIST_DELAY: Duration = Duration::from_secs(1);
 /// The `domain` label of streams naming no existing Domain.
