@@ -107,6 +107,8 @@ struct Inner {
     member: std::sync::OnceLock<crate::member::logs::MemberPods>,
     /// The embodied runtime's socket directory: cameras' live view.
     embodied: std::sync::OnceLock<PathBuf>,
+    /// The replica supervisor command: exec enters isolated replicas through it.
+    supervisor: std::sync::OnceLock<Vec<std::ffi::OsString>>,
 }
 
 impl std::fmt::Debug for Inner {
@@ -132,6 +134,7 @@ impl LocalApi {
                 docker: std::sync::OnceLock::new(),
                 member: std::sync::OnceLock::new(),
                 embodied: std::sync::OnceLock::new(),
+                supervisor: std::sync::OnceLock::new(),
             }),
         }
     }
@@ -153,6 +156,13 @@ impl LocalApi {
     /// `pods` (once; later calls are ignored and return false).
     pub fn set_member(&self, pods: crate::member::logs::MemberPods) -> bool {
         self.inner.member.set(pods).is_ok()
+    }
+
+    /// Enter isolated replicas for exec with the supervisor command `command` (once;
+    /// later calls are ignored and return false). Without it, exec into an isolated
+    /// replica is refused rather than run as the agent's user.
+    pub fn set_supervisor(&self, command: Vec<std::ffi::OsString>) -> bool {
+        self.inner.supervisor.set(command).is_ok()
     }
 
     /// Serve `GET /v1/cameras/{id}/stream` and the robot routes (`/v1/robots`) from the
@@ -202,7 +212,11 @@ impl LocalApi {
                         }
                         let (dir, node, stop) = (&inner.tasks_dir, &inner.node, &inner.shutdown);
                         let docker = inner.docker.get();
-                        return Ok(crate::exec::handle(dir, node, docker, stop, request).await);
+                        let supervisor = inner.supervisor.get().map(Vec::as_slice);
+                        return Ok(crate::exec::handle(
+                            dir, node, docker, supervisor, stop, request,
+                        )
+                        .await);
                     }
                     Ok::<_, Infallible>(inner.handle(&request).await)
                 }

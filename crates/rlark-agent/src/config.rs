@@ -105,6 +105,60 @@ pub struct AgentConfig {
     /// `--embodied-socket-dir`: the sockets of the host's `rlark embodied` runtime, whose
     /// robots and cameras the Node offers as resources ([`crate::devices`]); `None`: none.
     pub embodied_socket_dir: Option<PathBuf>,
+    /// How raw replicas are isolated from the host and from each other
+    /// (docs/security.md, "Replica isolation").
+    pub isolation: IsolationConfig,
+}
+
+/// `--replica-*` flags: the isolation of raw replicas (docs/security.md, "Replica
+/// isolation"). By default every replica runs as a user of its own from
+/// [`IsolationConfig::uid_range`], with the agent's data directory, the embodied runtime's
+/// socket directory and [`IsolationConfig::hide`] out of its sight, other users' processes
+/// invisible, and a control group per replica.
+#[derive(Clone, Debug, PartialEq)]
+pub struct IsolationConfig {
+    /// `--replica-isolation=false`: replicas run as the agent's user in the host's
+    /// namespaces, as before isolation existed. Meant for hosts where the agent itself is
+    /// unprivileged (it cannot switch users then); a root agent logs a warning.
+    pub enabled: bool,
+    /// `--replica-uid-range FIRST-LAST`: the users (and groups, same numbers) replicas run
+    /// as; default [`crate::runtime::uids::DEFAULT_RANGE`]. Must not overlap real users.
+    pub uid_range: std::ops::RangeInclusive<u32>,
+    /// `--replica-allowed-users FIRST-LAST` (repeatable): users a Task may ask for in
+    /// `raw.runAsUser` (never 0: see `root_jobs`). Default: none.
+    pub allowed_users: Vec<std::ops::RangeInclusive<u32>>,
+    /// `--replica-root-jobs NAMESPACE/JOB` (repeatable; `*` for every Job): the Jobs whose
+    /// Tasks may run as root with `raw.runAsUser: 0`. Default: none.
+    pub root_jobs: Vec<String>,
+    /// `--replica-hide PATH` (repeatable): more host paths replicas must not see (the
+    /// server's data directory when it runs on the same host; `rlark up` adds its own).
+    pub hide: Vec<PathBuf>,
+    /// `--replica-expose PATH` (repeatable): paths inside hidden ones that replicas see
+    /// anyway, read-only (`rlark up` exposes its demo's programs and examples this way).
+    pub expose: Vec<PathBuf>,
+    /// `--replica-pids-limit N`: most processes and threads of one replica (default 4096).
+    pub pids_limit: u64,
+    /// `--replica-cgroup-parent PATH`: where replicas' control groups are made in each
+    /// hierarchy (default `/rlark.slice`).
+    pub cgroup_parent: PathBuf,
+}
+
+/// Default of [`IsolationConfig::pids_limit`].
+pub const DEFAULT_REPLICA_PIDS_LIMIT: u64 = 4096;
+
+impl Default for IsolationConfig {
+    fn default() -> Self {
+        IsolationConfig {
+            enabled: true,
+            uid_range: crate::runtime::uids::DEFAULT_RANGE,
+            allowed_users: Vec::new(),
+            root_jobs: Vec::new(),
+            hide: Vec::new(),
+            expose: Vec::new(),
+            pids_limit: DEFAULT_REPLICA_PIDS_LIMIT,
+            cgroup_parent: PathBuf::from("/rlark.slice"),
+        }
+    }
 }
 
 /// Whether the agent runs in a Pod of a Kubernetes cluster (what kube's in-cluster
@@ -190,6 +244,7 @@ impl AgentConfig {
             docker_host: None,
             member: MemberOptions::default(),
             embodied_socket_dir: None,
+            isolation: IsolationConfig::default(),
         }
     }
 
@@ -251,6 +306,46 @@ impl AgentConfig {
                 add("server URL", url, reason);
             } else if self.servers[..i].contains(url) {
                 add("server URL", url, "listed twice".into());
+            }
+        }
+
+        let isolation = &self.isolation;
+        let range_text = |r: &std::ops::RangeInclusive<u32>| format!("{}-{}", r.start(), r.end());
+        if isolation.uid_range.is_empty() || *isolation.uid_range.start() == 0 {
+            add(
+                "replica uid range",
+                &range_text(&isolation.uid_range),
+                "must be a non-empty range of users above 0".into(),
+            );
+        }
+        for range in &isolation.allowed_users {
+            if range.is_empty() || *range.start() == 0 {
+                add(
+                    "replica allowed users",
+                    &range_text(range),
+                    "must be a non-empty range above 0 (root is allowed per Job with \
+                     --replica-root-jobs)"
+                        .into(),
+                );
+            }
+        }
+        if isolation.pids_limit == 0 {
+            add("replica pids limit", "0", "must be at least 1".into());
+        }
+        if !isolation.cgroup_parent.is_absolute() {
+            add(
+                "replica cgroup parent",
+                &isolation.cgroup_parent.display().to_string(),
+                "must be an absolute path within the hierarchies".into(),
+            );
+        }
+        for path in isolation.hide.iter().chain(&isolation.expose) {
+            if !path.is_absolute() {
+                add(
+                    "replica hidden or exposed path",
+                    &path.display().to_string(),
+                    "must be absolute".into(),
+                );
             }
         }
 

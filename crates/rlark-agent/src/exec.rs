@@ -81,6 +81,7 @@ use crate::api_body::{ApiBody, text_response};
 use crate::runs::{container_param, find_runs};
 use crate::runtime::docker::logs::Demux;
 use crate::runtime::docker::{DockerClient, container_index};
+use crate::runtime::sandbox::{SANDBOX_FILE, Sandbox};
 use crate::tasks::{ReplicaState, STATE_FILE};
 
 /// Path prefix of the exec route on the local API.
@@ -117,6 +118,7 @@ pub(crate) async fn handle<B>(
     tasks_dir: &Path,
     node: &str,
     docker: Option<&DockerClient>,
+    supervisor: Option<&[OsString]>,
     shutdown: &CancellationToken,
     mut request: http::Request<B>,
 ) -> http::Response<ApiBody> {
@@ -205,6 +207,20 @@ pub(crate) async fn handle<B>(
         Ok(Err(message)) => return text_response(http::StatusCode::CONFLICT, message),
         Err(e) => return text_response(http::StatusCode::INTERNAL_SERVER_ERROR, e.to_string()),
     };
+    if let Some(enter) = target.enter.as_mut() {
+        match supervisor {
+            Some(command) if !command.is_empty() => enter.supervisor = command.to_vec(),
+            _ => {
+                return text_response(
+                    http::StatusCode::INTERNAL_SERVER_ERROR,
+                    format!(
+                        "pod {namespace}/{pod}: replica {index} of task {task:?} is isolated \
+                         and this agent has no supervisor command to enter it with"
+                    ),
+                );
+            }
+        }
+    }
     // `-c NAME`: that container of a docker replica (a sidecar), else the main one.
     match container_index(&target.container_names, container.as_deref()) {
         Ok(i) => target.container = target.containers.get(i).cloned(),
@@ -307,6 +323,18 @@ struct ProcessTarget {
     containers: Vec<String>,
     /// Their names in the Task, in the same order.
     container_names: Vec<String>,
+    /// An isolated replica ([`crate::runtime::sandbox`]): its process and sandbox file,
+    /// and the supervisor command that enters it. The command then runs through
+    /// [`crate::runtime::sandbox::enter_argv`], never as the agent's user.
+    enter: Option<Enter>,
+}
+
+/// How a command gets into an isolated replica.
+#[derive(Clone, Debug)]
+struct Enter {
+    pid: u32,
+    sandbox_file: PathBuf,
+    supervisor: Vec<OsString>,
 }
 
 impl ProcessTarget {
@@ -328,12 +356,20 @@ impl ProcessTarget {
             .ok()
             .filter(|env| !env.is_empty())
             .unwrap_or_else(|| fallback_env(&state));
+        let enter = Sandbox::read(run_dir)
+            .map_err(|e| e.to_string())?
+            .map(|_| Enter {
+                pid: state.pid,
+                sandbox_file: run_dir.join(SANDBOX_FILE),
+                supervisor: Vec::new(),
+            });
         Ok(ProcessTarget {
             cwd,
             env,
             container: state.containers.first().cloned(),
             containers: state.containers.clone(),
             container_names: state.container_names.clone(),
+            enter,
         })
     }
 }
@@ -410,10 +446,33 @@ fn start(
     size: TerminalSize,
     out: &mpsc::Sender<Vec<u8>>,
 ) -> Result<Started, String> {
-    let program = &options.command[0];
-    let args = &options.command[1..];
-    let spawn_error =
-        |e: &dyn std::fmt::Display| format!("start {program:?} in {}: {e}", target.cwd.display());
+    // An isolated replica is entered through its supervisor (see `ProcessTarget::enter`).
+    let (argv, cwd): (Vec<OsString>, &Path) = match &target.enter {
+        None => (
+            options.command.iter().map(OsString::from).collect(),
+            &target.cwd,
+        ),
+        Some(enter) => (
+            crate::runtime::sandbox::enter_argv(
+                &enter.supervisor,
+                enter.pid,
+                &enter.sandbox_file,
+                &target.cwd,
+                &options.command,
+            ),
+            Path::new("/"),
+        ),
+    };
+    let Some((program, args)) = argv.split_first() else {
+        return Err("no command to start".to_string());
+    };
+    let spawn_error = |e: &dyn std::fmt::Display| {
+        format!(
+            "start {:?} in {}: {e}",
+            options.command[0],
+            target.cwd.display()
+        )
+    };
     if options.tty {
         let (pty, pts) = pty_process::open().map_err(|e| format!("allocate a terminal: {e}"))?;
         pty.resize(pty_process::Size::new(size.height, size.width))
@@ -424,7 +483,7 @@ fn start(
         }
         let child = pty_process::Command::new(program)
             .args(args)
-            .current_dir(&target.cwd)
+            .current_dir(cwd)
             .env_clear()
             .envs(env)
             .spawn(pts)
@@ -444,7 +503,7 @@ fn start(
     let piped = |on: bool| if on { Stdio::piped() } else { Stdio::null() };
     let mut child = tokio::process::Command::new(program)
         .args(args)
-        .current_dir(&target.cwd)
+        .current_dir(cwd)
         .env_clear()
         .envs(target.env.iter().map(|(k, v)| (k, v)))
         .process_group(0)

@@ -66,7 +66,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
-pub use config::{AgentConfig, ConfigError, JoinParams, NetMode};
+pub use config::{AgentConfig, ConfigError, IsolationConfig, JoinParams, NetMode};
 pub use node::{NodeDescription, NodeError, NodeReporter};
 
 /// How long [`RunningAgent::stop`] waits for each part other than the task reconciler.
@@ -372,6 +372,7 @@ async fn start_with(
     tunnel_config.node = Some(node_name.clone());
     let local_api = api::LocalApi::new(config.tasks_dir(), &node_name, shutdown.clone());
     local_api.set_router(pod_net.router.clone());
+    local_api.set_supervisor(config.supervisor.clone());
     if let Some(dir) = &config.embodied_socket_dir {
         // The cameras' live view (`camera_stream`).
         local_api.set_embodied_socket_dir(dir.clone());
@@ -455,6 +456,11 @@ async fn start_with(
         network: pod_network,
         docker,
         devices: device_access,
+        isolation: tasks::isolation::Isolation::prepare(
+            &config.isolation,
+            &config.data_dir,
+            config.embodied_socket_dir.as_deref(),
+        ),
     };
     let tasks = match member_client {
         Some(member_client) => {

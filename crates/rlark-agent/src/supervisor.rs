@@ -69,7 +69,8 @@ use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
 use nix::unistd::Pid;
 
 use crate::runtime::record::{self, EXIT_FILE, ExitRecord, PID_FILE, PidRecord};
-use crate::runtime::{ExitStatus, process};
+use crate::runtime::sandbox::Sandbox;
+use crate::runtime::{ExitStatus, cgroup, process};
 
 pub use crate::runtime::record::{PROTOCOL, version_line};
 
@@ -82,7 +83,8 @@ const KILLED_GROUP_WAIT: Duration = Duration::from_secs(5);
 const GROUP_POLL: Duration = Duration::from_millis(50);
 
 const USAGE: &str = "usage: rlark supervise --dir REPLICA_DIR [--grace-ms N] [--arg0 NAME] \
-                     [--netns PATH] [--hosts FILE] -- PROGRAM [ARGS...]";
+                     [--netns PATH] [--hosts FILE] [--sandbox FILE] -- PROGRAM [ARGS...]\n       \
+                     rlark supervise --enter PID --sandbox FILE --cwd DIR -- PROGRAM [ARGS...]";
 
 /// Parsed command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,6 +99,13 @@ pub struct SupervisorArgs {
     pub netns: Option<PathBuf>,
     /// A file bind-mounted over `/etc/hosts` for the task.
     pub hosts: Option<PathBuf>,
+    /// The replica's isolation ([`crate::runtime::sandbox::Sandbox`], a JSON file).
+    pub sandbox: Option<PathBuf>,
+    /// `--enter PID`: instead of supervising, run PROGRAM inside the sandbox of the
+    /// replica whose process is PID (its namespaces, groups and user) by `exec`.
+    pub enter: Option<u32>,
+    /// With `--enter`: the working directory there.
+    pub cwd: Option<PathBuf>,
     /// The program to run: a path (absolute, or relative to the working directory; no
     /// `PATH` lookup — the agent resolves the program before it starts the supervisor).
     pub program: OsString,
@@ -113,6 +122,9 @@ impl SupervisorArgs {
         let mut arg0 = None;
         let mut netns = None;
         let mut hosts = None;
+        let mut sandbox = None;
+        let mut enter = None;
+        let mut cwd = None;
         loop {
             let Some(flag) = args.next() else {
                 return Err("missing `-- PROGRAM`".into());
@@ -124,6 +136,17 @@ impl SupervisorArgs {
                 Some("--arg0") => arg0 = Some(value("--arg0")?),
                 Some("--netns") => netns = Some(PathBuf::from(value("--netns")?)),
                 Some("--hosts") => hosts = Some(PathBuf::from(value("--hosts")?)),
+                Some("--sandbox") => sandbox = Some(PathBuf::from(value("--sandbox")?)),
+                Some("--cwd") => cwd = Some(PathBuf::from(value("--cwd")?)),
+                Some("--enter") => {
+                    let text = value("--enter")?;
+                    let pid: u32 = text
+                        .to_str()
+                        .and_then(|t| t.parse().ok())
+                        .filter(|pid| *pid > 0)
+                        .ok_or_else(|| format!("--enter {text:?} is not a process id"))?;
+                    enter = Some(pid);
+                }
                 Some("--grace-ms") => {
                     let text = value("--grace-ms")?;
                     let ms: u64 = text
@@ -135,7 +158,15 @@ impl SupervisorArgs {
                 _ => return Err(format!("unknown argument {flag:?}")),
             }
         }
-        let dir = dir.ok_or("--dir is required")?;
+        let dir = match (dir, enter) {
+            (Some(dir), None) => dir,
+            (None, Some(_)) => PathBuf::new(),
+            (Some(_), Some(_)) => return Err("--dir and --enter exclude each other".into()),
+            (None, None) => return Err("--dir is required".into()),
+        };
+        if enter.is_some() && (sandbox.is_none() || cwd.is_none()) {
+            return Err("--enter needs --sandbox and --cwd".into());
+        }
         let program = args
             .next()
             .filter(|p| !p.is_empty())
@@ -146,6 +177,9 @@ impl SupervisorArgs {
             arg0,
             netns,
             hosts,
+            sandbox,
+            enter,
+            cwd,
             program,
             args: args.collect(),
         })
@@ -168,6 +202,12 @@ pub fn main(args: impl Iterator<Item = OsString>) -> i32 {
             return 2;
         }
     };
+    if let Some(pid) = args.enter {
+        // Only returns when the program could not be started.
+        let message = enter(&args, pid);
+        eprintln!("rlark supervise: {message}");
+        return 1;
+    }
     match run(&args) {
         Ok(()) => 0,
         Err(message) => {
@@ -200,14 +240,28 @@ fn run(args: &SupervisorArgs) -> Result<(), String> {
     }
 
     let exit_path = args.dir.join(EXIT_FILE);
-    if let Err(message) = enter_network(args) {
+    let start_failed = |message: String| {
         let record = ExitRecord::start_failed(message.clone(), None);
         if let Err(e) = record::write(&exit_path, &record) {
             eprintln!("rlark supervise: write {}: {e}", exit_path.display());
         }
-        return Err(message);
-    }
-    let child = match spawn(args, &mask) {
+        message
+    };
+    let sandbox = match &args.sandbox {
+        Some(path) => Some(read_sandbox(path).map_err(start_failed)?),
+        None => None,
+    };
+    // Opened before `/sys` may be covered by the network namespace's sysfs.
+    let groups = match &sandbox {
+        Some(sandbox) => Some(GroupFiles::open(&sandbox.cgroups).map_err(start_failed)?),
+        None => None,
+    };
+    enter_network(args, sandbox.as_ref()).map_err(start_failed)?;
+    let spawned = match (&sandbox, &groups) {
+        (Some(sandbox), Some(groups)) => spawn_isolated(args, sandbox, groups),
+        _ => spawn(args, &mask),
+    };
+    let child = match spawned {
         Ok(child) => child,
         Err(error) => {
             let message = format!("start {:?}: {error}", args.program);
@@ -237,13 +291,171 @@ fn run(args: &SupervisorArgs) -> Result<(), String> {
             args.dir.join(PID_FILE).display()
         ));
     }
-    Supervision::new(pgid, args.grace, exit_path).run(&signals)
+    let supervised = Supervision::new(pgid, args.grace, exit_path).run(&signals);
+    if let Some(groups) = &groups {
+        groups.remove();
+    }
+    supervised
+}
+
+/// Read the `--sandbox` file.
+fn read_sandbox(path: &std::path::Path) -> Result<Sandbox, String> {
+    let bytes = std::fs::read(path).map_err(|e| format!("read {}: {e}", path.display()))?;
+    let sandbox: Sandbox = serde_json::from_slice(&bytes)
+        .map_err(|e| format!("{} is not a sandbox description: {e}", path.display()))?;
+    if sandbox.uid == 0 || sandbox.gid == 0 {
+        return Err(format!(
+            "{} asks for uid {} gid {}: a sandbox never runs as root",
+            path.display(),
+            sandbox.uid,
+            sandbox.gid
+        ));
+    }
+    Ok(sandbox)
+}
+
+/// The `cgroup.procs` files of a replica's control groups and of the supervisor's own, to
+/// move the supervisor in for the task's start and out again.
+struct GroupFiles {
+    replica: Vec<(PathBuf, std::fs::File)>,
+    own: Vec<(PathBuf, std::fs::File)>,
+    /// Each replica group's parent directory and name, to remove it at the end.
+    parents: Vec<(std::fs::File, OsString)>,
+}
+
+impl GroupFiles {
+    fn open(groups: &[PathBuf]) -> Result<GroupFiles, String> {
+        let open = |dir: &PathBuf| {
+            let path = dir.join("cgroup.procs");
+            std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .map(|file| (path.clone(), file))
+                .map_err(|e| format!("open {}: {e}", path.display()))
+        };
+        let own = cgroup::current(groups).map_err(|e| e.to_string())?;
+        let parents = groups
+            .iter()
+            .filter_map(|dir| Some((dir.parent()?, dir.file_name()?)))
+            .map(|(parent, name)| {
+                std::fs::File::open(parent)
+                    .map(|file| (file, name.to_os_string()))
+                    .map_err(|e| format!("open {}: {e}", parent.display()))
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(GroupFiles {
+            replica: groups.iter().map(open).collect::<Result<_, _>>()?,
+            own: own.iter().map(open).collect::<Result<_, _>>()?,
+            parents,
+        })
+    }
+
+    /// Remove the replica's groups (empty once its process group is gone).
+    fn remove(&self) {
+        use nix::unistd::{UnlinkatFlags, unlinkat};
+        for (parent, name) in &self.parents {
+            match unlinkat(parent, name.as_os_str(), UnlinkatFlags::RemoveDir) {
+                Ok(()) | Err(Errno::ENOENT) => {}
+                Err(error) => {
+                    eprintln!("rlark supervise: remove control group {name:?}: {error}");
+                }
+            }
+        }
+    }
+
+    /// Write this process's pid into each file of `files`.
+    fn join(files: &[(PathBuf, std::fs::File)]) -> Result<(), String> {
+        use std::io::Write as _;
+        let pid = std::process::id().to_string();
+        for (path, file) in files {
+            (&*file)
+                .write_all(pid.as_bytes())
+                .map_err(|e| format!("join control group {}: {e}", path.display()))?;
+        }
+        Ok(())
+    }
+}
+
+/// Start the task of an isolated replica: as its user, with no supplementary groups and
+/// `no_new_privs`, in its control groups (the supervisor joins them for the start only),
+/// the leader of a new process group, stdin `/dev/null`. The standard library's spawn
+/// empties the signal mask and resets SIGPIPE; every other signal's disposition is the
+/// supervisor's, which handles its signals through a signalfd and ignores none.
+fn spawn_isolated(
+    args: &SupervisorArgs,
+    sandbox: &Sandbox,
+    groups: &GroupFiles,
+) -> std::io::Result<Pid> {
+    use std::os::unix::process::CommandExt as _;
+    nix::sys::prctl::set_no_new_privs().map_err(std::io::Error::from)?;
+    GroupFiles::join(&groups.replica).map_err(std::io::Error::other)?;
+    let mut command = std::process::Command::new(&args.program);
+    command
+        .arg0(args.arg0.as_deref().unwrap_or(&args.program))
+        .args(&args.args)
+        .process_group(0)
+        .uid(sandbox.uid)
+        .gid(sandbox.gid)
+        .stdin(std::process::Stdio::null());
+    let spawned = command.spawn();
+    if let Err(message) = GroupFiles::join(&groups.own) {
+        eprintln!("rlark supervise: {message}; the supervisor stays in the replica's groups");
+    }
+    let child = spawned?;
+    let pid = i32::try_from(child.id())
+        .map_err(|_| std::io::Error::other(format!("pid {} out of range", child.id())))?;
+    // Reaped by `waitpid` in the wait loop, not through `child`.
+    drop(child);
+    Ok(Pid::from_raw(pid))
+}
+
+/// `--enter PID`: join the replica's control groups, network and mount namespaces, become
+/// its user and exec the program in `--cwd`. Returns only the reason it failed.
+fn enter(args: &SupervisorArgs, pid: u32) -> String {
+    use nix::sched::{CloneFlags, setns};
+    use std::os::unix::process::CommandExt as _;
+    let (Some(sandbox_path), Some(cwd)) = (&args.sandbox, &args.cwd) else {
+        return "--enter needs --sandbox and --cwd".to_string();
+    };
+    let sandbox = match read_sandbox(sandbox_path) {
+        Ok(sandbox) => sandbox,
+        Err(message) => return message,
+    };
+    let namespace = |kind: &str| {
+        let path = PathBuf::from(format!("/proc/{pid}/ns/{kind}"));
+        std::fs::File::open(&path).map_err(|e| format!("open {}: {e}", path.display()))
+    };
+    let (net, mnt) = match (namespace("net"), namespace("mnt")) {
+        (Ok(net), Ok(mnt)) => (net, mnt),
+        (Err(message), _) | (_, Err(message)) => return message,
+    };
+    if let Err(error) = cgroup::join(&sandbox.cgroups) {
+        return error.to_string();
+    }
+    if let Err(error) = setns(&net, CloneFlags::CLONE_NEWNET) {
+        return format!("enter the network namespace of process {pid}: {error}");
+    }
+    if let Err(error) = setns(&mnt, CloneFlags::CLONE_NEWNS) {
+        return format!("enter the mount namespace of process {pid}: {error}");
+    }
+    if let Err(error) = std::env::set_current_dir(cwd) {
+        return format!("change to {} in the replica: {error}", cwd.display());
+    }
+    if let Err(error) = nix::sys::prctl::set_no_new_privs() {
+        return format!("set no_new_privs: {error}");
+    }
+    let error = std::process::Command::new(&args.program)
+        .args(&args.args)
+        .uid(sandbox.uid)
+        .gid(sandbox.gid)
+        .exec();
+    format!("start {:?} in the replica: {error}", args.program)
 }
 
 /// Step 2 of the module documentation: the network namespace, the mount namespace,
-/// `/sys` and `/etc/hosts`. Nothing to do without `--netns` and `--hosts`. The error names
-/// the step and the path.
-fn enter_network(args: &SupervisorArgs) -> Result<(), String> {
+/// `/sys`, `/etc/hosts` and the sandbox's mounts. Nothing to do without `--netns`,
+/// `--hosts` and `--sandbox`. The error names the step and the path.
+fn enter_network(args: &SupervisorArgs, sandbox: Option<&Sandbox>) -> Result<(), String> {
     use nix::mount::{MsFlags, mount};
     use nix::sched::{CloneFlags, setns, unshare};
     if let Some(path) = &args.netns {
@@ -252,7 +464,7 @@ fn enter_network(args: &SupervisorArgs) -> Result<(), String> {
         setns(&namespace, CloneFlags::CLONE_NEWNET)
             .map_err(|e| format!("enter network namespace {}: {e}", path.display()))?;
     }
-    if args.netns.is_none() && args.hosts.is_none() {
+    if args.netns.is_none() && args.hosts.is_none() && sandbox.is_none() {
         return Ok(());
     }
     unshare(CloneFlags::CLONE_NEWNS).map_err(|e| format!("unshare the mount namespace: {e}"))?;
@@ -288,6 +500,9 @@ fn enter_network(args: &SupervisorArgs) -> Result<(), String> {
             None::<&str>,
         )
         .map_err(|e| format!("bind-mount {} over /etc/hosts: {e}", hosts.display()))?;
+    }
+    if let Some(sandbox) = sandbox {
+        sandbox.apply_mounts().map_err(|e| e.to_string())?;
     }
     Ok(())
 }

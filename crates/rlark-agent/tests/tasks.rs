@@ -87,6 +87,8 @@ impl Harness {
             network: Default::default(),
             docker: None,
             devices: None,
+            // The reconciler's own behaviour; isolation is tested in tests/isolation.rs.
+            isolation: None,
         };
         let shutdown = CancellationToken::new();
         let join = tokio::spawn(tasks::run_tasks(self.client.clone(), ctx, shutdown.clone()));

@@ -915,6 +915,21 @@ fn raw_errors(errs: &mut Vec<FieldError>, rp: &str, raw: &RawTaskSpec) {
     if let Some(res) = &raw.resources {
         check_resources(errs, &format!("{rp}.resources"), res);
     }
+    // 2^32 - 1 is `(uid_t) -1`, "no change" to setuid(2): never a user.
+    for (field, id) in [
+        ("runAsUser", raw.run_as_user),
+        ("runAsGroup", raw.run_as_group),
+    ] {
+        if let Some(id) = id {
+            check_range(errs, &format!("{rp}.{field}"), id, 0, 4_294_967_294);
+        }
+    }
+    if raw.run_as_group.is_some() && raw.run_as_user.is_none() {
+        errs.push(FieldError::invalid(
+            format!("{rp}.runAsGroup"),
+            "set without runAsUser: a group is chosen with the user",
+        ));
+    }
 }
 
 /// The durations and ports of a Kubernetes workload's Pod template (what a member cluster

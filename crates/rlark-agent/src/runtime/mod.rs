@@ -34,11 +34,14 @@
 //! exits without stopping tasks, and the next agent [`adopt_replica`]s it.
 
 mod artifact;
+pub mod cgroup;
 mod contract;
 pub mod docker;
 pub mod logs;
 pub mod process;
 pub mod record;
+pub mod sandbox;
+pub mod uids;
 
 use std::ffi::OsString;
 use std::io;
@@ -123,6 +126,10 @@ pub struct ReplicaSpec {
     /// raw runtime's fields above are then unused but for `replica_dir`, `env`, `deadline`,
     /// `grace` and `log_limits`). `None`: a process replica.
     pub containers: Option<docker::ContainerSet>,
+    /// The isolation of a process replica ([`sandbox`]): written to
+    /// `REPLICA_DIR/sandbox.json` and applied by the supervisor. `None`: the replica runs
+    /// as the agent's user in the host's namespaces.
+    pub sandbox: Option<sandbox::Sandbox>,
 }
 
 /// Where a replica of a domain task runs, network-wise (the supervisor's `--netns` and
@@ -231,6 +238,7 @@ impl ReplicaSpec {
             supervisor: default_supervisor(),
             network: None,
             containers: None,
+            sandbox: None,
         }
     }
 
@@ -270,6 +278,10 @@ pub enum RuntimeError {
     Artifact { url: String, message: String },
     #[error("replica preparation failed: {0}")]
     Internal(String),
+    /// The agent's isolation policy refused what the Task asks, or the host could not
+    /// isolate the replica.
+    #[error("isolation: {0}")]
+    Isolation(String),
     /// A container replica could not be started; `reason` is the Pod reason.
     #[error("{message}")]
     Container {
@@ -496,6 +508,16 @@ pub async fn spawn_replica(spec: ReplicaSpec) -> Result<ReplicaHandle, RuntimeEr
             .arg(&network.netns_path)
             .arg("--hosts")
             .arg(&network.hosts_file);
+    }
+    if let Some(sandbox) = &spec.sandbox {
+        let path = sandbox
+            .write(&spec.replica_dir)
+            .map_err(|e| RuntimeError::Isolation(e.to_string()))?;
+        command.arg("--sandbox").arg(path);
+    } else {
+        // A sandbox of an earlier start must not make exec enter a replica that has none.
+        let path = spec.replica_dir.join(sandbox::SANDBOX_FILE);
+        record::remove(&path).map_err(|source| RuntimeError::Io { path, source })?;
     }
     command
         .arg("--")
@@ -756,6 +778,14 @@ fn prepare(spec: &ReplicaSpec) -> Result<Prepared, RuntimeError> {
         let cache = spec.artifact_cache.as_deref();
         artifact::fetch(url, spec.artifact_sha256.as_deref(), cache, &work_dir)?;
     }
+    if let Some(sandbox) = &spec.sandbox {
+        give_work_dir(
+            &spec.default_work_dir(),
+            sandbox.uid,
+            sandbox.gid,
+            spec.artifact.is_some(),
+        )?;
+    }
     let path_var = spec
         .env
         .iter()
@@ -776,6 +806,52 @@ fn prepare(spec: &ReplicaSpec) -> Result<Prepared, RuntimeError> {
         stdout,
         stderr,
     })
+}
+
+/// Make `work` (and, after an artifact was unpacked into it, everything in it that root
+/// owns) the replica user's. Symbolic links are changed themselves, never followed, and
+/// directories reached through them are not entered.
+fn give_work_dir(work: &Path, uid: u32, gid: u32, recursive: bool) -> Result<(), RuntimeError> {
+    use nix::fcntl::AtFlags;
+    use nix::unistd::{Gid, Uid, fchownat};
+    use std::os::unix::fs::MetadataExt as _;
+    let chown = |path: &Path| {
+        fchownat(
+            nix::fcntl::AT_FDCWD,
+            path,
+            Some(Uid::from_raw(uid)),
+            Some(Gid::from_raw(gid)),
+            AtFlags::AT_SYMLINK_NOFOLLOW,
+        )
+        .map_err(|e| RuntimeError::Io {
+            path: path.to_path_buf(),
+            source: io::Error::from(e),
+        })
+    };
+    chown(work)?;
+    if !recursive {
+        return Ok(());
+    }
+    let mut pending = vec![work.to_path_buf()];
+    while let Some(dir) = pending.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|source| RuntimeError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let Ok(meta) = std::fs::symlink_metadata(&path) else {
+                continue;
+            };
+            if meta.uid() == 0 {
+                chown(&path)?;
+            }
+            if meta.is_dir() {
+                pending.push(path);
+            }
+        }
+    }
+    Ok(())
 }
 
 /// `raw.workingDir` must be an existing, readable directory.

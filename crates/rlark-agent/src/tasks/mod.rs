@@ -111,6 +111,7 @@
 //! has a state file.
 
 mod env;
+pub mod isolation;
 mod pods;
 mod prune;
 mod reconciler;
@@ -177,6 +178,8 @@ pub struct TaskContext {
     /// The host's robots and cameras (`--embodied-socket-dir`); `None`: no embodied
     /// runtime, and a replica that requests devices fails to start.
     pub devices: Option<crate::devices::DeviceAccess>,
+    /// How raw replicas are isolated ([`isolation`]); `None`: not at all.
+    pub isolation: Option<isolation::Isolation>,
 }
 
 pub use crate::net::replica::PodNetwork;
@@ -342,6 +345,7 @@ mod testing {
             network: super::PodNetwork::default(),
             docker: None,
             devices: None,
+            isolation: None,
         }
     }
 }

@@ -34,6 +34,7 @@ use super::recovery::{Recovered, end_recovered};
 use super::tensorboard::{self, Beside, TensorBoard};
 use super::{PodNetwork, ReplicaState, STATE_FILE, Shared, replica_dir, replica_env};
 use crate::runtime::docker::{ContainerSet, container_name, labels as docker_labels};
+use crate::runtime::sandbox::Sandbox;
 use crate::runtime::{
     Adopted, ReplicaRecord, ReplicaSpec, RunningReplica, RuntimeError, exit_report, timestamp,
 };
@@ -684,7 +685,7 @@ impl Worker {
         pending: Option<StatusPatch>,
     ) -> Result<Box<dyn RunningReplica>, RuntimeError> {
         let mut spec = match body {
-            RunBody::Raw(raw) => self.replica_spec(raw, deadline),
+            RunBody::Raw(raw) => self.replica_spec(raw, deadline)?,
             RunBody::Docker(docker) => self.container_spec(docker, deadline),
         };
         let shared = Arc::clone(&self.shared);
@@ -1048,7 +1049,11 @@ impl Worker {
         }
     }
 
-    fn replica_spec(&self, raw: &RawTaskSpec, deadline: Option<Instant>) -> ReplicaSpec {
+    fn replica_spec(
+        &self,
+        raw: &RawTaskSpec,
+        deadline: Option<Instant>,
+    ) -> Result<ReplicaSpec, RuntimeError> {
         let mut spec = ReplicaSpec::new(raw.entrypoint.clone(), self.replica_dir());
         spec.env = replica_env(&self.task, self.index, &self.shared.ctx);
         spec.working_dir = raw.working_dir.as_ref().map(PathBuf::from);
@@ -1076,7 +1081,46 @@ impl Worker {
             }
             spec.network = Some(attachment.network.clone());
         }
-        spec
+        spec.sandbox = self.sandbox(raw)?;
+        Ok(spec)
+    }
+
+    /// The isolation of this replica under the agent's policy ([`super::isolation`]).
+    fn sandbox(&self, raw: &RawTaskSpec) -> Result<Option<Sandbox>, RuntimeError> {
+        let Some(isolation) = &self.shared.ctx.isolation else {
+            return Ok(None);
+        };
+        let sockets = match &self.shared.ctx.devices {
+            Some(access) => {
+                let mut names: Vec<&str> = self.devices.iter().map(|d| d.socket).collect();
+                names.sort_unstable();
+                names.dedup();
+                names
+                    .into_iter()
+                    .map(|name| access.socket_dir.join(name))
+                    .collect()
+            }
+            None => Vec::new(),
+        };
+        let replica_dir = self.replica_dir();
+        let job = super::env::job_of(&self.task);
+        let request = super::isolation::Request {
+            namespace: &self.shared.namespace,
+            pod: &self.pod,
+            job: &job,
+            raw,
+            replica_dir: &replica_dir,
+            ca_file: &self.shared.ctx.ca_file,
+            sockets,
+        };
+        match isolation.decide(&request) {
+            Ok(super::isolation::Decision::Isolated(sandbox)) => Ok(Some(sandbox)),
+            Ok(super::isolation::Decision::Root) => {
+                tracing::info!(pod = %self.pod, %job, "replica runs as root: its Job is allowed to");
+                Ok(None)
+            }
+            Err(message) => Err(RuntimeError::Isolation(message)),
+        }
     }
 
     /// The spec of a replica of a `docker` task: its containers, the environment contract,

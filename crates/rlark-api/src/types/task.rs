@@ -554,6 +554,14 @@ pub struct RawTaskSpec {
     /// CPU/memory/device requests (used for placement) and limits.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resources: Option<ResourceRequirements>,
+    /// The user the processes run as. Default: a user of the replica's own, chosen by the
+    /// agent. Another user only where the agent allows it (`--replica-allowed-users`); 0
+    /// (root) only for the Jobs the agent lists in `--replica-root-jobs`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_user: Option<i64>,
+    /// The group the processes run as (default: the user's number).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub run_as_group: Option<i64>,
 }
 
 impl Default for RawTaskSpec {
@@ -569,6 +577,8 @@ impl Default for RawTaskSpec {
             active_deadline_seconds: None,
             termination_grace_period_seconds: None,
             resources: None,
+            run_as_user: None,
+            run_as_group: None,
         }
     }
 }

@@ -116,6 +116,79 @@ pub(crate) struct AgentArgs {
     /// that tasks can request [default: none; the runtime's own default is /var/run/rlark].
     #[arg(long, value_name = "DIR")]
     pub embodied_socket_dir: Option<PathBuf>,
+    #[command(flatten)]
+    pub isolation: IsolationArgs,
+}
+
+/// How raw replicas are isolated (docs/security.md, "Replica isolation").
+#[derive(Args, Debug, Clone)]
+pub struct IsolationArgs {
+    /// Isolate raw replicas: each runs as a user of its own, in a mount namespace without
+    /// the agent's files, seeing only its own processes, in a control group of its own.
+    /// `false` only where the agent itself is unprivileged.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub replica_isolation: bool,
+    /// The users (and groups) replicas run as, one each.
+    #[arg(long, value_name = "FIRST-LAST", value_parser = parse_id_range,
+          default_value = "2000000000-2000065535")]
+    pub replica_uid_range: std::ops::RangeInclusive<u32>,
+    /// Users a Task may ask for with raw.runAsUser (repeatable) [default: none].
+    #[arg(long = "replica-allowed-users", value_name = "FIRST-LAST", value_parser = parse_id_range)]
+    pub replica_allowed_users: Vec<std::ops::RangeInclusive<u32>>,
+    /// A Job whose Tasks may run as root with raw.runAsUser: 0 (repeatable; `*` for every
+    /// Job) [default: none].
+    #[arg(long = "replica-root-job", value_name = "JOB")]
+    pub replica_root_jobs: Vec<String>,
+    /// Another host path replicas must not see (repeatable), e.g. the server's data
+    /// directory on the same host. The agent's data directory and the embodied socket
+    /// directory are always hidden.
+    #[arg(long = "replica-hide", value_name = "PATH")]
+    pub replica_hide: Vec<PathBuf>,
+    /// A path inside a hidden one that replicas see anyway, read-only (repeatable).
+    #[arg(long = "replica-expose", value_name = "PATH")]
+    pub replica_expose: Vec<PathBuf>,
+    /// Most processes and threads one replica may have at once.
+    #[arg(long, value_name = "N", default_value_t = rlark_agent::config::DEFAULT_REPLICA_PIDS_LIMIT)]
+    pub replica_pids_limit: u64,
+    /// Where replicas' control groups are made, in each hierarchy.
+    #[arg(long, value_name = "PATH", default_value = "/rlark.slice")]
+    pub replica_cgroup_parent: PathBuf,
+}
+
+impl IsolationArgs {
+    /// The agent's isolation settings.
+    pub(crate) fn config(&self) -> rlark_agent::IsolationConfig {
+        rlark_agent::IsolationConfig {
+            enabled: self.replica_isolation,
+            uid_range: self.replica_uid_range.clone(),
+            allowed_users: self.replica_allowed_users.clone(),
+            root_jobs: self.replica_root_jobs.clone(),
+            hide: self.replica_hide.clone(),
+            expose: self.replica_expose.clone(),
+            pids_limit: self.replica_pids_limit,
+            cgroup_parent: self.replica_cgroup_parent.clone(),
+        }
+    }
+}
+
+/// `FIRST-LAST` (or one number) of user or group ids.
+fn parse_id_range(text: &str) -> Result<std::ops::RangeInclusive<u32>, String> {
+    let number = |t: &str| {
+        t.trim()
+            .parse::<u32>()
+            .map_err(|_| format!("{t:?} in {text:?} is not a user id (0 to 4294967295)"))
+    };
+    let (first, last) = match text.split_once('-') {
+        Some((first, last)) => (number(first)?, number(last)?),
+        None => {
+            let one = number(text)?;
+            (one, one)
+        }
+    };
+    if first > last {
+        return Err(format!("{text:?}: the first id is above the last"));
+    }
+    Ok(first..=last)
 }
 
 /// `--agent-type`.
@@ -221,6 +294,7 @@ impl AgentArgs {
             );
         }
         config.embodied_socket_dir = self.embodied_socket_dir;
+        config.isolation = self.isolation.config();
         if !is_kubernetes && self.member_namespace != rlark_agent::member::DEFAULT_MEMBER_NAMESPACE
         {
             bail!("--member-namespace is for --agent-type Kubernetes");

@@ -416,9 +416,12 @@ async fn choose_network(client: &kube::Client, wanted: DemoNetwork) -> anyhow::R
 
 /// Write [`PYTHON_PACKAGES`] to `DATA_DIR/demo/python/` (replacing an earlier copy, which
 /// may be of another version) and return that directory, absolute.
+/// Where [`install_python`] writes, under the data directory.
+pub(crate) const PYTHON_DIR: &str = "demo/python";
+
 fn install_python(data_dir: &Path) -> anyhow::Result<PathBuf> {
-    let root = std::path::absolute(data_dir.join("demo").join("python"))
-        .context("resolve the data directory")?;
+    let root =
+        std::path::absolute(data_dir.join(PYTHON_DIR)).context("resolve the data directory")?;
     match std::fs::remove_dir_all(&root) {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}

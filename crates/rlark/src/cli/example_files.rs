@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use anyhow::Context as _;
 
 /// Name of the directory under the data directory.
-const DIR: &str = "examples";
+pub(crate) const DIR: &str = "examples";
 
 /// `(file name, content)` of every example, as `rlark apply -f DIR/` reads them (in name
 /// order).

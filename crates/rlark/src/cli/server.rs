@@ -530,6 +530,15 @@ async fn start_up_agents(
         if id == UP_DEVICES_CLUSTER {
             config.embodied_socket_dir = Some(embodied_socket_dir.to_path_buf());
         }
+        // Replicas see nothing of the platform's data directory (the server's PKI and
+        // store, every agent's identity and replicas) but their own directory, and the
+        // examples and the demo's programs, read-only.
+        let data = std::path::absolute(data_dir).context("resolve the data directory")?;
+        config.isolation.hide.push(data.clone());
+        config.isolation.expose.extend([
+            data.join(super::example_files::DIR),
+            data.join(super::demo::PYTHON_DIR),
+        ]);
         let started = async {
             if !rlark_agent::config::is_joined(&dir) {
                 let api = match &mut admin {
