@@ -94,12 +94,35 @@ start_dockerd() {
     echo "dockerd did not answer within 60 s; see target/dockerd.log" >&2
 }
 
+# Raw replicas run as unprivileged users of their own (docs/security.md, "Replica
+# isolation"), so the interpreters the tests' tasks start must be reachable by any user.
+# pyenv installs Python under /root (0700) on these machines: open each directory on the way
+# to python3 and tensorboard for traversal only (o+x; no listing), as a host meant to run
+# such tasks would be.
+open_for_replicas() {
+    local tool exe dir
+    for tool in python3 tensorboard; do
+        exe=$(command -v "$tool" 2>/dev/null) || continue
+        for exe in "$exe" "$(readlink -f "$exe")"; do
+            dir=$(dirname "$exe")
+            while [ "$dir" != / ]; do
+                if [ "$(stat -c %A "$dir" | cut -c10)" = - ]; then
+                    echo "opening $dir for traversal by replica users (o+x)"
+                    chmod o+x "$dir"
+                fi
+                dir=$(dirname "$dir")
+            done
+        done
+    done
+}
+
 # Install-and-operate checks (images, Helm charts, systemd units, monitoring): their own
 # functions in scripts/test_ops.sh.
 source "$ROOT/scripts/test_ops.sh"
 
 install_deps
 ops_install_deps
+open_for_replicas
 [ "${RLARK_SKIP_INSTALL:-0}" = 1 ] || start_dockerd
 # Every tool is installed now: a test that finds one missing fails instead of skipping
 # (tests/support/missing_tool.rs). CI=true has the same effect.

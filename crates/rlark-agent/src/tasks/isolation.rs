@@ -85,14 +85,19 @@ impl Isolation {
             }
         };
         let absolute = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
-        let mut hide = vec![absolute(data_dir)];
+        let data_dir = absolute(data_dir);
+        let mut hide = vec![data_dir.clone()];
+        // A replica reaches its own directory by its path: when an ancestor of the data
+        // directory is closed to other users (a home directory, a 0700 temporary one), the
+        // replica's view of that ancestor is an empty tmpfs instead, with the mount points.
+        hide.extend(closed_ancestor(&data_dir));
+        for path in &config.expose {
+            hide.extend(closed_ancestor(&absolute(path)));
+        }
         hide.extend(socket_dir.map(absolute));
         hide.extend(config.hide.iter().map(|p| absolute(p)));
         Some(Isolation {
-            pool: UidPool::new(
-                absolute(data_dir).join("replica-users"),
-                config.uid_range.clone(),
-            ),
+            pool: UidPool::new(data_dir.join("replica-users"), config.uid_range.clone()),
             hide,
             expose: config.expose.iter().map(|p| absolute(p)).collect(),
             allowed_users: config.allowed_users.clone(),
@@ -207,6 +212,20 @@ impl Isolation {
     }
 }
 
+/// The outermost ancestor of `path` that other users cannot traverse (no `o+x`), if any.
+fn closed_ancestor(path: &Path) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let mut ancestors: Vec<&Path> = path.ancestors().skip(1).collect();
+    ancestors.reverse();
+    ancestors
+        .into_iter()
+        .filter(|a| a.parent().is_some())
+        .find(|a| {
+            std::fs::metadata(a).is_ok_and(|m| m.permissions().mode() & 0o001 == 0)
+        })
+        .map(Path::to_path_buf)
+}
+
 /// `FIRST-LAST,...`, or `none`.
 fn ranges_text(ranges: &[RangeInclusive<u32>]) -> String {
     if ranges.is_empty() {
@@ -271,7 +290,10 @@ mod tests {
 
     #[test]
     fn a_replica_gets_its_own_user_its_directory_and_the_ca_and_nothing_of_the_agent() {
+        use std::os::unix::fs::PermissionsExt as _;
         let root = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o755))
+            .expect("open the root to others");
         let isolation = policy(
             root.path(),
             IsolationConfig {
@@ -314,6 +336,18 @@ mod tests {
             ]
         );
         assert!(sandbox.hide_pids);
+    }
+
+    #[test]
+    fn a_closed_ancestor_of_the_data_directory_is_hidden_too() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let root = tempfile::tempdir().expect("tempdir");
+        std::fs::set_permissions(root.path(), std::fs::Permissions::from_mode(0o700))
+            .expect("close the root");
+        std::fs::create_dir_all(root.path().join("agent")).expect("agent");
+        let isolation = policy(root.path(), IsolationConfig::default());
+        assert!(isolation.hide.contains(&root.path().to_path_buf()), "{:?}", isolation.hide);
+        assert_eq!(closed_ancestor(Path::new("/usr/bin")), None);
     }
 
     #[test]
