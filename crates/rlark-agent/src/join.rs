@@ -32,7 +32,9 @@ use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
-use rlark_pki::{CertInfo, PinnedCaVerifier, generate_key_and_csr, write_private_file};
+use rlark_pki::{
+    CertInfo, PinnedCaVerifier, generate_key_and_csr, write_private_file, write_public_file,
+};
 
 /// Credentials file (certificate + key).
 pub const AGENT_PEM: &str = "agent.pem";
@@ -313,7 +315,8 @@ fn write_credentials(
     key_pem: &str,
 ) -> Result<CertInfo, JoinError> {
     let info = CertInfo::from_pem(&issued.certificate)?;
-    write_private_file(&dir.join(AGENT_CA), issued.ca_bundle.as_bytes())?;
+    // Public: isolated replicas read it (RLARK_CA_FILE) as users of their own.
+    write_public_file(&dir.join(AGENT_CA), issued.ca_bundle.as_bytes())?;
     write_private_file(
         &dir.join(AGENT_PEM),
         format!("{}{}", issued.certificate, key_pem).as_bytes(),

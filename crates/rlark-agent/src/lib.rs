@@ -445,6 +445,9 @@ async fn start_with(
             tokio::spawn(listener.serve(Arc::new(metrics.registry), shutdown.clone())),
         ));
     }
+    // The CA bundle is public (isolated replicas read it as users of their own); agents
+    // joined before it was written 0644 have it 0600.
+    open_ca_bundle(&identity_dir.join(crate::join::AGENT_CA));
     let context = tasks::TaskContext {
         cluster_id: config.cluster_id.clone(),
         node_name: node_name.clone(),
@@ -876,6 +879,19 @@ async fn track_tunnel(
             () = shutdown.cancelled() => return,
             changed = connected.changed() => if changed.is_err() { return },
         }
+    }
+}
+
+/// Make the CA bundle at `path` readable by every user (0644) when it is not.
+fn open_ca_bundle(path: &Path) {
+    use std::os::unix::fs::PermissionsExt as _;
+    let Ok(meta) = std::fs::metadata(path) else {
+        return;
+    };
+    if meta.permissions().mode() & 0o044 != 0o044
+        && let Err(error) = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+    {
+        tracing::warn!(path = %path.display(), %error, "cannot make the CA bundle readable for isolated replicas");
     }
 }
 

@@ -144,6 +144,7 @@ async fn a_replica_cannot_read_keys_other_replicas_env_or_processes_nor_enter_th
     let script = format!(
         r#"
 echo "uid=$(id -u) gid=$(id -g) groups=$(id -G)"
+echo "name=$(id -un)"
 cat {root}/agent/identity/agent.pem && echo "LEAK agent key"
 cat {root}/server/pki/ca.key && echo "LEAK CA key"
 ls {root}/server/pki 2>/dev/null | grep -q . && echo "LEAK server listing"
@@ -187,6 +188,10 @@ echo "cgroup=$(grep -E 'memory|^0::' /proc/self/cgroup | head -1)"
         "no extra groups: {uid_line}"
     );
     assert!(log.contains("ca=CA-CERTIFICATE"), "{log}");
+    assert!(
+        log.contains("name=rlark-replica"),
+        "its user has a name: {log}"
+    );
     assert!(
         log.contains("tasks=a \n") || log.contains("tasks=a\n"),
         "only its own task dir: {log}"

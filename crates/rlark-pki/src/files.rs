@@ -1,4 +1,4 @@
-//! Private files: mode 0600, written atomically.
+//! Private files (mode 0600) and public ones (0644, certificates only), written atomically.
 
 use std::fs;
 use std::io::Write;
@@ -23,6 +23,16 @@ pub fn create_private_dir(dir: &Path) -> Result<()> {
 /// in the same directory, are synced, and the file is renamed over `path`. A concurrent
 /// reader sees either the old or the new content, never a part.
 pub fn write_private_file(path: &Path, contents: &[u8]) -> Result<()> {
+    write_file(path, contents, 0o600)
+}
+
+/// [`write_private_file`] with mode 0644: for certificates everyone on the host may read
+/// (the CA bundle that isolated replicas verify the server with), never for keys.
+pub fn write_public_file(path: &Path, contents: &[u8]) -> Result<()> {
+    write_file(path, contents, 0o644)
+}
+
+fn write_file(path: &Path, contents: &[u8], mode: u32) -> Result<()> {
     let write_err = |source| PkiError::Write {
         path: path.to_path_buf(),
         source,
@@ -43,7 +53,7 @@ pub fn write_private_file(path: &Path, contents: &[u8]) -> Result<()> {
         let mut file = fs::OpenOptions::new()
             .write(true)
             .create_new(true)
-            .mode(0o600)
+            .mode(mode)
             .open(&tmp)?;
         file.write_all(contents)?;
         file.sync_all()?;

@@ -34,7 +34,7 @@ pub use csr::{
     CsrError, KeyAndCsr, KeyType, MAX_CSR_BYTES, ParsedCsr, csr_for_key, generate_key_and_csr,
     parse_csr,
 };
-pub use files::{create_private_dir, write_private_file};
+pub use files::{create_private_dir, write_private_file, write_public_file};
 pub use kubeconfig::kubeconfig_yaml;
 pub use pin::{BadPin, PinnedCaVerifier};
 pub use token::{BEARER_PREFIX, MAX_TOKEN_LEN, Token, TokenError, TokenKind, constant_time_eq};

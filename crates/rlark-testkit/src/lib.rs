@@ -439,3 +439,14 @@ impl Drop for ServerProcess {
         }
     }
 }
+
+/// A temporary directory a test shares with its tasks' replicas: they run as users of
+/// their own (docs/security.md, "Replica isolation"), so it is open to every user and
+/// sticky (mode 1777), as `/tmp` is. A plain `tempfile::tempdir()` (0700) is the test's
+/// alone.
+pub fn shared_tempdir() -> std::io::Result<tempfile::TempDir> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = tempfile::tempdir()?;
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o1777))?;
+    Ok(dir)
+}

@@ -168,7 +168,7 @@ async fn replica_dir(admin: &kube::Client, data_dir: &Path, task: &str) -> anyho
 async fn a_killed_agent_adopts_running_replicas_and_reports_finished_ones() -> anyhow::Result<()> {
     let (server, _server_dir) = start_server_with_controllers().await?;
     let admin = server.client().await?;
-    let scratch = tempfile::tempdir()?;
+    let scratch = rlark_testkit::shared_tempdir()?;
     let data_dir = scratch.path().join("agent");
     let gate = scratch.path().join("gate");
     let pidfile = scratch.path().join("long.pid");

@@ -63,6 +63,11 @@ impl UidPool {
             return Ok(uid);
         }
         self.make_dir()?;
+        std::fs::create_dir_all(replica_dir).map_err(|source| UidError::Io {
+            step: "make the replica directory",
+            path: replica_dir.to_path_buf(),
+            source,
+        })?;
         let (start, end) = (*self.range.start(), *self.range.end());
         let size = u64::from(end - start) + 1;
         let first = fnv(replica_dir.as_os_str().as_encoded_bytes()) % size;

@@ -246,4 +246,3 @@ mod tests {
         assert_eq!(env["RLARK_TASK"], "j-a", "the contract wins over both");
     }
 }
-

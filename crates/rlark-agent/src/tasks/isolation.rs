@@ -157,9 +157,18 @@ impl Isolation {
             .unwrap_or_else(|_| request.replica_dir.to_path_buf());
         let mut binds = vec![Bind {
             source: replica_dir.clone(),
-            target: replica_dir,
+            target: replica_dir.clone(),
             writable: true,
         }];
+        // Tools look their user up (OpenSSH's scp and sftp-server refuse to run without a
+        // passwd entry): the host's files plus the replica's user, as the replica's
+        // `/etc/passwd` and `/etc/group`.
+        binds.extend(user_files(
+            &replica_dir,
+            uid,
+            gid,
+            &format!("{}/{}", request.namespace, request.pod),
+        )?);
         binds.push(Bind {
             source: request.ca_file.to_path_buf(),
             target: request.ca_file.to_path_buf(),
@@ -212,6 +221,52 @@ impl Isolation {
     }
 }
 
+/// The name the replica's user has in its `/etc/passwd`.
+pub const REPLICA_USER: &str = "rlark-replica";
+
+/// Write `REPLICA_DIR/passwd` and `REPLICA_DIR/group` (the host's, plus the replica's user
+/// and group unless the host has them) and return their binds over `/etc/passwd` and
+/// `/etc/group`.
+fn user_files(replica_dir: &Path, uid: u32, gid: u32, owner: &str) -> Result<Vec<Bind>, String> {
+    let home = replica_dir.join("work");
+    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
+    let has_id = |text: &str, id: u32| {
+        text.lines()
+            .any(|line| line.split(':').nth(2) == Some(id.to_string().as_str()))
+    };
+    let mut passwd = read("/etc/passwd");
+    if !has_id(&passwd, uid) {
+        if !passwd.is_empty() && !passwd.ends_with('\n') {
+            passwd.push('\n');
+        }
+        passwd.push_str(&format!(
+            "{REPLICA_USER}:x:{uid}:{gid}:rlark replica {owner}:{}:/bin/sh\n",
+            home.display()
+        ));
+    }
+    let mut group = read("/etc/group");
+    if !has_id(&group, gid) {
+        if !group.is_empty() && !group.ends_with('\n') {
+            group.push('\n');
+        }
+        group.push_str(&format!("{REPLICA_USER}:x:{gid}:\n"));
+    }
+    let mut binds = Vec::new();
+    for (name, text, target) in [
+        ("passwd", passwd, "/etc/passwd"),
+        ("group", group, "/etc/group"),
+    ] {
+        let source = replica_dir.join(name);
+        rlark_pki::write_public_file(&source, text.as_bytes()).map_err(|e| e.to_string())?;
+        binds.push(Bind {
+            source,
+            target: PathBuf::from(target),
+            writable: false,
+        });
+    }
+    Ok(binds)
+}
+
 /// The outermost ancestor of `path` that other users cannot traverse (no `o+x`), if any.
 fn closed_ancestor(path: &Path) -> Option<PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
@@ -220,9 +275,7 @@ fn closed_ancestor(path: &Path) -> Option<PathBuf> {
     ancestors
         .into_iter()
         .filter(|a| a.parent().is_some())
-        .find(|a| {
-            std::fs::metadata(a).is_ok_and(|m| m.permissions().mode() & 0o001 == 0)
-        })
+        .find(|a| std::fs::metadata(a).is_ok_and(|m| m.permissions().mode() & 0o001 == 0))
         .map(Path::to_path_buf)
 }
 
@@ -331,9 +384,20 @@ mod tests {
             targets,
             [
                 (dir.as_path(), true),
+                (Path::new("/etc/passwd"), false),
+                (Path::new("/etc/group"), false),
                 (ca.as_path(), false),
                 (Path::new("/s/ros-ctrl.sock"), false)
             ]
+        );
+        let passwd = std::fs::read_to_string(dir.join("passwd")).expect("passwd");
+        assert!(
+            passwd.ends_with(&format!(
+                "{REPLICA_USER}:x:{0}:{0}:rlark replica rlark-a/t-0:{1}:/bin/sh\n",
+                sandbox.uid,
+                dir.join("work").display()
+            )),
+            "{passwd}"
         );
         assert!(sandbox.hide_pids);
     }
@@ -346,7 +410,11 @@ mod tests {
             .expect("close the root");
         std::fs::create_dir_all(root.path().join("agent")).expect("agent");
         let isolation = policy(root.path(), IsolationConfig::default());
-        assert!(isolation.hide.contains(&root.path().to_path_buf()), "{:?}", isolation.hide);
+        assert!(
+            isolation.hide.contains(&root.path().to_path_buf()),
+            "{:?}",
+            isolation.hide
+        );
         assert_eq!(closed_ancestor(Path::new("/usr/bin")), None);
     }
 

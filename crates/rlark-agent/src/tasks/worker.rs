@@ -1082,6 +1082,17 @@ impl Worker {
             spec.network = Some(attachment.network.clone());
         }
         spec.sandbox = self.sandbox(raw)?;
+        if spec.sandbox.is_some() {
+            // The agent's own HOME (root's) is not the replica user's: its work directory
+            // is, unless the Task says otherwise.
+            let home = spec.default_work_dir().display().to_string();
+            let user = super::isolation::REPLICA_USER.to_string();
+            for (name, value) in [("HOME", home), ("USER", user.clone()), ("LOGNAME", user)] {
+                if !spec.env.iter().any(|(k, _)| k == name) {
+                    spec.env.push((name.to_string(), value));
+                }
+            }
+        }
         Ok(spec)
     }
 
