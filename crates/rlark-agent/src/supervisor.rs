@@ -464,6 +464,13 @@ fn enter_network(args: &SupervisorArgs, sandbox: Option<&Sandbox>) -> Result<(),
         setns(&namespace, CloneFlags::CLONE_NEWNET)
             .map_err(|e| format!("enter network namespace {}: {e}", path.display()))?;
     }
+    if args.netns.is_some() && sandbox.is_some() {
+        // Unprivileged ICMP echo sockets (`ping`) for every group in the replica's own
+        // network namespace, as container runtimes set it: a new namespace allows none.
+        if let Err(e) = std::fs::write("/proc/sys/net/ipv4/ping_group_range", "0 2147483647") {
+            eprintln!("rlark supervise: allow ping in the network namespace: {e}; continuing");
+        }
+    }
     if args.netns.is_none() && args.hosts.is_none() && sandbox.is_none() {
         return Ok(());
     }

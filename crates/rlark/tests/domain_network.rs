@@ -240,6 +240,18 @@ fn job_yaml(name: &str, domain: Option<&str>, tasks: &[(&str, &str, &str)]) -> S
     .to_string()
 }
 
+/// `yaml` (a Job of [`job_yaml`]) with every task's `raw.runAsUser: 0` (root; the agent
+/// must list the Job with `--replica-root-job`).
+fn as_root(yaml: &str) -> String {
+    let mut job: serde_json::Value = serde_json::from_str(yaml).unwrap_or_default();
+    if let Some(tasks) = job["spec"]["tasks"].as_array_mut() {
+        for task in tasks {
+            task["raw"]["runAsUser"] = 0.into();
+        }
+    }
+    job.to_string()
+}
+
 fn domain_yaml(name: &str, cidr: &str) -> String {
     serde_json::json!({
         "apiVersion": "rlinf.io/v1alpha1",
@@ -798,7 +810,14 @@ fn a_domain_certificate_carries_a_members_flows_over_ssh() -> anyhow::Result<()>
         return Ok(());
     }
     let listen = format!("{{address}}:{SSH_PORT}");
-    let net = DomainNet::start_with(RLARK, &["a", "b"], &[], &["--ssh-listen", &listen])?;
+    // The OpenSSH client in a's member uses a key the test made (root's, 0600): the gateway
+    // tasks run as root, which the agents allow for these two Jobs only.
+    let net = DomainNet::start_with(
+        RLARK,
+        &["a", "b"],
+        &["--replica-root-job", "gw", "--replica-root-job", "gw2"],
+        &["--ssh-listen", &listen],
+    )?;
     let server = net.topology.address("s")?.to_string();
     net.apply(&domain_yaml("net1", "10.88.0.0/24"))?;
     net.apply(&job_yaml(
@@ -868,7 +887,11 @@ fn a_domain_certificate_carries_a_members_flows_over_ssh() -> anyhow::Result<()>
         by_name = get("http://$RLARK_POD_IP:9002/"),
         from_loopback = get("http://127.0.0.1:9003/"),
     );
-    net.apply(&job_yaml("gw", Some("net1"), &[("ssh", "a-0", &script)]))?;
+    net.apply(&as_root(&job_yaml(
+        "gw",
+        Some("net1"),
+        &[("ssh", "a-0", &script)],
+    )))?;
     if let Err(error) = net.wait_pod("rlark-a", "gw-ssh-0", &["Succeeded"], POD_WAIT) {
         let logs = net.cli(&["logs", "task/gw-ssh"])?;
         let session = std::fs::read_to_string(&session_err).unwrap_or_default();
@@ -917,7 +940,11 @@ fn a_domain_certificate_carries_a_members_flows_over_ssh() -> anyhow::Result<()>
     // Revoked: the next connection is refused (ssh exits 255 at authentication).
     net.cli_ok(&["cert", "revoke", &serial])?;
     let script = format!("timeout 30 {ssh} -N -L $RLARK_POD_IP:9000:{ip}:8080; test $? = 255");
-    net.apply(&job_yaml("gw2", Some("net1"), &[("ssh", "a-0", &script)]))?;
+    net.apply(&as_root(&job_yaml(
+        "gw2",
+        Some("net1"),
+        &[("ssh", "a-0", &script)],
+    )))?;
     net.wait_pod("rlark-a", "gw2-ssh-0", &["Succeeded"], POD_WAIT)?;
     Ok(())
 }
