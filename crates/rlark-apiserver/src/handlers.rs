@@ -265,6 +265,11 @@ async fn handle(
                     selectors,
                     query,
                     output,
+                    user: parts
+                        .extensions
+                        .get::<Identity>()
+                        .map(|identity| identity.user.clone())
+                        .unwrap_or_default(),
                 })
                 .await
         }

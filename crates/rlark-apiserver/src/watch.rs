@@ -65,6 +65,8 @@ pub(crate) struct WatchRequest {
     pub selectors: Selectors,
     pub query: Query,
     pub output: Output,
+    /// Who watches (for the log line of a watch cut for not reading).
+    pub user: String,
 }
 
 /// Which objects the client holds, to turn store events into selector transitions.
@@ -123,6 +125,7 @@ fn bookmark(rt: &ResourceType, revision: Revision, initial_events_end: bool) -> 
 struct State {
     rt: Arc<ResourceType>,
     output: Output,
+    user: String,
     events: WatchStream,
     pending: VecDeque<Bytes>,
     tracker: Tracker,
@@ -236,6 +239,16 @@ impl State {
                 true
             }
             Err(error) => {
+                if let StoreError::Expired { requested, .. } = &error {
+                    // Live events only end this way when the store cut the watch: its client
+                    // fell `store.watchBufferBytes` behind.
+                    tracing::warn!(
+                        user = %self.user,
+                        resource = %self.rt.qualified_name(),
+                        revision = requested,
+                        "watch cut for falling behind; the client must relist"
+                    );
+                }
                 self.push_error(&ApiError::from_store(error, &self.rt, ""));
                 self.done = true;
                 false
@@ -367,6 +380,7 @@ impl Inner {
             selectors,
             query,
             output,
+            user,
         } = request;
         let freshness = freshness(&query)?;
         let initial = match query.send_initial_events {
@@ -461,6 +475,7 @@ impl Inner {
         let mut state = State {
             rt: Arc::clone(&rt),
             output,
+            user,
             events,
             pending: VecDeque::new(),
             tracker,

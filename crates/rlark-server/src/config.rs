@@ -67,6 +67,12 @@ pub struct ServerConfig {
     /// events are compacted when either this or [`Self::store_log_capacity`] is exceeded.
     /// See `rlark_store::SqliteStoreConfig::log_capacity_bytes`.
     pub store_log_capacity_bytes: usize,
+    /// Bytes of events (their JSON) one watch may have waiting, not yet taken by its client,
+    /// before it is cut (it ends with a 410 and the client relists): a client that stops
+    /// reading holds at most this much of the server's memory (config file
+    /// `store.watchBufferBytes`, default 8 MiB). See
+    /// `rlark_store::EngineConfig::watch_buffer_bytes`.
+    pub store_watch_buffer_bytes: usize,
     /// Where the store is: `None` for SQLite in the data directory (`DATA_DIR/rlark.db`, the
     /// default), or a `postgres://user:password@host:port/database` URL (`--store`,
     /// `RLARK_STORE`, config file `store.url`). Several replicas may share one PostgreSQL database.
@@ -159,6 +165,7 @@ impl ServerConfig {
             admin_cert_validity: Duration::from_secs(365 * 24 * 3600),
             store_log_capacity: rlark_store::SqliteStoreConfig::new("").log_capacity,
             store_log_capacity_bytes: rlark_store::SqliteStoreConfig::new("").log_capacity_bytes,
+            store_watch_buffer_bytes: rlark_store::DEFAULT_WATCH_BUFFER_BYTES,
             store_url: None,
             ca_secret_file: None,
             ca_secret: None,
@@ -235,6 +242,9 @@ impl ServerConfig {
             }
             if let Some(v) = store.log_capacity_bytes {
                 config.store_log_capacity_bytes = v;
+            }
+            if let Some(v) = store.watch_buffer_bytes {
+                config.store_watch_buffer_bytes = v;
             }
             if let Some(url) = store.url {
                 config.store_url = Some(url);
@@ -662,6 +672,16 @@ impl ServerConfig {
                 ),
             ));
         }
+        // Below one ordinary object every watch would be cut at once.
+        if self.store_watch_buffer_bytes < 64 * 1024 {
+            return Err(invalid(
+                "store.watchBufferBytes",
+                format!(
+                    "must be at least 65536 (64 KiB), got {}",
+                    self.store_watch_buffer_bytes
+                ),
+            ));
+        }
         self.api
             .limits
             .check()
@@ -872,6 +892,7 @@ pub struct ServerOverrides {
 /// store:
 ///   logCapacity: 50000
 ///   logCapacityBytes: 67108864
+///   watchBufferBytes: 8388608
 /// controllers:
 ///   enabled: true
 ///   leaderElection: true
@@ -983,6 +1004,9 @@ pub struct StoreConfigFile {
     /// `logCapacityBytes`: estimated bytes of objects the change log keeps (default 64 MiB,
     /// at least 1 MiB).
     pub log_capacity_bytes: Option<usize>,
+    /// `watchBufferBytes`: bytes of events one watch may have waiting for its client before
+    /// it is cut (default 8 MiB, at least 64 KiB).
+    pub watch_buffer_bytes: Option<usize>,
     /// `url`: see [`ServerConfig::store_url`] (absent = SQLite in the data directory).
     pub url: Option<String>,
     /// `caSecretFile`: see [`ServerConfig::ca_secret_file`].

@@ -708,6 +708,7 @@ async fn open_store(config: &ServerConfig, db_path: &Path) -> Result<ServerStore
     let engine = EngineConfig {
         log_capacity: config.store_log_capacity,
         log_capacity_bytes: config.store_log_capacity_bytes,
+        watch_buffer_bytes: config.store_watch_buffer_bytes,
         ..EngineConfig::default()
     };
     match &config.store_url {
@@ -730,6 +731,7 @@ async fn open_store(config: &ServerConfig, db_path: &Path) -> Result<ServerStore
             let mut store_config = SqliteStoreConfig::new(db_path);
             store_config.log_capacity = engine.log_capacity;
             store_config.log_capacity_bytes = engine.log_capacity_bytes;
+            store_config.watch_buffer_bytes = engine.watch_buffer_bytes;
             SqliteStore::open(store_config)
                 .await
                 .map(ServerStore::Sqlite)

@@ -85,6 +85,12 @@ impl Collector for StoreCollector {
             "SQLite transactions that failed.",
             stats.failed_commits,
         )?;
+        counter(
+            &mut encoder,
+            "rlark_store_watches_cut",
+            "Watches cut because their client fell more than store.watchBufferBytes behind (it relists).",
+            stats.watches_cut,
+        )?;
         // Seconds as a float counter: with rlark_store_commits_total, the mean commit latency.
         let seconds = ConstCounter::new(stats.commit_micros as f64 / 1e6);
         let metric_encoder = encoder.encode_descriptor(

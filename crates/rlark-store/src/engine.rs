@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde_json::Value;
-use tokio::sync::{broadcast, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 use tracing::Instrument;
 
 use crate::backend::{Backend, Change, Loaded, Remote};
@@ -31,12 +31,14 @@ use crate::backup::{Snapshot, SnapshotObject};
 use crate::cache::{Cache, Encoded, Stored, encode, page_of};
 use crate::changelog::{ChangeLog, ChangeLogStats};
 use crate::metadata::{self, Current, Op, Outcome};
-use crate::watch::{self, Filter};
+use crate::watch::{Budget, Fanout, Filter};
 use crate::{
     EncodedObject, EventType, ListOptions, ListResult, ObjectKey, Revision, Store, StoreError,
     WatchEvent, WatchStream,
 };
 
+/// Default [`EngineConfig::watch_buffer_bytes`].
+pub const DEFAULT_WATCH_BUFFER_BYTES: usize = 8 * 1024 * 1024;
 /// Upper bounds for the configured sizes (the channels allocate or panic beyond sane values).
 const MAX_BATCH: usize = 1 << 16;
 const MAX_WATCH_BUFFER: usize = 1 << 24;
@@ -59,9 +61,15 @@ pub struct EngineConfig {
     /// Maximum number of write commands committed in one transaction. Default 512; clamped to
     /// 1..=65 536.
     pub max_batch: usize,
-    /// Number of live events a watcher may fall behind before its stream yields
-    /// [`StoreError::Expired`] and ends. Default 16 384; clamped to 1..=2^24.
+    /// Number of live events a watcher may fall behind before it is cut: its queue is
+    /// dropped and its stream yields [`StoreError::Expired`] and ends (the client relists).
+    /// Default 16 384; clamped to 1..=2^24.
     pub watch_buffer: usize,
+    /// Bytes (of the events' JSON) a watcher may fall behind before it is cut, like
+    /// [`Self::watch_buffer`]: a client that stops reading holds at most this much of the
+    /// server's memory. One event larger than this still goes to a watcher with nothing
+    /// queued. Default 8 MiB; at least 1.
+    pub watch_buffer_bytes: usize,
 }
 
 impl Default for EngineConfig {
@@ -71,6 +79,7 @@ impl Default for EngineConfig {
             log_capacity_bytes: 64 * 1024 * 1024,
             max_batch: 512,
             watch_buffer: 16_384,
+            watch_buffer_bytes: DEFAULT_WATCH_BUFFER_BYTES,
         }
     }
 }
@@ -88,6 +97,9 @@ pub struct StoreStats {
     /// Time spent in the committed transactions (encoding and the backend's commit), in
     /// microseconds. `commit_micros / commits` is the mean commit latency.
     pub commit_micros: u64,
+    /// Watches cut because their client fell more than [`EngineConfig::watch_buffer`]
+    /// events or [`EngineConfig::watch_buffer_bytes`] bytes behind.
+    pub watches_cut: u64,
 }
 
 /// The [`Store`] over backend `B`. Cheap to clone: clones share one backend, one writer task
@@ -132,6 +144,8 @@ struct Shared {
     writes: AtomicU64,
     failed_commits: AtomicU64,
     commit_micros: AtomicU64,
+    /// Watches cut by fan-outs replaced since (by reloads).
+    watches_cut_before: AtomicU64,
     /// False while the backend answers [`StoreError::Unavailable`] (see
     /// [`CachedStore::is_available`]).
     available: std::sync::atomic::AtomicBool,
@@ -140,9 +154,10 @@ struct Shared {
 struct State {
     cache: Cache,
     log: ChangeLog,
-    /// Live fan-out. `None` once the store is closed, which ends every watch stream. Events are
-    /// shared (`Arc`) so that a watcher pays a deep copy only for the events it delivers.
-    events: Option<broadcast::Sender<Arc<WatchEvent>>>,
+    /// Live fan-out: one bounded queue per watch. Closed with the store, which ends every
+    /// watch stream. Events are shared (`Arc`) so that a watcher pays a deep copy only for the
+    /// events it delivers. Replaced on a reload (the old one's streams end).
+    fanout: Arc<Fanout>,
 }
 
 type Reply<T> = oneshot::Sender<Result<T, StoreError>>;
@@ -188,6 +203,14 @@ struct Rebuilt {
     revision: Revision,
     /// The change log's floor in memory.
     floor: Revision,
+}
+
+/// The per-watch budget of `config`.
+fn watch_budget(config: &EngineConfig) -> Budget {
+    Budget {
+        events: config.watch_buffer.clamp(1, MAX_WATCH_BUFFER),
+        bytes: config.watch_buffer_bytes.max(1),
+    }
 }
 
 fn rebuild(
@@ -279,14 +302,15 @@ impl<B: Backend> CachedStore<B> {
         } = rebuild(loaded, &config, &info)?;
         let log_stats = log.stats();
 
-        let (events, _) = broadcast::channel(config.watch_buffer.clamp(1, MAX_WATCH_BUFFER));
+        let fanout = Arc::new(Fanout::new(watch_budget(&config)));
         let object_count = cache.len();
         let shared = Arc::new(Shared {
             state: RwLock::new(State {
                 cache,
                 log,
-                events: Some(events),
+                fanout,
             }),
+            watches_cut_before: AtomicU64::new(0),
             revision: AtomicU64::new(revision),
             compacted: Arc::new(AtomicU64::new(floor)),
             commits: AtomicU64::new(0),
@@ -382,6 +406,8 @@ impl<B: Backend> CachedStore<B> {
             writes: shared.writes.load(Ordering::Relaxed),
             failed_commits: shared.failed_commits.load(Ordering::Relaxed),
             commit_micros: shared.commit_micros.load(Ordering::Relaxed),
+            watches_cut: shared.watches_cut_before.load(Ordering::Relaxed)
+                + shared.read().fanout.cut_count(),
         }
     }
 
@@ -555,8 +581,8 @@ impl<B: Backend> Writer<B> {
                 break;
             }
         }
-        // Dropping the sender ends every watch stream.
-        self.shared.write().events = None;
+        // Ends every watch stream and refuses new ones.
+        self.shared.write().fanout.end_all(true);
         self.backend.close().await;
         tracing::info!("store writer stopped");
         for done in shutdown {
@@ -648,15 +674,18 @@ impl<B: Backend> Writer<B> {
                     revision,
                     "store fell behind the database's change log; reloaded, watches restart"
                 );
-                let (events, _) =
-                    broadcast::channel(self.config.watch_buffer.clamp(1, MAX_WATCH_BUFFER));
                 let shared = &self.shared;
                 let mut state = shared.write();
                 state.cache = cache;
                 state.log = log;
-                // Replacing the sender ends the streams of the old one.
-                if state.events.is_some() {
-                    state.events = Some(events);
+                // The old fan-out's streams end; new watches subscribe to the new one (unless
+                // the store is closing).
+                if !state.fanout.is_closed() {
+                    state.fanout.end_all(false);
+                    shared
+                        .watches_cut_before
+                        .fetch_add(state.fanout.cut_count(), Ordering::Relaxed);
+                    state.fanout = Arc::new(Fanout::new(watch_budget(&self.config)));
                 }
                 shared.revision.store(revision, Ordering::Release);
                 shared.compacted.store(floor, Ordering::Release);
@@ -903,10 +932,7 @@ fn apply(shared: &Shared, changes: &[Change]) {
             json: Some(Arc::clone(&change.json)),
             revision: change.revision,
         });
-        if let Some(events) = &state.events {
-            // An error only means nobody is watching.
-            let _ = events.send(Arc::clone(&event));
-        }
+        state.fanout.publish(&event);
         state.log.push(event);
     }
     if let Some(floor) = state.log.trim() {
@@ -1015,8 +1041,8 @@ impl<B: Backend> Store for CachedStore<B> {
             after: from,
         };
         // Backlog and subscription under the lock the writer publishes under: every event is
-        // either in the backlog or arrives on the receiver, never both, never neither.
-        let (backlog, receiver) = {
+        // either in the backlog or arrives through the fan-out, never both, never neither.
+        let stream = {
             let state = shared.read();
             let oldest = shared.compacted.load(Ordering::Acquire);
             if from < oldest {
@@ -1025,15 +1051,12 @@ impl<B: Backend> Store for CachedStore<B> {
                     oldest,
                 });
             }
-            let receiver = state.events.as_ref().ok_or(StoreError::Closed)?.subscribe();
-            (state.log.backlog(&filter), receiver)
+            let backlog = state.log.backlog(&filter);
+            state
+                .fanout
+                .subscribe(backlog, filter, Arc::clone(&shared.compacted))
         };
-        Ok(watch::stream(
-            backlog,
-            receiver,
-            filter,
-            Arc::clone(&shared.compacted),
-        ))
+        stream
     }
 
     fn revision(&self) -> Revision {

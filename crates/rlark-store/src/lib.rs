@@ -44,8 +44,10 @@
 //! - Watches: events with revision > `from`, in revision order, each exactly once: first the
 //!   ones still in the change log, then live ones. `from < compacted_revision()` is
 //!   [`StoreError::Expired`]; a `from` beyond the current revision is allowed. A stream that
-//!   falls too far behind yields one `Err(Expired)` and ends (answer 410: the client relists and
-//!   watches again from the list's revision). A stream also ends (`None`) when the store closes.
+//!   falls too far behind ([`EngineConfig::watch_buffer`] events or
+//!   [`EngineConfig::watch_buffer_bytes`] bytes not taken yet) is cut: what it had queued is
+//!   released at once, and it yields one `Err(Expired)` and ends (answer 410: the client relists
+//!   and watches again from the list's revision). A stream also ends (`None`) when the store closes.
 //! - The change log is persisted with the objects and bounded by a compaction window
 //!   ([`EngineConfig::log_capacity`] events and [`EngineConfig::log_capacity_bytes`] bytes), so
 //!   after a restart a watch from any revision the window still holds resumes where it
@@ -80,7 +82,7 @@ use serde_json::Value;
 
 pub use backend::{Backend, Change, Loaded, LoadedObject, LoggedChange, Remote};
 pub use changelog::{ChangeLogStats, approx_bytes};
-pub use engine::{CachedStore, EngineConfig, StoreStats};
+pub use engine::{CachedStore, DEFAULT_WATCH_BUFFER_BYTES, EngineConfig, StoreStats};
 pub use error::StoreError;
 pub use postgres::{PgDurability, PgTarget, PostgresBackend, PostgresStore, PostgresStoreConfig};
 pub use sqlite::{Durability, SqliteBackend, SqliteStore, SqliteStoreConfig};

@@ -64,6 +64,8 @@ pub struct SqliteStoreConfig {
     pub max_batch: usize,
     /// See [`EngineConfig::watch_buffer`]. Default 16 384.
     pub watch_buffer: usize,
+    /// See [`EngineConfig::watch_buffer_bytes`]. Default 8 MiB.
+    pub watch_buffer_bytes: usize,
     /// How long SQLite waits for a lock held by someone else before failing. Default 5 s.
     pub busy_timeout: Duration,
     /// Test hook: make commits fail (after the statements ran, before COMMIT).
@@ -81,6 +83,7 @@ impl SqliteStoreConfig {
             log_capacity_bytes: engine.log_capacity_bytes,
             max_batch: engine.max_batch,
             watch_buffer: engine.watch_buffer,
+            watch_buffer_bytes: engine.watch_buffer_bytes,
             busy_timeout: Duration::from_secs(5),
             #[cfg(test)]
             fail_commits: Default::default(),
@@ -93,6 +96,7 @@ impl SqliteStoreConfig {
             log_capacity_bytes: self.log_capacity_bytes,
             max_batch: self.max_batch,
             watch_buffer: self.watch_buffer,
+            watch_buffer_bytes: self.watch_buffer_bytes,
         }
     }
 }
