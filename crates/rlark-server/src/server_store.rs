@@ -8,7 +8,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use rlark_store::{
     ChangeLogStats, EncodedObject, ListOptions, ListResult, ObjectKey, PostgresStore, Revision,
-    SqliteStore, Store, StoreError, StoreStats, WatchStream,
+    SqliteStore, Store, StoreError, StoreStats, Usage, WatchStream,
 };
 use serde_json::Value;
 
@@ -119,6 +119,10 @@ impl Store for ServerStore {
 
     async fn sync(&self) -> Result<(), StoreError> {
         each!(self, store => store.sync().await)
+    }
+
+    async fn usage(&self, namespace: &str, resource: Option<&str>) -> Result<Usage, StoreError> {
+        each!(self, store => store.usage(namespace, resource).await)
     }
 
     fn revision(&self) -> Revision {

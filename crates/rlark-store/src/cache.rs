@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use serde_json::Value;
 
-use crate::{EventType, ListOptions, ListResult, ObjectKey, Revision, StoreError};
+use crate::{EventType, ListOptions, ListResult, ObjectKey, Revision, StoreError, Usage};
 
 /// `(namespace, name)`: where an object sits within its resource.
 pub(crate) type Slot = (String, String);
@@ -38,6 +38,20 @@ pub(crate) fn encode(object: &Value) -> Result<Arc<str>, StoreError> {
 #[derive(Default)]
 pub(crate) struct Cache {
     objects: HashMap<String, BTreeMap<(String, String), Stored>>,
+    /// What each namespace holds, per resource (kept with every write, for quotas).
+    usage: HashMap<String, HashMap<String, Usage>>,
+}
+
+impl Usage {
+    fn add(&mut self, bytes: usize) {
+        self.objects += 1;
+        self.bytes = self.bytes.saturating_add(bytes as u64);
+    }
+
+    fn remove(&mut self, bytes: usize) {
+        self.objects = self.objects.saturating_sub(1);
+        self.bytes = self.bytes.saturating_sub(bytes as u64);
+    }
 }
 
 impl Cache {
@@ -63,18 +77,45 @@ impl Cache {
     /// Record a committed write of `key`.
     pub(crate) fn apply(&mut self, key: &ObjectKey, event_type: EventType, stored: Stored) {
         let slot = (key.namespace.clone(), key.name.clone());
-        match event_type {
-            EventType::Deleted => {
-                if let Some(objects) = self.objects.get_mut(&key.resource) {
-                    objects.remove(&slot);
-                }
+        let new_bytes = stored.json.len();
+        let old = match event_type {
+            EventType::Deleted => self
+                .objects
+                .get_mut(&key.resource)
+                .and_then(|objects| objects.remove(&slot)),
+            EventType::Added | EventType::Modified => self
+                .objects
+                .entry(key.resource.clone())
+                .or_default()
+                .insert(slot, stored),
+        };
+        let namespace = self.usage.entry(key.namespace.clone()).or_default();
+        let usage = namespace.entry(key.resource.clone()).or_default();
+        if let Some(old) = old {
+            usage.remove(old.json.len());
+        }
+        if event_type != EventType::Deleted {
+            usage.add(new_bytes);
+        }
+        if usage.objects == 0 {
+            namespace.remove(&key.resource);
+            if namespace.is_empty() {
+                self.usage.remove(&key.namespace);
             }
-            EventType::Added | EventType::Modified => {
-                self.objects
-                    .entry(key.resource.clone())
-                    .or_default()
-                    .insert(slot, stored);
-            }
+        }
+    }
+
+    /// What `namespace` holds of `resource`, or of every resource.
+    pub(crate) fn usage(&self, namespace: &str, resource: Option<&str>) -> Usage {
+        let Some(by_resource) = self.usage.get(namespace) else {
+            return Usage::default();
+        };
+        match resource {
+            Some(resource) => by_resource.get(resource).copied().unwrap_or_default(),
+            None => by_resource.values().fold(Usage::default(), |total, u| Usage {
+                objects: total.objects + u.objects,
+                bytes: total.bytes.saturating_add(u.bytes),
+            }),
         }
     }
 

@@ -34,7 +34,7 @@ use crate::metadata::{self, Current, Op, Outcome};
 use crate::watch::{Budget, Fanout, Filter};
 use crate::{
     EncodedObject, EventType, ListOptions, ListResult, ObjectKey, Revision, Store, StoreError,
-    WatchEvent, WatchStream,
+    Usage, WatchEvent, WatchStream,
 };
 
 /// Default [`EngineConfig::watch_buffer_bytes`].
@@ -1057,6 +1057,10 @@ impl<B: Backend> Store for CachedStore<B> {
                 .subscribe(backlog, filter, Arc::clone(&shared.compacted))
         };
         stream
+    }
+
+    async fn usage(&self, namespace: &str, resource: Option<&str>) -> Result<Usage, StoreError> {
+        Ok(self.inner.shared.read().cache.usage(namespace, resource))
     }
 
     fn revision(&self) -> Revision {

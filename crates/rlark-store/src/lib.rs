@@ -174,6 +174,13 @@ pub struct ListResult<T = Arc<Value>> {
     pub remaining: u64,
 }
 
+/// What a namespace holds: objects and the bytes of their JSON encodings (as stored).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Usage {
+    pub objects: u64,
+    pub bytes: u64,
+}
+
 /// What to list.
 #[derive(Clone, Debug, Default)]
 pub struct ListOptions {
@@ -268,6 +275,11 @@ pub trait Store: Send + Sync + 'static {
         namespace: Option<&str>,
         from: Revision,
     ) -> Result<WatchStream, StoreError>;
+
+    /// What `namespace` holds (`""` for cluster-scoped objects): of `resource`, or of
+    /// every resource when `None`. From memory, kept with every write: cheap enough to ask
+    /// before each write (for quotas).
+    async fn usage(&self, namespace: &str, resource: Option<&str>) -> Result<Usage, StoreError>;
 
     /// Current (latest committed) revision.
     fn revision(&self) -> Revision;

@@ -645,6 +645,13 @@ mod tests {
         ) -> Result<WatchStream, StoreError> {
             self.store.watch(resource, namespace, from).await
         }
+        async fn usage(
+            &self,
+            namespace: &str,
+            resource: Option<&str>,
+        ) -> Result<crate::Usage, StoreError> {
+            self.store.usage(namespace, resource).await
+        }
         fn revision(&self) -> Revision {
             self.store.revision()
         }
