@@ -504,7 +504,9 @@ impl Inner {
                 namespace_defaults(&mut object, true);
             }
             admission::admit(rt, &object, schema_causes.clone())?;
-            crate::limits::admit_event_size(&self.options.limits, rt, &object)?;
+            let size = crate::limits::admit_object_size(&self.options.limits, rt, &object)?;
+            self.check_byte_quotas(options.caller.as_ref(), rt, &namespace, size, 0)
+                .await?;
             let name = meta_str(&object, "name").unwrap_or("").to_string();
             if rt.namespaced {
                 self.check_namespace_open(rt, &name, &namespace).await?;
@@ -717,7 +719,15 @@ impl Inner {
             )?;
             let (_, causes) = field_check(rt, &mut candidate, &[], FieldValidation::Ignore)?;
             admission::admit(rt, &candidate, causes)?;
-            crate::limits::admit_event_size(&self.options.limits, rt, &candidate)?;
+            let size = crate::limits::admit_object_size(&self.options.limits, rt, &candidate)?;
+            self.check_byte_quotas(
+                options.caller.as_ref(),
+                rt,
+                &namespace,
+                size,
+                crate::limits::json_len(&old),
+            )
+            .await?;
             let _network = self
                 .admit_network(rt, &candidate, Some(&old), status_only)
                 .await?;
@@ -798,7 +808,15 @@ impl Inner {
             )?;
             let (_, causes) = field_check(rt, &mut candidate, &[], FieldValidation::Ignore)?;
             admission::admit(rt, &candidate, causes)?;
-            crate::limits::admit_event_size(&self.options.limits, rt, &candidate)?;
+            let size = crate::limits::admit_object_size(&self.options.limits, rt, &candidate)?;
+            self.check_byte_quotas(
+                options.caller.as_ref(),
+                rt,
+                namespace,
+                size,
+                crate::limits::json_len(&old),
+            )
+            .await?;
             let _network = self
                 .admit_network(rt, &candidate, Some(&old), status_only)
                 .await?;

@@ -15,6 +15,20 @@
 //!   so concurrent creates of one identity may overshoot a quota by their number (at most
 //!   the write burst).
 //!
+//! - **Object sizes** (every caller, every kind; issue 38): the environment variables in
+//!   an object's `spec` (every `env`/`environment` list, as JSON) at most
+//!   [`Limits::max_env_bytes`], the `spec` at most [`Limits::max_spec_bytes`], the `status` at
+//!   most [`Limits::max_status_bytes`], the whole object at most [`Limits::max_object_bytes`],
+//!   all as JSON: 413 `RequestEntityTooLarge` naming the field and the limit, before anything
+//!   is written. Kubernetes' own bound is etcd's 1.5 MiB per object.
+//! - **Byte quotas** (issue 38): what an agent's `rlark-<id>` namespace holds, every kind and
+//!   the task reports together, at most [`Limits::max_bytes_per_agent_namespace`] for the
+//!   agent to create or grow an object there; the Events about a Task at most
+//!   [`Limits::max_event_bytes_per_task`] for its token to create another. Over a quota is
+//!   429 naming it (shrinking and deleting are always allowed). Counted from the store's
+//!   per-namespace usage ([`rlark_store::Store::usage`]), so a check costs a lookup. Task
+//!   reports have their own quotas (`rlark-server`'s `reports.rs`).
+//!
 //! Events further expire after [`Limits::event_ttl`] and go with the object they are about
 //! (see `eventgc.rs`).
 
@@ -62,6 +76,29 @@ pub struct Limits {
     /// Objects (of every kind) an agent's `rlark-<id>` namespace may hold for the agent to
     /// create another (default 10 000).
     pub max_objects_per_agent_namespace: usize,
+    /// Largest object of any kind, in bytes of JSON as stored (default 1.5 MiB, etcd's
+    /// default request limit, which bounds a Kubernetes object).
+    pub max_object_bytes: usize,
+    /// Largest `spec` of any object, in bytes of JSON (default 1 MiB).
+    pub max_spec_bytes: usize,
+    /// Most bytes of environment variables in an object's `spec`: every `env` and
+    /// `environment` list in it (a Task's runtimes, a Job's templates), as JSON (default
+    /// 256 KiB; Linux refuses a single variable over 128 KiB at exec anyway).
+    pub max_env_bytes: usize,
+    /// Largest `status` of any object, in bytes of JSON (default 512 KiB).
+    pub max_status_bytes: usize,
+    /// Bytes of JSON an agent's `rlark-<id>` namespace may hold (every kind, task reports
+    /// included) for the agent to create or grow an object there (default 128 MiB).
+    pub max_bytes_per_agent_namespace: u64,
+    /// Bytes of JSON of the Events about a Task (whoever wrote them) for its token to
+    /// create another (default 512 KiB).
+    pub max_event_bytes_per_task: u64,
+    /// Bytes of JSON of one Task's stored reports for another to be posted (default 4 MiB;
+    /// the 1000 reports kept per Task are far below it unless they are large).
+    pub max_report_bytes_per_task: u64,
+    /// Bytes of JSON of the task reports one namespace may hold for another to be posted
+    /// (default 64 MiB).
+    pub max_report_bytes_per_namespace: u64,
 }
 
 impl Default for Limits {
@@ -77,6 +114,14 @@ impl Default for Limits {
             max_events_per_namespace: 5000,
             max_events_per_task: 100,
             max_objects_per_agent_namespace: 10_000,
+            max_object_bytes: 1536 * 1024,
+            max_spec_bytes: 1024 * 1024,
+            max_env_bytes: 256 * 1024,
+            max_status_bytes: 512 * 1024,
+            max_bytes_per_agent_namespace: 128 * 1024 * 1024,
+            max_event_bytes_per_task: 512 * 1024,
+            max_report_bytes_per_task: 4 * 1024 * 1024,
+            max_report_bytes_per_namespace: 64 * 1024 * 1024,
         }
     }
 }
@@ -100,6 +145,28 @@ impl Limits {
             "maxObjectsPerAgentNamespace",
             self.max_objects_per_agent_namespace,
         )?;
+        // Below a few KiB ordinary objects (a Node, a Pod) could not be written at all.
+        const MIN_OBJECT: usize = 64 * 1024;
+        for (field, value) in [
+            ("maxObjectBytes", self.max_object_bytes),
+            ("maxSpecBytes", self.max_spec_bytes),
+            ("maxStatusBytes", self.max_status_bytes),
+        ] {
+            if value < MIN_OBJECT {
+                return Err((field, format!("must be at least {MIN_OBJECT}, got {value}")));
+            }
+        }
+        positive("maxEnvBytes", self.max_env_bytes)?;
+        for (field, value) in [
+            ("maxBytesPerAgentNamespace", self.max_bytes_per_agent_namespace),
+            ("maxEventBytesPerTask", self.max_event_bytes_per_task),
+            ("maxReportBytesPerTask", self.max_report_bytes_per_task),
+            ("maxReportBytesPerNamespace", self.max_report_bytes_per_namespace),
+        ] {
+            if value < MIN_OBJECT as u64 {
+                return Err((field, format!("must be at least {MIN_OBJECT}, got {value}")));
+            }
+        }
         if self.max_event_message_bytes > self.max_event_bytes {
             return Err((
                 "maxEventMessageBytes",
@@ -132,21 +199,74 @@ fn is_event(rt: &ResourceType) -> bool {
     rt.group.is_empty() && rt.plural == "events"
 }
 
-/// Size limits of a core Event about to be written (create, update, patch; every caller):
-/// 422 with a `FieldValueTooLong` cause on `message`, 413 for the whole object.
-pub(crate) fn admit_event_size(
+/// Bytes of `value` encoded as JSON (as the store encodes it), without encoding it.
+pub fn json_len(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.len();
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    // Writing to a counter cannot fail, nor can encoding a `Value`.
+    match serde_json::to_writer(&mut count, value) {
+        Ok(()) => count.0,
+        Err(_) => usize::MAX,
+    }
+}
+
+/// The environment-variable lists in `value` (every `env` or `environment` array), each with
+/// its path under `path` and its size as JSON.
+fn env_lists(value: &Value, path: &str, found: &mut Vec<(String, usize)>) {
+    match value {
+        Value::Object(map) => {
+            for (key, item) in map {
+                let here = format!("{path}.{key}");
+                if matches!(key.as_str(), "env" | "environment") && item.is_array() {
+                    found.push((here, json_len(item)));
+                } else {
+                    env_lists(item, &here, found);
+                }
+            }
+        }
+        Value::Array(items) => {
+            for (i, item) in items.iter().enumerate() {
+                env_lists(item, &format!("{path}[{i}]"), found);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// 413 `RequestEntityTooLarge` about object `name` of `rt`.
+fn too_large(rt: &ResourceType, name: &str, message: String) -> ApiError {
+    let mut error = ApiError::new(413, "RequestEntityTooLarge", message);
+    error.name = Some(name.to_string());
+    error.group = (!rt.group.is_empty()).then(|| rt.group.clone());
+    error.kind = Some(rt.plural.clone());
+    error
+}
+
+/// Size limits of an object about to be written (create, update, patch; every caller):
+/// for core Events, 422 with a `FieldValueTooLong` cause on `message`; for every kind, 413
+/// naming the field and the limit when the environment variables, the `spec`, the `status`
+/// or the whole object (as JSON) are over theirs. Returns the object's size as JSON.
+pub(crate) fn admit_object_size(
     limits: &Limits,
     rt: &ResourceType,
     object: &Value,
-) -> Result<(), ApiError> {
-    if !is_event(rt) {
-        return Ok(());
-    }
+) -> Result<usize, ApiError> {
     let name = object
         .pointer("/metadata/name")
         .and_then(Value::as_str)
         .unwrap_or("");
-    if let Some(message) = object.get("message").and_then(Value::as_str)
+    let what = format!("{} \"{name}\"", rt.plural);
+    if is_event(rt)
+        && let Some(message) = object.get("message").and_then(Value::as_str)
         && message.len() > limits.max_event_message_bytes
     {
         return Err(ApiError::invalid(
@@ -163,21 +283,84 @@ pub(crate) fn admit_event_size(
             }],
         ));
     }
-    let size = serde_json::to_vec(object).map_or(usize::MAX, |bytes| bytes.len());
-    if size > limits.max_event_bytes {
-        let mut error = ApiError::new(
-            413,
-            "RequestEntityTooLarge",
+    if let Some(spec) = object.get("spec") {
+        let mut lists = Vec::new();
+        env_lists(spec, "spec", &mut lists);
+        let total: usize = lists.iter().map(|(_, bytes)| bytes).sum();
+        if total > limits.max_env_bytes
+            && let Some((field, bytes)) = lists.iter().max_by_key(|(_, bytes)| *bytes)
+        {
+            return Err(too_large(
+                rt,
+                name,
+                format!(
+                    "{what} is too large: its environment variables take {total} bytes as JSON \
+                     ({field}: {bytes}), the limit (api.limits.maxEnvBytes) is {} bytes",
+                    limits.max_env_bytes
+                ),
+            ));
+        }
+        let size = json_len(spec);
+        if size > limits.max_spec_bytes {
+            return Err(too_large(
+                rt,
+                name,
+                format!(
+                    "{what} is too large: spec is {size} bytes as JSON, the limit \
+                     (api.limits.maxSpecBytes) is {} bytes",
+                    limits.max_spec_bytes
+                ),
+            ));
+        }
+    }
+    if let Some(status) = object.get("status") {
+        let size = json_len(status);
+        if size > limits.max_status_bytes {
+            return Err(too_large(
+                rt,
+                name,
+                format!(
+                    "{what} is too large: status is {size} bytes as JSON, the limit \
+                     (api.limits.maxStatusBytes) is {} bytes",
+                    limits.max_status_bytes
+                ),
+            ));
+        }
+    }
+    let size = json_len(object);
+    if is_event(rt) && size > limits.max_event_bytes {
+        return Err(too_large(
+            rt,
+            name,
             format!(
-                "events \"{name}\" is too large: {size} bytes as JSON, the limit for an Event is {} bytes",
+                "{what} is too large: {size} bytes as JSON, the limit for an Event \
+                 (api.limits.maxEventBytes) is {} bytes",
                 limits.max_event_bytes
             ),
-        );
-        error.name = Some(name.to_string());
-        error.kind = Some("events".into());
-        return Err(error);
+        ));
     }
-    Ok(())
+    if size > limits.max_object_bytes {
+        return Err(too_large(
+            rt,
+            name,
+            format!(
+                "{what} is too large: {size} bytes as JSON, the limit \
+                 (api.limits.maxObjectBytes) is {} bytes",
+                limits.max_object_bytes
+            ),
+        ));
+    }
+    Ok(size)
+}
+
+/// Whether Event `event` is about Task `task` (of its namespace).
+fn about_task(event: &Value, task: &str) -> bool {
+    let involved = |key: &str| {
+        event
+            .pointer(&format!("/involvedObject/{key}"))
+            .and_then(Value::as_str)
+    };
+    involved("kind") == Some("Task") && involved("name") == Some(task)
 }
 
 /// 429 `TooManyRequests` with `Retry-After: seconds`.
@@ -211,6 +394,11 @@ impl RateLimiter {
             limits,
             buckets: Mutex::new(HashMap::new()),
         }
+    }
+
+    /// The limits this limiter was made with (the API server's).
+    pub fn limits(&self) -> &Limits {
+        &self.limits
     }
 
     /// Take one write from `identity`'s bucket: `Ok` when there was one (or the identity is
@@ -281,6 +469,84 @@ impl Inner {
             .map_err(|e| ApiError::from_store(e, rt, ""))
     }
 
+    /// Byte quotas for a write by `caller` that makes an object of `rt` in `namespace`
+    /// `new_bytes` long as JSON where it was `old_bytes` (0 for a create): an agent's
+    /// namespace ([`Limits::max_bytes_per_agent_namespace`]) and, for a task token's Event
+    /// about its Task, that Task's Events ([`Limits::max_event_bytes_per_task`]). 429 naming
+    /// the quota; a write that does not grow anything passes.
+    pub(crate) async fn check_byte_quotas(
+        &self,
+        caller: Option<&Identity>,
+        rt: &ResourceType,
+        namespace: &str,
+        new_bytes: usize,
+        old_bytes: usize,
+    ) -> Result<(), ApiError> {
+        let Some(identity) = caller else {
+            return Ok(());
+        };
+        if new_bytes <= old_bytes || !rt.namespaced {
+            return Ok(());
+        }
+        let limits = &self.options.limits;
+        let retry = event_sweep_interval(limits.event_ttl).as_secs();
+        let growth = (new_bytes - old_bytes) as u64;
+        match identity.role() {
+            Role::Agent { cluster_id } if agent_namespace(&cluster_id) == namespace => {
+                let held = self
+                    .store
+                    .usage(namespace, None)
+                    .await
+                    .map_err(|e| ApiError::from_store(e, rt, ""))?
+                    .bytes;
+                let quota = limits.max_bytes_per_agent_namespace;
+                if held.saturating_add(growth) > quota {
+                    tracing::warn!(user = %identity.user, %namespace, held, growth, quota, "agent namespace byte quota reached: write refused");
+                    return Err(too_many_requests(
+                        format!(
+                            "exceeded quota: namespace {namespace} holds {held} bytes of objects; \
+                             {growth} more would pass the limit for an agent's namespace \
+                             (api.limits.maxBytesPerAgentNamespace) of {quota} bytes"
+                        ),
+                        retry,
+                    ));
+                }
+            }
+            Role::Task { name: task, .. } if is_event(rt) => {
+                let all = self
+                    .store
+                    .list_encoded(
+                        &rt.store_resource(),
+                        &ListOptions {
+                            namespace: Some(namespace.to_string()),
+                            ..ListOptions::default()
+                        },
+                    )
+                    .await
+                    .map_err(|e| ApiError::from_store(e, rt, ""))?;
+                let held: u64 = all
+                    .items
+                    .iter()
+                    .filter(|e| about_task(&e.object, &task))
+                    .map(|e| e.json.len() as u64)
+                    .sum();
+                let quota = limits.max_event_bytes_per_task;
+                if held.saturating_add(growth) > quota {
+                    return Err(too_many_requests(
+                        format!(
+                            "exceeded quota: the Events about task {namespace}/{task} hold {held} \
+                             bytes; {growth} more would pass the limit \
+                             (api.limits.maxEventBytesPerTask) of {quota} bytes"
+                        ),
+                        retry,
+                    ));
+                }
+            }
+            _ => {}
+        }
+        Ok(())
+    }
+
     /// Object-count quotas for a create by an agent or a task token (see the module
     /// documentation); 429 with `Retry-After` when one is full.
     pub(crate) async fn check_quotas(
@@ -326,11 +592,6 @@ impl Inner {
             ));
         }
         if let Role::Task { name: task, .. } = &role {
-            let involved = |o: &Value, key: &str| {
-                o.pointer(&format!("/involvedObject/{key}"))
-                    .and_then(Value::as_str)
-                    .map(str::to_string)
-            };
             let all = self
                 .store
                 .list(
@@ -345,10 +606,7 @@ impl Inner {
             let mine = all
                 .items
                 .iter()
-                .filter(|o| {
-                    involved(o, "kind").as_deref() == Some("Task")
-                        && involved(o, "name").as_deref() == Some(task.as_str())
-                })
+                .filter(|o| about_task(o, task))
                 .count();
             if mine >= limits.max_events_per_task {
                 return Err(too_many_requests(
@@ -394,18 +652,61 @@ mod tests {
         };
         let events = ResourceType::event();
         let ok = json!({"metadata": {"name": "e"}, "message": "short"});
-        assert!(admit_event_size(&limits, &events, &ok).is_ok());
+        assert!(admit_object_size(&limits, &events, &ok).is_ok());
         let long = json!({"metadata": {"name": "e"}, "message": "x".repeat(11)});
-        let error = admit_event_size(&limits, &events, &long).expect_err("message too long");
+        let error = admit_object_size(&limits, &events, &long).expect_err("message too long");
         assert_eq!((error.code, error.reason), (422, "Invalid"));
         assert_eq!(error.causes[0].field, "message");
         assert!(error.message.contains("10 bytes"), "{}", error.message);
         let big = json!({"metadata": {"name": "e"}, "reason": "y".repeat(300)});
-        let error = admit_event_size(&limits, &events, &big).expect_err("object too large");
+        let error = admit_object_size(&limits, &events, &big).expect_err("object too large");
         assert_eq!((error.code, error.reason), (413, "RequestEntityTooLarge"));
         assert!(error.message.contains("200 bytes"), "{}", error.message);
         // Other kinds are not this check's business.
-        assert!(admit_event_size(&limits, &ResourceType::lease(), &big).is_ok());
+        assert!(admit_object_size(&limits, &ResourceType::lease(), &big).is_ok());
+    }
+
+    /// Issue 38, finding 2: "150 Tasks with a 2.9 MB env value each": the environment, the
+    /// spec, the status and the whole object are limited per kind, with the field and the
+    /// limit named.
+    #[test]
+    fn object_sizes_are_limited_with_the_field_and_limit_named() {
+        let limits = Limits::default();
+        let tasks = ResourceType::lease();
+        let task = |env: usize, input: usize| {
+            json!({"metadata": {"name": "t"}, "spec": {
+                "raw": {"entrypoint": ["true"], "environment": [{"name": "BIG", "value": "e".repeat(env)}]},
+                "docker": {"containers": [{"name": "c", "environment": [{"name": "X", "value": "x".repeat(env / 2)}]}]},
+                "input": "i".repeat(input),
+            }})
+        };
+        let size = admit_object_size(&limits, &tasks, &task(1000, 1000)).expect("small");
+        assert_eq!(size, json_len(&task(1000, 1000)));
+        assert_eq!(size, serde_json::to_vec(&task(1000, 1000)).unwrap().len());
+        // 2.9 MB of environment: the largest list is named, and the limit.
+        let error = admit_object_size(&limits, &tasks, &task(2_900_000, 0)).expect_err("env");
+        assert_eq!((error.code, error.reason), (413, "RequestEntityTooLarge"));
+        assert!(error.message.contains("spec.raw.environment"), "{}", error.message);
+        assert!(error.message.contains("maxEnvBytes"), "{}", error.message);
+        assert!(error.message.contains("262144 bytes"), "{}", error.message);
+        // Two lists under the limit each, over it together.
+        let error = admit_object_size(&limits, &tasks, &task(180_000, 0)).expect_err("env total");
+        assert!(error.message.contains("maxEnvBytes"), "{}", error.message);
+        let docker_path = "spec.docker.containers[0].environment";
+        let mut lists = Vec::new();
+        env_lists(&task(10, 0)["spec"], "spec", &mut lists);
+        assert!(lists.iter().any(|(path, _)| path == docker_path), "{lists:?}");
+        // The whole spec.
+        let error = admit_object_size(&limits, &tasks, &task(10, 1_100_000)).expect_err("spec");
+        assert!(error.message.contains("maxSpecBytes"), "{}", error.message);
+        // Status.
+        let status = json!({"metadata": {"name": "n"}, "status": {"pad": "s".repeat(600_000)}});
+        let error = admit_object_size(&limits, &tasks, &status).expect_err("status");
+        assert!(error.message.contains("maxStatusBytes"), "{}", error.message);
+        // The whole object (annotations are neither spec nor status).
+        let annotated = json!({"metadata": {"name": "n", "annotations": {"a": "a".repeat(1_600_000)}}});
+        let error = admit_object_size(&limits, &tasks, &annotated).expect_err("object");
+        assert!(error.message.contains("maxObjectBytes"), "{}", error.message);
     }
 
     #[test]

@@ -889,6 +889,14 @@ pub struct ServerOverrides {
 ///     maxEventsPerNamespace: 5000
 ///     maxEventsPerTask: 100
 ///     maxObjectsPerAgentNamespace: 10000
+///     maxObjectBytes: 1572864
+///     maxSpecBytes: 1048576
+///     maxEnvBytes: 262144
+///     maxStatusBytes: 524288
+///     maxBytesPerAgentNamespace: 134217728
+///     maxEventBytesPerTask: 524288
+///     maxReportBytesPerTask: 4194304
+///     maxReportBytesPerNamespace: 67108864
 /// store:
 ///   logCapacity: 50000
 ///   logCapacityBytes: 67108864
@@ -1038,6 +1046,22 @@ pub struct LimitsConfigFile {
     pub max_events_per_task: Option<usize>,
     /// `maxObjectsPerAgentNamespace` (default 10000).
     pub max_objects_per_agent_namespace: Option<usize>,
+    /// `maxObjectBytes` (default 1572864 = 1.5 MiB, at least 65536).
+    pub max_object_bytes: Option<usize>,
+    /// `maxSpecBytes` (default 1048576 = 1 MiB, at least 65536).
+    pub max_spec_bytes: Option<usize>,
+    /// `maxEnvBytes` (default 262144 = 256 KiB).
+    pub max_env_bytes: Option<usize>,
+    /// `maxStatusBytes` (default 524288 = 512 KiB, at least 65536).
+    pub max_status_bytes: Option<usize>,
+    /// `maxBytesPerAgentNamespace` (default 134217728 = 128 MiB).
+    pub max_bytes_per_agent_namespace: Option<u64>,
+    /// `maxEventBytesPerTask` (default 524288 = 512 KiB).
+    pub max_event_bytes_per_task: Option<u64>,
+    /// `maxReportBytesPerTask` (default 4194304 = 4 MiB).
+    pub max_report_bytes_per_task: Option<u64>,
+    /// `maxReportBytesPerNamespace` (default 67108864 = 64 MiB).
+    pub max_report_bytes_per_namespace: Option<u64>,
 }
 
 impl LimitsConfigFile {
@@ -1053,6 +1077,14 @@ impl LimitsConfigFile {
             max_events_per_namespace,
             max_events_per_task,
             max_objects_per_agent_namespace,
+            max_object_bytes,
+            max_spec_bytes,
+            max_env_bytes,
+            max_status_bytes,
+            max_bytes_per_agent_namespace,
+            max_event_bytes_per_task,
+            max_report_bytes_per_task,
+            max_report_bytes_per_namespace,
         } = self;
         if let Some(v) = max_event_message_bytes {
             limits.max_event_message_bytes = v;
@@ -1083,6 +1115,30 @@ impl LimitsConfigFile {
         }
         if let Some(v) = max_objects_per_agent_namespace {
             limits.max_objects_per_agent_namespace = v;
+        }
+        if let Some(v) = max_object_bytes {
+            limits.max_object_bytes = v;
+        }
+        if let Some(v) = max_spec_bytes {
+            limits.max_spec_bytes = v;
+        }
+        if let Some(v) = max_env_bytes {
+            limits.max_env_bytes = v;
+        }
+        if let Some(v) = max_status_bytes {
+            limits.max_status_bytes = v;
+        }
+        if let Some(v) = max_bytes_per_agent_namespace {
+            limits.max_bytes_per_agent_namespace = v;
+        }
+        if let Some(v) = max_event_bytes_per_task {
+            limits.max_event_bytes_per_task = v;
+        }
+        if let Some(v) = max_report_bytes_per_task {
+            limits.max_report_bytes_per_task = v;
+        }
+        if let Some(v) = max_report_bytes_per_namespace {
+            limits.max_report_bytes_per_namespace = v;
         }
     }
 }

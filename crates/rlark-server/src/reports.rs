@@ -19,7 +19,11 @@
 //! 1..=63 characters; anything else is a 400 naming the problem. The Task must exist (404).
 //!
 //! **Retention**: at most [`MAX_REPORTS_PER_TASK`] reports per task name; storing one deletes
-//! the oldest beyond that. Reports go with their Task: [`collect_deleted_task_reports`]
+//! the oldest beyond that. **Quotas** (issue 38; `api.limits`, checked before a report is
+//! stored, 429 naming the quota): the reports of one Task at most `maxReportBytesPerTask`
+//! bytes of JSON, of one namespace at most `maxReportBytesPerNamespace`, and an agent's
+//! `rlark-<id>` namespace, reports included, at most `maxBytesPerAgentNamespace` for the
+//! agent to post. Reports go with their Task: [`collect_deleted_task_reports`]
 //! (run in the background of every server process) follows the Tasks in the store and,
 //! when one is deleted, deletes the reports of that name whose `taskUID` is not the UID
 //! of a Task that exists now (so a Task re-created under the same name keeps only its own
@@ -412,6 +416,79 @@ async fn relist(
     Ok(next)
 }
 
+/// What a stored report adds to its body: its name, the Task's name and UID, the sequence
+/// number and the time (an estimate: the quotas need no precision to the byte).
+const REPORT_OVERHEAD: u64 = 256;
+
+/// The byte quotas of a report of `body_bytes` about to be stored for `namespace/task` (see
+/// the module docs): 429 naming the quota that is full.
+async fn check_quotas(
+    state: &ReportsState,
+    identity: Option<&Identity>,
+    namespace: &str,
+    task: &str,
+    body_bytes: usize,
+) -> Result<(), ApiError> {
+    let limits = state.rate_limiter.limits();
+    let store = state.store.as_ref();
+    let growth = body_bytes as u64 + REPORT_OVERHEAD;
+    let full = |message: String| {
+        tracing::warn!(namespace, task, user = identity.map_or("", |i| i.user.as_str()), %message, "task report refused");
+        rlark_apiserver::limits::too_many_requests(message, QUOTA_RETRY_SECONDS)
+    };
+    let in_namespace = store
+        .usage(namespace, Some(TASK_REPORTS))
+        .await
+        .map_err(|e| store_error(&e))?
+        .bytes;
+    let quota = limits.max_report_bytes_per_namespace;
+    if in_namespace.saturating_add(growth) > quota {
+        return Err(full(format!(
+            "exceeded quota: the task reports of namespace {namespace} hold {in_namespace} bytes; \
+             {growth} more would pass the limit (api.limits.maxReportBytesPerNamespace) of {quota} bytes"
+        )));
+    }
+    // A Task holds at most what its namespace holds: only count when that could be over.
+    let quota = limits.max_report_bytes_per_task;
+    if in_namespace.saturating_add(growth) > quota {
+        let (reports, _) = list_task_reports(store, namespace, task)
+            .await
+            .map_err(|e| store_error(&e))?;
+        let held: u64 = reports
+            .iter()
+            .map(|r| rlark_apiserver::limits::json_len(r) as u64)
+            .sum();
+        if held.saturating_add(growth) > quota {
+            return Err(full(format!(
+                "exceeded quota: the reports of task {namespace}/{task} hold {held} bytes; \
+                 {growth} more would pass the limit (api.limits.maxReportBytesPerTask) of {quota} bytes"
+            )));
+        }
+    }
+    if let Some(Role::Agent { cluster_id }) = identity.map(Identity::role)
+        && auth::agent_namespace(&cluster_id) == namespace
+    {
+        let held = store
+            .usage(namespace, None)
+            .await
+            .map_err(|e| store_error(&e))?
+            .bytes;
+        let quota = limits.max_bytes_per_agent_namespace;
+        if held.saturating_add(growth) > quota {
+            return Err(full(format!(
+                "exceeded quota: namespace {namespace} holds {held} bytes of objects; {growth} more \
+                 would pass the limit for an agent's namespace (api.limits.maxBytesPerAgentNamespace) \
+                 of {quota} bytes"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `Retry-After` of a full report quota: room comes back when Tasks (and their reports)
+/// are deleted, which no client can predict.
+const QUOTA_RETRY_SECONDS: u64 = 60;
+
 async fn post_report(
     State(state): State<ReportsState>,
     Path((namespace, name)): Path<(String, String)>,
@@ -420,7 +497,8 @@ async fn post_report(
     if let Some(e) = denied(&state.security, &request, &namespace, &name, "create") {
         return e;
     }
-    if let Some(identity) = request.extensions().get::<Identity>()
+    let identity = request.extensions().get::<Identity>().cloned();
+    if let Some(identity) = &identity
         && let Err(e) = state.rate_limiter.check(identity)
     {
         return e.into_response();
@@ -457,6 +535,9 @@ async fn post_report(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
+    if let Err(e) = check_quotas(&state, identity.as_ref(), &namespace, &name, bytes.len()).await {
+        return e.into_response();
+    }
     let appended = append(
         state.store.as_ref(),
         &state.next_seq,
