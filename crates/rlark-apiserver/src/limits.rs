@@ -158,10 +158,16 @@ impl Limits {
         }
         positive("maxEnvBytes", self.max_env_bytes)?;
         for (field, value) in [
-            ("maxBytesPerAgentNamespace", self.max_bytes_per_agent_namespace),
+            (
+                "maxBytesPerAgentNamespace",
+                self.max_bytes_per_agent_namespace,
+            ),
             ("maxEventBytesPerTask", self.max_event_bytes_per_task),
             ("maxReportBytesPerTask", self.max_report_bytes_per_task),
-            ("maxReportBytesPerNamespace", self.max_report_bytes_per_namespace),
+            (
+                "maxReportBytesPerNamespace",
+                self.max_report_bytes_per_namespace,
+            ),
         ] {
             if value < MIN_OBJECT as u64 {
                 return Err((field, format!("must be at least {MIN_OBJECT}, got {value}")));
@@ -603,11 +609,7 @@ impl Inner {
                 )
                 .await
                 .map_err(|e| ApiError::from_store(e, rt, ""))?;
-            let mine = all
-                .items
-                .iter()
-                .filter(|o| about_task(o, task))
-                .count();
+            let mine = all.items.iter().filter(|o| about_task(o, task)).count();
             if mine >= limits.max_events_per_task {
                 return Err(too_many_requests(
                     format!(
@@ -686,7 +688,11 @@ mod tests {
         // 2.9 MB of environment: the largest list is named, and the limit.
         let error = admit_object_size(&limits, &tasks, &task(2_900_000, 0)).expect_err("env");
         assert_eq!((error.code, error.reason), (413, "RequestEntityTooLarge"));
-        assert!(error.message.contains("spec.raw.environment"), "{}", error.message);
+        assert!(
+            error.message.contains("spec.raw.environment"),
+            "{}",
+            error.message
+        );
         assert!(error.message.contains("maxEnvBytes"), "{}", error.message);
         assert!(error.message.contains("262144 bytes"), "{}", error.message);
         // Two lists under the limit each, over it together.
@@ -695,18 +701,30 @@ mod tests {
         let docker_path = "spec.docker.containers[0].environment";
         let mut lists = Vec::new();
         env_lists(&task(10, 0)["spec"], "spec", &mut lists);
-        assert!(lists.iter().any(|(path, _)| path == docker_path), "{lists:?}");
+        assert!(
+            lists.iter().any(|(path, _)| path == docker_path),
+            "{lists:?}"
+        );
         // The whole spec.
         let error = admit_object_size(&limits, &tasks, &task(10, 1_100_000)).expect_err("spec");
         assert!(error.message.contains("maxSpecBytes"), "{}", error.message);
         // Status.
         let status = json!({"metadata": {"name": "n"}, "status": {"pad": "s".repeat(600_000)}});
         let error = admit_object_size(&limits, &tasks, &status).expect_err("status");
-        assert!(error.message.contains("maxStatusBytes"), "{}", error.message);
+        assert!(
+            error.message.contains("maxStatusBytes"),
+            "{}",
+            error.message
+        );
         // The whole object (annotations are neither spec nor status).
-        let annotated = json!({"metadata": {"name": "n", "annotations": {"a": "a".repeat(1_600_000)}}});
+        let annotated =
+            json!({"metadata": {"name": "n", "annotations": {"a": "a".repeat(1_600_000)}}});
         let error = admit_object_size(&limits, &tasks, &annotated).expect_err("object");
-        assert!(error.message.contains("maxObjectBytes"), "{}", error.message);
+        assert!(
+            error.message.contains("maxObjectBytes"),
+            "{}",
+            error.message
+        );
     }
 
     #[test]

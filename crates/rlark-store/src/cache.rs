@@ -112,10 +112,12 @@ impl Cache {
         };
         match resource {
             Some(resource) => by_resource.get(resource).copied().unwrap_or_default(),
-            None => by_resource.values().fold(Usage::default(), |total, u| Usage {
-                objects: total.objects + u.objects,
-                bytes: total.bytes.saturating_add(u.bytes),
-            }),
+            None => by_resource
+                .values()
+                .fold(Usage::default(), |total, u| Usage {
+                    objects: total.objects + u.objects,
+                    bytes: total.bytes.saturating_add(u.bytes),
+                }),
         }
     }
 

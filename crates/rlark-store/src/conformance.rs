@@ -291,18 +291,38 @@ pub async fn usage_follows_every_write<S: Store>(store: S) {
     let w2 = key(WIDGETS, "a", "w2");
     let g1 = key(GADGETS, "a", "g1");
     let other = key(WIDGETS, "b", "w1");
-    let w1_v1 = must(CHECK, store.create(&w1, object(&w1, json!({"pad": "x".repeat(1000)})))).await;
+    let w1_v1 = must(
+        CHECK,
+        store.create(&w1, object(&w1, json!({"pad": "x".repeat(1000)}))),
+    )
+    .await;
     let w2_v1 = must(CHECK, store.create(&w2, object(&w2, json!({})))).await;
     let g1_v1 = must(CHECK, store.create(&g1, object(&g1, json!({})))).await;
-    must(CHECK, store.create(&other, object(&other, json!({"pad": "y".repeat(5000)})))).await;
+    must(
+        CHECK,
+        store.create(&other, object(&other, json!({"pad": "y".repeat(5000)}))),
+    )
+    .await;
     let widgets = usage("a", Some(WIDGETS)).await;
     assert_eq!(widgets.objects, 2, "{CHECK}: widgets in a");
-    assert_eq!(widgets.bytes, json_len(&w1_v1) + json_len(&w2_v1), "{CHECK}: widget bytes in a");
+    assert_eq!(
+        widgets.bytes,
+        json_len(&w1_v1) + json_len(&w2_v1),
+        "{CHECK}: widget bytes in a"
+    );
     let all = usage("a", None).await;
     assert_eq!(all.objects, 3, "{CHECK}: objects in a");
-    assert_eq!(all.bytes, widgets.bytes + json_len(&g1_v1), "{CHECK}: bytes in a");
+    assert_eq!(
+        all.bytes,
+        widgets.bytes + json_len(&g1_v1),
+        "{CHECK}: bytes in a"
+    );
     // An update that shrinks w1 counts its new size only.
-    let w1_v2 = must(CHECK, store.update(&w1, object(&w1, json!({"pad": "x"})), None)).await;
+    let w1_v2 = must(
+        CHECK,
+        store.update(&w1, object(&w1, json!({"pad": "x"})), None),
+    )
+    .await;
     assert_eq!(
         usage("a", Some(WIDGETS)).await.bytes,
         json_len(&w1_v2) + json_len(&w2_v1),
@@ -312,10 +332,17 @@ pub async fn usage_follows_every_write<S: Store>(store: S) {
     must(CHECK, store.delete(&g1, None)).await;
     assert_eq!(
         usage("a", None).await,
-        crate::Usage { objects: 1, bytes: json_len(&w1_v2) },
+        crate::Usage {
+            objects: 1,
+            bytes: json_len(&w1_v2)
+        },
         "{CHECK}: after the deletes"
     );
-    assert_eq!(usage("b", None).await.objects, 1, "{CHECK}: other namespace untouched");
+    assert_eq!(
+        usage("b", None).await.objects,
+        1,
+        "{CHECK}: other namespace untouched"
+    );
     assert_eq!(usage("c", Some(WIDGETS)).await, crate::Usage::default());
 }
 

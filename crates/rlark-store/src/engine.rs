@@ -305,11 +305,7 @@ impl<B: Backend> CachedStore<B> {
         let fanout = Arc::new(Fanout::new(watch_budget(&config)));
         let object_count = cache.len();
         let shared = Arc::new(Shared {
-            state: RwLock::new(State {
-                cache,
-                log,
-                fanout,
-            }),
+            state: RwLock::new(State { cache, log, fanout }),
             watches_cut_before: AtomicU64::new(0),
             revision: AtomicU64::new(revision),
             compacted: Arc::new(AtomicU64::new(floor)),

@@ -275,8 +275,8 @@ impl Watch {
 mod tests {
     use super::*;
     use crate::EventType;
-    use futures::StreamExt as _;
     use futures::FutureExt as _;
+    use futures::StreamExt as _;
     use serde_json::json;
 
     fn event(name: &str, revision: Revision, pad: usize) -> Arc<WatchEvent> {
@@ -319,7 +319,10 @@ mod tests {
             assert_eq!(got.revision, revision);
         }
         assert!(stream.next().now_or_never().is_none(), "nothing more yet");
-        assert!(other.next().now_or_never().is_none(), "other resources see nothing");
+        assert!(
+            other.next().now_or_never().is_none(),
+            "other resources see nothing"
+        );
         assert_eq!(fanout.cut_count(), 0);
     }
 
@@ -351,7 +354,10 @@ mod tests {
             }
             other => panic!("expected Expired, got {other:?}"),
         }
-        assert!(stalled.next().await.is_none(), "the stream ends after Expired");
+        assert!(
+            stalled.next().await.is_none(),
+            "the stream ends after Expired"
+        );
         // The reader goes on.
         fanout.publish(&event("a", 4, 10));
         assert_eq!(reader.next().await.unwrap().unwrap().revision, 4);

@@ -122,7 +122,13 @@ async fn metric(admin: &kube::Client, name: &str) -> Result<u64> {
 
 /// A raw Task of the agent's namespace with `input` padded to `input_pad` bytes and one
 /// environment variable `BIG` of `env_bytes` bytes.
-fn task(namespace: &str, name: &str, generation: usize, input_pad: usize, env_bytes: usize) -> Value {
+fn task(
+    namespace: &str,
+    name: &str,
+    generation: usize,
+    input_pad: usize,
+    env_bytes: usize,
+) -> Value {
     let mut raw = json!({"entrypoint": ["true"]});
     if env_bytes > 0 {
         raw["environment"] = json!([{"name": "BIG", "value": "e".repeat(env_bytes)}]);
@@ -396,8 +402,19 @@ async fn report_flood_is_capped_per_namespace() -> Result<()> {
         let namespace = "rlark-a";
         let path = tasks_path(namespace);
         for i in 0..4 {
-            let resp = call(&agent, "POST", &path, Some(&task(namespace, &format!("r{i}"), i, 0, 0))).await?;
-            ensure!(resp.code == 201, "create Task r{i}: {} {}", resp.code, resp.brief());
+            let resp = call(
+                &agent,
+                "POST",
+                &path,
+                Some(&task(namespace, &format!("r{i}"), i, 0, 0)),
+            )
+            .await?;
+            ensure!(
+                resp.code == 201,
+                "create Task r{i}: {} {}",
+                resp.code,
+                resp.brief()
+            );
         }
         // 15 kB reports round-robin over the Tasks: each Task stays far below its own cap
         // (1000 reports); the namespace must not.
@@ -415,7 +432,10 @@ async fn report_flood_is_capped_per_namespace() -> Result<()> {
             }
         }
         let Some(refused) = refused else {
-            bail!("400 reports of 15 kB ({} MiB) were all accepted in one namespace", 400 * 15_000 / MIB);
+            bail!(
+                "400 reports of 15 kB ({} MiB) were all accepted in one namespace",
+                400 * 15_000 / MIB
+            );
         };
         ensure!(
             refused.code == 429 && refused.message().contains("maxReportBytesPerNamespace"),
