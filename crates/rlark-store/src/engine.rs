@@ -1038,21 +1038,18 @@ impl<B: Backend> Store for CachedStore<B> {
         };
         // Backlog and subscription under the lock the writer publishes under: every event is
         // either in the backlog or arrives through the fan-out, never both, never neither.
-        let stream = {
-            let state = shared.read();
-            let oldest = shared.compacted.load(Ordering::Acquire);
-            if from < oldest {
-                return Err(StoreError::Expired {
-                    requested: from,
-                    oldest,
-                });
-            }
-            let backlog = state.log.backlog(&filter);
-            state
-                .fanout
-                .subscribe(backlog, filter, Arc::clone(&shared.compacted))
-        };
-        stream
+        let state = shared.read();
+        let oldest = shared.compacted.load(Ordering::Acquire);
+        if from < oldest {
+            return Err(StoreError::Expired {
+                requested: from,
+                oldest,
+            });
+        }
+        let backlog = state.log.backlog(&filter);
+        state
+            .fanout
+            .subscribe(backlog, filter, Arc::clone(&shared.compacted))
     }
 
     async fn usage(&self, namespace: &str, resource: Option<&str>) -> Result<Usage, StoreError> {
