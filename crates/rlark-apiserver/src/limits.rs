@@ -225,27 +225,59 @@ pub fn json_len(value: &Value) -> usize {
     }
 }
 
+/// One step of a path into an object.
+#[derive(Clone, Copy)]
+enum Step<'a> {
+    Key(&'a str),
+    Index(usize),
+}
+
+fn path_text(root: &str, steps: &[Step<'_>]) -> String {
+    let mut text = root.to_string();
+    for step in steps {
+        match step {
+            Step::Key(key) => {
+                text.push('.');
+                text.push_str(key);
+            }
+            Step::Index(i) => text.push_str(&format!("[{i}]")),
+        }
+    }
+    text
+}
+
 /// The environment-variable lists in `value` (every `env` or `environment` array), each with
-/// its path under `path` and its size as JSON.
-fn env_lists(value: &Value, path: &str, found: &mut Vec<(String, usize)>) {
-    match value {
-        Value::Object(map) => {
-            for (key, item) in map {
-                let here = format!("{path}.{key}");
-                if matches!(key.as_str(), "env" | "environment") && item.is_array() {
-                    found.push((here, json_len(item)));
-                } else {
-                    env_lists(item, &here, found);
+/// its path under `root` and its size as JSON. Paths are only spelled out for the lists found.
+fn env_lists(value: &Value, root: &str, found: &mut Vec<(String, usize)>) {
+    fn walk<'a>(
+        value: &'a Value,
+        root: &str,
+        steps: &mut Vec<Step<'a>>,
+        found: &mut Vec<(String, usize)>,
+    ) {
+        match value {
+            Value::Object(map) => {
+                for (key, item) in map {
+                    steps.push(Step::Key(key));
+                    if matches!(key.as_str(), "env" | "environment") && item.is_array() {
+                        found.push((path_text(root, steps), json_len(item)));
+                    } else {
+                        walk(item, root, steps, found);
+                    }
+                    steps.pop();
                 }
             }
-        }
-        Value::Array(items) => {
-            for (i, item) in items.iter().enumerate() {
-                env_lists(item, &format!("{path}[{i}]"), found);
+            Value::Array(items) => {
+                for (i, item) in items.iter().enumerate() {
+                    steps.push(Step::Index(i));
+                    walk(item, root, steps, found);
+                    steps.pop();
+                }
             }
+            _ => {}
         }
-        _ => {}
     }
+    walk(value, root, &mut Vec::new(), found);
 }
 
 /// 413 `RequestEntityTooLarge` about object `name` of `rt`.

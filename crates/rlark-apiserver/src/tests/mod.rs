@@ -4,6 +4,7 @@
 mod agent_identity;
 mod authz;
 mod bad_input;
+mod byte_quotas;
 mod collection;
 mod crud;
 mod list_cache;
