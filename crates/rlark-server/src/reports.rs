@@ -52,7 +52,7 @@ use http::{StatusCode, header};
 use rlark_apiserver::audit::AuditEntry;
 use rlark_apiserver::auth::{self, Identity, Role};
 use rlark_apiserver::error::ApiError;
-use rlark_apiserver::limits::RateLimiter;
+use rlark_apiserver::limits::{Limits, RateLimiter};
 use rlark_store::{EventType, ListOptions, ObjectKey, Revision, Store, StoreError};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
@@ -423,14 +423,13 @@ const REPORT_OVERHEAD: u64 = 256;
 /// The byte quotas of a report of `body_bytes` about to be stored for `namespace/task` (see
 /// the module docs): 429 naming the quota that is full.
 async fn check_quotas(
-    state: &ReportsState,
+    store: &dyn Store,
+    limits: &Limits,
     identity: Option<&Identity>,
     namespace: &str,
     task: &str,
     body_bytes: usize,
 ) -> Result<(), ApiError> {
-    let limits = state.rate_limiter.limits();
-    let store = state.store.as_ref();
     let growth = body_bytes as u64 + REPORT_OVERHEAD;
     let full = |message: String| {
         tracing::warn!(namespace, task, user = identity.map_or("", |i| i.user.as_str()), %message, "task report refused");
@@ -535,7 +534,15 @@ async fn post_report(
         .and_then(Value::as_str)
         .unwrap_or_default()
         .to_string();
-    if let Err(e) = check_quotas(&state, identity.as_ref(), &namespace, &name, bytes.len()).await {
+    let quotas = check_quotas(
+        state.store.as_ref(),
+        state.rate_limiter.limits(),
+        identity.as_ref(),
+        &namespace,
+        &name,
+        bytes.len(),
+    );
+    if let Err(e) = quotas.await {
         return e.into_response();
     }
     let appended = append(
@@ -979,6 +986,89 @@ mod tests {
         let (items, _) = list_task_reports(store.as_ref(), "ns", "t").await.unwrap();
         let listed: Vec<u64> = items.iter().filter_map(|i| seq_of_object("t", i)).collect();
         assert_eq!(listed, vec![8, 9, 10]);
+    }
+
+    /// Issue 38, finding 2: "reports are capped per task, not per namespace". Reports are
+    /// refused (429 naming the quota) once their Task's or their namespace's reports hold
+    /// their quota of bytes, and an agent's once its namespace holds its quota.
+    #[tokio::test]
+    async fn report_quotas_per_task_per_namespace_and_per_agent_namespace() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = test_store(dir.path()).await;
+        let limits = Limits {
+            max_report_bytes_per_task: 100_000,
+            max_report_bytes_per_namespace: 250_000,
+            max_bytes_per_agent_namespace: 400_000,
+            ..Limits::default()
+        };
+        let big = |t: &str| {
+            let mut report = report(t);
+            report.insert("pad".into(), json!("r".repeat(15_000)));
+            report
+        };
+        let check = |ns: &'static str, task: &'static str, identity: Option<Identity>| {
+            let store = Arc::clone(&store);
+            let limits = limits.clone();
+            async move {
+                check_quotas(store.as_ref(), &limits, identity.as_ref(), ns, task, 15_030).await
+            }
+        };
+        let hints = Hints::default();
+        // Task t: six 15 kB reports fit in 100 kB, the seventh does not.
+        for _ in 0..6 {
+            check("ns", "t", None)
+                .await
+                .expect("within the task's quota");
+            append(store.as_ref(), &hints, 1000, "ns", "t", "u", big("m"))
+                .await
+                .unwrap();
+        }
+        let error = check("ns", "t", None).await.expect_err("task quota");
+        assert_eq!(error.code, 429);
+        assert!(
+            error.message.contains("maxReportBytesPerTask"),
+            "{}",
+            error.message
+        );
+        // Other Tasks of the namespace fill it up to its own quota.
+        for task in ["u", "v", "w", "y"] {
+            for _ in 0..3 {
+                if check("ns", task, None).await.is_err() {
+                    break;
+                }
+                append(store.as_ref(), &hints, 1000, "ns", task, "u", big("m"))
+                    .await
+                    .unwrap();
+            }
+        }
+        let error = check("ns", "x", None).await.expect_err("namespace quota");
+        assert_eq!(error.code, 429);
+        assert!(
+            error.message.contains("maxReportBytesPerNamespace"),
+            "{}",
+            error.message
+        );
+        // Another namespace is not affected.
+        check("other", "t", None).await.expect("another namespace");
+        // An agent's namespace counts every object there, not only reports.
+        store
+            .create(
+                &ObjectKey::new("leases.coordination.k8s.io", "rlark-a", "big"),
+                json!({"metadata": {"name": "big", "namespace": "rlark-a"}, "pad": "l".repeat(390_000)}),
+            )
+            .await
+            .unwrap();
+        let agent = Identity::agent("a");
+        let error = check("rlark-a", "t", Some(agent))
+            .await
+            .expect_err("agent namespace quota");
+        assert!(
+            error.message.contains("maxBytesPerAgentNamespace"),
+            "{}",
+            error.message
+        );
+        // An admin posting there is held to the report quotas only.
+        check("rlark-a", "t", None).await.expect("admin");
     }
 
     async fn put_task(store: &dyn Store, name: &str, uid: &str) {
