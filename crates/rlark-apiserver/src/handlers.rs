@@ -265,11 +265,7 @@ async fn handle(
                     selectors,
                     query,
                     output,
-                    user: parts
-                        .extensions
-                        .get::<Identity>()
-                        .map(|identity| identity.user.clone())
-                        .unwrap_or_default(),
+                    identity: parts.extensions.get::<Identity>().cloned(),
                 })
                 .await
         }

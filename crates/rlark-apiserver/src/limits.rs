@@ -33,7 +33,7 @@
 //! (see `eventgc.rs`).
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rlark_store::ListOptions;
@@ -99,6 +99,10 @@ pub struct Limits {
     /// Bytes of JSON of the task reports one namespace may hold for another to be posted
     /// (default 64 MiB).
     pub max_report_bytes_per_namespace: u64,
+    /// Watches one agent or task token may hold open at once (default 100): with the
+    /// store's per-watch budget (`store.watchBufferBytes`) this bounds what the watches of
+    /// one identity that stops reading can hold.
+    pub max_watches_per_identity: usize,
 }
 
 impl Default for Limits {
@@ -122,6 +126,7 @@ impl Default for Limits {
             max_event_bytes_per_task: 512 * 1024,
             max_report_bytes_per_task: 4 * 1024 * 1024,
             max_report_bytes_per_namespace: 64 * 1024 * 1024,
+            max_watches_per_identity: 100,
         }
     }
 }
@@ -157,6 +162,7 @@ impl Limits {
             }
         }
         positive("maxEnvBytes", self.max_env_bytes)?;
+        positive("maxWatchesPerIdentity", self.max_watches_per_identity)?;
         for (field, value) in [
             (
                 "maxBytesPerAgentNamespace",
@@ -415,6 +421,9 @@ struct Bucket {
     updated: Instant,
 }
 
+/// `Retry-After` of a refused watch: one is free as soon as another ends.
+const WATCH_RETRY_SECONDS: u64 = 5;
+
 /// Buckets kept before idle (full) ones are dropped.
 const MAX_BUCKETS: usize = 4096;
 
@@ -424,6 +433,30 @@ const MAX_BUCKETS: usize = 4096;
 pub struct RateLimiter {
     limits: Limits,
     buckets: Mutex<HashMap<String, Bucket>>,
+    /// Open watches per agent or task identity ([`Limits::max_watches_per_identity`]).
+    watches: Arc<Mutex<HashMap<String, usize>>>,
+}
+
+/// One open watch of an identity, counted until dropped.
+#[derive(Debug)]
+pub(crate) struct WatchSlot {
+    watches: Arc<Mutex<HashMap<String, usize>>>,
+    user: String,
+}
+
+impl Drop for WatchSlot {
+    fn drop(&mut self) {
+        let mut watches = self
+            .watches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(open) = watches.get_mut(&self.user) {
+            *open = open.saturating_sub(1);
+            if *open == 0 {
+                watches.remove(&self.user);
+            }
+        }
+    }
 }
 
 impl RateLimiter {
@@ -431,7 +464,39 @@ impl RateLimiter {
         Self {
             limits,
             buckets: Mutex::new(HashMap::new()),
+            watches: Arc::default(),
         }
+    }
+
+    /// Count a watch `identity` opens: `None` for identities that are not limited (admins,
+    /// viewers, replicas), a slot to hold while the watch is open otherwise, or 429 when
+    /// the identity holds [`Limits::max_watches_per_identity`] already.
+    pub(crate) fn open_watch(&self, identity: &Identity) -> Result<Option<WatchSlot>, ApiError> {
+        if !matches!(identity.role(), Role::Agent { .. } | Role::Task { .. }) {
+            return Ok(None);
+        }
+        let limit = self.limits.max_watches_per_identity;
+        let mut watches = self
+            .watches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let open = watches.entry(identity.user.clone()).or_default();
+        if *open >= limit {
+            tracing::warn!(user = %identity.user, open = *open, limit, "watch refused: too many open watches");
+            return Err(too_many_requests(
+                format!(
+                    "too many watches: {} holds {} open watches, the limit \
+                     (api.limits.maxWatchesPerIdentity) is {limit}",
+                    identity.user, *open
+                ),
+                WATCH_RETRY_SECONDS,
+            ));
+        }
+        *open += 1;
+        Ok(Some(WatchSlot {
+            watches: Arc::clone(&self.watches),
+            user: identity.user.clone(),
+        }))
     }
 
     /// The limits this limiter was made with (the API server's).

@@ -44,8 +44,10 @@ use tokio::time::{Instant, Interval, MissedTickBehavior};
 use tokio_util::sync::CancellationToken;
 
 use crate::Inner;
+use crate::auth::Identity;
 use crate::error::ApiError;
 use crate::event_encodings::{EventEncodings, Rendering};
+use crate::limits::WatchSlot;
 use crate::list::{Freshness, Listed, freshness, wait_for_revision};
 use crate::metrics::WatchGuard;
 use crate::object::key_of;
@@ -65,8 +67,8 @@ pub(crate) struct WatchRequest {
     pub selectors: Selectors,
     pub query: Query,
     pub output: Output,
-    /// Who watches (for the log line of a watch cut for not reading).
-    pub user: String,
+    /// Who watches: counted against its watch limit, named when its watch is cut.
+    pub identity: Option<Identity>,
 }
 
 /// Which objects the client holds, to turn store events into selector transitions.
@@ -144,6 +146,8 @@ struct State {
     columns: bool,
     done: bool,
     _guard: WatchGuard,
+    /// Counts the watch against its identity's limit while open.
+    _slot: Option<WatchSlot>,
 }
 
 enum Step {
@@ -380,8 +384,13 @@ impl Inner {
             selectors,
             query,
             output,
-            user,
+            identity,
         } = request;
+        let slot = match &identity {
+            Some(identity) => self.rate_limiter.open_watch(identity)?,
+            None => None,
+        };
+        let user = identity.map(|identity| identity.user).unwrap_or_default();
         let freshness = freshness(&query)?;
         let initial = match query.send_initial_events {
             Some(send) => send,
@@ -489,6 +498,7 @@ impl Inner {
             columns: true,
             done: false,
             _guard: guard,
+            _slot: slot,
         };
         for item in &initial_objects {
             state.push_object("ADDED", item);

@@ -897,6 +897,7 @@ pub struct ServerOverrides {
 ///     maxEventBytesPerTask: 524288
 ///     maxReportBytesPerTask: 4194304
 ///     maxReportBytesPerNamespace: 67108864
+///     maxWatchesPerIdentity: 100
 /// store:
 ///   logCapacity: 50000
 ///   logCapacityBytes: 67108864
@@ -1062,6 +1063,8 @@ pub struct LimitsConfigFile {
     pub max_report_bytes_per_task: Option<u64>,
     /// `maxReportBytesPerNamespace` (default 67108864 = 64 MiB).
     pub max_report_bytes_per_namespace: Option<u64>,
+    /// `maxWatchesPerIdentity` (default 100).
+    pub max_watches_per_identity: Option<usize>,
 }
 
 impl LimitsConfigFile {
@@ -1085,6 +1088,7 @@ impl LimitsConfigFile {
             max_event_bytes_per_task,
             max_report_bytes_per_task,
             max_report_bytes_per_namespace,
+            max_watches_per_identity,
         } = self;
         if let Some(v) = max_event_message_bytes {
             limits.max_event_message_bytes = v;
@@ -1139,6 +1143,9 @@ impl LimitsConfigFile {
         }
         if let Some(v) = max_report_bytes_per_namespace {
             limits.max_report_bytes_per_namespace = v;
+        }
+        if let Some(v) = max_watches_per_identity {
+            limits.max_watches_per_identity = v;
         }
     }
 }

@@ -164,3 +164,56 @@ async fn a_task_tokens_events_are_bounded_in_bytes() {
         .await;
     assert_eq!(other.status, StatusCode::CREATED, "{}", other.body);
 }
+
+/// An agent or task token holds a bounded number of open watches (each bounded by the
+/// store's per-watch budget): the next is 429 naming the limit until one ends.
+#[tokio::test]
+async fn open_watches_per_identity_are_bounded() {
+    let h = harness(Limits {
+        max_watches_per_identity: 2,
+        ..Limits::default()
+    })
+    .await;
+    let agent = Identity::agent("a");
+    let uri = format!("{}?watch=true", leases(A));
+    let open = |identity: Identity| {
+        let (h, uri) = (&h, uri.clone());
+        async move {
+            h.send_as(
+                Some(&identity),
+                Method::GET,
+                &uri,
+                "",
+                None,
+                Default::default(),
+            )
+            .await
+        }
+    };
+    let first = open(agent.clone()).await;
+    let second = open(agent.clone()).await;
+    assert_eq!(
+        (first.status(), second.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    let third = Harness::answer(open(agent.clone()).await).await;
+    assert_quota(&third, "maxWatchesPerIdentity");
+    // Other identities and admins have their own.
+    let other = h
+        .send_as(
+            Some(&Identity::agent("b")),
+            Method::GET,
+            &format!("{}?watch=true", leases("rlark-b")),
+            "",
+            None,
+            Default::default(),
+        )
+        .await;
+    assert_eq!(other.status(), StatusCode::OK);
+    for _ in 0..3 {
+        assert_eq!(open(admin()).await.status(), StatusCode::OK);
+    }
+    // A watch that ends frees its slot.
+    drop(first);
+    assert_eq!(open(agent).await.status(), StatusCode::OK);
+}
