@@ -505,7 +505,7 @@ impl Inner {
             }
             admission::admit(rt, &object, schema_causes.clone())?;
             let size = crate::limits::admit_object_size(&self.options.limits, rt, &object)?;
-            self.check_byte_quotas(options.caller.as_ref(), rt, &namespace, size, 0)
+            self.check_byte_quotas(options.caller.as_ref(), rt, &namespace, size, None)
                 .await?;
             let name = meta_str(&object, "name").unwrap_or("").to_string();
             if rt.namespaced {
@@ -720,14 +720,8 @@ impl Inner {
             let (_, causes) = field_check(rt, &mut candidate, &[], FieldValidation::Ignore)?;
             admission::admit(rt, &candidate, causes)?;
             let size = crate::limits::admit_object_size(&self.options.limits, rt, &candidate)?;
-            self.check_byte_quotas(
-                options.caller.as_ref(),
-                rt,
-                &namespace,
-                size,
-                crate::limits::json_len(&old),
-            )
-            .await?;
+            self.check_byte_quotas(options.caller.as_ref(), rt, &namespace, size, Some(&old))
+                .await?;
             let _network = self
                 .admit_network(rt, &candidate, Some(&old), status_only)
                 .await?;
@@ -809,14 +803,8 @@ impl Inner {
             let (_, causes) = field_check(rt, &mut candidate, &[], FieldValidation::Ignore)?;
             admission::admit(rt, &candidate, causes)?;
             let size = crate::limits::admit_object_size(&self.options.limits, rt, &candidate)?;
-            self.check_byte_quotas(
-                options.caller.as_ref(),
-                rt,
-                namespace,
-                size,
-                crate::limits::json_len(&old),
-            )
-            .await?;
+            self.check_byte_quotas(options.caller.as_ref(), rt, namespace, size, Some(&old))
+                .await?;
             let _network = self
                 .admit_network(rt, &candidate, Some(&old), status_only)
                 .await?;
