@@ -21,6 +21,7 @@ pub mod error;
 pub mod jsonpath;
 pub mod limits;
 pub mod member;
+pub mod node_names;
 pub mod openapi;
 pub mod protobuf;
 pub mod registry;

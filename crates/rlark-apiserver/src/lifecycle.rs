@@ -424,6 +424,42 @@ impl Inner {
         ))
     }
 
+    /// [`crate::node_names::claim`] for a Node about to be created; a refusal of an
+    /// agent's registration is audited.
+    async fn claim_node_name(
+        &self,
+        options: &WriteOptions,
+        rt: &ResourceType,
+        namespace: &str,
+        name: &str,
+    ) -> Result<crate::node_names::Claimed, ApiError> {
+        let refused = match crate::node_names::claim(
+            self.store.as_ref(),
+            rt,
+            namespace,
+            name,
+            options.dry_run,
+        )
+        .await
+        {
+            Ok(claimed) => return Ok(claimed),
+            Err(refused) => refused,
+        };
+        if refused.code == 409
+            && let Some(identity) = &options.caller
+        {
+            tracing::warn!(user = %identity.user, %namespace, node = %name, reason = %refused.message, "Node name held by another cluster: registration refused");
+            let mut entry = crate::audit::AuditEntry::now("denied", "denied").by(Some(identity));
+            entry.verb = "create".into();
+            entry.resource = rt.qualified_name();
+            entry.namespace = namespace.to_string();
+            entry.name = name.to_string();
+            entry.reason = refused.message.clone();
+            self.audit.record(entry);
+        }
+        Err(refused)
+    }
+
     /// Create an object from a request body. 201-worthy on success.
     pub(crate) async fn create(
         &self,
@@ -515,6 +551,12 @@ impl Inner {
                 self.check_agent_node_quota(&options, rt, &namespace, &name)
                     .await?;
             }
+            let claimed = if is_node(rt) {
+                self.claim_node_name(&options, rt, &namespace, &name)
+                    .await?
+            } else {
+                crate::node_names::Claimed::NotNeeded
+            };
             let _network = self.admit_network(rt, &object, None, false).await?;
             if options.dry_run {
                 // What the store fills on a real create (system fields were stripped above).
@@ -536,10 +578,17 @@ impl Inner {
                         warnings,
                     });
                 }
-                // A generated name that collided: draw another suffix.
-                Err(StoreError::AlreadyExists(_))
-                    if generate_name.is_some() && attempts < MAX_ATTEMPTS => {}
-                Err(error) => return Err(ApiError::from_store(error, rt, &name)),
+                Err(error) => {
+                    if claimed == crate::node_names::Claimed::Taken {
+                        crate::node_names::release(self.store.as_ref(), &namespace, &name).await;
+                    }
+                    match error {
+                        // A generated name that collided: draw another suffix.
+                        StoreError::AlreadyExists(_)
+                            if generate_name.is_some() && attempts < MAX_ATTEMPTS => {}
+                        error => return Err(ApiError::from_store(error, rt, &name)),
+                    }
+                }
             }
         }
     }
@@ -658,7 +707,11 @@ impl Inner {
         expected: Revision,
     ) -> Result<Arc<Value>, StoreError> {
         if released(rt, &object) {
-            self.store.delete(key, Some(expected)).await
+            let deleted = self.store.delete(key, Some(expected)).await?;
+            if is_node(rt) {
+                crate::node_names::release(self.store.as_ref(), &key.namespace, &key.name).await;
+            }
+            Ok(deleted)
         } else {
             self.store.update(key, object, Some(expected)).await
         }
@@ -948,7 +1001,13 @@ impl Inner {
                 self.store.update(&key, marked, Some(rv)).await
             };
             match result {
-                Ok(object) => return Ok(object),
+                Ok(object) => {
+                    if is_node(rt) && !is_deleting(&object) {
+                        // Removed, not marked: its name is free again.
+                        crate::node_names::release(self.store.as_ref(), namespace, name).await;
+                    }
+                    return Ok(object);
+                }
                 Err(StoreError::Conflict { .. }) => continue,
                 Err(error) => return Err(ApiError::from_store(error, rt, name)),
             }

@@ -405,6 +405,51 @@ struct World<'a> {
     /// Sorted by (namespace, name), deduplicated.
     nodes: Vec<NodeFacts<'a>>,
     initial: Vec<NodeUse>,
+    /// [`name_owners`] of `nodes`.
+    owners: BTreeMap<String, Option<String>>,
+}
+
+impl World<'_> {
+    /// Whether Node name `name` resolves to cluster `cluster` ([`name_owners`]).
+    fn owns(&self, name: &str, cluster: &str) -> bool {
+        self.owners
+            .get(name)
+            .is_some_and(|owner| owner.as_deref() == Some(cluster))
+    }
+}
+
+/// For each Node name, the cluster a `nodeName` pin or a `kubernetes.io/hostname` selector
+/// naming it resolves to: the cluster whose (trusted) Node of that name was created first —
+/// the one that holds the installation-wide claim on the name (the API server refuses a
+/// second Node of a name held by another cluster; `rlark_apiserver::node_names`). Two
+/// clusters' Nodes of one name created in the same second (or both without a creation
+/// time) leave the name unresolved (`None`): neither is placed on by name. Nodes of one
+/// name in another cluster's namespace were written before names were claimed, by an
+/// admin, or into the store directly; without this rule a Job pinned to `node-b` could go
+/// to any cluster that registered a `node-b` (issue 38).
+fn name_owners(nodes: &[NodeFacts<'_>]) -> BTreeMap<String, Option<String>> {
+    let mut by_name: BTreeMap<&str, Vec<(Option<k8s_openapi::jiff::Timestamp>, &str)>> =
+        BTreeMap::new();
+    for facts in nodes.iter().filter(|f| !f.untrusted) {
+        let created = facts.node.metadata.creation_timestamp.as_ref().map(|t| t.0);
+        by_name
+            .entry(facts.name.as_str())
+            .or_default()
+            .push((created, facts.cluster.as_str()));
+    }
+    by_name
+        .into_iter()
+        .map(|(name, mut holders)| {
+            // Oldest first; a Node without a creation time after every dated one.
+            holders.sort_by_key(|(created, _)| (created.is_none(), *created));
+            let first = holders[0];
+            let tied = holders
+                .iter()
+                .skip(1)
+                .any(|(created, cluster)| *created == first.0 && *cluster != first.1);
+            (name.to_string(), (!tied).then(|| first.1.to_string()))
+        })
+        .collect()
 }
 
 impl<'a> World<'a> {
@@ -431,9 +476,11 @@ impl<'a> World<'a> {
                 }
             })
             .collect();
+        let owners = name_owners(&facts);
         World {
             nodes: facts,
             initial,
+            owners,
         }
     }
 }
@@ -509,6 +556,9 @@ enum Exclusion {
     NotPinned,
     AgentType,
     Selector,
+    /// Pinned by name (`nodeName`, `kubernetes.io/hostname`) to a name another cluster's
+    /// Node holds ([`name_owners`]).
+    NameOwner,
     Offline,
     Cordoned,
 }
@@ -532,7 +582,7 @@ impl<'a> Want<'a> {
         let mut eligible: BTreeMap<String, Vec<usize>> = BTreeMap::new();
         let mut excluded: BTreeMap<Exclusion, usize> = BTreeMap::new();
         for (i, facts) in world.nodes.iter().enumerate() {
-            match exclusion(spec, facts) {
+            match exclusion(spec, facts, world) {
                 Some(why) => *excluded.entry(why).or_default() += 1,
                 None => eligible.entry(facts.cluster.clone()).or_default().push(i),
             }
@@ -678,6 +728,9 @@ impl<'a> Want<'a> {
                         "{nodes} excluded by nodeSelector {}",
                         format_selector(&spec.node_selector)
                     ),
+                    Exclusion::NameOwner => format!(
+                        "{nodes} excluded because another cluster's Node holds the name (Node names resolve to the cluster that registered them first)"
+                    ),
                     Exclusion::Offline => format!("{nodes} offline"),
                     Exclusion::Cordoned => format!("{nodes} cordoned"),
                 }
@@ -694,7 +747,7 @@ impl<'a> Want<'a> {
     }
 }
 
-fn exclusion(spec: &TaskSpec, facts: &NodeFacts<'_>) -> Option<Exclusion> {
+fn exclusion(spec: &TaskSpec, facts: &NodeFacts<'_>, world: &World<'_>) -> Option<Exclusion> {
     let node = facts.node;
     if facts.untrusted {
         return Some(Exclusion::Identity);
@@ -711,6 +764,18 @@ fn exclusion(spec: &TaskSpec, facts: &NodeFacts<'_>) -> Option<Exclusion> {
     }
     if !selector_matches(&spec.node_selector, node.labels(), &facts.cluster) {
         return Some(Exclusion::Selector);
+    }
+    // A name resolves only to the cluster that holds it.
+    if spec.node_name.is_some() && !world.owns(&facts.name, &facts.cluster) {
+        return Some(Exclusion::NameOwner);
+    }
+    if spec.node_selector.contains_key(labels::HOSTNAME)
+        && !node
+            .labels()
+            .get(labels::HOSTNAME)
+            .is_some_and(|hostname| world.owns(hostname, &facts.cluster))
+    {
+        return Some(Exclusion::NameOwner);
     }
     if node.status.as_ref().and_then(|s| s.phase) != Some(NodePhase::Online) {
         return Some(Exclusion::Offline);
@@ -1658,5 +1723,69 @@ mod tests {
         assert_eq!(format_quantity("cpu", q("1024")), "1024");
         assert_eq!(format_quantity("cpu", q("5n")), "0.000000005");
         assert_eq!(format_quantity("memory", q("0")), "0");
+    }
+
+    /// Issue 38, "Placement by name can be captured": Nodes of one name in two clusters
+    /// (written before names were claimed, or by an admin): `nodeName` and the hostname
+    /// selector resolve to the cluster that registered the name first, whatever the other
+    /// offers; registered in the same second, the name resolves to neither.
+    #[test]
+    fn a_name_resolves_to_the_cluster_that_registered_it_first() {
+        let at = |n: Node, second: i64| {
+            let mut n = n;
+            n.metadata.creation_timestamp =
+                Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                    k8s_openapi::jiff::Timestamp::from_second(second).unwrap(),
+                ));
+            n
+        };
+        let genuine = at(node("b", "node-b", &[("cpu", "1")]), 100);
+        let forged = at(node("a", "node-b", &[("cpu", "64")]), 200);
+        let nodes = vec![forged.clone(), genuine.clone()];
+        for pin in [
+            json!({"nodeName": "node-b"}),
+            json!({"nodeSelector": {"kubernetes.io/hostname": "node-b"}}),
+        ] {
+            let d = place(&job(vec![template("t", pin.clone())]), &nodes, NO_TASKS).unwrap();
+            assert_eq!(
+                nodes_of(&d, "t"),
+                ("b".to_string(), vec!["node-b".to_string()]),
+                "{pin}"
+            );
+            // Alone, a Node holds its name.
+            let lone = place(
+                &job(vec![template("t", pin.clone())]),
+                &[forged.clone()],
+                NO_TASKS,
+            );
+            assert!(lone.is_ok(), "a lone Node holds its name: {pin}");
+            // Only the forged Node fits: the Job waits, saying why.
+            let mut big = pin.clone();
+            merge(
+                &mut big,
+                json!({"raw": {"resources": {"requests": {"cpu": "2"}}}}),
+            );
+            let err = place(&job(vec![template("t", big)]), &nodes, NO_TASKS).unwrap_err();
+            assert!(
+                err.message
+                    .contains("another cluster's Node holds the name"),
+                "{pin}: {}",
+                err.message
+            );
+        }
+        // Registered in the same second: neither is resolved by name.
+        let tied = vec![at(forged, 100), genuine];
+        let err = place(
+            &job(vec![template("t", json!({"nodeName": "node-b"}))]),
+            &tied,
+            NO_TASKS,
+        )
+        .unwrap_err();
+        assert!(
+            err.message
+                .contains("another cluster's Node holds the name"),
+            "{}",
+            err.message
+        );
     }
 }

@@ -402,7 +402,11 @@ async fn an_unbound_token_cannot_join_as_an_existing_cluster() -> Result<()> {
     let admin = server.client().await?;
     let request = http::Request::post("/rlark/v1/tokens")
         .header(http::header::CONTENT_TYPE, "application/json")
-        .body(json!({"kind": "bootstrap", "ttlSeconds": 600}).to_string().into_bytes())?;
+        .body(
+            json!({"kind": "bootstrap", "ttlSeconds": 600})
+                .to_string()
+                .into_bytes(),
+        )?;
     match admin.request::<Value>(request).await {
         Ok(answer) => bail!("an unbound join token was made: {answer}"),
         Err(kube::Error::Api(status)) => ensure!(
@@ -511,7 +515,13 @@ async fn a_restored_store_does_not_revive_a_revoked_token() -> Result<()> {
     ensure!(code == 401, "{code}: {message}");
     server.stop().await?;
 
-    ok(&["restore", path(&old), "--to", &format!("sqlite:{}", path(&dir_b))]).await?;
+    ok(&[
+        "restore",
+        path(&old),
+        "--to",
+        &format!("sqlite:{}", path(&dir_b)),
+    ])
+    .await?;
     copy_pki(&dir_a, &dir_b)?;
     let restored = TestServer::start_in(&dir_b).await?;
     let (code, message) = namespaces_with(restored.kubeconfig_path(), &token).await?;
@@ -548,7 +558,13 @@ async fn a_store_from_another_installation_is_refused() -> Result<()> {
     .await?;
     // X's store under Y's CA.
     let foreign = work.path().join("foreign");
-    ok(&["restore", path(&backup), "--to", &format!("sqlite:{}", path(&foreign))]).await?;
+    ok(&[
+        "restore",
+        path(&backup),
+        "--to",
+        &format!("sqlite:{}", path(&foreign)),
+    ])
+    .await?;
     copy_pki(&dir_y, &foreign)?;
     match TestServer::start_in(&foreign).await {
         Ok(started) => {
@@ -567,7 +583,13 @@ async fn a_store_from_another_installation_is_refused() -> Result<()> {
     }
     // X's store in a data directory without a CA (one would be made now).
     let bare = work.path().join("bare");
-    ok(&["restore", path(&backup), "--to", &format!("sqlite:{}", path(&bare))]).await?;
+    ok(&[
+        "restore",
+        path(&backup),
+        "--to",
+        &format!("sqlite:{}", path(&bare)),
+    ])
+    .await?;
     let error = match TestServer::start_in(&bare).await {
         Ok(started) => {
             started.stop().await?;
