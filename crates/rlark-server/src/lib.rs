@@ -121,6 +121,9 @@ pub enum ServerError {
     /// The CA shows an installation that ran before, but its store is missing or empty.
     #[error("{0}")]
     StoreLost(String),
+    /// The store was set up by another installation (its marker names another CA).
+    #[error("{0}")]
+    ForeignStore(String),
     /// Another server uses the data directory, or its lock file cannot be made.
     #[error(transparent)]
     DataDir(#[from] data_lock::LockError),
@@ -324,11 +327,19 @@ async fn start_with_token(
     };
     // Right after opening, before anything else can fail: a first start that fails later
     // (say, the port is taken) has marked its store, so the next start is not refused.
+    // The CAs a rotation still trusts: the store's marker may name one of them.
+    let previous_ca_hashes: Vec<String> = ca
+        .trust_anchors()
+        .iter()
+        .skip(1)
+        .filter_map(|der| rlark_pki::ca_cert_hash(der.as_ref()).ok())
+        .collect();
     if let Err(e) = store_guard::check_after_open(
         &store,
         ca_existed,
         config.reinitialize_store,
         &ca_cert_hash,
+        &previous_ca_hashes,
         &data_dir,
     )
     .await

@@ -10,6 +10,14 @@
 //! first start that fails later (say, the port is taken) leaves a store that counts as
 //! written. A store from a version without the marker holds data (revision above 0) and
 //! is used and marked: an upgrade is not a loss.
+//!
+//! The marker also records the installation's CA fingerprint (`caHash`, the `sha256:` pin
+//! agents join with), and a start on a store whose marker names another CA is refused with
+//! [`ServerError::ForeignStore`]: a store copied from another installation would otherwise
+//! be served with its bearer tokens (an admin's among them) valid here (issue 38). A CA
+//! rotation is not another installation: a marker naming a CA this server still trusts
+//! (`pki/trusted/`, during the rotation) is moved to the new CA, keeping the old
+//! fingerprints in `previousCaHashes`. A marker without a fingerprint gets the current one.
 
 use std::path::Path;
 
@@ -66,13 +74,101 @@ pub(crate) fn check_before_open(
     Ok(())
 }
 
+/// The refusal of a store whose marker names CA `stored` while this data directory's CA
+/// is `current` (made by this start when `ca_existed` is false).
+pub(crate) fn foreign_error(
+    stored: &str,
+    current: &str,
+    ca_existed: bool,
+    data_dir: &Path,
+    location: &Path,
+) -> ServerError {
+    let pki = data_dir.join(crate::PKI_DIR);
+    let ours = if ca_existed {
+        format!(
+            "this data directory's CA ({}/ca.crt) is {current}",
+            pki.display()
+        )
+    } else {
+        format!(
+            "this data directory had no CA, so this start made one ({current}, in {})",
+            pki.display()
+        )
+    };
+    ServerError::ForeignStore(format!(
+        "refusing to start: the store {store} belongs to another installation: it was set \
+         up with the CA {stored}, and {ours}. Serving it here would accept that \
+         installation's bearer tokens and find none of this one's certificates. To serve \
+         this store, use the pki/ of the installation that wrote it: copy that data \
+         directory's pki/ into {pki} (replacing what is there), or, when that installation \
+         sealed its CA into the store (--ca-secret-file), start on an empty data directory \
+         with the same secret. To keep this installation, point it at its own store (restore \
+         one of its backups: rlark restore FILE --to ...).",
+        store = location.display(),
+        pki = pki.display(),
+    ))
+}
+
+/// Check the marker `marker` of a store that holds data against this installation's CA
+/// (`ca_cert_hash`; `previous`: the fingerprints of CAs a rotation still trusts), moving it
+/// to the current CA after a rotation and filling in a missing fingerprint.
+async fn check_marker(
+    store: &ServerStore,
+    marker: &serde_json::Value,
+    ca_cert_hash: &str,
+    previous: &[String],
+    ca_existed: bool,
+    data_dir: &Path,
+) -> Result<(), ServerError> {
+    let key = ObjectKey::new(INSTALLATIONS, "", MARKER);
+    let stored = marker
+        .pointer("/spec/caHash")
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or_default()
+        .to_string();
+    if stored == ca_cert_hash {
+        return Ok(());
+    }
+    if !stored.is_empty() && !previous.contains(&stored) {
+        return Err(foreign_error(
+            &stored,
+            ca_cert_hash,
+            ca_existed,
+            data_dir,
+            &store.location(),
+        ));
+    }
+    let mut updated = marker.clone();
+    if !stored.is_empty() {
+        tracing::info!(from = %stored, to = %ca_cert_hash, "the store's installation marker follows the CA rotation");
+        let mut history: Vec<serde_json::Value> = marker
+            .pointer("/spec/previousCaHashes")
+            .and_then(serde_json::Value::as_array)
+            .cloned()
+            .unwrap_or_default();
+        history.push(json!(stored));
+        updated["spec"]["previousCaHashes"] = json!(history);
+    }
+    updated["spec"]["caHash"] = json!(ca_cert_hash);
+    match store.update(&key, updated, None).await {
+        Ok(_) => Ok(()),
+        Err(source) => Err(ServerError::OpenStore {
+            path: store.location(),
+            source,
+        }),
+    }
+}
+
 /// After opening: refuse an empty store (revision 0) of an installation whose CA existed
-/// before this start, unless reinitializing; write the marker when it is missing.
+/// before this start, unless reinitializing, and a store of another installation (its
+/// marker names another CA than `ca_cert_hash` or a CA a rotation still trusts,
+/// `previous`); write the marker when it is missing.
 pub(crate) async fn check_after_open(
     store: &ServerStore,
     ca_existed: bool,
     reinitialize: bool,
     ca_cert_hash: &str,
+    previous: &[String],
     data_dir: &Path,
 ) -> Result<(), ServerError> {
     let key = ObjectKey::new(INSTALLATIONS, "", MARKER);
@@ -80,8 +176,12 @@ pub(crate) async fn check_after_open(
         path: store.location(),
         source,
     };
+    if store.revision() > 0
+        && let Some(marker) = store.get(&key).await.map_err(store_err)?
+    {
+        return check_marker(store, &marker, ca_cert_hash, previous, ca_existed, data_dir).await;
+    }
     let how = match (store.revision() > 0, ca_existed) {
-        (true, _) if store.get(&key).await.map_err(store_err)?.is_some() => return Ok(()),
         (true, true) => {
             tracing::info!(
                 store = %store.location().display(),
@@ -115,7 +215,14 @@ pub(crate) async fn check_after_open(
         "spec": {"how": how, "at": now, "caHash": ca_cert_hash},
     });
     match store.create(&key, marker).await {
-        Ok(_) | Err(StoreError::AlreadyExists(_)) => Ok(()),
+        Ok(_) => Ok(()),
+        // Another replica marked it a moment ago: it must be this installation's too.
+        Err(StoreError::AlreadyExists(_)) => match store.get(&key).await.map_err(store_err)? {
+            Some(marker) => {
+                check_marker(store, &marker, ca_cert_hash, previous, ca_existed, data_dir).await
+            }
+            None => Ok(()),
+        },
         Err(source) => Err(store_err(source)),
     }
 }

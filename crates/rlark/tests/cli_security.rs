@@ -93,7 +93,20 @@ async fn token_create_prints_the_join_command() -> anyhow::Result<()> {
     let server = TestServer::start().await?;
     let admin = server.kubeconfig_path().to_path_buf();
 
-    let stdout = ok_as(&admin, &["token", "create", "--ttl", "10m"]).await?;
+    // A join token is bound to one cluster: no token without --cluster-id.
+    let out = run_as(&admin, &["token", "create", "--ttl", "10m"]).await?;
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stderr).contains("--cluster-id"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    let stdout = ok_as(
+        &admin,
+        &["token", "create", "--ttl", "10m", "--cluster-id", "gpu-a"],
+    )
+    .await?;
     let join = stdout
         .lines()
         .find(|l| l.starts_with("rlark join "))
@@ -102,9 +115,11 @@ async fn token_create_prints_the_join_command() -> anyhow::Result<()> {
         join.starts_with(&format!("rlark join --server {} --token ", server.url())),
         "{join}"
     );
-    assert!(join.contains(" --ca-hash sha256:"), "{join}");
-    assert!(join.ends_with(server.ca_cert_hash()), "{join}");
-    assert!(!join.contains("--cluster-id"), "{join}");
+    assert!(
+        join.contains(&format!(" --ca-hash {} ", server.ca_cert_hash())),
+        "{join}"
+    );
+    assert!(join.ends_with(" --cluster-id gpu-a"), "{join}");
     let token = join
         .split_whitespace()
         .skip_while(|w| *w != "--token")
@@ -122,9 +137,24 @@ async fn token_create_prints_the_join_command() -> anyhow::Result<()> {
         .with_context(|| format!("no join command in:\n{stdout}"))?;
     assert!(join.ends_with(" --cluster-id edge-1"), "{join}");
 
-    let stdout = ok_as(&admin, &["token", "create", "--ttl", "2d", "-o", "json"]).await?;
+    let stdout = ok_as(
+        &admin,
+        &[
+            "token",
+            "create",
+            "--ttl",
+            "2d",
+            "--cluster-id",
+            "c2",
+            "-o",
+            "json",
+        ],
+    )
+    .await?;
     let json: serde_json::Value = serde_json::from_str(&stdout)?;
     assert_eq!(json["kind"], "bootstrap", "{json}");
+    assert_eq!(json["clusterID"], "c2", "{json}");
+    assert_eq!(json["rejoin"], false, "{json}");
     assert_eq!(json["caHash"], server.ca_cert_hash(), "{json}");
 
     // A user bearer token: only the token on stdout, its id on stderr.
@@ -165,7 +195,7 @@ async fn token_create_prints_the_join_command() -> anyhow::Result<()> {
         ],
     )
     .await?;
-    let out = run_as(&viewer, &["token", "create"]).await?;
+    let out = run_as(&viewer, &["token", "create", "--cluster-id", "x"]).await?;
     assert_eq!(out.status.code(), Some(1));
     let stderr = text(&out.stderr);
     assert!(

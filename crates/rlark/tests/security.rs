@@ -373,21 +373,35 @@ async fn join_works_once_per_cluster() -> Result<()> {
         assert!(dir_is_empty(&again_dir));
         assert_eq!(agent_certificates(&admin, "a").await?.len(), 1);
 
-        // A token not bound to a cluster needs a cluster ID.
-        let unbound = bootstrap_token(&admin, None, 600).await?;
+        // A join token is bound to one cluster: none is made without a cluster ID.
+        let unbound = call(
+            &admin,
+            "POST",
+            "/rlark/v1/tokens",
+            Some(&json!({"kind": "bootstrap", "ttlSeconds": 600})),
+        )
+        .await?;
+        assert_eq!(unbound.code, 400, "{}", unbound.brief());
+        assert!(
+            unbound.message().contains("clusterID is required"),
+            "{}",
+            unbound.brief()
+        );
+        // A second token for cluster a does not make a second identity of it.
+        let second = bootstrap_token(&admin, Some("a"), 600).await?;
         let (code, message) = refused(
             rlark_agent::join::join(&join_options(
                 &server.url(),
-                str_of(&unbound, "token")?,
-                str_of(&unbound, "caHash")?,
+                str_of(&second, "token")?,
+                str_of(&second, "caHash")?,
                 None,
-                &tmp.path().join("agent-unbound"),
+                &tmp.path().join("agent-a-second"),
             ))
             .await,
         )?;
-        assert_eq!(code, 400, "{message}");
-        assert!(message.contains("cluster ID required"), "{message}");
-        assert!(dir_is_empty(&tmp.path().join("agent-unbound")));
+        assert_eq!(code, 403, "{message}");
+        assert!(message.contains("has joined before"), "{message}");
+        assert!(dir_is_empty(&tmp.path().join("agent-a-second")));
 
         // The join tokens as the console's admin page lists them: who used each, never the
         // secret or its hash; another kind is refused.
@@ -402,7 +416,7 @@ async fn join_works_once_per_cluster() -> Result<()> {
         assert!(
             items
                 .iter()
-                .any(|t| t["id"] == unbound["id"] && t["clusterID"].is_null())
+                .any(|t| t["id"] == second["id"] && t["clusterID"] == "a" && t["rejoin"] == false)
         );
         let listed = joins.to_string();
         assert!(!listed.contains("secretHash"), "{listed}");
@@ -932,7 +946,7 @@ fn matrix() -> Vec<Row> {
         Row { what: "GET /rlark/v1/certificates", method: "GET", path: "/rlark/v1/certificates", body: |_| None,
               expect: [200, 403, 403, 403, 403, 401] },
         Row { what: "POST /rlark/v1/tokens", method: "POST", path: "/rlark/v1/tokens",
-              body: |_| Some(json!({"kind": "bootstrap", "ttlSeconds": 60})),
+              body: |_| Some(json!({"kind": "bootstrap", "ttlSeconds": 60, "clusterID": "m1"})),
               expect: [200, 403, 403, 403, 403, 401] },
     ]
 }

@@ -530,11 +530,7 @@ async fn the_change_stream_pushes_list_changes_after_a_bookmark() {
     );
 
     f.security
-        .create_bootstrap_token(
-            std::time::Duration::from_secs(600),
-            Some("edge".into()),
-            &admin(),
-        )
+        .create_bootstrap_token(std::time::Duration::from_secs(600), "edge", false, &admin())
         .await
         .unwrap();
     assert_eq!(

@@ -30,7 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use records::{
     BEARER_TOKENS, BOOTSTRAP_TOKENS, BearerTokenRecord, BootstrapTokenRecord, CERTIFICATES,
-    CertificateRecord, REVOCATIONS, RevocationRecord, TaskBinding,
+    CLUSTERS, CertificateRecord, ClusterRecord, REVOCATIONS, RevocationRecord, TaskBinding,
 };
 
 /// Lifetimes of what the security layer issues, and the join rate limit.
@@ -311,6 +311,18 @@ fn key(resource: &str, name: &str) -> ObjectKey {
     ObjectKey::new(resource, "", name)
 }
 
+/// The revocation-file entry of `token`, when it is revoked.
+fn token_revocation(token: &BearerTokenRecord) -> Option<revocation_file::TokenRevocation> {
+    token
+        .revoked_at
+        .as_ref()
+        .map(|at| revocation_file::TokenRevocation {
+            id: token.id.clone(),
+            user: token.user.clone(),
+            revoked_at: at.clone(),
+        })
+}
+
 impl Security {
     /// Load the revocations of the store and of `revocation_file` and merge them both ways:
     /// the file's that the store lacks (it was reinitialized) are written to the store, the
@@ -369,7 +381,62 @@ impl Security {
             revoked.extend(in_store.into_iter().map(|r| r.serial));
             revoked.extend(from_file.into_iter().map(|r| r.serial));
         }
+        security.merge_token_revocations().await?;
         Ok(security)
+    }
+
+    /// The bearer-token half of [`Security::load`]'s merge: a token the file says is revoked
+    /// is marked revoked in the store (an older copy of the store was restored), and the
+    /// store's revoked tokens the file lacks are added to it.
+    async fn merge_token_revocations(&self) -> SecResult<()> {
+        let mut revived = 0;
+        for revocation in self.revocation_file.token_records() {
+            let Some((mut record, revision)) = self
+                .get::<BearerTokenRecord>(BEARER_TOKENS, &revocation.id)
+                .await?
+            else {
+                continue;
+            };
+            if record.revoked_at.is_some() {
+                continue;
+            }
+            record.revoked_at = Some(revocation.revoked_at.clone());
+            self.store
+                .update(
+                    &key(BEARER_TOKENS, &record.id),
+                    records::to_object(&record.id, &record),
+                    revision,
+                )
+                .await
+                .map_err(SecurityError::store)?;
+            revived += 1;
+        }
+        if revived > 0 {
+            tracing::warn!(
+                count = revived,
+                file = %self.revocation_file.path().display(),
+                "bearer tokens the store held as valid were revoked again from the revocation \
+                 file (the store is older than their revocation)"
+            );
+        }
+        let revoked: Vec<_> = self
+            .list::<BearerTokenRecord>(BEARER_TOKENS)
+            .await?
+            .iter()
+            .filter_map(token_revocation)
+            .collect();
+        let added = self
+            .revocation_file
+            .add_tokens(revoked)
+            .map_err(|e| SecurityError::internal(e.to_string()))?;
+        if added > 0 {
+            tracing::info!(
+                count = added,
+                file = %self.revocation_file.path().display(),
+                "bearer-token revocations of the store copied to the revocation file"
+            );
+        }
+        Ok(())
     }
 
     /// Write `record` to the store (idempotent).
@@ -833,11 +900,13 @@ impl Security {
 
     // ---- bootstrap tokens and join ----
 
-    /// Make a bootstrap token valid for `ttl`, optionally bound to one cluster ID.
+    /// Make a bootstrap token valid for `ttl`, bound to cluster `cluster_id`; `rejoin`: it
+    /// may give that cluster a new identity even if it joined before or was revoked.
     pub(crate) async fn create_bootstrap_token(
         &self,
         ttl: Duration,
-        cluster_id: Option<String>,
+        cluster_id: &str,
+        rejoin: bool,
         by: &Identity,
     ) -> SecResult<(Token, BootstrapTokenRecord)> {
         if ttl.is_zero() || ttl > self.config.max_bootstrap_token_ttl {
@@ -846,17 +915,16 @@ impl Security {
                 self.config.max_bootstrap_token_ttl.as_secs()
             )));
         }
-        if let Some(id) = &cluster_id {
-            validate_cluster_id(id)?;
-        }
+        validate_cluster_id(cluster_id)?;
         let token = Token::generate(TokenKind::Bootstrap);
         let record = BootstrapTokenRecord {
             id: token.id.clone(),
             secret_hash: token.secret_hash(),
             expires_at: rfc3339(SystemTime::now() + ttl),
-            cluster_id,
+            cluster_id: Some(cluster_id.to_string()),
             used_by: Vec::new(),
             created_by: by.user.clone(),
+            rejoin,
         };
         self.store
             .create(
@@ -870,9 +938,14 @@ impl Security {
         entry.resource = "bootstraptokens".into();
         entry.name = record.id.clone();
         entry.reason = format!(
-            "expires {}; cluster {}",
+            "expires {}; cluster {}{}",
             record.expires_at,
-            record.cluster_id.as_deref().unwrap_or("(any)")
+            cluster_id,
+            if rejoin {
+                "; rejoin: may give the cluster a new identity if it joined before or was revoked"
+            } else {
+                ""
+            }
         );
         self.audit.record(entry);
         Ok((token, record))
@@ -944,11 +1017,16 @@ impl Security {
                     &format!("bootstrap token is for cluster {bound:?}, not {asked:?}"),
                 ));
             }
-            (Some(asked), _) => asked.to_string(),
-            (None, Some(bound)) => bound.clone(),
-            (None, None) => {
-                return Err(SecurityError::bad_request(
-                    "cluster ID required: the token is not bound to one, pass --cluster-id",
+            (_, Some(bound)) => bound.clone(),
+            (asked, None) => {
+                // Made by a version that allowed unbound tokens: such a token could join
+                // as any cluster.
+                return Err(self.join_denied(
+                    source,
+                    &token.id,
+                    asked.unwrap_or(""),
+                    "bootstrap token is not bound to a cluster ID (an earlier version made \
+                     it); make a new one with `rlark token create --cluster-id ID`",
                 ));
             }
         };
@@ -969,6 +1047,10 @@ impl Security {
                 &cluster_id,
                 &format!("bootstrap token was already used to join cluster {cluster_id:?}"),
             ));
+        }
+        let joined_before = self.cluster_joined_before(&cluster_id).await?;
+        if joined_before && !record.rejoin {
+            return Err(self.join_refused_existing(source, &token.id, &cluster_id));
         }
         record.used_by.push(cluster_id.clone());
         match self
@@ -991,12 +1073,118 @@ impl Security {
             }
             Err(e) => return Err(SecurityError::store(e)),
         }
+        // The cluster's identity is created once: of two joins of one new cluster ID (two
+        // tokens, any replicas), one creates this record and the other is refused.
+        let cluster = ClusterRecord {
+            cluster_id: cluster_id.clone(),
+            joined_at: rfc3339(SystemTime::now()),
+            token_id: record.id.clone(),
+        };
+        let cluster_key = key(CLUSTERS, &cluster_id);
+        match self
+            .store
+            .create(&cluster_key, records::to_object(&cluster_id, &cluster))
+            .await
+        {
+            Ok(_) => {}
+            Err(StoreError::AlreadyExists(_)) if record.rejoin => {
+                if let Err(error) = self
+                    .store
+                    .update(
+                        &cluster_key,
+                        records::to_object(&cluster_id, &cluster),
+                        None,
+                    )
+                    .await
+                {
+                    tracing::warn!(%error, cluster = %cluster_id, "recording a rejoin failed");
+                }
+            }
+            Err(StoreError::AlreadyExists(_)) => {
+                return Err(self.join_refused_existing(source, &token.id, &cluster_id));
+            }
+            Err(e) => return Err(SecurityError::store(e)),
+        }
         ensure_namespace(&auth::agent_namespace(&cluster_id)).await?;
         let role = CertRole::Agent {
             cluster_id: cluster_id.clone(),
         };
         let issued = self.issue(csr, &role, None, "join", None, None).await?;
+        if record.rejoin {
+            let mut entry = AuditEntry::now("join", "allowed");
+            entry.verb = "join".into();
+            entry.resource = "bootstraptokens".into();
+            entry.namespace = auth::agent_namespace(&cluster_id);
+            entry.name = record.id.clone();
+            entry.reason = format!(
+                "rejoin: cluster {cluster_id:?} {} with bootstrap token {} that {} made with \
+                 --rejoin; new certificate {}",
+                if joined_before {
+                    "had joined before (or was revoked) and got a new identity"
+                } else {
+                    "joined for the first time"
+                },
+                record.id,
+                record.created_by,
+                issued.info.serial
+            );
+            self.audit.record(entry);
+        }
         Ok((cluster_id, issued))
+    }
+
+    /// Whether cluster `cluster_id` has an identity already: it joined (a cluster record, or
+    /// a certificate issued by a join or a renewal, from before the records), or a
+    /// certificate of its agent was revoked. An agent certificate an admin signed (and did
+    /// not revoke) does not count.
+    async fn cluster_joined_before(&self, cluster_id: &str) -> SecResult<bool> {
+        if self
+            .store
+            .get(&key(CLUSTERS, cluster_id))
+            .await
+            .map_err(SecurityError::store)?
+            .is_some()
+        {
+            return Ok(true);
+        }
+        let agent = Identity::agent(cluster_id).user;
+        let certificates = self.list::<CertificateRecord>(CERTIFICATES).await?;
+        let holds = certificates.iter().any(|c| {
+            c.role == "agent"
+                && c.cluster_id.as_deref() == Some(cluster_id)
+                && (c.issued_by == "join"
+                    || c.issued_by == agent
+                    || c.revoked_at.is_some()
+                    || self.is_revoked(&c.serial))
+        });
+        if holds {
+            return Ok(true);
+        }
+        Ok(self
+            .list::<RevocationRecord>(REVOCATIONS)
+            .await?
+            .iter()
+            .any(|r| r.user == agent))
+    }
+
+    /// 403 (audited): a join as a cluster that has an identity already, with a token not
+    /// made for that.
+    fn join_refused_existing(
+        &self,
+        source: Option<std::net::IpAddr>,
+        token_id: &str,
+        cluster_id: &str,
+    ) -> SecurityError {
+        let reason = format!(
+            "cluster {cluster_id:?} has joined before (its agent holds or held a \
+             certificate, or was revoked): a join token does not hand an existing cluster's \
+             identity to a new machine. If that is what you mean (its credentials were lost, \
+             or the revoked cluster comes back), make a token for it: rlark token create \
+             --cluster-id {cluster_id} --rejoin"
+        );
+        let mut error = self.join_denied(source, token_id, cluster_id, &reason);
+        error.code = 403;
+        error
     }
 
     // ---- bearer tokens ----
@@ -1037,7 +1225,9 @@ impl Security {
         Ok((token, record))
     }
 
-    /// Revoke a bearer token by id.
+    /// Revoke a bearer token by id. The revocation is in the store and in the revocation
+    /// file (so that restoring an older copy of the store does not bring the token back)
+    /// before it is reported.
     pub(crate) async fn revoke_bearer_token(&self, id: &str, by: &Identity) -> SecResult<()> {
         let Some((mut record, revision)) = self.get::<BearerTokenRecord>(BEARER_TOKENS, id).await?
         else {
@@ -1055,12 +1245,20 @@ impl Security {
                 .map_err(SecurityError::store)?;
         }
         self.notify();
+        let saved = self.revocation_file.add_tokens(token_revocation(&record));
         let mut entry = AuditEntry::now("revoke", "allowed").by(Some(by));
         entry.verb = "revoke".into();
         entry.resource = "bearertokens".into();
         entry.name = id.to_string();
         entry.reason = format!("token of {}", record.user);
         self.audit.record(entry);
+        if let Err(error) = saved {
+            return Err(SecurityError::internal(format!(
+                "bearer token {id} is revoked, but saving the revocation beside the CA failed, \
+                 so restoring an older copy of the store would make it valid again; fix the \
+                 cause and revoke token {id} again: {error}"
+            )));
+        }
         Ok(())
     }
 
@@ -1198,9 +1396,77 @@ impl Security {
     }
 
     /// Follow revocations written by other replicas (a shared store) until `shutdown`:
-    /// add them to the in-memory set and signal connections. Restarts the watch from a
-    /// fresh list when the store says the position expired.
+    /// certificates' ([`Security::follow_certificate_revocations`]) and bearer tokens'
+    /// ([`Security::follow_token_revocations`]).
     pub(crate) async fn follow_revocations(self: Arc<Self>, shutdown: CancellationToken) {
+        tokio::join!(
+            Arc::clone(&self).follow_certificate_revocations(shutdown.clone()),
+            self.follow_token_revocations(shutdown),
+        );
+    }
+
+    /// Copy the bearer-token revocations other replicas make into the revocation file
+    /// (they are in force already: every request reads the token's record). Restarts the
+    /// watch from a fresh list when the store says the position expired.
+    async fn follow_token_revocations(self: Arc<Self>, shutdown: CancellationToken) {
+        let mut from = self.store.revision();
+        loop {
+            let mut stream = match self.store.watch(BEARER_TOKENS, None, from).await {
+                Ok(stream) => stream,
+                Err(error) => {
+                    tracing::warn!(%error, "watching bearer tokens failed; relisting");
+                    from = self.relist_token_revocations().await;
+                    tokio::select! {
+                        () = shutdown.cancelled() => return,
+                        () = tokio::time::sleep(Duration::from_secs(1)) => continue,
+                    }
+                }
+            };
+            loop {
+                let next = tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    next = stream.next() => next,
+                };
+                match next {
+                    Some(Ok(event)) => {
+                        let revoked = records::from_object::<BearerTokenRecord>(&event.object)
+                            .as_ref()
+                            .and_then(token_revocation);
+                        if let Some(revoked) = revoked
+                            && let Err(error) = self.revocation_file.add_tokens([revoked])
+                        {
+                            tracing::error!(%error, "copying a token revocation to the revocation file failed");
+                        }
+                    }
+                    Some(Err(error)) => {
+                        tracing::warn!(%error, "bearer token watch ended; relisting");
+                        from = self.relist_token_revocations().await;
+                        break;
+                    }
+                    None => return,
+                }
+            }
+        }
+    }
+
+    async fn relist_token_revocations(&self) -> u64 {
+        let revision = self.store.revision();
+        match self.list::<BearerTokenRecord>(BEARER_TOKENS).await {
+            Ok(tokens) => {
+                let revoked: Vec<_> = tokens.iter().filter_map(token_revocation).collect();
+                if let Err(error) = self.revocation_file.add_tokens(revoked) {
+                    tracing::error!(%error, "copying token revocations to the revocation file failed");
+                }
+            }
+            Err(error) => tracing::warn!(%error, "listing bearer tokens failed"),
+        }
+        revision
+    }
+
+    /// Follow certificate revocations written by other replicas until `shutdown`: add them
+    /// to the in-memory set and signal connections. Restarts the watch from a fresh list
+    /// when the store says the position expired.
+    async fn follow_certificate_revocations(self: Arc<Self>, shutdown: CancellationToken) {
         let mut from = self.store.revision();
         loop {
             let stream = match self.store.watch(REVOCATIONS, None, from).await {

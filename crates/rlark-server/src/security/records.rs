@@ -16,6 +16,9 @@ pub(crate) const REVOCATIONS: &str = "revocations.security.rlark.io";
 pub(crate) const BOOTSTRAP_TOKENS: &str = "bootstraptokens.security.rlark.io";
 /// Store resource of bearer tokens (name = token id).
 pub(crate) const BEARER_TOKENS: &str = "bearertokens.security.rlark.io";
+/// Store resource of the clusters that joined (name = cluster ID): made by the first join,
+/// atomically, so two joins cannot both create one cluster's identity.
+pub(crate) const CLUSTERS: &str = "clusters.security.rlark.io";
 
 /// One certificate this installation issued.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -73,13 +76,30 @@ pub struct BootstrapTokenRecord {
     pub secret_hash: String,
     /// RFC 3339.
     pub expires_at: String,
-    /// When set, only this cluster may join with the token.
+    /// The one cluster that may join with the token. Always set on tokens made now; `None`
+    /// only on tokens an earlier version made, which are refused.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cluster_id: Option<String>,
     /// Cluster IDs that joined with it (each at most once).
     #[serde(default)]
     pub used_by: Vec<String>,
     pub created_by: String,
+    /// Made by the admin to give a cluster that joined before (or was revoked) a new
+    /// identity (`rlark token create --rejoin`); without it such a join is refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub rejoin: bool,
+}
+
+/// A cluster that joined: the first join (or rejoin) of its ID.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterRecord {
+    #[serde(rename = "clusterID")]
+    pub cluster_id: String,
+    /// RFC 3339.
+    pub joined_at: String,
+    /// The bootstrap token it last joined with.
+    pub token_id: String,
 }
 
 /// A bearer token of a user or of a running task. Only the hash of the secret is stored.

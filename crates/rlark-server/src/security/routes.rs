@@ -612,6 +612,7 @@ async fn list_tokens(State(state): State<RoutesState>, request: Request) -> Resp
                         json!({
                             "id": t.id,
                             "clusterID": t.cluster_id,
+                            "rejoin": t.rejoin,
                             "expiresAt": t.expires_at,
                             "usedBy": t.used_by,
                             "createdBy": t.created_by,
@@ -660,6 +661,9 @@ struct TokenRequest {
     ttl_seconds: Option<u64>,
     #[serde(default, rename = "clusterID")]
     cluster_id: Option<String>,
+    /// For bootstrap tokens: may give a cluster that joined before a new identity.
+    #[serde(default)]
+    rejoin: bool,
     #[serde(default)]
     user: Option<String>,
     /// For user tokens: `viewer` or `admin`.
@@ -674,9 +678,15 @@ async fn create_token(State(state): State<RoutesState>, request: Request) -> Res
         match body.kind.as_deref().unwrap_or("bootstrap") {
             "bootstrap" => {
                 let ttl = Duration::from_secs(body.ttl_seconds.unwrap_or(3600));
+                let cluster_id = body.cluster_id.filter(|c| !c.is_empty()).ok_or_else(|| {
+                    SecurityError::bad_request(
+                        "clusterID is required: a join token is bound to the one cluster \
+                         that joins with it (rlark token create --cluster-id ID)",
+                    )
+                })?;
                 let (token, record) = state
                     .security
-                    .create_bootstrap_token(ttl, body.cluster_id, &admin)
+                    .create_bootstrap_token(ttl, &cluster_id, body.rejoin, &admin)
                     .await?;
                 let ca_hash = state
                     .security
@@ -689,10 +699,16 @@ async fn create_token(State(state): State<RoutesState>, request: Request) -> Res
                     "token": token.expose(),
                     "expiresAt": record.expires_at,
                     "clusterID": record.cluster_id,
+                    "rejoin": record.rejoin,
                     "caHash": ca_hash,
                 }))
             }
             "user" => {
+                if body.rejoin || body.cluster_id.is_some() {
+                    return Err(SecurityError::bad_request(
+                        "clusterID and rejoin are for bootstrap (join) tokens",
+                    ));
+                }
                 let user = body
                     .user
                     .ok_or_else(|| SecurityError::bad_request("a user token needs user"))?;

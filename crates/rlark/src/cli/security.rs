@@ -41,9 +41,20 @@ pub(crate) struct TokenCreateArgs {
     /// for bootstrap tokens; user tokens stay valid until revoked.
     #[arg(long, value_name = "DURATION", value_parser = parse_seconds)]
     ttl: Option<u64>,
-    /// Only the cluster with this ID may join with the bootstrap token.
-    #[arg(long = "cluster-id", value_name = "ID", conflicts_with = "user")]
+    /// The cluster that joins with the bootstrap token (required: a join token is bound to
+    /// one cluster ID; the joining agent may omit --cluster-id).
+    #[arg(
+        long = "cluster-id",
+        value_name = "ID",
+        conflicts_with = "user",
+        required_unless_present = "user"
+    )]
     cluster_id: Option<String>,
+    /// Let the token give a cluster that joined before (its agent's credentials were lost,
+    /// or it was revoked with `rlark cert revoke --cluster-id`) a new identity; without it
+    /// such a join is refused. Recorded on the token and in the audit log.
+    #[arg(long, requires = "cluster_id", conflicts_with = "user")]
+    rejoin: bool,
     /// Make a bearer token of this user (for `Authorization: Bearer`) instead of a bootstrap
     /// token; prints only the token (its id goes to stderr).
     #[arg(long, value_name = "NAME")]
@@ -428,9 +439,14 @@ async fn token_create(args: TokenCreateArgs) -> anyhow::Result<()> {
         return Ok(());
     }
     let ttl = args.ttl.unwrap_or(DEFAULT_BOOTSTRAP_TTL_SECONDS);
-    let mut body = json!({"kind": "bootstrap", "ttlSeconds": ttl});
-    if let Some(cluster_id) = &args.cluster_id {
-        body["clusterID"] = json!(cluster_id);
+    // clap requires --cluster-id without --user.
+    let cluster_id = args
+        .cluster_id
+        .as_deref()
+        .context("--cluster-id is required: a join token is bound to one cluster")?;
+    let mut body = json!({"kind": "bootstrap", "ttlSeconds": ttl, "clusterID": cluster_id});
+    if args.rejoin {
+        body["rejoin"] = json!(true);
     }
     let response = api.post("/rlark/v1/tokens", &body).await?;
     if args.output == Some(OutputFormat::Json) {
@@ -438,19 +454,17 @@ async fn token_create(args: TokenCreateArgs) -> anyhow::Result<()> {
     }
     let token = field(&response, "token")?;
     let ca_hash = field(&response, "caHash")?;
-    let commands = join_commands(&api.server_url, token, ca_hash, args.cluster_id.as_deref());
-    let scope = match &args.cluster_id {
-        Some(id) => format!("for cluster {id} only"),
-        None => "for any cluster".to_string(),
-    };
-    let choose = if args.cluster_id.is_none() {
-        "\nEach cluster joins with its own ID: set CLUSTER_ID on the joining machine first \
-         (e.g. CLUSTER_ID=gpu-a).\n"
+    let commands = join_commands(&api.server_url, token, ca_hash, cluster_id);
+    let scope = if args.rejoin {
+        format!(
+            "for cluster {cluster_id} only; it may give {cluster_id} a new identity even if it \
+             joined before or was revoked"
+        )
     } else {
-        ""
+        format!("for cluster {cluster_id} only")
     };
     println!(
-        "Bootstrap token {id} ({scope}), valid until {expires}:\n{token}\n{choose}\n\
+        "Bootstrap token {id} ({scope}), valid until {expires}:\n{token}\n\n\
          Raw host (as root, in this release's source tree; installs the binary and the systemd \
          units, starts rlark-agent):\n{raw}\n\n\
          Docker host (image rlark:{version} built from deploy/docker/Dockerfile and loaded \
@@ -482,20 +496,19 @@ pub(crate) struct JoinCommands {
     pub join: String,
 }
 
-/// The join commands for `server`, `token` and `ca_hash`; without a cluster ID they read it
-/// from `$CLUSTER_ID`.
+/// The join commands for `server`, `token` and `ca_hash`, for cluster `cluster_id` (the
+/// one the token is bound to).
 pub(crate) fn join_commands(
     server: &str,
     token: &str,
     ca_hash: &str,
-    cluster_id: Option<&str>,
+    cluster_id: &str,
 ) -> JoinCommands {
     let (server, token, ca_hash) = (shell_word(server), shell_word(token), shell_word(ca_hash));
-    let cluster = cluster_id.map_or_else(|| "\"$CLUSTER_ID\"".to_string(), shell_word);
-    let mut join = format!("rlark join --server {server} --token {token} --ca-hash {ca_hash}");
-    if cluster_id.is_some() {
-        join.push_str(&format!(" --cluster-id {cluster}"));
-    }
+    let cluster = shell_word(cluster_id);
+    let join = format!(
+        "rlark join --server {server} --token {token} --ca-hash {ca_hash} --cluster-id {cluster}"
+    );
     let version = env!("CARGO_PKG_VERSION");
     JoinCommands {
         raw_host: format!(
@@ -931,7 +944,7 @@ mod tests {
         use crate::cli::{Cli, Command};
         use clap::Parser as _;
         let hash = format!("sha256:{}", "ab".repeat(32));
-        let c = join_commands("https://cp.example:8443", "abc.def", &hash, Some("gpu-a"));
+        let c = join_commands("https://cp.example:8443", "abc.def", &hash, "gpu-a");
         assert_eq!(
             c.join,
             format!(
@@ -985,15 +998,6 @@ mod tests {
             );
         }
         assert!(c.kubernetes.contains(&format!("--set caHash={hash}")));
-        // Without a cluster ID every command reads $CLUSTER_ID (quoted).
-        let c = join_commands("https://cp.example:8443", "abc.def", &hash, None);
-        assert!(
-            c.raw_host.contains(r#"--cluster-id "$CLUSTER_ID""#),
-            "{}",
-            c.raw_host
-        );
-        assert!(c.kubernetes.contains(r#"--set clusterID="$CLUSTER_ID""#));
-        assert!(!c.join.contains("--cluster-id"));
     }
 
     #[test]

@@ -554,10 +554,13 @@ async fn start_up_agents(
                         .await?,
                     ),
                 };
+                // `up` owns its local clusters: an agent directory lost while the server's
+                // store kept the cluster joins it again (`--rejoin`).
                 let body = serde_json::json!({
                     "kind": "bootstrap",
                     "clusterID": id,
                     "ttlSeconds": 600,
+                    "rejoin": true,
                 });
                 let response = api.post("/rlark/v1/tokens", &body).await?;
                 let text = |name: &str| {
