@@ -424,8 +424,10 @@ impl Inner {
         ))
     }
 
-    /// [`crate::node_names::claim`] for a Node about to be created; a refusal of an
-    /// agent's registration is audited.
+    /// [`crate::node_names::claim`] for a Node an agent is about to create; a refusal is
+    /// audited. (Admins, like the server's own writes, may write any Node, as agent
+    /// admission lets them; the scheduler resolves names to the cluster that registered
+    /// them first whoever wrote the Nodes.)
     async fn claim_node_name(
         &self,
         options: &WriteOptions,
@@ -551,7 +553,11 @@ impl Inner {
                 self.check_agent_node_quota(&options, rt, &namespace, &name)
                     .await?;
             }
-            let claimed = if is_node(rt) {
+            let claimed = if is_node(rt)
+                && matches!(
+                    options.caller.as_ref().map(Identity::role),
+                    Some(Role::Agent { .. })
+                ) {
                 self.claim_node_name(&options, rt, &namespace, &name)
                     .await?
             } else {

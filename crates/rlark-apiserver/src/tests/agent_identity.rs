@@ -333,10 +333,28 @@ async fn an_agent_registers_a_bounded_number_of_nodes() {
             Some(&Identity::agent("b")),
             Method::POST,
             &nodes("rlark-b"),
-            Some(&node("n1", json!({}))),
+            Some(&node("b1", json!({}))),
         )
         .await;
     assert_eq!(b.status, StatusCode::CREATED, "{}", b.body);
+    // Node names are the installation's: cluster a's `n1` is not b's to register (issue
+    // 38), and the refusal names the holder.
+    let taken = h
+        .call_as(
+            Some(&Identity::agent("b")),
+            Method::POST,
+            &nodes("rlark-b"),
+            Some(&node("n1", json!({}))),
+        )
+        .await;
+    assert_eq!(taken.status, StatusCode::CONFLICT, "{}", taken.body);
+    assert!(
+        taken.body["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(r#"held by cluster "a""#)),
+        "{}",
+        taken.body
+    );
     // Once a Node is gone, the agent may register another.
     h.delete(&format!("{}/by-admin", nodes(A))).await;
     h.delete(&format!("{}/n1", nodes(A))).await;

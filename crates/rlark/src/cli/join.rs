@@ -25,7 +25,8 @@ pub(crate) struct JoinArgs {
     /// server whose CA does not match.
     #[arg(long, value_name = "sha256:HEX")]
     ca_hash: String,
-    /// Cluster ID to join as (required unless the token is bound to one).
+    /// Cluster ID to join as: the one the token was made for (`rlark token create
+    /// --cluster-id`); when omitted, the token's.
     #[arg(long, value_name = "ID")]
     cluster_id: Option<String>,
     /// Directory for the key, certificate, CA bundle and kubeconfig (mode 0700).

@@ -884,11 +884,35 @@ mod tests {
         use crate::cli::{Cli, Command};
         use clap::Parser as _;
 
-        let cli = Cli::try_parse_from(["rlark", "token", "create", "--ttl", "2d"]).expect("parse");
+        let cli = Cli::try_parse_from([
+            "rlark",
+            "token",
+            "create",
+            "--ttl",
+            "2d",
+            "--cluster-id",
+            "c",
+        ])
+        .expect("parse");
         assert!(matches!(
             cli.command,
-            Command::Token(TokenCommand::Create(ref a)) if a.ttl == Some(172_800) && a.user.is_none()
+            Command::Token(TokenCommand::Create(ref a))
+                if a.ttl == Some(172_800) && a.user.is_none() && !a.rejoin
         ));
+        // A join token is bound to one cluster; --rejoin needs it, and is not for users.
+        assert!(Cli::try_parse_from(["rlark", "token", "create", "--ttl", "2d"]).is_err());
+        let cli =
+            Cli::try_parse_from(["rlark", "token", "create", "--cluster-id", "c", "--rejoin"])
+                .expect("parse");
+        assert!(matches!(
+            cli.command,
+            Command::Token(TokenCommand::Create(ref a)) if a.rejoin
+        ));
+        assert!(Cli::try_parse_from(["rlark", "token", "create", "--rejoin"]).is_err());
+        assert!(
+            Cli::try_parse_from(["rlark", "token", "create", "--user", "a", "--rejoin"]).is_err()
+        );
+        assert!(Cli::try_parse_from(["rlark", "token", "create", "--user", "a"]).is_ok());
         assert!(Cli::try_parse_from(["rlark", "token", "create", "--ttl", "0s"]).is_err());
         assert!(Cli::try_parse_from(["rlark", "token", "create", "--role", "admin"]).is_err());
         assert!(
