@@ -475,7 +475,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
 
     // ---- admin: a join command, a user token made and revoked ----
     await page.getByRole('link', { name: 'Admin' }).click();
-    await page.getByLabel('Cluster ID (optional)').fill('edge-9');
+    await page.getByLabel('Cluster ID').fill('edge-9');
     await page.getByRole('button', { name: 'Create join token' }).click();
     const joinText = await page.getByTestId('join command').textContent();
     assert.match(joinText, new RegExp(`^rlark join --server ${url.replace(/[.]/g, '\\.')} --token \\S+ --ca-hash sha256:[0-9a-f]+ --cluster-id edge-9$`));

@@ -100,14 +100,16 @@ export function Admin() {
             act(async () => {
               const seconds = Number(ttl);
               if (!Number.isInteger(seconds) || seconds <= 0) throw new Error('the lifetime must be a whole number of seconds');
-              const r = await sendJson('POST', '/rlark/v1/tokens', { kind: 'bootstrap', ttlSeconds: seconds, ...(clusterId ? { clusterID: clusterId } : {}) });
-              setJoin(joinCommand(window.location.origin, r.token, r.caHash, clusterId || undefined));
+              // A join token is bound to the one cluster that joins with it.
+              if (!clusterId.trim()) throw new Error('a join token needs the cluster ID of the cluster that joins with it');
+              const r = await sendJson('POST', '/rlark/v1/tokens', { kind: 'bootstrap', ttlSeconds: seconds, clusterID: clusterId.trim() });
+              setJoin(joinCommand(window.location.origin, r.token, r.caHash, clusterId.trim()));
             });
           }}
         >
           <label>
-            Cluster ID (optional){' '}
-            <input value={clusterId} onInput={(e) => setClusterId((e.target as HTMLInputElement).value)} placeholder="edge-1" />
+            Cluster ID{' '}
+            <input value={clusterId} required onInput={(e) => setClusterId((e.target as HTMLInputElement).value)} placeholder="edge-1" />
           </label>
           <label>
             Valid for (seconds) <input value={ttl} inputMode="numeric" onInput={(e) => setTtl((e.target as HTMLInputElement).value)} />
