@@ -385,9 +385,19 @@ impl NodeReporter {
                     "metadata": {"labels": object.metadata.labels},
                     "spec": {"agentType": self.node.agent_type.as_str()},
                 });
-                api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+                match api
+                    .patch(name, &PatchParams::default(), &Patch::Merge(&patch))
                     .await
-                    .map_err(register_err)?
+                {
+                    Ok(node) => node,
+                    // Not ours: the name is another cluster's Node (Node names are unique
+                    // across the installation). Report the server's refusal, which names
+                    // the holder, not the 404.
+                    Err(kube::Error::Api(missing)) if missing.code == 404 => {
+                        return Err(register_err(kube::Error::Api(s)));
+                    }
+                    Err(e) => return Err(register_err(e)),
+                }
             }
             Err(e) => return Err(register_err(e)),
         };

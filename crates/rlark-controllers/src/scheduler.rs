@@ -1755,7 +1755,7 @@ mod tests {
             // Alone, a Node holds its name.
             let lone = place(
                 &job(vec![template("t", pin.clone())]),
-                &[forged.clone()],
+                std::slice::from_ref(&forged),
                 NO_TASKS,
             );
             assert!(lone.is_ok(), "a lone Node holds its name: {pin}");
