@@ -446,6 +446,13 @@ fn start(
     size: TerminalSize,
     out: &mpsc::Sender<Vec<u8>>,
 ) -> Result<Started, String> {
+    let spawn_error = |e: &dyn std::fmt::Display| {
+        format!(
+            "start {:?} in {}: {e}",
+            options.command[0],
+            target.cwd.display()
+        )
+    };
     // An isolated replica is entered through its supervisor (see `ProcessTarget::enter`).
     let (argv, cwd): (Vec<OsString>, &Path) = match &target.enter {
         None => (
@@ -466,13 +473,19 @@ fn start(
     let Some((program, args)) = argv.split_first() else {
         return Err("no command to start".to_string());
     };
-    let spawn_error = |e: &dyn std::fmt::Display| {
-        format!(
-            "start {:?} in {}: {e}",
-            options.command[0],
-            target.cwd.display()
-        )
-    };
+    if target.enter.is_some() {
+        // The helper that enters the sandbox starts whatever the command is; a command that
+        // does not exist must still read as a start failure (127), as it does unisolated.
+        let path = target
+            .env
+            .iter()
+            .rev()
+            .find(|(name, _)| name == "PATH")
+            .map(|(_, value)| value.as_os_str());
+        if crate::runtime::resolve_program(&options.command[0], &target.cwd, path).is_err() {
+            return Err(spawn_error(&io::Error::from(nix::errno::Errno::ENOENT)));
+        }
+    }
     if options.tty {
         let (pty, pts) = pty_process::open().map_err(|e| format!("allocate a terminal: {e}"))?;
         pty.resize(pty_process::Size::new(size.height, size.width))

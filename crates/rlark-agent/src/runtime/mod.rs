@@ -872,7 +872,7 @@ fn check_dir(dir: &Path) -> Result<(), RuntimeError> {
 
 /// The file to execute for `program`: a path (relative to `work_dir`) when it contains a
 /// `/`, else the first executable file of that name in `path_var`.
-fn resolve_program(
+pub(crate) fn resolve_program(
     program: &str,
     work_dir: &Path,
     path_var: Option<&std::ffi::OsStr>,
