@@ -297,11 +297,13 @@ async fn join_works_once_per_cluster() -> Result<()> {
         assert_eq!(creds.info.common_name, "system:rlark:agent:a");
         assert_eq!(creds.info.groups, ["rlark:agents"]);
 
-        // Private files in a private directory.
+        // Private files in a private directory; the CA bundle is public (isolated
+        // replicas read it as users of their own).
         assert_eq!(mode_of(&dir)?, 0o700, "agent directory mode");
-        for file in [AGENT_PEM, AGENT_CA, AGENT_STATE, AGENT_KUBECONFIG] {
+        for file in [AGENT_PEM, AGENT_STATE, AGENT_KUBECONFIG] {
             assert_eq!(mode_of(&dir.join(file))?, 0o600, "mode of {file}");
         }
+        assert_eq!(mode_of(&dir.join(AGENT_CA))?, 0o644, "mode of {AGENT_CA}");
 
         // The agent works in its own namespace (created by the join) and nowhere else.
         let agent = client_from_kubeconfig(&dir.join(AGENT_KUBECONFIG)).await?;

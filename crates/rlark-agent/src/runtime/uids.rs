@@ -71,10 +71,14 @@ impl UidPool {
         let (start, end) = (*self.range.start(), *self.range.end());
         let size = u64::from(end - start) + 1;
         let first = fnv(replica_dir.as_os_str().as_encoded_bytes()) % size;
-        for step in 0..size {
+        // Each uid is tried once, and once more after a stale claim of it was removed.
+        let mut retried = None;
+        let mut step = 0;
+        while step < size {
             let offset = (first + step) % size;
             // `offset < size <= 2^32`, and `start + offset <= end`.
             let Ok(uid) = u32::try_from(u64::from(start) + offset) else {
+                step += 1;
                 continue;
             };
             let claim = self.dir.join(uid.to_string());
@@ -100,12 +104,16 @@ impl UidPool {
                 }
                 Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
                     // A claim left by a replica directory that is gone is free again.
-                    if self
-                        .owner(uid)
-                        .is_some_and(|owner| !owner.exists() && owner != replica_dir)
+                    if retried != Some(uid)
+                        && self
+                            .owner(uid)
+                            .is_some_and(|owner| !owner.exists() && owner != replica_dir)
+                        && std::fs::remove_file(&claim).is_ok()
                     {
-                        let _ = std::fs::remove_file(&claim);
+                        retried = Some(uid);
+                        continue;
                     }
+                    step += 1;
                 }
                 Err(source) => {
                     return Err(UidError::Io {
