@@ -145,6 +145,54 @@ pub(crate) fn unauthorized() -> Response {
         .into_response()
 }
 
+/// `Strict-Transport-Security` on every answer: browsers that reached this origin once over
+/// HTTPS never try it over plain HTTP for a year. No `includeSubDomains`: other hosts under
+/// the server's domain are not rlark's to decide.
+pub(crate) const HSTS: &str = "max-age=31536000";
+
+/// Set the headers every HTTPS answer of every listener carries (API, console, task proxy
+/// origin — [`secure_responses`]): `X-Content-Type-Options: nosniff`, so a browser never
+/// runs a body as a type it was not declared as (a task app's upload, a log as HTML), and
+/// [`HSTS`]. An answer from a proxied task app gets them too (its own values are replaced).
+pub(crate) fn set_security_headers(headers: &mut http::HeaderMap) {
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        http::HeaderValue::from_static("nosniff"),
+    );
+    headers.insert(
+        header::STRICT_TRANSPORT_SECURITY,
+        http::HeaderValue::from_static(HSTS),
+    );
+}
+
+/// The one layer that puts [`set_security_headers`] on every response of a connection's
+/// service — the outermost one, so the connection limits' own answers (503 on a reserve
+/// connection) and authentication failures carry them too.
+pub(crate) fn secure_responses<S>(
+    inner: S,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<Body>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
+> + Clone
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    hyper::service::service_fn(move |request: Request<Incoming>| {
+        let call = inner.call(request);
+        async move {
+            let mut response = call.await?;
+            set_security_headers(response.headers_mut());
+            Ok(response)
+        }
+    })
+}
+
 /// The hyper service of one connection: authenticates each request, then hands it to the
 /// router. Presented-but-invalid credentials get a 401 `Status` naming the problem.
 pub(crate) fn connection_service(

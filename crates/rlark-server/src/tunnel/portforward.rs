@@ -24,7 +24,9 @@
 //!
 //! - a `Raw` or `Docker` replica without a Domain runs in its node's network (processes on
 //!   the host; containers with `NetworkMode: host`): `127.0.0.1:PORT` through the session
-//!   of the replica's node and no other (another node's loopback is another host);
+//!   of the replica's node and no other (another node's loopback is another host), and
+//!   only when the replica's own processes listen on it (the agent's `/ports` route,
+//!   [`super::replica_port`]): the node's other services are not reachable;
 //! - a `Kubernetes` replica is a member cluster's Pod: its IP (`status.ip`) as the agent
 //!   reaches it, through any session of the cluster;
 //! - a `Raw` replica in a Domain listens in its own network namespace, which the agent only
@@ -128,6 +130,10 @@ pub(crate) struct Destination {
     pub(crate) host: String,
     /// Through this node's session only; `None`: any session of the cluster.
     pub(crate) node: Option<String>,
+    /// `(namespace, pod)` of a replica whose ports are on its node's loopback: the agent
+    /// connects only to ports the replica's own processes listen on
+    /// ([`super::replica_port`]); `None`: a member Pod's IP, dialed as it is.
+    pub(crate) replica: Option<(String, String)>,
 }
 
 impl Destination {
@@ -138,9 +144,12 @@ impl Destination {
         cluster: &str,
         port: u16,
     ) -> Result<super::HubStream, rlark_tunnel::dial::DialError> {
-        match &self.node {
-            Some(node) => hub.dial_on_node(cluster, node, &self.host, port).await,
-            None => hub.dial(cluster, None, &self.host, port).await,
+        match (&self.node, &self.replica) {
+            (Some(node), Some((namespace, pod))) => {
+                super::replica_port::dial(hub, cluster, node, namespace, pod, port).await
+            }
+            (Some(node), None) => hub.dial_on_node(cluster, node, &self.host, port).await,
+            (None, _) => hub.dial(cluster, None, &self.host, port).await,
         }
     }
 
@@ -162,6 +171,7 @@ impl Destination {
                 Ok(Destination {
                     host: ip.to_string(),
                     node: None,
+                    replica: None,
                 })
             }
             // Docker containers run with the host's network and join no Domain.
@@ -174,9 +184,11 @@ impl Destination {
             )),
             _ => {
                 let node = node.ok_or_else(|| format!("pod {name} is on no node yet"))?;
+                let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
                 Ok(Destination {
                     host: "127.0.0.1".into(),
                     node: Some(node.to_string()),
+                    replica: Some((namespace.to_string(), name.to_string())),
                 })
             }
         }
@@ -196,13 +208,11 @@ impl Dialer for HubDialer {
     fn dial(&self, port: u16) -> BoxFuture<'static, Result<Box<dyn TargetIo>, String>> {
         let hub = Arc::clone(&self.hub);
         let cluster = self.cluster.clone();
-        let Destination { host, node } = self.destination.clone();
+        let destination = self.destination.clone();
         let pod = self.pod.clone();
         Box::pin(async move {
-            let result = match &node {
-                Some(node) => hub.dial_on_node(&cluster, node, &host, port).await,
-                None => hub.dial(&cluster, None, &host, port).await,
-            };
+            let result = destination.dial(&hub, &cluster, port).await;
+            let Destination { host, node, .. } = destination;
             // kubelet's wording, so kubectl users recognize it.
             result
                 .map(|stream| Box::new(stream) as Box<dyn TargetIo>)
@@ -437,12 +447,13 @@ mod tests {
 
     #[test]
     fn destinations_follow_the_runtime() {
-        let pod = |spec: Value, status: Value| json!({"metadata": {"name": "t-0"}, "spec": spec, "status": status});
+        let pod = |spec: Value, status: Value| json!({"metadata": {"name": "t-0", "namespace": "rlark-a"}, "spec": spec, "status": status});
         let task = |agent_type: &str| json!({"spec": {"agentType": agent_type}});
         let raw = pod(json!({}), json!({"node": "n1"}));
         let loopback = Destination {
             host: "127.0.0.1".into(),
             node: Some("n1".into()),
+            replica: Some(("rlark-a".into(), "t-0".into())),
         };
         assert_eq!(
             Destination::of(&raw, Some(&task("Raw"))),
@@ -463,7 +474,8 @@ mod tests {
             Destination::of(&member, Some(&task("Kubernetes"))),
             Ok(Destination {
                 host: "10.1.0.7".into(),
-                node: None
+                node: None,
+                replica: None,
             })
         );
         assert!(Destination::of(&pod(json!({}), json!({})), Some(&task("Kubernetes"))).is_err());
