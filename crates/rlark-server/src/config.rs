@@ -1714,6 +1714,70 @@ mod tests {
     }
 
     #[test]
+    fn ssh_section_and_the_stream_share_apply_and_are_validated() {
+        let overrides = || ServerOverrides {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        };
+        let defaults = ServerConfig::resolve(None, overrides()).expect("defaults");
+        assert_eq!(defaults.ssh, crate::ssh::limits::SshLimits::default());
+        assert_eq!(defaults.tunnel.streams_per_user(), 1024);
+        let file = parse(
+            "ssh: {maxConnections: 100, maxConnectionsPerIP: 10, reservedConnections: 4, \
+             reservedConnectionsPerIP: 1, loginDeadlineSeconds: 3, maxSessionsPerConnection: 2, \
+             maxChannelsPerConnection: 5, maxSessionsPerUser: 6, maxChannelsPerUser: 7}\n\
+             tunnel: {maxStreams: 100, maxStreamsPerUser: 30}\n",
+        )
+        .expect("parse");
+        let config = ServerConfig::resolve(Some(file), overrides()).expect("valid");
+        let s = &config.ssh;
+        assert_eq!(
+            (s.max_connections, s.max_connections_per_ip),
+            (100, 10),
+            "{s:?}"
+        );
+        assert_eq!(
+            (s.reserved_connections, s.reserved_connections_per_ip),
+            (4, 1)
+        );
+        assert_eq!(s.login_deadline, Duration::from_secs(3));
+        assert_eq!(
+            (
+                s.max_sessions_per_connection,
+                s.max_channels_per_connection,
+                s.max_sessions_per_user,
+                s.max_channels_per_user
+            ),
+            (2, 5, 6, 7)
+        );
+        assert_eq!(config.tunnel.streams_per_user(), 30);
+        for (yaml, field) in [
+            ("ssh: {maxConnectionsPerIP: 0}\n", "ssh.maxConnectionsPerIP"),
+            (
+                "ssh: {loginDeadlineSeconds: 0}\n",
+                "ssh.loginDeadlineSeconds",
+            ),
+            (
+                "ssh: {reservedConnections: 2, reservedConnectionsPerIP: 3}\n",
+                "ssh.reservedConnectionsPerIP",
+            ),
+            ("ssh: {maxSessionsPerUser: 0}\n", "ssh.maxSessionsPerUser"),
+            (
+                "tunnel: {maxStreams: 10, maxStreamsPerUser: 11}\n",
+                "tunnel.maxStreamsPerUser",
+            ),
+            (
+                "tunnel: {maxStreamsPerUser: 0}\n",
+                "tunnel.maxStreamsPerUser",
+            ),
+        ] {
+            let err = ServerConfig::resolve(Some(parse(yaml).expect("parse")), overrides())
+                .expect_err(yaml);
+            assert!(err.to_string().contains(field), "{yaml}: {err}");
+        }
+    }
+
+    #[test]
     fn connections_section_and_flags_apply_and_are_validated() {
         let overrides = || ServerOverrides {
             data_dir: Some("/d".into()),

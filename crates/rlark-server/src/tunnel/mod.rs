@@ -671,6 +671,35 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_users_share_of_an_agents_streams_is_capped_and_given_back() {
+        let hub = Hub::new(
+            "r".into(),
+            TunnelConfig {
+                max_streams_per_user: Some(2),
+                ..TunnelConfig::default()
+            },
+        );
+        let a1 = hub.user_share("a", "vera").expect("first");
+        let _a2 = hub.user_share("a", "vera").expect("second");
+        let refused = hub.user_share("a", "vera").err().expect("third");
+        assert_eq!(refused.status, Status::Limit);
+        assert!(
+            refused.message.contains("tunnel.maxStreamsPerUser"),
+            "{}",
+            refused.message
+        );
+        assert_eq!(hub.share_refused.get(), 1);
+        // Another user, another agent: their own shares.
+        let _admin = hub.user_share("a", "admin").expect("admin");
+        let _other_agent = hub.user_share("b", "vera").expect("agent b");
+        // A closed stream gives its place back.
+        drop(a1);
+        let _again = hub.user_share("a", "vera").expect("after a close");
+        // The default is a quarter of the stream limit.
+        assert_eq!(TunnelConfig::default().streams_per_user(), 1024);
+    }
+
+    #[test]
     fn agent_authorities_parse() {
         assert_eq!(
             parse_agent_authority("127.0.0.1.edge.agent:9100").unwrap(),

@@ -569,6 +569,39 @@ async fn list(State(hub): State<Arc<Hub>>, request: Request) -> Response {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn forwarding_headers_are_the_proxys_own() {
+        let mut request = http::Request::get("/x")
+            .header(header::HOST, "rlark.example:8443")
+            .header("x-forwarded-for", "203.0.113.66")
+            .body(())
+            .expect("request");
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(std::net::SocketAddr::from((
+                [10, 0, 0, 7],
+                5555,
+            ))));
+        let (parts, ()) = request.into_parts();
+        let set: Vec<(String, String)> = forwarding_headers(&parts, Some("/p"))
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().expect("ascii").to_string()))
+            .collect();
+        let get = |name: &str| set.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+        assert_eq!(get("x-forwarded-for"), Some("10.0.0.7"));
+        assert_eq!(get("x-forwarded-host"), Some("rlark.example:8443"));
+        assert_eq!(get("x-forwarded-proto"), Some("https"));
+        assert_eq!(get("x-forwarded-prefix"), Some("/p"));
+        assert_eq!(
+            get("forwarded"),
+            Some("for=10.0.0.7;host=\"rlark.example:8443\";proto=https")
+        );
+        for name in ["forwarded", "x-forwarded-for", "x-forwarded-anything"] {
+            assert!(is_forwarding_header(name), "{name}");
+        }
+        assert!(!is_forwarding_header("x-forward"));
+    }
     use super::*;
     use http_body_util::BodyExt as _;
     use std::convert::Infallible;
