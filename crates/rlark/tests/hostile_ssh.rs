@@ -368,3 +368,68 @@ async fn a_channel_flood_leaves_another_tasks_proxy_working() -> anyhow::Result<
     forward.kill().await?;
     h.stop().await
 }
+
+/// The per-connection channel cap, as the real client sees it: with
+/// `ssh.maxChannelsPerConnection` at 3, a fourth forwarded connection on one `ssh -L` is
+/// refused and the client prints the reason, naming the setting; closing one makes room.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_channel_over_the_connections_cap_is_refused_naming_the_limit() -> anyhow::Result<()> {
+    if which("ssh").is_none() || which("python3").is_none() {
+        missing_tool::skip_or_fail("ssh or python3 is not installed");
+        return Ok(());
+    }
+    let supervisor = vec![env!("CARGO_BIN_EXE_rlark").into(), "supervise".into()];
+    let h = Harness::start_configured(supervisor, |config| {
+        config.ssh_listen = Some("127.0.0.1:0".parse().expect("address"));
+        config.ssh.max_channels_per_connection = 3;
+    })
+    .await?;
+    let (client, _vera) = Client::new(&h).await?;
+    let echo_port = free_port()?;
+    create_job(
+        &h.admin,
+        "echo",
+        json!(["python3", "-c", ECHO, echo_port.to_string()]),
+        json!([{"user": "vera"}]),
+    )
+    .await?;
+    h.wait_pod("echo-main-0", PodPhase::Running).await?;
+    let local = free_port()?;
+    let mut forward = client.ssh(
+        "echo-main",
+        &["-N", "-L", &format!("{local}:localhost:{echo_port}")],
+    );
+    let mut forward = forward.spawn()?;
+    let first = eventually("the forward echoes", || async {
+        Ok(forwarded_echo(local)
+            .await
+            .ok()
+            .filter(|(_, held)| *held)
+            .map(|(tcp, _)| tcp))
+    })
+    .await?;
+    let (second, ok) = forwarded_echo(local).await?;
+    assert!(ok, "the second channel");
+    let (third, ok) = forwarded_echo(local).await?;
+    assert!(ok, "the third channel");
+    let (_, ok) = forwarded_echo(local).await?;
+    assert!(!ok, "a fourth channel on the connection was opened");
+    drop(first);
+    let again = eventually("a closed channel makes room", || async {
+        Ok(forwarded_echo(local)
+            .await
+            .ok()
+            .filter(|(_, held)| *held)
+            .map(|(tcp, _)| tcp))
+    })
+    .await?;
+    drop((second, third, again));
+    forward.kill().await?;
+    let out = forward.wait_with_output().await?;
+    let stderr = text(&out.stderr);
+    assert!(
+        stderr.contains("ssh.maxChannelsPerConnection"),
+        "the client was not told why: {stderr}"
+    );
+    h.stop().await
+}
