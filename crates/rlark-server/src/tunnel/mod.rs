@@ -66,9 +66,10 @@ pub struct TunnelConfig {
     /// in the store (for replicas that do not share a store).
     pub peers: Vec<String>,
     /// Streams one user may hold open at once to one agent (cluster) through this replica:
-    /// SSH sessions and forwards, task proxy requests ([`Hub::user_share`]). `None` (the
-    /// default): a quarter of `mux.max_streams` (1024 of 4096), so one user cannot take
-    /// all of an agent's streams. File field `tunnel.maxStreamsPerUser`.
+    /// SSH sessions and forwards, task proxy requests, exec, port-forward connections
+    /// ([`Hub::user_share`]). `None` (the default): a quarter of `mux.max_streams` (1024 of
+    /// 4096), so one user cannot take all of an agent's streams. File field
+    /// `tunnel.maxStreamsPerUser`.
     pub max_streams_per_user: Option<usize>,
 }
 

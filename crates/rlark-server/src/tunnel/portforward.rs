@@ -195,10 +195,13 @@ impl Destination {
     }
 }
 
-/// Dials a replica's ports through the hub.
+/// Dials a replica's ports through the hub, each connection in its user's share of the
+/// agent's streams.
 struct HubDialer {
     hub: Arc<Hub>,
     cluster: String,
+    /// Who forwards (for the per-user stream share).
+    user: String,
     destination: Destination,
     /// `namespace/pod`, for messages.
     pod: String,
@@ -210,8 +213,15 @@ impl Dialer for HubDialer {
         let cluster = self.cluster.clone();
         let destination = self.destination.clone();
         let pod = self.pod.clone();
+        let user = self.user.clone();
         Box::pin(async move {
-            let result = destination.dial(&hub, &cluster, port).await;
+            let result = match hub.user_share(&cluster, &user) {
+                Ok(share) => destination
+                    .dial(&hub, &cluster, port)
+                    .await
+                    .map(|stream| stream.with_share(share)),
+                Err(error) => Err(error),
+            };
             let Destination { host, node, .. } = destination;
             // kubelet's wording, so kubectl users recognize it.
             result
@@ -316,6 +326,7 @@ pub(super) async fn portforward(
     let dialer: Arc<dyn Dialer> = Arc::new(HubDialer {
         hub: Arc::clone(&state.hub),
         cluster,
+        user: caller.identity.user.clone(),
         destination,
         pod: label.clone(),
     });
