@@ -45,6 +45,10 @@
 //! agent, a Pod with the annotation `rlark.io/member-pod` is exec'd into through the member
 //! API's `pods/exec` instead ([`crate::member::exec`]).
 //!
+//! `GET /ports/{namespace}/{pod}/{port}` (`Upgrade: rlark-port`): a connection to a port
+//! the replica's own processes listen on, for the task proxy, `ssh -L` and port-forward;
+//! see [`crate::ports`].
+//!
 //! `GET /v1/cameras/{id}/stream?fps=N`: the live view of a camera of the host's embodied
 //! runtime as MJPEG; `GET /v1/cameras`, `POST /v1/cameras/{id}/{open,close}`: the cameras;
 //! see [`crate::camera_stream`].
@@ -200,6 +204,10 @@ impl LocalApi {
                             uri.query(),
                         )
                         .await);
+                    }
+                    if request.uri().path().starts_with(crate::ports::PORTS_PREFIX) {
+                        let (dir, node, stop) = (&inner.tasks_dir, &inner.node, &inner.shutdown);
+                        return Ok(crate::ports::handle(dir, node, stop, request).await);
                     }
                     if request.uri().path().starts_with(crate::exec::EXEC_PREFIX) {
                         // A Pod a Kubernetes agent mirrors: exec goes to the member API.

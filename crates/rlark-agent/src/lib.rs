@@ -40,6 +40,7 @@ pub mod kubernetes;
 pub mod member;
 pub mod net;
 pub mod node;
+pub mod ports;
 pub mod robot_actions;
 mod runs;
 pub mod runtime;

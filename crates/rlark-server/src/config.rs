@@ -104,6 +104,9 @@ pub struct ServerConfig {
     /// Address of the SSH endpoint (`--ssh-listen`; docs/ssh.md); `None` (the default):
     /// no SSH endpoint.
     pub ssh_listen: Option<SocketAddr>,
+    /// The SSH endpoint's limits: connections per source and the reserve, the login
+    /// deadline, sessions and channels per connection and per user (the `ssh` section).
+    pub ssh: crate::ssh::limits::SshLimits,
     /// Address of the task proxy's own origin (`--proxy-listen`; docs/ssh.md, "The task
     /// proxy's origin"); `None` (the default): no proxy origin, and browsers cannot open
     /// task apps (bearer tokens and certificates still reach the proxy routes on `listen`).
@@ -176,6 +179,7 @@ impl ServerConfig {
             audit_log: crate::AuditLogConfig::default(),
             connections: crate::limits::ConnectionLimits::default(),
             ssh_listen: None,
+            ssh: crate::ssh::limits::SshLimits::default(),
             proxy_listen: None,
             proxy_url: None,
         }
@@ -329,6 +333,39 @@ impl ServerConfig {
             }
             if let Some(v) = tunnel.peers {
                 config.tunnel.peers = v;
+            }
+            if let Some(v) = tunnel.max_streams_per_user {
+                config.tunnel.max_streams_per_user = Some(v);
+            }
+        }
+        if let Some(ssh) = file.ssh {
+            let limits = &mut config.ssh;
+            if let Some(v) = ssh.max_connections {
+                limits.max_connections = v;
+            }
+            if let Some(v) = ssh.max_connections_per_ip {
+                limits.max_connections_per_ip = v;
+            }
+            if let Some(v) = ssh.reserved_connections {
+                limits.reserved_connections = v;
+            }
+            if let Some(v) = ssh.reserved_connections_per_ip {
+                limits.reserved_connections_per_ip = v;
+            }
+            if let Some(v) = ssh.login_deadline_seconds {
+                limits.login_deadline = Duration::from_secs(v);
+            }
+            if let Some(v) = ssh.max_sessions_per_connection {
+                limits.max_sessions_per_connection = v;
+            }
+            if let Some(v) = ssh.max_channels_per_connection {
+                limits.max_channels_per_connection = v;
+            }
+            if let Some(v) = ssh.max_sessions_per_user {
+                limits.max_sessions_per_user = v;
+            }
+            if let Some(v) = ssh.max_channels_per_user {
+                limits.max_channels_per_user = v;
             }
         }
         if let Some(c) = file.connections {
@@ -600,6 +637,20 @@ impl ServerConfig {
         if self.tunnel.mux.max_streams == 0 {
             return Err(invalid("tunnel.maxStreams", "must be positive".into()));
         }
+        if let Some(share) = self.tunnel.max_streams_per_user
+            && (share == 0 || share > self.tunnel.mux.max_streams)
+        {
+            return Err(invalid(
+                "tunnel.maxStreamsPerUser",
+                format!(
+                    "must be between 1 and tunnel.maxStreams ({}), got {share}",
+                    self.tunnel.mux.max_streams
+                ),
+            ));
+        }
+        self.ssh
+            .validate()
+            .map_err(|(field, message)| invalid(field, message))?;
         if self.tunnel.mux.keepalive_timeout <= self.tunnel.mux.keepalive_interval {
             return Err(invalid(
                 "tunnel.keepaliveTimeoutSeconds",
@@ -954,6 +1005,8 @@ pub struct ServerConfigFile {
     pub audit_log: Option<AuditLogConfigFile>,
     /// `connections`: listener timeouts and connection caps.
     pub connections: Option<ConnectionsConfigFile>,
+    /// `ssh`: the SSH endpoint's limits.
+    pub ssh: Option<SshConfigFile>,
     /// `store`: the store's in-memory change log.
     pub store: Option<StoreConfigFile>,
 }
@@ -1002,6 +1055,33 @@ pub struct ConnectionsConfigFile {
     pub http2_max_pending_accept_reset_streams: Option<usize>,
     /// `http2MaxLocalErrorResetStreams` (default 1024).
     pub http2_max_local_error_reset_streams: Option<usize>,
+}
+
+/// The `ssh` section of [`ServerConfigFile`]; see `SshLimits` for the meaning and default
+/// of each field.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SshConfigFile {
+    /// `maxConnections` (default 1024).
+    pub max_connections: Option<usize>,
+    /// `maxConnectionsPerIP` (default 64).
+    #[serde(rename = "maxConnectionsPerIP")]
+    pub max_connections_per_ip: Option<usize>,
+    /// `reservedConnections` (default 32).
+    pub reserved_connections: Option<usize>,
+    /// `reservedConnectionsPerIP` (default 2).
+    #[serde(rename = "reservedConnectionsPerIP")]
+    pub reserved_connections_per_ip: Option<usize>,
+    /// `loginDeadlineSeconds` (default 10).
+    pub login_deadline_seconds: Option<u64>,
+    /// `maxSessionsPerConnection` (default 10).
+    pub max_sessions_per_connection: Option<usize>,
+    /// `maxChannelsPerConnection` (default 256).
+    pub max_channels_per_connection: Option<usize>,
+    /// `maxSessionsPerUser` (default 64).
+    pub max_sessions_per_user: Option<usize>,
+    /// `maxChannelsPerUser` (default 512).
+    pub max_channels_per_user: Option<usize>,
 }
 
 /// The `store` section of [`ServerConfigFile`].
@@ -1179,6 +1259,9 @@ pub struct TunnelConfigFile {
     pub peer_url: Option<String>,
     /// `peers`: other replicas' `https://` URLs, offered to agents.
     pub peers: Option<Vec<String>>,
+    /// `maxStreamsPerUser`: streams one user may hold open to one agent (default: a
+    /// quarter of `maxStreams`).
+    pub max_streams_per_user: Option<usize>,
 }
 
 /// The `security` section of [`ServerConfigFile`]; see `SecurityConfig`.
@@ -1715,6 +1798,70 @@ mod tests {
         )
         .expect("valid");
         assert!(config.reinitialize_store, "--reinitialize-store");
+    }
+
+    #[test]
+    fn ssh_section_and_the_stream_share_apply_and_are_validated() {
+        let overrides = || ServerOverrides {
+            data_dir: Some("/d".into()),
+            ..Default::default()
+        };
+        let defaults = ServerConfig::resolve(None, overrides()).expect("defaults");
+        assert_eq!(defaults.ssh, crate::ssh::limits::SshLimits::default());
+        assert_eq!(defaults.tunnel.streams_per_user(), 1024);
+        let file = parse(
+            "ssh: {maxConnections: 100, maxConnectionsPerIP: 10, reservedConnections: 4, \
+             reservedConnectionsPerIP: 1, loginDeadlineSeconds: 3, maxSessionsPerConnection: 2, \
+             maxChannelsPerConnection: 5, maxSessionsPerUser: 6, maxChannelsPerUser: 7}\n\
+             tunnel: {maxStreams: 100, maxStreamsPerUser: 30}\n",
+        )
+        .expect("parse");
+        let config = ServerConfig::resolve(Some(file), overrides()).expect("valid");
+        let s = &config.ssh;
+        assert_eq!(
+            (s.max_connections, s.max_connections_per_ip),
+            (100, 10),
+            "{s:?}"
+        );
+        assert_eq!(
+            (s.reserved_connections, s.reserved_connections_per_ip),
+            (4, 1)
+        );
+        assert_eq!(s.login_deadline, Duration::from_secs(3));
+        assert_eq!(
+            (
+                s.max_sessions_per_connection,
+                s.max_channels_per_connection,
+                s.max_sessions_per_user,
+                s.max_channels_per_user
+            ),
+            (2, 5, 6, 7)
+        );
+        assert_eq!(config.tunnel.streams_per_user(), 30);
+        for (yaml, field) in [
+            ("ssh: {maxConnectionsPerIP: 0}\n", "ssh.maxConnectionsPerIP"),
+            (
+                "ssh: {loginDeadlineSeconds: 0}\n",
+                "ssh.loginDeadlineSeconds",
+            ),
+            (
+                "ssh: {reservedConnections: 2, reservedConnectionsPerIP: 3}\n",
+                "ssh.reservedConnectionsPerIP",
+            ),
+            ("ssh: {maxSessionsPerUser: 0}\n", "ssh.maxSessionsPerUser"),
+            (
+                "tunnel: {maxStreams: 10, maxStreamsPerUser: 11}\n",
+                "tunnel.maxStreamsPerUser",
+            ),
+            (
+                "tunnel: {maxStreamsPerUser: 0}\n",
+                "tunnel.maxStreamsPerUser",
+            ),
+        ] {
+            let err = ServerConfig::resolve(Some(parse(yaml).expect("parse")), overrides())
+                .expect_err(yaml);
+            assert!(err.to_string().contains(field), "{yaml}: {err}");
+        }
     }
 
     #[test]

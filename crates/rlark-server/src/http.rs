@@ -145,6 +145,85 @@ pub(crate) fn unauthorized() -> Response {
         .into_response()
 }
 
+/// `Strict-Transport-Security` on every answer: browsers that reached this origin once over
+/// HTTPS never try it over plain HTTP for a year. No `includeSubDomains`: other hosts under
+/// the server's domain are not rlark's to decide.
+pub(crate) const HSTS: &str = "max-age=31536000";
+
+/// Whether an answer to a request for `host` (the `Host` header or the URI's authority)
+/// gets [`HSTS`]: not for `localhost` and `*.localhost` (the task proxy origin of
+/// `rlark up`): HSTS holds for a host whatever its port, so it would force HTTPS on every
+/// other development server of that browser on `localhost`. (Browsers ignore it for IP
+/// addresses anyway, RFC 6797 §8.1.)
+pub(crate) fn hsts_applies(host: Option<&str>) -> bool {
+    let Some(host) = host else {
+        return true;
+    };
+    let name = match host.rsplit_once(':') {
+        // `[v6]:port`, `name:port`; a bare IPv6 literal has several colons.
+        Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) && !name.ends_with(':') => {
+            name
+        }
+        _ => host,
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    !(name == "localhost" || name.ends_with(".localhost"))
+}
+
+/// Set the headers every HTTPS answer of every listener carries (API, console, task proxy
+/// origin — [`secure_responses`]): `X-Content-Type-Options: nosniff`, so a browser never
+/// runs a body as a type it was not declared as (a task app's upload, a log as HTML), and
+/// [`HSTS`] when `hsts` ([`hsts_applies`]). An answer from a proxied task app gets them
+/// too (its own values are replaced, or removed on `localhost`).
+pub(crate) fn set_security_headers(headers: &mut http::HeaderMap, hsts: bool) {
+    headers.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        http::HeaderValue::from_static("nosniff"),
+    );
+    if hsts {
+        headers.insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            http::HeaderValue::from_static(HSTS),
+        );
+    } else {
+        headers.remove(header::STRICT_TRANSPORT_SECURITY);
+    }
+}
+
+/// The one layer that puts [`set_security_headers`] on every response of a connection's
+/// service — the outermost one, so the connection limits' own answers (503 on a reserve
+/// connection) and authentication failures carry them too.
+pub(crate) fn secure_responses<S>(
+    inner: S,
+) -> impl hyper::service::Service<
+    Request<Incoming>,
+    Response = Response<Body>,
+    Error = Infallible,
+    Future = impl Future<Output = Result<Response<Body>, Infallible>> + Send + 'static,
+> + Clone
+where
+    S: hyper::service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    hyper::service::service_fn(move |request: Request<Incoming>| {
+        let host = request
+            .headers()
+            .get(header::HOST)
+            .and_then(|h| h.to_str().ok())
+            .or_else(|| request.uri().authority().map(|a| a.as_str()));
+        let hsts = hsts_applies(host);
+        let call = inner.call(request);
+        async move {
+            let mut response = call.await?;
+            set_security_headers(response.headers_mut(), hsts);
+            Ok(response)
+        }
+    })
+}
+
 /// The hyper service of one connection: authenticates each request, then hands it to the
 /// router. Presented-but-invalid credentials get a 401 `Status` naming the problem.
 pub(crate) fn connection_service(
@@ -225,6 +304,38 @@ mod tests {
         let status = response.status();
         let bytes = response.into_body().collect().await.unwrap().to_bytes();
         (status, serde_json::from_slice(&bytes).unwrap_or_default())
+    }
+
+    #[test]
+    fn hsts_is_not_sent_to_localhost_names() {
+        for host in [
+            "rlark.example.com",
+            "rlark.example.com:8443",
+            "127.0.0.1:8443",
+            "[::1]:8443",
+            "localhost.example.com",
+        ] {
+            assert!(hsts_applies(Some(host)), "{host}");
+        }
+        assert!(hsts_applies(None));
+        for host in [
+            "localhost",
+            "localhost:9444",
+            "LOCALHOST.",
+            "apps.localhost:1",
+        ] {
+            assert!(!hsts_applies(Some(host)), "{host}");
+        }
+        let mut headers = http::HeaderMap::new();
+        headers.insert(
+            header::STRICT_TRANSPORT_SECURITY,
+            http::HeaderValue::from_static("max-age=0"),
+        );
+        set_security_headers(&mut headers, true);
+        assert_eq!(headers[header::STRICT_TRANSPORT_SECURITY], HSTS);
+        assert_eq!(headers[header::X_CONTENT_TYPE_OPTIONS], "nosniff");
+        set_security_headers(&mut headers, false);
+        assert!(headers.get(header::STRICT_TRANSPORT_SECURITY).is_none());
     }
 
     async fn panics_with_str() -> &'static str {

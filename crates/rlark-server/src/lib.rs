@@ -71,7 +71,7 @@ use tracing::Instrument as _;
 pub use config::{
     ApiConfigFile, AuditLogConfigFile, ConfigError, ConnectionsConfigFile, ControllersConfig,
     ControllersConfigFile, DEFAULT_LISTEN, SecretText, SecurityConfigFile, ServerConfig,
-    ServerConfigFile, ServerOverrides, TunnelConfigFile,
+    ServerConfigFile, ServerOverrides, SshConfigFile, TunnelConfigFile,
 };
 pub use limits::ConnectionLimits;
 pub use rlark_apiserver::discovery::{BuildInfo, set_build_info};
@@ -79,6 +79,7 @@ pub use security::audit_file::{AUDIT_LOG_FILE, AuditLogConfig};
 pub use security::join_limit::JoinLimitConfig;
 pub use security::revocation_file::REVOCATIONS_FILE;
 pub use security::{CertRole, SecurityConfig};
+pub use ssh::limits::SshLimits;
 pub use tunnel::{TunnelConfig, TunnelInfo};
 
 /// User name of the admin client certificate.
@@ -492,6 +493,10 @@ async fn start_with_token(
         shutdown: background.clone(),
     });
     let ssh_keys = ssh::keys::SshKeys::new(Arc::new(store.clone()));
+    let ssh_metrics = ssh::limits::SshMetrics::default();
+    if config.ssh_listen.is_some() {
+        ssh_metrics.register(&mut registry);
+    }
     let ssh = match config.ssh_listen {
         None => None,
         Some(listen) => {
@@ -503,6 +508,9 @@ async fn start_with_token(
                 keys: Arc::clone(&ssh_keys),
                 ssh_ca_fingerprint: ssh_ca_fingerprint.clone(),
                 shutdown: background.clone(),
+                limits: config.ssh.clone(),
+                metrics: ssh_metrics.clone(),
+                user_channels: Arc::default(),
             });
             match ssh::start(listen, &pki_dir, state).await {
                 Ok((endpoint, _task)) => Some(endpoint),
@@ -1062,6 +1070,8 @@ impl Connection {
         );
         let activity = limits::Activity::new();
         let service = limits::track(service, Arc::clone(&activity), probe_only);
+        // Every answer of every HTTPS listener: nosniff and HSTS, here and nowhere else.
+        let service = http::secure_responses(service);
         let conn = self
             .builder
             .serve_connection_with_upgrades(TokioIo::new(tls), service);

@@ -333,9 +333,23 @@ struct GateCounts {
     per_ip: HashMap<IpAddr, (usize, usize)>,
 }
 
-/// Admission control of accepted connections (see the module documentation).
+/// The caps a [`Gate`] admits by: a general budget, all sources together and per source
+/// IP, and a reserve beyond it, all sources together and per source IP. The HTTPS listener
+/// takes them from [`ConnectionLimits`]; the SSH listener from its own `ssh` settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct GateCaps {
+    pub max_connections: usize,
+    pub max_per_ip: usize,
+    pub reserve: usize,
+    pub reserve_per_ip: usize,
+}
+
+/// Admission control of accepted connections (see the module documentation). Shared by
+/// the HTTPS listeners and the SSH listener (each has its own gate).
 #[derive(Debug)]
 pub(crate) struct Gate {
+    /// Which listener, for log lines.
+    listener: &'static str,
     max_connections: usize,
     max_per_ip: usize,
     reserve: usize,
@@ -351,19 +365,35 @@ pub(crate) struct Gate {
 const REFUSAL_WARN_INTERVAL: Duration = Duration::from_secs(10);
 
 impl Gate {
+    /// The HTTPS listeners' gate.
     pub(crate) fn new(limits: &ConnectionLimits, nofile: Option<u64>) -> Arc<Gate> {
-        let max_connections = limits.effective_max_connections(nofile);
+        Gate::with_caps(
+            "https",
+            GateCaps {
+                max_connections: limits.effective_max_connections(nofile),
+                max_per_ip: limits.max_connections_per_ip,
+                reserve: limits.reserved_connections,
+                reserve_per_ip: limits.reserved_connections_per_ip,
+            },
+        )
+    }
+
+    /// A gate with `caps`, for the listener named `listener` in its log lines.
+    pub(crate) fn with_caps(listener: &'static str, caps: GateCaps) -> Arc<Gate> {
         tracing::info!(
-            max_connections,
-            max_connections_per_ip = limits.max_connections_per_ip,
-            reserved_connections = limits.reserved_connections,
+            listener,
+            max_connections = caps.max_connections,
+            max_connections_per_ip = caps.max_per_ip,
+            reserved_connections = caps.reserve,
+            reserved_connections_per_ip = caps.reserve_per_ip,
             "connection limits"
         );
         Arc::new(Gate {
-            max_connections,
-            max_per_ip: limits.max_connections_per_ip,
-            reserve: limits.reserved_connections,
-            reserve_per_ip: limits.reserved_connections_per_ip,
+            listener,
+            max_connections: caps.max_connections,
+            max_per_ip: caps.max_per_ip,
+            reserve: caps.reserve,
+            reserve_per_ip: caps.reserve_per_ip,
             counts: Mutex::default(),
             refused: AtomicU64::new(0),
             last_warned_ms: AtomicU64::new(0),
@@ -421,6 +451,7 @@ impl Gate {
                         .is_ok()
                 {
                     tracing::warn!(
+                        listener = self.listener,
                         %ip,
                         refused_total = refused,
                         max_connections = self.max_connections,
@@ -428,7 +459,11 @@ impl Gate {
                         "connection refused: connection limit and reserve exhausted"
                     );
                 } else {
-                    tracing::debug!(%ip, "connection refused: connection limit reached");
+                    tracing::debug!(
+                        listener = self.listener,
+                        %ip,
+                        "connection refused: connection limit reached"
+                    );
                 }
                 None
             }

@@ -1,7 +1,8 @@
 //! The task HTTP proxy end to end: an in-process server with a real agent, raw tasks, and
-//! a TensorBoard-like app listening on the replica's network view (a raw replica's ports
-//! are its node's loopback, here this machine's) that emits absolute links, redirects,
-//! cookie paths and a WebSocket. Through
+//! a TensorBoard-like app run by the replica (this test binary started again, see
+//! [`app_in_a_replica`]; a raw replica's ports are its node's loopback, here this
+//! machine's, and the proxy reaches only those its own processes listen on) that emits
+//! absolute links, redirects, cookie paths and a WebSocket. Through
 //! `/rlark/v1/namespaces/{ns}/tasks/{name}/proxy/{port}/`:
 //! - the page comes back with its links under the prefix, the redirect too, and the app saw
 //!   `X-Forwarded-Prefix` but not the caller's credentials;
@@ -26,7 +27,7 @@ use hyper::body::{Bytes, Incoming};
 use hyper_util::rt::TokioIo;
 use kube::api::{Api, PostParams};
 use rlark_api::types::{Job, PodPhase};
-use rlark_testkit::real_agent::{DEADLINE, Harness, NAMESPACE, viewer_client};
+use rlark_testkit::real_agent::{DEADLINE, Harness, NAMESPACE, eventually, viewer_client};
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use serde_json::json;
@@ -96,10 +97,28 @@ async fn app(request: http::Request<Incoming>) -> Result<http::Response<Full<Byt
     Ok(response.expect("response"))
 }
 
-async fn serve_app() -> anyhow::Result<u16> {
-    let listener = TcpListener::bind("127.0.0.1:0").await?;
-    let port = listener.local_addr()?.port();
-    tokio::spawn(async move {
+/// The environment variable that makes [`app_in_a_replica`] serve the app on its port.
+const APP_PORT_ENV: &str = "RLARK_TEST_TASK_APP_PORT";
+
+/// Not a test of its own: the task's app, run by a replica as this test binary started
+/// again (`--exact app_in_a_replica`) with [`APP_PORT_ENV`] set — the proxy reaches only
+/// ports the replica's own processes listen on. Returns at once without it.
+#[test]
+fn app_in_a_replica() {
+    let Some(port) = std::env::var(APP_PORT_ENV)
+        .ok()
+        .and_then(|p| p.parse::<u16>().ok())
+    else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    runtime.block_on(async move {
+        let listener = TcpListener::bind(("127.0.0.1", port))
+            .await
+            .expect("bind the app's port");
         while let Ok((tcp, _)) = listener.accept().await {
             tokio::spawn(async move {
                 let _ = hyper::server::conn::http1::Builder::new()
@@ -109,21 +128,33 @@ async fn serve_app() -> anyhow::Result<u16> {
             });
         }
     });
-    Ok(port)
 }
 
+fn free_port() -> anyhow::Result<u16> {
+    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
+        .local_addr()?
+        .port())
+}
+
+/// Create Job `name` whose replica serves the test app on `port` ([`app_in_a_replica`]).
 async fn create_job(
     admin: &kube::Client,
     name: &str,
     access: serde_json::Value,
+    port: u16,
 ) -> anyhow::Result<()> {
+    let me = std::env::current_exe()?;
     let job: Job = serde_json::from_value(json!({
         "apiVersion": "rlinf.io/v1alpha1",
         "kind": "Job",
         "metadata": {"name": name},
         "spec": {"access": access, "tasks": [{
             "name": "main", "agentType": "Raw", "role": "Actor",
-            "raw": {"entrypoint": ["sleep", "600"]},
+            "raw": {
+                "entrypoint": [me, "--exact", "app_in_a_replica", "--nocapture",
+                               "--test-threads=1"],
+                "environment": [{"name": APP_PORT_ENV, "value": port.to_string()}],
+            },
         }]},
     }))?;
     Api::<Job>::all(admin.clone())
@@ -177,12 +208,18 @@ async fn task_web_uis_are_proxied_under_their_prefix() -> anyhow::Result<()> {
         config.proxy_listen = Some("127.0.0.1:0".parse().expect("address"));
     })
     .await?;
-    let port = serve_app().await?;
-    create_job(&h.admin, "board", json!([{"user": "vera"}])).await?;
-    create_job(&h.admin, "secret", json!([])).await?;
+    let port = free_port()?;
+    let secret_port = free_port()?;
+    create_job(&h.admin, "board", json!([{"user": "vera"}]), port).await?;
+    create_job(&h.admin, "secret", json!([]), secret_port).await?;
     h.wait_pod("board-main-0", PodPhase::Running).await?;
     h.wait_pod("secret-main-0", PodPhase::Running).await?;
     let prefix = format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/board-main/proxy/{port}");
+    eventually("the app listens in its replica", || async {
+        let (status, _, _) = get(&h.admin, &format!("{prefix}/data/run1")).await?;
+        Ok((status == 200).then_some(()))
+    })
+    .await?;
 
     // The page, its links under the prefix; what the app was told and not told.
     let dir = tempfile::tempdir()?;
@@ -223,7 +260,7 @@ async fn task_web_uis_are_proxied_under_their_prefix() -> anyhow::Result<()> {
     assert_eq!((status, body.as_str()), (200, "scalars of run1"));
 
     // A task whose Job does not grant vera: 403, audited.
-    let secret = format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/secret-main/proxy/{port}/");
+    let secret = format!("/rlark/v1/namespaces/{NAMESPACE}/tasks/secret-main/proxy/{secret_port}/");
     let (status, _, message) = get(&vera, &secret).await?;
     assert_eq!(status, 403, "{message}");
     assert!(message.contains("does not grant it"), "{message}");
@@ -236,8 +273,11 @@ async fn task_web_uis_are_proxied_under_their_prefix() -> anyhow::Result<()> {
         "{audit}"
     );
     // The admin reaches every task.
-    let (status, _, _) = get(&h.admin, &secret).await?;
-    assert_eq!(status, 200);
+    eventually("the admin reaches the other task's app", || async {
+        let (status, _, _) = get(&h.admin, &secret).await?;
+        Ok((status == 200).then_some(()))
+    })
+    .await?;
 
     // A WebSocket through the proxy (as the admin, over TLS with its certificate).
     let addr = h.server.addr();

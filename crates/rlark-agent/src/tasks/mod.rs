@@ -117,7 +117,7 @@ mod prune;
 mod reconciler;
 mod recovery;
 mod state;
-mod tensorboard;
+pub(crate) mod tensorboard;
 mod worker;
 
 use std::collections::BTreeMap;

@@ -38,7 +38,7 @@ pub(super) const PROGRAM: &str = "tensorboard";
 pub(super) const LOG_FILE: &str = "tensorboard.log";
 /// The file naming the running one (`PID START_TICKS`), in the replica's directory: a
 /// TensorBoard an agent killed with SIGKILL left behind is killed by the next start there.
-pub(super) const PID_FILE: &str = "tensorboard.pid";
+pub(crate) const PID_FILE: &str = "tensorboard.pid";
 
 /// A running TensorBoard; killed (its process group) on [`TensorBoard::stop`] or drop.
 #[derive(Debug)]

@@ -3,7 +3,7 @@
 //! `agent-api` tunnel stream, remotecommand `v5.channel.k8s.io`), spoken here by the server
 //! itself instead of relayed from a client.
 
-use crate::tunnel::HubStream;
+use crate::tunnel::{HubStream, StreamShare};
 use futures::{SinkExt as _, StreamExt as _};
 use rlark_tunnel::agent_api::{
     Channel, EXEC_PROTOCOL_V5, ExecOptions, ExecOutcome, MAX_EXEC_MESSAGE, TerminalSize,
@@ -41,16 +41,19 @@ pub(crate) struct ExecOutput {
 }
 
 impl AgentExec {
-    /// Start `options` in `replica` through its agent; the error is for the user.
+    /// Start `options` in `replica` through its agent, the stream counted in `share` (its
+    /// user's share of the agent's streams); the error is for the user.
     pub(crate) async fn start(
         hub: &Hub,
         replica: &Replica,
         options: &ExecOptions,
+        share: StreamShare,
     ) -> Result<AgentExec, String> {
         let stream = hub
             .dial_agent_api(replica.cluster(), replica.node())
             .await
-            .map_err(|e| format!("reach the agent of cluster {:?}: {e}", replica.cluster()))?;
+            .map_err(|e| format!("reach the agent of cluster {:?}: {e}", replica.cluster()))?
+            .with_share(share);
         let url = format!(
             "ws://agent{}?{}",
             exec_path(&replica.namespace, &replica.pod_name),

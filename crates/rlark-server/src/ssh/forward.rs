@@ -6,8 +6,11 @@
 //!
 //! HOST must be the replica itself: `localhost`, `127.0.0.1` or `::1` (the replica's
 //! loopback), or the replica's own IP; anything else is refused ("administratively
-//! prohibited"), so a forward cannot reach other hosts of the agent's network. Each forward
-//! is audited (`action: ssh-forward`).
+//! prohibited"), so a forward cannot reach other hosts of the agent's network. On a node's
+//! loopback, PORT must be one the replica's own processes listen on (the agent checks,
+//! `tunnel::replica_port`), so a forward cannot reach the node's other services either.
+//! Each forward holds one of its user's share of the agent's streams
+//! (`Hub::user_share`). Each forward is audited (`action: ssh-forward`).
 
 use std::sync::Arc;
 
@@ -27,6 +30,8 @@ enum Refused {
     Denied(String),
     /// Allowed, but the agent could not connect.
     Unreachable(String),
+    /// The user holds their share of the agent's streams.
+    Limit(String),
 }
 
 /// The replica and a stream to `host:port` in its network view.
@@ -57,12 +62,29 @@ async fn connect(
              127.0.0.1, ::1 or its IP) may be reached"
         )));
     }
-    let stream = destination
-        .dial(&state.hub, replica.cluster(), port)
-        .await
+    let share = state
+        .hub
+        .user_share(replica.cluster(), &login.identity.user)
         .map_err(|e| {
-            Refused::Unreachable(format!("{}: dial port {port}: {e}", replica.pod_name))
+            state.metrics.refused("agent-streams-per-user");
+            Refused::Limit(e.message)
         })?;
+    let stream = match destination.dial(&state.hub, replica.cluster(), port).await {
+        Ok(stream) => stream.with_share(share),
+        // A port that is not the replica's (another service of the node): not allowed.
+        Err(e) if e.status == rlark_tunnel::header::Status::Forbidden => {
+            return Err(Refused::Denied(format!(
+                "{}: forward to port {port} refused: {}",
+                replica.pod_name, e.message
+            )));
+        }
+        Err(e) => {
+            return Err(Refused::Unreachable(format!(
+                "{}: dial port {port}: {e}",
+                replica.pod_name
+            )));
+        }
+    };
     Ok((replica.pod_name, stream, port))
 }
 
@@ -91,6 +113,17 @@ pub(crate) async fn open(
         Err(Refused::Unreachable(reason)) => {
             audit(&state, &login, None, &reason, "allowed");
             reply.reject(ChannelOpenFailure::ConnectFailed).await;
+            return;
+        }
+        Err(Refused::Limit(reason)) => {
+            audit(&state, &login, None, &reason, "denied");
+            reply
+                .reject(ChannelOpenFailure::Other {
+                    // RFC 4254 SSH_OPEN_RESOURCE_SHORTAGE
+                    code: 4,
+                    reason: format!("rlark: {reason}"),
+                })
+                .await;
             return;
         }
     };

@@ -17,6 +17,7 @@ use russh::{Channel, ChannelId, Disconnect};
 
 use super::SshState;
 use super::auth::{self, Login, Refusal, Target};
+use super::limits::{ChannelKind, ChannelSlot, ConnectionChannels};
 use super::session::Closing;
 
 /// One client connection.
@@ -27,6 +28,8 @@ pub(crate) struct Connection {
     closing: Closing,
     /// Set once authenticated (the connection's authentication deadline reads it).
     authenticated: Arc<AtomicBool>,
+    /// Its open channels, for the per-connection caps.
+    channels: Arc<ConnectionChannels>,
 }
 
 impl Connection {
@@ -41,6 +44,44 @@ impl Connection {
             login: None,
             closing: Closing::new(),
             authenticated,
+            channels: Arc::default(),
+        }
+    }
+
+    /// A slot for a new channel of `kind`, or `None` after refusing it with a message
+    /// naming the limit (counted and logged).
+    async fn channel_slot(
+        &self,
+        login: &Login,
+        kind: ChannelKind,
+        reply: ChannelOpenHandle,
+    ) -> Option<(ChannelSlot, ChannelOpenHandle)> {
+        match super::limits::take_channel(
+            &self.state.limits,
+            &self.state.user_channels,
+            &self.channels,
+            &login.identity.user,
+            kind,
+        ) {
+            Ok(slot) => Some((slot, reply)),
+            Err(refusal) => {
+                self.state.metrics.refused(refusal.limit);
+                tracing::info!(
+                    user = %login.identity.user,
+                    peer = ?self.peer,
+                    limit = refusal.limit,
+                    reason = %refusal.message,
+                    "ssh channel refused: limit reached"
+                );
+                reply
+                    .reject(russh::ChannelOpenFailure::Other {
+                        // RFC 4254 SSH_OPEN_RESOURCE_SHORTAGE
+                        code: 4,
+                        reason: format!("rlark: {}; close some and retry", refusal.message),
+                    })
+                    .await;
+                None
+            }
         }
     }
 
@@ -174,13 +215,21 @@ impl Handler for Connection {
                 .await;
             return Ok(());
         }
+        let Some((slot, reply)) = self.channel_slot(&login, ChannelKind::Session, reply).await
+        else {
+            return Ok(());
+        };
         reply.accept().await;
-        tokio::spawn(super::session::run(
+        let run = super::session::run(
             Arc::clone(&self.state),
             login,
             channel,
             self.closing.clone(),
-        ));
+        );
+        tokio::spawn(async move {
+            let _slot = slot;
+            run.await;
+        });
         Ok(())
     }
 
@@ -197,8 +246,12 @@ impl Handler for Connection {
         let Some(login) = self.login.clone() else {
             return Ok(());
         };
+        let Some((slot, reply)) = self.channel_slot(&login, ChannelKind::Forward, reply).await
+        else {
+            return Ok(());
+        };
         if matches!(login.target, Target::Domain { .. }) {
-            tokio::spawn(super::domain::open(
+            let open = super::domain::open(
                 Arc::clone(&self.state),
                 login,
                 channel,
@@ -210,10 +263,14 @@ impl Handler for Connection {
                 },
                 reply,
                 self.closing.clone(),
-            ));
+            );
+            tokio::spawn(async move {
+                let _slot = slot;
+                open.await;
+            });
             return Ok(());
         }
-        tokio::spawn(super::forward::open(
+        let open = super::forward::open(
             Arc::clone(&self.state),
             login,
             channel,
@@ -221,7 +278,11 @@ impl Handler for Connection {
             port_to_connect,
             reply,
             self.closing.clone(),
-        ));
+        );
+        tokio::spawn(async move {
+            let _slot = slot;
+            open.await;
+        });
         Ok(())
     }
 

@@ -15,6 +15,7 @@
 //! | [`forward`] | `-L` forwards through the tunnel |
 //! | [`domain`] | a `domain` certificate's pod-network forwards, through the hub's relay |
 //! | [`menu`] | the login `menu` |
+//! | [`limits`] | connections, login deadline, sessions and channels per connection and user |
 
 pub(crate) mod auth;
 pub(crate) mod domain;
@@ -24,6 +25,7 @@ pub(crate) mod handler;
 pub mod host_key;
 pub(crate) mod key_routes;
 pub(crate) mod keys;
+pub(crate) mod limits;
 pub(crate) mod menu;
 pub(crate) mod session;
 
@@ -53,6 +55,12 @@ pub(crate) struct SshState {
     pub ssh_ca_fingerprint: String,
     /// Cancelled when the server stops.
     pub shutdown: CancellationToken,
+    /// Connection, login and channel limits.
+    pub limits: limits::SshLimits,
+    /// Refusals by limit.
+    pub metrics: limits::SshMetrics,
+    /// Open channels per user, over all connections.
+    pub user_channels: Arc<limits::UserChannels>,
 }
 
 /// The running SSH endpoint.
@@ -117,7 +125,7 @@ pub(crate) async fn start(
         })?;
     let config = Arc::new(config(key));
     tracing::info!(%addr, host_key = %fingerprint, "SSH listening");
-    let caps = Arc::new(Caps::default());
+    let gate = crate::limits::Gate::with_caps("ssh", state.limits.gate_caps());
     let task = tokio::spawn(async move {
         loop {
             let (tcp, peer) = tokio::select! {
@@ -131,8 +139,14 @@ pub(crate) async fn start(
                 },
                 () = state.shutdown.cancelled() => return,
             };
-            let Some(slot) = Caps::take(&caps, peer.ip()) else {
-                tracing::warn!(%peer, "SSH connection refused: too many connections");
+            let Some(permit) = gate.admit(peer.ip()) else {
+                // The gate logs (rate-limited); the client gets a line before the close
+                // (RFC 4253 allows lines before the version; `ssh -v` shows it).
+                state.metrics.refused("connections");
+                let _ = tcp.try_write(
+                    b"rlark: SSH connection limit reached (ssh.maxConnections, \
+                      ssh.maxConnectionsPerIP and the reserve are full); retry later\r\n",
+                );
                 continue;
             };
             let authenticated = Arc::new(AtomicBool::new(false));
@@ -142,9 +156,10 @@ pub(crate) async fn start(
                 Arc::clone(&authenticated),
             );
             let config = Arc::clone(&config);
+            let state = Arc::clone(&state);
             tokio::spawn(async move {
-                let _slot = slot;
-                serve(config, tcp, handler, peer, authenticated).await;
+                let _permit = permit;
+                serve(&state, config, tcp, handler, peer, authenticated).await;
             });
         }
     });
@@ -158,83 +173,35 @@ pub(crate) async fn start(
     ))
 }
 
-/// Most SSH connections at once, and from one source address.
-const MAX_CONNECTIONS: usize = 1024;
-const MAX_CONNECTIONS_PER_IP: usize = 64;
-/// A client must have authenticated this long after connecting, or it is disconnected.
-const AUTH_DEADLINE: Duration = Duration::from_secs(30);
-
-/// Open connections, in all and per source address.
-#[derive(Default)]
-struct Caps {
-    per_ip: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
-}
-
-/// One connection's place in [`Caps`], given back when dropped.
-struct Slot {
-    caps: Arc<Caps>,
-    ip: std::net::IpAddr,
-}
-
-impl Caps {
-    fn take(caps: &Arc<Caps>, ip: std::net::IpAddr) -> Option<Slot> {
-        let mut per_ip = caps
-            .per_ip
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let total: usize = per_ip.values().sum();
-        let mine = per_ip.entry(ip).or_default();
-        if total >= MAX_CONNECTIONS || *mine >= MAX_CONNECTIONS_PER_IP {
-            return None;
-        }
-        *mine += 1;
-        Some(Slot {
-            caps: Arc::clone(caps),
-            ip,
-        })
-    }
-}
-
-impl Drop for Slot {
-    fn drop(&mut self) {
-        let mut per_ip = self
-            .caps
-            .per_ip
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Some(count) = per_ip.get_mut(&self.ip) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                per_ip.remove(&self.ip);
-            }
-        }
-    }
-}
-
-/// Run one connection; disconnect it when it has not authenticated within
-/// [`AUTH_DEADLINE`] (the version exchange included).
+/// Run one connection; disconnect it when it has not authenticated within the login
+/// deadline (`ssh.loginDeadlineSeconds`; the version exchange included).
 async fn serve(
+    state: &SshState,
     config: Arc<russh::server::Config>,
     tcp: tokio::net::TcpStream,
     handler: handler::Connection,
     peer: SocketAddr,
     authenticated: Arc<AtomicBool>,
 ) {
-    let deadline = tokio::time::Instant::now() + AUTH_DEADLINE;
-    let session =
-        match tokio::time::timeout_at(deadline, russh::server::run_stream(config, tcp, handler))
-            .await
-        {
-            Ok(Ok(session)) => session,
-            Ok(Err(error)) => {
-                tracing::debug!(%error, %peer, "ssh handshake failed");
-                return;
-            }
-            Err(_) => {
-                tracing::debug!(%peer, "ssh client sent no version within the deadline");
-                return;
-            }
-        };
+    let login_deadline = state.limits.login_deadline;
+    let deadline = tokio::time::Instant::now() + login_deadline;
+    let session = match tokio::time::timeout_at(
+        deadline,
+        russh::server::run_stream(config, tcp, handler),
+    )
+    .await
+    {
+        Ok(Ok(session)) => session,
+        Ok(Err(error)) => {
+            tracing::debug!(%error, %peer, "ssh handshake failed");
+            return;
+        }
+        Err(_) => {
+            state.metrics.refused("login-deadline");
+            tracing::info!(%peer, ?login_deadline, "ssh client sent no version within the login deadline; disconnected");
+            return;
+        }
+    };
     let handle = session.handle();
     let mut session = std::pin::pin!(session);
     tokio::select! {
@@ -247,44 +214,20 @@ async fn serve(
         () = tokio::time::sleep_until(deadline) => {}
     }
     if !authenticated.load(Ordering::Acquire) {
-        tracing::info!(%peer, "ssh client did not authenticate within {AUTH_DEADLINE:?}");
+        state.metrics.refused("login-deadline");
+        tracing::info!(%peer, ?login_deadline, "ssh client did not authenticate within the login deadline; disconnected");
         let _ = handle
             .disconnect(
                 russh::Disconnect::ByApplication,
-                "authentication timed out".into(),
+                format!(
+                    "rlark: authentication timed out (ssh.loginDeadlineSeconds: {}s)",
+                    login_deadline.as_secs()
+                ),
                 String::new(),
             )
             .await;
     }
     if let Err(error) = session.await {
         tracing::debug!(%error, %peer, "ssh connection ended");
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn connections_are_capped_per_source_and_given_back() {
-        let caps = Arc::new(Caps::default());
-        let a: std::net::IpAddr = "192.0.2.1".parse().unwrap();
-        let b: std::net::IpAddr = "192.0.2.2".parse().unwrap();
-        let mut held: Vec<Slot> = (0..MAX_CONNECTIONS_PER_IP)
-            .map(|_| Caps::take(&caps, a).expect("under the cap"))
-            .collect();
-        assert!(
-            Caps::take(&caps, a).is_none(),
-            "one more from the same source"
-        );
-        let other = Caps::take(&caps, b).expect("another source is not affected");
-        held.pop();
-        assert!(
-            Caps::take(&caps, a).is_some(),
-            "a closed connection frees its slot"
-        );
-        drop(other);
-        drop(held);
-        assert!(caps.per_ip.lock().unwrap().is_empty());
     }
 }

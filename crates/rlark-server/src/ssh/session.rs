@@ -183,7 +183,26 @@ pub(crate) async fn run(
             return;
         }
     };
-    let exec = match AgentExec::start(&state.hub, &replica, &options).await {
+    let share = match state
+        .hub
+        .user_share(replica.cluster(), &login.identity.user)
+    {
+        Ok(share) => share,
+        Err(error) => {
+            state.metrics.refused("agent-streams-per-user");
+            fail(&write, &error.message).await;
+            audit(
+                &state,
+                &login,
+                Some(&replica),
+                &what,
+                &tally,
+                &format!("refused: {}", error.message),
+            );
+            return;
+        }
+    };
+    let exec = match AgentExec::start(&state.hub, &replica, &options, share).await {
         Ok(exec) => exec,
         Err(error) => {
             fail(&write, &error).await;

@@ -235,8 +235,15 @@ pub(super) async fn exec(
     };
     let node = object["status"]["node"].as_str().map(str::to_string);
 
+    // Each exec holds one of its user's share of the agent's streams.
+    let share = match state.hub.user_share(&cluster, &caller.identity.user) {
+        Ok(share) => share,
+        Err(error) => {
+            return ApiError::new(429, "TooManyRequests", error.message).into_response();
+        }
+    };
     let stream = match state.hub.dial_agent_api(&cluster, node.as_deref()).await {
-        Ok(stream) => stream,
+        Ok(stream) => stream.with_share(share),
         Err(error) => return super::logs::tunnel_error(&cluster, &error),
     };
     let bad_gateway = |error: String| {

@@ -21,6 +21,7 @@ pub(crate) mod portforward;
 pub(crate) mod prefix;
 pub(crate) mod proxy_tls;
 pub(crate) mod relay;
+pub(crate) mod replica_port;
 pub(crate) mod replicas;
 pub(crate) mod routes;
 pub(crate) mod task_proxy;
@@ -64,6 +65,21 @@ pub struct TunnelConfig {
     /// Other replicas' URLs, listed in `GET /rlark/v1/replicas` besides the ones registered
     /// in the store (for replicas that do not share a store).
     pub peers: Vec<String>,
+    /// Streams one user may hold open at once to one agent (cluster) through this replica:
+    /// SSH sessions and forwards, task proxy requests, exec, port-forward connections
+    /// ([`Hub::user_share`]). `None` (the default): a quarter of `mux.max_streams` (1024 of
+    /// 4096), so one user cannot take all of an agent's streams. File field
+    /// `tunnel.maxStreamsPerUser`.
+    pub max_streams_per_user: Option<usize>,
+}
+
+impl TunnelConfig {
+    /// [`TunnelConfig::max_streams_per_user`], or its default.
+    pub fn streams_per_user(&self) -> usize {
+        self.max_streams_per_user
+            .unwrap_or(self.mux.max_streams / 4)
+            .max(1)
+    }
 }
 
 impl Default for TunnelConfig {
@@ -75,6 +91,7 @@ impl Default for TunnelConfig {
             advertise_url: None,
             peer_url: None,
             peers: Vec::new(),
+            max_streams_per_user: None,
         }
     }
 }
@@ -138,6 +155,32 @@ pub(crate) struct Hub {
     relay: relay::Relay,
     /// The other replicas, for agents this one has no session with (set once at start).
     peers: std::sync::OnceLock<peer::PeerLink>,
+    /// Open streams per (cluster ID, user) of the streams opened for a user.
+    shares: Arc<Mutex<HashMap<(String, String), usize>>>,
+    /// Streams refused because their user held their share of the agent's streams.
+    share_refused: Counter,
+}
+
+/// One stream's place in its user's share of an agent's streams ([`Hub::user_share`]),
+/// given back when dropped.
+pub(crate) struct StreamShare {
+    shares: Arc<Mutex<HashMap<(String, String), usize>>>,
+    key: (String, String),
+}
+
+impl Drop for StreamShare {
+    fn drop(&mut self) {
+        let mut shares = self
+            .shares
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(count) = shares.get_mut(&self.key) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                shares.remove(&self.key);
+            }
+        }
+    }
 }
 
 impl std::fmt::Debug for Hub {
@@ -160,6 +203,50 @@ impl Hub {
             proxy_tls: ProxyTls::new(),
             relay: relay::Relay::default(),
             peers: std::sync::OnceLock::new(),
+            shares: Arc::default(),
+            share_refused: Counter::default(),
+        })
+    }
+
+    /// A place for one more stream of `user` to the agent of `cluster_id` — taken before
+    /// the stream is opened and attached to it ([`HubStream::with_share`]) — or a
+    /// `limit` error naming the share when `user` already holds
+    /// [`TunnelConfig::streams_per_user`] of them: so one user (an SSH channel flood, a
+    /// flood of proxy requests) cannot take all of an agent's streams from the others.
+    pub(crate) fn user_share(
+        &self,
+        cluster_id: &str,
+        user: &str,
+    ) -> Result<StreamShare, DialError> {
+        let max = self.config.streams_per_user();
+        let key = (cluster_id.to_string(), user.to_string());
+        let mut shares = self
+            .shares
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let count = shares.entry(key.clone()).or_default();
+        if *count >= max {
+            drop(shares);
+            self.share_refused.inc();
+            tracing::warn!(
+                cluster = cluster_id,
+                user,
+                max,
+                "stream refused: the user holds its share of the agent's tunnel streams"
+            );
+            return Err(DialError {
+                status: Status::Limit,
+                message: format!(
+                    "user {user:?} has {max} streams open to the agent of cluster \
+                     {cluster_id:?}, the most one user may hold (tunnel.maxStreamsPerUser); \
+                     close some and retry"
+                ),
+            });
+        }
+        *count += 1;
+        Ok(StreamShare {
+            shares: Arc::clone(&self.shares),
+            key,
         })
     }
 
@@ -317,6 +404,22 @@ impl Hub {
         .await
     }
 
+    /// [`Hub::dial_agent_api`] through the session of `node` only (what the agent of that
+    /// node alone knows: its replicas' ports).
+    pub(crate) async fn dial_agent_api_on_node(
+        &self,
+        cluster_id: &str,
+        node: &str,
+    ) -> Result<HubStream, DialError> {
+        self.open(
+            cluster_id,
+            Pick::Exactly(node),
+            &StreamRequest::AgentApi,
+            self.config.dial_timeout,
+        )
+        .await
+    }
+
     /// Open a stream with `request` through one of this replica's sessions of the agent, or,
     /// when it has none, through the replica that has one (`peer.rs`).
     async fn open(
@@ -368,7 +471,7 @@ impl Hub {
             }),
             Some(control) => rlark_tunnel::dial::open(&control, request, deadline)
                 .await
-                .map(HubStream::Local),
+                .map(HubStream::local),
         };
         let status = match &result {
             Ok(_) => "ok",
@@ -501,6 +604,13 @@ impl prometheus_client::collector::Collector for HubCollector {
             None,
             self.hub.dials.metric_type(),
         )?)?;
+        self.hub.share_refused.encode(encoder.encode_descriptor(
+            "rlark_tunnel_user_share_refused",
+            "Streams to an agent refused because their user held its share of the agent's \
+             streams (tunnel.maxStreamsPerUser)",
+            None,
+            self.hub.share_refused.metric_type(),
+        )?)?;
         self.hub.connects.encode(encoder.encode_descriptor(
             "rlark_tunnel_connects",
             "Agent tunnel sessions accepted",
@@ -560,6 +670,35 @@ pub(crate) fn parse_agent_authority(authority: &str) -> Result<(String, String, 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_users_share_of_an_agents_streams_is_capped_and_given_back() {
+        let hub = Hub::new(
+            "r".into(),
+            TunnelConfig {
+                max_streams_per_user: Some(2),
+                ..TunnelConfig::default()
+            },
+        );
+        let a1 = hub.user_share("a", "vera").expect("first");
+        let _a2 = hub.user_share("a", "vera").expect("second");
+        let refused = hub.user_share("a", "vera").err().expect("third");
+        assert_eq!(refused.status, Status::Limit);
+        assert!(
+            refused.message.contains("tunnel.maxStreamsPerUser"),
+            "{}",
+            refused.message
+        );
+        assert_eq!(hub.share_refused.get(), 1);
+        // Another user, another agent: their own shares.
+        let _admin = hub.user_share("a", "admin").expect("admin");
+        let _other_agent = hub.user_share("b", "vera").expect("agent b");
+        // A closed stream gives its place back.
+        drop(a1);
+        let _again = hub.user_share("a", "vera").expect("after a close");
+        // The default is a quarter of the stream limit.
+        assert_eq!(TunnelConfig::default().streams_per_user(), 1024);
+    }
 
     #[test]
     fn agent_authorities_parse() {

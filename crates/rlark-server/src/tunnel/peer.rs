@@ -58,10 +58,40 @@ const STATUS: &str = "x-rlark-dial-status";
 /// Connecting and the TLS handshake to a peer.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// A stream to an agent: through one of this replica's own sessions, or through a peer.
-pub(crate) enum HubStream {
+/// A stream to an agent: through one of this replica's own sessions, or through a peer;
+/// with the caller's place in the agent's per-user stream share when it was opened for a
+/// user ([`super::Hub::user_share`]), given back when the stream is dropped.
+pub(crate) struct HubStream {
+    io: HubIo,
+    _share: Option<super::StreamShare>,
+}
+
+enum HubIo {
     Local(MuxStream),
-    Peer(TokioIo<hyper::upgrade::Upgraded>),
+    Upgraded(TokioIo<hyper::upgrade::Upgraded>),
+}
+
+impl HubStream {
+    pub(crate) fn local(stream: MuxStream) -> HubStream {
+        HubStream {
+            io: HubIo::Local(stream),
+            _share: None,
+        }
+    }
+
+    /// A stream through a peer replica, or a connection the agent's local API upgraded.
+    pub(crate) fn upgraded(stream: TokioIo<hyper::upgrade::Upgraded>) -> HubStream {
+        HubStream {
+            io: HubIo::Upgraded(stream),
+            _share: None,
+        }
+    }
+
+    /// This stream, counted in `share` until it is dropped.
+    pub(crate) fn with_share(mut self, share: super::StreamShare) -> HubStream {
+        self._share = Some(share);
+        self
+    }
 }
 
 impl AsyncRead for HubStream {
@@ -70,9 +100,9 @@ impl AsyncRead for HubStream {
         cx: &mut Context<'_>,
         buf: &mut ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            HubStream::Local(stream) => Pin::new(stream).poll_read(cx, buf),
-            HubStream::Peer(stream) => Pin::new(stream).poll_read(cx, buf),
+        match &mut self.get_mut().io {
+            HubIo::Local(stream) => Pin::new(stream).poll_read(cx, buf),
+            HubIo::Upgraded(stream) => Pin::new(stream).poll_read(cx, buf),
         }
     }
 }
@@ -83,23 +113,23 @@ impl AsyncWrite for HubStream {
         cx: &mut Context<'_>,
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
-        match self.get_mut() {
-            HubStream::Local(stream) => Pin::new(stream).poll_write(cx, buf),
-            HubStream::Peer(stream) => Pin::new(stream).poll_write(cx, buf),
+        match &mut self.get_mut().io {
+            HubIo::Local(stream) => Pin::new(stream).poll_write(cx, buf),
+            HubIo::Upgraded(stream) => Pin::new(stream).poll_write(cx, buf),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            HubStream::Local(stream) => Pin::new(stream).poll_flush(cx),
-            HubStream::Peer(stream) => Pin::new(stream).poll_flush(cx),
+        match &mut self.get_mut().io {
+            HubIo::Local(stream) => Pin::new(stream).poll_flush(cx),
+            HubIo::Upgraded(stream) => Pin::new(stream).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
-        match self.get_mut() {
-            HubStream::Local(stream) => Pin::new(stream).poll_shutdown(cx),
-            HubStream::Peer(stream) => Pin::new(stream).poll_shutdown(cx),
+        match &mut self.get_mut().io {
+            HubIo::Local(stream) => Pin::new(stream).poll_shutdown(cx),
+            HubIo::Upgraded(stream) => Pin::new(stream).poll_shutdown(cx),
         }
     }
 }
@@ -165,7 +195,7 @@ impl PeerLink {
             match attempt {
                 Ok(Ok(stream)) => {
                     tracing::debug!(%cluster, peer = %url, "stream opened through a peer replica");
-                    return Ok(HubStream::Peer(stream));
+                    return Ok(HubStream::upgraded(stream));
                 }
                 Ok(Err(PeerRefusal::NoSuchAgent)) => {}
                 Ok(Err(PeerRefusal::Failed(error))) => {

@@ -24,7 +24,9 @@
 //!
 //! - a `Raw` or `Docker` replica without a Domain runs in its node's network (processes on
 //!   the host; containers with `NetworkMode: host`): `127.0.0.1:PORT` through the session
-//!   of the replica's node and no other (another node's loopback is another host);
+//!   of the replica's node and no other (another node's loopback is another host), and
+//!   only when the replica's own processes listen on it (the agent's `/ports` route,
+//!   [`super::replica_port`]): the node's other services are not reachable;
 //! - a `Kubernetes` replica is a member cluster's Pod: its IP (`status.ip`) as the agent
 //!   reaches it, through any session of the cluster;
 //! - a `Raw` replica in a Domain listens in its own network namespace, which the agent only
@@ -128,6 +130,10 @@ pub(crate) struct Destination {
     pub(crate) host: String,
     /// Through this node's session only; `None`: any session of the cluster.
     pub(crate) node: Option<String>,
+    /// `(namespace, pod)` of a replica whose ports are on its node's loopback: the agent
+    /// connects only to ports the replica's own processes listen on
+    /// ([`super::replica_port`]); `None`: a member Pod's IP, dialed as it is.
+    pub(crate) replica: Option<(String, String)>,
 }
 
 impl Destination {
@@ -138,9 +144,12 @@ impl Destination {
         cluster: &str,
         port: u16,
     ) -> Result<super::HubStream, rlark_tunnel::dial::DialError> {
-        match &self.node {
-            Some(node) => hub.dial_on_node(cluster, node, &self.host, port).await,
-            None => hub.dial(cluster, None, &self.host, port).await,
+        match (&self.node, &self.replica) {
+            (Some(node), Some((namespace, pod))) => {
+                super::replica_port::dial(hub, cluster, node, namespace, pod, port).await
+            }
+            (Some(node), None) => hub.dial_on_node(cluster, node, &self.host, port).await,
+            (None, _) => hub.dial(cluster, None, &self.host, port).await,
         }
     }
 
@@ -162,6 +171,7 @@ impl Destination {
                 Ok(Destination {
                     host: ip.to_string(),
                     node: None,
+                    replica: None,
                 })
             }
             // Docker containers run with the host's network and join no Domain.
@@ -174,19 +184,24 @@ impl Destination {
             )),
             _ => {
                 let node = node.ok_or_else(|| format!("pod {name} is on no node yet"))?;
+                let namespace = pod["metadata"]["namespace"].as_str().unwrap_or_default();
                 Ok(Destination {
                     host: "127.0.0.1".into(),
                     node: Some(node.to_string()),
+                    replica: Some((namespace.to_string(), name.to_string())),
                 })
             }
         }
     }
 }
 
-/// Dials a replica's ports through the hub.
+/// Dials a replica's ports through the hub, each connection in its user's share of the
+/// agent's streams.
 struct HubDialer {
     hub: Arc<Hub>,
     cluster: String,
+    /// Who forwards (for the per-user stream share).
+    user: String,
     destination: Destination,
     /// `namespace/pod`, for messages.
     pod: String,
@@ -196,13 +211,18 @@ impl Dialer for HubDialer {
     fn dial(&self, port: u16) -> BoxFuture<'static, Result<Box<dyn TargetIo>, String>> {
         let hub = Arc::clone(&self.hub);
         let cluster = self.cluster.clone();
-        let Destination { host, node } = self.destination.clone();
+        let destination = self.destination.clone();
         let pod = self.pod.clone();
+        let user = self.user.clone();
         Box::pin(async move {
-            let result = match &node {
-                Some(node) => hub.dial_on_node(&cluster, node, &host, port).await,
-                None => hub.dial(&cluster, None, &host, port).await,
+            let result = match hub.user_share(&cluster, &user) {
+                Ok(share) => destination
+                    .dial(&hub, &cluster, port)
+                    .await
+                    .map(|stream| stream.with_share(share)),
+                Err(error) => Err(error),
             };
+            let Destination { host, node, .. } = destination;
             // kubelet's wording, so kubectl users recognize it.
             result
                 .map(|stream| Box::new(stream) as Box<dyn TargetIo>)
@@ -306,6 +326,7 @@ pub(super) async fn portforward(
     let dialer: Arc<dyn Dialer> = Arc::new(HubDialer {
         hub: Arc::clone(&state.hub),
         cluster,
+        user: caller.identity.user.clone(),
         destination,
         pod: label.clone(),
     });
@@ -437,12 +458,13 @@ mod tests {
 
     #[test]
     fn destinations_follow_the_runtime() {
-        let pod = |spec: Value, status: Value| json!({"metadata": {"name": "t-0"}, "spec": spec, "status": status});
+        let pod = |spec: Value, status: Value| json!({"metadata": {"name": "t-0", "namespace": "rlark-a"}, "spec": spec, "status": status});
         let task = |agent_type: &str| json!({"spec": {"agentType": agent_type}});
         let raw = pod(json!({}), json!({"node": "n1"}));
         let loopback = Destination {
             host: "127.0.0.1".into(),
             node: Some("n1".into()),
+            replica: Some(("rlark-a".into(), "t-0".into())),
         };
         assert_eq!(
             Destination::of(&raw, Some(&task("Raw"))),
@@ -463,7 +485,8 @@ mod tests {
             Destination::of(&member, Some(&task("Kubernetes"))),
             Ok(Destination {
                 host: "10.1.0.7".into(),
-                node: None
+                node: None,
+                replica: None,
             })
         );
         assert!(Destination::of(&pod(json!({}), json!({})), Some(&task("Kubernetes"))).is_err());

@@ -207,6 +207,56 @@ pub(crate) trait ProxyIo:
 }
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> ProxyIo for T {}
 
+/// Whether `name` (lowercase) is a forwarding header a client may not pass to a proxied
+/// target: `Forwarded` (RFC 7239) and every `X-Forwarded-*`.
+pub(crate) fn is_forwarding_header(name: &str) -> bool {
+    name == "forwarded" || name.starts_with("x-forwarded-")
+}
+
+/// The forwarding headers the proxy sets on a request it relays: the client's address
+/// (`X-Forwarded-For`, from the connection), the host it asked for (`X-Forwarded-Host`),
+/// `X-Forwarded-Proto: https`, the mount point (`X-Forwarded-Prefix`, with `prefix`), and
+/// the same as one RFC 7239 `Forwarded` header.
+pub(crate) fn forwarding_headers(
+    parts: &http::request::Parts,
+    prefix: Option<&str>,
+) -> Vec<(&'static str, HeaderValue)> {
+    let client = parts
+        .extensions
+        .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+        .map(|info| info.0.ip());
+    let host = parts
+        .headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string)
+        .or_else(|| parts.uri.authority().map(|a| a.to_string()))
+        .filter(|h| HeaderValue::from_str(h).is_ok());
+    let mut headers = Vec::new();
+    let mut forwarded = Vec::new();
+    if let Some(ip) = client {
+        headers.push(("x-forwarded-for", ip.to_string()));
+        forwarded.push(match ip {
+            std::net::IpAddr::V4(v4) => format!("for={v4}"),
+            std::net::IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
+        });
+    }
+    if let Some(host) = &host {
+        headers.push(("x-forwarded-host", host.clone()));
+        forwarded.push(format!("host=\"{}\"", host.replace(['"', '\\'], "")));
+    }
+    headers.push(("x-forwarded-proto", "https".to_string()));
+    forwarded.push("proto=https".to_string());
+    if let Some(prefix) = prefix {
+        headers.push(("x-forwarded-prefix", prefix.to_string()));
+    }
+    headers.push(("forwarded", forwarded.join(";")));
+    headers
+        .into_iter()
+        .filter_map(|(name, value)| HeaderValue::from_str(&value).ok().map(|v| (name, v)))
+        .collect()
+}
+
 /// Headers that describe one hop and are not forwarded (RFC 9110 §7.6.1).
 const HOP_BY_HOP: [&str; 8] = [
     "connection",
@@ -332,9 +382,11 @@ async fn forward(
 /// Send `request` (its path replaced by `/{path}`, the query kept, `Host: host`) over
 /// `stream` and relay the answer, upgrades (WebSocket) included. Hop-by-hop headers are
 /// dropped both ways, and so are the caller's rlark credentials (a bearer token, the
-/// console's cookie and CSRF header). With `prefix` (the task proxy), the app learns
-/// where it is mounted (`X-Forwarded-Prefix`) and its absolute links are rewritten under
-/// the prefix ([`super::prefix`]).
+/// console's cookie and CSRF header). The client's own forwarding headers
+/// (`Forwarded`, `X-Forwarded-*`) are dropped: the target gets this server's
+/// ([`forwarding_headers`]), so a client cannot pose as another address or host. With
+/// `prefix` (the task proxy), the app learns where it is mounted (`X-Forwarded-Prefix`)
+/// and its absolute links are rewritten under the prefix ([`super::prefix`]).
 pub(crate) async fn relay(
     stream: Box<dyn ProxyIo>,
     host: &str,
@@ -382,12 +434,17 @@ pub(crate) async fn relay(
         .map(|q| format!("?{q}"))
         .unwrap_or_default();
     let (parts, body) = request.into_parts();
+    let forwarding = forwarding_headers(&parts, prefix);
     let mut out = http::Request::builder()
         .method(parts.method.clone())
         .uri(format!("/{path}{query}"));
     for (name, value) in &parts.headers {
         let lower = name.as_str();
         if HOP_BY_HOP.contains(&lower) || lower == "host" {
+            continue;
+        }
+        // Forwarding headers are this server's to set, never the client's.
+        if is_forwarding_header(lower) {
             continue;
         }
         // A bearer token authenticated the caller to rlark; it is not the target's.
@@ -409,10 +466,10 @@ pub(crate) async fn relay(
         out = out.header(name, value);
     }
     out = out.header(header::HOST, target);
-    if let Some(prefix) = prefix {
-        out = out
-            .header("x-forwarded-prefix", prefix)
-            .header("x-forwarded-proto", "https");
+    for (name, value) in forwarding {
+        out = out.header(name, value);
+    }
+    if prefix.is_some() {
         // The body may be rewritten: ask for it unencoded.
         if let Some(headers) = out.headers_mut() {
             headers.remove(header::ACCEPT_ENCODING);
@@ -512,6 +569,39 @@ async fn list(State(hub): State<Arc<Hub>>, request: Request) -> Response {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn forwarding_headers_are_the_proxys_own() {
+        let mut request = http::Request::get("/x")
+            .header(header::HOST, "rlark.example:8443")
+            .header("x-forwarded-for", "203.0.113.66")
+            .body(())
+            .expect("request");
+        request
+            .extensions_mut()
+            .insert(axum::extract::ConnectInfo(std::net::SocketAddr::from((
+                [10, 0, 0, 7],
+                5555,
+            ))));
+        let (parts, ()) = request.into_parts();
+        let set: Vec<(String, String)> = forwarding_headers(&parts, Some("/p"))
+            .into_iter()
+            .map(|(n, v)| (n.to_string(), v.to_str().expect("ascii").to_string()))
+            .collect();
+        let get = |name: &str| set.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str());
+        assert_eq!(get("x-forwarded-for"), Some("10.0.0.7"));
+        assert_eq!(get("x-forwarded-host"), Some("rlark.example:8443"));
+        assert_eq!(get("x-forwarded-proto"), Some("https"));
+        assert_eq!(get("x-forwarded-prefix"), Some("/p"));
+        assert_eq!(
+            get("forwarded"),
+            Some("for=10.0.0.7;host=\"rlark.example:8443\";proto=https")
+        );
+        for name in ["forwarded", "x-forwarded-for", "x-forwarded-anything"] {
+            assert!(is_forwarding_header(name), "{name}");
+        }
+        assert!(!is_forwarding_header("x-forward"));
+    }
     use super::*;
     use http_body_util::BodyExt as _;
     use std::convert::Infallible;

@@ -207,8 +207,15 @@ async fn serve(
         Ok(destination) => destination,
         Err(message) => return ApiError::bad_request(message).into_response(),
     };
+    // One user's requests cannot take all of the agent's streams from the others.
+    let share = match state.hub.user_share(replica.cluster(), &identity.user) {
+        Ok(share) => share,
+        Err(error) => {
+            return ApiError::new(429, "TooManyRequests", error.message).into_response();
+        }
+    };
     let stream = match destination.dial(&state.hub, replica.cluster(), port).await {
-        Ok(stream) => stream,
+        Ok(stream) => stream.with_share(share),
         Err(error) => {
             return super::routes::dial_error_response(
                 &format!("{}:{port} of {}", destination.host, replica.pod_name),
