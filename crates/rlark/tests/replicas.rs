@@ -316,7 +316,9 @@ async fn three_replicas_share_one_postgres() -> Result<()> {
         },
     )
     .await?;
-    let marker = agent_dir.path().join("step-one-may-finish");
+    // Not in the agent's data directory: replicas do not see it (docs/security.md).
+    let shared = rlark_testkit::shared_tempdir()?;
+    let marker = shared.path().join("step-one-may-finish");
     let workflow: rlark_api::types::Workflow = serde_json::from_value(serde_json::json!({
         "apiVersion": "rlinf.io/v1alpha1",
         "kind": "Workflow",
