@@ -10,6 +10,8 @@
 //!   streams skipped because their reader was slower than the camera.
 //! - `rlark_embodied_device_plugin_registrations_total` (counter): successful
 //!   registrations of the device plugin with the kubelet.
+//! - `rlark_embodied_calls_denied_total` (counter): device calls refused because the
+//!   caller does not hold the device ([`crate::access`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -34,6 +36,12 @@ pub fn device_plugin_registrations() -> &'static Counter {
     REGISTRATIONS.get_or_init(Counter::default)
 }
 
+/// Device calls refused by [`crate::access`] (one counter per process).
+pub fn calls_denied() -> &'static Counter {
+    static DENIED: std::sync::OnceLock<Counter> = std::sync::OnceLock::new();
+    DENIED.get_or_init(Counter::default)
+}
+
 /// The registry of a runtime: collectors over its robot and camera controllers, and
 /// their counters.
 pub fn registry(robots: Arc<RobotController>, cameras: Arc<CameraController>) -> Registry {
@@ -53,6 +61,11 @@ pub fn registry(robots: Arc<RobotController>, cameras: Arc<CameraController>) ->
         "device_plugin_registrations",
         "Successful registrations of the device plugin with the kubelet",
         device_plugin_registrations().clone(),
+    );
+    registry.register(
+        "calls_denied",
+        "Device calls refused because the caller does not hold the device",
+        calls_denied().clone(),
     );
     registry.register_collector(Box::new(StateCollector { robots, cameras }));
     registry
@@ -159,6 +172,7 @@ mod tests {
             body.contains("rlark_embodied_device_plugin_registrations_total"),
             "{body}"
         );
+        assert!(body.contains("rlark_embodied_calls_denied_total"), "{body}");
         assert_eq!(
             metrics_endpoint::response("/", &registry).status(),
             http::StatusCode::NOT_FOUND

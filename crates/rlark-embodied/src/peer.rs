@@ -27,6 +27,9 @@ pub struct PeerInfo {
     pub pid: Option<i32>,
     /// User ID of the peer.
     pub uid: Option<u32>,
+    /// Start time of the peer process when it connected (`/proc/PID/stat` field 22), to
+    /// tell it from a later process given the same PID ([`crate::access`]).
+    pub start_ticks: Option<u64>,
 }
 
 /// Open connections per peer process, across every socket of one server.
@@ -52,10 +55,12 @@ impl ConnTracker {
         // A socket whose credentials cannot be read still serves; it just has no owner
         // process to follow (robots it starts get no watchdog, which is logged).
         let cred = stream.peer_cred().ok();
+        let pid = cred.and_then(|c| c.pid());
         let info = PeerInfo {
             connection: self.next_id.fetch_add(1, Ordering::Relaxed) + 1,
-            pid: cred.and_then(|c| c.pid()),
+            pid,
             uid: cred.map(|c| c.uid()),
+            start_ticks: pid.and_then(crate::access::start_ticks),
         };
         if let Some(pid) = info.pid {
             *self.lock().entry(pid).or_insert(0) += 1;
