@@ -371,6 +371,7 @@ pub struct ReplicaHandle {
     pgid: i32,
     start_ticks: Option<u64>,
     supervisor_pid: u32,
+    supervisor_start_ticks: Option<u64>,
     started_at: SystemTime,
     work_dir: PathBuf,
     log_path: PathBuf,
@@ -398,6 +399,11 @@ impl ReplicaHandle {
     /// Pid of its supervisor process.
     pub fn supervisor_pid(&self) -> u32 {
         self.supervisor_pid
+    }
+
+    /// The supervisor's start time in clock ticks after boot, when it was readable.
+    pub fn supervisor_start_ticks(&self) -> Option<u64> {
+        self.supervisor_start_ticks
     }
 
     /// When it was started.
@@ -727,6 +733,7 @@ fn supervise_replica(
         pgid: started.pgid,
         start_ticks: started.proc_start_ticks,
         supervisor_pid: started.supervisor_pid,
+        supervisor_start_ticks: started.supervisor_start_ticks,
         started_at: started.started_at.into(),
         work_dir,
         log_path,

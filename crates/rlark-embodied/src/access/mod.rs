@@ -164,6 +164,13 @@ pub fn publish(socket_dir: &Path, holders: &Holders) -> Result<(), PublishError>
     })
 }
 
+/// The holders file in `socket_dir` as it is now (`None`: there is none, or it cannot be
+/// read or parsed).
+pub fn read(socket_dir: &Path) -> Option<Holders> {
+    let text = std::fs::read(socket_dir.join(HOLDERS_FILE)).ok()?;
+    serde_json::from_slice(&text).ok()
+}
+
 /// The holders table as last read, and when it changes.
 #[derive(Debug, Default)]
 struct Cache {
