@@ -214,14 +214,18 @@ impl Replica {
     /// Its session root once it leads its own session.
     async fn root(&self) -> Result<ProcessRef> {
         let pid = self.pid()?;
-        eventually_within(Duration::from_secs(20), "the replica leads its session", || async move {
-            Ok(access::proc_stat(pid)
-                .filter(|s| s.session == pid)
-                .map(|s| ProcessRef {
-                    pid,
-                    start_ticks: s.start_ticks,
-                }))
-        })
+        eventually_within(
+            Duration::from_secs(20),
+            "the replica leads its session",
+            || async move {
+                Ok(access::proc_stat(pid)
+                    .filter(|s| s.session == pid)
+                    .map(|s| ProcessRef {
+                        pid,
+                        start_ticks: s.start_ticks,
+                    }))
+            },
+        )
         .await
     }
 
@@ -289,7 +293,10 @@ async fn a_replica_calls_only_the_devices_it_holds() -> Result<()> {
     assert_eq!(a["cam-0"], ALLOWED, "{a:?}");
     // Not open yet (FailedPrecondition), but not refused.
     assert_ne!(a["frames-cam-0"], FRAME_DENIED, "{a:?}");
-    assert_eq!(a["escaped-arm-0"], ALLOWED, "setsid does not leave the replica: {a:?}");
+    assert_eq!(
+        a["escaped-arm-0"], ALLOWED,
+        "setsid does not leave the replica: {a:?}"
+    );
     assert_eq!(a["escaped-arm-1"], DENIED, "{a:?}");
 
     let b = b.results().await?;
@@ -322,8 +329,8 @@ async fn a_replica_calls_only_the_devices_it_holds() -> Result<()> {
 /// Until an agent publishes holders, the runtime is open (a standalone runtime, the
 /// device plugin's); a refusal names the device and its holder.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_runtime_is_open_until_holders_are_published_and_refusals_name_the_holder()
--> Result<()> {
+async fn the_runtime_is_open_until_holders_are_published_and_refusals_name_the_holder() -> Result<()>
+{
     let lab = Lab::start().await?;
     let scratch = tempfile::tempdir()?;
     let before = Replica::start(&lab, scratch.path(), "before", Some(65534), false, false)?;
@@ -353,7 +360,10 @@ async fn the_runtime_is_open_until_holders_are_published_and_refusals_name_the_h
         .output()
         .await?;
     let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(stdout.contains(&format!("RESULT arm-0={DENIED}")), "{stdout}");
+    assert!(
+        stdout.contains(&format!("RESULT arm-0={DENIED}")),
+        "{stdout}"
+    );
     assert!(
         stdout.contains("RESULT list=\n") || stdout.contains("RESULT list=\r\n"),
         "{stdout}"

@@ -607,7 +607,11 @@ async fn a_replica_cannot_call_the_arm_another_replica_holds() -> anyhow::Result
                 .find(|p| p.status.as_ref().is_some_and(|s| s.devices.len() == 1)))
         })
         .await?;
-        let held = pod.status.as_ref().map(|s| s.devices[0].clone()).unwrap_or_default();
+        let held = pod
+            .status
+            .as_ref()
+            .map(|s| s.devices[0].clone())
+            .unwrap_or_default();
         let text = eventually(&format!("{} written", out.display()), || async {
             Ok(std::fs::read_to_string(out).ok())
         })

@@ -43,6 +43,7 @@ pub mod record;
 pub mod sandbox;
 pub mod uids;
 
+use rlark_process::CleanSignals as _;
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::PermissionsExt as _;
@@ -534,7 +535,10 @@ pub async fn spawn_replica(spec: ReplicaSpec) -> Result<ReplicaHandle, RuntimeEr
         .stdin(Stdio::null())
         .stdout(Stdio::from(prepared.stdout))
         .stderr(Stdio::from(prepared.stderr))
-        .kill_on_drop(false);
+        .kill_on_drop(false)
+        // Whatever signals the agent inherited ignored or blocked, the replica starts
+        // clean (the supervisor does the same for the task).
+        .clean_signals();
     let mut child = command.spawn().map_err(|e| RuntimeError::Supervisor {
         program: supervisor_name.clone(),
         detail: e.to_string(),

@@ -166,7 +166,10 @@ mod tests {
         let holders = lab();
         // In a's session (root, as raw replicas run today).
         let in_a = caller(150, 0, Some(p(100, 1000)), &[p(100, 1000)]);
-        assert_eq!(decide(&holders, "robot-arm-0", &in_a, ADMINS), Decision::Allow);
+        assert_eq!(
+            decide(&holders, "robot-arm-0", &in_a, ADMINS),
+            Decision::Allow
+        );
         let Decision::Deny(message) = decide(&holders, "robot-arm-1", &in_a, ADMINS) else {
             panic!("a holds arm-0 only");
         };
@@ -183,7 +186,12 @@ mod tests {
             Decision::Deny(m) if m.contains("(none)")
         ));
         assert_eq!(
-            decide(&holders, "robot-arm-1", &caller(250, 1000, Some(p(200, 2000)), &[]), ADMINS),
+            decide(
+                &holders,
+                "robot-arm-1",
+                &caller(250, 1000, Some(p(200, 2000)), &[]),
+                ADMINS
+            ),
             Decision::Allow,
             "b's own uid need not be root"
         );
@@ -194,8 +202,14 @@ mod tests {
         let holders = lab();
         // a's process called setsid(): its own session, but a's supervisor is an ancestor.
         let escaped = caller(160, 0, Some(p(160, 5)), &[p(150, 4), p(100, 1000)]);
-        assert_eq!(standing(&holders, &escaped, ADMINS), Standing::Replica(&holders.replicas[0]));
-        assert!(matches!(decide(&holders, "robot-arm-1", &escaped, ADMINS), Decision::Deny(_)));
+        assert_eq!(
+            standing(&holders, &escaped, ADMINS),
+            Standing::Replica(&holders.replicas[0])
+        );
+        assert!(matches!(
+            decide(&holders, "robot-arm-1", &escaped, ADMINS),
+            Decision::Deny(_)
+        ));
         // A session leader whose pid was reused (another start time) is not a's.
         let reused = caller(170, 0, Some(p(100, 9999)), &[p(100, 9999)]);
         assert_eq!(standing(&holders, &reused, ADMINS), Standing::Admin);
@@ -205,8 +219,14 @@ mod tests {
     fn root_outside_replicas_may_call_anything_and_others_nothing() {
         let holders = lab();
         let agent = caller(50, 0, Some(p(50, 5)), &[]);
-        assert_eq!(decide(&holders, "robot-arm-1", &agent, ADMINS), Decision::Allow);
-        assert_eq!(decide(&holders, "robot-arm-9", &agent, ADMINS), Decision::Allow);
+        assert_eq!(
+            decide(&holders, "robot-arm-1", &agent, ADMINS),
+            Decision::Allow
+        );
+        assert_eq!(
+            decide(&holders, "robot-arm-9", &agent, ADMINS),
+            Decision::Allow
+        );
         assert_eq!(visible(&holders, &agent, ADMINS), Visible::All);
         let user = caller(60, 1000, Some(p(60, 5)), &[]);
         let Decision::Deny(message) = decide(&holders, "robot-arm-1", &user, ADMINS) else {
@@ -222,7 +242,10 @@ mod tests {
         ));
         assert_eq!(visible(&holders, &user, ADMINS), Visible::Only(Vec::new()));
         // The runtime's own user counts as an admin.
-        assert_eq!(decide(&holders, "robot-arm-1", &user, &[0, 1000]), Decision::Allow);
+        assert_eq!(
+            decide(&holders, "robot-arm-1", &user, &[0, 1000]),
+            Decision::Allow
+        );
         // An unidentified caller (no credentials) is nobody's.
         assert!(matches!(
             decide(&holders, "robot-arm-0", &Caller::default(), ADMINS),
@@ -247,7 +270,10 @@ mod tests {
         // Published: d's supervisor is 390.
         holders.replicas[3].roots = vec![p(390, 7)];
         holders.replicas[3].starting = false;
-        assert_eq!(decide(&holders, "robot-arm-2", &newcomer, ADMINS), Decision::Allow);
+        assert_eq!(
+            decide(&holders, "robot-arm-2", &newcomer, ADMINS),
+            Decision::Allow
+        );
         assert_eq!(
             visible(&holders, &newcomer, ADMINS),
             Visible::Only(vec!["robot-arm-2".into()])

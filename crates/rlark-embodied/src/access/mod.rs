@@ -471,7 +471,11 @@ mod tests {
         // Gone: enforced with nobody; untrusted: the same.
         std::fs::remove_file(dir.path().join(HOLDERS_FILE)).expect("remove");
         assert_eq!(authorizer.current().as_deref(), Some(&Holders::default()));
-        std::fs::write(dir.path().join(HOLDERS_FILE), "{\"replicas\": [{\"name\": \"x\", \"devices\": [\"robot-arm-0\"]}]}").expect("write");
+        std::fs::write(
+            dir.path().join(HOLDERS_FILE),
+            "{\"replicas\": [{\"name\": \"x\", \"devices\": [\"robot-arm-0\"]}]}",
+        )
+        .expect("write");
         std::fs::set_permissions(
             dir.path().join(HOLDERS_FILE),
             std::os::unix::fs::PermissionsExt::from_mode(0o666),

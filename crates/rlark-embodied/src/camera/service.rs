@@ -183,7 +183,9 @@ impl CameraControllerRpc for CameraService {
                 access
                     .check(peer, &camera_device_id(id))
                     .await
-                    .map_err(|denied| CameraError::PermissionDenied(denied.message().to_string()))?;
+                    .map_err(|denied| {
+                        CameraError::PermissionDenied(denied.message().to_string())
+                    })?;
                 controller.latest(id, encoding, timeout).await
             }
         });

@@ -160,7 +160,8 @@ impl RobotControllerRpc for RobotService {
         request: Request<pb::StartRobotRequest>,
     ) -> Result<Response<pb::StartRobotResponse>, Status> {
         let caller = caller(&request)?;
-        self.authorize(&request, &request.get_ref().robot_id).await?;
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
         let controller = self.controller.clone();
         let info = to_completion(async move {
@@ -195,7 +196,8 @@ impl RobotControllerRpc for RobotService {
             .and_then(|v| v.to_str().ok())
             .map(|v| v.trim().chars().take(MAX_REASON).collect::<String>())
             .filter(|v| !v.is_empty());
-        self.authorize(&request, &request.get_ref().robot_id).await?;
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
         let mut reason = match pid {
             Some(pid) => format!("stopped by process {pid}"),
@@ -217,7 +219,8 @@ impl RobotControllerRpc for RobotService {
         &self,
         request: Request<pb::GetRobotStatusRequest>,
     ) -> Result<Response<pb::GetRobotStatusResponse>, Status> {
-        self.authorize(&request, &request.get_ref().robot_id).await?;
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
         let info = self.controller.status(&r.robot_id)?;
         Ok(Response::new(pb::GetRobotStatusResponse {
@@ -240,7 +243,8 @@ impl RobotControllerRpc for RobotService {
         &self,
         request: Request<pb::SwitchModeRequest>,
     ) -> Result<Response<pb::SwitchModeResponse>, Status> {
-        self.authorize(&request, &request.get_ref().robot_id).await?;
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
         let controller = self.controller.clone();
         let info = to_completion(async move {
@@ -305,7 +309,8 @@ impl RobotControllerRpc for RobotService {
         &self,
         request: Request<pb::ListModesRequest>,
     ) -> Result<Response<pb::ListModesResponse>, Status> {
-        self.authorize(&request, &request.get_ref().robot_id).await?;
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
         let modes = self.controller.modes(&r.robot_id)?;
         Ok(Response::new(pb::ListModesResponse {
@@ -318,7 +323,8 @@ impl RobotControllerRpc for RobotService {
         &self,
         request: Request<pb::GetRobotLogsRequest>,
     ) -> Result<Response<pb::GetRobotLogsResponse>, Status> {
-        self.authorize(&request, &request.get_ref().robot_id).await?;
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
         let tail = usize::try_from(r.tail).map_err(|_| {
             Status::invalid_argument(format!("tail {} must not be negative", r.tail))
@@ -393,7 +399,8 @@ impl RobotControllerRpc for RobotService {
         &self,
         request: Request<pb::ResetRobotRequest>,
     ) -> Result<Response<pb::ResetRobotResponse>, Status> {
-        self.authorize(&request, &request.get_ref().robot_id).await?;
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
         let controller = self.controller.clone();
         let info = to_completion(async move { controller.reset(&r.robot_id).await }).await?;
