@@ -141,6 +141,33 @@ impl CachedStore<SqliteBackend> {
     }
 }
 
+/// The database holds every secret of the installation (Secrets' data, Jobs' env, token
+/// records): it and its side files are 0600, whatever the umask, and an existing one that is
+/// not is made so. SQLite gives a new WAL file the database file's mode.
+fn private_files(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?;
+    let name = path.as_os_str().to_os_string();
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut file = name.clone();
+        file.push(suffix);
+        match std::fs::metadata(&file) {
+            Ok(meta) if meta.permissions().mode() & 0o077 != 0 => {
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 impl SqliteBackend {
     /// Open (or create) the database and migrate the schema, without loading anything: for
     /// `rlark backup`, `restore` and `store migrate`, which use the backend directly. Takes
@@ -151,6 +178,9 @@ impl SqliteBackend {
                 .await
                 .map_err(|e| StoreError::Database(format!("creating {}: {e}", parent.display())))?;
         }
+        private_files(&config.path).map_err(|e| {
+            StoreError::Database(format!("making {} private: {e}", config.path.display()))
+        })?;
         let options = SqliteConnectOptions::new()
             .filename(&config.path)
             .create_if_missing(true)
