@@ -36,12 +36,6 @@ pub fn device_plugin_registrations() -> &'static Counter {
     REGISTRATIONS.get_or_init(Counter::default)
 }
 
-/// Device calls refused by [`crate::access`] (one counter per process).
-pub fn calls_denied() -> &'static Counter {
-    static DENIED: std::sync::OnceLock<Counter> = std::sync::OnceLock::new();
-    DENIED.get_or_init(Counter::default)
-}
-
 /// The registry of a runtime: collectors over its robot and camera controllers, and
 /// their counters.
 pub fn registry(robots: Arc<RobotController>, cameras: Arc<CameraController>) -> Registry {
@@ -65,7 +59,7 @@ pub fn registry(robots: Arc<RobotController>, cameras: Arc<CameraController>) ->
     registry.register(
         "calls_denied",
         "Device calls refused because the caller does not hold the device",
-        calls_denied().clone(),
+        crate::access::calls_denied().clone(),
     );
     registry.register_collector(Box::new(StateCollector { robots, cameras }));
     registry

@@ -46,7 +46,7 @@ use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::peer::PeerInfo;
+pub use crate::peer::{PeerInfo, ProcStat, proc_stat, start_ticks};
 
 pub use decide::{Decision, Standing, Visible, decide, standing, visible};
 
@@ -162,6 +162,23 @@ pub fn publish(socket_dir: &Path, holders: &Holders) -> Result<(), PublishError>
             source,
         }
     })
+}
+
+/// Device calls refused (one counter per process; `rlark_embodied_calls_denied_total`).
+pub fn calls_denied() -> &'static prometheus_client::metrics::counter::Counter {
+    static DENIED: std::sync::OnceLock<prometheus_client::metrics::counter::Counter> =
+        std::sync::OnceLock::new();
+    DENIED.get_or_init(Default::default)
+}
+
+/// The device ID of robot `id` (as the Node lists it).
+pub fn robot_device_id(id: &str) -> String {
+    format!("robot-{id}")
+}
+
+/// The device ID of camera `id`.
+pub fn camera_device_id(id: &str) -> String {
+    format!("camera-{id}")
 }
 
 /// The holders file in `socket_dir` as it is now (`None`: there is none, or it cannot be
@@ -292,7 +309,7 @@ impl Authorizer {
                     message
                 }
             };
-            crate::metrics::calls_denied().inc();
+            calls_denied().inc();
             tracing::warn!(device, pid = caller.pid, uid = caller.uid, %message, "device call refused");
             return Err(tonic::Status::permission_denied(message));
         }
@@ -371,62 +388,9 @@ pub fn caller_of(peer: Option<&PeerInfo>) -> Caller {
     caller
 }
 
-/// The fields of `/proc/PID/stat` read here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProcStat {
-    /// Field 4.
-    pub ppid: i32,
-    /// Field 6.
-    pub session: i32,
-    /// Field 22.
-    pub start_ticks: u64,
-}
-
-/// `/proc/PID/stat` of a live process (`None`: gone, a zombie, or unreadable).
-pub fn proc_stat(pid: i32) -> Option<ProcStat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text)
-}
-
-/// The fields of the text of `/proc/PID/stat`, counted after the command name's last `)`
-/// (the name may hold spaces and parentheses). A zombie is `None`.
-fn parse_stat(text: &str) -> Option<ProcStat> {
-    let rest = &text[text.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // fields[0] is field 3 (the state).
-    if matches!(fields.first()?.chars().next()?, 'Z' | 'X' | 'x') {
-        return None;
-    }
-    Some(ProcStat {
-        ppid: fields.get(1)?.parse().ok()?,
-        session: fields.get(3)?.parse().ok()?,
-        start_ticks: fields.get(19)?.parse().ok()?,
-    })
-}
-
-/// The start ticks of process `pid` now, if it lives.
-pub fn start_ticks(pid: i32) -> Option<u64> {
-    proc_stat(pid).map(|s| s.start_ticks)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_fields_are_counted_after_the_name() {
-        let text = "4242 (a) b (c)) S 7 4242 99 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1 2";
-        assert_eq!(
-            parse_stat(text),
-            Some(ProcStat {
-                ppid: 7,
-                session: 99,
-                start_ticks: 987654
-            })
-        );
-        assert_eq!(parse_stat(&text.replace(" S ", " Z ")), None, "a zombie");
-        assert_eq!(parse_stat("garbage"), None);
-    }
 
     #[test]
     fn this_process_has_a_lineage_up_to_init() {

@@ -12,9 +12,8 @@ use rlark_proto::camera::v1::camera_controller_server::CameraController as Camer
 use tonic::{Request, Response, Status};
 
 use super::{CameraController, CameraError, Delivered, OpenOptions, capture_timeout};
-use crate::access::{Authorizer, Visible};
+use crate::access::{Authorizer, Visible, camera_device_id};
 use crate::config::Encoding;
-use crate::deviceplugin::inventory::camera_device_id;
 use crate::peer::PeerInfo;
 
 /// The CameraController service of `camera-ctrl.sock`.

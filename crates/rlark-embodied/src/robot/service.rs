@@ -15,9 +15,8 @@ use tonic::{Request, Response, Status};
 
 use super::packages::Catalog;
 use super::{Caller, RobotController, RobotError};
-use crate::access::Authorizer;
+use crate::access::{Authorizer, robot_device_id};
 use crate::config::Backend;
-use crate::deviceplugin::inventory::robot_device_id;
 use crate::peer::PeerInfo;
 
 /// Metadata key a StartRobot caller sets to `true` to start a robot without owning it.
