@@ -580,6 +580,24 @@ mod tests {
 
     use super::*;
     use crate::conformance;
+
+    /// Issue 38 (key files private): the store holds Secrets and Jobs' env; it used to be
+    /// created 0644. A new one is 0600, and an existing open one is made 0600.
+    #[tokio::test]
+    async fn the_database_file_is_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = TempDir::new().expect("dir");
+        let mode =
+            |path: &Path| std::fs::metadata(path).expect("meta").permissions().mode() & 0o777;
+        let fresh = dir.path().join("fresh.db");
+        drop(open(&fresh).await);
+        assert_eq!(mode(&fresh), 0o600);
+        let old = dir.path().join("old.db");
+        std::fs::write(&old, b"").expect("write");
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        drop(open(&old).await);
+        assert_eq!(mode(&old), 0o600);
+    }
     use crate::{
         ChangeLogStats, EncodedObject, ListOptions, ListResult, Store, WatchEvent, WatchStream,
     };
