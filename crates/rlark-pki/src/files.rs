@@ -7,9 +7,10 @@ use std::path::Path;
 
 use crate::{PkiError, Result};
 
-/// Create `dir` (and missing parents) with mode 0700. An existing `dir` open to group or
-/// others is made 0700 (keys go in it); one owned by another user than this process's is
-/// refused: whoever owns it could read or replace what is written there.
+/// Create `dir` (and missing parents) with mode 0700. An existing `dir` of this process's
+/// user that is open to group or others is made 0700 (keys go in it). One owned by another
+/// user is left as it is: it is not ours to change (a Kubernetes volume's root belongs to
+/// root, its group to the pod's `fsGroup`), and what rlark writes in it is 0600 anyway.
 pub fn create_private_dir(dir: &Path) -> Result<()> {
     use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
     let failed = |source| PkiError::CreateDir {
@@ -23,16 +24,8 @@ pub fn create_private_dir(dir: &Path) -> Result<()> {
         .map_err(failed)?;
     let meta = fs::metadata(dir).map_err(failed)?;
     // /proc/self belongs to the process's effective user.
-    if let Ok(me) = fs::metadata("/proc/self").map(|m| m.uid())
-        && meta.uid() != me
-    {
-        return Err(failed(std::io::Error::other(format!(
-            "owned by uid {}, not by this process's user (uid {me}): files written there \
-             would not be private; chown it or pick another directory",
-            meta.uid()
-        ))));
-    }
-    if meta.mode() & 0o077 != 0 {
+    let mine = fs::metadata("/proc/self").is_ok_and(|me| me.uid() == meta.uid());
+    if mine && meta.mode() & 0o077 != 0 {
         fs::set_permissions(dir, fs::Permissions::from_mode(0o700)).map_err(failed)?;
     }
     Ok(())
@@ -104,7 +97,7 @@ mod tests {
     /// Issue 38 ("key files are 0600 and owned by a user no task runs as"): a data
     /// directory made beforehand with the usual 0755 used to stay open to everyone.
     #[test]
-    fn an_existing_open_directory_is_made_private_and_a_foreign_one_refused() {
+    fn an_existing_open_directory_is_made_private_and_a_foreign_one_left_alone() {
         let root = tempfile::tempdir().expect("dir");
         let open = root.path().join("open");
         fs::create_dir(&open).expect("mkdir");
@@ -122,9 +115,10 @@ mod tests {
         if fs::metadata("/proc/self").map(|m| m.uid()).ok() == Some(0) {
             let foreign = root.path().join("foreign");
             fs::create_dir(&foreign).expect("mkdir");
+            fs::set_permissions(&foreign, fs::Permissions::from_mode(0o775)).expect("chmod");
             std::os::unix::fs::chown(&foreign, Some(65534), Some(65534)).expect("chown");
-            let error = create_private_dir(&foreign).expect_err("not ours");
-            assert!(error.to_string().contains("owned by uid 65534"), "{error}");
+            create_private_dir(&foreign).expect("a volume's root, say");
+            assert_eq!(fs::metadata(&foreign).expect("meta").mode() & 0o777, 0o775);
         }
     }
 }

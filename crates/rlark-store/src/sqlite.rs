@@ -142,10 +142,13 @@ impl CachedStore<SqliteBackend> {
 }
 
 /// The database holds every secret of the installation (Secrets' data, Jobs' env, token
-/// records): it and its side files are 0600, whatever the umask, and an existing one that is
-/// not is made so. SQLite gives a new WAL file the database file's mode.
+/// records): it and its side files are 0600, whatever the umask, and an existing one of
+/// this process's user that is not is made so (another user's is not ours to change).
+/// SQLite gives a new WAL file the database file's mode.
 fn private_files(path: &Path) -> std::io::Result<()> {
-    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+    // /proc/self belongs to the process's effective user.
+    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
     std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -157,7 +160,7 @@ fn private_files(path: &Path) -> std::io::Result<()> {
         let mut file = name.clone();
         file.push(suffix);
         match std::fs::metadata(&file) {
-            Ok(meta) if meta.permissions().mode() & 0o077 != 0 => {
+            Ok(meta) if meta.permissions().mode() & 0o077 != 0 && Some(meta.uid()) == me => {
                 std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
             }
             Ok(_) => {}
