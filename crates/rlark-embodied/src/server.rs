@@ -1,10 +1,12 @@
 //! Serving the controllers on unix sockets.
 //!
 //! Each socket file is created in the socket directory (made if missing) by
-//! [`crate::socket::bind`]: mode 0660; a stale socket file left by a previous run is
-//! removed, but a socket some live server still answers on is refused, as is a path that
-//! is not a socket. Every accepted connection goes through the [`ConnTracker`] (peer PID
-//! for the watchdog and [`crate::access`], which authorizes every call for one device). On shutdown the servers stop accepting, open connections get up to
+//! [`crate::socket::bind`]: mode 0660 (the robot and camera sockets 0666 once the agent
+//! publishes holders: [`crate::access`] then authorizes every call for one device); a stale
+//! socket file left by a previous run is removed, but a socket some live server still
+//! answers on is refused, as is a path that is not a socket. Every accepted connection goes
+//! through the [`ConnTracker`] (peer PID for the watchdog and the authorization). On
+//! shutdown the servers stop accepting, open connections get up to
 //! [`DRAIN_TIMEOUT`] to finish (frame streams end at once), every robot is stopped, every
 //! camera closed, and the socket files are removed.
 
@@ -246,6 +248,9 @@ pub async fn serve_with(
         servers.push(spawn_grpc(service, &path, listener, &tracker, &shutdown));
         sockets.push(path);
     }
+    // The robot and camera sockets are opened to every user once holders are published.
+    access.serve_sockets(&sockets);
+    tokio::spawn(Arc::clone(&access).watch_for_holders(shutdown.clone()));
     if let Some((path, listener)) = devinit_listener {
         let names: Vec<&str> = config.macvlans.iter().map(|m| m.name.as_str()).collect();
         tracing::info!(socket = %path.display(), macvlans = ?names, "serving DeviceService (devinit)");

@@ -139,7 +139,9 @@ struct Lab {
 }
 
 impl Lab {
-    async fn start() -> Result<Self> {
+    /// With `open_sockets`, the sockets are made 0666 at once (an admin's choice); else
+    /// they stay 0660 until holders are published (the runtime opens them then).
+    async fn start(open_sockets: bool) -> Result<Self> {
         let dir = tempfile::tempdir()?;
         std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755))?;
         let run = dir.path().join("run");
@@ -147,7 +149,7 @@ impl Lab {
         let running =
             rlark_embodied::serve(EmbodiedConfig::from_yaml(TWO_ARMS)?, &run, shutdown.clone())
                 .await?;
-        for socket in [ROS_SOCKET, CAMERA_SOCKET] {
+        for socket in [ROS_SOCKET, CAMERA_SOCKET].iter().filter(|_| open_sockets) {
             std::fs::set_permissions(run.join(socket), std::fs::Permissions::from_mode(0o666))?;
         }
         Ok(Self {
@@ -271,7 +273,7 @@ fn holder(name: &str, root: ProcessRef, devices: &[&str]) -> ReplicaHolder {
 /// call everything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_calls_only_the_devices_it_holds() -> Result<()> {
-    let lab = Lab::start().await?;
+    let lab = Lab::start(false).await?;
     let scratch = tempfile::tempdir()?;
     // a: root, holds arm-0 and the camera; its child leaves the session. b: uid 65534
     // (as replicas with their own user will run), holds arm-1.
@@ -285,7 +287,19 @@ async fn a_replica_calls_only_the_devices_it_holds() -> Result<()> {
         ],
     };
     access::publish(&lab.run, &holders)?;
-
+    // The runtime notices the file by itself and opens its sockets to every user (b and
+    // the outsider run as uid 65534).
+    let socket = lab.run.join(ROS_SOCKET);
+    eventually_within(Duration::from_secs(20), "the sockets opened", || {
+        let socket = socket.clone();
+        async move {
+            let mode = std::fs::metadata(&socket)?.permissions().mode() & 0o777;
+            Ok((mode == 0o666).then_some(()))
+        }
+    })
+    .await?;
+    let outsider = outsider.results().await?;
+    let b = b.results().await?;
     let a = a.results().await?;
     assert_eq!(a["arm-0"], ALLOWED, "{a:?}");
     assert_eq!(a["arm-1"], DENIED, "a holds arm-0 only: {a:?}");
@@ -299,14 +313,12 @@ async fn a_replica_calls_only_the_devices_it_holds() -> Result<()> {
     );
     assert_eq!(a["escaped-arm-1"], DENIED, "{a:?}");
 
-    let b = b.results().await?;
     assert_eq!(b["arm-1"], ALLOWED, "{b:?}");
     assert_eq!(b["arm-0"], DENIED, "{b:?}");
     assert_eq!(b["list"], "arm-1", "{b:?}");
     assert_eq!(b["cam-0"], DENIED, "{b:?}");
     assert_eq!(b["frames-cam-0"], FRAME_DENIED, "{b:?}");
 
-    let outsider = outsider.results().await?;
     for device in ["arm-0", "arm-1", "cam-0"] {
         assert_eq!(outsider[device], DENIED, "{device}: {outsider:?}");
     }
@@ -331,7 +343,7 @@ async fn a_replica_calls_only_the_devices_it_holds() -> Result<()> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_runtime_is_open_until_holders_are_published_and_refusals_name_the_holder() -> Result<()>
 {
-    let lab = Lab::start().await?;
+    let lab = Lab::start(true).await?;
     let scratch = tempfile::tempdir()?;
     let before = Replica::start(&lab, scratch.path(), "before", Some(65534), false, false)?;
     let before = before.results().await?;

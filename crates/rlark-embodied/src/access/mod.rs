@@ -58,6 +58,8 @@ pub const HOLDERS_FILE: &str = "holders.json";
 pub const PENDING_WAIT: Duration = Duration::from_secs(5);
 /// How often the file is looked at during that wait.
 const PENDING_POLL: Duration = Duration::from_millis(25);
+/// How often a runtime that has seen no holders file looks for one.
+const ENFORCE_POLL: Duration = Duration::from_millis(500);
 /// How many ancestors of a caller are looked at, at most.
 const MAX_LINEAGE: usize = 256;
 
@@ -205,6 +207,9 @@ pub struct Authorizer {
     /// uid 0 and the runtime's own.
     admin_uids: Vec<u32>,
     cache: Mutex<Cache>,
+    /// The sockets whose calls are authorized here: 0660 until the runtime enforces, then
+    /// 0666 (replicas run as users of their own; every call is checked).
+    sockets: Mutex<Vec<PathBuf>>,
 }
 
 impl Authorizer {
@@ -219,11 +224,51 @@ impl Authorizer {
             path: socket_dir.join(HOLDERS_FILE),
             admin_uids,
             cache: Mutex::default(),
+            sockets: Mutex::default(),
         });
-        if authorizer.current().is_some() {
-            tracing::info!(file = %authorizer.path.display(), "device calls are authorized by the holders the agent publishes");
-        }
+        authorizer.current();
         authorizer
+    }
+
+    /// Follow `sockets` (bound, 0660): opened to every user (0666) once the runtime
+    /// enforces, as every call on them is then checked; a replica running as a user of its
+    /// own could not connect otherwise.
+    pub fn serve_sockets(&self, sockets: &[PathBuf]) {
+        self.sockets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .extend_from_slice(sockets);
+        if self.current().is_some() {
+            self.open_sockets();
+        }
+    }
+
+    /// Look for the holders file every [`ENFORCE_POLL`] until one appears (then the
+    /// sockets open, see [`Self::serve_sockets`]) or `shutdown`: a replica of another user
+    /// cannot connect, and so cannot make the runtime look, before.
+    pub async fn watch_for_holders(self: Arc<Self>, shutdown: tokio_util::sync::CancellationToken) {
+        while self.current().is_none() {
+            tokio::select! {
+                () = shutdown.cancelled() => return,
+                () = tokio::time::sleep(ENFORCE_POLL) => {}
+            }
+        }
+    }
+
+    fn open_sockets(&self) {
+        use std::os::unix::fs::PermissionsExt as _;
+        for socket in self
+            .sockets
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .iter()
+        {
+            if let Err(error) =
+                std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o666))
+            {
+                tracing::warn!(socket = %socket.display(), %error, "cannot open the socket to replicas' users");
+            }
+        }
     }
 
     /// The holders table now; `None` while no holders file was ever seen (every call is
@@ -259,7 +304,13 @@ impl Authorizer {
         if cache.enforcing && cache.stamp == Some(stamp) && !recent {
             return Some(Arc::clone(&cache.holders));
         }
-        cache.enforcing = true;
+        if !cache.enforcing {
+            cache.enforcing = true;
+            drop(cache);
+            tracing::info!(file = %self.path.display(), "holders published: device calls are authorized by their caller from now on");
+            self.open_sockets();
+            cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
+        }
         cache.stamp = Some(stamp);
         cache.holders = Arc::new(self.load(&meta).unwrap_or_else(|why| {
             tracing::error!(file = %self.path.display(), %why, "holders file not trusted: no replica may call a device");
@@ -417,6 +468,13 @@ mod tests {
         let dir = tempfile::tempdir().expect("dir");
         let authorizer = Authorizer::new(dir.path());
         assert_eq!(authorizer.current(), None, "no file: open");
+        let socket = dir.path().join("x.sock");
+        std::fs::write(&socket, "").expect("socket stand-in");
+        std::fs::set_permissions(&socket, std::os::unix::fs::PermissionsExt::from_mode(0o660))
+            .expect("chmod");
+        authorizer.serve_sockets(std::slice::from_ref(&socket));
+        let socket_mode = || std::fs::metadata(&socket).expect("socket").mode() & 0o777;
+        assert_eq!(socket_mode(), 0o660, "closed while open to every call");
         let mut holders = Holders::default();
         holders.replicas.push(ReplicaHolder {
             name: "ns/a".into(),
@@ -425,6 +483,7 @@ mod tests {
         });
         publish(dir.path(), &holders).expect("publish");
         assert_eq!(authorizer.current().as_deref(), Some(&holders));
+        assert_eq!(socket_mode(), 0o666, "every call is checked now");
         let mode = std::fs::metadata(dir.path().join(HOLDERS_FILE))
             .expect("file")
             .mode();
