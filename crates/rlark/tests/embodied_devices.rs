@@ -108,7 +108,7 @@ async fn robots_and_cameras_are_node_resources_that_placement_counts() -> anyhow
 
     // A task asking for an arm goes where the arm is.
     let jobs: Api<Job> = Api::all(admin.clone());
-    let scratch = tempfile::tempdir()?;
+    let scratch = rlark_testkit::shared_tempdir()?;
     let given = scratch.path().join("first.env");
     jobs.create(&PostParams::default(), &arm_job("first", &given)?)
         .await?;
@@ -329,7 +329,7 @@ async fn a_replica_owns_its_robots_and_an_unhealthy_device_can_stop_it() -> anyh
     .await?;
     let jobs: Api<Job> = Api::all(admin.clone());
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "rlark-lab");
-    let scratch = tempfile::tempdir()?;
+    let scratch = rlark_testkit::shared_tempdir()?;
     let create = PostParams::default();
 
     // 1. A short-lived child of the replica (the CLI) starts the arm and exits; the
@@ -571,7 +571,7 @@ async fn a_replica_cannot_call_the_arm_another_replica_holds() -> anyhow::Result
     .await?;
     let jobs: Api<Job> = Api::all(admin.clone());
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "rlark-lab");
-    let scratch = tempfile::tempdir()?;
+    let scratch = rlark_testkit::shared_tempdir()?;
     // Each replica waits until the runtime knows it (its list no longer shows the other
     // arm), then calls both arms; `OUT` gets one line per arm: `ARM rc=N MESSAGE`.
     let script = |out: &std::path::Path| {

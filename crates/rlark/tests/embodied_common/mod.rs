@@ -27,7 +27,8 @@ impl Embodied {
 
     /// `rlark embodied` on the configuration at `config`.
     pub fn start_config(config: &Path) -> anyhow::Result<Embodied> {
-        let dir = tempfile::tempdir()?;
+        // Shared: replicas running as users of their own reach the sockets below it.
+        let dir = rlark_testkit::shared_tempdir()?;
         let socket_dir = dir.path().join("run");
         let process = tokio::process::Command::new(RLARK)
             .arg("embodied")
