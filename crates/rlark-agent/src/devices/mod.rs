@@ -62,6 +62,8 @@ struct Published {
     /// `<namespace>/<pod>`.
     name: String,
     roots: Vec<ProcessRef>,
+    /// Users only this replica runs as.
+    uids: Vec<u32>,
     starting: bool,
     /// Left in the file by an earlier agent and not taken up by a worker yet: its devices
     /// as that agent published them. Dropped once its processes are gone.
@@ -83,6 +85,7 @@ impl DeviceAccess {
                 let published = Published {
                     name: r.name,
                     roots: r.roots,
+                    uids: r.uids,
                     starting: false,
                     carried: Some(r.devices),
                 };
@@ -124,13 +127,14 @@ impl DeviceAccess {
     /// Replica `pod` (`name`: `<namespace>/<pod>`) is about to start: calls from processes
     /// the runtime cannot place may wait for it ([`Self::replica_running`]).
     pub fn replica_starting(&self, pod: &str, name: &str) {
-        self.set_replica(pod, name, Vec::new(), true);
+        self.set_replica(pod, name, Vec::new(), Vec::new(), true);
     }
 
     /// Replica `pod` runs with `roots` (empty: it is not running, or its processes
-    /// cannot be told).
-    pub fn replica_running(&self, pod: &str, name: &str, roots: Vec<ProcessRef>) {
-        self.set_replica(pod, name, roots, false);
+    /// cannot be told) and, when it runs as a user no other replica has, `uids` (its exec
+    /// and SSH sessions, which the agent starts beside it, are its by their user).
+    pub fn replica_running(&self, pod: &str, name: &str, roots: Vec<ProcessRef>, uids: Vec<u32>) {
+        self.set_replica(pod, name, roots, uids, false);
     }
 
     /// Replica `pod`'s run is over: forgotten.
@@ -141,12 +145,20 @@ impl DeviceAccess {
         }
     }
 
-    fn set_replica(&self, pod: &str, name: &str, roots: Vec<ProcessRef>, starting: bool) {
+    fn set_replica(
+        &self,
+        pod: &str,
+        name: &str,
+        roots: Vec<ProcessRef>,
+        uids: Vec<u32>,
+        starting: bool,
+    ) {
         self.replicas().insert(
             pod.to_string(),
             Published {
                 name: name.to_string(),
                 roots,
+                uids,
                 starting,
                 carried: None,
             },
@@ -181,7 +193,7 @@ impl DeviceAccess {
                     .map(|(pod, r)| ReplicaHolder {
                         name: r.name.clone(),
                         roots: r.roots.clone(),
-                        uids: Vec::new(),
+                        uids: r.uids.clone(),
                         starting: r.starting,
                         devices: match &r.carried {
                             Some(devices) => devices.clone(),

@@ -1050,9 +1050,32 @@ impl Worker {
             let name = self.owner_label();
             match roots {
                 None => access.replica_starting(&self.pod, &name),
-                Some(roots) => access.replica_running(&self.pod, &name, roots),
+                Some(roots) => {
+                    access.replica_running(&self.pod, &name, roots, self.own_user());
+                }
             }
         }
+    }
+
+    /// The user only this replica runs as: an isolated raw replica's from the agent's pool
+    /// (its claim, `uid` in the replica's directory, is root's). Empty otherwise (a
+    /// `runAsUser` others may share, root, a container).
+    fn own_user(&self) -> Vec<u32> {
+        let pooled = self.shared.ctx.isolation.is_some()
+            && self
+                .task
+                .spec
+                .raw
+                .as_ref()
+                .is_some_and(|raw| raw.run_as_user.is_none());
+        if !pooled {
+            return Vec::new();
+        }
+        std::fs::read_to_string(self.replica_dir().join(crate::runtime::uids::UID_FILE))
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .into_iter()
+            .collect()
     }
 
     /// The run is over for this worker: give the replica's network back (deleted, unless

@@ -198,6 +198,22 @@ mod tests {
     }
 
     #[test]
+    fn a_replicas_own_user_is_the_replica_outside_its_session_too() {
+        let mut holders = lab();
+        holders.replicas[1].uids = vec![2_000_000_007];
+        // An exec or SSH session the agent started beside b, as b's user.
+        let shell = caller(900, 2_000_000_007, Some(p(900, 5)), &[p(50, 5)]);
+        assert_eq!(
+            decide(&holders, "robot-arm-1", &shell, ADMINS),
+            Decision::Allow
+        );
+        assert!(matches!(
+            decide(&holders, "robot-arm-0", &shell, ADMINS),
+            Decision::Deny(m) if m.contains("of replica ns/b")
+        ));
+    }
+
+    #[test]
     fn leaving_the_session_does_not_leave_the_replica() {
         let holders = lab();
         // a's process called setsid(): its own session, but a's supervisor is an ancestor.
