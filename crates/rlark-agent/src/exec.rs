@@ -51,6 +51,7 @@
 //! ran on this agent, `409` when it is not running (no live process), `405` for a method other
 //! than `GET`.
 
+use rlark_process::CleanSignals as _;
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::ffi::OsStringExt as _;
@@ -494,11 +495,12 @@ fn start(
         if !env.iter().any(|(name, _)| name == "TERM") {
             env.push(("TERM".into(), "xterm".into()));
         }
-        let child = pty_process::Command::new(program)
+        let command = pty_process::Command::new(program)
             .args(args)
             .current_dir(cwd)
             .env_clear()
-            .envs(env)
+            .envs(env);
+        let child = rlark_process::clean_pty(command)
             .spawn(pts)
             .map_err(|e| spawn_error(&e))?;
         let leader = leader_of(&child)?;
@@ -523,6 +525,7 @@ fn start(
         .stdin(piped(options.stdin))
         .stdout(piped(options.stdout))
         .stderr(piped(options.stderr))
+        .clean_signals()
         .spawn()
         .map_err(|e| spawn_error(&e))?;
     let leader = leader_of(&child)?;

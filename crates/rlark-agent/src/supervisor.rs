@@ -49,10 +49,12 @@
 //! its outcome as unknown (`AgentLost`).
 //!
 //! Signals are taken through a `signalfd` (blocked, then read). The task is started with
-//! `posix_spawn`, which resets for it what the supervisor changed: an empty signal mask
-//! (a blocked mask would otherwise be inherited across `exec`, and a shell would never see
-//! SIGTERM) and default dispositions (SIGPIPE included, which Rust programs ignore).
+//! `posix_spawn`, which gives it an empty signal mask (a blocked mask would otherwise be
+//! inherited across `exec`, and a shell would never see SIGTERM) and every signal's default
+//! disposition (SIGPIPE, which Rust programs ignore, and whatever the agent inherited
+//! ignored, e.g. SIGINT from a shell's `&`: issue 38, "clean children", `rlark_process`).
 
+use rlark_process::CleanSignals as _;
 use std::ffi::{CString, OsStr, OsString};
 use std::os::fd::{AsFd as _, AsRawFd as _};
 use std::os::unix::ffi::OsStrExt as _;
@@ -259,7 +261,7 @@ fn run(args: &SupervisorArgs) -> Result<(), String> {
     enter_network(args, sandbox.as_ref()).map_err(start_failed)?;
     let spawned = match (&sandbox, &groups) {
         (Some(sandbox), Some(groups)) => spawn_isolated(args, sandbox, groups),
-        _ => spawn(args, &mask),
+        _ => spawn(args),
     };
     let child = match spawned {
         Ok(child) => child,
@@ -378,9 +380,8 @@ impl GroupFiles {
 
 /// Start the task of an isolated replica: as its user, with no supplementary groups and
 /// `no_new_privs`, in its control groups (the supervisor joins them for the start only),
-/// the leader of a new process group, stdin `/dev/null`. The standard library's spawn
-/// empties the signal mask and resets SIGPIPE; every other signal's disposition is the
-/// supervisor's, which handles its signals through a signalfd and ignores none.
+/// the leader of a new process group, stdin `/dev/null`, every signal at its default and
+/// none blocked (`rlark_process`).
 fn spawn_isolated(
     args: &SupervisorArgs,
     sandbox: &Sandbox,
@@ -396,7 +397,9 @@ fn spawn_isolated(
         .process_group(0)
         .uid(sandbox.uid)
         .gid(sandbox.gid)
-        .stdin(std::process::Stdio::null());
+        .stdin(std::process::Stdio::null())
+        // Whatever the supervisor inherited (it may be started by hand).
+        .clean_signals();
     let spawned = command.spawn();
     if let Err(message) = GroupFiles::join(&groups.own) {
         eprintln!("rlark supervise: {message}; the supervisor stays in the replica's groups");
@@ -448,6 +451,7 @@ fn enter(args: &SupervisorArgs, pid: u32) -> String {
         .args(&args.args)
         .uid(sandbox.uid)
         .gid(sandbox.gid)
+        .clean_signals()
         .exec();
     format!("start {:?} in the replica: {error}", args.program)
 }
@@ -515,9 +519,9 @@ fn enter_network(args: &SupervisorArgs, sandbox: Option<&Sandbox>) -> Result<(),
 }
 
 /// Start the task: `args.program` as the leader of a new process group, stdin
-/// `/dev/null`, stdout, stderr, working directory and environment inherited; the signals
-/// in `blocked` back to their defaults and unblocked (see the module documentation).
-fn spawn(args: &SupervisorArgs, blocked: &SigSet) -> std::io::Result<Pid> {
+/// `/dev/null`, stdout, stderr, working directory and environment inherited; every signal
+/// back to its default and unblocked (see the module documentation).
+fn spawn(args: &SupervisorArgs) -> std::io::Result<Pid> {
     fn c_string(text: &OsStr) -> std::io::Result<CString> {
         CString::new(text.as_bytes()).map_err(|_| {
             std::io::Error::new(
@@ -538,8 +542,10 @@ fn spawn(args: &SupervisorArgs, blocked: &SigSet) -> std::io::Result<Pid> {
             c_string(&pair)
         })
         .collect::<std::io::Result<Vec<CString>>>()?;
-    let mut defaults = *blocked;
-    defaults.add(Signal::SIGPIPE);
+    // Every signal, not only those this process blocks or Rust ignores (SIGPIPE): one
+    // ignored by whoever started the agent (a shell's `&` ignores SIGINT) would otherwise
+    // stay ignored in the task (rlark_process).
+    let defaults = SigSet::all();
     let mut attr = PosixSpawnAttr::init()?;
     attr.set_flags(
         PosixSpawnFlags::POSIX_SPAWN_SETPGROUP

@@ -389,3 +389,86 @@ async fn the_task_starts_with_no_blocked_signals_and_sigpipe_at_its_default() {
     let exit = handle.terminate(Duration::from_secs(5)).await;
     assert_eq!(exit.status, ExitStatus::Signal(15));
 }
+
+const DIRTY_HELPER: &str = "RLARK_TEST_DIRTY_AGENT";
+
+/// Issue 38, point 5 ("clean children"): an agent started from a shell's `&` inherits
+/// SIGINT and SIGQUIT ignored (and SIGUSR2 here); before the fix its replicas did too (the
+/// supervisor reset only the signals it blocks), so a task's SIGINT handler-less stop did
+/// nothing. The agent side runs in a child that `sh` started with those signals ignored.
+#[tokio::test]
+async fn a_replica_starts_with_default_signals_whatever_the_agent_inherited() {
+    let output = tokio::process::Command::new("sh")
+        .arg("-c")
+        .arg("trap '' INT QUIT USR2; exec \"$0\" --exact agent_with_inherited_signals --ignored --nocapture --test-threads=1")
+        .arg(std::env::current_exe().expect("exe"))
+        .env(DIRTY_HELPER, "1")
+        .output()
+        .await
+        .expect("run the helper");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let value = |key: &str| -> u64 {
+        stdout
+            .lines()
+            .find_map(|l| l.split_once(&format!("{key}=")).map(|(_, v)| v.trim()))
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {key} in {stdout}"))
+    };
+    let bit = |signal: i32| 1u64 << (signal - 1);
+    let int = bit(Signal::SIGINT as i32);
+    assert_eq!(
+        value("agent_ign") & int,
+        int,
+        "the agent side ignores SIGINT"
+    );
+    // glibc keeps signals 32 and 33 for itself (no program can use them through it) and
+    // its posix_spawn leaves them ignored; the supervisor, a Rust program, ignores SIGPIPE
+    // itself. Everything else starts at its default.
+    let glibc = bit(32) | bit(33);
+    let sigpipe = bit(Signal::SIGPIPE as i32);
+    assert_eq!(value("supervisor_ign") & !(glibc | sigpipe), 0, "{stdout}");
+    assert_eq!(value("task_ign") & !glibc, 0, "{stdout}");
+    assert_eq!(value("task_blk"), 0, "{stdout}");
+    assert_eq!(
+        value("task_exit_signal"),
+        2,
+        "SIGINT ended the task: {stdout}"
+    );
+}
+
+#[tokio::test]
+#[ignore = "helper run as a child process by the clean-children test"]
+async fn agent_with_inherited_signals() {
+    if std::env::var_os(DIRTY_HELPER).is_none() {
+        return;
+    }
+    let (agent_ign, _) = rlark_process::signal_masks(std::process::id()).expect("own masks");
+    println!("agent_ign={agent_ign}");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut handle = spawn_replica(sh("exec sleep 30", dir.path()))
+        .await
+        .expect("spawn");
+    until("sleep runs", || {
+        std::fs::read_to_string(format!("/proc/{}/comm", handle.pid()))
+            .is_ok_and(|comm| comm.trim() == "sleep")
+    })
+    .await;
+    let (supervisor_ign, _) =
+        rlark_process::signal_masks(handle.supervisor_pid()).expect("supervisor masks");
+    let (task_ign, task_blk) = rlark_process::signal_masks(handle.pid()).expect("task masks");
+    println!("supervisor_ign={supervisor_ign}\ntask_ign={task_ign}\ntask_blk={task_blk}");
+    signal(handle.pid(), Signal::SIGINT);
+    let exit = tokio::time::timeout(DEADLINE, handle.wait())
+        .await
+        .expect("the task ends");
+    let code = match exit.status {
+        ExitStatus::Signal(signal) => signal,
+        _ => -1,
+    };
+    println!("task_exit_signal={code}");
+}

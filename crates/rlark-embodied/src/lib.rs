@@ -13,12 +13,14 @@
 //! - [`deviceplugin`]: the kubelet device plugin (robots and cameras as `rlinf.io/device`);
 //!   [`devinit`]: DeviceService.Setup, macvlan interfaces in a calling pod's namespace.
 //! - [`server`]: serving on unix sockets, bound by [`socket`]; [`peer`]: who is connected
-//!   (SO_PEERCRED); [`client`]: dialing a socket; [`metrics`]: Prometheus metrics
+//!   (SO_PEERCRED); [`access`]: who may call a device (the holders rlark's agent
+//!   publishes); [`client`]: dialing a socket; [`metrics`]: Prometheus metrics
 //!   (`--metrics-listen`).
 //!
 //! [`run`] is `rlark embodied`: serve until the shutdown token is cancelled, then stop
 //! every robot and close every camera. [`server::serve`] returns a handle instead (tests).
 
+pub mod access;
 pub mod camera;
 pub mod client;
 pub mod config;

@@ -10,6 +10,8 @@
 //!   streams skipped because their reader was slower than the camera.
 //! - `rlark_embodied_device_plugin_registrations_total` (counter): successful
 //!   registrations of the device plugin with the kubelet.
+//! - `rlark_embodied_calls_denied_total` (counter): device calls refused because the
+//!   caller does not hold the device ([`crate::access`]).
 
 use std::fmt;
 use std::sync::Arc;
@@ -53,6 +55,11 @@ pub fn registry(robots: Arc<RobotController>, cameras: Arc<CameraController>) ->
         "device_plugin_registrations",
         "Successful registrations of the device plugin with the kubelet",
         device_plugin_registrations().clone(),
+    );
+    registry.register(
+        "calls_denied",
+        "Device calls refused because the caller does not hold the device",
+        crate::access::calls_denied().clone(),
     );
     registry.register_collector(Box::new(StateCollector { robots, cameras }));
     registry
@@ -159,6 +166,7 @@ mod tests {
             body.contains("rlark_embodied_device_plugin_registrations_total"),
             "{body}"
         );
+        assert!(body.contains("rlark_embodied_calls_denied_total"), "{body}");
         assert_eq!(
             metrics_endpoint::response("/", &registry).status(),
             http::StatusCode::NOT_FOUND

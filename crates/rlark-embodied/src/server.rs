@@ -1,10 +1,12 @@
 //! Serving the controllers on unix sockets.
 //!
 //! Each socket file is created in the socket directory (made if missing) by
-//! [`crate::socket::bind`]: mode 0660; a stale socket file left by a previous run is
-//! removed, but a socket some live server still answers on is refused, as is a path that
-//! is not a socket. Every accepted connection goes through the [`ConnTracker`] (peer PID
-//! for the watchdog). On shutdown the servers stop accepting, open connections get up to
+//! [`crate::socket::bind`]: mode 0660 (the robot and camera sockets 0666 once the agent
+//! publishes holders: [`crate::access`] then authorizes every call for one device); a stale
+//! socket file left by a previous run is removed, but a socket some live server still
+//! answers on is refused, as is a path that is not a socket. Every accepted connection goes
+//! through the [`ConnTracker`] (peer PID for the watchdog and the authorization). On
+//! shutdown the servers stop accepting, open connections get up to
 //! [`DRAIN_TIMEOUT`] to finish (frame streams end at once), every robot is stopped, every
 //! camera closed, and the socket files are removed.
 
@@ -22,6 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tokio_util::sync::CancellationToken;
 
+use crate::access::Authorizer;
 use crate::camera::service::CameraService;
 use crate::camera::{CameraController, v4l2};
 use crate::config::{Backend, EmbodiedConfig};
@@ -136,6 +139,8 @@ pub async fn serve_with(
     })?;
     let config = Arc::new(config);
     let tracker = ConnTracker::new();
+    // Who may call a device: the holders rlark's agent publishes in the socket directory.
+    let access = Authorizer::new(socket_dir);
     let robots = RobotController::new(config.clone(), tracker.clone());
 
     // Which robots each RobotController socket serves: ros1 and sim on one, ros2 on the
@@ -227,17 +232,25 @@ pub async fn serve_with(
             .map(|r| r.id.clone())
             .collect();
         tracing::info!(socket = %path.display(), robots = ?ids, "serving RobotController");
-        let service = RobotControllerServer::new(RobotService::new(robots.clone(), &backends));
+        let service = RobotControllerServer::new(RobotService::new(
+            robots.clone(),
+            &backends,
+            access.clone(),
+        ));
         servers.push(spawn_grpc(service, &path, listener, &tracker, &shutdown));
         sockets.push(path);
     }
     if let Some((path, listener)) = camera_listener {
         let ids: Vec<String> = cameras.list().into_iter().map(|c| c.camera_id).collect();
         tracing::info!(socket = %path.display(), cameras = ?ids, "serving CameraController");
-        let service = CameraControllerServer::new(CameraService::new(cameras.clone()));
+        let service =
+            CameraControllerServer::new(CameraService::new(cameras.clone(), access.clone()));
         servers.push(spawn_grpc(service, &path, listener, &tracker, &shutdown));
         sockets.push(path);
     }
+    // The robot and camera sockets are opened to every user once holders are published.
+    access.serve_sockets(&sockets);
+    tokio::spawn(Arc::clone(&access).watch_for_holders(shutdown.clone()));
     if let Some((path, listener)) = devinit_listener {
         let names: Vec<&str> = config.macvlans.iter().map(|m| m.name.as_str()).collect();
         tracing::info!(socket = %path.display(), macvlans = ?names, "serving DeviceService (devinit)");

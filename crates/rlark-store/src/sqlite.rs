@@ -141,6 +141,36 @@ impl CachedStore<SqliteBackend> {
     }
 }
 
+/// The database holds every secret of the installation (Secrets' data, Jobs' env, token
+/// records): it and its side files are 0600, whatever the umask, and an existing one of
+/// this process's user that is not is made so (another user's is not ours to change).
+/// SQLite gives a new WAL file the database file's mode.
+fn private_files(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _, PermissionsExt as _};
+    // /proc/self belongs to the process's effective user.
+    let me = std::fs::metadata("/proc/self").map(|m| m.uid()).ok();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path)?;
+    let name = path.as_os_str().to_os_string();
+    for suffix in ["", "-wal", "-shm", "-journal"] {
+        let mut file = name.clone();
+        file.push(suffix);
+        match std::fs::metadata(&file) {
+            Ok(meta) if meta.permissions().mode() & 0o077 != 0 && Some(meta.uid()) == me => {
+                std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600))?;
+            }
+            Ok(_) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 impl SqliteBackend {
     /// Open (or create) the database and migrate the schema, without loading anything: for
     /// `rlark backup`, `restore` and `store migrate`, which use the backend directly. Takes
@@ -151,6 +181,9 @@ impl SqliteBackend {
                 .await
                 .map_err(|e| StoreError::Database(format!("creating {}: {e}", parent.display())))?;
         }
+        private_files(&config.path).map_err(|e| {
+            StoreError::Database(format!("making {} private: {e}", config.path.display()))
+        })?;
         let options = SqliteConnectOptions::new()
             .filename(&config.path)
             .create_if_missing(true)
@@ -550,6 +583,24 @@ mod tests {
 
     use super::*;
     use crate::conformance;
+
+    /// Issue 38 (key files private): the store holds Secrets and Jobs' env; it used to be
+    /// created 0644. A new one is 0600, and an existing open one is made 0600.
+    #[tokio::test]
+    async fn the_database_file_is_private() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = TempDir::new().expect("dir");
+        let mode =
+            |path: &Path| std::fs::metadata(path).expect("meta").permissions().mode() & 0o777;
+        let fresh = dir.path().join("fresh.db");
+        drop(open(&fresh).await);
+        assert_eq!(mode(&fresh), 0o600);
+        let old = dir.path().join("old.db");
+        std::fs::write(&old, b"").expect("write");
+        std::fs::set_permissions(&old, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+        drop(open(&old).await);
+        assert_eq!(mode(&old), 0o600);
+    }
     use crate::{
         ChangeLogStats, EncodedObject, ListOptions, ListResult, Store, WatchEvent, WatchStream,
     };

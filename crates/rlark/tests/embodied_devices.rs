@@ -108,7 +108,7 @@ async fn robots_and_cameras_are_node_resources_that_placement_counts() -> anyhow
 
     // A task asking for an arm goes where the arm is.
     let jobs: Api<Job> = Api::all(admin.clone());
-    let scratch = tempfile::tempdir()?;
+    let scratch = rlark_testkit::shared_tempdir()?;
     let given = scratch.path().join("first.env");
     jobs.create(&PostParams::default(), &arm_job("first", &given)?)
         .await?;
@@ -329,7 +329,7 @@ async fn a_replica_owns_its_robots_and_an_unhealthy_device_can_stop_it() -> anyh
     .await?;
     let jobs: Api<Job> = Api::all(admin.clone());
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "rlark-lab");
-    let scratch = tempfile::tempdir()?;
+    let scratch = rlark_testkit::shared_tempdir()?;
     let create = PostParams::default();
 
     // 1. A short-lived child of the replica (the CLI) starts the arm and exits; the
@@ -521,6 +521,133 @@ async fn a_replica_owns_its_robots_and_an_unhealthy_device_can_stop_it() -> anyh
     })
     .await?;
 
+    lab.stop().await?;
+    server.stop().await
+}
+
+/// Two simulated arms, for [`a_replica_cannot_call_the_arm_another_replica_holds`].
+const TWO_ARMS: &str = r#"
+types:
+  - type: sim-arm
+    backend: sim
+    defaultMode: idle
+    modes:
+      idle: {package: rlark_sim, launchFile: arm.launch, argFrom: {joints: dof}}
+robots:
+  - {id: arm-0, type: sim-arm, params: {dof: 6}}
+  - {id: arm-1, type: sim-arm, params: {dof: 6}}
+allowedLaunchPackages: []
+watchdog: 60s
+"#;
+
+/// Issue 38, "a replica holding arm-0 cannot call arm-1" (before the fix any process on
+/// the host drove any robot): two raw replicas of a real agent, under the real
+/// supervisor, each holding one arm. Each calls both arms through `rlark robot`; its own
+/// answers, the other's is refused naming its holder. The agent's own calls and this
+/// test's (root, in no replica) reach both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_cannot_call_the_arm_another_replica_holds() -> anyhow::Result<()> {
+    let config_dir = tempfile::tempdir()?;
+    let config = config_dir.path().join("two-arms.yaml");
+    std::fs::write(&config, TWO_ARMS)?;
+    let mut embodied = Embodied::start_config(&config)?;
+    embodied.first_list("robot").await?;
+    let (server, _server_dir) = start_server_with_controllers().await?;
+    let admin = server.client().await?;
+    let lab_dir = tempfile::tempdir()?;
+    let socket_dir = embodied.socket_dir.clone();
+    let lab = start_agent_configured(&server, "lab", "lab-0", lab_dir.path(), |config| {
+        config.embodied_socket_dir = Some(socket_dir);
+    })
+    .await?;
+    let lab_nodes: Api<Node> = Api::namespaced(admin.clone(), "rlark-lab");
+    eventually("lab-0 offers both arms", || async {
+        Ok(lab_nodes.get_opt("lab-0").await?.filter(|n| {
+            n.status
+                .as_ref()
+                .is_some_and(|s| quantity(&s.allocatable, ARM).as_deref() == Some("2"))
+        }))
+    })
+    .await?;
+    let jobs: Api<Job> = Api::all(admin.clone());
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), "rlark-lab");
+    let scratch = rlark_testkit::shared_tempdir()?;
+    // Each replica waits until the runtime knows it (its list no longer shows the other
+    // arm), then calls both arms; `OUT` gets one line per arm: `ARM rc=N MESSAGE`.
+    let script = |out: &std::path::Path| {
+        format!(
+            "ME=${{RLINF_EMBODIED_DEVICES#robot-}}; \
+             if [ \"$ME\" = arm-0 ]; then OTHER=arm-1; else OTHER=arm-0; fi; \
+             until ! \"$RLARK\" robot --socket-dir \"$DIR\" list | grep -q \"^$OTHER \"; do sleep 0.1; done; \
+             for ARM in $ME $OTHER; do \
+               MSG=$(\"$RLARK\" robot --socket-dir \"$DIR\" status $ARM 2>&1); RC=$?; \
+               echo \"$ARM rc=$RC\" $MSG >> {out}.tmp; \
+             done; mv {out}.tmp {out}; exec sleep 300",
+            out = out.display()
+        )
+    };
+    let mut outs = Vec::new();
+    for name in ["first", "second"] {
+        let out = scratch.path().join(format!("{name}.out"));
+        jobs.create(
+            &PostParams::default(),
+            &arm_script_job(name, &script(&out), json!({}))?,
+        )
+        .await?;
+        outs.push(out);
+    }
+    let mut holders = BTreeMap::new();
+    for (name, out) in ["first", "second"].iter().zip(&outs) {
+        let pod = eventually(&format!("{name}'s replica holds an arm"), || async {
+            Ok(pods
+                .list(&ListParams::default().labels(&format!("rlark.io/task-name={name}-rollout")))
+                .await?
+                .items
+                .into_iter()
+                .find(|p| p.status.as_ref().is_some_and(|s| s.devices.len() == 1)))
+        })
+        .await?;
+        let held = pod
+            .status
+            .as_ref()
+            .map(|s| s.devices[0].clone())
+            .unwrap_or_default();
+        let text = eventually(&format!("{} written", out.display()), || async {
+            Ok(std::fs::read_to_string(out).ok())
+        })
+        .await?;
+        holders.insert(held, (pod.name_any(), text));
+    }
+    assert_eq!(
+        holders.keys().collect::<Vec<_>>(),
+        ["robot-arm-0", "robot-arm-1"],
+        "one arm each"
+    );
+    for (held, (pod, text)) in &holders {
+        let mine = held.trim_start_matches("robot-");
+        let other = if mine == "arm-0" { "arm-1" } else { "arm-0" };
+        let (other_holder, _) = &holders[&format!("robot-{other}")];
+        let lines: Vec<&str> = text.lines().collect();
+        assert!(
+            lines[0].starts_with(&format!("{mine} rc=0 ")),
+            "{pod} calls its own {mine}: {text}"
+        );
+        assert!(
+            lines[1].starts_with(&format!("{other} rc=1 "))
+                && lines[1].contains("PermissionDenied")
+                && lines[1].contains(&format!(
+                    "robot-{other} is held by replica rlark-lab/{other_holder}"
+                )),
+            "{pod} may not call {other}: {text}"
+        );
+    }
+    // Root outside the replicas (this test, like an admin or the agent): both arms.
+    for arm in ["arm-0", "arm-1"] {
+        embodied_common::ok(
+            embodied.cli("robot", &["status", arm]).await?,
+            "rlark robot status",
+        )?;
+    }
     lab.stop().await?;
     server.stop().await
 }

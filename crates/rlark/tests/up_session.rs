@@ -315,3 +315,75 @@ fn version_reports_the_build_of_client_and_server() {
     );
     assert!(up.interrupt().success());
 }
+
+/// Issue 38 ("the agent's and the server's key files are 0600 and owned by a user no task
+/// runs as"): after a real `rlark up` in a data directory made beforehand with the usual
+/// mode 0755, every private file — the CA, admin and SSH keys, the SSH host key, the
+/// agents' keys and kubeconfigs, the store (Secrets, Jobs' env, token records) with its
+/// WAL, the audit log — is 0600 and every directory holding one 0700, all owned by this
+/// process's user (root for a real installation). Before the fix the existing directory
+/// stayed 0755 and the store was 0644.
+#[test]
+fn key_files_and_their_directories_are_private() {
+    use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let data = dir.path().join("data");
+    std::fs::create_dir(&data).expect("mkdir");
+    std::fs::set_permissions(&data, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let up = Up::start(&data, &[]);
+    let me = std::fs::metadata("/proc/self").expect("me").uid();
+    let mode = |path: &Path| {
+        let meta = std::fs::metadata(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        assert_eq!(meta.uid(), me, "owner of {}", path.display());
+        meta.permissions().mode() & 0o777
+    };
+    let mut private_dirs = vec![data.clone(), data.join("pki"), data.join("agents")];
+    let mut private_files: Vec<PathBuf> = [
+        "pki/ca.key",
+        "pki/ca.crt",
+        "pki/admin.key",
+        "pki/ssh_ca",
+        "pki/ssh_host_ed25519_key",
+        "admin.kubeconfig",
+        "audit.log",
+        "rlark.db",
+    ]
+    .iter()
+    .map(|f| data.join(f))
+    .collect();
+    for agent in ["cloud", "edge"] {
+        let agent_dir = data.join("agents").join(agent);
+        private_dirs.push(agent_dir.clone());
+        private_dirs.push(agent_dir.join("identity"));
+        for file in ["agent.pem", "agent.kubeconfig", "agent.json"] {
+            private_files.push(agent_dir.join("identity").join(file));
+        }
+    }
+    let wal = data.join("rlark.db-wal");
+    if wal.exists() {
+        private_files.push(wal);
+    }
+    for path in &private_dirs {
+        assert_eq!(mode(path), 0o700, "{}", path.display());
+    }
+    for path in &private_files {
+        assert_eq!(mode(path), 0o600, "{}", path.display());
+    }
+    // Whatever else sits in pki/ or an identity directory is private too, but for CA
+    // certificates (an agent's `ca.crt` is 0644: isolated replicas verify the server with it).
+    for dir in private_dirs
+        .iter()
+        .filter(|d| d.ends_with("pki") || d.ends_with("identity"))
+    {
+        for entry in std::fs::read_dir(dir).expect("list").flatten() {
+            let path = entry.path();
+            let mode = mode(&path);
+            if path.extension().is_some_and(|e| e == "crt") {
+                assert_eq!(mode & 0o022, 0, "{}", path.display());
+            } else {
+                assert_eq!(mode & 0o077, 0, "{}", path.display());
+            }
+        }
+    }
+    assert!(up.interrupt().success());
+}

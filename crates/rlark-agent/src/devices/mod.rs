@@ -8,6 +8,11 @@
 //! entries `rlinf.io/...`, `status.devices`, and the model labels. It compares with the
 //! stored Node, not with what it wrote last, so a Node registered again (which writes the
 //! machine's resources) gets its devices back on the next poll.
+//!
+//! [`DeviceAccess`] also tells the runtime who may call which device: every replica of
+//! this agent (holding devices or not), the processes that root it, and what it holds,
+//! published in DIR's `holders.json` whenever that changes (`rlark_embodied::access`,
+//! docs/embodied.md, "Who may call a device").
 
 pub mod allocator;
 pub mod inventory;
@@ -28,6 +33,8 @@ use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use rlark_embodied::access::{Holders, ProcessRef, ReplicaHolder};
+
 use self::allocator::{Allocator, Offered};
 use self::inventory::{Answer, NodeDevices};
 
@@ -36,7 +43,8 @@ use self::inventory::{Answer, NodeDevices};
 pub type Problems = BTreeMap<String, Vec<NodeDevice>>;
 
 /// What replicas need to get devices: the runtime's socket directory, the allocator the
-/// reporter keeps up to date, and the health of what each replica holds.
+/// reporter keeps up to date, the health of what each replica holds, and the replicas the
+/// runtime is told of (module documentation).
 #[derive(Clone, Debug)]
 pub struct DeviceAccess {
     pub socket_dir: PathBuf,
@@ -44,14 +52,163 @@ pub struct DeviceAccess {
     /// [`Allocator::problems`] as of the last poll; replicas whose Task says
     /// `onDeviceUnhealthy: Stop` follow it.
     problems: Arc<watch::Sender<Problems>>,
+    /// Replica (Pod name) → what the runtime is told of it.
+    replicas: Arc<Mutex<BTreeMap<String, Published>>>,
+}
+
+/// One replica as [`DeviceAccess`] publishes it.
+#[derive(Clone, Debug)]
+struct Published {
+    /// `<namespace>/<pod>`.
+    name: String,
+    roots: Vec<ProcessRef>,
+    /// Users only this replica runs as.
+    uids: Vec<u32>,
+    starting: bool,
+    /// Left in the file by an earlier agent and not taken up by a worker yet: its devices
+    /// as that agent published them. Dropped once its processes are gone.
+    carried: Option<Vec<String>>,
 }
 
 impl DeviceAccess {
+    /// The access to the runtime in `socket_dir`. The replicas an earlier agent published
+    /// there are kept (they may still run, to be adopted) and the file is written now, so
+    /// the runtime authorizes device calls from this agent's start on.
     pub fn new(socket_dir: PathBuf) -> Self {
-        Self {
+        let carried = rlark_embodied::access::read(&socket_dir)
+            .map(|h| h.replicas)
+            .unwrap_or_default();
+        let replicas = carried
+            .into_iter()
+            .filter_map(|r| {
+                let pod = r.name.rsplit('/').next()?.to_string();
+                let published = Published {
+                    name: r.name,
+                    roots: r.roots,
+                    uids: r.uids,
+                    starting: false,
+                    carried: Some(r.devices),
+                };
+                Some((pod, published))
+            })
+            .collect();
+        let access = Self {
             socket_dir,
             allocator: Arc::default(),
             problems: Arc::new(watch::Sender::new(Problems::new())),
+            replicas: Arc::new(Mutex::new(replicas)),
+        };
+        access.publish();
+        access
+    }
+
+    /// Gives `holder` devices ([`Allocator::allocate`]) and tells the runtime.
+    pub fn allocate(
+        &self,
+        holder: &str,
+        wants: &BTreeMap<String, u64>,
+        prefer: &[String],
+    ) -> Result<Vec<Offered>, String> {
+        let taken = self.lock().allocate(holder, wants, prefer);
+        self.publish();
+        taken
+    }
+
+    /// Frees `holder`'s devices ([`Allocator::release`]); the runtime is told when
+    /// `publish` (not when the agent leaves the replica running for the next one: it
+    /// keeps calling its devices meanwhile).
+    pub fn release(&self, holder: &str, publish: bool) {
+        self.lock().release(holder);
+        if publish {
+            self.publish();
+        }
+    }
+
+    /// Replica `pod` (`name`: `<namespace>/<pod>`) is about to start: calls from processes
+    /// the runtime cannot place may wait for it ([`Self::replica_running`]).
+    pub fn replica_starting(&self, pod: &str, name: &str) {
+        self.set_replica(pod, name, Vec::new(), Vec::new(), true);
+    }
+
+    /// Replica `pod` runs with `roots` (empty: it is not running, or its processes
+    /// cannot be told) and, when it runs as a user no other replica has, `uids` (its exec
+    /// and SSH sessions, which the agent starts beside it, are its by their user).
+    pub fn replica_running(&self, pod: &str, name: &str, roots: Vec<ProcessRef>, uids: Vec<u32>) {
+        self.set_replica(pod, name, roots, uids, false);
+    }
+
+    /// Replica `pod`'s run is over: forgotten.
+    pub fn replica_ended(&self, pod: &str) {
+        let removed = self.replicas().remove(pod).is_some();
+        if removed {
+            self.publish();
+        }
+    }
+
+    fn set_replica(
+        &self,
+        pod: &str,
+        name: &str,
+        roots: Vec<ProcessRef>,
+        uids: Vec<u32>,
+        starting: bool,
+    ) {
+        self.replicas().insert(
+            pod.to_string(),
+            Published {
+                name: name.to_string(),
+                roots,
+                uids,
+                starting,
+                carried: None,
+            },
+        );
+        self.publish();
+    }
+
+    fn replicas(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Published>> {
+        // A plain table: a panic elsewhere leaves it consistent.
+        self.replicas
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Write `holders.json` from the table and the allocator (under the table's lock, so
+    /// the last write is the latest state). Failures are logged: the runtime keeps the
+    /// last table it read.
+    pub fn publish(&self) {
+        let mut replicas = self.replicas();
+        // Carried entries whose processes are gone are over.
+        replicas.retain(|_, r| {
+            r.carried.is_none()
+                || r.roots.iter().any(|root| {
+                    rlark_embodied::access::start_ticks(root.pid) == Some(root.start_ticks)
+                })
+        });
+        let holders = {
+            let allocator = self.lock();
+            Holders {
+                replicas: replicas
+                    .iter()
+                    .map(|(pod, r)| ReplicaHolder {
+                        name: r.name.clone(),
+                        roots: r.roots.clone(),
+                        uids: r.uids.clone(),
+                        starting: r.starting,
+                        devices: match &r.carried {
+                            Some(devices) => devices.clone(),
+                            None => allocator
+                                .held_by(pod)
+                                .into_iter()
+                                .map(|o| o.device.id)
+                                .collect(),
+                        },
+                    })
+                    .collect(),
+            }
+        };
+        if let Err(error) = rlark_embodied::access::publish(&self.socket_dir, &holders) {
+            tracing::warn!(%error, "cannot tell the embodied runtime who holds which device");
         }
     }
 

@@ -60,6 +60,13 @@ pub trait RunningReplica: Send + Sync {
     /// When it (its current process) started.
     fn started_at(&self) -> SystemTime;
 
+    /// The processes whose session members and descendants are the replica (a raw
+    /// replica's supervisor, a container's init), for the embodied runtime's device
+    /// authorization (`rlark_embodied::access`). Empty when they cannot be told.
+    fn roots(&self) -> Vec<rlark_embodied::access::ProcessRef> {
+        Vec::new()
+    }
+
     /// Wait for its end. Cancel-safe; after the end every call returns it at once.
     fn wait(&mut self) -> BoxFuture<'_, ReplicaExit>;
 
@@ -212,6 +219,17 @@ impl RunningReplica for ReplicaHandle {
 
     fn started_at(&self) -> SystemTime {
         ReplicaHandle::started_at(self)
+    }
+
+    /// The supervisor: it leads the replica's session and reaps its orphans.
+    fn roots(&self) -> Vec<rlark_embodied::access::ProcessRef> {
+        let pid = i32::try_from(self.supervisor_pid()).ok();
+        match (pid, self.supervisor_start_ticks()) {
+            (Some(pid), Some(start_ticks)) => {
+                vec![rlark_embodied::access::ProcessRef { pid, start_ticks }]
+            }
+            _ => Vec::new(),
+        }
     }
 
     fn wait(&mut self) -> BoxFuture<'_, ReplicaExit> {

@@ -43,6 +43,7 @@ pub mod record;
 pub mod sandbox;
 pub mod uids;
 
+use rlark_process::CleanSignals as _;
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::PermissionsExt as _;
@@ -371,6 +372,7 @@ pub struct ReplicaHandle {
     pgid: i32,
     start_ticks: Option<u64>,
     supervisor_pid: u32,
+    supervisor_start_ticks: Option<u64>,
     started_at: SystemTime,
     work_dir: PathBuf,
     log_path: PathBuf,
@@ -398,6 +400,11 @@ impl ReplicaHandle {
     /// Pid of its supervisor process.
     pub fn supervisor_pid(&self) -> u32 {
         self.supervisor_pid
+    }
+
+    /// The supervisor's start time in clock ticks after boot, when it was readable.
+    pub fn supervisor_start_ticks(&self) -> Option<u64> {
+        self.supervisor_start_ticks
     }
 
     /// When it was started.
@@ -528,7 +535,10 @@ pub async fn spawn_replica(spec: ReplicaSpec) -> Result<ReplicaHandle, RuntimeEr
         .stdin(Stdio::null())
         .stdout(Stdio::from(prepared.stdout))
         .stderr(Stdio::from(prepared.stderr))
-        .kill_on_drop(false);
+        .kill_on_drop(false)
+        // Whatever signals the agent inherited ignored or blocked, the replica starts
+        // clean (the supervisor does the same for the task).
+        .clean_signals();
     let mut child = command.spawn().map_err(|e| RuntimeError::Supervisor {
         program: supervisor_name.clone(),
         detail: e.to_string(),
@@ -727,6 +737,7 @@ fn supervise_replica(
         pgid: started.pgid,
         start_ticks: started.proc_start_ticks,
         supervisor_pid: started.supervisor_pid,
+        supervisor_start_ticks: started.supervisor_start_ticks,
         started_at: started.started_at.into(),
         work_dir,
         log_path,

@@ -22,6 +22,7 @@
 //! proxy does not reach), or the start failed; that reason is also a Warning Event
 //! (`TensorBoardNotStarted`) on the Task, once per replica worker.
 
+use rlark_process::CleanSignals as _;
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::{Path, PathBuf};
@@ -169,7 +170,8 @@ pub(super) fn start(beside: &Beside<'_>) -> (Option<TensorBoard>, PodTensorBoard
         .stdout(Stdio::from(log))
         .stderr(Stdio::from(stderr))
         .process_group(0)
-        .kill_on_drop(true);
+        .kill_on_drop(true)
+        .clean_signals();
     let child = match command.spawn() {
         Ok(child) => child,
         Err(error) => {

@@ -495,7 +495,8 @@ impl Worker {
         match resume {
             None => self.drive(machine, Event::Start, None, Some(body)).await,
             Some(resume) => {
-                if resume.running.is_some() {
+                if let Some(running) = &resume.running {
+                    self.publish_replica(Some(running.roots()));
                     Box::pin(self.start_tensorboard(true)).await;
                 }
                 let event = Event::Adopt {
@@ -530,6 +531,7 @@ impl Worker {
                         restarts,
                         pending,
                     } => {
+                        self.publish_replica(None);
                         let spawned = match RunBody::of(&self.task).or_else(|| body.clone()) {
                             Some(body) => {
                                 Box::pin(self.start(&body, deadline, restarts, pending)).await
@@ -538,6 +540,8 @@ impl Worker {
                                 "the task has no raw or docker spec to start".to_string(),
                             )),
                         };
+                        let roots = spawned.as_ref().map(|s| s.roots()).unwrap_or_default();
+                        self.publish_replica(Some(roots));
                         match spawned {
                             Ok(started) => {
                                 let at = timestamp(started.started_at());
@@ -952,7 +956,7 @@ impl Worker {
                 );
             };
             let prefer = self.reported.devices.clone();
-            access.lock().allocate(&self.pod, &wants, &prefer)
+            access.allocate(&self.pod, &wants, &prefer)
         });
         match wanted {
             Ok(devices) if devices.is_empty() => Ok(()),
@@ -1022,15 +1026,56 @@ impl Worker {
         self.shared.ctx.devices.as_ref().map(|a| a.problems())
     }
 
-    /// Frees this run's devices for other replicas.
+    /// Frees this run's devices for other replicas, and tells the embodied runtime the
+    /// replica is gone (not when it is left running for the next agent: it keeps its
+    /// devices meanwhile).
     fn release_devices(&mut self) {
-        if self.devices.is_empty() {
+        let Some(access) = &self.shared.ctx.devices else {
             return;
-        }
-        if let Some(access) = &self.shared.ctx.devices {
-            access.lock().release(&self.pod);
+        };
+        let leaving = !self.left_running();
+        if !self.devices.is_empty() {
+            access.release(&self.pod, leaving);
         }
         self.devices.clear();
+        if leaving {
+            access.replica_ended(&self.pod);
+        }
+    }
+
+    /// Tells the embodied runtime (when the agent has one) that this replica is starting
+    /// (`roots` `None`) or runs with `roots`.
+    fn publish_replica(&self, roots: Option<Vec<rlark_embodied::access::ProcessRef>>) {
+        if let Some(access) = &self.shared.ctx.devices {
+            let name = self.owner_label();
+            match roots {
+                None => access.replica_starting(&self.pod, &name),
+                Some(roots) => {
+                    access.replica_running(&self.pod, &name, roots, self.own_user());
+                }
+            }
+        }
+    }
+
+    /// The user only this replica runs as: an isolated raw replica's from the agent's pool
+    /// (its claim, `uid` in the replica's directory, is root's). Empty otherwise (a
+    /// `runAsUser` others may share, root, a container).
+    fn own_user(&self) -> Vec<u32> {
+        let pooled = self.shared.ctx.isolation.is_some()
+            && self
+                .task
+                .spec
+                .raw
+                .as_ref()
+                .is_some_and(|raw| raw.run_as_user.is_none());
+        if !pooled {
+            return Vec::new();
+        }
+        std::fs::read_to_string(self.replica_dir().join(crate::runtime::uids::UID_FILE))
+            .ok()
+            .and_then(|text| text.trim().parse().ok())
+            .into_iter()
+            .collect()
     }
 
     /// The run is over for this worker: give the replica's network back (deleted, unless

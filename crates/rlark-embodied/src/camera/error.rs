@@ -20,6 +20,9 @@ pub enum CameraError {
     /// Encoding a frame failed, or a capture task died (`Internal`).
     #[error("{0}")]
     Internal(String),
+    /// The caller does not hold the camera (`PermissionDenied`, [`crate::access`]).
+    #[error("{0}")]
+    PermissionDenied(String),
 }
 
 impl CameraError {
@@ -29,7 +32,8 @@ impl CameraError {
             | CameraError::InvalidArgument(m)
             | CameraError::FailedPrecondition(m)
             | CameraError::Unavailable(m)
-            | CameraError::Internal(m) => m,
+            | CameraError::Internal(m)
+            | CameraError::PermissionDenied(m) => m,
         }
     }
 
@@ -40,6 +44,7 @@ impl CameraError {
             CameraError::FailedPrecondition(_) => tonic::Code::FailedPrecondition,
             CameraError::Unavailable(_) => tonic::Code::Unavailable,
             CameraError::Internal(_) => tonic::Code::Internal,
+            CameraError::PermissionDenied(_) => tonic::Code::PermissionDenied,
         }
     }
 }

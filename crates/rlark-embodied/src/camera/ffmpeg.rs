@@ -5,6 +5,7 @@
 //! bytes) at a time. ffmpeg is found on `PATH`; without it these drivers answer
 //! `Unavailable` naming the missing program.
 
+use rlark_process::CleanSignals as _;
 use std::collections::VecDeque;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -150,6 +151,7 @@ impl Starter for FfmpegStarter {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true)
+            .clean_signals()
             .spawn()
             .map_err(|e| {
                 CameraError::Unavailable(format!("camera {id:?}: start {}: {e}", program.display()))

@@ -1,4 +1,7 @@
 //! The gRPC `camera.controller.v1.CameraController` service over a [`CameraController`].
+//! Every call for a camera is authorized by [`crate::access`] (CaptureFrames: each camera,
+//! a refused one answering its own error); ListCameras and WatchCameras show the cameras
+//! the caller may call.
 
 use std::sync::Arc;
 
@@ -9,17 +12,34 @@ use rlark_proto::camera::v1::camera_controller_server::CameraController as Camer
 use tonic::{Request, Response, Status};
 
 use super::{CameraController, CameraError, Delivered, OpenOptions, capture_timeout};
+use crate::access::{Authorizer, Visible, camera_device_id};
 use crate::config::Encoding;
+use crate::peer::PeerInfo;
 
 /// The CameraController service of `camera-ctrl.sock`.
 pub struct CameraService {
     controller: Arc<CameraController>,
+    access: Arc<Authorizer>,
 }
 
 impl CameraService {
-    pub fn new(controller: Arc<CameraController>) -> Self {
-        Self { controller }
+    /// The service of `controller`'s cameras, its calls authorized by `access`.
+    pub fn new(controller: Arc<CameraController>, access: Arc<Authorizer>) -> Self {
+        Self { controller, access }
     }
+
+    /// The caller of `request` may call camera `id`.
+    async fn authorize<T>(&self, request: &Request<T>, id: &str) -> Result<(), Status> {
+        let peer = request.extensions().get::<PeerInfo>();
+        self.access.check(peer, &camera_device_id(id)).await
+    }
+}
+
+/// The cameras of `controller` that `visible` shows.
+fn shown(controller: &CameraController, visible: &Visible) -> Vec<pb::CameraDescriptor> {
+    let mut cameras = controller.list();
+    cameras.retain(|c| visible.shows(&camera_device_id(&c.camera_id)));
+    cameras
 }
 
 /// A request's optional encoding name.
@@ -31,10 +51,14 @@ fn encoding(name: Option<&str>) -> Result<Option<Encoding>, CameraError> {
 impl CameraControllerRpc for CameraService {
     async fn list_cameras(
         &self,
-        _request: Request<pb::ListCamerasRequest>,
+        request: Request<pb::ListCamerasRequest>,
     ) -> Result<Response<pb::ListCamerasResponse>, Status> {
+        let visible = self
+            .access
+            .visible(request.extensions().get::<PeerInfo>())
+            .await;
         Ok(Response::new(pb::ListCamerasResponse {
-            cameras: self.controller.list(),
+            cameras: shown(&self.controller, &visible),
         }))
     }
 
@@ -42,14 +66,20 @@ impl CameraControllerRpc for CameraService {
 
     async fn watch_cameras(
         &self,
-        _request: Request<pb::WatchCamerasRequest>,
+        request: Request<pb::WatchCamerasRequest>,
     ) -> Result<Response<Self::WatchCamerasStream>, Status> {
         let controller = Arc::clone(&self.controller);
+        let access = Arc::clone(&self.access);
+        let peer = request.extensions().get::<PeerInfo>().cloned();
+        // The caller's view as of the first list (a starting replica may wait for it).
+        access.visible(peer.as_ref()).await;
         // The counter's current value first (the cameras now), then one list per change;
-        // changes during a list are coalesced into the next one.
+        // changes during a list are coalesced into the next one. What the caller may see
+        // is decided again for each list.
         let lists = tokio_stream::wrappers::WatchStream::new(controller.changes()).map(move |_| {
+            let visible = access.visible_now(peer.as_ref());
             Ok(pb::ListCamerasResponse {
-                cameras: controller.list(),
+                cameras: shown(&controller, &visible),
             })
         });
         Ok(Response::new(lists.boxed()))
@@ -59,6 +89,8 @@ impl CameraControllerRpc for CameraService {
         &self,
         request: Request<pb::GetCameraInfoRequest>,
     ) -> Result<Response<pb::GetCameraInfoResponse>, Status> {
+        self.authorize(&request, &request.get_ref().camera_id)
+            .await?;
         let camera = self.controller.info(&request.into_inner().camera_id)?;
         Ok(Response::new(pb::GetCameraInfoResponse {
             camera: Some(camera),
@@ -69,6 +101,8 @@ impl CameraControllerRpc for CameraService {
         &self,
         request: Request<pb::OpenCameraRequest>,
     ) -> Result<Response<pb::OpenCameraResponse>, Status> {
+        self.authorize(&request, &request.get_ref().camera_id)
+            .await?;
         let r = request.into_inner();
         let options = OpenOptions {
             width: r.width,
@@ -89,6 +123,8 @@ impl CameraControllerRpc for CameraService {
         &self,
         request: Request<pb::CloseCameraRequest>,
     ) -> Result<Response<pb::CloseCameraResponse>, Status> {
+        self.authorize(&request, &request.get_ref().camera_id)
+            .await?;
         let id = request.into_inner().camera_id;
         let controller = self.controller.clone();
         let closed = tokio::spawn(async move { controller.close(&id).await })
@@ -101,6 +137,8 @@ impl CameraControllerRpc for CameraService {
         &self,
         request: Request<pb::CaptureFrameRequest>,
     ) -> Result<Response<pb::CaptureFrameResponse>, Status> {
+        self.authorize(&request, &request.get_ref().camera_id)
+            .await?;
         let r = request.into_inner();
         let timeout = capture_timeout(r.timeout)?;
         let encoding = encoding(r.encoding.as_deref())?;
@@ -123,6 +161,7 @@ impl CameraControllerRpc for CameraService {
         &self,
         request: Request<pb::CaptureFramesRequest>,
     ) -> Result<Response<pb::CaptureFramesResponse>, Status> {
+        let peer = request.extensions().get::<PeerInfo>().cloned();
         let r = request.into_inner();
         let timeout = capture_timeout(r.timeout)?;
         let encoding = encoding(r.encoding.as_deref())?;
@@ -137,7 +176,17 @@ impl CameraControllerRpc for CameraService {
         }
         let reads = ids.iter().map(|id| {
             let controller = &self.controller;
-            async move { controller.latest(id, encoding, timeout).await }
+            let access = &self.access;
+            let peer = peer.as_ref();
+            async move {
+                access
+                    .check(peer, &camera_device_id(id))
+                    .await
+                    .map_err(|denied| {
+                        CameraError::PermissionDenied(denied.message().to_string())
+                    })?;
+                controller.latest(id, encoding, timeout).await
+            }
         });
         let results = futures::future::join_all(reads).await;
         let frames = ids
@@ -172,6 +221,8 @@ impl CameraControllerRpc for CameraService {
         &self,
         request: Request<pb::WatchFramesRequest>,
     ) -> Result<Response<Self::WatchFramesStream>, Status> {
+        self.authorize(&request, &request.get_ref().camera_id)
+            .await?;
         let r = request.into_inner();
         let encoding = encoding(r.encoding.as_deref())?;
         let frames = self.controller.watch(&r.camera_id, encoding)?;

@@ -16,15 +16,7 @@ use crate::robot::RobotController;
 
 use super::{CONTAINER_BIN_DIR, DEVICES_ANNOTATION, HEALTHY, UNHEALTHY};
 
-/// The device ID of robot `id`.
-pub fn robot_device_id(id: &str) -> String {
-    format!("robot-{id}")
-}
-
-/// The device ID of camera `id`.
-pub fn camera_device_id(id: &str) -> String {
-    format!("camera-{id}")
-}
+pub use crate::access::{camera_device_id, robot_device_id};
 
 /// What a device stands for.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -2,6 +2,7 @@
 //! started, as roslaunch starts many nodes), its stdout and stderr kept line by line in the
 //! robot's bounded log.
 
+use rlark_process::CleanSignals as _;
 use std::collections::{BTreeMap, VecDeque};
 use std::process::{ExitStatus, Stdio};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -102,7 +103,10 @@ impl ManagedProcess {
             .stderr(Stdio::piped())
             .process_group(0)
             // Stopping is explicit (signals to the group); never kill on a stray drop.
-            .kill_on_drop(false);
+            .kill_on_drop(false)
+            // The graceful stop is SIGINT: it must not be ignored because whoever started
+            // the runtime ignored it (a shell's `&`).
+            .clean_signals();
         let mut child = command.spawn()?;
         let pgid = child
             .id()

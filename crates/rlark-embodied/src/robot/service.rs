@@ -1,6 +1,8 @@
 //! The gRPC `ros.controller.v1.RobotController` service over a [`RobotController`]. One
 //! instance per socket: `ros-ctrl.sock` serves the ros1 and sim robots, `ros2-ctrl.sock`
-//! the ros2 robots; a robot of the other socket is NotFound here (with a hint).
+//! the ros2 robots; a robot of the other socket is NotFound here (with a hint). Every call
+//! for one robot is authorized by [`crate::access`] (after the robot is known to be served
+//! here); ListRobots and WatchRobots show the robots the caller may call.
 
 use std::sync::Arc;
 
@@ -13,6 +15,7 @@ use tonic::{Request, Response, Status};
 
 use super::packages::Catalog;
 use super::{Caller, RobotController, RobotError};
+use crate::access::{Authorizer, robot_device_id};
 use crate::config::Backend;
 use crate::peer::PeerInfo;
 
@@ -46,17 +49,31 @@ pub struct RobotService {
     /// Backends of the robots served here.
     backends: Vec<Backend>,
     catalog: Catalog,
+    access: Arc<Authorizer>,
 }
 
 impl RobotService {
-    /// The service for the robots whose backend is in `backends`.
-    pub fn new(controller: Arc<RobotController>, backends: &[Backend]) -> Self {
+    /// The service for the robots whose backend is in `backends`, its calls authorized by
+    /// `access`.
+    pub fn new(
+        controller: Arc<RobotController>,
+        backends: &[Backend],
+        access: Arc<Authorizer>,
+    ) -> Self {
         let catalog = Catalog::new(controller.config(), backends);
         Self {
             controller,
             backends: backends.to_vec(),
             catalog,
+            access,
         }
+    }
+
+    /// `id` is a robot of this socket and the caller of `request` may call it.
+    async fn authorize<T>(&self, request: &Request<T>, id: &str) -> Result<(), Status> {
+        self.check_robot(id)?;
+        let peer = request.extensions().get::<PeerInfo>();
+        self.access.check(peer, &robot_device_id(id)).await
     }
 
     /// `id`, if it is a robot of this socket.
@@ -115,10 +132,12 @@ fn peer_pid<T>(request: &Request<T>) -> Option<i32> {
     request.extensions().get::<PeerInfo>().and_then(|p| p.pid)
 }
 
-/// The robots of `controller` whose backend is in `backends`, as ListRobots answers them.
+/// The robots of `controller` whose backend is in `backends` and that `visible` shows, as
+/// ListRobots answers them.
 fn served_robots(
     controller: &RobotController,
     backends: &[Backend],
+    visible: &crate::access::Visible,
 ) -> Result<Vec<pb::RobotInfo>, Status> {
     Ok(controller
         .robot_ids()
@@ -127,6 +146,7 @@ fn served_robots(
             controller
                 .backend_of(id)
                 .is_some_and(|b| backends.contains(&b))
+                && visible.shows(&robot_device_id(id))
         })
         .map(|id| controller.status(&id))
         .collect::<Result<Vec<_>, _>>()?)
@@ -139,8 +159,9 @@ impl RobotControllerRpc for RobotService {
         request: Request<pb::StartRobotRequest>,
     ) -> Result<Response<pb::StartRobotResponse>, Status> {
         let caller = caller(&request)?;
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
-        self.check_robot(&r.robot_id)?;
         let controller = self.controller.clone();
         let info = to_completion(async move {
             controller
@@ -174,8 +195,9 @@ impl RobotControllerRpc for RobotService {
             .and_then(|v| v.to_str().ok())
             .map(|v| v.trim().chars().take(MAX_REASON).collect::<String>())
             .filter(|v| !v.is_empty());
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
-        self.check_robot(&r.robot_id)?;
         let mut reason = match pid {
             Some(pid) => format!("stopped by process {pid}"),
             None => "stopped by request".to_string(),
@@ -196,8 +218,9 @@ impl RobotControllerRpc for RobotService {
         &self,
         request: Request<pb::GetRobotStatusRequest>,
     ) -> Result<Response<pb::GetRobotStatusResponse>, Status> {
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
-        self.check_robot(&r.robot_id)?;
         let info = self.controller.status(&r.robot_id)?;
         Ok(Response::new(pb::GetRobotStatusResponse {
             robot_id: info.robot_id,
@@ -219,8 +242,9 @@ impl RobotControllerRpc for RobotService {
         &self,
         request: Request<pb::SwitchModeRequest>,
     ) -> Result<Response<pb::SwitchModeResponse>, Status> {
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
-        self.check_robot(&r.robot_id)?;
         let controller = self.controller.clone();
         let info = to_completion(async move {
             controller
@@ -246,9 +270,13 @@ impl RobotControllerRpc for RobotService {
 
     async fn list_robots(
         &self,
-        _request: Request<pb::ListRobotsRequest>,
+        request: Request<pb::ListRobotsRequest>,
     ) -> Result<Response<pb::ListRobotsResponse>, Status> {
-        let robots = served_robots(&self.controller, &self.backends)?;
+        let visible = self
+            .access
+            .visible(request.extensions().get::<PeerInfo>())
+            .await;
+        let robots = served_robots(&self.controller, &self.backends, &visible)?;
         Ok(Response::new(pb::ListRobotsResponse { robots }))
     }
 
@@ -256,15 +284,21 @@ impl RobotControllerRpc for RobotService {
 
     async fn watch_robots(
         &self,
-        _request: Request<pb::WatchRobotsRequest>,
+        request: Request<pb::WatchRobotsRequest>,
     ) -> Result<Response<Self::WatchRobotsStream>, Status> {
         let controller = Arc::clone(&self.controller);
         let backends = self.backends.clone();
+        let access = Arc::clone(&self.access);
+        let peer = request.extensions().get::<PeerInfo>().cloned();
+        // The caller's view as of the first list (a starting replica may wait for it).
+        access.visible(peer.as_ref()).await;
         // The counter's current value first (the robots now), then one list per change;
-        // changes during a list are coalesced into the next one.
+        // changes during a list are coalesced into the next one. What the caller may see
+        // is decided again for each list.
         let lists =
             tokio_stream::wrappers::WatchStream::new(controller.state_changes()).map(move |_| {
-                served_robots(&controller, &backends)
+                let visible = access.visible_now(peer.as_ref());
+                served_robots(&controller, &backends, &visible)
                     .map(|robots| pb::ListRobotsResponse { robots })
             });
         Ok(Response::new(lists.boxed()))
@@ -274,8 +308,9 @@ impl RobotControllerRpc for RobotService {
         &self,
         request: Request<pb::ListModesRequest>,
     ) -> Result<Response<pb::ListModesResponse>, Status> {
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
-        self.check_robot(&r.robot_id)?;
         let modes = self.controller.modes(&r.robot_id)?;
         Ok(Response::new(pb::ListModesResponse {
             robot_id: r.robot_id,
@@ -287,8 +322,9 @@ impl RobotControllerRpc for RobotService {
         &self,
         request: Request<pb::GetRobotLogsRequest>,
     ) -> Result<Response<pb::GetRobotLogsResponse>, Status> {
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
-        self.check_robot(&r.robot_id)?;
         let tail = usize::try_from(r.tail).map_err(|_| {
             Status::invalid_argument(format!("tail {} must not be negative", r.tail))
         })?;
@@ -362,8 +398,9 @@ impl RobotControllerRpc for RobotService {
         &self,
         request: Request<pb::ResetRobotRequest>,
     ) -> Result<Response<pb::ResetRobotResponse>, Status> {
+        self.authorize(&request, &request.get_ref().robot_id)
+            .await?;
         let r = request.into_inner();
-        self.check_robot(&r.robot_id)?;
         let controller = self.controller.clone();
         let info = to_completion(async move { controller.reset(&r.robot_id).await }).await?;
         Ok(Response::new(pb::ResetRobotResponse {

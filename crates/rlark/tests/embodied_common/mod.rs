@@ -21,13 +21,19 @@ pub struct Embodied {
 
 impl Embodied {
     pub fn start() -> anyhow::Result<Embodied> {
-        let dir = tempfile::tempdir()?;
-        let socket_dir = dir.path().join("run");
         let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/embodied/sim.yaml");
+        Self::start_config(&config)
+    }
+
+    /// `rlark embodied` on the configuration at `config`.
+    pub fn start_config(config: &Path) -> anyhow::Result<Embodied> {
+        // Shared: replicas running as users of their own reach the sockets below it.
+        let dir = rlark_testkit::shared_tempdir()?;
+        let socket_dir = dir.path().join("run");
         let process = tokio::process::Command::new(RLARK)
             .arg("embodied")
             .arg("--config")
-            .arg(&config)
+            .arg(config)
             .arg("--socket-dir")
             .arg(&socket_dir)
             .stdin(Stdio::null())

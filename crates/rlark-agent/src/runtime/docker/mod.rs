@@ -687,6 +687,17 @@ impl RunningReplica for DockerReplica {
         self.started_at
     }
 
+    /// The main container's init (its processes descend from it).
+    fn roots(&self) -> Vec<rlark_embodied::access::ProcessRef> {
+        let pid = i32::try_from(self.record.pid).ok().filter(|p| *p > 0);
+        match (pid, self.record.start_ticks) {
+            (Some(pid), Some(start_ticks)) => {
+                vec![rlark_embodied::access::ProcessRef { pid, start_ticks }]
+            }
+            _ => Vec::new(),
+        }
+    }
+
     fn wait(&mut self) -> BoxFuture<'_, ReplicaExit> {
         Box::pin(DockerReplica::wait(self))
     }
