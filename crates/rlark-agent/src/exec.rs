@@ -7,7 +7,10 @@
 //!
 //! # What runs
 //!
-//! The command (no shell) runs as the agent's user, in the replica's **current** working
+//! In an isolated replica (`REPLICA_DIR/sandbox.json`, docs/security.md, "Replica
+//! isolation") the command runs through the supervisor's `--enter`: in the replica's
+//! network and mount namespaces and control groups, as its user; otherwise it runs as the
+//! agent's user. Either way it starts in the replica's **current** working
 //! directory with the replica's **environment** (the Task's `environment` and the `RLARK_*`
 //! contract): both are read from `/proc/<pid>/cwd` and `/proc/<pid>/environ` of the process
 //! the replica's `state.json` names, which must be live (else `409`). When `/proc` cannot
