@@ -291,9 +291,12 @@ async fn watcher_resumes_after_restart_on_postgres() -> Result<()> {
 
     // PostgreSQL lost: /readyz turns 503 and writes are answered 503 with Retry-After;
     // PostgreSQL back: the same server recovers by itself.
+    // A database of its own: the first one belongs to the installation above, and a server
+    // with another data directory (another CA) refuses it (docs/security.md).
+    cluster.create_database("outage");
     let dir = tempfile::tempdir()?;
     let mut config = TestServer::config_for(dir.path());
-    config.store_url = Some(cluster.url("rlark"));
+    config.store_url = Some(cluster.url("outage"));
     let server = TestServer::start_with(config).await?;
     // kube-rs retries a 503 after its Retry-After by default; this test wants to see it.
     let kubeconfig = kube::config::Kubeconfig::read_from(server.kubeconfig_path())?;

@@ -80,6 +80,18 @@ pub enum BenchCommand {
     /// One end of `rlark bench net`'s paths (run by it inside a namespace).
     #[command(hide = true)]
     NetPeer(NetPeerOptions),
+    /// The forwarding target of `rlark bench ssh`, run by it as the task's replica (the
+    /// SSH endpoint forwards only to ports a replica listens on).
+    #[command(hide = true)]
+    Target(TargetOptions),
+}
+
+/// `rlark bench target --port N`.
+#[derive(Debug, clap::Args)]
+pub struct TargetOptions {
+    /// The loopback port to serve on.
+    #[arg(long)]
+    pub port: u16,
 }
 
 /// `rlark bench`: a subcommand and the regression guard's flags, which go anywhere after
@@ -215,5 +227,6 @@ pub async fn run(args: BenchArgs) -> anyhow::Result<()> {
             finish(&report, json, compare, write)
         }
         BenchCommand::NetPeer(options) => run_net_peer(options).await,
+        BenchCommand::Target(options) => port_forward::serve_targets(options.port).await,
     }
 }

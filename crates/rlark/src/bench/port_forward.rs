@@ -533,6 +533,19 @@ impl std::fmt::Display for PortForwardBenchReport {
 /// The target server: per connection a mode byte, acknowledged with the same byte at once;
 /// `U`: read to EOF, answer the byte count (u64); `D`: read a u64 N, write N bytes, close;
 /// `E`: echo until EOF.
+/// Serve the target on `127.0.0.1:port` until killed (`rlark bench target`).
+pub(super) async fn serve_targets(port: u16) -> anyhow::Result<()> {
+    let listener = TcpListener::bind(("127.0.0.1", port))
+        .await
+        .with_context(|| format!("listen on 127.0.0.1:{port}"))?;
+    loop {
+        let (socket, _) = listener.accept().await?;
+        tokio::spawn(async move {
+            let _ = serve_target(socket).await;
+        });
+    }
+}
+
 pub(super) async fn target_server() -> anyhow::Result<SocketAddr> {
     let listener = TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;

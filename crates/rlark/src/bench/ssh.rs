@@ -3,8 +3,9 @@
 //! - rlark: a real `rlark server --ssh-listen` and `rlark agent` (this executable as child
 //!   processes, temporary data directories), a Job whose raw task sleeps, and a key
 //!   registered for the admin (`rlark ssh-key add`). `ssh TASK@127.0.0.1 true` runs `true`
-//!   in the replica through the tunnel and the agent's exec; `ssh -N -L` forwards to a target
-//!   in this process (a raw replica's loopback is this host's) through the tunnel.
+//!   in the replica through the tunnel and the agent's exec; `ssh -N -L` forwards through
+//!   the tunnel to a target the replica itself serves (`rlark bench target`: the endpoint
+//!   forwards only to ports a replica's own processes listen on).
 //! - OpenSSH: `sshd` on loopback (throwaway host key, key authentication only): `ssh
 //!   user@127.0.0.1 true`, and `ssh -N -L` to the same target.
 //!
@@ -26,8 +27,8 @@ use tokio::process::Command;
 
 use super::guard::{GuardRatio, Guarded};
 use super::port_forward::{
-    Proc, descendants, download, find_tool, free_port, is_root, mib_s, spawn_agent, target_server,
-    tool_output, upload, wait_path_ready,
+    Proc, descendants, download, find_tool, free_port, is_root, mib_s, spawn_agent, tool_output,
+    upload, wait_path_ready,
 };
 use super::stats::{LatencySummary, children_cpu_time_of, cpu_time_of};
 
@@ -273,7 +274,7 @@ struct Rlark {
     _dir: tempfile::TempDir,
 }
 
-async fn start_rlark(ssh: &Path, keygen: &Path) -> anyhow::Result<Rlark> {
+async fn start_rlark(ssh: &Path, keygen: &Path, target_port: u16) -> anyhow::Result<Rlark> {
     let exe = std::env::current_exe().context("this executable")?;
     let dir = tempfile::Builder::new()
         .prefix("rlark-bench-ssh-")
@@ -314,9 +315,12 @@ async fn start_rlark(ssh: &Path, keygen: &Path) -> anyhow::Result<Rlark> {
     let job = dir.path().join("job.yaml");
     std::fs::write(
         &job,
-        "apiVersion: rlinf.io/v1alpha1\nkind: Job\nmetadata: {name: sshbench}\nspec:\n  \
-         tasks:\n  - name: main\n    agentType: Raw\n    role: Actor\n    \
-         raw: {entrypoint: [sleep, '100000']}\n",
+        format!(
+            "apiVersion: rlinf.io/v1alpha1\nkind: Job\nmetadata: {{name: sshbench}}\nspec:\n  \
+             tasks:\n  - name: main\n    agentType: Raw\n    role: Actor\n    \
+             raw: {{entrypoint: [{exe}, bench, target, --port, '{target_port}']}}\n",
+            exe = serde_json::to_string(&exe.to_string_lossy())?,
+        ),
     )?;
     let job_path = job.to_string_lossy().into_owned();
     run_cli(&exe, &kubeconfig, &["apply", "-f", &job_path]).await?;
@@ -501,8 +505,10 @@ async fn run_inner(options: SshBenchOptions) -> anyhow::Result<SshBenchReport> {
     let keygen = find_tool("ssh-keygen").context("ssh-keygen not found")?;
     let version = tool_output(&ssh, &["-V"]).await?;
     let openssh_version = String::from_utf8_lossy(&version.stderr).trim().to_string();
-    let target = target_server().await?;
-    let mut rlark = start_rlark(&ssh, &keygen).await?;
+    // The target runs as the task's replica: the SSH endpoint forwards only to ports a
+    // replica's own processes listen on. sshd forwards to the same one.
+    let target = SocketAddr::from(([127, 0, 0, 1], free_port()?));
+    let mut rlark = start_rlark(&ssh, &keygen, target.port()).await?;
     let mut sshd = start_sshd(&ssh, &keygen).await?;
 
     // Sessions, interleaved.
