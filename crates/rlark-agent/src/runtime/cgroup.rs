@@ -176,6 +176,24 @@ impl Hierarchies {
         Ok(Hierarchies(chosen))
     }
 
+    /// Make `parent` in every hierarchy (and, in v2, delegate the controllers to it): the
+    /// agent's start-up check that replicas' groups can be made here.
+    pub fn create_parent(&self, parent: &Path) -> Result<(), CgroupError> {
+        let relative = parent.strip_prefix("/").unwrap_or(parent);
+        for hierarchy in &self.0 {
+            if hierarchy.version == Version::V2 {
+                enable_controllers(&hierarchy.mount, relative, &hierarchy.controllers)?;
+            } else {
+                let mut dir = hierarchy.mount.clone();
+                for part in relative.components() {
+                    dir.push(part);
+                    create_dir(&dir)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Make the groups `<parent>/<name>` of one replica, limited by `limits`; returns their
     /// directories (one per hierarchy). A group left by an earlier run of the same name is
     /// reused.

@@ -77,7 +77,21 @@ impl Isolation {
             }
             return None;
         }
-        let hierarchies = match Hierarchies::detect() {
+        if let Some(missing) = missing_capabilities() {
+            // An unprivileged container: the agent can neither switch users nor make mount
+            // namespaces. The container is then the replicas' boundary; say so loudly.
+            tracing::warn!(
+                missing = %missing,
+                "replica isolation is unavailable: the agent lacks {missing}; raw replicas run \
+                 as the agent's user in its namespaces (run the agent as root with its \
+                 capabilities to isolate them)"
+            );
+            return None;
+        }
+        let hierarchies = match Hierarchies::detect().and_then(|found| {
+            found.create_parent(&config.cgroup_parent)?;
+            Ok(found)
+        }) {
             Ok(found) => Some(found),
             Err(error) => {
                 tracing::warn!(%error, "replicas run without control groups (no CPU, memory or process limits)");
@@ -219,6 +233,23 @@ impl Isolation {
             .iter()
             .any(|allowed| allowed == "*" || (!job.is_empty() && allowed == job))
     }
+}
+
+/// The capabilities isolating a replica needs (`CAP_SETUID`, `CAP_SETGID`,
+/// `CAP_SYS_ADMIN` for its mount namespace) that this process lacks, named; `None` when it
+/// has them all.
+fn missing_capabilities() -> Option<String> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let effective = status
+        .lines()
+        .find_map(|line| line.strip_prefix("CapEff:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())?;
+    let missing: Vec<&str> = [(6, "CAP_SETGID"), (7, "CAP_SETUID"), (21, "CAP_SYS_ADMIN")]
+        .into_iter()
+        .filter(|(bit, _)| effective & (1u64 << bit) == 0)
+        .map(|(_, name)| name)
+        .collect();
+    (!missing.is_empty()).then(|| missing.join(", "))
 }
 
 /// The name the replica's user has in its `/etc/passwd`.
