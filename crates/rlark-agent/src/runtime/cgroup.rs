@@ -206,13 +206,14 @@ impl Hierarchies {
         let relative = parent.strip_prefix("/").unwrap_or(parent);
         let mut made = Vec::new();
         for hierarchy in &self.0 {
-            let base = hierarchy.mount.join(relative);
-            if hierarchy.version == Version::V2 {
-                enable_controllers(&hierarchy.mount, relative, &hierarchy.controllers)?;
-            } else {
-                create_dir(&base)?;
+            let dir = hierarchy.mount.join(relative).join(name);
+            // The parent was made at agent start ([`Hierarchies::create_parent`]); again only
+            // when something removed it since.
+            if let Err(CgroupError::Create { source, .. }) = create_dir(&dir)
+                && source.kind() == std::io::ErrorKind::NotFound
+            {
+                self.create_parent(parent)?;
             }
-            let dir = base.join(name);
             create_dir(&dir)?;
             for (file, value) in settings(hierarchy, limits) {
                 write(&dir.join(file), &value)?;
@@ -268,17 +269,16 @@ fn enable_controllers(
 /// The (file, value) pairs that enforce `limits` in a group of `hierarchy`.
 pub fn settings(hierarchy: &Hierarchy, limits: &Limits) -> Vec<(&'static str, String)> {
     let has = |c: &str| hierarchy.controllers.contains(&c);
+    // The value of a limit, or the file's word for none.
+    let or = |value: Option<u64>, unlimited: &str| {
+        value.map_or_else(|| unlimited.to_string(), |v| v.to_string())
+    };
     let mut out = Vec::new();
     match hierarchy.version {
         Version::V2 => {
             if has("cpu") {
-                out.push((
-                    "cpu.max",
-                    match limits.cpu_limit_millis {
-                        Some(millis) => format!("{} {CFS_PERIOD_US}", quota_us(millis)),
-                        None => format!("max {CFS_PERIOD_US}"),
-                    },
-                ));
+                let quota = or(limits.cpu_limit_millis.map(quota_us), "max");
+                out.push(("cpu.max", format!("{quota} {CFS_PERIOD_US}")));
                 if let Some(millis) = limits.cpu_request_millis {
                     // cgroup v2's weight for Kubernetes' shares (kubelet's conversion).
                     let shares = shares(millis);
@@ -287,20 +287,7 @@ pub fn settings(hierarchy: &Hierarchy, limits: &Limits) -> Vec<(&'static str, St
                 }
             }
             if has("memory") {
-                out.push((
-                    "memory.max",
-                    limits
-                        .memory_bytes
-                        .map_or_else(|| "max".to_string(), |b| b.to_string()),
-                ));
-            }
-            if has("pids") {
-                out.push((
-                    "pids.max",
-                    limits
-                        .pids
-                        .map_or_else(|| "max".to_string(), |p| p.to_string()),
-                ));
+                out.push(("memory.max", or(limits.memory_bytes, "max")));
             }
         }
         Version::V1 => {
@@ -308,31 +295,19 @@ pub fn settings(hierarchy: &Hierarchy, limits: &Limits) -> Vec<(&'static str, St
                 out.push(("cpu.cfs_period_us", CFS_PERIOD_US.to_string()));
                 out.push((
                     "cpu.cfs_quota_us",
-                    limits
-                        .cpu_limit_millis
-                        .map_or_else(|| "-1".to_string(), |m| quota_us(m).to_string()),
+                    or(limits.cpu_limit_millis.map(quota_us), "-1"),
                 ));
                 if let Some(millis) = limits.cpu_request_millis {
                     out.push(("cpu.shares", shares(millis).to_string()));
                 }
             }
             if has("memory") {
-                out.push((
-                    "memory.limit_in_bytes",
-                    limits
-                        .memory_bytes
-                        .map_or_else(|| "-1".to_string(), |b| b.to_string()),
-                ));
-            }
-            if has("pids") {
-                out.push((
-                    "pids.max",
-                    limits
-                        .pids
-                        .map_or_else(|| "max".to_string(), |p| p.to_string()),
-                ));
+                out.push(("memory.limit_in_bytes", or(limits.memory_bytes, "-1")));
             }
         }
+    }
+    if has("pids") {
+        out.push(("pids.max", or(limits.pids, "max")));
     }
     out
 }

@@ -1159,7 +1159,7 @@ impl Worker {
             None => Vec::new(),
         };
         let replica_dir = self.replica_dir();
-        let job = super::env::job_of(&self.task);
+        let job = crate::kubernetes::env::task_job(&self.task);
         let request = super::isolation::Request {
             namespace: &self.shared.namespace,
             pod: &self.pod,
