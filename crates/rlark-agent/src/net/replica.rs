@@ -205,7 +205,7 @@ impl DomainNet {
         domain: &str,
         addresses: Vec<IpNet>,
     ) -> Result<Attachment, AttachError> {
-        let name = netns_name(namespace, pod);
+        let name = netns_name(&self.inner.config.state_dir, namespace, pod);
         let hosts_file = self.inner.config.state_dir.join(format!("{name}.hosts"));
         let ips: Vec<IpAddr> = addresses.iter().map(IpNet::addr).collect();
         if let Some(existing) = self.attached().get(pod) {
@@ -419,11 +419,19 @@ fn addresses_in(view: &MembershipView, domain: &str, pod: &str) -> Option<Vec<Ip
     (!addresses.is_empty()).then_some(addresses)
 }
 
-/// The name of the namespace of replica `pod` in Task namespace `namespace`:
-/// `rlark-<16 hex digits of SHA-256(namespace/pod)>`, stable across agent restarts and
-/// short enough for any tool that shows it.
-pub fn netns_name(namespace: &str, pod: &str) -> String {
-    let digest = Sha256::digest(format!("{namespace}/{pod}").as_bytes());
+/// The name of the namespace of replica `pod` in Task namespace `namespace`, for the agent
+/// whose network state lives in `state_dir`:
+/// `rlark-<16 hex digits of SHA-256(state_dir NUL namespace/pod)>`. Stable across agent
+/// restarts and short enough for any tool that shows it. `/run/netns` is one directory for
+/// the whole host, so the agent's own directory is part of the name: two agents on one host
+/// (test topologies, or two clusters' agents side by side) that run a replica of the same
+/// name never share, unmount or remove each other's namespace.
+pub fn netns_name(state_dir: &Path, namespace: &str, pod: &str) -> String {
+    let mut hasher = Sha256::new();
+    hasher.update(state_dir.as_os_str().as_encoded_bytes());
+    hasher.update([0]);
+    hasher.update(format!("{namespace}/{pod}").as_bytes());
+    let digest = hasher.finalize();
     let hex: String = digest[..8].iter().map(|b| format!("{b:02x}")).collect();
     format!("rlark-{hex}")
 }
@@ -442,10 +450,16 @@ mod tests {
 
     #[test]
     fn netns_names_are_stable_short_and_distinct() {
-        let a = netns_name("rlark-edge", "rl-actor-0");
-        assert_eq!(a, netns_name("rlark-edge", "rl-actor-0"));
+        let here = Path::new("/var/lib/rlark/net");
+        let a = netns_name(here, "rlark-edge", "rl-actor-0");
+        assert_eq!(a, netns_name(here, "rlark-edge", "rl-actor-0"));
         assert_eq!(a.len(), "rlark-".len() + 16);
-        assert_ne!(a, netns_name("rlark-edge", "rl-actor-1"));
-        assert_ne!(a, netns_name("rlark-cloud", "rl-actor-0"));
+        assert_ne!(a, netns_name(here, "rlark-edge", "rl-actor-1"));
+        assert_ne!(a, netns_name(here, "rlark-cloud", "rl-actor-0"));
+        // Another agent's replica of the same name on the same host.
+        assert_ne!(
+            a,
+            netns_name(Path::new("/srv/other/net"), "rlark-edge", "rl-actor-0")
+        );
     }
 }

@@ -23,13 +23,11 @@
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use rlark_agent::net::netns::NETNS_DIR;
-use rlark_agent::net::replica::netns_name;
 use rlark_agent::sim::topology::{AgentInNs, ServerInNs, log_tail};
 
 use super::{Bench, Client, Ends, Group, NetPath};
@@ -325,6 +323,7 @@ impl ModeRun<'_> {
 
         // Every replica running: the client's holder and the targets, with their pids.
         let mut targets = Vec::new();
+        let mut client_pid = None;
         for (task, member, port) in [
             ("client", "a", holder),
             ("local", Kind::Local.target_member(), local),
@@ -338,18 +337,16 @@ impl ModeRun<'_> {
                 format!("no process of replica {namespace}/{pod} listens on port {port}")
             })?;
             self.replicas.push((pid, listener_arg(port)));
-            if task != "client" {
+            if task == "client" {
+                client_pid = Some(pid);
+            } else {
                 let ip = self.allocated_ip(bench, &format!("{}-{task}", self.job()))?;
                 targets.push((pid, SocketAddr::new(ip, port)));
             }
         }
-        let client_agent = self.agent("a")?;
-        let client_netns = Path::new(&format!("/proc/{}/root", client_agent.pid))
-            .join(NETNS_DIR.trim_start_matches('/'))
-            .join(netns_name(
-                &format!("rlark-{}", mode.cluster("a")),
-                &format!("{}-client-0", self.job()),
-            ));
+        // The client replica's own network namespace, through its holder process.
+        let client_pid = client_pid.context("no client replica")?;
+        let client_netns = PathBuf::from(format!("/proc/{client_pid}/ns/net"));
         if !client_netns.exists() {
             bail!(
                 "the client replica's network namespace {} does not exist",
