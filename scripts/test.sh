@@ -23,7 +23,28 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 
-log() { printf '\n=== %s\n' "$*"; }
+# Each stage starts with `log`, which also records its start in $STAGES (a file, so stages
+# logged from subshells count too); on exit, pass or fail, the time of every stage is
+# printed, slowest first, with the total.
+STAGES=$(mktemp)
+RUN_START=$(date +%s)
+log() {
+    printf '%s\t%s\n' "$(date +%s)" "$*" >>"$STAGES"
+    printf '\n=== [%s] %s\n' "$(date -u +%H:%M:%S)" "$*"
+}
+stage_times() {
+    local status=$? end
+    end=$(date +%s)
+    printf '\n=== stage times (%s)\n' "$([ "$status" = 0 ] && echo passed || echo "failed, exit $status")"
+    printf '%s\tend\n' "$end" | cat "$STAGES" - | awk -F'\t' '
+        NR > 1 { printf "%6d s  %s\n", $1 - start, name }
+        { start = $1; name = $2 }' | sort -rn
+    printf '%6d s  total (%d min)\n' "$((end - RUN_START))" "$(((end - RUN_START) / 60))"
+    rm -f "$STAGES"
+    [ -z "${sdk_work:-}" ] || rm -rf "$sdk_work"
+}
+trap stage_times EXIT
+log "installing what the tests need"
 
 install_deps() {
     [ "${RLARK_SKIP_INSTALL:-0}" = 1 ] && return 0
@@ -185,8 +206,16 @@ python3 scripts/module_cycles.py
 log "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
+log "cargo test --no-run (build every test binary)"
+cargo test --workspace --locked --no-run
+
 log "cargo test (unit, integration, end-to-end with kubectl)"
-cargo test --workspace --locked -- --test-threads=2
+# The output also goes to target/cargo-test.log, from which the slowest test binaries are
+# listed below (where the time of this stage goes).
+cargo test --workspace --locked -- --test-threads=2 2>&1 | tee "$TARGET_DIR/cargo-test.log"
+echo "slowest test binaries (seconds, as each reported):"
+awk '/^ +Running /{bin=$2} /^test result:/{for(i=1;i<=NF;i++) if($i=="in"){t=$(i+1); sub(/s$/,"",t); printf "%8.1f  %s\n", t, bin}}' \
+    "$TARGET_DIR/cargo-test.log" | sort -rn | head -15
 
 # Uses the binary cargo test built; its Helm test (tests/deploy_helm.rs) ran above.
 ops_checks
@@ -227,8 +256,8 @@ if [ "${RLARK_SKIP_INSTALL:-0}" = 1 ]; then
     PYTHONPATH=sdk/python/rlark/src python3 -m pytest -q -p no:cacheprovider sdk/python/rlark/tests
     python3 -m pytest -q -p no:cacheprovider sdk/python/rlark-embodied/tests
 else
+    # Removed on exit by stage_times.
     sdk_work="$(mktemp -d)"
-    trap 'rm -rf "$sdk_work"' EXIT
     before="$(git status --porcelain --ignored -- sdk/python)"
     for sdk in rlark rlark-embodied; do
         python3 -m build -q --outdir "$sdk_work/dist" "sdk/python/$sdk" >"$sdk_work/build-$sdk.log" 2>&1 ||
