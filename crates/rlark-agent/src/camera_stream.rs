@@ -44,7 +44,18 @@ pub const DEFAULT_FPS: u32 = 5;
 /// Most frames a second a viewer may ask for.
 pub const MAX_FPS: u32 = 30;
 /// The multipart boundary.
-pub const BOUNDARY: &str = "rlarkframe";
+pub const BOUNDARY: &str = boundary!();
+
+/// The boundary as a literal, for [`BOUNDARY`] and the constant content type.
+macro_rules! boundary {
+    () => {
+        "rlarkframe"
+    };
+}
+use boundary;
+
+/// The stream's content type, naming [`BOUNDARY`].
+const MJPEG_CONTENT_TYPE: &str = concat!("multipart/x-mixed-replace; boundary=", boundary!());
 /// How long connecting to the runtime and starting the watch may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -451,8 +462,7 @@ async fn stream(
     let headers = response.headers_mut();
     headers.insert(
         http::header::CONTENT_TYPE,
-        http::HeaderValue::from_str(&format!("multipart/x-mixed-replace; boundary={BOUNDARY}"))
-            .expect("ASCII header"),
+        http::HeaderValue::from_static(MJPEG_CONTENT_TYPE),
     );
     headers.insert(
         http::header::CACHE_CONTROL,

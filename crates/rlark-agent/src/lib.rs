@@ -23,6 +23,9 @@
 //!
 //! [`sim`] is a simulated agent for benchmarks and tests: the same protocol towards the
 //! control plane, scripted replicas instead of processes.
+// The zero-unwrap discipline as a rule: product code turns a failure into an error that
+// names what failed, never a panic (tests, built with cfg(test), may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod api;
 mod api_body;

@@ -78,6 +78,10 @@ fn plain_schema(schema: &mut JSONSchemaProps) {
 }
 
 /// Renders one CRD as a YAML document (no leading `---`, ends with a newline).
+#[allow(
+    clippy::expect_used,
+    reason = "a CRD is maps, strings, numbers, bools and lists, all of which YAML represents"
+)]
 pub fn crd_yaml(crd: &CustomResourceDefinition) -> String {
     // A CRD is a tree of maps with string keys, strings, numbers, bools and lists, all of
     // which YAML represents; serializing it cannot fail.

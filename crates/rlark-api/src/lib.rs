@@ -3,6 +3,9 @@
 //! No IO here: everything is a pure function of its input. The types build on `kube-core` and
 //! `kube-derive` alone (the derive's `crates(kube_core = ::kube_core)`), not on the `kube`
 //! facade, so depending on this crate brings in no Kubernetes client, hyper or tower.
+// The zero-unwrap discipline as a rule: product code turns a failure into an error that
+// names what failed, never a panic (tests, built with cfg(test), may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod agent;
 pub mod crd;

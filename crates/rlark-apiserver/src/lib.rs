@@ -7,7 +7,9 @@
 //! harness switched on in code) also the Kubernetes built-in workload kinds. The router is a plain `axum::Router`; the
 //! process around it (TLS, identity extraction) lives in `rlark-server`, which inserts an
 //! [`auth::Identity`] request extension for every authenticated request.
-
+// The zero-unwrap discipline as a rule: product code turns a failure into an error that
+// names what failed, never a panic (tests, built with cfg(test), may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 // `ApiError` (a whole Kubernetes `Status`) is the error of every request path. It is built
 // at most once per failed request, so its size does not matter; boxing it everywhere would.
 #![allow(clippy::result_large_err)]

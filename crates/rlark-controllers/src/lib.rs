@@ -12,6 +12,9 @@
 //! - [`events`]: Kubernetes-style Events recorded for every transition and decision.
 //! - [`leader`]: leader election on a `coordination.k8s.io/v1` Lease.
 //! - [`manager`]: runs all of them until shutdown.
+// The zero-unwrap discipline as a rule: product code turns a failure into an error that
+// names what failed, never a panic (tests, built with cfg(test), may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod context;
 pub mod domain;

@@ -19,6 +19,9 @@
 //!
 //! [`run`] is `rlark embodied`: serve until the shutdown token is cancelled, then stop
 //! every robot and close every camera. [`server::serve`] returns a handle instead (tests).
+// The zero-unwrap discipline as a rule: product code turns a failure into an error that
+// names what failed, never a panic (tests, built with cfg(test), may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod access;
 pub mod camera;

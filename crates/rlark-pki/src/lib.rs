@@ -3,6 +3,9 @@
 //! Certificates follow Kubernetes conventions: the subject CN is the user name and each `O`
 //! attribute is a group. Keys are ECDSA P-256. Every file this crate writes is mode 0600 and
 //! is written atomically (temporary file + rename), so a reader never sees half a file.
+// The zero-unwrap discipline as a rule: product code turns a failure into an error that
+// names what failed, never a panic (tests, built with cfg(test), may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod certinfo;
 mod csr;

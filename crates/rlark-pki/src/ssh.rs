@@ -315,6 +315,10 @@ impl SshCa {
 
     /// The CA public key as one OpenSSH line without newline:
     /// `ssh-ed25519 AAAA... rlark-ssh-ca` (the `TrustedUserCAKeys` / `cert-authority` form).
+    #[allow(
+        clippy::expect_used,
+        reason = "encoding an in-memory Ed25519 key cannot fail"
+    )]
     pub fn public_key_openssh(&self) -> String {
         let public = PublicKey::new(self.key.public_key().key_data().clone(), SSH_CA_COMMENT);
         // Encoding an in-memory Ed25519 key cannot fail.

@@ -21,6 +21,9 @@
 //! Not covered: helpers rlark runs for itself and waits for (`nft`, `ip`, `ssh-keygen`,
 //! `git`, `docker` in benchmarks): their signals are rlark's business. Docker containers
 //! are started by the engine, not by rlark.
+// The zero-unwrap discipline as a rule: product code turns a failure into an error that
+// names what failed, never a panic (tests, built with cfg(test), may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 use std::io;
 

@@ -15,6 +15,9 @@
 //!
 //! Clients are generated without tonic's `connect(url)` helpers: build them on a
 //! [`tonic::transport::Channel`] (e.g. one that dials a unix socket) with `Client::new`.
+// The zero-unwrap discipline as a rule: product code turns a failure into an error that
+// names what failed, never a panic (tests, built with cfg(test), may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 /// `ros.controller.v1`: the RobotController service (ROS 1, ROS 2 and simulated robots).
 pub mod robot {

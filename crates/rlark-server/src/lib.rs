@@ -27,6 +27,9 @@
 //!
 //! A data directory with a CA but a missing or empty `rlark.db` is refused at start (see
 //! `store_guard`) unless [`ServerConfig::reinitialize_store`] is set.
+// The zero-unwrap discipline as a rule: product code turns a failure into an error that
+// names what failed, never a panic (tests, built with cfg(test), may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod auth;
 mod backup;

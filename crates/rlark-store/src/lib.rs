@@ -54,6 +54,9 @@
 //!   stopped, with no relist. `from = 0` is not "from the beginning" once anything was
 //!   compacted; the API server maps Kubernetes' `resourceVersion=0` / unset ("any"/"most
 //!   recent") to a list at the current revision followed by a watch from it.
+// The zero-unwrap discipline as a rule: product code turns a failure into an error that
+// names what failed, never a panic (tests, built with cfg(test), may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod backend;
 pub mod backup;

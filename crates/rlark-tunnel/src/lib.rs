@@ -17,6 +17,9 @@
 //!
 //! Beside the tunnel, [`metrics_endpoint`] is the `/metrics` responder every rlark process
 //! shares, with [`process_metrics`] (`process_*`, `rlark_build_info`) in every answer.
+// The zero-unwrap discipline as a rule: product code turns a failure into an error that
+// names what failed, never a panic (tests, built with cfg(test), may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 pub mod agent;
 pub mod agent_api;

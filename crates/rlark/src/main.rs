@@ -1,5 +1,8 @@
 //! `rlark`: the one binary. A thin shell over library calls: parse flags, set up logging,
 //! run the subcommand, map failures to exit codes (1 = failure, 2 = usage error).
+// The zero-unwrap discipline as a rule: product code turns a failure into an error that
+// names what failed, never a panic (tests, built with cfg(test), may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod allocator;
 mod bench;

@@ -701,7 +701,11 @@ pub async fn probe_netfilter() -> Result<(), String> {
     let spec = NetnsSpec {
         name,
         // 198.18.0.0/15 is for benchmarks; nothing leaves this namespace anyway.
-        addresses: vec!["198.18.0.2/15".parse().expect("a valid network")],
+        addresses: vec![
+            "198.18.0.2/15"
+                .parse()
+                .map_err(|e| format!("198.18.0.2/15: {e}"))?,
+        ],
         mode: Mode::Kernel,
         redirect_port: DEFAULT_REDIRECT_PORT,
         loopback_passthrough: Vec::new(),
@@ -709,7 +713,7 @@ pub async fn probe_netfilter() -> Result<(), String> {
     let netns = ReplicaNetns::create(&spec)
         .await
         .map_err(|e| e.to_string())?;
-    let target: SocketAddr = "198.18.0.9:9".parse().expect("a valid address");
+    let target = SocketAddr::from((Ipv4Addr::new(198, 18, 0, 9), 9));
     let checked = tokio::time::timeout(Duration::from_secs(5), async {
         let listener = netns
             .listen(SocketAddr::from((Ipv4Addr::LOCALHOST, spec.redirect_port)))
@@ -750,7 +754,11 @@ pub async fn probe_tun() -> Result<(), String> {
     );
     let spec = NetnsSpec {
         name,
-        addresses: vec!["198.18.0.2/15".parse().expect("a valid network")],
+        addresses: vec![
+            "198.18.0.2/15"
+                .parse()
+                .map_err(|e| format!("198.18.0.2/15: {e}"))?,
+        ],
         mode: Mode::Tun,
         redirect_port: DEFAULT_REDIRECT_PORT,
         loopback_passthrough: Vec::new(),

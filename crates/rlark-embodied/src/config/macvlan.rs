@@ -122,7 +122,7 @@ fn parse_ipv4_net(text: &str) -> Result<Ipv4Net, String> {
             let addr: Ipv4Addr = text
                 .parse()
                 .map_err(|_| format!("{text:?} is not an IPv4 address (only IPv4 is supported)"))?;
-            Ok(Ipv4Net::new(addr, 24).expect("24 is a valid prefix length"))
+            Ipv4Net::new(addr, 24).map_err(|e| format!("{text:?}/24: {e}"))
         }
     }
 }

@@ -208,9 +208,11 @@ impl Devinit {
                     "released the leases of network namespaces that are gone"
                 );
             }
-            *leases = Some(loaded);
+            return Ok(leases.insert(loaded));
         }
-        Ok(leases.as_mut().expect("loaded above"))
+        leases
+            .as_mut()
+            .ok_or_else(|| DevinitError::Internal("the leases were not loaded".into()))
     }
 
     /// Make one configured interface exist in the caller's namespace.
@@ -435,7 +437,8 @@ impl Devinit {
                     taken.iter().filter(|a| network.contains(*a)).count()
                 ))
             })?;
-        Ok(Ipv4Net::new(address, network.prefix_len()).expect("prefix of a valid network"))
+        Ipv4Net::new(address, network.prefix_len())
+            .map_err(|e| DevinitError::Internal(format!("{address}/{}: {e}", network.prefix_len())))
     }
 
     /// Create the macvlan on `parent` in the host namespace under a temporary name.

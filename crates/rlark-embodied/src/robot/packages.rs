@@ -445,8 +445,11 @@ fn yaml_launch_args(text: &str) -> Result<Vec<LaunchArg>, String> {
         .collect())
 }
 
+// The two patterns are constants, checked by this module's tests: compiling them cannot fail.
+#[allow(clippy::expect_used)]
 static DECLARE: LazyLock<Regex> =
     LazyLock::new(|| Regex::new(r"DeclareLaunchArgument\s*\(").expect("valid regex"));
+#[allow(clippy::expect_used)]
 static FIRST_STRING: LazyLock<Regex> = LazyLock::new(|| {
     Regex::new(r#"^\s*(?:name\s*=\s*)?(?:'([^']*)'|"([^"]*)")"#).expect("valid regex")
 });

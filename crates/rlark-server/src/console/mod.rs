@@ -225,6 +225,10 @@ fn role_name(identity: &Identity) -> &'static str {
     }
 }
 
+#[allow(
+    clippy::expect_used,
+    reason = "the value is a server-made session id or secret (base64url/hex) or empty"
+)]
 fn cookie(value: &str, max_age: u64) -> HeaderValue {
     HeaderValue::from_str(&format!(
         "{SESSION_COOKIE}={value}; Path=/; HttpOnly; Secure; SameSite=Strict; Max-Age={max_age}"

@@ -373,6 +373,10 @@ struct LoginQuery {
     ticket: Option<String>,
 }
 
+#[allow(
+    clippy::expect_used,
+    reason = "the value is a server-made session id or secret (base64url/hex) or empty"
+)]
 fn proxy_cookie(value: &str, max_age: u64) -> HeaderValue {
     HeaderValue::from_str(&format!(
         "{PROXY_COOKIE}={value}; Path=/; HttpOnly; Secure; SameSite=Lax; Max-Age={max_age}"

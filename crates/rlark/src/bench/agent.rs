@@ -29,7 +29,7 @@
 
 use std::collections::HashMap;
 use std::process::Stdio;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
@@ -411,8 +411,8 @@ async fn create_in_batches(
         loop {
             let notified = watches.notify.notified();
             let missing = {
-                let pods = watches.pods.lock().expect("seen lock");
-                let tasks = watches.tasks.lock().expect("seen lock");
+                let pods = watches.pods.lock().unwrap_or_else(PoisonError::into_inner);
+                let tasks = watches.tasks.lock().unwrap_or_else(PoisonError::into_inner);
                 pending
                     .iter()
                     .filter(|(task, _)| {
@@ -429,9 +429,12 @@ async fn create_in_batches(
                 );
             }
         }
-        let pods = watches.pods.lock().expect("seen lock");
-        let tasks = watches.tasks.lock().expect("seen lock");
-        let placed = watches.placed.lock().expect("seen lock");
+        let pods = watches.pods.lock().unwrap_or_else(PoisonError::into_inner);
+        let tasks = watches.tasks.lock().unwrap_or_else(PoisonError::into_inner);
+        let placed = watches
+            .placed
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         for (task, job_started) in &pending {
             let (pod_at, phase) = pods[&format!("{task}-0")];
             let (task_at, ()) = tasks[task];
@@ -745,7 +748,7 @@ async fn start_watches(
                 };
                 let now = Instant::now();
                 seen.lock()
-                    .expect("seen lock")
+                    .unwrap_or_else(PoisonError::into_inner)
                     .entry(pod.name_any())
                     .or_insert((now, phase));
                 notify.notify_waiters();
@@ -764,13 +767,13 @@ async fn start_watches(
                 };
                 let now = Instant::now();
                 seen.lock()
-                    .expect("seen lock")
+                    .unwrap_or_else(PoisonError::into_inner)
                     .entry(task.name_any())
                     .or_insert((now, ()));
                 if task.spec.placement.is_some() {
                     placed
                         .lock()
-                        .expect("seen lock")
+                        .unwrap_or_else(PoisonError::into_inner)
                         .entry(task.name_any())
                         .or_insert((now, ()));
                 }

@@ -61,47 +61,40 @@ impl Template {
             template: template.to_string(),
             message: message.to_string(),
         };
-        // The open `{range}`s: their path and the nodes collected so far.
-        let mut stack: Vec<(Option<JsonPath>, Vec<Node>)> = vec![(None, Vec::new())];
+        // The template's top-level nodes, and the open `{range}`s: their path and the nodes
+        // collected so far (the innermost last).
+        let mut root: Vec<Node> = Vec::new();
+        let mut ranges: Vec<(JsonPath, Vec<Node>)> = Vec::new();
         let mut rest = template;
         while !rest.is_empty() {
             let Some(open) = rest.find('{') else {
-                push_text(&mut stack, rest);
+                push_text(innermost(&mut root, &mut ranges), rest);
                 break;
             };
-            push_text(&mut stack, &rest[..open]);
+            push_text(innermost(&mut root, &mut ranges), &rest[..open]);
             let close = action_end(&rest[open..]).ok_or_else(|| error("unclosed '{'"))?;
             let action = rest[open + 1..open + close].trim();
             rest = &rest[open + close + 1..];
-            let nodes = &mut stack.last_mut().expect("the root stays").1;
             if let Some(literal) = action.strip_prefix('"') {
                 let literal = literal
                     .strip_suffix('"')
                     .ok_or_else(|| error("unterminated string literal"))?;
-                nodes.push(Node::Text(unescape(literal)));
+                innermost(&mut root, &mut ranges).push(Node::Text(unescape(literal)));
             } else if action == "end" {
-                if stack.len() == 1 {
-                    return Err(error("{end} without {range}"));
-                }
-                let (path, body) = stack.pop().expect("checked");
-                let path = path.expect("only ranges are pushed");
-                stack
-                    .last_mut()
-                    .expect("the root stays")
-                    .1
-                    .push(Node::Range(path, body));
+                let (path, body) = ranges.pop().ok_or_else(|| error("{end} without {range}"))?;
+                innermost(&mut root, &mut ranges).push(Node::Range(path, body));
             } else if let Some(path) = action.strip_prefix("range ") {
                 let path = parse_path(template, path)?;
-                stack.push((Some(path), Vec::new()));
+                ranges.push((path, Vec::new()));
             } else {
-                nodes.push(Node::Path(parse_path(template, action)?));
+                let path = parse_path(template, action)?;
+                innermost(&mut root, &mut ranges).push(Node::Path(path));
             }
         }
-        if stack.len() != 1 {
+        if !ranges.is_empty() {
             return Err(error("{range} without {end}"));
         }
-        let (_, nodes) = stack.pop().expect("the root");
-        Ok(Template { nodes })
+        Ok(Template { nodes: root })
     }
 
     /// The template applied to `value`. Several matches of one path are joined by a
@@ -113,9 +106,19 @@ impl Template {
     }
 }
 
-fn push_text(stack: &mut [(Option<JsonPath>, Vec<Node>)], text: &str) {
+/// The nodes of the innermost open `{range}`, or the top level.
+fn innermost<'a>(
+    root: &'a mut Vec<Node>,
+    ranges: &'a mut [(JsonPath, Vec<Node>)],
+) -> &'a mut Vec<Node> {
+    match ranges.last_mut() {
+        Some((_, nodes)) => nodes,
+        None => root,
+    }
+}
+
+fn push_text(nodes: &mut Vec<Node>, text: &str) {
     if !text.is_empty() {
-        let nodes = &mut stack.last_mut().expect("the root stays").1;
         nodes.push(Node::Text(text.to_string()));
     }
 }
