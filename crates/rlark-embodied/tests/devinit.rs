@@ -8,8 +8,11 @@
 //! are checked with `ip -j -d` in the caller's namespace. `ip` sets the test up and reads
 //! results only; the runtime itself speaks netlink.
 //!
-//! Where network namespaces cannot be created (not root, no CAP_NET_ADMIN, no `ip`), the
-//! tests print why and pass without checking anything.
+//! Where network namespaces cannot be created (not root, no CAP_NET_ADMIN, no `ip`), or
+//! `setpriv` is missing for the permission case, a test fails under `CI=true` /
+//! `RLARK_REQUIRE_TOOLS=1` (what `scripts/test.sh` sets), naming what is missing; elsewhere
+//! (a developer's `cargo test`) it prints `SKIPPED:` and why, and returns without checking
+//! the rest (`tests/support/missing_tool.rs`).
 
 #[path = "../../../tests/support/missing_tool.rs"]
 mod missing_tool;
