@@ -51,8 +51,9 @@ pub struct MemberContext {
     pub cluster_id: String,
     /// Member namespace the workloads are created in.
     pub namespace: String,
-    /// Secrets (in [`MemberContext::namespace`]) added to every Pod's
-    /// `imagePullSecrets`.
+    /// Secrets (in [`MemberContext::namespace`]) to add to every Pod's `imagePullSecrets`.
+    /// The member reconciler passes none today (`rlark agent` has no option naming them);
+    /// a template's own `imagePullSecrets` are kept.
     pub image_pull_secrets: Vec<String>,
     /// Variables added to every container after the contract, winning over same-named
     /// entries (the runtime's `RLARK_REPORT_URL`, `RLARK_TOKEN` from a Secret, ...).
