@@ -15,7 +15,8 @@
 #   Hygiene: cargo fmt, cargo machete (no unused dependencies), no test kit among the rlark
 #   binary's normal dependencies, cargo deny (licenses, duplicate versions, sources; not
 #   advisories, see below), no import cycle between a crate's modules
-#   (scripts/module_cycles.py), cargo clippy -D warnings.
+#   (scripts/module_cycles.py), the crate graph against docs/architecture.md's crate table
+#   (scripts/crate_graph.py), cargo clippy -D warnings.
 # Environment:
 #   CARGO_TARGET_DIR   optional shared build cache (the script works without it)
 #   RLARK_SKIP_INSTALL=1  skip apt/pip installs (offline dev loops); tests whose tool is
@@ -251,6 +252,9 @@ fi
 
 log "module import cycles (no two modules of a crate use each other, directly or not)"
 python3 scripts/module_cycles.py
+
+log "crate graph (docs/architecture.md's crate table is the graph: no edge up a layer, none unnamed)"
+python3 scripts/crate_graph.py
 
 
 log "cargo test (unit, integration, end-to-end with kubectl)"
