@@ -6,6 +6,8 @@
 // The zero-unwrap discipline as a rule: product code turns a failure into an error that
 // names what failed, never a panic (tests, built with cfg(test), may unwrap).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+// Every public item says what it is: this crate is the vocabulary the others share.
+#![deny(missing_docs)]
 
 pub mod agent;
 pub mod crd;
