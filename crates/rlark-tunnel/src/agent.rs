@@ -50,6 +50,8 @@ const COPY_BUFFER: usize = 32 * 1024;
 /// `serve` gets the stream right after the `ok` answer was written and must not block:
 /// spawn a task to serve it.
 pub trait AgentApi: Send + Sync + 'static {
+    /// Takes over an accepted `agent-api` stream (positioned after the `ok` answer) and
+    /// serves the local API on it; returns at once.
     fn serve(&self, stream: MuxStream);
 }
 
@@ -60,6 +62,8 @@ pub trait AgentApi: Send + Sync + 'static {
 /// `forbidden` / `unreachable` / … with a message naming what failed, then FIN), and on
 /// `ok` carries the flow. `serve` must not block: spawn a task.
 pub trait RelayHandler: Send + Sync + 'static {
+    /// Takes over a relay stream: authorizes `header`'s flow, answers, and on `ok` carries
+    /// the flow; returns at once.
     fn serve(&self, header: RelayHeader, stream: MuxStream);
 }
 

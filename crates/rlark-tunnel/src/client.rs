@@ -63,11 +63,14 @@ pub struct ClientConfig {
     /// The current TLS client config (CA + agent certificate); read at every connection
     /// attempt, so a renewed certificate is used from the next connection on.
     pub tls: watch::Receiver<Arc<rustls::ClientConfig>>,
+    /// Multiplexer settings for every session (windows, stream limit, keep-alive).
     pub mux: MuxConfig,
+    /// How the agent serves the streams the hub opens (TCP dials, local API, relays).
     pub agent: AgentConfig,
     /// Backoff bounds: the delay before reconnect attempt `n` is uniform in
     /// `[0, min(backoff_max, backoff_min * 2^n)]` (full jitter). Defaults 1 s and 30 s.
     pub backoff_min: Duration,
+    /// Upper backoff bound: no reconnect waits longer than this (see `backoff_min`).
     pub backoff_max: Duration,
     /// Sent as `X-Rlark-Node` (node agents); `None` for a cluster agent.
     pub node: Option<String>,
@@ -119,19 +122,31 @@ impl fmt::Debug for ClientConfig {
 pub enum ConnectError {
     /// The server URL cannot be used (not retried).
     #[error("invalid server URL {url:?}: {reason}")]
-    BadUrl { url: String, reason: String },
+    BadUrl {
+        /// The URL as configured or discovered.
+        url: String,
+        /// What is wrong with it (scheme, host, port, ...).
+        reason: String,
+    },
     /// The node name is not a valid header value (not retried).
     #[error("invalid node name {0:?} for the {NODE_HEADER} header")]
     BadNode(String),
+    /// The TCP connection to the server could not be made.
     #[error("TCP connect to {addr}: {source}")]
     Tcp {
+        /// The `host:port` dialled.
         addr: String,
+        /// The I/O error from the connect.
         #[source]
         source: std::io::Error,
     },
+    /// The TLS handshake failed (server certificate not trusted, client certificate
+    /// rejected, connection dropped, ...).
     #[error("TLS handshake with {host}: {source}")]
     Tls {
+        /// The server name the certificate was checked against.
         host: String,
+        /// The handshake error, as rustls reports it through tokio-rustls.
         #[source]
         source: std::io::Error,
     },
@@ -139,11 +154,17 @@ pub enum ConnectError {
     /// accepted, 404: no tunnel endpoint, ...).
     #[error("websocket upgrade refused: HTTP {status}{}", body_suffix(.body))]
     Refused {
+        /// The HTTP status of the answer.
         status: http::StatusCode,
+        /// The start of the answer's body (at most 256 bytes, control characters replaced
+        /// by spaces), empty if there was none.
         body: String,
     },
+    /// The WebSocket upgrade failed for another reason (bad answer, I/O error, ...).
     #[error("websocket handshake: {0}")]
     Handshake(#[source] WsError),
+    /// TCP connect, TLS handshake and upgrade together took longer than the carried bound
+    /// ([`CONNECT_TIMEOUT`]).
     #[error("no connection within {0:?}")]
     Timeout(Duration),
 }

@@ -27,11 +27,14 @@ pub const DIAL_MARGIN: Duration = Duration::from_secs(1);
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("{status}: {message}")]
 pub struct DialError {
+    /// The agent's status, or the hub's own reason; never [`Status::Ok`].
     pub status: Status,
+    /// The detail: the agent's response message, or what the hub saw fail.
     pub message: String,
 }
 
 impl DialError {
+    /// An error with this status and message.
     pub fn new(status: Status, message: impl Into<String>) -> Self {
         DialError {
             status,

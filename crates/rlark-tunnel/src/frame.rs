@@ -37,13 +37,21 @@ pub const GOAWAY_PROTOCOL: u8 = 1;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[repr(u8)]
 pub enum FrameType {
+    /// 0, DATA: stream bytes, spending the sender's credit on that stream.
     Data = 0,
+    /// 1, WINDOW: the receiver grants the sender more credit on a stream.
     Window = 1,
+    /// 2, OPEN: starts a new stream with the opener's id.
     Open = 2,
+    /// 3, FIN: the sender's half of the stream is done (no more DATA from it).
     Fin = 3,
+    /// 4, RST: aborts a stream in both directions, with an [`RstCode`].
     Rst = 4,
+    /// 5, PING: keep-alive and round-trip probe on stream 0; the peer answers with PONG.
     Ping = 5,
+    /// 6, PONG: the answer to a PING, echoing its nonce.
     Pong = 6,
+    /// 7, GOAWAY: the sender is ending the session; no new streams are opened after it.
     GoAway = 7,
 }
 
@@ -63,6 +71,7 @@ impl FrameType {
         })
     }
 
+    /// The upper-case wire name (`"DATA"`, `"GOAWAY"`, ...), as used in errors and logs.
     pub fn as_str(self) -> &'static str {
         match self {
             FrameType::Data => "DATA",
@@ -103,6 +112,7 @@ pub enum RstCode {
 }
 
 impl RstCode {
+    /// The code for an RST payload byte; `None` for an unassigned value (a protocol error).
     pub fn from_u8(b: u8) -> Option<RstCode> {
         Some(match b {
             0 => RstCode::Cancel,
@@ -113,6 +123,7 @@ impl RstCode {
         })
     }
 
+    /// The lower-case name (`"cancel"`, `"refused-limit"`, ...), as used in errors and logs.
     pub fn as_str(self) -> &'static str {
         match self {
             RstCode::Cancel => "cancel",
@@ -132,37 +143,95 @@ impl fmt::Display for RstCode {
 /// One mux frame.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Frame {
-    Data { stream: u32, payload: Bytes },
-    Window { stream: u32, credit: u32 },
-    Open { stream: u32 },
-    Fin { stream: u32 },
-    Rst { stream: u32, code: RstCode },
-    Ping { nonce: u64 },
-    Pong { nonce: u64 },
-    GoAway { code: u8 },
+    /// Stream bytes. DATA beyond the granted credit, or after FIN, is answered with
+    /// RST [`RstCode::Protocol`].
+    Data {
+        /// The stream the bytes belong to (never 0).
+        stream: u32,
+        /// The bytes: at least one; the mux sends at most its `max_frame_payload`.
+        payload: Bytes,
+    },
+    /// More credit for the peer: it may send `credit` more DATA bytes on `stream`.
+    Window {
+        /// The stream the credit is for (never 0).
+        stream: u32,
+        /// Bytes granted, added to the sender's remaining credit; never 0.
+        credit: u32,
+    },
+    /// Opens a stream; both directions start with [`crate::mux::INITIAL_WINDOW`] credit.
+    Open {
+        /// The new id: odd when the agent (client) opens, even when the hub (server) does.
+        stream: u32,
+    },
+    /// Half-close: the sender sends no more DATA on `stream` (it may still receive).
+    Fin {
+        /// The stream being half-closed (never 0).
+        stream: u32,
+    },
+    /// Aborts a stream in both directions; data still queued for sending is dropped.
+    Rst {
+        /// The stream being reset (never 0).
+        stream: u32,
+        /// Why the stream was reset.
+        code: RstCode,
+    },
+    /// Keep-alive and round-trip probe (stream 0); answered by a PONG with the same nonce.
+    Ping {
+        /// Chosen by the sender; echoed in the PONG so it can be matched to this PING.
+        nonce: u64,
+    },
+    /// The answer to a PING (stream 0).
+    Pong {
+        /// The nonce of the PING being answered.
+        nonce: u64,
+    },
+    /// The session is ending (stream 0): the receiver opens no more streams on it.
+    GoAway {
+        /// [`GOAWAY_NORMAL`] or [`GOAWAY_PROTOCOL`]; other values are accepted as they are.
+        code: u8,
+    },
 }
 
 /// A message that is not a valid frame.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {
+    /// The message is shorter than [`HEADER_LEN`].
     #[error("frame of {len} bytes is shorter than the {HEADER_LEN}-byte header")]
-    Truncated { len: usize },
+    Truncated {
+        /// The message length in bytes.
+        len: usize,
+    },
+    /// The type byte (carried here) is not one of [`FrameType`].
     #[error("unknown frame type {0}")]
     UnknownType(u8),
+    /// A fixed-size payload (WINDOW, OPEN, FIN, RST, PING, PONG, GOAWAY) has the wrong size.
     #[error("{kind} frame payload must be {expected} bytes, got {got}")]
     BadLength {
+        /// The frame's type.
         kind: FrameType,
+        /// The payload size that type requires, in bytes.
         expected: usize,
+        /// The payload size received, in bytes.
         got: usize,
     },
+    /// A DATA frame with no payload bytes.
     #[error("empty DATA frame")]
     EmptyData,
+    /// A stream frame (of the carried type) on stream 0, which only session frames use.
     #[error("{0} frame on stream 0")]
     ZeroStream(FrameType),
+    /// A session frame (PING, PONG, GOAWAY) on a stream id other than 0.
     #[error("{kind} frame must be on stream 0, got stream {stream}")]
-    NonZeroStream { kind: FrameType, stream: u32 },
+    NonZeroStream {
+        /// The frame's type.
+        kind: FrameType,
+        /// The stream id it carried.
+        stream: u32,
+    },
+    /// The RST code byte (carried here) is not one of [`RstCode`].
     #[error("unknown RST code {0}")]
     UnknownRstCode(u8),
+    /// A WINDOW frame granting 0 bytes.
     #[error("WINDOW frame with zero credit")]
     ZeroCredit,
 }
@@ -174,6 +243,7 @@ pub fn put_header(dst: &mut impl BufMut, kind: FrameType, stream: u32) {
 }
 
 impl Frame {
+    /// The type this frame encodes as.
     pub fn frame_type(&self) -> FrameType {
         match self {
             Frame::Data { .. } => FrameType::Data,

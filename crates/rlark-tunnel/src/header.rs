@@ -40,14 +40,23 @@ const DIAL_FIXED: usize = 4 + 2 + 1;
 /// [`Status::BadRequest`] where an answer is still possible).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HeaderError {
+    /// The version byte (carried here) is not [`VERSION`].
     #[error("header version {0} is not supported (only version {VERSION})")]
     UnsupportedVersion(u8),
+    /// The request kind byte (carried here) names no [`StreamRequest`] kind.
     #[error("request kind {0} is unknown (1 dial-tcp, 2 agent-api, 3 relay)")]
     UnknownKind(u8),
+    /// The response status byte (carried here) names no [`Status`].
     #[error("response status {0} is unknown (0..=8)")]
     UnknownStatus(u8),
+    /// The length prefix (or a relay body being encoded) exceeds [`MAX_HEADER_BODY`].
     #[error("header body is {len} bytes; at most {max} are allowed")]
-    TooLarge { len: usize, max: usize },
+    TooLarge {
+        /// The body length in bytes.
+        len: usize,
+        /// The limit in bytes ([`MAX_HEADER_BODY`]).
+        max: usize,
+    },
     /// A field is out of range or malformed; the text names the field.
     #[error("invalid header: {0}")]
     Invalid(String),
@@ -60,8 +69,12 @@ pub enum StreamRequest {
     /// (1 ms ..= 10 min, whole milliseconds). `host` is an IPv4 literal, an IPv6 literal
     /// (bare `::1` or bracketed `[::1]`) or a DNS name.
     DialTcp {
+        /// IPv4 literal, IPv6 literal or DNS name; at most [`MAX_HOST_LEN`] bytes.
         host: String,
+        /// TCP port, 1..=65535.
         port: u16,
+        /// Bound on the dial (name resolution and connect), 1 ms ..= [`MAX_DIAL_TIMEOUT`];
+        /// the agent lowers it to its own `max_dial_timeout`.
         timeout: Duration,
     },
     /// The agent's local API.
@@ -97,7 +110,9 @@ pub enum Status {
 /// [`MAX_HEADER_BODY`] bytes; [`StreamResponse::encode`] truncates a longer one).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StreamResponse {
+    /// The outcome: [`Status::Ok`] if payload follows, else why the stream is refused.
     pub status: Status,
+    /// Detail for people and logs (e.g. the dial error); empty from [`StreamResponse::ok`].
     pub message: String,
 }
 
@@ -108,6 +123,7 @@ pub enum ReadHeaderError {
     /// Reading failed; `UnexpectedEof` if the stream ended inside the header.
     #[error("read stream header: {0}")]
     Io(#[source] io::Error),
+    /// The bytes read are not a valid header.
     #[error(transparent)]
     Header(#[from] HeaderError),
 }

@@ -20,6 +20,8 @@
 // The zero-unwrap discipline as a rule: product code turns a failure into an error that
 // names what failed, never a panic (tests, built with cfg(test), may unwrap).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+// Every public item says what it is: other crates and the agent build on this API.
+#![deny(missing_docs)]
 
 pub mod agent;
 pub mod agent_api;

@@ -131,7 +131,10 @@ pub enum MuxError {
     Closed,
     /// `max_streams` concurrent streams are already open.
     #[error("stream limit reached ({max} concurrent streams)")]
-    Limit { max: usize },
+    Limit {
+        /// The configured `max_streams`.
+        max: usize,
+    },
     /// All 2^31 stream ids of this side were used; open a new session.
     #[error("stream ids exhausted")]
     IdsExhausted,
@@ -596,6 +599,7 @@ impl Control {
         })
     }
 
+    /// A snapshot of the session's counters (open streams, bytes each way, smallest RTT).
     pub fn stats(&self) -> SessionStats {
         let inner = lock(&self.shared().inner);
         SessionStats {

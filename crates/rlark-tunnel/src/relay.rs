@@ -130,6 +130,8 @@ impl fmt::Display for Protocol {
 pub struct RelayHeader {
     /// The Domain's name (a DNS-1123 subdomain of at most 253 characters).
     pub domain: String,
+    /// What the stream carries after `Ok`: a TCP connection, a UDP flow, ICMP echo, or
+    /// nothing (a probe).
     pub protocol: Protocol,
     /// The caller's virtual IP.
     pub source: IpAddr,
@@ -150,10 +152,17 @@ pub struct RelayHeader {
 /// fault (answered with [`Status::BadRequest`]).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RelayError {
+    /// The relay body's version byte (carried here) is not [`RELAY_VERSION`].
     #[error("relay header version {0} is not supported (only version {RELAY_VERSION})")]
     UnsupportedVersion(u8),
+    /// The body is longer than a stream header body may be.
     #[error("relay header body is {len} bytes; at most {max} are allowed")]
-    TooLarge { len: usize, max: usize },
+    TooLarge {
+        /// The body length in bytes.
+        len: usize,
+        /// The limit in bytes ([`MAX_HEADER_BODY`]).
+        max: usize,
+    },
     /// The body ended inside the named field.
     #[error("relay header ends inside its {0} field")]
     Truncated(&'static str),
@@ -162,7 +171,12 @@ pub enum RelayError {
     Trailing(usize),
     /// A field is out of range or malformed.
     #[error("relay header field {field}: {reason}")]
-    Invalid { field: &'static str, reason: String },
+    Invalid {
+        /// The field's name as in the wire format (`domain`, `port`, ...).
+        field: &'static str,
+        /// What is wrong with its value.
+        reason: String,
+    },
 }
 
 impl RelayError {

@@ -601,6 +601,7 @@ pub struct ReadAhead<S> {
 }
 
 impl<S> ReadAhead<S> {
+    /// Wraps a connection; no buffer is taken until the first read.
     pub fn new(io: S) -> Self {
         ReadAhead {
             io,

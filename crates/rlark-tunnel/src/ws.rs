@@ -37,7 +37,9 @@ pub const CLOSE_PROTOCOL: u16 = 1002;
 /// Which end of the WebSocket this is: clients mask what they send, servers do not.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Role {
+    /// The side that connected (the agent): masks every frame it sends.
     Client,
+    /// The side that accepted (the hub): sends unmasked frames, requires masked ones.
     Server,
 }
 
@@ -45,15 +47,22 @@ pub enum Role {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum OpCode {
+    /// 0x0: a further fragment of the message the last text or binary frame started.
     Continuation = 0x0,
+    /// 0x1: starts a UTF-8 text message (refused on the tunnel, which is binary only).
     Text = 0x1,
+    /// 0x2: starts a binary message; on the tunnel each message is one mux frame.
     Binary = 0x2,
+    /// 0x8: close handshake; the payload is empty or a status code and a UTF-8 reason.
     Close = 0x8,
+    /// 0x9: ping; the receiver answers with a pong carrying the same payload.
     Ping = 0x9,
+    /// 0xa: pong, the answer to a ping (an unsolicited pong is allowed and ignored).
     Pong = 0xa,
 }
 
 impl OpCode {
+    /// The opcode for the low 4 bits of a frame's first byte; `None` for a reserved value.
     pub fn from_u8(b: u8) -> Option<OpCode> {
         Some(match b {
             0x0 => OpCode::Continuation,
@@ -88,36 +97,61 @@ impl fmt::Display for OpCode {
 /// A WebSocket protocol violation by the peer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WsError {
+    /// RSV1-3 (the carried 3-bit value) are not all 0, though no extension was negotiated.
     #[error("websocket frame with reserved bits {0:#05b} set (no extension was negotiated)")]
     ReservedBits(u8),
+    /// The opcode nibble (carried here) is reserved by RFC 6455.
     #[error("websocket frame with unknown opcode {0:#x}")]
     UnknownOpcode(u8),
+    /// A server received a frame without a masking key.
     #[error("unmasked websocket frame from the client (RFC 6455 requires clients to mask)")]
     UnmaskedFromClient,
+    /// A client received a frame with a masking key.
     #[error("masked websocket frame from the server (RFC 6455 forbids servers to mask)")]
     MaskedFromServer,
+    /// A control frame declares more than [`MAX_CONTROL_PAYLOAD`] payload bytes.
     #[error(
         "websocket {opcode} frame with a {len}-byte payload (control frames carry at most 125)"
     )]
-    ControlTooLong { opcode: OpCode, len: u64 },
+    ControlTooLong {
+        /// The control frame's opcode (close, ping or pong).
+        opcode: OpCode,
+        /// The declared payload length in bytes.
+        len: u64,
+    },
+    /// A control frame (of the carried opcode) without the FIN bit.
     #[error("fragmented websocket {0} frame (control frames are never fragmented)")]
     FragmentedControl(OpCode),
+    /// The payload length (carried here) uses a longer encoding than it needs.
     #[error("websocket payload length {0} not in its minimal encoding")]
     NonMinimalLength(u64),
+    /// A 64-bit payload length with its most significant bit set (not allowed, section 5.2).
     #[error("websocket 64-bit payload length with the most significant bit set")]
     LengthHighBit,
+    /// A frame, or a fragmented message so far, is larger than the receiver's limit.
     #[error("websocket message of {len} bytes exceeds the limit of {max} bytes")]
-    TooLarge { len: u64, max: usize },
+    TooLarge {
+        /// The frame's payload length, or the message's length with this fragment, in bytes.
+        len: u64,
+        /// The receiver's limit in bytes.
+        max: usize,
+    },
+    /// A continuation frame arrived when no fragmented message was in progress.
     #[error("websocket continuation frame without a message to continue")]
     UnexpectedContinuation,
+    /// A new data frame (of the carried opcode) arrived before the fragmented message ended.
     #[error("websocket {0} frame inside a fragmented message (expected a continuation)")]
     ExpectedContinuation(OpCode),
+    /// A text message on the tunnel, which carries binary messages only.
     #[error("text message on the tunnel websocket (the tunnel speaks binary messages only)")]
     TextMessage,
+    /// A close payload of 1 byte: too short for the 2-byte status code.
     #[error("websocket close frame with a 1-byte payload")]
     CloseTruncated,
+    /// A close status (carried here) that no endpoint may send (RFC 6455 section 7.4).
     #[error("websocket close frame with invalid status code {0}")]
     CloseCode(u16),
+    /// A close reason that is not valid UTF-8.
     #[error("websocket close frame with a reason that is not UTF-8")]
     CloseReason,
 }
@@ -127,6 +161,7 @@ pub enum WsError {
 pub struct FrameHeader {
     /// Last frame of its message.
     pub fin: bool,
+    /// What the frame carries: a message fragment or a control frame.
     pub opcode: OpCode,
     /// The masking key, present on (and only on) frames sent by a client.
     pub mask: Option<[u8; 4]>,

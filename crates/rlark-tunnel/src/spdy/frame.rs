@@ -33,18 +33,28 @@ pub const MAX_WIRE_LENGTH: usize = (1 << 24) - 1;
 
 /// RST_STREAM status codes (SPDY/3.1 section 2.4.2).
 pub mod rst {
+    /// 1: the stream broke the protocol (e.g. a SYN_STREAM with headers the receiver
+    /// cannot use).
     pub const PROTOCOL_ERROR: u32 = 1;
+    /// 2: a frame arrived for a stream that is not active.
     pub const INVALID_STREAM: u32 = 2;
+    /// 3: the stream was refused before any of it was processed; safe to retry.
     pub const REFUSED_STREAM: u32 = 3;
+    /// 5: the stream is no longer needed.
     pub const CANCEL: u32 = 5;
+    /// 6: the stream failed for a reason of the sender's own, not the protocol.
     pub const INTERNAL_ERROR: u32 = 6;
+    /// 8: a SYN_STREAM reused the id of a stream that is still open.
     pub const STREAM_IN_USE: u32 = 8;
 }
 
 /// GOAWAY status codes.
 pub mod goaway {
+    /// 0: normal end of the session.
     pub const OK: u32 = 0;
+    /// 1: the session ends because the peer broke the protocol.
     pub const PROTOCOL_ERROR: u32 = 1;
+    /// 2: the session ends for a reason of the sender's own.
     pub const INTERNAL_ERROR: u32 = 2;
 }
 
@@ -63,53 +73,89 @@ const ID_MASK: u32 = 0x7fff_ffff;
 /// One frame.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Frame {
+    /// SYN_STREAM (type 1): opens a stream. kubectl port-forward opens two per forwarded
+    /// connection, an `error` and a `data` stream, named by their headers.
     SynStream {
+        /// The new stream's id (31 bits, not 0): odd when the client opens it.
         stream_id: u32,
+        /// The stream this one is pushed in answer to (server push); 0 for none.
         associated_to: u32,
         /// 0 (highest) ..= 7.
         priority: u8,
+        /// [`FLAG_FIN`] (the opener sends nothing more) and/or [`FLAG_UNIDIRECTIONAL`].
         flags: u8,
+        /// The stream's headers, decompressed (for kubectl: `streamtype`, `port`,
+        /// `requestid`).
         headers: Headers,
     },
+    /// SYN_REPLY (type 2): the acceptor's answer to a SYN_STREAM, accepting the stream.
     SynReply {
+        /// The stream being accepted (not 0).
         stream_id: u32,
+        /// [`FLAG_FIN`] if the acceptor sends nothing more on the stream.
         flags: u8,
+        /// The reply headers, decompressed.
         headers: Headers,
     },
+    /// RST_STREAM (type 3): ends a stream abnormally, in both directions.
     RstStream {
+        /// The stream being reset (not 0).
         stream_id: u32,
+        /// Why: one of the [`rst`] codes.
         status: u32,
     },
+    /// SETTINGS (type 4): session parameters (window size, stream limit, ...).
     Settings {
+        /// 0x01 asks the receiver to clear settings it persisted for this peer.
         flags: u8,
-        /// (flags, id, value) per entry.
+        /// (flags, id, value) per entry; the id has 24 bits.
         entries: Vec<(u8, u32, u32)>,
     },
+    /// PING (type 6): the receiver sends it back unchanged; a sender uses odd ids if it is
+    /// the client, even ones if it is the server.
     Ping {
+        /// Chosen by the sender; identifies the answer.
         id: u32,
     },
+    /// GOAWAY (type 7): the sender ends the session and accepts no new streams.
     GoAway {
+        /// The last stream opened by the receiver that the sender answered (SYN_REPLY or
+        /// RST_STREAM); streams above it were not processed.
         last_good_stream_id: u32,
+        /// Why: one of the [`goaway`] codes.
         status: u32,
     },
+    /// HEADERS (type 8): more headers for an open stream.
     Headers {
+        /// The stream the headers belong to (not 0).
         stream_id: u32,
+        /// [`FLAG_FIN`] if the sender sends nothing more on the stream.
         flags: u8,
+        /// The headers, decompressed.
         headers: Headers,
     },
+    /// WINDOW_UPDATE (type 9): flow-control credit for the receiver of the frame.
     WindowUpdate {
+        /// The stream the credit is for; 0 for the whole session (SPDY/3.1).
         stream_id: u32,
+        /// Bytes granted: 1 ..= 2^31 - 1.
         delta: u32,
     },
+    /// A data frame: stream bytes.
     Data {
+        /// The stream the bytes belong to (not 0).
         stream_id: u32,
+        /// [`FLAG_FIN`] if this is the sender's last frame on the stream.
         flags: u8,
+        /// The payload, at most [`Limits::max_data`] bytes when decoded.
         data: Bytes,
     },
     /// A control frame of a type this codec does not know (CREDENTIAL, or a future one):
     /// to be ignored.
     Unknown {
+        /// The control frame type from the header.
         kind: u16,
+        /// The frame's flags byte.
         flags: u8,
     },
 }
@@ -148,6 +194,8 @@ impl Default for Decoder {
 }
 
 impl Decoder {
+    /// A decoder for one direction of a new connection (empty buffer, fresh header
+    /// decompression) that refuses frames over `limits`.
     pub fn new(limits: Limits) -> Decoder {
         Decoder {
             buffer: BytesMut::new(),
@@ -348,6 +396,8 @@ pub struct Encoder {
 }
 
 impl Encoder {
+    /// An encoder for one direction of a new connection (fresh header compression).
+    /// Fails only if zlib cannot load the SPDY dictionary ([`SpdyError::Compression`]).
     pub fn new() -> Result<Encoder, SpdyError> {
         Ok(Encoder {
             deflater: Deflater::new()?,

@@ -122,6 +122,8 @@ impl std::fmt::Debug for Deflater {
 }
 
 impl Deflater {
+    /// A compressor primed with the SPDY/3 dictionary, for the first block of a direction.
+    /// Fails with [`SpdyError::Compression`] if zlib refuses the dictionary.
     pub fn new() -> Result<Deflater, SpdyError> {
         let mut zlib = Compress::new(Compression::default(), true);
         zlib.set_dictionary(DICTIONARY)
@@ -174,6 +176,8 @@ impl Default for Inflater {
 }
 
 impl Inflater {
+    /// A decompressor for the first block of a direction; the SPDY/3 dictionary is supplied
+    /// when the zlib stream asks for it.
     pub fn new() -> Inflater {
         Inflater {
             zlib: Decompress::new(true),

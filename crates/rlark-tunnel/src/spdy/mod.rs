@@ -17,13 +17,26 @@ pub use header_block::Headers;
 /// Every decoding error is final for the connection.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpdyError {
+    /// A control frame's version field (carried here) is not 3.
     #[error("SPDY version {0} is not supported (only 3)")]
     UnsupportedVersion(u16),
+    /// A frame's length field exceeds the decoder's [`Limits`], or an encoded payload
+    /// does not fit the 24-bit length field.
     #[error("SPDY frame of {len} bytes; at most {max} are allowed")]
-    FrameTooLarge { len: usize, max: usize },
+    FrameTooLarge {
+        /// The payload length in bytes.
+        len: usize,
+        /// The limit in bytes.
+        max: usize,
+    },
     /// A frame's fixed fields do not fit its length, or hold a forbidden value.
     #[error("malformed SPDY {frame} frame: {reason}")]
-    Malformed { frame: &'static str, reason: String },
+    Malformed {
+        /// The frame type's name (`SYN_STREAM`, `DATA`, ...).
+        frame: &'static str,
+        /// What is wrong (`stream id 0`, `payload too short`, ...).
+        reason: String,
+    },
     /// The zlib stream of header blocks is corrupt, or cannot be set up.
     #[error("SPDY header compression: {0}")]
     Compression(String),
