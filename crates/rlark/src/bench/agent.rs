@@ -99,6 +99,10 @@ pub struct AgentBenchOptions {
     /// `docker run -d --rm IMAGE true` measured this many times beside (docker only).
     #[arg(long, default_value_t = 50)]
     pub docker_runs: usize,
+    /// The agent's `--replica-isolation` (raw only): `false` measures the unisolated start
+    /// path, to see what isolation costs beside the default.
+    #[arg(long, value_name = "BOOL", default_value_t = true, action = clap::ArgAction::Set)]
+    pub replica_isolation: bool,
 }
 
 /// `--agent-type` of the bench.
@@ -114,6 +118,8 @@ pub enum BenchRuntime {
 pub struct AgentBenchReport {
     /// The runtime measured.
     pub agent_type: BenchRuntime,
+    /// Whether the agent isolated its raw replicas (`--replica-isolation`).
+    pub replica_isolation: bool,
     /// `docker run -d --rm IMAGE true` in the same run (docker only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub docker_run: Option<LatencySummary>,
@@ -181,8 +187,13 @@ impl std::fmt::Display for AgentBenchReport {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         writeln!(
             f,
-            "rlark bench agent ({:?} runtime): {} short tasks (batches of {}), {} long-running tasks; server in this process, `rlark agent` as its own process (replica supervisor: `{}`), on 127.0.0.1",
-            self.agent_type, self.tasks, self.batch, self.running, self.supervisor
+            "rlark bench agent ({:?} runtime, replica isolation {}): {} short tasks (batches of {}), {} long-running tasks; server in this process, `rlark agent` as its own process (replica supervisor: `{}`), on 127.0.0.1",
+            self.agent_type,
+            if self.replica_isolation { "on" } else { "off" },
+            self.tasks,
+            self.batch,
+            self.running,
+            self.supervisor
         )?;
         writeln!(f)?;
         writeln!(f, "{:<48} {:>12}  target", "", "value")?;
@@ -604,6 +615,7 @@ impl AgentProcess {
         admin: &kube::Client,
         log_path: Option<&std::path::Path>,
         runtime: BenchRuntime,
+        replica_isolation: bool,
     ) -> anyhow::Result<AgentProcess> {
         let dir = tempfile::tempdir()?;
         let token = bootstrap_token(admin, CLUSTER).await?;
@@ -627,6 +639,7 @@ impl AgentProcess {
             .arg("--ca-hash")
             .arg(&token.ca_hash)
             .arg("--stop-tasks-on-exit")
+            .arg(format!("--replica-isolation={replica_isolation}"))
             .args(match runtime {
                 BenchRuntime::Raw => ["--agent-type", "Raw"],
                 BenchRuntime::Docker => ["--agent-type", "Docker"],
@@ -682,6 +695,7 @@ pub async fn run_agent(options: AgentBenchOptions) -> anyhow::Result<AgentBenchR
             &admin,
             options.agent_log.as_deref(),
             options.agent_type,
+            options.replica_isolation,
         )
         .await?;
         let result = measure(&admin, &agent, &options).await;
@@ -1041,6 +1055,7 @@ async fn measure(
 
         anyhow::Ok(AgentBenchReport {
             agent_type: options.agent_type,
+            replica_isolation: options.replica_isolation,
             docker_run,
             docker_burst,
             tasks: options.tasks,
