@@ -167,6 +167,42 @@ pub fn write<T: Serialize>(path: &Path, record: &T) -> io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Make `path` hold `bytes` with `mode`, for files the agent derives again at every start
+/// (a replica's sandbox description, its `/etc/passwd`): nothing is written when the file
+/// already holds them (a restart), else a temporary file is renamed over `path`, so a
+/// reader sees the old or the new content. Not synced: a crash loses nothing that the
+/// next start does not write again.
+pub fn replace(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    if let Ok(existing) = std::fs::metadata(path)
+        && existing.permissions().mode() & 0o7777 == mode
+        && existing.len() == bytes.len() as u64
+        && std::fs::read(path).is_ok_and(|held| held == bytes)
+    {
+        return Ok(());
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let written = (|| {
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        // The umask may have narrowed the mode given at creation.
+        file.set_permissions(std::fs::Permissions::from_mode(mode))?;
+        file.write_all(bytes)?;
+        std::fs::rename(&tmp, path)
+    })();
+    if written.is_err() {
+        let _ = std::fs::remove_file(&tmp);
+    }
+    written
+}
+
 /// Remove `path`; a missing file is fine.
 pub fn remove(path: &Path) -> io::Result<()> {
     match std::fs::remove_file(path) {

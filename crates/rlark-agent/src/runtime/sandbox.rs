@@ -117,10 +117,10 @@ impl Sandbox {
             .map_err(|source| SandboxError::Parse { path, source })
     }
 
-    /// Write it as `dir/sandbox.json`, mode 0600 (root's: the task never reads it).
+    /// Write it as `dir/sandbox.json`, mode 0600 (root's: the task never reads it). A file
+    /// that already says the same (a restarted replica) is left as it is; none is synced
+    /// (it is written again at every start).
     pub fn write(&self, dir: &Path) -> Result<PathBuf, SandboxError> {
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
         let path = dir.join(SANDBOX_FILE);
         let failed = |source| SandboxError::Write {
             path: path.clone(),
@@ -128,17 +128,7 @@ impl Sandbox {
         };
         let bytes =
             serde_json::to_vec_pretty(self).map_err(|e| failed(std::io::Error::other(e)))?;
-        let temporary = dir.join(format!(".{SANDBOX_FILE}.tmp"));
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o600)
-            .open(&temporary)
-            .map_err(failed)?;
-        file.write_all(&bytes).map_err(failed)?;
-        file.sync_all().map_err(failed)?;
-        std::fs::rename(&temporary, &path).map_err(failed)?;
+        super::record::replace(&path, &bytes, 0o600).map_err(failed)?;
         Ok(path)
     }
 

@@ -288,7 +288,9 @@ fn user_files(replica_dir: &Path, uid: u32, gid: u32, owner: &str) -> Result<Vec
         ("group", group, "/etc/group"),
     ] {
         let source = replica_dir.join(name);
-        rlark_pki::write_public_file(&source, text.as_bytes()).map_err(|e| e.to_string())?;
+        // Derived again at every start: written only when changed, not synced.
+        crate::runtime::record::replace(&source, text.as_bytes(), 0o644)
+            .map_err(|e| format!("write {}: {e}", source.display()))?;
         binds.push(Bind {
             source,
             target: PathBuf::from(target),
