@@ -58,7 +58,7 @@
 //!
 //! `POST /v1/net/check` with `{"pod": "<task>-<i>", "to": "<ip>", "port": p}` (`port`
 //! optional): a test connection from that replica of this agent to the domain address
-//! `to` along the route its own connections take ([`crate::net::router::Router::check`]):
+//! `to` along the route its own connections take ([`rlark_net::router::Router::check`]):
 //! with `port`, a TCP connection to it (closed at once); without, a probe that the
 //! destination's agent authorizes without touching the replica. `200` with
 //! `{"path": "local|direct|relay", "setupMicros": n}`; errors are JSON
@@ -103,7 +103,7 @@ struct Inner {
     tasks_dir: PathBuf,
     node: String,
     shutdown: CancellationToken,
-    router: std::sync::OnceLock<crate::net::router::Router>,
+    router: std::sync::OnceLock<rlark_net::router::Router>,
     /// The engine of a docker agent: exec into container replicas goes through it.
     docker: std::sync::OnceLock<crate::runtime::docker::DockerClient>,
     /// A Kubernetes agent's clients: logs and exec of the Pods it mirrors go to the member
@@ -145,7 +145,7 @@ impl LocalApi {
 
     /// Serve `POST /v1/net/check` with `router` (once; later calls are ignored and return
     /// false).
-    pub fn set_router(&self, router: crate::net::router::Router) -> bool {
+    pub fn set_router(&self, router: rlark_net::router::Router) -> bool {
         self.inner.router.set(router).is_ok()
     }
 
@@ -527,15 +527,15 @@ fn json_error(status: http::StatusCode, message: impl Into<String>) -> http::Res
 
 /// `POST /v1/net/check` (see the module documentation).
 async fn net_check<B>(
-    router: Option<&crate::net::router::Router>,
+    router: Option<&rlark_net::router::Router>,
     request: http::Request<B>,
 ) -> http::Response<ApiBody>
 where
     B: hyper::body::Body,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    use crate::net::router::RouteError;
     use http::StatusCode;
+    use rlark_net::router::RouteError;
     if request.method() != http::Method::POST {
         return json_error(
             StatusCode::METHOD_NOT_ALLOWED,
@@ -823,15 +823,15 @@ mod tests {
             r#"{"message":"the pod network is not enabled on this agent"}"#
         );
         let shutdown = CancellationToken::new();
-        let router = crate::net::router::Router::new(
-            crate::net::membership::Membership::new(crate::net::membership::LocalIdentity {
+        let router = rlark_net::router::Router::new(
+            rlark_net::membership::Membership::new(rlark_net::membership::LocalIdentity {
                 cluster: "a".into(),
                 node: "n1".into(),
             }),
-            crate::net::metrics::DomainMetrics::new(),
+            rlark_net::metrics::DomainMetrics::new(),
             None,
             None,
-            crate::net::router::RouterConfig::new(Arc::new(|_: &tokio::net::TcpStream| {
+            rlark_net::router::RouterConfig::new(Arc::new(|_: &tokio::net::TcpStream| {
                 Err(io::Error::other("unused"))
             })),
             shutdown,

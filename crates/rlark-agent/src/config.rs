@@ -19,8 +19,7 @@ pub const DEFAULT_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(10);
 pub const MIN_HEARTBEAT_INTERVAL: Duration = Duration::from_millis(10);
 /// Longest heartbeat interval accepted (the controllers' default grace period is 40 s).
 pub const MAX_HEARTBEAT_INTERVAL: Duration = Duration::from_secs(300);
-/// Longest cluster ID: `rlark-<id>` must stay a DNS-1123 label (63 characters).
-pub const MAX_CLUSTER_ID_LEN: usize = 57;
+pub use rlark_net::membership::MAX_CLUSTER_ID_LEN;
 /// Subdirectory of the data directory holding the agent's credentials.
 pub const IDENTITY_DIR: &str = "identity";
 /// Subdirectory of the data directory holding the task reconciler's state and logs.
@@ -84,7 +83,7 @@ pub struct AgentConfig {
     /// Plain-HTTP `/metrics` listener (a loopback address; port 0 picks one).
     pub metrics_listen: Option<SocketAddr>,
     /// `--domain-listen`: where other agents reach this one directly (mutual TLS with the
-    /// agent certificates, [`crate::net::direct`]), e.g. `0.0.0.0:15002`; `None` (the
+    /// agent certificates, [`rlark_net::direct`]), e.g. `0.0.0.0:15002`; `None` (the
     /// default): members here are reached through the hub only.
     pub domain_listen: Option<SocketAddr>,
     /// `--domain-advertise HOST:PORT`: the direct address announced in the Node's
@@ -167,53 +166,8 @@ fn in_cluster() -> bool {
     std::env::var_os("KUBERNETES_SERVICE_HOST").is_some_and(|v| !v.is_empty())
 }
 
-/// `--net-mode`: which termination mode the pod network runs (docs/network.md).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum NetMode {
-    /// Kernel mode where netfilter works (the start-up probe), else tun mode where a TUN
-    /// device can be made, else no pod network (the Node's `status.network.message` says
-    /// why).
-    #[default]
-    Auto,
-    /// Kernel mode (nftables REDIRECT) or the agent does not start.
-    Kernel,
-    /// Tun mode (a userspace TCP stack behind the replica's TUN device) or the agent does
-    /// not start.
-    Tun,
-}
-
-impl NetMode {
-    /// `auto`, `kernel` or `tun`, as on the command line.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            NetMode::Auto => "auto",
-            NetMode::Kernel => "kernel",
-            NetMode::Tun => "tun",
-        }
-    }
-}
-
-impl fmt::Display for NetMode {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for NetMode {
-    type Err = String;
-
-    /// `auto`, `kernel` or `tun`; anything else is an error naming the choices.
-    fn from_str(text: &str) -> Result<Self, String> {
-        match text {
-            "auto" => Ok(NetMode::Auto),
-            "kernel" => Ok(NetMode::Kernel),
-            "tun" => Ok(NetMode::Tun),
-            other => Err(format!(
-                "net mode {other:?}: expected \"auto\", \"kernel\" or \"tun\""
-            )),
-        }
-    }
-}
+/// `--net-mode` (defined with the pod network).
+pub use rlark_net::start::NetMode;
 
 impl AgentConfig {
     /// A configuration with the defaults: node named after the host, category `cloud`, no
@@ -252,7 +206,7 @@ impl AgentConfig {
     /// else `domain_listen` when it names one IP.
     pub fn domain_direct_address(&self) -> Option<String> {
         let listen = self.domain_listen?;
-        advertised_address(listen, self.domain_advertise.as_deref())
+        rlark_net::direct::advertised_address(listen, self.domain_advertise.as_deref())
     }
 
     /// `DATA_DIR/identity`: the credentials written by the join.
@@ -487,16 +441,6 @@ impl AgentConfig {
     }
 }
 
-/// The address to announce for a direct listener on `listen`: `advertise` when given, else
-/// `listen` itself when it names one IP (not `0.0.0.0` / `::`).
-pub fn advertised_address(listen: SocketAddr, advertise: Option<&str>) -> Option<String> {
-    match advertise {
-        Some(advertise) => Some(advertise.to_string()),
-        None if listen.ip().is_unspecified() => None,
-        None => Some(listen.to_string()),
-    }
-}
-
 /// Check `HOST:PORT` (an IPv6 host in brackets; port 1..=65535).
 pub fn check_host_port(text: &str) -> Result<(), String> {
     if text.parse::<SocketAddr>().is_ok() {
@@ -583,20 +527,9 @@ impl fmt::Display for ConfigError {
     }
 }
 
-/// Why `id` cannot be a cluster ID, if it cannot.
-pub fn cluster_id_problem(id: &str) -> Option<String> {
-    if id.is_empty() {
-        return Some("must not be empty".into());
-    }
-    let mut reasons = Vec::new();
-    if id.len() > MAX_CLUSTER_ID_LEN {
-        reasons.push(format!(
-            "must be no more than {MAX_CLUSTER_ID_LEN} characters (the namespace is rlark-<ID>)"
-        ));
-    }
-    reasons.extend(rlark_api::names::dns1123_label_errors(id));
-    (!reasons.is_empty()).then(|| reasons.join("; "))
-}
+/// Why `id` cannot be a cluster ID (defined with the pod network, whose namespaces and
+/// agent certificates name it).
+pub use rlark_net::membership::cluster_id_problem;
 
 /// Why `name` cannot be a Node name, if it cannot: it names the Node and its Lease
 /// `node-<name>` (DNS-1123 subdomains) and is the value of `kubernetes.io/hostname` (a label

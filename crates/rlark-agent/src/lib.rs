@@ -41,7 +41,8 @@ pub mod join;
 // `::kube` is the kube-rs crate; `kube` (this module) the Kubernetes runtime's core.
 pub mod kubernetes;
 pub mod member;
-pub mod net;
+// The pod network, its own crate; `rlark_agent::net::...` paths keep working.
+pub use rlark_net as net;
 pub mod node;
 pub mod ports;
 pub mod robot_actions;
@@ -304,10 +305,19 @@ async fn start_with(
 
     // Pod network (docs/network.md): the router is built before the tunnel, which serves its
     // destination side (relay streams) and carries its relay streams to the hub.
-    let pod_net = net::start::PodNet::start(
-        &config,
+    let pod_net = rlark_net::start::PodNet::start(
+        rlark_net::start::PodNetConfig {
+            cluster_id: &config.cluster_id,
+            net_mode: config.net_mode,
+            domain_listen: config.domain_listen,
+            domain_advertise: config.domain_advertise.as_deref(),
+            servers: &config.servers,
+            state_dir: config.data_dir.join("net"),
+            cert_pem: &credentials.cert_pem,
+            key_pem: &credentials.key_pem,
+            ca_pem: &credentials.ca_pem,
+        },
         &node_name,
-        &credentials,
         &mut metrics.registry,
         shutdown.clone(),
     )
@@ -805,7 +815,7 @@ async fn follow_renewals(
     servers: Vec<String>,
     client: watch::Sender<Arc<Clients>>,
     tls: watch::Sender<Arc<rustls::ClientConfig>>,
-    direct: Option<net::direct::DirectEndpoint>,
+    direct: Option<rlark_net::direct::DirectEndpoint>,
     shutdown: CancellationToken,
 ) {
     loop {
@@ -821,7 +831,11 @@ async fn follow_renewals(
             Err(error) => tracing::error!(%error, "renewed credentials: TLS config"),
         }
         if let Some(direct) = &direct {
-            match net::direct::DirectTls::from_credentials(&credentials) {
+            match rlark_net::direct::DirectTls::new(
+                &credentials.cert_pem,
+                &credentials.key_pem,
+                &credentials.ca_pem,
+            ) {
                 Ok(config) => direct.update(config),
                 Err(error) => tracing::error!(%error, "renewed credentials: direct path TLS"),
             }

@@ -17,7 +17,7 @@
 //! 1. it leaves the agent's session and process group (`setsid`), so signals aimed at the
 //!    agent (a terminal's Ctrl-C, `kill -9` of the agent) never reach it, and becomes a
 //!    child subreaper, so the task's orphaned descendants are reparented to it and reaped;
-//! 2. with `--netns PATH` (a replica of a domain task, [`crate::net::netns`]) it enters
+//! 2. with `--netns PATH` (a replica of a domain task, [`rlark_net::netns`]) it enters
 //!    that network namespace (`setns`; the supervisor is single-threaded, so the whole
 //!    process moves), and with `--netns` or `--hosts` it unshares a mount namespace of its
 //!    own whose mounts are slaves of the host's (`/` recursively `MS_SLAVE`: the host's

@@ -6,9 +6,9 @@ use std::net::IpAddr;
 
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use rlark_agent::net::membership::{LocalIdentity, Membership};
-use rlark_agent::net::metrics::{DomainMetrics, PathKind, write_path_status};
 use rlark_api::types::{DomainPeer, DomainPeerSpec, DomainPodInfo};
+use rlark_net::membership::{LocalIdentity, Membership};
+use rlark_net::metrics::{DomainMetrics, PathKind, write_path_status};
 use rlark_testkit::TestServer;
 use rlark_testkit::wait::{eventually, matching};
 use tokio_util::sync::CancellationToken;

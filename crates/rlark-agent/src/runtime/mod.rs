@@ -134,17 +134,8 @@ pub struct ReplicaSpec {
 }
 
 /// Where a replica of a domain task runs, network-wise (the supervisor's `--netns` and
-/// `--hosts`, see [`crate::supervisor`]).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ReplicaNetwork {
-    /// The replica's network namespace, `/run/netns/<name>`
-    /// ([`crate::net::netns::ReplicaNetns::path`]).
-    pub netns_path: PathBuf,
-    /// The file the task sees as `/etc/hosts` (bind-mounted); the agent rewrites it in place
-    /// ([`crate::net::netns::rewrite_in_place`]) and the task sees each update. Must exist
-    /// when the replica starts.
-    pub hosts_file: PathBuf,
-}
+/// `--hosts`, see [`crate::supervisor`]): a pod-network type, defined in rlark-net.
+pub use rlark_net::replica::ReplicaNetwork;
 
 /// The supervisor as a binary of its own, looked for beside the agent's executable.
 pub const SUPERVISE_BINARY: &str = "rlark-supervise";

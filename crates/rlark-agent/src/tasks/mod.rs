@@ -182,7 +182,7 @@ pub struct TaskContext {
     pub isolation: Option<isolation::Isolation>,
 }
 
-pub use crate::net::replica::PodNetwork;
+pub use rlark_net::replica::PodNetwork;
 
 /// Errors that end [`run_tasks`]. API errors never do: they are retried.
 #[derive(Debug, thiserror::Error)]

@@ -88,7 +88,7 @@ pub(super) struct Worker {
     pub(super) task: Arc<Task>,
     resync: u64,
     /// The replica's network while it is attached to its domain.
-    network: Option<crate::net::replica::Attachment>,
+    network: Option<rlark_net::replica::Attachment>,
     /// The robots and cameras this run holds (`crate::devices::allocator`).
     devices: Vec<crate::devices::allocator::Offered>,
     /// The Pod status as this worker last wrote it (re-asserted on resync).
@@ -838,7 +838,7 @@ impl Worker {
 
     /// Give the replica its place in `domain` before it starts: wait for its address
     /// (reporting the Pod `Pending` with reason `NoDomainIP` while the Domain's pool is
-    /// full), then attach it ([`crate::net::replica::DomainNet::attach`]). Err: the step to
+    /// full), then attach it ([`rlark_net::replica::DomainNet::attach`]). Err: the step to
     /// take instead of starting (a command came, or the network cannot be had).
     async fn join_domain(&mut self, domain: &str) -> Result<(), Step> {
         let net = match &self.shared.ctx.network {

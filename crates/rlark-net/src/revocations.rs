@@ -1,5 +1,5 @@
 //! The revoked agent certificates this agent refuses on the direct path
-//! ([`crate::net::direct`]).
+//! ([`crate::direct`]).
 //!
 //! The server publishes the revoked serials of agent certificates at
 //! `GET /rlark/v1/agentrevocations` (`rlark-server/src/security/agent_revocations.rs`).

@@ -10,11 +10,11 @@ use rlark_tunnel::relay::Protocol;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::*;
-use crate::net::membership::tests::{peer, pod};
-use crate::net::membership::{LocalIdentity, Membership};
-use crate::net::metrics::DomainMetrics;
-use crate::net::revocations::Revocations;
-use crate::net::router::{PodNetns, Router, RouterConfig};
+use crate::membership::tests::{peer, pod};
+use crate::membership::{LocalIdentity, Membership};
+use crate::metrics::DomainMetrics;
+use crate::revocations::Revocations;
+use crate::router::{PodNetns, Router, RouterConfig};
 
 fn ca() -> (tempfile::TempDir, rlark_pki::Ca) {
     let dir = tempfile::tempdir().unwrap();
@@ -316,7 +316,7 @@ fn cluster_of_agent_certificates() {
 
 #[test]
 fn the_advertised_address() {
-    use crate::config::advertised_address;
+    use crate::direct::advertised_address;
     let listen = |s: &str| s.parse::<SocketAddr>().unwrap();
     assert_eq!(
         advertised_address(listen("0.0.0.0:15002"), Some("agent-b.example:15002")),

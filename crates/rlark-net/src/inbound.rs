@@ -29,10 +29,10 @@ use rlark_tunnel::relay::{Protocol, RelayHeader};
 use tokio::io::AsyncWriteExt as _;
 use tokio_util::sync::CancellationToken;
 
-use crate::net::datagram::DatagramPlane;
-use crate::net::membership::{Member, Membership, MembershipView};
-use crate::net::metrics::{DomainMetrics, Metered, PathKind};
-use crate::net::pods::{BoxStream, COPY_BUFFER, Pods};
+use crate::datagram::DatagramPlane;
+use crate::membership::{Member, Membership, MembershipView};
+use crate::metrics::{DomainMetrics, Metered, PathKind};
+use crate::pods::{BoxStream, COPY_BUFFER, Pods};
 
 /// How long writing a refusal may take.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(5);
@@ -433,7 +433,7 @@ async fn answer(stream: &mut BoxStream, status: Status, message: String) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::net::membership::tests::{me, peer, pod};
+    use crate::membership::tests::{me, peer, pod};
     use std::net::IpAddr;
 
     fn header(source: &str, destination: &str) -> RelayHeader {
@@ -595,10 +595,10 @@ mod tests {
 
     #[tokio::test]
     async fn relay_streams_from_the_hub() {
-        use crate::net::router::tests::{LoopbackNetns, echo_server};
-        use crate::net::router::{Router, RouterConfig};
+        use crate::router::tests::{LoopbackNetns, echo_server};
+        use crate::router::{Router, RouterConfig};
         use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-        let me_b = crate::net::membership::LocalIdentity {
+        let me_b = crate::membership::LocalIdentity {
             cluster: "b".into(),
             node: "nb".into(),
         };

@@ -1,6 +1,6 @@
-//! What the agent's network-namespace tests (`netns`, `net_router`, `datagram`) share: the
-//! check that this machine can run them, and a guard that deletes a test's namespace
-//! whatever the test did. The including test file declares `mod missing_tool;` first.
+//! What the pod network's namespace tests (`netns`, `net_router`, `net_tun`, `datagram`,
+//! and rlark-agent's `netns`) share: the check that this machine can run them, and a guard
+//! that deletes a test's namespace whatever the test did. The including test file declares `mod missing_tool;` first.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 /// True when this machine can create replica namespaces (root, `/dev/net/tun`, and `nft`
 /// when `nft` is set); else reports why (skip, or fail under `scripts/test.sh`/CI).
 pub fn supported(nft: bool) -> bool {
-    if !rustix::process::geteuid().is_root() {
+    if !nix::unistd::geteuid().is_root() {
         super::missing_tool::skip_or_fail("not root: network namespaces need CAP_SYS_ADMIN");
         return false;
     }
@@ -16,7 +16,7 @@ pub fn supported(nft: bool) -> bool {
         super::missing_tool::skip_or_fail("/dev/net/tun is missing");
         return false;
     }
-    if nft && rlark_agent::net::nft::binary().is_none() {
+    if nft && rlark_net::nft::binary().is_none() {
         super::missing_tool::skip_or_fail("nft (package nftables) is not installed");
         return false;
     }

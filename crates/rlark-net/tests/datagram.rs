@@ -1,4 +1,4 @@
-//! The datagram plane (`rlark_agent::net::datagram`) over real replica namespaces and their
+//! The datagram plane (`rlark_net::datagram`) over real replica namespaces and their
 //! TUN devices: two namespaces `h16dgram-*` (deleted by a Drop guard even when an assertion
 //! fails), one plane each, and an opener that connects the planes directly (what the
 //! router does over a local, direct or relayed stream). A UDP echo server in B answers a
@@ -24,10 +24,8 @@ use std::time::Duration;
 
 use anyhow::{Context as _, Result, bail};
 use futures::future::BoxFuture;
-use rlark_agent::net::datagram::{
-    BoxStream, DatagramMetrics, DatagramPlane, Limits, Opener, PlaneConfig,
-};
-use rlark_agent::net::netns::{DEFAULT_REDIRECT_PORT, Mode, NetnsSpec, ReplicaNetns};
+use rlark_net::datagram::{BoxStream, DatagramMetrics, DatagramPlane, Limits, Opener, PlaneConfig};
+use rlark_net::netns::{DEFAULT_REDIRECT_PORT, Mode, NetnsSpec, ReplicaNetns};
 use rlark_tunnel::relay::RelayHeader;
 
 const LIMIT: Duration = Duration::from_secs(10);

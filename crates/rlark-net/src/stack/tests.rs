@@ -8,7 +8,7 @@ use ipnet::IpNet;
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::*;
-use crate::net::datagram::{Decision, DropReason, Limits, PlaneConfig, classify};
+use crate::datagram::{Decision, DropReason, Limits, PlaneConfig, classify};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().expect("an IP")

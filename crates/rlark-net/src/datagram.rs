@@ -987,7 +987,7 @@ mod tests {
     use std::sync::Mutex as StdMutex;
 
     use super::*;
-    use crate::net::packet::Echo;
+    use crate::packet::Echo;
 
     const A4: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 88, 0, 2));
     const B4: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 88, 0, 9));

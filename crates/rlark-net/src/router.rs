@@ -1,13 +1,13 @@
 //! The source side of the pod network: every TCP connection a replica opens ends at the
 //! agent (kernel mode: nftables REDIRECTs it to the agent's listener inside the replica's
 //! netns, [`REDIRECT_PORT`]; tun mode: the replica's userspace TCP stack accepts it,
-//! [`crate::net::stack`], and hands it to [`Router::serve_tcp`]), and the router decides
+//! [`crate::stack`], and hands it to [`Router::serve_tcp`]), and the router decides
 //! where it goes:
 //!
 //! - a member of the replica's domain running on this agent → **local**: a socket made
 //!   inside the destination replica's netns connects to it;
 //! - a member elsewhere whose agent announced a direct address, not marked failed →
-//!   **direct**: mTLS to that agent ([`crate::net::direct`]), which authorizes and connects;
+//!   **direct**: mTLS to that agent ([`crate::direct`]), which authorizes and connects;
 //! - any other member → **relay**: a `relay` stream through the hub on the agent's tunnel;
 //! - an address of the domain's CIDR that no member holds → the connection is closed;
 //! - anything else (the control plane's loopback port passed through, the internet) →
@@ -21,7 +21,7 @@
 //! [`DIRECT_BACKOFF_MAX`] on each further failed try; a success forgets the failures.
 //!
 //! Bytes are copied both ways with half-close ([`COPY_BUFFER`] per direction), metered
-//! ([`crate::net::metrics`]).
+//! ([`crate::metrics`]).
 //!
 //! Every network edge is a trait ([`PodNetns`], [`HubRelay`], [`DirectDialer`],
 //! [`DestinationFn`]) so the logic is tested with in-memory and loopback stand-ins.
@@ -41,11 +41,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::net::inbound::Inbound;
-use crate::net::membership::{Member, Membership, MembershipView};
-use crate::net::metrics::{DomainMetrics, Metered, PathKind};
-pub use crate::net::pods::{Attached, BoxStream, ByteStream, COPY_BUFFER, PodNetns, Pods};
-use crate::net::splice;
+use crate::inbound::Inbound;
+use crate::membership::{Member, Membership, MembershipView};
+use crate::metrics::{DomainMetrics, Metered, PathKind};
+pub use crate::pods::{Attached, BoxStream, ByteStream, COPY_BUFFER, PodNetns, Pods};
+use crate::splice;
 
 /// Where nftables sends a replica's TCP connections, on 127.0.0.1 and ::1 in its netns.
 pub const REDIRECT_PORT: u16 = 15001;
@@ -87,14 +87,11 @@ impl ReplicaOpener {
     }
 }
 
-impl crate::net::datagram::Opener for ReplicaOpener {
-    fn open(
-        &self,
-        header: RelayHeader,
-    ) -> BoxFuture<'_, io::Result<crate::net::datagram::BoxStream>> {
+impl crate::datagram::Opener for ReplicaOpener {
+    fn open(&self, header: RelayHeader) -> BoxFuture<'_, io::Result<crate::datagram::BoxStream>> {
         Box::pin(async move {
             match self.router.open_header(&self.pod, header).await {
-                Ok((_, stream)) => Ok(Box::new(stream) as crate::net::datagram::BoxStream),
+                Ok((_, stream)) => Ok(Box::new(stream) as crate::datagram::BoxStream),
                 Err(error) => Err(io::Error::other(error.to_string())),
             }
         })
@@ -118,7 +115,7 @@ impl ReplicaTcp {
     }
 }
 
-impl crate::net::stack::TcpHandler for ReplicaTcp {
+impl crate::stack::TcpHandler for ReplicaTcp {
     fn serve(
         &self,
         stream: BoxStream,
@@ -148,7 +145,7 @@ impl HubRelay for rlark_tunnel::client::HubStreams {
     }
 }
 
-/// Opens direct streams to peer agents (implemented by [`crate::net::direct::DirectEndpoint`]).
+/// Opens direct streams to peer agents (implemented by [`crate::direct::DirectEndpoint`]).
 pub trait DirectDialer: Send + Sync + 'static {
     /// Connect to the agent at `address` which must prove to be of `cluster`, send
     /// `header`, read the answer.
@@ -162,7 +159,7 @@ pub trait DirectDialer: Send + Sync + 'static {
 }
 
 /// The original destination of a redirected connection
-/// ([`crate::net::netns::original_destination`] in kernel mode).
+/// ([`crate::netns::original_destination`] in kernel mode).
 pub type DestinationFn = Arc<dyn Fn(&TcpStream) -> io::Result<SocketAddr> + Send + Sync>;
 
 /// Why a direct attempt failed.
@@ -205,7 +202,7 @@ impl DirectError {
     /// The status label for metrics and `net check`.
     pub fn status(&self) -> Status {
         match self {
-            DirectError::Connect { source, .. } => crate::net::inbound::connect_status(source),
+            DirectError::Connect { source, .. } => crate::inbound::connect_status(source),
             DirectError::Answer { status, .. } => *status,
             DirectError::Timeout { .. } => Status::Timeout,
             DirectError::Tls { .. } | DirectError::Other { .. } => Status::Internal,
@@ -780,7 +777,7 @@ impl Router {
                                 .map(Opened::Socket)
                                 .map_err(|e| RouteError::Failed {
                                     path: PathKind::Local,
-                                    status: crate::net::inbound::connect_status(&e),
+                                    status: crate::inbound::connect_status(&e),
                                     message: format!("connect to {addr} in pod {destination}: {e}"),
                                 }),
                         }
@@ -998,7 +995,7 @@ impl Router {
                         (PathKind::Egress, String::new(), Opened::Socket(tcp))
                     }
                     Ok(Err(error)) => {
-                        let status = crate::net::inbound::connect_status(&error);
+                        let status = crate::inbound::connect_status(&error);
                         self.inner
                             .metrics
                             .failed(domain, "", PathKind::Egress, status.as_str());

@@ -23,13 +23,13 @@ use std::time::Duration;
 
 use anyhow::Result;
 use futures::future::BoxFuture;
-use rlark_agent::net::datagram::{DatagramMetrics, DatagramPlane, Limits, PlaneConfig};
-use rlark_agent::net::inbound::{DatagramPlanes, Inbound};
-use rlark_agent::net::membership::{LocalIdentity, Membership};
-use rlark_agent::net::metrics::{DomainMetrics, PathKind};
-use rlark_agent::net::netns::{DEFAULT_REDIRECT_PORT, Mode, NetnsSpec, ReplicaNetns};
-use rlark_agent::net::router::{BoxStream, HubRelay, ReplicaOpener, Router, RouterConfig};
 use rlark_api::types::{DomainPeer, DomainPeerSpec, DomainPodInfo};
+use rlark_net::datagram::{DatagramMetrics, DatagramPlane, Limits, PlaneConfig};
+use rlark_net::inbound::{DatagramPlanes, Inbound};
+use rlark_net::membership::{LocalIdentity, Membership};
+use rlark_net::metrics::{DomainMetrics, PathKind};
+use rlark_net::netns::{DEFAULT_REDIRECT_PORT, Mode, NetnsSpec, ReplicaNetns};
+use rlark_net::router::{BoxStream, HubRelay, ReplicaOpener, Router, RouterConfig};
 use rlark_tunnel::dial::DialError;
 use rlark_tunnel::header::{self, Status};
 use rlark_tunnel::relay::RelayHeader;
@@ -177,7 +177,7 @@ async fn local_and_relayed_connections_between_namespaces() -> Result<()> {
     serve_in(&far, "10.77.0.4", "far-0").await?;
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
-    let destination = || RouterConfig::new(Arc::new(rlark_agent::net::netns::original_destination));
+    let destination = || RouterConfig::new(Arc::new(rlark_net::netns::original_destination));
 
     // Agent b runs far-0.
     let b_membership = Membership::new(LocalIdentity {
@@ -303,7 +303,7 @@ async fn udp_and_ping_relayed_between_agents() -> Result<()> {
     let far = replica_netns(&g_far, "10.77.0.4").await?;
     let shutdown = CancellationToken::new();
     let _stop = shutdown.clone().drop_guard();
-    let config = || RouterConfig::new(Arc::new(rlark_agent::net::netns::original_destination));
+    let config = || RouterConfig::new(Arc::new(rlark_net::netns::original_destination));
     let router_of = |cluster: &str, node: &str, hub: Option<Arc<dyn HubRelay>>| {
         let membership = Membership::new(LocalIdentity {
             cluster: cluster.into(),

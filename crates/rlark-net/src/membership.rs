@@ -27,6 +27,24 @@ use rlark_api::types::{DomainPeer, DomainPendingPod};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+/// Longest cluster ID: `rlark-<id>` must stay a DNS-1123 label (63 characters).
+pub const MAX_CLUSTER_ID_LEN: usize = 57;
+
+/// Why `id` cannot be a cluster ID, if it cannot.
+pub fn cluster_id_problem(id: &str) -> Option<String> {
+    if id.is_empty() {
+        return Some("must not be empty".into());
+    }
+    let mut reasons = Vec::new();
+    if id.len() > MAX_CLUSTER_ID_LEN {
+        reasons.push(format!(
+            "must be no more than {MAX_CLUSTER_ID_LEN} characters (the namespace is rlark-<ID>)"
+        ));
+    }
+    reasons.extend(rlark_api::names::dns1123_label_errors(id));
+    (!reasons.is_empty()).then(|| reasons.join("; "))
+}
+
 /// One member of a domain (a replica with a virtual IP), as this agent sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Member {

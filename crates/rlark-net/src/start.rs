@@ -11,7 +11,9 @@
 //! mode forced with `--net-mode kernel|tun` that this host cannot run stops the agent at
 //! start ([`StartError::NetMode`]).
 
+use std::fmt;
 use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use prometheus_client::registry::Registry;
@@ -27,8 +29,77 @@ use super::netns::{self, Mode};
 use super::replica::{DomainNet, NetConfig, PodNetwork};
 use super::revocations::Revocations;
 use super::router::{DirectDialer, REDIRECT_PORT, Router, RouterConfig};
-use crate::config::{AgentConfig, NetMode};
-use crate::join::AgentCredentials;
+
+/// `--net-mode`: which termination mode the pod network runs (docs/network.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum NetMode {
+    /// Kernel mode where netfilter works (the start-up probe), else tun mode where a TUN
+    /// device can be made, else no pod network (the Node's `status.network.message` says
+    /// why).
+    #[default]
+    Auto,
+    /// Kernel mode (nftables REDIRECT) or the agent does not start.
+    Kernel,
+    /// Tun mode (a userspace TCP stack behind the replica's TUN device) or the agent does
+    /// not start.
+    Tun,
+}
+
+impl NetMode {
+    /// `auto`, `kernel` or `tun`, as on the command line.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            NetMode::Auto => "auto",
+            NetMode::Kernel => "kernel",
+            NetMode::Tun => "tun",
+        }
+    }
+}
+
+impl fmt::Display for NetMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for NetMode {
+    type Err = String;
+
+    /// `auto`, `kernel` or `tun`; anything else is an error naming the choices.
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "auto" => Ok(NetMode::Auto),
+            "kernel" => Ok(NetMode::Kernel),
+            "tun" => Ok(NetMode::Tun),
+            other => Err(format!(
+                "net mode {other:?}: expected \"auto\", \"kernel\" or \"tun\""
+            )),
+        }
+    }
+}
+
+/// What the agent's configuration and credentials give the pod network (the agent fills
+/// it from its own configuration).
+pub struct PodNetConfig<'a> {
+    /// This agent's cluster ID.
+    pub cluster_id: &'a str,
+    /// `--net-mode`.
+    pub net_mode: NetMode,
+    /// `--domain-listen`: the direct listener's address, if any.
+    pub domain_listen: Option<SocketAddr>,
+    /// `--domain-advertise`: the address announced for it, if not the listener's own.
+    pub domain_advertise: Option<&'a str>,
+    /// The server URLs (those on loopback are passed through into the namespaces).
+    pub servers: &'a [String],
+    /// Where the pod network keeps its state (`DATA_DIR/net`).
+    pub state_dir: PathBuf,
+    /// The agent certificate (PEM), for the direct path.
+    pub cert_pem: &'a str,
+    /// Its private key (PEM).
+    pub key_pem: &'a str,
+    /// The installation CA bundle (PEM).
+    pub ca_pem: &'a str,
+}
 
 /// Failures that stop the agent: a direct listener that was asked for and cannot be had.
 #[derive(Debug, thiserror::Error)]
@@ -67,14 +138,13 @@ impl PodNet {
     /// Decide the mode, build the router (and bind the direct listener when configured),
     /// register the metrics. Nothing runs in the background until [`PodNet::spawn_parts`].
     pub async fn start(
-        config: &AgentConfig,
+        config: PodNetConfig<'_>,
         node: &str,
-        credentials: &AgentCredentials,
         registry: &mut Registry,
         shutdown: CancellationToken,
     ) -> Result<PodNet, StartError> {
         let identity = LocalIdentity {
-            cluster: config.cluster_id.clone(),
+            cluster: config.cluster_id.to_string(),
             node: node.to_string(),
         };
         let namespace = identity.namespace();
@@ -89,7 +159,7 @@ impl PodNet {
                 let revocations = Revocations::unknown();
                 revocations.register(registry);
                 let endpoint = DirectEndpoint::new(
-                    DirectTls::from_credentials(credentials)?,
+                    DirectTls::new(config.cert_pem, config.key_pem, config.ca_pem)?,
                     revocations.clone(),
                 );
                 let listener = tokio::net::TcpListener::bind(addr)
@@ -102,9 +172,7 @@ impl PodNet {
         let direct_address = direct
             .as_ref()
             .and_then(|(_, listener)| listener.local_addr().ok())
-            .and_then(|bound| {
-                crate::config::advertised_address(bound, config.domain_advertise.as_deref())
-            });
+            .and_then(|bound| super::direct::advertised_address(bound, config.domain_advertise));
         let router = Router::new(
             membership.clone(),
             metrics.clone(),
@@ -135,8 +203,8 @@ impl PodNet {
                     NetConfig {
                         mode,
                         redirect_port: REDIRECT_PORT,
-                        loopback_passthrough: loopback_ports(&config.servers),
-                        state_dir: config.data_dir.join("net"),
+                        loopback_passthrough: loopback_ports(config.servers),
+                        state_dir: config.state_dir,
                     },
                     shutdown,
                 ))

@@ -1,7 +1,7 @@
 //! Tun mode on real replica network namespaces (`s17tun-*`, deleted by a Drop guard): no
 //! nft table; a "task" in replica `cli-0` connects to domain IPs, its TCP packets leave
 //! through the namespace's TUN device, the datagram plane hands them to the replica's
-//! userspace TCP stack (`rlark_agent::net::stack`), and each accepted connection goes to
+//! userspace TCP stack (`rlark_net::stack`), and each accepted connection goes to
 //! the router, which carries it locally (`srv-0`, same agent) or through a stand-in hub to
 //! another agent's destination side (`far-0`). Covered: IPv4 and IPv6 domains, the host
 //! loopback passthrough, a server that closes right after writing (the FIN must arrive:
@@ -25,16 +25,14 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, ensure};
 use futures::future::BoxFuture;
 use ipnet::IpNet;
-use rlark_agent::net::datagram::{DatagramMetrics, DatagramPlane, Limits, PlaneConfig};
-use rlark_agent::net::inbound::Inbound;
-use rlark_agent::net::membership::{LocalIdentity, Membership};
-use rlark_agent::net::metrics::{DomainMetrics, PathKind};
-use rlark_agent::net::netns::{DEFAULT_REDIRECT_PORT, Mode, NetnsSpec, ReplicaNetns};
-use rlark_agent::net::router::{
-    BoxStream, HubRelay, ReplicaOpener, ReplicaTcp, Router, RouterConfig,
-};
-use rlark_agent::net::stack::TcpStack;
 use rlark_api::types::{DomainPeer, DomainPeerSpec, DomainPodInfo};
+use rlark_net::datagram::{DatagramMetrics, DatagramPlane, Limits, PlaneConfig};
+use rlark_net::inbound::Inbound;
+use rlark_net::membership::{LocalIdentity, Membership};
+use rlark_net::metrics::{DomainMetrics, PathKind};
+use rlark_net::netns::{DEFAULT_REDIRECT_PORT, Mode, NetnsSpec, ReplicaNetns};
+use rlark_net::router::{BoxStream, HubRelay, ReplicaOpener, ReplicaTcp, Router, RouterConfig};
+use rlark_net::stack::TcpStack;
 use rlark_tunnel::dial::DialError;
 use rlark_tunnel::header::{self, Status};
 use rlark_tunnel::relay::RelayHeader;
@@ -153,7 +151,7 @@ impl HubRelay for Hub {
     }
 }
 
-/// A tun-mode replica attached to `router` as the agent does it (`net::replica`): the
+/// A tun-mode replica attached to `router` as the agent does it (`rlark_net::replica`): the
 /// namespace without nft, the router's tun attach, the TCP stack fed by the datagram plane.
 struct Replica {
     netns: Arc<ReplicaNetns>,
@@ -228,7 +226,7 @@ struct Setup {
 /// `tag` keeps the namespace names of tests running at once apart.
 async fn setup(tag: &str, plan: &Plan, passthrough: &[u16]) -> Result<Setup> {
     let shutdown = CancellationToken::new();
-    let config = || RouterConfig::new(Arc::new(rlark_agent::net::netns::original_destination));
+    let config = || RouterConfig::new(Arc::new(rlark_net::netns::original_destination));
     let datagrams = DatagramMetrics::default();
     let b_membership = Membership::new(LocalIdentity {
         cluster: "b".into(),

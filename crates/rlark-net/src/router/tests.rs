@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
 use super::*;
-use crate::net::membership::LocalIdentity;
-use crate::net::membership::tests::{me, peer, pod};
+use crate::membership::LocalIdentity;
+use crate::membership::tests::{me, peer, pod};
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()

@@ -12,7 +12,7 @@
 //!    namespace `rlark-<hash>` with the addresses, writes its hosts file, attaches the
 //!    router (the redirect listener inside the namespace) and starts its datagram plane on
 //!    the namespace's TUN device; the runtime then starts the process inside
-//!    ([`crate::runtime::ReplicaNetwork`]);
+//!    ([`ReplicaNetwork`]);
 //! 3. restarts of the process keep all of it (same namespace, same address);
 //! 4. when the run ends for good (finished, stopped, removed, superseded) [`DomainNet::release`]
 //!    detaches it and deletes the namespace. An agent that exits and leaves replicas running
@@ -36,7 +36,19 @@ use super::membership::{Membership, MembershipView};
 use super::netns::{Mode, NetError, NetnsSpec, ReplicaNetns};
 use super::router::{ReplicaOpener, ReplicaTcp, Router};
 use super::stack::TcpStack;
-use crate::runtime::ReplicaNetwork;
+
+/// Where a replica of a domain task runs, network-wise (the supervisor's `--netns` and
+/// `--hosts`; the agent's runtime starts the process inside).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaNetwork {
+    /// The replica's network namespace, `/run/netns/<name>`
+    /// ([`crate::netns::ReplicaNetns::path`]).
+    pub netns_path: PathBuf,
+    /// The file the task sees as `/etc/hosts` (bind-mounted); the agent rewrites it in place
+    /// ([`crate::netns::rewrite_in_place`]) and the task sees each update. Must exist
+    /// when the replica starts.
+    pub hosts_file: PathBuf,
+}
 
 /// How the agent runs the pod network.
 #[derive(Clone, Debug)]

@@ -19,10 +19,10 @@
 //! After the handshake the client writes one stream header carrying the relay header
 //! (`StreamRequest::Relay`, the tunnel's own framing: version, kind, length, body) and
 //! reads one `StreamResponse`; after `ok`, a Tcp flow's bytes follow raw. The server hands
-//! the flow to [`crate::net::inbound::Inbound`], which authorizes it like a relayed one.
+//! the flow to [`crate::inbound::Inbound`], which authorizes it like a relayed one.
 //!
 //! Revocation: both ends check the other's certificate serial against the revoked agent
-//! serials the servers publish ([`crate::net::revocations`]) right after the handshake.
+//! serials the servers publish ([`crate::revocations`]) right after the handshake.
 //! The listener closes a revoked client's connection without answering; the dialer drops a
 //! revoked server's connection before sending anything and reports a TLS failure, so the
 //! router relays that flow through the hub (which refuses a revoked agent's tunnel itself).
@@ -52,11 +52,10 @@ use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
 
-use crate::join::AgentCredentials;
-use crate::net::inbound::Inbound;
-use crate::net::metrics::PathKind;
-use crate::net::revocations::{Direction, Revocations};
-use crate::net::router::{BoxStream, DirectDialer, DirectError};
+use crate::inbound::Inbound;
+use crate::metrics::PathKind;
+use crate::revocations::{Direction, Revocations};
+use crate::router::{BoxStream, DirectDialer, DirectError};
 
 /// Subject CN prefix of agent certificates (`system:rlark:agent:<clusterID>`).
 pub const AGENT_USER_PREFIX: &str = "system:rlark:agent:";
@@ -92,15 +91,6 @@ impl std::fmt::Debug for DirectTls {
 }
 
 impl DirectTls {
-    /// From the agent's current credentials.
-    pub fn from_credentials(credentials: &AgentCredentials) -> Result<Self, DirectTlsError> {
-        Self::new(
-            &credentials.cert_pem,
-            &credentials.key_pem,
-            &credentials.ca_pem,
-        )
-    }
-
     /// From PEM: the agent certificate, its key, the installation CA bundle.
     pub fn new(cert_pem: &str, key_pem: &str, ca_pem: &str) -> Result<Self, DirectTlsError> {
         let provider = Arc::new(rlark_pki::tls_provider());
@@ -143,6 +133,16 @@ impl DirectTls {
     }
 }
 
+/// The address to announce for a direct listener on `listen`: `advertise` when given, else
+/// `listen` itself when it names one IP (not `0.0.0.0` / `::`).
+pub fn advertised_address(listen: SocketAddr, advertise: Option<&str>) -> Option<String> {
+    match advertise {
+        Some(advertise) => Some(advertise.to_string()),
+        None if listen.ip().is_unspecified() => None,
+        None => Some(listen.to_string()),
+    }
+}
+
 /// The cluster an agent certificate (already verified to chain to the CA) names, or why
 /// it names none.
 pub fn cluster_of(cert_der: &[u8]) -> Result<String, String> {
@@ -155,7 +155,7 @@ pub fn cluster_of(cert_der: &[u8]) -> Result<String, String> {
             "certificate of {user:?} is not in group {AGENT_GROUP}"
         ));
     }
-    if let Some(problem) = crate::config::cluster_id_problem(cluster) {
+    if let Some(problem) = crate::membership::cluster_id_problem(cluster) {
         return Err(format!("certificate of {user:?}: cluster ID {problem}"));
     }
     Ok(cluster.to_string())

@@ -32,7 +32,7 @@ impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> ByteStream for T {
 pub type BoxStream = Box<dyn ByteStream>;
 
 /// A replica's network namespace, as the router needs it (implemented by
-/// [`crate::net::netns::ReplicaNetns`]).
+/// [`crate::netns::ReplicaNetns`]).
 pub trait PodNetns: Send + Sync + 'static {
     /// A listener whose socket was made inside the netns.
     fn listen(&self, addr: SocketAddr) -> BoxFuture<'_, io::Result<TcpListener>>;
@@ -41,15 +41,13 @@ pub trait PodNetns: Send + Sync + 'static {
 }
 
 /// A replica's real network namespace.
-impl PodNetns for crate::net::netns::ReplicaNetns {
+impl PodNetns for crate::netns::ReplicaNetns {
     fn listen(&self, addr: SocketAddr) -> BoxFuture<'_, io::Result<TcpListener>> {
-        Box::pin(crate::net::netns::ReplicaNetns::listen(self, addr))
+        Box::pin(crate::netns::ReplicaNetns::listen(self, addr))
     }
 
     fn connect(&self, addr: SocketAddr, timeout: Duration) -> BoxFuture<'_, io::Result<TcpStream>> {
-        Box::pin(crate::net::netns::ReplicaNetns::connect(
-            self, addr, timeout,
-        ))
+        Box::pin(crate::netns::ReplicaNetns::connect(self, addr, timeout))
     }
 }
 
