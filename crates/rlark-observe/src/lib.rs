@@ -9,6 +9,8 @@
 // The zero-unwrap discipline as a rule: product code turns a failure into an error that
 // names what failed, never a panic (tests, built with cfg(test), may unwrap).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+// Every public item says what it is: every rlark process builds on this API.
+#![deny(missing_docs)]
 
 mod duration;
 pub mod metrics_endpoint;
