@@ -250,8 +250,8 @@ impl AgentApi for LocalApi {
     }
 }
 
+pub use rlark_api::agent::local::LogOptions;
 pub use rlark_api::agent::parse_pod_name;
-pub use rlark_tunnel::agent_api::LogOptions;
 
 pub use crate::api_body::ApiBody;
 use crate::api_body::text_response;

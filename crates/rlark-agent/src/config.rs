@@ -347,7 +347,7 @@ impl AgentConfig {
             if join.token.trim().is_empty() {
                 add("join token", "", "must not be empty".into());
             }
-            if rlark_pki::PinnedCaVerifier::new(&join.ca_hash).is_err() {
+            if rlark_pki::ServerVerifier::pinned_ca(&join.ca_hash).is_err() {
                 add(
                     "CA hash",
                     &join.ca_hash,

@@ -1,7 +1,7 @@
 //! Exec into a running replica: `GET /exec/{namespace}/{pod}?command=...&stdin=..&stdout=..
 //! &stderr=..&tty=..` on the agent's local API (`api.rs`), a WebSocket speaking
 //! Kubernetes' remotecommand protocol (`v5.channel.k8s.io`, else `v4.channel.k8s.io`; the
-//! vocabulary is `rlark_tunnel::agent_api`). Like the rest of the local API it is reached
+//! vocabulary is `rlark_api::agent::local`). Like the rest of the local API it is reached
 //! only through the tunnel; the hub authorizes the caller (admins only) before it opens the
 //! stream.
 //!
@@ -67,7 +67,7 @@ use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use nix::sys::signal::Signal;
 use nix::unistd::Pid;
-use rlark_tunnel::agent_api::{
+use rlark_api::agent::local::{
     Channel, ExecOptions, ExecOutcome, MAX_EXEC_MESSAGE, TerminalSize, decode_frame, encode_frame,
 };
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
@@ -166,7 +166,7 @@ pub(crate) async fn handle<B>(
         Ok(container) => container,
         Err(message) => return text_response(http::StatusCode::BAD_REQUEST, message),
     };
-    let upgrade = match rlark_tunnel::agent_api::exec_upgrade(request.headers()) {
+    let upgrade = match rlark_api::agent::local::exec_upgrade(request.headers()) {
         Ok(upgrade) => upgrade,
         Err(message) => return text_response(http::StatusCode::BAD_REQUEST, message),
     };
@@ -286,7 +286,7 @@ pub(crate) async fn handle<B>(
 
 /// The `101` accepting the exec WebSocket `upgrade` asks for.
 pub(crate) fn switching_protocols(
-    upgrade: &rlark_tunnel::agent_api::ExecUpgrade,
+    upgrade: &rlark_api::agent::local::ExecUpgrade,
 ) -> http::Response<ApiBody> {
     let accept =
         tokio_tungstenite::tungstenite::handshake::derive_accept_key(upgrade.key.as_bytes());
@@ -1079,7 +1079,7 @@ async fn read_in<S>(
                 }
             }
             Channel::Close
-                if protocol == rlark_tunnel::agent_api::EXEC_PROTOCOL_V5
+                if protocol == rlark_api::agent::local::EXEC_PROTOCOL_V5
                     && payload == [Channel::Stdin.byte()] =>
             {
                 // A pipe ends (the process reads its end of input); a terminal has none.

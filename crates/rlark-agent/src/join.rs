@@ -1,10 +1,10 @@
 //! The agent's side of joining an installation and keeping its certificate fresh.
 //!
 //! **Join** ([`join`]): the agent holds a bootstrap token and the CA pin (`sha256:` of the
-//! CA's public key), nothing else. It connects with [`PinnedCaVerifier`], so it only talks to
-//! a server whose CA matches the pin; makes its key locally; sends the token and a CSR to
-//! `POST /rlark/v1/join`; and writes the certificate it gets back, its key and the CA bundle
-//! into its directory. The key never leaves the host.
+//! CA's public key), nothing else. It connects with [`ServerVerifier::pinned_ca`], so it
+//! only talks to a server whose CA matches the pin; makes its key locally; sends the token
+//! and a CSR to `POST /rlark/v1/join`; and writes the certificate it gets back, its key and
+//! the CA bundle into its directory. The key never leaves the host.
 //!
 //! **Renewal** ([`Renewer`]): at 2/3 of the certificate's lifetime the agent makes a new key
 //! and CSR and sends it to `POST /rlark/v1/renew`, authenticated by its current certificate.
@@ -33,7 +33,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use rlark_pki::{
-    CertInfo, PinnedCaVerifier, generate_key_and_csr, write_private_file, write_public_file,
+    CertInfo, ServerVerifier, generate_key_and_csr, write_private_file, write_public_file,
 };
 
 /// Credentials file (certificate + key).
@@ -339,7 +339,7 @@ fn write_credentials(
 /// credentials. Nothing is written unless the server issued a certificate.
 pub async fn join(options: &JoinOptions) -> Result<AgentCredentials, JoinError> {
     parse_server(&options.server)?;
-    let verifier = Arc::new(PinnedCaVerifier::new(&options.ca_hash)?);
+    let verifier = Arc::new(ServerVerifier::pinned_ca(&options.ca_hash)?);
     let tls = rustls::ClientConfig::builder_with_provider(Arc::new(rlark_pki::tls_provider()))
         .with_safe_default_protocol_versions()
         .map_err(|e| JoinError::Http(e.to_string()))?

@@ -19,7 +19,7 @@
 //!   [`member::run`] instead: the Tasks placed on its cluster become workloads of a member
 //!   Kubernetes cluster, their Pods mirrored as rlark Pods;
 //! - **metrics** (optional): `GET /metrics` on a loopback address
-//!   ([`rlark_tunnel::metrics_endpoint`]).
+//!   ([`rlark_observe::metrics_endpoint`]).
 //!
 //! [`sim`] is a simulated agent for benchmarks and tests: the same protocol towards the
 //! control plane, scripted replicas instead of processes.
@@ -66,7 +66,7 @@ use futures::future::BoxFuture;
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
-use rlark_tunnel::metrics_endpoint::MetricsListener;
+use rlark_observe::metrics_endpoint::MetricsListener;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tokio_util::sync::{CancellationToken, DropGuard};
@@ -916,7 +916,7 @@ fn open_ca_bundle(path: &Path) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rlark_tunnel::metrics_endpoint;
+    use rlark_observe::metrics_endpoint;
 
     #[test]
     fn metrics_are_served_in_prometheus_text() {

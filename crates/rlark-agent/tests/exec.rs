@@ -12,7 +12,7 @@ use anyhow::{Context as _, bail, ensure};
 use futures::{SinkExt as _, StreamExt as _};
 use rlark_agent::api::LocalApi;
 use rlark_agent::tasks::{ReplicaState, STATE_FILE};
-use rlark_tunnel::agent_api::{
+use rlark_api::agent::local::{
     Channel, EXEC_PROTOCOL_V4, EXEC_PROTOCOL_V5, ExecOptions, ExecOutcome, TerminalSize,
     decode_frame, encode_frame, exec_path,
 };

@@ -23,7 +23,7 @@ use futures::{SinkExt as _, StreamExt as _};
 use http::request::Parts;
 use http::{HeaderValue, StatusCode};
 use hyper_util::rt::TokioIo;
-use rlark_tunnel::agent_api::{
+use rlark_api::agent::local::{
     Channel, ExecOptions, ExecOutcome, MAX_EXEC_MESSAGE, decode_frame, encode_frame, exec_upgrade,
     percent_decode,
 };

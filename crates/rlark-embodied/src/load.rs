@@ -13,6 +13,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
+use rlark_observe::parse_duration;
 use serde::{Deserialize, Deserializer};
 
 use crate::config::device_plugin::DevicePluginConfig;
@@ -116,33 +117,6 @@ fn opt_duration<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::
             "expected a duration such as 2s or 500ms, got {other}"
         ))),
     }
-}
-
-/// `500ms`, `2s`, `1.5s`, `3m`, `1h`, or a bare number of seconds; must be positive.
-pub fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("invalid duration {text:?}: expected e.g. 2s, 500ms, 1m"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!(
-                "invalid duration unit {other:?} in {text:?}: use ms, s, m or h"
-            ));
-        }
-    };
-    if !(seconds.is_finite() && seconds > 0.0 && seconds < 1e9) {
-        return Err(format!("duration {text:?} must be positive"));
-    }
-    Ok(Duration::from_secs_f64(seconds))
 }
 
 const NAME_RULE: &str = "must be 1-128 characters of letters, digits, '-', '_' and '.'";

@@ -1,6 +1,6 @@
 //! Prometheus metrics of the embodied runtime: `GET /metrics` on the optional
 //! `--metrics-listen` address (see [`crate::server::ServeOptions`], `docs/embodied.md`),
-//! served by [`rlark_tunnel::metrics_endpoint`].
+//! served by [`rlark_observe::metrics_endpoint`].
 //!
 //! - `rlark_embodied_robots{state}` (gauge): robots per state, read from the robot
 //!   controller at scrape time (every state is reported, 0 included).
@@ -134,7 +134,7 @@ impl Collector for StateCollector {
 mod tests {
     use super::*;
     use crate::peer::ConnTracker;
-    use rlark_tunnel::metrics_endpoint;
+    use rlark_observe::metrics_endpoint;
     use tokio_util::sync::CancellationToken;
 
     #[tokio::test]

@@ -16,9 +16,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::StreamExt as _;
+use rlark_observe::metrics_endpoint::MetricsListener;
 use rlark_proto::camera::v1::camera_controller_server::CameraControllerServer;
 use rlark_proto::robot::v1::robot_controller_server::RobotControllerServer;
-use rlark_tunnel::metrics_endpoint::MetricsListener;
 use tokio::net::UnixListener;
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;

@@ -42,12 +42,9 @@ use futures::future::BoxFuture;
 use rlark_tunnel::header::{self, ReadHeaderError, Status, StreamRequest, StreamResponse};
 use rlark_tunnel::relay::RelayHeader;
 use rlark_tunnel::transport::{ReadAhead, TLS_BUFFER_LIMIT};
-use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
 use rustls::pki_types::pem::PemObject as _;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName, UnixTime};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use rustls::server::WebPkiClientVerifier;
-use rustls::server::danger::ClientCertVerifier;
-use rustls::{DigitallySignedStruct, SignatureScheme};
 use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 use tokio_util::sync::CancellationToken;
@@ -119,10 +116,9 @@ impl DirectTls {
             .with_safe_default_protocol_versions()
             .map_err(|e| config_err("client", e))?
             .dangerous()
-            .with_custom_certificate_verifier(Arc::new(AgentServerVerifier {
-                chain: verifier,
-                provider,
-            }))
+            .with_custom_certificate_verifier(Arc::new(
+                rlark_pki::ServerVerifier::client_auth_chain(verifier, provider, check_cluster),
+            ))
             .with_client_auth_cert(chain, key)
             .map_err(|e| config_err("client certificate", e))?;
         client.enable_sni = false;
@@ -161,73 +157,23 @@ pub fn cluster_of(cert_der: &[u8]) -> Result<String, String> {
     Ok(cluster.to_string())
 }
 
-/// The client's check of the server: the chain to the CA (for client-auth usage, what agent
-/// certificates carry) and the cluster it names.
-#[derive(Debug)]
-struct AgentServerVerifier {
-    chain: Arc<dyn ClientCertVerifier>,
-    provider: Arc<rustls::crypto::CryptoProvider>,
-}
-
-impl ServerCertVerifier for AgentServerVerifier {
-    fn verify_server_cert(
-        &self,
-        end_entity: &CertificateDer<'_>,
-        intermediates: &[CertificateDer<'_>],
-        server_name: &ServerName<'_>,
-        _ocsp_response: &[u8],
-        now: UnixTime,
-    ) -> Result<ServerCertVerified, rustls::Error> {
-        self.chain
-            .verify_client_cert(end_entity, intermediates, now)?;
-        let ServerName::DnsName(name) = server_name else {
-            return Err(rustls::Error::General(
-                "direct path: the expected cluster is not a name".into(),
-            ));
-        };
-        let expected = name.as_ref().strip_suffix(NAME_SUFFIX).unwrap_or_default();
-        let cluster = cluster_of(end_entity.as_ref()).map_err(rustls::Error::General)?;
-        if cluster != expected {
-            return Err(rustls::Error::General(format!(
-                "the agent answering is of cluster {cluster}, not {expected}"
-            )));
-        }
-        Ok(ServerCertVerified::assertion())
+/// The client's check of the server beyond its chain to the CA (verified for client-auth
+/// usage, what agent certificates carry): the cluster it names is the one dialed.
+fn check_cluster(
+    end_entity: &CertificateDer<'_>,
+    server_name: &ServerName<'_>,
+) -> Result<(), String> {
+    let ServerName::DnsName(name) = server_name else {
+        return Err("direct path: the expected cluster is not a name".into());
+    };
+    let expected = name.as_ref().strip_suffix(NAME_SUFFIX).unwrap_or_default();
+    let cluster = cluster_of(end_entity.as_ref())?;
+    if cluster != expected {
+        return Err(format!(
+            "the agent answering is of cluster {cluster}, not {expected}"
+        ));
     }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.provider.signature_verification_algorithms,
-        )
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.provider
-            .signature_verification_algorithms
-            .supported_schemes()
-    }
+    Ok(())
 }
 
 /// Both ends of the direct path, with TLS that follows certificate renewals

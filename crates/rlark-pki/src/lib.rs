@@ -15,9 +15,9 @@ mod files;
 #[doc(hidden)]
 pub mod fuzzing;
 mod kubeconfig;
-mod pin;
 pub mod ssh;
 mod token;
+mod verify;
 
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
@@ -39,8 +39,8 @@ pub use csr::{
 };
 pub use files::{create_private_dir, write_private_file, write_public_file};
 pub use kubeconfig::kubeconfig_yaml;
-pub use pin::{BadPin, PinnedCaVerifier};
 pub use token::{BEARER_PREFIX, MAX_TOKEN_LEN, Token, TokenError, TokenKind, constant_time_eq};
+pub use verify::{BadPin, IdentityCheck, ServerVerifier};
 
 /// Subject CN of the installation CA.
 pub const CA_COMMON_NAME: &str = "rlark-ca";

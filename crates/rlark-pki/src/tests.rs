@@ -354,7 +354,7 @@ fn pinned_verifier_accepts_only_the_pinned_ca() {
         chain.extend(ca.serving_chain_tail());
         chain
     };
-    let verifier = PinnedCaVerifier::new(&ca.cert_hash().expect("hash")).expect("pin");
+    let verifier = ServerVerifier::pinned_ca(&ca.cert_hash().expect("hash")).expect("pin");
     verify_serving(&verifier, &chain_of(&ca)).expect("pinned CA accepted");
     let error = verify_serving(&verifier, &chain_of(&mitm)).expect_err("other CA refused");
     assert!(error.to_string().contains("does not match"), "{error}");
@@ -364,14 +364,14 @@ fn pinned_verifier_accepts_only_the_pinned_ca() {
     assert!(verify_serving(&verifier, &forged).is_err());
     // Pins are validated.
     for bad in ["", "sha256:", "sha256:xyz", "md5:00", &"sha256:".repeat(2)] {
-        assert!(PinnedCaVerifier::new(bad).is_err(), "{bad:?}");
+        assert!(ServerVerifier::pinned_ca(bad).is_err(), "{bad:?}");
     }
     let upper = ca
         .cert_hash()
         .expect("hash")
         .to_uppercase()
         .replace("SHA256", "sha256");
-    assert!(PinnedCaVerifier::new(&upper).is_ok());
+    assert!(ServerVerifier::pinned_ca(&upper).is_ok());
 }
 
 #[test]
@@ -425,7 +425,7 @@ fn ca_rotation_keeps_old_clients_working_until_retired() {
         verify_serving(verifier.as_ref(), &chain).expect("serving chain verifies");
     }
     // Joining agents pin the new CA.
-    let pinned = PinnedCaVerifier::new(&rotation.active_hash).expect("pin");
+    let pinned = ServerVerifier::pinned_ca(&rotation.active_hash).expect("pin");
     verify_serving(&pinned, &chain).expect("pin of the new CA");
 
     let retired = retire_previous_cas(dir.path()).expect("retire");

@@ -53,7 +53,7 @@ fn parse(query: Option<&str>) -> Result<Vec<&'static List>, String> {
         .split('&')
         .filter_map(|pair| pair.strip_prefix("resources="))
     {
-        let value = rlark_tunnel::agent_api::percent_decode(value)
+        let value = rlark_api::agent::local::percent_decode(value)
             .map_err(|e| format!("resources: {e}"))?;
         asked.extend(
             value

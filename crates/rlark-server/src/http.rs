@@ -117,7 +117,7 @@ async fn metrics(
         )
             .into_response();
     }
-    rlark_tunnel::metrics_endpoint::exposition(&state.metrics).into_response()
+    rlark_observe::metrics_endpoint::exposition(&state.metrics).into_response()
 }
 
 /// A Kubernetes `Status` 401 whose message says why the credentials were refused.

@@ -15,8 +15,9 @@
 //! opening a stream), [`agent`] (agent side of serving streams), [`client`] (the agent's
 //! reconnecting connection loop).
 //!
-//! Beside the tunnel, [`metrics_endpoint`] is the `/metrics` responder every rlark process
-//! shares, with [`process_metrics`] (`process_*`, `rlark_build_info`) in every answer.
+//! It owns the tunnel only: it must not depend on another rlark crate (the agent's
+//! local-API vocabulary is `rlark_api::agent::local`, the `/metrics` responder
+//! `rlark_observe`).
 // The zero-unwrap discipline as a rule: product code turns a failure into an error that
 // names what failed, never a panic (tests, built with cfg(test), may unwrap).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -24,17 +25,14 @@
 #![deny(missing_docs)]
 
 pub mod agent;
-pub mod agent_api;
 pub mod client;
 pub mod dial;
 pub mod frame;
 pub mod header;
-pub mod metrics_endpoint;
 #[cfg(test)]
 mod mutation;
 pub mod mux;
 mod pool;
-pub mod process_metrics;
 pub mod relay;
 pub mod spdy;
 #[cfg(test)]

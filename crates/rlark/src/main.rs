@@ -35,7 +35,7 @@ fn main() -> ExitCode {
     // What `/version` of a server this process runs reports, and `rlark_build_info` on
     // every `/metrics` it serves.
     let build = cli::version::build_info();
-    rlark_tunnel::process_metrics::set_build_info(rlark_tunnel::process_metrics::BuildInfo {
+    rlark_observe::process_metrics::set_build_info(rlark_observe::process_metrics::BuildInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
         commit: build.git_commit.clone(),
         date: build.build_date.clone(),

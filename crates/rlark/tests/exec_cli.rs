@@ -15,11 +15,11 @@ use std::time::Duration;
 
 use anyhow::{Context as _, bail, ensure};
 use futures::{SinkExt as _, StreamExt as _};
-use rlark_api::types::PodPhase;
-use rlark_testkit::real_agent::{DEADLINE, Harness, NAMESPACE, text, viewer_client};
-use rlark_tunnel::agent_api::{
+use rlark_api::agent::local::{
     Channel, EXEC_PROTOCOL_V5, ExecOptions, ExecOutcome, TerminalSize, decode_frame, encode_frame,
 };
+use rlark_api::types::PodPhase;
+use rlark_testkit::real_agent::{DEADLINE, Harness, NAMESPACE, text, viewer_client};
 use rustls::pki_types::pem::PemObject as _;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};

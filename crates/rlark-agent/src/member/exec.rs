@@ -17,7 +17,7 @@
 use futures::{SinkExt as _, StreamExt as _};
 use http_body_util::BodyExt as _;
 use hyper_util::rt::TokioIo;
-use rlark_tunnel::agent_api::{ExecOptions, exec_upgrade, percent_encode};
+use rlark_api::agent::local::{ExecOptions, exec_upgrade, percent_encode};
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio_tungstenite::WebSocketStream;
 use tokio_tungstenite::tungstenite::Message;

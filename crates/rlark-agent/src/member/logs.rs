@@ -12,8 +12,8 @@ use futures::{AsyncReadExt as _, Stream};
 use hyper::body::Bytes;
 use k8s_openapi::api::core::v1::Pod as MemberPod;
 use kube::api::{Api, LogParams};
+use rlark_api::agent::local::LogOptions;
 use rlark_api::types::Pod;
-use rlark_tunnel::agent_api::LogOptions;
 
 pub use super::MEMBER_POD_ANNOTATION;
 /// The annotation kubectl reads for the container of `kubectl logs` / `exec` without `-c`.

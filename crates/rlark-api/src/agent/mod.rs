@@ -8,11 +8,14 @@
 //! - the Pod status it reports, as typed patches ([`status`]);
 //! - what one replica goes through, as a sans-IO state machine ([`replica`]): the caller
 //!   feeds events and the time, and executes the actions it gets back.
+//! - the agent's local API as the hub and the agent speak it over `agent-api` tunnel streams
+//!   ([`local`]: paths, query options, the exec WebSocket protocol's frames and status).
 //!
 //! Pure: no IO, no clock reads, no client. The raw agent (`rlark-agent`), the simulated
 //! agent (`rlark_agent::sim`) and the Task controller all use it, so the protocol cannot drift
 //! between them.
 
+pub mod local;
 mod naming;
 mod node;
 pub mod replica;

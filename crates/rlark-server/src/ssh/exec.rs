@@ -5,7 +5,7 @@
 
 use crate::tunnel::{HubStream, StreamShare};
 use futures::{SinkExt as _, StreamExt as _};
-use rlark_tunnel::agent_api::{
+use rlark_api::agent::local::{
     Channel, EXEC_PROTOCOL_V5, ExecOptions, ExecOutcome, MAX_EXEC_MESSAGE, TerminalSize,
     decode_frame, encode_frame, exec_path,
 };

@@ -155,7 +155,7 @@ async fn list(State(state): State<KeyRoutes>, request: Request) -> Response {
         .unwrap_or_default()
         .split('&')
         .find_map(|pair| pair.strip_prefix("user="))
-        .map(|u| rlark_tunnel::agent_api::percent_decode(u).unwrap_or_default());
+        .map(|u| rlark_api::agent::local::percent_decode(u).unwrap_or_default());
     let admin = identity.role() == Role::Admin;
     let user = match (&asked, admin) {
         (Some(user), true) => Some(user.clone()),

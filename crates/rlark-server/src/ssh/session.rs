@@ -18,8 +18,8 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use bytes::Bytes;
+use rlark_api::agent::local::{ExecOptions, ExecOutcome, TerminalSize};
 use rlark_apiserver::audit::AuditEntry;
-use rlark_tunnel::agent_api::{ExecOptions, ExecOutcome, TerminalSize};
 use russh::server::Msg;
 use russh::{ChannelMsg, ChannelWriteHalf};
 

@@ -33,12 +33,12 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use http::{StatusCode, header};
 use hyper_util::rt::TokioIo;
+use rlark_api::agent::local::{ExecOptions, exec_path, exec_upgrade};
 use rlark_apiserver::audit::{AuditEntry, AuditSink};
 use rlark_apiserver::auth::Identity;
 use rlark_apiserver::authz::{self, Attributes, Decision};
 use rlark_apiserver::error::ApiError;
 use rlark_store::{ObjectKey, Store};
-use rlark_tunnel::agent_api::{ExecOptions, exec_path, exec_upgrade};
 
 use super::Hub;
 

@@ -36,7 +36,7 @@ use rlark_apiserver::error::ApiError;
 use rlark_tunnel::header::Status;
 
 use super::Hub;
-use rlark_tunnel::agent_api::LogOptions;
+use rlark_api::agent::local::LogOptions;
 use rlark_tunnel::dial::DialError;
 
 /// The route, as registered.
@@ -174,7 +174,7 @@ pub(crate) async fn pod_log(
     });
     // The connection (and its tunnel stream) ends with the response body at the latest.
     let guard = AbortOnDrop(conn.abort_handle());
-    let mut uri = rlark_tunnel::agent_api::logs_path(&namespace, &pod);
+    let mut uri = rlark_api::agent::local::logs_path(&namespace, &pod);
     let q = with_container(query.to_query(), container.as_deref());
     if !q.is_empty() {
         uri.push('?');

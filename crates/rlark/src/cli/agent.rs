@@ -13,8 +13,8 @@ use rlark_agent::{AgentConfig, JoinParams, NetMode};
 use rlark_api::types::{AgentType, NodeCategory};
 use tokio_util::sync::CancellationToken;
 
-use super::controller_manager::parse_duration;
 use super::server::watch_signals;
+use rlark_observe::parse_duration;
 
 #[derive(Debug, Args)]
 pub(crate) struct AgentArgs {

@@ -16,7 +16,8 @@ use http::StatusCode;
 use prometheus_client::registry::Registry;
 use rlark_controllers::ControllerConfig;
 use rlark_controllers::manager::{Manager, ManagerOptions};
-use rlark_tunnel::metrics_endpoint::{self, MetricsListener, Response};
+use rlark_observe::metrics_endpoint::{self, MetricsListener, Response};
+use rlark_observe::parse_duration;
 use tokio_util::sync::CancellationToken;
 
 use super::ClientArgs;
@@ -53,33 +54,6 @@ pub(crate) struct ControllerManagerArgs {
     /// How often Node heartbeats are checked.
     #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = parse_duration)]
     pub node_check_interval: Duration,
-}
-
-/// `1500ms`, `40s`, `2m`, `1h`, or plain seconds.
-pub(crate) fn parse_duration(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let split = text
-        .find(|c: char| !c.is_ascii_digit() && c != '.')
-        .unwrap_or(text.len());
-    let (number, unit) = text.split_at(split);
-    let value: f64 = number
-        .parse()
-        .map_err(|_| format!("invalid duration {text:?}: expected e.g. 40s, 2m, 1500ms"))?;
-    let seconds = match unit {
-        "ms" => value / 1000.0,
-        "" | "s" => value,
-        "m" => value * 60.0,
-        "h" => value * 3600.0,
-        other => {
-            return Err(format!(
-                "invalid duration unit {other:?} in {text:?}: use ms, s, m or h"
-            ));
-        }
-    };
-    if !(seconds.is_finite() && seconds > 0.0) {
-        return Err(format!("duration {text:?} must be positive"));
-    }
-    Ok(Duration::from_secs_f64(seconds))
 }
 
 fn default_identity(random: &str) -> String {
@@ -156,19 +130,6 @@ fn respond(path: &str, registry: &Registry, leading: bool) -> Response {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn durations() {
-        assert_eq!(parse_duration("40s"), Ok(Duration::from_secs(40)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1500ms"), Ok(Duration::from_millis(1500)));
-        assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
-        assert_eq!(parse_duration("7"), Ok(Duration::from_secs(7)));
-        assert_eq!(parse_duration("0.5s"), Ok(Duration::from_millis(500)));
-        assert!(parse_duration("0s").is_err());
-        assert!(parse_duration("5d").is_err());
-        assert!(parse_duration("s").is_err());
-    }
 
     #[test]
     fn routes() {

@@ -12,8 +12,8 @@ use clap::{Args, Subcommand};
 use rlark_proto::device::v1::SetupRequest;
 use rlark_proto::device::v1::device_service_client::DeviceServiceClient;
 
-use super::controller_manager::parse_duration;
 use super::table::align;
+use rlark_observe::parse_duration;
 
 /// The variable `rlark embodied`'s device plugin sets in allocated containers.
 const SOCKET_ENV: &str = "RLINF_EMBODIED_DEVINIT_SOCKET_PATH";

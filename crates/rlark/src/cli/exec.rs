@@ -33,7 +33,7 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use futures::{SinkExt as _, StreamExt as _};
 use kube::ResourceExt as _;
-use rlark_tunnel::agent_api::{
+use rlark_api::agent::local::{
     Channel, EXEC_PROTOCOL_V4, EXEC_PROTOCOL_V5, ExecOptions, ExecOutcome, MAX_EXEC_MESSAGE,
     TerminalSize, decode_frame, encode_frame, percent_encode,
 };

@@ -185,7 +185,7 @@ fn query(args: &LogsArgs) -> String {
         // characters that would break the query are escaped here.
         parts.push(format!(
             "container={}",
-            rlark_tunnel::agent_api::percent_encode(container)
+            rlark_api::agent::local::percent_encode(container)
         ));
     }
     if parts.is_empty() {

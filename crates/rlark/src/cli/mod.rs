@@ -232,18 +232,11 @@ pub(crate) fn init_tracing(cli: &Cli) {
     } else {
         default_level
     };
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let ansi = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_ansi(ansi)
-        .with_writer(std::io::stderr);
-    // Err only if a subscriber is already set, which cannot happen in `main`.
-    let _ = match cli.global.log_format {
-        LogFormat::Text => builder.try_init(),
-        LogFormat::Json => builder.json().try_init(),
+    let format = match cli.global.log_format {
+        LogFormat::Text => rlark_observe::LogFormat::Text,
+        LogFormat::Json => rlark_observe::LogFormat::Json,
     };
+    rlark_observe::init_tracing(default_level, format);
 }
 
 /// Run the parsed command.

@@ -121,7 +121,7 @@ pub(crate) async fn ssh_key(command: SshKeyCommand, client: ClientArgs) -> anyho
             let path = match &args.user {
                 Some(user) => format!(
                     "/rlark/v1/sshkeys?user={}",
-                    rlark_tunnel::agent_api::percent_encode(user)
+                    rlark_api::agent::local::percent_encode(user)
                 ),
                 None => "/rlark/v1/sshkeys".to_string(),
             };
@@ -148,7 +148,7 @@ pub(crate) async fn ssh_key(command: SshKeyCommand, client: ClientArgs) -> anyho
             let record = api
                 .delete(&format!(
                     "/rlark/v1/sshkeys/{}",
-                    rlark_tunnel::agent_api::percent_encode(&args.id)
+                    rlark_api::agent::local::percent_encode(&args.id)
                 ))
                 .await?;
             println!(

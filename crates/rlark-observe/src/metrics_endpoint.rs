@@ -3,9 +3,6 @@
 //! ([`MetricsListener`]: `rlark agent --metrics-listen`, `rlark embodied --metrics-listen`,
 //! `rlark controller-manager`). `rlark server` answers its authenticated `/metrics` route
 //! with [`exposition`] too.
-//!
-//! It lives in rlark-tunnel because that is the lowest crate with network IO that the agent,
-//! the embodied runtime, the server and the binary all depend on.
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
