@@ -5,8 +5,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser as _;
-
 /// mimalloc, the allocator the benches ran on as `rlark bench` (the control plane's: `rlark`
 /// chooses mimalloc for `server`, `up` and `controller-manager`, see its `allocator.rs`),
 /// for the in-process servers the benches measure and for this executable's helper
@@ -21,7 +19,7 @@ fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
 
     // clap prints usage errors and exits with 2 (0 for --help/--version).
-    let args = rlark_bench::BenchArgs::parse();
+    let args = rlark_bench::parse();
     init_tracing();
 
     let runtime = match tokio::runtime::Builder::new_multi_thread()
