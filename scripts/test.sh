@@ -228,9 +228,14 @@ if command -v cargo-machete >/dev/null 2>&1; then
     cargo machete
 fi
 
-log "cargo tree -e normal -p rlark (no test kit in the product)"
-if cargo tree --locked -e normal -p rlark --prefix none | grep -q '^rlark-testkit '; then
-    echo "rlark-testkit is a normal dependency of the rlark binary (tests only: dev-dependency)" >&2
+log "cargo tree -e normal -p rlark (no test kit, simulator or bench in the product)"
+# The test kit (tests only: a dev-dependency), the simulated agent (rlark-sim: the test kit's
+# and the benches') and the benches (rlark-bench: their own binary, which `rlark bench`
+# runs) must not be linked into the product binary.
+product_tree=$(cargo tree --locked -e normal -p rlark --prefix none)
+in_product=$(grep -E '^rlark-(testkit|sim|bench) ' <<<"$product_tree" | cut -d' ' -f1 | sort -u || true)
+if [ -n "$in_product" ]; then
+    echo "normal dependencies of the rlark binary that must not be: ${in_product//$'\n'/ }" >&2
     exit 1
 fi
 

@@ -21,8 +21,9 @@
 //! - **metrics** (optional): `GET /metrics` on a loopback address
 //!   ([`rlark_observe::metrics_endpoint`]).
 //!
-//! [`sim`] is a simulated agent for benchmarks and tests: the same protocol towards the
-//! control plane, scripted replicas instead of processes.
+//! The simulated agent for benchmarks and tests (the same protocol towards the control
+//! plane, scripted replicas instead of processes) is the `rlark-sim` crate, which the
+//! product does not link.
 // The zero-unwrap discipline as a rule: product code turns a failure into an error that
 // names what failed, never a panic (tests, built with cfg(test), may unwrap).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -48,7 +49,6 @@ pub mod ports;
 pub mod robot_actions;
 mod runs;
 pub mod runtime;
-pub mod sim;
 pub mod supervisor;
 mod task_events;
 mod task_reports;

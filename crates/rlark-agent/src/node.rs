@@ -3,7 +3,7 @@
 //! heartbeats.
 //!
 //! The protocol is the one of `docs/concepts.md` ("Agent protocol"), field for field what
-//! the simulated agent ([`crate::sim`]) writes:
+//! the simulated agent (the `rlark-sim` crate) writes:
 //! - the Node `<name>` in `rlark-<clusterID>`: labels `rlark.io/cluster-id`,
 //!   `kubernetes.io/hostname`, `rlark.io/node-category`, `rlark.io/agent-type` (plus the
 //!   configured ones), `spec.agentType` (`Raw`, or `Docker` with `--agent-type Docker`);
@@ -507,7 +507,7 @@ impl NodeReporter {
 /// Renew the heartbeat Lease `node-<node>` in `leases`' namespace, creating it when missing:
 /// a merge patch of `holderIdentity`, `leaseDurationSeconds` and `renewTime`, or a create
 /// with `acquireTime` too. A create that loses a race (409) counts as done: the next beat
-/// renews it. This is the agent protocol's heartbeat (the simulated agent, [`crate::sim`],
+/// renews it. This is the agent protocol's heartbeat (the simulated agent, `rlark_sim`,
 /// uses it as well).
 pub async fn renew_node_lease(
     leases: &Api<Lease>,

@@ -19,11 +19,9 @@ pub mod real_agent;
 pub mod tunnel_agent;
 pub mod wait;
 
-/// The simulated agent now lives in the product ([`rlark_agent::sim`], used by `rlark
-/// bench`); re-exported here so tests keep naming it through the test kit.
-pub use rlark_agent::sim::{
-    Behaviour, HeartbeatMode, SimAgent, SimAgentBuilder, SimAgentError, SimNode,
-};
+/// The simulated agent lives in its own crate ([`rlark_sim`], also used by `rlark-bench`);
+/// re-exported here so tests keep naming it through the test kit.
+pub use rlark_sim::{Behaviour, HeartbeatMode, SimAgent, SimAgentBuilder, SimAgentError, SimNode};
 
 use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};

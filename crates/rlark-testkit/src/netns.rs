@@ -1,5 +1,5 @@
 //! Multi-cluster tests in network namespaces: the server in one namespace, each cluster's
-//! agent in its own, all on one bridge (`rlark_agent::sim::topology`, shared with `rlark
+//! agent in its own, all on one bridge (`rlark_sim::topology`, shared with `rlark
 //! bench net`, re-exported here).
 //!
 //! [`DomainNet::start`] builds the topology (`s` for the server, one member per cluster),
@@ -14,7 +14,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use anyhow::{Context as _, bail};
-pub use rlark_agent::sim::topology::{
+pub use rlark_sim::topology::{
     AgentInNs, DropRule, Member, ServerInNs, Topology, TopologyError, log_tail, unique_prefix,
 };
 use tempfile::TempDir;

@@ -1,11 +1,12 @@
 //! The process's allocator, chosen per subcommand before the first allocation.
 //!
-//! The control plane (`server`, `up`, `controller-manager`, `bench`) runs on mimalloc: under
+//! The control plane (`server`, `up`, `controller-manager`) runs on mimalloc: under
 //! 64 API clients glibc's malloc family was about a quarter of the server's CPU samples, and
 //! mimalloc cut the CPU per create by ~30% (docs/benchmarks.md, "The allocator"). Everything
 //! else — above all `agent` and `supervise`, which run on every host beside the workloads —
 //! keeps glibc's allocator: under mimalloc the agent's RSS with 200 tasks grew from 52 to
-//! 78 MiB in the same measurement.
+//! 78 MiB in the same measurement. `bench` only starts the `rlark-bench` binary in this
+//! process's place, and that binary runs on mimalloc throughout, as `rlark bench` did.
 //!
 //! The choice is made once, at the first allocation (before `main`), from `argv[1]` as read
 //! from `/proc/self/cmdline`, and never changes, so every block is freed by the allocator
@@ -32,7 +33,7 @@ const MIMALLOC: u8 = 2;
 const DECIDING: u8 = 3;
 
 /// Subcommands that run on mimalloc.
-const CONTROL_PLANE: [&[u8]; 4] = [b"server", b"up", b"controller-manager", b"bench"];
+const CONTROL_PLANE: [&[u8]; 3] = [b"server", b"up", b"controller-manager"];
 
 static CHOICE: AtomicU8 = AtomicU8::new(UNDECIDED);
 /// Something was allocated (by glibc's allocator) while the choice was being made.
@@ -160,7 +161,8 @@ mod tests {
         for (cmdline, expected) in [
             (&b"rlark\0server\0--data-dir\0/d\0"[..], MIMALLOC),
             (b"/usr/bin/rlark\0up\0--demo\0", MIMALLOC),
-            (b"rlark\0bench\0api\0", MIMALLOC),
+            // `rlark bench` execs rlark-bench (on mimalloc itself) at once.
+            (b"rlark\0bench\0api\0", SYSTEM),
             (b"rlark\0controller-manager\0", MIMALLOC),
             (b"rlark\0agent\0--server\0https://a\0", SYSTEM),
             (b"rlark\0supervise\0--\0true\0", SYSTEM),

@@ -589,7 +589,9 @@ fn udp_and_ping_work_between_members() -> anyhow::Result<()> {
 /// OpenSSH relay are measured (the relay needs sshd: scripts/test.sh installs it), and so
 /// are the Domain paths through a real server and real agents — local, direct and relayed,
 /// each verified in the client agent's metrics to have taken that path — in kernel mode, and
-/// in tun mode when this binary's agent has `--net-mode`. Structure, not times.
+/// in tun mode when this binary's agent has `--net-mode`. Structure, not times. `rlark bench`
+/// runs the `rlark-bench` binary beside `rlark` (`cargo test --workspace` builds both), so
+/// this also runs that forwarder.
 #[test]
 fn bench_net_quick_measures_its_baselines_and_the_domain_paths() -> anyhow::Result<()> {
     if !can_run() {

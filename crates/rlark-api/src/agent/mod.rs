@@ -12,7 +12,7 @@
 //!   ([`local`]: paths, query options, the exec WebSocket protocol's frames and status).
 //!
 //! Pure: no IO, no clock reads, no client. The raw agent (`rlark-agent`), the simulated
-//! agent (`rlark_agent::sim`) and the Task controller all use it, so the protocol cannot drift
+//! agent (`rlark_sim`) and the Task controller all use it, so the protocol cannot drift
 //! between them.
 
 pub mod local;

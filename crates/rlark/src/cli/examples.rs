@@ -20,51 +20,19 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
     ),
     (
         "bench",
-        &["rlark bench api --json", "rlark bench tunnel --mib 64"],
-    ),
-    (
-        "bench api",
         &[
+            "# the benches, their flags and targets (rlark-bench's help)",
+            "rlark bench --help",
             "rlark bench api",
             "# a quick run, as JSON",
             "rlark bench api --creates 200 --list-objects 1000 --watchers 10 --json",
-        ],
-    ),
-    (
-        "bench controllers",
-        &[
-            "rlark bench controllers",
             "rlark bench controllers --jobs 50 --json",
-        ],
-    ),
-    (
-        "bench tunnel",
-        &["rlark bench tunnel", "rlark bench tunnel --mib 256 --json"],
-    ),
-    (
-        "bench port-forward",
-        &[
-            "rlark bench port-forward",
+            "rlark bench tunnel --mib 256 --json",
             "rlark bench port-forward --skip-ssh --json",
-        ],
-    ),
-    (
-        "bench ssh",
-        &[
-            "rlark bench ssh",
             "rlark bench ssh --sessions 200 --mib 256 --json",
-        ],
-    ),
-    (
-        "bench agent",
-        &["rlark bench agent", "rlark bench agent --tasks 200 --json"],
-    ),
-    ("bench camera", &["rlark bench camera --seconds 5 --fps 30"]),
-    (
-        "bench net",
-        &[
+            "rlark bench agent --tasks 200 --json",
+            "rlark bench camera --seconds 5 --fps 30",
             "rlark bench net --quick",
-            "rlark bench net --skip-ssh --json",
         ],
     ),
     (

@@ -61,7 +61,12 @@ pub(crate) enum LogFormat {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Benchmarks that run on this machine (network on 127.0.0.1 only).
+    /// Benchmarks on this machine: runs the rlark-bench binary with the same arguments.
+    ///
+    /// The benches live in the rlark-bench binary, looked for beside this executable, else
+    /// on PATH; `rlark bench ARGS` runs `rlark-bench ARGS` in place of this process (its
+    /// exit code is this command's). Network on 127.0.0.1 only, or network namespaces.
+    /// `rlark bench --help` prints rlark-bench's help: the benches, their flags and targets.
     Bench(crate::bench::BenchArgs),
     /// Run the control-plane server until SIGTERM or SIGINT.
     Server(server::ServerArgs),
@@ -249,7 +254,7 @@ pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Token(command) => security::token(command, client).await,
         Command::Cert(command) => security::cert(command, client).await,
         Command::Ca(command) => security::ca(command),
-        Command::Bench(command) => crate::bench::run(command).await,
+        Command::Bench(command) => crate::bench::run(command),
         Command::Crds => {
             print!("{}", rlark_api::crd::crds_yaml());
             Ok(())

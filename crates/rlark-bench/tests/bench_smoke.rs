@@ -1,12 +1,18 @@
-//! Every `rlark bench` subcommand runs once, at a small size, through the built binary: a
-//! benchmark that breaks at run time fails here instead of going unnoticed until someone
-//! measures. Figures are printed (`--json`), never asserted: this machine's speed is not a
+//! Every `rlark bench` subcommand runs once, at a small size, through the built
+//! `rlark-bench` binary (what `rlark bench` runs): a benchmark that breaks at run time fails
+//! here instead of going unnoticed until someone measures. Figures are printed (`--json`), never asserted: this machine's speed is not a
 //! test result (docs/benchmarks.md holds measured figures and how to reproduce them).
 //!
 //! `rlark bench port-forward` starts `rlark server`, `rlark agent` and `rlark port-forward`
 //! as processes, and an OpenSSH relay when sshd and ssh are installed. Without sshd its
 //! report says the relay was not measured; under `scripts/test.sh` (which installs
 //! openssh-server) or `CI=true` that fails the test (`tests/support/missing_tool.rs`).
+//!
+//! The benches that start processes (`agent`, `port-forward`, `ssh`) run the `rlark` binary
+//! beside `rlark-bench` in cargo's target directory. Cargo builds only this package's
+//! binaries for these tests: `cargo test --workspace` (as scripts/test.sh runs) builds
+//! both; alone, build `rlark` first (`cargo build -p rlark`), else those tests fail saying
+//! so (a stale `rlark` there would be measured as it is).
 
 #[path = "../../../tests/support/missing_tool.rs"]
 mod missing_tool;
@@ -23,7 +29,7 @@ const HANG_GUARD: Duration = Duration::from_secs(300);
 /// The committed ratios of the regression guard (docs/benchmarks.md, "The regression guard").
 const RATIOS: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../docs/bench-ratios.json");
 
-/// Runs `rlark bench ARGS --json`, fails the test on a non-zero exit or a hang, and returns
+/// Runs `rlark-bench ARGS --json`, fails the test on a non-zero exit or a hang, and returns
 /// the report it printed.
 fn bench(args: &[&str]) -> Value {
     run_bench(args, false)
@@ -61,9 +67,22 @@ fn bench_guarded(args: &[&str]) -> Value {
     report
 }
 
+/// Benches that start the `rlark` binary (server, agent, CLI) as processes.
+const NEED_RLARK: [&str; 4] = ["agent", "port-forward", "ssh", "net"];
+
 fn run_bench(args: &[&str], compare: bool) -> Value {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_rlark"));
-    command.arg("bench").args(args).arg("--json");
+    let bench_exe = std::path::Path::new(env!("CARGO_BIN_EXE_rlark-bench"));
+    if args.first().is_some_and(|a| NEED_RLARK.contains(a)) {
+        let rlark = bench_exe.with_file_name("rlark");
+        assert!(
+            rlark.is_file(),
+            "rlark-bench {args:?} runs the rlark binary beside it, and {} does not exist: \
+             build it first (`cargo build -p rlark`; `cargo test --workspace` builds both)",
+            rlark.display()
+        );
+    }
+    let mut command = Command::new(bench_exe);
+    command.args(args).arg("--json");
     if compare {
         command.args(["--compare", RATIOS]);
     }
@@ -74,17 +93,17 @@ fn run_bench(args: &[&str], compare: bool) -> Value {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start rlark bench");
+        .expect("start rlark-bench");
     let pid = child.id();
     let (done, finished) = mpsc::channel();
     std::thread::spawn(move || {
         let _ = done.send(child.wait_with_output());
     });
     let output = match finished.recv_timeout(HANG_GUARD) {
-        Ok(output) => output.expect("wait for rlark bench"),
+        Ok(output) => output.expect("wait for rlark-bench"),
         Err(_) => {
             let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-            panic!("rlark bench {args:?} still running after {HANG_GUARD:?}");
+            panic!("rlark-bench {args:?} still running after {HANG_GUARD:?}");
         }
     };
     let stdout = String::from_utf8_lossy(&output.stdout);
@@ -93,15 +112,15 @@ fn run_bench(args: &[&str], compare: bool) -> Value {
         compare && output.status.code() == Some(1) && stderr.contains("more than 25% worse than");
     assert!(
         output.status.success() || flagged,
-        "rlark bench {args:?} exited with {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
+        "rlark-bench {args:?} exited with {}\nstdout:\n{stdout}\nstderr:\n{stderr}",
         output.status
     );
-    println!("rlark bench {}:\n{stdout}", args.join(" "));
+    println!("rlark-bench {}:\n{stdout}", args.join(" "));
     let report: Value = serde_json::from_str(&stdout)
-        .unwrap_or_else(|e| panic!("rlark bench {args:?} printed no JSON report ({e}):\n{stdout}"));
+        .unwrap_or_else(|e| panic!("rlark-bench {args:?} printed no JSON report ({e}):\n{stdout}"));
     assert!(
         report.as_object().is_some_and(|o| !o.is_empty()),
-        "rlark bench {args:?}: empty report {report}"
+        "rlark-bench {args:?}: empty report {report}"
     );
     report
 }

@@ -1,5 +1,15 @@
-//! `rlark bench`: benchmarks that run entirely on this machine (network on 127.0.0.1 only)
-//! and print their figures next to baselines measured in the same run.
+//! `rlark-bench` (also run as `rlark bench`, which forwards to it): benchmarks that run
+//! entirely on this machine (network on 127.0.0.1 only, or network namespaces) and print
+//! their figures next to baselines measured in the same run.
+//!
+//! Owns the benchmarks and their regression guard (docs/bench-ratios.json). It may depend
+//! on everything in the workspace, the simulated agent (`rlark-sim`) included; nothing may
+//! depend on it, the `rlark` product binary least of all (scripts/test.sh checks with
+//! `cargo tree`). The benches that run real processes start the `rlark` binary found beside
+//! this executable ([`rlark_exe`]) for `rlark server`, `rlark agent` and the CLI, and this
+//! executable itself for their helper processes (`net-peer`, `target`).
+// The zero-unwrap discipline as a rule: a failure is an error that names what failed.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod agent;
 mod api;
@@ -7,6 +17,7 @@ mod baseline;
 mod camera;
 mod client;
 mod controllers;
+mod examples;
 mod guard;
 mod micro;
 mod net;
@@ -23,6 +34,7 @@ pub use agent::{AgentBenchOptions, AgentBenchReport, run_agent};
 pub use api::{ApiBenchOptions, run_api};
 pub use camera::{CameraBenchOptions, CameraBenchReport, run_camera};
 pub use controllers::{ControllerBenchOptions, ControllerBenchReport, run_controllers};
+pub use examples::{command, parse};
 pub use net::{NetBenchOptions, NetBenchReport, NetPeerOptions, run_net, run_net_peer};
 pub use port_forward::{PortForwardBenchOptions, PortForwardBenchReport, run_port_forward};
 pub use report::ApiBenchReport;
@@ -86,7 +98,7 @@ pub enum BenchCommand {
     Target(TargetOptions),
 }
 
-/// `rlark bench target --port N`.
+/// `rlark-bench target --port N`.
 #[derive(Debug, clap::Args)]
 pub struct TargetOptions {
     /// The loopback port to serve on.
@@ -94,9 +106,13 @@ pub struct TargetOptions {
     pub port: u16,
 }
 
-/// `rlark bench`: a subcommand and the regression guard's flags, which go anywhere after
-/// `bench`.
-#[derive(Debug, clap::Args)]
+/// Benchmarks that run on this machine (network on 127.0.0.1 only, or network namespaces);
+/// `rlark bench ARGS` runs `rlark-bench ARGS`.
+///
+/// The benches that start real processes run the `rlark` binary beside this executable
+/// (else the one on PATH). The regression guard's flags go anywhere after the program name.
+#[derive(Debug, clap::Parser)]
+#[command(name = "rlark-bench", version)]
 pub struct BenchArgs {
     #[command(subcommand)]
     pub command: BenchCommand,
@@ -109,6 +125,34 @@ pub struct BenchArgs {
     /// docs/bench-ratios.json is refreshed, from a release build).
     #[arg(long, value_name = "FILE", global = true)]
     pub write_ratios: Option<PathBuf>,
+}
+
+/// This executable (`rlark-bench`): the benches' helper processes (`net-peer`, `target`).
+fn bench_exe() -> anyhow::Result<PathBuf> {
+    std::env::current_exe().context("the path of this executable (rlark-bench)")
+}
+
+/// The `rlark` binary the benches start as `rlark server`, `rlark agent` and the CLI: the
+/// one beside this executable (as `cargo build` and the packages install them), else the
+/// first on PATH; an error names where it looked.
+pub fn rlark_exe() -> anyhow::Result<PathBuf> {
+    let beside = bench_exe()?.with_file_name("rlark");
+    if beside.is_file() {
+        return Ok(beside);
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let candidate = dir.join("rlark");
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    anyhow::bail!(
+        "this bench runs the rlark binary, which was found neither beside this executable \
+         ({}) nor on PATH ({}); build or install it (`cargo build -p rlark`)",
+        beside.display(),
+        path.to_string_lossy()
+    )
 }
 
 /// Print `report` (JSON with `json`), its guard table, and the comparison with `compare`.

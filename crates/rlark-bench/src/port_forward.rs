@@ -3,7 +3,7 @@
 //!
 //! - rlark: client → `rlark port-forward` → TLS + HTTP `CONNECT` to a real `rlark server`
 //!   → reverse tunnel (TLS + WebSocket + mux) → a real `rlark agent` → target. Server, agent
-//!   and port-forward are this executable run as child processes with temporary data
+//!   and port-forward are the `rlark` binary beside this one, run as child processes with temporary data
 //!   directories; the agent joins with a bootstrap token from `rlark token create`.
 //! - OpenSSH: an edge host behind NAT reached through a relay — `sshd` on loopback (a
 //!   throwaway host key, key authentication only), `ssh -R` from the target's side exposing
@@ -533,7 +533,7 @@ impl std::fmt::Display for PortForwardBenchReport {
 /// The target server: per connection a mode byte, acknowledged with the same byte at once;
 /// `U`: read to EOF, answer the byte count (u64); `D`: read a u64 N, write N bytes, close;
 /// `E`: echo until EOF.
-/// Serve the target on `127.0.0.1:port` until killed (`rlark bench target`).
+/// Serve the target on `127.0.0.1:port` until killed (`rlark-bench target`).
 pub(super) async fn serve_targets(port: u16) -> anyhow::Result<()> {
     let listener = TcpListener::bind(("127.0.0.1", port))
         .await
@@ -887,7 +887,7 @@ impl RlarkPath {
 }
 
 async fn start_rlark(target: SocketAddr) -> anyhow::Result<RlarkPath> {
-    let exe = std::env::current_exe().context("this executable")?;
+    let exe = super::rlark_exe()?;
     let dir = tempfile::Builder::new()
         .prefix("rlark-bench-pf-")
         .tempdir()?;

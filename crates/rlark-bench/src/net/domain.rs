@@ -1,18 +1,18 @@
 //! The Domain network's paths of `rlark bench net`, through the processes a user runs: the
 //! real `rlark server` in namespace `s` and one real `rlark agent` per cluster in `a`, `b`
-//! and `c` (each its own process of this executable, joined with a bootstrap token, TLS and
-//! tunnel as in production: `rlark_agent::sim::topology`).
+//! and `c` (each its own process of the `rlark` binary beside this one, joined with a bootstrap token, TLS and
+//! tunnel as in production: `rlark_sim::topology`).
 //!
 //! Per termination mode, three clusters: the agents of `a` and `b` listen for the direct
 //! path (`--domain-listen <address>:15443`), `c`'s does not, so a connection from `a` to a
 //! member in `c` can only go through the hub. One Job in a Domain of its own places:
 //!
 //! - the **client** replica on `a`: its process only holds the replica (and so its network
-//!   namespace); the measuring `rlark bench net-peer --connect` runs inside that namespace
+//!   namespace); the measuring `rlark-bench net-peer --connect` runs inside that namespace
 //!   (`nsenter --net=/proc/<agent pid>/root/run/netns/<name>`: the agent bind-mounts it in
 //!   its own mount namespace), so its connections take exactly a task's path — the nft
 //!   redirect (kernel mode) or the TUN device (tun mode), then the agent's router;
-//! - a **target** replica (`rlark bench net-peer --listen`) on `a` (local path), on `b`
+//! - a **target** replica (`rlark-bench net-peer --listen`) on `a` (local path), on `b`
 //!   (direct path) and on `c` (relayed path); the client dials each by its virtual IP.
 //!
 //! Each path's connections are checked against the client agent's
@@ -28,7 +28,7 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use rlark_agent::sim::topology::{AgentInNs, ServerInNs, log_tail};
+use rlark_sim::topology::{AgentInNs, ServerInNs, log_tail};
 
 use super::{Bench, Client, Ends, Group, NetPath};
 
@@ -179,7 +179,7 @@ fn has_mode_flag(exe: &Path) -> bool {
 
 /// Start the server in `s`, with its data under `dir`.
 pub(super) fn start_server(bench: &mut Bench, dir: &Path) -> anyhow::Result<ServerInNs> {
-    let exe = bench.exe.clone();
+    let exe = bench.rlark.clone();
     tokio::task::block_in_place(|| {
         bench
             .topology
@@ -241,7 +241,7 @@ impl ModeRun<'_> {
         let mode = self.mode;
         let data = bench.dir.path().join(mode.as_str());
         std::fs::create_dir_all(&data)?;
-        let mode_flag = has_mode_flag(&bench.exe);
+        let mode_flag = has_mode_flag(&bench.rlark);
         for (member, direct) in MEMBERS {
             let mut args = vec![
                 "--metrics-listen".to_string(),
@@ -258,7 +258,7 @@ impl ModeRun<'_> {
             }
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             let cluster = mode.cluster(member);
-            let exe = bench.exe.clone();
+            let exe = bench.rlark.clone();
             let agent = tokio::task::block_in_place(|| {
                 bench.topology.start_agent(
                     member,
@@ -277,13 +277,7 @@ impl ModeRun<'_> {
         let [local, direct, relay, holder] = mode.ports();
         let exe = bench.exe.to_string_lossy().into_owned();
         let listen = |port: u16| -> serde_json::Value {
-            serde_json::json!([
-                exe,
-                "bench",
-                "net-peer",
-                "--listen",
-                format!("0.0.0.0:{port}")
-            ])
+            serde_json::json!([exe, "net-peer", "--listen", format!("0.0.0.0:{port}")])
         };
         let task = |name: &str, member: &str, entrypoint: serde_json::Value| {
             serde_json::json!({
@@ -294,13 +288,8 @@ impl ModeRun<'_> {
                 "raw": {"entrypoint": entrypoint},
             })
         };
-        let holder_entry = serde_json::json!([
-            exe,
-            "bench",
-            "net-peer",
-            "--listen",
-            format!("127.0.0.1:{holder}")
-        ]);
+        let holder_entry =
+            serde_json::json!([exe, "net-peer", "--listen", format!("127.0.0.1:{holder}")]);
         let job = serde_json::json!({
             "apiVersion": "rlinf.io/v1alpha1",
             "kind": "Job",
@@ -425,7 +414,7 @@ impl ModeRun<'_> {
     /// `rlark ARGS --kubeconfig <admin>` inside `s`; its stdout, or an error with its
     /// stderr unless it exits 0.
     fn cli_ok(&self, bench: &Bench, args: &[&str]) -> anyhow::Result<String> {
-        let mut command = Command::new(&bench.exe);
+        let mut command = Command::new(&bench.rlark);
         command
             .args(args)
             .arg("--kubeconfig")

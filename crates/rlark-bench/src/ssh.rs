@@ -1,10 +1,10 @@
 //! `rlark bench ssh`: the SSH endpoint beside OpenSSH's `sshd`, on 127.0.0.1, in one run.
 //!
-//! - rlark: a real `rlark server --ssh-listen` and `rlark agent` (this executable as child
+//! - rlark: a real `rlark server --ssh-listen` and `rlark agent` (the `rlark` binary beside this one, as child
 //!   processes, temporary data directories), a Job whose raw task sleeps, and a key
 //!   registered for the admin (`rlark ssh-key add`). `ssh TASK@127.0.0.1 true` runs `true`
 //!   in the replica through the tunnel and the agent's exec; `ssh -N -L` forwards through
-//!   the tunnel to a target the replica itself serves (`rlark bench target`: the endpoint
+//!   the tunnel to a target the replica itself serves (`rlark-bench target`: the endpoint
 //!   forwards only to ports a replica's own processes listen on).
 //! - OpenSSH: `sshd` on loopback (throwaway host key, key authentication only): `ssh
 //!   user@127.0.0.1 true`, and `ssh -N -L` to the same target.
@@ -275,7 +275,10 @@ struct Rlark {
 }
 
 async fn start_rlark(ssh: &Path, keygen: &Path, target_port: u16) -> anyhow::Result<Rlark> {
-    let exe = std::env::current_exe().context("this executable")?;
+    // `rlark server`, `rlark agent` and the CLI are the product binary; the replica is this
+    // executable (`rlark-bench target`).
+    let exe = super::rlark_exe()?;
+    let bench_exe = super::bench_exe()?;
     let dir = tempfile::Builder::new()
         .prefix("rlark-bench-ssh-")
         .tempdir()?;
@@ -318,8 +321,8 @@ async fn start_rlark(ssh: &Path, keygen: &Path, target_port: u16) -> anyhow::Res
         format!(
             "apiVersion: rlinf.io/v1alpha1\nkind: Job\nmetadata: {{name: sshbench}}\nspec:\n  \
              tasks:\n  - name: main\n    agentType: Raw\n    role: Actor\n    \
-             raw: {{entrypoint: [{exe}, bench, target, --port, '{target_port}']}}\n",
-            exe = serde_json::to_string(&exe.to_string_lossy())?,
+             raw: {{entrypoint: [{exe}, target, --port, '{target_port}']}}\n",
+            exe = serde_json::to_string(&bench_exe.to_string_lossy())?,
         ),
     )?;
     let job_path = job.to_string_lossy().into_owned();

@@ -469,14 +469,28 @@ fn agent_cpu_with_children(pid: &str) -> Option<Duration> {
     Some(cpu_time_of(pid)? + children_cpu_time_of(pid)?)
 }
 
+/// The replica supervisor the agent (the `rlark` binary beside this executable) starts:
+/// `rlark-supervise` beside it, else `rlark supervise` (as
+/// `rlark_agent::runtime::default_supervisor` chooses in the agent, which also checks that
+/// `rlark-supervise` is of its own version).
+fn agent_supervisor() -> anyhow::Result<Vec<std::ffi::OsString>> {
+    let rlark = super::rlark_exe()?;
+    let small = rlark.with_file_name(rlark_agent::runtime::SUPERVISE_BINARY);
+    Ok(if small.is_file() {
+        vec![small.into_os_string()]
+    } else {
+        vec![rlark.into_os_string(), "supervise".into()]
+    })
+}
+
 /// Start the agent's replica supervisor with the short tasks' program `starts` times,
 /// `batch` at once, as the agent would (each in a directory of its own) but without the
 /// agent: the CPU of that process tree per start is the agent guard's baseline.
 async fn direct_starts(starts: usize, batch: usize) -> anyhow::Result<DirectStarts> {
-    let supervisor = rlark_agent::runtime::default_supervisor();
+    let supervisor = agent_supervisor()?;
     let (program_path, supervisor_args) = supervisor
         .split_first()
-        .context("no replica supervisor found beside this executable")?;
+        .context("no replica supervisor found beside the rlark binary")?;
     // The supervisor does not search PATH (the agent resolves the program first).
     let program = ["/usr/bin/true", "/bin/true"]
         .into_iter()
@@ -628,7 +642,7 @@ impl AgentProcess {
         };
         let log = std::fs::File::create(&log_path)
             .with_context(|| format!("create the agent log {}", log_path.display()))?;
-        let mut command = tokio::process::Command::new(std::env::current_exe()?);
+        let mut command = tokio::process::Command::new(super::rlark_exe()?);
         command
             .args(["agent", "--server", &server.url(), "--cluster-id", CLUSTER])
             .arg("--data-dir")
@@ -1075,12 +1089,12 @@ async fn measure(
             agent_cpu_cores,
             supervisors,
             supervisors_pss_mib,
-            // The agent is this executable, so it makes the same choice. Containers have
-            // none: the engine runs them.
+            // The supervisor the agent (`rlark`, beside this executable) starts. Containers
+            // have none: the engine runs them.
             supervisor: if options.agent_type == BenchRuntime::Docker {
                 "none: the Docker engine runs the containers".to_string()
             } else {
-                rlark_agent::runtime::default_supervisor()
+                agent_supervisor()?
                     .iter()
                     .map(|a| {
                         std::path::Path::new(a)

@@ -1,3 +1,9 @@
+//! `rlark-sim`: the simulated agent and the network-namespace topology, for `rlark-bench`
+//! and tests. It owns [`SimAgent`] (below) and [`topology`] (a server and agents each in
+//! their own network namespace on one bridge). It may depend on the agent, the API and the
+//! tunnel; nothing in the product (`rlark`, the server, the agent) may depend on it, which
+//! CI checks with `cargo tree` (scripts/test.sh).
+//!
 //! A simulated agent for `rlark bench` and tests: it speaks the agent protocol to the
 //! control plane exactly as a real agent does (`docs/concepts.md`, "Agent protocol"), but
 //! runs no process: each replica's simulated process plays the Task's scripted
@@ -36,7 +42,7 @@
 //! ```no_run
 //! # async fn demo(client: kube::Client) -> Result<(), Box<dyn std::error::Error>> {
 //! use std::time::Duration;
-//! use rlark_agent::sim::{Behaviour, SimAgent, SimNode};
+//! use rlark_sim::{Behaviour, SimAgent, SimNode};
 //! let agent = SimAgent::builder("gpu")
 //!     .node(SimNode::new("gpu-0").resource("nvidia.com/gpu", "2").resource("cpu", "16"))
 //!     .behaviour("train-*", Behaviour::succeed_after(Duration::from_millis(200)))
@@ -47,6 +53,9 @@
 //! agent.stop().await?;
 //! # Ok(()) }
 //! ```
+
+// The zero-unwrap discipline as a rule, as in the product crates.
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod behaviour;
 mod node;
@@ -302,7 +311,7 @@ impl Shared {
     }
 
     async fn renew_lease(&self, node: &str) -> Result<(), SimAgentError> {
-        crate::node::renew_node_lease(&self.leases_api(), node, self.lease_duration_seconds)
+        rlark_agent::node::renew_node_lease(&self.leases_api(), node, self.lease_duration_seconds)
             .await
             .map_err(|source| SimAgentError::Lease {
                 node: node.to_string(),

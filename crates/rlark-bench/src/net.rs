@@ -1,5 +1,5 @@
 //! `rlark bench net`: TCP between "clusters" that are network namespaces on one bridge
-//! (`rlark_agent::sim::topology`: the server's namespace `s`, clusters `a`, `b` and `c`),
+//! (`rlark_sim::topology`: the server's namespace `s`, clusters `a`, `b` and `c`),
 //! through each path measured in the same run:
 //!
 //! - **direct TCP** from `a` to `b`'s address: the ceiling;
@@ -11,8 +11,8 @@
 //!   `a` and targets in replicas on `a` (local), `b` (direct agent-to-agent) and `c`
 //!   (relayed through the hub), once per termination mode (kernel, tun) the agent offers.
 //!
-//! Both ends are this executable: `rlark bench net-peer --listen ADDR` (the port-forward
-//! bench's target: a mode byte, then upload/download/echo) and `rlark bench net-peer
+//! Both ends are this executable: `rlark-bench net-peer --listen ADDR` (the port-forward
+//! bench's target: a mode byte, then upload/download/echo) and `rlark-bench net-peer
 //! --connect ADDR ...`, which prints its figures as one JSON line.
 //! Figures per path: single-stream and 8-stream upload throughput (MB/s, 10^6 bytes),
 //! connection setup p50/p99 (connect + the mode byte echoed back, one after another), and
@@ -27,7 +27,7 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
-use rlark_agent::sim::topology::{Topology, unique_prefix};
+use rlark_sim::topology::{Topology, unique_prefix};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
@@ -100,7 +100,7 @@ pub struct NetBenchOptions {
     pub json: bool,
 }
 
-/// Options of the hidden `rlark bench net-peer`: one end of a measured path.
+/// Options of the hidden `rlark-bench net-peer`: one end of a measured path.
 #[derive(Debug, Clone, clap::Args)]
 pub struct NetPeerOptions {
     /// Serve as the target on ADDR until killed.
@@ -120,7 +120,7 @@ pub struct NetPeerOptions {
     pub setups: usize,
 }
 
-/// What `rlark bench net-peer --connect` prints.
+/// What `rlark-bench net-peer --connect` prints.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 pub struct PeerResult {
     /// Bytes the target counted, all streams together.
@@ -134,7 +134,7 @@ pub struct PeerResult {
     pub cpu_seconds: f64,
 }
 
-/// Run `rlark bench net-peer`.
+/// Run `rlark-bench net-peer`.
 pub async fn run_net_peer(options: NetPeerOptions) -> anyhow::Result<()> {
     if let Some(addr) = options.listen {
         let listener = TcpListener::bind(addr)
@@ -450,7 +450,10 @@ struct Ends {
 
 /// The namespaces and the processes in them; the topology is dropped last.
 struct Bench {
+    /// This executable (`rlark-bench`): both ends of the paths (`net-peer`).
     exe: PathBuf,
+    /// The `rlark` binary beside it: the server, the agents and the CLI.
+    rlark: PathBuf,
     seconds: f64,
     setups: usize,
     target: Proc,
@@ -468,11 +471,11 @@ impl Bench {
         }
     }
 
-    /// `rlark bench net-peer ARGS` run by `client`, to completion (bounded); its parsed
+    /// `rlark-bench net-peer ARGS` run by `client`, to completion (bounded); its parsed
     /// result.
     async fn peer(&self, client: &Client, args: &[String]) -> anyhow::Result<PeerResult> {
         let mut command = std::process::Command::new(&self.exe);
-        command.args(["bench", "net-peer"]).args(args);
+        command.arg("net-peer").args(args);
         let command = match client {
             Client::Member(member) => self.topology.wrap(member, &command)?,
             Client::Netns(path) => {
@@ -491,20 +494,20 @@ impl Bench {
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let out = bounded("rlark bench net-peer", async {
+        let out = bounded("rlark-bench net-peer", async {
             Ok(command.output().await?)
         })
         .await?;
         if !out.status.success() {
             bail!(
-                "rlark bench net-peer {args:?} in {client:?} exited with {}: {}",
+                "rlark-bench net-peer {args:?} in {client:?} exited with {}: {}",
                 out.status,
                 String::from_utf8_lossy(&out.stderr).trim()
             );
         }
         let text = String::from_utf8_lossy(&out.stdout);
         serde_json::from_str(text.trim())
-            .with_context(|| format!("rlark bench net-peer printed {text:?}"))
+            .with_context(|| format!("rlark-bench net-peer printed {text:?}"))
     }
 
     /// Retry one setup through `addr` from `client` until it works.
@@ -674,7 +677,8 @@ async fn run_net_inner(options: NetBenchOptions) -> anyhow::Result<NetBenchRepor
         setups: setup_count,
         ..NetEnvironment::default()
     };
-    let exe = std::env::current_exe().context("this executable")?;
+    let exe = super::bench_exe()?;
+    let rlark = super::rlark_exe()?;
     let dir = tempfile::Builder::new()
         .prefix("rlark-bench-net-")
         .tempdir()?;
@@ -686,13 +690,14 @@ async fn run_net_inner(options: NetBenchOptions) -> anyhow::Result<NetBenchRepor
     let b = topology.address("b")?;
     let mut command = std::process::Command::new(&exe);
     command
-        .args(["bench", "net-peer", "--listen"])
+        .args(["net-peer", "--listen"])
         .arg(SocketAddr::new(IpAddr::from([0, 0, 0, 0]), TARGET_PORT).to_string());
     let mut command = tokio::process::Command::from(topology.wrap("b", &command)?);
     command.stdout(Stdio::null());
     let target = Proc::spawn("net-peer target", command, &dir.path().join("target.log"))?;
     let mut bench = Bench {
         exe,
+        rlark,
         seconds,
         setups: setup_count,
         target,
@@ -798,7 +803,7 @@ async fn measure_domain(
         }
     };
     for (mode, rows) in rows.iter_mut() {
-        if let Some(why) = domain::unsupported(&bench.exe, *mode) {
+        if let Some(why) = domain::unsupported(&bench.rlark, *mode) {
             not_measured(rows, &why);
             continue;
         }

@@ -9,7 +9,7 @@
 //!    create issued after another;
 //! 2. a second server on a fresh data directory with its controllers in-process, as
 //!    `rlark server` runs them (leader election on), plus simulated agents
-//!    (`rlark_agent::sim::SimAgent`); a one-Task warm-up Job shows the controllers act;
+//!    (`rlark_sim::SimAgent`); a one-Task warm-up Job shows the controllers act;
 //! 3. placement: `--jobs` Jobs × `--tasks-per-job` Tasks on the Nodes of a simulated
 //!    cluster that only registers and heartbeats (it runs nothing, so only placement is
 //!    measured), from the first create to the moment every Task exists with
@@ -29,8 +29,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::ResourceExt as _;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use kube::runtime::{WatchStreamExt as _, watcher};
-use rlark_agent::sim::{Behaviour, SimAgent, SimNode};
 use rlark_api::types::{Job, Task, Workflow, WorkflowPhase};
+use rlark_sim::{Behaviour, SimAgent, SimNode};
 use serde::Serialize;
 use serde_json::{Value, json};
 use tokio::time::Instant as TokioInstant;
