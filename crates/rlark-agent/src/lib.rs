@@ -42,8 +42,6 @@ pub mod join;
 // `::kube` is the kube-rs crate; `kube` (this module) the Kubernetes runtime's core.
 pub mod kubernetes;
 pub mod member;
-// The pod network, its own crate; `rlark_agent::net::...` paths keep working.
-pub use rlark_net as net;
 pub mod node;
 pub mod ports;
 pub mod robot_actions;

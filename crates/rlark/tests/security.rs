@@ -1964,7 +1964,7 @@ const AGENT_REVOCATIONS: &str = "/rlark/v1/agentrevocations";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn agents_read_the_revoked_agent_serials() -> Result<()> {
-    use rlark_agent::net::revocations::{Fetched, Refusal, Revocations, fetch};
+    use rlark_net::revocations::{Fetched, Refusal, Revocations, fetch};
     bounded(async {
         let server = TestServer::start().await?;
         let admin = server.client().await?;

@@ -36,7 +36,7 @@ use super::session::Closing;
 use crate::tunnel::relay::{self, Counting, Onward, SPLICE_BUFFER};
 
 /// RLark's Domain suffix in replicas' `/etc/hosts` (the agent's
-/// `rlark_agent::net::hosts::RLARK_SUFFIX`, which the server does not depend on).
+/// `rlark_net::hosts::RLARK_SUFFIX`, which the server does not depend on).
 const RLARK_DOMAIN_SUFFIX: &str = "rlark-domain";
 
 /// One `direct-tcpip` channel as the client asked for it.
