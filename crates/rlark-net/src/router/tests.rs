@@ -10,6 +10,8 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use super::*;
 use crate::membership::LocalIdentity;
 use crate::membership::tests::{me, peer, pod};
+use futures::future::BoxFuture;
+use rlark_tunnel::dial::DialError;
 
 fn ip(s: &str) -> IpAddr {
     s.parse().unwrap()
