@@ -1,3 +1,4 @@
+use ipnet::IpNet;
 use serde_json::{Value, json};
 
 use super::*;
