@@ -16,7 +16,8 @@
 #   binary's normal dependencies, cargo deny (licenses, duplicate versions, sources; not
 #   advisories, see below), no import cycle between a crate's modules
 #   (scripts/module_cycles.py), the crate graph against docs/architecture.md's crate table
-#   (scripts/crate_graph.py), cargo clippy -D warnings.
+#   (scripts/crate_graph.py), no product file over 1,000 non-test lines
+#   (scripts/file_sizes.py), cargo clippy -D warnings.
 # Environment:
 #   CARGO_TARGET_DIR   optional shared build cache (the script works without it)
 #   RLARK_SKIP_INSTALL=1  skip apt/pip installs (offline dev loops); tests whose tool is
@@ -260,6 +261,9 @@ python3 scripts/module_cycles.py
 
 log "crate graph (docs/architecture.md's crate table is the graph: no edge up a layer, none unnamed)"
 python3 scripts/crate_graph.py
+
+log "file sizes (no product file over 1,000 non-test lines)"
+python3 scripts/file_sizes.py
 
 
 log "cargo test (unit, integration, end-to-end with kubectl)"
