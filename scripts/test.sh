@@ -313,8 +313,12 @@ if [ "${RLARK_SKIP_INSTALL:-0}" = 1 ]; then
     PYTHONPATH=sdk/python/rlark/src python3 -m pytest -q -p no:cacheprovider sdk/python/rlark/tests
     python3 -m pytest -q -p no:cacheprovider sdk/python/rlark-embodied/tests
 else
-    # Removed on exit by stage_times.
+    # Removed on exit by stage_times. The tests run tasks with the venv's python, and raw
+    # replicas run as users of their own (docs/security.md, "Replica isolation"): the venv
+    # must be readable by any user, as a host's shared Python environment would be
+    # (mktemp -d makes its directory 0700).
     sdk_work="$(mktemp -d)"
+    chmod 0755 "$sdk_work"
     before="$(git status --porcelain --ignored -- sdk/python)"
     for sdk in rlark rlark-embodied; do
         python3 -m build -q --outdir "$sdk_work/dist" "sdk/python/$sdk" >"$sdk_work/build-$sdk.log" 2>&1 ||

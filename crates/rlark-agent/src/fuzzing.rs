@@ -2,6 +2,8 @@
 //! plain functions: the cargo-fuzz targets in `fuzz/` (nightly, libFuzzer) call them, and
 //! so do this crate's stable mutation tests. Not an API: compiled for tests and with the
 //! `fuzzing` feature only. The IP packet target is in rlark-net (`rlark_net::fuzzing`).
+// A fuzz target states its invariants as panics: that is how the fuzzer reports them.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
 
 /// A Task's `kubernetes.jobTemplate` (text written by any user who may create Tasks):
 /// rendering and parsing never panic, every refusal has a message, and a template that

@@ -2,6 +2,8 @@
 //! plain functions: the cargo-fuzz target `agent_packet` in `fuzz/` (nightly, libFuzzer)
 //! calls them, and so do this crate's stable mutation tests. Not an API: compiled for tests
 //! and with the `fuzzing` feature only.
+// A fuzz target states its invariants as panics: that is how the fuzzer reports them.
+#![allow(clippy::expect_used, clippy::unwrap_used)]
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
