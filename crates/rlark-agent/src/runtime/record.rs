@@ -185,11 +185,13 @@ pub fn replace(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
     let mut tmp = path.as_os_str().to_owned();
     tmp.push(".tmp");
     let tmp = std::path::PathBuf::from(tmp);
+    // A temporary file left by an interrupted write goes first; the new one is created
+    // exclusively, so nothing already at that path (a link) is followed.
+    let _ = std::fs::remove_file(&tmp);
     let written = (|| {
         let mut file = std::fs::OpenOptions::new()
             .write(true)
-            .create(true)
-            .truncate(true)
+            .create_new(true)
             .mode(mode)
             .open(&tmp)?;
         // The umask may have narrowed the mode given at creation.
