@@ -269,7 +269,7 @@ python3 scripts/file_sizes.py
 log "cargo test (unit, integration, end-to-end with kubectl)"
 # The output also goes to target/cargo-test.log, from which the slowest test binaries are
 # listed below (where the time of this stage goes).
-cargo test --workspace --locked -- --test-threads=2 2>&1 | tee "$TARGET_DIR/cargo-test.log"
+cargo test --workspace --locked --no-fail-fast -- --test-threads=2 2>&1 | tee "$TARGET_DIR/cargo-test.log"
 echo "slowest test binaries (seconds, as each reported):"
 awk '/^ +Running /{bin=$2} /^test result:/{for(i=1;i<=NF;i++) if($i=="in"){t=$(i+1); sub(/s$/,"",t); printf "%8.1f  %s\n", t, bin}}' \
     "$TARGET_DIR/cargo-test.log" | sort -rn | head -15

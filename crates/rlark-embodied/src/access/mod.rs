@@ -454,7 +454,16 @@ mod tests {
         };
         let caller = caller_of(Some(&peer));
         assert_eq!(caller.lineage.first().map(|p| p.pid), Some(me));
-        assert!(caller.session.is_some());
+        // The session leader is named only when this PID namespace can see it: under a
+        // container runtime the test may run in a session whose leader is outside
+        // (the kernel reports session 0) or already gone.
+        let sid = proc_stat(me).map(|s| s.session).unwrap_or(0);
+        let leader_visible = sid > 0 && proc_stat(sid).is_some();
+        assert_eq!(
+            caller.session.map(|s| s.pid),
+            leader_visible.then_some(sid),
+            "session {sid}, visible: {leader_visible}"
+        );
         // A different start time: the process that connected is gone.
         let gone = PeerInfo {
             start_ticks: peer.start_ticks.map(|t| t + 1),
