@@ -427,12 +427,22 @@ async fn the_runtime_is_open_until_holders_are_published_and_refusals_name_the_h
     lab.stop().await
 }
 
-/// This process's session leader.
+/// This process's session leader; this process itself where the leader is not in this
+/// PID namespace (a CI runner's session: the kernel reports session 0) — either way a
+/// replica rooted there has this process in it.
 fn my_session() -> Result<ProcessRef> {
     let me = i32::try_from(std::process::id())?;
     let session = access::proc_stat(me).context("my stat")?.session;
+    if session > 0
+        && let Some(start_ticks) = access::start_ticks(session)
+    {
+        return Ok(ProcessRef {
+            pid: session,
+            start_ticks,
+        });
+    }
     Ok(ProcessRef {
-        pid: session,
-        start_ticks: access::start_ticks(session).context("session leader")?,
+        pid: me,
+        start_ticks: access::start_ticks(me).context("this process's start time")?,
     })
 }
