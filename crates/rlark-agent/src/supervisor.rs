@@ -192,6 +192,14 @@ impl SupervisorArgs {
 /// exit code: 0 once the task ran and its exit was recorded, 1 when it could not be
 /// started or supervised, 2 for bad arguments. Messages go to stderr (the replica log).
 pub fn main(args: impl Iterator<Item = OsString>) -> i32 {
+    // The agent starts the supervisor with `posix_spawn` (no hook in the child): every
+    // signal the agent inherited ignored (a shell's `&` ignores SIGINT and SIGQUIT) or
+    // blocked is reset here, before anything else. SIGPIPE stays ignored, as in every Rust
+    // program: the supervisor's writes report EPIPE instead of killing it.
+    if let Err(error) = reset_own_signals() {
+        eprintln!("rlark supervise: reset signals: {error}");
+        return 1;
+    }
     let mut args = args.peekable();
     if args.peek().is_some_and(|a| a == "--version") {
         println!("{}", version_line());
@@ -217,6 +225,16 @@ pub fn main(args: impl Iterator<Item = OsString>) -> i32 {
             1
         }
     }
+}
+
+/// Every signal to its default disposition but SIGPIPE (ignored), and an empty mask.
+fn reset_own_signals() -> std::io::Result<()> {
+    rlark_process::reset_signals()()?;
+    // SAFETY: no handler is installed, SIG_IGN is a disposition.
+    #[allow(unsafe_code)]
+    unsafe { nix::sys::signal::signal(Signal::SIGPIPE, nix::sys::signal::SigHandler::SigIgn) }
+        .map(drop)
+        .map_err(std::io::Error::from)
 }
 
 fn run(args: &SupervisorArgs) -> Result<(), String> {

@@ -51,7 +51,6 @@ mod spawn;
 mod supervision;
 pub mod uids;
 
-use rlark_process::CleanSignals as _;
 use std::ffi::OsString;
 use std::io;
 use std::os::unix::fs::PermissionsExt as _;

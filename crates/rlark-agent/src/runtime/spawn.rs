@@ -175,10 +175,13 @@ pub async fn spawn_replica(spec: ReplicaSpec) -> Result<ReplicaHandle, RuntimeEr
         .stdin(Stdio::null())
         .stdout(Stdio::from(prepared.stdout))
         .stderr(Stdio::from(prepared.stderr))
-        .kill_on_drop(false)
-        // Whatever signals the agent inherited ignored or blocked, the replica starts
-        // clean (the supervisor does the same for the task).
-        .clean_signals();
+        // No `pre_exec` hook here: without one the standard library starts the supervisor
+        // with `posix_spawn` (a `vfork`-style clone that shares the agent's memory until the
+        // exec) rather than `fork`, which copies the page tables of the agent, a large
+        // multi-threaded process, on every start. Whatever signals the agent inherited
+        // ignored or blocked, the supervisor resets them itself as it starts
+        // (`supervisor::main`) and starts the task clean.
+        .kill_on_drop(false);
     let mut child = command.spawn().map_err(|e| RuntimeError::Supervisor {
         program: supervisor_name.clone(),
         detail: e.to_string(),
