@@ -296,7 +296,7 @@ ops_images() (
     echo "rlark-embodied:ops-test: ros-ctrl.sock and camera-ctrl.sock served"
 )
 
-# The build information the binary carries (crates/rlark/build.rs): the checkout's commit,
+# The build information the binary carries (crates/rlark-cli/build.rs): the checkout's commit,
 # and the date of SOURCE_DATE_EPOCH or else of that commit, in `rlark version` and in every
 # process's rlark_build_info (the scrape of ops_raw_host).
 ops_build_info() {

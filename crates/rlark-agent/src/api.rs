@@ -37,13 +37,13 @@
 //!   run), `400` for a bad name or parameter, `405` for another method;
 //! - on a Kubernetes agent ([`LocalApi::set_member`]), a Pod whose rlark object carries
 //!   the annotation `rlark.io/member-pod` is read from the member API instead
-//!   ([`crate::member::logs`]: `container` or the default one, `tail` → `tailLines`, `previous` = the
+//!   ([`crate::kubernetes::member::logs`]: `container` or the default one, `tail` → `tailLines`, `previous` = the
 //!   container's previous instance); the member API's refusals keep its code and message.
 //!
 //! `GET /exec/{namespace}/{pod}?command=...`: a command in the running replica, over a
 //! WebSocket (Kubernetes' remotecommand protocol); see [`crate::exec`]. On a Kubernetes
 //! agent, a Pod with the annotation `rlark.io/member-pod` is exec'd into through the member
-//! API's `pods/exec` instead ([`crate::member::exec`]).
+//! API's `pods/exec` instead ([`crate::kubernetes::member::exec`]).
 //!
 //! `GET /ports/{namespace}/{pod}/{port}` (`Upgrade: rlark-port`): a connection to a port
 //! the replica's own processes listen on, for the task proxy, `ssh -L` and port-forward;
@@ -108,7 +108,7 @@ struct Inner {
     docker: std::sync::OnceLock<crate::runtime::docker::DockerClient>,
     /// A Kubernetes agent's clients: logs and exec of the Pods it mirrors go to the member
     /// cluster's API.
-    member: std::sync::OnceLock<crate::member::logs::MemberPods>,
+    member: std::sync::OnceLock<crate::kubernetes::member::logs::MemberPods>,
     /// The embodied runtime's socket directory: cameras' live view.
     embodied: std::sync::OnceLock<PathBuf>,
     /// The replica supervisor command: exec enters isolated replicas through it.
@@ -156,9 +156,9 @@ impl LocalApi {
     }
 
     /// Serve logs and exec of the Pods a Kubernetes agent mirrors (those with the annotation
-    /// [`crate::member::logs::MEMBER_POD_ANNOTATION`]) from the member cluster through
+    /// [`crate::kubernetes::member::logs::MEMBER_POD_ANNOTATION`]) from the member cluster through
     /// `pods` (once; later calls are ignored and return false).
-    pub fn set_member(&self, pods: crate::member::logs::MemberPods) -> bool {
+    pub fn set_member(&self, pods: crate::kubernetes::member::logs::MemberPods) -> bool {
         self.inner.member.set(pods).is_ok()
     }
 
@@ -212,9 +212,12 @@ impl LocalApi {
                     if request.uri().path().starts_with(crate::exec::EXEC_PREFIX) {
                         // A Pod a Kubernetes agent mirrors: exec goes to the member API.
                         if let Some(member) = inner.member.get()
-                            && let Some(response) =
-                                crate::member::exec::handle(member, &inner.shutdown, &mut request)
-                                    .await
+                            && let Some(response) = crate::kubernetes::member::exec::handle(
+                                member,
+                                &inner.shutdown,
+                                &mut request,
+                            )
+                            .await
                         {
                             return Ok(response);
                         }
@@ -458,11 +461,11 @@ impl Inner {
 }
 
 impl Inner {
-    /// The log of member Pod `namespace/pod` (see [`crate::member::logs`]), until it ends,
+    /// The log of member Pod `namespace/pod` (see [`crate::kubernetes::member::logs`]), until it ends,
     /// the client leaves or the agent stops.
     async fn member_log(
         &self,
-        member: &crate::member::logs::MemberPods,
+        member: &crate::kubernetes::member::logs::MemberPods,
         namespace: &str,
         pod: &str,
         options: &LogOptions,

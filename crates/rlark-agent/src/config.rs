@@ -99,7 +99,7 @@ pub struct AgentConfig {
     /// `DOCKER_HOST`, else [`crate::runtime::docker::DEFAULT_DOCKER_HOST`].
     pub docker_host: Option<String>,
     /// The member cluster of a `Kubernetes` agent (`--member-kubeconfig`,
-    /// `--member-namespace`, `--max-creates-per-minute`; [`crate::member`]).
+    /// `--member-namespace`, `--max-creates-per-minute`; [`crate::kubernetes::member`]).
     pub member: MemberOptions,
     /// `--embodied-socket-dir`: the sockets of the host's `rlark embodied` runtime, whose
     /// robots and cameras the Node offers as resources ([`crate::devices`]); `None`: none.
@@ -610,6 +610,10 @@ pub fn is_joined(data_dir: &Path) -> bool {
 
 /// Default of `--member-namespace`: where the workloads are created on the member cluster.
 pub const DEFAULT_MEMBER_NAMESPACE: &str = "rlark-workloads";
+
+/// Workload creations a Kubernetes agent makes per minute at most, when
+/// `--max-creates-per-minute` is not given ([`crate::kubernetes::ratelimit`]).
+pub const DEFAULT_MAX_CREATES_PER_MINUTE: u32 = 100;
 /// How the agent reaches its member cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct MemberOptions {
@@ -618,8 +622,7 @@ pub struct MemberOptions {
     pub kubeconfig: Option<PathBuf>,
     /// `--member-namespace`: where the workloads go ([`DEFAULT_MEMBER_NAMESPACE`]).
     pub namespace: String,
-    /// `--max-creates-per-minute` (default
-    /// [`crate::kubernetes::ratelimit::DEFAULT_MAX_CREATES_PER_MINUTE`]).
+    /// `--max-creates-per-minute` (default [`DEFAULT_MAX_CREATES_PER_MINUTE`]).
     pub max_creates_per_minute: NonZeroU32,
     /// `--tensorboard-image`: the TensorBoard sidecar's image (`None`:
     /// [`crate::kubernetes::tensorboard::DEFAULT_IMAGE`]).
@@ -631,10 +634,8 @@ impl Default for MemberOptions {
         Self {
             kubeconfig: None,
             namespace: DEFAULT_MEMBER_NAMESPACE.to_string(),
-            max_creates_per_minute: NonZeroU32::new(
-                crate::kubernetes::ratelimit::DEFAULT_MAX_CREATES_PER_MINUTE,
-            )
-            .unwrap_or(NonZeroU32::MIN),
+            max_creates_per_minute: NonZeroU32::new(DEFAULT_MAX_CREATES_PER_MINUTE)
+                .unwrap_or(NonZeroU32::MIN),
             tensorboard_image: None,
         }
     }

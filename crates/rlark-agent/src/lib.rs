@@ -16,7 +16,7 @@
 //! - **tasks**: the Task reconciler ([`tasks::run_tasks`]); each replica runs under its own
 //!   supervisor process ([`supervisor`], `rlark supervise`), so replicas outlive an agent
 //!   that exits or dies and the next agent adopts them. A `Kubernetes` agent runs
-//!   [`member::run`] instead: the Tasks placed on its cluster become workloads of a member
+//!   [`kubernetes::member::run`] instead: the Tasks placed on its cluster become workloads of a member
 //!   Kubernetes cluster, their Pods mirrored as rlark Pods;
 //! - **metrics** (optional): `GET /metrics` on a loopback address
 //!   ([`rlark_observe::metrics_endpoint`]).
@@ -41,7 +41,6 @@ pub mod fuzzing;
 pub mod join;
 // `::kube` is the kube-rs crate; `kube` (this module) the Kubernetes runtime's core.
 pub mod kubernetes;
-pub mod member;
 pub mod node;
 pub mod ports;
 pub mod robot_actions;
@@ -132,7 +131,7 @@ pub enum AgentError {
     #[error("agent type {0} is not run by this agent (use Raw, Docker or Kubernetes)")]
     UnsupportedAgentType(String),
     #[error("the member cluster of this Kubernetes agent: {0}")]
-    Member(#[from] member::MemberError),
+    Member(#[from] kubernetes::member::MemberError),
     #[error("agent part {part} failed: {reason}")]
     Crashed { part: &'static str, reason: String },
 }
@@ -265,7 +264,9 @@ async fn start_with(
     // A Kubernetes agent checks its member cluster before anything else touches the
     // network (a member API that does not answer stops it here, naming it).
     let member_client = match config.agent_type {
-        rlark_api::types::AgentType::Kubernetes => Some(member::connect(&config.member).await?),
+        rlark_api::types::AgentType::Kubernetes => {
+            Some(kubernetes::member::connect(&config.member).await?)
+        }
         _ => None,
     };
 
@@ -287,7 +288,7 @@ async fn start_with(
 
     // Metrics.
     let mut metrics = Metrics::new();
-    let member_metrics = member::MemberMetrics::register(&mut metrics.registry);
+    let member_metrics = kubernetes::member::MemberMetrics::register(&mut metrics.registry);
     let metrics_listener = match config.metrics_listen {
         Some(addr) => Some(
             MetricsListener::bind(addr)
@@ -394,15 +395,15 @@ async fn start_with(
     }
     if let Some(member_client) = &member_client {
         // Logs of the Pods the runtime mirrors come from the member cluster.
-        local_api.set_member(member::logs::MemberPods::new(
+        local_api.set_member(kubernetes::member::logs::MemberPods::new(
             client.clone(),
             member_client.client.clone(),
         ));
         // The member's Nodes become this cluster's rlark Nodes: placement sees them.
-        let mirror = member::nodes::NodeMirror::new(
+        let mirror = kubernetes::member::nodes::NodeMirror::new(
             member_client.client.clone(),
             client.clone(),
-            member::nodes::MirrorConfig {
+            kubernetes::member::nodes::MirrorConfig {
                 cluster_id: config.cluster_id.clone(),
                 category: config.node_category,
                 labels: config.labels.clone(),
@@ -410,7 +411,7 @@ async fn start_with(
                 agent_node: Some(node_name.clone()),
             },
         )
-        .with_counters(member::nodes::MirrorCounters::register(
+        .with_counters(kubernetes::member::nodes::MirrorCounters::register(
             &mut metrics.registry,
         ));
         parts.push(("node mirror", tokio::spawn(mirror.run(shutdown.clone()))));
@@ -479,7 +480,7 @@ async fn start_with(
     };
     let tasks = match member_client {
         Some(member_client) => {
-            let run = member::MemberRun {
+            let run = kubernetes::member::MemberRun {
                 control: client.clone(),
                 member: member_client,
                 cluster_id: config.cluster_id.clone(),
@@ -490,9 +491,11 @@ async fn start_with(
                 metrics: member_metrics,
             };
             let shutdown = shutdown.clone();
-            tokio::spawn(
-                async move { member::run(run, shutdown).await.map_err(AgentError::Member) },
-            )
+            tokio::spawn(async move {
+                kubernetes::member::run(run, shutdown)
+                    .await
+                    .map_err(AgentError::Member)
+            })
         }
         None => {
             let shutdown = shutdown.clone();

@@ -36,7 +36,7 @@ pub fn parse_duration(text: &str) -> Result<Duration, String> {
 mod tests {
     use super::*;
 
-    // Moved from crates/rlark/src/cli/controller_manager.rs (the flags' parser); the
+    // Moved from the CLI's controller_manager.rs (the flags' parser); the
     // embodied configuration's cases are in rlark-embodied's `load::tests::durations`.
     #[test]
     fn durations() {

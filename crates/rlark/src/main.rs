@@ -1,12 +1,11 @@
-//! `rlark`: the one binary. A thin shell over library calls: parse flags, set up logging,
-//! run the subcommand, map failures to exit codes (1 = failure, 2 = usage error).
+//! `rlark`: the one binary. A thin shell over the `rlark-cli` library: parse flags, set up
+//! logging, run the subcommand, map failures to exit codes (1 = failure, 2 = usage error).
+//! The binary's own parts are the memory allocator and the `rlark supervise` dispatch.
 // The zero-unwrap discipline as a rule: product code turns a failure into an error that
 // names what failed, never a panic (tests, built with cfg(test), may unwrap).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod allocator;
-mod bench;
-mod cli;
 
 use std::process::ExitCode;
 
@@ -29,12 +28,12 @@ fn main() -> ExitCode {
     let _ = rustls::crypto::ring::default_provider().install_default();
 
     // clap prints usage errors and exits with 2 (0 for --help/--version).
-    let args = cli::parse();
-    cli::init_tracing(&args);
+    let args = rlark_cli::parse();
+    rlark_cli::init_tracing(&args);
     tracing::debug!(allocator = allocator::name(), "memory allocator");
     // What `/version` of a server this process runs reports, and `rlark_build_info` on
     // every `/metrics` it serves.
-    let build = cli::version::build_info();
+    let build = rlark_cli::version::build_info();
     rlark_observe::process_metrics::set_build_info(rlark_observe::process_metrics::BuildInfo {
         version: env!("CARGO_PKG_VERSION").to_string(),
         commit: build.git_commit.clone(),
@@ -52,10 +51,10 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(cli::run(args)) {
+    match runtime.block_on(rlark_cli::run(args)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            if let Some(message) = cli::report(&error) {
+            if let Some(message) = rlark_cli::report(&error) {
                 eprintln!("{message}");
             }
             ExitCode::FAILURE

@@ -1,6 +1,6 @@
 //! The Kubernetes runtime's member nodes (docs/tasks.md, "Member nodes"): a simulated
 //! member cluster (`rlark_testkit::kubesim`), an rlark control plane with its controllers,
-//! an agent identity joined to it, and the node mirror (`rlark_agent::member::nodes`) run
+//! an agent identity joined to it, and the node mirror (`rlark_agent::kubernetes::member::nodes`) run
 //! with the agent's client. `rlark cordon` / `uncordon` are the real binary.
 
 use std::collections::BTreeMap;
@@ -12,7 +12,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{Namespace, Node as MemberNode, Pod};
 use kube::Api;
 use kube::api::{DeleteParams, Patch, PatchParams, PostParams};
-use rlark_agent::member::nodes::{
+use rlark_agent::kubernetes::member::nodes::{
     CORDONED_BY_RLARK_ANNOTATION, MirrorConfig, NodeMirror, REASON_MEMBER_NODE_NOT_READY,
     REASON_MEMBER_NODE_READY, REASON_MEMBER_NODE_UNSCHEDULABLE,
 };
@@ -372,10 +372,12 @@ async fn rlark_logs_of_a_mirrored_pod_read_the_member_api() -> Result<()> {
     .await?;
     let agent_client =
         rlark_testkit::client_from_kubeconfig(&agent.dir().join("agent.kubeconfig")).await?;
-    assert!(api.set_member(rlark_agent::member::logs::MemberPods::new(
-        agent_client,
-        member_client.clone()
-    )));
+    assert!(
+        api.set_member(rlark_agent::kubernetes::member::logs::MemberPods::new(
+            agent_client,
+            member_client.clone()
+        ))
+    );
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     if namespaces.get_opt(NS).await?.is_none() {
         namespaces
@@ -391,7 +393,7 @@ async fn rlark_logs_of_a_mirrored_pod_read_the_member_api() -> Result<()> {
         let pod = serde_json::from_value(json!({
             "apiVersion": "rlinf.io/v1alpha1", "kind": "Pod",
             "metadata": {"name": name, "annotations": {
-                rlark_agent::member::logs::MEMBER_POD_ANNOTATION: target}},
+                rlark_agent::kubernetes::member::logs::MEMBER_POD_ANNOTATION: target}},
             "spec": {"taskName": "actor", "taskNamespace": NS, "replicaIndex": 0},
         }))?;
         rlark_pods.create(&PostParams::default(), &pod).await?;

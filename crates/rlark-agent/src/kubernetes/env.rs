@@ -93,19 +93,7 @@ fn field(name: &str, path: &str) -> EnvVar {
     }
 }
 
-/// The Job a Task belongs to: its `rlinf.io/job` label, else its Job owner, else empty.
-pub fn task_job(task: &Task) -> String {
-    task.labels()
-        .get(labels::JOB)
-        .cloned()
-        .or_else(|| {
-            task.owner_references()
-                .iter()
-                .find(|o| o.kind == "Job")
-                .map(|o| o.name.clone())
-        })
-        .unwrap_or_default()
-}
+pub use crate::tasks::task_job;
 
 /// The contract's entries for the Pods of `task` (in this order; see the module docs):
 /// `RLARK_SERVER`, `RLARK_CLUSTER_ID`, `RLARK_NODE_NAME`, `RLARK_NAMESPACE`, `RLARK_JOB`,

@@ -1,9 +1,12 @@
-//! The Kubernetes runtime's pure core (docs/tasks.md, "Kubernetes runtime"): how a Task
-//! becomes objects on a member cluster, and how their status becomes the Task's.
+//! The Kubernetes runtime (`rlark agent --agent-type Kubernetes`, docs/tasks.md
+//! "Kubernetes runtime"), in one module tree: a pure core (the modules below but
+//! [`member`]) that says how a Task becomes objects on a member cluster and how their
+//! status becomes the Task's, and [`member`], the IO around it (the member client, the
+//! reconciler, Pod and Node mirroring, logs and exec through the member API).
 //!
-//! No IO, no clock reads, no client: functions over `k8s-openapi` types and JSON. The
-//! runtime that talks to the member cluster ([`crate::member`], `rlark agent --agent-type
-//! Kubernetes`) calls them.
+//! The core has no IO, no clock reads and no client: functions over `k8s-openapi` types
+//! and JSON. Only [`member`] talks to the member cluster; the core must not use it, and
+//! the raw and docker runtimes use neither.
 //!
 //! - [`names`]: derived object names and label values (DNS-1123, shortened with a hash);
 //! - [`env`]: the environment contract as container `env` entries;
@@ -19,6 +22,7 @@
 
 pub mod env;
 pub mod errors;
+pub mod member;
 pub mod names;
 pub mod pulls;
 pub mod ratelimit;

@@ -9,7 +9,7 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 /// Default of `--max-creates-per-minute` (agent-lightning's).
-pub const DEFAULT_MAX_CREATES_PER_MINUTE: u32 = 100;
+pub use crate::config::DEFAULT_MAX_CREATES_PER_MINUTE;
 /// The window.
 pub const WINDOW: Duration = Duration::from_secs(60);
 

@@ -54,7 +54,7 @@ pub fn replica_env(task: &Task, index: usize, ctx: &TaskContext) -> Vec<(String,
             .flat_map(|raw| raw.environment.iter())
             .map(|v| (v.name.clone(), v.value.clone())),
     );
-    let job = crate::kubernetes::env::task_job(task);
+    let job = task_job(task);
     let annotations = task.annotations();
     let number = |key: &str| annotations.get(key).and_then(|v| v.parse::<u64>().ok());
     let rank_start = number(labels::RAY_NODE_RANK_START).unwrap_or(0);
@@ -98,6 +98,20 @@ pub fn replica_env(task: &Task, index: usize, ctx: &TaskContext) -> Vec<(String,
     env.retain(|(key, _)| !OPTIONAL_CONTRACT.contains(&key.as_str()));
     env.extend(contract.into_iter().map(|(k, v)| (k.to_string(), v)));
     env
+}
+
+/// The Job a Task belongs to: its `rlinf.io/job` label, else its Job owner, else empty.
+pub fn task_job(task: &Task) -> String {
+    task.labels()
+        .get(labels::JOB)
+        .cloned()
+        .or_else(|| {
+            task.owner_references()
+                .iter()
+                .find(|o| o.kind == "Job")
+                .map(|o| o.name.clone())
+        })
+        .unwrap_or_default()
 }
 
 #[cfg(test)]

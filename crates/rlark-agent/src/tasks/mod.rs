@@ -111,6 +111,7 @@
 //! has a state file.
 
 mod env;
+pub use env::task_job;
 pub mod isolation;
 mod pods;
 mod prune;

@@ -69,7 +69,7 @@ impl Worker {
             None => Vec::new(),
         };
         let replica_dir = self.replica_dir();
-        let job = crate::kubernetes::env::task_job(&self.task);
+        let job = crate::tasks::task_job(&self.task);
         let request = crate::tasks::isolation::Request {
             namespace: &self.shared.namespace,
             pod: &self.pod,

@@ -97,7 +97,7 @@ pub(crate) struct AgentArgs {
     pub member_kubeconfig: Option<PathBuf>,
     /// Namespace of the member cluster the workloads of a Kubernetes agent go to (created
     /// when missing).
-    #[arg(long, value_name = "NS", default_value = rlark_agent::member::DEFAULT_MEMBER_NAMESPACE)]
+    #[arg(long, value_name = "NS", default_value = rlark_agent::kubernetes::member::DEFAULT_MEMBER_NAMESPACE)]
     pub member_namespace: String,
     /// Most workload creations a Kubernetes agent makes in any 60 s window; more Tasks
     /// wait (they never fail for it). Must be at least 1.
@@ -295,7 +295,8 @@ impl AgentArgs {
         }
         config.embodied_socket_dir = self.embodied_socket_dir;
         config.isolation = self.isolation.config();
-        if !is_kubernetes && self.member_namespace != rlark_agent::member::DEFAULT_MEMBER_NAMESPACE
+        if !is_kubernetes
+            && self.member_namespace != rlark_agent::kubernetes::member::DEFAULT_MEMBER_NAMESPACE
         {
             bail!("--member-namespace is for --agent-type Kubernetes");
         }

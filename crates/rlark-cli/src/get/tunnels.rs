@@ -6,7 +6,7 @@ use serde_json::Value;
 
 use super::GetArgs;
 use super::format::{OutputFormat, print_document};
-use crate::cli::client::{Session, format_status};
+use crate::client::{Session, format_status};
 
 /// The tunnels (all, or those of the agents `names`) in the format of `args`.
 pub(crate) async fn print(

@@ -881,7 +881,7 @@ mod tests {
 
     #[test]
     fn security_commands_parse() {
-        use crate::cli::{Cli, Command};
+        use crate::{Cli, Command};
         use clap::Parser as _;
 
         let cli = Cli::try_parse_from([
@@ -965,7 +965,7 @@ mod tests {
 
     #[test]
     fn join_commands_are_ones_the_cli_and_the_chart_accept() {
-        use crate::cli::{Cli, Command};
+        use crate::{Cli, Command};
         use clap::Parser as _;
         let hash = format!("sha256:{}", "ab".repeat(32));
         let c = join_commands("https://cp.example:8443", "abc.def", &hash, "gpu-a");

@@ -1,7 +1,19 @@
-//! Command-line interface: flags, logging setup, dispatch and error reporting.
+//! The `rlark` command line as a library: flags ([`parse`], [`command`]), logging setup
+//! ([`init_tracing`]), dispatch ([`run`]) and error reporting ([`report`]). The `rlark`
+//! binary is a thin `main` over these (plus the replica supervisor and the memory
+//! allocator, which are the binary's); tests and other programs call them in-process.
+//!
+//! It owns the subcommands' flags, their client-side logic (kubeconfig and discovery,
+//! table and `-o` output, apply/get/describe/logs/exec, the `up` and demo set-up) and the
+//! `rlark bench` forwarder to the rlark-bench binary. It must not depend on the test kit,
+//! the simulator or the benches (`scripts/test.sh` checks the `rlark` binary's tree).
+// The zero-unwrap discipline as a rule: product code turns a failure into an error that
+// names what failed, never a panic (tests, built with cfg(test), may unwrap).
+#![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
 mod agent;
 mod apply;
+mod bench;
 mod camera;
 mod client;
 mod completion;
@@ -34,18 +46,24 @@ mod server;
 mod ssh;
 mod store;
 mod table;
-pub(crate) mod version;
+pub mod version;
 
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-pub(crate) use client::report;
+pub use client::report;
+pub use examples::command;
 
 /// rlark: cross-cluster control plane for embodied-AI reinforcement learning.
 #[derive(Debug, Parser)]
-#[command(name = "rlark", version, about, propagate_version = true)]
-pub(crate) struct Cli {
+#[command(
+    name = "rlark",
+    version,
+    about = "rlark: cross-cluster control plane for embodied-AI reinforcement learning",
+    propagate_version = true
+)]
+pub struct Cli {
     #[command(flatten)]
     global: GlobalArgs,
 
@@ -165,7 +183,7 @@ enum Command {
 
 /// The command line parsed against the CLI's definition with its examples
 /// ([`examples::command`]); usage errors exit as clap's do (2, or 0 for `--help`).
-pub(crate) fn parse() -> Cli {
+pub fn parse() -> Cli {
     use clap::FromArgMatches as _;
     let matches = examples::command().get_matches();
     Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
@@ -218,7 +236,7 @@ impl GlobalArgs {
 }
 
 /// Set up `tracing` on stderr: `RUST_LOG` filter, text or JSON lines.
-pub(crate) fn init_tracing(cli: &Cli) {
+pub fn init_tracing(cli: &Cli) {
     let default_level = match cli.command {
         Command::Server(_) | Command::Up(_) | Command::ControllerManager(_) | Command::Agent(_) => {
             "info"
@@ -245,7 +263,7 @@ pub(crate) fn init_tracing(cli: &Cli) {
 }
 
 /// Run the parsed command.
-pub(crate) async fn run(cli: Cli) -> anyhow::Result<()> {
+pub async fn run(cli: Cli) -> anyhow::Result<()> {
     let client = cli.global.client();
     match cli.command {
         Command::Server(args) => server::server(args).await,

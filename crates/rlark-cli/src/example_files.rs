@@ -13,18 +13,15 @@ pub(crate) const DIR: &str = "examples";
 /// `(file name, content)` of every example, as `rlark apply -f DIR/` reads them (in name
 /// order).
 pub(crate) const FILES: &[(&str, &str)] = &[
-    (
-        "domain.yaml",
-        include_str!("../../../../examples/domain.yaml"),
-    ),
-    ("job.yaml", include_str!("../../../../examples/job.yaml")),
+    ("domain.yaml", include_str!("../../../examples/domain.yaml")),
+    ("job.yaml", include_str!("../../../examples/job.yaml")),
     (
         "long-running.yaml",
-        include_str!("../../../../examples/long-running.yaml"),
+        include_str!("../../../examples/long-running.yaml"),
     ),
     (
         "workflow.yaml",
-        include_str!("../../../../examples/workflow.yaml"),
+        include_str!("../../../examples/workflow.yaml"),
     ),
 ];
 

@@ -8,8 +8,8 @@ use serde_json::{Value, json};
 use super::format::{ObjectPrinter, OutputFormat, print_document, write_stdout};
 use super::query::Query;
 use super::{GetArgs, list_params};
-use crate::cli::client::{Reported, Session, format_status};
-use crate::cli::discovery::ResourceInfo;
+use crate::client::{Reported, Session, format_status};
+use crate::discovery::ResourceInfo;
 
 /// Print the objects of `queries` in `format`; `Reported` when a named one was missing.
 pub(crate) async fn print(

@@ -5,7 +5,7 @@ use std::io::Write as _;
 use anyhow::Context as _;
 use serde_json::Value;
 
-use crate::cli::output::{CustomColumns, Template};
+use crate::output::{CustomColumns, Template};
 
 #[derive(Clone, Debug)]
 pub(crate) enum OutputFormat {

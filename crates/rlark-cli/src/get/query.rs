@@ -1,9 +1,9 @@
 //! What one kind of a `rlark get` command line reads: the collection, or the named objects
 //! found in their namespaces.
 
-use crate::cli::client::Session;
-use crate::cli::discovery::ResourceInfo;
-use crate::cli::names;
+use crate::client::Session;
+use crate::discovery::ResourceInfo;
+use crate::names;
 
 /// One kind to read: its collection (`namespace` `None` = all namespaces), or the named
 /// objects, each with the collection path of its namespace.
@@ -44,7 +44,7 @@ impl<'a> Query<'a> {
             match names::locate(&session.client, info, name, None).await {
                 Ok(ns) => targets.push((name.clone(), info.collection_path(Some(&ns)))),
                 Err(error) => {
-                    if let Some(message) = crate::cli::client::report(&error) {
+                    if let Some(message) = crate::client::report(&error) {
                         eprintln!("{message}");
                     }
                     *errors += 1;

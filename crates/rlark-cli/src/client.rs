@@ -216,7 +216,7 @@ pub(crate) fn is_not_found(error: &kube::Error) -> bool {
 }
 
 /// What `main` prints for a failed command; `None` when it was printed already.
-pub(crate) fn report(error: &anyhow::Error) -> Option<String> {
+pub fn report(error: &anyhow::Error) -> Option<String> {
     if error.downcast_ref::<Reported>().is_some() {
         return None;
     }

@@ -1,5 +1,5 @@
 //! The Kubernetes runtime (`rlark agent --agent-type Kubernetes`, docs/tasks.md
-//! "Kubernetes runtime"): the IO around the pure core [`crate::kubernetes`]. The agent
+//! "Kubernetes runtime"): the IO around the pure core, its parent [`crate::kubernetes`]. The agent
 //! runs the Tasks placed on its cluster as workloads of a member Kubernetes cluster and
 //! mirrors their Pods as rlark Pods, so the control plane's controllers compute the Task
 //! and Job phases as they do for raw replicas.

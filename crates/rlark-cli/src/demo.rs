@@ -30,7 +30,7 @@ use super::table::align;
 /// The demo's manifests, embedded so that `rlark up --demo` works from any directory.
 const DEMO_MANIFESTS: [(&str, &str); 1] = [(
     "examples/demo/workflow.yaml",
-    include_str!("../../../../examples/demo/workflow.yaml"),
+    include_str!("../../../examples/demo/workflow.yaml"),
 )];
 
 /// The Python the demo's tasks import, embedded so that they run on a machine where none of
@@ -42,95 +42,93 @@ const DEMO_MANIFESTS: [(&str, &str); 1] = [(
 const PYTHON_PACKAGES: [(&str, &str); 23] = [
     (
         "rlark/__init__.py",
-        include_str!("../../../../sdk/python/rlark/src/rlark/__init__.py"),
+        include_str!("../../../sdk/python/rlark/src/rlark/__init__.py"),
     ),
     (
         "rlark/_reporter.py",
-        include_str!("../../../../sdk/python/rlark/src/rlark/_reporter.py"),
+        include_str!("../../../sdk/python/rlark/src/rlark/_reporter.py"),
     ),
     (
         "rlark/_task.py",
-        include_str!("../../../../sdk/python/rlark/src/rlark/_task.py"),
+        include_str!("../../../sdk/python/rlark/src/rlark/_task.py"),
     ),
     ("rlark/py.typed", ""),
     (
         "rlark_embodied/__init__.py",
-        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/__init__.py"),
+        include_str!("../../../sdk/python/rlark-embodied/src/rlark_embodied/__init__.py"),
     ),
     (
         "rlark_embodied/_enum.py",
-        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/_enum.py"),
+        include_str!("../../../sdk/python/rlark-embodied/src/rlark_embodied/_enum.py"),
     ),
     (
         "rlark_embodied/_transport.py",
-        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/_transport.py"),
+        include_str!("../../../sdk/python/rlark-embodied/src/rlark_embodied/_transport.py"),
     ),
     (
         "rlark_embodied/camera.py",
-        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/camera.py"),
+        include_str!("../../../sdk/python/rlark-embodied/src/rlark_embodied/camera.py"),
     ),
     (
         "rlark_embodied/errors.py",
-        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/errors.py"),
+        include_str!("../../../sdk/python/rlark-embodied/src/rlark_embodied/errors.py"),
     ),
     (
         "rlark_embodied/frame.py",
-        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/frame.py"),
+        include_str!("../../../sdk/python/rlark-embodied/src/rlark_embodied/frame.py"),
     ),
     ("rlark_embodied/py.typed", ""),
     (
         "rlark_embodied/robot.py",
-        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/robot.py"),
+        include_str!("../../../sdk/python/rlark-embodied/src/rlark_embodied/robot.py"),
     ),
     (
         "rlark_embodied/_gen/__init__.py",
-        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/__init__.py"),
+        include_str!("../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/__init__.py"),
     ),
     (
         "rlark_embodied/_gen/camera_pb2.py",
-        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/camera_pb2.py"),
+        include_str!("../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/camera_pb2.py"),
     ),
     (
         "rlark_embodied/_gen/camera_pb2.pyi",
-        include_str!(
-            "../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/camera_pb2.pyi"
-        ),
+        include_str!("../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/camera_pb2.pyi"),
     ),
     (
         "rlark_embodied/_gen/camera_pb2_grpc.py",
         include_str!(
-            "../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/camera_pb2_grpc.py"
+            "../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/camera_pb2_grpc.py"
         ),
     ),
     (
         "rlark_embodied/_gen/robot_pb2.py",
-        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/robot_pb2.py"),
+        include_str!("../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/robot_pb2.py"),
     ),
     (
         "rlark_embodied/_gen/robot_pb2.pyi",
-        include_str!("../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/robot_pb2.pyi"),
+        include_str!("../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/robot_pb2.pyi"),
     ),
     (
         "rlark_embodied/_gen/robot_pb2_grpc.py",
         include_str!(
-            "../../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/robot_pb2_grpc.py"
+            "../../../sdk/python/rlark-embodied/src/rlark_embodied/_gen/robot_pb2_grpc.py"
         ),
     ),
     (
         "rlark_demo/__init__.py",
-        include_str!("../../../../examples/demo/rlark_demo/__init__.py"),
+        include_str!("../../../examples/demo/rlark_demo/__init__.py"),
     ),
     (
         "rlark_demo/cem.py",
-        include_str!("../../../../examples/demo/rlark_demo/cem.py"),
+        include_str!("../../../examples/demo/rlark_demo/cem.py"),
     ),
     (
         "rlark_demo/learner.py",
-        include_str!("../../../../examples/demo/rlark_demo/learner.py"),
+        include_str!("../../../examples/demo/rlark_demo/learner.py"),
     ),
     (
         "rlark_demo/rollout.py",
-        include_str!("../../../../examples/demo/rlark_demo/rollout.py"),
+        include_str!("../../../examples/demo/rlark_demo/rollout.py"),
     ),
 ];
 

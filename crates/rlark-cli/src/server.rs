@@ -405,7 +405,7 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
 
 /// The embodied runtime `rlark up` runs for its edge agent: simulated arms and cameras
 /// (`examples/demo/embodied.yaml`, built in), served in this process.
-const UP_EMBODIED_CONFIG: &str = include_str!("../../../../examples/demo/embodied.yaml");
+const UP_EMBODIED_CONFIG: &str = include_str!("../../../examples/demo/embodied.yaml");
 /// The local cluster whose agent offers those devices.
 const UP_DEVICES_CLUSTER: &str = "edge";
 

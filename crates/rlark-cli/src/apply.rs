@@ -287,7 +287,7 @@ async fn create(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::discovery::tests::catalog;
+    use crate::discovery::tests::catalog;
 
     fn manifest(yaml: &str) -> Manifest {
         manifest::parse_documents(yaml, "m.yaml")

@@ -13,8 +13,8 @@ use serde_json::{Value, json};
 use super::format::{ObjectPrinter, OutputFormat, write_stdout};
 use super::query::Query;
 use super::{GetArgs, objects, tables};
-use crate::cli::client::{Reported, Session, format_status};
-use crate::cli::table::{self, TABLE_ACCEPT, TableOptions};
+use crate::client::{Reported, Session, format_status};
+use crate::table::{self, TABLE_ACCEPT, TableOptions};
 
 /// Follow `query` (one kind; the collection or one named object) in the format of `args`.
 pub(crate) async fn run(

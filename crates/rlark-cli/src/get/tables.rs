@@ -8,8 +8,8 @@ use serde_json::Value;
 
 use super::query::Query;
 use super::{GetArgs, OutputFormat};
-use crate::cli::client::{Reported, Session, format_status};
-use crate::cli::table::{self, TABLE_ACCEPT, TableOptions};
+use crate::client::{Reported, Session, format_status};
+use crate::table::{self, TABLE_ACCEPT, TableOptions};
 
 /// Print the table of every query; `Reported` when some named object was missing.
 pub(crate) async fn print(

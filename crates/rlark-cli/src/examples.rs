@@ -464,7 +464,7 @@ fn section(lines: &[&str]) -> String {
 /// The CLI's definition with the examples of [`EXAMPLES`] as every command's
 /// `after_help`. What `rlark` parses with, and what completion, man pages and
 /// `docs/cli.md` are generated from.
-pub(crate) fn command() -> clap::Command {
+pub fn command() -> clap::Command {
     attach(Cli::command(), "")
 }
 

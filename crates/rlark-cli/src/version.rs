@@ -28,7 +28,7 @@ enum Format {
 }
 
 /// What this build knows of itself (from `build.rs`).
-pub(crate) fn build_info() -> rlark_server::BuildInfo {
+pub fn build_info() -> rlark_server::BuildInfo {
     rlark_server::BuildInfo {
         git_commit: env!("RLARK_BUILD_GIT_COMMIT").to_string(),
         build_date: build_date(env!("RLARK_BUILD_EPOCH")),

@@ -431,7 +431,7 @@ pub(crate) fn indent(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::cli::discovery::tests::catalog;
+    use crate::discovery::tests::catalog;
     use serde_json::json;
 
     fn at(s: &str) -> DateTime<Utc> {

@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::{indent, text};
-use crate::cli::table::align;
+use crate::table::align;
 
 /// Width of the `Label:` column (as in [`super`]).
 const LABEL_WIDTH: usize = 15;
@@ -169,8 +169,8 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::cli::describe::render_with;
-    use crate::cli::discovery::tests::catalog;
+    use crate::describe::render_with;
+    use crate::discovery::tests::catalog;
 
     fn domain() -> Value {
         json!({

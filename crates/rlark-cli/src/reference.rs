@@ -10,7 +10,7 @@ pub(crate) fn render() -> String {
     command.build();
     let mut out = String::from(
         "# rlark command reference\n\n\
-         Generated from the CLI's definition (`crates/rlark/src/cli/reference.rs`; a test fails \
+         Generated from the CLI's definition (`crates/rlark-cli/src/reference.rs`; a test fails \
          when this file drifts). `rlark COMMAND --help` prints the same text.\n\n\
          Flags marked *global* are accepted anywhere on the command line, before or after \
          the subcommand, as kubectl's.\n",
@@ -170,7 +170,7 @@ mod tests {
                 check(sub, &sub_path, seen);
             }
         }
-        let mut command = crate::cli::examples::command();
+        let mut command = crate::examples::command();
         command.build();
         let mut seen = 0;
         check(&mut command, "rlark", &mut seen);
