@@ -18,7 +18,7 @@
 //! - every error the controller's stream yields, logged at debug (`reconcile failed`).
 //!
 //! The logs keep each controller's field (`job = %name`, `task = %namespace/name`) and
-//! target (its module): [`policy_log!`] writes a controller's [`Reconciler::log`].
+//! target (its module): `policy_log!` writes a controller's [`Reconciler::log`].
 //!
 //! The Node controller is a periodic check, not a kube-runtime controller: it only shares
 //! the reconcile metrics ([`Metrics::measure`]).
@@ -80,7 +80,7 @@ pub trait Reconciler: Send + Sync + Sized + 'static {
     ) -> impl Future<Output = Result<Action, Error>> + Send + 'static;
 
     /// Write `log` in the controller's module, with its field: implement it with
-    /// [`policy_log!`].
+    /// `policy_log!`.
     fn log(log: Log<'_>);
 }
 
