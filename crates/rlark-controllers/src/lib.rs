@@ -11,6 +11,8 @@
 //!   DomainPeer of each agent namespace holding a member.
 //! - [`events`]: Kubernetes-style Events recorded for every transition and decision.
 //! - [`leader`]: leader election on a `coordination.k8s.io/v1` Lease.
+//! - [`runner`]: the reconcile loop, metrics and error policy the kube-runtime controllers
+//!   share.
 //! - [`manager`]: runs all of them until shutdown.
 // The zero-unwrap discipline as a rule: product code turns a failure into an error that
 // names what failed, never a panic (tests, built with cfg(test), may unwrap).
@@ -24,6 +26,7 @@ pub mod job;
 pub mod leader;
 pub mod manager;
 pub mod node;
+pub mod runner;
 pub mod scheduler;
 pub mod task;
 pub mod workflow;

@@ -184,17 +184,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
             _ = interval.tick() => {}
         }
         let span = tracing::info_span!("reconcile", controller = CONTROLLER);
-        #[allow(
-            clippy::disallowed_methods,
-            clippy::disallowed_types,
-            reason = "a check's duration is wall-clock work, also while tokio's clock is paused"
-        )]
-        let started = std::time::Instant::now();
-        let result = check(&ctx, &mut memory, Timestamp::now())
-            .instrument(span)
-            .await;
-        ctx.metrics
-            .observe(CONTROLLER, result.is_ok(), started.elapsed());
+        let pass = check(&ctx, &mut memory, Timestamp::now()).instrument(span);
+        let result = ctx.metrics.measure(CONTROLLER, pass).await;
         if let Err(error) = result {
             tracing::warn!(controller = CONTROLLER, %error, "node check failed; retrying next interval");
         }

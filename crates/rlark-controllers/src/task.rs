@@ -32,7 +32,6 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, ObjectMeta, Time};
@@ -47,11 +46,11 @@ use rlark_api::labels;
 use rlark_api::types::{Pod, PodPhase, PullProgress, Task, TaskPhase, TaskSpec, TaskStatus};
 use serde_json::{Map, Value, json};
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument as _;
 
-use crate::context::{Context, ErrorBackoff};
+use crate::context::Context;
 use crate::error::Error;
 use crate::events::{EventType, Recorder};
+use crate::runner::{self, Reconciler};
 
 /// Name of this controller in metrics and logs.
 pub const CONTROLLER: &str = "task";
@@ -77,7 +76,6 @@ struct TaskContext {
     pods: Store<Pod>,
     /// True once the Pod cache holds the initial list.
     pods_ready: tokio::sync::watch::Receiver<bool>,
-    backoff: ErrorBackoff,
 }
 
 /// Run the Task controller until `shutdown` is cancelled. Watches all Tasks and all Pods
@@ -105,22 +103,15 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
             };
             futures::future::ready(object)
         });
+    let metrics = Arc::clone(&ctx.metrics);
     let state = Arc::new(TaskContext {
         ctx,
         pods: reader,
         pods_ready: ready_rx,
-        backoff: ErrorBackoff::default(),
     });
-    Controller::new(tasks, watcher::Config::default())
-        .watches_stream(pod_events, |pod: Pod| task_of_pod(&pod))
-        .graceful_shutdown_on(shutdown.cancelled_owned())
-        .run(reconcile, error_policy, state)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(controller = CONTROLLER, %error, "reconcile failed");
-            }
-        })
-        .await;
+    let controller = Controller::new(tasks, watcher::Config::default())
+        .watches_stream(pod_events, |pod: Pod| task_of_pod(&pod));
+    runner::run(controller, state, metrics, shutdown).await;
 }
 
 /// The Task a Pod reports for: `spec.taskNamespace`/`spec.taskName`, else the
@@ -142,35 +133,30 @@ pub fn task_of_pod(pod: &Pod) -> Option<ObjectRef<Task>> {
     Some(ObjectRef::new(&name).within(&namespace))
 }
 
-async fn reconcile(task: Arc<Task>, state: Arc<TaskContext>) -> Result<Action, Error> {
-    let span = tracing::info_span!(
-        "reconcile",
-        controller = CONTROLLER,
-        namespace = task.namespace().unwrap_or_default(),
-        name = %task.name_any(),
-    );
-    let key = object_key(&task);
-    let result = state
-        .ctx
-        .metrics
-        .measure(CONTROLLER, reconcile_task(&task, &state).instrument(span))
-        .await;
-    if result.is_ok() {
-        state.backoff.reset(&key);
-    }
-    result
-}
+impl Reconciler for TaskContext {
+    type Object = Task;
+    const CONTROLLER: &'static str = CONTROLLER;
+    // Someone wrote the Task meanwhile: retry soon on fresh data.
+    const CONFLICT_MESSAGE: &'static str = "status write conflicted; retrying";
 
-fn error_policy(task: Arc<Task>, error: &Error, state: Arc<TaskContext>) -> Action {
-    let key = object_key(&task);
-    if error.is_conflict() {
-        // Someone wrote the Task meanwhile: retry soon on fresh data.
-        tracing::debug!(task = %key, "status write conflicted; retrying");
-        return Action::requeue(Duration::from_millis(100));
+    fn key(task: &Task) -> String {
+        object_key(task)
     }
-    let delay = state.backoff.next(&key);
-    tracing::warn!(task = %key, %error, retry_in_ms = delay.as_millis() as u64, "task reconcile failed");
-    Action::requeue(delay)
+
+    fn span(task: &Task) -> tracing::Span {
+        tracing::info_span!(
+            "reconcile",
+            controller = CONTROLLER,
+            namespace = task.namespace().unwrap_or_default(),
+            name = %task.name_any(),
+        )
+    }
+
+    async fn reconcile(self: Arc<Self>, task: Arc<Task>) -> Result<Action, Error> {
+        reconcile_task(&task, &self).await
+    }
+
+    runner::policy_log!(task);
 }
 
 fn object_key(task: &Task) -> String {

@@ -33,7 +33,6 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt as _;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::runtime::controller::{Action, Controller};
@@ -46,12 +45,12 @@ use rlark_api::types::{
 };
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument as _;
 
-use crate::context::{Context, ErrorBackoff};
+use crate::context::Context;
 use crate::error::Error;
 use crate::events::{EventType, Recorder};
 use crate::job::{condition, controlled_by, set_condition, status_patch, update_condition};
+use crate::runner::{self, Reconciler};
 
 /// Name of this controller in metrics and logs.
 pub const CONTROLLER: &str = "workflow";
@@ -406,7 +405,6 @@ pub fn observe(workflow: &Workflow, jobs: &[Job]) -> WorkflowObservation {
 
 struct WorkflowState {
     ctx: Arc<Context>,
-    backoff: ErrorBackoff,
 }
 
 /// Run the Workflow controller until `shutdown` is cancelled (in-flight reconciles
@@ -414,48 +412,31 @@ struct WorkflowState {
 pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
     let workflows: Api<Workflow> = Api::all(ctx.client.clone());
     let jobs: Api<Job> = Api::all(ctx.client.clone());
-    let state = Arc::new(WorkflowState {
-        ctx,
-        backoff: ErrorBackoff::default(),
-    });
-    Controller::new(workflows, watcher::Config::default())
-        .owns(jobs, watcher::Config::default())
-        .graceful_shutdown_on(shutdown.cancelled_owned())
-        .run(reconcile, error_policy, state)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(controller = CONTROLLER, %error, "reconcile failed");
-            }
-        })
-        .await;
+    let metrics = Arc::clone(&ctx.metrics);
+    let controller = Controller::new(workflows, watcher::Config::default())
+        .owns(jobs, watcher::Config::default());
+    runner::run(
+        controller,
+        Arc::new(WorkflowState { ctx }),
+        metrics,
+        shutdown,
+    )
+    .await;
 }
 
-async fn reconcile(workflow: Arc<Workflow>, state: Arc<WorkflowState>) -> Result<Action, Error> {
-    let name = workflow.name_any();
-    let span = tracing::info_span!("reconcile", controller = CONTROLLER, name = %name);
-    let result = state
-        .ctx
-        .metrics
-        .measure(
-            CONTROLLER,
-            reconcile_workflow(&name, &state).instrument(span),
-        )
-        .await;
-    if result.is_ok() {
-        state.backoff.reset(&name);
-    }
-    result
-}
+impl Reconciler for WorkflowState {
+    type Object = Workflow;
+    const CONTROLLER: &'static str = CONTROLLER;
 
-fn error_policy(workflow: Arc<Workflow>, error: &Error, state: Arc<WorkflowState>) -> Action {
-    let name = workflow.name_any();
-    if error.is_conflict() {
-        tracing::debug!(workflow = %name, "write conflicted; retrying");
-        return Action::requeue(Duration::from_millis(100));
+    fn span(workflow: &Workflow) -> tracing::Span {
+        tracing::info_span!("reconcile", controller = CONTROLLER, name = %workflow.name_any())
     }
-    let delay = state.backoff.next(&name);
-    tracing::warn!(workflow = %name, %error, retry_in_ms = delay.as_millis() as u64, "workflow reconcile failed");
-    Action::requeue(delay)
+
+    async fn reconcile(self: Arc<Self>, workflow: Arc<Workflow>) -> Result<Action, Error> {
+        reconcile_workflow(&workflow.name_any(), &self).await
+    }
+
+    runner::policy_log!(workflow);
 }
 
 async fn reconcile_workflow(name: &str, state: &WorkflowState) -> Result<Action, Error> {

@@ -52,11 +52,11 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument as _;
 
-use crate::context::{Context, ErrorBackoff};
+use crate::context::Context;
 use crate::error::Error;
 use crate::events::{EventType, Recorder};
+use crate::runner::{self, Reconciler};
 use ipam::{Replica, ReplicaKey};
 
 /// Name of this controller in metrics and logs.
@@ -130,7 +130,6 @@ struct DomainState {
     nodes: Cache<Node>,
     peers: Cache<DomainPeer>,
     jobs: Cache<Job>,
-    backoff: ErrorBackoff,
     /// Last `NoDomainIP` message recorded per (domain, job): an Event only when it changes.
     warned: Mutex<HashMap<(String, String), String>>,
 }
@@ -183,7 +182,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         nodes,
         peers,
         jobs,
-        backoff: ErrorBackoff::default(),
         warned: Mutex::default(),
     });
     let (domain_store, domain_writer) = reflector::store::<Domain>();
@@ -208,7 +206,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
             })
         })
     };
-    Controller::for_stream(domain_events, domain_store)
+    let metrics = Arc::clone(&state.ctx.metrics);
+    let controller = Controller::for_stream(domain_events, domain_store)
         .watches_stream(task_events, |task: Task| {
             domain_of_task(&task).map(|d| ObjectRef::new(&d))
         })
@@ -230,15 +229,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         })
         .watches_stream(peer_events, |peer: DomainPeer| {
             Some(ObjectRef::new(&peer.spec.domain)).filter(|_| !peer.spec.domain.is_empty())
-        })
-        .graceful_shutdown_on(shutdown.cancelled_owned())
-        .run(reconcile, error_policy, state)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(controller = CONTROLLER, %error, "reconcile failed");
-            }
-        })
-        .await;
+        });
+    runner::run(controller, state, metrics, shutdown).await;
 }
 
 /// Drops the gauges of Domains that are gone, as the Domain watch says: reconciles never run
@@ -258,32 +250,19 @@ fn forget_deleted(
     }
 }
 
-async fn reconcile(domain: Arc<Domain>, state: Arc<DomainState>) -> Result<Action, Error> {
-    let name = domain.name_any();
-    let span = tracing::info_span!("reconcile", controller = CONTROLLER, domain = %name);
-    let result = state
-        .ctx
-        .metrics
-        .measure(
-            CONTROLLER,
-            reconcile_domain(&domain, &state).instrument(span),
-        )
-        .await;
-    if result.is_ok() {
-        state.backoff.reset(&name);
-    }
-    result
-}
+impl Reconciler for DomainState {
+    type Object = Domain;
+    const CONTROLLER: &'static str = CONTROLLER;
 
-fn error_policy(domain: Arc<Domain>, error: &Error, state: Arc<DomainState>) -> Action {
-    let name = domain.name_any();
-    if error.is_conflict() {
-        tracing::debug!(domain = %name, "write conflicted; retrying");
-        return Action::requeue(Duration::from_millis(100));
+    fn span(domain: &Domain) -> tracing::Span {
+        tracing::info_span!("reconcile", controller = CONTROLLER, domain = %domain.name_any())
     }
-    let delay = state.backoff.next(&name);
-    tracing::warn!(domain = %name, %error, retry_in_ms = delay.as_millis() as u64, "domain reconcile failed");
-    Action::requeue(delay)
+
+    async fn reconcile(self: Arc<Self>, domain: Arc<Domain>) -> Result<Action, Error> {
+        reconcile_domain(&domain, &self).await
+    }
+
+    runner::policy_log!(domain);
 }
 
 /// A member's Task, namespace and replica index, by allocation key.

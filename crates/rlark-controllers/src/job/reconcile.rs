@@ -20,11 +20,11 @@ use serde_json::json;
 // Expectation and assumption TTLs follow tokio's clock, which tests may pause and advance.
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument as _;
 
-use crate::context::{Context, ErrorBackoff};
+use crate::context::Context;
 use crate::error::Error;
 use crate::events::{EventType, Recorder};
+use crate::runner::{self, Reconciler};
 use crate::scheduler::{self, ClusterUsage, TaskUsage, Unschedulable};
 
 use super::build::{
@@ -46,7 +46,6 @@ pub(super) struct JobState {
     /// Serializes placement; guards the ledger.
     placement: tokio::sync::Mutex<Ledger>,
     namespaces: StdMutex<HashSet<String>>,
-    backoff: ErrorBackoff,
     /// The Jobs as watched (the controller's own cache).
     jobs: Store<Job>,
     /// The Tasks as watched (ready with `usage_ready`).
@@ -205,6 +204,7 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         .touched_objects()
         .predicate_filter(job_trigger, Default::default());
     let controller = Controller::for_stream(job_changes, job_cache.clone());
+    let metrics = Arc::clone(&ctx.metrics);
     let state = Arc::new(JobState {
         ctx,
         usage,
@@ -213,7 +213,6 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
         nodes_ready,
         placement: tokio::sync::Mutex::new(Ledger::default()),
         namespaces: StdMutex::default(),
-        backoff: ErrorBackoff::default(),
         jobs: job_cache.clone(),
         tasks: task_cache,
         expectations: StdMutex::default(),
@@ -282,14 +281,8 @@ pub async fn run(ctx: Arc<Context>, shutdown: CancellationToken) {
 
     let controller = controller
         .watches_stream(task_changes, task_mapper)
-        .watches(nodes, watcher::Config::default(), node_mapper)
-        .graceful_shutdown_on(shutdown.clone().cancelled_owned())
-        .run(reconcile, error_policy, state)
-        .for_each(|result| async move {
-            if let Err(error) = result {
-                tracing::debug!(controller = CONTROLLER, %error, "reconcile failed");
-            }
-        });
+        .watches(nodes, watcher::Config::default(), node_mapper);
+    let controller = runner::run(controller, state, metrics, shutdown);
     tokio::select! {
         () = controller => {}
         () = node_reflector => tracing::error!(controller = CONTROLLER, "node cache stopped"),
@@ -342,35 +335,22 @@ pub(crate) fn lock<T>(mutex: &StdMutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-async fn reconcile(job: Arc<Job>, state: Arc<JobState>) -> Result<Action, Error> {
-    let name = job.name_any();
-    let span = tracing::info_span!("reconcile", controller = CONTROLLER, name = %name);
-    let result = state
-        .ctx
-        .metrics
-        .measure(CONTROLLER, reconcile_job(&name, &state).instrument(span))
-        .await;
-    if result.is_ok() {
-        state.backoff.reset(&name);
-    }
-    result
-}
+impl Reconciler for JobState {
+    type Object = Job;
+    const CONTROLLER: &'static str = CONTROLLER;
+    // The Job (or a Task it was writing) deleted while the pass ran: the recheck sees the
+    // deletion and stops. Not worth a warning.
+    const RECHECK_VANISHED: bool = true;
 
-fn error_policy(job: Arc<Job>, error: &Error, state: Arc<JobState>) -> Action {
-    let name = job.name_any();
-    if error.is_conflict() {
-        tracing::debug!(job = %name, "write conflicted; retrying");
-        return Action::requeue(Duration::from_millis(100));
+    fn span(job: &Job) -> tracing::Span {
+        tracing::info_span!("reconcile", controller = CONTROLLER, name = %job.name_any())
     }
-    if error.is_not_found() {
-        // The Job (or a Task it was writing) was deleted while the reconcile ran; the
-        // recheck sees the deletion and stops. Not worth a warning.
-        tracing::debug!(job = %name, %error, "object vanished during reconcile; rechecking");
-        return Action::requeue(Duration::from_millis(500));
+
+    async fn reconcile(self: Arc<Self>, job: Arc<Job>) -> Result<Action, Error> {
+        reconcile_job(&job.name_any(), &self).await
     }
-    let delay = state.backoff.next(&name);
-    tracing::warn!(job = %name, %error, retry_in_ms = delay.as_millis() as u64, "job reconcile failed");
-    Action::requeue(delay)
+
+    runner::policy_log!(job);
 }
 
 async fn reconcile_job(name: &str, state: &JobState) -> Result<Action, Error> {
