@@ -64,7 +64,8 @@ fn verbs(t: &ResourceType) -> &'static [&'static str] {
 }
 
 /// Subresources besides status and scale, with their verbs: `log` and `exec` of core Pods
-/// (member simulation) and of the replica projection (answered outside this crate there).
+/// stored as objects (an extra kind with `log_subresource`) and of the replica projection
+/// (answered outside this crate there).
 fn pod_subresources(t: &ResourceType) -> Vec<(&'static str, &'static [&'static str])> {
     if t.log_subresource || t.projection.is_some() {
         vec![("log", &LOG_VERBS), ("exec", &EXEC_VERBS)]

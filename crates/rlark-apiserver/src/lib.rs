@@ -3,8 +3,11 @@
 //! Serves the `rlinf.io/v1alpha1` resources (defined by CRDs from `rlark-api`), core
 //! `v1/Namespace` and `coordination.k8s.io/v1/Lease` well enough that kubectl, kube-rs and
 //! the official Python client work unmodified, and core `v1/Pod` as a read-only view of
-//! rlark's replicas ([`replicas`]); in member simulation ([`member`], a test
-//! harness switched on in code) also the Kubernetes built-in workload kinds. The router is a plain `axum::Router`; the
+//! rlark's replicas ([`replicas`]). A program may serve more kinds, e.g. the Kubernetes
+//! built-in kinds a member cluster serves: [`ApiServerOptions::extra_kinds`] (a hook set in
+//! code; `rlark server` never sets it, the test kit's simulated member cluster does), with
+//! the logs and exec of stored core Pods from [`ApiServerOptions::pod_sources`]
+//! ([`pod_sources`]). The router is a plain `axum::Router`; the
 //! process around it (TLS, identity extraction) lives in `rlark-server`, which inserts an
 //! [`auth::Identity`] request extension for every authenticated request.
 // The zero-unwrap discipline as a rule: product code turns a failure into an error that
@@ -22,9 +25,9 @@ pub mod discovery;
 pub mod error;
 pub mod jsonpath;
 pub mod limits;
-pub mod member;
 pub mod node_names;
 pub mod openapi;
+pub mod pod_sources;
 pub mod protobuf;
 pub mod registry;
 pub mod replicas;
@@ -86,10 +89,18 @@ pub struct ApiServerOptions {
     pub max_nodes_per_agent: usize,
     /// Event sizes and expiry, per-identity write rates and object-count quotas.
     pub limits: limits::Limits,
-    /// Serve the Kubernetes built-in kinds of a member cluster, and Pod logs from the
-    /// given source: a test harness for the Kubernetes runtime ([`member`]). `None` (the
-    /// default, and always for `rlark server`): these kinds are not served.
-    pub member_simulation: Option<member::MemberSimulation>,
+    /// Kinds served besides the built-in ones, as stored objects with the server's usual
+    /// behaviour (validated by their own [`registry::ResourceType::validator`]); one with the
+    /// group, version and plural of a built-in kind replaces it
+    /// ([`registry::Registry::with_extra_kinds`]). Empty (the default, and always for
+    /// `rlark server`): only the built-in kinds. The test kit's simulated member cluster
+    /// serves the Kubernetes built-in kinds a workload runtime uses this way, its own core
+    /// Pods replacing the replicas' view.
+    pub extra_kinds: Vec<Arc<registry::ResourceType>>,
+    /// Where the logs and exec of core Pods served as stored objects (an extra Pod kind
+    /// with [`registry::ResourceType::log_subresource`]) come from. None by default: their
+    /// log and exec answer `404`.
+    pub pod_sources: pod_sources::PodSources,
 }
 
 /// Default of [`ApiServerOptions::max_nodes_per_agent`].
@@ -103,8 +114,21 @@ impl Default for ApiServerOptions {
             default_watch_timeout: Duration::from_secs(30 * 60),
             max_nodes_per_agent: DEFAULT_MAX_NODES_PER_AGENT,
             limits: limits::Limits::default(),
-            member_simulation: None,
+            extra_kinds: Vec::new(),
+            pod_sources: pod_sources::PodSources::default(),
         }
+    }
+}
+
+impl ApiServerOptions {
+    /// Whether core `v1` Pods are the read-only view of rlark's replicas ([`replicas`]):
+    /// no extra kind replaces them. Their `log`, `exec` and `portforward` are then the
+    /// process's to serve (`rlark-server` routes them to the agents).
+    pub fn core_pods_are_replicas(&self) -> bool {
+        !self
+            .extra_kinds
+            .iter()
+            .any(|rt| rt.group.is_empty() && rt.version == "v1" && rt.plural == "pods")
     }
 }
 
@@ -151,10 +175,7 @@ impl ApiServer {
             event_encodings::DEFAULT_BUDGET_BYTES,
         ));
         event_encodings.register(metrics);
-        let registry = match options.member_simulation {
-            Some(_) => member::registry(),
-            None => registry::Registry::builtin(),
-        };
+        let registry = registry::Registry::with_extra_kinds(&options.extra_kinds);
         Self {
             inner: Arc::new(Inner {
                 store,

@@ -1,15 +1,15 @@
 //! PATCH bodies: JSON merge patch (RFC 7386), JSON patch (RFC 6902) and, for the built-in
-//! kinds that have it in Kubernetes (Namespace, Lease), the subset of strategic merge patch
-//! that `kubectl apply`/`kubectl patch` send.
+//! kinds that have it in Kubernetes (Namespace, Lease; extra kinds that say so), the subset
+//! of strategic merge patch that `kubectl apply`/`kubectl patch` send.
 //!
 //! Strategic merge patch here: maps merge as in a merge patch (`null` deletes); lists are
 //! replaced, except `metadata.finalizers` (a set: union) and `metadata.ownerReferences`
 //! (merged by `uid`), as `ObjectMeta`'s patch strategies say, and a PodSpec's containers,
 //! volumes, image pull secrets and the containers' env, ports, volume mounts and devices
-//! (merged by their keys; the Kubernetes kinds of member simulation). The directives `$patch`
-//! (`replace`, `delete`, `merge`), `$retainKeys`, `$setElementOrder/<field>` and
-//! `$deleteFromPrimitiveList/<field>` are honoured; `$setElementOrder` only orders and is
-//! dropped. No directive is ever stored.
+//! (merged by their keys, in a PodSpec at `spec` or `spec.template.spec`: Kubernetes Pods
+//! and workloads served as extra kinds). The directives `$patch` (`replace`, `delete`,
+//! `merge`), `$retainKeys`, `$setElementOrder/<field>` and `$deleteFromPrimitiveList/<field>`
+//! are honoured; `$setElementOrder` only orders and is dropped. No directive is ever stored.
 //!
 //! A JSON patch whose `test` operation fails (or that addresses a missing path) is 422
 //! `Invalid`, as kube-apiserver answers any JSON patch that cannot be applied.
@@ -155,7 +155,7 @@ fn list_strategy(path: &str) -> ListStrategy {
 }
 
 /// The merge keys of PodSpec's lists (a core Pod's `spec`, a workload's
-/// `spec.template.spec`; member simulation), from the Kubernetes types' `patchMergeKey`
+/// `spec.template.spec`: extra kinds), from the Kubernetes types' `patchMergeKey`
 /// tags. Other lists of a PodSpec (tolerations, args, ...) are replaced, as there.
 fn pod_spec_list(path: &str) -> Option<ListStrategy> {
     let rest = path
@@ -357,10 +357,10 @@ mod tests {
 
     #[test]
     fn pod_spec_lists_merge_by_their_keys() {
-        let sts = crate::member::kinds()
-            .into_iter()
-            .find(|k| k.kind == "StatefulSet")
-            .unwrap();
+        // Any kind with strategic merge patch: the keys are the PodSpec's, not the kind's.
+        let mut sts =
+            ResourceType::new("apps", "v1", "StatefulSet", "statefulsets", true, json!({}));
+        sts.strategic_merge_patch = true;
         let mut target = json!({"spec": {"template": {"spec": {
             "containers": [
                 {"name": "main", "image": "a:1", "env": [{"name": "X", "value": "1"}, {"name": "Y", "value": "2"}],
@@ -389,10 +389,8 @@ mod tests {
             }}}})
         );
         // A Pod's own spec, and deleting one container by its key.
-        let pod = crate::member::kinds()
-            .into_iter()
-            .find(|k| k.kind == "Pod")
-            .unwrap();
+        let mut pod = ResourceType::new("", "v1", "Pod", "pods", true, json!({}));
+        pod.strategic_merge_patch = true;
         let mut target = json!({"spec": {"containers": [{"name": "a"}, {"name": "b"}]}});
         let patch = json!({"spec": {"containers": [{"name": "a", "$patch": "delete"}]}});
         Patch::Strategic(patch)

@@ -1,8 +1,8 @@
-//! `GET /api/v1/namespaces/{ns}/pods/{name}/exec` in member simulation: the server checks
-//! the request as kube-apiserver does (options, the Pod, the container, that it runs), then
-//! upgrades to a WebSocket speaking Kubernetes' remotecommand protocol (`v5.channel.k8s.io`
-//! or `v4.channel.k8s.io`) and runs the process the configured
-//! [`PodExecSource`](crate::member::PodExecSource) prepares:
+//! `GET /api/v1/namespaces/{ns}/pods/{name}/exec` of core Pods stored as objects (an extra
+//! kind, [`crate::pod_sources`]): the server checks the request as kube-apiserver does
+//! (options, the Pod, the container, that it runs), then upgrades to a WebSocket speaking
+//! Kubernetes' remotecommand protocol (`v5.channel.k8s.io` or `v4.channel.k8s.io`) and runs
+//! the process the configured [`PodExecSource`](crate::pod_sources::PodExecSource) prepares:
 //!
 //! - channel 0 feeds its stdin (with `stdin=true`; a v5 close of channel 0 closes it);
 //! - its stdout and stderr go out on channels 1 and 2 (each only when asked for);
@@ -37,8 +37,8 @@ use tokio_util::sync::CancellationToken;
 
 use crate::Inner;
 use crate::error::ApiError;
-use crate::member::{PodExecRequest, PodLogError};
 use crate::object::key;
+use crate::pod_sources::{PodExecRequest, PodLogError};
 use crate::podlog::names;
 use crate::request::Target;
 
@@ -105,12 +105,7 @@ pub(crate) async fn serve(
     target: &Target,
     parts: &Parts,
 ) -> Result<Response, ApiError> {
-    let Some(source) = inner
-        .options
-        .member_simulation
-        .as_ref()
-        .and_then(|s| s.pod_exec.clone())
-    else {
+    let Some(source) = inner.options.pod_sources.exec.clone() else {
         return Err(ApiError::path_not_found(
             "the server could not find the requested resource",
         ));
@@ -125,7 +120,7 @@ pub(crate) async fn serve(
     let options = ExecOptions::parse(query).map_err(ApiError::bad_request)?;
     if options.tty {
         return Err(ApiError::bad_request(
-            "tty=true: the member simulation runs exec without a terminal",
+            "tty=true: exec into a stored Pod runs without a terminal",
         ));
     }
     let asked = container_param(query)?;
@@ -155,7 +150,7 @@ pub(crate) async fn serve(
         .get::<hyper::upgrade::OnUpgrade>()
         .cloned()
         .ok_or_else(|| ApiError::bad_request("this connection cannot be upgraded"))?;
-    tracing::info!(namespace = %request.namespace, pod = %request.pod, container = %request.container, command = ?request.command, "member simulation exec");
+    tracing::info!(namespace = %request.namespace, pod = %request.pod, container = %request.container, command = ?request.command, "stored pod exec");
     let shutdown = inner.shutdown.clone();
     tokio::spawn(async move {
         match on_upgrade.await {

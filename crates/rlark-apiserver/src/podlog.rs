@@ -1,7 +1,7 @@
-//! `GET /api/v1/namespaces/{ns}/pods/{name}/log` in member simulation: the server checks
-//! the request as kube-apiserver does (options, the Pod, the container, whether it has
-//! started) and streams what the configured [`PodLogSource`](crate::member::PodLogSource)
-//! returns.
+//! `GET /api/v1/namespaces/{ns}/pods/{name}/log` of core Pods stored as objects (an extra
+//! kind, [`crate::pod_sources`]): the server checks the request as kube-apiserver does
+//! (options, the Pod, the container, whether it has started) and streams what the
+//! configured [`PodLogSource`](crate::pod_sources::PodLogSource) returns.
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -16,8 +16,8 @@ use serde_json::Value;
 
 use crate::Inner;
 use crate::error::ApiError;
-use crate::member::{PodLogError, PodLogRequest};
 use crate::object::key;
+use crate::pod_sources::{LogStream, PodLogError, PodLogRequest};
 use crate::request::Target;
 
 /// `PodLogOptions` from the query string. Unknown parameters are ignored.
@@ -217,7 +217,7 @@ fn check_started(
 }
 
 /// Stop after `limit` bytes (the last chunk cut).
-fn limit_stream(stream: crate::member::LogStream, limit: u64) -> crate::member::LogStream {
+fn limit_stream(stream: LogStream, limit: u64) -> LogStream {
     stream
         .scan(limit, |left, chunk: Bytes| {
             if *left == 0 {
@@ -238,7 +238,7 @@ pub(crate) async fn serve(
     target: &Target,
     parts: &Parts,
 ) -> Result<Response, ApiError> {
-    let Some(simulation) = &inner.options.member_simulation else {
+    let Some(logs) = &inner.options.pod_sources.logs else {
         return Err(ApiError::path_not_found(
             "the server could not find the requested resource",
         ));
@@ -273,13 +273,10 @@ pub(crate) async fn serve(
         since_seconds,
         timestamps: options.timestamps,
     };
-    let stream = simulation
-        .pod_logs
-        .open(&request)
-        .map_err(|error| match error {
-            PodLogError::BadRequest(message) => ApiError::bad_request(message),
-            PodLogError::NotFound(message) => ApiError::new(404, "NotFound", message),
-        })?;
+    let stream = logs.open(&request).map_err(|error| match error {
+        PodLogError::BadRequest(message) => ApiError::bad_request(message),
+        PodLogError::NotFound(message) => ApiError::new(404, "NotFound", message),
+    })?;
     tracing::debug!(namespace = %request.namespace, pod = %request.pod, container = %request.container, follow = request.follow, "serving pod log");
     let stream = match options.limit_bytes {
         Some(limit) => limit_stream(stream, limit),

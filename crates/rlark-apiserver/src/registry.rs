@@ -13,6 +13,9 @@ use serde_json::{Value, json};
 /// Admission check for one kind: all problems at once, each naming its field.
 pub type Validator = Arc<dyn Fn(&Value) -> Result<(), Vec<FieldError>> + Send + Sync>;
 
+/// A kind's rewrite of an object before every write is checked ([`ResourceType::prepare`]).
+pub type Prepare = fn(&mut Value);
+
 /// A column of `kubectl get` output (`additionalPrinterColumns` of a CRD).
 #[derive(Clone, Debug, PartialEq)]
 pub struct PrinterColumn {
@@ -47,16 +50,23 @@ pub struct ResourceType {
     pub selectable_fields: Vec<String>,
     /// Structural OpenAPI v3 schema of the whole object.
     pub schema: Value,
-    /// Whether `application/strategic-merge-patch+json` is accepted (built-in kinds only,
-    /// as in Kubernetes).
+    /// Whether `application/strategic-merge-patch+json` is accepted (Kubernetes' built-in
+    /// kinds, here or among a program's extra kinds; not rlark's CRD kinds, as in
+    /// Kubernetes).
     pub strategic_merge_patch: bool,
-    /// Whether `GET .../{name}/log` is served (core Pods in member simulation only,
-    /// answered by [`crate::member::PodLogSource`]).
+    /// Whether `GET .../{name}/log` and `.../{name}/exec` are served by this server, from
+    /// the sources of [`ApiServerOptions::pod_sources`](crate::ApiServerOptions::pod_sources)
+    /// (core Pods stored as objects: an extra kind, [`crate::pod_sources`]).
     pub log_subresource: bool,
     /// Whether `/scale` (`autoscaling/v1` Scale over `spec.replicas`, `status.replicas`
     /// and `spec.selector`) is served.
     pub scale_subresource: bool,
     pub validator: Option<Validator>,
+    /// Rewrites the object of every create, update and patch (status writes too) before it
+    /// is checked, as a kube-apiserver kind's strategy does in `PrepareForCreate` and
+    /// `PrepareForUpdate` (a core Secret folds its write-only `stringData` into `data`).
+    /// Pure: a function of the written object only.
+    pub prepare: Option<Prepare>,
     /// `Some` for a read-only view of another stored kind (core `v1` Pods over rlark's
     /// replicas, the `replicas` module): get, list and watch read the source kind and show
     /// each object through the projection; every write is a 405.
@@ -108,6 +118,41 @@ pub enum RegistryError {
 }
 
 impl ResourceType {
+    /// A kind described by hand, with `list_kind` `<Kind>List` and `singular` the lowercased
+    /// kind, and nothing else: no short names, categories, printer columns or selectable
+    /// fields, no subresource, no strategic merge patch, validator, preparation or
+    /// projection. Set the fields that differ.
+    pub fn new(
+        group: &str,
+        version: &str,
+        kind: &str,
+        plural: &str,
+        namespaced: bool,
+        schema: Value,
+    ) -> Self {
+        Self {
+            group: group.into(),
+            version: version.into(),
+            kind: kind.into(),
+            list_kind: format!("{kind}List"),
+            plural: plural.into(),
+            singular: kind.to_lowercase(),
+            short_names: vec![],
+            categories: vec![],
+            namespaced,
+            status_subresource: false,
+            printer_columns: vec![],
+            selectable_fields: vec![],
+            schema,
+            strategic_merge_patch: false,
+            log_subresource: false,
+            scale_subresource: false,
+            validator: None,
+            prepare: None,
+            projection: None,
+        }
+    }
+
     /// `group/version`, or `version` for the core group.
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
@@ -135,6 +180,13 @@ impl ResourceType {
             self.plural.clone()
         } else {
             format!("{}.{}", self.plural, self.group)
+        }
+    }
+
+    /// `object` as it is to be checked and written: rewritten by [`Self::prepare`], if any.
+    pub(crate) fn prepare_for_write(&self, object: &mut Value) {
+        if let Some(prepare) = self.prepare {
+            prepare(object);
         }
     }
 
@@ -214,6 +266,7 @@ impl ResourceType {
             scale_subresource: false,
             projection: None,
             validator,
+            prepare: None,
         })
     }
 
@@ -251,6 +304,7 @@ impl ResourceType {
             scale_subresource: false,
             projection: None,
             validator: None,
+            prepare: None,
         }
     }
 
@@ -291,6 +345,7 @@ impl ResourceType {
             scale_subresource: false,
             projection: None,
             validator: None,
+            prepare: None,
         }
     }
 }
@@ -383,11 +438,13 @@ impl ResourceType {
             scale_subresource: false,
             projection: None,
             validator: None,
+            prepare: None,
         }
     }
 }
 
-pub(crate) fn column(name: &str, type_: &str, json_path: &str) -> PrinterColumn {
+/// A printer column with no format, description or priority.
+pub fn column(name: &str, type_: &str, json_path: &str) -> PrinterColumn {
     PrinterColumn {
         name: name.into(),
         type_: type_.into(),
@@ -399,7 +456,7 @@ pub(crate) fn column(name: &str, type_: &str, json_path: &str) -> PrinterColumn 
 }
 
 /// A top-level object schema with the standard `apiVersion`/`kind`/`metadata` fields.
-pub(crate) fn object_schema(description: &str, extra: Value) -> Value {
+pub fn object_schema(description: &str, extra: Value) -> Value {
     let mut properties = json!({
         "apiVersion": {"type": "string", "description": "APIVersion defines the versioned schema of this representation of an object."},
         "kind": {"type": "string", "description": "Kind is a string value representing the REST resource this object represents."},
@@ -435,6 +492,11 @@ impl Registry {
 
     pub fn add(&mut self, resource: ResourceType) {
         self.types.push(Arc::new(resource));
+    }
+
+    /// [`Self::add`] for a kind another registry or the options share.
+    pub fn add_shared(&mut self, resource: Arc<ResourceType>) {
+        self.types.push(resource);
     }
 
     pub fn all(&self) -> &[Arc<ResourceType>] {

@@ -12,8 +12,9 @@
 //! The `log`, `exec` and `portforward` subresources are not served by this router: the
 //! server process (`rlark-server`) routes `/api/v1/namespaces/{ns}/pods/{pod}/log` and
 //! `.../exec` to the agent of the replica through its tunnel, as it does for `rlark logs`
-//! and `rlark exec`. Only servers without member simulation serve the projection (a member
-//! cluster's core Pods are its own).
+//! and `rlark exec`. A server given a core Pod kind of its own as an extra kind
+//! ([`ApiServerOptions::extra_kinds`](crate::ApiServerOptions::extra_kinds), as the test
+//! kit's simulated member cluster does) serves that instead of the projection.
 
 use serde_json::{Map, Value, json};
 
@@ -54,6 +55,7 @@ pub fn core_pods() -> ResourceType {
         log_subresource: false,
         scale_subresource: false,
         validator: None,
+        prepare: None,
         projection: Some(Projection {
             source: SOURCE,
             project,

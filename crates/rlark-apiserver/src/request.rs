@@ -20,8 +20,8 @@ pub(crate) struct Target {
     pub name: Option<String>,
     /// The `/status` subresource.
     pub status: bool,
-    /// Any other subresource (`log` of core Pods, `scale` of workloads in member
-    /// simulation).
+    /// Any other subresource (`log` and `exec` of stored core Pods, `scale` of kinds that
+    /// have it).
     pub subresource: Option<Subresource>,
 }
 
@@ -32,7 +32,7 @@ pub(crate) enum Subresource {
     Log,
     /// `{workload}/{name}/scale`: get, update, patch.
     Scale,
-    /// `pods/{name}/exec`: a WebSocket upgrade (member simulation only).
+    /// `pods/{name}/exec`: a WebSocket upgrade (stored core Pods only).
     Exec,
 }
 

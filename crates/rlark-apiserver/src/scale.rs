@@ -1,6 +1,8 @@
-//! The `scale` subresource of workloads (member simulation): an `autoscaling/v1` `Scale`
-//! view of `spec.replicas`, `status.replicas` and `spec.selector`. Writing it writes
-//! `spec.replicas` of the object; nothing else of a `Scale` is writable.
+//! The `scale` subresource of the kinds that have it
+//! ([`ResourceType::scale_subresource`]: none of rlark's own; workloads among the extra kinds
+//! a program serves): an `autoscaling/v1` `Scale` view of `spec.replicas`, `status.replicas`
+//! and `spec.selector`. Writing it writes `spec.replicas` of the object; nothing else of a
+//! `Scale` is writable.
 
 use std::sync::Arc;
 
@@ -199,8 +201,9 @@ mod tests {
 
     #[test]
     fn replicas_must_be_a_non_negative_integer() {
-        let rt = crate::member::kinds().remove(7);
-        assert_eq!(rt.kind, "StatefulSet");
+        let mut rt =
+            ResourceType::new("apps", "v1", "StatefulSet", "statefulsets", true, json!({}));
+        rt.scale_subresource = true;
         assert_eq!(
             replicas_of(&rt, "s", &json!({"spec": {"replicas": 0}})).unwrap(),
             0

@@ -577,9 +577,9 @@ async fn start_with_token(
             )
             .with_state(Arc::clone(&replicas)),
     );
-    // Core Pods' log and exec reach the replicas' agents, unless core Pods are a simulated
-    // member cluster's own.
-    let router = if config.api.member_simulation.is_none() {
+    // Core Pods' log and exec reach the replicas' agents, unless core Pods are an extra
+    // kind's stored objects (a simulated member cluster's own).
+    let router = if config.api.core_pods_are_replicas() {
         router.merge(tunnel::core_pods::router(Arc::clone(&hub), exec_state))
     } else {
         router

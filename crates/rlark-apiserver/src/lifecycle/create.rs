@@ -168,7 +168,7 @@ impl Inner {
         check_type_meta(rt, &mut object)?;
         let namespace = check_namespace(rt, &mut object, url_namespace)?;
         let dropped = crate::domain_admission::strip_domain_peer_secrets(rt, &mut object);
-        crate::member::fold_string_data(rt, &mut object);
+        rt.prepare_for_write(&mut object);
         admission::apply_defaults(rt, &mut object);
         let (mut warnings, schema_causes) =
             field_check(rt, &mut object, &body.duplicates, options.field_validation)?;

@@ -171,7 +171,7 @@ impl Inner {
             }
         }
         let dropped = crate::domain_admission::strip_domain_peer_secrets(rt, &mut new);
-        crate::member::fold_string_data(rt, &mut new);
+        rt.prepare_for_write(&mut new);
         if !status_only {
             admission::apply_defaults(rt, &mut new);
         }
@@ -253,7 +253,7 @@ impl Inner {
                 ));
             }
             let dropped = crate::domain_admission::strip_domain_peer_secrets(rt, &mut patched);
-            crate::member::fold_string_data(rt, &mut patched);
+            rt.prepare_for_write(&mut patched);
             if !status_only {
                 admission::apply_defaults(rt, &mut patched);
             }

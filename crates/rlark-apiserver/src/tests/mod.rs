@@ -7,9 +7,9 @@ mod bad_input;
 mod byte_quotas;
 mod collection;
 mod crud;
+mod extra_kinds;
 mod list_cache;
 mod listing;
-mod member;
 mod replicas;
 mod watching;
 

@@ -19,8 +19,8 @@
 //! kubectl's port-forward protocol (SPDY/3.1, over a WebSocket or an HTTP upgrade) to the
 //! replica's ports through its agent.
 //!
-//! None of these is registered in member simulation, where core Pods are a member
-//! cluster's own.
+//! None of these is registered when the API server serves core Pods of its own as an extra
+//! kind (`ApiServerOptions::core_pods_are_replicas` is false: a simulated member cluster).
 
 use std::sync::Arc;
 
@@ -38,7 +38,7 @@ const LOG_ROUTE: &str = "/api/v1/namespaces/{namespace}/pods/{pod}/log";
 const EXEC_ROUTE: &str = "/api/v1/namespaces/{namespace}/pods/{pod}/exec";
 const PORTFORWARD_ROUTE: &str = "/api/v1/namespaces/{namespace}/pods/{pod}/portforward";
 
-/// The routes; merged into the process router when member simulation is off.
+/// The routes; merged into the process router when core Pods are the replicas' view.
 pub(crate) fn router(hub: Arc<Hub>, exec: ExecState) -> Router {
     Router::new()
         .route(LOG_ROUTE, get(log).with_state(hub))

@@ -8,7 +8,7 @@
 //! | `POST /rlark/v1/peer/streams` | peers (other replicas) | upgrade carrying a stream through this replica's own session of an agent (`peer.rs`) |
 //! | `GET /rlark/v1/namespaces/{ns}/pods/{pod}/log` | admin, viewer | a replica's log from its agent (`logs.rs`) |
 //! | `GET /rlark/v1/namespaces/{ns}/nodes/{node}/cameras/{camera}/stream`, `.../robots`, `POST .../robots/{robot}/{action}` | who may get the Node; robot actions admins | cameras' live view and robots, from their agent (`devices.rs`) |
-//! | `GET /api/v1/namespaces/{ns}/pods/{pod}/log`, `.../exec` | as the rlark routes | kubectl's URLs for the same (`core_pods.rs`; not in member simulation) |
+//! | `GET /api/v1/namespaces/{ns}/pods/{pod}/log`, `.../exec` | as the rlark routes | kubectl's URLs for the same (`core_pods.rs`; not when core Pods are an extra kind) |
 
 use std::sync::Arc;
 

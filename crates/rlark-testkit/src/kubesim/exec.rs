@@ -8,7 +8,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use rlark_apiserver::member::{PodExecRequest, PodExecSource, PodLogError};
+use rlark_apiserver::pod_sources::{PodExecRequest, PodExecSource, PodLogError};
 
 /// The simulator's exec source (cheap to clone; the directories go with the last clone).
 #[derive(Clone)]

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
-use rlark_apiserver::member::{LogStream, PodLogError, PodLogRequest, PodLogSource};
+use rlark_apiserver::pod_sources::{LogStream, PodLogError, PodLogRequest, PodLogSource};
 
 /// `(namespace, pod, container)`.
 type LogKey = (String, String, String);

@@ -1,7 +1,8 @@
 //! A simulated member Kubernetes cluster, for testing the Kubernetes runtime without a
-//! kube-apiserver: an rlark server in member simulation
-//! ([`rlark_apiserver::member`]: the Kubernetes built-in kinds served as stored objects)
-//! plus [`KubeSim`], which plays the parts of the cluster that act on those objects.
+//! kube-apiserver: an rlark server in member simulation (the Kubernetes built-in kinds of
+//! [`kinds`] served as stored objects, through the API server's extra-kinds hook, with Pod
+//! logs and exec from [`SimLogs`] and [`SimExec`]) plus [`KubeSim`], which plays the parts
+//! of the cluster that act on those objects.
 //!
 //! ```no_run
 //! # async fn demo() -> anyhow::Result<()> {
@@ -38,6 +39,7 @@
 //! disruption, preemption, resource accounting beyond `nvidia.com/gpu`.
 
 mod exec;
+pub mod kinds;
 mod kubelet;
 mod logs;
 mod plan;
@@ -59,7 +61,7 @@ use kube::api::{
     PostParams,
 };
 use kube::runtime::{WatchStreamExt, watcher};
-use rlark_apiserver::member::MemberSimulation;
+use rlark_apiserver::pod_sources::PodSources;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
@@ -925,10 +927,11 @@ impl MemberCluster {
         let exec = SimExec::new().context("a directory for the simulation's execs")?;
         let pod_exec = Arc::new(exec.clone());
         let server = TestServer::start_configured(|config| {
-            config.api.member_simulation = Some(MemberSimulation {
-                pod_logs: source,
-                pod_exec: Some(pod_exec),
-            });
+            config.api.extra_kinds = kinds::kinds();
+            config.api.pod_sources = PodSources {
+                logs: Some(source),
+                exec: Some(pod_exec),
+            };
             config.controllers.enabled = false;
         })
         .await?;

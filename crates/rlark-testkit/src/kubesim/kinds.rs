@@ -1,107 +1,27 @@
-//! Member-cluster simulation: the Kubernetes built-in kinds a workload runtime uses
-//! (`apps/v1` Deployment, StatefulSet, DaemonSet, ReplicaSet; `batch/v1` Job; core `v1`
-//! Pod, Service, ConfigMap, Secret, PersistentVolumeClaim, Node), served as stored objects,
-//! and the seams through which `pods/{name}/log` and `pods/{name}/exec` are answered.
+//! The Kubernetes built-in kinds a member cluster serves to a workload runtime (`apps/v1`
+//! Deployment, StatefulSet, DaemonSet, ReplicaSet; `batch/v1` Job; core `v1` Pod, Service,
+//! ConfigMap, Secret, PersistentVolumeClaim, Node), described for rlark's API server: the
+//! simulated member cluster serves them as extra kinds
+//! ([`ApiServerOptions::extra_kinds`](rlark_apiserver::ApiServerOptions::extra_kinds)), its
+//! core Pods replacing the replicas' view.
 //!
-//! This is a **test harness**, not a kube-apiserver: nothing here acts on these objects (no
-//! workload controller, scheduler or kubelet: the test kit's simulator plays them), the
-//! schemas keep unknown fields rather than validate the Kubernetes types, attach and
-//! port-forward are not served, and `pods/exec` runs the command as a local process the
-//! [`PodExecSource`] prepares (no container, no terminal). It is switched on only through
-//! [`ApiServerOptions::member_simulation`](crate::ApiServerOptions::member_simulation),
-//! which a program sets in code; `rlark server` has no flag for it, because the kinds are
-//! useless without a simulator and a log source living in the same process. Without it the
-//! server serves none of these kinds.
+//! This is a **test harness**, not a kube-apiserver: nothing in the server acts on these
+//! objects (no workload controller, scheduler or kubelet: [`super::KubeSim`] plays them),
+//! the schemas keep unknown fields rather than validate the Kubernetes types, and writes are
+//! checked for a subset of kube-apiserver's rules only, refused with its wording. A Secret's
+//! `stringData` is folded into `data` on every write, as kube-apiserver does
+//! ([`ResourceType::prepare`]).
 
 use std::sync::Arc;
 
-use futures::stream::BoxStream;
+use rlark_api::validation::FieldError;
+use rlark_apiserver::registry::{PrinterColumn, ResourceType, column, object_schema};
 use serde_json::{Value, json};
 
-use rlark_api::validation::FieldError;
-
-use crate::registry::{PrinterColumn, Registry, ResourceType, column, object_schema};
-
-/// Where `pods/log` reads from while the member kinds are served.
-#[derive(Clone)]
-pub struct MemberSimulation {
-    /// Answers every `GET .../pods/{name}/log` the server has checked (the Pod exists, the
-    /// container is one of its containers).
-    pub pod_logs: Arc<dyn PodLogSource>,
-    /// Prepares the process of every `GET .../pods/{name}/exec` the server has checked;
-    /// without one, exec is answered `404`.
-    pub pod_exec: Option<Arc<dyn PodExecSource>>,
-}
-
-impl std::fmt::Debug for MemberSimulation {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MemberSimulation").finish_non_exhaustive()
-    }
-}
-
-/// One log request, as `PodLogOptions` gives it, after the server resolved the container.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodLogRequest {
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
-    /// Keep the stream open and send what is written later, until the container ends.
-    pub follow: bool,
-    /// The previous (terminated) instance of the container.
-    pub previous: bool,
-    /// Only the last this many lines.
-    pub tail_lines: Option<u64>,
-    /// Only lines written at most this many seconds ago (`sinceSeconds`, or `sinceTime`
-    /// converted by the server).
-    pub since_seconds: Option<u64>,
-    /// Prefix each line with its RFC 3339 time and a space.
-    pub timestamps: bool,
-}
-
-/// The text of a log: chunks of bytes, in order, ending when the log is complete (at once
-/// without `follow`; when the container ends with it).
-pub type LogStream = BoxStream<'static, bytes::Bytes>;
-
-/// Why a log cannot be read; the server answers with the matching `Status`.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum PodLogError {
-    /// 400, e.g. `previous terminated container "c" in pod "p" not found`.
-    #[error("{0}")]
-    BadRequest(String),
-    /// 404.
-    #[error("{0}")]
-    NotFound(String),
-}
-
-/// A source of container logs (the test kit's simulator is one).
-pub trait PodLogSource: Send + Sync + 'static {
-    /// Open the log `request` names. Called only for a Pod that exists and a container
-    /// of its spec.
-    fn open(&self, request: &PodLogRequest) -> Result<LogStream, PodLogError>;
-}
-
-/// One exec request, after the server checked the Pod and resolved the container.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct PodExecRequest {
-    pub namespace: String,
-    pub pod: String,
-    pub container: String,
-    /// Program and arguments, as given (no shell).
-    pub command: Vec<String>,
-}
-
-/// What runs an exec in the simulation (the test kit's simulator is one): a local process
-/// stands for the container's.
-pub trait PodExecSource: Send + Sync + 'static {
-    /// The process for `request`: program, arguments, working directory and environment.
-    /// The server sets its stdio and starts it; it is killed when the client goes away.
-    /// Called only for a Pod that exists and a running container of its spec.
-    fn command(&self, request: &PodExecRequest) -> Result<std::process::Command, PodLogError>;
-}
-
-/// The member kinds in the order a member cluster lists them: core kinds first, then
-/// `apps`, then `batch`.
-pub fn kinds() -> Vec<ResourceType> {
+/// The member kinds in the order a member cluster lists them (core kinds first, then
+/// `apps`, then `batch`), as [`ApiServerOptions::extra_kinds`](rlark_apiserver::ApiServerOptions::extra_kinds)
+/// takes them.
+pub fn kinds() -> Vec<Arc<ResourceType>> {
     let mut kinds = vec![
         pod(),
         service(),
@@ -129,7 +49,7 @@ pub fn kinds() -> Vec<ResourceType> {
             _ => None,
         };
     }
-    kinds
+    kinds.into_iter().map(Arc::new).collect()
 }
 
 fn errors(found: Vec<FieldError>) -> Result<(), Vec<FieldError>> {
@@ -236,54 +156,6 @@ fn workload_errors(kind: &str, object: &Value) -> Vec<FieldError> {
     found
 }
 
-/// The registry of a server in member simulation: [`Registry::builtin`]'s Namespace, Lease
-/// and Event, then the member kinds, then rlark's own kinds. Built-in groups come before
-/// `rlinf.io`, as kube-apiserver lists built-in groups before CRD groups, so kubectl resolves
-/// `pods`, `nodes` and `jobs` to the Kubernetes kinds (`rlpod`, `rlnode` and `rljob` still
-/// name rlark's).
-pub fn registry() -> Registry {
-    let mut registry = Registry::default();
-    registry.add(ResourceType::namespace());
-    registry.add(ResourceType::lease());
-    registry.add(ResourceType::event());
-    for kind in kinds() {
-        registry.add(kind);
-    }
-    registry.add_rlark_kinds();
-    registry
-}
-
-/// A core Secret's `stringData` merged into `data` (base64), as kube-apiserver does on every
-/// write: `stringData` is write-only and never stored. Other kinds are left alone.
-pub(crate) fn fold_string_data(rt: &ResourceType, object: &mut Value) {
-    use base64::Engine as _;
-    if !(rt.group.is_empty() && rt.plural == "secrets") {
-        return;
-    }
-    let Some(map) = object.as_object_mut() else {
-        return;
-    };
-    let Some(Value::Object(strings)) = map.shift_remove("stringData") else {
-        return;
-    };
-    let data = map.entry("data").or_insert_with(|| json!({}));
-    if !data.is_object() {
-        *data = json!({});
-    }
-    if let Value::Object(data) = data {
-        for (key, value) in strings {
-            let text = value
-                .as_str()
-                .map(str::to_string)
-                .unwrap_or_else(|| value.to_string());
-            data.insert(
-                key,
-                json!(base64::engine::general_purpose::STANDARD.encode(text)),
-            );
-        }
-    }
-}
-
 /// A schema that stores whatever it is given under `fields` (each an object).
 fn permissive(description: &str, fields: &[&str]) -> Value {
     let mut extra = serde_json::Map::new();
@@ -307,26 +179,12 @@ fn kind(
     printer_columns: Vec<PrinterColumn>,
     schema: Value,
 ) -> ResourceType {
-    ResourceType {
-        group: group.into(),
-        version: "v1".into(),
-        kind: kind.into(),
-        list_kind: format!("{kind}List"),
-        plural: plural.into(),
-        singular: kind.to_lowercase(),
-        short_names: short_names.iter().map(|s| (*s).to_string()).collect(),
-        categories: vec![],
-        namespaced,
-        status_subresource: status,
-        printer_columns,
-        selectable_fields: vec![],
-        schema,
-        strategic_merge_patch: true,
-        log_subresource: false,
-        scale_subresource: false,
-        validator: None,
-        projection: None,
-    }
+    let mut rt = ResourceType::new(group, "v1", kind, plural, namespaced, schema);
+    rt.short_names = short_names.iter().map(|s| (*s).to_string()).collect();
+    rt.status_subresource = status;
+    rt.printer_columns = printer_columns;
+    rt.strategic_merge_patch = true;
+    rt
 }
 
 fn age() -> PrinterColumn {
@@ -406,7 +264,7 @@ fn config_map() -> ResourceType {
 }
 
 fn secret() -> ResourceType {
-    kind(
+    let mut rt = kind(
         "",
         "Secret",
         "secrets",
@@ -423,7 +281,9 @@ fn secret() -> ResourceType {
                 "type": {"type": "string"}
             }),
         ),
-    )
+    );
+    rt.prepare = Some(fold_string_data);
+    rt
 }
 
 fn persistent_volume_claim() -> ResourceType {
@@ -500,11 +360,46 @@ fn job() -> ResourceType {
     rt
 }
 
+/// A core Secret's `stringData` merged into `data` (base64), as kube-apiserver does on every
+/// write: `stringData` is write-only and never stored. The Secret kind's
+/// [`ResourceType::prepare`].
+fn fold_string_data(object: &mut Value) {
+    use base64::Engine as _;
+    let Some(map) = object.as_object_mut() else {
+        return;
+    };
+    let Some(Value::Object(strings)) = map.shift_remove("stringData") else {
+        return;
+    };
+    let data = map.entry("data").or_insert_with(|| json!({}));
+    if !data.is_object() {
+        *data = json!({});
+    }
+    if let Value::Object(data) = data {
+        for (key, value) in strings {
+            let text = value
+                .as_str()
+                .map(str::to_string)
+                .unwrap_or_else(|| value.to_string());
+            data.insert(
+                key,
+                json!(base64::engine::general_purpose::STANDARD.encode(text)),
+            );
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::collections::HashSet;
 
     use super::*;
+
+    use rlark_apiserver::registry::Registry;
+
+    fn registry() -> Registry {
+        Registry::with_extra_kinds(&kinds())
+    }
 
     #[test]
     fn short_names_and_plurals_never_collide_with_rlarks() {
@@ -591,12 +486,12 @@ mod tests {
     fn secret_string_data_is_folded_into_data() {
         let secret = kinds().into_iter().find(|k| k.kind == "Secret").unwrap();
         let mut object = json!({"data": {"a": "eA=="}, "stringData": {"b": "token", "a": "y"}});
-        fold_string_data(&secret, &mut object);
+        (secret.prepare.unwrap())(&mut object);
         assert_eq!(object, json!({"data": {"a": "eQ==", "b": "dG9rZW4="}}));
-        let config_map = kinds().into_iter().find(|k| k.kind == "ConfigMap").unwrap();
-        let mut untouched = json!({"stringData": {"b": "x"}});
-        fold_string_data(&config_map, &mut untouched);
-        assert_eq!(untouched, json!({"stringData": {"b": "x"}}));
+        // No other kind rewrites what is written.
+        for rt in kinds().iter().filter(|k| k.kind != "Secret") {
+            assert!(rt.prepare.is_none(), "{}", rt.qualified_name());
+        }
     }
 
     #[test]
@@ -605,7 +500,7 @@ mod tests {
         let member = registry();
         for rt in kinds() {
             if rt.plural == "pods" {
-                // Without member simulation, core Pods are the replicas' projection.
+                // Without the extra kinds, core Pods are the replicas' projection.
                 let projected = plain.get(&rt.group, &rt.version, &rt.plural).unwrap();
                 assert!(projected.projection.is_some());
                 assert!(member.get("", "v1", "pods").unwrap().projection.is_none());
@@ -613,7 +508,7 @@ mod tests {
             }
             assert!(
                 plain.get(&rt.group, &rt.version, &rt.plural).is_none(),
-                "{} served without member simulation",
+                "{} served without the extra kinds",
                 rt.qualified_name()
             );
             assert!(member.get(&rt.group, &rt.version, &rt.plural).is_some());

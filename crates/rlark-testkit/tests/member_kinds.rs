@@ -1,17 +1,178 @@
-//! Member simulation: the Kubernetes built-in kinds, `pods/log` answered by a log source,
-//! and `scale`; none of it without the option.
+//! The Kubernetes kinds of the simulated member cluster (`kubesim::kinds`) served by rlark's
+//! API server through its extra-kinds hook (`ApiServerOptions::extra_kinds`): discovery,
+//! status, `scale`, validation, `pods/log` answered by a log source
+//! (`ApiServerOptions::pod_sources`), cascades through the garbage collector. The router is
+//! driven with `tower::ServiceExt::oneshot` (no sockets) over a SQLite store in a temporary
+//! directory, as an admin; nothing acts on the objects (`tests/kubesim.rs` adds the
+//! simulator).
+//!
+//! These were rlark-apiserver's router tests of its member simulation; that the server
+//! serves none of these kinds without the hook is still tested there.
 
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
+use axum::Router;
+use axum::body::Body;
 use bytes::Bytes;
 use futures::StreamExt;
-use http::{Method, StatusCode};
+use http::{Method, Request, StatusCode};
 use http_body_util::BodyExt;
+use rlark_apiserver::auth::{ADMIN_GROUP, Identity};
+use rlark_apiserver::pod_sources::{
+    LogStream, PodLogError, PodLogRequest, PodLogSource, PodSources,
+};
+use rlark_apiserver::{ApiServer, ApiServerOptions};
+use rlark_store::{SqliteStore, SqliteStoreConfig};
+use rlark_testkit::kubesim::kinds;
 use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tower::ServiceExt;
 
-use super::{Harness, fast_options};
-use crate::ApiServerOptions;
-use crate::member::{LogStream, MemberSimulation, PodLogError, PodLogRequest, PodLogSource};
+/// A finished (non-streaming) response.
+struct Answer {
+    status: StatusCode,
+    body: Value,
+}
+
+impl Answer {
+    fn message(&self) -> &str {
+        self.body["message"].as_str().unwrap_or("")
+    }
+}
+
+/// A server serving the member kinds over a fresh store.
+struct Harness {
+    server: ApiServer,
+    router: Router,
+    _dir: tempfile::TempDir,
+}
+
+impl Harness {
+    async fn with_options(options: ApiServerOptions) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Arc::new(
+            SqliteStore::open(SqliteStoreConfig::new(dir.path().join("db")))
+                .await
+                .unwrap(),
+        );
+        let mut metrics = prometheus_client::registry::Registry::default();
+        let server = ApiServer::new(store, options, &mut metrics);
+        server.ensure_default_namespace().await.unwrap();
+        let router = server.router();
+        Self {
+            server,
+            router,
+            _dir: dir,
+        }
+    }
+
+    /// Start `run_background` (garbage collection); cancel the token to stop it.
+    fn start_background(&self) -> CancellationToken {
+        let token = CancellationToken::new();
+        let server = self.server.clone();
+        let stop = token.clone();
+        tokio::spawn(async move { server.run_background(stop).await });
+        token
+    }
+
+    /// Send a request as an admin.
+    async fn send(
+        &self,
+        method: Method,
+        uri: &str,
+        content_type: &str,
+        body: Bytes,
+    ) -> http::Response<Body> {
+        let mut builder = Request::builder().method(method).uri(uri);
+        if !body.is_empty() {
+            builder = builder.header(http::header::CONTENT_TYPE, content_type);
+        }
+        let mut request = builder.body(Body::from(body)).unwrap();
+        request.extensions_mut().insert(Identity {
+            user: "admin".into(),
+            groups: vec![ADMIN_GROUP.into()],
+        });
+        self.router.clone().oneshot(request).await.unwrap()
+    }
+
+    async fn call(
+        &self,
+        method: Method,
+        uri: &str,
+        content_type: &str,
+        body: Option<&Value>,
+    ) -> Answer {
+        let bytes = body.map(|b| Bytes::from(b.to_string())).unwrap_or_default();
+        let response = self.send(method, uri, content_type, bytes).await;
+        let status = response.status();
+        let bytes = tokio::time::timeout(Duration::from_secs(20), response.into_body().collect())
+            .await
+            .expect("response body did not end")
+            .unwrap()
+            .to_bytes();
+        let body = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&bytes)))
+        };
+        Answer { status, body }
+    }
+
+    async fn get(&self, uri: &str) -> Answer {
+        self.call(Method::GET, uri, "application/json", None).await
+    }
+
+    async fn post(&self, uri: &str, body: &Value) -> Answer {
+        self.call(Method::POST, uri, "application/json", Some(body))
+            .await
+    }
+
+    async fn put(&self, uri: &str, body: &Value) -> Answer {
+        self.call(Method::PUT, uri, "application/json", Some(body))
+            .await
+    }
+
+    async fn delete(&self, uri: &str) -> Answer {
+        self.call(Method::DELETE, uri, "application/json", None)
+            .await
+    }
+
+    async fn patch(&self, uri: &str, content_type: &str, body: &Value) -> Answer {
+        self.call(Method::PATCH, uri, content_type, Some(body))
+            .await
+    }
+
+    /// Create and assert 201.
+    async fn create(&self, uri: &str, body: &Value) -> Value {
+        let answer = self.post(uri, body).await;
+        assert_eq!(answer.status, StatusCode::CREATED, "{}", answer.body);
+        answer.body
+    }
+
+    /// Poll until `uri` is gone (404), failing after a few seconds.
+    async fn wait_gone(&self, uri: &str) {
+        for _ in 0..200 {
+            let answer = self.get(uri).await;
+            match answer.status {
+                StatusCode::NOT_FOUND => return,
+                StatusCode::OK => {}
+                _ => panic!("{uri}: {}", answer.body),
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("{uri} still exists: {}", self.get(uri).await.body);
+    }
+}
+
+/// An ownerReference to `owner` (a stored object).
+fn owner_ref(owner: &Value) -> Value {
+    json!({
+        "apiVersion": owner["apiVersion"], "kind": owner["kind"],
+        "name": owner["metadata"]["name"], "uid": owner["metadata"]["uid"]
+    })
+}
 
 /// Answers with the request it got, and records it.
 #[derive(Default)]
@@ -36,14 +197,18 @@ impl PodLogSource for EchoLogs {
     }
 }
 
+/// The member kinds, Pod logs from an [`EchoLogs`], no exec; short watch timings.
 async fn member_harness() -> (Harness, Arc<EchoLogs>) {
     let logs = Arc::new(EchoLogs::default());
     let options = ApiServerOptions {
-        member_simulation: Some(MemberSimulation {
-            pod_logs: logs.clone(),
-            pod_exec: None,
-        }),
-        ..fast_options()
+        extra_kinds: kinds::kinds(),
+        pod_sources: PodSources {
+            logs: Some(logs.clone()),
+            exec: None,
+        },
+        bookmark_interval: Duration::from_millis(300),
+        default_watch_timeout: Duration::from_secs(5),
+        ..ApiServerOptions::default()
     };
     (Harness::with_options(options).await, logs)
 }
@@ -64,46 +229,10 @@ fn pod(name: &str, node: Option<&str>) -> Value {
 }
 
 async fn text(h: &Harness, uri: &str) -> (StatusCode, String) {
-    let response = h.send(Method::GET, uri, "", None, Bytes::new()).await;
+    let response = h.send(Method::GET, uri, "", Bytes::new()).await;
     let status = response.status();
     let bytes = response.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&bytes).into_owned())
-}
-
-#[tokio::test]
-async fn kubernetes_kinds_are_absent_without_the_option() {
-    let h = Harness::new().await;
-    for uri in [
-        STS,
-        "/apis/batch/v1/namespaces/default/jobs",
-        "/api/v1/nodes",
-        "/api/v1/namespaces/default/services",
-        "/api/v1/namespaces/default/configmaps",
-        "/api/v1/namespaces/default/secrets",
-        "/api/v1/namespaces/default/persistentvolumeclaims",
-    ] {
-        assert_eq!(h.get(uri).await.status, StatusCode::NOT_FOUND, "{uri}");
-    }
-    assert_eq!(h.get("/apis/apps/v1").await.status, StatusCode::NOT_FOUND);
-    let core = h.get("/api/v1").await;
-    let names: Vec<&str> = core.body["resources"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(|r| r["name"].as_str())
-        .collect();
-    // Core Pods are served, as the read-only view of rlark's replicas (`replicas.rs`).
-    assert_eq!(
-        names,
-        [
-            "namespaces",
-            "namespaces/status",
-            "events",
-            "pods",
-            "pods/log",
-            "pods/exec"
-        ]
-    );
 }
 
 #[tokio::test]
@@ -336,7 +465,7 @@ async fn owner_references_cascade_through_the_garbage_collector() {
         )
         .await;
     let mut child = pod("s-0", Some("n1"));
-    child["metadata"]["ownerReferences"] = json!([super::owner_ref(&sts)]);
+    child["metadata"]["ownerReferences"] = json!([owner_ref(&sts)]);
     h.create(PODS, &child).await;
     assert_eq!(h.delete(&format!("{STS}/s")).await.status, StatusCode::OK);
     h.wait_gone(&format!("{PODS}/s-0")).await;
