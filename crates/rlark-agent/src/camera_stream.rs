@@ -32,6 +32,7 @@ use rlark_proto::camera::v1::{
     CameraDescriptor, CameraState, CloseCameraRequest, ListCamerasRequest, OpenCameraRequest,
     WatchCamerasRequest, WatchFramesRequest,
 };
+use rlark_proto::sockets::CAMERA_SOCKET;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
@@ -181,7 +182,7 @@ async fn control(
     socket: &Path,
     action: Option<(&str, &str)>,
 ) -> Result<serde_json::Value, (http::StatusCode, String)> {
-    let channel = rlark_embodied::client::connect(socket)
+    let channel = rlark_proto::client::connect(socket)
         .await
         .map_err(|e| (http::StatusCode::BAD_GATEWAY, e.to_string()))?;
     let mut client = CameraControllerClient::new(channel);
@@ -261,7 +262,7 @@ pub(crate) async fn handle(
                 "this agent serves no embodied runtime's devices (it runs without --embodied-socket-dir)",
             );
         };
-        let socket = dir.join(rlark_embodied::CAMERA_SOCKET);
+        let socket = dir.join(CAMERA_SOCKET);
         if !socket.exists() {
             return text_response(
                 http::StatusCode::NOT_FOUND,
@@ -306,7 +307,7 @@ pub(crate) async fn handle(
             "this agent serves no embodied runtime's devices (it runs without --embodied-socket-dir)",
         );
     };
-    stream(&dir.join(rlark_embodied::CAMERA_SOCKET), id, fps, shutdown).await
+    stream(&dir.join(CAMERA_SOCKET), id, fps, shutdown).await
 }
 
 /// Whether a query asks for a watch (`watch=1` or `watch=true`).
@@ -320,7 +321,7 @@ fn wants_watch(query: Option<&str>) -> bool {
 /// `GET /v1/cameras?watch=1`: the cameras as one JSON line, now and after every change.
 async fn watch(socket: &Path) -> Result<http::Response<ApiBody>, (http::StatusCode, String)> {
     use futures::StreamExt as _;
-    let channel = rlark_embodied::client::connect(socket)
+    let channel = rlark_proto::client::connect(socket)
         .await
         .map_err(|e| (http::StatusCode::BAD_GATEWAY, e.to_string()))?;
     let mut lists = CameraControllerClient::new(channel)
@@ -386,7 +387,7 @@ async fn stream(
         );
     }
     let start = async {
-        let channel = rlark_embodied::client::connect(socket)
+        let channel = rlark_proto::client::connect(socket)
             .await
             .map_err(|e| (http::StatusCode::BAD_GATEWAY, e.to_string()))?;
         CameraControllerClient::new(channel)

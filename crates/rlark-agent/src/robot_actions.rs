@@ -33,6 +33,7 @@ use http_body_util::{BodyExt as _, Full};
 use hyper::body::Bytes;
 use rlark_proto::robot::v1 as pb;
 use rlark_proto::robot::v1::robot_controller_client::RobotControllerClient;
+use rlark_proto::sockets::{ROS_SOCKET, ROS2_SOCKET};
 use serde_json::{Value, json};
 use tonic::transport::Channel;
 
@@ -275,7 +276,7 @@ fn rpc_refusal(what: &str, status: &tonic::Status) -> Refusal {
 
 /// The robot controller sockets present in `dir`.
 fn sockets(dir: &Path) -> Vec<PathBuf> {
-    [rlark_embodied::ROS_SOCKET, rlark_embodied::ROS2_SOCKET]
+    [ROS_SOCKET, ROS2_SOCKET]
         .iter()
         .map(|name| dir.join(name))
         .filter(|path| path.exists())
@@ -283,7 +284,7 @@ fn sockets(dir: &Path) -> Vec<PathBuf> {
 }
 
 async fn client(socket: &Path) -> Result<RobotControllerClient<Channel>, Refusal> {
-    let channel = rlark_embodied::client::connect(socket)
+    let channel = rlark_proto::client::connect(socket)
         .await
         .map_err(|e| (http::StatusCode::BAD_GATEWAY, e.to_string()))?;
     Ok(RobotControllerClient::new(channel))
@@ -349,7 +350,7 @@ async fn act(dir: &Path, id: &str, action: Action, body: ActionBody) -> Result<V
                 mode: mode.unwrap_or_default(),
                 mode_config: mode_config(package, launch_file, args),
             });
-            rlark_embodied::client::Ownership::Detached.apply(&mut request);
+            rlark_proto::client::Ownership::Detached.apply(&mut request);
             client
                 .start_robot(request)
                 .await

@@ -14,8 +14,11 @@
 //!   [`devinit`]: DeviceService.Setup, macvlan interfaces in a calling pod's namespace.
 //! - [`server`]: serving on unix sockets, bound by [`socket`]; [`peer`]: who is connected
 //!   (SO_PEERCRED); [`access`]: who may call a device (the holders rlark's agent
-//!   publishes); [`client`]: dialing a socket; [`metrics`]: Prometheus metrics
-//!   (`--metrics-listen`).
+//!   publishes); [`metrics`]: Prometheus metrics (`--metrics-listen`).
+//!
+//! The client-side contract (the gRPC services, the socket names, the metadata keys, the
+//! holders file, [`client`]: dialing a socket) is `rlark-proto`'s; the paths it had here
+//! are kept as re-exports.
 //!
 //! [`run`] is `rlark embodied`: serve until the shutdown token is cancelled, then stop
 //! every robot and close every camera. [`server::serve`] returns a handle instead (tests).
@@ -25,7 +28,6 @@
 
 pub mod access;
 pub mod camera;
-pub mod client;
 pub mod config;
 pub mod deviceplugin;
 pub mod devinit;
@@ -41,18 +43,11 @@ use std::path::Path;
 use tokio_util::sync::CancellationToken;
 
 pub use config::{ConfigError, EmbodiedConfig};
+pub use rlark_proto::client;
+pub use rlark_proto::sockets::{
+    CAMERA_SOCKET, DEFAULT_SOCKET_DIR, DEVINIT_SOCKET, ROS_SOCKET, ROS2_SOCKET,
+};
 pub use server::{Running, ServeError, ServeOptions, serve, serve_with};
-
-/// Default directory of the sockets (RLark's).
-pub const DEFAULT_SOCKET_DIR: &str = "/var/run/rlark";
-/// RobotController for ROS 1 and simulated robots.
-pub const ROS_SOCKET: &str = "ros-ctrl.sock";
-/// RobotController for ROS 2 robots.
-pub const ROS2_SOCKET: &str = "ros2-ctrl.sock";
-/// CameraController.
-pub const CAMERA_SOCKET: &str = "camera-ctrl.sock";
-/// DeviceService (devinit).
-pub const DEVINIT_SOCKET: &str = "devinit.sock";
 
 /// Serve `config` on the sockets in `socket_dir` until `shutdown` is cancelled; then stop
 /// every robot and remove the sockets.

@@ -175,62 +175,12 @@ impl AsyncWrite for TrackedStream {
     }
 }
 
-/// The fields of `/proc/PID/stat` read here.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProcStat {
-    /// Field 4.
-    pub ppid: i32,
-    /// Field 6.
-    pub session: i32,
-    /// Field 22.
-    pub start_ticks: u64,
-}
-
-/// `/proc/PID/stat` of a live process (`None`: gone, a zombie, or unreadable).
-pub fn proc_stat(pid: i32) -> Option<ProcStat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text)
-}
-
-/// The fields of the text of `/proc/PID/stat`, counted after the command name's last `)`
-/// (the name may hold spaces and parentheses). A zombie is `None`.
-fn parse_stat(text: &str) -> Option<ProcStat> {
-    let rest = &text[text.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // fields[0] is field 3 (the state).
-    if matches!(fields.first()?.chars().next()?, 'Z' | 'X' | 'x') {
-        return None;
-    }
-    Some(ProcStat {
-        ppid: fields.get(1)?.parse().ok()?,
-        session: fields.get(3)?.parse().ok()?,
-        start_ticks: fields.get(19)?.parse().ok()?,
-    })
-}
-
-/// The start ticks of process `pid` now, if it lives.
-pub fn start_ticks(pid: i32) -> Option<u64> {
-    proc_stat(pid).map(|s| s.start_ticks)
-}
+// What `/proc/PID/stat` says of a process: `rlark_process::stat`, the one parser of it.
+pub use rlark_process::{ProcStat, live_stat, start_ticks};
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_fields_are_counted_after_the_name() {
-        let text = "4242 (a) b (c)) S 7 4242 99 0 -1 4194560 1 0 0 0 0 0 0 0 20 0 1 0 987654 1 2";
-        assert_eq!(
-            parse_stat(text),
-            Some(ProcStat {
-                ppid: 7,
-                session: 99,
-                start_ticks: 987654
-            })
-        );
-        assert_eq!(parse_stat(&text.replace(" S ", " Z ")), None, "a zombie");
-        assert_eq!(parse_stat("garbage"), None);
-    }
 
     #[tokio::test]
     async fn counts_connections_per_process_until_dropped() {

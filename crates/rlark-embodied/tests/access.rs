@@ -220,7 +220,7 @@ impl Replica {
             Duration::from_secs(20),
             "the replica leads its session",
             || async move {
-                Ok(access::proc_stat(pid)
+                Ok(access::live_stat(pid)
                     .filter(|s| s.session == pid)
                     .map(|s| ProcessRef {
                         pid,
@@ -432,7 +432,7 @@ async fn the_runtime_is_open_until_holders_are_published_and_refusals_name_the_h
 /// replica rooted there has this process in it.
 fn my_session() -> Result<ProcessRef> {
     let me = i32::try_from(std::process::id())?;
-    let session = access::proc_stat(me).context("my stat")?.session;
+    let session = access::live_stat(me).context("my stat")?.session;
     if session > 0
         && let Some(start_ticks) = access::start_ticks(session)
     {

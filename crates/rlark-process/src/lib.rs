@@ -1,3 +1,6 @@
+//! Processes rlark starts and watches: clean children, and facts about processes read from
+//! `/proc` ([`stat`]: the one parser of `/proc/PID/stat`; [`signal_masks`]).
+//!
 //! Clean children (issue 38, point 5): every process rlark starts for someone else — a raw
 //! replica's supervisor, a robot's launch processes, TensorBoard, an exec session, ffmpeg —
 //! begins with default signal dispositions and an empty signal mask, whatever rlark itself
@@ -25,7 +28,11 @@
 // names what failed, never a panic (tests, built with cfg(test), may unwrap).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
 
+pub mod stat;
+
 use std::io;
+
+pub use stat::{ProcStat, live_stat, parse_stat, read_stat, start_ticks};
 
 /// A command whose child starts with default signal dispositions and an empty mask.
 pub trait CleanSignals {

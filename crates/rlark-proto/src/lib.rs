@@ -1,7 +1,19 @@
-//! The gRPC contract of rlark's embodied runtime: `RobotController`, `CameraController` and
-//! `DeviceService`, with RLark's package, service, RPC and field names so its clients can
-//! switch (`docs/embodied.md`, `docs/compat.md`); and the kubelet's device-plugin API
-//! (`v1beta1`) that the runtime's device plugin speaks.
+//! The client-side contract of rlark's embodied runtime, everything a client needs and
+//! nothing of the runtime itself:
+//!
+//! - the gRPC services `RobotController`, `CameraController` and `DeviceService`, with
+//!   RLark's package, service, RPC and field names so its clients can switch
+//!   (`docs/embodied.md`, `docs/compat.md`) ([`robot`], [`camera`], [`device`]), and the
+//!   kubelet's device-plugin API (`v1beta1`) that the runtime's device plugin speaks
+//!   ([`deviceplugin`]);
+//! - [`sockets`]: the socket directory and socket names, the metadata keys and the
+//!   environment variable of robot ownership;
+//! - [`client`]: dialing a socket, and asking StartRobot for an owner;
+//! - [`holders`]: the holders file, in which rlark's agent tells the runtime who holds
+//!   which device.
+//!
+//! It depends on no other rlark crate: rlark's agent and CLI speak to the runtime through
+//! it without linking the runtime (`rlark-embodied`).
 //!
 //! The `.proto` files live in `proto/rlark/embodied/v1/` and `proto/k8s/deviceplugin/v1beta1/`. The Rust code generated from them
 //! (prost messages, tonic clients and servers) is checked in under `src/gen/`, so a build
@@ -18,6 +30,10 @@
 // The zero-unwrap discipline as a rule: product code turns a failure into an error that
 // names what failed, never a panic (tests, built with cfg(test), may unwrap).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod client;
+pub mod holders;
+pub mod sockets;
 
 /// `ros.controller.v1`: the RobotController service (ROS 1, ROS 2 and simulated robots).
 pub mod robot {

@@ -13,6 +13,7 @@ use std::path::Path;
 
 use rlark_api::quantity::parse_quantity;
 use rlark_api::types::{NodeDevice, ResourceList};
+use rlark_proto::sockets::{CAMERA_SOCKET, OWNER_ENV, ROS_SOCKET, ROS2_SOCKET};
 
 use super::inventory::{DEVICE_RESOURCE, HEALTHY, is_device_key};
 
@@ -194,25 +195,22 @@ pub fn replica_env(socket_dir: &Path, devices: &[Offered], owner: &str) -> Vec<(
             "1".to_string(),
         ),
         ("RLINF_EMBODIED_DEVICES".to_string(), ids.join(",")),
-        (
-            rlark_embodied::robot::service::OWNER_ENV.to_string(),
-            owner.to_string(),
-        ),
+        (OWNER_ENV.to_string(), owner.to_string()),
     ];
     let uses = |name: &str| devices.iter().any(|o| o.socket == name);
     for (name, flag, path) in [
         (
-            rlark_embodied::ROS_SOCKET,
+            ROS_SOCKET,
             "RLINF_EMBODIED_ROS_ENABLED",
             "RLINF_EMBODIED_ROS_SOCKET_PATH",
         ),
         (
-            rlark_embodied::ROS2_SOCKET,
+            ROS2_SOCKET,
             "RLINF_EMBODIED_ROS2_ENABLED",
             "RLINF_EMBODIED_ROS2_SOCKET_PATH",
         ),
         (
-            rlark_embodied::CAMERA_SOCKET,
+            CAMERA_SOCKET,
             "RLINF_EMBODIED_CAMERA_ENABLED",
             "RLINF_EMBODIED_CAMERA_SOCKET_PATH",
         ),
@@ -270,9 +268,9 @@ mod tests {
     fn lab() -> Allocator {
         let mut a = Allocator::default();
         a.set_offered(vec![
-            offered("robot-a", ARM, true, rlark_embodied::ROS_SOCKET),
-            offered("robot-b", ARM, false, rlark_embodied::ROS_SOCKET),
-            offered("camera-c", CAM, true, rlark_embodied::CAMERA_SOCKET),
+            offered("robot-a", ARM, true, ROS_SOCKET),
+            offered("robot-b", ARM, false, ROS_SOCKET),
+            offered("camera-c", CAM, true, CAMERA_SOCKET),
         ]);
         a
     }
@@ -302,12 +300,7 @@ mod tests {
         failing
             .allocate("r1", &wants(&[(ARM, 1)]), &[])
             .expect("fits");
-        failing.set_offered(vec![offered(
-            "robot-a",
-            ARM,
-            false,
-            rlark_embodied::ROS_SOCKET,
-        )]);
+        failing.set_offered(vec![offered("robot-a", ARM, false, ROS_SOCKET)]);
         let problems = failing.problems();
         assert_eq!(
             problems["r1"]
@@ -333,8 +326,8 @@ mod tests {
         assert_eq!(ids(&got), ["camera-c", "robot-a"]);
         let mut b = Allocator::default();
         b.set_offered(vec![
-            offered("robot-a", ARM, true, rlark_embodied::ROS_SOCKET),
-            offered("robot-z", ARM, true, rlark_embodied::ROS_SOCKET),
+            offered("robot-a", ARM, true, ROS_SOCKET),
+            offered("robot-z", ARM, true, ROS_SOCKET),
         ]);
         let got = b
             .allocate("r", &wants(&[(ARM, 1)]), &["robot-z".to_string()])
@@ -365,9 +358,9 @@ mod tests {
 
     #[test]
     fn env_names_the_devices_and_their_sockets() {
-        let mut arm = offered("robot-a", ARM, true, rlark_embodied::ROS_SOCKET);
+        let mut arm = offered("robot-a", ARM, true, ROS_SOCKET);
         arm.ros_master_uri = Some("http://127.0.0.1:11311".into());
-        let cam = offered("camera-c", CAM, true, rlark_embodied::CAMERA_SOCKET);
+        let cam = offered("camera-c", CAM, true, CAMERA_SOCKET);
         let env: BTreeMap<String, String> = replica_env(Path::new("/run/e"), &[arm, cam], "ns/p-0")
             .into_iter()
             .collect();

@@ -11,8 +11,8 @@
 //!
 //! [`DeviceAccess`] also tells the runtime who may call which device: every replica of
 //! this agent (holding devices or not), the processes that root it, and what it holds,
-//! published in DIR's `holders.json` whenever that changes (`rlark_embodied::access`,
-//! docs/embodied.md, "Who may call a device").
+//! published in DIR's `holders.json` (`rlark_proto::holders`) whenever that changes; the
+//! runtime decides every device call from it (docs/embodied.md, "Who may call a device").
 
 pub mod allocator;
 pub mod inventory;
@@ -27,13 +27,13 @@ use kube::api::{Api, Patch, PatchParams};
 use rlark_api::types::{Node, NodeDevice};
 use rlark_proto::camera::v1::camera_controller_client::CameraControllerClient;
 use rlark_proto::camera::v1::{CameraDescriptor, ListCamerasRequest};
+use rlark_proto::holders::{Holders, ProcessRef, ReplicaHolder};
 use rlark_proto::robot::v1::robot_controller_client::RobotControllerClient;
 use rlark_proto::robot::v1::{ListRobotsRequest, RobotInfo};
+use rlark_proto::sockets::{CAMERA_SOCKET, REASON_METADATA, ROS_SOCKET, ROS2_SOCKET};
 use serde_json::{Map, Value, json};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
-
-use rlark_embodied::access::{Holders, ProcessRef, ReplicaHolder};
 
 use self::allocator::{Allocator, Offered};
 use self::inventory::{Answer, NodeDevices};
@@ -75,7 +75,7 @@ impl DeviceAccess {
     /// there are kept (they may still run, to be adopted) and the file is written now, so
     /// the runtime authorizes device calls from this agent's start on.
     pub fn new(socket_dir: PathBuf) -> Self {
-        let carried = rlark_embodied::access::read(&socket_dir)
+        let carried = rlark_proto::holders::read(&socket_dir)
             .map(|h| h.replicas)
             .unwrap_or_default();
         let replicas = carried
@@ -181,9 +181,9 @@ impl DeviceAccess {
         // Carried entries whose processes are gone are over.
         replicas.retain(|_, r| {
             r.carried.is_none()
-                || r.roots.iter().any(|root| {
-                    rlark_embodied::access::start_ticks(root.pid) == Some(root.start_ticks)
-                })
+                || r.roots
+                    .iter()
+                    .any(|root| rlark_process::start_ticks(root.pid) == Some(root.start_ticks))
         });
         let holders = {
             let allocator = self.lock();
@@ -207,7 +207,7 @@ impl DeviceAccess {
                     .collect(),
             }
         };
-        if let Err(error) = rlark_embodied::access::publish(&self.socket_dir, &holders) {
+        if let Err(error) = rlark_proto::holders::publish(&self.socket_dir, &holders) {
             tracing::warn!(%error, "cannot tell the embodied runtime who holds which device");
         }
     }
@@ -294,7 +294,7 @@ impl DeviceReporter {
     /// Ask every socket; the Node's device part. What is on offer goes to the allocator.
     pub async fn poll(&mut self) -> NodeDevices {
         let dir = self.access.socket_dir.clone();
-        for socket in [rlark_embodied::ROS_SOCKET, rlark_embodied::ROS2_SOCKET] {
+        for socket in [ROS_SOCKET, ROS2_SOCKET] {
             let last = self.last.remove(socket).unwrap_or_default();
             let devices = match ask_robots(&dir.join(socket)).await {
                 None => Vec::new(),
@@ -310,7 +310,7 @@ impl DeviceReporter {
             };
             self.last.insert(socket, devices);
         }
-        let socket = rlark_embodied::CAMERA_SOCKET;
+        let socket = CAMERA_SOCKET;
         let last = self.last.remove(socket).unwrap_or_default();
         let devices = match ask_cameras(&dir.join(socket)).await {
             None => Vec::new(),
@@ -328,9 +328,7 @@ impl DeviceReporter {
                     device: device.clone(),
                     socket,
                     ros_master_uri: robot.map(|r| r.0.clone()).filter(|u| !u.is_empty()),
-                    ros_domain_id: robot
-                        .filter(|_| *socket == rlark_embodied::ROS2_SOCKET)
-                        .map(|r| r.1),
+                    ros_domain_id: robot.filter(|_| *socket == ROS2_SOCKET).map(|r| r.1),
                 });
             }
         }
@@ -459,7 +457,7 @@ pub async fn stop_held_robots(socket_dir: &Path, devices: &[Offered], holder: &s
 /// it was stopped).
 async fn stop_if_owned(path: &Path, robot: &str, reason: &str) -> Result<bool, String> {
     use rlark_proto::robot::v1::{GetRobotStatusRequest, RobotState, StopRobotRequest};
-    let channel = rlark_embodied::client::connect(path)
+    let channel = rlark_proto::client::connect(path)
         .await
         .map_err(|e| e.to_string())?;
     let mut client = RobotControllerClient::new(channel);
@@ -477,9 +475,7 @@ async fn stop_if_owned(path: &Path, robot: &str, reason: &str) -> Result<bool, S
         robot_id: robot.to_string(),
     });
     if let Ok(value) = reason.parse() {
-        request
-            .metadata_mut()
-            .insert(rlark_embodied::robot::service::REASON_METADATA, value);
+        request.metadata_mut().insert(REASON_METADATA, value);
     }
     client
         .stop_robot(request)
@@ -523,7 +519,7 @@ where
         return None;
     }
     let call = async {
-        let channel = rlark_embodied::client::connect(path)
+        let channel = rlark_proto::client::connect(path)
             .await
             .map_err(|e| e.to_string())?;
         list(channel).await

@@ -63,7 +63,7 @@ pub trait RunningReplica: Send + Sync {
     /// The processes whose session members and descendants are the replica (a raw
     /// replica's supervisor, a container's init), for the embodied runtime's device
     /// authorization (`rlark_embodied::access`). Empty when they cannot be told.
-    fn roots(&self) -> Vec<rlark_embodied::access::ProcessRef> {
+    fn roots(&self) -> Vec<rlark_proto::holders::ProcessRef> {
         Vec::new()
     }
 
@@ -222,11 +222,11 @@ impl RunningReplica for ReplicaHandle {
     }
 
     /// The supervisor: it leads the replica's session and reaps its orphans.
-    fn roots(&self) -> Vec<rlark_embodied::access::ProcessRef> {
+    fn roots(&self) -> Vec<rlark_proto::holders::ProcessRef> {
         let pid = i32::try_from(self.supervisor_pid()).ok();
         match (pid, self.supervisor_start_ticks()) {
             (Some(pid), Some(start_ticks)) => {
-                vec![rlark_embodied::access::ProcessRef { pid, start_ticks }]
+                vec![rlark_proto::holders::ProcessRef { pid, start_ticks }]
             }
             _ => Vec::new(),
         }

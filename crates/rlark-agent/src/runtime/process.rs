@@ -6,6 +6,9 @@ use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
+/// What `/proc/<pid>/stat` says about a process: `rlark_process::stat`, the one parser of it.
+pub use rlark_process::ProcStat;
+
 /// How often a dying process group is checked for remaining members.
 const GROUP_POLL: Duration = Duration::from_millis(50);
 
@@ -59,34 +62,11 @@ pub async fn wait_group_gone(pgid: i32, timeout: Duration) -> bool {
     }
 }
 
-/// What `/proc/<pid>/stat` says about a process.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ProcStat {
-    /// State letter (`R`, `S`, `Z`, ...).
-    pub state: char,
-    /// Process group.
-    pub pgrp: i32,
-    /// Start time in clock ticks after boot (field 22): with the pid, it identifies the
-    /// process across pid reuse.
-    pub start_ticks: u64,
-}
-
-/// Read `/proc/<pid>/stat`; `None` when there is no such process.
+/// Read `/proc/<pid>/stat`, whatever the process's state (zombies too); `None` when there
+/// is no such process (or its line cannot be read).
 pub fn proc_stat(pid: u32) -> Option<ProcStat> {
-    let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    parse_stat(&text)
-}
-
-fn parse_stat(text: &str) -> Option<ProcStat> {
-    // `pid (comm) state ppid pgrp ...`; comm may contain spaces and parentheses.
-    let rest = &text[text.rfind(')')? + 1..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    // fields[0] is field 3 (state), so field N is fields[N - 3].
-    Some(ProcStat {
-        state: fields.first()?.chars().next()?,
-        pgrp: fields.get(2)?.parse().ok()?,
-        start_ticks: fields.get(19)?.parse().ok()?,
-    })
+    // A pid past i32::MAX names no process (the kernel's pid_max is far below).
+    rlark_process::read_stat(i32::try_from(pid).ok()?).ok()
 }
 
 /// Whether process `pid` runs (not a zombie) and, when `start_ticks` is given, is the
@@ -110,16 +90,6 @@ pub fn signal_name(signal: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn stat_lines_parse_even_with_odd_command_names() {
-        let line = "1234 (my (odd) prog) S 1 1234 1234 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 \
-                    987654 1000000 100 18446744073709551615 1 1 0 0 0 0 0 0 0 0 0 0 17 0 0 0 0 0 0";
-        let stat = parse_stat(line).expect("parse");
-        assert_eq!(stat.state, 'S');
-        assert_eq!(stat.pgrp, 1234);
-        assert_eq!(stat.start_ticks, 987654);
-    }
 
     #[test]
     fn this_process_is_running_and_groups_zero_and_one_are_refused() {

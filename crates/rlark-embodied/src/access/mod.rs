@@ -2,12 +2,10 @@
 //!
 //! rlark's agent gives each replica the robots and cameras it holds, and publishes in the
 //! socket directory who runs and who holds what: [`HOLDERS_FILE`] ([`Holders`], written by
-//! [`publish`], atomically, by a root-owned process). Each entry is one replica of the
-//! agent on this host, holding devices or not: its name (`<namespace>/<pod>`), the
-//! processes that root it (a raw replica's supervisor, a docker replica's main container's
-//! init: PID and `/proc` start ticks, so a reused PID does not count), optionally uids
-//! only it runs as, whether it is starting (its processes not known yet), and the devices
-//! it holds (Node device IDs: `robot-arm-0`, `camera-cam-0`).
+//! [`publish`]; the file is `rlark_proto::holders`, re-exported here). Each entry is one
+//! replica of the agent on this host, holding devices or not: its name, the processes that
+//! root it (PID and `/proc` start ticks), optionally uids only it runs as, whether it is
+//! starting, and the devices it holds (Node device IDs: `robot-arm-0`, `camera-cam-0`).
 //!
 //! The runtime ([`Authorizer`]) decides every call that names one device (StartRobot,
 //! StopRobot, GetRobotStatus, SwitchMode, ListModes, GetRobotLogs, ResetRobot;
@@ -44,14 +42,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use serde::{Deserialize, Serialize};
-
-pub use crate::peer::{PeerInfo, ProcStat, proc_stat, start_ticks};
+pub use crate::peer::{PeerInfo, ProcStat, live_stat, start_ticks};
+pub use rlark_proto::holders::{
+    HOLDERS_FILE, Holders, ProcessRef, PublishError, ReplicaHolder, camera_device_id, publish,
+    read, robot_device_id,
+};
 
 pub use decide::{Decision, Standing, Visible, decide, standing, visible};
-
-/// The file in the socket directory that says who holds what.
-pub const HOLDERS_FILE: &str = "holders.json";
 
 /// How long a call from an unidentified process waits for a starting replica to be
 /// published before it is refused.
@@ -62,44 +59,6 @@ const PENDING_POLL: Duration = Duration::from_millis(25);
 const ENFORCE_POLL: Duration = Duration::from_millis(500);
 /// How many ancestors of a caller are looked at, at most.
 const MAX_LINEAGE: usize = 256;
-
-/// Who runs and who holds what, as the agent publishes it.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Holders {
-    /// Every replica of the agent on this host.
-    #[serde(default)]
-    pub replicas: Vec<ReplicaHolder>,
-}
-
-/// One replica in [`Holders`].
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReplicaHolder {
-    /// `<namespace>/<pod>`.
-    pub name: String,
-    /// The processes whose session members and descendants are the replica.
-    #[serde(default)]
-    pub roots: Vec<ProcessRef>,
-    /// Uids no other process on the host runs as (a per-replica user).
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub uids: Vec<u32>,
-    /// Being started: its roots are not known yet.
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub starting: bool,
-    /// The devices it holds (Node device IDs).
-    #[serde(default)]
-    pub devices: Vec<String>,
-}
-
-/// A process: its PID and its start time (clock ticks after boot, `/proc/PID/stat` field
-/// 22), which tells it from a later process given the same PID.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ProcessRef {
-    pub pid: i32,
-    pub start_ticks: u64,
-}
 
 /// The caller of one call, as the kernel reports it.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -115,79 +74,11 @@ pub struct Caller {
     pub session: Option<ProcessRef>,
 }
 
-/// Why the holders file could not be published.
-#[derive(Debug, thiserror::Error)]
-pub enum PublishError {
-    #[error("create {}: {source}", path.display())]
-    CreateDir {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("write {}: {source}", path.display())]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
-    #[error("encode the holders: {0}")]
-    Encode(#[from] serde_json::Error),
-}
-
-/// Write `holders` to [`HOLDERS_FILE`] in `socket_dir` (made if missing): a temporary
-/// file (0644) renamed over it, so the runtime reads the old or the new table, whole.
-pub fn publish(socket_dir: &Path, holders: &Holders) -> Result<(), PublishError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    std::fs::create_dir_all(socket_dir).map_err(|source| PublishError::CreateDir {
-        path: socket_dir.to_path_buf(),
-        source,
-    })?;
-    let body = serde_json::to_vec_pretty(holders)?;
-    let path = socket_dir.join(HOLDERS_FILE);
-    let temp = socket_dir.join(format!(".{HOLDERS_FILE}.{}", std::process::id()));
-    let write = || -> std::io::Result<()> {
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .mode(0o644)
-            .open(&temp)?;
-        file.write_all(&body)?;
-        // The mode given at creation is masked by the umask; the file must not be
-        // writable by others, or the runtime distrusts it.
-        file.set_permissions(std::os::unix::fs::PermissionsExt::from_mode(0o644))?;
-        std::fs::rename(&temp, &path)
-    };
-    write().map_err(|source| {
-        let _ = std::fs::remove_file(&temp);
-        PublishError::Write {
-            path: path.clone(),
-            source,
-        }
-    })
-}
-
 /// Device calls refused (one counter per process; `rlark_embodied_calls_denied_total`).
 pub fn calls_denied() -> &'static prometheus_client::metrics::counter::Counter {
     static DENIED: std::sync::OnceLock<prometheus_client::metrics::counter::Counter> =
         std::sync::OnceLock::new();
     DENIED.get_or_init(Default::default)
-}
-
-/// The device ID of robot `id` (as the Node lists it).
-pub fn robot_device_id(id: &str) -> String {
-    format!("robot-{id}")
-}
-
-/// The device ID of camera `id`.
-pub fn camera_device_id(id: &str) -> String {
-    format!("camera-{id}")
-}
-
-/// The holders file in `socket_dir` as it is now (`None`: there is none, or it cannot be
-/// read or parsed).
-pub fn read(socket_dir: &Path) -> Option<Holders> {
-    let text = std::fs::read(socket_dir.join(HOLDERS_FILE)).ok()?;
-    serde_json::from_slice(&text).ok()
 }
 
 /// The holders table as last read, and when it changes.
@@ -411,14 +302,14 @@ pub fn caller_of(peer: Option<&PeerInfo>) -> Caller {
     let Some(pid) = peer.pid.filter(|p| *p > 0) else {
         return caller;
     };
-    let Some(first) = proc_stat(pid) else {
+    let Some(first) = live_stat(pid) else {
         return caller;
     };
     if peer.start_ticks.is_some_and(|t| t != first.start_ticks) {
         return caller;
     }
     if first.session > 0
-        && let Some(leader) = proc_stat(first.session)
+        && let Some(leader) = live_stat(first.session)
     {
         caller.session = Some(ProcessRef {
             pid: first.session,
@@ -434,7 +325,7 @@ pub fn caller_of(peer: Option<&PeerInfo>) -> Caller {
         if stat.ppid <= 1 || caller.lineage.len() >= MAX_LINEAGE {
             break;
         }
-        current = proc_stat(stat.ppid).map(|s| (stat.ppid, s));
+        current = live_stat(stat.ppid).map(|s| (stat.ppid, s));
     }
     caller
 }
@@ -457,8 +348,8 @@ mod tests {
         // The session leader is named only when this PID namespace can see it: under a
         // container runtime the test may run in a session whose leader is outside
         // (the kernel reports session 0) or already gone.
-        let sid = proc_stat(me).map(|s| s.session).unwrap_or(0);
-        let leader_visible = sid > 0 && proc_stat(sid).is_some();
+        let sid = live_stat(me).map(|s| s.session).unwrap_or(0);
+        let leader_visible = sid > 0 && live_stat(sid).is_some();
         assert_eq!(
             caller.session.map(|s| s.pid),
             leader_visible.then_some(sid),

@@ -19,29 +19,9 @@ use crate::access::{Authorizer, robot_device_id};
 use crate::config::Backend;
 use crate::peer::PeerInfo;
 
-/// Metadata key a StartRobot caller sets to `true` to start a robot without owning it.
-pub const DETACH_METADATA: &str = "rlark-detach";
-
-/// Metadata key a StartRobot caller sets to a label (rlark's agent gives each replica one
-/// in [`OWNER_ENV`]) to make its replica — its session — the robot's owner instead of the
-/// calling process ([`super::watchdog`]). `rlark-detach: true` wins over it.
-pub const OWNER_METADATA: &str = "rlark-owner";
-
-/// The environment variable holding the label a replica's clients send as
-/// [`OWNER_METADATA`] (`<namespace>/<pod>`, set by rlark's agent for replicas that hold
-/// devices).
-pub const OWNER_ENV: &str = "RLINF_EMBODIED_OWNER";
-
-/// Longest [`OWNER_METADATA`] value accepted.
-pub const MAX_OWNER_LABEL: usize = 253;
-
-/// Metadata key a StopRobot caller may set to say why (e.g. rlark's agent: `replica X,
-/// which held it, ended`); added to the robot's message and log. Printable ASCII, cut at
-/// [`MAX_REASON`] characters; anything else is ignored.
-pub const REASON_METADATA: &str = "rlark-reason";
-
-/// Longest [`REASON_METADATA`] text kept.
-pub const MAX_REASON: usize = 256;
+pub use rlark_proto::sockets::{
+    DETACH_METADATA, MAX_OWNER_LABEL, MAX_REASON, OWNER_ENV, OWNER_METADATA, REASON_METADATA,
+};
 
 /// The RobotController service of one socket.
 pub struct RobotService {

@@ -154,50 +154,17 @@ pub enum ProcessState {
     Unknown,
 }
 
-/// Read `/proc/PID/stat`.
+/// Read `/proc/PID/stat` (`rlark_process::stat`).
 pub fn process_state(pid: i32) -> ProcessState {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(text) => parse_stat(&text).map_or(ProcessState::Unknown, |stat| {
-            if matches!(stat.state, 'Z' | 'X' | 'x') {
-                ProcessState::Exited
-            } else {
-                ProcessState::Alive {
-                    start_time: stat.start_time,
-                    session: stat.session,
-                }
-            }
-        }),
+    match rlark_process::read_stat(pid) {
+        Ok(stat) if stat.is_exited() => ProcessState::Exited,
+        Ok(stat) => ProcessState::Alive {
+            start_time: stat.start_ticks,
+            session: stat.session,
+        },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => ProcessState::Exited,
         Err(_) => ProcessState::Unknown,
     }
-}
-
-/// The fields of `/proc/PID/stat` the watchdog reads.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Stat {
-    /// Field 3.
-    state: char,
-    /// Field 6.
-    session: i32,
-    /// Field 22.
-    start_time: u64,
-}
-
-/// The fields the watchdog reads from the text of `/proc/PID/stat`. The command name
-/// (field 2) may hold spaces and parentheses, so fields are counted after its last `)`.
-fn parse_stat(text: &str) -> Option<Stat> {
-    let rest = &text[text.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?.chars().next()?;
-    // Fields 4 (ppid) and 5 (process group), then 6: the session.
-    let session = fields.nth(2)?.parse().ok()?;
-    // Fields 7..=21 come next; field 22 is the start time.
-    let start_time = fields.nth(15)?.parse().ok()?;
-    Some(Stat {
-        state,
-        session,
-        start_time,
-    })
 }
 
 /// Whether the owner process is still the one that claimed the robot.
@@ -288,20 +255,6 @@ fn check(controller: &Arc<RobotController>, watchdog: Duration) {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn parses_proc_stat_with_odd_command_names() {
-        let text = "1234 (my (odd) cmd) S 1 1230 1200 0 -1 4194560 100 0 0 0 1 2 0 0 20 0 1 0 987654 1000 10";
-        assert_eq!(
-            parse_stat(text),
-            Some(Stat {
-                state: 'S',
-                session: 1200,
-                start_time: 987654
-            })
-        );
-        assert_eq!(parse_stat("garbage"), None);
-    }
 
     #[test]
     fn this_process_is_alive_and_a_reaped_child_is_not() {

@@ -688,11 +688,11 @@ impl RunningReplica for DockerReplica {
     }
 
     /// The main container's init (its processes descend from it).
-    fn roots(&self) -> Vec<rlark_embodied::access::ProcessRef> {
+    fn roots(&self) -> Vec<rlark_proto::holders::ProcessRef> {
         let pid = i32::try_from(self.record.pid).ok().filter(|p| *p > 0);
         match (pid, self.record.start_ticks) {
             (Some(pid), Some(start_ticks)) => {
-                vec![rlark_embodied::access::ProcessRef { pid, start_ticks }]
+                vec![rlark_proto::holders::ProcessRef { pid, start_ticks }]
             }
             _ => Vec::new(),
         }

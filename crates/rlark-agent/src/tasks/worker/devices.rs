@@ -122,7 +122,7 @@ impl Worker {
 
     /// Tells the embodied runtime (when the agent has one) that this replica is starting
     /// (`roots` `None`) or runs with `roots`.
-    pub(super) fn publish_replica(&self, roots: Option<Vec<rlark_embodied::access::ProcessRef>>) {
+    pub(super) fn publish_replica(&self, roots: Option<Vec<rlark_proto::holders::ProcessRef>>) {
         if let Some(access) = &self.shared.ctx.devices {
             let name = self.owner_label();
             match roots {

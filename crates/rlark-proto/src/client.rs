@@ -1,5 +1,5 @@
-//! Dialing the embodied runtime's unix sockets (the CLI, tests, other Rust clients), and
-//! asking StartRobot for an owner ([`Ownership`]).
+//! Dialing the embodied runtime's unix sockets (rlark's agent and CLI, tests, other Rust
+//! clients), and asking StartRobot for an owner ([`Ownership`]).
 
 use std::path::{Path, PathBuf};
 
@@ -56,7 +56,7 @@ impl Ownership {
     /// [`Ownership::Replica`] with the label in `RLINF_EMBODIED_OWNER` (set by rlark's
     /// agent for replicas holding devices) when it is set and not empty, else `otherwise`.
     pub fn from_env_or(otherwise: Ownership) -> Ownership {
-        match std::env::var(crate::robot::service::OWNER_ENV) {
+        match std::env::var(crate::sockets::OWNER_ENV) {
             Ok(label) if !label.trim().is_empty() => Ownership::Replica(label.trim().to_string()),
             _ => otherwise,
         }
@@ -65,7 +65,7 @@ impl Ownership {
     /// Put the metadata for this ownership on a StartRobot request. A label that is not
     /// valid metadata is left out (the runtime then applies the process rule).
     pub fn apply<T>(&self, request: &mut tonic::Request<T>) {
-        use crate::robot::service::{DETACH_METADATA, OWNER_METADATA};
+        use crate::sockets::{DETACH_METADATA, OWNER_METADATA};
         match self {
             Ownership::Process => {}
             Ownership::Detached => {
