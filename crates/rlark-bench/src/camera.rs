@@ -217,7 +217,7 @@ pub async fn run_camera(options: CameraBenchOptions) -> anyhow::Result<CameraBen
         .context("camera settings (--width, --height 1-8192, --fps 1-240)")?;
     let shutdown = CancellationToken::new();
     let running = rlark_embodied::serve(config, &socket_dir, shutdown.clone()).await?;
-    let socket = socket_dir.join(rlark_embodied::CAMERA_SOCKET);
+    let socket = socket_dir.join(rlark_proto::sockets::CAMERA_SOCKET);
 
     let result = async {
         let mut control = client(&socket).await?;
@@ -264,7 +264,7 @@ type Client = CameraControllerClient<tonic::transport::Channel>;
 
 async fn client(socket: &Path) -> anyhow::Result<Client> {
     Ok(
-        CameraControllerClient::new(rlark_embodied::client::connect(socket).await?)
+        CameraControllerClient::new(rlark_proto::client::connect(socket).await?)
             // Raw frames of large cameras exceed tonic's default 4 MiB limit.
             .max_decoding_message_size(256 << 20),
     )

@@ -21,7 +21,7 @@ use super::table::align;
 #[derive(Debug, Args)]
 pub(crate) struct CameraArgs {
     /// Directory of the embodied runtime's sockets.
-    #[arg(long, value_name = "DIR", default_value = rlark_embodied::DEFAULT_SOCKET_DIR, global = true)]
+    #[arg(long, value_name = "DIR", default_value = rlark_proto::sockets::DEFAULT_SOCKET_DIR, global = true)]
     pub socket_dir: PathBuf,
     #[command(subcommand)]
     pub command: CameraCommand,
@@ -123,7 +123,7 @@ type Client = CameraControllerClient<Channel>;
 const MAX_FRAME_BYTES: usize = 256 << 20;
 
 async fn client(dir: &Path) -> anyhow::Result<Client> {
-    let socket = dir.join(rlark_embodied::CAMERA_SOCKET);
+    let socket = dir.join(rlark_proto::sockets::CAMERA_SOCKET);
     if !socket.exists() {
         bail!(
             "no camera controller socket {} (is `rlark embodied` running with cameras? --socket-dir)",
@@ -131,7 +131,7 @@ async fn client(dir: &Path) -> anyhow::Result<Client> {
         );
     }
     Ok(
-        CameraControllerClient::new(rlark_embodied::client::connect(&socket).await?)
+        CameraControllerClient::new(rlark_proto::client::connect(&socket).await?)
             .max_decoding_message_size(MAX_FRAME_BYTES),
     )
 }

@@ -11,6 +11,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use rlark_proto::device::v1::SetupRequest;
 use rlark_proto::device::v1::device_service_client::DeviceServiceClient;
+use rlark_proto::sockets::{DEFAULT_SOCKET_DIR, DEVINIT_SOCKET};
 
 use super::table::align;
 use rlark_observe::parse_duration;
@@ -41,14 +42,14 @@ pub(crate) enum DevinitCommand {
 
 pub(crate) async fn devinit(args: DevinitArgs) -> anyhow::Result<()> {
     let socket = match (&args.socket_dir, std::env::var_os(SOCKET_ENV)) {
-        (Some(dir), _) => dir.join(rlark_embodied::DEVINIT_SOCKET),
+        (Some(dir), _) => dir.join(DEVINIT_SOCKET),
         (None, Some(path)) if !path.is_empty() => PathBuf::from(path),
-        _ => PathBuf::from(rlark_embodied::DEFAULT_SOCKET_DIR).join(rlark_embodied::DEVINIT_SOCKET),
+        _ => PathBuf::from(DEFAULT_SOCKET_DIR).join(DEVINIT_SOCKET),
     };
     match args.command {
         DevinitCommand::Setup { timeout } => {
             let call = async {
-                let channel = rlark_embodied::client::connect(&socket).await?;
+                let channel = rlark_proto::client::connect(&socket).await?;
                 DeviceServiceClient::new(channel)
                     .setup(SetupRequest {})
                     .await

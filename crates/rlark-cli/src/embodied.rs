@@ -18,7 +18,7 @@ pub(crate) struct EmbodiedArgs {
     #[arg(long, value_name = "FILE")]
     pub config: PathBuf,
     /// Directory of the sockets (ros-ctrl.sock, ros2-ctrl.sock); created if missing.
-    #[arg(long, value_name = "DIR", default_value = rlark_embodied::DEFAULT_SOCKET_DIR)]
+    #[arg(long, value_name = "DIR", default_value = rlark_proto::sockets::DEFAULT_SOCKET_DIR)]
     pub socket_dir: PathBuf,
     /// Serve Prometheus metrics at http://ADDR/metrics (e.g. 127.0.0.1:9102; port 0 picks
     /// a free port). Off by default.

@@ -13,11 +13,12 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context as _, bail};
 use clap::{Args, Subcommand};
-use rlark_embodied::client::Ownership;
 use rlark_embodied::robot::state_name;
+use rlark_proto::client::Ownership;
 use rlark_proto::robot::v1 as pb;
 use rlark_proto::robot::v1::RobotState;
 use rlark_proto::robot::v1::robot_controller_client::RobotControllerClient;
+use rlark_proto::sockets::{ROS_SOCKET, ROS2_SOCKET};
 use tonic::transport::Channel;
 
 use super::output::{DataFormat, print_data};
@@ -26,7 +27,7 @@ use super::table::align;
 #[derive(Debug, Args)]
 pub(crate) struct RobotArgs {
     /// Directory of the embodied runtime's sockets.
-    #[arg(long, value_name = "DIR", default_value = rlark_embodied::DEFAULT_SOCKET_DIR, global = true)]
+    #[arg(long, value_name = "DIR", default_value = rlark_proto::sockets::DEFAULT_SOCKET_DIR, global = true)]
     pub socket_dir: PathBuf,
     #[command(subcommand)]
     pub command: RobotCommand,
@@ -105,7 +106,7 @@ type Client = RobotControllerClient<Channel>;
 
 /// The RobotController sockets present in `dir`.
 fn sockets(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
-    let found: Vec<PathBuf> = [rlark_embodied::ROS_SOCKET, rlark_embodied::ROS2_SOCKET]
+    let found: Vec<PathBuf> = [ROS_SOCKET, ROS2_SOCKET]
         .iter()
         .map(|name| dir.join(name))
         .filter(|path| path.exists())
@@ -121,7 +122,7 @@ fn sockets(dir: &Path) -> anyhow::Result<Vec<PathBuf>> {
 
 async fn client(socket: &Path) -> anyhow::Result<Client> {
     Ok(RobotControllerClient::new(
-        rlark_embodied::client::connect(socket).await?,
+        rlark_proto::client::connect(socket).await?,
     ))
 }
 

@@ -419,8 +419,7 @@ async fn a_replica_owns_its_robots_and_an_unhealthy_device_can_stop_it() -> anyh
         .await?;
     let pod = holder(&pods, "backstop-rollout").await?;
     line_in(&out).await?;
-    let channel =
-        rlark_embodied::client::connect(embodied.socket_dir.join("ros-ctrl.sock")).await?;
+    let channel = rlark_proto::client::connect(embodied.socket_dir.join("ros-ctrl.sock")).await?;
     let mut client =
         rlark_proto::robot::v1::robot_controller_client::RobotControllerClient::new(channel);
     let started = client
