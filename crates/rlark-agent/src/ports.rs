@@ -152,13 +152,8 @@ fn process_table() -> HashMap<u32, (u32, i32)> {
         .filter_map(Result::ok)
         .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
         .filter_map(|pid| {
-            let text = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-            // `pid (comm) state ppid pgrp ...`; comm may contain anything.
-            let rest = &text[text.rfind(')')? + 1..];
-            let mut fields = rest.split_whitespace().skip(1);
-            let ppid = fields.next()?.parse().ok()?;
-            let pgrp = fields.next()?.parse().ok()?;
-            Some((pid, (ppid, pgrp)))
+            let stat = rlark_process::read_stat(i32::try_from(pid).ok()?).ok()?;
+            Some((pid, (u32::try_from(stat.ppid).ok()?, stat.pgrp)))
         })
         .collect()
 }

@@ -175,7 +175,7 @@ impl AsyncWrite for TrackedStream {
     }
 }
 
-// What `/proc/PID/stat` says of a process: `rlark_process::stat`, the one parser of it.
+// What `/proc/PID/stat` says of a process: `rlark_process::stat`, the agent's parser too.
 pub use rlark_process::{ProcStat, live_stat, start_ticks};
 
 #[cfg(test)]

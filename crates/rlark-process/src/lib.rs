@@ -1,5 +1,5 @@
 //! Processes rlark starts and watches: clean children, and facts about processes read from
-//! `/proc` ([`stat`]: the one parser of `/proc/PID/stat`; [`signal_masks`]).
+//! `/proc` ([`stat`]: `/proc/PID/stat`, parsed in one place; [`signal_masks`]).
 //!
 //! Clean children (issue 38, point 5): every process rlark starts for someone else — a raw
 //! replica's supervisor, a robot's launch processes, TensorBoard, an exec session, ffmpeg —

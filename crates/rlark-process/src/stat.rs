@@ -1,5 +1,7 @@
-//! Facts about processes from `/proc/PID/stat`: the one parser of it in rlark (the agent's
-//! runtimes and supervision, the embodied runtime's access rules and safety watchdog).
+//! Facts about processes from `/proc/PID/stat`, parsed in one place for the agent (its
+//! runtimes and supervision, exec sessions' process groups, the replica port check) and the
+//! embodied runtime (its access rules and safety watchdog). `rlark-observe`'s process
+//! metrics read the CPU and memory fields of `/proc/self/stat` themselves.
 //!
 //! A process is told from a later one given the same PID by its start time (field 22,
 //! clock ticks after boot): a `(pid, start_ticks)` pair names one process for good.

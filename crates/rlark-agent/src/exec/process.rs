@@ -249,19 +249,11 @@ pub(super) fn members(leader: i32, session: bool) -> Vec<Pid> {
         .filter_map(Result::ok)
         .filter_map(|entry| entry.file_name().to_str()?.parse::<i32>().ok())
         .filter(|pid| {
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+            let Ok(stat) = rlark_process::read_stat(*pid) else {
                 return false;
             };
-            // `pid (comm) state ppid pgrp session ...`; comm may contain anything.
-            let Some(rest) = stat.rfind(')').map(|at| &stat[at + 1..]) else {
-                return false;
-            };
-            let fields: Vec<&str> = rest.split_whitespace().collect();
-            let live = fields.first().is_some_and(|s| !matches!(*s, "Z" | "X"));
-            let in_group = fields.get(2).and_then(|g| g.parse::<i32>().ok()) == Some(leader);
-            let in_session =
-                session && fields.get(3).and_then(|s| s.parse::<i32>().ok()) == Some(leader);
-            live && (in_group || in_session)
+            let live = !matches!(stat.state, 'Z' | 'X');
+            live && (stat.pgrp == leader || (session && stat.session == leader))
         })
         .map(Pid::from_raw)
         .collect()

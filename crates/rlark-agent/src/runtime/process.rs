@@ -6,7 +6,8 @@ use nix::errno::Errno;
 use nix::sys::signal::{Signal, killpg};
 use nix::unistd::Pid;
 
-/// What `/proc/<pid>/stat` says about a process: `rlark_process::stat`, the one parser of it.
+/// What `/proc/<pid>/stat` says about a process: `rlark_process::stat`, shared with the
+/// embodied runtime.
 pub use rlark_process::ProcStat;
 
 /// How often a dying process group is checked for remaining members.
