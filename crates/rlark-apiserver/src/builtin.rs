@@ -26,7 +26,7 @@ impl Registry {
         let replaced = |rt: &ResourceType| {
             extra
                 .iter()
-                .any(|e| e.group == rt.group && e.version == rt.version && e.plural == rt.plural)
+                .any(|e| e.is_served_as(&rt.group, &rt.version, &rt.plural))
         };
         let mut rlark = Self::default();
         rlark.add_rlark_kinds();

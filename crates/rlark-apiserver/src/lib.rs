@@ -128,7 +128,7 @@ impl ApiServerOptions {
         !self
             .extra_kinds
             .iter()
-            .any(|rt| rt.group.is_empty() && rt.version == "v1" && rt.plural == "pods")
+            .any(|rt| rt.is_served_as("", "v1", "pods"))
     }
 }
 

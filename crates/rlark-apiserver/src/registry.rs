@@ -153,6 +153,12 @@ impl ResourceType {
         }
     }
 
+    /// Whether this kind is served at `group`/`version` under `plural` (the names a kind
+    /// replacing another must share with it).
+    pub fn is_served_as(&self, group: &str, version: &str, plural: &str) -> bool {
+        self.group == group && self.version == version && self.plural == plural
+    }
+
     /// `group/version`, or `version` for the core group.
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
