@@ -14,7 +14,8 @@
 //! relayed), the [`direct`] mTLS path between agents and the destination side
 //! ([`inbound`]); [`splice`] moves kernel mode's local and egress bytes without copying
 //! them; [`metrics`] counts it all. [`replica`] ties one replica's pieces together for the
-//! agent's Task worker, [`hosts`] renders its `/etc/hosts`, and [`start`] starts it all.
+//! agent's Task worker, [`hosts`] renders its `/etc/hosts`, [`hosts_files`] keeps every
+//! replica's file current, and [`start`] starts it all.
 // The zero-unwrap discipline as a rule: product code turns a failure into an error that
 // names what failed, never a panic (tests, built with cfg(test), may unwrap).
 #![cfg_attr(not(test), deny(clippy::unwrap_used, clippy::expect_used))]
@@ -25,6 +26,7 @@ pub mod direct;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod hosts;
+pub mod hosts_files;
 pub mod inbound;
 pub mod membership;
 pub mod metrics;

@@ -30,7 +30,7 @@ use sha2::{Digest as _, Sha256};
 use tokio_util::sync::CancellationToken;
 
 use super::datagram::{DatagramMetrics, DatagramPlane, Limits, PlaneConfig};
-use super::hosts::{self, HostEntry};
+use super::hosts_files::HostsFiles;
 use super::inbound::DatagramPlanes;
 use super::membership::{Membership, MembershipView};
 use super::netns::{Mode, NetError, NetnsSpec, ReplicaNetns};
@@ -123,6 +123,8 @@ struct Inner {
     planes: DatagramPlanes,
     config: NetConfig,
     attached: Mutex<HashMap<String, Attached>>,
+    /// The attached replicas' hosts files, kept current.
+    hosts: HostsFiles,
     /// The agent's shutdown (each replica's `stop` is a child of it).
     shutdown: CancellationToken,
 }
@@ -147,19 +149,20 @@ impl DomainNet {
     ) -> Self {
         let planes = DatagramPlanes::default();
         router.inbound().set_datagrams(Arc::new(planes.clone()));
-        let net = DomainNet {
+        let hosts = HostsFiles::new(router.membership().clone());
+        tokio::spawn(hosts.clone().run(shutdown.clone()));
+        DomainNet {
             inner: Arc::new(Inner {
+                hosts,
                 membership: router.membership().clone(),
                 router,
                 datagrams,
                 planes,
                 config,
                 attached: Mutex::new(HashMap::new()),
-                shutdown: shutdown.clone(),
+                shutdown,
             }),
-        };
-        tokio::spawn(net.clone().keep_hosts_current(shutdown));
-        net
+        }
     }
 
     /// The router (for the agent API's `net check`).
@@ -245,11 +248,13 @@ impl DomainNet {
                         source,
                     })?,
             );
-        self.write_hosts(&hosts_file, domain, &self.inner.membership.view())
-            .map_err(|source| AttachError::Hosts {
+        if let Err(source) = self.inner.hosts.add(pod, domain, &hosts_file) {
+            let _ = delete_netns(netns).await;
+            return Err(AttachError::Hosts {
                 path: hosts_file.clone(),
                 source,
-            })?;
+            });
+        }
         let attached = match self.inner.config.mode {
             Mode::Kernel => self.inner.router.attach(pod, domain, netns.clone()).await,
             Mode::Tun => {
@@ -266,6 +271,7 @@ impl DomainNet {
         };
         if let Err(error) = attached {
             // Nothing half-attached: the namespace is created again on the next try.
+            self.inner.hosts.forget(pod);
             let _ = delete_netns(netns).await;
             return Err(error.into());
         }
@@ -328,6 +334,7 @@ impl DomainNet {
             return;
         };
         self.inner.router.detach(pod);
+        self.inner.hosts.forget(pod);
         attached.stop.cancel();
         if let Some(plane) = self.inner.planes.remove(pod) {
             plane.shutdown();
@@ -350,54 +357,9 @@ impl DomainNet {
         if let Some(attached) = self.attached().remove(pod) {
             attached.stop.cancel();
             self.inner.router.detach(pod);
+            self.inner.hosts.forget(pod);
             if let Some(plane) = self.inner.planes.remove(pod) {
                 plane.shutdown();
-            }
-        }
-    }
-
-    fn write_hosts(&self, path: &Path, domain: &str, view: &MembershipView) -> io::Result<()> {
-        if let Some(dir) = path.parent() {
-            std::fs::create_dir_all(dir)?;
-        }
-        let base = std::fs::read_to_string("/etc/hosts").unwrap_or_default();
-        let members: Vec<HostEntry> = view
-            .domain(domain)
-            .map(|d| {
-                d.members
-                    .values()
-                    .map(|m| HostEntry {
-                        pod: m.pod.clone(),
-                        ip: m.ip,
-                    })
-                    .collect()
-            })
-            .unwrap_or_default();
-        let text = hosts::render(&base, domain, &members);
-        if std::fs::read_to_string(path).ok().as_deref() == Some(text.as_str()) {
-            return Ok(());
-        }
-        super::netns::rewrite_in_place(path, text.as_bytes())
-    }
-
-    /// Rewrite every attached replica's hosts file whenever the membership changes.
-    async fn keep_hosts_current(self, shutdown: CancellationToken) {
-        let mut views = self.inner.membership.subscribe();
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return,
-                changed = views.changed() => if changed.is_err() { return },
-            }
-            let view = views.borrow_and_update().clone();
-            let files: Vec<(String, PathBuf)> = self
-                .attached()
-                .values()
-                .map(|a| (a.domain.clone(), a.hosts_file.clone()))
-                .collect();
-            for (domain, file) in files {
-                if let Err(error) = self.write_hosts(&file, &domain, &view) {
-                    tracing::warn!(file = %file.display(), %error, "rewrite a replica's hosts file");
-                }
             }
         }
     }
