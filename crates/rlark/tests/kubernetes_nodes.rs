@@ -142,14 +142,17 @@ async fn member_nodes_are_mirrored_and_cordons_pushed_down() -> Result<()> {
         }))
     })
     .await?;
-    // The Lease is renewed at every heartbeat.
+    // The Lease is renewed at every heartbeat (written just after its Node: it may not
+    // exist yet when the Node first shows Online).
     let leases: Api<Lease> = Api::namespaced(admin.clone(), NS);
-    let first = leases
-        .get("node-gpu-0")
-        .await?
-        .spec
-        .and_then(|s| s.renew_time)
-        .context("renewTime")?;
+    let first = eventually("the lease of gpu-0 exists", || async {
+        Ok(leases
+            .get_opt("node-gpu-0")
+            .await?
+            .and_then(|l| l.spec)
+            .and_then(|s| s.renew_time))
+    })
+    .await?;
     eventually("the lease of gpu-0 is renewed", || async {
         let renewed = leases
             .get("node-gpu-0")
