@@ -86,7 +86,7 @@ const GROUP_POLL: Duration = Duration::from_millis(50);
 
 const USAGE: &str = "usage: rlark supervise --dir REPLICA_DIR [--grace-ms N] [--arg0 NAME] \
                      [--netns PATH] [--hosts FILE] [--sandbox FILE] -- PROGRAM [ARGS...]\n       \
-                     rlark supervise --enter PID --sandbox FILE --cwd DIR -- PROGRAM [ARGS...]";
+                     rlark supervise --enter PID [--sandbox FILE] --cwd DIR -- PROGRAM [ARGS...]";
 
 /// Parsed command line.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -103,8 +103,9 @@ pub struct SupervisorArgs {
     pub hosts: Option<PathBuf>,
     /// The replica's isolation ([`crate::runtime::sandbox::Sandbox`], a JSON file).
     pub sandbox: Option<PathBuf>,
-    /// `--enter PID`: instead of supervising, run PROGRAM inside the sandbox of the
-    /// replica whose process is PID (its namespaces, groups and user) by `exec`.
+    /// `--enter PID`: instead of supervising, run PROGRAM where the replica whose process
+    /// is PID runs, by `exec`: its network and mount namespaces, and with `--sandbox` its
+    /// control groups and user too.
     pub enter: Option<u32>,
     /// With `--enter`: the working directory there.
     pub cwd: Option<PathBuf>,
@@ -166,8 +167,8 @@ impl SupervisorArgs {
             (Some(_), Some(_)) => return Err("--dir and --enter exclude each other".into()),
             (None, None) => return Err("--dir is required".into()),
         };
-        if enter.is_some() && (sandbox.is_none() || cwd.is_none()) {
-            return Err("--enter needs --sandbox and --cwd".into());
+        if enter.is_some() && cwd.is_none() {
+            return Err("--enter needs --cwd".into());
         }
         let program = args
             .next()
@@ -430,15 +431,17 @@ fn spawn_isolated(
     Ok(Pid::from_raw(pid))
 }
 
-/// `--enter PID`: join the replica's control groups, network and mount namespaces, become
-/// its user and exec the program in `--cwd`. Returns only the reason it failed.
+/// `--enter PID`: join the network and mount namespaces of the replica whose process is
+/// PID (so names, addresses and `/etc/hosts` are the task's), with `--sandbox` also its
+/// control groups, `no_new_privs` and its user, and exec the program in `--cwd`. Returns
+/// only the reason it failed.
 fn enter(args: &SupervisorArgs, pid: u32) -> String {
     use nix::sched::{CloneFlags, setns};
     use std::os::unix::process::CommandExt as _;
-    let (Some(sandbox_path), Some(cwd)) = (&args.sandbox, &args.cwd) else {
-        return "--enter needs --sandbox and --cwd".to_string();
+    let Some(cwd) = &args.cwd else {
+        return "--enter needs --cwd".to_string();
     };
-    let sandbox = match read_sandbox(sandbox_path) {
+    let sandbox = match args.sandbox.as_deref().map(read_sandbox).transpose() {
         Ok(sandbox) => sandbox,
         Err(message) => return message,
     };
@@ -450,7 +453,9 @@ fn enter(args: &SupervisorArgs, pid: u32) -> String {
         (Ok(net), Ok(mnt)) => (net, mnt),
         (Err(message), _) | (_, Err(message)) => return message,
     };
-    if let Err(error) = cgroup::join(&sandbox.cgroups) {
+    if let Some(sandbox) = &sandbox
+        && let Err(error) = cgroup::join(&sandbox.cgroups)
+    {
         return error.to_string();
     }
     if let Err(error) = setns(&net, CloneFlags::CLONE_NEWNET) {
@@ -462,15 +467,15 @@ fn enter(args: &SupervisorArgs, pid: u32) -> String {
     if let Err(error) = std::env::set_current_dir(cwd) {
         return format!("change to {} in the replica: {error}", cwd.display());
     }
-    if let Err(error) = nix::sys::prctl::set_no_new_privs() {
-        return format!("set no_new_privs: {error}");
+    let mut command = std::process::Command::new(&args.program);
+    command.args(&args.args).clean_signals();
+    if let Some(sandbox) = &sandbox {
+        if let Err(error) = nix::sys::prctl::set_no_new_privs() {
+            return format!("set no_new_privs: {error}");
+        }
+        command.uid(sandbox.uid).gid(sandbox.gid);
     }
-    let error = std::process::Command::new(&args.program)
-        .args(&args.args)
-        .uid(sandbox.uid)
-        .gid(sandbox.gid)
-        .clean_signals()
-        .exec();
+    let error = command.exec();
     format!("start {:?} in the replica: {error}", args.program)
 }
 

@@ -13,8 +13,10 @@ use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use anyhow::Context as _;
 use rlark_agent::IsolationConfig;
 use rlark_agent::runtime::sandbox::{SANDBOX_FILE, enter_argv};
+use rlark_agent::runtime::uids::recorded_uid;
 use rlark_agent::runtime::{ExitStatus, ReplicaHandle, ReplicaSpec, spawn_replica};
 use rlark_agent::tasks::isolation::{Decision, Isolation, Request};
 use rlark_api::types::RawTaskSpec;
@@ -213,8 +215,8 @@ echo "cgroup=$(grep -E 'memory|^0::' /proc/self/cgroup | head -1)"
     );
 
     // The other replica has a user of its own.
-    let other_uid = std::fs::read_to_string(host.path("agent/tasks/rlark-a/b/uid/0/uid"))?;
-    assert_ne!(other_uid.trim(), uid.to_string());
+    let other_uid = recorded_uid(&host.path("agent/tasks/rlark-a/b/uid/0")).context("b's user")?;
+    assert_ne!(other_uid.to_string(), uid.to_string());
     drop(other);
     nix::sys::signal::killpg(
         nix::unistd::Pid::from_raw(i32::try_from(other_pid)?),
@@ -234,11 +236,11 @@ async fn exec_enters_the_replicas_sandbox_as_its_user() -> anyhow::Result<()> {
         .start("c", &RawTaskSpec::default(), "exec sleep 60", &[])
         .await?;
     let dir = host.path("agent/tasks/rlark-a/c/uid/0");
-    let uid = std::fs::read_to_string(dir.join("uid"))?;
+    let uid = recorded_uid(&dir).context("c's user")?.to_string();
     let argv = enter_argv(
         &supervisor(),
         replica.pid(),
-        &dir.join(SANDBOX_FILE),
+        Some(&dir.join(SANDBOX_FILE)),
         &dir.join("work"),
         &[
             "/bin/sh".to_string(),

@@ -115,6 +115,17 @@ impl DomainNet {
         self.dir.path()
     }
 
+    /// The admin's kubeconfig (for clients run in `s` with [`DomainNet::run_in_server`]).
+    pub fn kubeconfig(&self) -> &Path {
+        &self.server.kubeconfig
+    }
+
+    /// `command` run inside `s` (e.g. kubectl with [`DomainNet::kubeconfig`]); its output
+    /// whatever the exit.
+    pub fn run_in_server(&self, command: &Command) -> anyhow::Result<Output> {
+        Ok(self.topology.run("s", command)?)
+    }
+
     /// `rlark ARGS --kubeconfig <admin>` run inside `s`; its output whatever the exit.
     pub fn cli(&self, args: &[&str]) -> anyhow::Result<Output> {
         let mut command = Command::new(&self.exe);

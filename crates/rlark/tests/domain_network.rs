@@ -950,3 +950,129 @@ fn a_domain_certificate_carries_a_members_flows_over_ssh() -> anyhow::Result<()>
     net.wait_pod("rlark-a", "gw2-ssh-0", &["Succeeded"], POD_WAIT)?;
     Ok(())
 }
+
+/// A shell into a Domain replica is where the task is (issue 40): `rlark exec`, `rlark ssh`
+/// and `kubectl exec` into a replica of cluster a resolve another cluster's member by name
+/// and fetch from it, as the task itself would; with replica isolation on (the default)
+/// and off.
+#[test]
+fn exec_ssh_and_kubectl_exec_into_a_domain_replica_see_its_network() -> anyhow::Result<()> {
+    if !can_run() {
+        return Ok(());
+    }
+    if which("kubectl").is_none() || which("ssh").is_none() {
+        missing_tool::skip_or_fail(
+            "kubectl or ssh is not installed (scripts/test.sh installs them)",
+        );
+        return Ok(());
+    }
+    for isolation in ["true", "false"] {
+        let flag = format!("--replica-isolation={isolation}");
+        let net = DomainNet::start_with(
+            RLARK,
+            &["a", "b"],
+            &[&flag],
+            &["--ssh-listen", "127.0.0.1:0"],
+        )?;
+        net.apply(&domain_yaml("net1", "10.88.0.0/24"))?;
+        net.apply(&job_yaml(
+            "web",
+            Some("net1"),
+            &[
+                (
+                    "server",
+                    "b-0",
+                    "exec python3 -m http.server 8080 --bind 0.0.0.0",
+                ),
+                ("shell", "a-0", "exec sleep 600"),
+            ],
+        ))?;
+        net.wait_pod("rlark-b", "web-server-0", &["Running"], POD_WAIT)?;
+        net.wait_pod("rlark-a", "web-shell-0", &["Running"], POD_WAIT)?;
+        // One try per client: the server answered once the shell's own fetch below did.
+        let fetch = "python3 -c \"import urllib.request as u; \
+                     print(u.urlopen('http://web-server-0.net1:8080/', timeout=5).status)\"";
+        let first = net.cli(&[
+            "exec",
+            "-n",
+            "rlark-a",
+            "web-shell-0",
+            "--",
+            "sh",
+            "-c",
+            &fetch_script("http://web-server-0.net1:8080/"),
+        ])?;
+        ensure!(
+            first.status.success(),
+            "isolation {isolation}: rlark exec could not fetch by name: {}",
+            describe(&first)
+        );
+        let exec = net.cli_ok(&[
+            "exec",
+            "-n",
+            "rlark-a",
+            "web-shell-0",
+            "--",
+            "sh",
+            "-c",
+            fetch,
+        ])?;
+        ensure!(
+            exec.trim() == "200",
+            "isolation {isolation}: rlark exec printed {exec:?}"
+        );
+        let ssh = net.cli_ok(&[
+            "ssh",
+            "-n",
+            "rlark-a",
+            "task/web-shell",
+            "--",
+            "sh",
+            "-c",
+            fetch,
+        ])?;
+        ensure!(
+            ssh.trim() == "200",
+            "isolation {isolation}: rlark ssh printed {ssh:?}"
+        );
+        let mut kubectl = Command::new("kubectl");
+        kubectl.arg("--kubeconfig").arg(net.kubeconfig()).args([
+            "exec",
+            "-n",
+            "rlark-a",
+            "web-shell-0",
+            "--",
+            "sh",
+            "-c",
+            fetch,
+        ]);
+        let out = net.run_in_server(&kubectl)?;
+        ensure!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "200",
+            "isolation {isolation}: kubectl exec: {}",
+            describe(&out)
+        );
+        // The names the replica sees: its /etc/hosts holds the Domain's block.
+        let hosts = net.cli_ok(&[
+            "exec",
+            "-n",
+            "rlark-a",
+            "web-shell-0",
+            "--",
+            "cat",
+            "/etc/hosts",
+        ])?;
+        ensure!(
+            hosts.contains("web-server-0.net1") && hosts.contains("web-shell-0.net1"),
+            "isolation {isolation}: /etc/hosts in the replica: {hosts}"
+        );
+    }
+    Ok(())
+}
+
+/// `name` on `PATH`.
+fn which(name: &str) -> Option<std::path::PathBuf> {
+    std::env::split_paths(&std::env::var_os("PATH")?)
+        .map(|dir| dir.join(name))
+        .find(|path| path.is_file())
+}

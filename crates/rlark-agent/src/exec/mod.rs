@@ -211,8 +211,9 @@ pub(crate) async fn handle<B>(
                 return text_response(
                     http::StatusCode::INTERNAL_SERVER_ERROR,
                     format!(
-                        "pod {namespace}/{pod}: replica {index} of task {task:?} is isolated \
-                         and this agent has no supervisor command to enter it with"
+                        "pod {namespace}/{pod}: replica {index} of task {task:?} runs in \
+                         namespaces of its own and this agent has no supervisor command to \
+                         enter them with"
                     ),
                 );
             }

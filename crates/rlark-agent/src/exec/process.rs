@@ -66,7 +66,8 @@ pub(super) fn start(
             target.cwd.display()
         )
     };
-    // An isolated replica is entered through its supervisor (see `ProcessTarget::enter`).
+    // An isolated replica, or one in a Domain's namespaces, is entered through its
+    // supervisor (see `ProcessTarget::enter`).
     let (argv, cwd): (Vec<OsString>, &Path) = match &target.enter {
         None => (
             options.command.iter().map(OsString::from).collect(),
@@ -76,7 +77,7 @@ pub(super) fn start(
             crate::runtime::sandbox::enter_argv(
                 &enter.supervisor,
                 enter.pid,
-                &enter.sandbox_file,
+                enter.sandbox_file.as_deref(),
                 &target.cwd,
                 &options.command,
             ),

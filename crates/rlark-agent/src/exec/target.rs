@@ -25,17 +25,20 @@ pub(super) struct ProcessTarget {
     pub(super) containers: Vec<String>,
     /// Their names in the Task, in the same order.
     pub(super) container_names: Vec<String>,
-    /// An isolated replica ([`crate::runtime::sandbox`]): its process and sandbox file,
-    /// and the supervisor command that enters it. The command then runs through
-    /// [`crate::runtime::sandbox::enter_argv`], never as the agent's user.
+    /// A process replica that does not run where the agent does: an isolated one
+    /// ([`crate::runtime::sandbox`]), or one in a Domain's network namespace. The command
+    /// then runs through [`crate::runtime::sandbox::enter_argv`] in the replica's network
+    /// and mount namespaces (names and addresses as the task sees them) and, isolated, as
+    /// its user, never as the agent's.
     pub(super) enter: Option<Enter>,
 }
 
-/// How a command gets into an isolated replica.
+/// How a command gets into a replica's namespaces (and sandbox).
 #[derive(Clone, Debug)]
 pub(super) struct Enter {
     pub(super) pid: u32,
-    pub(super) sandbox_file: PathBuf,
+    /// The replica's sandbox description, when it is isolated.
+    pub(super) sandbox_file: Option<PathBuf>,
     pub(super) supervisor: Vec<OsString>,
 }
 
@@ -58,13 +61,16 @@ impl ProcessTarget {
             .ok()
             .filter(|env| !env.is_empty())
             .unwrap_or_else(|| fallback_env(&state));
-        let enter = Sandbox::read(run_dir)
+        let sandbox_file = Sandbox::read(run_dir)
             .map_err(|e| e.to_string())?
-            .map(|_| Enter {
-                pid: state.pid,
-                sandbox_file: run_dir.join(SANDBOX_FILE),
-                supervisor: Vec::new(),
-            });
+            .map(|_| run_dir.join(SANDBOX_FILE));
+        let enter = (state.containers.is_empty()
+            && (sandbox_file.is_some() || in_other_namespaces(state.pid)))
+        .then(|| Enter {
+            pid: state.pid,
+            sandbox_file,
+            supervisor: Vec::new(),
+        });
         Ok(ProcessTarget {
             cwd,
             env,
@@ -74,6 +80,20 @@ impl ProcessTarget {
             enter,
         })
     }
+}
+
+/// Whether process `pid` runs in another network or mount namespace than the agent (a
+/// replica of a Domain task). A process that cannot be inspected counts as not.
+fn in_other_namespaces(pid: u32) -> bool {
+    ["net", "mnt"].iter().any(|kind| {
+        match (
+            std::fs::read_link(format!("/proc/{pid}/ns/{kind}")),
+            std::fs::read_link(format!("/proc/self/ns/{kind}")),
+        ) {
+            (Ok(theirs), Ok(ours)) => theirs != ours,
+            _ => false,
+        }
+    })
 }
 
 /// `NAME=VALUE\0...` of a process.

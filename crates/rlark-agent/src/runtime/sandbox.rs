@@ -13,9 +13,12 @@
 //! 2. every [`Bind`] is then bind-mounted back at its target, opened before the hiding
 //!    (the replica's own directory, the CA certificate of `RLARK_CA_FILE`, the sockets of
 //!    the devices it holds);
-//! 3. a new `proc` instance with `hidepid=invisible` covers `/proc`: the task sees the
+//! 3. with [`Sandbox::users`], `/etc/passwd` and `/etc/group` are covered by the host's
+//!    files plus the replica's user and group, written into the tmpfs of the first hidden
+//!    path (in memory: no file of the host's filesystem per start);
+//! 4. a new `proc` instance with `hidepid=invisible` covers `/proc`: the task sees the
 //!    processes of its own user only, and each replica has a user of its own;
-//! 4. the task is moved into its control groups ([`crate::runtime::cgroup`]) and starts
+//! 5. the task is moved into its control groups ([`crate::runtime::cgroup`]) and starts
 //!    with `no_new_privs`, as [`Sandbox::uid`]/[`Sandbox::gid`] with no supplementary
 //!    groups.
 //!
@@ -69,6 +72,37 @@ pub struct Sandbox {
     /// The control groups the task starts in (one directory per hierarchy).
     #[serde(default)]
     pub cgroups: Vec<PathBuf>,
+    /// The replica's own entries of `/etc/passwd` and `/etc/group` (tools look their user
+    /// up: OpenSSH's scp and sftp-server refuse to run without a passwd entry).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub users: Option<UserEntries>,
+}
+
+/// One line of `/etc/passwd` and one of `/etc/group`, each added to the host's file unless
+/// it already has an entry of that id (the third field).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UserEntries {
+    pub passwd: String,
+    pub group: String,
+}
+
+/// Where the replica's `/etc/passwd` and `/etc/group` are written, inside the tmpfs of the
+/// first hidden path.
+const USER_FILES_DIR: &str = ".rlark-etc";
+
+/// `host` (a passwd or group file) with `line` added unless an entry has the same id.
+pub fn with_entry(host: &str, line: &str) -> String {
+    let id = |l: &str| l.split(':').nth(2).map(str::to_string);
+    let mut out = host.to_string();
+    if id(line).is_some_and(|wanted| host.lines().any(|l| id(l).as_deref() == Some(&*wanted))) {
+        return out;
+    }
+    if !out.is_empty() && !out.ends_with('\n') {
+        out.push('\n');
+    }
+    out.push_str(line.trim_end_matches('\n'));
+    out.push('\n');
+    out
 }
 
 /// Why a sandbox could not be set up; each names the step and the path.
@@ -239,6 +273,9 @@ impl Sandbox {
                 })?;
             }
         }
+        if let Some(users) = &self.users {
+            self.mount_user_files(&hide, users)?;
+        }
         // The tmpfs of each hidden path read-only now that its mount points are made.
         for path in &hide {
             if !path.exists() {
@@ -279,6 +316,74 @@ impl Sandbox {
     }
 }
 
+impl Sandbox {
+    /// Step 3 of the module documentation: the host's `/etc/passwd` and `/etc/group` with
+    /// `users`' lines, written into the tmpfs of the first existing hidden path and bound
+    /// read-only over the originals (a host without one of them gets none).
+    fn mount_user_files(&self, hide: &[PathBuf], users: &UserEntries) -> Result<(), SandboxError> {
+        use nix::mount::{MsFlags, mount};
+        use std::os::unix::fs::PermissionsExt as _;
+        let Some(tmpfs) = hide.iter().find(|p| p.exists()) else {
+            return Err(SandboxError::Io {
+                step: "find a hidden path to hold the replica's /etc/passwd",
+                path: PathBuf::from("/etc/passwd"),
+                source: std::io::Error::from(std::io::ErrorKind::NotFound),
+            });
+        };
+        let dir = tmpfs.join(USER_FILES_DIR);
+        std::fs::create_dir_all(&dir).map_err(|source| SandboxError::Io {
+            step: "make",
+            path: dir.clone(),
+            source,
+        })?;
+        for (name, line) in [("passwd", &users.passwd), ("group", &users.group)] {
+            let target = Path::new("/etc").join(name);
+            let Ok(host) = std::fs::read_to_string(&target) else {
+                continue;
+            };
+            let file = dir.join(name);
+            std::fs::write(&file, with_entry(&host, line))
+                .and_then(|()| {
+                    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644))
+                })
+                .map_err(|source| SandboxError::Io {
+                    step: "write",
+                    path: file.clone(),
+                    source,
+                })?;
+            mount(
+                Some(&file),
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(|source| SandboxError::Mount {
+                step: "bind-mount the replica's user file over",
+                path: target.clone(),
+                source,
+            })?;
+            mount(
+                None::<&str>,
+                &target,
+                None::<&str>,
+                MsFlags::MS_BIND
+                    | MsFlags::MS_REMOUNT
+                    | MsFlags::MS_RDONLY
+                    | MsFlags::MS_NOSUID
+                    | MsFlags::MS_NODEV,
+                None::<&str>,
+            )
+            .map_err(|source| SandboxError::Mount {
+                step: "make read-only",
+                path: target,
+                source,
+            })?;
+        }
+        Ok(())
+    }
+}
+
 /// An empty directory or file at `target` (and its parents) to mount on.
 fn make_mount_point(target: &Path, is_dir: bool) -> Result<(), SandboxError> {
     let failed = |source| SandboxError::Io {
@@ -304,21 +409,24 @@ fn make_mount_point(target: &Path, is_dir: bool) -> Result<(), SandboxError> {
     }
 }
 
-/// The command that runs `command` inside the sandbox of the replica whose process is
-/// `pid` (its namespaces, control groups and user; see the module documentation):
-/// `SUPERVISOR... --enter PID --sandbox FILE --cwd DIR -- PROGRAM ARGS...`.
+/// The command that runs `command` where the replica whose process is `pid` runs: its
+/// network and mount namespaces, and with `sandbox_file` its control groups and user too
+/// (see the module documentation):
+/// `SUPERVISOR... --enter PID [--sandbox FILE] --cwd DIR -- PROGRAM ARGS...`.
 pub fn enter_argv(
     supervisor: &[OsString],
     pid: u32,
-    sandbox_file: &Path,
+    sandbox_file: Option<&Path>,
     cwd: &Path,
     command: &[String],
 ) -> Vec<OsString> {
     let mut argv: Vec<OsString> = supervisor.to_vec();
     argv.push("--enter".into());
     argv.push(pid.to_string().into());
-    argv.push("--sandbox".into());
-    argv.push(sandbox_file.into());
+    if let Some(file) = sandbox_file {
+        argv.push("--sandbox".into());
+        argv.push(file.into());
+    }
     argv.push("--cwd".into());
     argv.push(cwd.into());
     argv.push("--".into());
@@ -355,6 +463,7 @@ mod tests {
             ],
             hide_pids: true,
             cgroups: Vec::new(),
+            users: None,
         };
         let (hide, binds) = sandbox.mount_plan();
         assert_eq!(hide, [PathBuf::from("/data")]);
@@ -372,6 +481,21 @@ mod tests {
     }
 
     #[test]
+    fn an_entry_is_added_once_and_only_for_an_id_the_host_lacks() {
+        let host = "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534::/:/bin/false";
+        let added = with_entry(host, "rlark-replica:x:7:7::/w:/bin/sh");
+        assert_eq!(
+            added,
+            "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534::/:/bin/false\n\
+             rlark-replica:x:7:7::/w:/bin/sh\n"
+        );
+        assert_eq!(with_entry(&added, "rlark-replica:x:7:7::/w:/bin/sh"), added);
+        // The host already names the id: its entry stays, none is added.
+        assert_eq!(with_entry(host, "other:x:65534:1::/:/bin/sh"), host);
+        assert_eq!(with_entry("", "g:x:9:\n"), "g:x:9:\n");
+    }
+
+    #[test]
     fn the_file_round_trips_and_is_private() {
         use std::os::unix::fs::PermissionsExt as _;
         let dir = tempfile::tempdir().expect("tempdir");
@@ -383,6 +507,10 @@ mod tests {
             binds: vec![bind("/a/b", "/a/b", true)],
             hide_pids: true,
             cgroups: vec!["/sys/fs/cgroup/x".into()],
+            users: Some(UserEntries {
+                passwd: "rlark-replica:x:1:2::/w:/bin/sh".into(),
+                group: "rlark-replica:x:2:".into(),
+            }),
         };
         let path = sandbox.write(dir.path()).expect("write");
         let mode = std::fs::metadata(&path).expect("stat").permissions().mode();
@@ -401,7 +529,7 @@ mod tests {
         let argv = enter_argv(
             &["rlark".into(), "supervise".into()],
             42,
-            Path::new("/r/sandbox.json"),
+            Some(Path::new("/r/sandbox.json")),
             Path::new("/r/work"),
             &["sh".to_string(), "-c".to_string(), "id".to_string()],
         );
@@ -425,6 +553,27 @@ mod tests {
                 "-c",
                 "id"
             ]
+        );
+        // An unisolated replica (in a Domain's network namespace): no sandbox file.
+        let argv = enter_argv(
+            &["rlark-supervise".into()],
+            7,
+            None,
+            Path::new("/w"),
+            &["true".to_string()],
+        );
+        assert_eq!(
+            argv,
+            [
+                "rlark-supervise",
+                "--enter",
+                "7",
+                "--cwd",
+                "/w",
+                "--",
+                "true"
+            ]
+            .map(OsString::from)
         );
     }
 }

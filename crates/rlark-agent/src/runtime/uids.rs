@@ -3,17 +3,19 @@
 //! at once (docs/security.md, "Replica isolation").
 //!
 //! A claim is the file `CLAIMS/<uid>` (created with `O_EXCL`, so two claims of one uid
-//! cannot both succeed) holding the replica directory it belongs to; the replica directory
-//! holds the uid in `uid` in turn, so a restarted replica (a new run in the same directory,
-//! whose files it owns) runs as the same user again. [`UidPool::release`] frees a uid
-//! when its replica directory is deleted. The group is the uid's number.
+//! cannot both succeed) holding the replica directory it belongs to; the replica's sandbox
+//! description (`sandbox.json` in its directory, root's) names the uid in turn, so a
+//! restarted replica (a new run in the same directory, whose files it owns) runs as the
+//! same user again. No file of its own records the uid: every file a start creates costs
+//! an inode allocation, the largest part of the agent's work per start on a filesystem
+//! without a journal (docs/benchmarks.md). [`UidPool::release`] frees a uid when its
+//! replica directory is deleted. The group is the uid's number.
 
 use std::io::Write as _;
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
 
-/// The file in a replica directory that names its user.
-pub const UID_FILE: &str = "uid";
+use super::sandbox::Sandbox;
 
 /// Default range of replica users: above the 32-bit `nobody` conventions and any
 /// distribution's allocation ranges (Debian's system and user ranges end at 59999 and
@@ -49,15 +51,13 @@ impl UidPool {
         }
     }
 
-    /// The user of the replica in `replica_dir`: the one it had, else a newly claimed one
-    /// (the first free one from a point that depends on the directory, so concurrent
-    /// starts rarely try the same uid).
+    /// The user of the replica in `replica_dir`: the one its sandbox names when its claim
+    /// is still this directory's, else a newly claimed one (the first free one from a point
+    /// that depends on the directory, so concurrent starts rarely try the same uid; a claim
+    /// of this directory met on the way — a start interrupted before its sandbox was
+    /// written — is taken back).
     pub fn claim(&self, replica_dir: &Path) -> Result<u32, UidError> {
-        let uid_file = replica_dir.join(UID_FILE);
-        if let Some(uid) = std::fs::read_to_string(&uid_file)
-            .ok()
-            .and_then(|text| text.trim().parse::<u32>().ok())
-            .filter(|uid| self.range.contains(uid))
+        if let Some(uid) = recorded_uid(replica_dir).filter(|uid| self.range.contains(uid))
             && self.owner(uid).as_deref() == Some(replica_dir)
         {
             return Ok(uid);
@@ -95,14 +95,12 @@ impl UidPool {
                             path: claim.clone(),
                             source,
                         })?;
-                    std::fs::write(&uid_file, uid.to_string()).map_err(|source| UidError::Io {
-                        step: "record the replica's user in",
-                        path: uid_file.clone(),
-                        source,
-                    })?;
                     return Ok(uid);
                 }
                 Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+                    if self.owner(uid).as_deref() == Some(replica_dir) {
+                        return Ok(uid);
+                    }
                     // A claim left by a replica directory that is gone is free again.
                     if retried != Some(uid)
                         && self
@@ -133,10 +131,7 @@ impl UidPool {
 
     /// Free the user of `replica_dir` (its directory is being deleted).
     pub fn release(&self, replica_dir: &Path) {
-        let Some(uid) = std::fs::read_to_string(replica_dir.join(UID_FILE))
-            .ok()
-            .and_then(|text| text.trim().parse::<u32>().ok())
-        else {
+        let Some(uid) = recorded_uid(replica_dir) else {
             return;
         };
         if self.owner(uid).as_deref() == Some(replica_dir) {
@@ -168,6 +163,11 @@ impl UidPool {
     }
 }
 
+/// The user the sandbox description in `replica_dir` names, if it has one.
+pub fn recorded_uid(replica_dir: &Path) -> Option<u32> {
+    Sandbox::read(replica_dir).ok().flatten().map(|s| s.uid)
+}
+
 /// FNV-1a: a stable spread of directories over the range (not a security property).
 fn fnv(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
@@ -187,7 +187,15 @@ mod tests {
         for dir in &dirs {
             std::fs::create_dir(dir).expect("dir");
         }
-        let uids: Vec<u32> = dirs.iter().map(|d| pool.claim(d).expect("claim")).collect();
+        // Each start writes its sandbox, which names the user, after the claim.
+        let uids: Vec<u32> = dirs
+            .iter()
+            .map(|d| {
+                let uid = pool.claim(d).expect("claim");
+                sandbox(uid).write(d).expect("sandbox");
+                uid
+            })
+            .collect();
         let mut sorted = uids.clone();
         sorted.sort_unstable();
         assert_eq!(sorted, [100, 101, 102], "distinct, within the range");
@@ -216,8 +224,43 @@ mod tests {
         std::fs::create_dir(&a).expect("a");
         std::fs::create_dir(&b).expect("b");
         let uid_a = pool.claim(&a).expect("a");
-        std::fs::write(b.join(UID_FILE), uid_a.to_string()).expect("forge");
+        sandbox(uid_a).write(&b).expect("forge");
         let uid_b = pool.claim(&b).expect("b");
         assert_ne!(uid_a, uid_b);
+    }
+
+    fn sandbox(uid: u32) -> Sandbox {
+        Sandbox {
+            uid,
+            gid: uid,
+            hide: Vec::new(),
+            binds: Vec::new(),
+            hide_pids: true,
+            cgroups: Vec::new(),
+            users: None,
+        }
+    }
+
+    #[test]
+    fn the_sandbox_names_the_user_and_an_interrupted_claim_is_taken_back() {
+        let root = tempfile::tempdir().expect("tempdir");
+        let pool = UidPool::new(root.path().join("claims"), 100..=199);
+        let dir = root.path().join("r");
+        std::fs::create_dir(&dir).expect("dir");
+        let uid = pool.claim(&dir).expect("claim");
+        // Started: its sandbox names the user, and so does the claim after a restart.
+        sandbox(uid).write(&dir).expect("write");
+        assert_eq!(recorded_uid(&dir), Some(uid));
+        assert_eq!(pool.claim(&dir).expect("again"), uid);
+        // The sandbox of another uid that is not this directory's claim is not believed.
+        sandbox(uid + 1).write(&dir).expect("write");
+        assert_eq!(pool.claim(&dir).expect("ours"), uid);
+        // A start that claimed and stopped before writing its sandbox: the same user.
+        std::fs::remove_file(dir.join(crate::runtime::sandbox::SANDBOX_FILE)).expect("rm");
+        assert_eq!(pool.claim(&dir).expect("taken back"), uid);
+        // Released with the sandbox naming it: free for another directory.
+        sandbox(uid).write(&dir).expect("write");
+        pool.release(&dir);
+        assert!(!root.path().join("claims").join(uid.to_string()).exists());
     }
 }

@@ -20,7 +20,7 @@ use rlark_api::types::{RawTaskSpec, ResourceList};
 
 use crate::config::IsolationConfig;
 use crate::runtime::cgroup::{Hierarchies, Limits};
-use crate::runtime::sandbox::{Bind, Sandbox};
+use crate::runtime::sandbox::{Bind, Sandbox, UserEntries};
 use crate::runtime::uids::UidPool;
 
 /// The policy, prepared once at agent start.
@@ -175,14 +175,13 @@ impl Isolation {
             writable: true,
         }];
         // Tools look their user up (OpenSSH's scp and sftp-server refuse to run without a
-        // passwd entry): the host's files plus the replica's user, as the replica's
-        // `/etc/passwd` and `/etc/group`.
-        binds.extend(user_files(
+        // passwd entry): the supervisor adds the replica's user to the host's files.
+        let users = user_entries(
             &replica_dir,
             uid,
             gid,
             &format!("{}/{}", request.namespace, request.pod),
-        )?);
+        );
         binds.push(Bind {
             source: request.ca_file.to_path_buf(),
             target: request.ca_file.to_path_buf(),
@@ -220,6 +219,7 @@ impl Isolation {
             binds,
             hide_pids: true,
             cgroups,
+            users: Some(users),
         }))
     }
 
@@ -255,49 +255,16 @@ fn missing_capabilities() -> Option<String> {
 /// The name the replica's user has in its `/etc/passwd`.
 pub const REPLICA_USER: &str = "rlark-replica";
 
-/// Write `REPLICA_DIR/passwd` and `REPLICA_DIR/group` (the host's, plus the replica's user
-/// and group unless the host has them) and return their binds over `/etc/passwd` and
-/// `/etc/group`.
-fn user_files(replica_dir: &Path, uid: u32, gid: u32, owner: &str) -> Result<Vec<Bind>, String> {
-    let home = replica_dir.join("work");
-    let read = |path: &str| std::fs::read_to_string(path).unwrap_or_default();
-    let has_id = |text: &str, id: u32| {
-        text.lines()
-            .any(|line| line.split(':').nth(2) == Some(id.to_string().as_str()))
-    };
-    let mut passwd = read("/etc/passwd");
-    if !has_id(&passwd, uid) {
-        if !passwd.is_empty() && !passwd.ends_with('\n') {
-            passwd.push('\n');
-        }
-        passwd.push_str(&format!(
-            "{REPLICA_USER}:x:{uid}:{gid}:rlark replica {owner}:{}:/bin/sh\n",
-            home.display()
-        ));
+/// The replica's `/etc/passwd` and `/etc/group` entries (added by the supervisor unless the
+/// host has entries of those ids; [`crate::runtime::sandbox::UserEntries`]).
+fn user_entries(replica_dir: &Path, uid: u32, gid: u32, owner: &str) -> UserEntries {
+    UserEntries {
+        passwd: format!(
+            "{REPLICA_USER}:x:{uid}:{gid}:rlark replica {owner}:{}:/bin/sh",
+            replica_dir.join("work").display()
+        ),
+        group: format!("{REPLICA_USER}:x:{gid}:"),
     }
-    let mut group = read("/etc/group");
-    if !has_id(&group, gid) {
-        if !group.is_empty() && !group.ends_with('\n') {
-            group.push('\n');
-        }
-        group.push_str(&format!("{REPLICA_USER}:x:{gid}:\n"));
-    }
-    let mut binds = Vec::new();
-    for (name, text, target) in [
-        ("passwd", passwd, "/etc/passwd"),
-        ("group", group, "/etc/group"),
-    ] {
-        let source = replica_dir.join(name);
-        // Derived again at every start: written only when changed, not synced.
-        crate::runtime::record::replace(&source, text.as_bytes(), 0o644)
-            .map_err(|e| format!("write {}: {e}", source.display()))?;
-        binds.push(Bind {
-            source,
-            target: PathBuf::from(target),
-            writable: false,
-        });
-    }
-    Ok(binds)
 }
 
 /// The outermost ancestor of `path` that other users cannot traverse (no `o+x`), if any.
@@ -417,20 +384,22 @@ mod tests {
             targets,
             [
                 (dir.as_path(), true),
-                (Path::new("/etc/passwd"), false),
-                (Path::new("/etc/group"), false),
                 (ca.as_path(), false),
                 (Path::new("/s/ros-ctrl.sock"), false)
             ]
         );
-        let passwd = std::fs::read_to_string(dir.join("passwd")).expect("passwd");
-        assert!(
-            passwd.ends_with(&format!(
-                "{REPLICA_USER}:x:{0}:{0}:rlark replica rlark-a/t-0:{1}:/bin/sh\n",
-                sandbox.uid,
-                dir.join("work").display()
-            )),
-            "{passwd}"
+        // The user files are the supervisor's to write (in its tmpfs): none in the directory.
+        assert!(!dir.join("passwd").exists() && !dir.join("group").exists());
+        assert_eq!(
+            sandbox.users,
+            Some(UserEntries {
+                passwd: format!(
+                    "{REPLICA_USER}:x:{0}:{0}:rlark replica rlark-a/t-0:{1}:/bin/sh",
+                    sandbox.uid,
+                    dir.join("work").display()
+                ),
+                group: format!("{REPLICA_USER}:x:{}:", sandbox.uid),
+            })
         );
         assert!(sandbox.hide_pids);
     }

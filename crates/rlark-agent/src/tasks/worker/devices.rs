@@ -135,7 +135,7 @@ impl Worker {
     }
 
     /// The user only this replica runs as: an isolated raw replica's from the agent's pool
-    /// (its claim, `uid` in the replica's directory, is root's). Empty otherwise (a
+    /// (named by its sandbox description, root's, in the replica's directory). Empty otherwise (a
     /// `runAsUser` others may share, root, a container).
     pub(super) fn own_user(&self) -> Vec<u32> {
         let pooled = self.shared.ctx.isolation.is_some()
@@ -148,9 +148,7 @@ impl Worker {
         if !pooled {
             return Vec::new();
         }
-        std::fs::read_to_string(self.replica_dir().join(crate::runtime::uids::UID_FILE))
-            .ok()
-            .and_then(|text| text.trim().parse().ok())
+        crate::runtime::uids::recorded_uid(&self.replica_dir())
             .into_iter()
             .collect()
     }
