@@ -968,12 +968,8 @@ fn exec_ssh_and_kubectl_exec_into_a_domain_replica_see_its_network() -> anyhow::
     }
     for isolation in ["true", "false"] {
         let flag = format!("--replica-isolation={isolation}");
-        let net = DomainNet::start_with(
-            RLARK,
-            &["a", "b"],
-            &[&flag],
-            &["--ssh-listen", "127.0.0.1:0"],
-        )?;
+        let listen = format!("{{address}}:{SSH_PORT}");
+        let net = DomainNet::start_with(RLARK, &["a", "b"], &[&flag], &["--ssh-listen", &listen])?;
         net.apply(&domain_yaml("net1", "10.88.0.0/24"))?;
         net.apply(&job_yaml(
             "web",
@@ -989,10 +985,22 @@ fn exec_ssh_and_kubectl_exec_into_a_domain_replica_see_its_network() -> anyhow::
         ))?;
         net.wait_pod("rlark-b", "web-server-0", &["Running"], POD_WAIT)?;
         net.wait_pod("rlark-a", "web-shell-0", &["Running"], POD_WAIT)?;
-        // One try per client: the server answered once the shell's own fetch below did.
+        // `rlark SUBCOMMAND --kubeconfig K ARGS... -- CMD` in `s`: the flag before `--`.
+        let rlark = |args: &[&str]| -> anyhow::Result<Output> {
+            let mut command = Command::new(RLARK);
+            command
+                .arg(args[0])
+                .arg("--kubeconfig")
+                .arg(net.kubeconfig())
+                .args(&args[1..])
+                .env_remove("KUBECONFIG")
+                .env_remove("RUST_LOG");
+            net.run_in_server(&command)
+        };
         let fetch = "python3 -c \"import urllib.request as u; \
                      print(u.urlopen('http://web-server-0.net1:8080/', timeout=5).status)\"";
-        let first = net.cli(&[
+        // The first fetch retries while the server starts; then one try per client.
+        let first = rlark(&[
             "exec",
             "-n",
             "rlark-a",
@@ -1007,34 +1015,32 @@ fn exec_ssh_and_kubectl_exec_into_a_domain_replica_see_its_network() -> anyhow::
             "isolation {isolation}: rlark exec could not fetch by name: {}",
             describe(&first)
         );
-        let exec = net.cli_ok(&[
-            "exec",
-            "-n",
-            "rlark-a",
-            "web-shell-0",
-            "--",
-            "sh",
-            "-c",
-            fetch,
-        ])?;
-        ensure!(
-            exec.trim() == "200",
-            "isolation {isolation}: rlark exec printed {exec:?}"
-        );
-        let ssh = net.cli_ok(&[
-            "ssh",
-            "-n",
-            "rlark-a",
-            "task/web-shell",
-            "--",
-            "sh",
-            "-c",
-            fetch,
-        ])?;
-        ensure!(
-            ssh.trim() == "200",
-            "isolation {isolation}: rlark ssh printed {ssh:?}"
-        );
+        let printed = |out: Output, client: &str| -> anyhow::Result<()> {
+            ensure!(
+                out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "200",
+                "isolation {isolation}: {client}: {}",
+                describe(&out)
+            );
+            Ok(())
+        };
+        printed(
+            rlark(&[
+                "exec",
+                "-n",
+                "rlark-a",
+                "web-shell-0",
+                "--",
+                "sh",
+                "-c",
+                fetch,
+            ])?,
+            "rlark exec",
+        )?;
+        printed(
+            // As with OpenSSH, the command is one line for the remote shell.
+            rlark(&["ssh", "-n", "rlark-a", "task/web-shell", "--", fetch])?,
+            "rlark ssh",
+        )?;
         let mut kubectl = Command::new("kubectl");
         kubectl.arg("--kubeconfig").arg(net.kubeconfig()).args([
             "exec",
@@ -1046,14 +1052,9 @@ fn exec_ssh_and_kubectl_exec_into_a_domain_replica_see_its_network() -> anyhow::
             "-c",
             fetch,
         ]);
-        let out = net.run_in_server(&kubectl)?;
-        ensure!(
-            out.status.success() && String::from_utf8_lossy(&out.stdout).trim() == "200",
-            "isolation {isolation}: kubectl exec: {}",
-            describe(&out)
-        );
+        printed(net.run_in_server(&kubectl)?, "kubectl exec")?;
         // The names the replica sees: its /etc/hosts holds the Domain's block.
-        let hosts = net.cli_ok(&[
+        let hosts = rlark(&[
             "exec",
             "-n",
             "rlark-a",
@@ -1062,6 +1063,7 @@ fn exec_ssh_and_kubectl_exec_into_a_domain_replica_see_its_network() -> anyhow::
             "cat",
             "/etc/hosts",
         ])?;
+        let hosts = String::from_utf8_lossy(&hosts.stdout);
         ensure!(
             hosts.contains("web-server-0.net1") && hosts.contains("web-shell-0.net1"),
             "isolation {isolation}: /etc/hosts in the replica: {hosts}"
