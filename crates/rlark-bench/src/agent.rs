@@ -120,6 +120,9 @@ pub struct AgentBenchReport {
     pub agent_type: BenchRuntime,
     /// Whether the agent isolated its raw replicas (`--replica-isolation`).
     pub replica_isolation: bool,
+    /// The filesystem of the agent's data directory (and of the baseline's replica
+    /// directories): `fstype (source)`, and for ext4 whether it has a journal.
+    pub data_filesystem: String,
     /// `docker run -d --rm IMAGE true` in the same run (docker only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub docker_run: Option<LatencySummary>,
@@ -194,6 +197,18 @@ impl std::fmt::Display for AgentBenchReport {
             self.batch,
             self.running,
             self.supervisor
+        )?;
+        writeln!(
+            f,
+            "data directories on {} (under {}){}",
+            self.data_filesystem,
+            std::env::temp_dir().display(),
+            if self.data_filesystem.ends_with("without a journal") {
+                "; there every file created scans the inodes deleted in the last minutes: \
+                 CPU per start grows with earlier runs' churn (docs/benchmarks.md)"
+            } else {
+                ""
+            }
         )?;
         writeln!(f)?;
         writeln!(f, "{:<48} {:>12}  target", "", "value")?;
@@ -1070,6 +1085,7 @@ async fn measure(
         anyhow::Ok(AgentBenchReport {
             agent_type: options.agent_type,
             replica_isolation: options.replica_isolation,
+            data_filesystem: super::filesystem::describe(&std::env::temp_dir()),
             docker_run,
             docker_burst,
             tasks: options.tasks,

@@ -18,6 +18,7 @@ mod camera;
 mod client;
 mod controllers;
 mod examples;
+mod filesystem;
 mod guard;
 mod micro;
 mod net;
