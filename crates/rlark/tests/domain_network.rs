@@ -1023,46 +1023,26 @@ fn exec_ssh_and_kubectl_exec_into_a_domain_replica_see_its_network() -> anyhow::
             );
             Ok(())
         };
+        // `rlark exec` and `kubectl exec` into web-shell-0, then `rlark ssh` to its task.
+        let into_shell = ["exec", "-n", "rlark-a", "web-shell-0", "--"];
         printed(
-            rlark(&[
-                "exec",
-                "-n",
-                "rlark-a",
-                "web-shell-0",
-                "--",
-                "sh",
-                "-c",
-                fetch,
-            ])?,
+            rlark(&[&into_shell[..], &["sh", "-c", fetch]].concat())?,
             "rlark exec",
         )?;
+        let mut kubectl = Command::new("kubectl");
+        kubectl
+            .arg("--kubeconfig")
+            .arg(net.kubeconfig())
+            .args(into_shell)
+            .args(["sh", "-c", fetch]);
+        printed(net.run_in_server(&kubectl)?, "kubectl exec")?;
         printed(
             // As with OpenSSH, the command is one line for the remote shell.
             rlark(&["ssh", "-n", "rlark-a", "task/web-shell", "--", fetch])?,
             "rlark ssh",
         )?;
-        let mut kubectl = Command::new("kubectl");
-        kubectl.arg("--kubeconfig").arg(net.kubeconfig()).args([
-            "exec",
-            "-n",
-            "rlark-a",
-            "web-shell-0",
-            "--",
-            "sh",
-            "-c",
-            fetch,
-        ]);
-        printed(net.run_in_server(&kubectl)?, "kubectl exec")?;
         // The names the replica sees: its /etc/hosts holds the Domain's block.
-        let hosts = rlark(&[
-            "exec",
-            "-n",
-            "rlark-a",
-            "web-shell-0",
-            "--",
-            "cat",
-            "/etc/hosts",
-        ])?;
+        let hosts = rlark(&[&into_shell[..], &["cat", "/etc/hosts"]].concat())?;
         let hosts = String::from_utf8_lossy(&hosts.stdout);
         ensure!(
             hosts.contains("web-server-0.net1") && hosts.contains("web-shell-0.net1"),

@@ -255,22 +255,7 @@ impl Sandbox {
                 source,
             })?;
             if !bind.writable {
-                mount(
-                    None::<&str>,
-                    &bind.target,
-                    None::<&str>,
-                    MsFlags::MS_BIND
-                        | MsFlags::MS_REMOUNT
-                        | MsFlags::MS_RDONLY
-                        | MsFlags::MS_NOSUID
-                        | MsFlags::MS_NODEV,
-                    None::<&str>,
-                )
-                .map_err(|source| SandboxError::Mount {
-                    step: "make read-only",
-                    path: bind.target.clone(),
-                    source,
-                })?;
+                remount_read_only(&bind.target)?;
             }
         }
         if let Some(users) = &self.users {
@@ -363,25 +348,31 @@ impl Sandbox {
                 path: target.clone(),
                 source,
             })?;
-            mount(
-                None::<&str>,
-                &target,
-                None::<&str>,
-                MsFlags::MS_BIND
-                    | MsFlags::MS_REMOUNT
-                    | MsFlags::MS_RDONLY
-                    | MsFlags::MS_NOSUID
-                    | MsFlags::MS_NODEV,
-                None::<&str>,
-            )
-            .map_err(|source| SandboxError::Mount {
-                step: "make read-only",
-                path: target,
-                source,
-            })?;
+            remount_read_only(&target)?;
         }
         Ok(())
     }
+}
+
+/// Make the bind mount at `target` read-only (and `nosuid`, `nodev`).
+fn remount_read_only(target: &Path) -> Result<(), SandboxError> {
+    use nix::mount::{MsFlags, mount};
+    mount(
+        None::<&str>,
+        target,
+        None::<&str>,
+        MsFlags::MS_BIND
+            | MsFlags::MS_REMOUNT
+            | MsFlags::MS_RDONLY
+            | MsFlags::MS_NOSUID
+            | MsFlags::MS_NODEV,
+        None::<&str>,
+    )
+    .map_err(|source| SandboxError::Mount {
+        step: "make read-only",
+        path: target.to_path_buf(),
+        source,
+    })
 }
 
 /// An empty directory or file at `target` (and its parents) to mount on.
