@@ -25,6 +25,11 @@
 //! clock does not flap the Node, and a controller that starts after an outage of the
 //! control plane gives every Node one grace period to report before failing its Tasks.
 //!
+//! A Node no agent can be (outside every `rlark-<cluster-id>` namespace, or labelled with
+//! another cluster's ID: written by hand, like RLark's Node sample) is never placed on;
+//! it is marked `Offline` with reason `NotAnAgentNode` at once, with a Warning Event
+//! saying why and what registers Nodes ([`foreign_node`]).
+//!
 //! Every step is idempotent and re-derived from the API each tick, so a controller that
 //! restarts half-way converges.
 
@@ -52,6 +57,9 @@ pub const CONTROLLER: &str = "node";
 pub const REASON_HEARTBEAT_LOST: &str = "NodeHeartbeatLost";
 /// `status.reason` of a Node this controller brought back `Online`.
 pub const REASON_HEARTBEAT_RESTORED: &str = "NodeHeartbeatRestored";
+/// `status.reason` of a Node no agent can be: one outside the agent namespaces, or whose
+/// cluster label contradicts its namespace (created by hand, e.g. RLark's Node sample).
+pub const REASON_NOT_AN_AGENT_NODE: &str = "NotAnAgentNode";
 /// Task condition type (and reason) added when the Task's Node is lost.
 pub const CONDITION_NODE_LOST: &str = "NodeLost";
 
@@ -223,6 +231,20 @@ async fn check(
         let name = node.name_any();
         let key = format!("{namespace}/{name}/{}", node.uid().unwrap_or_default());
         live.insert(key.clone());
+        if let Some(problem) = crate::scheduler::node_identity_problem(node) {
+            if let Some(message) = foreign_node(node, &problem) {
+                let node_span = tracing::info_span!("node", %namespace, node = %name);
+                match flag_foreign_node(ctx, node, &message)
+                    .instrument(node_span)
+                    .await
+                {
+                    Ok(()) => {}
+                    Err(e) if e.is_conflict() || e.is_not_found() => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            continue;
+        }
         let reported = reported_heartbeat(node, leases.get(&(namespace.clone(), name.clone())));
         let seen = memory
             .entry(key)
@@ -284,6 +306,50 @@ async fn check(
             }
         }
     }
+    Ok(())
+}
+
+/// What to say of a Node no agent can be (`problem`: its
+/// [`crate::scheduler::node_identity_problem`]), unless it is flagged already (pure).
+pub fn foreign_node(node: &Node, problem: &str) -> Option<String> {
+    let status = node.status.as_ref();
+    let flagged = status.is_some_and(|s| {
+        s.phase == Some(NodePhase::Offline) && s.reason.as_deref() == Some(REASON_NOT_AN_AGENT_NODE)
+    });
+    (!flagged).then(|| {
+        format!(
+            "node {}/{} is no agent's: {problem}. Agents register their own Nodes (`rlark \
+             agent --cluster-id ID` reports its host in namespace rlark-ID); nothing is \
+             placed on this one",
+            node.namespace().unwrap_or_default(),
+            node.name_any()
+        )
+    })
+}
+
+/// Mark a Node no agent can be `Offline` (reason [`REASON_NOT_AN_AGENT_NODE`]) with a
+/// Warning Event saying `message`.
+async fn flag_foreign_node(ctx: &Context, node: &Node, message: &str) -> Result<(), Error> {
+    let body = json!({
+        "metadata": {"resourceVersion": node.resource_version()},
+        "status": {"phase": NodePhase::Offline, "reason": REASON_NOT_AN_AGENT_NODE},
+    });
+    Api::<Node>::namespaced(ctx.client.clone(), &node.namespace().unwrap_or_default())
+        .patch_status(
+            &node.name_any(),
+            &PatchParams::default(),
+            &Patch::Merge(&body),
+        )
+        .await?;
+    tracing::warn!(%message, "node flagged: no agent can be it");
+    ctx.recorder
+        .record(
+            &Recorder::reference(node),
+            EventType::Warning,
+            REASON_NOT_AN_AGENT_NODE,
+            message,
+        )
+        .await;
     Ok(())
 }
 
@@ -547,6 +613,29 @@ mod tests {
             ..Default::default()
         });
         node
+    }
+
+    #[test]
+    fn a_node_no_agent_can_be_is_flagged_once() {
+        let mut by_hand = node(None);
+        by_hand.metadata.namespace = Some("default".into());
+        let problem = crate::scheduler::node_identity_problem(&by_hand).expect("a problem");
+        let message = foreign_node(&by_hand, &problem).expect("flagged");
+        assert!(
+            message.starts_with(
+                "node default/n1 is no agent's: namespace \"default\" is not an agent namespace"
+            ) && message.contains("rlark agent --cluster-id ID"),
+            "{message}"
+        );
+        // Once it is Offline with the reason, nothing more is said.
+        let status = by_hand.status.as_mut().expect("status");
+        status.phase = Some(NodePhase::Offline);
+        status.reason = Some(REASON_NOT_AN_AGENT_NODE.into());
+        assert_eq!(foreign_node(&by_hand, &problem), None);
+        // An agent's Node has no identity problem: never flagged.
+        let mut agents = node(Some(0));
+        agents.metadata.namespace = Some("rlark-a".into());
+        assert_eq!(crate::scheduler::node_identity_problem(&agents), None);
     }
 
     fn lease(renew: i64) -> Lease {

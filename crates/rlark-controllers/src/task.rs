@@ -6,7 +6,9 @@
 //! `status.phase`, `message`, `observedNodes`, `replicas`, `readyReplicas`,
 //! `succeededReplicas`, `failedReplicas`, `retryCount`, `startTime`, `completionTime`,
 //! `pullProgress` (while Pending: the replicas' image pulls), and in `conditions` only
-//! the condition `DeviceUnhealthy` (from the replicas' `status.unhealthyDevices`; the
+//! the conditions `NotInAgentNamespace` (a Task outside every `rlark-<cluster-id>`
+//! namespace, which no agent will run; with a Warning Event) and `DeviceUnhealthy` (from
+//! the replicas' `status.unhealthyDevices`; the
 //! others, e.g. the Node controller's `NodeLost`, are written back as they were). It writes
 //! with a merge patch of only the fields that changed, preconditioned on the Task's
 //! `resourceVersion` so a concurrent writer (the Node controller failing the Task) is never
@@ -221,6 +223,25 @@ async fn reconcile_task(task: &Task, state: &TaskContext) -> Result<Action, Erro
     {
         record_transition(&state.ctx.recorder, task, current.phase, phase, &desired).await;
     }
+    let newly_outside = |status: &TaskStatus| {
+        status
+            .conditions
+            .iter()
+            .any(|c| c.type_ == CONDITION_NOT_IN_AGENT_NAMESPACE)
+    };
+    if newly_outside(&desired) && !newly_outside(&current) {
+        let message = outside_agent_namespaces(&task.metadata).unwrap_or_default();
+        state
+            .ctx
+            .recorder
+            .record(
+                &Recorder::reference(task),
+                EventType::Warning,
+                CONDITION_NOT_IN_AGENT_NAMESPACE,
+                &message,
+            )
+            .await;
+    }
     Ok(Action::await_change())
 }
 
@@ -375,6 +396,13 @@ pub fn aggregate(
         }
     }
     let conditions = with_device_health(&current.conditions, &replicas, now);
+    let outside = outside_agent_namespaces(meta);
+    let conditions = with_namespace_check(conditions, outside.as_deref(), now);
+    // Said where `get` shows it too, unless something more specific is said already.
+    let message = match (&outside, phase) {
+        (Some(why), TaskPhase::Pending) if message.is_none() => Some(why.clone()),
+        _ => message,
+    };
     let observed_nodes: BTreeSet<String> = considered
         .iter()
         .filter_map(|p| p.status.as_ref()?.node.clone())
@@ -396,6 +424,54 @@ pub fn aggregate(
         conditions,
         ..current.clone()
     }
+}
+
+/// Condition type: the Task is in a namespace no agent serves (not `rlark-<cluster-id>`),
+/// so no replica of it will ever run.
+pub const CONDITION_NOT_IN_AGENT_NAMESPACE: &str = "NotInAgentNamespace";
+
+/// Why a Task in `meta`'s namespace will never run, when that namespace is not an agent
+/// namespace (`rlark-<cluster-id>`, [`rlark_api::names::agent_namespace`]).
+pub fn outside_agent_namespaces(meta: &ObjectMeta) -> Option<String> {
+    let namespace = meta.namespace.as_deref().unwrap_or_default();
+    if namespace
+        .strip_prefix("rlark-")
+        .is_some_and(|c| !c.is_empty())
+    {
+        return None;
+    }
+    Some(format!(
+        "namespace {namespace:?} is not an agent namespace: an agent runs the Tasks of \
+         rlark-<cluster-id> only, so this one stays Pending. Create a Job instead (the \
+         scheduler places its Tasks in the right agent namespace), or create the Task in \
+         rlark-<cluster-id>"
+    ))
+}
+
+/// `conditions` with [`CONDITION_NOT_IN_AGENT_NAMESPACE`] `True` saying `outside` while
+/// the Task is outside the agent namespaces; nothing added otherwise (a Task never moves).
+fn with_namespace_check(
+    mut conditions: Vec<Condition>,
+    outside: Option<&str>,
+    now: Timestamp,
+) -> Vec<Condition> {
+    let Some(why) = outside else {
+        return conditions;
+    };
+    if !conditions
+        .iter()
+        .any(|c| c.type_ == CONDITION_NOT_IN_AGENT_NAMESPACE)
+    {
+        conditions.push(Condition {
+            type_: CONDITION_NOT_IN_AGENT_NAMESPACE.into(),
+            status: "True".into(),
+            reason: CONDITION_NOT_IN_AGENT_NAMESPACE.into(),
+            message: why.to_string(),
+            last_transition_time: Time(now),
+            observed_generation: None,
+        });
+    }
+    conditions
 }
 
 /// Condition type: a replica holds a robot or camera that is unhealthy now.
@@ -680,6 +756,41 @@ mod tests {
         assert_eq!(status.ready_replicas, Some(0));
         assert_eq!(status.start_time, None);
         assert_eq!(status.retry_count, Some(0));
+    }
+
+    #[test]
+    fn a_task_outside_the_agent_namespaces_says_it_will_never_run() {
+        let mut meta = task_meta();
+        meta.namespace = Some("default".into());
+        let status = aggregate(&meta, &spec(1), &TaskStatus::default(), &[], ts(100));
+        assert_eq!(status.phase, Some(TaskPhase::Pending));
+        let condition = status
+            .conditions
+            .iter()
+            .find(|c| c.type_ == CONDITION_NOT_IN_AGENT_NAMESPACE)
+            .expect("the condition");
+        assert_eq!(condition.status, "True");
+        assert!(
+            condition
+                .message
+                .contains("\"default\" is not an agent namespace")
+                && condition.message.contains("rlark-<cluster-id>")
+                && condition.message.contains("Create a Job instead"),
+            "{}",
+            condition.message
+        );
+        assert_eq!(status.message.as_deref(), Some(condition.message.as_str()));
+        // Again: the condition is kept as it was (same transition time), not added twice.
+        let again = aggregate(&meta, &spec(1), &status, &[], ts(200));
+        assert_eq!(again.conditions, status.conditions);
+        assert_eq!(status_patch(&status, &again).expect("patch"), None);
+        // In an agent namespace: nothing of it.
+        let inside = run(&spec(1), &TaskStatus::default(), &[]);
+        assert!(inside.conditions.is_empty(), "{:?}", inside.conditions);
+        assert_eq!(inside.message, None);
+        let mut bare = task_meta();
+        bare.namespace = Some("rlark-".into());
+        assert!(outside_agent_namespaces(&bare).is_some());
     }
 
     #[test]
