@@ -20,8 +20,12 @@ use rlark_api::labels;
 use rlark_api::names::agent_namespace;
 use rlark_api::quantity::{QuantityValue, parse_quantity};
 use rlark_api::types::{
-    AgentType, Job, JobTaskTemplate, Node, NodePhase, Task, TaskPhase, TaskPlacement, TaskSpec,
+    AgentType, Job, JobTaskTemplate, KubernetesWorkloadKind, Node, NodePhase, Task, TaskPhase,
+    TaskPlacement, TaskSpec,
 };
+
+/// The group/version of OpenKruise's CloneSet, named in placement messages.
+const CLONESET_API: &str = "apps.kruise.io/v1alpha1";
 
 /// Resource name → exact amount.
 pub type Resources = BTreeMap<String, QuantityValue>;
@@ -114,13 +118,24 @@ where
     if search.run(0, world.initial.clone()) {
         return Ok(search.chosen);
     }
-    Err(search.first_failure.unwrap_or_else(|| Unschedulable {
+    let mut failure = search.first_failure.unwrap_or_else(|| Unschedulable {
         task: templates
             .first()
             .map(|t| t.name.clone())
             .unwrap_or_default(),
         message: format!("placement search gave up after {SEARCH_BUDGET} attempts"),
-    }))
+    });
+    // The Job's other tasks that could not be placed even alone: named too, so that one
+    // look at the condition tells everything that stands in the way.
+    for want in &wants {
+        if want.template.name == failure.task || want.fits_alone(&world) {
+            continue;
+        }
+        let also = want.explain(&world, &world.initial, &world.initial);
+        failure.message.push_str("; also ");
+        failure.message.push_str(&also.message);
+    }
+    Err(failure)
 }
 
 /// What one placed, non-terminal Task holds: one Node per replica (in the Task's
@@ -555,6 +570,9 @@ enum Exclusion {
     Identity,
     NotPinned,
     AgentType,
+    /// Its cluster does not serve the workload kind the template asks for (a CloneSet on
+    /// a member without OpenKruise's CRD).
+    WorkloadKind,
     Selector,
     /// Pinned by name (`nodeName`, `kubernetes.io/hostname`) to a name another cluster's
     /// Node holds ([`name_owners`]).
@@ -627,6 +645,14 @@ impl<'a> Want<'a> {
             chosen.push(name.to_string());
         }
         Some(chosen)
+    }
+
+    /// Whether the template alone fits in some cluster, before this Job takes anything.
+    fn fits_alone(&self, world: &World<'_>) -> bool {
+        self.eligible.keys().any(|cluster| {
+            let mut state = world.initial.clone();
+            self.assign(world, cluster, &mut state).is_some()
+        })
     }
 
     /// Explains why the template fits in no cluster given `state` (`initial`: the state
@@ -724,6 +750,10 @@ impl<'a> Want<'a> {
                     Exclusion::AgentType => {
                         format!("{nodes} excluded by agent type (needs {})", spec.agent_type)
                     }
+                    Exclusion::WorkloadKind => format!(
+                        "{nodes} excluded because their member cluster does not serve \
+                         {CLONESET_API} CloneSet"
+                    ),
                     Exclusion::Selector => format!(
                         "{nodes} excluded by nodeSelector {}",
                         format_selector(&spec.node_selector)
@@ -739,12 +769,76 @@ impl<'a> Want<'a> {
         if !excluded.is_empty() {
             parts.push(excluded.join(", "));
         }
+        parts.extend(self.remedies(world));
         msg.push_str(&parts.join("; "));
         Unschedulable {
             task: name.clone(),
             message: msg,
         }
     }
+
+    /// What would make the template placeable, for what no agent's Node of the
+    /// installation satisfies (Nodes no agent can be do not count): no Node of its agent
+    /// type at all, a `nodeSelector` label no Node has (a cluster ID no agent joined as, a
+    /// host name no agent reports).
+    fn remedies(&self, world: &World<'_>) -> Vec<String> {
+        let spec = &self.template.spec;
+        let mut out = Vec::new();
+        let agents = || world.nodes.iter().filter(|f| !f.untrusted);
+        if self.excluded.contains_key(&Exclusion::AgentType)
+            && !agents().any(|f| f.node.spec.agent_type == spec.agent_type)
+        {
+            out.push(format!(
+                "no agent runs {0} tasks: join one with `rlark agent --agent-type {0} ...` \
+                 (a bootstrap token from `rlark token create --cluster-id ID`)",
+                spec.agent_type
+            ));
+        }
+        if self.excluded.contains_key(&Exclusion::WorkloadKind)
+            && !agents().any(|f| {
+                f.node
+                    .labels()
+                    .get(labels::SERVES_CLONESET)
+                    .map(String::as_str)
+                    == Some("true")
+            })
+        {
+            out.push(format!(
+                "no member cluster serves OpenKruise's CloneSet ({CLONESET_API}): install \
+                 OpenKruise on one and restart its agent (it looks for the CRD when it \
+                 starts), or use kind Deployment"
+            ));
+        }
+        // Said whatever excluded the Nodes first: a Job for a cluster no agent joined as
+        // needs that agent, whichever runtime is missing too.
+        for (key, value) in &spec.node_selector {
+            let one = BTreeMap::from([(key.clone(), value.clone())]);
+            let held = agents().any(|f| selector_matches(&one, f.node.labels(), &f.cluster));
+            if held {
+                continue;
+            }
+            out.push(if key == labels::CLUSTER_ID {
+                format!(
+                    "no Node has {key}={value}: no agent joined as cluster {value:?} \
+                     (`rlark token create --cluster-id {value}`, then `rlark agent` with it)"
+                )
+            } else if key == labels::HOSTNAME {
+                format!("no Node has {key}={value}: no agent reports a Node named {value:?}")
+            } else {
+                format!("no Node has {key}={value} (label a Node with it, or change the selector)")
+            });
+        }
+        out
+    }
+}
+
+/// Whether `spec` asks for an OpenKruise CloneSet, which only the clusters labelled
+/// [`labels::SERVES_CLONESET`] create.
+fn wants_cloneset(spec: &TaskSpec) -> bool {
+    spec.kubernetes
+        .as_ref()
+        .and_then(|k| k.workload.as_ref())
+        .is_some_and(|w| w.kind == KubernetesWorkloadKind::CloneSet)
 }
 
 fn exclusion(spec: &TaskSpec, facts: &NodeFacts<'_>, world: &World<'_>) -> Option<Exclusion> {
@@ -761,6 +855,15 @@ fn exclusion(spec: &TaskSpec, facts: &NodeFacts<'_>, world: &World<'_>) -> Optio
     }
     if node.spec.agent_type != spec.agent_type {
         return Some(Exclusion::AgentType);
+    }
+    if wants_cloneset(spec)
+        && node
+            .labels()
+            .get(labels::SERVES_CLONESET)
+            .map(String::as_str)
+            != Some("true")
+    {
+        return Some(Exclusion::WorkloadKind);
     }
     if !selector_matches(&spec.node_selector, node.labels(), &facts.cluster) {
         return Some(Exclusion::Selector);
@@ -1265,6 +1368,101 @@ mod tests {
             nodes_of(&d, "rollout"),
             ("gpu-a".into(), vec!["g1".into(), "g2".into(), "g3".into()])
         );
+    }
+
+    #[test]
+    fn every_task_that_cannot_be_placed_is_named_with_what_would_place_it() {
+        let nodes = vec![node("a", "n1", &[("cpu", "8")])];
+        let gang = job(vec![
+            template("learner", json!({"agentType": "Kubernetes"})),
+            template("ok", json!({})),
+            template(
+                "edge",
+                json!({"nodeSelector": {"rlark.io/cluster-id": "robots"}}),
+            ),
+            template("picky", json!({"nodeSelector": {"pool": "gpu"}})),
+        ]);
+        let err = place(&gang, &nodes, NO_TASKS).unwrap_err();
+        assert_eq!(err.task, "learner");
+        let message = &err.message;
+        for expected in [
+            "task \"learner\" (1 replica) does not fit: no eligible Node; \
+             1 node excluded by agent type (needs Kubernetes); no agent runs Kubernetes tasks: \
+             join one with `rlark agent --agent-type Kubernetes ...`",
+            "; also task \"edge\" (1 replica) does not fit: no eligible Node; \
+             1 node excluded by nodeSelector rlark.io/cluster-id=robots; \
+             no Node has rlark.io/cluster-id=robots: no agent joined as cluster \"robots\"",
+            "; also task \"picky\" (1 replica) does not fit: no eligible Node; \
+             1 node excluded by nodeSelector pool=gpu; no Node has pool=gpu",
+        ] {
+            assert!(message.contains(expected), "{expected}\nnot in\n{message}");
+        }
+        // A task that fits alone is not named.
+        assert!(!message.contains("\"ok\""), "{message}");
+        // The agent type exists somewhere: no remedy, only the exclusion.
+        let mut k8s = node("b", "k1", &[("cpu", "8")]);
+        k8s.spec.agent_type = AgentType::Kubernetes;
+        let err = place(
+            &job(vec![template(
+                "learner",
+                json!({"agentType": "Kubernetes", "nodeSelector": {"pool": "x"}}),
+            )]),
+            &[nodes[0].clone(), k8s],
+            NO_TASKS,
+        )
+        .unwrap_err();
+        assert!(!err.message.contains("no agent runs"), "{}", err.message);
+        assert!(
+            err.message.contains("no Node has pool=x"),
+            "{}",
+            err.message
+        );
+    }
+
+    #[test]
+    fn a_cloneset_goes_only_where_the_member_serves_it() {
+        let kube_node = |cluster: &str, name: &str, serves: bool| {
+            let mut n = node(cluster, name, &[("cpu", "8")]);
+            n.spec.agent_type = AgentType::Kubernetes;
+            if serves {
+                n.metadata
+                    .labels
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(labels::SERVES_CLONESET.into(), "true".into());
+            }
+            n
+        };
+        let clones = job(vec![template(
+            "rollout",
+            json!({"agentType": "Kubernetes",
+                   "kubernetes": {"workload": {"kind": "CloneSet", "replicas": 2, "template": {}}}}),
+        )]);
+        // Only a cluster without OpenKruise: refused, saying what to install.
+        let err = place(&clones, &[kube_node("plain", "p1", false)], NO_TASKS).unwrap_err();
+        assert!(
+            err.message.contains(
+                "1 node excluded because their member cluster does not serve \
+                 apps.kruise.io/v1alpha1 CloneSet; no member cluster serves OpenKruise's \
+                 CloneSet (apps.kruise.io/v1alpha1): install OpenKruise"
+            ),
+            "{}",
+            err.message
+        );
+        // With one that serves it: placed there, never on the other.
+        let nodes = [
+            kube_node("plain", "p1", false),
+            kube_node("kruise", "k1", true),
+        ];
+        let placed = place(&clones, &nodes, NO_TASKS).unwrap();
+        assert_eq!(placed[0].placement.cluster_id, "kruise");
+        // A Deployment goes anywhere Kubernetes runs.
+        let deploy = job(vec![template(
+            "rollout",
+            json!({"agentType": "Kubernetes",
+                   "kubernetes": {"workload": {"kind": "Deployment", "template": {}}}}),
+        )]);
+        let placed = place(&deploy, &nodes[..1], NO_TASKS).unwrap();
+        assert_eq!(placed[0].placement.cluster_id, "plain");
     }
 
     #[test]
