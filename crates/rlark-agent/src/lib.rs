@@ -409,6 +409,7 @@ async fn start_with(
                 labels: config.labels.clone(),
                 heartbeat_interval: config.heartbeat_interval,
                 agent_node: Some(node_name.clone()),
+                serves_cloneset: member_client.serves_cloneset,
             },
         )
         .with_counters(kubernetes::member::nodes::MirrorCounters::register(

@@ -13,6 +13,10 @@ pub const HOSTNAME: &str = "kubernetes.io/hostname";
 pub const REPORTED_BY: &str = "rlark.io/reported-by";
 /// Node label: the runtime of the node's agent (`Kubernetes`, `Docker`, `Raw`).
 pub const AGENT_TYPE: &str = "rlark.io/agent-type";
+/// Node label, `"true"` on the Nodes of a Kubernetes agent whose member cluster serves
+/// OpenKruise's `apps.kruise.io/v1alpha1` CloneSet (found when the agent starts): the only
+/// Nodes a `CloneSet` task is placed on.
+pub const SERVES_CLONESET: &str = "rlark.io/serves-cloneset";
 /// Node label: `cloud`, `edge` or `robot` (see [`crate::types::NodeCategory`]).
 pub const NODE_CATEGORY: &str = "rlark.io/node-category";
 /// Task label: name of the Job that owns the Task.

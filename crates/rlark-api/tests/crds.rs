@@ -378,7 +378,7 @@ fn enums_and_defaults_are_in_the_schema() {
     let spec = &task["properties"]["spec"]["properties"];
     assert_eq!(
         spec["role"]["enum"],
-        serde_json::json!(["Actor", "Rollout", "Env"])
+        serde_json::json!(["Actor", "Rollout", "Env", "Head"])
     );
     assert_eq!(
         spec["agentType"]["enum"],
@@ -386,7 +386,7 @@ fn enums_and_defaults_are_in_the_schema() {
     );
     assert_eq!(
         spec["kubernetes"]["properties"]["workload"]["properties"]["kind"]["enum"],
-        serde_json::json!(["Deployment", "StatefulSet", "DaemonSet", "Job"])
+        serde_json::json!(["Deployment", "StatefulSet", "DaemonSet", "Job", "CloneSet"])
     );
     let raw = &spec["raw"]["properties"];
     assert_eq!(raw["replicas"]["default"], 1);

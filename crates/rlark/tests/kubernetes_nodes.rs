@@ -102,6 +102,7 @@ async fn member_nodes_are_mirrored_and_cordons_pushed_down() -> Result<()> {
             labels: BTreeMap::from([("site".to_string(), "lab".to_string())]),
             heartbeat_interval: Duration::from_millis(300),
             agent_node: Some("k1-agent".into()),
+            serves_cloneset: false,
         },
     );
     let running = tokio::spawn(mirror.run(stop.clone()));

@@ -23,7 +23,7 @@ use nix::sys::signal::{Signal, kill};
 use nix::unistd::Pid;
 use rlark_api::types::{Job, JobPhase, Pod, PodPhase, Task, TaskPhase};
 use rlark_testkit::TestServer;
-use rlark_testkit::kubesim::{MemberCluster, MemberNode, Phase, Policy};
+use rlark_testkit::kubesim::{Extras, MemberCluster, MemberNode, Phase, Policy};
 use rlark_testkit::real_agent::{DEADLINE, eventually, start_server_with_controllers};
 use rlark_testkit::tunnel_agent::bootstrap_token;
 use serde_json::{Value, json};
@@ -136,9 +136,14 @@ struct World {
 
 impl World {
     async fn start(nodes: &[&str]) -> anyhow::Result<Self> {
+        Self::start_with(nodes, Extras::default()).await
+    }
+
+    /// [`Self::start`] with a member cluster that serves `extras` too.
+    async fn start_with(nodes: &[&str], extras: Extras) -> anyhow::Result<Self> {
         let (server, server_dir) = start_server_with_controllers().await?;
         let admin = server.client().await?;
-        let member = MemberCluster::start().await?;
+        let member = MemberCluster::start_with(extras).await?;
         for node in nodes {
             member.sim().add_node(MemberNode::new(node)).await?;
         }
@@ -1062,4 +1067,116 @@ async fn a_kubernetes_agent_without_a_member_cluster_does_not_start() -> anyhow:
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--max-creates-per-minute"), "{err}");
     Ok(())
+}
+
+/// OpenKruise's CloneSet: refused at placement with the missing CRD named where the member
+/// cluster does not serve it; where it does, created as `apps.kruise.io/v1alpha1`
+/// CloneSet, its Pods mirrored, stopped by scaling to 0, deleted with the Job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cloneset_runs_only_where_the_member_serves_openkruise() -> anyhow::Result<()> {
+    let clonesets = kube::core::ApiResource::from_gvk_with_plural(
+        &kube::core::GroupVersionKind::gvk("apps.kruise.io", "v1alpha1", "CloneSet"),
+        "clonesets",
+    );
+    let job_condition = |admin: kube::Client, job: &'static str, needle: &'static str| async move {
+        eventually(&format!("job {job} says {needle:?}"), || async {
+            let job = Api::<Job>::all(admin.clone()).get(job).await?;
+            let said = job
+                .status
+                .iter()
+                .flat_map(|s| s.conditions.iter())
+                .find(|c| c.message.contains(needle))
+                .map(|c| c.message.clone());
+            Ok(said)
+        })
+        .await
+    };
+
+    // Without OpenKruise: Unschedulable, naming the CRD and what to do.
+    let world = World::start(&["m-0"]).await?;
+    let agent = world.agent(&[])?;
+    eventually("the member node mirrored", || async {
+        Ok(
+            Api::<rlark_api::types::Node>::namespaced(world.admin.clone(), NS)
+                .get_opt("m-0")
+                .await?
+                .filter(|n| !n.labels().contains_key("rlark.io/serves-cloneset")),
+        )
+    })
+    .await?;
+    world
+        .create_job("clones", json!([kube_task("rollout", "CloneSet", 2)]))
+        .await?;
+    let message = job_condition(
+        world.admin.clone(),
+        "clones",
+        "does not serve apps.kruise.io/v1alpha1 CloneSet",
+    )
+    .await?;
+    ensure!(
+        message.contains("install OpenKruise on one and restart its agent"),
+        "{message}"
+    );
+    agent.end(Signal::SIGTERM).await?;
+    world.stop().await?;
+
+    // With OpenKruise: created as a CloneSet and run.
+    let world = World::start_with(&["m-0", "m-1"], Extras { openkruise: true }).await?;
+    let agent = world.agent(&[])?;
+    eventually("the member nodes labelled as serving CloneSets", || async {
+        let nodes = Api::<rlark_api::types::Node>::namespaced(world.admin.clone(), NS)
+            .list(&ListParams::default().labels("rlark.io/serves-cloneset=true"))
+            .await?;
+        Ok((nodes.items.len() == 2).then_some(()))
+    })
+    .await?;
+    world
+        .create_job("clones", json!([kube_task("rollout", "CloneSet", 2)]))
+        .await?;
+    let pods = world
+        .wait_member_pods("clones-rollout", 2, "Running")
+        .await?;
+    world
+        .task_phase("clones-rollout", TaskPhase::Running)
+        .await?;
+    let api: Api<kube::core::DynamicObject> =
+        Api::namespaced_with(world.mclient.clone(), MNS, &clonesets);
+    let created = api.get("clones-rollout").await?;
+    let created_json = serde_json::to_value(&created)?;
+    assert_eq!(created_json["apiVersion"], "apps.kruise.io/v1alpha1");
+    assert_eq!(created_json["spec"]["replicas"], 2);
+    for pod in &pods {
+        ensure!(pod.starts_with("clones-rollout-"), "{pod}");
+        world
+            .rlark_pod(pod, "mirrored Running", |p| {
+                phase_of(p) == Some(PodPhase::Running)
+            })
+            .await?;
+    }
+
+    // Stop: scaled to 0, the Task Stopped; the same CloneSet (not recreated).
+    Api::<Job>::all(world.admin.clone())
+        .patch(
+            "clones",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"stopped": true}})),
+        )
+        .await?;
+    world
+        .task_phase("clones-rollout", TaskPhase::Stopped)
+        .await?;
+    let stopped = serde_json::to_value(api.get("clones-rollout").await?)?;
+    assert_eq!(stopped["spec"]["replicas"], 0);
+    assert_eq!(stopped["metadata"]["uid"], created_json["metadata"]["uid"]);
+
+    // Deleting the Job deletes the CloneSet and its Pods.
+    Api::<Job>::all(world.admin.clone())
+        .delete("clones", &DeleteParams::default())
+        .await?;
+    eventually("the CloneSet deleted", || async {
+        Ok(api.get_opt("clones-rollout").await?.is_none().then_some(()))
+    })
+    .await?;
+    agent.end(Signal::SIGTERM).await?;
+    world.stop().await
 }

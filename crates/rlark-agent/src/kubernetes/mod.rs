@@ -11,7 +11,8 @@
 //! - [`names`]: derived object names and label values (DNS-1123, shortened with a hash);
 //! - [`env`]: the environment contract as container `env` entries;
 //! - [`workload`]: a Task's `kubernetes.workload` → Deployment / StatefulSet / DaemonSet /
-//!   Job, Ray head Service, claims;
+//!   Job / CloneSet, Ray head Service, claims;
+//! - [`cloneset`]: OpenKruise's CloneSet, the fields the runtime writes and reads;
 //! - [`template`]: a Task's `kubernetes.jobTemplate` → one batch/v1 Job, forced fields;
 //! - [`tensorboard`]: the TensorBoard sidecar of a Task with `tensorBoardDir`, and its status;
 //! - [`status`]: member workload and Pod status → Task phase and rlark Pod status;
@@ -20,6 +21,7 @@
 //! - [`errors`]: a member API failure → fail, adopt or retry (with backoff);
 //! - [`ratelimit`]: the creation rate limit (defer, never fail).
 
+pub mod cloneset;
 pub mod env;
 pub mod errors;
 pub mod member;

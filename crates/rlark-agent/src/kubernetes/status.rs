@@ -7,6 +7,8 @@
 //!   `Running`; else `Pending` (RLark said `Failed` as soon as a replica was unavailable,
 //!   which every starting Deployment is);
 //! - StatefulSet: desired 0 → `Stopped`; ready ≥ desired → `Running`; else `Pending`;
+//! - CloneSet (OpenKruise; RLark named it but could not run it): as a Deployment, with
+//!   its `FailedScale` condition as the failure ([`super::cloneset`]);
 //! - DaemonSet: stopped (the runtime's no-node selector) → `Stopped`; ready ≥ desired > 0
 //!   → `Running`; else `Pending` (RLark: `Failed` when any is unavailable);
 //! - batch Job (RLark had none): condition `Complete` → `Succeeded`; `Failed` →
@@ -14,7 +16,7 @@
 //!   without conditions, `succeeded` ≥ completions → `Succeeded`, `failed` > backoffLimit
 //!   → `Failed`; suspended → `Stopped`; ready ≥ parallelism → `Running`; else `Pending`.
 //!
-//! A Deployment, StatefulSet or DaemonSet status the workload controller has not caught
+//! A Deployment, StatefulSet, CloneSet or DaemonSet status the workload controller has not caught
 //! up with (`observedGeneration` < `generation`) is `Pending` unless the workload is
 //! stopped or failed (a Job's status has no `observedGeneration`).
 
@@ -24,6 +26,7 @@ use k8s_openapi::api::core::v1::{ContainerStatus, Pod as MemberPod};
 use rlark_api::agent::{REASON_BACKOFF, REASON_COMPLETED, REASON_ERROR};
 use rlark_api::types::{PodPhase, PodStatus, PullProgress, TaskPhase};
 
+use super::cloneset::CloneSet;
 use super::workload::{STOPPED_NODE_LABEL, Workload};
 
 /// The Task's view of its workload.
@@ -75,7 +78,38 @@ pub fn workload_state(workload: &Workload) -> WorkloadState {
         Workload::StatefulSet(s) => statefulset_state(s),
         Workload::DaemonSet(d) => daemonset_state(d),
         Workload::Job(j) => job_state(j),
+        Workload::CloneSet(c) => cloneset_state(c),
     }
+}
+
+/// An OpenKruise CloneSet (module docs).
+pub fn cloneset_state(c: &CloneSet) -> WorkloadState {
+    let desired = c.spec.replicas.unwrap_or(1);
+    let status = c.status.clone().unwrap_or_default();
+    let ready = status.ready_replicas;
+    if desired == 0 {
+        return WorkloadState::new(TaskPhase::Stopped, None, 0, ready);
+    }
+    if let Some(failed) = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "FailedScale" && c.status == "True")
+    {
+        let message = format!(
+            "{}: {}",
+            failed.reason.as_deref().unwrap_or(&failed.type_),
+            failed.message.as_deref().unwrap_or_default()
+        );
+        return WorkloadState::new(TaskPhase::Failed, Some(message), desired, ready);
+    }
+    if let Some(message) = stale(c.metadata.generation, status.observed_generation) {
+        return WorkloadState::new(TaskPhase::Pending, Some(message), desired, ready);
+    }
+    if ready >= desired {
+        return WorkloadState::new(TaskPhase::Running, None, desired, ready);
+    }
+    let message = format!("{ready}/{desired} replicas ready");
+    WorkloadState::new(TaskPhase::Pending, Some(message), desired, ready)
 }
 
 /// A Deployment (module docs).
@@ -378,6 +412,55 @@ mod tests {
     fn phase_of(w: Workload) -> (TaskPhase, Option<String>) {
         let s = workload_state(&w);
         (s.phase, s.message)
+    }
+
+    #[test]
+    fn cloneset_table() {
+        use TaskPhase::*;
+        let clones = |replicas: i32, generation: i64, status: Value| {
+            Workload::CloneSet(from(json!({
+                "apiVersion": "apps.kruise.io/v1alpha1", "kind": "CloneSet",
+                "metadata": {"name": "c", "generation": generation},
+                "spec": {"replicas": replicas, "selector": {}, "template": {}},
+                "status": status,
+            })))
+        };
+        assert_eq!(phase_of(clones(0, 1, json!({}))), (Stopped, None));
+        assert_eq!(
+            phase_of(clones(
+                2,
+                1,
+                json!({"observedGeneration": 1, "replicas": 2, "readyReplicas": 2})
+            )),
+            (Running, None)
+        );
+        assert_eq!(
+            phase_of(clones(
+                2,
+                1,
+                json!({"observedGeneration": 1, "readyReplicas": 1})
+            )),
+            (Pending, Some("1/2 replicas ready".into()))
+        );
+        assert_eq!(
+            phase_of(clones(
+                2,
+                3,
+                json!({"observedGeneration": 2, "readyReplicas": 2})
+            ))
+            .0,
+            Pending
+        );
+        assert_eq!(
+            phase_of(clones(
+                2,
+                1,
+                json!({"observedGeneration": 1, "conditions": [
+                {"type": "FailedScale", "status": "True", "reason": "CreatePodFailed",
+                 "message": "exceeded quota"}]})
+            )),
+            (Failed, Some("CreatePodFailed: exceeded quota".into()))
+        );
     }
 
     #[test]

@@ -1,5 +1,6 @@
 //! A Task's `kubernetes.workload` → the objects the runtime creates on the member
-//! cluster: the workload (Deployment, StatefulSet, DaemonSet or batch Job), the Ray head's
+//! cluster: the workload (Deployment, StatefulSet, DaemonSet, batch Job or OpenKruise
+//! CloneSet), the Ray head's
 //! headless Service, and the claims of its `persistentVolumeClaim` volumes.
 //!
 //! What the Task's Pod template gets (docs/tasks.md, "Kubernetes runtime"):
@@ -26,7 +27,7 @@
 //! requests) instead. The domain network's sidecar (planned for this runtime) is the one
 //! feature that needs a capability: `NET_ADMIN` in its own container.
 //!
-//! `spec.stopped`: Deployments and StatefulSets get 0 replicas, a Job `suspend: true`, a
+//! `spec.stopped`: Deployments, StatefulSets and CloneSets get 0 replicas, a Job `suspend: true`, a
 //! DaemonSet the node selector [`STOPPED_NODE_LABEL`]`=true`, which no node carries.
 
 use std::collections::BTreeMap;
@@ -48,6 +49,7 @@ use rlark_api::agent::{RUN_KEY_ANNOTATION, TASK_UID_ANNOTATION, run_key};
 use rlark_api::labels;
 use rlark_api::types::{KubernetesWorkloadKind, Task};
 
+use super::cloneset::{CloneSet, CloneSetSpec};
 use super::env::{self, IndexSource};
 use super::{
     MANAGED_BY, MANAGED_BY_LABEL, MemberContext, RUN_LABEL, TASK_NAME_LABEL, TASK_NAMESPACE_LABEL,
@@ -95,6 +97,8 @@ pub enum Workload {
     DaemonSet(DaemonSet),
     /// batch/v1 Job.
     Job(Job),
+    /// OpenKruise `apps.kruise.io/v1alpha1` CloneSet.
+    CloneSet(CloneSet),
 }
 
 impl Workload {
@@ -105,6 +109,7 @@ impl Workload {
             Workload::StatefulSet(_) => KubernetesWorkloadKind::StatefulSet,
             Workload::DaemonSet(_) => KubernetesWorkloadKind::DaemonSet,
             Workload::Job(_) => KubernetesWorkloadKind::Job,
+            Workload::CloneSet(_) => KubernetesWorkloadKind::CloneSet,
         }
     }
 
@@ -115,6 +120,7 @@ impl Workload {
             Workload::StatefulSet(o) => &o.metadata,
             Workload::DaemonSet(o) => &o.metadata,
             Workload::Job(o) => &o.metadata,
+            Workload::CloneSet(o) => &o.metadata,
         }
     }
 
@@ -128,6 +134,7 @@ impl Workload {
             KubernetesWorkloadKind::Deployment => ("apps/v1", "Deployment"),
             KubernetesWorkloadKind::StatefulSet => ("apps/v1", "StatefulSet"),
             KubernetesWorkloadKind::DaemonSet => ("apps/v1", "DaemonSet"),
+            KubernetesWorkloadKind::CloneSet => (super::cloneset::API_VERSION, "CloneSet"),
         };
         Some(OwnerReference {
             api_version: api_version.to_string(),
@@ -146,6 +153,7 @@ impl Workload {
             Workload::StatefulSet(o) => o.spec.as_ref().map(|s| &s.template),
             Workload::DaemonSet(o) => o.spec.as_ref().map(|s| &s.template),
             Workload::Job(o) => o.spec.as_ref().map(|s| &s.template),
+            Workload::CloneSet(o) => Some(&o.spec.template),
         }
     }
 }
@@ -615,6 +623,15 @@ pub fn build(task: &Task, ctx: &MemberContext) -> Result<MemberObjects, BuildErr
     let metadata = object_meta(task, ctx, &run_key, name);
     let head = is_ray_head(task);
     let workload = match kind {
+        KubernetesWorkloadKind::CloneSet => Workload::CloneSet(CloneSet {
+            metadata,
+            spec: CloneSetSpec {
+                replicas: Some(replicas),
+                selector,
+                template,
+            },
+            status: None,
+        }),
         KubernetesWorkloadKind::Deployment => Workload::Deployment(Deployment {
             metadata,
             spec: Some(DeploymentSpec {
@@ -1116,6 +1133,8 @@ mod tests {
             ("DaemonSet", true),
             ("Job", false),
             ("Job", true),
+            ("CloneSet", false),
+            ("CloneSet", true),
         ] {
             let mut t = with_workload(
                 "ppo-rollout",
@@ -1148,6 +1167,14 @@ mod tests {
                         .cloned();
                     assert_eq!(marker, stopped.then(|| "true".to_string()));
                     assert!(pod.affinity.is_none(), "a DaemonSet is not pinned");
+                }
+                Workload::CloneSet(c) => {
+                    assert_eq!(c.spec.replicas, Some(if stopped { 0 } else { 3 }));
+                    let owner = objects.workload.owner_reference();
+                    assert_eq!(owner.map(|o| o.api_version), None, "no UID yet");
+                    let json = serde_json::to_value(c).expect("json");
+                    assert_eq!(json["apiVersion"], "apps.kruise.io/v1alpha1");
+                    assert_eq!(json["kind"], "CloneSet");
                 }
                 Workload::Job(j) => {
                     let spec = j.spec.as_ref().expect("job spec");

@@ -69,7 +69,7 @@ mod tests {
         assert_eq!(WorkflowPhase::ALL.len(), 5);
         assert_eq!(PodPhase::ALL.len(), 4);
         assert_eq!(NodePhase::ALL.len(), 2);
-        assert_eq!(KubernetesWorkloadKind::ALL.len(), 4);
+        assert_eq!(KubernetesWorkloadKind::ALL.len(), 5);
         for phase in TaskPhase::ALL {
             let json = serde_json::to_value(phase).unwrap();
             assert_eq!(json, phase.as_str());
@@ -82,7 +82,7 @@ mod tests {
         let err = "Foo".parse::<TaskRole>().unwrap_err();
         assert_eq!(
             err.to_string(),
-            r#"Unsupported value: "Foo": supported values: "Actor", "Rollout", "Env""#
+            r#"Unsupported value: "Foo": supported values: "Actor", "Rollout", "Env", "Head""#
         );
     }
 

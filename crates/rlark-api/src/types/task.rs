@@ -46,8 +46,12 @@ pub enum TaskRole {
     Rollout,
     /// Environment (simulator, robot).
     Env,
+    /// The task the others gather around, as RLark's own examples name it
+    /// (`cross-cluster-ping.yaml`); a label only: which task is the Ray head is
+    /// `head: true` in the Job's template, not the role.
+    Head,
 }
-string_enum!(TaskRole { Actor => "Actor", Rollout => "Rollout", Env => "Env" });
+string_enum!(TaskRole { Actor => "Actor", Rollout => "Rollout", Env => "Env", Head => "Head" });
 
 /// Kind of Kubernetes workload a `kubernetes` task creates.
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, Hash, JsonSchema)]
@@ -60,12 +64,16 @@ pub enum KubernetesWorkloadKind {
     DaemonSet,
     /// batch/v1 Job (`replicas` = parallelism = completions).
     Job,
+    /// OpenKruise's `apps.kruise.io/v1alpha1` CloneSet, on member clusters that serve its
+    /// CRD (placement skips the others and says so).
+    CloneSet,
 }
 string_enum!(KubernetesWorkloadKind {
     Deployment => "Deployment",
     StatefulSet => "StatefulSet",
     DaemonSet => "DaemonSet",
     Job => "Job",
+    CloneSet => "CloneSet",
 });
 
 /// When the agent restarts an exited `raw` replica.

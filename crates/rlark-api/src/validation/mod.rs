@@ -120,7 +120,7 @@ impl FieldErrorKind {
 /// `message` is what follows the kind's label in Kubernetes' error body; it starts with the
 /// quoted bad value where Kubernetes shows one (`"Foo": supported values: "Actor", ...`).
 /// [`FieldError::body`] is the `Status` cause message and `Display` is `field: body`, e.g.
-/// `spec.role: Unsupported value: "Foo": supported values: "Actor", "Rollout", "Env"`.
+/// `spec.role: Unsupported value: "Foo": supported values: "Actor", "Rollout", "Env", "Head"`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FieldError {
     /// JSON path of the field, e.g. `spec.tasks[1].name` (empty for the whole object).

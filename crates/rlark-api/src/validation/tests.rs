@@ -89,10 +89,10 @@ fn cause_types_are_kubernetes_strings() {
 
 #[test]
 fn rendering_matches_kubernetes() {
-    let err = FieldError::not_supported("spec.role", "Foo", &["Actor", "Rollout", "Env"]);
+    let err = FieldError::not_supported("spec.role", "Foo", &["Actor", "Rollout", "Env", "Head"]);
     assert_eq!(
         err.to_string(),
-        r#"spec.role: Unsupported value: "Foo": supported values: "Actor", "Rollout", "Env""#
+        r#"spec.role: Unsupported value: "Foo": supported values: "Actor", "Rollout", "Env", "Head""#
     );
     assert_eq!(
         FieldError::required("spec.cidr", "").to_string(),
@@ -160,7 +160,7 @@ fn bad_enum_value_is_not_supported_with_the_choices() {
     spec["role"] = json!("Foo");
     assert_eq!(
         one_error("Task", &task(spec)),
-        r#"spec.role: Unsupported value: "Foo": supported values: "Actor", "Rollout", "Env""#
+        r#"spec.role: Unsupported value: "Foo": supported values: "Actor", "Rollout", "Env", "Head""#
     );
     let mut t = template("actor");
     t["role"] = json!("Foo");
@@ -169,7 +169,7 @@ fn bad_enum_value_is_not_supported_with_the_choices() {
         [e(
             "spec.tasks[1].role",
             NotSupported,
-            r#""Foo": supported values: "Actor", "Rollout", "Env""#
+            r#""Foo": supported values: "Actor", "Rollout", "Env", "Head""#
         )]
     );
     let node = json!({"metadata": {"name": "n"}, "spec": {"agentType": "Raw"},
@@ -185,13 +185,13 @@ fn bad_enum_value_is_not_supported_with_the_choices() {
     let mut k = template("a");
     k["agentType"] = json!("Kubernetes");
     k["raw"] = Value::Null;
-    k["kubernetes"] = json!({"workload": {"kind": "CloneSet", "template": {}}});
+    k["kubernetes"] = json!({"workload": {"kind": "ReplicaSet", "template": {}}});
     assert_eq!(
         errors("Job", &job(json!([k]))),
         [e(
             "spec.tasks[0].kubernetes.workload.kind",
             NotSupported,
-            r#""CloneSet": supported values: "Deployment", "StatefulSet", "DaemonSet", "Job""#
+            r#""ReplicaSet": supported values: "Deployment", "StatefulSet", "DaemonSet", "Job", "CloneSet""#
         )]
     );
 }

@@ -52,6 +52,35 @@ pub fn kinds() -> Vec<Arc<ResourceType>> {
     kinds.into_iter().map(Arc::new).collect()
 }
 
+/// OpenKruise's CloneSet (`apps.kruise.io/v1alpha1`), as a member cluster with OpenKruise
+/// installed serves it (its CRD; [`super::KubeSim`] plays its controller when started with
+/// [`super::Extras::openkruise`]). Checked as an `apps/v1` workload is.
+pub fn openkruise_clone_set() -> Arc<ResourceType> {
+    let mut rt = ResourceType::new(
+        "apps.kruise.io",
+        "v1alpha1",
+        "CloneSet",
+        "clonesets",
+        true,
+        permissive(
+            "CloneSet is OpenKruise's Deployment-like workload.",
+            &["spec", "status"],
+        ),
+    );
+    rt.short_names = vec!["clone".into()];
+    rt.status_subresource = true;
+    rt.scale_subresource = true;
+    rt.printer_columns = vec![
+        column("Desired", "integer", ".spec.replicas"),
+        column("Ready", "integer", ".status.readyReplicas"),
+        age(),
+    ];
+    rt.validator = Some(Arc::new(|object: &Value| {
+        errors(workload_errors("CloneSet", object))
+    }));
+    Arc::new(rt)
+}
+
 fn errors(found: Vec<FieldError>) -> Result<(), Vec<FieldError>> {
     if found.is_empty() { Ok(()) } else { Err(found) }
 }

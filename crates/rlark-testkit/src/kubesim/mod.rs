@@ -17,7 +17,8 @@
 //! ```
 //!
 //! What it plays: the StatefulSet, Deployment (through ReplicaSets), DaemonSet and Job
-//! controllers (Pods named and labelled as Kubernetes names them, controller
+//! controllers, and with [`Extras::openkruise`] OpenKruise's CloneSet (its CRD served,
+//! Pods created directly) (Pods named and labelled as Kubernetes names them, controller
 //! ownerReferences, replicas, Job `suspend`, `backoffLimit`, `activeDeadlineSeconds`,
 //! workload status and conditions), a scheduler (node selectors, taints, GPUs, readiness,
 //! `unschedulable`), and a kubelet per Node (Pod phase, container statuses with restart
@@ -153,8 +154,16 @@ struct SimState {
     deadlines: bool,
 }
 
+/// What the simulated cluster serves beyond the built-in kinds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Extras {
+    /// OpenKruise's CloneSet (`apps.kruise.io/v1alpha1`), CRD and controller.
+    pub openkruise: bool,
+}
+
 struct Inner {
     client: kube::Client,
+    extras: Extras,
     logs: SimLogs,
     state: Mutex<SimState>,
     /// One pass at a time.
@@ -163,15 +172,16 @@ struct Inner {
 }
 
 fn resource(kind: Kind) -> ApiResource {
-    let (group, plural) = match kind {
-        Kind::Pod => ("", "pods"),
-        Kind::ReplicaSet => ("apps", "replicasets"),
-        Kind::Deployment => ("apps", "deployments"),
-        Kind::StatefulSet => ("apps", "statefulsets"),
-        Kind::DaemonSet => ("apps", "daemonsets"),
-        Kind::Job => ("batch", "jobs"),
+    let (group, version, plural) = match kind {
+        Kind::Pod => ("", "v1", "pods"),
+        Kind::ReplicaSet => ("apps", "v1", "replicasets"),
+        Kind::Deployment => ("apps", "v1", "deployments"),
+        Kind::StatefulSet => ("apps", "v1", "statefulsets"),
+        Kind::DaemonSet => ("apps", "v1", "daemonsets"),
+        Kind::Job => ("batch", "v1", "jobs"),
+        Kind::CloneSet => ("apps.kruise.io", "v1alpha1", "clonesets"),
     };
-    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, "v1", kind.name()), plural)
+    ApiResource::from_gvk_with_plural(&GroupVersionKind::gvk(group, version, kind.name()), plural)
 }
 
 fn node_resource() -> ApiResource {
@@ -512,6 +522,11 @@ impl Inner {
         let stateful_sets = self.list(&resource(Kind::StatefulSet)).await?;
         let daemon_sets = self.list(&resource(Kind::DaemonSet)).await?;
         let jobs = self.list(&resource(Kind::Job)).await?;
+        let clone_sets = if self.extras.openkruise {
+            self.list(&resource(Kind::CloneSet)).await?
+        } else {
+            Vec::new()
+        };
         let namespace_of = |o: &Value| {
             o.pointer("/metadata/namespace")
                 .and_then(Value::as_str)
@@ -550,6 +565,14 @@ impl Inner {
                 let ns = namespace_of(&deploy);
                 planned.extend(
                     plan::deployment(&deploy, &in_namespace(&replica_sets, &ns), &now_text)
+                        .into_iter()
+                        .map(|a| (ns.clone(), a)),
+                );
+            }
+            for cs in live(&clone_sets) {
+                let ns = namespace_of(&cs);
+                planned.extend(
+                    plan::clone_set(&cs, &in_namespace(&pods, &ns), &mut state.seq)
                         .into_iter()
                         .map(|a| (ns.clone(), a)),
                 );
@@ -626,8 +649,14 @@ impl KubeSim {
     /// Start acting on the cluster `client` talks to, reading logs from `logs` (the source
     /// the server was given).
     pub fn start(client: kube::Client, logs: SimLogs) -> Self {
+        Self::start_with(client, logs, Extras::default())
+    }
+
+    /// [`Self::start`], also playing the controllers of `extras`.
+    pub fn start_with(client: kube::Client, logs: SimLogs, extras: Extras) -> Self {
         let inner = Arc::new(Inner {
             client: client.clone(),
+            extras,
             logs,
             state: Mutex::new(SimState {
                 policy: Policy::default(),
@@ -652,6 +681,9 @@ impl KubeSim {
         .into_iter()
         .map(resource)
         .collect();
+        if extras.openkruise {
+            watched.push(resource(Kind::CloneSet));
+        }
         watched.push(node_resource());
         for ar in watched {
             let inner = Arc::clone(&inner);
@@ -922,12 +954,20 @@ impl MemberCluster {
     /// Start the server (in this process, loopback, temporary data directory) and the
     /// simulator.
     pub async fn start() -> anyhow::Result<Self> {
+        Self::start_with(Extras::default()).await
+    }
+
+    /// [`Self::start`], serving and playing `extras` too (e.g. OpenKruise's CloneSet).
+    pub async fn start_with(extras: Extras) -> anyhow::Result<Self> {
         let logs = SimLogs::default();
         let source = Arc::new(logs.clone());
         let exec = SimExec::new().context("a directory for the simulation's execs")?;
         let pod_exec = Arc::new(exec.clone());
         let server = TestServer::start_configured(|config| {
             config.api.extra_kinds = kinds::kinds();
+            if extras.openkruise {
+                config.api.extra_kinds.push(kinds::openkruise_clone_set());
+            }
             config.api.pod_sources = PodSources {
                 logs: Some(source),
                 exec: Some(pod_exec),
@@ -936,7 +976,7 @@ impl MemberCluster {
         })
         .await?;
         let client = server.client().await?;
-        let sim = KubeSim::start(client, logs);
+        let sim = KubeSim::start_with(client, logs, extras);
         Ok(Self { server, sim, exec })
     }
 

@@ -15,6 +15,8 @@ pub(crate) enum Kind {
     StatefulSet,
     DaemonSet,
     Job,
+    /// OpenKruise's CloneSet (served only by a cluster started with it).
+    CloneSet,
 }
 
 impl Kind {
@@ -22,6 +24,7 @@ impl Kind {
         match self {
             Kind::Pod => "v1",
             Kind::Job => "batch/v1",
+            Kind::CloneSet => "apps.kruise.io/v1alpha1",
             _ => "apps/v1",
         }
     }
@@ -34,6 +37,7 @@ impl Kind {
             Kind::StatefulSet => "StatefulSet",
             Kind::DaemonSet => "DaemonSet",
             Kind::Job => "Job",
+            Kind::CloneSet => "CloneSet",
         }
     }
 }
@@ -371,6 +375,78 @@ pub(crate) fn replica_set(rs: &Value, pods: &[Value], seq: &mut u64) -> Vec<Acti
         "availableReplicas": ready,
     });
     actions.extend(status_action(Kind::ReplicaSet, rs, status));
+    actions
+}
+
+/// OpenKruise's CloneSet controller: Pods `<cloneset>-<5 chars>` created directly (no
+/// ReplicaSets), labelled `controller-revision-hash=<cloneset>-<template hash>` and
+/// `apps.kruise.io/cloneset-instance-id=<5 chars>`; `spec.replicas` of them, the newest
+/// and not-ready ones removed first; a changed template recreates the Pods of the old
+/// revision (Kruise's `ReCreate` update, all at once here).
+pub(crate) fn clone_set(cs: &Value, pods: &[Value], seq: &mut u64) -> Vec<Action> {
+    let name = name_of(cs);
+    let replicas = int_at(cs, "/spec/replicas", 1).max(0) as usize;
+    let template = cs
+        .pointer("/spec/template")
+        .cloned()
+        .unwrap_or_else(|| json!({}));
+    let revision = format!("{name}-{}", template_hash(&template));
+    let mine = owned(cs, pods);
+    let (current, old): (Vec<&Value>, Vec<&Value>) = mine
+        .iter()
+        .partition(|p| str_at(p, "/metadata/labels/controller-revision-hash") == revision);
+    let mut actions: Vec<Action> = old
+        .iter()
+        .map(|p| Action::Delete {
+            kind: Kind::Pod,
+            name: name_of(p).to_string(),
+        })
+        .collect();
+    for _ in current.len()..replicas {
+        let id = loop {
+            *seq += 1;
+            let id = suffix(uid_of(cs), *seq);
+            if !pods.iter().any(|p| name_of(p) == format!("{name}-{id}")) {
+                break id;
+            }
+        };
+        actions.push(Action::Create {
+            kind: Kind::Pod,
+            object: pod_from_template(
+                Kind::CloneSet,
+                cs,
+                &format!("{name}-{id}"),
+                &[
+                    ("controller-revision-hash", revision.clone()),
+                    ("apps.kruise.io/cloneset-instance-id", id),
+                ],
+                &[],
+            ),
+        });
+    }
+    for pod in victims(&current, current.len().saturating_sub(replicas)) {
+        actions.push(Action::Delete {
+            kind: Kind::Pod,
+            name: name_of(pod).to_string(),
+        });
+    }
+    let (total, ready) = counts(&mine);
+    let (updated, updated_ready) = counts(&current);
+    let status = json!({
+        "observedGeneration": int_at(cs, "/metadata/generation", 1),
+        "replicas": total,
+        "readyReplicas": ready,
+        "availableReplicas": ready,
+        "updatedReplicas": updated,
+        "updatedReadyReplicas": updated_ready,
+        "expectedUpdatedReplicas": replicas,
+        "updateRevision": revision,
+        "currentRevision": revision,
+        "labelSelector": cs.pointer("/spec/selector/matchLabels").and_then(Value::as_object)
+            .map(|m| m.iter().map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                .collect::<Vec<_>>().join(",")).unwrap_or_default(),
+    });
+    actions.extend(status_action(Kind::CloneSet, cs, status));
     actions
 }
 

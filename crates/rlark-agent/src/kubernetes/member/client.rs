@@ -11,6 +11,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use serde_json::json;
 
 use super::{MemberError, MemberOptions};
+use crate::kubernetes::cloneset::{self, CloneSet};
 use crate::kubernetes::workload::{MemberObjects, Workload};
 
 /// The member cluster: its client and the workload namespace.
@@ -22,6 +23,8 @@ pub struct MemberClient {
     pub namespace: String,
     /// The API server's URL (for messages).
     pub server: String,
+    /// Whether the member serves OpenKruise's CloneSet (discovery at [`connect`]).
+    pub serves_cloneset: bool,
 }
 
 impl std::fmt::Debug for MemberClient {
@@ -29,6 +32,7 @@ impl std::fmt::Debug for MemberClient {
         f.debug_struct("MemberClient")
             .field("server", &self.server)
             .field("namespace", &self.namespace)
+            .field("serves_cloneset", &self.serves_cloneset)
             .finish_non_exhaustive()
     }
 }
@@ -70,11 +74,44 @@ pub async fn connect(options: &MemberOptions) -> Result<MemberClient, MemberErro
     })?;
     tracing::info!(%server, version = %version.git_version, namespace = %options.namespace, "member cluster");
     ensure_namespace(&client, &options.namespace).await?;
+    let serves_cloneset = serves_cloneset(&client).await;
     Ok(MemberClient {
         client,
         namespace: options.namespace.clone(),
         server,
+        serves_cloneset,
     })
+}
+
+/// Whether the member lists OpenKruise's `clonesets` under `apps.kruise.io/v1alpha1`
+/// (looked up once, when the agent starts; a member that does not answer is taken as not
+/// serving it, said in the log).
+async fn serves_cloneset(client: &kube::Client) -> bool {
+    match client.list_api_group_resources(cloneset::API_VERSION).await {
+        Ok(list) => {
+            let served = list
+                .resources
+                .iter()
+                .any(|r| r.name == cloneset::SERVED_RESOURCE);
+            tracing::info!(
+                served,
+                api = cloneset::API_VERSION,
+                "OpenKruise CloneSet on the member cluster"
+            );
+            served
+        }
+        Err(kube::Error::Api(s)) if s.code == 404 => {
+            tracing::info!(
+                api = cloneset::API_VERSION,
+                "the member cluster does not serve OpenKruise's CloneSet: CloneSet tasks are placed elsewhere"
+            );
+            false
+        }
+        Err(error) => {
+            tracing::warn!(%error, api = cloneset::API_VERSION, "could not look up OpenKruise's CloneSet on the member cluster; taken as not served");
+            false
+        }
+    }
 }
 
 /// Create namespace `name` unless it exists. A client that may not read namespaces (RBAC
@@ -124,6 +161,7 @@ impl MemberClient {
             Workload::StatefulSet(o) => Workload::StatefulSet(self.api().create(&pp, o).await?),
             Workload::DaemonSet(o) => Workload::DaemonSet(self.api().create(&pp, o).await?),
             Workload::Job(o) => Workload::Job(self.api().create(&pp, o).await?),
+            Workload::CloneSet(o) => Workload::CloneSet(self.api().create(&pp, o).await?),
         })
     }
 
@@ -217,6 +255,12 @@ impl MemberClient {
                 merge_annotations(&mut next.metadata, annotations);
                 self.api::<DaemonSet>().replace(&name, &pp, &next).await?;
             }
+            (Workload::CloneSet(c), Workload::CloneSet(d)) => {
+                let mut next = c.clone();
+                next.spec = d.spec.clone();
+                merge_annotations(&mut next.metadata, annotations);
+                self.api::<CloneSet>().replace(&name, &pp, &next).await?;
+            }
             // Another kind under the same Task: the reconciler deletes and recreates.
             _ => {}
         }
@@ -254,6 +298,11 @@ impl MemberClient {
                 .await
                 .map(|_| ()),
             Workload::Job(_) => self.api::<Job>().delete(&name, &params).await.map(|_| ()),
+            Workload::CloneSet(_) => self
+                .api::<CloneSet>()
+                .delete(&name, &params)
+                .await
+                .map(|_| ()),
         };
         match result {
             Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(()),

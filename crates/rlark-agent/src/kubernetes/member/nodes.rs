@@ -72,6 +72,9 @@ pub struct MirrorConfig {
     /// the mirror never writes nor deletes it, and a member node of the same name is not
     /// mirrored (a warning says so) — its cordon would otherwise be pushed down.
     pub agent_node: Option<String>,
+    /// Whether the member serves OpenKruise's CloneSet: the Nodes then carry
+    /// [`labels::SERVES_CLONESET`]`=true`, the only ones a CloneSet task is placed on.
+    pub serves_cloneset: bool,
 }
 
 /// An rlark Node as mirrored from a member node: what [`NodeMirror`] writes.
@@ -138,7 +141,8 @@ fn member_unschedulable(member: &MemberNode) -> bool {
 /// zones, instance types, ... — whatever a Task's `nodeSelector` may name, since the
 /// runtime hands the same selector to the member scheduler), then the protocol labels
 /// (`rlark.io/cluster-id`, `kubernetes.io/hostname` = the name, `rlark.io/node-category`,
-/// `rlark.io/agent-type=Kubernetes`). Status: phase and reason (module documentation),
+/// `rlark.io/agent-type=Kubernetes`, and `rlark.io/serves-cloneset=true` where the member
+/// serves OpenKruise's CloneSet, never otherwise). Status: phase and reason (module documentation),
 /// `capacity` and `allocatable` as the member reports them, `used`, `addresses`,
 /// `nodeInfo` (architecture, kernel, OS; `agentVersion` is this agent's) and
 /// `diskPressure` from the `DiskPressure` condition.
@@ -158,6 +162,11 @@ pub fn mirror(member: &MemberNode, used: &ResourceList, config: &MirrorConfig) -
         labels::AGENT_TYPE.into(),
         AgentType::Kubernetes.as_str().into(),
     );
+    if config.serves_cloneset {
+        all.insert(labels::SERVES_CLONESET.into(), "true".into());
+    } else {
+        all.remove(labels::SERVES_CLONESET);
+    }
     let (phase, reason) = if condition_true(member, "Ready") != Some(true) {
         (NodePhase::Offline, REASON_MEMBER_NODE_NOT_READY)
     } else if member_unschedulable(member) && !cordoned_by_rlark(member) {
@@ -803,6 +812,7 @@ mod tests {
                 ("zone".to_string(), "agent-default".to_string()),
             ]),
             heartbeat_interval: Duration::from_secs(5),
+            serves_cloneset: false,
         }
     }
 
@@ -893,6 +903,22 @@ mod tests {
         assert_eq!(l["nvidia.com/gpu.product"], "NVIDIA-A100-SXM4-80GB");
         assert_eq!(l["zone"], "z1", "the member's label wins over the agent's");
         assert_eq!(l["site"], "lab");
+        assert!(
+            !l.contains_key(labels::SERVES_CLONESET),
+            "no OpenKruise here"
+        );
+        // Where the member serves CloneSets the label says so; an agent's own --label
+        // cannot claim it where it does not.
+        let mut kruise = config();
+        kruise.serves_cloneset = true;
+        let with = mirror(&member("gpu-0", &M::ready()), &used, &kruise).expect("mirrored");
+        assert_eq!(with.labels[labels::SERVES_CLONESET], "true");
+        let mut claimed = config();
+        claimed
+            .labels
+            .insert(labels::SERVES_CLONESET.into(), "true".into());
+        let without = mirror(&member("gpu-0", &M::ready()), &used, &claimed).expect("mirrored");
+        assert!(!without.labels.contains_key(labels::SERVES_CLONESET));
         let s = &m.status;
         assert_eq!(s.phase, Some(NodePhase::Online));
         assert_eq!(s.reason.as_deref(), Some(REASON_MEMBER_NODE_READY));

@@ -2,7 +2,8 @@
 //! member Pods → rlark Pods.
 //!
 //! Level-triggered: watches (the Tasks and rlark Pods of `rlark-<clusterID>`; the
-//! member Deployments, StatefulSets, DaemonSets, Jobs and Pods labelled
+//! member Deployments, StatefulSets, DaemonSets, Jobs, CloneSets (when the member serves
+//! OpenKruise's CRD) and Pods labelled
 //! `app.kubernetes.io/managed-by=rlark` and `rlark.io/task-namespace=rlark-<clusterID>`;
 //! the member namespace's `Pulling` and `Pulled` Events) feed caches, and every change (and every [`RESYNC_INTERVAL`]) runs one pass over all
 //! of them that makes the member cluster and the rlark Pods match the Tasks:
@@ -30,7 +31,9 @@
 //!   ([`mirror::mirrored_pod`], image pulls completed by the Pod's pull Events), its
 //!   status kept up to date; rlark Pods whose member Pod
 //!   is gone (or whose Task is) are deleted;
-//! - a Task whose template renders no valid Job, whose workload reports `Failed` with no
+//! - a Task whose template renders no valid Job, that asks for a CloneSet the member does
+//!   not serve (placement avoids this; a Task placed by hand can still ask), whose
+//!   workload reports `Failed` with no
 //!   failed Pod to show it, or whose `agentType` is not `Kubernetes`
 //!   ([`REASON_UNSUPPORTED_AGENT_TYPE`]) gets a failure Pod.
 
@@ -55,7 +58,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
 use rlark_api::agent::{REASON_UNSUPPORTED_AGENT_TYPE, RUN_KEY_ANNOTATION, run_key};
 use rlark_api::labels;
-use rlark_api::types::{AgentType, Pod, PodPhase, Task, TaskPhase};
+use rlark_api::types::{AgentType, KubernetesWorkloadKind, Pod, PodPhase, Task, TaskPhase};
 use serde::de::DeserializeOwned;
 use sha2::{Digest as _, Sha256};
 use tokio::sync::Notify;
@@ -65,6 +68,7 @@ use tokio_util::sync::CancellationToken;
 use super::client::MemberClient;
 use super::mirror::{self, MEMBER_FAILURE_ANNOTATION, MEMBER_POD_ANNOTATION};
 use super::{MemberError, RESYNC_INTERVAL, events};
+use crate::kubernetes::cloneset::CloneSet;
 use crate::kubernetes::errors::{self, Backoff, Disposition, MemberFailure};
 use crate::kubernetes::ratelimit::{Admission, CreateLimiter};
 use crate::kubernetes::workload::{self, MemberObjects, Workload};
@@ -207,6 +211,15 @@ pub async fn run(config: MemberRun, shutdown: CancellationToken) -> Result<(), M
         &shutdown,
         &mut watches,
     );
+    let clonesets = config.member.serves_cloneset.then(|| {
+        reflect::<CloneSet>(
+            Api::namespaced(mk.clone(), mns),
+            member_cfg.clone(),
+            &notify,
+            &shutdown,
+            &mut watches,
+        )
+    });
     let jobs = reflect::<Job>(
         Api::namespaced(mk.clone(), mns),
         member_cfg,
@@ -233,6 +246,9 @@ pub async fn run(config: MemberRun, shutdown: CancellationToken) -> Result<(), M
         statefulsets.wait_until_ready().await?;
         daemonsets.wait_until_ready().await?;
         jobs.wait_until_ready().await?;
+        if let Some(clonesets) = &clonesets {
+            clonesets.wait_until_ready().await?;
+        }
         for events in &pull_events {
             events.wait_until_ready().await?;
         }
@@ -262,6 +278,7 @@ pub async fn run(config: MemberRun, shutdown: CancellationToken) -> Result<(), M
         statefulsets,
         daemonsets,
         jobs,
+        clonesets,
         pull_events,
         retries: HashMap::new(),
         failures: HashMap::new(),
@@ -353,6 +370,8 @@ struct Reconciler {
     statefulsets: Store<StatefulSet>,
     daemonsets: Store<DaemonSet>,
     jobs: Store<Job>,
+    /// The member's CloneSets, when it serves OpenKruise's CRD.
+    clonesets: Option<Store<CloneSet>>,
     /// The member's `Pulling` and `Pulled` Events of Pods.
     pull_events: [Store<Event>; 2],
     /// Task UID label → retry state of its failed create.
@@ -371,11 +390,11 @@ struct Reconciler {
 }
 
 /// The workload kind a Task asks for (a template renders a Job).
-fn wanted_kind(task: &Task) -> Option<rlark_api::types::KubernetesWorkloadKind> {
+fn wanted_kind(task: &Task) -> Option<KubernetesWorkloadKind> {
     let k = task.spec.kubernetes.as_ref()?;
     match (&k.workload, &k.job_template) {
         (Some(w), _) => Some(w.kind),
-        (None, Some(_)) => Some(rlark_api::types::KubernetesWorkloadKind::Job),
+        (None, Some(_)) => Some(KubernetesWorkloadKind::Job),
         (None, None) => None,
     }
 }
@@ -387,6 +406,7 @@ fn spec_hash(workload: &Workload) -> String {
         Workload::StatefulSet(o) => serde_json::to_vec(&o.spec),
         Workload::DaemonSet(o) => serde_json::to_vec(&o.spec),
         Workload::Job(o) => serde_json::to_vec(&o.spec),
+        Workload::CloneSet(o) => serde_json::to_vec(&o.spec),
     }
     .unwrap_or_default();
     hex::encode(&Sha256::digest(&spec)[..8])
@@ -398,6 +418,7 @@ fn set_annotation(workload: &mut Workload, key: &str, value: String) {
         Workload::StatefulSet(o) => &mut o.metadata,
         Workload::DaemonSet(o) => &mut o.metadata,
         Workload::Job(o) => &mut o.metadata,
+        Workload::CloneSet(o) => &mut o.metadata,
     };
     meta.annotations
         .get_or_insert_with(BTreeMap::new)
@@ -446,6 +467,14 @@ impl Reconciler {
                 .iter()
                 .map(|o| Workload::Job((**o).clone())),
         );
+        if let Some(clonesets) = &self.clonesets {
+            all.extend(
+                clonesets
+                    .state()
+                    .iter()
+                    .map(|o| Workload::CloneSet((**o).clone())),
+            );
+        }
         all
     }
 
@@ -531,6 +560,16 @@ impl Reconciler {
     /// The member objects of `task`'s run.
     fn desired_objects(&self, task: &Task) -> Result<MemberObjects, String> {
         let k = task.spec.kubernetes.as_ref();
+        if wanted_kind(task) == Some(KubernetesWorkloadKind::CloneSet)
+            && !self.config.member.serves_cloneset
+        {
+            return Err(format!(
+                "the member cluster does not serve OpenKruise's CloneSet ({}; looked up when \
+                 the agent started): install OpenKruise and restart the agent, or use kind \
+                 Deployment",
+                crate::kubernetes::cloneset::API_VERSION
+            ));
+        }
         if k.is_some_and(|k| k.workload.is_some()) {
             workload::build(task, &self.ctx).map_err(|e| e.to_string())
         } else {

@@ -30,7 +30,7 @@ class Task:
     name: str
     #: ``RLARK_TASK_UID``: this run's uid.
     uid: str
-    #: ``RLARK_TASK_ROLE``: ``Actor``, ``Rollout`` or ``Env``.
+    #: ``RLARK_TASK_ROLE``: ``Actor``, ``Rollout``, ``Env`` or ``Head``.
     role: str
     #: ``RLARK_POD_NAME``: ``<task>-<i>``.
     pod_name: str
