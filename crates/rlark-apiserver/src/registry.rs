@@ -67,6 +67,11 @@ pub struct ResourceType {
     /// `PrepareForUpdate` (a core Secret folds its write-only `stringData` into `data`).
     /// Pure: a function of the written object only.
     pub prepare: Option<Prepare>,
+    /// The status every create starts with, in place of any the body carries (a kind with
+    /// a status subresource takes none from a create): `{"phase": "Pending"}` for rlark's
+    /// Jobs, Tasks and Workflows, as kube-apiserver gives a new Pod `Pending`, so the first
+    /// row `get -w` prints has a phase before any controller has run.
+    pub initial_status: Option<Value>,
     /// `Some` for a read-only view of another stored kind (core `v1` Pods over rlark's
     /// replicas, the `replicas` module): get, list and watch read the source kind and show
     /// each object through the projection; every write is a 405.
@@ -149,6 +154,7 @@ impl ResourceType {
             scale_subresource: false,
             validator: None,
             prepare: None,
+            initial_status: None,
             projection: None,
         }
     }
@@ -273,6 +279,7 @@ impl ResourceType {
             projection: None,
             validator,
             prepare: None,
+            initial_status: None,
         })
     }
 
@@ -311,6 +318,7 @@ impl ResourceType {
             projection: None,
             validator: None,
             prepare: None,
+            initial_status: None,
         }
     }
 
@@ -352,6 +360,7 @@ impl ResourceType {
             projection: None,
             validator: None,
             prepare: None,
+            initial_status: None,
         }
     }
 }
@@ -445,6 +454,7 @@ impl ResourceType {
             projection: None,
             validator: None,
             prepare: None,
+            initial_status: None,
         }
     }
 }
@@ -490,7 +500,12 @@ impl Registry {
             // The CRDs are generated from our own types and covered by rlark-api's tests,
             // so a failure here is a programming error worth failing loudly on at startup.
             match ResourceType::from_crd(&crd, Some(validator)) {
-                Ok(rt) => self.add(rt),
+                Ok(mut rt) => {
+                    if matches!(rt.kind.as_str(), "Job" | "Task" | "Workflow") {
+                        rt.initial_status = Some(json!({"phase": "Pending"}));
+                    }
+                    self.add(rt);
+                }
                 Err(error) => panic!("built-in CRD is unusable: {error}"),
             }
         }

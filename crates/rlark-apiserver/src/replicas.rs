@@ -56,6 +56,7 @@ pub fn core_pods() -> ResourceType {
         scale_subresource: false,
         validator: None,
         prepare: None,
+        initial_status: None,
         projection: Some(Projection {
             source: SOURCE,
             project,

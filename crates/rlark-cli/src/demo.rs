@@ -444,7 +444,14 @@ fn prepare(manifests: &mut Vec<Manifest>, python_path: &Path, python: &Path, net
         manifests.retain(|m| m.kind() != "Domain");
     }
     for manifest in manifests.iter_mut() {
-        let Some(templates) = manifest.object["spec"]["jobTemplates"].as_array_mut() else {
+        // `pointer_mut`, not indexing: `value["key"]` on an object inserts a null under a
+        // missing key, which the server then warns about (`unknown field
+        // "spec.jobTemplates"` on the Domain).
+        let Some(templates) = manifest
+            .object
+            .pointer_mut("/spec/jobTemplates")
+            .and_then(Value::as_array_mut)
+        else {
             continue;
         };
         for template in templates {
@@ -453,7 +460,10 @@ fn prepare(manifests: &mut Vec<Manifest>, python_path: &Path, python: &Path, net
             {
                 spec.remove("domain");
             }
-            let Some(tasks) = template["spec"]["tasks"].as_array_mut() else {
+            let Some(tasks) = template
+                .pointer_mut("/spec/tasks")
+                .and_then(Value::as_array_mut)
+            else {
                 continue;
             };
             for task in tasks {
@@ -1055,6 +1065,16 @@ mod tests {
         prepare(&mut manifests, &path, python, &Network::Domain);
         prepare(&mut manifests, &path, python, &Network::Domain); // idempotent
         assert_eq!(manifests.len(), 2, "the Domain stays");
+        // The Domain is sent as written: nothing added to its spec (a null `jobTemplates`
+        // made the server warn `unknown field "spec.jobTemplates"`).
+        let domain = manifests
+            .iter()
+            .find(|m| m.kind() == "Domain")
+            .expect("Domain");
+        assert_eq!(
+            domain.object["spec"],
+            serde_json::json!({"cidr": "10.89.0.0/24"})
+        );
         let workflow = workflow(&manifests);
         assert_eq!(
             workflow.spec.job_templates[0].spec.domain.as_deref(),

@@ -284,7 +284,7 @@ pub fn next_status(
     let old = workflow.status.clone().unwrap_or_default();
     let mut status = old.clone();
     let phase = decision.phase;
-    let changed = old.phase != Some(phase);
+    let changed = written_phase(&old) != Some(phase);
     status.phase = Some(phase);
     status.jobs = obs
         .templates
@@ -361,6 +361,13 @@ pub fn build_job(workflow: &Workflow, index: usize) -> Result<Job, Error> {
     })
 }
 
+/// The phase this controller last wrote: `None` for a Workflow it has not acted on yet,
+/// whose status is the API server's initial `Pending` (no `jobs` list, which every write
+/// of this controller sets).
+pub fn written_phase(status: &WorkflowStatus) -> Option<WorkflowPhase> {
+    status.phase.filter(|_| !status.jobs.is_empty())
+}
+
 /// Observation of `workflow` given the Jobs listed for it (by label): per template, the
 /// Job named `<workflow>-<template>` that this Workflow controls.
 pub fn observe(workflow: &Workflow, jobs: &[Job]) -> WorkflowObservation {
@@ -372,7 +379,7 @@ pub fn observe(workflow: &Workflow, jobs: &[Job]) -> WorkflowObservation {
         .map(|j| (j.name_any(), j))
         .collect();
     WorkflowObservation {
-        phase: workflow.status.as_ref().and_then(|s| s.phase),
+        phase: workflow.status.as_ref().and_then(written_phase),
         stopped: workflow.spec.stopped,
         templates: workflow.spec.job_templates.clone(),
         jobs: workflow
@@ -523,14 +530,14 @@ async fn reconcile_workflow(name: &str, state: &WorkflowState) -> Result<Action,
             .patch_status(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await?;
     }
-    if old.phase != Some(decision.phase) {
+    if written_phase(&old) != Some(decision.phase) {
         let type_ = if decision.phase == WorkflowPhase::Failed {
             EventType::Warning
         } else {
             EventType::Normal
         };
         tracing::info!(
-            from = old.phase.map_or("", |p| p.as_str()),
+            from = written_phase(&old).map_or("", |p| p.as_str()),
             to = decision.phase.as_str(),
             reason = decision.reason,
             "workflow phase changed"

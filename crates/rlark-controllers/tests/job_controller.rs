@@ -452,11 +452,11 @@ async fn failed_task_fails_the_job_and_restart_reruns_it() -> anyhow::Result<()>
         Ok(fresh.then_some(tasks))
     })
     .await?;
-    assert!(
-        fresh
-            .iter()
-            .all(|t| !t.spec.stopped && t.status.as_ref().and_then(|s| s.phase).is_none())
-    );
+    assert!(fresh.iter().all(|t| !t.spec.stopped
+        && matches!(
+            t.status.as_ref().and_then(|s| s.phase),
+            None | Some(TaskPhase::Pending)
+        )));
     let job = h
         .wait_job("fx", "restarted and placed", |j| {
             job_phase(j) == Some(JobPhase::Pending)

@@ -178,8 +178,10 @@ async fn task_status_is_aggregated_from_its_pods() -> anyhow::Result<()> {
 
     let (ctx, token, handles) = start(&client, ControllerConfig::default());
 
-    let t = task_where(&client, "ok", "ok Pending", |t| {
-        phase(t) == Some(TaskPhase::Pending)
+    // A new Task is Pending from its creation (the API server's initial status); the
+    // controller's first write adds the replica counts.
+    let t = task_where(&client, "ok", "ok Pending with its replicas counted", |t| {
+        phase(t) == Some(TaskPhase::Pending) && t.status.as_ref().and_then(|s| s.replicas).is_some()
     })
     .await?;
     let status = t.status.clone().unwrap_or_default();

@@ -176,11 +176,12 @@ fn get_prints_jsonpath_and_custom_columns() -> anyhow::Result<()> {
         "get",
         "tasks",
         "-o",
-        "custom-columns=NAME:.metadata.name,ROLE:.spec.role,PHASE:.status.phase",
+        "custom-columns=NAME:.metadata.name,ROLE:.spec.role,PHASE:.status.phase,NODE:.spec.nodeName",
     ])?;
+    // A new Task is Pending from its creation; a field it does not have prints <none>.
     assert_eq!(
         out,
-        "NAME      ROLE      PHASE\nt-a       Actor     <none>\nt-b       Rollout   <none>\n"
+        "NAME      ROLE      PHASE     NODE\nt-a       Actor     Pending   <none>\nt-b       Rollout   Pending   <none>\n"
     );
     let out = env.ok(&[
         "get",
@@ -252,6 +253,11 @@ fn get_watch_prints_rows_as_objects_change() -> anyhow::Result<()> {
         env.apply_task("w-b", "Rollout")?;
         let added = next_line("after the create")?;
         assert!(added.starts_with("w-b "), "{added}");
+        // Its first row already has a phase: a Task is Pending from its creation.
+        assert!(
+            added.contains(" Pending "),
+            "no phase in the first row: {added}"
+        );
         env.ok(&["delete", "task", "w-a", "-n", "default"])?;
         // Deletion may come as one or two events (a finalizer-free delete is one).
         let deleted = next_line("after the delete")?;

@@ -215,6 +215,9 @@ impl Inner {
             && let Some(map) = object.as_object_mut()
         {
             map.shift_remove("status");
+            if let Some(status) = &rt.initial_status {
+                map.insert("status".into(), status.clone());
+            }
         }
         let mut attempts = 0;
         loop {

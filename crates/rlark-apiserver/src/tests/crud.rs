@@ -17,9 +17,10 @@ async fn create_fills_system_fields_and_drops_status() {
     assert_eq!(created["metadata"]["generation"], 1);
     assert_ne!(created["metadata"]["uid"], "client-chosen");
     assert!(created["metadata"]["creationTimestamp"].is_string());
-    assert!(
-        created.get("status").is_none(),
-        "status is dropped on create: {created}"
+    assert_eq!(
+        created["status"],
+        json!({"phase": "Pending"}),
+        "the body's status is dropped on create; a Job starts Pending: {created}"
     );
     assert_eq!(
         created["metadata"]["resourceVersion"],
@@ -145,7 +146,11 @@ async fn update_semantics() {
     assert_eq!(updated.status, StatusCode::OK, "{}", updated.body);
     assert_eq!(updated.body["spec"]["stopped"], true);
     assert_eq!(updated.body["metadata"]["generation"], 2);
-    assert!(updated.body.get("status").is_none());
+    assert_eq!(
+        updated.body["status"],
+        json!({"phase": "Pending"}),
+        "the stored status"
+    );
 
     // The old resourceVersion is now stale: 409 and nothing written.
     let before = h.revision();

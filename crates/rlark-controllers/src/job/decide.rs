@@ -23,6 +23,13 @@ pub struct ObservedTask {
     pub deleting: bool,
 }
 
+/// The phase this controller last wrote: `None` for a Job it has not acted on yet, whose
+/// status is the API server's initial `Pending` (no per-task `tasks` list, which every
+/// write of this controller sets), so a new Job is seen as new.
+pub fn written_phase(status: &JobStatus) -> Option<JobPhase> {
+    status.phase.filter(|_| !status.tasks.is_empty())
+}
+
 /// Input of [`decide`].
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Observation {
@@ -51,7 +58,7 @@ impl Observation {
             _ => None,
         };
         Observation {
-            phase: status.phase,
+            phase: written_phase(&status),
             stopped: job.spec.stopped,
             restart,
             templates: job.spec.tasks.iter().map(|t| t.name.clone()).collect(),
@@ -334,7 +341,7 @@ pub fn next_status(
     };
     let generation = job.metadata.generation;
     let phase = decision.phase;
-    let phase_changed = old.phase != Some(phase);
+    let phase_changed = written_phase(&old) != Some(phase);
     status.phase = Some(phase);
     status.observed_restarted_at = match &decision.restart {
         Restart::Adopted(v) | Restart::Ignored(v) | Restart::Done(v) => Some(v.clone()),

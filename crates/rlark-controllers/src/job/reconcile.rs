@@ -31,7 +31,9 @@ use super::build::{
     build_task, controlled_by, describe_placements, desired_spec, match_tasks, ray_annotations,
     spec_fingerprint, status_patch, waiting_for_capacity,
 };
-use super::decide::{Observation, PlacementOutcome, Restart, decide, names_of, next_status};
+use super::decide::{
+    Observation, PlacementOutcome, Restart, decide, names_of, next_status, written_phase,
+};
 use super::expectations::{Assumed, Expectations, Ledger, UsageIndex, revision_of};
 use super::{CONTROLLER, RESYNC, SHORT_REQUEUE, condition};
 
@@ -522,14 +524,14 @@ async fn reconcile_job(name: &str, state: &JobState) -> Result<Action, Error> {
             .record(&reference, EventType::Warning, "RestartIgnored", &message)
             .await;
     }
-    if old_status.phase != Some(decision.phase) {
+    if written_phase(&old_status) != Some(decision.phase) {
         let type_ = if decision.phase == JobPhase::Failed {
             EventType::Warning
         } else {
             EventType::Normal
         };
         tracing::info!(
-            from = old_status.phase.map_or("", |p| p.as_str()),
+            from = written_phase(&old_status).map_or("", |p| p.as_str()),
             to = decision.phase.as_str(),
             reason = decision.reason,
             "job phase changed"
