@@ -38,7 +38,8 @@ const DEMO_MANIFESTS: [(&str, &str); 1] = [(
 /// (`sdk/python/rlark-embodied`) and the demo's programs (`examples/demo/rlark_demo`).
 /// [`install_python`] writes them under the data directory and the tasks get that
 /// directory on their `PYTHONPATH`. What they need beyond the standard library (numpy,
-/// grpcio, protobuf) is checked by [`check_python`] before anything starts.
+/// grpcio, protobuf) is found or made by [`super::demo_python::resolve`] before anything
+/// starts.
 const PYTHON_PACKAGES: [(&str, &str); 23] = [
     (
         "rlark/__init__.py",
@@ -179,7 +180,7 @@ pub(crate) struct DemoOptions {
     pub timeout: Duration,
     /// How the rollouts reach the learner.
     pub network: DemoNetwork,
-    /// The interpreter of the tasks, as [`check_python`] returned it.
+    /// The interpreter of the tasks, as [`super::demo_python::resolve`] returned it.
     pub python: PathBuf,
 }
 
@@ -198,80 +199,6 @@ fn manifests() -> anyhow::Result<Vec<Manifest>> {
         all.extend(manifest::parse_documents(text, source)?);
     }
     Ok(all)
-}
-
-/// Python run with `-c` to list what the demo's tasks lack: one line per missing package.
-const PYTHON_CHECK: &str = r#"
-import sys
-missing = []
-if sys.version_info < (3, 10):
-    missing.append("Python >= 3.10 (this is %s)" % sys.version.split()[0])
-try:
-    import numpy
-except ImportError:
-    missing.append("numpy")
-try:
-    import grpc
-    if tuple(int(x) for x in grpc.__version__.split(".")[:2]) < (1, 85):
-        missing.append("grpcio>=1.85.1 (found %s)" % grpc.__version__)
-except ImportError:
-    missing.append("grpcio>=1.85.1")
-try:
-    from google.protobuf import __version__ as protobuf
-    if int(protobuf.split(".")[0]) != 7:
-        missing.append("protobuf>=7.35.1,<8 (found %s)" % protobuf)
-except ImportError:
-    missing.append("protobuf>=7.35.1,<8")
-print("\n".join(missing))
-"#;
-
-/// Check that `python` (a path, or a name the OS looks up on `PATH`, as the agents do for
-/// the tasks' entrypoint) can run the demo's tasks: Python 3.10+, numpy, and the embodied
-/// SDK's grpcio and protobuf. Returns what the tasks' entrypoint should name (a path made
-/// absolute: the tasks run elsewhere). The error names what is missing and the command
-/// that installs it.
-pub(crate) fn check_python(python: &Path) -> anyhow::Result<PathBuf> {
-    let python = if python.components().count() > 1 {
-        std::path::absolute(python).context("resolve --demo-python")?
-    } else {
-        python.to_path_buf()
-    };
-    let output = match std::process::Command::new(&python)
-        .arg("-c")
-        .arg(PYTHON_CHECK)
-        .output()
-    {
-        Ok(output) => output,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => bail!(
-            "the demo's tasks run {}, which is not on PATH: install Python 3 \
-             (Debian: apt-get install python3 python3-pip) or pass --demo-python PATH",
-            python.display()
-        ),
-        Err(e) => return Err(e).with_context(|| format!("run {}", python.display())),
-    };
-    if !output.status.success() {
-        bail!(
-            "{} does not run: {}",
-            python.display(),
-            String::from_utf8_lossy(&output.stderr).trim()
-        );
-    }
-    let missing: Vec<String> = String::from_utf8_lossy(&output.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(str::to_string)
-        .collect();
-    if !missing.is_empty() {
-        bail!(
-            "the demo's tasks run {python}, which lacks {missing}. Install them with\n  \
-             {python} -m pip install numpy 'grpcio>=1.85.1,<2' 'protobuf>=7.35.1,<8'\n\
-             or pass --demo-python with an interpreter that has them (a virtual \
-             environment's bin/python)",
-            python = python.display(),
-            missing = missing.join(", "),
-        );
-    }
-    Ok(python)
 }
 
 /// Run the demo against the server whose admin kubeconfig is `kubeconfig`: apply it, follow
@@ -412,11 +339,11 @@ async fn choose_network(client: &kube::Client, wanted: DemoNetwork) -> anyhow::R
     }
 }
 
-/// Write [`PYTHON_PACKAGES`] to `DATA_DIR/demo/python/` (replacing an earlier copy, which
-/// may be of another version) and return that directory, absolute.
 /// Where [`install_python`] writes, under the data directory.
 pub(crate) const PYTHON_DIR: &str = "demo/python";
 
+/// Write [`PYTHON_PACKAGES`] to `DATA_DIR/demo/python/` (replacing an earlier copy, which
+/// may be of another version) and return that directory, absolute.
 fn install_python(data_dir: &Path) -> anyhow::Result<PathBuf> {
     let root =
         std::path::absolute(data_dir.join(PYTHON_DIR)).context("resolve the data directory")?;
@@ -1131,21 +1058,5 @@ mod tests {
         );
         assert!(check_learning(&[]).is_err());
         assert!(check_learning(&[point(1, 0.0)]).is_err());
-    }
-
-    #[test]
-    fn a_python_without_the_packages_is_refused_naming_them() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        // A "python" that runs the check with every import failing.
-        let fake = dir.path().join("python");
-        std::fs::write(&fake, "#!/bin/sh\necho numpy\necho 'grpcio>=1.85.1'\n").expect("write");
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-        let error = check_python(&fake).expect_err("missing packages");
-        let text = error.to_string();
-        assert!(text.contains("lacks numpy, grpcio>=1.85.1"), "{text}");
-        assert!(text.contains("-m pip install numpy"), "{text}");
-        let missing = check_python(Path::new("no-such-python-rlark")).expect_err("not on PATH");
-        assert!(missing.to_string().contains("not on PATH"), "{missing}");
     }
 }

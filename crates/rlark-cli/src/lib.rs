@@ -21,6 +21,7 @@ mod controller_manager;
 mod cordon;
 mod delete;
 mod demo;
+mod demo_python;
 mod describe;
 mod devinit;
 mod discovery;

@@ -1,6 +1,6 @@
 //! `docs/cli.md`: the reference of every command and flag, generated from the clap
 //! definition. The test below fails when the file drifts from the code; regenerate it with
-//! `RLARK_UPDATE_DOCS=1 cargo test -p rlark --bin rlark cli::reference`.
+//! `RLARK_UPDATE_DOCS=1 cargo test -p rlark-cli reference`.
 
 use std::fmt::Write as _;
 
@@ -148,7 +148,7 @@ mod tests {
         assert!(
             on_disk == rendered,
             "docs/cli.md is out of date: regenerate it with \
-             `RLARK_UPDATE_DOCS=1 cargo test -p rlark --bin rlark cli::reference`"
+             `RLARK_UPDATE_DOCS=1 cargo test -p rlark-cli reference`"
         );
     }
 

@@ -132,7 +132,8 @@ pub(crate) struct UpArgs {
     /// Once up, run the demo (`examples/demo/`, built in): an embodied RL loop, a learner on
     /// `cloud` and two rollout replicas on `edge` driving simulated arms; follow it and print
     /// a summary and the reward curve. The tasks need Python 3.10+ with numpy, grpcio and
-    /// protobuf (checked first; see --demo-python).
+    /// protobuf: `python3` when it has them, else an environment of the demo's own that
+    /// `up` makes under the data directory with pip, once (see --demo-python).
     #[arg(long)]
     demo: bool,
     /// With --demo: how the rollouts reach the learner: `domain` (the Domain network, needs
@@ -146,14 +147,11 @@ pub(crate) struct UpArgs {
         requires = "demo"
     )]
     demo_network: DemoNetwork,
-    /// With --demo: the Python interpreter of the demo's tasks (a path, or a name on PATH).
-    #[arg(
-        long,
-        value_name = "PYTHON",
-        default_value = "python3",
-        requires = "demo"
-    )]
-    demo_python: PathBuf,
+    /// With --demo: the Python interpreter of the demo's tasks (a path, or a name on PATH),
+    /// which must have numpy, grpcio and protobuf. Default: `python3` when it has them,
+    /// else DATA_DIR/demo/venv, made and filled with pip on first use.
+    #[arg(long, value_name = "PYTHON", requires = "demo")]
+    demo_python: Option<PathBuf>,
     /// With --demo: stop once the demo Workflow ended; exit 0 when it succeeded.
     #[arg(long, requires = "demo")]
     once: bool,
@@ -242,7 +240,7 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
         Some(DemoOptions {
             timeout: std::time::Duration::from_secs(args.demo_timeout),
             network: args.demo_network,
-            python: super::demo::check_python(&args.demo_python)?,
+            python: super::demo_python::resolve(args.demo_python.as_deref(), &args.data_dir)?,
         })
     } else {
         None
@@ -532,12 +530,13 @@ async fn start_up_agents(
         }
         // Replicas see nothing of the platform's data directory (the server's PKI and
         // store, every agent's identity and replicas) but their own directory, and the
-        // examples and the demo's programs, read-only.
+        // examples, the demo's programs and the demo's Python environment, read-only.
         let data = std::path::absolute(data_dir).context("resolve the data directory")?;
         config.isolation.hide.push(data.clone());
         config.isolation.expose.extend([
             data.join(super::example_files::DIR),
             data.join(super::demo::PYTHON_DIR),
+            data.join(super::demo_python::VENV_DIR),
         ]);
         let started = async {
             if !rlark_agent::config::is_joined(&dir) {

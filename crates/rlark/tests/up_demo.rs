@@ -2,8 +2,12 @@
 //! and a free port, with its embedded embodied runtime (simulated arms and cameras on
 //! `edge`), runs the embedded demo (a learner on `cloud`, two rollout replicas on `edge`
 //! each driving a simulated arm through the embodied SDK), prints the summary and the reward
-//! curve, and exits 0 only if the policy learned. Needs `python3` on PATH with numpy,
-//! grpcio and protobuf (`scripts/test.sh` installs them: tests/python/requirements.txt).
+//! curve, and exits 0 only if the policy learned. The first test uses `python3` on PATH,
+//! which has numpy, grpcio and protobuf (`scripts/test.sh` installs them:
+//! tests/python/requirements.txt); another puts a Python with nothing but its standard
+//! library first on PATH, and `up` makes the demo's own environment with pip (from the
+//! package index, or pip's cache of the installs `scripts/test.sh` made: it needs one of
+//! them).
 
 use std::io::Read as _;
 use std::process::{Command, Stdio};
@@ -15,10 +19,20 @@ const HANG_GUARD: Duration = Duration::from_secs(180);
 /// Runs `rlark up --demo --once` in `dir` with the default data directory, `./.rlark` —
 /// a relative path, as in the README's first command.
 fn run_demo(dir: &std::path::Path, extra: &[&str]) -> (std::process::ExitStatus, String, String) {
+    run_demo_with(dir, extra, &[])
+}
+
+/// [`run_demo`] with `env` set for `rlark up`.
+fn run_demo_with(
+    dir: &std::path::Path,
+    extra: &[&str],
+    env: &[(&str, String)],
+) -> (std::process::ExitStatus, String, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_rlark"))
         .args(["up", "--demo", "--once"])
         .args(extra)
         .args(["--listen", "127.0.0.1:0"])
+        .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
         .env("RUST_LOG", "warn")
         .env_remove("KUBECONFIG")
         .current_dir(dir)
@@ -219,4 +233,45 @@ fn up_demo_refuses_a_python_without_the_demo_packages_before_starting() {
     );
     assert!(stderr.contains("lacks numpy"), "{stderr}");
     assert!(!dir.path().join(".rlark").exists(), "nothing started");
+}
+
+/// A machine whose `python3` has nothing but the standard library: `up --demo --once` makes
+/// the demo's own environment under the data directory (pip, its progress shown) and the
+/// demo learns, in one command.
+#[test]
+fn a_python_with_only_its_standard_library_is_enough_for_one_step() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // A bare virtual environment is such a Python: no site packages, no pip.
+    let bare = dir.path().join("bare");
+    let made = Command::new("python3")
+        .args(["-m", "venv", "--without-pip"])
+        .arg(&bare)
+        .status()
+        .expect("python3 -m venv");
+    assert!(made.success(), "python3 -m venv --without-pip: {made}");
+    let check = Command::new(bare.join("bin/python3"))
+        .args(["-c", "import numpy"])
+        .output()
+        .expect("bare python");
+    assert!(!check.status.success(), "the bare Python has numpy");
+    let path = format!(
+        "{}:{}",
+        bare.join("bin").display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let work = dir.path().join("work");
+    std::fs::create_dir(&work).expect("mkdir");
+    let (status, stdout, stderr) = run_demo_with(&work, &[], &[("PATH", path)]);
+    assert!(
+        status.success(),
+        "exit {status}\nstdout:\n{stdout}\nstderr:\n{stderr}"
+    );
+    assert!(
+        stdout.contains("Demo Python: python3 lacks numpy, grpcio>=1.85.1, protobuf>=7.35.1,<8"),
+        "{stdout}"
+    );
+    let venv = work.join(".rlark/demo/venv/bin/python");
+    assert!(stdout.contains("ready"), "{stdout}");
+    assert!(venv.exists(), "no {}", venv.display());
+    check_run(&stdout);
 }
