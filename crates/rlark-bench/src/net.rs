@@ -656,6 +656,14 @@ async fn run_net_inner(options: NetBenchOptions) -> anyhow::Result<NetBenchRepor
     if !port_forward::is_root() {
         bail!("rlark bench net creates network namespaces: run it as root");
     }
+    if !options.skip_ssh {
+        port_forward::require_peers("net", port_forward::OPENSSH, "--skip-ssh")?;
+    }
+    if !options.skip_domain {
+        // The Domain's kernel mode redirects with nftables; without `nft` its rows would
+        // only say why they are missing.
+        port_forward::require_peers("net", &[("nft", "nftables")], "--skip-domain")?;
+    }
     let (seconds, setup_count) = if options.quick {
         (1.0, 50)
     } else {

@@ -739,7 +739,15 @@ pub(super) async fn setups(addr: SocketAddr, n: usize) -> anyhow::Result<Vec<Dur
 // Child processes
 // ---------------------------------------------------------------------------------------
 
-/// A child process, killed when dropped; its output goes to `log`.
+/// How long a child gets to end after SIGTERM before it is killed.
+const STOP_GRACE: Duration = Duration::from_secs(10);
+
+/// A child process, stopped when dropped; its output goes to `log`.
+///
+/// Stopping (and dropping, on an error path) sends SIGTERM and waits up to [`STOP_GRACE`]
+/// before SIGKILL: an `rlark agent` started with `--stop-tasks-on-exit` then stops its
+/// replicas, whose supervisors would otherwise outlive a killed agent (as they are meant
+/// to, for adoption) and stay behind after the bench.
 pub(super) struct Proc {
     pub(super) name: String,
     pub(super) child: Child,
@@ -782,9 +790,42 @@ impl Proc {
         Ok(())
     }
 
+    /// SIGTERM, then SIGKILL after [`STOP_GRACE`] (type docs).
     pub(super) async fn stop(mut self) {
-        let _ = self.child.start_kill();
-        let _ = tokio::time::timeout(Duration::from_secs(10), self.child.wait()).await;
+        self.terminate();
+        if tokio::time::timeout(STOP_GRACE, self.child.wait())
+            .await
+            .is_err()
+        {
+            let _ = self.child.start_kill();
+            let _ = tokio::time::timeout(STOP_GRACE, self.child.wait()).await;
+        }
+    }
+
+    /// Send SIGTERM unless it has exited.
+    fn terminate(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None))
+            && let Some(pid) = i32::try_from(self.pid)
+                .ok()
+                .and_then(rustix::process::Pid::from_raw)
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::TERM);
+        }
+    }
+}
+
+impl Drop for Proc {
+    /// An error path: the same SIGTERM and bounded wait as [`Proc::stop`], blocking (a
+    /// drop cannot await), then the kill on drop.
+    fn drop(&mut self) {
+        if !matches!(self.child.try_wait(), Ok(None)) {
+            return;
+        }
+        self.terminate();
+        let until = Instant::now() + STOP_GRACE;
+        while Instant::now() < until && matches!(self.child.try_wait(), Ok(None)) {
+            std::thread::sleep(Duration::from_millis(50));
+        }
     }
 }
 
@@ -1030,6 +1071,28 @@ impl SshPath {
         self.sshd.stop().await;
     }
 }
+
+/// The peer tools a bench needs, looked up before it starts anything: `Err` names the first
+/// missing one, the Debian package that has it and `skip` (the flag that measures without
+/// that peer), so a bench never reports a peer as "not measured" for want of a package.
+pub(super) fn require_peers(bench: &str, tools: &[(&str, &str)], skip: &str) -> anyhow::Result<()> {
+    for (tool, package) in tools {
+        if find_tool(tool).is_none() {
+            bail!(
+                "rlark bench {bench} measures beside a peer that needs `{tool}`, which is not \
+                 installed: apt-get install {package} (or pass {skip} to leave that peer out)"
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The OpenSSH relay's tools.
+pub(super) const OPENSSH: &[(&str, &str)] = &[
+    ("ssh", "openssh-client"),
+    ("ssh-keygen", "openssh-client"),
+    ("sshd", "openssh-server"),
+];
 
 /// `name` on PATH or in the sbin directories.
 pub(super) fn find_tool(name: &str) -> Option<PathBuf> {
@@ -1495,6 +1558,9 @@ pub async fn run_port_forward(
     options: PortForwardBenchOptions,
 ) -> anyhow::Result<PortForwardBenchReport> {
     let started = Instant::now();
+    if !options.skip_ssh {
+        require_peers("port-forward", OPENSSH, "--skip-ssh")?;
+    }
     let bytes = (options.mib as u64).max(1) * 1024 * 1024;
     let runs = options.runs.max(1);
     let mut env = Environment {
@@ -1685,6 +1751,42 @@ pub async fn run_port_forward(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A Proc dropped on an error path gets SIGTERM (an agent then stops its replicas),
+    /// not only the kill on drop.
+    #[tokio::test]
+    async fn a_dropped_proc_is_asked_to_stop_first() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let marker = dir.path().join("terminated");
+        let mut command = Command::new("sh");
+        command.arg("-c").arg(format!(
+            "trap 'touch {}; exit 0' TERM; while true; do sleep 0.1; done",
+            marker.display()
+        ));
+        let proc = Proc::spawn("sh", command, &dir.path().join("sh.log")).expect("spawn");
+        // Let the shell set its trap.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        drop(proc);
+        assert!(marker.exists(), "no SIGTERM before the kill");
+    }
+
+    #[test]
+    fn a_missing_peer_is_named_with_its_package_and_the_flag_that_leaves_it_out() {
+        let error = require_peers(
+            "net",
+            &[("sh", "dash"), ("rlark-no-such-tool", "nothing")],
+            "--skip-ssh",
+        )
+        .expect_err("missing");
+        let text = error.to_string();
+        assert!(
+            text.contains("needs `rlark-no-such-tool`, which is not installed")
+                && text.contains("apt-get install nothing")
+                && text.contains("--skip-ssh"),
+            "{text}"
+        );
+        assert!(require_peers("net", &[("sh", "dash")], "--skip-ssh").is_ok());
+    }
 
     fn latency(p50: f64, p99: f64) -> LatencySummary {
         LatencySummary {

@@ -390,8 +390,18 @@ struct Sshd {
     _dir: tempfile::TempDir,
 }
 
-async fn start_sshd(ssh: &Path, keygen: &Path) -> anyhow::Result<Sshd> {
-    let sshd_bin = find_tool("sshd").context("sshd not found (apt-get install openssh-server)")?;
+/// The path of `tool`, or an error naming the Debian package that has it: `rlark bench
+/// ssh` needs its peer and says so before it starts anything.
+fn require(tool: &str, package: &str) -> anyhow::Result<PathBuf> {
+    find_tool(tool).with_context(|| {
+        format!(
+            "rlark bench ssh measures rlark beside OpenSSH and needs `{tool}`, which is not \
+             installed: apt-get install {package}"
+        )
+    })
+}
+
+async fn start_sshd(ssh: &Path, keygen: &Path, sshd_bin: &Path) -> anyhow::Result<Sshd> {
     let dir = tempfile::Builder::new()
         .prefix("rlark-bench-sshd-")
         .tempdir()?;
@@ -434,7 +444,7 @@ async fn start_sshd(ssh: &Path, keygen: &Path) -> anyhow::Result<Sshd> {
             auth = path("authorized_keys").display(),
         ),
     )?;
-    let mut command = Command::new(&sshd_bin);
+    let mut command = Command::new(sshd_bin);
     command
         .args(["-D", "-e", "-f"])
         .arg(path("sshd_config"))
@@ -504,15 +514,18 @@ pub async fn run_ssh(options: SshBenchOptions) -> anyhow::Result<SshBenchReport>
 }
 
 async fn run_inner(options: SshBenchOptions) -> anyhow::Result<SshBenchReport> {
-    let ssh = find_tool("ssh").context("ssh not found (apt-get install openssh-client)")?;
-    let keygen = find_tool("ssh-keygen").context("ssh-keygen not found")?;
+    // Every tool is looked up before anything starts: the bench measures rlark beside
+    // OpenSSH's sshd, and one without the other is no figure.
+    let ssh = require("ssh", "openssh-client")?;
+    let keygen = require("ssh-keygen", "openssh-client")?;
+    let sshd_bin = require("sshd", "openssh-server")?;
     let version = tool_output(&ssh, &["-V"]).await?;
     let openssh_version = String::from_utf8_lossy(&version.stderr).trim().to_string();
     // The target runs as the task's replica: the SSH endpoint forwards only to ports a
     // replica's own processes listen on. sshd forwards to the same one.
     let target = SocketAddr::from(([127, 0, 0, 1], free_port()?));
     let mut rlark = start_rlark(&ssh, &keygen, target.port()).await?;
-    let mut sshd = start_sshd(&ssh, &keygen).await?;
+    let mut sshd = start_sshd(&ssh, &keygen, &sshd_bin).await?;
 
     // Sessions, interleaved.
     let mut times = [Vec::new(), Vec::new()];
