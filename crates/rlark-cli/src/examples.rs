@@ -329,6 +329,9 @@ pub(crate) const EXAMPLES: &[(&str, &[&str])] = &[
     (
         "port-forward",
         &[
+            "# a replica's port, as kubectl port-forward (replica 0 of a task)",
+            "rlark port-forward task/ppo-train-actor 6006",
+            "rlark port-forward pod/counter-main-0 18080:8080 -n rlark-cloud",
             "# a port on the edge agent's own host",
             "rlark port-forward edge-1 9100:127.0.0.1:9100",
             "rlark port-forward edge-1 0:10.0.0.5:22 --address 0.0.0.0",

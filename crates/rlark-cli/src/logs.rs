@@ -329,7 +329,10 @@ pub(crate) async fn find_task(
 }
 
 /// The Pods of `task` (label `rlark.io/task-name`, in its namespace).
-async fn pods_of_task(client: &kube::Client, task: &Task) -> anyhow::Result<Vec<PodRef>> {
+pub(crate) async fn pods_of_task(
+    client: &kube::Client,
+    task: &Task,
+) -> anyhow::Result<Vec<PodRef>> {
     let namespace = task.namespace().unwrap_or_default();
     let name = task.name_any();
     let pods = Api::<Pod>::namespaced(client.clone(), &namespace)

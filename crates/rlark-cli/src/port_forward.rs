@@ -1,6 +1,11 @@
-//! `rlark port-forward CLUSTER LOCAL_PORT:REMOTE_HOST:REMOTE_PORT`: listen on loopback and
-//! carry every accepted connection to `REMOTE_HOST:REMOTE_PORT` as the agent of `CLUSTER`
-//! reaches it, through the server's HTTP `CONNECT` (see `docs/tunnel.md`).
+//! `rlark port-forward`: listen on loopback and carry every accepted connection through the
+//! server's HTTP `CONNECT` (see `docs/tunnel.md`):
+//!
+//! - `pod/NAME` or `task/NAME` (replica 0 of the Task) and `[LOCAL_PORT:]REMOTE_PORT...`,
+//!   as kubectl's: to a replica's port, as `kubectl port-forward` reaches it (CONNECT
+//!   `<pod>.<namespace>.pod:<port>`: the same authorization, destination and audit);
+//! - `CLUSTER LOCAL_PORT:REMOTE_HOST:REMOTE_PORT`: to `REMOTE_HOST:REMOTE_PORT` as the agent
+//!   of `CLUSTER` reaches it (CONNECT `<host>.<clusterID>.agent:<port>`, admins).
 
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::Path;
@@ -22,11 +27,15 @@ use super::client::DEFAULT_KUBECONFIG;
 
 #[derive(Debug, Args)]
 pub(crate) struct PortForwardArgs {
-    /// Cluster ID of the agent that makes the connections.
-    cluster: String,
+    /// `pod/NAME` or `task/NAME` (its replica 0), as kubectl's; or the cluster ID of the
+    /// agent that makes the connections.
+    target: String,
+    /// For a pod or task: `[LOCAL_PORT:]REMOTE_PORT`, one or more (LOCAL_PORT 0 picks a
+    /// free port; without it the same port). For a cluster: one
     /// LOCAL_PORT:REMOTE_HOST:REMOTE_PORT (REMOTE_HOST as the agent resolves it; 127.0.0.1
-    /// is the agent's own host). LOCAL_PORT 0 picks a free port.
-    mapping: String,
+    /// is the agent's own host).
+    #[arg(required = true, value_name = "PORTS")]
+    ports: Vec<String>,
     /// Local address to listen on.
     #[arg(long, default_value_t = IpAddr::V4(Ipv4Addr::LOCALHOST))]
     address: IpAddr,
@@ -445,21 +454,112 @@ async fn keep_spare(
     }
 }
 
+/// `[LOCAL_PORT:]REMOTE_PORT` of a pod forward: (local, remote).
+pub(crate) fn parse_pod_ports(text: &str) -> anyhow::Result<(u16, u16)> {
+    let bad = || {
+        anyhow::anyhow!(
+            "port {text:?} must be [LOCAL_PORT:]REMOTE_PORT, e.g. 8080 or 18080:8080 (0 as \
+             LOCAL_PORT picks a free port)"
+        )
+    };
+    let (local, remote) = match text.split_once(':') {
+        Some((local, remote)) => (local.parse().map_err(|_| bad())?, remote),
+        None => (0, text),
+    };
+    let remote: u16 = remote.parse().ok().filter(|p| *p > 0).ok_or_else(bad)?;
+    Ok((if text.contains(':') { local } else { remote }, remote))
+}
+
 pub(crate) async fn port_forward(args: PortForwardArgs) -> anyhow::Result<()> {
-    let mapping = parse_mapping(&args.mapping)?;
-    let endpoint = Arc::new(endpoint(&args.client)?);
-    let authority = format!("{}.{}.agent:{}", mapping.host, args.cluster, mapping.port);
-    let listener = TcpListener::bind(SocketAddr::new(args.address, mapping.local))
-        .await
-        .with_context(|| format!("listen on {}:{}", args.address, mapping.local))?;
-    let local = listener.local_addr()?;
-    println!(
-        "Forwarding from {local} -> {}:{} on cluster {}",
-        mapping.host, mapping.port, args.cluster
-    );
     let shutdown = tokio_util::sync::CancellationToken::new();
     super::server::watch_signals(shutdown.clone())?;
-    let dialer = Dialer::start(endpoint, authority, shutdown.clone());
+    let endpoint = Arc::new(endpoint(&args.client)?);
+    let mut forwards = Vec::new();
+    if let Some((kind, name)) = args.target.split_once('/') {
+        let (namespace, pod) = replica(&args.client, kind, name).await?;
+        for spec in &args.ports {
+            let (local, remote) = parse_pod_ports(spec)?;
+            let listener = TcpListener::bind(SocketAddr::new(args.address, local))
+                .await
+                .with_context(|| format!("listen on {}:{local}", args.address))?;
+            // kubectl's words, so what parses kubectl's output parses this.
+            println!("Forwarding from {} -> {remote}", listener.local_addr()?);
+            let authority = format!("{pod}.{namespace}.pod:{remote}");
+            forwards.push((listener, authority));
+        }
+    } else {
+        let [mapping] = args.ports.as_slice() else {
+            bail!(
+                "a cluster forward takes one LOCAL_PORT:REMOTE_HOST:REMOTE_PORT (got {}); \
+                 to reach a replica's ports name it as pod/NAME or task/NAME",
+                args.ports.len()
+            );
+        };
+        let mapping = parse_mapping(mapping).map_err(|e| {
+            anyhow::anyhow!("{e} (for a replica's port, name it: pod/NAME or task/NAME)")
+        })?;
+        let listener = TcpListener::bind(SocketAddr::new(args.address, mapping.local))
+            .await
+            .with_context(|| format!("listen on {}:{}", args.address, mapping.local))?;
+        println!(
+            "Forwarding from {} -> {}:{} on cluster {}",
+            listener.local_addr()?,
+            mapping.host,
+            mapping.port,
+            args.target
+        );
+        let authority = format!("{}.{}.agent:{}", mapping.host, args.target, mapping.port);
+        forwards.push((listener, authority));
+    }
+    let mut running = tokio::task::JoinSet::new();
+    for (listener, authority) in forwards {
+        let dialer = Dialer::start(Arc::clone(&endpoint), authority, shutdown.clone());
+        running.spawn(serve(listener, dialer, shutdown.clone()));
+    }
+    while let Some(done) = running.join_next().await {
+        done.context("a forward's task")??;
+    }
+    Ok(())
+}
+
+/// The replica `kind/name` names (`pod/NAME`, or `task/NAME`: its replica 0): (namespace,
+/// pod). Without `-n` it is looked up across namespaces, as `rlark logs` does.
+async fn replica(
+    client_args: &ClientArgs,
+    kind: &str,
+    name: &str,
+) -> anyhow::Result<(String, String)> {
+    let session = super::client::Session::connect(client_args).await?;
+    let namespace = session
+        .namespace_explicit
+        .then(|| session.namespace.clone());
+    let target = format!("{kind}/{name}");
+    match super::logs::parse_target(&target)? {
+        (super::logs::Kind::Pod, name) => {
+            let pod = super::logs::find_pod(&session.client, &name, namespace.as_deref()).await?;
+            Ok((pod.namespace, pod.name))
+        }
+        (super::logs::Kind::Task, name) => {
+            let task = super::logs::find_task(&session.client, &name, namespace.as_deref()).await?;
+            let mut pods = super::logs::pods_of_task(&session.client, &task).await?;
+            pods.sort();
+            let first = pods.into_iter().next().with_context(|| {
+                format!("task {name} has no replicas yet (it is not running anywhere)")
+            })?;
+            Ok((first.namespace, first.name))
+        }
+        (super::logs::Kind::Job, _) => {
+            bail!("cannot port-forward to {target}: name one replica, pod/NAME or task/NAME")
+        }
+    }
+}
+
+/// Accept on `listener` until `shutdown`, each connection carried by `dialer`.
+async fn serve(
+    listener: TcpListener,
+    dialer: Arc<Dialer>,
+    shutdown: tokio_util::sync::CancellationToken,
+) -> anyhow::Result<()> {
     loop {
         let (socket, peer) = tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
@@ -509,6 +609,13 @@ mod tests {
         assert_eq!(parse_mapping("1:[::1]:22").unwrap().host, "::1");
         for bad in ["8080", "8080:80", "x:h:80", "1:h:0", "1::80", "1:h:x"] {
             assert!(parse_mapping(bad).is_err(), "{bad}");
+        }
+        // A pod's ports, as kubectl's: REMOTE (the same local port) or LOCAL:REMOTE.
+        assert_eq!(parse_pod_ports("8080").unwrap(), (8080, 8080));
+        assert_eq!(parse_pod_ports("0:8080").unwrap(), (0, 8080));
+        assert_eq!(parse_pod_ports("18080:8080").unwrap(), (18080, 8080));
+        for bad in ["", "x", "1:0", "a:80", "80:", "1:2:3"] {
+            assert!(parse_pod_ports(bad).is_err(), "{bad}");
         }
     }
 }

@@ -230,7 +230,7 @@ pub(crate) fn connection_service(
     router: Router,
     peer: Arc<PeerCredentials>,
     security: Arc<Security>,
-    hub: Arc<crate::tunnel::Hub>,
+    tunnel: crate::tunnel::exec::ExecState,
     remote: SocketAddr,
 ) -> impl hyper::service::Service<
     Request<Incoming>,
@@ -242,7 +242,7 @@ pub(crate) fn connection_service(
         let router = router.clone();
         let peer = Arc::clone(&peer);
         let security = Arc::clone(&security);
-        let hub = Arc::clone(&hub);
+        let tunnel = tunnel.clone();
         let span = tracing::debug_span!(
             "request",
             method = %request.method(),
@@ -270,7 +270,7 @@ pub(crate) fn connection_service(
             request.extensions_mut().insert(ConnectInfo(remote));
             // CONNECT carries an authority, not a path: it never reaches the router.
             if request.method() == http::Method::CONNECT {
-                return Ok(crate::tunnel::connect::handle(hub, request).await);
+                return Ok(crate::tunnel::connect::handle(tunnel, request).await);
             }
             let response = router.oneshot(request).await;
             if let Ok(response) = &response {

@@ -580,7 +580,10 @@ async fn start_with_token(
     // Core Pods' log and exec reach the replicas' agents, unless core Pods are an extra
     // kind's stored objects (a simulated member cluster's own).
     let router = if config.api.core_pods_are_replicas() {
-        router.merge(tunnel::core_pods::router(Arc::clone(&hub), exec_state))
+        router.merge(tunnel::core_pods::router(
+            Arc::clone(&hub),
+            exec_state.clone(),
+        ))
     } else {
         router
     };
@@ -648,7 +651,7 @@ async fn start_with_token(
             acceptor: tokio_rustls::TlsAcceptor::from(Arc::clone(&tls_config)),
             router: proxy_router,
             security: Arc::clone(&security),
-            hub: Arc::clone(&hub),
+            tunnel: exec_state.clone(),
             handshake_timeout: config.tls_handshake_timeout,
             grace: config.shutdown_grace,
             ready: Arc::new(AtomicBool::new(true)),
@@ -661,7 +664,7 @@ async fn start_with_token(
         acceptor: tokio_rustls::TlsAcceptor::from(tls_config),
         router,
         security,
-        hub: Arc::clone(&hub),
+        tunnel: exec_state,
         handshake_timeout: config.tls_handshake_timeout,
         grace: config.shutdown_grace,
         ready,

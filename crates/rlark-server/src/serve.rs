@@ -9,7 +9,8 @@ pub(crate) struct Serve {
     pub(crate) acceptor: tokio_rustls::TlsAcceptor,
     pub(crate) router: axum::Router,
     pub(crate) security: Arc<security::Security>,
-    pub(crate) hub: Arc<tunnel::Hub>,
+    /// What HTTP `CONNECT` reaches through (the hub, the store, the audit log).
+    pub(crate) tunnel: tunnel::exec::ExecState,
     pub(crate) handshake_timeout: Duration,
     pub(crate) grace: Duration,
     pub(crate) ready: Arc<AtomicBool>,
@@ -52,7 +53,7 @@ impl Serve {
                         acceptor: self.acceptor.clone(),
                         router: self.router.clone(),
                         security: Arc::clone(&self.security),
-                        hub: Arc::clone(&self.hub),
+                        tunnel: self.tunnel.clone(),
                         handshake_timeout: self.handshake_timeout,
                         limits: Arc::clone(&self.limits),
                         builder: Arc::clone(&builder),
@@ -102,7 +103,8 @@ pub(crate) struct Connection {
     pub(crate) acceptor: tokio_rustls::TlsAcceptor,
     pub(crate) router: axum::Router,
     pub(crate) security: Arc<security::Security>,
-    pub(crate) hub: Arc<tunnel::Hub>,
+    /// What HTTP `CONNECT` reaches through (the hub, the store, the audit log).
+    pub(crate) tunnel: tunnel::exec::ExecState,
     pub(crate) handshake_timeout: Duration,
     pub(crate) limits: Arc<limits::ConnectionLimits>,
     pub(crate) builder: Arc<auto::Builder<hyper_util::rt::TokioExecutor>>,
@@ -182,7 +184,7 @@ impl Connection {
             self.router,
             Arc::clone(&peer),
             Arc::clone(&self.security),
-            self.hub,
+            self.tunnel,
             remote,
         );
         let activity = limits::Activity::new();

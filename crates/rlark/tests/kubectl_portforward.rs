@@ -4,7 +4,8 @@
 //! WebSocket) and over the SPDY upgrade it falls back to (forced with
 //! `KUBECTL_PORT_FORWARD_WEBSOCKETS=false`). Bytes round-trip on connections one after
 //! another and at once (more than SPDY's 64 KiB initial window each, which spdystream
-//! never opens further), and a port nobody listens on gives kubectl's error.
+//! never opens further), and a port nobody listens on gives kubectl's error. `rlark
+//! port-forward task/NAME` and `pod/NAME` (kubectl's form) reach the same replica.
 //!
 //! Every wait is bounded by [`DEADLINE`].
 
@@ -88,12 +89,30 @@ impl Forward {
             .env(
                 "KUBECTL_PORT_FORWARD_WEBSOCKETS",
                 if websockets { "true" } else { "false" },
-            )
+            );
+        Self::spawn(command).await
+    }
+
+    /// `rlark port-forward TARGET 0:REMOTE` (kubectl's form, through CONNECT), once it
+    /// listens.
+    async fn rlark(kubeconfig: &Path, target: &str, remote: u16) -> anyhow::Result<Forward> {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_rlark"));
+        command
+            .args(["port-forward", target, &format!("0:{remote}")])
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .env_remove("KUBECONFIG");
+        Self::spawn(command).await
+    }
+
+    /// Run `command` (a port-forward) until it prints "Forwarding from 127.0.0.1:LOCAL".
+    async fn spawn(mut command: Command) -> anyhow::Result<Forward> {
+        command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .kill_on_drop(true);
-        let mut child = command.spawn().context("run kubectl port-forward")?;
+        let mut child = command.spawn().context("run the port-forward")?;
         let stderr = Arc::new(Mutex::new(String::new()));
         let mut err_lines = BufReader::new(child.stderr.take().context("stderr")?).lines();
         let collected = Arc::clone(&stderr);
@@ -114,12 +133,12 @@ impl Forward {
                     return Ok(port.parse::<u16>()?);
                 }
             }
-            anyhow::bail!("kubectl port-forward ended before listening")
+            anyhow::bail!("the port-forward ended before listening")
         })
         .await
         .with_context(|| {
             format!(
-                "kubectl port-forward did not listen in time; stderr: {}",
+                "the port-forward did not listen in time; stderr: {}",
                 stderr.lock().unwrap()
             )
         })?
@@ -224,6 +243,23 @@ async fn kubectl_port_forwards_to_a_replica() -> anyhow::Result<()> {
                 && stderr.contains("negotiated protocol: portforward.k8s.io"),
             websockets,
             "{transport}: {stderr}"
+        );
+        let mut child = forward.child;
+        child.kill().await?;
+    }
+
+    // `rlark port-forward` in kubectl's form, by task (its replica 0) and by pod: the
+    // same replica, reached through the server's CONNECT.
+    for target in ["task/echo-main", "pod/echo-main-0"] {
+        let forward = Forward::rlark(&kubeconfig, target, port).await?;
+        let sent = payload(3, 100_000);
+        let back = forward.round_trip(sent.clone()).await?;
+        assert!(
+            back == sent,
+            "rlark port-forward {target}: {} bytes back of {}; stderr: {}",
+            back.len(),
+            sent.len(),
+            forward.stderr()
         );
         let mut child = forward.child;
         child.kill().await?;

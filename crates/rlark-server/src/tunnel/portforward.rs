@@ -237,6 +237,49 @@ impl Dialer for HubDialer {
     }
 }
 
+/// Where the ports of replica `namespace/pod` are: its cluster and [`Destination`]; `Err`
+/// is the answer (400 for a namespace that is no agent's or a replica without a
+/// destination, 404/400 from [`running_pod`]). Shared by the port-forward route and the
+/// pod form of HTTP `CONNECT` ([`super::connect`]).
+pub(crate) async fn locate(
+    state: &ExecState,
+    namespace: &str,
+    pod: &str,
+) -> Result<(String, Destination), Box<ApiError>> {
+    let Some(cluster) = namespace
+        .strip_prefix("rlark-")
+        .filter(|c| crate::security::validate_cluster_id(c).is_ok())
+        .map(str::to_string)
+    else {
+        return Err(Box::new(ApiError::bad_request(format!(
+            "namespace {namespace:?} is not an agent namespace: replicas run on the agent of \
+             a cluster, so the namespace must be rlark-<clusterID>"
+        ))));
+    };
+    let read = |key: ObjectKey| {
+        let store = Arc::clone(&state.store);
+        async move { store.get(&key).await }
+    };
+    let object = running_pod(state, namespace, pod).await?;
+    // The Task says which runtime runs the replica; a Task already deleted (the replica
+    // still winding down) leaves the Pod's own fields to decide.
+    let task = match (
+        object["spec"]["taskNamespace"].as_str(),
+        object["spec"]["taskName"].as_str(),
+    ) {
+        (Some(task_namespace), Some(task_name)) => {
+            read(ObjectKey::new(TASKS, task_namespace, task_name))
+                .await
+                .ok()
+                .flatten()
+        }
+        _ => None,
+    };
+    let destination = Destination::of(&object, task.as_deref())
+        .map_err(|message| Box::new(ApiError::bad_request(message)))?;
+    Ok((cluster, destination))
+}
+
 /// The route's handler.
 pub(super) async fn portforward(
     State(state): State<ExecState>,
@@ -259,44 +302,10 @@ pub(super) async fn portforward(
         Ok(transport) => transport,
         Err(message) => return ApiError::bad_request(message).into_response(),
     };
-    let Some(cluster) = namespace
-        .strip_prefix("rlark-")
-        .filter(|c| crate::security::validate_cluster_id(c).is_ok())
-        .map(str::to_string)
-    else {
-        return ApiError::bad_request(format!(
-            "namespace {namespace:?} is not an agent namespace: replicas run on the agent of \
-             a cluster, so the namespace must be rlark-<clusterID>"
-        ))
-        .into_response();
-    };
-    let read = |key: ObjectKey| {
-        let store = Arc::clone(&state.store);
-        async move { store.get(&key).await }
-    };
-    let object = match running_pod(&state, &namespace, &pod).await {
-        Ok(object) => object,
+    let (cluster, destination) = match locate(&state, &namespace, &pod).await {
+        Ok(found) => found,
         Err(error) => return (*error).into_response(),
     };
-    // The Task says which runtime runs the replica; a Task already deleted (the replica
-    // still winding down) leaves the Pod's own fields to decide.
-    let task = match (
-        object["spec"]["taskNamespace"].as_str(),
-        object["spec"]["taskName"].as_str(),
-    ) {
-        (Some(task_namespace), Some(task_name)) => {
-            read(ObjectKey::new(TASKS, task_namespace, task_name))
-                .await
-                .ok()
-                .flatten()
-        }
-        _ => None,
-    };
-    let destination = match Destination::of(&object, task.as_deref()) {
-        Ok(destination) => destination,
-        Err(message) => return ApiError::bad_request(message).into_response(),
-    };
-
     caller.audit(
         "portforward",
         format!(
