@@ -82,12 +82,20 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
 
     // ---- login with the one-time link ----
     const started = Date.now();
+    // A client that only loads the link (a link preview) does not spend it.
+    const preview = await browser.newContext({ ignoreHTTPSErrors: true });
+    const previewPage = await preview.newPage();
+    await previewPage.goto(link);
+    await previewPage.getByTestId('login-link').waitFor();
+    assert.ok(!previewPage.url().includes('login='), 'the code left the preview\'s address bar');
+    await preview.close();
     const first = await page.goto(link);
     const csp = first.headers()['content-security-policy'];
     assert.match(csp, /script-src 'self'/);
     assert.match(csp, /frame-ancestors 'none'/);
     assert.match(csp, /style-src 'self';/);
     assert.doesNotMatch(csp, /unsafe-inline|unsafe-eval/);
+    await page.getByTestId('login-link').click();
     await page.getByTestId('user').waitFor();
     const firstLoadMs = Date.now() - started;
     assert.match(await page.getByTestId('user').textContent(), /admin \(admin\)/);
@@ -104,7 +112,9 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     const reuse = await browser.newContext({ ignoreHTTPSErrors: true });
     const reusePage = await reuse.newPage();
     await reusePage.goto(link);
+    await reusePage.getByTestId('login-link').click();
     await reusePage.getByRole('alert').filter({ hasText: 'used or expired' }).waitFor();
+    await reusePage.getByRole('alert').filter({ hasText: 'rlark token login-link' }).waitFor();
     await reuse.close();
     // `rlark token login-link` makes another one for the kubeconfig's user.
     const cliLink = rlark(kube, 'token', 'login-link');
@@ -112,6 +122,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     const second = await browser.newContext({ ignoreHTTPSErrors: true });
     const secondPage = await second.newPage();
     await secondPage.goto(cliLink);
+    await secondPage.getByTestId('login-link').click();
     await secondPage.getByTestId('user').filter({ hasText: 'admin (admin)' }).waitFor();
     await second.close();
 
@@ -536,6 +547,11 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
       const listMs = Date.now() - shown;
       const rows = await page.getByRole('table', { name: 'Jobs' }).locator('.vlist-row').count();
       assert.ok(rows < 60, `only the rows in view are in the page (${rows})`);
+      // The header sits above the rows: it covers none of the first one.
+      const table = page.getByRole('table', { name: 'Jobs' });
+      const head = await table.locator('.vlist-head').boundingBox();
+      const firstRow = await table.locator('[role=rowgroup] .vlist-row').first().boundingBox();
+      assert.ok(head && firstRow && head.y + head.height <= firstRow.y + 0.5, `the header overlaps the first row: ${JSON.stringify({ head, firstRow })}`);
       await page.getByLabel('Filter jobs by name').fill('bulk-09');
       await page.getByText('100 of ', { exact: false }).waitFor();
       await shot('jobs-1000');

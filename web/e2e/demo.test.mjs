@@ -78,6 +78,7 @@ test('the demo workflow followed in the console', { timeout: 300_000 }, async (t
 
     // ---- login with the one-time link; the overview's numbers are the API's ----
     await page.goto(link);
+    await page.getByTestId('login-link').click();
     await page.getByTestId('user').filter({ hasText: 'admin (admin)' }).waitFor();
     assert.ok(!page.url().includes('login='), 'no login code in the address bar');
     const clusters = await api('/rlark/v1/clusters');

@@ -308,7 +308,8 @@ async fn login(State(console): State<Console>, request: Request) -> Response {
             Ok(None) => {
                 tracing::info!("console login refused: unknown, used or expired link");
                 return unauthorized(
-                    "login refused: this login link is unknown, used or expired; ask for a new one",
+                    "login refused: this login link is unknown, used or expired; make a new \
+                     one with `rlark token login-link` (as an admin)",
                 );
             }
         },
