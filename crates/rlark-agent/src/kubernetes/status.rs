@@ -82,27 +82,23 @@ pub fn workload_state(workload: &Workload) -> WorkloadState {
     }
 }
 
-/// An OpenKruise CloneSet (module docs).
-pub fn cloneset_state(c: &CloneSet) -> WorkloadState {
-    let desired = c.spec.replicas.unwrap_or(1);
-    let status = c.status.clone().unwrap_or_default();
-    let ready = status.ready_replicas;
+/// The phase of a workload that keeps `desired` replicas (Deployment, StatefulSet,
+/// CloneSet): 0 desired → `Stopped`; a `failure` (reason: message) → `Failed`; a status
+/// older than the `generation` → `Pending`; ready ≥ desired → `Running`; else `Pending`.
+fn replicated_state(
+    desired: i32,
+    ready: i32,
+    failure: Option<String>,
+    generation: Option<i64>,
+    observed: Option<i64>,
+) -> WorkloadState {
     if desired == 0 {
         return WorkloadState::new(TaskPhase::Stopped, None, 0, ready);
     }
-    if let Some(failed) = status
-        .conditions
-        .iter()
-        .find(|c| c.type_ == "FailedScale" && c.status == "True")
-    {
-        let message = format!(
-            "{}: {}",
-            failed.reason.as_deref().unwrap_or(&failed.type_),
-            failed.message.as_deref().unwrap_or_default()
-        );
+    if let Some(message) = failure {
         return WorkloadState::new(TaskPhase::Failed, Some(message), desired, ready);
     }
-    if let Some(message) = stale(c.metadata.generation, status.observed_generation) {
+    if let Some(message) = stale(generation, observed) {
         return WorkloadState::new(TaskPhase::Pending, Some(message), desired, ready);
     }
     if ready >= desired {
@@ -110,56 +106,67 @@ pub fn cloneset_state(c: &CloneSet) -> WorkloadState {
     }
     let message = format!("{ready}/{desired} replicas ready");
     WorkloadState::new(TaskPhase::Pending, Some(message), desired, ready)
+}
+
+/// `reason: message` of a failure condition (its type when it has no reason).
+fn failure_text(type_: &str, reason: Option<&str>, message: Option<&str>) -> String {
+    format!(
+        "{}: {}",
+        reason.unwrap_or(type_),
+        message.unwrap_or_default()
+    )
+}
+
+/// An OpenKruise CloneSet (module docs).
+pub fn cloneset_state(c: &CloneSet) -> WorkloadState {
+    let status = c.status.clone().unwrap_or_default();
+    let failure = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == "FailedScale" && c.status == "True")
+        .map(|c| failure_text(&c.type_, c.reason.as_deref(), c.message.as_deref()));
+    replicated_state(
+        c.spec.replicas.unwrap_or(1),
+        status.ready_replicas,
+        failure,
+        c.metadata.generation,
+        status.observed_generation,
+    )
 }
 
 /// A Deployment (module docs).
 pub fn deployment_state(d: &Deployment) -> WorkloadState {
-    let desired = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let status = d.status.clone().unwrap_or_default();
-    let ready = status.ready_replicas.unwrap_or(0);
-    if desired == 0 {
-        return WorkloadState::new(TaskPhase::Stopped, None, 0, ready);
-    }
-    for c in status.conditions.iter().flatten() {
-        let failure = (c.type_ == "ReplicaFailure" && c.status == "True")
-            || (c.type_ == "Progressing"
-                && c.status == "False"
-                && c.reason.as_deref() == Some("ProgressDeadlineExceeded"));
-        if failure {
-            let message = format!(
-                "{}: {}",
-                c.reason.as_deref().unwrap_or(&c.type_),
-                c.message.as_deref().unwrap_or_default()
-            );
-            return WorkloadState::new(TaskPhase::Failed, Some(message), desired, ready);
-        }
-    }
-    if let Some(message) = stale(d.metadata.generation, status.observed_generation) {
-        return WorkloadState::new(TaskPhase::Pending, Some(message), desired, ready);
-    }
-    if ready >= desired {
-        return WorkloadState::new(TaskPhase::Running, None, desired, ready);
-    }
-    let message = format!("{ready}/{desired} replicas ready");
-    WorkloadState::new(TaskPhase::Pending, Some(message), desired, ready)
+    let failure = status
+        .conditions
+        .iter()
+        .flatten()
+        .find(|c| {
+            (c.type_ == "ReplicaFailure" && c.status == "True")
+                || (c.type_ == "Progressing"
+                    && c.status == "False"
+                    && c.reason.as_deref() == Some("ProgressDeadlineExceeded"))
+        })
+        .map(|c| failure_text(&c.type_, c.reason.as_deref(), c.message.as_deref()));
+    replicated_state(
+        d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        status.ready_replicas.unwrap_or(0),
+        failure,
+        d.metadata.generation,
+        status.observed_generation,
+    )
 }
 
 /// A StatefulSet (module docs).
 pub fn statefulset_state(s: &StatefulSet) -> WorkloadState {
-    let desired = s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
     let status = s.status.clone().unwrap_or_default();
-    let ready = status.ready_replicas.unwrap_or(0);
-    if desired == 0 {
-        return WorkloadState::new(TaskPhase::Stopped, None, 0, ready);
-    }
-    if let Some(message) = stale(s.metadata.generation, status.observed_generation) {
-        return WorkloadState::new(TaskPhase::Pending, Some(message), desired, ready);
-    }
-    if ready >= desired {
-        return WorkloadState::new(TaskPhase::Running, None, desired, ready);
-    }
-    let message = format!("{ready}/{desired} replicas ready");
-    WorkloadState::new(TaskPhase::Pending, Some(message), desired, ready)
+    replicated_state(
+        s.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1),
+        status.ready_replicas.unwrap_or(0),
+        None,
+        s.metadata.generation,
+        status.observed_generation,
+    )
 }
 
 /// A DaemonSet (module docs).
