@@ -22,8 +22,9 @@
 //!   one whose process runs (its `state.json` names a live process), else the most recently
 //!   modified directory (a directory changes whenever its state file is written or removed,
 //!   and runs of one replica never overlap); `previous=true` selects the run before it
-//!   (an earlier Task of the same name). Restarts under a restart policy append to the same
-//!   `current.log`, so there is no "previous" per restart;
+//!   (an earlier Task of the same name). Restarts under a restart policy (and a resume)
+//!   append to the same `current.log`, after a separator line
+//!   ([`crate::runtime::logs::restart_separator`]), so there is no "previous" per restart;
 //! - only `logs/current.log` is read (not the rotated `current.log.1`, `.2`), like the
 //!   kubelet; `tail=N` starts at the N-th line from its end; `limitBytes=N` stops after N
 //!   bytes;

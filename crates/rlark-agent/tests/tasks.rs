@@ -662,6 +662,12 @@ async fn restarts_back_off_and_a_crashed_agent_adopts_or_reports_its_replicas() 
     assert_ne!(status.phase, Some(TaskPhase::Failed), "{status:?}");
     let log = h.log_of("flaky-main", 0).await?;
     assert!(log.matches("run").count() >= 2, "{log}");
+    // Each start after the first is marked in the log, so a follower sees where it begins.
+    assert!(
+        log.contains("\n--- rlark: the replica started again at ")
+            && log.lines().next() == Some("run"),
+        "{log}"
+    );
     // Backing off: the reason says so.
     h.wait_pod("flaky-main-0", "backing off", |p| {
         reason_of(p) == Some("BackOff") && message_of(p).contains("exited with code 1")

@@ -80,6 +80,30 @@ impl LogFiles {
             .open(&self.path)
     }
 
+    /// Open `current.log` for a start of the replica's process: when the file already
+    /// holds output (an earlier start in this run: a restart under the restart policy, or a
+    /// resume after `spec.stopped`), a line [`restart_separator`] goes in first, so that
+    /// `logs -f` and the console show where the new start begins.
+    pub fn open_for_start(&self, now: chrono::DateTime<chrono::Utc>) -> io::Result<File> {
+        let mut file = OpenOptions::new()
+            .create(true)
+            .read(true)
+            .append(true)
+            .open(&self.path)?;
+        let len = file.metadata()?.len();
+        if len > 0 {
+            // A newline first when the earlier output did not end with one.
+            let mut last = [0u8; 1];
+            std::os::unix::fs::FileExt::read_exact_at(&file, &mut last, len - 1)?;
+            let mut line = restart_separator(now);
+            if last[0] != b'\n' {
+                line.insert(0, '\n');
+            }
+            io::Write::write_all(&mut file, line.as_bytes())?;
+        }
+        Ok(file)
+    }
+
     /// Rotate when `current.log` is over the cap; returns whether it rotated. Blocking.
     pub fn rotate_if_needed(&self) -> io::Result<bool> {
         let len = match fs::metadata(&self.path) {
@@ -110,6 +134,14 @@ impl LogFiles {
     }
 }
 
+/// The line written between two starts of a replica in one log.
+pub fn restart_separator(now: chrono::DateTime<chrono::Utc>) -> String {
+    format!(
+        "--- rlark: the replica started again at {}; the lines above are from its earlier start ---\n",
+        now.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+    )
+}
+
 fn remove_if_exists(path: &Path) -> io::Result<()> {
     match fs::remove_file(path) {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
@@ -120,6 +152,31 @@ fn remove_if_exists(path: &Path) -> io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_second_start_is_marked_in_the_log_and_a_first_is_not() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let logs = LogFiles::new(dir.path(), LogLimits::default());
+        let now = chrono::DateTime::parse_from_rfc3339("2026-12-07T19:40:01Z")
+            .expect("time")
+            .with_timezone(&chrono::Utc);
+        let mut first = logs.open_for_start(now).expect("open");
+        std::io::Write::write_all(&mut first, b"count 0\ncount 1").expect("write");
+        drop(first);
+        let mut second = logs.open_for_start(now).expect("open again");
+        std::io::Write::write_all(&mut second, b"count 0\n").expect("write");
+        drop(second);
+        // After output that ended its line: no blank line.
+        drop(logs.open_for_start(now).expect("open a third time"));
+        let text = fs::read_to_string(logs.path()).expect("read");
+        assert_eq!(
+            text,
+            "count 0\ncount 1\n--- rlark: the replica started again at 2026-12-07T19:40:01Z; \
+             the lines above are from its earlier start ---\ncount 0\n--- rlark: the replica \
+             started again at 2026-12-07T19:40:01Z; the lines above are from its earlier start \
+             ---\n"
+        );
+    }
     use std::io::Write as _;
 
     #[test]

@@ -64,7 +64,9 @@ pub(super) fn prepare(spec: &ReplicaSpec) -> Result<Prepared, RuntimeError> {
     if let Err(error) = logs.rotate_if_needed() {
         tracing::warn!(log = %logs.path().display(), %error, "rotate replica log");
     }
-    let stdout = logs.open_append().map_err(io_err(logs.path()))?;
+    let stdout = logs
+        .open_for_start(chrono::Utc::now())
+        .map_err(io_err(logs.path()))?;
     let stderr = stdout.try_clone().map_err(io_err(logs.path()))?;
     Ok(Prepared {
         program,
