@@ -114,6 +114,12 @@ start_dockerd() {
     docker version >/dev/null 2>&1 && return 0
     command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || return 0
     mkdir -p "$ROOT/target"
+    # A dockerd killed with an earlier run (this script stops its background setup when it
+    # fails early) leaves pid files behind; when their pids have been reused, a new dockerd
+    # waits for a containerd that never comes. No dockerd runs here, so they are stale.
+    if ! pgrep -x dockerd >/dev/null 2>&1; then
+        rm -f /var/run/docker.pid /var/run/docker/containerd/containerd.pid
+    fi
     log "starting dockerd (log: target/dockerd.log)"
     PATH=$PATH:/usr/sbin nohup dockerd --host unix:///var/run/docker.sock \
         >"$ROOT/target/dockerd.log" 2>&1 &

@@ -295,9 +295,16 @@ async fn a_replica_is_held_to_its_memory_limit() -> anyhow::Result<()> {
         .await?,
     )
     .await?;
-    assert_eq!(status, ExitStatus::Code(0), "{log}");
     eprintln!("{log}");
-    assert!(log.contains("tail=137"), "the memory limit held: {log}");
+    match status {
+        // The kernel killed `tail`, the largest process of the group.
+        ExitStatus::Code(0) => assert!(log.contains("tail=137"), "the memory limit held: {log}"),
+        // Under memory pressure elsewhere the OOM killer may pick the shell first (seen once
+        // in a full test run): the limit held all the same. Without one the shell ends
+        // normally with `tail=0`.
+        ExitStatus::Signal(9) => assert!(!log.contains("tail=0"), "{log}"),
+        other => panic!("the replica ended with {other:?}: {log}"),
+    }
     Ok(())
 }
 
