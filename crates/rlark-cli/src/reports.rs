@@ -2,8 +2,8 @@
 //! metrics), read from `GET /rlark/v1/namespaces/{ns}/tasks/{name}/reports` (admins,
 //! viewers, the agent owning the namespace).
 //!
-//! The table has the columns TIME, TYPE, STEP, VALUE and DETAILS (the report's other fields
-//! as compact JSON). `-o json` prints the server's list (with `-f`: one stored record per
+//! The table has the columns TIME, TYPE, STEP, VALUE (a float with six significant digits,
+//! [`readable`]) and DETAILS (the report's other fields as compact JSON). `-o json` prints the server's list (with `-f`: one stored record per
 //! line). `-f` keeps printing new reports as they are stored, until interrupted.
 //!
 //! Without `-n` the Task is looked up across namespaces (it lives in the agent namespace
@@ -68,6 +68,7 @@ pub(crate) fn row(record: &Value) -> Vec<String> {
     let cell = |key: &str| match report.get(key) {
         None | Some(Value::Null) => String::new(),
         Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) if n.is_f64() => n.as_f64().map(readable).unwrap_or_default(),
         Some(other) => other.to_string(),
     };
     let details: Map<String, Value> = report
@@ -86,6 +87,32 @@ pub(crate) fn row(record: &Value) -> Vec<String> {
             Value::Object(details).to_string()
         },
     ]
+}
+
+/// A reported number as a person reads it: six significant digits, trailing zeros dropped
+/// (`0.30000000000000004` → `0.3`, `-1.2345678` → `-1.23457`, `2.0` → `2`); the stored
+/// value keeps every digit (`-o json`).
+pub(crate) fn readable(value: f64) -> String {
+    if !value.is_finite() {
+        return value.to_string();
+    }
+    if value == 0.0 {
+        return "0".into();
+    }
+    let magnitude = value.abs().log10().floor() as i32;
+    if !(-6..15).contains(&magnitude) {
+        let text = format!("{value:.5e}");
+        let (mantissa, exponent) = text.split_once('e').unwrap_or((&text, "0"));
+        let mantissa = mantissa.trim_end_matches('0').trim_end_matches('.');
+        return format!("{mantissa}e{exponent}");
+    }
+    let decimals = usize::try_from((5 - magnitude).max(0)).unwrap_or(0);
+    let text = format!("{value:.decimals$}");
+    if text.contains('.') {
+        text.trim_end_matches('0').trim_end_matches('.').to_string()
+    } else {
+        text
+    }
 }
 
 fn fixed_width(cells: &[String]) -> String {
@@ -220,6 +247,21 @@ mod tests {
                 r#"{"episode":"e1","ok":true}"#
             ]
         );
+        // Floats with six significant digits; integers as they are.
+        let noisy = json!({"spec": {"time": "t", "report": {"type": "reward",
+            "value": 0.30000000000000004, "step": 7}}});
+        assert_eq!(row(&noisy)[2..4], ["7", "0.3"]);
+        for (value, shown) in [
+            (-1.2345678, "-1.23457"),
+            (2.0, "2"),
+            (12345.678, "12345.7"),
+            (0.0001234567, "0.000123457"),
+            (-0.0, "0"),
+            (1.5e-7, "1.5e-7"),
+            (6.02e23, "6.02e23"),
+        ] {
+            assert_eq!(readable(value), shown, "{value}");
+        }
         let bare = json!({"spec": {"time": "t", "report": {"type": "start"}}});
         assert_eq!(row(&bare), ["t", "start", "", "", ""]);
     }
