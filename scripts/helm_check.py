@@ -8,7 +8,7 @@ so `helm lint` and `helm template` run from it with the same code as the helm bi
   python3 scripts/helm_check.py OUT_DIR
 
 writes OUT_DIR/<case>.yaml, one multi-document manifest per case below, for
-crates/rlark/tests/deploy_helm.rs to decode into k8s-openapi types with unknown fields
+crates/rlark/tests/e2e/deploy_helm.rs to decode into k8s-openapi types with unknown fields
 denied. Exits 1 on a lint finding (warnings count: strict), a render error, or a values
 combination the charts should refuse but render.
 """

@@ -11,7 +11,7 @@
 #   Install and operate (scripts/test_ops.sh): systemd units verified, a raw-host install run
 #   in a network namespace and joined with the printed command, alert rules and dashboard
 #   checked by promtool against real scrapes, container images built from the debug binary
-#   with `up --demo --once` inside; the Helm charts in tests/deploy_helm.rs.
+#   with `up --demo --once` inside; the Helm charts in tests/e2e/deploy_helm.rs.
 #   Hygiene: cargo fmt, cargo machete (no unused dependencies), no test kit among the rlark
 #   binary's normal dependencies, cargo deny (licenses, duplicate versions, sources; not
 #   advisories, see below), no import cycle between a crate's modules
@@ -45,6 +45,13 @@ stage_times() {
     [ -z "${SETUP_SECONDS:-}" ] ||
         printf '%6d s  (background, overlapping the stages above) setup: installs, dockerd, base images\n' "$SETUP_SECONDS"
     printf '%6d s  total (%d min)\n' "$((end - RUN_START))" "$(((end - RUN_START) / 60))"
+    # CI's disk is not ours to size: a run once failed with "No space left on device"
+    # while linking the test binaries. What the build takes, and what is left, is printed.
+    if [ -d "${TARGET_DIR:-}" ]; then
+        printf 'disk: target directory %s, %s free on its filesystem\n' \
+            "$(du -sh "$TARGET_DIR" 2>/dev/null | cut -f1)" \
+            "$(df -h --output=avail "$TARGET_DIR" 2>/dev/null | tail -1 | tr -d ' ')"
+    fi
     rm -f "$STAGES"
     [ -z "${sdk_work:-}" ] || rm -rf "$sdk_work"
     # A run that failed before it waited for the background setup stops it.
@@ -69,7 +76,7 @@ install_deps() {
     command -v curl >/dev/null 2>&1 || apt_pkgs+=(curl)
     # ip netns: the devinit (macvlan) tests build their network namespaces with it.
     command -v ip >/dev/null 2>&1 || apt_pkgs+=(iproute2)
-    # nft: the Domain network tests (tests/domain_network.rs) cut a path between network
+    # nft: the Domain network tests (tests/e2e/domain_network.rs) cut a path between network
     # namespaces with an nftables drop rule, and the agent's kernel mode redirects with it.
     command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || apt_pkgs+=(nftables)
     # ping: the pod network's ICMP tests ping one replica from another.
@@ -86,7 +93,7 @@ install_deps() {
     # PostgreSQL: rlark-store's tests run the conformance suite against a throwaway cluster
     # (initdb + pg_ctl on a temporary directory and a free loopback port).
     ls /usr/lib/postgresql/*/bin/pg_ctl >/dev/null 2>&1 || apt_pkgs+=(postgresql)
-    # The docker runtime's tests (crates/rlark/tests/docker_runtime.rs) run a real engine
+    # The docker runtime's tests (crates/rlark/tests/e2e/docker_runtime.rs) run a real engine
     # and a test image imported from a static busybox (no registry is reachable).
     command -v dockerd >/dev/null 2>&1 || [ -x /usr/sbin/dockerd ] || apt_pkgs+=(docker.io)
     [ -x /bin/busybox ] || apt_pkgs+=(busybox-static)
@@ -102,7 +109,7 @@ install_deps() {
     fi
     log "installing Python test packages"
     # tests/python's client and pytest, `build`, which builds the SDKs' wheels, and
-    # TensorBoard (the agent starts it for tensorBoardDir; crates/rlark/tests/tensorboard.rs).
+    # TensorBoard (the agent starts it for tensorBoardDir; crates/rlark/tests/e2e/tensorboard.rs).
     python3 -m pip install -q --disable-pip-version-check -r tests/python/requirements.txt
     log "installing the web console's npm packages (web/package-lock.json)"
     (cd web && npm ci --no-audit --no-fund --loglevel=error)
@@ -280,7 +287,7 @@ echo "slowest test binaries (seconds, as each reported):"
 awk '/^ +Running /{bin=$2} /^test result:/{for(i=1;i<=NF;i++) if($i=="in"){t=$(i+1); sub(/s$/,"",t); printf "%8.1f  %s\n", t, bin}}' \
     "$TARGET_DIR/cargo-test.log" | sort -rn | head -15
 
-# Uses the binary cargo test built; its Helm test (tests/deploy_helm.rs) ran above.
+# Uses the binary cargo test built; its Helm test (tests/e2e/deploy_helm.rs) ran above.
 ops_checks
 
 log "python end-to-end tests (official kubernetes client)"

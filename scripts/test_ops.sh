@@ -4,7 +4,7 @@
 #
 #   ops_bases            the images' base layers (deploy/docker/make-base.sh), ahead of ops_images
 #   ops_install_deps     promtool (Debian prometheus), debootstrap, systemd-analyze, setpriv,
-#                        strip; helm-python-sdk (Helm's Go SDK, for crates/rlark/tests/deploy_helm.rs)
+#                        strip; helm-python-sdk (Helm's Go SDK, for crates/rlark/tests/e2e/deploy_helm.rs)
 #   ops_systemd_units    deploy/install.sh into a temporary root; systemd-analyze verify
 #   ops_raw_host         server and agent from the installed units, in a network namespace, as
 #                        their ExecStart runs them (uid 65534, no capabilities), joined with

@@ -1,6 +1,6 @@
 """The `rlark up --demo` learner's rule and bookkeeping (examples/demo/rlark_demo), without
 rlark: the cross-entropy update, the return, and how candidates are handed out and
-collected. The whole loop runs end to end in crates/rlark/tests/up_demo.rs."""
+collected. The whole loop runs end to end in crates/rlark/tests/e2e/up_demo.rs."""
 
 import os
 import sys

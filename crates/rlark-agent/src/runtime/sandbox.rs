@@ -27,7 +27,7 @@
 //! the network and mount namespaces of the replica's process, then execs the command.
 //!
 //! Everything that touches the host here is a plain function over paths, so the mount
-//! sequence is tested in a real mount namespace (`tests/isolation.rs`) and the plan's
+//! sequence is tested in a real mount namespace (`tests/integration/isolation.rs`) and the plan's
 //! parts ([`Sandbox::mount_plan`]) without one.
 
 use std::ffi::OsString;
