@@ -16,6 +16,7 @@ use super::output::{DataFormat, print_data};
 use super::table::{align, human_duration};
 
 mod domain;
+mod reward;
 mod task;
 
 #[derive(Debug, Args)]
@@ -108,10 +109,21 @@ pub(crate) async fn describe(args: DescribeArgs) -> anyhow::Result<()> {
                 Vec::new()
             }
         };
-        let sections = task::sections(&session.server, &object, &pods);
+        let mut shown = object.clone();
+        let sections = reward::section(&object, &mut shown, LABEL_WIDTH)
+            + &task::sections(&session.server, &object, &pods);
         print!(
             "{}",
-            render_with(info, &object, &sections, events.as_deref(), Utc::now())
+            render_with(info, &shown, &sections, events.as_deref(), Utc::now())
+        );
+        return Ok(());
+    }
+    if info.ar.group == "rlinf.io" && info.ar.kind == "Job" {
+        let mut shown = object.clone();
+        let sections = reward::section(&object, &mut shown, LABEL_WIDTH);
+        print!(
+            "{}",
+            render_with(info, &shown, &sections, events.as_deref(), Utc::now())
         );
         return Ok(());
     }

@@ -42,6 +42,7 @@ mod http;
 pub mod limits;
 mod metrics;
 pub(crate) mod reports;
+mod reward;
 pub mod security;
 mod serve;
 mod server_store;

@@ -583,6 +583,9 @@ async fn post_report(
         )
         .into_response();
     }
+    if let Some(report) = stored.pointer("/spec/report") {
+        crate::reward::record(state.store.as_ref(), &namespace, &name, &uid, report).await;
+    }
     (StatusCode::CREATED, axum::Json(stored.as_ref().clone())).into_response()
 }
 

@@ -47,6 +47,13 @@ string_enum!(JobPhase {
     doc = "Job: the tasks of one RL run; each template becomes a Task named <job>-<task>.",
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(
+        name = "Reward",
+        type_ = "string",
+        description = "The newest and the mean reward of the Job's tasks (last/mean).",
+        json_path = ".status.reward.summary",
+        priority = 1
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -125,6 +132,9 @@ pub struct JobStatus {
     /// different value on a finished Job restarts it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub observed_restarted_at: Option<String>,
+    /// The rewards of the Job's tasks together ([`super::RewardSummary::combine`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<super::RewardSummary>,
 }
 
 /// Phase of one task of a Job.
@@ -139,4 +149,7 @@ pub struct JobTaskStatus {
     /// The Task's message.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+    /// The Task's reward summary (`status.reward`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<super::RewardSummary>,
 }

@@ -11,6 +11,7 @@ pub mod domain_peer;
 pub mod job;
 pub mod node;
 pub mod pod;
+pub mod reward;
 pub mod task;
 pub mod workflow;
 
@@ -30,6 +31,7 @@ pub use node::{
     Node, NodeCategory, NodeDevice, NodeInfo, NodeNetwork, NodePhase, NodeSpec, NodeStatus,
 };
 pub use pod::{Pod, PodPhase, PodSpec, PodStatus, PodTensorBoard};
+pub use reward::{REWARD_REPORT_TYPE, RewardSummary};
 pub use task::{
     DeviceUnhealthyPolicy, DockerContainerSpec, DockerTaskSpec, DockerVolumeRef,
     KubernetesTaskSpec, KubernetesWorkloadKind, KubernetesWorkloadSpec, NodeLostPolicy,

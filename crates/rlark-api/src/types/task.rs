@@ -160,6 +160,13 @@ pub struct TaskPlacement {
     printcolumn(name = "Type", type_ = "string", json_path = ".spec.agentType"),
     printcolumn(name = "Phase", type_ = "string", json_path = ".status.phase"),
     printcolumn(
+        name = "Reward",
+        type_ = "string",
+        description = "The newest and the mean reward the task reported (last/mean).",
+        json_path = ".status.reward.summary",
+        priority = 1
+    ),
+    printcolumn(
         name = "Age",
         type_ = "date",
         json_path = ".metadata.creationTimestamp"
@@ -637,4 +644,8 @@ pub struct TaskStatus {
     /// Events of the task's nodes and pods (while Pending), newest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub events: Vec<NodeEvent>,
+    /// Last, mean and best of the rewards the task reported (`type: reward` reports),
+    /// written by the server as each report is stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reward: Option<super::RewardSummary>,
 }

@@ -5,13 +5,13 @@
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt as _;
 use rlark_api::labels;
-use rlark_api::types::{Job, JobPhase, JobStatus, JobTaskStatus, Task, TaskPhase};
+use rlark_api::types::{Job, JobPhase, JobStatus, JobTaskStatus, RewardSummary, Task, TaskPhase};
 // Expectation and assumption TTLs follow tokio's clock, which tests may pause and advance.
 
 use super::condition;
 
 /// What the controller saw of one template's Task.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ObservedTask {
     /// `status.phase` (None until someone reports it).
     pub phase: Option<TaskPhase>,
@@ -21,6 +21,8 @@ pub struct ObservedTask {
     pub stopped: bool,
     /// Being deleted (`metadata.deletionTimestamp`).
     pub deleting: bool,
+    /// `status.reward`.
+    pub reward: Option<RewardSummary>,
 }
 
 /// The phase this controller last wrote: `None` for a Job it has not acted on yet, whose
@@ -31,7 +33,7 @@ pub fn written_phase(status: &JobStatus) -> Option<JobPhase> {
 }
 
 /// Input of [`decide`].
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Observation {
     /// Current `status.phase`.
     pub phase: Option<JobPhase>,
@@ -72,6 +74,7 @@ impl Observation {
                             message: status.message,
                             stopped: t.spec.stopped,
                             deleting: t.metadata.deletion_timestamp.is_some(),
+                            reward: status.reward,
                         }
                     })
                 })
@@ -357,9 +360,11 @@ pub fn next_status(
                 name: name.clone(),
                 phase: task.and_then(|t| t.phase),
                 message: task.and_then(|t| t.message.clone()),
+                reward: task.and_then(|t| t.reward.clone()),
             }
         })
         .collect();
+    status.reward = RewardSummary::combine(status.tasks.iter().filter_map(|t| t.reward.as_ref()));
     match phase {
         JobPhase::Running | JobPhase::Succeeded | JobPhase::Failed => {
             if status.start_time.is_none() {

@@ -9,7 +9,9 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use kube::ResourceExt as _;
 use rlark_api::labels;
-use rlark_api::types::{Job, JobPhase, JobStatus, JobTaskStatus, JobTaskTemplate, Task, TaskPhase};
+use rlark_api::types::{
+    Job, JobPhase, JobStatus, JobTaskStatus, JobTaskTemplate, RewardSummary, Task, TaskPhase,
+};
 use serde_json::{Value, json};
 use tokio::time::Instant;
 
@@ -445,7 +447,8 @@ fn status_times_conditions_and_tasks() {
         vec![JobTaskStatus {
             name: "a".into(),
             phase: None,
-            message: None
+            message: None,
+            reward: None,
         }]
     );
     let u = cond(&s, condition::UNSCHEDULABLE).unwrap();
@@ -528,6 +531,52 @@ fn status_times_conditions_and_tasks() {
     assert_eq!(s.observed_restarted_at.as_deref(), Some("r1"));
     job.status = Some(s);
     assert_eq!(Observation::of(&job, &[None]).restart, None, "handled once");
+}
+
+#[test]
+fn the_job_reward_combines_its_tasks_rewards() {
+    let job = three_templates();
+    let reward = |values: &[f64]| {
+        values
+            .iter()
+            .enumerate()
+            .fold(None, |r: Option<RewardSummary>, (i, v)| {
+                Some(RewardSummary::fold(r.as_ref(), *v, Some(i as i64)))
+            })
+    };
+    let with = |values: &[f64]| {
+        Some(ObservedTask {
+            phase: Some(T::Running),
+            reward: reward(values),
+            ..Default::default()
+        })
+    };
+    let mut o = obs(
+        Some(J::Running),
+        vec![with(&[1.0, 3.0]), with(&[]), with(&[5.0])],
+    );
+    o.templates = vec!["actor".into(), "rollout".into(), "env".into()];
+    let d = decide(&o);
+    let s = next_status(&job, &o, &d, &PlacementOutcome::NotAttempted, &now(0));
+    assert_eq!(s.tasks[0].reward, reward(&[1.0, 3.0]));
+    assert_eq!(s.tasks[1].reward, None);
+    let combined = s.reward.expect("a job reward");
+    assert_eq!(
+        (combined.last, combined.mean, combined.count),
+        (4.0, 3.0, 3)
+    );
+    assert_eq!(combined.summary, "4/3");
+    // No task reported: no job reward.
+    let mut o = obs(Some(J::Running), vec![with(&[]), with(&[]), with(&[])]);
+    o.templates = vec!["actor".into(), "rollout".into(), "env".into()];
+    let s = next_status(
+        &job,
+        &o,
+        &decide(&o),
+        &PlacementOutcome::NotAttempted,
+        &now(0),
+    );
+    assert_eq!(s.reward, None);
 }
 
 #[test]
