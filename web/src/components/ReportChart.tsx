@@ -1,4 +1,4 @@
-import { useEffect, useState } from 'preact/hooks';
+import { useEffect, useRef, useState } from 'preact/hooks';
 import { ApiError, request } from '../api';
 import { addReport, overlay, RunRef, runKey, Series } from '../chart';
 import { lines } from '../watch';
@@ -45,19 +45,35 @@ async function follow(run: RunRef, signal: AbortSignal, update: (change: Partial
   }
 }
 
-/** The numeric reports of each of `runs`, followed live (in the order of `runs`). */
+/** The numeric reports of each of `runs`, followed live (in the order of `runs`). A run
+ * added later gets its own stream; the others keep theirs (and what they have shown). */
 export function useReports(runs: RunRef[]): RunReports[] {
   const key = runs.map(runKey).join(',');
   const [state, setState] = useState<Record<string, RunReports>>({});
+  const streams = useRef(new Map<string, AbortController>());
   useEffect(() => {
-    const controller = new AbortController();
-    setState({});
+    const wanted = new Set(runs.map(runKey));
+    for (const [k, controller] of streams.current) {
+      if (wanted.has(k)) continue;
+      controller.abort();
+      streams.current.delete(k);
+      setState(({ [k]: _, ...rest }) => rest);
+    }
     for (const run of runs) {
       const k = runKey(run);
+      if (streams.current.has(k)) continue;
+      const controller = new AbortController();
+      streams.current.set(k, controller);
       follow(run, controller.signal, (change) => setState((s) => ({ ...s, [k]: { ...(s[k] ?? { series: [], status: '' }), ...change } })));
     }
-    return () => controller.abort();
   }, [key]);
+  useEffect(
+    () => () => {
+      for (const controller of streams.current.values()) controller.abort();
+      streams.current.clear();
+    },
+    [],
+  );
   return runs.map((r) => state[runKey(r)] ?? { series: [], status: '' });
 }
 

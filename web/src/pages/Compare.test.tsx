@@ -50,7 +50,7 @@ describe('Compare', () => {
       { namespace: 'default', name: 'job-a-main' },
       { namespace: 'default', name: 'job-b-main' },
     ];
-    const { container, findByRole, getByRole } = render(<Compare runs={runs} />);
+    const { container, findByRole, getByRole, rerender } = render(<Compare runs={runs} />);
     await waitFor(() => expect(container.querySelectorAll('figure[data-series="reward"] polyline')).toHaveLength(2), { timeout: 3000 });
     const rewardChart = container.querySelector('figure[data-series="reward"]')!;
     expect([...rewardChart.querySelectorAll('polyline')].map((p) => p.getAttribute('data-run'))).toEqual(['default/job-a-main', 'default/job-b-main']);
@@ -74,6 +74,15 @@ describe('Compare', () => {
     fireEvent.input(getByRole('combobox', { name: 'Add a run (namespace/task)' }), { target: { value: 'job-c-main' } });
     fireEvent.click(getByRole('button', { name: 'Add run' }));
     expect(window.location.hash).toBe('#/compare?tasks=default/job-a-main,default/job-b-main,team/job-c-main');
+    // The route's new runs: b keeps its stream (and its line), a's ends, c's starts.
+    rerender(<Compare runs={[runs[1], { namespace: 'team', name: 'job-c-main' }]} />);
+    expect([...container.querySelectorAll('figure[data-series="reward"] polyline')].map((p) => p.getAttribute('data-run'))).toEqual(['default/job-b-main']);
+    await waitFor(() => expect(getByRole('row', { name: /team\/job-c-main/ })).toBeTruthy());
+    expect(fetch.mock.calls.map(([u]) => String(u)).filter((u) => u.includes('/reports'))).toEqual([
+      '/rlark/v1/namespaces/default/tasks/job-a-main/reports?follow=true',
+      '/rlark/v1/namespaces/default/tasks/job-b-main/reports?follow=true',
+      '/rlark/v1/namespaces/team/tasks/job-c-main/reports?follow=true',
+    ]);
   });
 });
 
