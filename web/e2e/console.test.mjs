@@ -769,6 +769,8 @@ test('reward charts: axes, hover values and several runs compared', { timeout: 2
     await page.getByRole('checkbox', { name: `Compare ${a.key}` }).check();
     assert.equal(await compareButton.isDisabled(), true, 'one run is not a comparison');
     await page.getByRole('checkbox', { name: `Compare ${b.key}` }).check();
+    await page.getByText(`2 ticked: ${a.key}, ${b.key}`).waitFor();
+    const tasksAudited = await keyboardAudit(page, 'the tasks page with two tasks ticked');
     await compareButton.click();
     await page.getByRole('heading', { name: 'Compare runs' }).waitFor();
     const compareUrl = page.url();
@@ -841,7 +843,7 @@ test('reward charts: axes, hover values and several runs compared', { timeout: 2
     assert.deepEqual(await page.locator('figure[data-series="reward"] polyline').evaluateAll((ps) => ps.map((p) => p.getAttribute('data-run'))), [a.key]);
 
     assert.deepEqual(cspViolations, [], 'Content-Security-Policy violations');
-    t.diagnostic(`compare page: ${audited} controls reached by Tab; reward x ticks ${xTicks.join(' ')}, y ticks ${yTicks.join(' ')}`);
+    t.diagnostic(`tasks page (two ticked): ${tasksAudited} and compare page: ${audited} controls reached by Tab; reward x ticks ${xTicks.join(' ')}, y ticks ${yTicks.join(' ')}`);
     for (const { job } of runs) {
       const r = await page.request.delete(`${url}/apis/rlinf.io/v1alpha1/jobs/${job}`, { headers: { 'X-Rlark-CSRF': csrfToken } });
       assert.ok([200, 202].includes(r.status()), await r.text());

@@ -80,7 +80,12 @@ export function launch(playwright) {
   return playwright.chromium.launch({
     executablePath: CHROMIUM,
     headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    args: [
+      '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync',
+      // A page fulfilled by the test (RLARK_E2E_SERVE_DIST=1) has no address of its own, so
+      // Chromium's local network access checks would refuse its WebSockets to 127.0.0.1.
+      ...(SERVE_DIST ? ['--disable-features=LocalNetworkAccessChecks'] : []),
+    ],
   });
 }
 
