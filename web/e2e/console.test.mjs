@@ -11,7 +11,7 @@ import { mkdtempSync, readFileSync, readdirSync, rmSync, statSync } from 'node:f
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { test } from 'node:test';
-import { ARTIFACTS, RLARK, ROOT, WEB, axeViolations, focused, freePort, keyboardAudit, launch, prerequisites, rlark, startUp, stopUp, tabFromTop, tabTo, waitFor, watchCspViolations } from './support.mjs';
+import { ARTIFACTS, RLARK, ROOT, WEB, axeViolations, consoleCheck, focused, freePort, keyboardAudit, launch, newContext, prerequisites, rlark, startUp, stopUp, tabFromTop, tabTo, waitFor, watchCspViolations } from './support.mjs';
 
 const VALID_JOB = `apiVersion: rlinf.io/v1alpha1
 kind: Job
@@ -72,7 +72,8 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     const kube = join(dataDir, 'data');
     browser = await launch(playwright);
     // The server's certificate is signed by the installation's own CA.
-    const admin = await browser.newContext({ ignoreHTTPSErrors: true });
+    const admin = await newContext(browser, url);
+    if (!(await consoleCheck(admin.request, url))) t.diagnostic('RLARK_E2E_SERVE_DIST=1: the console is loaded from web/dist, not from the binary');
     // Every Content-Security-Policy violation on the admin's pages (none is expected: the
     // policy has no 'unsafe-inline' and the app needs none), reported through a CDP binding.
     const cspViolations = [];
@@ -83,7 +84,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     // ---- login with the one-time link ----
     const started = Date.now();
     // A client that only loads the link (a link preview) does not spend it.
-    const preview = await browser.newContext({ ignoreHTTPSErrors: true });
+    const preview = await newContext(browser, url);
     const previewPage = await preview.newPage();
     await previewPage.goto(link);
     await previewPage.getByTestId('login-link').waitFor();
@@ -109,7 +110,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     assert.equal(cookies[0].sameSite, 'Strict');
     assert.equal(cookies[0].path, '/');
     // The link works once.
-    const reuse = await browser.newContext({ ignoreHTTPSErrors: true });
+    const reuse = await newContext(browser, url);
     const reusePage = await reuse.newPage();
     await reusePage.goto(link);
     await reusePage.getByTestId('login-link').click();
@@ -119,7 +120,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     // `rlark token login-link` makes another one for the kubeconfig's user.
     const cliLink = rlark(kube, 'token', 'login-link');
     assert.match(cliLink, new RegExp(`^${url.replace(/[.]/g, '\\.')}/#login=[0-9a-f]{64}$`));
-    const second = await browser.newContext({ ignoreHTTPSErrors: true });
+    const second = await newContext(browser, url);
     const secondPage = await second.newPage();
     await secondPage.goto(cliLink);
     await secondPage.getByTestId('login-link').click();
@@ -306,7 +307,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     for (const step of [4, 5]) await post(step);
     // The chart grows without a reload.
     await page.locator('figure[data-series="reward"][data-points="5"]').waitFor({ timeout: 15_000 });
-    assert.match(await chart.locator('figcaption').textContent(), /last 7\.500/);
+    assert.match(await chart.locator('figcaption').textContent(), /last 7\.5 \(min 1\.5, max 7\.5\)/);
     await shot('reward-chart');
 
     // ---- the task HTTP proxy: a button opens a port of the replica in a new tab, on the ----
@@ -505,7 +506,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     await page.getByRole('table', { name: 'Certificates' }).getByRole('row').nth(1).waitFor();
     assert.deepEqual(await axeViolations(page), [], 'accessibility of the admin page');
     await shot('admin');
-    const tess = await browser.newContext({ ignoreHTTPSErrors: true });
+    const tess = await newContext(browser, url);
     const tpage = await tess.newPage();
     await tpage.goto(url + '/');
     await tpage.getByLabel('Bearer token').fill(tessToken);
@@ -561,7 +562,7 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
 
     // ---- a viewer: reads everything, no write buttons, a forged write is refused ----
     const viewerToken = rlark(kube, 'token', 'create', '--user', 'vera', '--role', 'viewer');
-    const viewer = await browser.newContext({ ignoreHTTPSErrors: true });
+    const viewer = await newContext(browser, url);
     const vpage = await viewer.newPage();
     await vpage.goto(url + '/');
     await vpage.getByLabel('Bearer token').fill(viewerToken);
@@ -653,6 +654,200 @@ test('the console in a real browser against rlark up', { timeout: 300_000 }, asy
     t.diagnostic(
       `console bundle: ${(firstLoad / 1024).toFixed(1)} KiB loaded first, ${(everything / 1024).toFixed(1)} KiB with the terminal (uncompressed); first load to logged-in overview: ${firstLoadMs} ms`,
     );
+  } catch (error) {
+    const { out, err } = up.output();
+    t.diagnostic(`rlark up stdout:\n${out}\nstderr (tail):\n${err.slice(-4000)}`);
+    throw error;
+  } finally {
+    if (browser) await browser.close();
+    await stopUp(up);
+    rmSync(dataDir, { recursive: true, force: true });
+  }
+});
+
+// A training run that reports: posts `rewardAt(scale, k)` at step 10k (k = 1..POSTS) and a
+// loss, with the environment the agent gives a raw replica (RLARK_REPORT_URL, RLARK_TOKEN,
+// RLARK_CA_FILE), then sleeps so the task stays Running (bounded: 10 minutes).
+const POSTS = 12;
+const rewardAt = (scale, k) => Number((scale * k + 0.1 * Math.sin(k)).toFixed(6));
+/** A value as the console prints it: four significant digits, no trailing zeros. */
+const fmt = (v) => String(Number(v.toPrecision(4)));
+const REPORTER = `
+import json, math, os, ssl, sys, time, urllib.request
+scale = float(sys.argv[1])
+ctx = ssl.create_default_context(cafile=os.environ["RLARK_CA_FILE"])
+def post(report):
+    request = urllib.request.Request(os.environ["RLARK_REPORT_URL"], data=json.dumps(report).encode(), method="POST",
+        headers={"Authorization": "Bearer " + os.environ["RLARK_TOKEN"], "Content-Type": "application/json"})
+    for attempt in range(40):
+        try:
+            urllib.request.urlopen(request, context=ctx, timeout=10).read()
+            return
+        except Exception as e:
+            print("retrying a report:", e, flush=True)
+            time.sleep(0.5)
+    sys.exit("a report could not be posted")
+for k in range(1, ${POSTS} + 1):
+    post({"type": "reward", "step": 10 * k, "value": round(scale * k + 0.1 * math.sin(k), 6)})
+    post({"type": "metrics", "step": 10 * k, "loss": round(1.0 / (k * scale), 6)})
+print("posted ${POSTS} rewards", flush=True)
+time.sleep(600)
+`;
+const REPORTING_JOB = (name, scale) => ({
+  apiVersion: 'rlinf.io/v1alpha1',
+  kind: 'Job',
+  metadata: { name },
+  spec: { tasks: [{ name: 'train', agentType: 'Raw', role: 'Actor', raw: { entrypoint: ['python3', '-c', REPORTER, String(scale)], replicas: 1 } }] },
+});
+
+test('reward charts: axes, hover values and several runs compared', { timeout: 240_000 }, async (t) => {
+  const { playwright, skip } = await prerequisites();
+  if (skip) return t.skip(skip);
+  const dataDir = mkdtempSync(join(tmpdir(), 'rlark-e2e-chart-'));
+  const port = await freePort();
+  const up = startUp(join(dataDir, 'data'), port);
+  let browser;
+  try {
+    const { link, url } = await up.ready;
+    browser = await launch(playwright);
+    const admin = await newContext(browser, url);
+    if (!(await consoleCheck(admin.request, url))) t.diagnostic('RLARK_E2E_SERVE_DIST=1: the console is loaded from web/dist, not from the binary');
+    const cspViolations = [];
+    await watchCspViolations(admin, cspViolations);
+    const page = await admin.newPage();
+    const shot = (name) => page.screenshot({ path: join(ARTIFACTS, `${name}.png`), fullPage: true });
+    await page.goto(link);
+    await page.getByTestId('login-link').click();
+    await page.getByTestId('user').waitFor();
+
+    // ---- two Jobs whose tasks post rewards and a loss ----
+    const { csrfToken } = await (await page.request.get(`${url}/rlark/v1/console/session`)).json();
+    const runs = [
+      { job: 'e2e-ppo-a', scale: 0.5 },
+      { job: 'e2e-ppo-b', scale: 0.25 },
+    ];
+    for (const { job, scale } of runs) {
+      const r = await page.request.post(`${url}/apis/rlinf.io/v1alpha1/jobs`, { data: REPORTING_JOB(job, scale), headers: { 'X-Rlark-CSRF': csrfToken } });
+      assert.equal(r.status(), 201, await r.text());
+    }
+    const namespaceOf = async (job) => {
+      let items = [];
+      const end = Date.now() + 60_000;
+      while (items.length === 0 && Date.now() < end) {
+        items = (await (await page.request.get(`${url}/apis/rlinf.io/v1alpha1/tasks?labelSelector=rlinf.io/job=${job}`)).json()).items;
+        if (items.length === 0) await page.waitForTimeout(250);
+      }
+      assert.equal(items.length, 1, `Job ${job} has one Task`);
+      return items[0].metadata.namespace;
+    };
+    for (const run of runs) {
+      run.task = `${run.job}-train`;
+      run.key = `${await namespaceOf(run.job)}/${run.task}`;
+    }
+    const [a, b] = runs;
+
+    // ---- the task page: its chart with axes, above the log ----
+    await page.goto(`${url}/#/tasks/${a.key}`);
+    await page.getByRole('heading', { name: new RegExp(`Task ${a.task}`) }).waitFor();
+    await page.locator(`figure[data-series="reward"][data-points="${POSTS}"]`).waitFor({ timeout: 90_000 });
+    const taskChart = page.locator('figure[data-series="reward"]');
+    assert.equal(await taskChart.locator('figcaption strong').textContent(), 'reward');
+    const caption = await taskChart.locator('figcaption').textContent();
+    assert.ok(caption.startsWith(`reward: ${POSTS} points, last ${fmt(rewardAt(0.5, POSTS))} (min `), caption);
+    await page.getByRole('button', { name: `Show log of ${a.task}-0` }).waitFor({ timeout: 30_000 });
+    await page.getByTestId('log').filter({ hasText: `posted ${POSTS} rewards` }).waitFor({ timeout: 30_000 });
+    const chartBox = await page.getByRole('region', { name: 'Rewards and metrics' }).boundingBox();
+    const logBox = await page.getByRole('region', { name: /^Log of / }).boundingBox();
+    assert.ok(chartBox.y + chartBox.height <= logBox.y, `the chart comes before the log: ${JSON.stringify({ chartBox, logBox })}`);
+    await shot('task-reward-chart');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the task page with charts');
+
+    // ---- the Tasks list: tick both, Compare rewards ----
+    await page.getByRole('link', { name: 'Tasks', exact: true }).click();
+    await page.getByLabel('Filter tasks by name').fill('e2e-ppo-');
+    const compareButton = page.getByRole('button', { name: 'Compare rewards' });
+    await page.getByRole('checkbox', { name: `Compare ${a.key}` }).check();
+    assert.equal(await compareButton.isDisabled(), true, 'one run is not a comparison');
+    await page.getByRole('checkbox', { name: `Compare ${b.key}` }).check();
+    await page.getByText(`2 ticked: ${a.key}, ${b.key}`).waitFor();
+    const tasksAudited = await keyboardAudit(page, 'the tasks page with two tasks ticked');
+    await compareButton.click();
+    await page.getByRole('heading', { name: 'Compare runs' }).waitFor();
+    const compareUrl = page.url();
+    assert.ok(compareUrl.endsWith(`#/compare?tasks=${a.key},${b.key}`), compareUrl);
+
+    // ---- the overlay: a line per run, axes with round ticks, a legend ----
+    const reward = page.locator(`figure[data-series="reward"][data-runs="2"][data-points="${2 * POSTS}"]`);
+    await reward.waitFor({ timeout: 30_000 });
+    await page.locator('figure[data-series="metrics.loss"][data-runs="2"]').waitFor({ timeout: 30_000 });
+    const lines = await reward.locator('polyline').evaluateAll((ps) => ps.map((p) => [p.getAttribute('data-run'), p.getAttribute('points').split(' ').length, getComputedStyle(p).stroke]));
+    assert.deepEqual(lines.map(([run, n]) => [run, n]), [
+      [a.key, POSTS],
+      [b.key, POSTS],
+    ]);
+    assert.notEqual(lines[0][2], lines[1][2], 'each run has its own colour');
+    assert.deepEqual(await reward.getByRole('list', { name: 'Runs in reward' }).getByRole('listitem').allTextContents(), [a.key, b.key]);
+    assert.equal(await reward.locator('[data-axis="x"] .chart-axis-label').textContent(), 'step');
+    const xTicks = (await reward.locator('[data-axis="x"] .chart-tick').allTextContents()).map(Number);
+    assert.ok(xTicks.length >= 3, `x ticks: ${xTicks}`);
+    const xStep = xTicks[1] - xTicks[0];
+    assert.ok([1, 2, 5].some((m) => [1, 10, 100].some((p) => xStep === m * p)), `a 1-2-5 step between x ticks: ${xTicks}`);
+    assert.ok(xTicks[0] >= 10 && xTicks[xTicks.length - 1] <= 10 * POSTS, `x ticks within the steps: ${xTicks}`);
+    const yTicks = await reward.locator('[data-axis="y"] .chart-tick').allTextContents();
+    assert.ok(yTicks.length >= 3, `y ticks: ${yTicks}`);
+    for (const tick of yTicks) assert.match(tick, /^-?\d+(\.\d{1,3})?$/, `a short y tick label: ${yTicks}`);
+
+    // ---- hover: every run's value at the nearest step ----
+    const plot = reward.getByRole('img');
+    const box = await plot.boundingBox();
+    // The view box is 640 wide with the plot from x 58 to 624: the middle step is 10 * 6 or 10 * 7.
+    await page.mouse.move(box.x + box.width * ((58 + (624 - 58) * (5.1 / 11)) / 640), box.y + box.height / 2);
+    const hover = reward.locator('.chart-hover');
+    await hover.waitFor({ timeout: 5_000 });
+    const step = Number(await hover.getAttribute('data-step'));
+    assert.equal(step, 60, 'the nearest step to the pointer');
+    const expected = `step 60: ${a.key}: ${fmt(rewardAt(0.5, 6))}, ${b.key}: ${fmt(rewardAt(0.25, 6))}`;
+    assert.equal(await page.getByTestId('readout-reward').textContent(), expected);
+    assert.deepEqual(await hover.locator('text').allTextContents(), ['step 60', `${a.key}: ${fmt(rewardAt(0.5, 6))}`, `${b.key}: ${fmt(rewardAt(0.25, 6))}`]);
+    assert.equal(await hover.locator('circle').count(), 2, 'a marker on each line');
+    await shot('compare-rewards');
+    await page.mouse.move(0, 0);
+    await hover.waitFor({ state: 'detached', timeout: 5_000 });
+
+    // ---- the keyboard: the chart takes the focus, the arrow keys move along the steps ----
+    await tabFromTop(page, new RegExp(`^reward by step for ${a.key.replace(/[.]/g, '\\.')}`));
+    await page.getByTestId('readout-reward').filter({ hasText: `step ${10 * POSTS}: ` }).waitFor({ timeout: 5_000 });
+    await page.keyboard.press('ArrowLeft');
+    await page.getByTestId('readout-reward').filter({ hasText: `step ${10 * (POSTS - 1)}: ${a.key}: ${fmt(rewardAt(0.5, POSTS - 1))}` }).waitFor({ timeout: 5_000 });
+    await page.keyboard.press('Home');
+    await page.getByTestId('readout-reward').filter({ hasText: `step 10: ${a.key}: ${fmt(rewardAt(0.5, 1))}, ${b.key}: ${fmt(rewardAt(0.25, 1))}` }).waitFor({ timeout: 5_000 });
+    const audited = await keyboardAudit(page, 'the compare page');
+    assert.deepEqual(await axeViolations(page), [], 'accessibility of the compare page');
+
+    // ---- the link is shareable: opened anew it shows the same runs ----
+    const shared = await admin.newPage();
+    await shared.goto(compareUrl);
+    await shared.locator(`figure[data-series="reward"][data-runs="2"][data-points="${2 * POSTS}"]`).waitFor({ timeout: 30_000 });
+    await shared.close();
+
+    // ---- from a task page: compare with other runs, adding one by name ----
+    await page.goto(`${url}/#/tasks/${b.key}`);
+    await page.getByRole('link', { name: 'Compare with other runs' }).click();
+    await page.locator(`figure[data-series="reward"][data-runs="1"][data-points="${POSTS}"]`).waitFor({ timeout: 30_000 });
+    await page.getByLabel('Add a run (namespace/task)').fill(a.key);
+    await page.getByRole('button', { name: 'Add run' }).click();
+    await page.locator(`figure[data-series="reward"][data-runs="2"][data-points="${2 * POSTS}"]`).waitFor({ timeout: 30_000 });
+    assert.ok(page.url().endsWith(`#/compare?tasks=${b.key},${a.key}`), page.url());
+    await page.getByRole('button', { name: `Remove ${b.key} from the comparison` }).click();
+    await page.locator(`figure[data-series="reward"][data-runs="1"][data-points="${POSTS}"] polyline[data-run="${a.key}"]`).waitFor({ timeout: 30_000 });
+    assert.deepEqual(await page.locator('figure[data-series="reward"] polyline').evaluateAll((ps) => ps.map((p) => p.getAttribute('data-run'))), [a.key]);
+
+    assert.deepEqual(cspViolations, [], 'Content-Security-Policy violations');
+    t.diagnostic(`tasks page (two ticked): ${tasksAudited} and compare page: ${audited} controls reached by Tab; reward x ticks ${xTicks.join(' ')}, y ticks ${yTicks.join(' ')}`);
+    for (const { job } of runs) {
+      const r = await page.request.delete(`${url}/apis/rlinf.io/v1alpha1/jobs/${job}`, { headers: { 'X-Rlark-CSRF': csrfToken } });
+      assert.ok([200, 202].includes(r.status()), await r.text());
+    }
   } catch (error) {
     const { out, err } = up.output();
     t.diagnostic(`rlark up stdout:\n${out}\nstderr (tail):\n${err.slice(-4000)}`);

@@ -33,12 +33,59 @@ export async function prerequisites() {
   }
 }
 
+// The console the binary serves is web/dist as it was when the binary was built. A binary
+// built before web/ changed (RLARK_BIN pointing at an older build) serves an older console:
+// `consoleCheck` stops the test and says so, unless RLARK_E2E_SERVE_DIST=1, which has the
+// browser load the console's files (`/`, `/assets/*`, `/favicon.svg`) from web/dist instead,
+// with the server's own response headers (its Content-Security-Policy included); the API,
+// the streams and the login are the server's as ever.
+export const SERVE_DIST = process.env.RLARK_E2E_SERVE_DIST === '1';
+
+/** Whether `url` serves the console in web/dist; throws when it does not and
+ * RLARK_E2E_SERVE_DIST=1 is not set. `request` is a playwright APIRequestContext. */
+export async function consoleCheck(request, url) {
+  const served = await (await request.get(`${url}/`)).text();
+  const built = readFileSync(join(WEB, 'dist', 'index.html'), 'utf8');
+  if (served === built) return true;
+  if (SERVE_DIST) return false;
+  throw new Error(
+    `${RLARK} serves a console built from other sources than web/dist (its index.html differs): rebuild the binary (cargo build -p rlark), or set RLARK_E2E_SERVE_DIST=1 to have the browser load web/dist (with the server's headers)`,
+  );
+}
+
+const TYPES = { '.html': 'text/html; charset=utf-8', '.js': 'text/javascript', '.css': 'text/css', '.svg': 'image/svg+xml' };
+
+/** A browser context for the console at `url` (its CA is the installation's own); with
+ * RLARK_E2E_SERVE_DIST=1 its console files come from web/dist (above). */
+export async function newContext(browser, url) {
+  const context = await browser.newContext({ ignoreHTTPSErrors: true });
+  if (!SERVE_DIST) return context;
+  const origin = new URL(url).origin;
+  const isConsoleFile = (u) => u.origin === origin && (u.pathname === '/' || u.pathname === '/favicon.svg' || u.pathname.startsWith('/assets/'));
+  await context.route(isConsoleFile, async (route) => {
+    const { pathname } = new URL(route.request().url());
+    const file = join(WEB, 'dist', pathname === '/' ? 'index.html' : pathname.slice(1));
+    if (!pathname.split('/').every((part) => part !== '..') || !existsSync(file)) return route.fulfill({ status: 404, body: 'not found' });
+    // The page's headers as the server sends them.
+    const headers = (await route.fetch({ url: `${origin}/` })).headers();
+    headers['content-type'] = TYPES[file.slice(file.lastIndexOf('.'))] ?? 'application/octet-stream';
+    delete headers['content-length'];
+    await route.fulfill({ status: 200, headers, body: readFileSync(file) });
+  });
+  return context;
+}
+
 /** Debian's Chromium, headless, with a fresh profile (playwright's default). */
 export function launch(playwright) {
   return playwright.chromium.launch({
     executablePath: CHROMIUM,
     headless: true,
-    args: ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync'],
+    args: [
+      '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run', '--disable-background-networking', '--disable-component-update', '--disable-sync',
+      // A page fulfilled by the test (RLARK_E2E_SERVE_DIST=1) has no address of its own, so
+      // Chromium's local network access checks would refuse its WebSockets to 127.0.0.1.
+      ...(SERVE_DIST ? ['--disable-features=LocalNetworkAccessChecks'] : []),
+    ],
   });
 }
 

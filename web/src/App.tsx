@@ -1,6 +1,8 @@
 import { useEffect, useState } from 'preact/hooks';
 import { currentSession, logout, onUnauthorized, Session } from './api';
+import { parseRuns } from './chart';
 import { Admin } from './pages/Admin';
+import { Compare } from './pages/Compare';
 import { Create } from './pages/Create';
 import { Devices } from './pages/Devices';
 import { DomainDetail, Domains } from './pages/Domains';
@@ -12,7 +14,7 @@ import { SshKeys } from './pages/SshKeys';
 import { TaskDetail } from './pages/TaskDetail';
 import { Tasks } from './pages/Tasks';
 import { WorkflowDetail, Workflows } from './pages/Workflows';
-import { href, useRoute } from './router';
+import { currentQuery, href, useRoute } from './router';
 
 export function App() {
   const [session, setSession] = useState<Session | null | undefined>(undefined);
@@ -52,6 +54,9 @@ export function App() {
       break;
     case 'tasks':
       content = a && b ? <TaskDetail namespace={a} name={b} session={session} /> : <Tasks />;
+      break;
+    case 'compare':
+      content = <Compare runs={parseRuns(currentQuery().get('tasks'))} />;
       break;
     case 'domains':
       content = a ? <DomainDetail name={a} /> : <Domains />;

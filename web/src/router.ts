@@ -8,6 +8,13 @@ export function currentRoute(): string[] {
   return hash.split('?')[0].split('/').filter(Boolean).map(decodeURIComponent);
 }
 
+/** The route's query (`#/compare?tasks=...`). */
+export function currentQuery(): URLSearchParams {
+  const hash = window.location.hash;
+  const q = hash.indexOf('?');
+  return new URLSearchParams(q >= 0 ? hash.slice(q + 1) : '');
+}
+
 export function useRoute(): string[] {
   const [route, setRoute] = useState(currentRoute());
   useEffect(() => {

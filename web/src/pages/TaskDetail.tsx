@@ -7,6 +7,7 @@ import { Events } from '../components/Events';
 import { Logs } from '../components/Logs';
 import { ReportChart } from '../components/ReportChart';
 import { TaskAppButton } from '../components/TaskAppButton';
+import { compareHref } from '../chart';
 import { mayReach, parsePort } from '../proxy';
 import { href } from '../router';
 import { useWatch, useWatchOne } from '../watch';
@@ -138,6 +139,12 @@ export function TaskDetail({ namespace, name, session }: { namespace: string; na
         <dt>Message</dt>
         <dd>{task.status?.message ?? '—'}</dd>
       </dl>
+      <Section title="Rewards and metrics">
+        <p>
+          <a href={compareHref([{ namespace, name }])}>Compare with other runs</a>
+        </p>
+        <ReportChart namespace={namespace} task={name} />
+      </Section>
       <Section title="Replicas">
         <table aria-label="Replicas">
           <thead>
@@ -184,9 +191,6 @@ export function TaskDetail({ namespace, name, session }: { namespace: string; na
         </Section>
       ) : null}
       {mayReach(session, jobObject) ? <WebApps task={task} pods={podItems} /> : null}
-      <Section title="Rewards and metrics">
-        <ReportChart namespace={namespace} task={name} />
-      </Section>
       <Section title="Conditions">
         <Conditions conditions={task.status?.conditions} />
       </Section>
