@@ -765,6 +765,12 @@ test('reward charts: axes, hover values and several runs compared', { timeout: 2
     // ---- the Tasks list: tick both, Compare rewards ----
     await page.getByRole('link', { name: 'Tasks', exact: true }).click();
     await page.getByLabel('Filter tasks by name').fill('e2e-ppo-');
+    // Each row's reward summary (status.reward.summary, folded by the server): last/mean.
+    const meanOf = (scale) => Array.from({ length: POSTS }, (_, i) => rewardAt(scale, i + 1)).reduce((x, y) => x + y, 0) / POSTS;
+    for (const { task, scale } of runs) {
+      const cell = page.getByRole('row').filter({ hasText: task }).locator('[data-reward]');
+      await cell.filter({ hasText: `${fmt(rewardAt(scale, POSTS))}/${fmt(meanOf(scale))}` }).waitFor({ timeout: 30_000 });
+    }
     const compareButton = page.getByRole('button', { name: 'Compare rewards' });
     await page.getByRole('checkbox', { name: `Compare ${a.key}` }).check();
     assert.equal(await compareButton.isDisabled(), true, 'one run is not a comparison');

@@ -14,9 +14,11 @@ export interface VirtualListProps<T> {
   render: (item: T, index: number) => ComponentChildren;
   label: string;
   overscan?: number;
+  /** Extra class of every row (the header's own class is the caller's), e.g. a column layout. */
+  rowClass?: string;
 }
 
-export function VirtualList<T>({ items, rowHeight, height, header, render, label, overscan = 10 }: VirtualListProps<T>) {
+export function VirtualList<T>({ items, rowHeight, height, header, render, label, overscan = 10, rowClass }: VirtualListProps<T>) {
   const [scrollTop, setScrollTop] = useState(0);
   const first = Math.max(0, Math.floor(scrollTop / rowHeight) - overscan);
   const last = Math.min(items.length, Math.ceil((scrollTop + height) / rowHeight) + overscan);
@@ -34,7 +36,7 @@ export function VirtualList<T>({ items, rowHeight, height, header, render, label
         <div class="vlist-canvas" style={{ height: `${items.length * rowHeight}px` }}>
           {visible.map((item, i) => (
             <div
-              class="vlist-row"
+              class={rowClass ? `vlist-row ${rowClass}` : 'vlist-row'}
               role="row"
               aria-rowindex={first + i + 1}
               key={first + i}

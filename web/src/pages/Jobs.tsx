@@ -53,12 +53,14 @@ export function Jobs() {
         items={items}
         rowHeight={36}
         height={600}
+        rowClass="with-reward"
         header={
-          <div class="vlist-row vlist-head" role="row">
+          <div class="vlist-row vlist-head with-reward" role="row">
             <span role="columnheader">Name</span>
             <span role="columnheader">Phase</span>
             <span role="columnheader">Tasks</span>
             <span role="columnheader">Domain</span>
+            <span role="columnheader" title="The newest and the mean reward of the job's tasks">Reward (last/mean)</span>
             <span role="columnheader">Age</span>
           </div>
         }
@@ -72,6 +74,7 @@ export function Jobs() {
             </span>
             <span role="cell">{(job.status?.tasks ?? []).map((t: any) => `${t.name}:${t.phase ?? 'Pending'}`).join(' ')}</span>
             <span role="cell">{job.spec?.domain ?? ''}</span>
+            <span role="cell" data-reward>{job.status?.reward?.summary ?? ''}</span>
             <span role="cell">{age(job)}</span>
           </>
         )}
@@ -95,6 +98,7 @@ export function TaskTable({ labelSelector }: { labelSelector: string }) {
             <th scope="col">Replicas (ready/succeeded/failed of desired)</th>
             <th scope="col">Cluster</th>
             <th scope="col">Nodes</th>
+            <th scope="col">Reward (last/mean)</th>
             <th scope="col">Message</th>
           </tr>
         </thead>
@@ -112,6 +116,7 @@ export function TaskTable({ labelSelector }: { labelSelector: string }) {
               </td>
               <td>{t.spec?.placement?.clusterID ?? ''}</td>
               <td>{(t.spec?.placement?.nodes ?? []).join(', ')}</td>
+              <td>{t.status?.reward?.summary ?? ''}</td>
               <td>{t.status?.message ?? ''}</td>
             </tr>
           ))}

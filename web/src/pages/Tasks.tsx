@@ -42,12 +42,14 @@ export function Tasks() {
         items={items}
         rowHeight={36}
         height={600}
+        rowClass="with-reward"
         header={
-          <div class="vlist-row vlist-head" role="row">
+          <div class="vlist-row vlist-head with-reward" role="row">
             <span role="columnheader">Task</span>
             <span role="columnheader">Phase</span>
             <span role="columnheader">Replicas (ready of desired)</span>
             <span role="columnheader">Cluster</span>
+            <span role="columnheader" title="The newest and the mean reward the task reported">Reward (last/mean)</span>
             <span role="columnheader">Age</span>
           </div>
         }
@@ -66,6 +68,7 @@ export function Tasks() {
               {t.status?.readyReplicas ?? 0} of {t.status?.replicas ?? '?'}
             </span>
             <span role="cell">{t.spec?.placement?.clusterID ?? ''}</span>
+            <span role="cell" data-reward>{t.status?.reward?.summary ?? ''}</span>
             <span role="cell">{age(t)}</span>
           </>
           );
