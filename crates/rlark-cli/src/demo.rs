@@ -133,15 +133,20 @@ const PYTHON_PACKAGES: [(&str, &str); 23] = [
     ),
 ];
 
-/// The Workflow the demo follows.
-const WORKFLOW: &str = "demo";
+/// The Workflow the demo follows, unless `--demo-name` names another.
+pub(crate) const WORKFLOW: &str = "demo";
 /// The Domain its Job joins where the hosts have a pod network.
 const DOMAIN: &str = "demo";
 /// The task that learns, and the one whose replicas drive the arms.
 const LEARNER_TASK: &str = "learner";
 const ROLLOUT_TASK: &str = "rollout";
-/// The Task whose reports are the reward curve.
-const LEARNER: &str = "demo-train-learner";
+/// The Job template (of the Workflow) whose tasks learn and roll out.
+const TRAIN_JOB: &str = "train";
+
+/// The Task whose reports are the reward curve: `<workflow>-train-learner`.
+fn learner(workflow: &str) -> String {
+    format!("{workflow}-{TRAIN_JOB}-{LEARNER_TASK}")
+}
 
 /// How much the learner's mean return must rise from the first iteration to the last for
 /// the demo to count as having learned (returns are minus radians of distance to the goal;
@@ -182,6 +187,9 @@ pub(crate) struct DemoOptions {
     pub network: DemoNetwork,
     /// The interpreter of the tasks, as [`super::demo_python::resolve`] returned it.
     pub python: PathBuf,
+    /// The Workflow's name (`--demo-name`): a run replaces the earlier run of its name
+    /// only, so runs of different names stay side by side (`rlark reports --compare`).
+    pub name: String,
 }
 
 /// The network the demo runs on, once chosen.
@@ -220,11 +228,13 @@ pub(crate) async fn run(
     let client = session.client.clone();
     let python_path = install_python(data_dir)?;
     let catalog = Catalog::discover(&client).await?;
+    let workflow = options.name.as_str();
     let mut manifests = manifests()?;
-    let jobs = job_names(&manifests);
+    rename_workflow(&mut manifests, workflow);
+    let jobs = job_names(&manifests, workflow);
 
     tokio::select! {
-        result = remove_earlier_run(&client, &jobs) => result?,
+        result = remove_earlier_run(&client, workflow, &jobs) => result?,
         () = shutdown.cancelled() => bail!("interrupted"),
     }
     let network = tokio::select! {
@@ -262,8 +272,8 @@ pub(crate) async fn run(
     }
     println!();
     tokio::select! {
-        result = follow(&client, &jobs, options.timeout) => result,
-        () = shutdown.cancelled() => bail!("interrupted before workflow {WORKFLOW} ended"),
+        result = follow(&client, workflow, &jobs, options.timeout) => result,
+        () = shutdown.cancelled() => bail!("interrupted before workflow {workflow} ended"),
     }
 }
 
@@ -431,42 +441,55 @@ fn prepare(manifests: &mut Vec<Manifest>, python_path: &Path, python: &Path, net
     }
 }
 
+/// Name the embedded Workflow `workflow` (its Jobs become `<workflow>-<template>`).
+fn rename_workflow(manifests: &mut [Manifest], workflow: &str) {
+    for manifest in manifests.iter_mut().filter(|m| m.kind() == "Workflow") {
+        if let Some(name) = manifest.object.pointer_mut("/metadata/name") {
+            *name = Value::String(workflow.to_string());
+        }
+    }
+}
+
 /// Names of the Jobs the demo Workflow creates: `<workflow>-<template>`.
-fn job_names(manifests: &[Manifest]) -> Vec<String> {
+fn job_names(manifests: &[Manifest], workflow: &str) -> Vec<String> {
     manifests
         .iter()
-        .filter(|m| m.kind() == "Workflow" && m.name() == WORKFLOW)
+        .filter(|m| m.kind() == "Workflow" && m.name() == workflow)
         .flat_map(|m| {
             m.object["spec"]["jobTemplates"]
                 .as_array()
                 .cloned()
                 .unwrap_or_default()
         })
-        .filter_map(|t| t["name"].as_str().map(|n| format!("{WORKFLOW}-{n}")))
+        .filter_map(|t| t["name"].as_str().map(|n| format!("{workflow}-{n}")))
         .collect()
 }
 
-/// Delete a Workflow `demo` of an earlier run and wait until it, its Jobs and their Tasks
-/// are gone.
-async fn remove_earlier_run(client: &kube::Client, jobs: &[String]) -> anyhow::Result<()> {
+/// Delete the Workflow `workflow` of an earlier run and wait until it, its Jobs and their
+/// Tasks are gone.
+async fn remove_earlier_run(
+    client: &kube::Client,
+    workflow: &str,
+    jobs: &[String],
+) -> anyhow::Result<()> {
     let workflows: Api<Workflow> = Api::all(client.clone());
     if workflows
-        .get_opt(WORKFLOW)
+        .get_opt(workflow)
         .await
         .context("get the demo workflow")?
         .is_none()
     {
         return Ok(());
     }
-    println!("Removing workflow {WORKFLOW} of an earlier run...");
-    match workflows.delete(WORKFLOW, &DeleteParams::default()).await {
+    println!("Removing workflow {workflow} of an earlier run...");
+    match workflows.delete(workflow, &DeleteParams::default()).await {
         Ok(_) => {}
         Err(kube::Error::Api(status)) if status.code == 404 => {}
         Err(e) => return Err(anyhow::Error::new(e).context("delete the earlier demo workflow")),
     }
     let deadline = Instant::now() + CLEANUP_TIMEOUT;
     loop {
-        let workflow_left = workflows.get_opt(WORKFLOW).await?.is_some();
+        let workflow_left = workflows.get_opt(workflow).await?.is_some();
         let jobs_left = Api::<Job>::all(client.clone())
             .list(&ListParams::default())
             .await?
@@ -479,7 +502,7 @@ async fn remove_earlier_run(client: &kube::Client, jobs: &[String]) -> anyhow::R
         }
         if Instant::now() >= deadline {
             bail!(
-                "the workflow {WORKFLOW} of an earlier run is still being deleted after {}s",
+                "the workflow {workflow} of an earlier run is still being deleted after {}s",
                 CLEANUP_TIMEOUT.as_secs()
             );
         }
@@ -652,7 +675,12 @@ async fn task_view(client: &kube::Client, task: &Task) -> anyhow::Result<TaskVie
 }
 
 /// Follow the Workflow until it ends or `timeout` passes, printing each change.
-async fn follow(client: &kube::Client, jobs: &[String], timeout: Duration) -> anyhow::Result<()> {
+async fn follow(
+    client: &kube::Client,
+    name: &str,
+    jobs: &[String],
+    timeout: Duration,
+) -> anyhow::Result<()> {
     let workflows: Api<Workflow> = Api::all(client.clone());
     let started = Instant::now();
     let mut shown_phase = String::new();
@@ -660,9 +688,9 @@ async fn follow(client: &kube::Client, jobs: &[String], timeout: Duration) -> an
     let mut stdout = std::io::stdout();
     loop {
         let workflow = workflows
-            .get(WORKFLOW)
+            .get(name)
             .await
-            .with_context(|| format!("get workflow {WORKFLOW}"))?;
+            .with_context(|| format!("get workflow {name}"))?;
         let status = workflow.status.clone().unwrap_or_default();
         let phase = status.phase.unwrap_or(WorkflowPhase::Pending);
         let mut views = Vec::new();
@@ -672,7 +700,7 @@ async fn follow(client: &kube::Client, jobs: &[String], timeout: Duration) -> an
         let elapsed = format!("[{:5.1}s]", started.elapsed().as_secs_f64());
         if phase.to_string() != shown_phase {
             shown_phase = phase.to_string();
-            writeln!(stdout, "{elapsed} workflow {WORKFLOW}: {shown_phase}")?;
+            writeln!(stdout, "{elapsed} workflow {name}: {shown_phase}")?;
         }
         for view in &views {
             let due = match shown.get(&view.name) {
@@ -693,22 +721,23 @@ async fn follow(client: &kube::Client, jobs: &[String], timeout: Duration) -> an
             WorkflowPhase::Succeeded | WorkflowPhase::Failed | WorkflowPhase::Stopped
         );
         if finished {
-            print_summary(&views, phase, started.elapsed());
+            print_summary(name, &views, phase, started.elapsed());
+            let learner = learner(name);
             let curve = views
                 .iter()
-                .find(|v| v.name == LEARNER)
+                .find(|v| v.name == learner)
                 .map(|v| v.rewards.as_slice())
                 .unwrap_or_default();
-            print_curve(curve);
+            print_curve(&learner, curve);
             if phase == WorkflowPhase::Succeeded {
                 return check_learning(curve);
             }
-            bail!("{}", failure_message(phase, &status, &views));
+            bail!("{}", failure_message(name, phase, &status, &views));
         }
         if started.elapsed() >= timeout {
-            print_summary(&views, phase, started.elapsed());
+            print_summary(name, &views, phase, started.elapsed());
             let mut message = format!(
-                "workflow {WORKFLOW} did not finish within {}s (phase {phase})",
+                "workflow {name} did not finish within {}s (phase {phase})",
                 timeout.as_secs()
             );
             if let Some(detail) = task_problem(&views) {
@@ -741,11 +770,12 @@ fn task_problem(views: &[TaskView]) -> Option<String> {
 }
 
 fn failure_message(
+    workflow: &str,
     phase: WorkflowPhase,
     status: &rlark_api::types::WorkflowStatus,
     views: &[TaskView],
 ) -> String {
-    let mut message = format!("workflow {WORKFLOW} {phase}");
+    let mut message = format!("workflow {workflow} {phase}");
     if let Some(detail) = task_problem(views) {
         message.push_str(&format!(": {detail}"));
     } else if let Some(job) = status.jobs.iter().find(|j| j.message.is_some()) {
@@ -758,7 +788,7 @@ fn failure_message(
     message
 }
 
-fn print_summary(views: &[TaskView], phase: WorkflowPhase, elapsed: Duration) {
+fn print_summary(workflow: &str, views: &[TaskView], phase: WorkflowPhase, elapsed: Duration) {
     let mut lines = vec![
         [
             "TASK",
@@ -792,7 +822,7 @@ fn print_summary(views: &[TaskView], phase: WorkflowPhase, elapsed: Duration) {
     println!();
     print!("{}", align(&lines));
     println!(
-        "\nWorkflow {WORKFLOW} {phase} after {:.1}s: {succeeded}/{replicas} replicas Succeeded, \
+        "\nWorkflow {workflow} {phase} after {:.1}s: {succeeded}/{replicas} replicas Succeeded, \
          {reports} reports.",
         elapsed.as_secs_f64()
     );
@@ -803,7 +833,7 @@ fn print_summary(views: &[TaskView], phase: WorkflowPhase, elapsed: Duration) {
 }
 
 /// Print the learner's curve: one row per iteration, with a bar from the worst return.
-fn print_curve(curve: &[CurvePoint]) {
+fn print_curve(learner: &str, curve: &[CurvePoint]) {
     if curve.is_empty() {
         println!("\nNo reward curve: the learner reported no iteration.");
         return;
@@ -836,7 +866,7 @@ fn print_curve(curve: &[CurvePoint]) {
         ]);
     }
     println!(
-        "\nReward curve (task {LEARNER}: mean return of each iteration's episodes; minus the \
+        "\nReward curve (task {learner}: mean return of each iteration's episodes; minus the \
          arm's distance to the goal in radians, 0 is perfect):\n"
     );
     print!("{}", align(&lines));
@@ -885,7 +915,7 @@ mod tests {
     #[test]
     fn embedded_manifests_parse_and_pin_the_tasks_to_the_up_clusters() {
         let manifests = manifests().expect("parse the demo");
-        assert_eq!(job_names(&manifests), ["demo-train"]);
+        assert_eq!(job_names(&manifests, WORKFLOW), ["demo-train"]);
         let kinds: Vec<&str> = manifests.iter().map(|m| m.kind()).collect();
         assert_eq!(kinds, ["Domain", "Workflow"]);
         let workflow = workflow(&manifests);
@@ -909,7 +939,15 @@ mod tests {
                 (ROLLOUT_TASK.to_string(), "edge".to_string(), 2)
             ]
         );
-        assert_eq!(format!("demo-train-{LEARNER_TASK}"), LEARNER);
+        assert_eq!(learner(WORKFLOW), "demo-train-learner");
+        assert_eq!(job.tasks[0].name, LEARNER_TASK);
+        assert_eq!(workflow.spec.job_templates[0].name, TRAIN_JOB);
+        // Another name: its own Workflow, Jobs and learner.
+        let mut renamed = manifests.clone();
+        rename_workflow(&mut renamed, "demo-b");
+        assert_eq!(job_names(&renamed, "demo-b"), ["demo-b-train"]);
+        assert_eq!(job_names(&renamed, WORKFLOW), Vec::<String>::new());
+        assert_eq!(learner("demo-b"), "demo-b-train-learner");
     }
 
     /// Every file of the packages on disk is embedded, and nothing else.

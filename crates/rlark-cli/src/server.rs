@@ -152,6 +152,13 @@ pub(crate) struct UpArgs {
     /// else DATA_DIR/demo/venv, made and filled with pip on first use.
     #[arg(long, value_name = "PYTHON", requires = "demo")]
     demo_python: Option<PathBuf>,
+    /// With --demo: the name of the demo's Workflow (its Job is NAME-train, the learner
+    /// NAME-train-learner). A run replaces the earlier run of its name only: runs of
+    /// different names stay, to compare (`rlark reports --compare job/demo-train
+    /// job/NAME-train`).
+    #[arg(long, value_name = "NAME", default_value = super::demo::WORKFLOW,
+          value_parser = parse_demo_name, requires = "demo")]
+    demo_name: String,
     /// With --demo: stop once the demo Workflow ended; exit 0 when it succeeded.
     #[arg(long, requires = "demo")]
     once: bool,
@@ -241,6 +248,7 @@ pub(crate) async fn up(args: UpArgs) -> anyhow::Result<()> {
             timeout: std::time::Duration::from_secs(args.demo_timeout),
             network: args.demo_network,
             python: super::demo_python::resolve(args.demo_python.as_deref(), &args.data_dir)?,
+            name: args.demo_name.clone(),
         })
     } else {
         None
@@ -411,6 +419,22 @@ const UP_DEVICES_CLUSTER: &str = "edge";
 const MAX_SOCKET_PATH: usize = 107;
 /// The longest socket name of the runtime.
 const LONGEST_SOCKET: &str = "camera-ctrl.sock";
+
+/// Longest `--demo-name`: its Tasks are `NAME-train-learner` and `NAME-train-rollout`, and
+/// a replica's Pod `...-N` must stay a DNS-1123 label (63 characters).
+const MAX_DEMO_NAME: usize = 40;
+
+/// `--demo-name`: a DNS-1123 label of at most [`MAX_DEMO_NAME`] characters.
+fn parse_demo_name(value: &str) -> Result<String, String> {
+    rlark_api::names::dns1123_label(value)?;
+    if value.len() > MAX_DEMO_NAME {
+        return Err(format!(
+            "at most {MAX_DEMO_NAME} characters (the demo's tasks are NAME-train-learner and \
+             NAME-train-rollout)"
+        ));
+    }
+    Ok(value.to_string())
+}
 
 /// `DATA_DIR/embodied`, absolute; when its socket paths would not fit a unix socket
 /// address (a deep data directory), `TMPDIR/rlark-embodied-<hash of that path>` instead,

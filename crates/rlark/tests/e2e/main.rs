@@ -54,5 +54,6 @@ mod supervise_bin;
 mod task_proxy;
 mod tensorboard;
 mod tunnel;
+mod up;
 mod up_demo;
 mod up_session;

@@ -13,6 +13,8 @@ use std::io::Read as _;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use crate::up::Up;
+
 /// The whole run, startup and shutdown included, must end within this.
 const HANG_GUARD: Duration = Duration::from_secs(180);
 
@@ -131,14 +133,14 @@ fn root() -> bool {
         .unwrap_or(false)
 }
 
-/// The checks both runs share.
-fn check_run(stdout: &str) {
+/// The checks every run shares; `workflow` is the demo's Workflow (`--demo-name`).
+fn check_run(stdout: &str, workflow: &str) {
     // TASK ROLE CLUSTER NODE PHASE REPLICAS REPORTS LAST-REWARD
-    let learner = summary_row(stdout, "demo-train-learner");
+    let learner = summary_row(stdout, &format!("{workflow}-train-learner"));
     assert_eq!(learner[1..3], ["Actor", "cloud"], "{stdout}");
     assert!(learner[3].ends_with("-cloud"), "{stdout}");
     assert_eq!(learner[4..7], ["Succeeded", "1/1", "8"], "{stdout}");
-    let rollout = summary_row(stdout, "demo-train-rollout");
+    let rollout = summary_row(stdout, &format!("{workflow}-train-rollout"));
     assert_eq!(rollout[1..3], ["Rollout", "edge"], "{stdout}");
     assert!(rollout[3].ends_with("-edge"), "{stdout}");
     assert_eq!(rollout[4..6], ["Succeeded", "2/2"], "{stdout}");
@@ -166,9 +168,11 @@ fn check_run(stdout: &str) {
     );
     // Progress lines show reports arriving while the Tasks run.
     assert!(
-        stdout.lines().any(|l| l.contains("task demo-train-rollout")
-            && l.contains("Running")
-            && l.contains("last reward")),
+        stdout
+            .lines()
+            .any(|l| l.contains(&format!("task {workflow}-train-rollout"))
+                && l.contains("Running")
+                && l.contains("last reward")),
         "{stdout}"
     );
 }
@@ -197,24 +201,91 @@ fn up_demo_once_runs_an_embodied_rl_loop_that_learns() {
     } else {
         assert!(stdout.contains("Network: the host's loopback"), "{stdout}");
     }
-    check_run(&stdout);
+    check_run(&stdout, "demo");
 
-    // A second run on the same data directory replaces the first Workflow and counts only
-    // its own reports; this one without the Domain.
-    let (status, stdout, stderr) = run_demo(dir.path(), &["--demo-network", "host"]);
+    // A second run on the same data directory under another name (`--demo-name`) leaves
+    // the first in place; this one without the Domain.
+    let (status, stdout, stderr) = run_demo(
+        dir.path(),
+        &["--demo-network", "host", "--demo-name", "demo-b"],
+    );
     assert!(
         status.success(),
         "second run: exit {status}\nstdout:\n{stdout}\nstderr:\n{stderr}"
     );
+    assert!(!stdout.contains("Removing workflow"), "{stdout}");
     assert!(
-        stdout.contains("Removing workflow demo of an earlier run"),
+        stdout.contains("workflow.rlinf.io/demo-b created"),
         "{stdout}"
     );
     assert!(
         stdout.contains("Network: the host's loopback (--demo-network host)"),
         "{stdout}"
     );
-    check_run(&stdout);
+    assert!(
+        stdout.contains("Reward curve (task demo-b-train-learner:"),
+        "{stdout}"
+    );
+    check_run(&stdout, "demo-b");
+    let second_curve = curve(&stdout);
+
+    // The two runs' learners side by side, from a later `rlark up` on the same data
+    // directory. (The learners: the demo's Jobs also hold the rollouts, whose rewards are
+    // per episode, by episode count.)
+    let up = Up::start(&dir.path().join(".rlark"), &[]);
+    let out = up.rlark(&[
+        "reports",
+        "--compare",
+        "task/demo-train-learner",
+        "task/demo-b-train-learner",
+    ]);
+    let compared = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        out.status.success(),
+        "{compared}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<Vec<&str>> = compared
+        .lines()
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    assert_eq!(
+        rows[0],
+        ["STEP", "task/demo-train-learner", "task/demo-b-train-learner"],
+        "{compared}"
+    );
+    // Every iteration of the second run, with the value its own summary printed (three
+    // decimals there, six significant digits here).
+    for (iteration, reward) in &second_curve {
+        let row = rows
+            .iter()
+            .find(|r| r.first() == Some(&iteration.to_string().as_str()))
+            .unwrap_or_else(|| panic!("no step {iteration} in\n{compared}"));
+        let value: f64 = row[2].parse().unwrap_or_else(|_| panic!("{row:?}"));
+        assert!(
+            (value - reward).abs() < 0.0006,
+            "step {iteration}: {value} vs {reward}"
+        );
+        assert_ne!(row[1], "-", "both runs report every iteration: {compared}");
+    }
+    assert!(
+        rows.iter()
+            .any(|r| r.first() == Some(&"task/demo-b-train-learner")),
+        "{compared}"
+    );
+    // And the REWARD column of the learner, from the summary the server folded.
+    let out = up.rlark(&["get", "tasks", "-A", "-o", "wide"]);
+    let wide = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(
+        wide.lines().next().unwrap_or_default().contains("REWARD"),
+        "{wide}"
+    );
+    let learner_row = wide
+        .lines()
+        .find(|l| l.split_whitespace().nth(1) == Some("demo-b-train-learner"))
+        .unwrap_or_else(|| panic!("{wide}"));
+    assert!(learner_row.contains('/'), "a last/mean cell: {learner_row}");
+    assert!(up.interrupt().success());
 }
 
 #[test]
@@ -273,5 +344,5 @@ fn a_python_with_only_its_standard_library_is_enough_for_one_step() {
     let venv = work.join(".rlark/demo/venv/bin/python");
     assert!(stdout.contains("ready"), "{stdout}");
     assert!(venv.exists(), "no {}", venv.display());
-    check_run(&stdout);
+    check_run(&stdout, "demo");
 }

@@ -3,102 +3,11 @@
 //! naming the first one's pid; a taken port names the flag that picks another and leaves no
 //! data directory behind.
 
-use std::io::{BufRead as _, BufReader, Read as _};
+use std::io::Read as _;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::Command;
 
-const BIN: &str = env!("CARGO_BIN_EXE_rlark");
-/// Bound of every wait.
-const WAIT: Duration = Duration::from_secs(60);
-
-/// A running `rlark up` with its stdout collected line by line.
-struct Up {
-    child: Child,
-    data_dir: PathBuf,
-    stdout: Arc<Mutex<String>>,
-}
-
-impl Up {
-    fn start(data_dir: &Path, extra: &[&str]) -> Up {
-        let mut child = Command::new(BIN)
-            .arg("up")
-            .arg("--data-dir")
-            .arg(data_dir)
-            .args(["--listen", "127.0.0.1:0"])
-            .args(extra)
-            .env("RUST_LOG", "warn")
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start rlark up");
-        let stdout = Arc::new(Mutex::new(String::new()));
-        let pipe = child.stdout.take().expect("stdout");
-        let sink = Arc::clone(&stdout);
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                let mut text = sink.lock().expect("lock");
-                text.push_str(&line);
-                text.push('\n');
-            }
-        });
-        let up = Up {
-            child,
-            data_dir: data_dir.to_path_buf(),
-            stdout,
-        };
-        wait_for("rlark up to be ready", || {
-            up.output().contains("Press Ctrl-C to stop.")
-        });
-        up
-    }
-
-    fn output(&self) -> String {
-        self.stdout.lock().expect("lock").clone()
-    }
-
-    fn rlark(&self, args: &[&str]) -> std::process::Output {
-        Command::new(BIN)
-            .args(args)
-            .arg("--kubeconfig")
-            .arg(self.data_dir.join("admin.kubeconfig"))
-            .output()
-            .expect("run rlark")
-    }
-
-    /// SIGINT (Ctrl-C), then wait for the exit.
-    fn interrupt(mut self) -> std::process::ExitStatus {
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
-        let deadline = Instant::now() + WAIT;
-        loop {
-            if let Some(status) = self.child.try_wait().expect("wait") {
-                return status;
-            }
-            assert!(Instant::now() < deadline, "rlark up did not exit on SIGINT");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn wait_for(what: &str, mut check: impl FnMut() -> bool) {
-    let deadline = Instant::now() + WAIT;
-    while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
+use crate::up::{BIN, Up, wait_for};
 
 /// Pids of the processes whose command line contains `marker`.
 fn processes_with(marker: &str) -> Vec<i32> {
