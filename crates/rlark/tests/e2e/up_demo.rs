@@ -251,7 +251,11 @@ fn up_demo_once_runs_an_embodied_rl_loop_that_learns() {
         .collect();
     assert_eq!(
         rows[0],
-        ["STEP", "task/demo-train-learner", "task/demo-b-train-learner"],
+        [
+            "STEP",
+            "task/demo-train-learner",
+            "task/demo-b-train-learner"
+        ],
         "{compared}"
     );
     // Every iteration of the second run, with the value its own summary printed (three
