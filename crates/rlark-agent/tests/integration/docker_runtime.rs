@@ -96,7 +96,7 @@ async fn sidecars_stop_with_the_main_container_and_nothing_is_left() -> anyhow::
             ),
         ],
     );
-    let mut replica = runtime.start(spec).await?;
+    let mut replica = runtime.start(spec.clone()).await?;
     ensure!(
         containers_with(&[&format!("rlark.io/node={NODE}")])?.len() == 2,
         "two containers run"
@@ -116,6 +116,29 @@ async fn sidecars_stop_with_the_main_container_and_nothing_is_left() -> anyhow::
     );
     assert!(containers_with(&[&format!("rlark.io/node={NODE}")])?.is_empty());
     assert!(dir.path().join("exit.json").is_file());
+
+    // Started again in the same replica directory (a restart, a resume): each log marks
+    // where the new start begins, as a process replica's does.
+    let mut again = runtime.start(spec).await?;
+    let exit = tokio::time::timeout(WAIT, again.wait())
+        .await
+        .context("second exit")?;
+    assert_eq!(exit.status, ExitStatus::Code(4));
+    let main_log = std::fs::read_to_string(dir.path().join("logs/current.log"))?;
+    let lines: Vec<&str> = main_log.lines().collect();
+    assert_eq!(lines.len(), 3, "{main_log}");
+    assert_eq!((lines[0], lines[2]), ("main duo", "main duo"), "{main_log}");
+    assert!(
+        lines[1].starts_with("--- rlark: the replica started again at "),
+        "{main_log}"
+    );
+    let side_log = std::fs::read_to_string(dir.path().join("logs/side.log"))?;
+    assert_eq!(
+        side_log.matches("--- rlark: the replica started again at ").count(),
+        1,
+        "{side_log}"
+    );
+    assert!(containers_with(&[&format!("rlark.io/node={NODE}")])?.is_empty());
     Ok(())
 }
 

@@ -1,11 +1,11 @@
-//! RLark's own samples and examples (`tests/fixtures/rlark-8803065`, byte for byte from
-//! RLark's repository; SOURCE.md there names the commit) applied with the real kubectl to
+//! Manifests in the shape of RLark's samples and examples (`tests/fixtures/rlark-shaped`,
+//! written for rlark: its README says which RLark file each mirrors) applied with the real kubectl to
 //! `rlark up` (the built binary: the server and one raw agent, cluster `cloud`), as a new
 //! user would. Every file is accepted, and every object it makes ends either doing its job
 //! or with a condition (and where it is a Node, an Event) telling the user what to do:
 //!
 //! - the Job sample: `Unschedulable`, naming each of its three tasks with a remedy (no
-//!   Kubernetes agent: how to join one; `rlinf.io/node=edge-node-3`: no Node has it);
+//!   Kubernetes agent: how to join one; `rlinf.io/node=lab-node-c`: no Node has it);
 //! - the Node sample: three Nodes in `default`, which no agent can be: `Offline`, reason
 //!   `NotAnAgentNode`, a Warning Event each, never placed on;
 //! - the Task sample: three Tasks in `default`: condition `NotInAgentNamespace`;
@@ -13,7 +13,7 @@
 //!   with the remedy, the second waiting on it;
 //! - `domain.yaml` (namespace `rlark-system` on a cluster-scoped kind): the Domain, with
 //!   its capacity;
-//! - `cross-cluster-ping.yaml` (`role: Head`, a Domain): `Unschedulable`, naming both
+//! - `ping.yaml` (`role: Head`, a Domain): `Unschedulable`, naming both
 //!   tasks and the clusters no agent joined as.
 //!
 //! Every wait is bounded; nothing asserts a duration.
@@ -33,7 +33,7 @@ const BIN: &str = env!("CARGO_BIN_EXE_rlark");
 const WAIT: Duration = Duration::from_secs(90);
 
 fn fixtures() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/rlark-8803065")
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/rlark-shaped")
 }
 
 /// A running `rlark up`; killed when dropped.
@@ -178,7 +178,7 @@ fn contains_all(text: &str, needles: &[&str]) -> Result<()> {
 }
 
 #[test]
-fn rlarks_samples_and_examples_apply_unchanged_and_each_object_says_what_to_do() -> Result<()> {
+fn rlark_shaped_manifests_apply_unchanged_and_each_object_says_what_to_do() -> Result<()> {
     if Command::new("kubectl")
         .args(["version", "--client"])
         .output()
@@ -192,11 +192,11 @@ fn rlarks_samples_and_examples_apply_unchanged_and_each_object_says_what_to_do()
     // The Domain first: the ping example's Job names it.
     for file in [
         "domain.yaml",
-        "rlinf.io_v1alpha1_node.yaml",
-        "rlinf.io_v1alpha1_task.yaml",
-        "rlinf.io_v1alpha1_job.yaml",
-        "rlinf.io_v1alpha1_workflow.yaml",
-        "cross-cluster-ping.yaml",
+        "nodes.yaml",
+        "tasks.yaml",
+        "job.yaml",
+        "workflow.yaml",
+        "ping.yaml",
     ] {
         let path = fixtures().join(file);
         let path = path.to_str().context("fixture path")?;
@@ -206,23 +206,23 @@ fn rlarks_samples_and_examples_apply_unchanged_and_each_object_says_what_to_do()
     }
 
     // The Job sample: every task named, with what would place it.
-    let job = up.wait_condition("rljob", "embodied-train-job", None, "Unschedulable")?;
+    let job = up.wait_condition("rljob", "grasp-train", None, "Unschedulable")?;
     contains_all(
         &job,
         &[
-            "task \"ray-head\"",
-            "task \"rollout-workers\"",
-            "task \"env-runner\"",
+            "task \"learner\"",
+            "task \"samplers\"",
+            "task \"scene\"",
             "no agent runs Kubernetes tasks: join one with `rlark agent --agent-type Kubernetes",
-            "no Node has rlinf.io/node=edge-node-3",
+            "no Node has rlinf.io/node=lab-node-c",
             // The sample's hand-made Node of that name does not count.
-            "no Node has kubernetes.io/hostname=edge-node-1: no agent reports a Node named \"edge-node-1\"",
+            "no Node has kubernetes.io/hostname=lab-node-a: no agent reports a Node named \"lab-node-a\"",
         ],
     )?;
 
     // The Node sample: flagged, with an Event, never placed on (the Job above excludes
     // them by identity, not by a heartbeat they never send).
-    for node in ["edge-node-1", "edge-node-2", "edge-node-3"] {
+    for node in ["lab-node-a", "lab-node-b", "lab-node-c"] {
         let status = wait_for(&format!("node {node} flagged"), || {
             let Some(object) = up.get(&["get", "rlnode", node, "-n", "default"])? else {
                 return Ok(None);
@@ -252,7 +252,7 @@ fn rlarks_samples_and_examples_apply_unchanged_and_each_object_says_what_to_do()
     }
 
     // The Task sample: each says it is outside the agent namespaces.
-    for task in ["rollout-k8s-task", "actor-docker-task", "env-raw-task"] {
+    for task in ["sampler-k8s", "policy-docker", "scene-raw"] {
         let message = up.wait_condition("rltask", task, Some("default"), "NotInAgentNamespace")?;
         contains_all(
             &message,
@@ -270,7 +270,7 @@ fn rlarks_samples_and_examples_apply_unchanged_and_each_object_says_what_to_do()
             "get",
             "rljob",
             "-l",
-            "rlinf.io/workflow=embodied-training-workflow",
+            "rlinf.io/workflow=grasp-curriculum",
         ])?
         else {
             return Ok(None);
@@ -285,7 +285,7 @@ fn rlarks_samples_and_examples_apply_unchanged_and_each_object_says_what_to_do()
     contains_all(
         &message,
         &[
-            "task \"ray-head\"",
+            "task \"learner\"",
             "no agent runs Kubernetes tasks: join one with",
         ],
     )?;
@@ -293,21 +293,21 @@ fn rlarks_samples_and_examples_apply_unchanged_and_each_object_says_what_to_do()
     // domain.yaml: the Domain exists, cluster-scoped.
     let domain = wait_for("the Domain's status", || {
         Ok(up
-            .get(&["get", "rldomain", "cross-cluster-net-test"])?
+            .get(&["get", "rldomain", "lab-net"])?
             .filter(|d| d["status"]["capacity"].is_number() || d["status"]["capacity"].is_string()))
     })?;
-    ensure!(domain["spec"]["cidr"] == "10.200.0.0/24", "{domain}");
+    ensure!(domain["spec"]["cidr"] == "10.210.0.0/24", "{domain}");
 
-    // cross-cluster-ping.yaml: both tasks named, with the clusters no agent joined as.
-    let ping = up.wait_condition("rljob", "cross-cluster-ping", None, "Unschedulable")?;
+    // ping.yaml: both tasks named, with the clusters no agent joined as.
+    let ping = up.wait_condition("rljob", "lab-ping", None, "Unschedulable")?;
     contains_all(
         &ping,
         &[
-            "task \"server\"",
-            "task \"client\"",
+            "task \"responder\"",
+            "task \"prober\"",
             "no agent runs Kubernetes tasks",
-            "no agent joined as cluster \"rlark-agent-my-cluster-1\"",
-            "no agent joined as cluster \"rlark-agent-my-cluster-2\"",
+            "no agent joined as cluster \"lab-cluster-east\"",
+            "no agent joined as cluster \"lab-cluster-west\"",
         ],
     )?;
     Ok(())

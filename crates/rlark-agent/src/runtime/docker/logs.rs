@@ -109,9 +109,12 @@ fn write_since(path: &Path, time: DateTime<Utc>) {
 
 /// Copy container `id`'s output into `files` until the engine ends the stream (the
 /// container stopped) or the stream breaks. Resumes after the time in `logs/docker-since`
-/// when there is one. Errors are logged, not returned: logs are best effort, the replica's
-/// supervision never waits on them beyond its drain timeout.
-pub async fn pump(client: DockerClient, id: String, files: LogFiles) {
+/// when there is one. `fresh`: the container was just started, not adopted, so when the
+/// log already holds output (an earlier start: a restart, a resume) the restart separator
+/// goes in first, as for a process replica ([`LogFiles::open_for_start`]). Errors are
+/// logged, not returned: logs are best effort, the replica's supervision never waits on
+/// them beyond its drain timeout.
+pub async fn pump(client: DockerClient, id: String, files: LogFiles, fresh: bool) {
     let logs_dir: PathBuf = files
         .path()
         .parent()
@@ -125,7 +128,11 @@ pub async fn pump(client: DockerClient, id: String, files: LogFiles) {
             return;
         }
     };
-    let mut out = match files.open_append() {
+    let opened = match fresh {
+        true => files.open_for_start(Utc::now()),
+        false => files.open_append(),
+    };
+    let mut out = match opened {
         Ok(file) => file,
         Err(error) => {
             tracing::warn!(file = %files.path().display(), %error, "cannot open the replica log");

@@ -454,6 +454,7 @@ impl DockerRuntime {
         Ok(DockerReplica::supervise(
             self.client.clone(),
             record,
+            true,
             started_at,
             spec.replica_dir.clone(),
             spec.log_limits,
@@ -508,6 +509,7 @@ impl DockerRuntime {
         let mut replica = DockerReplica::supervise(
             self.client.clone(),
             record,
+            false,
             started_at,
             spec.replica_dir.clone(),
             spec.log_limits,
@@ -618,9 +620,13 @@ pub struct DockerReplica {
 }
 
 impl DockerReplica {
+    /// Supervise the containers of `record`; `fresh` when they were just started (not
+    /// adopted), so each log gets a separator when it holds an earlier start's output.
+    #[allow(clippy::too_many_arguments)]
     fn supervise(
         client: DockerClient,
         record: ContainerRecord,
+        fresh: bool,
         started_at: SystemTime,
         replica_dir: PathBuf,
         log_limits: super::LogLimits,
@@ -633,6 +639,7 @@ impl DockerReplica {
             client,
             ids: record.ids.clone(),
             names: record.names.clone(),
+            fresh,
             replica_dir,
             log_limits,
             deadline,
@@ -721,6 +728,8 @@ struct Supervision {
     client: DockerClient,
     ids: Vec<String>,
     names: Vec<String>,
+    /// Just started (a separator goes into a log holding an earlier start), not adopted.
+    fresh: bool,
     replica_dir: PathBuf,
     log_limits: super::LogLimits,
     deadline: Option<Instant>,
@@ -739,7 +748,7 @@ impl Supervision {
                 LogFiles::named(&logs_dir, &format!("{sidecar}.log"), self.log_limits)
             };
             pumps.push(tokio_util::task::AbortOnDropHandle::new(tokio::spawn(
-                logs::pump(self.client.clone(), id.clone(), files),
+                logs::pump(self.client.clone(), id.clone(), files, self.fresh),
             )));
         }
         let main = self.ids[0].clone();
