@@ -134,7 +134,9 @@ async fn sidecars_stop_with_the_main_container_and_nothing_is_left() -> anyhow::
     );
     let side_log = std::fs::read_to_string(dir.path().join("logs/side.log"))?;
     assert_eq!(
-        side_log.matches("--- rlark: the replica started again at ").count(),
+        side_log
+            .matches("--- rlark: the replica started again at ")
+            .count(),
         1,
         "{side_log}"
     );

@@ -266,12 +266,7 @@ fn rlark_shaped_manifests_apply_unchanged_and_each_object_says_what_to_do() -> R
     // The Workflow sample (a CloneSet task): its first Job cannot be placed and says why;
     // the CloneSet task is refused by nothing but the missing agent.
     let first = wait_for("the Workflow's first Job", || {
-        let Some(list) = up.get(&[
-            "get",
-            "rljob",
-            "-l",
-            "rlinf.io/workflow=grasp-curriculum",
-        ])?
+        let Some(list) = up.get(&["get", "rljob", "-l", "rlinf.io/workflow=grasp-curriculum"])?
         else {
             return Ok(None);
         };
