@@ -10,75 +10,17 @@ use std::collections::HashMap;
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Arc, Mutex, mpsc};
+use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, bail};
 use serde_json::Value;
 
+use crate::up::Up;
+
 const BIN: &str = env!("CARGO_BIN_EXE_rlark");
 /// Bound of every wait.
 const WAIT: Duration = Duration::from_secs(90);
-
-/// A running `rlark up` with its stdout collected.
-struct Up {
-    child: Child,
-    stdout: Arc<Mutex<String>>,
-}
-
-impl Up {
-    /// `rlark up` in `cwd` with the default data directory.
-    fn start(cwd: &Path) -> anyhow::Result<Up> {
-        let mut child = Command::new(BIN)
-            .args(["up", "--listen", "127.0.0.1:0"])
-            .current_dir(cwd)
-            .env("RUST_LOG", "warn")
-            .env_remove("KUBECONFIG")
-            .env_remove("RLARK_DATA_DIR")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("start rlark up")?;
-        let stdout = Arc::new(Mutex::new(String::new()));
-        let pipe = child.stdout.take().context("stdout")?;
-        let sink = Arc::clone(&stdout);
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                let mut text = sink.lock().expect("lock");
-                text.push_str(&line);
-                text.push('\n');
-            }
-        });
-        let up = Up { child, stdout };
-        wait_for("rlark up to be ready", || {
-            Ok(up.output().contains("Press Ctrl-C to stop."))
-        })?;
-        Ok(up)
-    }
-
-    fn output(&self) -> String {
-        self.stdout.lock().expect("lock").clone()
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        // SIGINT: `up` stops its tasks on the way out.
-        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
-        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
-        let deadline = Instant::now() + WAIT;
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// The `rlark` CLI run from `cwd` with the admin kubeconfig of `up`.
 struct Cli {
@@ -232,7 +174,7 @@ fn table_rows(table: &str) -> Vec<HashMap<String, String>> {
 fn quickstart_works_from_any_directory() -> anyhow::Result<()> {
     let home = tempfile::tempdir()?;
     let elsewhere = tempfile::tempdir()?;
-    let up = Up::start(home.path())?;
+    let up = Up::start_in(home.path());
     let banner = up.output();
 
     // The examples sit in the data directory, named by an absolute path.

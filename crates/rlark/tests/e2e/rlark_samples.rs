@@ -19,16 +19,13 @@
 //! Every wait is bounded; nothing asserts a duration.
 
 use crate::missing_tool;
-use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::{Arc, Mutex};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result, bail, ensure};
 use serde_json::Value;
 
-const BIN: &str = env!("CARGO_BIN_EXE_rlark");
 /// Bound of every wait.
 const WAIT: Duration = Duration::from_secs(90);
 
@@ -36,58 +33,21 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../../tests/fixtures/rlark-shaped")
 }
 
-/// A running `rlark up`; killed when dropped.
+/// A running `rlark up` on a data directory of its own, driven with kubectl.
 struct Up {
-    child: Child,
+    up: crate::up::Up,
     data_dir: tempfile::TempDir,
-    stdout: Arc<Mutex<String>>,
 }
 
 impl Up {
     fn start() -> Result<Up> {
         let data_dir = tempfile::tempdir()?;
-        let mut child = Command::new(BIN)
-            .arg("up")
-            .arg("--data-dir")
-            .arg(data_dir.path())
-            .args(["--listen", "127.0.0.1:0"])
-            .env("RUST_LOG", "warn")
-            .env_remove("KUBECONFIG")
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .context("start rlark up")?;
-        let stdout = Arc::new(Mutex::new(String::new()));
-        let pipe = child.stdout.take().context("stdout")?;
-        let sink = Arc::clone(&stdout);
-        std::thread::spawn(move || {
-            for line in BufReader::new(pipe).lines() {
-                let Ok(line) = line else { break };
-                if let Ok(mut text) = sink.lock() {
-                    text.push_str(&line);
-                    text.push('\n');
-                }
-            }
-        });
-        let up = Up {
-            child,
-            data_dir,
-            stdout,
-        };
-        wait_for("rlark up to be ready", || {
-            Ok(up
-                .stdout
-                .lock()
-                .map_err(|_| anyhow::anyhow!("stdout lock"))?
-                .contains("Press Ctrl-C to stop.")
-                .then_some(()))
-        })?;
-        Ok(up)
+        let up = crate::up::Up::start(data_dir.path(), &[]);
+        Ok(Up { up, data_dir })
     }
 
     fn kubeconfig(&self) -> PathBuf {
-        self.data_dir.path().join("admin.kubeconfig")
+        self.up.kubeconfig()
     }
 
     /// `kubectl ARGS` against this rlark; (success, stdout, stderr).
@@ -144,13 +104,6 @@ impl Up {
                 .and_then(|c| c["message"].as_str())
                 .map(str::to_string))
         })
-    }
-}
-
-impl Drop for Up {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

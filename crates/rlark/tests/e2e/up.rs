@@ -1,6 +1,7 @@
 //! A running `rlark up` of the built binary, for the tests that drive it as a user does
-//! (`up_session`, `up_demo`): started on a data directory and a free port, its stdout
-//! collected, stopped with Ctrl-C (or killed when dropped). Every wait is bounded.
+//! (`up_session`, `up_demo`, `cli_quickstart`, `rlark_samples`): started on a data
+//! directory (or the default one) and a free port, its stdout collected, stopped with
+//! Ctrl-C (SIGKILL when it does not stop). Every wait is bounded.
 
 use std::io::{BufRead as _, BufReader};
 use std::path::{Path, PathBuf};
@@ -20,13 +21,31 @@ pub(crate) struct Up {
 }
 
 impl Up {
+    /// `rlark up --data-dir DATA_DIR --listen 127.0.0.1:0 EXTRA...`, once it is ready.
     pub(crate) fn start(data_dir: &Path, extra: &[&str]) -> Up {
-        let mut child = Command::new(BIN)
+        let mut command = Command::new(BIN);
+        command
             .arg("up")
             .arg("--data-dir")
             .arg(data_dir)
             .args(["--listen", "127.0.0.1:0"])
-            .args(extra)
+            .args(extra);
+        Self::launch(command, data_dir)
+    }
+
+    /// `rlark up --listen 127.0.0.1:0` run in `cwd` with its default data directory
+    /// (`./.rlark`), as the README's first command runs it.
+    pub(crate) fn start_in(cwd: &Path) -> Up {
+        let mut command = Command::new(BIN);
+        command
+            .args(["up", "--listen", "127.0.0.1:0"])
+            .current_dir(cwd)
+            .env_remove("RLARK_DATA_DIR");
+        Self::launch(command, &cwd.join(".rlark"))
+    }
+
+    fn launch(mut command: Command, data_dir: &Path) -> Up {
+        let mut child = command
             .env("RUST_LOG", "warn")
             .env_remove("KUBECONFIG")
             .stdin(Stdio::null())
@@ -56,6 +75,11 @@ impl Up {
         up
     }
 
+    /// The admin kubeconfig `up` wrote.
+    pub(crate) fn kubeconfig(&self) -> PathBuf {
+        self.data_dir.join("admin.kubeconfig")
+    }
+
     pub(crate) fn output(&self) -> String {
         self.stdout.lock().expect("lock").clone()
     }
@@ -64,7 +88,7 @@ impl Up {
         Command::new(BIN)
             .args(args)
             .arg("--kubeconfig")
-            .arg(self.data_dir.join("admin.kubeconfig"))
+            .arg(self.kubeconfig())
             .output()
             .expect("run rlark")
     }
@@ -85,7 +109,18 @@ impl Up {
 }
 
 impl Drop for Up {
+    /// SIGINT first, as a user's Ctrl-C (`up` stops its tasks on the way out), then SIGKILL
+    /// if it has not exited within [`WAIT`].
     fn drop(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(self.child.id() as i32);
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT);
+        let deadline = Instant::now() + WAIT;
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
