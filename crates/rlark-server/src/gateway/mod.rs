@@ -6,6 +6,8 @@
 //! - [`clusters`] — `/api/v1/clusters`, RLark's cluster view from rlark's Nodes;
 //! - [`auth`] — `/api/v1/auth/login` (an rlark bearer token as the password) and the
 //!   gateway's session cookie;
+//! - [`logs`] — a Job's logs and a Pod's events;
+//! - [`ssh_keys`] — `/api/v1/ssh-user-keys` onto rlark's SSH keys;
 //! - [`unsupported`] — 501 for RLark features rlark does not have.
 //!
 //! Every call into rlark goes through [`forward::Backend`], rlark's own router, as the
@@ -15,13 +17,15 @@ pub(crate) mod auth;
 mod clusters;
 mod error;
 pub(crate) mod forward;
+mod logs;
 mod resources;
+mod ssh_keys;
 mod unsupported;
 
 use std::sync::Arc;
 
 use axum::Router;
-use axum::routing::{get, post};
+use axum::routing::{delete, get, post};
 
 use crate::console::sessions::Sessions;
 use crate::security::Security;
@@ -51,7 +55,12 @@ impl Gateway {
 }
 
 /// The path prefixes the gateway serves (and its session cookie authenticates).
-const PREFIXES: &[&str] = &["/api/v1/rlinf.io/", "/api/v1/clusters", "/api/v1/auth/"];
+const PREFIXES: &[&str] = &[
+    "/api/v1/rlinf.io/",
+    "/api/v1/clusters",
+    "/api/v1/auth/",
+    "/api/v1/ssh-user-keys",
+];
 
 /// Whether `path` is one of the gateway's (a prefix followed by nothing or a `/`).
 pub(crate) fn is_gateway_path(path: &str) -> bool {
@@ -84,6 +93,19 @@ pub(crate) fn router(gateway: Gateway) -> Router {
                 .patch(resources::patch)
                 .delete(resources::delete),
         )
+        .route(
+            "/api/v1/rlinf.io/v1alpha1/jobs/{name}/logs",
+            get(logs::job_logs),
+        )
+        .route(
+            "/api/v1/rlinf.io/v1alpha1/pods/{name}/events",
+            get(logs::pod_events),
+        )
+        .route(
+            "/api/v1/ssh-user-keys",
+            get(ssh_keys::list).post(ssh_keys::add),
+        )
+        .route("/api/v1/ssh-user-keys/{index}", delete(ssh_keys::remove))
         .route("/api/v1/clusters", get(clusters::list))
         .route("/api/v1/clusters/{cluster_id}", get(clusters::get))
         .with_state(gateway)

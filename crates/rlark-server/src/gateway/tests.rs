@@ -72,7 +72,40 @@ pub(super) async fn fixture() -> Fixture {
     api.ensure_default_namespace().await.unwrap();
     api.ensure_namespace("rlark-c1").await.unwrap();
     let console = Console::new(Arc::clone(&security), Arc::clone(&store));
-    let backend = api.router();
+    // rlark's routes the gateway calls: the API, the real SSH key routes, and in place of
+    // the replica log route (which reads from an agent through the tunnel, tested with
+    // it) one that answers who asked for which replica.
+    let keys = crate::ssh::key_routes::router(crate::ssh::key_routes::KeyRoutes {
+        keys: crate::ssh::keys::SshKeys::new(Arc::clone(&store)),
+        audit: Arc::new(rlark_apiserver::audit::TracingAudit),
+        endpoint: None,
+        ca_public_key: String::new(),
+    });
+    let log = axum::routing::get(
+        |axum::extract::Path((ns, pod)): axum::extract::Path<(String, String)>,
+         request: Request<Body>| async move {
+            let user = request
+                .extensions()
+                .get::<Identity>()
+                .map(|i| i.user.clone())
+                .unwrap_or_default();
+            if pod == "broken" {
+                return Err(rlark_apiserver::error::ApiError::new(
+                    502,
+                    "BadGateway",
+                    "no agent of cluster c1 is connected".to_string(),
+                ));
+            }
+            Ok(format!(
+                "line 1 of {ns}/{pod} for {user} ({})\nline 2\n",
+                request.uri().query().unwrap_or_default()
+            ))
+        },
+    );
+    let backend = api
+        .router()
+        .merge(keys)
+        .route(crate::tunnel::logs::ROUTE, log);
     let gateway = Gateway::new(
         backend.clone(),
         Arc::clone(&console.sessions),
@@ -708,6 +741,11 @@ async fn features_rlark_does_not_have_answer_501_naming_them() {
         ("GET", "/api/v1/installed-addons", "addons"),
         ("POST", "/api/v1/clusters/c1/addons", "addons"),
         (
+            "POST",
+            "/api/v1/certificates/agent",
+            "agent certificates issued by the gateway",
+        ),
+        (
             "GET",
             "/api/v1/rlinf.io/v1alpha1/jobs/j1/metrics",
             "job metrics",
@@ -736,6 +774,8 @@ fn gateway_paths_are_only_the_gateways() {
         "/api/v1/auth/login",
         "/api/v1/storage/storageclass",
         "/api/v1/system-config",
+        "/api/v1/ssh-user-keys/0",
+        "/api/v1/certificates/agent",
     ] {
         assert!(is_gateway_path(path), "{path}");
     }
@@ -749,4 +789,204 @@ fn gateway_paths_are_only_the_gateways() {
     ] {
         assert!(!is_gateway_path(path), "{path}");
     }
+}
+
+async fn put(f: &Fixture, resource: &str, namespace: &str, object: Value) {
+    let name = object["metadata"]["name"].as_str().unwrap().to_string();
+    f.store
+        .create(
+            &rlark_store::ObjectKey::new(resource, namespace, &name),
+            object,
+        )
+        .await
+        .unwrap();
+}
+
+#[tokio::test]
+async fn a_jobs_logs_are_its_pods_logs_read_as_the_caller() {
+    let f = fixture().await;
+    let cookie = f.cookie_for(&viewer()).await;
+    put(&f, "jobs.rlinf.io", "", job("j1")).await;
+    put(
+        &f,
+        "tasks.rlinf.io",
+        "rlark-c1",
+        json!({"apiVersion": "rlinf.io/v1alpha1", "kind": "Task",
+            "metadata": {"namespace": "rlark-c1", "name": "j1-main", "labels": {"rlinf.io/job": "j1"}},
+            "spec": {}}),
+    )
+    .await;
+    for (name, phase) in [
+        ("j1-main-0", "Running"),
+        ("j1-main-1", "Pending"),
+        ("broken", "Failed"),
+    ] {
+        put(
+            &f,
+            "pods.rlinf.io",
+            "rlark-c1",
+            json!({"apiVersion": "rlinf.io/v1alpha1", "kind": "Pod",
+                "metadata": {"namespace": "rlark-c1", "name": name, "labels": {"rlark.io/task-name": "j1-main"}},
+                "spec": {"taskName": "j1-main", "taskNamespace": "rlark-c1"},
+                "status": {"phase": phase, "node": "n1"}}),
+        )
+        .await;
+    }
+    let answer = f
+        .send(fetch("GET", &format!("{JOBS}/j1/logs"), &cookie, None))
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    let pods = answer.body["pods"].as_array().unwrap();
+    assert_eq!(pods.len(), 3, "{}", answer.body);
+    let by_name = |n: &str| pods.iter().find(|p| p["podName"] == n).unwrap();
+    let running = by_name("j1-main-0");
+    assert_eq!(running["taskName"], "j1-main");
+    assert_eq!(running["phase"], "Running");
+    assert_eq!(running["node"], "n1");
+    assert_eq!(
+        running["logs"],
+        "line 1 of rlark-c1/j1-main-0 for vera (tail=1000)\nline 2\n"
+    );
+    assert_eq!(
+        by_name("j1-main-1")["logs"],
+        "pod is Pending, no logs available"
+    );
+    let broken = by_name("broken")["logs"].as_str().unwrap();
+    assert!(
+        broken.starts_with("error fetching logs: no agent of cluster c1"),
+        "{broken}"
+    );
+    let unknown = f
+        .send(fetch("GET", &format!("{JOBS}/nope/logs"), &cookie, None))
+        .await;
+    assert_eq!(unknown.status, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn a_pods_events_come_in_rlarks_node_event_shape() {
+    let f = fixture().await;
+    let cookie = f.cookie_for(&viewer()).await;
+    put(
+        &f,
+        "pods.rlinf.io",
+        "rlark-c1",
+        json!({"apiVersion": "rlinf.io/v1alpha1", "kind": "Pod",
+            "metadata": {"namespace": "rlark-c1", "name": "p1"}, "spec": {}}),
+    )
+    .await;
+    for (name, object) in [("e1", "p1"), ("e2", "p2")] {
+        put(
+            &f,
+            "events",
+            "rlark-c1",
+            json!({"apiVersion": "v1", "kind": "Event",
+                "metadata": {"namespace": "rlark-c1", "name": name},
+                "involvedObject": {"kind": "Pod", "name": object, "namespace": "rlark-c1"},
+                "type": "Warning", "reason": "FailedScheduling", "message": "no node fits",
+                "count": 3, "lastTimestamp": "2025-01-01T00:00:00Z",
+                "source": {"component": "rlark-scheduler"}}),
+        )
+        .await;
+    }
+    let answer = f
+        .send(fetch(
+            "GET",
+            "/api/v1/rlinf.io/v1alpha1/pods/p1/events",
+            &cookie,
+            None,
+        ))
+        .await;
+    assert_eq!(answer.status, StatusCode::OK, "{}", answer.body);
+    assert_eq!(
+        answer.body["events"],
+        json!([{"type": "Warning", "reason": "FailedScheduling", "message": "no node fits",
+            "lastTime": "2025-01-01T00:00:00Z", "count": 3, "source": "rlark-scheduler",
+            "objectKind": "Pod", "objectName": "p1"}])
+    );
+    let missing = f
+        .send(fetch(
+            "GET",
+            "/api/v1/rlinf.io/v1alpha1/pods/p9/events",
+            &cookie,
+            None,
+        ))
+        .await;
+    assert_eq!(missing.status, StatusCode::NOT_FOUND);
+}
+
+const SSH_KEY: &str =
+    "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl";
+
+#[tokio::test]
+async fn ssh_user_keys_map_onto_rlarks_keys_of_the_caller() {
+    let f = fixture().await;
+    let cookie = f.cookie_for(&viewer()).await;
+    let keys = "/api/v1/ssh-user-keys";
+    let empty = f.send(fetch("GET", keys, &cookie, None)).await;
+    assert_eq!(empty.status, StatusCode::OK, "{}", empty.body);
+    assert_eq!(empty.body, json!([]));
+
+    // SSHKeys.tsx's body.
+    let added = f
+        .send(fetch(
+            "POST",
+            keys,
+            &cookie,
+            Some(json!({"user": "vera", "public_key": SSH_KEY, "notes": "laptop"})),
+        ))
+        .await;
+    assert_eq!(added.status, StatusCode::CREATED, "{}", added.body);
+    assert_eq!(added.body["index"], 0);
+    assert_eq!(added.body["notes"], "laptop");
+
+    let list = f.send(fetch("GET", keys, &cookie, None)).await;
+    let items = list.body.as_array().unwrap();
+    assert_eq!(items.len(), 1, "{}", list.body);
+    assert_eq!(items[0]["user"], "vera");
+    assert_eq!(items[0]["public_key"], format!("{SSH_KEY} laptop"));
+    assert!(items[0]["added_at"].as_str().unwrap().starts_with("20"));
+
+    // Someone else's key: rlark registers keys for the caller only.
+    let other = f
+        .send(fetch(
+            "POST",
+            keys,
+            &cookie,
+            Some(json!({"user": "bob", "public_key": SSH_KEY})),
+        ))
+        .await;
+    assert_eq!(other.status, StatusCode::FORBIDDEN);
+    assert!(
+        other.body["error"]
+            .as_str()
+            .unwrap()
+            .contains("not \"bob\"")
+    );
+
+    // Another user's keys are not the viewer's to list.
+    let theirs = f
+        .send(fetch("GET", &format!("{keys}?user=root"), &cookie, None))
+        .await;
+    assert_eq!(theirs.status, StatusCode::FORBIDDEN);
+
+    let out_of_range = f
+        .send(fetch(
+            "DELETE",
+            &format!("{keys}/3?user=vera"),
+            &cookie,
+            None,
+        ))
+        .await;
+    assert_eq!(out_of_range.status, StatusCode::NOT_FOUND);
+    let deleted = f
+        .send(fetch(
+            "DELETE",
+            &format!("{keys}/0?user=vera"),
+            &cookie,
+            None,
+        ))
+        .await;
+    assert_eq!(deleted.status, StatusCode::OK, "{}", deleted.body);
+    let list = f.send(fetch("GET", keys, &cookie, None)).await;
+    assert_eq!(list.body, json!([]));
 }

@@ -48,6 +48,13 @@ const FEATURES: &[Feature] = &[
         why: "rlark installs nothing into member clusters",
     },
     Feature {
+        name: "agent certificates issued by the gateway",
+        routes: &["/api/v1/certificates/{*rest}"],
+        why: "rlark never hands out an agent's private key: an agent joins with a join token \
+              (`rlark token create --cluster-id ID`, then `rlark join`) and keeps its own key \
+              (docs/security.md); admins list and revoke certificates with `rlark cert`",
+    },
+    Feature {
         name: "job metrics",
         routes: &["/api/v1/rlinf.io/v1alpha1/jobs/{name}/metrics"],
         why: "RLark's own gateway does not implement it either; rlark's task reports are at \
