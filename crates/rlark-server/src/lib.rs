@@ -38,6 +38,7 @@ mod config;
 mod console;
 mod controllers;
 pub mod data_lock;
+mod gateway;
 mod http;
 pub mod limits;
 mod metrics;
@@ -598,13 +599,26 @@ async fn start_with_token(
         console: console.clone(),
         url: proxy_url.clone(),
     };
+    // RLark's gateway REST for RLark's console (docs/rlark-gateway.md): it calls the routes
+    // above as its caller, and its own session cookie works on its paths only (outermost).
+    let gateway = gateway::Gateway::new(
+        router.clone(),
+        Arc::clone(&console.sessions),
+        Arc::clone(&security),
+    );
+    let gateway_auth = gateway.auth();
     let router = router
         .merge(console::router(console.clone()))
         .merge(console::proxy_origin::tickets_router(proxy_origin.clone()))
         .merge(changes::router(Arc::new(store.clone())))
+        .merge(gateway::router(gateway))
         .layer(axum::middleware::from_fn_with_state(
             console.clone(),
             console::session_layer,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            gateway_auth,
+            gateway::auth::layer,
         ));
     // The routes merged after `http::router` get the same panic handler.
     let router = http::catch_panics(router);
