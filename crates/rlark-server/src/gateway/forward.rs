@@ -59,7 +59,8 @@ impl Caller {
         })
     }
 
-    fn stamp(&self, extensions: &mut http::Extensions) {
+    /// Put the caller on a request to rlark's routes.
+    pub(crate) fn stamp(&self, extensions: &mut http::Extensions) {
         extensions.insert(self.identity.clone());
         if let Some(method) = &self.method {
             extensions.insert(method.clone());
@@ -95,6 +96,11 @@ impl std::fmt::Debug for Backend {
 impl Backend {
     pub(crate) fn new(router: Router) -> Self {
         Self { router }
+    }
+
+    /// rlark's routes, to serve over another connection (the terminal's).
+    pub(crate) fn router(&self) -> Router {
+        self.router.clone()
     }
 
     /// Send `method uri` with `body` (of `content_type`) as `caller`; the backend's answer

@@ -8,6 +8,7 @@
 //!   gateway's session cookie;
 //! - [`logs`] — a Job's logs and a Pod's events;
 //! - [`ssh_keys`] — `/api/v1/ssh-user-keys` onto rlark's SSH keys;
+//! - [`terminal`] — a Pod's terminal WebSocket onto rlark's exec;
 //! - [`unsupported`] — 501 for RLark features rlark does not have.
 //!
 //! Every call into rlark goes through [`forward::Backend`], rlark's own router, as the
@@ -20,6 +21,7 @@ pub(crate) mod forward;
 mod logs;
 mod resources;
 mod ssh_keys;
+mod terminal;
 mod unsupported;
 
 use std::sync::Arc;
@@ -100,6 +102,10 @@ pub(crate) fn router(gateway: Gateway) -> Router {
         .route(
             "/api/v1/rlinf.io/v1alpha1/pods/{name}/events",
             get(logs::pod_events),
+        )
+        .route(
+            "/api/v1/rlinf.io/v1alpha1/pods/{name}/terminal",
+            get(terminal::terminal),
         )
         .route(
             "/api/v1/ssh-user-keys",

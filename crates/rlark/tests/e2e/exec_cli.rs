@@ -536,3 +536,69 @@ async fn exec_protocol_through_the_server_and_the_tunnel() -> anyhow::Result<()>
     );
     h.stop().await
 }
+
+/// RLark's console terminal through rlark's gateway (`pods/{name}/terminal`,
+/// docs/rlark-gateway.md): keystrokes as binary messages, a resize as RLark's JSON, the
+/// shell's output back as binary messages, its exit as the close reason RLark's console
+/// reads; an unknown pod is refused before any upgrade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rlark_console_terminal_runs_a_shell_through_the_gateway() -> anyhow::Result<()> {
+    let h = Harness::start().await?;
+    h.create_job(JOB, "sleep 600").await?;
+    h.wait_pod(POD, PodPhase::Running).await?;
+    let url = |pod: &str| {
+        format!(
+            "wss://{}/api/v1/rlinf.io/v1alpha1/pods/{pod}/terminal",
+            h.server.addr()
+        )
+    };
+    let request = url(POD).as_str().into_client_request()?;
+    let (mut ws, _) = tokio::time::timeout(
+        DEADLINE,
+        tokio_tungstenite::client_async(request, tls(&h).await?),
+    )
+    .await
+    .context("terminal handshake timed out")??;
+    ws.send(Message::Text(
+        r#"{"type":"resize","rows":33,"cols":111}"#.into(),
+    ))
+    .await?;
+    // The quotes keep the echoed command line from matching.
+    ws.send(Message::Binary(b"stty size; echo DO''NE\n".to_vec().into()))
+        .await?;
+    let mut out = String::new();
+    let mut closed = None;
+    let until = tokio::time::Instant::now() + DEADLINE;
+    while closed.is_none() {
+        let message = tokio::time::timeout_at(until, ws.next())
+            .await
+            .with_context(|| format!("terminal output so far: {out:?}"))?;
+        match message {
+            Some(Ok(Message::Binary(data))) => {
+                out.push_str(&String::from_utf8_lossy(&data));
+                if out.contains("DONE") && !out.contains("exit 5") {
+                    ensure!(out.contains("33 111"), "the resize took: {out:?}");
+                    ws.send(Message::Binary(b"exit 5\n".to_vec().into()))
+                        .await?;
+                    out.push_str("exit 5");
+                }
+            }
+            Some(Ok(Message::Close(frame))) => closed = Some(frame),
+            Some(Ok(_)) => {}
+            Some(Err(error)) => bail!("terminal: {error}; output {out:?}"),
+            None => bail!("the terminal ended without a close frame: {out:?}"),
+        }
+    }
+    let frame = closed.flatten().context("a close frame with a reason")?;
+    assert_eq!(u16::from(frame.code), 1000);
+    assert_eq!(frame.reason.as_str(), "terminal exited with code 5");
+
+    let request = url("no-such-pod").as_str().into_client_request()?;
+    match tokio_tungstenite::client_async(request, tls(&h).await?).await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(response)) => {
+            assert_eq!(response.status().as_u16(), 404);
+        }
+        other => bail!("an unknown pod was not refused: {:?}", other.map(|_| ())),
+    }
+    h.stop().await
+}
