@@ -9,12 +9,14 @@
 //! - [`logs`] — a Job's logs and a Pod's events;
 //! - [`ssh_keys`] — `/api/v1/ssh-user-keys` onto rlark's SSH keys;
 //! - [`terminal`] — a Pod's terminal WebSocket onto rlark's exec;
+//! - [`certificates`] — `GET /api/v1/certificates/agent`, the clusters' agent certificates;
 //! - [`unsupported`] — 501 for RLark features rlark does not have.
 //!
 //! Every call into rlark goes through [`forward::Backend`], rlark's own router, as the
 //! caller: the gateway adds no permission of its own.
 
 pub(crate) mod auth;
+mod certificates;
 mod clusters;
 mod error;
 pub(crate) mod forward;
@@ -112,6 +114,10 @@ pub(crate) fn router(gateway: Gateway) -> Router {
             get(ssh_keys::list).post(ssh_keys::add),
         )
         .route("/api/v1/ssh-user-keys/{index}", delete(ssh_keys::remove))
+        .route(
+            "/api/v1/certificates/agent",
+            get(certificates::list).fallback(unsupported::certificates),
+        )
         .route("/api/v1/clusters", get(clusters::list))
         .route("/api/v1/clusters/{cluster_id}", get(clusters::get))
         .with_state(gateway)

@@ -72,7 +72,7 @@ pub(super) async fn fixture() -> Fixture {
     api.ensure_default_namespace().await.unwrap();
     api.ensure_namespace("rlark-c1").await.unwrap();
     let console = Console::new(Arc::clone(&security), Arc::clone(&store));
-    // rlark's routes the gateway calls: the API, the real SSH key routes, and in place of
+    // rlark's routes the gateway calls: the API, the real SSH key and certificate routes, and in place of
     // the replica log route (which reads from an agent through the tunnel, tested with
     // it) one that answers who asked for which replica.
     let keys = crate::ssh::key_routes::router(crate::ssh::key_routes::KeyRoutes {
@@ -102,9 +102,16 @@ pub(super) async fn fixture() -> Fixture {
             ))
         },
     );
+    let certificates = crate::security::routes::router(crate::security::routes::RoutesState {
+        security: Arc::clone(&security),
+        ssh_ca: Arc::new(rlark_pki::ssh::SshCa::load_or_create(&dir.path().join("pki")).unwrap()),
+        api: api.clone(),
+        shutdown: tokio_util::sync::CancellationToken::new(),
+    });
     let backend = api
         .router()
         .merge(keys)
+        .merge(certificates)
         .route(crate::tunnel::logs::ROUTE, log);
     let gateway = Gateway::new(
         backend.clone(),
@@ -726,6 +733,31 @@ async fn clusters_come_in_rlarks_shape_from_rlarks_nodes() {
     assert_eq!(none.status, StatusCode::NOT_FOUND);
     assert_eq!(none.body["success"], false);
     assert!(none.body["message"].as_str().unwrap().contains("zz"));
+}
+
+#[tokio::test]
+async fn agent_certificates_are_listed_for_admins_only() {
+    let f = fixture().await;
+    let cookie = f.cookie_for(&admin()).await;
+    let list = f
+        .send(fetch("GET", "/api/v1/certificates/agent", &cookie, None))
+        .await;
+    assert_eq!(list.status, StatusCode::OK, "{}", list.body);
+    assert!(list.body.is_array(), "{}", list.body);
+    let viewer = f.cookie_for(&viewer()).await;
+    let refused = f
+        .send(fetch("GET", "/api/v1/certificates/agent", &viewer, None))
+        .await;
+    assert_eq!(refused.status, StatusCode::FORBIDDEN, "{}", refused.body);
+    let sign = f
+        .send(fetch(
+            "GET",
+            "/api/v1/certificates/agent/edge",
+            &cookie,
+            None,
+        ))
+        .await;
+    assert_eq!(sign.status, StatusCode::NOT_IMPLEMENTED, "{}", sign.body);
 }
 
 #[tokio::test]

@@ -47,13 +47,7 @@ const FEATURES: &[Feature] = &[
         ],
         why: "rlark installs nothing into member clusters",
     },
-    Feature {
-        name: "agent certificates issued by the gateway",
-        routes: &["/api/v1/certificates/{*rest}"],
-        why: "rlark never hands out an agent's private key: an agent joins with a join token \
-              (`rlark token create --cluster-id ID`, then `rlark join`) and keeps its own key \
-              (docs/security.md); admins list and revoke certificates with `rlark cert`",
-    },
+    CERTIFICATES,
     Feature {
         name: "job metrics",
         routes: &["/api/v1/rlinf.io/v1alpha1/jobs/{name}/metrics"],
@@ -66,6 +60,27 @@ const FEATURES: &[Feature] = &[
         why: "a task's TensorBoard is reached through rlark's task proxy (docs/ssh.md)",
     },
 ];
+
+/// Agent certificates signed (with their key) by the gateway. `GET
+/// /api/v1/certificates/agent` is served ([`super::certificates`]); every other method of it
+/// answers 501 through [`certificates`].
+const CERTIFICATES: Feature = Feature {
+    name: "agent certificates issued by the gateway",
+    routes: &["/api/v1/certificates/{*rest}"],
+    why: "rlark never hands out an agent's private key: an agent joins with a join token \
+          (`rlark token create --cluster-id ID`, then `rlark join`) and keeps its own key \
+          (docs/security.md); GET /api/v1/certificates/agent lists the clusters' agent \
+          certificates, and admins revoke them with `rlark cert revoke`",
+};
+
+/// Any method but GET on `/api/v1/certificates/agent`: 501 ([`CERTIFICATES`]).
+pub(crate) async fn certificates(request: Request) -> Result<(), GatewayError> {
+    Caller::of(request.extensions())?;
+    Err(GatewayError::NotProvided {
+        feature: CERTIFICATES.name,
+        why: CERTIFICATES.why,
+    })
+}
 
 /// Every route of [`FEATURES`], answering 501 to any method.
 pub(crate) fn router() -> Router {
