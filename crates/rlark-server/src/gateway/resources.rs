@@ -261,17 +261,39 @@ pub(crate) async fn list(
 }
 
 /// `GET /api/v1/rlinf.io/v1alpha1/{resource}/{name}`.
+/// What a by-name request addresses: its caller, the kind, and `?namespace=`, checked
+/// (with the name) before anything is sent.
+fn by_name(
+    request: &Request,
+    resource: &str,
+    name: &str,
+) -> Result<(Caller, Kind, Option<String>), GatewayError> {
+    let caller = Caller::of(request.extensions())?;
+    let kind = kind(resource)?;
+    check_name("name", name)?;
+    Ok((caller, kind, namespace_param(request)?))
+}
+
+/// The API path of object `name` of `kind` (a namespaced kind without a namespace found by
+/// name, as the caller).
+async fn object_path(
+    gateway: &Gateway,
+    caller: &Caller,
+    kind: Kind,
+    name: &str,
+    given: Option<String>,
+) -> Result<String, GatewayError> {
+    let namespace = gateway.scope_of(caller, kind, name, given).await?;
+    Ok(api_path(kind, namespace.as_deref(), Some(name)))
+}
+
 pub(crate) async fn get(
     State(gateway): State<Gateway>,
     Path((resource, name)): Path<(String, String)>,
     request: Request,
 ) -> Result<Response, GatewayError> {
-    let caller = Caller::of(request.extensions())?;
-    let kind = kind(&resource)?;
-    check_name("name", &name)?;
-    let given = namespace_param(&request)?;
-    let namespace = gateway.scope_of(&caller, kind, &name, given).await?;
-    let uri = api_path(kind, namespace.as_deref(), Some(&name));
+    let (caller, kind, given) = by_name(&request, &resource, &name)?;
+    let uri = object_path(&gateway, &caller, kind, &name, given).await?;
     gateway
         .backend
         .pass(&caller, Method::GET, &uri, None, Body::empty())
@@ -371,13 +393,9 @@ pub(crate) async fn patch(
     Path((resource, name)): Path<(String, String)>,
     request: Request,
 ) -> Result<Response, GatewayError> {
-    let caller = Caller::of(request.extensions())?;
-    let kind = kind(&resource)?;
-    check_name("name", &name)?;
-    let given = namespace_param(&request)?;
+    let (caller, kind, given) = by_name(&request, &resource, &name)?;
+    let uri = object_path(&gateway, &caller, kind, &name, given).await?;
     let body = body_json(request).await?;
-    let namespace = gateway.scope_of(&caller, kind, &name, given).await?;
-    let uri = api_path(kind, namespace.as_deref(), Some(&name));
     let answer = gateway
         .backend
         .json(
@@ -397,12 +415,8 @@ pub(crate) async fn delete(
     Path((resource, name)): Path<(String, String)>,
     request: Request,
 ) -> Result<Response, GatewayError> {
-    let caller = Caller::of(request.extensions())?;
-    let kind = kind(&resource)?;
-    check_name("name", &name)?;
-    let given = namespace_param(&request)?;
-    let namespace = gateway.scope_of(&caller, kind, &name, given).await?;
-    let uri = api_path(kind, namespace.as_deref(), Some(&name));
+    let (caller, kind, given) = by_name(&request, &resource, &name)?;
+    let uri = object_path(&gateway, &caller, kind, &name, given).await?;
     let answer = gateway
         .backend
         .pass(&caller, Method::DELETE, &uri, None, Body::empty())
